@@ -1,0 +1,250 @@
+"""The one module that knows which array library does the math.
+
+npformer computes with whatever array namespace this module hands out:
+
+* ``"numpy"``  (default) NumPy on the CPU, through ``array_api_compat.numpy``;
+* ``"cupy"``   CuPy on an NVIDIA GPU, through ``array_api_compat.cupy``;
+* ``"strict"`` ``array_api_strict`` on a pretend accelerator (``device1``).  It
+  exists to *prove* portability on a machine without a GPU: its arrays refuse
+  implicit conversion to NumPy, refuse to mix with NumPy arrays and offer only
+  the functions of the array API standard, so any stray ``np.`` call in the
+  math fails loudly, as it would on CuPy.
+
+Choose with the environment variable ``NPFORMER_BACKEND`` or with
+:func:`set_backend`.  Everything that has to differ between libraries lives
+here and nowhere else: the namespace, the device, host <-> device copies,
+the seeded random generator, the dtype policy and the one scatter-add kernel
+(embedding backward) the standard lacks.
+
+dtype policy: parameters and activations are ``float32`` for training
+(:func:`default_float`), gradient checks run in ``float64``.  Ops never change
+the dtype of what they are given.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+BACKENDS = ("numpy", "cupy", "strict")
+FLOAT_DTYPES = ("float32", "float64")
+
+
+@dataclass
+class _Backend:
+    name: str
+    xp: Any  # the array namespace
+    device: Any  # where new arrays live
+    rng: np.random.Generator | Any  # numpy Generator, or cupy's
+    default_float: str = "float32"
+
+
+def _make_backend(name: str, seed: int | None) -> _Backend:
+    if name == "numpy":
+        import array_api_compat.numpy as xp
+
+        return _Backend("numpy", xp, "cpu", np.random.default_rng(seed))
+    if name == "cupy":
+        try:
+            import cupy
+            import array_api_compat.cupy as xp
+        except ImportError as exc:
+            raise RuntimeError(
+                "backend 'cupy' needs CuPy: install it with `pip install -e .[gpu]` "
+                "(a CuPy wheel matching your CUDA version, e.g. cupy-cuda12x)"
+            ) from exc
+        try:
+            n_gpus = cupy.cuda.runtime.getDeviceCount()
+        except Exception as exc:  # CUDA driver missing or broken
+            raise RuntimeError(f"backend 'cupy' found no usable GPU: {exc}") from exc
+        if n_gpus == 0:
+            raise RuntimeError("backend 'cupy' found no GPU on this machine")
+        return _Backend("cupy", xp, cupy.cuda.Device(), cupy.random.default_rng(seed))
+    if name == "strict":
+        try:
+            import array_api_strict as xp
+        except ImportError as exc:
+            raise RuntimeError(
+                "backend 'strict' needs array-api-strict: `pip install -e .[test]`"
+            ) from exc
+        # Host-side generator: the standard has no random module.
+        return _Backend("strict", xp, xp.Device("device1"), np.random.default_rng(seed))
+    raise ValueError(f"unknown backend {name!r}; choose one of {BACKENDS}")
+
+
+_current: _Backend = _make_backend(os.environ.get("NPFORMER_BACKEND", "numpy").lower(), 0)
+
+
+# --------------------------------------------------------------------------- selection
+def set_backend(name: str, seed: int | None = 0) -> None:
+    """Switch every later computation to backend ``name`` ("numpy", "cupy" or "strict")."""
+    global _current
+    default_float = _current.default_float
+    _current = _make_backend(name.lower(), seed)
+    _current.default_float = default_float
+
+
+def backend_name() -> str:
+    return _current.name
+
+
+def xp():
+    """The array namespace of the current backend."""
+    return _current.xp
+
+
+def device():
+    """The device new arrays are created on."""
+    return _current.device
+
+
+def namespace_of(*arrays):
+    """The array namespace the given arrays belong to (they must agree)."""
+    import array_api_compat
+
+    return array_api_compat.array_namespace(*arrays)
+
+
+def device_of(x):
+    import array_api_compat
+
+    return array_api_compat.device(x)
+
+
+# --------------------------------------------------------------------------- dtypes
+def set_default_float(name: str) -> None:
+    """Set the float dtype new parameters get: "float32" (training) or "float64" (checks)."""
+    if name not in FLOAT_DTYPES:
+        raise ValueError(f"dtype must be one of {FLOAT_DTYPES}, got {name!r}")
+    _current.default_float = name
+
+
+def default_float():
+    """The current backend's default float dtype object."""
+    return getattr(_current.xp, _current.default_float)
+
+
+def default_float_name() -> str:
+    return _current.default_float
+
+
+def float_dtype(name: str | None = None):
+    """Dtype object for "float32"/"float64" (default: the policy's) in the current namespace."""
+    name = name or _current.default_float
+    if name not in FLOAT_DTYPES:
+        raise ValueError(f"dtype must be one of {FLOAT_DTYPES}, got {name!r}")
+    return getattr(_current.xp, name)
+
+
+def is_integer_array(x) -> bool:
+    xp_ = namespace_of(x)
+    return xp_.isdtype(x.dtype, "integral")
+
+
+def is_float_array(x) -> bool:
+    xp_ = namespace_of(x)
+    return xp_.isdtype(x.dtype, "real floating")
+
+
+# --------------------------------------------------------------------------- host <-> device
+def asarray(data, dtype=None):
+    """Copy host data (NumPy array, list, scalar) onto the current backend.
+
+    ``dtype`` may be a name ("float32", "int64", "bool") or None (keep the data's).
+    """
+    xp_ = _current.xp
+    if isinstance(dtype, str):
+        dtype = getattr(xp_, dtype)
+    if _current.name == "strict":
+        host = np.asarray(data)
+        arr = xp_.asarray(host)  # built on the CPU device, then moved like a real transfer
+        arr = arr.to_device(_current.device)
+        return arr if dtype is None else xp_.astype(arr, dtype)
+    if _current.name == "cupy":
+        arr = xp_.asarray(data)
+        return arr if dtype is None else xp_.astype(arr, dtype)
+    return xp_.asarray(data, dtype=dtype)
+
+
+def to_numpy(x) -> np.ndarray:
+    """Copy a backend array (of any backend) to a NumPy array on the host."""
+    if isinstance(x, np.ndarray):
+        return x
+    module = type(x).__module__
+    if module.startswith("cupy"):
+        return x.get()
+    if module.startswith("array_api_strict"):
+        import array_api_strict
+
+        return np.asarray(x.to_device(array_api_strict.Device("CPU_DEVICE")))
+    return np.asarray(x)
+
+
+def to_float(x) -> float:
+    """A 0-d backend array (or a Python number) as a Python float, on the host."""
+    return float(to_numpy(x)) if not isinstance(x, (int, float)) else float(x)
+
+
+# --------------------------------------------------------------------------- random numbers
+def seed(value: int) -> None:
+    """Reseed the backend's generator: dropout masks and initialisations repeat exactly."""
+    if _current.name == "cupy":
+        import cupy
+
+        _current.rng = cupy.random.default_rng(value)
+    else:
+        _current.rng = np.random.default_rng(value)
+
+
+def _from_generator(sample, dtype):
+    if _current.name == "cupy":
+        return _current.xp.astype(sample, dtype)
+    if _current.name == "strict":
+        return asarray(sample, dtype=dtype)
+    return sample.astype(dtype, copy=False)
+
+
+def random_uniform(shape, dtype=None):
+    """Uniform [0, 1) samples of ``shape`` on the current backend."""
+    dtype = dtype or default_float()
+    return _from_generator(_current.rng.random(tuple(shape)), dtype)
+
+
+def random_normal(shape, std: float = 1.0, dtype=None):
+    """Normal(0, std^2) samples of ``shape`` on the current backend."""
+    dtype = dtype or default_float()
+    return _from_generator(_current.rng.standard_normal(tuple(shape)) * std, dtype)
+
+
+def random_integers(low: int, high: int, shape):
+    """Integers uniform in [low, high) as an int64 backend array."""
+    sample = _current.rng.integers(low, high, size=tuple(shape))
+    return _from_generator(sample, _current.xp.int64)
+
+
+# --------------------------------------------------------------------------- scatter-add
+def scatter_add_rows(index, values, num_rows: int):
+    """``out[index[n], :] += values[n, :]`` for every n, repeated indices accumulating.
+
+    index: (N,) integers in [0, num_rows); values: (N, D).  Returns (num_rows, D).
+    The array API standard has no scatter-add, so each library gets its kernel.
+    """
+    xp_ = namespace_of(values)
+    n_cols = values.shape[1]
+    out = xp_.zeros((num_rows, n_cols), dtype=values.dtype, device=device_of(values))
+    module = type(values).__module__
+    if module.startswith("numpy"):
+        np.add.at(out, index, values)
+        return out
+    if module.startswith("cupy"):
+        import cupyx
+
+        cupyx.scatter_add(out, index, values)
+        return out
+    # Portable fallback (array_api_strict and any other namespace): a one-hot
+    # matrix product, out = onehot(index)^T @ values.  Fine for test sizes.
+    rows = xp_.arange(num_rows, dtype=index.dtype, device=device_of(values))
+    onehot = xp_.astype(index[:, None] == rows[None, :], values.dtype)  # (N, num_rows)
+    return xp_.matmul(xp_.matrix_transpose(onehot), values)

@@ -1,0 +1,8 @@
+"""Layers: modules with parameters, a forward that caches and a backward that accumulates."""
+from .attention import MultiHeadAttention, merge_heads, split_heads
+from .blocks import DecoderBlock, EncoderBlock, FeedForward, Residual
+from .layers import (Activation, Dropout, Embedding, LayerNorm, LearnedPositionalEmbedding,
+                     Linear, SinusoidalPositionalEncoding)
+from .module import Module, Parameter, grad_enabled, no_grad
+
+__all__ = [name for name in dir() if not name.startswith("_")]

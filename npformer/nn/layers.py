@@ -1,0 +1,161 @@
+"""The basic layers: each wraps one op of :mod:`npformer.ops` and owns its parameters.
+
+Parameters are created in the backend's default float dtype
+(:func:`npformer.backend.default_float`); initialisations follow PyTorch's.
+"""
+from __future__ import annotations
+
+import math
+
+from .. import backend, ops
+from ..ops._checks import check_rank
+from .module import Module, Parameter
+
+
+def _uniform(shape, bound: float):
+    """U(-bound, bound) samples in the default float dtype."""
+    return (backend.random_uniform(shape) * 2.0 - 1.0) * bound
+
+
+class Linear(Module):
+    """y = x W + b, with W of shape (in_features, out_features); PyTorch's init
+    U(-1/sqrt(in), 1/sqrt(in)) for both W and b."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True):
+        bound = 1.0 / math.sqrt(in_features)
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = Parameter(_uniform((in_features, out_features), bound))
+        self.bias = Parameter(_uniform((out_features,), bound), decay=False) if bias else None
+
+    def forward(self, x):
+        bias = None if self.bias is None else self.bias.data
+        y, cache = ops.linear_forward(x, self.weight.data, bias)  # (..., in) -> (..., out)
+        self._save(cache)
+        return y
+
+    def backward(self, dy):
+        dx, dw, db = ops.linear_backward(dy, self._pop_saved())
+        self.weight.accumulate(dw)
+        if self.bias is not None:
+            self.bias.accumulate(db)
+        return dx
+
+
+class LayerNorm(Module):
+    """Layer norm over the last axis, weight (gamma) 1 and bias (beta) 0 at init."""
+
+    def __init__(self, width: int, eps: float = ops.layernorm.EPS):
+        xp, dtype, dev = backend.xp(), backend.default_float(), backend.device()
+        self.eps = eps
+        self.weight = Parameter(xp.ones((width,), dtype=dtype, device=dev), decay=False)
+        self.bias = Parameter(xp.zeros((width,), dtype=dtype, device=dev), decay=False)
+
+    def forward(self, x):
+        y, cache = ops.layernorm_forward(x, self.weight.data, self.bias.data, self.eps)
+        self._save(cache)
+        return y
+
+    def backward(self, dy):
+        dx, dgamma, dbeta = ops.layernorm_backward(dy, self._pop_saved())
+        self.weight.accumulate(dgamma)
+        self.bias.accumulate(dbeta)
+        return dx
+
+
+class Embedding(Module):
+    """Token ids (...) -> vectors (..., D); weight N(0, init_std^2), PyTorch's std 1 by default."""
+
+    def __init__(self, num_embeddings: int, width: int, init_std: float = 1.0):
+        self.num_embeddings, self.width = num_embeddings, width
+        self.weight = Parameter(backend.random_normal((num_embeddings, width), std=init_std),
+                                decay=False)
+
+    def forward(self, ids):
+        y, cache = ops.embedding_forward(ids, self.weight.data)
+        self._save(cache)
+        return y
+
+    def backward(self, dy):
+        self.weight.accumulate(ops.embedding_backward(dy, self._pop_saved()))
+        return None  # integer ids have no gradient
+
+
+class LearnedPositionalEmbedding(Module):
+    """x (B, T, D) -> x + P[:T], with a trainable table P (max_len, D)."""
+
+    def __init__(self, max_len: int, width: int, init_std: float = 0.02):
+        self.max_len = max_len
+        self.weight = Parameter(backend.random_normal((max_len, width), std=init_std),
+                                decay=False)
+
+    def forward(self, x):
+        y, cache = ops.add_positions_forward(x, self.weight.data)
+        self._save(cache)
+        return y
+
+    def backward(self, dy):
+        dx, dtable = ops.add_positions_backward(dy, self._pop_saved())
+        self.weight.accumulate(dtable)
+        return dx
+
+
+class SinusoidalPositionalEncoding(Module):
+    """x (B, T, D) -> x + PE[:T] with the paper's fixed sines and cosines (no parameters)."""
+
+    def __init__(self, max_len: int, width: int):
+        self.max_len = max_len
+        self._table = ops.sinusoidal_table(max_len, width)  # not a Parameter: never trained
+
+    def forward(self, x):
+        table = self._table
+        if table.dtype != x.dtype:
+            table = backend.namespace_of(x).astype(table, x.dtype)
+        y, cache = ops.add_positions_forward(x, table)
+        self._save(cache)
+        return y
+
+    def backward(self, dy):
+        dx, _ = ops.add_positions_backward(dy, self._pop_saved())
+        return dx
+
+
+class Dropout(Module):
+    """Inverted dropout in training mode, identity in eval mode."""
+
+    def __init__(self, p: float = 0.1):
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+        self.p = p
+
+    def forward(self, x):
+        y, mask = ops.dropout_forward(x, self.p, self.training)
+        self._save(("mask", mask))  # wrapped: a None mask (identity) is a valid cache
+        return y
+
+    def backward(self, dy):
+        _, mask = self._pop_saved()
+        return ops.dropout_backward(dy, mask)
+
+
+class Activation(Module):
+    """ReLU or GELU (tanh form) as a layer."""
+
+    def __init__(self, name: str = "relu"):
+        self.name = name
+        self._forward, self._backward = ops.activation(name)
+
+    def forward(self, x):
+        y, cache = self._forward(x)
+        self._save(cache)
+        return y
+
+    def backward(self, dy):
+        return self._backward(dy, self._pop_saved())
+
+
+def check_sequence_input(x, width: int, what: str) -> None:
+    """x must be (B, T, width)."""
+    check_rank(x, 3, what + " (batch, positions, width)")
+    if x.shape[-1] != width:
+        raise ValueError(f"{what} has width {x.shape[-1]}, but the layer was built for "
+                         f"width {width}; got shape {tuple(x.shape)}")

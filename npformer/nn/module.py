@@ -1,0 +1,195 @@
+"""Parameter and Module: the bookkeeping every layer shares.
+
+A layer is a :class:`Module` that owns :class:`Parameter` objects (and other
+modules).  Its ``forward`` keeps, in ``self._cache``, exactly what its
+``backward`` needs; ``backward(dout)`` returns the gradient of the inputs and
+*adds* the gradient of every parameter into ``param.grad``.  Nothing here does
+array math beyond zero-filling: the math is in :mod:`npformer.ops`.
+
+Parameters are found by walking the attributes of a module in the order they
+were assigned: a ``Parameter`` attribute ``weight`` of a child stored as
+``self.attn`` is named ``"attn.weight"``; lists of modules (``self.layers =
+[...]``) give ``"layers.0.attn.weight"`` and so on.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+from .. import backend
+
+_grad_enabled = True
+
+
+def grad_enabled() -> bool:
+    """False inside :func:`no_grad`: forwards then keep nothing for a backward."""
+    return _grad_enabled
+
+
+@contextmanager
+def no_grad():
+    """Inference mode: layers keep no activations, so memory stays flat."""
+    global _grad_enabled
+    previous, _grad_enabled = _grad_enabled, False
+    try:
+        yield
+    finally:
+        _grad_enabled = previous
+
+
+class Parameter:
+    """A trainable array and the gradient accumulated for it.
+
+    ``data`` and ``grad`` are rebound, never mutated through views, so the same
+    code works on namespaces without in-place writes.  ``decay`` tells AdamW
+    whether weight decay applies (False for biases, norms and embeddings).
+    """
+
+    __slots__ = ("data", "grad", "decay")
+
+    def __init__(self, data, decay: bool = True):
+        self.data = data
+        self.grad = None
+        self.decay = decay
+        self.zero_grad()
+
+    @property
+    def shape(self):
+        return tuple(self.data.shape)
+
+    def zero_grad(self) -> None:
+        xp = backend.namespace_of(self.data)
+        self.grad = xp.zeros_like(self.data)
+
+    def accumulate(self, grad) -> None:
+        """``grad`` += the gradient of one use of this parameter."""
+        self.grad = self.grad + grad
+
+    def __repr__(self) -> str:
+        return f"Parameter(shape={self.shape}, dtype={self.data.dtype})"
+
+
+class Module:
+    """Base class of every layer and model."""
+
+    training: bool = True
+
+    # ------------------------------------------------------------ traversal
+    def _children(self) -> Iterator[tuple[str, "Module | Parameter"]]:
+        for name, value in vars(self).items():
+            if name.startswith("_"):
+                continue
+            if isinstance(value, (Module, Parameter)):
+                yield name, value
+            elif isinstance(value, (list, tuple)) and value and all(
+                isinstance(v, Module) for v in value
+            ):
+                for i, child in enumerate(value):
+                    yield f"{name}.{i}", child
+
+    def named_parameters(self, prefix: str = "") -> Iterator[tuple[str, Parameter]]:
+        """(dotted name, Parameter) for every parameter, in definition order."""
+        for name, value in self._children():
+            full = f"{prefix}{name}"
+            if isinstance(value, Parameter):
+                yield full, value
+            else:
+                yield from value.named_parameters(full + ".")
+
+    def parameters(self) -> list[Parameter]:
+        return [p for _, p in self.named_parameters()]
+
+    def modules(self) -> Iterator["Module"]:
+        yield self
+        for _, value in self._children():
+            if isinstance(value, Module):
+                yield from value.modules()
+
+    def num_parameters(self) -> int:
+        total = 0
+        for p in self.parameters():
+            count = 1
+            for n in p.shape:
+                count *= n
+            total += count
+        return total
+
+    # ------------------------------------------------------------ modes
+    def train(self, mode: bool = True) -> "Module":
+        for m in self.modules():
+            m.training = mode
+        return self
+
+    def eval(self) -> "Module":
+        return self.train(False)
+
+    def zero_grad(self) -> None:
+        for p in self.parameters():
+            p.zero_grad()
+
+    # ------------------------------------------------------------ forward / backward
+    def forward(self, *args, **kwargs):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def backward(self, dout):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    def _save(self, cache) -> None:
+        """Keep what backward needs, unless in inference mode (:func:`no_grad`)."""
+        self._cache = cache if _grad_enabled else None
+
+    def _pop_saved(self):
+        """The cache of the last forward (released), or a clear error if there is none."""
+        cache = getattr(self, "_cache", None)
+        if cache is None:
+            raise RuntimeError(
+                f"{type(self).__name__}.backward called without a forward pass to "
+                "differentiate (forward was not run, ran under no_grad(), or backward "
+                "already consumed it)"
+            )
+        self._cache = None
+        return cache
+
+    # ------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        """{dotted name: array} of every parameter (the arrays themselves, not copies)."""
+        return {name: p.data for name, p in self.named_parameters()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Copy arrays into the parameters, checking names, shapes and dtypes first.
+
+        Every problem is reported at once, before anything is changed.
+        """
+        own = dict(self.named_parameters())
+        missing = sorted(set(own) - set(state))
+        extra = sorted(set(state) - set(own))
+        wrong_shape = [
+            f"{name}: expected {own[name].shape}, got {tuple(state[name].shape)}"
+            for name in own
+            if name in state and tuple(state[name].shape) != own[name].shape
+        ]
+        problems = []
+        if missing:
+            problems.append(f"missing keys: {missing}")
+        if extra:
+            problems.append(f"unexpected keys: {extra}")
+        if wrong_shape:
+            problems.append("wrong shapes: " + "; ".join(wrong_shape))
+        if problems:
+            raise ValueError(
+                f"state_dict does not fit {type(self).__name__}: " + " | ".join(problems)
+            )
+        for name, p in own.items():
+            p.data = _to_backend_like(state[name], p.data)
+            p.zero_grad()
+
+
+def _to_backend_like(value, like):
+    """``value`` (NumPy or backend array) as a backend array with ``like``'s dtype."""
+    xp = backend.namespace_of(like)
+    if type(value).__module__.split(".")[0] != type(like).__module__.split(".")[0]:
+        value = backend.asarray(backend.to_numpy(value))
+    return xp.astype(value, like.dtype, copy=True)

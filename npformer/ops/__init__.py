@@ -1,0 +1,24 @@
+"""The mathematics of the Transformer: pure forward/backward pairs.
+
+Every op is a pair ``name_forward(inputs...) -> (output, cache)`` and
+``name_backward(d_output, cache) -> gradients``.  The forward keeps in its
+cache exactly what the backward needs.  Each module's docstring holds the
+derivation; ``docs/derivations.md`` walks through them line by line.
+
+Shape letters used throughout: B batch, T query (target) positions, S key
+(source) positions, H heads, E per-head query/key width, F per-head value
+width, D model width, V vocabulary, N flattened rows.
+"""
+from .activations import (activation, gelu_backward, gelu_forward, relu_backward,
+                          relu_forward)
+from .attention import attention_backward, attention_forward, causal_mask, padding_mask
+from .dropout import dropout_backward, dropout_forward
+from .embedding import embedding_backward, embedding_forward
+from .layernorm import layernorm_backward, layernorm_forward
+from .linear import linear_backward, linear_forward
+from .losses import IGNORE_INDEX, cross_entropy_backward, cross_entropy_forward
+from .positional import add_positions_backward, add_positions_forward, sinusoidal_table
+from .softmax import (log_softmax_backward, log_softmax_forward, softmax_backward,
+                      softmax_forward)
+
+__all__ = [name for name in dir() if not name.startswith("_")]

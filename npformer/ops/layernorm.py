@@ -1,0 +1,51 @@
+r"""Layer normalisation over the last axis (Ba et al., 2016), PyTorch's eps = 1e-5.
+
+Forward, per row $x \in \mathbb{R}^D$:
+    $\mu = \frac1D \sum_j x_j$
+    $\hat x = x - \mu$ centred, $\sigma^2 = \frac1D \sum_j \hat x_j^2$   (biased variance)
+    $r = (\sigma^2 + \epsilon)^{-1/2}$
+    $\hat x = (x - \mu)\, r$
+    $y = \gamma \odot \hat x + \beta$
+
+Backward (the classic three-term form; derivation in docs/derivations.md):
+    $\bar\gamma = \sum_{rows} \bar y \odot \hat x$,   $\bar\beta = \sum_{rows} \bar y$
+    $g = \bar y \odot \gamma$                       (gradient w.r.t. $\hat x$)
+    $\bar x = r \,\big(g - \text{mean}_j(g) - \hat x\, \text{mean}_j(g \odot \hat x)\big)$
+The mean of g removes the component along the all-ones direction (mu depends on
+every x_j); the last term removes the component along x-hat (r depends on every x_j).
+"""
+from __future__ import annotations
+
+from .. import backend
+from ._checks import check_float, check_last_dim
+
+EPS = 1e-5
+
+
+def layernorm_forward(x, gamma, beta, eps: float = EPS):
+    """x (..., D), gamma (D,), beta (D,) -> y (..., D), cache (x_hat, r, gamma)."""
+    xp = backend.namespace_of(x, gamma, beta)
+    check_float(x, "layer norm input")
+    check_last_dim(x, gamma.shape[0], "layer norm input")
+    mu = xp.mean(x, axis=-1, keepdims=True)  # (..., 1)
+    centred = x - mu  # (..., D)
+    var = xp.mean(centred * centred, axis=-1, keepdims=True)  # (..., 1)
+    r = 1.0 / xp.sqrt(var + eps)  # (..., 1)
+    x_hat = centred * r  # (..., D)
+    y = x_hat * gamma + beta  # (..., D)
+    return y, (x_hat, r, gamma)
+
+
+def layernorm_backward(dy, cache):
+    """dy (..., D) -> dx (..., D), dgamma (D,), dbeta (D,)."""
+    x_hat, r, gamma = cache
+    xp = backend.namespace_of(dy, x_hat)
+    d = x_hat.shape[-1]
+    dy_rows = xp.reshape(dy, (-1, d))  # (N, D)
+    dgamma = xp.sum(dy_rows * xp.reshape(x_hat, (-1, d)), axis=0)  # (D,)
+    dbeta = xp.sum(dy_rows, axis=0)  # (D,)
+    g = dy * gamma  # (..., D) gradient w.r.t. x_hat
+    mean_g = xp.mean(g, axis=-1, keepdims=True)  # (..., 1)
+    mean_g_xhat = xp.mean(g * x_hat, axis=-1, keepdims=True)  # (..., 1)
+    dx = r * (g - mean_g - x_hat * mean_g_xhat)  # (..., D)
+    return dx, dgamma, dbeta

@@ -1,0 +1,66 @@
+r"""Cross-entropy over logits, with padding ignored and optional label smoothing.
+
+Rows: N predictions over V classes (any leading shape flattens to N).
+Targets $y_n$; rows with $y_n$ = ignore_index do not count.  With smoothing
+$\varepsilon$, the target distribution is $q = (1 - \varepsilon)\,\text{onehot}(y) + \varepsilon / V$
+(PyTorch's definition), and the loss is averaged over the $N_v$ counted rows:
+
+Forward
+    $\ell = \log\text{softmax}(z)$                        (N, V)
+    $L_n = -\sum_v q_{n,v}\, \ell_{n,v} = (1-\varepsilon)(-\ell_{n,y_n}) + \varepsilon\,(-\tfrac1V \sum_v \ell_{n,v})$
+    $L = \frac{1}{N_v} \sum_{n \text{ counted}} L_n$     (0 if no row counts)
+
+Backward (softmax and log cancel into one subtraction)
+    $\bar z_n = \bar L \, (p_n - q_n) / N_v$ for counted rows, 0 for ignored rows,
+    where $p = \text{softmax}(z)$: since $\sum_v q_{n,v} = 1$,
+    $\partial L_n/\partial z_{n,j} = -\sum_v q_{n,v} (\delta_{vj} - p_{n,j}) = p_{n,j} - q_{n,j}$.
+"""
+from __future__ import annotations
+
+from .. import backend
+from ._checks import check_float, check_token_ids
+from .softmax import log_softmax_forward
+
+IGNORE_INDEX = -100  # PyTorch's default
+
+
+def cross_entropy_forward(logits, targets, ignore_index: int = IGNORE_INDEX,
+                          label_smoothing: float = 0.0):
+    """logits (..., V) floats, targets (...) integers -> loss (0-d array), cache."""
+    xp = backend.namespace_of(logits, targets)
+    check_float(logits, "cross-entropy logits")
+    if tuple(targets.shape) != tuple(logits.shape[:-1]):
+        raise ValueError(f"cross-entropy targets of shape {tuple(targets.shape)} do not "
+                         f"match logits of shape {tuple(logits.shape)} (expected "
+                         f"{tuple(logits.shape[:-1])})")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
+    vocab = logits.shape[-1]
+    check_token_ids(targets, vocab, "cross-entropy targets", allowed_extra=ignore_index)
+    z = xp.reshape(logits, (-1, vocab))  # (N, V)
+    t = xp.reshape(targets, (-1,))  # (N,)
+    counted = t != ignore_index  # (N,) bool
+    safe_t = xp.where(counted, t, xp.zeros_like(t))  # ignored rows point at class 0
+    log_p, (p, _) = log_softmax_forward(z, axis=-1)  # (N, V) each
+    nll = -xp.take_along_axis(log_p, safe_t[:, None], axis=-1)[:, 0]  # (N,)
+    per_row = (1.0 - label_smoothing) * nll
+    if label_smoothing > 0.0:
+        per_row = per_row - label_smoothing * xp.mean(log_p, axis=-1)  # (N,)
+    counted_f = xp.astype(counted, z.dtype)
+    n_counted = xp.sum(counted_f)
+    denom = xp.where(n_counted > 0, n_counted, xp.ones_like(n_counted))
+    loss = xp.sum(per_row * counted_f) / denom
+    return loss, (p, safe_t, counted_f, denom, label_smoothing, tuple(logits.shape))
+
+
+def cross_entropy_backward(dloss, cache):
+    """dloss (scalar) -> dlogits (..., V) = dloss * (p - q) / N_counted on counted rows."""
+    p, safe_t, counted_f, denom, label_smoothing, logits_shape = cache
+    xp = backend.namespace_of(p)
+    vocab = p.shape[-1]
+    classes = xp.arange(vocab, dtype=safe_t.dtype, device=backend.device_of(p))
+    onehot = xp.astype(classes[None, :] == safe_t[:, None], p.dtype)  # (N, V)
+    q = (1.0 - label_smoothing) * onehot + label_smoothing / vocab  # (N, V)
+    row_weight = counted_f[:, None] * (dloss / denom)  # (N, 1): 0 on ignored rows
+    dz = (p - q) * row_weight  # (N, V)
+    return xp.reshape(dz, logits_shape)

@@ -1,0 +1,68 @@
+r"""Softmax and log-softmax over one axis, with an optional boolean mask.
+
+Softmax, along the axis, for entries allowed by the mask (True = keep)
+    $m = \max_{j \in \text{allowed}} x_j$    (subtracted for stability; 0 if nothing is allowed)
+    $e_j = \exp(x_j - m)$ if allowed, else 0
+    $p_j = e_j / \sum_k e_k$                 (0 for every j if nothing is allowed)
+
+Backward without building the Jacobian $J = \text{diag}(p) - p p^\top$:
+    $\bar x = J^\top \bar p = p \odot (\bar p - \langle \bar p, p \rangle)$
+Masked entries have $p_j = 0$, so they receive exactly zero gradient, and a row
+with nothing allowed gives zero output and zero gradient: never NaN.
+
+Log-softmax
+    $y_j = x_j - m - \log \sum_k \exp(x_k - m)$
+    backward: $\bar x = \bar y - p \, \sum_j \bar y_j$ with $p = \exp(y)$
+    (since $\partial y_i / \partial x_j = \delta_{ij} - p_j$).
+"""
+from __future__ import annotations
+
+from .. import backend
+from ._checks import check_float, check_mask
+
+
+def softmax_forward(x, axis: int = -1, mask=None):
+    """x (...) -> p (...), cache (p, axis).  mask: boolean, broadcasts to x, True = keep."""
+    xp = backend.namespace_of(x)
+    check_float(x, "softmax input")
+    if mask is None:
+        m = xp.max(x, axis=axis, keepdims=True)
+        e = xp.exp(x - m)
+        p = e / xp.sum(e, axis=axis, keepdims=True)
+        return p, (p, axis)
+    check_mask(mask, tuple(x.shape), "softmax mask")
+    neg_inf = xp.full_like(x, -float("inf"))
+    x_kept = xp.where(mask, x, neg_inf)  # masked entries become -inf
+    m = xp.max(x_kept, axis=axis, keepdims=True)
+    m = xp.where(xp.isfinite(m), m, xp.zeros_like(m))  # a fully masked row has max -inf
+    e = xp.exp(x_kept - m)  # exp(-inf) = 0 at masked entries
+    total = xp.sum(e, axis=axis, keepdims=True)
+    p = e / xp.where(total > 0, total, xp.ones_like(total))  # 0 / 1 on fully masked rows
+    return p, (p, axis)
+
+
+def softmax_backward(dp, cache):
+    """dp (...) -> dx (...) = p * (dp - sum(dp * p))."""
+    p, axis = cache
+    xp = backend.namespace_of(dp, p)
+    inner = xp.sum(dp * p, axis=axis, keepdims=True)  # <dp, p> per row
+    return p * (dp - inner)
+
+
+def log_softmax_forward(x, axis: int = -1):
+    """x (...) -> y = log softmax(x) (...), cache (p = exp(y), axis)."""
+    xp = backend.namespace_of(x)
+    check_float(x, "log-softmax input")
+    shifted = x - xp.max(x, axis=axis, keepdims=True)
+    e = xp.exp(shifted)
+    total = xp.sum(e, axis=axis, keepdims=True)
+    y = shifted - xp.log(total)
+    p = e / total  # exp(y), kept for the backward and for cross-entropy
+    return y, (p, axis)
+
+
+def log_softmax_backward(dy, cache):
+    """dy (...) -> dx (...) = dy - p * sum(dy)."""
+    p, axis = cache
+    xp = backend.namespace_of(dy, p)
+    return dy - p * xp.sum(dy, axis=axis, keepdims=True)
