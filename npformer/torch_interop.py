@@ -1,0 +1,182 @@
+"""Weights to and from PyTorch, without importing PyTorch.
+
+npformer layers have the same computations as these PyTorch modules, so their
+weights move across unchanged apart from layout:
+
+| npformer                         | PyTorch                                               |
+|----------------------------------|-------------------------------------------------------|
+| ``nn.Linear``                    | ``torch.nn.Linear`` (weight transposed)               |
+| ``nn.LayerNorm``                 | ``torch.nn.LayerNorm``                                |
+| ``nn.Embedding``                 | ``torch.nn.Embedding``                                |
+| ``nn.LearnedPositionalEmbedding``| ``torch.nn.Embedding(max_len, d_model)``              |
+| ``nn.MultiHeadAttention``        | ``torch.nn.MultiheadAttention(batch_first=True)``     |
+| ``nn.EncoderBlock``              | ``torch.nn.TransformerEncoderLayer(batch_first=True)``|
+| ``nn.DecoderBlock``              | ``torch.nn.TransformerDecoderLayer(batch_first=True)``|
+
+Usage::
+
+    torch_state = torch_module.state_dict()              # tensors or NumPy arrays
+    load_torch_state_dict(npformer_layer, torch_state)   # shape-checked
+    torch_module.load_state_dict({k: torch.from_numpy(v)
+                                  for k, v in to_torch_state_dict(npformer_layer).items()})
+
+Conversion rules per layer type live in :data:`RULES`; models register theirs
+there too, so one mechanism serves every module.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+
+from . import backend
+from .nn import (DecoderBlock, Embedding, EncoderBlock, FeedForward, LayerNorm,
+                 LearnedPositionalEmbedding, Linear, MultiHeadAttention)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One PyTorch tensor made from (or split into) npformer parameters.
+
+    kind: "copy" (same layout), "transpose" (Linear weight: torch stores (out, in)),
+    "qkv_weight" (torch's fused in_proj_weight: q, k, v weights stacked by rows,
+    each transposed), "qkv_bias" (the three biases concatenated).
+    """
+
+    torch_key: str
+    npformer_keys: tuple[str, ...]
+    kind: str = "copy"
+
+
+RuleFn = Callable[[object, str, str], Iterator[Rule]]
+RULES: dict[type, RuleFn] = {}
+
+
+def register(cls: type):
+    """Decorator: ``fn(module, torch_prefix, npformer_prefix)`` yields the Rules of ``cls``."""
+    def wrap(fn: RuleFn) -> RuleFn:
+        RULES[cls] = fn
+        return fn
+    return wrap
+
+
+def rules_for(module, t: str = "", n: str = "") -> Iterator[Rule]:
+    """Rules of ``module`` with torch names prefixed by ``t`` and npformer names by ``n``."""
+    for cls in type(module).__mro__:
+        if cls in RULES:
+            return RULES[cls](module, t, n)
+    raise TypeError(f"no PyTorch equivalent is registered for {type(module).__name__}")
+
+
+@register(Linear)
+def _linear(m, t, n):
+    yield Rule(t + "weight", (n + "weight",), "transpose")
+    if m.bias is not None:
+        yield Rule(t + "bias", (n + "bias",))
+
+
+@register(LayerNorm)
+def _layernorm(m, t, n):
+    yield Rule(t + "weight", (n + "weight",))
+    yield Rule(t + "bias", (n + "bias",))
+
+
+@register(Embedding)
+@register(LearnedPositionalEmbedding)
+def _embedding(m, t, n):
+    yield Rule(t + "weight", (n + "weight",))
+
+
+@register(MultiHeadAttention)
+def _mha(m, t, n):
+    if m.num_heads * m.head_dim != m.d_model:
+        raise ValueError(
+            f"torch.nn.MultiheadAttention needs num_heads * head_dim == embed_dim, but this "
+            f"layer has {m.num_heads} heads of width {m.head_dim} for d_model {m.d_model} "
+            "(wide heads have no PyTorch equivalent)")
+    qkv = tuple(n + f"{p}_proj." for p in "qkv")
+    yield Rule(t + "in_proj_weight", tuple(p + "weight" for p in qkv), "qkv_weight")
+    if m.q_proj.bias is not None:
+        yield Rule(t + "in_proj_bias", tuple(p + "bias" for p in qkv), "qkv_bias")
+    yield from _linear(m.out_proj, t + "out_proj.", n + "out_proj.")
+
+
+@register(FeedForward)
+def _ffn(m, t, n):
+    yield from _linear(m.linear1, t + "linear1.", n + "linear1.")
+    yield from _linear(m.linear2, t + "linear2.", n + "linear2.")
+
+
+@register(EncoderBlock)
+def _encoder_block(m, t, n):
+    yield from _mha(m.self_attn, t + "self_attn.", n + "self_attn.")
+    yield from _ffn(m.ffn, t, n + "ffn.")
+    yield from _layernorm(m.attn_residual.norm, t + "norm1.", n + "attn_residual.norm.")
+    yield from _layernorm(m.ffn_residual.norm, t + "norm2.", n + "ffn_residual.norm.")
+
+
+@register(DecoderBlock)
+def _decoder_block(m, t, n):
+    yield from _mha(m.self_attn, t + "self_attn.", n + "self_attn.")
+    yield from _mha(m.cross_attn, t + "multihead_attn.", n + "cross_attn.")
+    yield from _ffn(m.ffn, t, n + "ffn.")
+    yield from _layernorm(m.self_attn_residual.norm, t + "norm1.", n + "self_attn_residual.norm.")
+    yield from _layernorm(m.cross_attn_residual.norm, t + "norm2.", n + "cross_attn_residual.norm.")
+    yield from _layernorm(m.ffn_residual.norm, t + "norm3.", n + "ffn_residual.norm.")
+
+
+# --------------------------------------------------------------------------- conversion
+def _to_torch_layout(kind: str, arrays: list[np.ndarray]) -> np.ndarray:
+    if kind == "copy":
+        return arrays[0]
+    if kind == "transpose":
+        return arrays[0].T
+    if kind == "qkv_weight":
+        return np.concatenate([a.T for a in arrays], axis=0)  # 3 x (D, E*H) -> (3*H*E, D)
+    if kind == "qkv_bias":
+        return np.concatenate(arrays, axis=0)
+    raise ValueError(f"unknown rule kind {kind!r}")
+
+
+def _from_torch_layout(kind: str, tensor: np.ndarray, count: int) -> list[np.ndarray]:
+    if kind == "copy":
+        return [tensor]
+    if kind == "transpose":
+        return [tensor.T]
+    if kind == "qkv_weight":
+        return [block.T for block in np.split(tensor, count, axis=0)]
+    if kind == "qkv_bias":
+        return np.split(tensor, count, axis=0)
+    raise ValueError(f"unknown rule kind {kind!r}")
+
+
+def to_torch_state_dict(module) -> dict[str, np.ndarray]:
+    """The state dict of the equivalent PyTorch module, as NumPy arrays (C-contiguous)."""
+    own = {name: backend.to_numpy(p.data) for name, p in module.named_parameters()}
+    out, used = {}, set()
+    for rule in rules_for(module):
+        arrays = [own[k] for k in rule.npformer_keys]
+        used.update(rule.npformer_keys)
+        out[rule.torch_key] = np.ascontiguousarray(_to_torch_layout(rule.kind, arrays))
+    unconverted = sorted(set(own) - used)
+    if unconverted:
+        raise ValueError(f"parameters with no PyTorch counterpart: {unconverted}")
+    return out
+
+
+def load_torch_state_dict(module, torch_state: dict) -> None:
+    """Load a PyTorch state dict (tensors or arrays) into ``module``, checking every key
+    and shape before anything changes."""
+    host = {k: np.asarray(v) for k, v in torch_state.items()}
+    rules = list(rules_for(module))
+    expected = {r.torch_key for r in rules}
+    missing, extra = sorted(expected - set(host)), sorted(set(host) - expected)
+    if missing or extra:
+        raise ValueError(f"PyTorch state dict does not fit {type(module).__name__}: "
+                         f"missing keys {missing}, unexpected keys {extra}")
+    state = {}
+    for rule in rules:
+        parts = _from_torch_layout(rule.kind, host[rule.torch_key], len(rule.npformer_keys))
+        state.update(zip(rule.npformer_keys, parts))
+    module.load_state_dict(state)

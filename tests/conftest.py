@@ -1,0 +1,73 @@
+"""Shared test set-up: Hypothesis profiles, the backend under test, PyTorch, data."""
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+
+from npformer import backend
+
+# Deterministic in CI (derandomize: the same examples every run, no flakes),
+# random locally so development keeps exploring.  Select with HYPOTHESIS_PROFILE.
+settings.register_profile(
+    "ci", derandomize=True, deadline=None, max_examples=25, print_blob=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+settings.register_profile(
+    "dev", deadline=None, max_examples=25,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@contextmanager
+def using_backend(name: str, dtype: str = "float64", seed: int = 0):
+    """Run a block on backend ``name`` with default float ``dtype``, then restore."""
+    previous_name, previous_dtype = backend.backend_name(), backend.default_float_name()
+    backend.set_backend(name, seed=seed)
+    backend.set_default_float(dtype)
+    try:
+        yield
+    finally:
+        backend.set_backend(previous_name)
+        backend.set_default_float(previous_dtype)
+
+
+@pytest.fixture(params=["numpy", "strict"])
+def xb(request):
+    """The backend under test: every op and layer test runs on NumPy and on the strict
+    array-API namespace (whose arrays live on a non-CPU device and refuse NumPy calls)."""
+    with using_backend(request.param):
+        yield request.param
+
+
+@pytest.fixture
+def host_rng():
+    return np.random.default_rng(12345)
+
+
+def require_torch():
+    """torch, or a skip outside CI; in CI a missing torch is an error, never a silent skip."""
+    if os.environ.get("CI"):
+        import torch  # noqa: F401  (must be installed by .ci/run)
+        return torch
+    return pytest.importorskip("torch")
+
+
+@pytest.fixture
+def torch():
+    t = require_torch()
+    t.manual_seed(0)
+    return t
+
+
+@pytest.fixture
+def on_device():
+    """Copy host arrays onto the current backend: on_device(np_array, dtype=None)."""
+    return backend.asarray
