@@ -129,6 +129,9 @@ def _upstream_like(out, rng: np.random.Generator) -> np.ndarray:
 
 
 def _as_tuple(grads) -> tuple:
+    """A backward's return value as a tuple (None, from a module with integer inputs: ())."""
+    if grads is None:
+        return ()
     return grads if isinstance(grads, tuple) else (grads,)
 
 

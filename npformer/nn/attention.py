@@ -86,6 +86,31 @@ class MultiHeadAttention(Module):
             return dx + dcontext  # x fed queries, keys and values
         return dx, dcontext
 
+    def step(self, x, state: dict, context=None, mask=None):
+        """Incremental inference (call under ``no_grad``): x (B, T_new, D) -> (B, T_new, D).
+
+        Self-attention (context None): the keys and values of the new positions are
+        appended to ``state["k"]``, ``state["v"]`` (B, H, S, E), so earlier positions
+        are never recomputed.  Cross-attention: the context's keys and values are
+        computed on the first call and reused after.  ``mask`` broadcasts to
+        (B, H, T_new, S) with S the cached length after the update.
+        """
+        xp = backend.namespace_of(x)
+        h = self.num_heads
+        q = split_heads(self.q_proj(x), h)  # (B, H, T_new, E)
+        if context is None:
+            k_new = split_heads(self.k_proj(x), h)  # (B, H, T_new, E)
+            v_new = split_heads(self.v_proj(x), h)
+            if "k" in state:
+                k_new = xp.concat([state["k"], k_new], axis=2)  # (B, H, S, E)
+                v_new = xp.concat([state["v"], v_new], axis=2)
+            state["k"], state["v"] = k_new, v_new
+        elif "k" not in state:
+            state["k"] = split_heads(self.k_proj(context), h)  # (B, H, S, E)
+            state["v"] = split_heads(self.v_proj(context), h)
+        heads, _ = ops.attention_forward(q, state["k"], state["v"], mask)  # (B, H, T_new, E)
+        return self.out_proj(merge_heads(heads))  # (B, T_new, D)
+
     def attention_weights(self, x, context=None, mask=None):
         """The (B, H, T, S) attention probabilities, for plots (no cache kept)."""
         context = x if context is None else context

@@ -53,9 +53,13 @@ class Residual(Module):
 
     def forward(self, x, sublayer, *args, **kwargs):
         self._save(sublayer)
+        return self.apply(x, lambda h: sublayer.forward(h, *args, **kwargs))
+
+    def apply(self, x, fn):
+        """The residual arrangement around any function ``fn`` (also used by cached decoding)."""
         if self.norm_first:
-            return x + self.dropout(sublayer.forward(self.norm(x), *args, **kwargs))
-        return self.norm(x + self.dropout(sublayer.forward(x, *args, **kwargs)))
+            return x + self.dropout(fn(self.norm(x)))
+        return self.norm(x + self.dropout(fn(x)))
 
     def backward(self, dy):
         """dy -> dx, or (dx, *extra) when the sublayer returns extra gradients."""
@@ -96,6 +100,12 @@ class EncoderBlock(Module):
     def backward(self, dy):
         return self.attn_residual.backward(self.ffn_residual.backward(dy))
 
+    def step(self, x, state: dict, mask=None):
+        """Inference with a key/value cache: x (B, T_new, D) are the next positions;
+        ``state`` holds this block's cached keys and values (see MultiHeadAttention.step)."""
+        x = self.attn_residual.apply(x, lambda h: self.self_attn.step(h, state, mask=mask))
+        return self.ffn_residual.apply(x, self.ffn.forward)
+
 
 class DecoderBlock(Module):
     """Masked self-attention, cross-attention over the encoder memory, feed-forward."""
@@ -123,3 +133,15 @@ class DecoderBlock(Module):
         dx, dmemory = self.cross_attn_residual.backward(dx)
         dx = self.self_attn_residual.backward(dx)
         return dx, dmemory
+
+    def step(self, x, memory, state: dict, self_mask=None, memory_mask=None):
+        """Inference with caches: x (B, T_new, D) are the next target positions.
+        ``state["self"]`` grows by T_new positions; ``state["cross"]`` holds the memory's
+        keys and values, computed on the first call only."""
+        self_state = state.setdefault("self", {})
+        cross_state = state.setdefault("cross", {})
+        x = self.self_attn_residual.apply(
+            x, lambda h: self.self_attn.step(h, self_state, mask=self_mask))
+        x = self.cross_attn_residual.apply(
+            x, lambda h: self.cross_attn.step(h, cross_state, context=memory, mask=memory_mask))
+        return self.ffn_residual.apply(x, self.ffn.forward)

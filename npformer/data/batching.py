@@ -1,0 +1,112 @@
+"""Turning lists of token ids into batches of int64 arrays.
+
+Shapes: B is the batch size, T the (padded) sequence length.
+
+- :func:`pad_batch`: variable-length sequences -> ``ids (B, T)`` and ``valid_lens (B,)``;
+- :func:`batches`: index batches over a dataset, in order or shuffled;
+- :func:`length_bucketed_batches`: index batches of similar lengths (less
+  padding for sequence-to-sequence training);
+- :func:`lm_batch`: random windows of a token stream, inputs and next-token
+  targets, as nanoGPT's ``get_batch``.
+
+Randomness always comes from a ``numpy.random.Generator`` passed in, so a seed
+reproduces a run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+__all__ = ["pad_batch", "batches", "length_bucketed_batches", "lm_batch"]
+
+
+def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int,
+              max_len: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Right-pad sequences of ids to a rectangle, truncating them to ``max_len``.
+
+    Returns:
+        ``ids``: int64 ``(B, T)`` with ``T`` the longest (truncated) length, the
+        positions past each sequence's end holding ``pad_id``;
+        ``valid_lens``: int64 ``(B,)``, the number of real tokens in each row.
+    """
+    if max_len is not None and max_len < 0:
+        raise ValueError(f"max_len must be >= 0, got {max_len}")
+    lengths = [len(s) if max_len is None else min(len(s), max_len) for s in seqs]
+    valid_lens = np.asarray(lengths, dtype=np.int64).reshape(len(lengths))      # (B,)
+    ids = np.full((len(lengths), max(lengths, default=0)), pad_id, dtype=np.int64)  # (B, T)
+    for row, (seq, n) in enumerate(zip(seqs, lengths)):
+        ids[row, :n] = seq[:n]
+    return ids, valid_lens
+
+
+def batches(n: int, batch_size: int, shuffle: bool = False,
+            rng: np.random.Generator | None = None, drop_last: bool = False) -> Iterator[np.ndarray]:
+    """Yield int64 index arrays covering ``range(n)`` in batches of ``batch_size``.
+
+    With ``shuffle`` the order is a permutation drawn from ``rng`` (required).
+    The last batch is smaller when ``batch_size`` does not divide ``n``, unless
+    ``drop_last``.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if shuffle and rng is None:
+        raise ValueError("shuffle=True needs rng, a numpy.random.Generator")
+    order = rng.permutation(n) if shuffle else np.arange(n)
+    stop = n - n % batch_size if drop_last else n
+    for start in range(0, stop, batch_size):
+        yield order[start:start + batch_size].astype(np.int64, copy=False)
+
+
+def length_bucketed_batches(lengths: Sequence[int], batch_size: int,
+                            rng: np.random.Generator | None = None,
+                            pool_batches: int = 50) -> list[np.ndarray]:
+    """Index batches whose examples have similar lengths.
+
+    The examples are shuffled (when ``rng`` is given), cut into pools of
+    ``pool_batches * batch_size``, each pool sorted by length and cut into
+    batches; then the order of the batches is shuffled. Each example appears in
+    exactly one batch. Without ``rng`` the result is deterministic: examples
+    sorted by length (stably) and batches in that order.
+
+    Args:
+        lengths: one length per example (for pairs, e.g. the longer side).
+        batch_size: examples per batch (the last batch of a pool may be smaller).
+        rng: the random generator; None for no shuffling.
+        pool_batches: how many batches' worth of examples are sorted together;
+            larger pools pad less but are less random.
+    """
+    if batch_size < 1 or pool_batches < 1:
+        raise ValueError("batch_size and pool_batches must be >= 1")
+    lengths = np.asarray(lengths, dtype=np.int64)
+    n = len(lengths)
+    order = rng.permutation(n) if rng is not None else np.arange(n)
+    pool = max(n, 1) if rng is None else pool_batches * batch_size
+    result = []
+    for start in range(0, n, pool):
+        members = order[start:start + pool]
+        members = members[np.argsort(lengths[members], kind="stable")]
+        result.extend(members[i:i + batch_size] for i in range(0, len(members), batch_size))
+    if rng is not None:
+        result = [result[i] for i in rng.permutation(len(result))]
+    return result
+
+
+def lm_batch(data_ids: np.ndarray, block_size: int, batch_size: int,
+             rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Random windows of a token stream, as nanoGPT's ``get_batch``.
+
+    Draws ``batch_size`` start offsets ``i`` uniformly in
+    ``[0, len(data_ids) - block_size)`` and returns ``x[b] = data[i : i + block_size]``
+    and ``y[b] = data[i + 1 : i + 1 + block_size]`` (the next token at each
+    position), both int64 ``(B, T)`` with ``T = block_size``.
+    """
+    data_ids = np.asarray(data_ids)
+    if len(data_ids) <= block_size:
+        raise ValueError(f"need more than block_size={block_size} tokens, got {len(data_ids)}")
+    starts = rng.integers(0, len(data_ids) - block_size, size=batch_size)  # (B,)
+    window = starts[:, None] + np.arange(block_size)                        # (B, T)
+    x = data_ids[window].astype(np.int64, copy=False)                       # (B, T)
+    y = data_ids[window + 1].astype(np.int64, copy=False)                   # (B, T)
+    return x, y

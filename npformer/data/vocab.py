@@ -1,0 +1,152 @@
+"""Token vocabularies: the map between token strings and integer ids.
+
+:class:`Vocab` is for word-level data (IMDB, English-French). Its ids are laid
+out as::
+
+    0 <pad>   1 <unk>   [<bos>]   [<eos>]   then the regular tokens,
+                                            most frequent first, ties by string
+
+so ``<pad>`` is always 0 and ``<unk>`` always 1, and building twice from the
+same corpus gives the same ids. A vocabulary serialises to a JSON string, which
+a checkpoint can hold as a 0-d unicode array (``np.array(vocab.to_json())``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+__all__ = ["Vocab", "PAD", "UNK", "BOS", "EOS"]
+
+PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<bos>", "<eos>"
+
+
+class Vocab:
+    """An immutable token <-> id map with reserved special tokens.
+
+    Build one from a corpus with :meth:`Vocab.build`; the constructor takes the
+    complete ordered token list (``id -> token``), whose first two entries must
+    be ``<pad>`` and ``<unk>``.
+    """
+
+    def __init__(self, itos: Sequence[str]):
+        itos = tuple(itos)
+        if itos[:2] != (PAD, UNK):
+            raise ValueError(f"a Vocab must start with {PAD!r}, {UNK!r}; got {itos[:2]!r}")
+        if len(set(itos)) != len(itos):
+            raise ValueError("a Vocab's tokens must be distinct")
+        self._itos = itos
+        self._stoi = {token: i for i, token in enumerate(itos)}
+        self._specials = frozenset(t for t in (PAD, UNK, BOS, EOS) if t in self._stoi)
+
+    @classmethod
+    def build(
+        cls,
+        token_lists: Iterable[Iterable[str]],
+        min_freq: int = 1,
+        max_size: int | None = None,
+        bos: bool = False,
+        eos: bool = False,
+    ) -> Vocab:
+        """Build a vocabulary from a corpus of token lists.
+
+        Args:
+            token_lists: the corpus, one list of tokens per example.
+            min_freq: keep tokens occurring at least this many times.
+            max_size: keep at most this many regular tokens (the most frequent);
+                the special tokens are not counted, so ``len(vocab)`` is at most
+                ``max_size`` plus the number of specials.
+            bos, eos: reserve ``<bos>`` (id 2) and/or ``<eos>`` (next id).
+
+        Regular tokens are ordered by frequency, most frequent first, then by
+        token string, so the result does not depend on the corpus order.
+        """
+        if min_freq < 1:
+            raise ValueError(f"min_freq must be >= 1, got {min_freq}")
+        if max_size is not None and max_size < 0:
+            raise ValueError(f"max_size must be >= 0, got {max_size}")
+        specials = [PAD, UNK] + [BOS] * bos + [EOS] * eos
+        counts = Counter(token for tokens in token_lists for token in tokens)
+        for special in (PAD, UNK, BOS, EOS):
+            counts.pop(special, None)
+        kept = sorted((t for t, c in counts.items() if c >= min_freq), key=lambda t: (-counts[t], t))
+        if max_size is not None:
+            kept = kept[:max_size]
+        return cls(specials + kept)
+
+    # --- lookups -----------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._itos)
+
+    def __contains__(self, token: object) -> bool:
+        return token in self._stoi
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Vocab):
+            return NotImplemented
+        return self._itos == other._itos
+
+    def __hash__(self) -> int:
+        return hash(self._itos)
+
+    def __repr__(self) -> str:
+        return f"Vocab(size={len(self)}, specials={[t for t in self._itos if t in self._specials]})"
+
+    @property
+    def tokens(self) -> tuple[str, ...]:
+        """All tokens, indexed by id."""
+        return self._itos
+
+    def index(self, token: str) -> int:
+        """The id of ``token``, or ``unk_id`` if it is unknown."""
+        return self._stoi.get(token, 1)
+
+    def encode(self, tokens: Iterable[str]) -> list[int]:
+        """Map tokens to ids; unknown tokens become ``unk_id``."""
+        stoi = self._stoi
+        return [stoi.get(token, 1) for token in tokens]
+
+    def decode(self, ids: Iterable[int], skip_specials: bool = False) -> list[str]:
+        """Map ids back to tokens, optionally dropping the special tokens."""
+        tokens = [self._itos[int(i)] for i in ids]
+        if skip_specials:
+            tokens = [t for t in tokens if t not in self._specials]
+        return tokens
+
+    # --- special ids -------------------------------------------------------
+    def _special_id(self, token: str) -> int:
+        if token not in self._stoi:
+            raise ValueError(f"this vocabulary has no {token} token (build it with {token[1:-1]}=True)")
+        return self._stoi[token]
+
+    @property
+    def pad_id(self) -> int:
+        return 0
+
+    @property
+    def unk_id(self) -> int:
+        return 1
+
+    @property
+    def bos_id(self) -> int:
+        """The id of ``<bos>``; ValueError if the vocabulary has none."""
+        return self._special_id(BOS)
+
+    @property
+    def eos_id(self) -> int:
+        """The id of ``<eos>``; ValueError if the vocabulary has none."""
+        return self._special_id(EOS)
+
+    # --- serialisation -----------------------------------------------------
+    def to_json(self) -> str:
+        """A JSON string holding the whole vocabulary (for a checkpoint)."""
+        return json.dumps({"type": "Vocab", "itos": list(self._itos)}, ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> Vocab:
+        """Rebuild a vocabulary from :meth:`to_json`'s output (str, or a 0-d array)."""
+        data = json.loads(str(text))
+        if not isinstance(data, dict) or data.get("type") != "Vocab":
+            raise ValueError("not a serialised Vocab")
+        return cls(data["itos"])

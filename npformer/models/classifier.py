@@ -1,0 +1,86 @@
+"""Sequence classifier (Bloem, "Transformers from scratch"): the IMDB sentiment model.
+
+    ids (B, T) -> embeddings + positions -> N encoder blocks (padding masked)
+               -> pool over the valid positions -> linear head -> logits (B, C)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import backend, ops
+from ..nn import EncoderBlock, Linear, Module
+from ..ops._checks import check_rank
+from .common import TokenEmbedding, check_config, final_norm, key_padding, valid_lengths_from
+
+
+@dataclass
+class ClassifierConfig:
+    vocab_size: int
+    num_classes: int = 2
+    d_model: int = 64
+    num_heads: int = 4
+    num_layers: int = 2
+    d_ff: int = 256
+    max_len: int = 256
+    dropout: float = 0.1
+    activation: str = "relu"
+    norm_first: bool = False
+    head_dim: int | None = None
+    positional: str = "learned"
+    pooling: str = "mean"
+    pad_id: int = 0
+
+    def __post_init__(self):
+        check_config(self)
+        if self.pooling not in ops.POOLINGS:
+            raise ValueError(f"pooling must be one of {ops.POOLINGS}, got {self.pooling!r}")
+        if self.num_classes < 2:
+            raise ValueError(f"num_classes must be at least 2, got {self.num_classes}")
+
+
+class TransformerClassifier(Module):
+    kind = "classifier"
+    config_class = ClassifierConfig
+
+    def __init__(self, config: ClassifierConfig):
+        self.config = c = config
+        self.embed = TokenEmbedding(c.vocab_size, c.d_model, c.max_len, c.positional,
+                                    c.dropout, scale_by_sqrt_d=False)
+        self.blocks = [EncoderBlock(c.d_model, c.num_heads, c.d_ff, c.dropout, c.activation,
+                                    c.norm_first, c.head_dim) for _ in range(c.num_layers)]
+        self.norm = final_norm(c)
+        self.head = Linear(c.d_model, c.num_classes)
+
+    def forward(self, ids, valid_lens=None):
+        """ids (B, T) token ids, valid_lens (B,) (default: count of non-pad ids) -> logits (B, C)."""
+        check_rank(ids, 2, "token ids (batch, positions)")
+        if valid_lens is None:
+            valid_lens = valid_lengths_from(ids, self.config.pad_id)
+        mask = key_padding(valid_lens, ids.shape[1])  # (B, 1, 1, T): padding keys hidden
+        x = self.embed(ids)  # (B, T, D)
+        for block in self.blocks:
+            x = block(x, mask=mask)  # (B, T, D)
+        if self.norm is not None:
+            x = self.norm(x)
+        pooled, pool_cache = ops.pool_forward(x, valid_lens, self.config.pooling)  # (B, D)
+        self._save(pool_cache)
+        return self.head(pooled)  # (B, C)
+
+    def backward(self, dlogits):
+        dx = ops.pool_backward(self.head.backward(dlogits), self._pop_saved())  # (B, T, D)
+        if self.norm is not None:
+            dx = self.norm.backward(dx)
+        for block in reversed(self.blocks):
+            dx = block.backward(dx)
+        self.embed.backward(dx)
+
+    def predict(self, ids, valid_lens=None):
+        """Class probabilities (B, C), without keeping anything for a backward."""
+        from ..nn import no_grad
+
+        was_training = self.training
+        self.eval()
+        with no_grad():
+            probs, _ = ops.softmax_forward(self.forward(ids, valid_lens), axis=-1)
+        self.train(was_training)
+        return probs

@@ -1,0 +1,71 @@
+r"""Pooling a sequence of vectors into one, over the valid (non-padding) positions only.
+
+h (B, T, D); valid lengths n_b >= 1; m_{b,t} = 1 if t < n_b else 0.
+
+Mean
+    forward  $y_b = \frac{1}{n_b} \sum_t m_{b,t}\, h_{b,t}$
+    backward $\bar h_{b,t} = m_{b,t}\, \bar y_b / n_b$
+Max (per feature, over valid positions)
+    forward  $y_{b,d} = \max_{t < n_b} h_{b,t,d}$, attained at $t^*_{b,d}$ (the first, on ties)
+    backward $\bar h_{b,t,d} = \bar y_{b,d}\,[t = t^*_{b,d}]$
+First token
+    forward  $y_b = h_{b,0}$;  backward $\bar h_{b,0} = \bar y_b$, 0 elsewhere
+"""
+from __future__ import annotations
+
+from .. import backend
+from ._checks import check_rank
+
+POOLINGS = ("mean", "max", "first")
+
+
+def _valid_positions(valid_lens, length: int, dtype):
+    """(B, T, 1) float: 1 at valid positions, 0 at padding."""
+    xp = backend.namespace_of(valid_lens)
+    positions = xp.arange(length, dtype=valid_lens.dtype, device=backend.device_of(valid_lens))
+    return xp.astype(positions[None, :] < valid_lens[:, None], dtype)[:, :, None]
+
+
+def pool_forward(h, valid_lens, how: str = "mean"):
+    """h (B, T, D), valid_lens (B,) integers in [1, T] -> y (B, D), cache."""
+    xp = backend.namespace_of(h, valid_lens)
+    check_rank(h, 3, "pooling input (batch, positions, width)")
+    if how not in POOLINGS:
+        raise ValueError(f"unknown pooling {how!r}; choose one of {POOLINGS}")
+    batch, length, width = h.shape
+    if tuple(valid_lens.shape) != (batch,):
+        raise ValueError(f"valid lengths of shape {tuple(valid_lens.shape)} do not match "
+                         f"the batch of {batch} sequences")
+    low = int(backend.to_numpy(xp.min(valid_lens)))
+    high = int(backend.to_numpy(xp.max(valid_lens)))
+    if low < 1 or high > length:
+        raise ValueError(f"valid lengths must be in [1, {length}] (every sequence needs at "
+                         f"least one token), got values in [{low}, {high}]")
+    if how == "first":
+        return h[:, 0, :], ("first", tuple(h.shape), None)
+    valid = _valid_positions(valid_lens, length, h.dtype)  # (B, T, 1)
+    if how == "mean":
+        counts = xp.astype(valid_lens, h.dtype)[:, None]  # (B, 1)
+        y = xp.sum(h * valid, axis=1) / counts  # (B, D)
+        return y, ("mean", tuple(h.shape), valid / counts[:, :, None])
+    masked = xp.where(valid > 0, h, xp.full_like(h, -float("inf")))  # (B, T, D)
+    winner = xp.argmax(masked, axis=1)  # (B, D): first maximal position
+    y = xp.max(masked, axis=1)  # (B, D)
+    return y, ("max", tuple(h.shape), winner)
+
+
+def pool_backward(dy, cache):
+    """dy (B, D) -> dh (B, T, D)."""
+    how, shape, saved = cache
+    xp = backend.namespace_of(dy)
+    batch, length, width = shape
+    if how == "first":
+        rest = xp.zeros((batch, length - 1, width), dtype=dy.dtype, device=backend.device_of(dy))
+        return xp.concat([dy[:, None, :], rest], axis=1)
+    if how == "mean":
+        weights = saved  # (B, T, 1) = valid / n_b
+        return dy[:, None, :] * weights  # (B, T, D)
+    winner = saved  # (B, D)
+    positions = xp.arange(length, dtype=winner.dtype, device=backend.device_of(dy))
+    chosen = xp.astype(positions[None, :, None] == winner[:, None, :], dy.dtype)  # (B, T, D)
+    return chosen * dy[:, None, :]
