@@ -198,6 +198,19 @@ def seed(value: int) -> None:
         _current.rng = np.random.default_rng(value)
 
 
+def get_rng_state() -> dict | None:
+    """The generator's state (JSON-able), or None where the library cannot export it (CuPy)."""
+    if _current.name == "cupy":
+        return None
+    return _current.rng.bit_generator.state
+
+
+def set_rng_state(state: dict | None) -> None:
+    """Restore a state from :func:`get_rng_state` (None: leave the generator as it is)."""
+    if state is not None and _current.name != "cupy":
+        _current.rng.bit_generator.state = state
+
+
 def _from_generator(sample, dtype):
     if _current.name == "cupy":
         return _current.xp.astype(sample, dtype)

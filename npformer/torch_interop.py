@@ -180,3 +180,61 @@ def load_torch_state_dict(module, torch_state: dict) -> None:
         parts = _from_torch_layout(rule.kind, host[rule.torch_key], len(rule.npformer_keys))
         state.update(zip(rule.npformer_keys, parts))
     module.load_state_dict(state)
+
+
+# --------------------------------------------------------------------------- models
+# The PyTorch reference of each model is a plain torch.nn module with these
+# attribute names (the tests assemble exactly that):
+#   classifier: tok_emb, pos_emb (learned positions only), layers.<i> (TransformerEncoderLayer),
+#               norm (pre-norm only), head
+#   causal LM:  tok_emb, pos_emb, layers.<i>, norm (pre-norm only), lm_head (untied only)
+#   seq2seq:    src_tok_emb, tgt_tok_emb, src_pos_emb/tgt_pos_emb (learned only),
+#               encoder.layers.<i>, encoder.norm (pre-norm only), decoder.layers.<i>,
+#               decoder.norm (pre-norm only), out_proj   (torch.nn.Transformer's names)
+def _token_embedding(m, t_tok, t_pos, n):
+    yield from _embedding(m.tokens, t_tok, n + "tokens.")
+    if isinstance(m.positions, LearnedPositionalEmbedding):
+        yield from _embedding(m.positions, t_pos, n + "positions.")
+
+
+def _stack(blocks, rule, t, n):
+    for i, block in enumerate(blocks):
+        yield from rule(block, f"{t}{i}.", f"{n}{i}.")
+
+
+def _register_models():
+    from .models import CausalLM, Seq2SeqTransformer, TransformerClassifier
+
+    @register(TransformerClassifier)
+    def _classifier(m, t, n):
+        yield from _token_embedding(m.embed, t + "tok_emb.", t + "pos_emb.", n + "embed.")
+        yield from _stack(m.blocks, _encoder_block, t + "layers.", n + "blocks.")
+        if m.norm is not None:
+            yield from _layernorm(m.norm, t + "norm.", n + "norm.")
+        yield from _linear(m.head, t + "head.", n + "head.")
+
+    @register(CausalLM)
+    def _causal_lm(m, t, n):
+        yield from _token_embedding(m.embed, t + "tok_emb.", t + "pos_emb.", n + "embed.")
+        yield from _stack(m.blocks, _encoder_block, t + "layers.", n + "blocks.")
+        if m.norm is not None:
+            yield from _layernorm(m.norm, t + "norm.", n + "norm.")
+        if m.lm_head is not None:
+            yield from _linear(m.lm_head, t + "lm_head.", n + "lm_head.")
+
+    @register(Seq2SeqTransformer)
+    def _seq2seq(m, t, n):
+        yield from _token_embedding(m.src_embed, t + "src_tok_emb.", t + "src_pos_emb.",
+                                    n + "src_embed.")
+        yield from _token_embedding(m.tgt_embed, t + "tgt_tok_emb.", t + "tgt_pos_emb.",
+                                    n + "tgt_embed.")
+        yield from _stack(m.encoder, _encoder_block, t + "encoder.layers.", n + "encoder.")
+        if m.encoder_norm is not None:
+            yield from _layernorm(m.encoder_norm, t + "encoder.norm.", n + "encoder_norm.")
+        yield from _stack(m.decoder, _decoder_block, t + "decoder.layers.", n + "decoder.")
+        if m.decoder_norm is not None:
+            yield from _layernorm(m.decoder_norm, t + "decoder.norm.", n + "decoder_norm.")
+        yield from _linear(m.out_proj, t + "out_proj.", n + "out_proj.")
+
+
+_register_models()
