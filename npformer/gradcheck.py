@@ -1,8 +1,8 @@
 r"""Numerical gradient checking: the proof that a hand-written backward is right.
 
 For a function $y = f(x_1, \dots)$ and a *random* upstream gradient $g$
-(never all ones: a constant g hides errors such as a missing mean-subtraction
-in layer norm or softmax, because such terms sum to zero against it) define the
+(never all ones: a constant g hides errors such as dropping layer norm's
+$\hat x \cdot \text{mean}(g \odot \hat x)$ term, because such terms sum to zero against it) define the
 scalar $L = \langle g, f(x) \rangle$.  The analytic backward, fed $g$, claims
 $\partial L / \partial x$.  Central differences measure it:
 
@@ -14,9 +14,11 @@ rounding, so everything runs in float64 (h = 1e-5 balances the two near 1e-10).
 The error reported for each tensor is
 $\max_i |a_i - n_i| / \max(s_t, 10^{-2} s)$, where $s_t = \max_i \max(|a_i|, |n_i|)$
 is the tensor's own scale and $s$ the largest scale of all tensors in the check.
-The floor matters only for gradients that are exactly zero in theory (the
+The floor is there for gradients that are exactly zero in theory (the
 key-projection bias of attention: softmax ignores a shift shared by all keys),
-where the numerical estimate is pure rounding noise.  A gradient off by a factor
+where the numerical estimate is pure rounding noise; it also measures any tensor
+smaller than 1% of the largest against that 1%, which still exposes every
+wrong factor or misrouted element.  A gradient off by a factor
 (1/B, say) or routed to the wrong element (heads merged in the wrong order)
 gives an error of order 1; a correct one gives about 1e-9.
 

@@ -22,7 +22,7 @@ from .module import Module
 
 
 class FeedForward(Module):
-    """Position-wise FFN: linear2(dropout(activation(linear1(x)))), D -> F -> D."""
+    """Position-wise FFN: linear2(dropout(activation(linear1(x)))), D -> D_ff -> D."""
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0):
         self.linear1 = Linear(d_model, d_ff)
@@ -31,11 +31,11 @@ class FeedForward(Module):
         self.linear2 = Linear(d_ff, d_model)
 
     def forward(self, x):
-        h = self.activation(self.linear1(x))  # (B, T, D) -> (B, T, F)
-        return self.linear2(self.dropout(h))  # (B, T, F) -> (B, T, D)
+        h = self.activation(self.linear1(x))  # (B, T, D) -> (B, T, D_ff)
+        return self.linear2(self.dropout(h))  # (B, T, D_ff) -> (B, T, D)
 
     def backward(self, dy):
-        dh = self.dropout.backward(self.linear2.backward(dy))  # (B, T, F)
+        dh = self.dropout.backward(self.linear2.backward(dy))  # (B, T, D_ff)
         return self.linear1.backward(self.activation.backward(dh))  # (B, T, D)
 
 

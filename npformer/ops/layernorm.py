@@ -2,9 +2,9 @@ r"""Layer normalisation over the last axis (Ba et al., 2016), PyTorch's eps = 1e
 
 Forward, per row $x \in \mathbb{R}^D$:
     $\mu = \frac1D \sum_j x_j$
-    $\hat x = x - \mu$ centred, $\sigma^2 = \frac1D \sum_j \hat x_j^2$   (biased variance)
+    $c = x - \mu$ (centred), $\sigma^2 = \frac1D \sum_j c_j^2$   (biased variance)
     $r = (\sigma^2 + \epsilon)^{-1/2}$
-    $\hat x = (x - \mu)\, r$
+    $\hat x = c\, r$
     $y = \gamma \odot \hat x + \beta$
 
 Backward (the classic three-term form; derivation in docs/derivations.md):
