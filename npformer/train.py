@@ -79,6 +79,7 @@ def perplexity(mean_token_loss: float) -> float:
 @dataclass
 class TrainConfig:
     max_steps: int
+    max_seconds: float | None = None  # stop early once training has taken this long
     grad_accum: int = 1
     clip_norm: float | None = None
     eval_every: int | None = None
@@ -147,8 +148,14 @@ class Trainer:
         cfg = self.config
         bar = tqdm(total=cfg.max_steps, initial=self.step, desc=cfg.desc,
                    disable=not cfg.progress, dynamic_ncols=True)
-        smoothed = None
+        smoothed, started_fit = None, time.perf_counter()
         while self.step < cfg.max_steps:
+            if cfg.max_seconds is not None and time.perf_counter() - started_fit > cfg.max_seconds:
+                bar.write(f"time budget of {cfg.max_seconds:.0f} s reached at step {self.step}")
+                if cfg.eval_every and (not self.history.evals
+                                       or self.history.evals[-1]["step"] != self.step):
+                    self.evaluate(bar)
+                break
             started = time.perf_counter()
             loss = self.train_step()
             elapsed = time.perf_counter() - started

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import backend, ops
+from .. import ops
 from ..nn import DecoderBlock, EncoderBlock, Linear, Module
 from ..ops._checks import check_rank
 from .common import TokenEmbedding, check_config, final_norm, key_padding, valid_lengths_from

@@ -52,6 +52,8 @@ class MultiHeadAttention(Module):
         self.k_proj = Linear(d_model, inner, bias)
         self.v_proj = Linear(d_model, inner, bias)
         self.out_proj = Linear(inner, d_model, bias)
+        self.keep_attention = False  # set True to keep the last probabilities, for plots
+        self.last_attention = None  # (B, H, T, S) when keep_attention
 
     def forward(self, x, context=None, mask=None):
         """x (B, T, D), context (B, S, D) or None (self-attention), mask bool
@@ -72,6 +74,7 @@ class MultiHeadAttention(Module):
         heads, attn_cache = ops.attention_forward(q, k, v, mask)  # (B, H, T, E)
         y = self.out_proj(merge_heads(heads))  # (B, T, H*E) -> (B, T, D)
         self._save((attn_cache, is_self))
+        self.last_attention = attn_cache[3] if self.keep_attention else None
         return y
 
     def backward(self, dy):
@@ -110,18 +113,3 @@ class MultiHeadAttention(Module):
             state["v"] = split_heads(self.v_proj(context), h)
         heads, _ = ops.attention_forward(q, state["k"], state["v"], mask)  # (B, H, T_new, E)
         return self.out_proj(merge_heads(heads))  # (B, T_new, D)
-
-    def attention_weights(self, x, context=None, mask=None):
-        """The (B, H, T, S) attention probabilities, for plots (no cache kept)."""
-        context = x if context is None else context
-        h = self.num_heads
-        q = split_heads(ops.linear_forward(x, self.q_proj.weight.data, _data(self.q_proj.bias))[0], h)
-        k = split_heads(ops.linear_forward(context, self.k_proj.weight.data, _data(self.k_proj.bias))[0], h)
-        xp = backend.namespace_of(q)
-        scores = xp.matmul(q, xp.matrix_transpose(k)) * (1.0 / self.head_dim ** 0.5)
-        p, _ = ops.softmax_forward(scores, axis=-1, mask=mask)
-        return p
-
-
-def _data(param):
-    return None if param is None else param.data
