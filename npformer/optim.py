@@ -1,0 +1,568 @@
+"""Optimizers, gradient clipping and learning-rate schedules.
+
+Everything here updates :class:`~npformer.nn.module.Parameter` objects by
+*rebinding* ``p.data`` (``p.data = p.data - ...``), never by writing into it, so
+the same code runs on NumPy, CuPy and ``array_api_strict`` (which has no
+in-place writes).  All array math goes through the namespace of the parameter
+(``xp = backend.namespace_of(p.data)``) and uses only functions of the array API
+standard.  Hyperparameters are Python floats, which the standard's promotion
+rules fold into the array's dtype: a float32 parameter keeps float32 moments and
+float32 updates, with no float64 temporaries.
+
+Each optimizer reproduces its PyTorch counterpart (CPU, single-tensor path)
+operation for operation, so trajectories agree to rounding:
+
+* :class:`SGD`   - ``torch.optim.SGD`` (dampening 0, no Nesterov);
+* :class:`Adam`  - ``torch.optim.Adam`` (L2 decay added to the gradient);
+* :class:`AdamW` - ``torch.optim.AdamW`` (decoupled decay of the weights).
+
+Weight decay, of either kind, only touches parameters with ``p.decay == True``;
+biases, norm gains and embeddings are built with ``decay=False``.  (In PyTorch
+that is two parameter groups, one with ``weight_decay=wd`` and one with 0.)
+
+Step counting: ``opt.step_count`` is the number of updates done so far.  The
+update :meth:`Optimizer.step` performs is number ``t = step_count + 1``, so
+``t`` counts from 1, as in the Adam paper's bias correction.  Schedules below
+use the same convention: ``schedule(t)`` is the learning rate of update ``t``,
+``t = 1, 2, ...``.  Give a schedule as ``lr`` and the optimizer calls it itself
+before every update; or give a float and assign ``opt.lr`` / call
+:meth:`Optimizer.set_lr` from the training loop.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from . import backend
+from .nn.module import Parameter
+
+Schedule = Callable[[int], float]
+
+__all__ = [
+    "Optimizer",
+    "SGD",
+    "Adam",
+    "AdamW",
+    "clip_grad_norm",
+    "global_grad_norm",
+    "constant",
+    "warmup_inverse_sqrt",
+    "warmup_cosine",
+]
+
+
+# =========================================================================== base class
+class Optimizer:
+    """Holds the parameters, the learning rate, the step counter and per-parameter state.
+
+    Subclasses name their per-parameter state arrays in ``_state_names`` (e.g.
+    ``("m", "v")``) and their scalar hyperparameters in ``_hyper_names``, and
+    implement :meth:`_update`, which returns the new ``(data, state arrays)`` of
+    one parameter.  State arrays are created as ``zeros_like(p.data)``: same
+    shape, dtype and device as the parameter.
+    """
+
+    _state_names: tuple[str, ...] = ()
+    _hyper_names: tuple[str, ...] = ()
+
+    def __init__(self, params: Iterable[Parameter], lr: float | Schedule):
+        params = list(params)
+        if not params:
+            raise ValueError(f"{type(self).__name__} got an empty parameter list")
+        for i, p in enumerate(params):
+            if not isinstance(p, Parameter):
+                raise TypeError(
+                    f"{type(self).__name__}: params[{i}] is a {type(p).__name__}, "
+                    "not a Parameter (pass model.parameters())"
+                )
+        if len({id(p) for p in params}) != len(params):
+            raise ValueError(f"{type(self).__name__}: a parameter appears more than once")
+        self.params: list[Parameter] = params
+        self.step_count: int = 0
+        self.schedule: Schedule | None = None
+        if callable(lr):
+            self.schedule = lr
+            lr = lr(1)
+        self.lr: float = _check_lr(lr)
+        # state[name][i] is the state array `name` of params[i]
+        self.state: dict[str, list[Any]] = {
+            name: [backend.namespace_of(p.data).zeros_like(p.data) for p in params]
+            for name in self._state_names
+        }
+
+    # ------------------------------------------------------------ learning rate
+    def set_lr(self, lr: float) -> None:
+        """Use ``lr`` from the next update on (a schedule, if any, overrides it again)."""
+        self.lr = _check_lr(lr)
+
+    # ------------------------------------------------------------ gradients
+    def zero_grad(self) -> None:
+        """Reset every parameter's gradient to zeros (the layers *add* into ``p.grad``)."""
+        for p in self.params:
+            p.zero_grad()
+
+    # ------------------------------------------------------------ update
+    def step(self) -> None:
+        """Perform update ``t = step_count + 1`` on every parameter, then count it."""
+        t = self.step_count + 1
+        if self.schedule is not None:
+            self.lr = _check_lr(self.schedule(t))
+        for i, p in enumerate(self.params):  # all checks first: no half-done update
+            _check_grad(i, p)
+        for i, p in enumerate(self.params):
+            old = tuple(self.state[name][i] for name in self._state_names)
+            p.data, new = self._update(p, p.grad, old, t)
+            for name, value in zip(self._state_names, new):
+                self.state[name][i] = value
+        self.step_count = t
+
+    def _update(self, p: Parameter, g, state: tuple, t: int):  # pragma: no cover - abstract
+        """Return ``(new p.data, new state arrays)`` for update ``t`` with gradient ``g``."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """The whole optimizer state as a flat dict, ready for ``np.savez``.
+
+        Keys: ``"optimizer"`` (the class name), ``"step"`` (updates done),
+        ``"params"`` (how many parameters), ``"lr"`` and the hyperparameters (``"beta1"``, ``"eps"``, ...) as Python
+        numbers, and ``"<state>.<i>"`` (``"m.3"``, ``"v.3"``, ``"momentum.3"``)
+        for parameter ``i`` of ``params``, as backend arrays (the arrays
+        themselves, not copies: they are never written into).  Convert with
+        :func:`npformer.backend.to_numpy` before saving from a GPU.
+        """
+        d: dict[str, Any] = {
+            "optimizer": type(self).__name__,
+            "step": self.step_count,
+            "lr": self.lr,
+            "params": len(self.params),
+        }
+        for name in self._hyper_names:
+            d[name] = getattr(self, name)
+        for name in self._state_names:
+            for i, value in enumerate(self.state[name]):
+                d[f"{name}.{i}"] = value
+        return d
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict` (from this process or read back from an ``.npz``).
+
+        Like ``torch.optim.Optimizer.load_state_dict`` this restores the step
+        count, the learning rate and the hyperparameters as well as the state
+        arrays.  Arrays may be NumPy arrays or arrays of any backend; they are
+        copied onto the parameters' backend and cast to each parameter's dtype.
+        Every mismatch (optimizer type, number of parameters, keys, shapes) is
+        reported in one ``ValueError`` before anything is changed.
+        """
+        problems: list[str] = []
+        kind = d.get("optimizer")
+        if kind is None:
+            problems.append("missing key 'optimizer'")
+        else:
+            kind = str(_scalar(kind))
+            if kind != type(self).__name__:
+                problems.append(f"it was saved by {kind}, not {type(self).__name__}")
+        scalar_keys = ("step", "lr", "params") + self._hyper_names
+        missing_scalars = [k for k in scalar_keys if k not in d]
+        if missing_scalars:
+            problems.append(f"missing keys: {missing_scalars}")
+        if "params" in d and int(_scalar(d["params"])) != len(self.params):
+            problems.append(
+                f"it holds state for {int(_scalar(d['params']))} parameters, this optimizer "
+                f"has {len(self.params)}"
+            )
+        else:
+            expected = {
+                f"{name}.{i}" for name in self._state_names for i in range(len(self.params))
+            }
+            array_keys = {k for k in d if k not in scalar_keys and k != "optimizer"}
+            missing = sorted(expected - array_keys, key=_key_order)
+            extra = sorted(array_keys - expected, key=_key_order)
+            if missing:
+                problems.append(f"missing keys: {missing}")
+            if extra:
+                problems.append(f"unexpected keys: {extra}")
+            wrong = []
+            for key in sorted(expected & array_keys, key=_key_order):
+                i = int(key.rsplit(".", 1)[1])
+                got = tuple(getattr(d[key], "shape", ()))
+                if got != self.params[i].shape:
+                    wrong.append(f"{key}: expected {self.params[i].shape}, got {got}")
+            if wrong:
+                problems.append("wrong shapes: " + "; ".join(wrong))
+        if problems:
+            raise ValueError(
+                f"optimizer state does not fit {type(self).__name__}: " + " | ".join(problems)
+            )
+
+        step = int(_scalar(d["step"]))
+        if step < 0:
+            raise ValueError(f"optimizer state has a negative step count {step}")
+        self.step_count = step
+        self.lr = _check_lr(float(_scalar(d["lr"])))
+        for name in self._hyper_names:
+            setattr(self, name, float(_scalar(d[name])))
+        for name in self._state_names:
+            self.state[name] = [
+                _to_backend_like(d[f"{name}.{i}"], p.data) for i, p in enumerate(self.params)
+            ]
+
+    def __repr__(self) -> str:
+        hyper = ", ".join(f"{k}={getattr(self, k)}" for k in self._hyper_names)
+        return (
+            f"{type(self).__name__}({len(self.params)} params, lr={self.lr}, {hyper}, "
+            f"step={self.step_count})"
+        )
+
+
+# =========================================================================== SGD
+class SGD(Optimizer):
+    r"""Stochastic gradient descent with momentum, as ``torch.optim.SGD``.
+
+    For update t, gradient g, parameter p (lr = learning rate, mu = momentum,
+    lambda = weight_decay, b = momentum buffer, b_0 = 0)::
+
+        g   <- g + lambda * p           (only if lambda != 0 and p.decay)
+        b_t  = mu * b_{t-1} + g         (only if mu != 0; then g <- b_t)
+        p   <- p - lr * g
+
+    PyTorch starts the buffer as a copy of the first gradient; starting from
+    zeros gives exactly the same numbers, since mu * 0 + g == g in floating point.
+    """
+
+    _hyper_names = ("momentum", "weight_decay")
+
+    def __init__(self, params, lr: float | Schedule, momentum: float = 0.0,
+                 weight_decay: float = 0.0):
+        _check_range("momentum", momentum, 0.0, 1.0, high_open=False)
+        _check_nonneg("weight_decay", weight_decay)
+        self.momentum = float(momentum)
+        self.weight_decay = float(weight_decay)
+        self._state_names = ("momentum",) if momentum != 0 else ()
+        super().__init__(params, lr)
+
+    def _update(self, p, g, state, t):
+        if self.weight_decay != 0 and p.decay:
+            g = g + self.weight_decay * p.data            # g <- g + lambda p
+        if self.momentum != 0:
+            (buf,) = state
+            buf = self.momentum * buf + g                 # b_t = mu b_{t-1} + g
+            g = buf                                       # g <- b_t
+            state = (buf,)
+        return p.data - self.lr * g, state                # p <- p - lr g
+
+    # the buffer exists only with momentum, so its presence is part of the type
+    def load_state_dict(self, d):
+        saved_mu = d.get("momentum")
+        if saved_mu is not None:
+            saved_mu = float(_scalar(saved_mu))
+            if (saved_mu != 0) != (self.momentum != 0):
+                raise ValueError(
+                    "optimizer state does not fit SGD: it was saved with momentum="
+                    f"{saved_mu}, this optimizer has momentum={self.momentum} (one of them "
+                    "keeps no momentum buffer)"
+                )
+        super().load_state_dict(d)
+
+
+# =========================================================================== Adam / AdamW
+class Adam(Optimizer):
+    r"""Adam (Kingma & Ba, 2015) exactly as ``torch.optim.Adam``.
+
+    For update t = 1, 2, ..., gradient g, parameter p, with m_0 = v_0 = 0::
+
+        g    <- g + lambda * p                        (L2 decay; only if p.decay)
+        m_t   = m_{t-1} + (1 - beta1) * (g - m_{t-1})  (= beta1 m_{t-1} + (1-beta1) g)
+        v_t   = beta2 * v_{t-1} + (1 - beta2) * g^2
+        bc1   = 1 - beta1^t ;  bc2 = 1 - beta2^t
+        step  = lr / bc1
+        denom = sqrt(v_t) / sqrt(bc2) + eps
+        p    <- p - step * m_t / denom
+
+    This is the paper's p <- p - lr * m_hat / (sqrt(v_hat) + eps) with
+    m_hat = m_t / bc1 and v_hat = v_t / bc2, arranged as PyTorch rounds it: the
+    bias correction of m is folded into the step size, and eps is added to
+    sqrt(v_t) / sqrt(bc2) = sqrt(v_hat).  The first moment is updated in the
+    form of PyTorch's ``lerp``.
+    """
+
+    _state_names = ("m", "v")
+    _hyper_names = ("beta1", "beta2", "eps", "weight_decay")
+    _decoupled = False
+
+    def __init__(self, params, lr: float | Schedule = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0):
+        if len(betas) != 2:
+            raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}")
+        _check_range("beta1", betas[0], 0.0, 1.0)
+        _check_range("beta2", betas[1], 0.0, 1.0)
+        _check_nonneg("eps", eps)
+        _check_nonneg("weight_decay", weight_decay)
+        self.beta1, self.beta2 = float(betas[0]), float(betas[1])
+        self.eps = float(eps)
+        self.weight_decay = float(weight_decay)
+        super().__init__(params, lr)
+
+    @property
+    def betas(self) -> tuple[float, float]:
+        return (self.beta1, self.beta2)
+
+    def _update(self, p, g, state, t):
+        xp = backend.namespace_of(p.data)
+        m, v = state
+        lr, b1, b2, wd = self.lr, self.beta1, self.beta2, self.weight_decay
+        data = p.data
+        if wd != 0 and p.decay:
+            if self._decoupled:
+                data = data * (1 - lr * wd)               # AdamW: p <- p (1 - lr lambda)
+            else:
+                g = g + wd * data                         # Adam:  g <- g + lambda p
+        m = m + (1 - b1) * (g - m)                        # m_t = m + (1-beta1)(g - m)
+        v = b2 * v + (1 - b2) * (g * g)                   # v_t = beta2 v + (1-beta2) g^2
+        bias_correction1 = 1 - b1**t                      # bc1 = 1 - beta1^t
+        bias_correction2 = 1 - b2**t                      # bc2 = 1 - beta2^t
+        step_size = lr / bias_correction1                 # step = lr / bc1
+        denom = xp.sqrt(v) / bias_correction2**0.5 + self.eps  # sqrt(v)/sqrt(bc2) + eps
+        return data - step_size * (m / denom), (m, v)     # p <- p - step m / denom
+
+
+class AdamW(Adam):
+    r"""AdamW (Loshchilov & Hutter, 2019) exactly as ``torch.optim.AdamW``.
+
+    Adam without L2 in the gradient; instead, before the Adam update, the
+    weights themselves shrink (only those with ``p.decay``)::
+
+        p    <- p * (1 - lr * lambda)                 (only if p.decay)
+        m_t   = m_{t-1} + (1 - beta1) * (g - m_{t-1})
+        v_t   = beta2 * v_{t-1} + (1 - beta2) * g^2
+        step  = lr / (1 - beta1^t)
+        denom = sqrt(v_t) / sqrt(1 - beta2^t) + eps
+        p    <- p - step * m_t / denom
+    """
+
+    _decoupled = True
+
+    def __init__(self, params, lr: float | Schedule = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.01):
+        super().__init__(params, lr, betas, eps, weight_decay)
+
+
+# =========================================================================== clipping
+def global_grad_norm(params: Iterable[Parameter]) -> float:
+    """sqrt(sum over params of sum(g^2)): the L2 norm of all gradients as one vector.
+
+    Computed on the device in the gradients' dtype; one transfer of the result.
+    """
+    total_sq = None
+    for p in params:
+        xp = backend.namespace_of(p.grad)
+        sq = xp.sum(p.grad * p.grad)                      # ||g_i||^2, a 0-d array
+        total_sq = sq if total_sq is None else total_sq + sq
+    if total_sq is None:
+        return 0.0
+    xp = backend.namespace_of(total_sq)
+    return backend.to_float(xp.sqrt(total_sq))
+
+
+def clip_grad_norm(params: Iterable[Parameter], max_norm: float) -> float:
+    """Scale all gradients together so their global L2 norm is at most ``max_norm``.
+
+    As ``torch.nn.utils.clip_grad_norm_``::
+
+        total = sqrt(sum_i ||g_i||^2)
+        c     = min(max_norm / (total + 1e-6), 1)
+        g_i  <- c * g_i           (for every i; c = 1 leaves them unchanged)
+
+    Returns ``total``, the norm *before* clipping (log it: spikes show up here).
+    A non-finite total is returned as is and, as in torch, leaves the gradients
+    NaN or zero: check the returned norm before stepping.
+    """
+    max_norm = float(max_norm)
+    if not max_norm > 0 or math.isinf(max_norm):
+        raise ValueError(f"max_norm must be a positive finite number, got {max_norm}")
+    params = list(params)
+    total = global_grad_norm(params)
+    coef = min(max_norm / (total + 1e-6), 1.0)
+    for p in params:
+        p.grad = p.grad * coef
+    return total
+
+
+# =========================================================================== schedules
+@dataclass(frozen=True)
+class constant:
+    """lr(t) = lr for every update t >= 1."""
+
+    lr: float
+
+    def __post_init__(self):
+        _check_lr(self.lr)
+
+    def __call__(self, step: int) -> float:
+        _check_step(step)
+        return float(self.lr)
+
+
+@dataclass(frozen=True)
+class warmup_inverse_sqrt:
+    """The schedule of "Attention is all you need" (section 5.3), t counted from 1::
+
+        lr(t) = scale * d_model^-0.5 * min(t^-0.5, t * warmup^-1.5)
+
+    Linear growth for ``warmup`` updates, peak at t = warmup, then decay as
+    1/sqrt(t).  Give ``peak_lr`` instead of ``d_model`` to get the same shape
+    normalized so that lr(warmup) == peak_lr::
+
+        lr(t) = peak_lr * warmup^0.5 * min(t^-0.5, t * warmup^-1.5)
+
+    (the paper: d_model=512, warmup=4000, scale=1; ``scale`` is the "factor" of
+    the Annotated Transformer and applies only to the d_model form).
+    """
+
+    d_model: int | None = None
+    warmup: int = 4000
+    peak_lr: float | None = None
+    scale: float = 1.0
+
+    def __post_init__(self):
+        if (self.d_model is None) == (self.peak_lr is None):
+            raise ValueError("warmup_inverse_sqrt needs exactly one of d_model and peak_lr")
+        if self.d_model is not None and (not _is_int(self.d_model) or self.d_model < 1):
+            raise ValueError(f"d_model must be a positive integer, got {self.d_model!r}")
+        if self.peak_lr is not None:
+            _check_lr(self.peak_lr, "peak_lr")
+            if self.scale != 1.0:
+                raise ValueError(
+                    "scale applies only with d_model; with peak_lr give the peak itself"
+                )
+        if not _is_int(self.warmup) or self.warmup < 1:
+            raise ValueError(f"warmup must be a positive integer, got {self.warmup!r}")
+        _check_lr(self.scale, "scale")
+
+    def __call__(self, step: int) -> float:
+        _check_step(step)
+        shape = min(step**-0.5, step * self.warmup**-1.5)
+        if self.peak_lr is not None:
+            return self.peak_lr * self.warmup**0.5 * shape
+        return self.scale * self.d_model**-0.5 * shape
+
+
+@dataclass(frozen=True)
+class warmup_cosine:
+    """Linear warmup, then cosine decay to ``min_lr`` (nanoGPT's ``get_lr``), t from 1::
+
+        lr(t) = peak_lr * t / warmup                              for t <= warmup
+        r     = (t - warmup) / (total_steps - warmup)             for warmup < t <= total_steps
+        lr(t) = min_lr + 0.5 * (1 + cos(pi * r)) * (peak_lr - min_lr)
+        lr(t) = min_lr                                            for t > total_steps
+
+    so lr(warmup) == peak_lr, lr(total_steps) == min_lr, and lr never increases
+    after the warmup.  ``warmup=0`` starts decaying at once; ``warmup < total_steps``.
+    """
+
+    peak_lr: float
+    warmup: int
+    total_steps: int
+    min_lr: float = 0.0
+
+    def __post_init__(self):
+        _check_lr(self.peak_lr, "peak_lr")
+        _check_lr(self.min_lr, "min_lr")
+        if self.min_lr > self.peak_lr:
+            raise ValueError(f"min_lr ({self.min_lr}) is above peak_lr ({self.peak_lr})")
+        if not _is_int(self.warmup) or self.warmup < 0:
+            raise ValueError(f"warmup must be a non-negative integer, got {self.warmup!r}")
+        if not _is_int(self.total_steps) or self.total_steps < 1:
+            raise ValueError(
+                f"total_steps must be a positive integer, got {self.total_steps!r}"
+            )
+        if self.warmup >= self.total_steps:
+            raise ValueError(
+                f"warmup ({self.warmup}) must be shorter than total_steps ({self.total_steps}): "
+                "the peak comes at step warmup, min_lr at step total_steps"
+            )
+
+    def __call__(self, step: int) -> float:
+        _check_step(step)
+        if step <= self.warmup:
+            return self.peak_lr * step / self.warmup
+        if step > self.total_steps:
+            return float(self.min_lr)
+        ratio = (step - self.warmup) / (self.total_steps - self.warmup)
+        coeff = 0.5 * (1.0 + math.cos(math.pi * ratio))
+        return self.min_lr + coeff * (self.peak_lr - self.min_lr)
+
+
+# =========================================================================== helpers
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_lr(lr, name: str = "lr") -> float:
+    try:
+        value = float(lr)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a number, got {lr!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a non-negative finite number, got {lr!r}")
+    return value
+
+
+def _check_nonneg(name: str, value) -> None:
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} must be a non-negative finite number, got {value!r}")
+
+
+def _check_range(name, value, low, high, high_open: bool = True) -> None:
+    ok = isinstance(value, (int, float)) and low <= value and (
+        value < high if high_open else value <= high
+    )
+    if not ok:
+        bracket = ")" if high_open else "]"
+        raise ValueError(f"{name} must be in [{low}, {high}{bracket}, got {value!r}")
+
+
+def _check_step(step) -> None:
+    if not _is_int(step) or step < 1:
+        raise ValueError(
+            f"schedules count updates from 1 (the first update is step 1), got {step!r}"
+        )
+
+
+def _check_grad(i: int, p: Parameter) -> None:
+    if p.grad is None:
+        raise RuntimeError(f"params[{i}] has no gradient (grad is None)")
+    if tuple(p.grad.shape) != p.shape:
+        raise RuntimeError(
+            f"params[{i}]: gradient shape {tuple(p.grad.shape)} != parameter shape {p.shape}"
+        )
+    if p.grad.dtype != p.data.dtype:
+        raise RuntimeError(
+            f"params[{i}]: gradient dtype {p.grad.dtype} != parameter dtype {p.data.dtype}"
+        )
+
+
+def _scalar(value):
+    """A Python number/str from a Python scalar or a 0-d array (as ``np.load`` returns)."""
+    if isinstance(value, (int, float, str)):
+        return value
+    host = backend.to_numpy(value)
+    if getattr(host, "ndim", 0) != 0:
+        raise ValueError(f"expected a scalar in the optimizer state, got shape {host.shape}")
+    return host.item()
+
+
+def _key_order(key: str):
+    name, _, idx = key.rpartition(".")
+    return (name, int(idx)) if idx.isdigit() else (key, -1)
+
+
+def _to_backend_like(value, like):
+    """``value`` (NumPy or backend array) as a fresh backend array with ``like``'s dtype."""
+    xp = backend.namespace_of(like)
+    if type(value).__module__.split(".")[0] != type(like).__module__.split(".")[0]:
+        value = backend.asarray(backend.to_numpy(value))
+    return xp.astype(value, like.dtype, copy=True)
