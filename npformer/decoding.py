@@ -95,8 +95,9 @@ def beam_search(model, src, src_lens=None, beam_size: int = 4, max_len: int = 50
                 alpha: float = 0.6) -> list[list[int]]:
     """src (B, S) -> B target id lists: the best finished hypothesis of each beam search,
     ranked by log-probability / length_penalty(length, alpha).  A hypothesis ends when it
-    emits <eos>; the search for a sentence stops once ``beam_size`` have ended (beam size
-    1 is exactly greedy decoding)."""
+    emits <eos>; the search for a sentence stops once no open hypothesis can still beat the
+    best ended one, or once ``beam_size`` have ended and no open one beats the best at its
+    current length (see :func:`_search_done`; beam size 1 is exactly greedy decoding)."""
     if beam_size < 1:
         raise ValueError(f"beam_size must be at least 1, got {beam_size}")
     return [_beam_search_one(model, src[i:i + 1],
@@ -132,15 +133,33 @@ def _beam_search_one(model, src, src_lens, k: int, max_len: int, alpha: float) -
                 else:
                     survivors.append(candidate)
                     origins.append(origin)
-                if len(survivors) == k or len(finished) >= k:
+                if len(survivors) == k:
                     break
-            if len(finished) >= k or not survivors:
+            if not survivors or _search_done(finished, survivors, k, position + 1,
+                                             min(max_len, c.max_len), alpha):
                 break
             beams = survivors
             _reorder_states(states, backend.asarray(np.array(origins, dtype=np.int64)))
         if not finished:  # ran out of length: rank the open hypotheses the same way
             finished = [(b.score / length_penalty(len(b.tokens), alpha), b.tokens) for b in beams]
     return max(finished, key=lambda f: f[0])[1]
+
+
+def _search_done(finished, open_beams, k: int, length: int, max_length: int,
+                 alpha: float) -> bool:
+    """Whether beam search can stop: the best ended hypothesis scores at least what any open
+    one could still reach (totals only fall as tokens are added, so an open total s is
+    worth at most s / length_penalty(max_length) for alpha >= 0), or ``k`` have ended and
+    the best of them beats every open hypothesis at its current ``length``.  (Stopping as
+    soon as ``k`` have ended, whatever their scores, can drop a far better open hypothesis,
+    greedy's among them.)"""
+    if not finished:
+        return False
+    best_done = max(score for score, _ in finished)
+    best_open = max(b.score for b in open_beams)  # total log-probability, <= 0
+    if best_done >= best_open / length_penalty(max_length, alpha):
+        return True
+    return len(finished) >= k and best_done >= best_open / length_penalty(length, alpha)
 
 
 # --------------------------------------------------------------------------- language model
@@ -157,6 +176,8 @@ def generate(model, prompt_ids, max_new_tokens: int, temperature: float = 1.0,
         raise ValueError("generation needs a prompt of at least one token")
     if temperature <= 0 and not greedy:
         raise ValueError(f"temperature must be positive, got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be at least 1 (or None for no limit), got {top_k}")
     rng = rng or np.random.default_rng(0)
     block = model.config.block_size
     ids = [int(t) for t in prompt_ids]
@@ -165,7 +186,7 @@ def generate(model, prompt_ids, max_new_tokens: int, temperature: float = 1.0,
         pending = ids[-block:]
         for _ in range(max_new_tokens):
             if offset + len(pending) > block:  # window full: restart the cache on the tail
-                states, offset, pending = model.start_state(), 0, ids[-(block - 1):]
+                states, offset, pending = model.start_state(), 0, ids[-block:]
             logits = model.step(backend.asarray(np.array([pending], dtype=np.int64)), states, offset)
             offset += len(pending)
             log_p = _last_log_probs(logits)[0]  # (V,)

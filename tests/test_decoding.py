@@ -1,0 +1,424 @@
+"""Decoding: cached steps, greedy, beam search and sampling, against full forward passes.
+
+* ``Seq2SeqTransformer.decode_step`` (one token at a time, or several) and
+  ``CausalLM.step`` (in chunks) give the logits of a full forward over the
+  whole prefix (float64, 1e-10), with padded sources and both norm placements;
+* ``greedy_decode`` equals a reference greedy loop that recomputes the whole
+  prefix with ``model.forward`` at every step (batched, padded sources);
+* ``beam_search(beam_size=1)`` equals ``greedy_decode``, on random weights over
+  many sources and on a trained model;
+* beam search scores (sum of log-probs / length penalty, recomputed here with
+  full forwards) are never below greedy's on the trained model, and a beam wide
+  enough to be exhaustive returns exactly the brute-force best hypothesis;
+* ``generate(greedy=True)`` equals the argmax continuation computed with full
+  forwards over the last block_size tokens, also far beyond block_size
+  (sliding window); ``top_k=1`` sampling equals greedy, sampled tokens always
+  lie in the reference top-k, and the rng makes sampling reproducible;
+* bad arguments raise ValueError with a clear message;
+* a tiny seq2seq trained with Trainer + Adam on reversing digit strings decodes
+  held-out strings correctly with greedy and beam search (the whole training
+  and decoding path learns).
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from npformer import backend, optim
+from npformer.decoding import beam_search, generate, greedy_decode, length_penalty
+from npformer.models import CausalLM, CausalLMConfig, Seq2SeqConfig, Seq2SeqTransformer
+from npformer.nn import no_grad
+from npformer.train import TrainConfig, Trainer, make_seq2seq_step
+
+from .conftest import using_backend
+from .helpers import rel_diff
+
+PAD, UNK, BOS, EOS = 0, 1, 2, 3
+CACHE_RTOL = 1e-10
+
+
+# =========================================================================== helpers
+def randomize(model, seed: int, std: float = 0.8) -> None:
+    rng = np.random.default_rng(seed)
+    for _, p in model.named_parameters():
+        p.data = backend.asarray(rng.standard_normal(p.shape) * std, dtype="float64")
+
+
+def dev(host):
+    return backend.asarray(np.asarray(host, dtype=np.int64))
+
+
+def random_seq2seq(seed=0, norm_first=False, positional="sinusoidal", vocab=(9, 8),
+                   max_len=8):
+    cfg = Seq2SeqConfig(src_vocab_size=vocab[0], tgt_vocab_size=vocab[1], d_model=8,
+                        num_heads=2, num_encoder_layers=2, num_decoder_layers=2, d_ff=12,
+                        max_len=max_len, dropout=0.1, activation="gelu",
+                        norm_first=norm_first, positional=positional, pad_id=PAD,
+                        bos_id=BOS, eos_id=EOS)
+    model = Seq2SeqTransformer(cfg)
+    randomize(model, seed)
+    return model
+
+
+def random_lm(seed=0, tie=True, norm_first=True, positional="learned", block=6):
+    cfg = CausalLMConfig(vocab_size=11, block_size=block, d_model=8, num_heads=2,
+                         num_layers=2, d_ff=12, dropout=0.1, activation="gelu",
+                         norm_first=norm_first, positional=positional, tie_weights=tie)
+    model = CausalLM(cfg)
+    randomize(model, seed)
+    return model
+
+
+def padded(rng, lengths, vocab, low=4):
+    ids = np.full((len(lengths), max(lengths)), PAD, dtype=np.int64)
+    for b, n in enumerate(lengths):
+        ids[b, :n] = rng.integers(low, vocab, size=n)
+    return ids, np.asarray(lengths, dtype=np.int64)
+
+
+def full_logits(model, src, src_lens, tgt_in):
+    """Logits of one whole forward pass (eval mode, no caches)."""
+    model.eval()
+    with no_grad():
+        out = backend.to_numpy(model(dev(src), dev(tgt_in), dev(src_lens)))
+    model.train()
+    return out
+
+
+def full_log_probs(logits_row):
+    z = logits_row - logits_row.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+def reference_greedy(model, src_row, src_len, steps):
+    """Greedy decoding by recomputing the whole target prefix every step."""
+    out = []
+    for _ in range(steps):
+        logits = full_logits(model, src_row[None], np.array([src_len]), [[BOS, *out]])
+        token = int(np.argmax(logits[0, -1]))
+        if token == EOS:
+            break
+        out.append(token)
+    return out
+
+
+def hypothesis_score(model, src_row, src_len, hyp, steps, alpha):
+    """Model score of a decoded hypothesis as beam search ranks it: total log-probability
+    (including <eos> if it ended, i.e. is shorter than ``steps``) / length penalty."""
+    finished = len(hyp) < steps
+    targets = [*hyp, EOS] if finished else list(hyp)
+    tgt_in = [BOS, *targets[:-1]]
+    log_p = full_log_probs(full_logits(model, src_row[None], np.array([src_len]), [tgt_in])[0])
+    total = float(sum(log_p[t, tok] for t, tok in enumerate(targets)))
+    return total / length_penalty(len(targets), alpha)
+
+
+# =========================================================================== cached steps
+@pytest.mark.parametrize("norm_first,positional", [(False, "sinusoidal"), (True, "learned")])
+@pytest.mark.parametrize("chunks", [[1] * 6, [2, 1, 3], [6]])
+def test_decode_step_matches_full_forward(norm_first, positional, chunks):
+    with using_backend("numpy", "float64"):
+        rng = np.random.default_rng(1)
+        model = random_seq2seq(seed=2, norm_first=norm_first, positional=positional)
+        src, src_lens = padded(rng, [7, 3, 5], 9)
+        tgt = np.concatenate([np.full((3, 1), BOS), rng.integers(4, 8, size=(3, 5))], axis=1)
+        expected = full_logits(model, src, src_lens, tgt)  # (B, 6, V)
+        model.eval()
+        with no_grad():
+            memory, memory_mask = model.encode(dev(src), dev(src_lens))
+            states, offset, pieces = model.start_state(), 0, []
+            for n in chunks:
+                logits = model.decode_step(dev(tgt[:, offset:offset + n]), memory, memory_mask,
+                                           states, offset)
+                pieces.append(backend.to_numpy(logits))
+                offset += n
+        cached = np.concatenate(pieces, axis=1)
+        assert cached.shape == expected.shape
+        assert rel_diff(cached, expected) <= CACHE_RTOL
+        # the caches hold exactly the decoded positions
+        assert all(tuple(s["self"]["k"].shape)[2] == 6 for s in states)
+
+
+@pytest.mark.parametrize("tie,norm_first,positional", [(True, True, "learned"),
+                                                       (False, False, "sinusoidal")])
+@pytest.mark.parametrize("chunks", [[1] * 6, [3, 1, 2], [6]])
+def test_lm_step_in_chunks_matches_full_forward(tie, norm_first, positional, chunks):
+    with using_backend("numpy", "float64"):
+        model = random_lm(seed=3, tie=tie, norm_first=norm_first, positional=positional)
+        ids = np.random.default_rng(4).integers(0, 11, size=(2, 6))
+        model.eval()
+        with no_grad():
+            expected = backend.to_numpy(model(dev(ids)))
+            states, offset, pieces = model.start_state(), 0, []
+            for n in chunks:
+                pieces.append(backend.to_numpy(model.step(dev(ids[:, offset:offset + n]),
+                                                          states, offset)))
+                offset += n
+        assert rel_diff(np.concatenate(pieces, axis=1), expected) <= CACHE_RTOL
+
+
+def test_cached_step_past_the_table_raises():
+    with using_backend("numpy", "float64"):
+        model = random_lm(block=4)
+        model.eval()
+        with no_grad():
+            states = model.start_state()
+            model.step(dev([[1, 2, 3]]), states, 0)
+            with pytest.raises(ValueError, match="5"):
+                model.step(dev([[4, 5]]), states, 3)
+
+
+# =========================================================================== greedy and beam
+def test_greedy_matches_full_recompute_reference():
+    with using_backend("numpy", "float64"):
+        rng = np.random.default_rng(5)
+        for seed in range(4):
+            model = random_seq2seq(seed=10 + seed, norm_first=bool(seed % 2))
+            src, src_lens = padded(rng, [7, 2, 5, 4], 9)
+            out = greedy_decode(model, dev(src), dev(src_lens), max_len=7)
+            for b in range(len(src)):
+                assert out[b] == reference_greedy(model, src[b], src_lens[b], 7)
+            assert model.training  # decoding restores the mode
+
+
+def test_greedy_stops_at_max_len_and_config_max_len():
+    with using_backend("numpy", "float64"):
+        model = random_seq2seq(seed=1, max_len=5)
+        # never emit <eos>: outputs run to the length limit
+        bias = backend.to_numpy(model.out_proj.bias.data).copy()
+        bias[EOS] = -1e3
+        model.out_proj.bias.data = backend.asarray(bias)
+        src, lens = padded(np.random.default_rng(0), [3, 4], 9)
+        assert [len(r) for r in greedy_decode(model, dev(src), dev(lens), max_len=3)] == [3, 3]
+        assert [len(r) for r in greedy_decode(model, dev(src), dev(lens), max_len=50)] == [5, 5]
+        assert [len(r) for r in beam_search(model, dev(src), dev(lens), 3, max_len=50)] == [5, 5]
+
+
+def test_beam_size_one_equals_greedy_on_random_models():
+    with using_backend("numpy", "float64"):
+        rng = np.random.default_rng(7)
+        for seed in range(6):
+            model = random_seq2seq(seed=20 + seed, norm_first=bool(seed % 2))
+            src, src_lens = padded(rng, list(rng.integers(1, 8, size=5)), 9)
+            greedy = greedy_decode(model, dev(src), dev(src_lens), max_len=7)
+            for alpha in (0.0, 0.6):
+                beam = beam_search(model, dev(src), dev(src_lens), beam_size=1, max_len=7,
+                                   alpha=alpha)
+                assert beam == greedy
+
+
+def test_exhaustive_beam_finds_the_brute_force_optimum():
+    """A beam as wide as the whole hypothesis space returns the best finished hypothesis
+    (by the model's own score), which is at least as good as greedy's."""
+    with using_backend("numpy", "float64"):
+        vocab, steps = 5, 3
+        rng = np.random.default_rng(8)
+        compared = 0
+        for seed in range(5):
+            model = random_seq2seq(seed=30 + seed, vocab=(9, vocab), max_len=6)
+            src, src_lens = padded(rng, [4, 2], 9)
+            non_eos = [t for t in range(vocab) if t != EOS]
+            for alpha in (0.0, 1.0):
+                beams = beam_search(model, dev(src), dev(src_lens), beam_size=vocab ** steps,
+                                    max_len=steps, alpha=alpha)
+                greedy = greedy_decode(model, dev(src), dev(src_lens), max_len=steps)
+                for b in range(len(src)):
+                    candidates = [list(h) for n in range(steps)
+                                  for h in itertools.product(non_eos, repeat=n)]
+                    scores = [hypothesis_score(model, src[b], src_lens[b], h, steps, alpha)
+                              for h in candidates]
+                    best = max(scores)
+                    got = hypothesis_score(model, src[b], src_lens[b], beams[b], steps, alpha)
+                    assert len(beams[b]) < steps  # a finished hypothesis
+                    assert got == pytest.approx(best, rel=1e-12, abs=1e-12)
+                    if len(greedy[b]) < steps:  # greedy finished too: it cannot beat the optimum
+                        compared += 1
+                        assert got >= hypothesis_score(model, src[b], src_lens[b], greedy[b],
+                                                       steps, alpha) - 1e-12
+        assert compared > 0
+
+
+# =========================================================================== language model sampling
+def reference_generate(model, prompt, n):
+    """Argmax continuation, each step a full forward over the last block_size tokens."""
+    block = model.config.block_size
+    ids = list(prompt)
+    model.eval()
+    with no_grad():
+        for _ in range(n):
+            logits = backend.to_numpy(model(dev([ids[-block:]])))
+            ids.append(int(np.argmax(logits[0, -1])))
+    model.train()
+    return ids
+
+
+@pytest.mark.parametrize("prompt_len", [1, 3, 6, 9])
+def test_generate_greedy_matches_full_forward_beyond_block_size(prompt_len, monkeypatch):
+    """Every generated token is the argmax of a full forward over the last block_size
+    tokens, and the cached logits it was chosen from equal that forward's (the window
+    slides: past block_size each prediction still sees block_size tokens)."""
+    with using_backend("numpy", "float64"):
+        for seed in range(3):
+            model = random_lm(seed=40 + seed, tie=bool(seed % 2), block=6)
+            block = model.config.block_size
+            prompt = [int(t) for t in np.random.default_rng(seed).integers(0, 11, size=prompt_len)]
+            n = 3 * block  # far past the positional table
+            seen = []
+            original_step = model.step
+
+            def recording_step(ids, states, offset):
+                logits = original_step(ids, states, offset)
+                seen.append(backend.to_numpy(logits)[0, -1])
+                return logits
+
+            monkeypatch.setattr(model, "step", recording_step)
+            out = generate(model, prompt, n, greedy=True)
+            monkeypatch.undo()
+            assert len(out) == prompt_len + n
+            assert out[:prompt_len] == prompt
+            assert out == reference_generate(model, prompt, n)
+            assert len(seen) == n
+            model.eval()
+            with no_grad():
+                for i, cached in enumerate(seen):
+                    context = out[:prompt_len + i][-block:]
+                    expected = backend.to_numpy(model(dev([context])))[0, -1]
+                    assert rel_diff(cached, expected) <= CACHE_RTOL, (i, len(context))
+            model.train()
+            assert model.training
+
+
+def test_top_k_one_sampling_equals_greedy():
+    with using_backend("numpy", "float64"):
+        model = random_lm(seed=50, block=5)
+        greedy = generate(model, [1, 2], 12, greedy=True)
+        for temperature in (0.3, 1.0, 5.0):
+            sampled = generate(model, [1, 2], 12, temperature=temperature, top_k=1,
+                               rng=np.random.default_rng(1))
+            assert sampled == greedy
+
+
+def test_sampling_stays_in_top_k_and_is_reproducible():
+    with using_backend("numpy", "float64"):
+        model = random_lm(seed=51, block=5)
+        a = generate(model, [3], 15, temperature=2.0, top_k=3, rng=np.random.default_rng(9))
+        b = generate(model, [3], 15, temperature=2.0, top_k=3, rng=np.random.default_rng(9))
+        assert a == b
+        model.eval()
+        with no_grad():
+            for t in range(1, len(a)):
+                logits = backend.to_numpy(model(dev([a[:t][-5:]])))[0, -1]
+                assert a[t] in set(np.argsort(-logits)[:3].tolist())
+        # without top_k, a high temperature does leave the top 3 sometimes
+        c = generate(model, [3], 60, temperature=50.0, rng=np.random.default_rng(9))
+        assert len(set(c)) > 3
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(prompt_ids=[], max_new_tokens=3), "prompt"),
+    (dict(prompt_ids=[1], max_new_tokens=3, temperature=0.0), "temperature"),
+    (dict(prompt_ids=[1], max_new_tokens=3, temperature=-1.0), "temperature"),
+    (dict(prompt_ids=[1], max_new_tokens=3, top_k=0), "top_k"),
+])
+def test_generate_rejects_bad_arguments(kwargs, match):
+    with using_backend("numpy", "float64"):
+        model = random_lm(block=5)
+        with pytest.raises(ValueError, match=match):
+            generate(model, **kwargs)
+
+
+@pytest.mark.parametrize("beam_size", [0, -2])
+def test_beam_search_rejects_bad_beam_size(beam_size):
+    with using_backend("numpy", "float64"):
+        model = random_seq2seq()
+        src, lens = padded(np.random.default_rng(0), [3], 9)
+        with pytest.raises(ValueError, match="beam_size"):
+            beam_search(model, dev(src), dev(lens), beam_size=beam_size)
+
+
+def test_decoding_keeps_no_backward_caches():
+    with using_backend("numpy", "float64"):
+        model = random_seq2seq(seed=3)
+        src, lens = padded(np.random.default_rng(0), [5, 3], 9)
+        greedy_decode(model, dev(src), dev(lens), max_len=4)
+        beam_search(model, dev(src), dev(lens), beam_size=2, max_len=4)
+        lm = random_lm(seed=3)
+        generate(lm, [1, 2], 8)
+        for m in (model, lm):
+            leftovers = [type(sub).__name__ for sub in m.modules()
+                         if getattr(sub, "_cache", None) is not None]
+            assert not leftovers, leftovers
+
+
+# =========================================================================== a model that learned
+DIGITS = range(4, 12)  # token ids of the 8 "digits"
+TASK_VOCAB = 12
+STEPS = 300  # Adam updates of the toy reverser (a few seconds)
+
+
+def reverse_batch(rng, batch=32, min_len=2, max_len=5):
+    lens = rng.integers(min_len, max_len + 1, size=batch)
+    src = np.full((batch, max_len), PAD, dtype=np.int64)
+    tgt_in = np.full((batch, max_len + 1), PAD, dtype=np.int64)
+    tgt_out = np.full((batch, max_len + 1), PAD, dtype=np.int64)
+    for b, n in enumerate(lens):
+        seq = rng.integers(DIGITS.start, DIGITS.stop, size=n)
+        src[b, :n] = seq
+        tgt_in[b, :n + 1] = [BOS, *seq[::-1]]
+        tgt_out[b, :n + 1] = [*seq[::-1], EOS]
+    return src, lens, tgt_in, tgt_out, lens + 1
+
+
+@pytest.fixture(scope="module")
+def reverser():
+    """A small seq2seq trained (Trainer, Adam, warmup) to reverse digit strings."""
+    with using_backend("numpy", "float64", seed=0):
+        cfg = Seq2SeqConfig(src_vocab_size=TASK_VOCAB, tgt_vocab_size=TASK_VOCAB, d_model=32,
+                            num_heads=4, num_encoder_layers=1, num_decoder_layers=1, d_ff=64,
+                            max_len=8, dropout=0.0, activation="relu", norm_first=True,
+                            pad_id=PAD, bos_id=BOS, eos_id=EOS)
+        model = Seq2SeqTransformer(cfg)
+        opt = optim.Adam(model.parameters(),
+                         lr=optim.warmup_cosine(peak_lr=1e-2, warmup=30,
+                                                total_steps=STEPS, min_lr=1e-3))
+        trainer = Trainer(model, opt, make_seq2seq_step(pad_id=PAD), reverse_batch,
+                          TrainConfig(max_steps=STEPS, clip_norm=1.0, progress=False), seed=1)
+        history = trainer.fit()
+    return model, history
+
+
+
+def test_trained_reverser_decodes_correctly(reverser):
+    model, history = reverser
+    assert np.mean(history.losses[-20:]) < 0.1 * history.losses[0]
+    with using_backend("numpy", "float64"):
+        src, lens, _, _, _ = reverse_batch(np.random.default_rng(123), batch=40)
+        expected = [list(src[b, :n][::-1]) for b, n in enumerate(lens)]
+        greedy = greedy_decode(model, dev(src), dev(lens), max_len=8)
+        beam = beam_search(model, dev(src), dev(lens), beam_size=3, max_len=8)
+        greedy_acc = np.mean([g == e for g, e in zip(greedy, expected)])
+        beam_acc = np.mean([g == e for g, e in zip(beam, expected)])
+        assert greedy_acc >= 0.95, greedy_acc
+        assert beam_acc >= 0.95, beam_acc
+
+
+def test_trained_reverser_beam_one_is_greedy_and_wider_beams_score_higher(reverser):
+    model, _ = reverser
+    with using_backend("numpy", "float64"):
+        # inputs partly outside the training distribution (length 6, 1) so that the
+        # model is unsure and the beams have something to choose between
+        rng = np.random.default_rng(321)
+        src, lens = padded(rng, [6, 1, 3, 6, 5, 2, 6, 4], TASK_VOCAB)
+        steps = 8
+        greedy = greedy_decode(model, dev(src), dev(lens), max_len=steps)
+        assert beam_search(model, dev(src), dev(lens), beam_size=1, max_len=steps) == greedy
+        alpha = 0.6
+        for k in (2, 4):
+            beams = beam_search(model, dev(src), dev(lens), beam_size=k, max_len=steps,
+                                alpha=alpha)
+            for b in range(len(src)):
+                ours = hypothesis_score(model, src[b], lens[b], beams[b], steps, alpha)
+                theirs = hypothesis_score(model, src[b], lens[b], greedy[b], steps, alpha)
+                assert ours >= theirs - 1e-9, (k, b, beams[b], greedy[b])
