@@ -73,7 +73,9 @@ def scale_of(analytic: np.ndarray, numeric: np.ndarray) -> float:
 
 
 def relative_error(analytic: np.ndarray, numeric: np.ndarray, floor: float = 0.0) -> float:
-    """max |a - n| / max(scale, floor); 0 when both are exactly zero."""
+    """max |a - n| / max(scale, floor); 0 when both are exactly zero; inf if any is NaN/inf."""
+    if not (np.all(np.isfinite(analytic)) and np.all(np.isfinite(numeric))):
+        return float("inf")  # a NaN must never compare as "small enough"
     scale = max(scale_of(analytic, numeric), floor)
     if scale == 0.0:
         return 0.0
@@ -112,7 +114,8 @@ def compare(analytic: dict[str, np.ndarray], numeric: dict[str, np.ndarray]) -> 
             raise ValueError(f"analytic gradient of {name!r} has shape {ana.shape}, "
                              f"expected {num.shape}")
         pairs[name] = (ana, num)
-    floor = FLOOR * max((scale_of(a, n) for a, n in pairs.values()), default=0.0)
+    finite = [scale_of(a, n) for a, n in pairs.values() if np.all(np.isfinite(a))]
+    floor = FLOOR * max((s for s in finite if np.isfinite(s)), default=0.0)
     for name, (ana, num) in pairs.items():
         err = relative_error(ana, num, floor)
         result.errors[name] = err

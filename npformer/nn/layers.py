@@ -77,7 +77,7 @@ class Embedding(Module):
 
     def backward(self, dy):
         self.weight.accumulate(ops.embedding_backward(dy, self._pop_saved()))
-        return None  # integer ids have no gradient
+        return ()  # no input gradients: integer ids are not differentiable
 
 
 class LearnedPositionalEmbedding(Module):
