@@ -107,6 +107,7 @@ def main(argv=None) -> int:
     trainer = Trainer(model, optimizer, lm_step,
                       lambda rng: lm_batch(train_ids, args.block, args.batch, rng),
                       TrainConfig(max_steps=args.iters, clip_norm=1.0,
+                                  data_parallel=args.replicas,
                                   eval_every=args.eval_every, checkpoint_path=out / "model.npz",
                                   progress=not args.no_progress, desc="shakespeare"),
                       eval_fn=eval_fn, checkpoint_extra={"demo": "shakespeare",

@@ -180,7 +180,8 @@ def main(argv=None) -> int:
         model, optimizer, classifier_step,
         batch_stream(train_ids, train_y, preset.batch_size, vocab.pad_id),
         TrainConfig(max_steps=total_steps, max_seconds=preset.max_minutes * 60,
-                    clip_norm=1.0, eval_every=max(1, steps_per_epoch // 2),
+                    data_parallel=args.replicas, clip_norm=1.0,
+                    eval_every=max(1, steps_per_epoch // 2),
                     checkpoint_path=checkpoint_path, select_metric="val_accuracy",
                     progress=not args.no_progress, desc="imdb"),
         eval_fn=lambda m: {f"val_{k}": v for k, v in

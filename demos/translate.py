@@ -175,6 +175,7 @@ def main(argv=None) -> int:
         model, optimizer, make_seq2seq_step(label_smoothing=0.1, pad_id=pad),
         batch_stream(src, tgt, args.batch, pad, bos),
         TrainConfig(max_steps=args.steps, max_seconds=args.max_minutes * 60, clip_norm=1.0,
+                    data_parallel=args.replicas,
                     eval_every=max(1, min(500, args.steps // 4)),
                     checkpoint_path=out / "model.npz", select_metric="val_loss",
                     select_mode="min", progress=not args.no_progress, desc="translate"),

@@ -23,6 +23,8 @@ the dtype of what they are given.
 from __future__ import annotations
 
 import os
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -188,6 +190,31 @@ def to_float(x) -> float:
 
 
 # --------------------------------------------------------------------------- random numbers
+_thread_local = threading.local()
+
+
+def _rng():
+    """The generator of this thread: its own inside :func:`thread_generator`, else the backend's."""
+    return getattr(_thread_local, "rng", None) or _current.rng
+
+
+@contextmanager
+def thread_generator(seed_value: int):
+    """Within the block, this thread draws from its own generator seeded with ``seed_value``
+    (data-parallel replicas: reproducible dropout masks whatever the thread timing)."""
+    previous = getattr(_thread_local, "rng", None)
+    if _current.name == "cupy":
+        import cupy
+
+        _thread_local.rng = cupy.random.default_rng(seed_value)
+    else:
+        _thread_local.rng = np.random.default_rng(seed_value)
+    try:
+        yield
+    finally:
+        _thread_local.rng = previous
+
+
 def seed(value: int) -> None:
     """Reseed the backend's generator: dropout masks and initialisations repeat exactly."""
     if _current.name == "cupy":
@@ -222,19 +249,32 @@ def _from_generator(sample, dtype):
 def random_uniform(shape, dtype=None):
     """Uniform [0, 1) samples of ``shape`` on the current backend."""
     dtype = dtype or default_float()
-    return _from_generator(_current.rng.random(tuple(shape)), dtype)
+    return _from_generator(_rng().random(tuple(shape)), dtype)
 
 
 def random_normal(shape, std: float = 1.0, dtype=None):
     """Normal(0, std^2) samples of ``shape`` on the current backend."""
     dtype = dtype or default_float()
-    return _from_generator(_current.rng.standard_normal(tuple(shape)) * std, dtype)
+    return _from_generator(_rng().standard_normal(tuple(shape)) * std, dtype)
 
 
 def random_integers(low: int, high: int, shape):
     """Integers uniform in [low, high) as an int64 backend array."""
-    sample = _current.rng.integers(low, high, size=tuple(shape))
+    sample = _rng().integers(low, high, size=tuple(shape))
     return _from_generator(sample, _current.xp.int64)
+
+
+# --------------------------------------------------------------------------- in-place kernels
+def exp_into(x):
+    """exp(x), written over x's buffer where the library allows it (NumPy, CuPy), else new.
+
+    Only for arrays the caller owns: large attention scores are 4 bytes x B x H x T x S,
+    and writing in place spares an allocation and its page faults.
+    """
+    module = type(x).__module__
+    if module.startswith("numpy") or module.startswith("cupy"):
+        return namespace_of(x).exp(x, out=x)
+    return namespace_of(x).exp(x)
 
 
 # --------------------------------------------------------------------------- scatter-add

@@ -31,12 +31,17 @@ def add_common_args(parser: argparse.ArgumentParser, out_default: str) -> None:
     parser.add_argument("--smoke", action="store_true",
                         help="a few seconds on a tiny subset: checks the whole pipeline runs")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    parser.add_argument("--replicas", type=int, default=None,
+                        help="data-parallel replicas, one thread each, single-threaded BLAS "
+                             "(default: one per CPU core with numpy, 1 with cupy)")
 
 
 def setup(args) -> Path:
     """Apply --backend, --dtype and --seed; create and return the output folder."""
     backend.set_backend(args.backend, seed=args.seed)
     backend.set_default_float(args.dtype)
+    if args.replicas is None:
+        args.replicas = (os.cpu_count() or 1) if args.backend == "numpy" else 1
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     return out

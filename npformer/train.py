@@ -22,6 +22,7 @@ import numpy as np
 from . import backend, ops
 from .checkpoint import load_checkpoint, restore, save_checkpoint
 from .optim import clip_grad_norm, global_grad_norm
+from .parallel import DataParallel
 
 
 class TrainingDiverged(RuntimeError):
@@ -43,11 +44,17 @@ def classifier_step(model, batch, grad_scale: float = 1.0):
     return _cross_entropy_step(model, logits, labels, grad_scale), ids.shape[0]
 
 
+classifier_step.count = lambda batch: batch[0].shape[0]  # the loss averages over sequences
+
+
 def lm_step(model, batch, grad_scale: float = 1.0):
     """batch = (x (B, T), y (B, T)) next-token targets -> (mean loss per token, B*T)."""
     x, y = batch
     logits = model(backend.asarray(x))  # (B, T, V)
     return _cross_entropy_step(model, logits, y, grad_scale), x.size
+
+
+lm_step.count = lambda batch: batch[0].size  # ... over every target token
 
 
 def make_seq2seq_step(label_smoothing: float = 0.0, pad_id: int = 0):
@@ -61,6 +68,8 @@ def make_seq2seq_step(label_smoothing: float = 0.0, pad_id: int = 0):
         loss = _cross_entropy_step(model, logits, targets, grad_scale,
                                    label_smoothing=label_smoothing)
         return loss, int(np.sum(tgt_out != pad_id))
+
+    seq2seq_step.count = lambda batch: int(np.sum(batch[3] != pad_id))  # ... over real tokens
     return seq2seq_step
 
 
@@ -81,6 +90,7 @@ class TrainConfig:
     max_steps: int
     max_seconds: float | None = None  # stop early once training has taken this long
     grad_accum: int = 1
+    data_parallel: int = 1  # replicas run in threads on shards of each batch (CPU: 2)
     clip_norm: float | None = None
     eval_every: int | None = None
     checkpoint_path: str | Path | None = None
@@ -112,6 +122,7 @@ class Trainer:
         self.data_rng = np.random.default_rng(seed)
         self.history = History()
         self.best: float | None = None
+        self.parallel = DataParallel(model, config.data_parallel)
 
     @property
     def step(self) -> int:
@@ -125,7 +136,9 @@ class Trainer:
         scale = 1.0 / self.config.grad_accum
         losses, items = [], 0
         for _ in range(self.config.grad_accum):
-            loss, count = self.step_fn(self.model, self.next_batch(self.data_rng), scale)
+            batch = self.next_batch(self.data_rng)
+            seed = int(self.data_rng.integers(2**31))  # the dropout streams of this batch
+            loss, count = self.parallel.step(self.step_fn, batch, scale, seed)
             losses.append(loss)
             items += count
         loss = float(np.mean(losses))

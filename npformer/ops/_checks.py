@@ -40,17 +40,21 @@ def broadcast_shape(a: tuple, b: tuple) -> tuple | None:
     return tuple(reversed(out))
 
 
-def check_mask(mask, scores_shape: tuple, what: str = "attention mask") -> None:
-    """A mask must be boolean (True = may attend) and broadcast to the scores."""
+def check_mask(mask, scores_shape: tuple, what: str = "attention mask",
+               target: str = "the attention scores") -> None:
+    """A mask must be boolean (True = may attend) and broadcast to the scores
+    (``target`` names what it must broadcast to, for the message)."""
     xp = backend.namespace_of(mask)
     if mask.dtype != xp.bool:
         raise TypeError(
             f"{what} must be a boolean array (True = may attend), got dtype {mask.dtype}"
         )
     if broadcast_shape(tuple(mask.shape), tuple(scores_shape)) != tuple(scores_shape):
+        legend = (" (batch, heads, queries, keys)"
+                  if target == "the attention scores" and len(scores_shape) == 4 else "")
         raise ValueError(
-            f"{what} of shape {tuple(mask.shape)} does not broadcast to the attention "
-            f"scores of shape {tuple(scores_shape)} (batch, heads, queries, keys)"
+            f"{what} of shape {tuple(mask.shape)} does not broadcast to {target} "
+            f"of shape {tuple(scores_shape)}{legend}"
         )
 
 

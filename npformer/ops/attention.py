@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 
 from .. import backend
-from ._checks import check_float, check_rank
+from ._checks import check_float, check_mask, check_rank
 from .softmax import softmax_backward, softmax_forward
 
 
@@ -39,9 +39,12 @@ def attention_forward(q, k, v, mask=None):
     if q.shape[:-2] != k.shape[:-2] or q.shape[-1] != k.shape[-1]:
         raise ValueError(f"attention queries {tuple(q.shape)} and keys {tuple(k.shape)} "
                          "must agree on the leading axes and the last (width) axis")
+    if mask is not None:  # named as the caller knows it, before any work is done
+        check_mask(mask, tuple(q.shape[:-1]) + (k.shape[-2],), "attention mask")
     scale = 1.0 / math.sqrt(q.shape[-1])
-    scores = xp.matmul(q, xp.matrix_transpose(k)) * scale  # (..., T, E) @ (..., E, S) -> (..., T, S)
-    p, _ = softmax_forward(scores, axis=-1, mask=mask)  # (..., T, S)
+    scores = xp.matmul(q, xp.matrix_transpose(k))  # (..., T, E) @ (..., E, S) -> (..., T, S)
+    scores *= scale  # in place: the scores are ours
+    p, _ = softmax_forward(scores, axis=-1, mask=mask, overwrite_input=True)  # (..., T, S)
     out = xp.matmul(p, v)  # (..., T, S) @ (..., S, F) -> (..., T, F)
     return out, (q, k, v, p, scale)
 
@@ -52,7 +55,8 @@ def attention_backward(dout, cache):
     xp = backend.namespace_of(dout, p)
     dp = xp.matmul(dout, xp.matrix_transpose(v))  # (..., T, F) @ (..., F, S) -> (..., T, S)
     dv = xp.matmul(xp.matrix_transpose(p), dout)  # (..., S, T) @ (..., T, F) -> (..., S, F)
-    dscores = softmax_backward(dp, (p, -1)) * scale  # (..., T, S), scale folded in once
+    dscores = softmax_backward(dp, (p, -1), overwrite_input=True)  # (..., T, S), in dp's buffer
+    dscores *= scale  # the scale, folded in once
     dq = xp.matmul(dscores, k)  # (..., T, S) @ (..., S, E) -> (..., T, E)
     dk = xp.matmul(xp.matrix_transpose(dscores), q)  # (..., S, T) @ (..., T, E) -> (..., S, E)
     return dq, dk, dv

@@ -1,8 +1,9 @@
 r"""Softmax and log-softmax over one axis, with an optional boolean mask.
 
 Softmax, along the axis, for entries allowed by the mask (True = keep)
+    $x_j \leftarrow x_j + b_j$ with the mask bias $b_j = 0$ if allowed, $-\infty$ if not
     $m = \max_{j \in \text{allowed}} x_j$    (subtracted for stability; 0 if nothing is allowed)
-    $e_j = \exp(x_j - m)$ if allowed, else 0
+    $e_j = \exp(x_j - m)$                  (= 0 where masked, since exp(-inf) = 0)
     $p_j = e_j / \sum_k e_k$                 (0 for every j if nothing is allowed)
 
 Backward without building the Jacobian $J = \text{diag}(p) - p p^\top$:
@@ -21,31 +22,51 @@ from .. import backend
 from ._checks import check_float, check_mask
 
 
-def softmax_forward(x, axis: int = -1, mask=None):
-    """x (...) -> p (...), cache (p, axis).  mask: boolean, broadcasts to x, True = keep."""
+def softmax_forward(x, axis: int = -1, mask=None, overwrite_input: bool = False):
+    """x (...) -> p (...), cache (p, axis).  mask: boolean, broadcasts to x, True = keep.
+
+    ``overwrite_input=True`` lets the op reuse x's buffer for p (attention does this
+    with its freshly computed scores); the result is identical.
+    """
     xp = backend.namespace_of(x)
     check_float(x, "softmax input")
-    if mask is None:
-        m = xp.max(x, axis=axis, keepdims=True)
+    if mask is not None:
+        check_mask(mask, tuple(x.shape), "softmax mask", target="the softmax input")
+        x = x + mask_bias(mask, x.dtype)  # masked entries become -inf (a new array)
+        overwrite_input = True
+    m = xp.max(x, axis=axis, keepdims=True)
+    if mask is not None:
+        m = xp.where(xp.isfinite(m), m, xp.zeros_like(m))  # a fully masked row has max -inf
+    if overwrite_input:
+        x -= m  # in place
+        e = backend.exp_into(x)  # exp(-inf) = 0 at masked entries
+    else:
         e = xp.exp(x - m)
-        p = e / xp.sum(e, axis=axis, keepdims=True)
-        return p, (p, axis)
-    check_mask(mask, tuple(x.shape), "softmax mask")
-    neg_inf = xp.full_like(x, -float("inf"))
-    x_kept = xp.where(mask, x, neg_inf)  # masked entries become -inf
-    m = xp.max(x_kept, axis=axis, keepdims=True)
-    m = xp.where(xp.isfinite(m), m, xp.zeros_like(m))  # a fully masked row has max -inf
-    e = xp.exp(x_kept - m)  # exp(-inf) = 0 at masked entries
     total = xp.sum(e, axis=axis, keepdims=True)
-    p = e / xp.where(total > 0, total, xp.ones_like(total))  # 0 / 1 on fully masked rows
-    return p, (p, axis)
+    if mask is not None:
+        total = xp.where(total > 0, total, xp.ones_like(total))  # 0 / 1 on fully masked rows
+    e /= total  # e is ours: normalise in place
+    return e, (e, axis)
 
 
-def softmax_backward(dp, cache):
-    """dp (...) -> dx (...) = p * (dp - sum(dp * p))."""
+def mask_bias(mask, dtype):
+    """Boolean mask -> additive bias of the mask's own (small) shape: 0 where kept, -inf where not."""
+    xp = backend.namespace_of(mask)
+    dev = backend.device_of(mask)
+    keep = xp.zeros(mask.shape, dtype=dtype, device=dev)
+    drop = xp.full(mask.shape, -float("inf"), dtype=dtype, device=dev)
+    return xp.where(mask, keep, drop)
+
+
+def softmax_backward(dp, cache, overwrite_input: bool = False):
+    """dp (...) -> dx (...) = p * (dp - sum(dp * p)).  ``overwrite_input``: reuse dp's buffer."""
     p, axis = cache
     xp = backend.namespace_of(dp, p)
     inner = xp.sum(dp * p, axis=axis, keepdims=True)  # <dp, p> per row
+    if overwrite_input:
+        dp -= inner
+        dp *= p
+        return dp
     return p * (dp - inner)
 
 

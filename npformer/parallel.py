@@ -1,0 +1,90 @@
+"""Data parallelism inside one process: split a batch across model replicas run in threads.
+
+NumPy runs element-wise work (softmax, layer norm, GELU...) on one core, and
+only BLAS uses several.  Splitting each batch in two, running the halves in two
+threads (NumPy and BLAS release the GIL) with single-threaded BLAS, keeps every
+core busy for the whole step.
+
+The replicas share the model's parameter arrays (no copies; they are re-pointed
+after every optimizer step) and own their gradients and activation caches.
+Shard i's loss is weighted by its share of the batch's counted items, so the
+summed gradient equals that of the whole batch:
+
+    L = sum_i (n_i / n) L_i      =>      dL/dw = sum_i (n_i / n) dL_i/dw
+
+The same replica-and-sum-gradients idea extends across processes: only
+:meth:`DataParallel._sum_gradients` would become an all-reduce.
+"""
+from __future__ import annotations
+
+import copy
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
+
+import numpy as np
+
+from . import backend
+
+
+def split_batch(batch: tuple, parts: int) -> list[tuple]:
+    """Split every array of a batch tuple along its first axis into ``parts`` shards."""
+    rows = batch[0].shape[0]
+    bounds = np.linspace(0, rows, parts + 1).astype(int)
+    return [tuple(a[lo:hi] for a in batch) for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
+
+
+def _single_threaded_blas():
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - threadpoolctl is a dependency
+        return nullcontext()
+    return threadpool_limits(limits=1, user_api="blas")
+
+
+class DataParallel:
+    """Runs ``step_fn(model, shard, grad_scale)`` on ``num_replicas`` shards in threads.
+
+    ``step_fn.count(batch)`` must give the number of items a batch's mean loss is
+    averaged over (rows, tokens, or non-padding target tokens).
+    """
+
+    def __init__(self, model, num_replicas: int = 2):
+        if num_replicas < 1:
+            raise ValueError(f"num_replicas must be at least 1, got {num_replicas}")
+        self.model = model
+        self.replicas = [model] + [copy.deepcopy(model) for _ in range(num_replicas - 1)]
+        self.pool = ThreadPoolExecutor(max_workers=num_replicas) if num_replicas > 1 else None
+
+    def _share_parameters(self) -> None:
+        """Point every replica's parameters at the model's current arrays; zero their grads."""
+        own = self.model.parameters()
+        for replica in self.replicas[1:]:
+            for p, q in zip(own, replica.parameters()):
+                q.data = p.data
+                q.zero_grad()
+            replica.train(self.model.training)
+
+    def _sum_gradients(self) -> None:
+        own = self.model.parameters()
+        for replica in self.replicas[1:]:
+            for p, q in zip(own, replica.parameters()):
+                p.accumulate(q.grad)
+
+    def step(self, step_fn, batch: tuple, grad_scale: float, seed: int) -> tuple[float, int]:
+        """Forward + backward of ``batch`` split across the replicas -> (mean loss, count)."""
+        shards = split_batch(batch, len(self.replicas))
+        if len(shards) == 1 or self.pool is None:
+            with backend.thread_generator(seed):
+                return step_fn(self.model, batch, grad_scale)
+        counts = [step_fn.count(shard) for shard in shards]
+        total = sum(counts)
+        self._share_parameters()
+
+        def run(i):
+            with backend.thread_generator(seed + i):
+                return step_fn(self.replicas[i], shards[i], grad_scale * counts[i] / total)
+
+        with _single_threaded_blas():
+            losses = [result[0] for result in self.pool.map(run, range(len(shards)))]
+        self._sum_gradients()
+        return sum(loss * n for loss, n in zip(losses, counts)) / total, total
