@@ -184,6 +184,15 @@ def to_numpy(x) -> np.ndarray:
     return np.asarray(x)
 
 
+def copy_like(value, like):
+    """``value`` (a NumPy array or an array of any backend) as a fresh array on ``like``'s
+    backend with ``like``'s dtype: how saved state is loaded into live parameters."""
+    xp_ = namespace_of(like)
+    if type(value).__module__.split(".")[0] != type(like).__module__.split(".")[0]:
+        value = asarray(to_numpy(value))
+    return xp_.astype(value, like.dtype, copy=True)
+
+
 def to_float(x) -> float:
     """A 0-d backend array (or a Python number) as a Python float, on the host."""
     return float(to_numpy(x)) if not isinstance(x, (int, float)) else float(x)

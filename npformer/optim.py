@@ -205,7 +205,7 @@ class Optimizer:
             setattr(self, name, float(_scalar(d[name])))
         for name in self._state_names:
             self.state[name] = [
-                _to_backend_like(d[f"{name}.{i}"], p.data) for i, p in enumerate(self.params)
+                backend.copy_like(d[f"{name}.{i}"], p.data) for i, p in enumerate(self.params)
             ]
 
     def __repr__(self) -> str:
@@ -558,11 +558,3 @@ def _scalar(value):
 def _key_order(key: str):
     name, _, idx = key.rpartition(".")
     return (name, int(idx)) if idx.isdigit() else (key, -1)
-
-
-def _to_backend_like(value, like):
-    """``value`` (NumPy or backend array) as a fresh backend array with ``like``'s dtype."""
-    xp = backend.namespace_of(like)
-    if type(value).__module__.split(".")[0] != type(like).__module__.split(".")[0]:
-        value = backend.asarray(backend.to_numpy(value))
-    return xp.astype(value, like.dtype, copy=True)

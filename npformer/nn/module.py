@@ -183,13 +183,5 @@ class Module:
                 f"state_dict does not fit {type(self).__name__}: " + " | ".join(problems)
             )
         for name, p in own.items():
-            p.data = _to_backend_like(state[name], p.data)
+            p.data = backend.copy_like(state[name], p.data)
             p.zero_grad()
-
-
-def _to_backend_like(value, like):
-    """``value`` (NumPy or backend array) as a backend array with ``like``'s dtype."""
-    xp = backend.namespace_of(like)
-    if type(value).__module__.split(".")[0] != type(like).__module__.split(".")[0]:
-        value = backend.asarray(backend.to_numpy(value))
-    return xp.astype(value, like.dtype, copy=True)
