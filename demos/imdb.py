@@ -28,6 +28,7 @@ from npformer.data import (Vocab, length_bucketed_batches, load_imdb_splits, pad
 from npformer.models import ClassifierConfig, TransformerClassifier
 from npformer.nn import no_grad
 from npformer.optim import AdamW, warmup_cosine
+from npformer.parallel import parallel_map
 from npformer.train import Trainer, TrainConfig, classifier_step
 
 LABELS = ("negative", "positive")
@@ -39,7 +40,8 @@ class Preset:
     num_heads: int = 4
     num_layers: int = 2
     d_ff: int = 256
-    max_len: int = 256
+    max_len: int = 384
+    head_tokens: int = 96  # truncation keeps the first 96 and the last max_len - 96 tokens
     vocab_size: int = 20000
     batch_size: int = 32
     lr: float = 1e-3
@@ -54,17 +56,26 @@ class Preset:
 PRESETS = {
     "default": Preset(),
     "large": Preset(d_model=128, num_heads=8, num_layers=4, d_ff=512, max_len=512,
-                    lr=5e-4, epochs=6.0, max_minutes=120.0),
-    "smoke": Preset(d_model=16, num_heads=2, num_layers=1, d_ff=32, max_len=64,
+                    head_tokens=128, lr=5e-4, epochs=6.0, max_minutes=120.0),
+    "smoke": Preset(d_model=16, num_heads=2, num_layers=1, d_ff=32, max_len=64, head_tokens=16,
                     vocab_size=2000, batch_size=16, warmup_steps=5, epochs=1.0,
                     max_minutes=2.0),
 }
 
 
 # --------------------------------------------------------------------------- data
-def encode_reviews(examples, vocab: Vocab, max_len: int):
-    """[(text, label)] -> (list of id lists truncated to max_len, labels array)."""
-    ids = [vocab.encode(tokenize_imdb(text)[:max_len]) or [vocab.unk_id] for text, _ in examples]
+def truncate(tokens: list, max_len: int, head: int) -> list:
+    """At most max_len tokens: all of a short review; else its first ``head`` tokens and its
+    last max_len - head (a review's verdict is often in its closing lines)."""
+    if len(tokens) <= max_len:
+        return tokens
+    return tokens[:head] + tokens[len(tokens) - (max_len - head):]
+
+
+def encode_reviews(examples, vocab: Vocab, max_len: int, head: int):
+    """[(text, label)] -> (list of truncated id lists, labels array)."""
+    ids = [vocab.encode(truncate(tokenize_imdb(text), max_len, head)) or [vocab.unk_id]
+           for text, _ in examples]
     return ids, np.array([label for _, label in examples], dtype=np.int64)
 
 
@@ -74,21 +85,25 @@ def make_batches(ids, labels, order, pad_id: int):
     return padded, lens, labels[order]
 
 
-def evaluate(model, ids, labels, batch_size: int, pad_id: int) -> dict:
-    """Accuracy and mean loss over a whole split (sorted by length: little padding)."""
+def evaluate(model, ids, labels, batch_size: int, pad_id: int, workers: int = 1) -> dict:
+    """Accuracy and mean loss over a whole split (sorted by length: little padding),
+    batches spread over ``workers`` threads."""
     order = np.argsort([len(x) for x in ids], kind="stable")
-    correct, total_loss = 0, 0.0
+
+    def score(rows):  # -> (summed loss, correct predictions) of one batch
+        x, lens, y = make_batches(ids, labels, rows, pad_id)
+        logits = model(backend.asarray(x), backend.asarray(lens))
+        loss, _ = ops.cross_entropy_forward(logits, backend.asarray(y))
+        correct = int(np.sum(np.argmax(backend.to_numpy(logits), axis=-1) == y))
+        return backend.to_float(loss) * len(rows), correct
+
     model.eval()
     with no_grad():
-        for start in range(0, len(order), batch_size):
-            rows = order[start:start + batch_size]
-            x, lens, y = make_batches(ids, labels, rows, pad_id)
-            logits = model(backend.asarray(x), backend.asarray(lens))
-            loss, _ = ops.cross_entropy_forward(logits, backend.asarray(y))
-            total_loss += backend.to_float(loss) * len(rows)
-            correct += int(np.sum(np.argmax(backend.to_numpy(logits), axis=-1) == y))
+        results = parallel_map(score, [order[i:i + batch_size]
+                                       for i in range(0, len(order), batch_size)], workers)
     model.train()
-    return {"accuracy": correct / len(order), "loss": total_loss / len(order)}
+    return {"accuracy": sum(c for _, c in results) / len(order),
+            "loss": sum(loss for loss, _ in results) / len(order)}
 
 
 def batch_stream(ids, labels, batch_size: int, pad_id: int):
@@ -120,7 +135,8 @@ def predict(args) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     vocab = Vocab.from_json(checkpoint.extra["vocab"])
-    ids = vocab.encode(tokenize_imdb(text)[:model.config.max_len]) or [vocab.unk_id]
+    head = checkpoint.extra.get("head_tokens", model.config.max_len)
+    ids = vocab.encode(truncate(tokenize_imdb(text), model.config.max_len, head)) or [vocab.unk_id]
     probs = backend.to_numpy(model.predict(backend.asarray(np.array([ids], dtype=np.int64))))[0]
     label = int(np.argmax(probs))
     print(f"{LABELS[label]} (p = {probs[label]:.3f})")
@@ -154,11 +170,11 @@ def main(argv=None) -> int:
         rng = np.random.default_rng(args.seed)
         pick = lambda xs, n: [xs[i] for i in rng.permutation(len(xs))[:n]]  # noqa: E731
         train, test = pick(train, 256), pick(test, 128)
-    vocab = Vocab.build([tokenize_imdb(t)[:preset.max_len] for t, _ in train],
-                        min_freq=2, max_size=preset.vocab_size)
-    train_ids, train_y = encode_reviews(train, vocab, preset.max_len)
-    val_ids, val_y = encode_reviews(val, vocab, preset.max_len)
-    test_ids, test_y = encode_reviews(test, vocab, preset.max_len)
+    vocab = Vocab.build([tokenize_imdb(t) for t, _ in train], min_freq=2,
+                        max_size=preset.vocab_size)
+    train_ids, train_y = encode_reviews(train, vocab, preset.max_len, preset.head_tokens)
+    val_ids, val_y = encode_reviews(val, vocab, preset.max_len, preset.head_tokens)
+    test_ids, test_y = encode_reviews(test, vocab, preset.max_len, preset.head_tokens)
     print(f"{len(train)} train, {len(val)} validation, {len(test)} test reviews; "
           f"vocabulary {len(vocab)}; data ready in {clock.seconds():.0f} s")
 
@@ -185,13 +201,14 @@ def main(argv=None) -> int:
                     checkpoint_path=checkpoint_path, select_metric="val_accuracy",
                     progress=not args.no_progress, desc="imdb"),
         eval_fn=lambda m: {f"val_{k}": v for k, v in
-                           evaluate(m, val_ids, val_y, 128, vocab.pad_id).items()},
-        checkpoint_extra={"demo": "imdb", "vocab": vocab.to_json()}, seed=args.seed)
+                           evaluate(m, val_ids, val_y, 64, vocab.pad_id, args.replicas).items()},
+        checkpoint_extra={"demo": "imdb", "vocab": vocab.to_json(),
+                          "head_tokens": preset.head_tokens}, seed=args.seed)
     history = trainer.fit()
     train_seconds = clock.seconds()
 
     best = build_model(load_checkpoint(checkpoint_path), expected_kind="classifier")
-    test_metrics = evaluate(best, test_ids, test_y, 128, vocab.pad_id)
+    test_metrics = evaluate(best, test_ids, test_y, 64, vocab.pad_id, args.replicas)
     total_seconds = clock.seconds()
     print(f"test accuracy {test_metrics['accuracy']:.4f} on {len(test_ids)} reviews "
           f"(best validation accuracy {trainer.best:.4f}); {total_seconds / 60:.1f} min in all")

@@ -41,6 +41,16 @@ def _single_threaded_blas():
     return threadpool_limits(limits=1, user_api="blas")
 
 
+def parallel_map(fn, items, workers: int) -> list:
+    """[fn(item) for item in items], on ``workers`` threads with single-threaded BLAS
+    (inference over many batches: evaluation, decoding).  Order is kept."""
+    items = list(items)
+    if workers <= 1 or len(items) <= 1:
+        return [fn(item) for item in items]
+    with ThreadPoolExecutor(max_workers=workers) as pool, _single_threaded_blas():
+        return list(pool.map(fn, items))
+
+
 class DataParallel:
     """Runs ``step_fn(model, shard, grad_scale)`` on ``num_replicas`` shards in threads.
 

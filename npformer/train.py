@@ -62,12 +62,13 @@ def make_seq2seq_step(label_smoothing: float = 0.0, pad_id: int = 0):
     padding targets are ignored, the loss is averaged over real target tokens."""
     def seq2seq_step(model, batch, grad_scale: float = 1.0):
         src, src_lens, tgt_in, tgt_out, tgt_lens = batch
+        positions = np.flatnonzero(tgt_out != pad_id)  # logits only where a loss is taken
         logits = model(backend.asarray(src), backend.asarray(tgt_in),
-                       backend.asarray(src_lens), backend.asarray(tgt_lens))  # (B, T, V)
-        targets = np.where(tgt_out == pad_id, ops.IGNORE_INDEX, tgt_out)
-        loss = _cross_entropy_step(model, logits, targets, grad_scale,
+                       backend.asarray(src_lens), backend.asarray(tgt_lens),
+                       positions=backend.asarray(positions))  # (N, V)
+        loss = _cross_entropy_step(model, logits, tgt_out.reshape(-1)[positions], grad_scale,
                                    label_smoothing=label_smoothing)
-        return loss, int(np.sum(tgt_out != pad_id))
+        return loss, len(positions)
 
     seq2seq_step.count = lambda batch: int(np.sum(batch[3] != pad_id))  # ... over real tokens
     return seq2seq_step

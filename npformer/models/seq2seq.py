@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import ops
+from .. import backend, ops
 from ..nn import DecoderBlock, EncoderBlock, Linear, Module
 from ..ops._checks import check_rank
 from .common import TokenEmbedding, check_config, final_norm, key_padding, valid_lengths_from
@@ -71,9 +71,14 @@ class Seq2SeqTransformer(Module):
             x = self.encoder_norm(x)
         return x, src_mask
 
-    def forward(self, src, tgt_in, src_lens=None, tgt_lens=None):
+    def forward(self, src, tgt_in, src_lens=None, tgt_lens=None, positions=None):
         """src (B, S), tgt_in (B, T) (target shifted right, starting with <bos>)
-        -> logits (B, T, V_tgt)."""
+        -> logits (B, T, V_tgt).
+
+        ``positions`` (N,) integers, flat indices into the B*T target positions: only
+        those rows get logits, (N, V_tgt).  Training passes the non-padding positions,
+        skipping the output projection where no loss is taken (the largest matmul of
+        the model when the vocabulary is big)."""
         check_rank(tgt_in, 2, "target ids (batch, positions)")
         if tgt_in.shape[0] != src.shape[0]:
             raise ValueError(f"target batch of {tgt_in.shape[0]} sequences does not match "
@@ -89,10 +94,18 @@ class Seq2SeqTransformer(Module):
             y = block(y, memory, self_mask=self_mask, memory_mask=memory_mask)
         if self.decoder_norm is not None:
             y = self.decoder_norm(y)
-        return self.out_proj(y)  # (B, T, V_tgt)
+        self._save((positions, tuple(y.shape)))
+        if positions is not None:
+            xp = backend.namespace_of(y)
+            y = xp.take(xp.reshape(y, (-1, y.shape[-1])), positions, axis=0)  # (N, D)
+        return self.out_proj(y)  # (B, T, V_tgt), or (N, V_tgt) at ``positions``
 
     def backward(self, dlogits):
+        positions, y_shape = self._pop_saved()
         dy = self.out_proj.backward(dlogits)
+        if positions is not None:  # rows without logits get zero gradient
+            dy = backend.scatter_add_rows(positions, dy, y_shape[0] * y_shape[1])
+            dy = backend.namespace_of(dy).reshape(dy, y_shape)  # (B, T, D)
         if self.decoder_norm is not None:
             dy = self.decoder_norm.backward(dy)
         dmemory = None
