@@ -301,10 +301,14 @@ def prepare_pytorch(cfg: dict, seed: int, weights: str | None) -> Prepared:
     return Prepared(model, lambda: torch.optim.Adam(model.parameters(), lr=LR), step, infer)
 
 
-def prepare_npformer(cfg: dict, seed: int, weights: str | None) -> Prepared:
+def prepare_npformer(cfg: dict, seed: int, weights: str | None, threads: int = 1) -> Prepared:
+    """npformer's CPU path with ``threads`` cores: that many data-parallel replicas in
+    threads, each with single-threaded BLAS (training), and the batch split the same way
+    for inference."""
     import numpy as np
 
     from npformer import backend, no_grad, optim
+    from npformer.parallel import DataParallel, parallel_map, split_batch
     from npformer.models import (CausalLM, CausalLMConfig, ClassifierConfig, Seq2SeqConfig,
                                  Seq2SeqTransformer, TransformerClassifier)
     from npformer.torch_interop import load_torch_state_dict
@@ -339,22 +343,25 @@ def prepare_npformer(cfg: dict, seed: int, weights: str | None) -> Prepared:
             load_torch_state_dict(model, {k: f[k] for k in f.files})
     model.train()
     batch = make_batch(cfg, seed + 1)
-    inputs = [backend.asarray(a) for a in batch]
+    parallel = DataParallel(model, threads)
+    shards = [[backend.asarray(a) for a in shard] for shard in split_batch(tuple(batch), threads)]
 
     def step(optimizer):
         optimizer.zero_grad()
-        loss, _ = step_fn(model, batch)
+        loss, _ = parallel.step(step_fn, batch, 1.0, seed=0)
         optimizer.step()
         return loss
 
+    def forward(inputs):
+        if kind == "classifier":
+            return model(inputs[0], inputs[1])
+        if kind == "causal_lm":
+            return model(inputs[0])
+        return model(inputs[0], inputs[2], inputs[1], inputs[4])
+
     def infer():
         with no_grad():
-            if kind == "classifier":
-                model(inputs[0], inputs[1])
-            elif kind == "causal_lm":
-                model(inputs[0])
-            else:
-                model(inputs[0], inputs[2], inputs[1], inputs[4])
+            parallel_map(forward, shards, threads)
 
     return Prepared(model, lambda: optim.Adam(model.parameters(), lr=LR), step, infer)
 
@@ -382,8 +389,11 @@ def run_side(spec: dict) -> dict:
             threadpool_limits(spec["threads"])
         except ImportError:
             pass
-        prepare = prepare_npformer
-        info = dict(threads=spec["threads"], version=np.__version__, blas=_numpy_blas(np))
+        threads = spec["threads"]
+
+        def prepare(cfg_, seed_, weights_):
+            return prepare_npformer(cfg_, seed_, weights_, threads)
+        info = dict(threads=threads, version=np.__version__, blas=_numpy_blas(np))
         weights = spec.get("weights")  # ... and npformer reads them, if they are there
         loaded = bool(weights) and os.path.exists(weights)
         weights = weights if loaded else None

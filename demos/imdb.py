@@ -38,10 +38,10 @@ LABELS = ("negative", "positive")
 class Preset:
     d_model: int = 64
     num_heads: int = 4
-    num_layers: int = 2
+    num_layers: int = 1
     d_ff: int = 256
-    max_len: int = 384
-    head_tokens: int = 96  # truncation keeps the first 96 and the last max_len - 96 tokens
+    max_len: int = 256
+    head_tokens: int = 64  # truncation keeps the first 64 and the last max_len - 64 tokens
     vocab_size: int = 20000
     batch_size: int = 32
     lr: float = 1e-3

@@ -29,6 +29,7 @@ from npformer.decoding import beam_search, greedy_decode
 from npformer.models import Seq2SeqConfig, Seq2SeqTransformer
 from npformer.nn import no_grad
 from npformer.optim import Adam, warmup_inverse_sqrt
+from npformer.parallel import parallel_map
 from npformer.train import Trainer, TrainConfig, make_seq2seq_step
 
 PROBES = ["go .", "i lost .", "he's calm .", "i'm home ."]
@@ -61,40 +62,48 @@ def batch_stream(src, tgt, batch_size: int, pad_id: int, bos_id: int):
     return next_batch
 
 
-def validation_loss(model, src, tgt, batch_size: int, pad_id: int, bos_id: int) -> float:
-    total, tokens = 0.0, 0
+def validation_loss(model, src, tgt, batch_size: int, pad_id: int, bos_id: int,
+                    workers: int = 1) -> float:
+    """Mean loss per real target token, batches spread over ``workers`` threads."""
+    def score(rows):  # -> (summed loss, tokens) of one batch
+        s, s_lens, t_in, t_out, t_lens = make_batch(src, tgt, rows, pad_id, bos_id)
+        logits = model(backend.asarray(s), backend.asarray(t_in), backend.asarray(s_lens),
+                       backend.asarray(t_lens))
+        targets = np.where(t_out == pad_id, ops.IGNORE_INDEX, t_out)
+        loss, _ = ops.cross_entropy_forward(logits, backend.asarray(targets))
+        count = int(np.sum(t_out != pad_id))
+        return backend.to_float(loss) * count, count
+
     model.eval()
     with no_grad():
-        for start in range(0, len(src), batch_size):
-            rows = np.arange(start, min(start + batch_size, len(src)))
-            s, s_lens, t_in, t_out, t_lens = make_batch(src, tgt, rows, pad_id, bos_id)
-            logits = model(backend.asarray(s), backend.asarray(t_in), backend.asarray(s_lens),
-                           backend.asarray(t_lens))
-            targets = np.where(t_out == pad_id, ops.IGNORE_INDEX, t_out)
-            loss, _ = ops.cross_entropy_forward(logits, backend.asarray(targets))
-            count = int(np.sum(t_out != pad_id))
-            total, tokens = total + backend.to_float(loss) * count, tokens + count
+        results = parallel_map(score, [np.arange(i, min(i + batch_size, len(src)))
+                                       for i in range(0, len(src), batch_size)], workers)
     model.train()
-    return total / max(tokens, 1)
+    return sum(loss for loss, _ in results) / max(sum(n for _, n in results), 1)
 
 
 # --------------------------------------------------------------------------- translation
 def translate(model, src_vocab: Vocab, tgt_vocab: Vocab, sentences: list[str],
-              beam_size: int = 1, batch_size: int = 256) -> list[str]:
-    """English sentences (d2l-preprocessed strings) -> French strings (space-joined tokens)."""
+              beam_size: int = 1, batch_size: int = 64, workers: int = 1) -> list[str]:
+    """English sentences (d2l-preprocessed strings) -> French strings (space-joined tokens),
+    batches decoded on ``workers`` threads."""
     encoded = [src_vocab.encode(tokenize_fra_eng(s)) + [src_vocab.eos_id] for s in sentences]
     max_src = model.config.max_len
-    out = []
-    for start in range(0, len(encoded), batch_size):
-        chunk = [ids[:max_src] for ids in encoded[start:start + batch_size]]
-        src, lens = pad_batch(chunk, src_vocab.pad_id)
+
+    def decode(chunk):
+        src, lens = pad_batch([ids[:max_src] for ids in chunk], src_vocab.pad_id)
         src, lens = backend.asarray(src), backend.asarray(lens)
         if beam_size == 1:
-            ids = greedy_decode(model, src, lens, max_len=max_src)
-        else:
-            ids = beam_search(model, src, lens, beam_size=beam_size, max_len=max_src)
-        out.extend(" ".join(tgt_vocab.decode(row)) for row in ids)
-    return out
+            return greedy_decode(model, src, lens, max_len=max_src)
+        return beam_search(model, src, lens, beam_size=beam_size, max_len=max_src)
+
+    chunks = [encoded[i:i + batch_size] for i in range(0, len(encoded), batch_size)]
+    was_training = model.training
+    model.eval()  # set once, outside the threads: they must not toggle it for each other
+    with no_grad():
+        decoded = parallel_map(decode, chunks, workers)
+    model.train(was_training)
+    return [" ".join(tgt_vocab.decode(row)) for rows in decoded for row in rows]
 
 
 def corpus_bleu(hypotheses: list[str], references: list[list[str]]) -> float:
@@ -103,7 +112,9 @@ def corpus_bleu(hypotheses: list[str], references: list[list[str]]) -> float:
 
     width = max(len(r) for r in references)
     streams = [[refs[i] if i < len(refs) else None for refs in references] for i in range(width)]
-    return float(sacrebleu.corpus_bleu(hypotheses, streams).score)
+    # Hypotheses and references are both space-joined d2l tokens (the anchor's protocol),
+    # so sacreBLEU's warning about tokenized input is expected: force silences it.
+    return float(sacrebleu.corpus_bleu(hypotheses, streams, force=True).score)
 
 
 def load_for_translation(path):
@@ -179,7 +190,8 @@ def main(argv=None) -> int:
                     eval_every=max(1, min(500, args.steps // 4)),
                     checkpoint_path=out / "model.npz", select_metric="val_loss",
                     select_mode="min", progress=not args.no_progress, desc="translate"),
-        eval_fn=lambda m: {"val_loss": validation_loss(m, val_src, val_tgt, 256, pad, bos)},
+        eval_fn=lambda m: {"val_loss": validation_loss(m, val_src, val_tgt, 128, pad, bos,
+                                                       args.replicas)},
         checkpoint_extra={"demo": "translate", "src_vocab": src_vocab.to_json(),
                           "tgt_vocab": tgt_vocab.to_json()},
         seed=args.seed)
@@ -190,10 +202,11 @@ def main(argv=None) -> int:
     model, src_vocab, tgt_vocab = load_for_translation(out / "model.npz")
     english = list(heldout)
     references = [heldout[e] for e in english]
-    greedy = translate(model, src_vocab, tgt_vocab, english, beam_size=1)
+    greedy = translate(model, src_vocab, tgt_vocab, english, beam_size=1, workers=args.replicas)
     bleu_greedy = corpus_bleu(greedy, references)
     bleu_greedy_one_ref = corpus_bleu(greedy, [r[:1] for r in references])
-    beam = translate(model, src_vocab, tgt_vocab, english, beam_size=args.beam_size)
+    beam = translate(model, src_vocab, tgt_vocab, english, beam_size=args.beam_size,
+                     workers=args.replicas)
     bleu_beam = corpus_bleu(beam, references)
     print(f"held-out BLEU: greedy {bleu_greedy:.1f} (one reference: {bleu_greedy_one_ref:.1f}), "
           f"beam {args.beam_size}: {bleu_beam:.1f}; {trainer.step} steps = {epochs:.2f} epochs")
