@@ -1,0 +1,208 @@
+"""Wrong inputs to the ops raise clear errors that name the problem (on both backends).
+
+Each case checks the exception type and that the message names what is wrong:
+the offending shape, width, dtype, id or value, and what was expected.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from npformer import backend, ops
+
+
+def arr(shape, dtype="float64"):
+    return backend.asarray(np.random.default_rng(0).standard_normal(shape), dtype)
+
+
+def ids(values):
+    return backend.asarray(np.asarray(values, dtype=np.int64))
+
+
+# =========================================================================== linear / layer norm
+def test_linear_input_width_mismatch(xb):
+    with pytest.raises(ValueError, match=re.escape(
+            "linear input must have last dimension 4, got shape (2, 3, 5)")):
+        ops.linear_forward(arr((2, 3, 5)), arr((4, 6)), arr((6,)))
+
+
+def test_linear_integer_input(xb):
+    with pytest.raises(TypeError, match="linear input must be a floating-point array"):
+        ops.linear_forward(ids([[1, 2, 3, 4]]), arr((4, 6)))
+
+
+def test_layernorm_width_mismatch(xb):
+    with pytest.raises(ValueError, match=re.escape(
+            "layer norm input must have last dimension 8, got shape (2, 3, 6)")):
+        ops.layernorm_forward(arr((2, 3, 6)), arr((8,)), arr((8,)))
+
+
+# =========================================================================== attention masks
+@pytest.mark.parametrize("mask_shape", [(3, 1, 1, 5), (2, 1, 1, 4), (2, 3, 3, 5), (4, 5),
+                                        (2, 1, 3, 5, 1)])
+def test_attention_mask_does_not_broadcast(xb, mask_shape):
+    q, k, v = arr((2, 2, 3, 4)), arr((2, 2, 5, 4)), arr((2, 2, 5, 6))
+    mask = backend.asarray(np.ones(mask_shape, dtype=bool))
+    with pytest.raises(ValueError, match=re.escape(
+            f"attention mask of shape {mask_shape} does not broadcast to the attention "
+            "scores of shape (2, 2, 3, 5) (batch, heads, queries, keys)")):
+        ops.attention_forward(q, k, v, mask)
+
+
+def test_padding_mask_for_the_wrong_number_of_keys(xb):
+    q, k, v = arr((2, 1, 3, 4)), arr((2, 1, 5, 4)), arr((2, 1, 5, 4))
+    mask = ops.padding_mask(ids([2, 3]), 4)
+    with pytest.raises(ValueError, match=r"\(2, 1, 1, 4\) does not broadcast .*\(2, 1, 3, 5\)"):
+        ops.attention_forward(q, k, v, mask)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "int64"])
+def test_attention_mask_must_be_boolean(xb, dtype):
+    q = arr((1, 2, 3, 4))
+    mask = backend.asarray(np.ones((3, 3)), dtype=dtype)
+    with pytest.raises(TypeError, match=re.escape(
+            "attention mask must be a boolean array (True = may attend), got dtype")):
+        ops.attention_forward(q, q, q, mask)
+
+
+def test_softmax_mask_errors(xb):
+    with pytest.raises(ValueError, match=re.escape(
+            "softmax mask of shape (4,) does not broadcast to the softmax input of shape "
+            "(2, 3)")):
+        ops.softmax_forward(arr((2, 3)), mask=backend.asarray(np.ones(4, bool)))
+    with pytest.raises(TypeError, match="softmax mask must be a boolean array"):
+        ops.softmax_forward(arr((2, 3)), mask=arr((2, 3)))
+
+
+def test_attention_shapes_must_agree(xb):
+    with pytest.raises(ValueError, match=r"queries \(1, 2, 3, 4\) and keys \(1, 2, 5, 3\)"):
+        ops.attention_forward(arr((1, 2, 3, 4)), arr((1, 2, 5, 3)), arr((1, 2, 5, 3)))
+    with pytest.raises(ValueError, match=r"keys \(1, 2, 5, 4\) and values \(1, 2, 6, 4\)"):
+        ops.attention_forward(arr((1, 2, 3, 4)), arr((1, 2, 5, 4)), arr((1, 2, 6, 4)))
+
+
+def test_causal_mask_with_fewer_keys_than_queries(xb):
+    with pytest.raises(ValueError, match=re.escape(
+            "causal mask needs at least as many keys (3) as queries (5)")):
+        ops.causal_mask(5, 3)
+
+
+def test_padding_mask_needs_integer_lengths(xb):
+    with pytest.raises(TypeError, match="valid lengths must be integers, got dtype"):
+        ops.padding_mask(arr((2,)), 4)
+
+
+# =========================================================================== embedding
+@pytest.mark.parametrize("bad", [7, 10, -1])
+def test_embedding_id_out_of_range(xb, bad):
+    table = arr((7, 4))
+    with pytest.raises(IndexError, match=re.escape(
+            f"token ids out of range: found id {bad}, but the vocabulary has 7 entries "
+            "(valid ids are 0..6)")):
+        ops.embedding_forward(ids([[0, 3, bad], [6, 6, 1]]), table)
+
+
+def test_embedding_ids_must_be_integers(xb):
+    with pytest.raises(TypeError, match="token ids must be an integer array, got dtype"):
+        ops.embedding_forward(backend.asarray(np.array([[0.0, 1.0]])), arr((7, 4)))
+
+
+# =========================================================================== cross-entropy
+def test_cross_entropy_targets_shape_mismatch(xb):
+    with pytest.raises(ValueError, match=re.escape(
+            "cross-entropy targets of shape (2, 4) do not match logits of shape (2, 3, 5) "
+            "(expected (2, 3))")):
+        ops.cross_entropy_forward(arr((2, 3, 5)), ids(np.zeros((2, 4))))
+
+
+@pytest.mark.parametrize("bad", [5, 9, -1, -7])
+def test_cross_entropy_target_out_of_range(xb, bad):
+    with pytest.raises(IndexError, match=re.escape(
+            f"cross-entropy targets out of range: found id {bad}, but the vocabulary has 5 "
+            "entries")):
+        ops.cross_entropy_forward(arr((2, 3, 5)), ids([[0, 4, -100], [bad, 1, 2]]))
+
+
+def test_cross_entropy_ignore_index_is_not_out_of_range(xb):
+    loss, _ = ops.cross_entropy_forward(arr((2, 5)), ids([-100, 3]))  # accepted
+    with pytest.raises(IndexError, match="found id -100"):  # ...unless another is ignored
+        ops.cross_entropy_forward(arr((2, 5)), ids([-100, 3]), ignore_index=-1)
+
+
+def test_cross_entropy_targets_must_be_integers(xb):
+    with pytest.raises(TypeError, match="cross-entropy targets must be an integer array, "
+                                        "got dtype"):
+        ops.cross_entropy_forward(arr((2, 5)), backend.asarray(np.array([1.0, 2.0])))
+
+
+@pytest.mark.parametrize("smoothing", [-0.1, 1.5])
+def test_cross_entropy_label_smoothing_range(xb, smoothing):
+    with pytest.raises(ValueError, match=re.escape(
+            f"label_smoothing must be in [0, 1], got {smoothing}")):
+        ops.cross_entropy_forward(arr((2, 5)), ids([1, 3]), label_smoothing=smoothing)
+
+
+# =========================================================================== dropout
+@pytest.mark.parametrize("p", [-0.1, 1.0, 1.5, float("nan")])
+@pytest.mark.parametrize("training", [True, False])
+def test_dropout_probability_out_of_range(xb, p, training):
+    with pytest.raises(ValueError, match=re.escape(
+            f"dropout probability must be in [0, 1), got {p}")):
+        ops.dropout_forward(arr((2, 3)), p, training=training)
+
+
+# =========================================================================== positions
+def test_sequence_longer_than_the_positional_table(xb):
+    with pytest.raises(ValueError, match=re.escape(
+            "sequence of length 9 is longer than the positional table (8 positions)")):
+        ops.add_positions_forward(arr((2, 9, 4)), ops.sinusoidal_table(8, 4))
+
+
+def test_positional_width_mismatch(xb):
+    with pytest.raises(ValueError, match=re.escape(
+            "input width 6 does not match the positional table width 4")):
+        ops.add_positions_forward(arr((2, 3, 6)), arr((8, 4)))
+
+
+def test_positional_input_must_be_3d(xb):
+    with pytest.raises(ValueError, match=re.escape(
+            "input to the positional encoding must have 3 dimensions, got shape (3, 4)")):
+        ops.add_positions_forward(arr((3, 4)), arr((8, 4)))
+
+
+# =========================================================================== pooling
+def test_unknown_pooling(xb):
+    with pytest.raises(ValueError, match=re.escape(
+            "unknown pooling 'sum'; choose one of ('mean', 'max', 'first')")):
+        ops.pool_forward(arr((2, 3, 4)), ids([3, 1]), "sum")
+
+
+@pytest.mark.parametrize("valid", [[0, 2], [3, 4], [-1, 1]])
+def test_pooling_valid_lengths_out_of_range(xb, valid):
+    low, high = min(valid), max(valid)
+    with pytest.raises(ValueError, match=re.escape(
+            f"valid lengths must be in [1, 3] (every sequence needs at least one token), "
+            f"got values in [{low}, {high}]")):
+        ops.pool_forward(arr((2, 3, 4)), ids(valid), "mean")
+
+
+def test_pooling_valid_lengths_shape(xb):
+    with pytest.raises(ValueError, match=re.escape(
+            "valid lengths of shape (3,) do not match the batch of 2 sequences")):
+        ops.pool_forward(arr((2, 3, 4)), ids([1, 2, 3]), "max")
+
+
+def test_pooling_input_rank(xb):
+    with pytest.raises(ValueError, match=re.escape(
+            "pooling input (batch, positions, width) must have 3 dimensions, got shape (3, 4)")):
+        ops.pool_forward(arr((3, 4)), ids([1, 2, 3]), "mean")
+
+
+# =========================================================================== activations
+@pytest.mark.parametrize("name", ["swish", "ReLU", ""])
+def test_unknown_activation(name):
+    with pytest.raises(ValueError, match=re.escape(
+            f"unknown activation {name!r}; choose one of ['gelu', 'relu']")):
+        ops.activation(name)

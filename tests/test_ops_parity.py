@@ -1,0 +1,374 @@
+"""Every op against its PyTorch equivalent: outputs and the gradients of every input.
+
+Same inputs go to npformer (NumPy backend) and to ``torch.nn.functional``; torch's
+gradients come from autograd with a *random* upstream gradient ``out.backward(g)``
+(the same g is fed to npformer's backward).  Outputs and gradients must agree to
+``PARITY_RTOL[dtype]`` (norm-wise relative, see ``tests.helpers.rel_diff``), in
+float32 and float64, for random tiny shapes drawn by Hypothesis.
+
+Torch equivalents: linear (torch stores W transposed), relu, gelu(approximate="tanh"),
+layer_norm (eps 1e-5), softmax (a mask via masked_fill(-inf)), log_softmax,
+scaled_dot_product_attention with a boolean attn_mask (True = attend), embedding,
+cross_entropy (ignore_index, label_smoothing), dropout (eval: identity; training:
+the same keep mask applied by hand), the positional adds (the sinusoidal table
+rebuilt from the paper's formula in torch) and pooling over valid positions
+(masked sum / count, masked max, first token).  Fully masked attention rows are left
+out (torch returns NaN there); the property tests cover them.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from npformer import backend, ops
+
+from .conftest import using_backend
+from .helpers import PARITY_RTOL, assert_close
+
+seeds = st.integers(0, 2**32 - 1)
+batch = st.integers(1, 3)
+length = st.integers(1, 5)
+width = st.integers(1, 6)
+
+
+def bulk(dtype, n, floor):
+    """``n``, raised to ``floor`` in float32.
+
+    The comparison is norm-wise (max error / max |expected| over the tensor).  A
+    tensor of one or two entries can be small by accidental cancellation (gelu' at
+    its zero near x = -0.75, dk = sum_t dA[t] q_t with terms of opposite sign); its
+    few correct float32 digits then differ between libraries even though both are
+    right to float32 rounding.  More entries make the tensor's scale meaningful;
+    float64 (1e-10 against rounding of 1e-16) keeps every size, 1 included."""
+    return max(n, floor) if dtype == "float32" else n
+
+
+@pytest.fixture(params=["float32", "float64"])
+def dtype(request):
+    """Run on the NumPy backend with this float dtype."""
+    with using_backend("numpy", request.param):
+        yield request.param
+
+
+class Pair:
+    """Host data of one dtype, handed out as npformer arrays and as torch leaves."""
+
+    def __init__(self, torch, dtype, seed):
+        self.torch, self.dtype = torch, dtype
+        self.rng = np.random.default_rng(seed)
+        self.leaves = {}
+
+    def randn(self, shape, scale=1.0):
+        return (self.rng.standard_normal(tuple(shape)) * scale).astype(self.dtype)
+
+    def leaf(self, name, host):
+        """(npformer array, torch tensor requiring grad) holding ``host``."""
+        t = self.torch.tensor(host.copy(), requires_grad=True)
+        self.leaves[name] = t
+        return backend.asarray(host.copy()), t
+
+    def check(self, ours_out, theirs_out, ours_backward, grads_map, what, zero=()):
+        """Compare outputs, then push the same random g through both backwards.
+
+        ours_backward(g) -> {name: npformer gradient}; grads_map: {name: f(torch_grad)}
+        turning a torch leaf's grad into npformer's layout (identity by default).
+        ``zero``: gradients that are exactly zero in theory (a relative comparison
+        with torch's rounding noise would be meaningless): npformer's must be exactly
+        zero and torch's at rounding level.
+        """
+        rtol = PARITY_RTOL[self.dtype]
+        assert tuple(ours_out.shape) == tuple(theirs_out.shape), what
+        assert_close(ours_out, theirs_out.detach().numpy(), rtol, f"{what} output")
+        g = self.randn(tuple(theirs_out.shape))
+        theirs_out.backward(self.torch.tensor(g))
+        ours = ours_backward(backend.asarray(g))
+        assert set(ours) == set(self.leaves), (set(ours), set(self.leaves))
+        expected = {}
+        for name in ours:
+            grad = self.leaves[name].grad
+            assert grad is not None, f"{what}: torch gave no gradient for {name}"
+            expected[name] = grads_map.get(name, lambda a: a)(grad.numpy())
+        scale = max(float(np.max(np.abs(e), initial=0.0)) for e in expected.values())
+        for name, grad in ours.items():
+            assert grad.dtype == backend.float_dtype(self.dtype), f"{what} d{name} dtype"
+            if name in zero:
+                assert np.all(backend.to_numpy(grad) == 0.0), f"{what}: d{name} is not zero"
+                noise = 100 * np.finfo(self.dtype).eps * max(scale, 1.0)
+                assert np.max(np.abs(expected[name]), initial=0.0) <= noise, what
+            else:
+                assert_close(grad, expected[name], rtol, f"{what} gradient of {name}")
+
+
+# =========================================================================== linear
+@given(seed=seeds, lead=st.lists(st.integers(1, 4), min_size=1, max_size=2),
+       d_in=width, d_out=width, bias=st.booleans())
+def test_linear(dtype, torch, seed, lead, d_in, d_out, bias):
+    F = torch.nn.functional
+    pair = Pair(torch, dtype, seed)
+    x, tx = pair.leaf("x", pair.randn(lead + [d_in]))
+    w_host = pair.randn((d_in, d_out))
+    w, tw = pair.leaf("w", w_host.T.copy())  # torch's (out, in) layout as the leaf...
+    w = backend.asarray(w_host)  # ...npformer's (in, out)
+    b, tb = pair.leaf("b", pair.randn((d_out,))) if bias else (None, None)
+    y, cache = ops.linear_forward(x, w, b)
+
+    def backward(g):
+        dx, dw, db = ops.linear_backward(g, cache)
+        return {"x": dx, "w": dw, **({"b": db} if bias else {})}
+    pair.check(y, F.linear(tx, tw, tb), backward, {"w": lambda a: a.T}, "linear")
+
+
+# =========================================================================== activations
+@pytest.mark.parametrize("name", ["relu", "gelu"])
+@given(seed=seeds, shape=st.lists(st.integers(1, 5), min_size=1, max_size=3),
+       scale=st.sampled_from([0.5, 1.0, 4.0]))
+def test_activation(dtype, torch, name, seed, shape, scale):
+    F = torch.nn.functional
+    pair = Pair(torch, dtype, seed)
+    shape = shape[:-1] + [bulk(dtype, shape[-1], 4)]
+    # Clipped at -2: in GELU's far tail gelu'(x) comes from 1 + tanh(u) with u << 0,
+    # a cancellation both libraries share (one ulp of tanh is 1e-3 of the result at
+    # x = -4 in float32), so a tensor lying entirely there would compare rounding noise.
+    x, tx = pair.leaf("x", np.maximum(pair.randn(shape, scale), np.asarray(-2.0, dtype)))
+    forward, backward = ops.activation(name)
+    y, cache = forward(x)
+    ty = F.relu(tx) if name == "relu" else F.gelu(tx, approximate="tanh")
+    pair.check(y, ty, lambda g: {"x": backward(g, cache)}, {}, name)
+
+
+# =========================================================================== dropout
+@given(seed=seeds, shape=st.lists(st.integers(1, 6), min_size=1, max_size=3),
+       p=st.floats(0.05, 0.9), training=st.booleans())
+def test_dropout(dtype, torch, seed, shape, p, training):
+    F = torch.nn.functional
+    pair = Pair(torch, dtype, seed)
+    x, tx = pair.leaf("x", pair.randn(shape))
+    backend.seed(seed)
+    y, cache = ops.dropout_forward(x, p, training=training)
+    if training:  # torch's own mask is random: apply npformer's keep mask the torch way
+        keep = torch.tensor(backend.to_numpy(cache) != 0)
+        ty = tx * keep / (1.0 - p)
+    else:
+        ty = F.dropout(tx, p, training=False)
+    pair.check(y, ty, lambda g: {"x": ops.dropout_backward(g, cache)}, {}, "dropout")
+
+
+# =========================================================================== layer norm
+@given(seed=seeds, lead=st.lists(st.integers(1, 4), min_size=1, max_size=2),
+       extra_width=st.integers(0, 6), offset=st.sampled_from([0.0, 5.0]))
+def test_layernorm(dtype, torch, seed, lead, extra_width, offset):
+    # dx is r (g - mean(g) - x_hat mean(g x_hat)): g projected off two directions.
+    # For D = 2 nothing is left but the eps term (|dx| ~ 1e-5 |g|) and for D = 3 a
+    # single direction, so in float32 the cancellation leaves only a few correct
+    # digits in *both* libraries (torch's float32 dx is off from the float64 truth by
+    # more than npformer's).  float32 parity therefore starts at D = 4; D = 2 and 3
+    # are gradient-checked in test_ops_gradcheck.py (D = 2 also defeats float64's
+    # 1e-10: |dx| ~ 1e-5 |g| leaves 1e-11 relative rounding at best).
+    d = (4 if dtype == "float32" else 3) + extra_width
+    F = torch.nn.functional
+    pair = Pair(torch, dtype, seed)
+    x, tx = pair.leaf("x", pair.randn(lead + [d]) + np.asarray(offset, dtype))
+    gamma, tgamma = pair.leaf("gamma", pair.randn((d,)))
+    beta, tbeta = pair.leaf("beta", pair.randn((d,)))
+    y, cache = ops.layernorm_forward(x, gamma, beta)
+
+    def backward(g):
+        dx, dgamma, dbeta = ops.layernorm_backward(g, cache)
+        return {"x": dx, "gamma": dgamma, "beta": dbeta}
+    ty = F.layer_norm(tx, (d,), tgamma, tbeta, eps=1e-5)
+    pair.check(y, ty, backward, {}, "layer_norm")
+
+
+# =========================================================================== softmax
+@pytest.mark.parametrize("axis", [-1, 0])
+@given(seed=seeds, shape=st.lists(st.integers(1, 5), min_size=2, max_size=3),
+       masked=st.booleans())
+def test_softmax(dtype, torch, axis, seed, shape, masked):
+    pair = Pair(torch, dtype, seed)
+    # Unit-scale inputs: a saturated softmax (p ~ 1e-3 for some allowed entry) leaves
+    # p * (dp - <dp, p>) to cancellation, and float32 then keeps ~4 digits in torch
+    # as in npformer (both equally far from the float64 truth); the gradient checks
+    # cover large scores in float64.
+    x, tx = pair.leaf("x", pair.randn(shape))
+    if masked:
+        m = pair.rng.random(shape) < 0.6
+        idx = [slice(None)] * len(shape)
+        idx[axis] = 0
+        m[tuple(idx)] = True  # no fully masked row: torch would give NaN
+        y, cache = ops.softmax_forward(x, axis=axis, mask=backend.asarray(m))
+        ty = tx.masked_fill(~torch.tensor(m), float("-inf")).softmax(dim=axis)
+    else:
+        y, cache = ops.softmax_forward(x, axis=axis)
+        ty = torch.softmax(tx, dim=axis)
+    pair.check(y, ty, lambda g: {"x": ops.softmax_backward(g, cache)}, {}, "softmax")
+
+
+@pytest.mark.parametrize("axis", [-1, 0])
+@given(seed=seeds, shape=st.lists(st.integers(1, 5), min_size=2, max_size=3))
+def test_log_softmax(dtype, torch, axis, seed, shape):
+    pair = Pair(torch, dtype, seed)
+    x, tx = pair.leaf("x", pair.randn(shape, 3.0))
+    y, cache = ops.log_softmax_forward(x, axis=axis)
+    ty = torch.log_softmax(tx, dim=axis)
+    pair.check(y, ty, lambda g: {"x": ops.log_softmax_backward(g, cache)}, {}, "log_softmax")
+
+
+# =========================================================================== attention
+@pytest.mark.parametrize("kind", ["none", "padding", "causal", "padding&causal", "random_B1TS",
+                                  "random_11TS", "random_TS"])
+@given(seed=seeds, b=st.integers(1, 3), h=st.integers(1, 3), t=st.integers(1, 5),
+       s=st.integers(1, 5), e=st.integers(1, 5), f=st.integers(1, 5))
+def test_attention(dtype, torch, kind, seed, b, h, t, s, e, f):
+    F = torch.nn.functional
+    pair = Pair(torch, dtype, seed)
+    h, t, s, e, f = bulk(dtype, h, 2), bulk(dtype, t, 3), bulk(dtype, s, 3), \
+        bulk(dtype, e, 2), bulk(dtype, f, 2)
+    if "causal" in kind:
+        s = t + s - 1
+    # Moderate scores (std ~0.25): a saturated softmax makes dk = dA^T q / sqrt(E)
+    # tiny, and p * (dp - <dp, p>) then cancels to a few float32 digits in torch as
+    # in npformer; saturated rows are gradient-checked in float64 instead.
+    q, tq = pair.leaf("q", pair.randn((b, h, t, e), 0.5))
+    k, tk = pair.leaf("k", pair.randn((b, h, s, e), 0.5))
+    v, tv = pair.leaf("v", pair.randn((b, h, s, f)))
+    mask = None
+    if kind.startswith("random"):
+        shape = {"random_B1TS": (b, 1, t, s), "random_11TS": (1, 1, t, s),
+                 "random_TS": (t, s)}[kind]
+        m = pair.rng.random(shape) < 0.5
+        m[..., pair.rng.integers(s)] = True  # every query keeps a key: no NaN in torch
+        mask = backend.asarray(m)
+    else:
+        if "padding" in kind:
+            mask = ops.padding_mask(backend.asarray(pair.rng.integers(1, s + 1, size=b)), s)
+        if "causal" in kind:
+            causal = ops.causal_mask(t, s)
+            mask = causal if mask is None else mask & causal
+    # A query with a single allowed key has softmax weights (0, .., 1, .., 0) whatever
+    # its scores: no gradient reaches q, nor k through it.  If every query is such,
+    # dq and dk are exactly zero (npformer computes exact zeros, torch rounding noise).
+    allowed = np.broadcast_to(np.ones((t, s), bool) if mask is None
+                              else backend.to_numpy(mask), (b, h, t, s))
+    zero = ("q", "k") if np.all(allowed.sum(-1) == 1) else ()
+    y, cache = ops.attention_forward(q, k, v, mask)
+    tmask = None if mask is None else torch.tensor(backend.to_numpy(mask))
+    ty = F.scaled_dot_product_attention(tq, tk, tv, attn_mask=tmask)
+
+    def backward(g):
+        dq, dk, dv = ops.attention_backward(g, cache)
+        return {"q": dq, "k": dk, "v": dv}
+    pair.check(y, ty, backward, {}, f"attention ({kind})", zero)
+
+
+@given(seed=seeds, b=st.integers(1, 2), h=st.integers(1, 3), t=st.integers(1, 6),
+       e=st.integers(2, 5))
+def test_causal_attention_matches_is_causal(dtype, torch, seed, b, h, t, e):
+    """ops.causal_mask(T) is torch's ``is_causal=True`` (for S == T, where both agree)."""
+    F = torch.nn.functional
+    pair = Pair(torch, dtype, seed)
+    t = bulk(dtype, t, 3)
+    q, tq = pair.leaf("q", pair.randn((b, h, t, e), 0.5))
+    k, tk = pair.leaf("k", pair.randn((b, h, t, e), 0.5))
+    v, tv = pair.leaf("v", pair.randn((b, h, t, e)))
+    y, cache = ops.attention_forward(q, k, v, ops.causal_mask(t))
+    ty = F.scaled_dot_product_attention(tq, tk, tv, is_causal=True)
+
+    def backward(g):
+        dq, dk, dv = ops.attention_backward(g, cache)
+        return {"q": dq, "k": dk, "v": dv}
+    pair.check(y, ty, backward, {}, "causal attention", ("q", "k") if t == 1 else ())
+
+
+# =========================================================================== embedding
+@given(seed=seeds, vocab=st.integers(1, 6), lead=st.lists(st.integers(1, 4), min_size=1,
+                                                          max_size=2), d=width)
+def test_embedding(dtype, torch, seed, vocab, lead, d):
+    F = torch.nn.functional
+    pair = Pair(torch, dtype, seed)
+    ids = pair.rng.integers(0, vocab, size=lead)
+    ids.reshape(-1)[-1] = ids.reshape(-1)[0]  # a repeated id (when there are two)
+    table, ttable = pair.leaf("table", pair.randn((vocab, d)))
+    y, cache = ops.embedding_forward(backend.asarray(ids), table)
+    ty = F.embedding(torch.tensor(ids), ttable)
+    pair.check(y, ty, lambda g: {"table": ops.embedding_backward(g, cache)}, {}, "embedding")
+
+
+# =========================================================================== positions
+@given(seed=seeds, b=batch, t=length, d=st.integers(1, 9), extra=st.integers(0, 4))
+def test_sinusoidal_positions(dtype, torch, seed, b, t, d, extra):
+    pair = Pair(torch, dtype, seed)
+    x, tx = pair.leaf("x", pair.randn((b, t, d)))
+    table = ops.sinusoidal_table(t + extra, d)
+    # The paper's formula, independently: PE[pos, 2i] = sin(pos / 10000^(2i/d)), 2i+1: cos.
+    pos = torch.arange(t + extra, dtype=torch.float64)[:, None]
+    two_i = torch.arange(0, d, 2, dtype=torch.float64)
+    angle = pos / torch.pow(10000.0, two_i / d)
+    reference = torch.zeros(t + extra, d, dtype=torch.float64)
+    reference[:, 0::2] = torch.sin(angle)
+    reference[:, 1::2] = torch.cos(angle[:, : d // 2])
+    reference = reference.to(getattr(torch, dtype))
+    assert_close(table, reference.numpy(), PARITY_RTOL[dtype], "sinusoidal table")
+    y, cache = ops.add_positions_forward(x, table)
+    ty = tx + reference[:t][None]
+    pair.check(y, ty, lambda g: {"x": ops.add_positions_backward(g, cache)[0]}, {},
+               "sinusoidal positions")
+
+
+@given(seed=seeds, b=batch, t=length, d=width, extra=st.integers(0, 4))
+def test_learned_positions(dtype, torch, seed, b, t, d, extra):
+    pair = Pair(torch, dtype, seed)
+    x, tx = pair.leaf("x", pair.randn((b, t, d)))
+    table, ttable = pair.leaf("table", pair.randn((t + extra, d), 0.1))
+    y, cache = ops.add_positions_forward(x, table)
+    ty = tx + ttable[:t][None]  # nn.Embedding(arange(T)) added to x, as in GPT-2
+
+    def backward(g):
+        dx, dtable = ops.add_positions_backward(g, cache)
+        return {"x": dx, "table": dtable}
+    pair.check(y, ty, backward, {}, "learned positions")
+
+
+# =========================================================================== cross-entropy
+@pytest.mark.parametrize("rank", [2, 3])
+@given(seed=seeds, b=batch, t=length, v=st.integers(2, 7),
+       smoothing=st.sampled_from([0.0, 0.1, 0.37]),
+       ignore_index=st.sampled_from([ops.IGNORE_INDEX, -1, 0]), n_ignored=st.integers(0, 4))
+def test_cross_entropy(dtype, torch, rank, seed, b, t, v, smoothing, ignore_index, n_ignored):
+    F = torch.nn.functional
+    pair = Pair(torch, dtype, seed)
+    b, t, v = bulk(dtype, b, 2), bulk(dtype, t, 2), bulk(dtype, v, 4)  # p - q can cancel
+    lead = (b, t) if rank == 3 else (b * t,)
+    logits, tlogits = pair.leaf("logits", pair.randn(lead + (v,), 2.0))
+    targets = pair.rng.integers(0, v, size=lead)
+    flat = targets.reshape(-1)
+    n_ignored = min(n_ignored, flat.size - bulk(dtype, 1, 2))  # rows left to count
+    flat[pair.rng.permutation(flat.size)[:n_ignored]] = ignore_index
+    if np.all(flat == ignore_index):
+        flat[0] = 1  # torch's mean over zero counted rows is NaN
+    loss, cache = ops.cross_entropy_forward(logits, backend.asarray(targets),
+                                            ignore_index=ignore_index,
+                                            label_smoothing=smoothing)
+    tloss = F.cross_entropy(tlogits.reshape(-1, v), torch.tensor(flat),
+                            ignore_index=ignore_index, label_smoothing=smoothing)
+    pair.check(loss, tloss, lambda g: {"logits": ops.cross_entropy_backward(g, cache)}, {},
+               "cross_entropy")
+
+
+# =========================================================================== pooling
+@pytest.mark.parametrize("how", ["mean", "max", "first"])
+@given(seed=seeds, b=batch, t=length, d=width)
+def test_pooling(dtype, torch, how, seed, b, t, d):
+    pair = Pair(torch, dtype, seed)
+    b, t, d = bulk(dtype, b, 2), bulk(dtype, t, 2), bulk(dtype, d, 3)
+    h, th = pair.leaf("h", pair.randn((b, t, d)))
+    valid = pair.rng.integers(1, t + 1, size=b)
+    y, cache = ops.pool_forward(h, backend.asarray(valid), how)
+    keep = torch.arange(t)[None, :, None] < torch.tensor(valid)[:, None, None]  # (B, T, 1)
+    if how == "mean":
+        ty = (th * keep).sum(1) / torch.tensor(valid, dtype=th.dtype)[:, None]
+    elif how == "max":
+        ty = th.masked_fill(~keep, float("-inf")).max(dim=1).values
+    else:
+        ty = th[:, 0, :]
+    pair.check(y, ty, lambda g: {"h": ops.pool_backward(g, cache)}, {}, f"{how} pooling")
