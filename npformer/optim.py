@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from . import backend
-from .nn.module import Parameter
+from .nn.module import Parameter, mismatch_report
 
 Schedule = Callable[[int], float]
 
@@ -179,18 +179,13 @@ class Optimizer:
             array_keys = {k for k in d if k not in scalar_keys and k != "optimizer"}
             missing = sorted(expected - array_keys, key=_key_order)
             extra = sorted(array_keys - expected, key=_key_order)
-            if missing:
-                problems.append(f"missing keys: {missing}")
-            if extra:
-                problems.append(f"unexpected keys: {extra}")
             wrong = []
             for key in sorted(expected & array_keys, key=_key_order):
                 i = int(key.rsplit(".", 1)[1])
                 got = tuple(getattr(d[key], "shape", ()))
                 if got != self.params[i].shape:
                     wrong.append(f"{key}: expected {self.params[i].shape}, got {got}")
-            if wrong:
-                problems.append("wrong shapes: " + "; ".join(wrong))
+            problems += mismatch_report(missing, extra, wrong)
         if problems:
             raise ValueError(
                 f"optimizer state does not fit {type(self).__name__}: " + " | ".join(problems)

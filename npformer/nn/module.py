@@ -171,13 +171,7 @@ class Module:
             for name in own
             if name in state and tuple(state[name].shape) != own[name].shape
         ]
-        problems = []
-        if missing:
-            problems.append(f"missing keys: {missing}")
-        if extra:
-            problems.append(f"unexpected keys: {extra}")
-        if wrong_shape:
-            problems.append("wrong shapes: " + "; ".join(wrong_shape))
+        problems = mismatch_report(missing, extra, wrong_shape)
         if problems:
             raise ValueError(
                 f"state_dict does not fit {type(self).__name__}: " + " | ".join(problems)
@@ -185,3 +179,15 @@ class Module:
         for name, p in own.items():
             p.data = backend.copy_like(state[name], p.data)
             p.zero_grad()
+
+
+def mismatch_report(missing: list, extra: list, wrong_shapes: list[str]) -> list[str]:
+    """The ways a saved state does not fit, one phrase each (empty when it fits)."""
+    problems = []
+    if missing:
+        problems.append(f"missing keys: {missing}")
+    if extra:
+        problems.append(f"unexpected keys: {extra}")
+    if wrong_shapes:
+        problems.append("wrong shapes: " + "; ".join(wrong_shapes))
+    return problems
