@@ -45,7 +45,8 @@ class TokenEmbedding(Module):
     """
 
     def __init__(self, vocab_size: int, d_model: int, max_len: int, positional: str,
-                 dropout: float, scale_by_sqrt_d: bool, init_std: float = 1.0):
+                 dropout: float, scale_by_sqrt_d: bool, init_std: float = 1.0,
+                 limit_name: str = "max_len"):
         self.tokens = Embedding(vocab_size, d_model, init_std=init_std)
         if positional == "learned":
             self.positions = LearnedPositionalEmbedding(max_len, d_model)
@@ -54,13 +55,15 @@ class TokenEmbedding(Module):
         self.dropout = Dropout(dropout)
         self.scale = math.sqrt(d_model) if scale_by_sqrt_d else 1.0
         self.max_len = max_len
+        self.limit_name = limit_name  # the config field that sets max_len, for errors
 
     def forward(self, ids, offset: int = 0):
         """ids (B, T) integers; ``offset``: position of ids[:, 0] (cached decoding)."""
         check_rank(ids, 2, "token ids (batch, positions)")
         if offset + ids.shape[1] > self.max_len:
             raise ValueError(f"sequence of length {offset + ids.shape[1]} is longer than "
-                             f"max_len {self.max_len} of the positional table")
+                             f"{self.limit_name} {self.max_len} (the positional table's "
+                             "length); raise it in the model's config")
         x = self.tokens(ids) * self.scale  # (B, T, D)
         if offset:
             x = self._add_positions_at(x, offset)
