@@ -1,9 +1,12 @@
 """Comparison helpers shared by the test files."""
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 
 from npformer import backend
+from npformer.ops import attention as attention_op
 
 
 def rel_diff(actual, expected) -> float:
@@ -28,3 +31,20 @@ def assert_close(actual, expected, rtol: float, what: str = "") -> None:
 # Tolerances of the PyTorch parity tests (issue: 1e-5 float32, 1e-10 float64).
 PARITY_RTOL = {"float32": 1e-5, "float64": 1e-10}
 GRADCHECK_TOL = 1e-6
+
+
+# Block sizes for the attention op: the default (one block at test sizes) and 5 scores,
+# which at test sizes gives blocks of single queries, of query ranges and of whole rows,
+# with the keys a block cannot see cut off.
+ATTENTION_BLOCKS = (None, 5)
+
+
+@contextmanager
+def attention_blocks(scores: int | None):
+    """Run the attention op in blocks of about ``scores`` scores (None: its default)."""
+    default = attention_op.BLOCK_SCORES
+    attention_op.BLOCK_SCORES = default if scores is None else scores
+    try:
+        yield
+    finally:
+        attention_op.BLOCK_SCORES = default

@@ -74,7 +74,7 @@ class MultiHeadAttention(Module):
         heads, attn_cache = ops.attention_forward(q, k, v, mask)  # (B, H, T, E)
         y = self.out_proj(merge_heads(heads))  # (B, T, H*E) -> (B, T, D)
         self._save((attn_cache, is_self))
-        self.last_attention = attn_cache[3] if self.keep_attention else None
+        self.last_attention = ops.attention_weights(q, k, mask) if self.keep_attention else None
         return y
 
     def backward(self, dy):

@@ -11,7 +11,8 @@ width, D model width, V vocabulary, N flattened rows.
 """
 from .activations import (activation, gelu_backward, gelu_forward, relu_backward,
                           relu_forward)
-from .attention import attention_backward, attention_forward, causal_mask, padding_mask
+from .attention import (attention_backward, attention_forward, attention_weights, causal_mask,
+                        padding_mask)
 from .dropout import dropout_backward, dropout_forward
 from .embedding import embedding_backward, embedding_forward
 from .layernorm import layernorm_backward, layernorm_forward

@@ -3,15 +3,26 @@ r"""Scaled dot-product attention (Vaswani et al., 2017, eq. 1) and its masks.
 Shapes: B batch, H heads, T queries, S keys, E query/key width per head,
 F value width per head.  Any leading shape works in place of (B, H).
 
-Forward
-    $A = Q K^\top / \sqrt{E}$                    scores, (..., T, S)
-    $P = \text{softmax}(A)$ over keys, masked      (..., T, S)   see :mod:`.softmax`
-    $O = P V$                                    (..., T, F)
+Forward, with the scale $\alpha = 1/\sqrt{E}$ folded into the queries
+    $A = (\alpha Q) K^\top + M$                    scores, (..., T, S); M = 0 or -inf (mask)
+    $m = \max_j A_{:j}$, $e = \exp(A - m)$, $l = \sum_j e_{:j}$   (stable softmax, §6)
+    $O = (e V) / l$                              (..., T, F): $P V$ with $P = e / l$
+    $\lambda = m + \log l$                         (..., T, 1): each row's log-sum-exp
 
-Backward, from $\bar O$
-    $\bar P = \bar O V^\top$        $\bar V = P^\top \bar O$
-    $\bar A = P \odot (\bar P - \text{rowsum}(\bar P \odot P))$   (softmax backward)
-    $\bar Q = \bar A K / \sqrt{E}$     $\bar K = \bar A^\top Q / \sqrt{E}$
+Backward, from $\bar O$, recomputing $P = \exp(A - \lambda)$ instead of storing it
+(the memory-efficient backward of FlashAttention, Dao et al., 2022)
+    $\bar V = P^\top \bar O$        $\bar P = \bar O V^\top$
+    $\bar A = P \odot (\bar P - \text{rowsum}(\bar P \odot P))$   (softmax backward, §6)
+    $\bar Q = \alpha\, \bar A K$      $\bar K = \bar A^\top (\alpha Q)$
+
+Blocks.  The (T, S) score matrices are never held for the whole batch: both
+passes walk over blocks of about ``BLOCK_SCORES`` scores (a few batch rows, or a
+range of queries), so each block's element-wise passes run in the CPU cache and
+the backward keeps only $\lambda$, not the (B, H, T, S) probabilities.  Within a
+block, keys after the last one any query of the block may see are cut off
+(padding at the end of a sequence, the future of a causal block): they would
+get probability 0 and gradient 0, so only work is saved; and when the block's
+mask then allows every query every remaining key, the all-zero bias is skipped.
 
 Masks are boolean, True where a query may attend to a key, and broadcast to
 (B, H, T, S) (the convention of ``torch.nn.functional.scaled_dot_product_attention``;
@@ -24,13 +35,62 @@ import math
 
 from .. import backend
 from ._checks import check_float, check_mask, check_rank
-from .softmax import softmax_backward, softmax_forward
+from .softmax import mask_bias, softmax_backward, softmax_forward
+
+BLOCK_SCORES = 1 << 19  # scores per block: 2 MiB in float32, about a CPU core's L2 cache
 
 
 def attention_forward(q, k, v, mask=None):
     """q (..., T, E), k (..., S, E), v (..., S, F), mask (bool, broadcasts to (..., T, S))
     -> out (..., T, F), cache."""
     xp = backend.namespace_of(q, k, v)
+    _check_inputs(q, k, v, mask)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    q = q * scale  # (..., T, E): the scale, folded into the queries once
+    mask = _align(mask, q.ndim)
+    bias = None if mask is None else mask_bias(mask, q.dtype)  # mask's shape: 0 or -inf
+    out = _empty(xp, q.shape[:-1] + (v.shape[-1],), q)  # (..., T, F)
+    lse = _empty(xp, q.shape[:-1] + (1,), q)  # (..., T, 1)
+    for rows, keys, block_bias in _blocks(q, k, mask, bias):
+        scores = xp.matmul(q[rows], xp.matrix_transpose(k[keys]))  # (.., t, E) @ (.., E, s)
+        e, m, total = _stable_exp(scores, block_bias)  # (.., t, s), (.., t, 1) twice
+        out[rows] = xp.matmul(e, v[keys]) / total  # (.., t, s) @ (.., s, F) -> (.., t, F)
+        lse[rows] = m + xp.log(total)
+    return out, (q, k, v, mask, bias, lse, scale)
+
+
+def attention_backward(dout, cache):
+    """dout (..., T, F) -> dq (..., T, E), dk (..., S, E), dv (..., S, F)."""
+    q, k, v, mask, bias, lse, scale = cache  # q is already scaled by alpha
+    xp = backend.namespace_of(dout, q)
+    dq = _empty(xp, q.shape, q)  # every query row belongs to exactly one block
+    dk = xp.zeros_like(k)  # keys are shared by query blocks, and cut-off keys get 0
+    dv = xp.zeros_like(v)
+    for rows, keys, block_bias in _blocks(q, k, mask, bias):
+        scores = xp.matmul(q[rows], xp.matrix_transpose(k[keys]))  # (.., t, s), recomputed
+        if block_bias is not None:
+            scores += block_bias
+        scores -= lse[rows]
+        p = backend.exp_into(scores)  # P = exp(A - lse), (.., t, s)
+        dv[keys] += xp.matmul(xp.matrix_transpose(p), dout[rows])  # (.., s, t) @ (.., t, F)
+        dp = xp.matmul(dout[rows], xp.matrix_transpose(v[keys]))  # (.., t, F) @ (.., F, s)
+        dscores = softmax_backward(dp, (p, -1), overwrite_input=True)  # dA, in dp's buffer
+        dq[rows] = xp.matmul(dscores, k[keys]) * scale  # (.., t, s) @ (.., s, E)
+        dk[keys] += xp.matmul(xp.matrix_transpose(dscores), q[rows])  # (.., s, t) @ (.., t, E)
+    return dq, dk, dv
+
+
+def attention_weights(q, k, mask=None):
+    """The probabilities P (..., T, S) that :func:`attention_forward` applies, built whole
+    (for plots and inspection; training never materialises them)."""
+    xp = backend.namespace_of(q, k)
+    _check_inputs(q, k, k, mask)
+    scores = xp.matmul(q, xp.matrix_transpose(k)) * (1.0 / math.sqrt(q.shape[-1]))
+    return softmax_forward(scores, axis=-1, mask=mask, overwrite_input=True)[0]
+
+
+# --------------------------------------------------------------------------- helpers
+def _check_inputs(q, k, v, mask):
     for name, a in (("queries", q), ("keys", k), ("values", v)):
         check_float(a, f"attention {name}")
     if k.shape[:-1] != v.shape[:-1]:
@@ -41,25 +101,94 @@ def attention_forward(q, k, v, mask=None):
                          "must agree on the leading axes and the last (width) axis")
     if mask is not None:  # named as the caller knows it, before any work is done
         check_mask(mask, tuple(q.shape[:-1]) + (k.shape[-2],), "attention mask")
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    scores = xp.matmul(q, xp.matrix_transpose(k))  # (..., T, E) @ (..., E, S) -> (..., T, S)
-    scores *= scale  # in place: the scores are ours
-    p, _ = softmax_forward(scores, axis=-1, mask=mask, overwrite_input=True)  # (..., T, S)
-    out = xp.matmul(p, v)  # (..., T, S) @ (..., S, F) -> (..., T, F)
-    return out, (q, k, v, p, scale)
 
 
-def attention_backward(dout, cache):
-    """dout (..., T, F) -> dq (..., T, E), dk (..., S, E), dv (..., S, F)."""
-    q, k, v, p, scale = cache
-    xp = backend.namespace_of(dout, p)
-    dp = xp.matmul(dout, xp.matrix_transpose(v))  # (..., T, F) @ (..., F, S) -> (..., T, S)
-    dv = xp.matmul(xp.matrix_transpose(p), dout)  # (..., S, T) @ (..., T, F) -> (..., S, F)
-    dscores = softmax_backward(dp, (p, -1), overwrite_input=True)  # (..., T, S), in dp's buffer
-    dscores *= scale  # the scale, folded in once
-    dq = xp.matmul(dscores, k)  # (..., T, S) @ (..., S, E) -> (..., T, E)
-    dk = xp.matmul(xp.matrix_transpose(dscores), q)  # (..., S, T) @ (..., T, E) -> (..., S, E)
-    return dq, dk, dv
+def _empty(xp, shape, like):
+    return xp.empty(tuple(shape), dtype=like.dtype, device=backend.device_of(like))
+
+
+def _align(mask, ndim: int):
+    """A mask that broadcasts to the scores, given the scores' number of axes (leading 1s)."""
+    if mask is None or mask.ndim == ndim:
+        return mask
+    xp = backend.namespace_of(mask)
+    return xp.reshape(mask, (1,) * (ndim - mask.ndim) + tuple(mask.shape))
+
+
+def _stable_exp(scores, bias):
+    """Masked, max-shifted exp of a block of scores, in the scores' buffer.
+
+    -> e (.., t, s), m (.., t, 1), total (.., t, 1) with softmax = e / total.
+    A row with every key masked has m = 0 (not -inf), e = 0 and total = 1, so its
+    output is 0 and its log-sum-exp m + log(total) = 0: never NaN.
+    """
+    xp = backend.namespace_of(scores)
+    if bias is not None:
+        scores += bias
+    m = xp.max(scores, axis=-1, keepdims=True)
+    if bias is not None:
+        m = xp.where(xp.isfinite(m), m, xp.zeros_like(m))
+    scores -= m
+    e = backend.exp_into(scores)  # exp(-inf) = 0 at masked entries
+    total = xp.sum(e, axis=-1, keepdims=True)
+    if bias is not None:
+        total = xp.where(total > 0, total, xp.ones_like(total))
+    return e, m, total
+
+
+def _blocks(q, k, mask, bias):
+    """Yield (rows, keys, block_bias): index tuples into q (and out, lse) and into k, v,
+    and the bias block, covering the scores (..., T, S) in blocks of about BLOCK_SCORES.
+
+    A block is a range of axis-0 rows (several batch rows if one fits) or, when one
+    row's (..., T, S) scores are too many, a range of its queries.
+    """
+    num_rows = q.shape[0] if q.ndim > 2 else 1  # (T, E) queries: one row
+    num_queries, num_keys = q.shape[-2], k.shape[-2]
+    per_query = math.prod(q.shape[1:-2]) * num_keys  # scores per (row, query)
+    queries = max(1, min(num_queries, BLOCK_SCORES // per_query))
+    rows_per_block = max(1, BLOCK_SCORES // (per_query * num_queries)) if queries == num_queries else 1
+    all_ = slice(None)
+    for r in range(0, num_rows, rows_per_block):
+        row = slice(r, min(r + rows_per_block, num_rows))
+        for t in range(0, num_queries, queries):
+            query = slice(t, min(t + queries, num_queries))
+            seen, block_bias = num_keys, None
+            if mask is not None:
+                seen, all_allowed = _visible_keys(mask, row, query, num_keys)
+                if not all_allowed:
+                    block_bias = bias[_mask_index(bias, row, query, slice(0, seen))]
+            key = slice(0, seen)
+            rows = (row, Ellipsis, query, all_) if q.ndim > 2 else (query, all_)
+            keys = (row, Ellipsis, key, all_) if q.ndim > 2 else (key, all_)
+            yield rows, keys, block_bias
+
+
+def _mask_index(mask, row, query, key):
+    """Index of a block in a mask (or bias) that broadcasts: slice only axes of full size."""
+    all_ = slice(None)
+    pick = lambda axis, s: s if mask.shape[axis] > 1 else all_  # noqa: E731
+    if mask.ndim == 2:
+        return (pick(0, query), pick(1, key))
+    return (pick(0, row), Ellipsis, pick(-2, query), pick(-1, key))
+
+
+def _visible_keys(mask, row, query, num_keys: int) -> tuple[int, bool]:
+    """-> (seen, all_allowed) for a block: seen = 1 + the last key any of its queries may see
+    (at least 1), and whether its mask allows every query every key before that.
+
+    Keys from ``seen`` on are cut; when all_allowed, the bias is all zeros and is skipped
+    (a padding mask on a block of one sequence).
+    """
+    xp = backend.namespace_of(mask)
+    block = mask[_mask_index(mask, row, query, slice(None))]
+    if mask.shape[-1] == 1:  # the mask broadcasts along the keys: nothing to cut
+        return num_keys, bool(xp.all(block))
+    allowed = xp.reshape(block, (-1, mask.shape[-1]))  # (rows * queries of the mask, S)
+    visible = xp.any(allowed, axis=0)  # (S,): may any query of the block see key j?
+    position = xp.arange(1, num_keys + 1, device=backend.device_of(mask))
+    seen = max(1, int(xp.max(xp.where(visible, position, xp.zeros_like(position)))))
+    return seen, bool(xp.all(allowed[:, :seen]))
 
 
 # --------------------------------------------------------------------------- masks

@@ -78,7 +78,7 @@ def log_softmax_forward(x, axis: int = -1):
     e = xp.exp(shifted)
     total = xp.sum(e, axis=axis, keepdims=True)
     y = shifted - xp.log(total)
-    p = e / total  # exp(y), kept for the backward and for cross-entropy
+    p = e / total  # exp(y), kept for the backward
     return y, (p, axis)
 
 
