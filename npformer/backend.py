@@ -287,6 +287,23 @@ def exp_into(x):
 
 
 # --------------------------------------------------------------------------- scatter-add
+def add_at_columns(x, columns, value: float):
+    """``x[n, columns[n]] += value`` for every row n: x (N, V), columns (N,) integers.
+    In place where the library can index that way (NumPy, CuPy), else a new array.
+
+    Cross-entropy's backward subtracts at each row's target class with it.
+    """
+    module = type(x).__module__
+    if module.startswith("numpy") or module.startswith("cupy"):
+        rows = namespace_of(x).arange(x.shape[0])
+        x[rows, columns] += value  # one entry per row: no index repeats
+        return x
+    xp_ = namespace_of(x)
+    classes = xp_.arange(x.shape[1], dtype=columns.dtype, device=device_of(x))
+    onehot = xp_.astype(classes[None, :] == columns[:, None], x.dtype)  # (N, V)
+    return x + value * onehot
+
+
 def scatter_add_rows(index, values, num_rows: int):
     """``out[index[n], :] += values[n, :]`` for every n, repeated indices accumulating.
 

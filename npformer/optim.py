@@ -128,8 +128,10 @@ class Optimizer:
         Keys: ``"optimizer"`` (the class name), ``"step"`` (updates done),
         ``"params"`` (how many parameters), ``"lr"`` and the hyperparameters (``"beta1"``, ``"eps"``, ...) as Python
         numbers, and ``"<state>.<i>"`` (``"m.3"``, ``"v.3"``, ``"momentum.3"``)
-        for parameter ``i`` of ``params``, as backend arrays (the arrays
-        themselves, not copies: they are never written into).  Convert with
+        for parameter ``i`` of ``params``, as backend arrays: the arrays
+        themselves, not copies, and Adam's moments are updated in place by later
+        steps (as ``torch.optim``'s state is), so copy them to keep a snapshot;
+        :func:`npformer.checkpoint.save_checkpoint` writes them out at once.  Convert with
         :func:`npformer.backend.to_numpy` before saving from a GPU.
         """
         d: dict[str, Any] = {
@@ -314,13 +316,24 @@ class Adam(Optimizer):
                 data = data * (1 - lr * wd)               # AdamW: p <- p (1 - lr lambda)
             else:
                 g = g + wd * data                         # Adam:  g <- g + lambda p
-        m = m + (1 - b1) * (g - m)                        # m_t = m + (1-beta1)(g - m)
-        v = b2 * v + (1 - b2) * (g * g)                   # v_t = beta2 v + (1-beta2) g^2
+        # The moments are the optimizer's own: updated in place, operation for operation
+        # the expressions on the right (so the rounding, and torch parity, are unchanged).
+        delta = g - m
+        delta *= 1 - b1
+        m += delta                                        # m_t = m + (1-beta1)(g - m)
+        g_sq = g * g
+        g_sq *= 1 - b2
+        v *= b2
+        v += g_sq                                         # v_t = beta2 v + (1-beta2) g^2
         bias_correction1 = 1 - b1**t                      # bc1 = 1 - beta1^t
         bias_correction2 = 1 - b2**t                      # bc2 = 1 - beta2^t
         step_size = lr / bias_correction1                 # step = lr / bc1
-        denom = xp.sqrt(v) / bias_correction2**0.5 + self.eps  # sqrt(v)/sqrt(bc2) + eps
-        return data - step_size * (m / denom), (m, v)     # p <- p - step m / denom
+        denom = xp.sqrt(v)
+        denom /= bias_correction2**0.5
+        denom += self.eps                                 # sqrt(v)/sqrt(bc2) + eps
+        update = m / denom
+        update *= step_size
+        return data - update, (m, v)                      # p <- p - step m / denom
 
 
 class AdamW(Adam):

@@ -33,12 +33,18 @@ def split_batch(batch: tuple, parts: int) -> list[tuple]:
     return [tuple(a[lo:hi] for a in batch) for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
 
 
+_blas_controller = None  # found once: looking up the loaded BLAS libraries reads /proc
+
+
 def _single_threaded_blas():
+    global _blas_controller
     try:
-        from threadpoolctl import threadpool_limits
+        from threadpoolctl import ThreadpoolController
     except ImportError:  # pragma: no cover - threadpoolctl is a dependency
         return nullcontext()
-    return threadpool_limits(limits=1, user_api="blas")
+    if _blas_controller is None:
+        _blas_controller = ThreadpoolController()
+    return _blas_controller.limit(limits=1, user_api="blas")
 
 
 def parallel_map(fn, items, workers: int) -> list:

@@ -2,7 +2,10 @@ r"""Element-wise non-linearities of the position-wise feed-forward network.
 
 ReLU
     forward  $y = \max(x, 0)$
-    backward $\bar x = \bar y \cdot [x > 0]$      (the derivative is 1 where x > 0, else 0)
+    backward $\bar x = \bar y \cdot [x > 0] = \bar y \cdot \text{sign}(y)$
+             (the derivative is 1 where x > 0, else 0; y >= 0, and y > 0 exactly where
+             x > 0, so sign(y) is that derivative: no mask needs storing, and no
+             branch per element, which makes a ``where`` slow on random signs)
 
 GELU, tanh approximation (GPT-2, ``torch.nn.GELU(approximate="tanh")``)
     forward  $u = c\,(x + a x^3)$, $t = \tanh u$, $y = \tfrac12 x (1 + t)$,
@@ -23,17 +26,16 @@ GELU_A = 0.044715
 
 
 def relu_forward(x):
-    """x (...) -> y (...), cache = the boolean map x > 0."""
+    """x (...) -> y (...), cache = y (which the next linear layer keeps anyway)."""
     xp = backend.namespace_of(x)
-    positive = x > 0
-    y = xp.where(positive, x, xp.zeros_like(x))
-    return y, positive
+    y = xp.maximum(x, 0.0)
+    return y, y
 
 
 def relu_backward(dy, cache):
     xp = backend.namespace_of(dy)
-    positive = cache
-    return xp.where(positive, dy, xp.zeros_like(dy))
+    y = cache
+    return dy * xp.sign(y)  # sign(y) = [x > 0]
 
 
 def gelu_forward(x):

@@ -5,21 +5,25 @@ Targets $y_n$; rows with $y_n$ = ignore_index do not count.  With smoothing
 $\varepsilon$, the target distribution is $q = (1 - \varepsilon)\,\text{onehot}(y) + \varepsilon / V$
 (PyTorch's definition), and the loss is averaged over the $N_v$ counted rows:
 
-Forward
-    $\ell = \log\text{softmax}(z)$                        (N, V)
-    $L_n = -\sum_v q_{n,v}\, \ell_{n,v} = (1-\varepsilon)(-\ell_{n,y_n}) + \varepsilon\,(-\tfrac1V \sum_v \ell_{n,v})$
+Forward (log-softmax and the target pick fused: only p = softmax(z) is stored)
+    $m_n = \max_v z_{n,v}$,  $s = z - m$,  $\log Z_n = \log \sum_v e^{s_{n,v}}$
+    $\ell_{n,v} = \log\text{softmax}(z)_{n,v} = s_{n,v} - \log Z_n$       (never built whole)
+    $L_n = -\sum_v q_{n,v}\, \ell_{n,v} = (1-\varepsilon)(\log Z_n - s_{n,y_n}) + \varepsilon\,(\log Z_n - \tfrac1V \sum_v s_{n,v})$
     $L = \frac{1}{N_v} \sum_{n \text{ counted}} L_n$     (0 if no row counts)
+    $p = e^{s} / Z$, computed in s's buffer
 
 Backward (softmax and log cancel into one subtraction)
     $\bar z_n = \bar L \, (p_n - q_n) / N_v$ for counted rows, 0 for ignored rows,
     where $p = \text{softmax}(z)$: since $\sum_v q_{n,v} = 1$,
     $\partial L_n/\partial z_{n,j} = -\sum_v q_{n,v} (\delta_{vj} - p_{n,j}) = p_{n,j} - q_{n,j}$.
+    $p - q$ is built as $p - \varepsilon / V$, then $1 - \varepsilon$ subtracted at each row's
+    target, then scaled by the row weight $w_n = \bar L\,[n \text{ counted}] / N_v$:
+    one (N, V) array, no one-hot matrix.
 """
 from __future__ import annotations
 
 from .. import backend
 from ._checks import check_float, check_token_ids
-from .softmax import log_softmax_forward
 
 IGNORE_INDEX = -100  # PyTorch's default
 
@@ -41,15 +45,22 @@ def cross_entropy_forward(logits, targets, ignore_index: int = IGNORE_INDEX,
     t = xp.reshape(targets, (-1,))  # (N,)
     counted = t != ignore_index  # (N,) bool
     safe_t = xp.where(counted, t, xp.zeros_like(t))  # ignored rows point at class 0
-    log_p, (p, _) = log_softmax_forward(z, axis=-1)  # (N, V) each
-    nll = -xp.take_along_axis(log_p, safe_t[:, None], axis=-1)[:, 0]  # (N,)
-    per_row = (1.0 - label_smoothing) * nll
+    shifted = z - xp.max(z, axis=-1, keepdims=True)  # s = z - m, (N, V)
+    picked = xp.take_along_axis(shifted, safe_t[:, None], axis=-1)[:, 0]  # s at targets, (N,)
     if label_smoothing > 0.0:
-        per_row = per_row - label_smoothing * xp.mean(log_p, axis=-1)  # (N,)
+        mean_shifted = xp.mean(shifted, axis=-1)  # (N,), read before exp overwrites s
+    e = backend.exp_into(shifted)  # (N, V), in s's buffer
+    total = xp.sum(e, axis=-1, keepdims=True)  # Z, (N, 1)
+    log_total = xp.log(total[:, 0])  # log Z, (N,)
+    per_row = (1.0 - label_smoothing) * (log_total - picked)  # (1 - eps) * -log p_y
+    if label_smoothing > 0.0:
+        per_row = per_row + label_smoothing * (log_total - mean_shifted)  # eps * -mean log p
     counted_f = xp.astype(counted, z.dtype)
     n_counted = xp.sum(counted_f)
     denom = xp.where(n_counted > 0, n_counted, xp.ones_like(n_counted))
     loss = xp.sum(per_row * counted_f) / denom
+    p = e
+    p /= total  # softmax, in place, (N, V)
     return loss, (p, safe_t, counted_f, denom, label_smoothing, tuple(logits.shape))
 
 
@@ -58,9 +69,8 @@ def cross_entropy_backward(dloss, cache):
     p, safe_t, counted_f, denom, label_smoothing, logits_shape = cache
     xp = backend.namespace_of(p)
     vocab = p.shape[-1]
-    classes = xp.arange(vocab, dtype=safe_t.dtype, device=backend.device_of(p))
-    onehot = xp.astype(classes[None, :] == safe_t[:, None], p.dtype)  # (N, V)
-    q = (1.0 - label_smoothing) * onehot + label_smoothing / vocab  # (N, V)
-    row_weight = counted_f[:, None] * (dloss / denom)  # (N, 1): 0 on ignored rows
-    dz = (p - q) * row_weight  # (N, V)
+    weight = counted_f * (dloss / denom)  # w, (N,): 0 on ignored rows
+    dz = p - label_smoothing / vocab  # p minus the eps / V that q spreads over every class
+    dz = backend.add_at_columns(dz, safe_t, -(1.0 - label_smoothing))  # p - q, (N, V)
+    dz *= weight[:, None]  # w (p - q)
     return xp.reshape(dz, logits_shape)
