@@ -31,16 +31,24 @@ class TrainingDiverged(RuntimeError):
 
 # --------------------------------------------------------------------------- step functions
 def _cross_entropy_step(model, logits, targets, grad_scale: float, **loss_kwargs) -> float:
-    """Loss on ``logits``, then the backward pass of loss * grad_scale through ``model``."""
+    """Loss on ``logits``, then the backward pass of loss * grad_scale through ``model``.
+
+    Callers pass the model's output straight in, unnamed, so that this frame holds the
+    only reference: the (N, V) logits, then the softmax the loss keeps, are freed as
+    soon as they are used, before the model's backward pass needs its own memory.
+    """
     loss, cache = ops.cross_entropy_forward(logits, backend.asarray(targets), **loss_kwargs)
-    model.backward(ops.cross_entropy_backward(grad_scale, cache))
+    del logits  # the cache holds softmax(logits), not the logits
+    dlogits = ops.cross_entropy_backward(grad_scale, cache)
+    del cache
+    model.backward(dlogits)
     return backend.to_float(loss)
 
 
 def classifier_step(model, batch, grad_scale: float = 1.0):
     """batch = (ids (B, T), valid_lens (B,), labels (B,)) -> (mean loss, B)."""
     ids, valid_lens, labels = batch
-    logits = model(backend.asarray(ids), backend.asarray(valid_lens))  # (B, C)
+    logits = model(backend.asarray(ids), backend.asarray(valid_lens))  # (B, C), small
     return _cross_entropy_step(model, logits, labels, grad_scale), ids.shape[0]
 
 
@@ -50,8 +58,8 @@ classifier_step.count = lambda batch: batch[0].shape[0]  # the loss averages ove
 def lm_step(model, batch, grad_scale: float = 1.0):
     """batch = (x (B, T), y (B, T)) next-token targets -> (mean loss per token, B*T)."""
     x, y = batch
-    logits = model(backend.asarray(x))  # (B, T, V)
-    return _cross_entropy_step(model, logits, y, grad_scale), x.size
+    loss = _cross_entropy_step(model, model(backend.asarray(x)), y, grad_scale)  # (B, T, V) logits
+    return loss, x.size
 
 
 lm_step.count = lambda batch: batch[0].size  # ... over every target token
@@ -63,11 +71,11 @@ def make_seq2seq_step(label_smoothing: float = 0.0, pad_id: int = 0):
     def seq2seq_step(model, batch, grad_scale: float = 1.0):
         src, src_lens, tgt_in, tgt_out, tgt_lens = batch
         positions = np.flatnonzero(tgt_out != pad_id)  # logits only where a loss is taken
-        logits = model(backend.asarray(src), backend.asarray(tgt_in),
-                       backend.asarray(src_lens), backend.asarray(tgt_lens),
-                       positions=backend.asarray(positions))  # (N, V)
-        loss = _cross_entropy_step(model, logits, tgt_out.reshape(-1)[positions], grad_scale,
-                                   label_smoothing=label_smoothing)
+        inputs = (backend.asarray(src), backend.asarray(tgt_in), backend.asarray(src_lens),
+                  backend.asarray(tgt_lens))
+        targets = tgt_out.reshape(-1)[positions]
+        loss = _cross_entropy_step(model, model(*inputs, positions=backend.asarray(positions)),
+                                   targets, grad_scale, label_smoothing=label_smoothing)  # (N, V)
         return loss, len(positions)
 
     seq2seq_step.count = lambda batch: int(np.sum(batch[3] != pad_id))  # ... over real tokens

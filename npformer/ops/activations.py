@@ -35,7 +35,9 @@ def relu_forward(x):
 def relu_backward(dy, cache):
     xp = backend.namespace_of(dy)
     y = cache
-    return dy * xp.sign(y)  # sign(y) = [x > 0]
+    dx = xp.sign(y)  # [x > 0]
+    dx *= dy  # in place: one new array, not two
+    return dx
 
 
 def gelu_forward(x):
