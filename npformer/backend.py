@@ -304,6 +304,19 @@ def add_at_columns(x, columns, value: float):
     return x + value * onehot
 
 
+def scatter_rows(index, values, num_rows: int):
+    """``out[index[n], :] = values[n, :]``, zeros elsewhere: index (N,) distinct integers in
+    [0, num_rows), values (N, D) -> (num_rows, D).  (With distinct indices, assigning and
+    adding are the same; NumPy and CuPy assign directly.)"""
+    module = type(values).__module__
+    if module.startswith("numpy") or module.startswith("cupy"):
+        out = namespace_of(values).zeros((num_rows, values.shape[1]), dtype=values.dtype,
+                                          device=device_of(values))
+        out[index] = values
+        return out
+    return scatter_add_rows(index, values, num_rows)
+
+
 def scatter_add_rows(index, values, num_rows: int):
     """``out[index[n], :] += values[n, :]`` for every n, repeated indices accumulating.
 

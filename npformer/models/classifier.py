@@ -2,6 +2,9 @@
 
     ids (B, T) -> embeddings + positions -> N encoder blocks (padding masked)
                -> pool over the valid positions -> linear head -> logits (B, C)
+
+The blocks run on the valid positions only, packed as rows (:class:`npformer.ops.Packing`):
+padding changes no valid position's value, so skipping it changes no result, only the work.
 """
 from __future__ import annotations
 
@@ -57,22 +60,26 @@ class TransformerClassifier(Module):
         if valid_lens is None:
             valid_lens = valid_lengths_from(ids, self.config.pad_id)
         mask = key_padding(valid_lens, ids.shape[1])  # (B, 1, 1, T): padding keys hidden
-        x = self.embed(ids)  # (B, T, D)
+        packing = ops.Packing.from_lengths(valid_lens, ids.shape[1])  # N valid positions
+        x = packing.pack(self.embed(ids))  # (B, T, D) -> rows (N, D): padding is skipped
         for block in self.blocks:
-            x = block(x, mask=mask)  # (B, T, D)
+            x = block(x, mask=mask, packing=packing)  # (N, D)
         if self.norm is not None:
             x = self.norm(x)
+        x = packing.unpack(x)  # (B, T, D), zeros at padding (pooling reads valid positions)
         pooled, pool_cache = ops.pool_forward(x, valid_lens, self.config.pooling)  # (B, D)
-        self._save(pool_cache)
+        self._save((pool_cache, packing))
         return self.head(pooled)  # (B, C)
 
     def backward(self, dlogits):
-        dx = ops.pool_backward(self.head.backward(dlogits), self._pop_saved())  # (B, T, D)
+        pool_cache, packing = self._pop_saved()
+        dx = ops.pool_backward(self.head.backward(dlogits), pool_cache)  # (B, T, D)
+        dx = packing.pack(dx)  # (N, D): the backward of unpack
         if self.norm is not None:
             dx = self.norm.backward(dx)
         for block in reversed(self.blocks):
             dx = block.backward(dx)
-        self.embed.backward(dx)
+        self.embed.backward(packing.unpack(dx))  # the backward of pack: 0 at padding
 
     def predict(self, ids, valid_lens=None):
         """Class probabilities (B, C), without keeping anything for a backward."""

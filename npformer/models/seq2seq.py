@@ -60,16 +60,22 @@ class Seq2SeqTransformer(Module):
     # ------------------------------------------------------------------ training
     def encode(self, src, src_lens=None):
         """src (B, S) -> memory (B, S, D), memory mask (B, 1, 1, S)."""
+        memory, src_mask, _ = self._encode(src, src_lens)
+        return memory, src_mask
+
+    def _encode(self, src, src_lens):
+        """-> memory (B, S, D), memory mask (B, 1, 1, S), the source packing."""
         check_rank(src, 2, "source ids (batch, positions)")
         if src_lens is None:
             src_lens = valid_lengths_from(src, self.config.pad_id)
         src_mask = key_padding(src_lens, src.shape[1])  # (B, 1, 1, S)
-        x = self.src_embed(src)
+        packing = ops.Packing.from_lengths(src_lens, src.shape[1])  # the valid source positions
+        x = packing.pack(self.src_embed(src))  # rows (N_src, D): padding is skipped
         for block in self.encoder:
-            x = block(x, mask=src_mask)
+            x = block(x, mask=src_mask, packing=packing)
         if self.encoder_norm is not None:
             x = self.encoder_norm(x)
-        return x, src_mask
+        return packing.unpack(x), src_mask, packing  # (B, S, D), zeros at padding
 
     def forward(self, src, tgt_in, src_lens=None, tgt_lens=None, positions=None):
         """src (B, S), tgt_in (B, T) (target shifted right, starting with <bos>)
@@ -83,41 +89,56 @@ class Seq2SeqTransformer(Module):
         if tgt_in.shape[0] != src.shape[0]:
             raise ValueError(f"target batch of {tgt_in.shape[0]} sequences does not match "
                              f"the source batch of {src.shape[0]}")
-        memory, memory_mask = self.encode(src, src_lens)
+        memory, memory_mask, src_packing = self._encode(src, src_lens)
         if tgt_lens is None:
             tgt_lens = valid_lengths_from(tgt_in, self.config.pad_id)
         length = tgt_in.shape[1]
         self_mask = ops.causal_mask(length, like=memory)[None, None, :, :] \
             & key_padding(tgt_lens, length)  # (B, 1, T, T)
-        y = self.tgt_embed(tgt_in)
+        # With logits only at ``positions`` (real targets), padding targets need no value at
+        # all: the decoder runs on the valid target positions, packed as rows.
+        packing = None
+        if positions is not None:
+            _check_positions(positions, tgt_lens, length)
+            packing = ops.Packing.from_lengths(tgt_lens, length)
+        y = self.tgt_embed(tgt_in)  # (B, T, D)
+        if packing is not None:
+            y = packing.pack(y)  # rows (N_tgt, D)
         for block in self.decoder:
-            y = block(y, memory, self_mask=self_mask, memory_mask=memory_mask)
+            y = block(y, memory, self_mask=self_mask, memory_mask=memory_mask, packing=packing)
         if self.decoder_norm is not None:
             y = self.decoder_norm(y)
-        self._save((positions, tuple(y.shape)))
+        if packing is not None:
+            y = packing.unpack(y)  # (B, T, D), zeros at padding
+        self._save((positions, tuple(tgt_in.shape), packing, src_packing))
         if positions is not None:
             xp = backend.namespace_of(y)
             y = xp.take(xp.reshape(y, (-1, y.shape[-1])), positions, axis=0)  # (N, D)
         return self.out_proj(y)  # (B, T, V_tgt), or (N, V_tgt) at ``positions``
 
     def backward(self, dlogits):
-        positions, y_shape = self._pop_saved()
+        positions, (batch, length), packing, src_packing = self._pop_saved()
         dy = self.out_proj.backward(dlogits)
         if positions is not None:  # rows without logits get zero gradient
-            dy = backend.scatter_add_rows(positions, dy, y_shape[0] * y_shape[1])
-            dy = backend.namespace_of(dy).reshape(dy, y_shape)  # (B, T, D)
+            dy = backend.scatter_rows(positions, dy, batch * length)
+            dy = backend.namespace_of(dy).reshape(dy, (batch, length, -1))  # (B, T, D)
+        if packing is not None:
+            dy = packing.pack(dy)  # rows (N_tgt, D): the backward of unpack
         if self.decoder_norm is not None:
             dy = self.decoder_norm.backward(dy)
         dmemory = None
         for block in reversed(self.decoder):
             dy, dmem = block.backward(dy)
             dmemory = dmem if dmemory is None else dmemory + dmem  # memory feeds every block
+        if packing is not None:
+            dy = packing.unpack(dy)  # the backward of pack: 0 at padding
         self.tgt_embed.backward(dy)
+        dmemory = src_packing.pack(dmemory)  # (B, S, D) -> rows (N_src, D)
         if self.encoder_norm is not None:
             dmemory = self.encoder_norm.backward(dmemory)
         for block in reversed(self.encoder):
             dmemory = block.backward(dmemory)
-        self.src_embed.backward(dmemory)
+        self.src_embed.backward(src_packing.unpack(dmemory))
 
     # ------------------------------------------------------------------ cached inference
     def start_state(self) -> list[dict]:
@@ -133,3 +154,17 @@ class Seq2SeqTransformer(Module):
         if self.decoder_norm is not None:
             y = self.decoder_norm(y)
         return self.out_proj(y)
+
+
+
+def _check_positions(positions, tgt_lens, length: int) -> None:
+    """Logits are asked for at real target positions only: b * T + t with t < tgt_lens[b]."""
+    xp = backend.namespace_of(positions)
+    batch = tgt_lens.shape[0]
+    if not bool(xp.all((positions >= 0) & (positions < batch * length))):
+        raise ValueError(f"positions must be flat indices into the {batch} x {length} target "
+                         "positions, in [0, B * T)")
+    t = positions % length  # (N,)
+    if not bool(xp.all(t < xp.take(tgt_lens, positions // length, axis=0))):
+        raise ValueError("positions must be real (non-padding) targets, b * T + t with "
+                         "t < tgt_lens[b]: the decoder skips padding target positions")

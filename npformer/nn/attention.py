@@ -34,6 +34,17 @@ def merge_heads(x):
     return xp.reshape(x, (batch, length, heads * width))  # (B, T, H*E)
 
 
+def _same(x):
+    return x
+
+
+def _check_packed_input(x, width: int, packing) -> None:
+    n = packing.index.shape[0]
+    if x.ndim != 2 or x.shape[0] != n or x.shape[1] != width:
+        raise ValueError(f"packed attention input must be (N, D) = ({n}, {width}), the valid "
+                         f"positions of the batch, got shape {tuple(x.shape)}")
+
+
 class MultiHeadAttention(Module):
     def __init__(self, d_model: int, num_heads: int, head_dim: int | None = None,
                  bias: bool = True):
@@ -55,39 +66,59 @@ class MultiHeadAttention(Module):
         self.keep_attention = False  # set True to keep the last probabilities, for plots
         self.last_attention = None  # (B, H, T, S) when keep_attention
 
-    def forward(self, x, context=None, mask=None):
+    def forward(self, x, context=None, mask=None, packing=None):
         """x (B, T, D), context (B, S, D) or None (self-attention), mask bool
-        broadcasting to (B, H, T, S), True = may attend -> (B, T, D)."""
-        check_sequence_input(x, self.d_model, "attention input")
+        broadcasting to (B, H, T, S), True = may attend -> (B, T, D).
+
+        ``packing``: x holds just the valid positions of a padded batch, as rows (N, D)
+        (see :class:`npformer.ops.Packing`); the projections run on those rows, attention
+        on the unpacked (B, H, T, E), and the output is rows (N, D) again.  A context
+        (cross-attention) stays (B, S, D).
+        """
         is_self = context is None
-        if is_self:
-            context = x
+        if packing is not None:
+            _check_packed_input(x, self.d_model, packing)
         else:
+            check_sequence_input(x, self.d_model, "attention input")
+        batch = x.shape[0] if packing is None else packing.batch
+        if not is_self:
             check_sequence_input(context, self.d_model, "attention context")
-            if context.shape[0] != x.shape[0]:
+            if context.shape[0] != batch:
                 raise ValueError(f"attention context has batch {context.shape[0]} but the "
-                                 f"queries have batch {x.shape[0]}")
+                                 f"queries have batch {batch}")
         h = self.num_heads
-        q = split_heads(self.q_proj(x), h)  # (B, T, H*E) -> (B, H, T, E)
-        k = split_heads(self.k_proj(context), h)  # (B, S, H*E) -> (B, H, S, E)
-        v = split_heads(self.v_proj(context), h)  # (B, S, H*E) -> (B, H, S, E)
+        batched = packing.unpack if packing is not None else _same  # rows -> (B, T, ...)
+        q = split_heads(batched(self.q_proj(x)), h)  # (B, T, H*E) -> (B, H, T, E)
+        if is_self:
+            k = split_heads(batched(self.k_proj(x)), h)  # (B, T, H*E) -> (B, H, T, E)
+            v = split_heads(batched(self.v_proj(x)), h)
+        else:
+            k = split_heads(self.k_proj(context), h)  # (B, S, H*E) -> (B, H, S, E)
+            v = split_heads(self.v_proj(context), h)
         heads, attn_cache = ops.attention_forward(q, k, v, mask)  # (B, H, T, E)
-        y = self.out_proj(merge_heads(heads))  # (B, T, H*E) -> (B, T, D)
-        self._save((attn_cache, is_self))
+        merged = merge_heads(heads)  # (B, T, H*E)
+        y = self.out_proj(packing.pack(merged) if packing is not None else merged)  # (.., D)
+        self._save((attn_cache, is_self, packing))
         self.last_attention = ops.attention_weights(q, k, mask) if self.keep_attention else None
         return y
 
     def backward(self, dy):
-        """dy (B, T, D) -> dx (B, T, D) for self-attention, (dx, dcontext) for cross."""
-        attn_cache, is_self = self._pop_saved()
+        """dy (B, T, D) -> dx (B, T, D) for self-attention, (dx, dcontext) for cross.
+        (Packed: dy and dx are rows (N, D); unpack and pack swap roles, each being the
+        other's transpose.)"""
+        attn_cache, is_self, packing = self._pop_saved()
         h = self.num_heads
-        dheads = split_heads(self.out_proj.backward(dy), h)  # (B, H, T, E)
-        dq, dk, dv = ops.attention_backward(dheads, attn_cache)
-        dx = self.q_proj.backward(merge_heads(dq))  # (B, T, D)
-        dcontext = self.k_proj.backward(merge_heads(dk)) + self.v_proj.backward(merge_heads(dv))
-        if is_self:
-            return dx + dcontext  # x fed queries, keys and values
-        return dx, dcontext
+        dmerged = self.out_proj.backward(dy)  # (B, T, H*E), or rows (N, H*E)
+        if packing is not None:
+            dmerged = packing.unpack(dmerged)  # the backward of pack
+        dq, dk, dv = ops.attention_backward(split_heads(dmerged, h), attn_cache)
+        rows = packing.pack if packing is not None else _same  # the backward of unpack
+        dx = self.q_proj.backward(rows(merge_heads(dq)))  # (B, T, D) or (N, D)
+        if not is_self:
+            return dx, (self.k_proj.backward(merge_heads(dk))
+                        + self.v_proj.backward(merge_heads(dv)))  # dcontext (B, S, D)
+        dk_x = self.k_proj.backward(rows(merge_heads(dk)))
+        return dx + dk_x + self.v_proj.backward(rows(merge_heads(dv)))  # x fed q, k and v
 
     def step(self, x, state: dict, context=None, mask=None):
         """Incremental inference (call under ``no_grad``): x (B, T_new, D) -> (B, T_new, D).

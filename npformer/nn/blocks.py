@@ -92,9 +92,11 @@ class EncoderBlock(Module):
         self.ffn = FeedForward(d_model, d_ff, activation, dropout)
         self.ffn_residual = Residual(d_model, dropout, norm_first)
 
-    def forward(self, x, mask=None):
-        """x (B, T, D), mask bool broadcasting to (B, H, T, T) -> (B, T, D)."""
-        x = self.attn_residual(x, self.self_attn, mask=mask)
+    def forward(self, x, mask=None, packing=None):
+        """x (B, T, D), mask bool broadcasting to (B, H, T, T) -> (B, T, D).
+        With ``packing`` (:class:`npformer.ops.Packing`), x and the output are the valid
+        positions as rows (N, D): every layer but attention runs on those rows only."""
+        x = self.attn_residual(x, self.self_attn, mask=mask, packing=packing)
         return self.ffn_residual(x, self.ffn)
 
     def backward(self, dy):
@@ -120,11 +122,13 @@ class DecoderBlock(Module):
         self.ffn = FeedForward(d_model, d_ff, activation, dropout)
         self.ffn_residual = Residual(d_model, dropout, norm_first)
 
-    def forward(self, x, memory, self_mask=None, memory_mask=None):
+    def forward(self, x, memory, self_mask=None, memory_mask=None, packing=None):
         """x (B, T, D) targets, memory (B, S, D) encoder output; self_mask broadcasting
-        to (B, H, T, T) (causal and padding), memory_mask to (B, H, T, S) -> (B, T, D)."""
-        x = self.self_attn_residual(x, self.self_attn, mask=self_mask)
-        x = self.cross_attn_residual(x, self.cross_attn, context=memory, mask=memory_mask)
+        to (B, H, T, T) (causal and padding), memory_mask to (B, H, T, S) -> (B, T, D).
+        With ``packing``, x and the output are the valid target positions as rows (N, D)."""
+        x = self.self_attn_residual(x, self.self_attn, mask=self_mask, packing=packing)
+        x = self.cross_attn_residual(x, self.cross_attn, context=memory, mask=memory_mask,
+                                     packing=packing)
         return self.ffn_residual(x, self.ffn)
 
     def backward(self, dy):

@@ -18,6 +18,7 @@ from .embedding import embedding_backward, embedding_forward
 from .layernorm import layernorm_backward, layernorm_forward
 from .linear import linear_backward, linear_forward
 from .losses import IGNORE_INDEX, cross_entropy_backward, cross_entropy_forward
+from .packing import Packing
 from .pooling import POOLINGS, pool_backward, pool_forward
 from .positional import add_positions_backward, add_positions_forward, sinusoidal_table
 from .softmax import (log_softmax_backward, log_softmax_forward, softmax_backward,

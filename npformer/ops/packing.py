@@ -1,0 +1,63 @@
+r"""Packing: the valid positions of a padded batch as rows, and back.
+
+A batch of B sequences padded to length T holds $N = \sum_b n_b$ real tokens
+($n_b$ the valid length of sequence b) and $BT - N$ padding positions.  Every
+layer but attention treats each position alone (linear maps, layer norm, the
+feed-forward network, residual sums), so on a padded batch those layers may
+run on the N valid positions only, and skip the padding's share of the work.
+With X the batch flattened to (B*T, D) rows and ``index`` (N,) the flat
+positions $bT + t$, $t < n_b$, of the valid tokens:
+
+    pack:    $R = X_{\text{index}}$                         (N, D)
+    unpack:  $X = 0$, then $X_{\text{index}} = R$           (B*T, D), zeros at padding
+
+Both are linear and each is the other's transpose (a selection matrix and its
+transpose), so each one's backward is the other:
+
+    pack backward:    $\bar X = \text{unpack}(\bar R)$   (padding positions get zero gradient)
+    unpack backward:  $\bar R = \text{pack}(\bar X)$
+
+Attention is the one layer that mixes positions: it unpacks its queries, keys
+and values to (B, T, ...) and packs its output again (:mod:`npformer.nn.attention`).
+Nothing about a valid position changes: its keys are the same valid positions,
+the padding keys being masked either way, so packed and padded runs give the
+same outputs at every valid position and the same gradients.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .. import backend
+from ._checks import check_rank
+
+
+@dataclass(frozen=True)
+class Packing:
+    """Where the valid positions of a (B, T) padded batch are: ``index`` (N,) flat positions."""
+
+    index: Any  # (N,) integers b * T + t of the valid tokens, in order
+    batch: int  # B
+    length: int  # T
+
+    @classmethod
+    def from_lengths(cls, valid_lens, length: int) -> "Packing":
+        """valid_lens (B,): the first valid_lens[b] positions of sequence b are real tokens."""
+        xp = backend.namespace_of(valid_lens)
+        check_rank(valid_lens, 1, "valid lengths")
+        positions = xp.arange(length, dtype=valid_lens.dtype, device=backend.device_of(valid_lens))
+        valid = positions[None, :] < valid_lens[:, None]  # (B, T)
+        index = xp.nonzero(xp.reshape(valid, (-1,)))[0]  # (N,) flat positions
+        return cls(index, int(valid_lens.shape[0]), length)
+
+    def pack(self, x):
+        """(B, T, D) -> (N, D): the rows of the valid positions (also unpack's backward)."""
+        xp = backend.namespace_of(x)
+        rows = xp.reshape(x, (self.batch * self.length, x.shape[-1]))  # (B*T, D)
+        return xp.take(rows, self.index, axis=0)  # (N, D)
+
+    def unpack(self, rows):
+        """(N, D) -> (B, T, D), zeros at padding (also pack's backward)."""
+        xp = backend.namespace_of(rows)
+        full = backend.scatter_rows(self.index, rows, self.batch * self.length)  # (B*T, D)
+        return xp.reshape(full, (self.batch, self.length, rows.shape[-1]))  # (B, T, D)
