@@ -312,7 +312,7 @@ def prepare_npformer(cfg: dict, seed: int, weights: str | None, threads: int = 1
     from npformer.models import (CausalLM, CausalLMConfig, ClassifierConfig, Seq2SeqConfig,
                                  Seq2SeqTransformer, TransformerClassifier)
     from npformer.torch_interop import load_torch_state_dict
-    from npformer.train import classifier_step, lm_step, make_seq2seq_step
+    from npformer.tasks import Classification, LanguageModeling, Translation
 
     backend.set_backend("numpy", seed=seed)
     backend.set_default_float("float32")
@@ -324,12 +324,12 @@ def prepare_npformer(cfg: dict, seed: int, weights: str | None, threads: int = 1
             vocab_size=cfg["vocab_size"], num_classes=cfg["num_classes"],
             num_layers=cfg["num_layers"], max_len=cfg["seq_len"], positional="learned",
             pooling="mean", pad_id=PAD, **common))
-        step_fn = classifier_step
+        task = Classification()
     elif kind == "causal_lm":
         model = CausalLM(CausalLMConfig(vocab_size=cfg["vocab_size"], block_size=cfg["seq_len"],
                                         num_layers=cfg["num_layers"], positional="learned",
                                         tie_weights=False, **common))
-        step_fn = lm_step
+        task = LanguageModeling()
     else:
         model = Seq2SeqTransformer(Seq2SeqConfig(
             src_vocab_size=cfg["src_vocab_size"], tgt_vocab_size=cfg["tgt_vocab_size"],
@@ -337,7 +337,7 @@ def prepare_npformer(cfg: dict, seed: int, weights: str | None, threads: int = 1
             num_decoder_layers=cfg["num_decoder_layers"],
             max_len=max(cfg["src_len"], cfg["seq_len"]), positional="sinusoidal",
             scale_embeddings=True, pad_id=PAD, bos_id=BOS, eos_id=EOS, **common))
-        step_fn = make_seq2seq_step(label_smoothing=0.0, pad_id=PAD)
+        task = Translation(label_smoothing=0.0, pad_id=PAD)
     if weights:
         with np.load(weights) as f:
             load_torch_state_dict(model, {k: f[k] for k in f.files})
@@ -348,7 +348,7 @@ def prepare_npformer(cfg: dict, seed: int, weights: str | None, threads: int = 1
 
     def step(optimizer):
         optimizer.zero_grad()
-        loss, _ = parallel.step(step_fn, batch, 1.0, seed=0)
+        loss, _ = parallel.loss_and_grad(task, batch, 1.0, seed=0)
         optimizer.step()
         return loss
 

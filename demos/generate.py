@@ -26,7 +26,8 @@ from npformer.decoding import generate
 from npformer.models import CausalLM, CausalLMConfig
 from npformer.nn import no_grad
 from npformer.optim import AdamW, warmup_cosine
-from npformer.train import Trainer, TrainConfig, lm_step
+from npformer.tasks import LanguageModeling
+from npformer.train import Trainer, TrainConfig
 
 
 def estimate_loss(model, data: np.ndarray, block: int, batch: int, batches: int,
@@ -104,7 +105,7 @@ def main(argv=None) -> int:
                 "val_loss": estimate_loss(m, val_ids, args.block, args.batch,
                                           args.eval_batches, seed=2)}
 
-    trainer = Trainer(model, optimizer, lm_step,
+    trainer = Trainer(model, optimizer, LanguageModeling(),
                       lambda rng: lm_batch(train_ids, args.block, args.batch, rng),
                       TrainConfig(max_steps=args.iters, clip_norm=1.0,
                                   data_parallel=args.replicas,

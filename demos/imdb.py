@@ -29,7 +29,8 @@ from npformer.models import ClassifierConfig, TransformerClassifier
 from npformer.nn import no_grad
 from npformer.optim import AdamW, warmup_cosine
 from npformer.parallel import parallel_map
-from npformer.train import Trainer, TrainConfig, classifier_step
+from npformer.tasks import Classification
+from npformer.train import Trainer, TrainConfig
 
 LABELS = ("negative", "positive")
 
@@ -193,7 +194,7 @@ def main(argv=None) -> int:
 
     checkpoint_path = out / "model.npz"
     trainer = Trainer(
-        model, optimizer, classifier_step,
+        model, optimizer, Classification(),
         batch_stream(train_ids, train_y, preset.batch_size, vocab.pad_id),
         TrainConfig(max_steps=total_steps, max_seconds=preset.max_minutes * 60,
                     data_parallel=args.replicas, clip_norm=1.0,

@@ -30,7 +30,8 @@ from npformer.models import Seq2SeqConfig, Seq2SeqTransformer
 from npformer.nn import no_grad
 from npformer.optim import Adam, warmup_inverse_sqrt
 from npformer.parallel import parallel_map
-from npformer.train import Trainer, TrainConfig, make_seq2seq_step
+from npformer.tasks import Translation
+from npformer.train import Trainer, TrainConfig
 
 PROBES = ["go .", "i lost .", "he's calm .", "i'm home ."]
 
@@ -183,7 +184,7 @@ def main(argv=None) -> int:
     print(f"model: {model.num_parameters():,} parameters")
     pad, bos = tgt_vocab.pad_id, tgt_vocab.bos_id
     trainer = Trainer(
-        model, optimizer, make_seq2seq_step(label_smoothing=0.1, pad_id=pad),
+        model, optimizer, Translation(label_smoothing=0.1, pad_id=pad),
         batch_stream(src, tgt, args.batch, pad, bos),
         TrainConfig(max_steps=args.steps, max_seconds=args.max_minutes * 60, clip_norm=1.0,
                     data_parallel=args.replicas,

@@ -13,22 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import backend, ops
-from .nn import no_grad
-
-
-def _inference(model):
-    """Context: eval mode (no dropout) and no caches for backward; restores the mode."""
-    class _Ctx:
-        def __enter__(self):
-            self.was_training = model.training
-            model.eval()
-            self.grad = no_grad()
-            self.grad.__enter__()
-
-        def __exit__(self, *exc):
-            self.grad.__exit__(*exc)
-            model.train(self.was_training)
-    return _Ctx()
+from .nn import evaluating
 
 
 def _last_log_probs(logits) -> np.ndarray:
@@ -50,7 +35,7 @@ def _strip(ids, eos_id: int) -> list[int]:
 def greedy_decode(model, src, src_lens=None, max_len: int = 50) -> list[list[int]]:
     """src (B, S) -> B target id lists (without <bos>/<eos>), the most likely token each step."""
     c = model.config
-    with _inference(model):
+    with evaluating(model):
         memory, memory_mask = model.encode(src, src_lens)
         states = model.start_state()
         batch = src.shape[0]
@@ -108,7 +93,7 @@ def beam_search(model, src, src_lens=None, beam_size: int = 4, max_len: int = 50
 
 def _beam_search_one(model, src, src_lens, k: int, max_len: int, alpha: float) -> list[int]:
     c = model.config
-    with _inference(model):
+    with evaluating(model):
         memory, memory_mask = model.encode(src, src_lens)  # (1, S, D)
         states = model.start_state()
         beams = [_Beam([], 0.0)]
@@ -181,7 +166,7 @@ def generate(model, prompt_ids, max_new_tokens: int, temperature: float = 1.0,
     rng = rng or np.random.default_rng(0)
     block = model.config.block_size
     ids = [int(t) for t in prompt_ids]
-    with _inference(model):
+    with evaluating(model):
         states, offset = model.start_state(), 0
         pending = ids[-block:]
         for _ in range(max_new_tokens):

@@ -24,6 +24,7 @@ from contextlib import nullcontext
 import numpy as np
 
 from . import backend
+from .nn import grad_enabled, set_grad_enabled
 
 
 def split_batch(batch: tuple, parts: int) -> list[tuple]:
@@ -53,15 +54,21 @@ def parallel_map(fn, items, workers: int) -> list:
     items = list(items)
     if workers <= 1 or len(items) <= 1:
         return [fn(item) for item in items]
+    grad = grad_enabled()  # the caller's switch (it is per thread), for the workers too
+
+    def run(item):
+        with set_grad_enabled(grad):
+            return fn(item)
+
     with ThreadPoolExecutor(max_workers=workers) as pool, _single_threaded_blas():
-        return list(pool.map(fn, items))
+        return list(pool.map(run, items))
 
 
 class DataParallel:
-    """Runs ``step_fn(model, shard, grad_scale)`` on ``num_replicas`` shards in threads.
+    """Runs a :class:`npformer.tasks.Task` on ``num_replicas`` shards of a batch in threads.
 
-    ``step_fn.count(batch)`` must give the number of items a batch's mean loss is
-    averaged over (rows, tokens, or non-padding target tokens).
+    ``task.count(shard)`` weights each shard's loss (rows, tokens, or non-padding
+    target tokens), so the summed gradient is the whole batch's.
     """
 
     def __init__(self, model, num_replicas: int = 2):
@@ -86,21 +93,21 @@ class DataParallel:
             for p, q in zip(own, replica.parameters()):
                 p.accumulate(q.grad)
 
-    def step(self, step_fn, batch: tuple, grad_scale: float, seed: int) -> tuple[float, int]:
+    def loss_and_grad(self, task, batch: tuple, grad_scale: float, seed: int) -> tuple[float, int]:
         """Forward + backward of ``batch`` split across the replicas -> (mean loss, count)."""
         shards = split_batch(batch, len(self.replicas))
         if len(shards) == 1 or self.pool is None:
             with backend.thread_generator(seed):
-                return step_fn(self.model, batch, grad_scale)
-        counts = [step_fn.count(shard) for shard in shards]
+                return task.loss_and_grad(self.model, batch, grad_scale), task.count(batch)
+        counts = [task.count(shard) for shard in shards]
         total = sum(counts)
         self._share_parameters()
 
         def run(i):
             with backend.thread_generator(seed + i):
-                return step_fn(self.replicas[i], shards[i], grad_scale * counts[i] / total)
+                return task.loss_and_grad(self.replicas[i], shards[i], grad_scale * counts[i] / total)
 
         with _single_threaded_blas():
-            losses = [result[0] for result in self.pool.map(run, range(len(shards)))]
+            losses = list(self.pool.map(run, range(len(shards))))
         self._sum_gradients()
         return sum(loss * n for loss, n in zip(losses, counts)) / total, total

@@ -1,10 +1,9 @@
 """The training loop, and the loss functions of the three tasks.
 
-A task is a *step function* ``step_fn(model, batch, grad_scale) -> (loss, count)``
-that runs the forward pass, the loss and the backward pass for one batch
-(host NumPy arrays in, gradients accumulated into the parameters), returning
-the batch's mean loss as a Python float and how many items (sequences or
-tokens) it covered.  :class:`Trainer` adds everything around it: gradient
+A :class:`npformer.tasks.Task` runs the forward pass, the loss and the backward
+pass for one batch (host NumPy arrays in, gradients accumulated into the
+parameters) and says how many items its mean loss covers.  :class:`Trainer`
+adds everything around it: gradient
 accumulation, clipping, the learning-rate schedule (through the optimizer),
 NaN/inf detection, a tqdm progress bar with loss, learning rate and tokens/s,
 periodic evaluation, and atomic checkpoints that resume exactly.
@@ -19,67 +18,15 @@ from typing import Callable
 
 import numpy as np
 
-from . import backend, ops
+from . import backend
 from .checkpoint import load_checkpoint, restore, save_checkpoint
 from .optim import clip_grad_norm, global_grad_norm
 from .parallel import DataParallel
+from .tasks import Task
 
 
 class TrainingDiverged(RuntimeError):
     """The loss or the gradients stopped being finite."""
-
-
-# --------------------------------------------------------------------------- step functions
-def _cross_entropy_step(model, logits, targets, grad_scale: float, **loss_kwargs) -> float:
-    """Loss on ``logits``, then the backward pass of loss * grad_scale through ``model``.
-
-    Callers pass the model's output straight in, unnamed, so that this frame holds the
-    only reference: the (N, V) logits, then the softmax the loss keeps, are freed as
-    soon as they are used, before the model's backward pass needs its own memory.
-    """
-    loss, cache = ops.cross_entropy_forward(logits, backend.asarray(targets), **loss_kwargs)
-    del logits  # the cache holds softmax(logits), not the logits
-    dlogits = ops.cross_entropy_backward(grad_scale, cache)
-    del cache
-    model.backward(dlogits)
-    return backend.to_float(loss)
-
-
-def classifier_step(model, batch, grad_scale: float = 1.0):
-    """batch = (ids (B, T), valid_lens (B,), labels (B,)) -> (mean loss, B)."""
-    ids, valid_lens, labels = batch
-    logits = model(backend.asarray(ids), backend.asarray(valid_lens))  # (B, C), small
-    return _cross_entropy_step(model, logits, labels, grad_scale), ids.shape[0]
-
-
-classifier_step.count = lambda batch: batch[0].shape[0]  # the loss averages over sequences
-
-
-def lm_step(model, batch, grad_scale: float = 1.0):
-    """batch = (x (B, T), y (B, T)) next-token targets -> (mean loss per token, B*T)."""
-    x, y = batch
-    loss = _cross_entropy_step(model, model(backend.asarray(x)), y, grad_scale)  # (B, T, V) logits
-    return loss, x.size
-
-
-lm_step.count = lambda batch: batch[0].size  # ... over every target token
-
-
-def make_seq2seq_step(label_smoothing: float = 0.0, pad_id: int = 0):
-    """Step function for the seq2seq model: batch = (src, src_lens, tgt_in, tgt_out, tgt_lens);
-    padding targets are ignored, the loss is averaged over real target tokens."""
-    def seq2seq_step(model, batch, grad_scale: float = 1.0):
-        src, src_lens, tgt_in, tgt_out, tgt_lens = batch
-        positions = np.flatnonzero(tgt_out != pad_id)  # logits only where a loss is taken
-        inputs = (backend.asarray(src), backend.asarray(tgt_in), backend.asarray(src_lens),
-                  backend.asarray(tgt_lens))
-        targets = tgt_out.reshape(-1)[positions]
-        loss = _cross_entropy_step(model, model(*inputs, positions=backend.asarray(positions)),
-                                   targets, grad_scale, label_smoothing=label_smoothing)  # (N, V)
-        return loss, len(positions)
-
-    seq2seq_step.count = lambda batch: int(np.sum(batch[3] != pad_id))  # ... over real tokens
-    return seq2seq_step
 
 
 # --------------------------------------------------------------------------- metrics
@@ -118,14 +65,14 @@ class History:
 
 
 class Trainer:
-    """Runs ``step_fn`` on batches from ``next_batch(rng)`` for ``config.max_steps`` updates."""
+    """Runs ``task`` on batches from ``next_batch(rng)`` for ``config.max_steps`` updates."""
 
-    def __init__(self, model, optimizer, step_fn: Callable, next_batch: Callable,
+    def __init__(self, model, optimizer, task: Task, next_batch: Callable,
                  config: TrainConfig, eval_fn: Callable | None = None,
                  checkpoint_extra: dict | None = None, seed: int = 0):
         if config.grad_accum < 1:
             raise ValueError(f"grad_accum must be at least 1, got {config.grad_accum}")
-        self.model, self.optimizer, self.step_fn = model, optimizer, step_fn
+        self.model, self.optimizer, self.task = model, optimizer, task
         self.next_batch, self.config, self.eval_fn = next_batch, config, eval_fn
         self.checkpoint_extra = checkpoint_extra or {}
         self.data_rng = np.random.default_rng(seed)
@@ -147,7 +94,7 @@ class Trainer:
         for _ in range(self.config.grad_accum):
             batch = self.next_batch(self.data_rng)
             seed = int(self.data_rng.integers(2**31))  # the dropout streams of this batch
-            loss, count = self.parallel.step(self.step_fn, batch, scale, seed)
+            loss, count = self.parallel.loss_and_grad(self.task, batch, scale, seed)
             losses.append(loss)
             items += count
         loss = float(np.mean(losses))

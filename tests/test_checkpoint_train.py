@@ -38,8 +38,8 @@ from npformer.models import (CausalLM, CausalLMConfig, ClassifierConfig, Seq2Seq
                              Seq2SeqTransformer, TransformerClassifier)
 from npformer.nn import no_grad
 from npformer.torch_interop import rules_for, to_torch_state_dict
-from npformer.train import (TrainConfig, Trainer, TrainingDiverged, accuracy, classifier_step,
-                            lm_step, make_seq2seq_step, perplexity)
+from npformer.tasks import Classification, LanguageModeling, Translation
+from npformer.train import TrainConfig, Trainer, TrainingDiverged, accuracy, perplexity
 
 from .conftest import using_backend
 from .helpers import rel_diff
@@ -181,7 +181,7 @@ def _resume_setup(seed_model: int):
 
 
 def _trainer(model, opt, max_steps, path=None):
-    return Trainer(model, opt, classifier_step, classifier_batch,
+    return Trainer(model, opt, Classification(), classifier_batch,
                    TrainConfig(max_steps=max_steps, grad_accum=2, clip_norm=0.5,
                                checkpoint_path=path, progress=False), seed=5)
 
@@ -265,7 +265,7 @@ def test_wrong_kind_is_refused(tmp_path):
         with pytest.raises(CheckpointError, match="classifier"):
             build_model(checkpoint, expected_kind="causal_lm")
         model = lm()
-        trainer = Trainer(model, optim.Adam(model.parameters()), lm_step, lm_batch,
+        trainer = Trainer(model, optim.Adam(model.parameters()), LanguageModeling(), lm_batch,
                           TrainConfig(max_steps=1, progress=False))
         with pytest.raises(CheckpointError, match="classifier"):
             trainer.resume(path)
@@ -313,7 +313,7 @@ def test_missing_file(tmp_path):
         load_checkpoint(tmp_path / "nope.npz")
     with using_backend("numpy", "float64"):
         model = lm()
-        trainer = Trainer(model, optim.Adam(model.parameters()), lm_step, lm_batch,
+        trainer = Trainer(model, optim.Adam(model.parameters()), LanguageModeling(), lm_batch,
                           TrainConfig(max_steps=1, progress=False))
         with pytest.raises(FileNotFoundError):
             trainer.resume(tmp_path / "nope.npz")
@@ -328,27 +328,29 @@ def test_resume_needs_optimizer_state(tmp_path):
 
 
 # =========================================================================== divergence
-def _nan_loss_step(model, batch, grad_scale=1.0):
-    lm_step(model, batch, grad_scale)  # a real backward: gradients are finite
-    return math.nan, 1
+class _NanLoss(LanguageModeling):
+    def loss_and_grad(self, model, batch, grad_scale=1.0):
+        super().loss_and_grad(model, batch, grad_scale)  # a real backward: gradients are finite
+        return math.nan
 
 
-def _nan_grad_step(model, batch, grad_scale=1.0):
-    loss, count = lm_step(model, batch, grad_scale)
-    p = model.embed.tokens.weight
-    xp = backend.namespace_of(p.grad)
-    p.grad = p.grad * xp.asarray(math.nan, dtype=p.grad.dtype)
-    return loss, count
+class _NanGrad(LanguageModeling):
+    def loss_and_grad(self, model, batch, grad_scale=1.0):
+        loss = super().loss_and_grad(model, batch, grad_scale)
+        p = model.embed.tokens.weight
+        xp = backend.namespace_of(p.grad)
+        p.grad = p.grad * xp.asarray(math.nan, dtype=p.grad.dtype)
+        return loss
 
 
-@pytest.mark.parametrize("step_fn", [_nan_loss_step, _nan_grad_step])
-def test_nan_stops_training_without_update_or_checkpoint(tmp_path, step_fn):
+@pytest.mark.parametrize("task", [_NanLoss(), _NanGrad()])
+def test_nan_stops_training_without_update_or_checkpoint(tmp_path, task):
     path = tmp_path / "never.npz"
     with using_backend("numpy", "float64"):
         model = lm()
         before = weights(model)
         opt = optim.Adam(model.parameters(), lr=1e-3)
-        trainer = Trainer(model, opt, step_fn, lm_batch,
+        trainer = Trainer(model, opt, task, lm_batch,
                           TrainConfig(max_steps=3, checkpoint_path=path, progress=False))
         with pytest.raises(TrainingDiverged, match="step 1"):
             trainer.fit()
@@ -363,7 +365,7 @@ def test_huge_learning_rate_diverges_cleanly(tmp_path):
     with using_backend("numpy", "float64"):
         model = classifier()
         opt = optim.SGD(model.parameters(), lr=1e300)
-        trainer = Trainer(model, opt, classifier_step, classifier_batch,
+        trainer = Trainer(model, opt, Classification(), classifier_batch,
                           TrainConfig(max_steps=10, checkpoint_path=path, progress=False))
         with np.errstate(all="ignore"):
             trainer.train_step()  # one finite update with an absurd step size
@@ -379,7 +381,7 @@ def test_huge_learning_rate_diverges_cleanly(tmp_path):
 @pytest.mark.parametrize("kind", ["classifier", "causal_lm"])
 def test_grad_accumulation_equals_one_big_batch(kind):
     build, make_batch = BUILDERS[kind]
-    step_fn = classifier_step if kind == "classifier" else lm_step
+    task = Classification() if kind == "classifier" else LanguageModeling()
     rng = np.random.default_rng(6)
     b1, b2 = make_batch(rng), make_batch(rng)
     both = tuple(np.concatenate([x, y]) for x, y in zip(b1, b2))
@@ -389,7 +391,7 @@ def test_grad_accumulation_equals_one_big_batch(kind):
             model = build()
             feed = iter(batches)
             trainer = Trainer(model, optim.SGD(model.parameters(), lr=0.5, momentum=0.9),
-                              step_fn, lambda _rng: next(feed),
+                              task, lambda _rng: next(feed),
                               TrainConfig(max_steps=1, grad_accum=accum, progress=False))
             loss = trainer.train_step()
             return loss, weights(model)
@@ -428,7 +430,7 @@ def test_trainer_adamw_with_clipping_matches_torch(torch):
         batches = [parity_lm_batch(rng, config) for _ in range(steps)]
         feed = iter(batches)
         trainer = Trainer(model, optim.AdamW(model.parameters(), lr=lr, weight_decay=wd),
-                          lm_step, lambda _rng: next(feed),
+                          LanguageModeling(), lambda _rng: next(feed),
                           TrainConfig(max_steps=steps, clip_norm=clip, progress=False))
         history = trainer.fit()
         F = torch.nn.functional
@@ -499,13 +501,13 @@ def test_no_grad_keeps_no_caches(kind):
         with pytest.raises(RuntimeError, match="without a forward"):
             model.backward(backend.xp().ones_like(out))
         # a training forward keeps caches, and its backward releases all of them
-        step = {"classifier": classifier_step, "causal_lm": lm_step,
-                "seq2seq": make_seq2seq_step()}[kind]
+        task = {"classifier": Classification(), "causal_lm": LanguageModeling(),
+                "seq2seq": Translation()}[kind]
         if kind == "classifier":
             model(dev(batch[0]), dev(batch[1]))
             assert _cached(model)
             model.zero_grad()
-        step(model, batch)
+        task.loss_and_grad(model, batch)
         assert _cached(model) == []
 
 
@@ -534,7 +536,7 @@ def test_best_checkpoint_selection(tmp_path):
             snapshots[value] = weights(m)
             return {"val_accuracy": value}
 
-        Trainer(model, optim.Adam(model.parameters(), lr=1e-2), classifier_step,
+        Trainer(model, optim.Adam(model.parameters(), lr=1e-2), Classification(),
                 classifier_batch, TrainConfig(max_steps=4, eval_every=1, checkpoint_path=path,
                                               select_metric="val_accuracy", progress=False),
                 eval_fn=eval_fn).fit()

@@ -30,7 +30,8 @@ from npformer import backend, optim
 from npformer.decoding import beam_search, generate, greedy_decode, length_penalty
 from npformer.models import CausalLM, CausalLMConfig, Seq2SeqConfig, Seq2SeqTransformer
 from npformer.nn import no_grad
-from npformer.train import TrainConfig, Trainer, make_seq2seq_step
+from npformer.tasks import Translation
+from npformer.train import TrainConfig, Trainer
 
 from .conftest import using_backend
 from .helpers import rel_diff
@@ -383,7 +384,7 @@ def reverser():
         opt = optim.Adam(model.parameters(),
                          lr=optim.warmup_cosine(peak_lr=1e-2, warmup=30,
                                                 total_steps=STEPS, min_lr=1e-3))
-        trainer = Trainer(model, opt, make_seq2seq_step(pad_id=PAD), reverse_batch,
+        trainer = Trainer(model, opt, Translation(pad_id=PAD), reverse_batch,
                           TrainConfig(max_steps=STEPS, clip_norm=1.0, progress=False), seed=1)
         history = trainer.fit()
     return model, history

@@ -32,7 +32,7 @@ from npformer import backend, ops, optim
 from npformer.models import (CausalLM, CausalLMConfig, ClassifierConfig, Seq2SeqConfig,
                              Seq2SeqTransformer, TransformerClassifier)
 from npformer.torch_interop import load_torch_state_dict, to_torch_state_dict
-from npformer.train import classifier_step, lm_step, make_seq2seq_step
+from npformer.tasks import Classification, LanguageModeling, Translation
 
 from .conftest import require_torch, using_backend
 from .helpers import rel_diff
@@ -239,8 +239,8 @@ def seq2seq_batch(rng, c):
 class Kind:
     """How to build, feed and score one architecture on both sides."""
 
-    def __init__(self, kind, model_cls, batch_fn, step_fn):
-        self.kind, self.model_cls, self.batch_fn, self.step_fn = kind, model_cls, batch_fn, step_fn
+    def __init__(self, kind, model_cls, batch_fn, task):
+        self.kind, self.model_cls, self.batch_fn, self.task = kind, model_cls, batch_fn, task
 
     def torch_loss(self, torch, ref, batch):
         F = torch.nn.functional
@@ -277,10 +277,10 @@ class Kind:
 
 
 KINDS = {
-    "classifier": Kind("classifier", TransformerClassifier, classifier_batch, classifier_step),
-    "causal_lm": Kind("causal_lm", CausalLM, lm_batch, lm_step),
+    "classifier": Kind("classifier", TransformerClassifier, classifier_batch, Classification()),
+    "causal_lm": Kind("causal_lm", CausalLM, lm_batch, LanguageModeling()),
     "seq2seq": Kind("seq2seq", Seq2SeqTransformer, seq2seq_batch,
-                    make_seq2seq_step(label_smoothing=LABEL_SMOOTHING, pad_id=PAD)),
+                    Translation(label_smoothing=LABEL_SMOOTHING, pad_id=PAD)),
 }
 
 
@@ -316,7 +316,7 @@ def torch_grads_of(model) -> dict[str, np.ndarray]:
 
 def ours_loss_and_grads(kind: str, model, batch):
     model.zero_grad()
-    loss, _ = KINDS[kind].step_fn(model, batch, 1.0)
+    loss = KINDS[kind].task.loss_and_grad(model, batch, 1.0)
     return loss, torch_grads_of(model)
 
 
@@ -430,7 +430,7 @@ def test_adam_trajectory_matches_torch(case, torch):
         for step in range(ADAM_STEPS):
             batch = fixed[step % len(fixed)]
             opt.zero_grad()
-            loss, _ = KINDS[kind].step_fn(model, batch, 1.0)
+            loss = KINDS[kind].task.loss_and_grad(model, batch, 1.0)
             opt.step()
             ref_opt.zero_grad()
             theirs, _ = KINDS[kind].torch_loss(torch, ref, batch)

@@ -10,7 +10,8 @@ from npformer.models import (CausalLM, CausalLMConfig, ClassifierConfig, Seq2Seq
                              Seq2SeqTransformer, TransformerClassifier)
 from npformer.optim import AdamW
 from npformer.parallel import DataParallel, split_batch
-from npformer.train import (Trainer, TrainConfig, classifier_step, lm_step, make_seq2seq_step)
+from npformer.tasks import Classification, LanguageModeling, Translation
+from npformer.train import Trainer, TrainConfig
 from tests.conftest import using_backend
 from tests.helpers import rel_diff
 
@@ -21,14 +22,14 @@ def _classifier_case(rng):
                                                    dropout=0.0))
     ids = rng.integers(1, 30, (7, 10))
     lens = rng.integers(1, 11, 7)
-    return model, classifier_step, (ids, lens, rng.integers(0, 2, 7))
+    return model, Classification(), (ids, lens, rng.integers(0, 2, 7))
 
 
 def _lm_case(rng):
     model = CausalLM(CausalLMConfig(vocab_size=11, block_size=6, d_model=8, num_heads=2,
                                     num_layers=1, d_ff=12))
     x = rng.integers(0, 11, (5, 6))
-    return model, lm_step, (x, rng.integers(0, 11, (5, 6)))
+    return model, LanguageModeling(), (x, rng.integers(0, 11, (5, 6)))
 
 
 def _seq2seq_case(rng):
@@ -43,7 +44,7 @@ def _seq2seq_case(rng):
     for row, n in enumerate(tgt_lens):  # padding after the valid tokens: shards differ in count
         tgt_out[row, n:] = 0
     tgt_in = np.concatenate([np.full((6, 1), 2), tgt_out[:, :-1]], axis=1)
-    return model, make_seq2seq_step(label_smoothing=0.1), (src, src_lens, tgt_in, tgt_out,
+    return model, Translation(label_smoothing=0.1), (src, src_lens, tgt_in, tgt_out,
                                                            tgt_lens)
 
 
@@ -51,12 +52,12 @@ def _seq2seq_case(rng):
 @pytest.mark.parametrize("replicas", [2, 3])
 def test_sharded_gradients_equal_the_whole_batch(case, replicas):
     with using_backend("numpy", "float64"):
-        model, step_fn, batch = case(np.random.default_rng(0))
+        model, task, batch = case(np.random.default_rng(0))
         model.zero_grad()
-        whole_loss, _ = step_fn(model, batch, 1.0)
+        whole_loss = task.loss_and_grad(model, batch, 1.0)
         expected = [p.grad for p in model.parameters()]
         model.zero_grad()
-        loss, _ = DataParallel(model, replicas).step(step_fn, batch, 1.0, seed=0)
+        loss, _ = DataParallel(model, replicas).loss_and_grad(task, batch, 1.0, seed=0)
         assert abs(loss - whole_loss) <= 1e-12 * abs(whole_loss)
         # measured against the largest gradient: some (the key bias) are zero in theory
         scale = max(float(np.max(np.abs(g))) for g in expected)
@@ -86,7 +87,7 @@ def _train(steps, replicas, dropout, save_to=None, resume_from=None):
         rows = rng.integers(0, 64, 8)
         return ids[rows], lens[rows], labels[rows]
 
-    trainer = Trainer(model, optimizer, classifier_step, next_batch,
+    trainer = Trainer(model, optimizer, Classification(), next_batch,
                       TrainConfig(max_steps=steps, data_parallel=replicas, progress=False))
     if resume_from:
         trainer.resume(resume_from)

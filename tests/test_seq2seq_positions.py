@@ -6,7 +6,7 @@ import numpy as np
 
 from npformer import backend, gradcheck, ops
 from npformer.models import Seq2SeqConfig, Seq2SeqTransformer
-from npformer.train import make_seq2seq_step
+from npformer.tasks import Translation
 from tests.conftest import using_backend
 from tests.helpers import GRADCHECK_TOL, rel_diff
 
@@ -36,8 +36,9 @@ def test_selected_positions_match_the_full_logits_and_loss():
         assert rel_diff(picked, full.reshape(-1, full.shape[-1])[positions]) <= 1e-13
         # the training step's loss and gradients equal those of full logits + ignore_index
         model.zero_grad()
-        loss, count = make_seq2seq_step(label_smoothing=0.1)(
-            model, (src, src_lens, tgt_in, tgt_out, tgt_lens))
+        task = Translation(label_smoothing=0.1)
+        batch = (src, src_lens, tgt_in, tgt_out, tgt_lens)
+        loss, count = task.loss_and_grad(model, batch), task.count(batch)
         grads = {n: p.grad for n, p in model.named_parameters()}
         model.zero_grad()
         logits = model(src, tgt_in, src_lens, tgt_lens)

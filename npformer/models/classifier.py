@@ -83,11 +83,8 @@ class TransformerClassifier(Module):
 
     def predict(self, ids, valid_lens=None):
         """Class probabilities (B, C), without keeping anything for a backward."""
-        from ..nn import no_grad
+        from ..nn import evaluating
 
-        was_training = self.training
-        self.eval()
-        with no_grad():
+        with evaluating(self):
             probs, _ = ops.softmax_forward(self.forward(ids, valid_lens), axis=-1)
-        self.train(was_training)
         return probs

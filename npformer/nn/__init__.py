@@ -3,6 +3,7 @@ from .attention import MultiHeadAttention, merge_heads, split_heads
 from .blocks import DecoderBlock, EncoderBlock, FeedForward, Residual
 from .layers import (Activation, Dropout, Embedding, LayerNorm, LearnedPositionalEmbedding,
                      Linear, SinusoidalPositionalEncoding)
-from .module import Module, Parameter, grad_enabled, no_grad
+from .module import (Module, Parameter, evaluating, grad_enabled, no_grad,
+                     set_grad_enabled)
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -13,28 +13,46 @@ were assigned: a ``Parameter`` attribute ``weight`` of a child stored as
 """
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 from typing import Iterator
 
 from .. import backend
 
-_grad_enabled = True
+_local = threading.local()  # each thread its own switch, as each has its own generator
 
 
 def grad_enabled() -> bool:
-    """False inside :func:`no_grad`: forwards then keep nothing for a backward."""
-    return _grad_enabled
+    """False inside :func:`no_grad` (in this thread): forwards then keep nothing for a backward."""
+    return getattr(_local, "grad_enabled", True)
 
 
 @contextmanager
-def no_grad():
-    """Inference mode: layers keep no activations, so memory stays flat."""
-    global _grad_enabled
-    previous, _grad_enabled = _grad_enabled, False
+def set_grad_enabled(enabled: bool):
+    """Run a block with this thread's gradient switch set to ``enabled``, then restore it."""
+    previous, _local.grad_enabled = grad_enabled(), enabled
     try:
         yield
     finally:
-        _grad_enabled = previous
+        _local.grad_enabled = previous
+
+
+def no_grad():
+    """Inference mode for this thread: layers keep no activations, so memory stays flat."""
+    return set_grad_enabled(False)
+
+
+@contextmanager
+def evaluating(model):
+    """Evaluation: ``model`` in eval mode (no dropout) under :func:`no_grad`; the model's
+    previous mode is restored afterwards, whatever it was."""
+    was_training = model.training
+    model.eval()
+    try:
+        with no_grad():
+            yield model
+    finally:
+        model.train(was_training)
 
 
 class Parameter:
@@ -139,7 +157,7 @@ class Module:
 
     def _save(self, cache) -> None:
         """Keep what backward needs, unless in inference mode (:func:`no_grad`)."""
-        self._cache = cache if _grad_enabled else None
+        self._cache = cache if grad_enabled() else None
 
     def _pop_saved(self):
         """The cache of the last forward (released), or a clear error if there is none."""

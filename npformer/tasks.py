@@ -1,0 +1,94 @@
+"""Tasks: what one training batch means for each model.
+
+A :class:`Task` knows, for one kind of batch (host NumPy arrays), two things:
+
+* ``count(batch)``: how many items the batch's mean loss averages over (sequences,
+  tokens, or real target tokens).  Data parallelism weights each shard's loss by its
+  share of these, so the summed gradient equals the whole batch's.
+* ``loss_and_grad(model, batch, grad_scale)``: the forward pass, the loss, and the
+  backward pass of ``loss * grad_scale`` through the model (gradients accumulate into
+  the parameters); returns the batch's mean loss as a Python float.
+
+The three tasks of the demos: :class:`Classification` (IMDB), :class:`LanguageModeling`
+(tiny Shakespeare) and :class:`Translation` (English-French).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+from . import backend, ops
+
+
+class Task(ABC):
+    """One kind of training batch: its item count, and its loss with the backward pass."""
+
+    @abstractmethod
+    def count(self, batch: tuple) -> int:
+        """The number of items the batch's mean loss averages over."""
+
+    @abstractmethod
+    def loss_and_grad(self, model, batch: tuple, grad_scale: float = 1.0) -> float:
+        """Forward, loss and backward of ``loss * grad_scale``; returns the mean loss."""
+
+
+def cross_entropy_and_backward(model, logits, targets, grad_scale: float,
+                               **loss_kwargs) -> float:
+    """Loss on ``logits``, then the backward pass of loss * grad_scale through ``model``.
+
+    Callers pass the model's output straight in, unnamed, so that this frame holds the
+    only reference: the (N, V) logits, then the softmax the loss keeps, are freed as
+    soon as they are used, before the model's backward pass needs its own memory.
+    """
+    loss, cache = ops.cross_entropy_forward(logits, backend.asarray(targets), **loss_kwargs)
+    del logits  # the cache holds softmax(logits), not the logits
+    dlogits = ops.cross_entropy_backward(grad_scale, cache)
+    del cache
+    model.backward(dlogits)
+    return backend.to_float(loss)
+
+
+class Classification(Task):
+    """batch = (ids (B, T), valid_lens (B,), labels (B,)); the loss averages over sequences."""
+
+    def count(self, batch):
+        return batch[0].shape[0]
+
+    def loss_and_grad(self, model, batch, grad_scale=1.0):
+        ids, valid_lens, labels = batch
+        logits = model(backend.asarray(ids), backend.asarray(valid_lens))  # (B, C), small
+        return cross_entropy_and_backward(model, logits, labels, grad_scale)
+
+
+class LanguageModeling(Task):
+    """batch = (x (B, T), y (B, T)) next-token targets; the loss averages over all B*T tokens."""
+
+    def count(self, batch):
+        return batch[0].size
+
+    def loss_and_grad(self, model, batch, grad_scale=1.0):
+        x, y = batch
+        return cross_entropy_and_backward(model, model(backend.asarray(x)), y,
+                                          grad_scale)  # (B, T, V) logits
+
+
+class Translation(Task):
+    """batch = (src, src_lens, tgt_in, tgt_out, tgt_lens); padding targets are ignored and
+    the loss averages over the real target tokens."""
+
+    def __init__(self, label_smoothing: float = 0.0, pad_id: int = 0):
+        self.label_smoothing, self.pad_id = label_smoothing, pad_id
+
+    def count(self, batch):
+        return int(np.sum(batch[3] != self.pad_id))
+
+    def loss_and_grad(self, model, batch, grad_scale=1.0):
+        src, src_lens, tgt_in, tgt_out, tgt_lens = batch
+        positions = np.flatnonzero(tgt_out != self.pad_id)  # logits only where a loss is taken
+        inputs = (backend.asarray(src), backend.asarray(tgt_in), backend.asarray(src_lens),
+                  backend.asarray(tgt_lens))
+        targets = tgt_out.reshape(-1)[positions]
+        return cross_entropy_and_backward(
+            model, model(*inputs, positions=backend.asarray(positions)),  # (N, V)
+            targets, grad_scale, label_smoothing=self.label_smoothing)
