@@ -1,0 +1,38 @@
+"""The one switch between npformer's two tiers of ops.
+
+* ``"textbook"``: :mod:`npformer.ops`, the mathematics only: each forward/backward
+  pair is its derivation, on one screen (dense attention that forms P, the plain
+  softmax, cross-entropy, layer norm, linear, embedding).
+* ``"fast"`` (default): the same functions, computed for speed (blocked attention
+  with a stored log-sum-exp, packing of valid positions, the fused softmax and
+  cross-entropy, in-place variants), each tested equal to its textbook op.
+
+Choose with the environment variable ``NPFORMER_ENGINE``, with
+:func:`set_engine`, or with a demo's ``--engine`` option.  Layers and models reach
+the chosen tier through this module only.
+"""
+from __future__ import annotations
+
+import os
+
+ENGINES = ("fast", "textbook")
+
+
+def _checked(name: str, source: str) -> str:
+    choice = str(name).strip().lower()
+    if choice not in ENGINES:
+        raise ValueError(f"unknown engine {name!r} ({source}); choose one of {ENGINES}")
+    return choice
+
+
+_current = _checked(os.environ.get("NPFORMER_ENGINE", "fast"), "from NPFORMER_ENGINE")
+
+
+def set_engine(name: str) -> None:
+    """Run every later forward and backward on tier ``name`` ("fast" or "textbook")."""
+    global _current
+    _current = _checked(name, "set_engine")
+
+
+def engine_name() -> str:
+    return _current
