@@ -5,6 +5,9 @@
     python bench/bench.py --sweeps              # + sequence-length and batch-size sweeps (imdb)
     python bench/bench.py --smoke               # tiny sizes, 1 step: a CI check that it all runs
     python bench/bench.py --markdown            # + README-ready tables
+    python bench/bench.py --processes           # 2 MPI ranks / 2 threads / PyTorch DDP / 2
+                                                # threads; scaling; Allreduce vs size; projection
+    python bench/bench.py --processes --smoke   # the same, tiny: a CI check that it all runs
 
 Every (configuration, side) runs in a fresh subprocess (``--worker``, JSON on
 stdout), one after the other, with the same environment (thread variables,
@@ -24,6 +27,11 @@ Memory: peak RSS growth during the measured steps, the same way on both sides:
 right before the first step, once model and batch are built.  The optimizer is
 built after that baseline on both sides (npformer allocates Adam's moments in its
 constructor, PyTorch at its first step), so optimizer state is in the growth.
+
+The code: bench/configs.py (configurations, batches, the npformer models),
+bench/torch_models.py (the PyTorch references, shared with the parity tests),
+bench/measure.py (the workers), bench/report.py (tables), bench/processes.py (the
+process modes, ``--processes``).
 """
 from __future__ import annotations
 
@@ -45,6 +53,7 @@ from bench.configs import (CONFIGS, SEED, SMOKE, SMOKE_SWEEP_BATCHES,  # noqa: E
                            SMOKE_SWEEP_LENGTHS, SMOKE_SWEEP_TOKENS, SWEEP_BATCHES, SWEEP_LENGTHS,
                            SWEEP_TOKENS)
 from bench.measure import RESULT_PREFIX, worker_main  # noqa: E402
+from bench import processes  # noqa: E402
 from bench.report import (SIDES, describe, load_average, print_header,  # noqa: E402
                           print_main_table, print_markdown, print_sweep)
 
@@ -52,10 +61,10 @@ NO_TRIM_TUNABLE = "glibc.malloc.mmap_threshold=4294967296"
 
 
 # =========================================================================== parent side
-def worker_env(args) -> dict:
+def worker_env(args, threads: int | None = None) -> dict:
     env = dict(os.environ)
     for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        env[name] = str(args.threads)
+        env[name] = str(threads or args.threads)
     if args.allocator == "glibc-default":
         env.pop("GLIBC_TUNABLES", None)
     elif args.allocator == "keep-heap":
@@ -64,11 +73,13 @@ def worker_env(args) -> dict:
     return env
 
 
-def run_worker(side: str, cfg: dict, args, weights: str | None) -> dict:
+def run_worker(side: str, cfg: dict, args, weights: str | None,
+               threads: int | None = None) -> dict:
     spec = dict(side=side, config=cfg, steps=args.steps, warmup=args.warmup,
-                threads=args.threads, seed=SEED, weights=weights)
+                threads=threads or args.threads, seed=SEED, weights=weights)
+    env = args.env if threads is None else worker_env(args, threads)
     proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker",
-                           json.dumps(spec)], env=args.env, capture_output=True, text=True)
+                           json.dumps(spec)], env=env, capture_output=True, text=True)
     for line in proc.stdout.splitlines():
         if line.startswith(RESULT_PREFIX):
             return json.loads(line[len(RESULT_PREFIX):])
@@ -101,7 +112,13 @@ def parse_args(argv=None):
                    help="GLIBC_TUNABLES for both sides: inherit = as in this environment "
                         f"(default), glibc-default = unset, keep-heap = {NO_TRIM_TUNABLE}")
     p.add_argument("--markdown", action="store_true", help="also print README-ready tables")
+    p.add_argument("--processes", action="store_true",
+                   help="process modes instead: npformer on 2 MPI ranks vs 2 thread replicas "
+                        "vs PyTorch DDP (gloo, 2 processes) vs PyTorch with 2 threads; scaling "
+                        "1 -> 2 ranks; Allreduce time vs size at 2 and 4 ranks; projection")
     p.add_argument("--worker", metavar="JSON", help=argparse.SUPPRESS)
+    for flag in processes.WORKERS:
+        p.add_argument(flag, metavar="JSON", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.steps is None:
         args.steps = 1 if args.smoke else 10
@@ -120,10 +137,16 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.worker:
         return worker_main(args.worker)
+    for flag, worker in processes.WORKERS.items():
+        spec = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if spec:
+            return worker(json.loads(spec))
     args.env = worker_env(args)
     args.load_at_start = load_average()
     table = SMOKE if args.smoke else CONFIGS
     started = time.perf_counter()
+    if args.processes:
+        return main_processes(args, table, started)
     results, cfgs = {}, {}
     for name in args.names:
         cfgs[name] = table[name]
@@ -156,6 +179,31 @@ def main(argv=None) -> int:
     failed = [n for n, pair in results.items() if any("error" in r for r in pair.values())]
     failed += [title for title, rows in sweeps for _, pair in rows
                if any("error" in r for r in pair.values())]
+    return 1 if failed else 0
+
+
+
+def main_processes(args, table: dict, started: float) -> int:
+    """``--processes``: the process modes of every configuration, the Allreduce sweep and
+    the projection (bench/processes.py)."""
+    def thread_mode(side, cfg, threads, weights):
+        return run_worker(side, cfg, args, weights, threads=threads)
+
+    results = {name: processes.run_modes(table[name], args, thread_mode) for name in args.names}
+    sweep = processes.run_allreduce_sweep(args)
+    first = next(iter(results.values()), {})
+    print_header(args, {"pytorch": first.get("PyTorch 2 threads", {}),
+                        "npformer": first.get("npformer 2 threads", {})})
+    if args.smoke:
+        print("SMOKE RUN: tiny sizes, timings meaningless")
+    for name in args.names:
+        print("  " + describe(name, table[name]))
+    processes.print_process_modes(results)
+    processes.print_allreduce(sweep)
+    processes.print_projection(results)
+    print(f"\n(total wall time {time.perf_counter() - started:.0f} s)")
+    failed = [n for n, modes in results.items() if any("error" in r for r in modes.values())]
+    failed += [ranks for ranks, res in sweep.items() if "error" in res]
     return 1 if failed else 0
 
 

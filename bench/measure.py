@@ -64,7 +64,10 @@ class Prepared:
                                                                   infer)
 
 
-def prepare_pytorch(cfg: dict, seed: int, weights: str | None) -> Prepared:
+def prepare_pytorch(cfg: dict, seed: int, weights: str | None, rows: tuple | None = None,
+                    wrap=None) -> Prepared:
+    """The PyTorch side on the batch's ``rows`` (lo, hi) (all by default); ``wrap``:
+    e.g. DistributedDataParallel around the model for training."""
     import numpy as np
     import torch
     import torch.nn.functional as F
@@ -73,15 +76,17 @@ def prepare_pytorch(cfg: dict, seed: int, weights: str | None) -> Prepared:
     model = torch_reference(cfg).train()  # train(): dropout is 0 anyway
     if weights:
         np.savez(weights, **{k: v.detach().numpy() for k, v in model.state_dict().items()})
-    batch = [torch.from_numpy(np.asarray(a)) for a in make_batch(cfg, seed + 1)]
+    lo, hi = rows or (0, cfg["batch"])
+    batch = [torch.from_numpy(np.asarray(a)[lo:hi]) for a in make_batch(cfg, seed + 1)]
     kind = cfg["kind"]
+    net = wrap(model) if wrap else model
 
     def forward():
         if kind == "classifier":
-            return model(batch[0], batch[1])
+            return net(batch[0], batch[1])
         if kind == "causal_lm":
-            return model(batch[0])
-        return model(batch[0], batch[2], batch[1], batch[4])
+            return net(batch[0])
+        return net(batch[0], batch[2], batch[1], batch[4])
 
     def loss_fn(logits):
         if kind == "classifier":
