@@ -12,12 +12,17 @@ summed gradient equals that of the whole batch:
 
     L = sum_i (n_i / n) L_i      =>      dL/dw = sum_i (n_i / n) dL_i/dw
 
-The same replica-and-sum-gradients idea extends across processes: only
-:meth:`DataParallel._sum_gradients` would become an all-reduce.
+The same replica-and-sum-gradients idea extends across processes in
+:mod:`npformer.distributed`: each MPI rank runs a :class:`DataParallel` of its own
+on its rows of the global batch, and the sum becomes one all-reduce.  Both engines
+answer the same three calls the :class:`npformer.train.Trainer` makes:
+``loss_and_grad`` (per batch), ``reduce_step`` (once per optimizer step) and
+``from_main`` (a decision every process must share), plus ``is_main``.
 """
 from __future__ import annotations
 
 import copy
+import numbers
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 
@@ -27,11 +32,20 @@ from . import backend
 from .nn import grad_enabled, set_grad_enabled
 
 
-def split_batch(batch: tuple, parts: int) -> list[tuple]:
-    """Split every array of a batch tuple along its first axis into ``parts`` shards."""
-    rows = batch[0].shape[0]
+def shard_bounds(rows: int, parts: int) -> list[tuple[int, int]]:
+    """[(lo, hi)] of ``parts`` contiguous shards covering ``range(rows)``, sizes differing
+    by at most one (the later shards are the larger); shards are empty when rows < parts."""
+    if parts < 1:
+        raise ValueError(f"parts must be at least 1, got {parts}")
     bounds = np.linspace(0, rows, parts + 1).astype(int)
-    return [tuple(a[lo:hi] for a in batch) for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
+    return [(int(lo), int(hi)) for lo, hi in zip(bounds[:-1], bounds[1:])]
+
+
+def split_batch(batch: tuple, parts: int) -> list[tuple]:
+    """Split every array of a batch tuple along its first axis into ``parts`` shards
+    (never an empty one: fewer shards when the batch has fewer rows than ``parts``)."""
+    return [tuple(a[lo:hi] for a in batch)
+            for lo, hi in shard_bounds(batch[0].shape[0], parts) if hi > lo]
 
 
 _blas_controller = None  # found once: looking up the loaded BLAS libraries reads /proc
@@ -65,23 +79,28 @@ def parallel_map(fn, items, workers: int) -> list:
 
 
 class DataParallel:
-    """Runs a :class:`npformer.tasks.Task` on ``num_replicas`` shards of a batch in threads.
+    """Runs a :class:`npformer.tasks.Task` on ``replicas`` shards of a batch in threads.
 
     ``task.count(shard)`` weights each shard's loss (rows, tokens, or non-padding
-    target tokens), so the summed gradient is the whole batch's.
+    target tokens), so the summed gradient is the whole batch's.  Shard i draws its
+    dropout masks from ``thread_generator(seed + i)``.
     """
 
-    def __init__(self, model, num_replicas: int = 2):
-        if num_replicas < 1:
-            raise ValueError(f"num_replicas must be at least 1, got {num_replicas}")
+    is_main = True  # the one process: it prints and saves
+
+    def __init__(self, model, replicas: int = 2):
+        if isinstance(replicas, bool) or not isinstance(replicas, numbers.Integral) \
+                or replicas < 1:
+            raise ValueError(f"replicas must be an integer of at least 1, got {replicas!r}")
+        replicas = int(replicas)
         self.model = model
-        self.replicas = [model] + [copy.deepcopy(model) for _ in range(num_replicas - 1)]
-        self.pool = ThreadPoolExecutor(max_workers=num_replicas) if num_replicas > 1 else None
+        self.models = [model] + [copy.deepcopy(model) for _ in range(replicas - 1)]
+        self.pool = ThreadPoolExecutor(max_workers=replicas) if replicas > 1 else None
 
     def _share_parameters(self) -> None:
         """Point every replica's parameters at the model's current arrays; zero their grads."""
         own = self.model.parameters()
-        for replica in self.replicas[1:]:
+        for replica in self.models[1:]:
             for p, q in zip(own, replica.parameters()):
                 q.data = p.data
                 q.zero_grad()
@@ -89,13 +108,13 @@ class DataParallel:
 
     def _sum_gradients(self) -> None:
         own = self.model.parameters()
-        for replica in self.replicas[1:]:
+        for replica in self.models[1:]:
             for p, q in zip(own, replica.parameters()):
                 p.accumulate(q.grad)
 
     def loss_and_grad(self, task, batch: tuple, grad_scale: float, seed: int) -> tuple[float, int]:
         """Forward + backward of ``batch`` split across the replicas -> (mean loss, count)."""
-        shards = split_batch(batch, len(self.replicas))
+        shards = split_batch(batch, len(self.models))
         if len(shards) == 1 or self.pool is None:
             with backend.thread_generator(seed):
                 return task.loss_and_grad(self.model, batch, grad_scale), task.count(batch)
@@ -105,9 +124,19 @@ class DataParallel:
 
         def run(i):
             with backend.thread_generator(seed + i):
-                return task.loss_and_grad(self.replicas[i], shards[i], grad_scale * counts[i] / total)
+                return task.loss_and_grad(self.models[i], shards[i],
+                                        grad_scale * counts[i] / total)
 
         with _single_threaded_blas():
             losses = list(self.pool.map(run, range(len(shards))))
         self._sum_gradients()
         return sum(loss * n for loss, n in zip(losses, counts)) / total, total
+
+    def reduce_step(self, loss: float) -> float:
+        """Once per optimizer step, after the batches: the gradients are already summed
+        (in :meth:`loss_and_grad`), so the step's mean loss is returned as it is."""
+        return loss
+
+    def from_main(self, value):
+        """A decision every process must share (stop on a time budget): one process, as is."""
+        return value

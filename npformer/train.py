@@ -21,7 +21,7 @@ import numpy as np
 from . import backend
 from .checkpoint import load_checkpoint, restore, save_checkpoint
 from .optim import clip_grad_norm, global_grad_norm
-from .parallel import DataParallel
+from .distributed import data_parallel
 from .tasks import Task
 
 
@@ -78,7 +78,8 @@ class Trainer:
         self.data_rng = np.random.default_rng(seed)
         self.history = History()
         self.best: float | None = None
-        self.parallel = DataParallel(model, config.data_parallel)
+        # threads, or MPI ranks (x threads) under mpiexec: npformer.distributed
+        self.parallel = data_parallel(model, config.data_parallel, train_config=config)
 
     @property
     def step(self) -> int:
@@ -97,7 +98,7 @@ class Trainer:
             loss, count = self.parallel.loss_and_grad(self.task, batch, scale, seed)
             losses.append(loss)
             items += count
-        loss = float(np.mean(losses))
+        loss = self.parallel.reduce_step(float(np.mean(losses)))  # MPI: the all-reduce
         params = self.optimizer.params
         norm = (clip_grad_norm(params, self.config.clip_norm) if self.config.clip_norm
                 else global_grad_norm(params))
@@ -116,11 +117,13 @@ class Trainer:
 
         cfg = self.config
         bar = tqdm(total=cfg.max_steps, initial=self.step, desc=cfg.desc,
-                   disable=not cfg.progress, dynamic_ncols=True)
+                   disable=not (cfg.progress and self.parallel.is_main), dynamic_ncols=True)
         smoothed, started_fit = None, time.perf_counter()
         while self.step < cfg.max_steps:
-            if cfg.max_seconds is not None and time.perf_counter() - started_fit > cfg.max_seconds:
-                bar.write(f"time budget of {cfg.max_seconds:.0f} s reached at step {self.step}")
+            if cfg.max_seconds is not None and self.parallel.from_main(
+                    time.perf_counter() - started_fit > cfg.max_seconds):  # rank 0 decides
+                if self.parallel.is_main:
+                    bar.write(f"time budget of {cfg.max_seconds:.0f} s reached at step {self.step}")
                 if cfg.eval_every and (not self.history.evals
                                        or self.history.evals[-1]["step"] != self.step):
                     self.evaluate(bar)
@@ -147,7 +150,7 @@ class Trainer:
             return {}
         metrics = dict(self.eval_fn(self.model), step=self.step)
         self.history.evals.append(metrics)
-        if bar is not None:
+        if bar is not None and self.parallel.is_main:
             bar.write("step {step}: ".format(**metrics) + ", ".join(
                 f"{k} {v:.4f}" for k, v in metrics.items() if k != "step"))
         cfg = self.config
@@ -162,6 +165,8 @@ class Trainer:
 
     # ----------------------------------------------------------------- checkpoints
     def save(self, path, extra: dict | None = None) -> Path:
+        if not self.parallel.is_main:  # MPI: rank 0 writes, the others hold the same state
+            return Path(path)
         rng_state = {"backend": backend.get_rng_state(),
                      "data": self.data_rng.bit_generator.state}
         return save_checkpoint(path, self.model, self.optimizer, step=self.step,

@@ -1,0 +1,343 @@
+"""Process modes of the benchmark (``python bench/bench.py --processes``): two cores used
+by two processes instead of two threads, side by side for each configuration:
+
+* ``npformer 2 ranks``: ``mpiexec -n 2``, 1 BLAS thread each, npformer.distributed (each
+  rank its half of the global batch, one Allreduce of the flat gradient per step);
+* ``npformer 2 threads``: one process, two thread replicas (npformer.parallel);
+* ``PyTorch DDP 2``: ``torch.distributed`` (gloo), 2 processes, 1 thread each, each its
+  half of the batch (DDP averages the two halves' gradients);
+* ``PyTorch 2 threads``: one process, ``torch.set_num_threads(2)``;
+
+then the scaling efficiency of npformer from 1 to 2 ranks at a fixed per-rank batch
+(1 process on half the batch against 2 ranks on all of it), the share of a 2-rank
+step spent in the Allreduce, ``Allreduce`` time against message size at 2 and 4 ranks
+with an alpha-beta fit, and the projection of step time and efficiency at 8 to 64
+ranks for a stated interconnect (method in bench/README.md).
+
+Every rank runs ``bench.py --rank-worker``, ``--ddp-worker`` or ``--allreduce-worker``;
+rank 0 prints one JSON result line.  npformer's ranks keep freed memory in the process
+(``distributed.setup()`` calls ``keep_freed_memory``: glibc's mallopt, the same effect as
+the GLIBC_TUNABLES the thread modes get from --allocator).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.configs import LR, ROOT, SEED, make_batch, npformer_model
+from bench.measure import RESULT_PREFIX
+
+BENCH = ROOT / "bench" / "bench.py"
+ALLREDUCE_RANKS = (2, 4)
+ALLREDUCE_SIZES = tuple(4 ** k for k in range(4, 13))  # float32 elements: 1 KiB .. 64 MiB
+SMOKE_ALLREDUCE_SIZES = (256, 4096)
+PROJECTED_RANKS = (8, 16, 32, 64)
+# a typical cluster interconnect: 100 Gb/s InfiniBand (EDR), ~12 GB/s achievable per
+# link, a few microseconds of latency per message
+CLUSTER_LATENCY_S = 5e-6
+CLUSTER_BANDWIDTH_BPS = 12e9
+
+
+def _emit(result: dict) -> None:
+    sys.stdout.write(RESULT_PREFIX + json.dumps(result) + "\n")
+    sys.stdout.flush()
+
+
+def _single_blas_thread() -> None:
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(1)
+
+
+# =========================================================================== rank workers
+def rank_worker(spec: dict) -> int:
+    """One npformer MPI rank: training steps on the global batch (this rank's rows)."""
+    import numpy as np
+
+    from npformer import backend, distributed, optim
+
+    ctx = distributed.setup()
+    _single_blas_thread()
+    backend.set_backend("numpy", seed=SEED)
+    backend.set_default_float("float32")
+    cfg = spec["config"]
+    model, task = npformer_model(cfg, spec.get("weights"))
+    model.train()
+    batch = make_batch(cfg, SEED + 1)
+    engine = distributed.data_parallel(model, 1)
+    reduce_times = []
+    if hasattr(engine, "allreduce"):  # several ranks: time the step's one Allreduce
+        allreduce = engine.allreduce
+
+        def timed_allreduce(buffer):
+            started = time.perf_counter()
+            allreduce(buffer)
+            reduce_times.append(time.perf_counter() - started)
+
+        engine.allreduce = timed_allreduce
+    optimizer = optim.Adam(model.parameters(), lr=LR)
+    losses, times = [], []
+    for i in range(spec["warmup"] + spec["steps"]):
+        ctx.barrier()
+        started = time.perf_counter()
+        optimizer.zero_grad()
+        share, _ = engine.loss_and_grad(task, batch, 1.0, seed=0)
+        losses.append(engine.reduce_step(share))
+        optimizer.step()
+        if i >= spec["warmup"]:
+            times.append(time.perf_counter() - started)
+    if ctx.is_main:
+        params = sum(int(np.prod(p.shape)) for p in model.parameters())
+        _emit(dict(train_times=times, losses=losses, ranks=ctx.size, params=params,
+                   allreduce_times=reduce_times[spec["warmup"]:],
+                   allreduce_bytes=(params + 1) * 4))
+    return 0
+
+
+def ddp_worker(spec: dict) -> int:
+    """One PyTorch DDP process (gloo, 1 thread): its rows of the batch."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from bench.measure import prepare_pytorch
+    from npformer.parallel import shard_bounds
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world,
+                            init_method=f"tcp://127.0.0.1:{spec['port']}")
+    try:
+        cfg = spec["config"]
+        rows = shard_bounds(cfg["batch"], world)[rank]
+        run = prepare_pytorch(cfg, SEED, None, rows=rows, wrap=DistributedDataParallel)
+        optimizer = run.make_optimizer()
+        losses, times = [], []
+        for i in range(spec["warmup"] + spec["steps"]):
+            dist.barrier()
+            started = time.perf_counter()
+            losses.append(run.step(optimizer))
+            if i >= spec["warmup"]:
+                times.append(time.perf_counter() - started)
+        # the reported loss: the ranks' mean (DDP's own average of the shards' losses)
+        mean_losses = torch.tensor(losses, dtype=torch.float64)
+        dist.all_reduce(mean_losses)
+        if rank == 0:
+            _emit(dict(train_times=times, losses=(mean_losses / world).tolist(), ranks=world))
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+def allreduce_worker(spec: dict) -> int:
+    """Allreduce (sum, in place, float32) time against message size; rank 0 reports."""
+    import numpy as np
+
+    from npformer import distributed
+
+    ctx = distributed.setup()
+    from mpi4py import MPI
+
+    medians = []
+    for size in spec["sizes"]:
+        buffer = np.ones(size, dtype=np.float32)
+        times = []
+        for i in range(spec["warmup"] + spec["repeats"]):
+            ctx.barrier()
+            started = time.perf_counter()
+            ctx.comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
+            if i >= spec["warmup"]:
+                times.append(time.perf_counter() - started)
+        slowest = ctx.comm.allreduce(statistics.median(times), op=MPI.MAX)
+        medians.append(slowest)
+    if ctx.is_main:
+        _emit(dict(ranks=ctx.size, sizes=list(spec["sizes"]), seconds=medians))
+    return 0
+
+
+WORKERS = {"--rank-worker": rank_worker, "--ddp-worker": ddp_worker,
+           "--allreduce-worker": allreduce_worker}
+
+
+# =========================================================================== parent side
+def _mpiexec() -> str | None:
+    return (shutil.which("mpiexec", path=str(Path(sys.executable).parent))
+            or shutil.which("mpiexec"))
+
+
+def _result(stdout: str, stderr: str, returncode: int) -> dict:
+    for line in stdout.splitlines():
+        if line.startswith(RESULT_PREFIX):
+            return json.loads(line[len(RESULT_PREFIX):])
+    tail = (stderr.strip().splitlines() or ["(no output)"])[-1]
+    return dict(error=f"exited {returncode}: {tail}")
+
+
+def single_thread_env(env: dict) -> dict:
+    env = dict(env)
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[name] = "1"
+    return env
+
+
+def run_mpi(flag: str, ranks: int, spec: dict, env: dict) -> dict:
+    mpiexec = _mpiexec()
+    if mpiexec is None:
+        return dict(error="no mpiexec (pip install -e '.[mpi]')")
+    proc = subprocess.run([mpiexec, "-n", str(ranks), sys.executable, str(BENCH), flag,
+                           json.dumps(spec)], env=single_thread_env(env), capture_output=True,
+                          text=True)
+    return _result(proc.stdout, proc.stderr, proc.returncode)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ddp(ranks: int, spec: dict, env: dict) -> dict:
+    spec = dict(spec, port=_free_port())
+    procs = [subprocess.Popen([sys.executable, str(BENCH), "--ddp-worker", json.dumps(spec)],
+                              env=dict(single_thread_env(env), RANK=str(r),
+                                       WORLD_SIZE=str(ranks)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(ranks)]
+    outputs = [p.communicate() for p in procs]
+    failed = next((p.returncode for p in procs if p.returncode), 0)
+    return _result(outputs[0][0], "\n".join(err for _, err in outputs), failed)
+
+
+def run_modes(cfg: dict, args, run_worker) -> dict:
+    """Every mode of one configuration: {mode: result}.  ``run_worker(side, cfg, threads,
+    weights)`` runs the thread modes (bench.py's ordinary workers)."""
+    import tempfile
+
+    spec = dict(config=cfg, steps=args.steps, warmup=args.warmup)
+    half = dict(cfg, batch=max(1, cfg["batch"] // 2))
+    with tempfile.TemporaryDirectory(prefix="npformer-bench-") as tmp:
+        weights = os.path.join(tmp, "init.npz")
+        modes = {"PyTorch 2 threads": run_worker("pytorch", cfg, 2, weights)}
+        modes["npformer 2 threads"] = run_worker("npformer", cfg, 2, weights)
+        modes["npformer 2 ranks"] = run_mpi("--rank-worker", 2, dict(spec, weights=weights),
+                                            args.env)
+        modes["npformer 1 rank, half batch"] = run_mpi(
+            "--rank-worker", 1, dict(spec, config=half, weights=None), args.env)
+        modes["PyTorch DDP 2"] = run_ddp(2, spec, args.env)
+    return modes
+
+
+def run_allreduce_sweep(args) -> dict:
+    sizes = SMOKE_ALLREDUCE_SIZES if args.smoke else ALLREDUCE_SIZES
+    spec = dict(sizes=list(sizes), warmup=1 if args.smoke else 3,
+                repeats=1 if args.smoke else 20)
+    return {ranks: run_mpi("--allreduce-worker", ranks, spec, args.env)
+            for ranks in ALLREDUCE_RANKS}
+
+
+# =========================================================================== analysis
+def fit_alpha_beta(sizes_bytes, seconds) -> tuple[float, float]:
+    """Least-squares t = alpha + beta * bytes: (latency alpha in s, s per byte beta)."""
+    import numpy as np
+
+    beta, alpha = np.polyfit(np.asarray(sizes_bytes, float), np.asarray(seconds, float), 1)
+    return float(alpha), float(beta)
+
+
+def ring_allreduce_seconds(ranks: int, message_bytes: float, alpha: float,
+                           bandwidth: float) -> float:
+    """Ring all-reduce (reduce-scatter + all-gather): 2 (P - 1) messages of n / P bytes,
+    t = 2 (P - 1) alpha + 2 (P - 1) / P * n / bandwidth."""
+    return 2 * (ranks - 1) * alpha + 2 * (ranks - 1) / ranks * message_bytes / bandwidth
+
+
+def projection(compute_s: float, message_bytes: float, ranks: int,
+               alpha: float = CLUSTER_LATENCY_S,
+               bandwidth: float = CLUSTER_BANDWIDTH_BPS) -> tuple[float, float]:
+    """(step seconds, efficiency) at ``ranks`` with a fixed per-rank batch: the step's
+    compute, then the all-reduce (npformer does not overlap them)."""
+    step = compute_s + ring_allreduce_seconds(ranks, message_bytes, alpha, bandwidth)
+    return step, compute_s / step
+
+
+def _median(result: dict, key: str = "train_times") -> float | None:
+    values = result.get(key)
+    return statistics.median(values) if values else None
+
+
+def size_text(nbytes: float) -> str:
+    return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 2**20 else f"{nbytes / 1024:.1f} KiB"
+
+
+def print_process_modes(results: dict) -> None:
+    from bench.report import ms, ratio
+
+    print()
+    print("process modes (2 cores): training step, median ms (min-max) | first-step loss")
+    for name, modes in results.items():
+        print(f"{name}:")
+        for mode, res in modes.items():
+            if "error" in res:
+                print(f"  {mode:<28} FAILED: {res['error']}")
+                continue
+            times = res["train_times"]
+            print(f"  {mode:<28} {ms(statistics.median(times)):>8} ({ms(min(times))}-"
+                  f"{ms(max(times))})  loss {res['losses'][0]:.5f}")
+        ranks2, torch2 = _median(modes["npformer 2 ranks"]), _median(modes["PyTorch 2 threads"])
+        ddp, threads = _median(modes["PyTorch DDP 2"]), _median(modes["npformer 2 threads"])
+        one = _median(modes["npformer 1 rank, half batch"])
+        reduce = _median(modes["npformer 2 ranks"], "allreduce_times")
+        line = (f"processes {name:<8} 2 ranks / PyTorch 2 threads {ratio(ranks2, torch2)}  "
+                f"/ PyTorch DDP {ratio(ranks2, ddp)}  / npformer threads "
+                f"{ratio(ranks2, threads)}")
+        if one and ranks2:
+            line += f"  | scaling 1->2 ranks {one / ranks2:.0%}"
+        if reduce is not None and ranks2:
+            line += (f"  | Allreduce {ms(reduce)} ms = {reduce / ranks2:.0%} of the step "
+                     f"({size_text(modes['npformer 2 ranks']['allreduce_bytes'])})")
+        print(line)
+
+
+def print_allreduce(sweep: dict) -> dict:
+    """The Allreduce table and its alpha-beta fits: {ranks: (alpha, beta)}."""
+    print()
+    print("Allreduce (float32, sum, in place; median, slowest rank) against message size:")
+    fits = {}
+    for ranks, res in sweep.items():
+        if "error" in res:
+            print(f"  {ranks} ranks: FAILED: {res['error']}")
+            continue
+        cells = "  ".join(f"{4 * n / 1024:g} KiB {s * 1e6:.0f} us"
+                          for n, s in zip(res["sizes"], res["seconds"]))
+        alpha, beta = fit_alpha_beta([4 * n for n in res["sizes"]], res["seconds"])
+        fits[ranks] = (alpha, beta)
+        print(f"  {ranks} ranks: {cells}")
+        print(f"  {ranks} ranks fit: alpha {alpha * 1e6:.1f} us, 1/beta "
+              f"{(1 / beta if beta > 0 else float('inf')) / 1e9:.2f} GB/s")
+    return fits
+
+
+def print_projection(results: dict) -> None:
+    print()
+    print(f"projection at a fixed per-rank batch (half the configuration's batch), ring "
+          f"all-reduce, alpha {CLUSTER_LATENCY_S * 1e6:g} us, bandwidth "
+          f"{CLUSTER_BANDWIDTH_BPS / 1e9:g} GB/s (100 Gb/s InfiniBand), no overlap:")
+    for name, modes in results.items():
+        compute = _median(modes["npformer 1 rank, half batch"])
+        message = modes["npformer 2 ranks"].get("allreduce_bytes")
+        if compute is None or message is None:
+            print(f"  {name}: n/a (a mode failed)")
+            continue
+        cells = []
+        for ranks in PROJECTED_RANKS:
+            step, efficiency = projection(compute, message, ranks)
+            cells.append(f"{ranks} ranks {step * 1e3:.1f} ms {efficiency:.0%}")
+        print(f"  {name:<8} compute {compute * 1e3:.1f} ms, {size_text(message)}: "
+              + "  ".join(cells))

@@ -1,0 +1,214 @@
+"""Formatting and printing of the benchmark's results."""
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+
+from bench.configs import tokens_per_step
+
+LOSS_RTOL = 1e-3
+BUSY_LOAD = 0.5  # 1-minute load average above which the header warns that timings are noisy
+SIDES = ("pytorch", "npformer")  # PyTorch first: it writes the shared initial weights
+
+
+# --------------------------------------------------------------------------- formatting
+MiB = 2 ** 20
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f}" if seconds * 1e3 >= 10 else f"{seconds * 1e3:.2f}"
+
+
+def spread(times: list[float]) -> str:
+    return f"{ms(statistics.median(times))} ({ms(min(times))}-{ms(max(times))})"
+
+
+def ratio(a, b) -> str:
+    return f"{a / b:.2f}x" if a is not None and b else "n/a"
+
+
+def mem_ratio(a: float, b: float) -> str:
+    """Memory growths below 1 MiB are within the noise of RSS accounting: no ratio."""
+    return ratio(a, b) if min(a, b) >= 1.0 else "n/a (<1 MiB)"
+
+
+def summary(res: dict, cfg: dict) -> dict | None:
+    if "error" in res:
+        return None
+    train = statistics.median(res["train_times"])
+    return dict(train=train, infer=statistics.median(res["infer_times"]),
+                tok_s=tokens_per_step(cfg) / train, mem=res["mem_growth"] / MiB,
+                loss=res["losses"][0])
+
+
+def mib(value: float) -> str:
+    """RSS counters are kept per CPU and synced lazily: growths a few hundred KiB below
+    zero are noise, shown as 0."""
+    return f"{max(value, 0.0):.1f}"
+
+
+def loss_check(pair: dict) -> tuple[str, bool]:
+    ours, theirs = pair.get("npformer", {}), pair.get("pytorch", {})
+    if "losses" not in ours or "losses" not in theirs:
+        return "loss not compared (a side failed)", False
+    if not ours.get("weights_loaded"):
+        return "loss not compared (npformer did not get PyTorch's weights)", False
+    a, b = ours["losses"][0], theirs["losses"][0]
+    rel = abs(a - b) / max(abs(b), 1e-12)
+    return f"first-step loss {a:.6f} vs {b:.6f} (rel diff {rel:.1e})", rel <= LOSS_RTOL
+
+
+def describe(name: str, cfg: dict) -> str:
+    if cfg["kind"] == "seq2seq":
+        shape = (f"V {cfg['src_vocab_size']}/{cfg['tgt_vocab_size']}, d{cfg['d_model']}, "
+                 f"{cfg['num_heads']} heads, {cfg['num_encoder_layers']}+"
+                 f"{cfg['num_decoder_layers']} layers, FFN {cfg['d_ff']}, S=T={cfg['seq_len']}, "
+                 f"B {cfg['batch']}, padding + causal masks")
+    else:
+        mask = "padding mask, mean pooling" if cfg["kind"] == "classifier" else "causal mask"
+        shape = (f"V {cfg['vocab_size']}, d{cfg['d_model']}, {cfg['num_heads']} heads, "
+                 f"{cfg['num_layers']} layers, FFN {cfg['d_ff']}, T {cfg['seq_len']}, "
+                 f"B {cfg['batch']}, {mask}")
+    return f"{name}: {shape}"
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def load_average() -> float | None:
+    try:
+        with open("/proc/loadavg") as f:
+            return float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def print_header(args, first: dict):
+    py, npf = first.get("pytorch", {}), first.get("npformer", {})
+    tunables = args.env.get("GLIBC_TUNABLES")
+    print("npformer vs PyTorch (CPU, float32, post-norm, ReLU FFN, dropout 0, Adam lr 1e-3)")
+    print(f"machine:   {cpu_model()}, {os.cpu_count()} cores ({len(os.sched_getaffinity(0))} "
+          f"usable); Python {platform.python_version()}")
+    print(f"libraries: numpy {npf.get('version', '?')} ({npf.get('blas', '?')}), "
+          f"torch {py.get('version', '?')} ({py.get('blas', '?')})")
+    print(f"threads:   {args.threads} (torch.set_num_threads; NumPy: "
+          f"{'threadpoolctl' if _has_threadpoolctl() else 'OMP/OPENBLAS/MKL_NUM_THREADS'}); "
+          f"torch reports {py.get('threads', '?')}")
+    if tunables:
+        print(f"allocator: GLIBC_TUNABLES={tunables} (same environment for both sides)")
+    else:
+        print("allocator: GLIBC_TUNABLES not set: glibc default, allocations above the dynamic "
+              "mmap threshold (up to 32 MiB) go back to the OS when freed (same environment for "
+              "both sides; see --allocator)")
+    print(f"timing:    median (min-max) of {args.steps} steps after {args.warmup} warmup; train "
+          "= zero_grad + forward + loss + backward + Adam step; infer = forward only "
+          "(npformer eval + no_grad, torch eval + inference_mode)")
+    print("memory:    peak RSS growth = ru_maxrss after the training steps - current RSS "
+          "(/proc/self/statm) before the first step, model and batch built (optimizer state "
+          "is in the growth); each (config, side) in a fresh subprocess that first runs one "
+          "step of a tiny model so lazily loaded library code is not counted; same method "
+          "both sides")
+    print("tokens/s:  token positions per training step (padding included; seq2seq counts "
+          "source + target) / median step time")
+    if args.load_at_start is not None:
+        busy = args.load_at_start > BUSY_LOAD
+        print(f"load:      1-minute load average {args.load_at_start:.2f} before the first worker"
+              + (" -- WARNING: other processes are using the CPUs. A multi-threaded BLAS or "
+                 "OpenMP region waits for its slowest thread, so a descheduled thread can "
+                 "inflate step times many-fold (use an idle machine, or --threads 1)"
+                 if busy else ""))
+
+
+def _has_threadpoolctl() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("threadpoolctl") is not None
+
+
+def print_main_table(results: dict, cfgs: dict):
+    cols = f"{'config':<9}{'side':<10}{'train ms (min-max)':>24}{'infer ms (min-max)':>24}" \
+           f"{'tokens/s':>11}{'peak MiB':>10}{'first loss':>12}"
+    print()
+    print(cols)
+    print("-" * len(cols))
+    for name, pair in results.items():
+        for side in SIDES:
+            res = pair[side]
+            if "error" in res:
+                print(f"{name:<9}{side:<10}  FAILED: {res['error']}")
+                continue
+            s = summary(res, cfgs[name])
+            print(f"{name:<9}{side:<10}{spread(res['train_times']):>24}"
+                  f"{spread(res['infer_times']):>24}{s['tok_s']:>11,.0f}{mib(s['mem']):>10}"
+                  f"{s['loss']:>12.5f}")
+    print()
+    print("ratios npformer / PyTorch (below 1 = npformer faster / smaller):")
+    for name, pair in results.items():
+        ours, theirs = summary(pair["npformer"], cfgs[name]), summary(pair["pytorch"], cfgs[name])
+        if ours and theirs:
+            line = (f"ratio {name:<8} train {ratio(ours['train'], theirs['train'])}  "
+                    f"infer {ratio(ours['infer'], theirs['infer'])}  "
+                    f"memory {mem_ratio(ours['mem'], theirs['mem'])}")
+        else:
+            line = f"ratio {name:<8} train n/a  infer n/a  memory n/a (a side failed)"
+        text, ok = loss_check(pair)
+        print(f"{line}  | {text}")
+        if not ok and "not compared" not in text:
+            print(f"WARNING: {name}: first-step losses differ by more than {LOSS_RTOL:g} "
+                  "relative: the two sides are not computing the same model")
+
+
+def print_markdown(results: dict, cfgs: dict):
+    print()
+    print("| config | npformer train ms | PyTorch train ms | ratio | npformer infer ms "
+          "| PyTorch infer ms | ratio | npformer tokens/s | PyTorch tokens/s "
+          "| npformer peak MiB | PyTorch peak MiB | ratio |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, pair in results.items():
+        o, t = summary(pair["npformer"], cfgs[name]), summary(pair["pytorch"], cfgs[name])
+        if not (o and t):
+            print(f"| {name} | failed |" + " |" * 11)
+            continue
+        print(f"| {name} | {ms(o['train'])} | {ms(t['train'])} | {ratio(o['train'], t['train'])}"
+              f" | {ms(o['infer'])} | {ms(t['infer'])} | {ratio(o['infer'], t['infer'])}"
+              f" | {o['tok_s']:,.0f} | {t['tok_s']:,.0f} | {mib(o['mem'])} | {mib(t['mem'])}"
+              f" | {mem_ratio(o['mem'], t['mem'])} |")
+
+
+def print_sweep(title: str, rows: list[tuple[dict, dict]], markdown: bool):
+    print()
+    print(title)
+    head = ("T", "B", "npformer ms", "PyTorch ms", "ratio", "npformer MiB", "PyTorch MiB",
+            "ratio", "loss")
+    cells = []
+    for cfg, pair in rows:
+        o, t = summary(pair["npformer"], cfg), summary(pair["pytorch"], cfg)
+        if not (o and t):
+            err = pair["npformer"].get("error") or pair["pytorch"].get("error")
+            cells.append((str(cfg["seq_len"]), str(cfg["batch"]), "failed", err or "", "", "",
+                          "", "", ""))
+            continue
+        _, ok = loss_check(pair)
+        cells.append((str(cfg["seq_len"]), str(cfg["batch"]), ms(o["train"]), ms(t["train"]),
+                      ratio(o["train"], t["train"]), mib(o["mem"]), mib(t["mem"]),
+                      mem_ratio(o["mem"], t["mem"]), "agree" if ok else "DIFFER"))
+    if markdown:
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---:|" * len(head))
+        for c in cells:
+            print("| " + " | ".join(c) + " |")
+        return
+    widths = [max(len(h), *(len(c[i]) for c in cells)) + 2 for i, h in enumerate(head)]
+    print("".join(h.rjust(w) for h, w in zip(head, widths)))
+    for c in cells:
+        print("".join(x.rjust(w) for x, w in zip(c, widths)))
+

@@ -1,0 +1,289 @@
+"""Data parallelism over MPI ranks equals one process.
+
+Each launch (``mpiexec -n 2`` and ``-n 3``, as subprocesses) runs tests/mpi_worker.py,
+whose rank 0 writes what the ranks computed; these tests compare it with the same
+computation in this (single) process:
+
+* for each of the three models, the loss and every gradient of a global batch on 2 and
+  3 ranks equal the single-process ones (float64, 1e-12 relative to the largest
+  gradient), with uneven shards (7 and 5 rows) and a batch of fewer rows than ranks;
+* 10-step Adam trajectories (gradient accumulation, clipping among them) equal the
+  single-process ones; with dropout, 2 ranks equal 2 thread replicas bit for bit;
+* only rank 0 writes checkpoints and prints; a run resumes on another rank count;
+* ranks started differently are refused before the first step, naming what differs;
+* one rank failing ends every rank with its message, within a timeout.
+
+Skipped outside CI where mpi4py or ``mpiexec`` is missing (CI installs both through the
+test extra; there a missing one is an error).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from npformer import distributed
+from npformer.distributed import (Context, DistributedDataParallel, FlatGradients,
+                                  batch_fingerprint, keep_freed_memory, launched_by_mpi)
+from npformer.parallel import DataParallel
+from tests.conftest import using_backend
+from tests.helpers import rel_diff
+from tests import parallel_cases as cases
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = ROOT / "tests" / "mpi_worker.py"
+LAUNCH_TIMEOUT = 120  # seconds for one mpiexec launch (a few on an idle machine)
+FAIL_TIMEOUT = 60
+GRAD_RTOL = 1e-12
+TRAJECTORY_RTOL = 1e-10  # 10 Adam steps: the ranks sum gradients in another order
+
+
+def mpiexec() -> str:
+    """The mpiexec next to this Python (the mpich wheel's), else the one on PATH; a skip
+    outside CI where MPI is missing, an error in CI (the test extra installs it)."""
+    found = (shutil.which("mpiexec", path=str(Path(sys.executable).parent))
+             or shutil.which("mpiexec"))
+    missing = ("mpi4py is not installed" if importlib.util.find_spec("mpi4py") is None
+               else None if found else "no mpiexec on PATH")
+    if missing:
+        if os.environ.get("CI"):
+            raise RuntimeError(f"{missing}: CI installs mpi4py and mpich (pip install "
+                               "-e '.[test]')")
+        pytest.skip(f"{missing} (pip install -e '.[mpi]' gives mpi4py and mpich)")
+    return found
+
+
+def launch(ranks: int, *args, timeout: float = LAUNCH_TIMEOUT) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+        "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    for name in ("NPFORMER_MPI", "PMI_SIZE", "PMI_RANK"):  # this process's own, if any
+        env.pop(name, None)
+    return subprocess.run([mpiexec(), "-n", str(ranks), sys.executable, str(WORKER),
+                           *map(str, args)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _checked(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert proc.returncode == 0, f"mpiexec exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """{ranks: (output folder, stdout)}: 2 ranks, then 3 ranks resuming 2 ranks' checkpoint."""
+    two, three = tmp_path_factory.mktemp("ranks2"), tmp_path_factory.mktemp("ranks3")
+    first = _checked(launch(2, "checks", two))
+    second = _checked(launch(3, "checks", three, two / "half.npz"))
+    return {2: (two, first.stdout), 3: (three, second.stdout)}
+
+
+def _load(path: Path) -> dict:
+    with np.load(path) as f:
+        return {k: f[k] for k in f.files}
+
+
+# --------------------------------------------------------------------------- gradients
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("name", list(cases.GRADIENT_CASES))
+def test_gradients_equal_the_single_process_gradients(runs, ranks, name):
+    ours = _load(runs[ranks][0] / f"grads_{name}.npz")
+    with using_backend("numpy", "float64"):
+        loss, expected = cases.whole_batch_gradients(name, cases.GRADIENT_CASES[name])
+    assert abs(float(ours["loss"]) - loss) <= GRAD_RTOL * abs(loss), (float(ours["loss"]), loss)
+    # measured against the largest gradient: some (the key bias) are zero in theory
+    scale = max(float(np.max(np.abs(g))) for g in expected.values())
+    for param, g in expected.items():
+        diff = float(np.max(np.abs(ours[param] - g)))
+        assert diff <= GRAD_RTOL * scale, f"{param}: {diff / scale:.2e} relative"
+
+
+# --------------------------------------------------------------------------- training
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("name", list(cases.TRAJECTORIES))
+def test_adam_trajectory_equals_the_single_process_one(runs, ranks, name):
+    ours = _load(runs[ranks][0] / f"adam_{name}.npz")
+    with using_backend("numpy", "float64"):
+        losses, params = cases.train(steps=10, **cases.TRAJECTORIES[name])
+    assert len(ours["losses"]) == 10
+    assert rel_diff(ours["losses"], losses) <= TRAJECTORY_RTOL, (ours["losses"], losses)
+    assert losses[-1] < losses[0]  # it trained
+    for param, value in params.items():
+        assert rel_diff(ours[param], value) <= TRAJECTORY_RTOL, param
+
+
+@pytest.mark.mpi
+def test_two_ranks_with_dropout_equal_two_thread_replicas_exactly(runs):
+    """Rank r draws dropout masks from seed + r, as thread replica r does: the same
+    masks, the same sums (a + b either way), the same run, bit for bit."""
+    ours = _load(runs[2][0] / "dropout.npz")
+    with using_backend("numpy", "float64"):
+        losses, params = cases.train("classifier", 6, replicas=2, dropout=0.3, batch_rows=8)
+        single, _ = cases.train("classifier", 6, replicas=1, dropout=0.3, batch_rows=8)
+    assert not np.array_equal(losses, single)  # the masks matter: the check is sharp
+    assert np.array_equal(ours["losses"], losses)
+    for param, value in params.items():
+        assert np.array_equal(ours[param], value), param
+
+
+@pytest.mark.mpi
+def test_three_ranks_with_dropout_equal_three_thread_replicas(runs):
+    ours = _load(runs[3][0] / "dropout.npz")
+    with using_backend("numpy", "float64"):
+        losses, params = cases.train("classifier", 6, replicas=3, dropout=0.3, batch_rows=8)
+    assert rel_diff(ours["losses"], losses) <= TRAJECTORY_RTOL
+    for param, value in params.items():
+        assert rel_diff(ours[param], value) <= TRAJECTORY_RTOL, param
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_only_rank_zero_writes_checkpoints(runs, ranks):
+    out = runs[ranks][0]
+    assert (out / "half.npz").exists()
+    writers = sorted(p.name for p in out.glob("saved_by_rank*"))
+    assert writers == ["saved_by_rank0"], writers
+
+
+@pytest.mark.mpi
+def test_a_run_resumes_on_another_number_of_ranks(runs):
+    """3 steps on 2 ranks, checkpoint, 3 more on 3 ranks == 6 steps in one process."""
+    ours = _load(runs[3][0] / "resumed.npz")
+    with using_backend("numpy", "float64"):
+        losses, params = cases.train("classifier", 6, batch_rows=8)
+    assert rel_diff(ours["losses"], losses[3:]) <= TRAJECTORY_RTOL
+    for param, value in params.items():
+        assert rel_diff(ours[param], value) <= TRAJECTORY_RTOL, param
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_only_rank_zero_prints(runs, ranks):
+    out = runs[ranks][1]
+    assert f"printed by rank 0 of {ranks}" in out
+    assert "printed by rank 1" not in out and "printed by rank 2" not in out
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_shard_map_computes_each_item_once_and_returns_all_in_order(runs, ranks):
+    result = _load(runs[ranks][0] / "shard_map.npz")
+    assert result["results"].tolist() == [i * i for i in range(11)]
+    assert sorted(result["computed"].tolist()) == list(range(11))
+    assert len(result["per_rank"]) == ranks and max(result["per_rank"]) <= 11 // ranks + 1
+
+
+# --------------------------------------------------------------------------- refusals
+@pytest.mark.mpi
+def test_ranks_started_differently_are_refused_naming_what_differs(runs):
+    text = (runs[2][0] / "mismatch.txt").read_text().splitlines()
+    assert len(text) == 3, text
+    model, data, config = text
+    assert "model.config.vocab_size differs between ranks (ranks [0]: 11; ranks [1]: 30)" \
+        in model
+    assert "data differs between ranks" in data
+    assert "train_config.max_seconds differs between ranks (ranks [0]: 100.0; ranks [1]: " \
+        "101.0)" in config
+
+
+@pytest.mark.mpi
+def test_a_failing_rank_ends_every_rank_with_its_message(tmp_path):
+    started = time.perf_counter()
+    proc = launch(3, "fail", tmp_path, timeout=FAIL_TIMEOUT)
+    elapsed = time.perf_counter() - started
+    assert proc.returncode != 0
+    output = proc.stdout + proc.stderr
+    assert "npformer rank 1 of 3 failed, aborting all ranks" in output, output
+    assert "ValueError: rank 1 failed on purpose in its third batch" in output, output
+    assert elapsed < FAIL_TIMEOUT
+
+
+# --------------------------------------------------------------------------- GPU
+@pytest.mark.mpi
+@pytest.mark.gpu
+def test_gpu_ranks_gradients_equal_the_single_process_gradients(tmp_path):
+    cupy = pytest.importorskip("cupy")
+    if cupy.cuda.runtime.getDeviceCount() < 1:
+        pytest.skip("no GPU")
+    _checked(launch(2, "gpu", tmp_path))
+    for name, rows in cases.GRADIENT_CASES.items():
+        ours = _load(tmp_path / f"grads_{name}.npz")
+        with using_backend("numpy", "float64"):
+            loss, expected = cases.whole_batch_gradients(name, rows)
+        assert abs(float(ours["loss"]) - loss) <= 1e-10 * abs(loss)
+        scale = max(float(np.max(np.abs(g))) for g in expected.values())
+        for param, g in expected.items():
+            assert float(np.max(np.abs(ours[param] - g))) <= 1e-10 * scale, param
+
+
+# --------------------------------------------------------------------------- in-process
+def test_one_process_gets_the_thread_engine_and_a_single_context(monkeypatch):
+    for name in ("NPFORMER_MPI", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE",
+                 "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+    assert not launched_by_mpi()
+    model, _, _ = cases.build("lm")
+    assert type(distributed.data_parallel(model, 2)) is DataParallel
+    ctx = distributed.current()
+    assert (ctx.rank, ctx.size, ctx.is_main) == (0, 1, True)
+    assert ctx.shard_map(lambda i: i + 1, range(5), workers=2) == [1, 2, 3, 4, 5]
+    ctx.check_same(anything=object())  # nothing to compare with
+    with pytest.raises(ValueError, match="needs at least 2 MPI ranks"):
+        DistributedDataParallel(model, 1, ctx)
+
+
+@pytest.mark.parametrize("env, expected", [({"PMI_SIZE": "2"}, True), ({"PMI_SIZE": "1"}, False),
+                                           ({"OMPI_COMM_WORLD_SIZE": "4"}, True),
+                                           ({"NPFORMER_MPI": "0", "PMI_SIZE": "2"}, False),
+                                           ({"NPFORMER_MPI": "1"}, True)])
+def test_launchers_are_recognised_by_their_environment(monkeypatch, env, expected):
+    for name in ("NPFORMER_MPI", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE",
+                 "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert launched_by_mpi() is expected
+
+
+def test_flat_gradients_round_trip_as_views_of_one_buffer():
+    with using_backend("numpy", "float64"):
+        model, task, batch = cases.build("lm", 5)
+        model.zero_grad()
+        task.loss_and_grad(model, batch, 1.0)
+        params = model.parameters()
+        before = [p.grad.copy() for p in params]
+        flat = FlatGradients(params, np)
+        assert flat.buffer.dtype == np.float64
+        assert flat.buffer.size == sum(p.grad.size for p in params) + 1
+        flat.pack(params, 0.25)
+        flat.buffer *= 2  # what a sum over two equal ranks does
+        assert flat.unpack(params) == 0.5
+        for p, g in zip(params, before):
+            assert np.array_equal(p.grad, 2 * g)
+            assert np.shares_memory(p.grad, flat.buffer)
+
+
+def test_batch_fingerprint_tells_batches_apart():
+    a = (np.arange(6).reshape(2, 3), np.array([1, 2]))
+    assert batch_fingerprint(a) == batch_fingerprint(tuple(x.copy() for x in a))
+    assert batch_fingerprint(a) != batch_fingerprint((a[0], np.array([1, 3])))
+    assert batch_fingerprint(a) != batch_fingerprint((a[0].astype(np.int32), a[1]))
+
+
+def test_keep_freed_memory_takes_effect_on_glibc():
+    if not os.path.exists("/lib/x86_64-linux-gnu/libc.so.6") and sys.platform != "linux":
+        pytest.skip("not glibc")
+    assert keep_freed_memory() is True
+
+
+def test_a_single_context_check_needs_no_mpi():
+    Context(comm=None).check_same(x=1)
