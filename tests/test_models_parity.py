@@ -5,8 +5,8 @@ attribute names :mod:`npformer.torch_interop` expects (tok_emb, pos_emb,
 layers.<i> = ``nn.TransformerEncoderLayer(batch_first=True)``, norm, head /
 lm_head; src_tok_emb, tgt_tok_emb, encoder.layers.<i>, decoder.layers.<i> =
 ``nn.TransformerDecoderLayer``, encoder.norm, decoder.norm, out_proj), built
-with dropout 0, the same norm_first and activation (npformer's "gelu" is the
-tanh form), torch's masks (True = ignore) and pooling over valid positions.
+with dropout 0, the same norm_first and activation ("gelu" is the exact form in
+both; npformer's "gelu_tanh" is torch's approximate="tanh"), torch's masks (True = ignore) and pooling over valid positions.
 Sinusoidal positions are npformer's table as a non-persistent buffer.  Weights
 move with ``load_torch_state_dict``; then
 
@@ -48,7 +48,9 @@ LABEL_SMOOTHING = 0.1
 def _torch_activation(name: str):
     import torch.nn.functional as F
 
-    return "relu" if name == "relu" else functools.partial(F.gelu, approximate="tanh")
+    if name == "gelu_tanh":  # torch has no string for the tanh form
+        return functools.partial(F.gelu, approximate="tanh")
+    return name  # "relu", and "gelu" (exact, erf) in both libraries
 
 
 def _positions(tnn, torch, module, prefix, positional, max_len, d_model, dtype):
