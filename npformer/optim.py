@@ -536,6 +536,7 @@ def _check_grads(params: list[Parameter]) -> None:
     for i, p in enumerate(params):
         if p.grad is None:
             raise RuntimeError(f"params[{i}] has no gradient (grad is None)")
+        backend.namespace_of(p.data, p.grad)  # one array library (TypeError naming both)
         if tuple(p.grad.shape) != p.shape:
             raise RuntimeError(f"params[{i}]: gradient shape {tuple(p.grad.shape)} != "
                                f"parameter shape {p.shape}")
