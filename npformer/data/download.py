@@ -44,6 +44,7 @@ __all__ = [
     "DatasetNotFoundError",
     "DatasetFormatError",
     "ChecksumError",
+    "DatasetWarning",
     "DatasetSpec",
     "IMDB",
     "FRA_ENG",
@@ -67,6 +68,11 @@ class DatasetFormatError(ValueError):
 
 class ChecksumError(ValueError):
     """A downloaded file's digest matches none of the accepted checksums."""
+
+
+class DatasetWarning(UserWarning):
+    """A dataset file was read, but some of its content was skipped (the message says
+    what and where)."""
 
 
 @dataclasses.dataclass(frozen=True)
