@@ -7,7 +7,7 @@ layers.<i> = ``nn.TransformerEncoderLayer(batch_first=True)``, norm, head /
 lm_head; src_tok_emb, tgt_tok_emb, encoder.layers.<i>, decoder.layers.<i> =
 ``nn.TransformerDecoderLayer``, encoder.norm, decoder.norm, out_proj), built
 from an npformer model configuration: dropout 0, the same norm_first and
-activation (npformer's "gelu" is the tanh form), torch's masks (True = ignore)
+activation (npformer's "gelu_tanh" is torch's approximate="tanh"), torch's masks (True = ignore)
 and pooling over valid positions.  Sinusoidal positions are npformer's table as
 a non-persistent buffer (not in the state dict).  Weights move between the two
 with ``npformer.torch_interop.load_torch_state_dict`` / ``to_torch_state_dict``.
@@ -25,7 +25,9 @@ from npformer import backend, ops
 def _torch_activation(name: str):
     import torch.nn.functional as F
 
-    return "relu" if name == "relu" else functools.partial(F.gelu, approximate="tanh")
+    if name == "gelu_tanh":  # torch has no string for the tanh form
+        return functools.partial(F.gelu, approximate="tanh")
+    return name  # "relu", and "gelu" (exact, erf) in both libraries
 
 
 def _positions(tnn, torch, module, prefix, positional, max_len, d_model, dtype):

@@ -103,10 +103,34 @@ def device():
 
 
 def namespace_of(*arrays):
-    """The array namespace the given arrays belong to (they must agree)."""
+    """The array namespace the given arrays belong to (they must agree).
+
+    Arrays of two libraries (a NumPy array with an array-api-strict or CuPy one) are a
+    TypeError that names the libraries and the fix, not array_api_compat's "Multiple
+    namespaces for array inputs"."""
     import array_api_compat
 
-    return array_api_compat.array_namespace(*arrays)
+    try:
+        return array_api_compat.array_namespace(*arrays)
+    except TypeError:
+        not_arrays = [type(a).__name__ for a in arrays
+                      if not array_api_compat.is_array_api_obj(a)]
+        if not_arrays:
+            raise TypeError(f"expected arrays, got {', '.join(not_arrays)}: convert host data "
+                            "with npformer.backend.asarray(...)") from None
+        libraries = sorted({_library_of(a) for a in arrays})
+        if len(libraries) > 1:
+            raise TypeError(
+                f"arrays from different array libraries were mixed: {', '.join(libraries)} "
+                f"(the current backend is {_current.name!r}). Move host data onto the "
+                "backend with npformer.backend.asarray(...) and results back with "
+                "npformer.backend.to_numpy(...)") from None
+        raise
+
+
+def _library_of(x) -> str:
+    """The library an array belongs to, for messages ("numpy", "array_api_strict")."""
+    return type(x).__module__.split(".")[0]
 
 
 def device_of(x):

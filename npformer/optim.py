@@ -1,13 +1,12 @@
 """Optimizers, gradient clipping and learning-rate schedules.
 
 Everything here updates :class:`~npformer.nn.module.Parameter` objects by
-*rebinding* ``p.data`` (``p.data = p.data - ...``), never by writing into it, so
-the same code runs on NumPy, CuPy and ``array_api_strict`` (which has no
-in-place writes).  All array math goes through the namespace of the parameter
-(``xp = backend.namespace_of(p.data)``) and uses only functions of the array API
-standard.  Hyperparameters are Python floats, which the standard's promotion
-rules fold into the array's dtype: a float32 parameter keeps float32 moments and
-float32 updates, with no float64 temporaries.
+*rebinding* ``p.data`` (``p.data = p.data - ...``), so the same code runs on NumPy,
+CuPy and ``array_api_strict`` (which has no in-place writes into parameters).  All
+array math goes through the namespace of the parameter and uses only functions of
+the array API standard.  Hyperparameters are Python floats, which the standard's
+promotion rules fold into the array's dtype: a float32 parameter keeps float32
+moments and float32 updates, with no float64 temporaries.
 
 Each optimizer reproduces its PyTorch counterpart (CPU, single-tensor path)
 operation for operation, so trajectories agree to rounding:
@@ -22,11 +21,14 @@ that is two parameter groups, one with ``weight_decay=wd`` and one with 0.)
 
 Step counting: ``opt.step_count`` is the number of updates done so far.  The
 update :meth:`Optimizer.step` performs is number ``t = step_count + 1``, so
-``t`` counts from 1, as in the Adam paper's bias correction.  Schedules below
-use the same convention: ``schedule(t)`` is the learning rate of update ``t``,
-``t = 1, 2, ...``.  Give a schedule as ``lr`` and the optimizer calls it itself
-before every update; or give a float and assign ``opt.lr`` / call
-:meth:`Optimizer.set_lr` from the training loop.
+``t`` counts from 1, as in the Adam paper's bias correction.  Schedules use the
+same convention: ``schedule(t)`` is the learning rate of update ``t``.  Give a
+schedule as ``lr`` and the optimizer calls it itself before every update; or give
+a float and assign ``opt.lr`` / call :meth:`Optimizer.set_lr` from the training loop.
+
+Layout of this file: the base class, then one class per optimizer whose
+``_update`` is the whole algorithm, clipping, schedules, and at the end the checks
+of arguments and of saved state (which stay out of the update path).
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ __all__ = [
     "SGD",
     "Adam",
     "AdamW",
+    "NonFiniteGradientError",
     "clip_grad_norm",
     "global_grad_norm",
     "constant",
@@ -59,57 +62,39 @@ class Optimizer:
     Subclasses name their per-parameter state arrays in ``_state_names`` (e.g.
     ``("m", "v")``) and their scalar hyperparameters in ``_hyper_names``, and
     implement :meth:`_update`, which returns the new ``(data, state arrays)`` of
-    one parameter.  State arrays are created as ``zeros_like(p.data)``: same
-    shape, dtype and device as the parameter.
+    one parameter.  State arrays start as ``zeros_like(p.data)``: same shape, dtype
+    and device as the parameter.
     """
 
     _state_names: tuple[str, ...] = ()
     _hyper_names: tuple[str, ...] = ()
 
     def __init__(self, params: Iterable[Parameter], lr: float | Schedule):
-        params = list(params)
-        if not params:
-            raise ValueError(f"{type(self).__name__} got an empty parameter list")
-        for i, p in enumerate(params):
-            if not isinstance(p, Parameter):
-                raise TypeError(
-                    f"{type(self).__name__}: params[{i}] is a {type(p).__name__}, "
-                    "not a Parameter (pass model.parameters())"
-                )
-        if len({id(p) for p in params}) != len(params):
-            raise ValueError(f"{type(self).__name__}: a parameter appears more than once")
-        self.params: list[Parameter] = params
+        self.params: list[Parameter] = _check_params(type(self).__name__, params)
         self.step_count: int = 0
-        self.schedule: Schedule | None = None
-        if callable(lr):
-            self.schedule = lr
-            lr = lr(1)
-        self.lr: float = _check_lr(lr)
+        self.schedule: Schedule | None = lr if callable(lr) else None
+        self.lr: float = _check_lr(lr(1) if callable(lr) else lr)
         # state[name][i] is the state array `name` of params[i]
         self.state: dict[str, list[Any]] = {
-            name: [backend.namespace_of(p.data).zeros_like(p.data) for p in params]
+            name: [backend.namespace_of(p.data).zeros_like(p.data) for p in self.params]
             for name in self._state_names
         }
 
-    # ------------------------------------------------------------ learning rate
     def set_lr(self, lr: float) -> None:
         """Use ``lr`` from the next update on (a schedule, if any, overrides it again)."""
         self.lr = _check_lr(lr)
 
-    # ------------------------------------------------------------ gradients
     def zero_grad(self) -> None:
         """Reset every parameter's gradient to zeros (the layers *add* into ``p.grad``)."""
         for p in self.params:
             p.zero_grad()
 
-    # ------------------------------------------------------------ update
     def step(self) -> None:
         """Perform update ``t = step_count + 1`` on every parameter, then count it."""
         t = self.step_count + 1
         if self.schedule is not None:
             self.lr = _check_lr(self.schedule(t))
-        for i, p in enumerate(self.params):  # all checks first: no half-done update
-            _check_grad(i, p)
+        _check_grads(self.params)  # all checks first: no half-done update
         for i, p in enumerate(self.params):
             old = tuple(self.state[name][i] for name in self._state_names)
             p.data, new = self._update(p, p.grad, old, t)
@@ -121,96 +106,45 @@ class Optimizer:
         """Return ``(new p.data, new state arrays)`` for update ``t`` with gradient ``g``."""
         raise NotImplementedError
 
-    # ------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """The whole optimizer state as a flat dict, ready for ``np.savez``.
 
         Keys: ``"optimizer"`` (the class name), ``"step"`` (updates done),
-        ``"params"`` (how many parameters), ``"lr"`` and the hyperparameters (``"beta1"``, ``"eps"``, ...) as Python
-        numbers, and ``"<state>.<i>"`` (``"m.3"``, ``"v.3"``, ``"momentum.3"``)
-        for parameter ``i`` of ``params``, as backend arrays: the arrays
-        themselves, not copies, and Adam's moments are updated in place by later
-        steps (as ``torch.optim``'s state is), so copy them to keep a snapshot;
-        :func:`npformer.checkpoint.save_checkpoint` writes them out at once.  Convert with
-        :func:`npformer.backend.to_numpy` before saving from a GPU.
+        ``"params"`` (how many parameters), ``"lr"`` and the hyperparameters
+        (``"beta1"``, ``"eps"``, ...) as Python numbers, and ``"<state>.<i>"``
+        (``"m.3"``, ``"v.3"``, ``"momentum.3"``) for parameter ``i``, as backend arrays:
+        the arrays themselves, not copies, and Adam's moments are updated in place by
+        later steps (as ``torch.optim``'s state is), so copy them to keep a snapshot;
+        :func:`npformer.checkpoint.save_checkpoint` writes them out at once.
         """
-        d: dict[str, Any] = {
-            "optimizer": type(self).__name__,
-            "step": self.step_count,
-            "lr": self.lr,
-            "params": len(self.params),
-        }
-        for name in self._hyper_names:
-            d[name] = getattr(self, name)
+        d: dict[str, Any] = {"optimizer": type(self).__name__, "step": self.step_count,
+                             "lr": self.lr, "params": len(self.params)}
+        d.update({name: getattr(self, name) for name in self._hyper_names})
         for name in self._state_names:
-            for i, value in enumerate(self.state[name]):
-                d[f"{name}.{i}"] = value
+            d.update({f"{name}.{i}": value for i, value in enumerate(self.state[name])})
         return d
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict` (from this process or read back from an ``.npz``).
 
-        Like ``torch.optim.Optimizer.load_state_dict`` this restores the step
-        count, the learning rate and the hyperparameters as well as the state
-        arrays.  Arrays may be NumPy arrays or arrays of any backend; they are
-        copied onto the parameters' backend and cast to each parameter's dtype.
-        Every mismatch (optimizer type, number of parameters, keys, shapes) is
+        Like ``torch.optim.Optimizer.load_state_dict`` this restores the step count,
+        the learning rate and the hyperparameters as well as the state arrays, copied
+        onto the parameters' backend and cast to each parameter's dtype.  Every
+        mismatch (optimizer type, number of parameters, keys, shapes, values) is
         reported in one ``ValueError`` before anything is changed.
         """
-        problems: list[str] = []
-        kind = d.get("optimizer")
-        if kind is None:
-            problems.append("missing key 'optimizer'")
-        else:
-            kind = str(_scalar(kind))
-            if kind != type(self).__name__:
-                problems.append(f"it was saved by {kind}, not {type(self).__name__}")
-        scalar_keys = ("step", "lr", "params") + self._hyper_names
-        missing_scalars = [k for k in scalar_keys if k not in d]
-        if missing_scalars:
-            problems.append(f"missing keys: {missing_scalars}")
-        if "params" in d and int(_scalar(d["params"])) != len(self.params):
-            problems.append(
-                f"it holds state for {int(_scalar(d['params']))} parameters, this optimizer "
-                f"has {len(self.params)}"
-            )
-        else:
-            expected = {
-                f"{name}.{i}" for name in self._state_names for i in range(len(self.params))
-            }
-            array_keys = {k for k in d if k not in scalar_keys and k != "optimizer"}
-            missing = sorted(expected - array_keys, key=_key_order)
-            extra = sorted(array_keys - expected, key=_key_order)
-            wrong = []
-            for key in sorted(expected & array_keys, key=_key_order):
-                i = int(key.rsplit(".", 1)[1])
-                got = tuple(getattr(d[key], "shape", ()))
-                if got != self.params[i].shape:
-                    wrong.append(f"{key}: expected {self.params[i].shape}, got {got}")
-            problems += mismatch_report(missing, extra, wrong)
-        if problems:
-            raise ValueError(
-                f"optimizer state does not fit {type(self).__name__}: " + " | ".join(problems)
-            )
-
-        step = int(_scalar(d["step"]))
-        if step < 0:
-            raise ValueError(f"optimizer state has a negative step count {step}")
-        self.step_count = step
-        self.lr = _check_lr(float(_scalar(d["lr"])))
-        for name in self._hyper_names:
-            setattr(self, name, float(_scalar(d[name])))
+        step, lr, hyper = _checked_state(self, d)
+        self.step_count, self.lr = step, lr
+        for name, value in hyper.items():
+            setattr(self, name, value)
         for name in self._state_names:
-            self.state[name] = [
-                backend.copy_like(d[f"{name}.{i}"], p.data) for i, p in enumerate(self.params)
-            ]
+            self.state[name] = [backend.copy_like(d[f"{name}.{i}"], p.data)
+                                for i, p in enumerate(self.params)]
 
     def __repr__(self) -> str:
         hyper = ", ".join(f"{k}={getattr(self, k)}" for k in self._hyper_names)
-        return (
-            f"{type(self).__name__}({len(self.params)} params, lr={self.lr}, {hyper}, "
-            f"step={self.step_count})"
-        )
+        return (f"{type(self).__name__}({len(self.params)} params, lr={self.lr}, {hyper}, "
+                f"step={self.step_count})")
 
 
 # =========================================================================== SGD
@@ -232,11 +166,9 @@ class SGD(Optimizer):
 
     def __init__(self, params, lr: float | Schedule, momentum: float = 0.0,
                  weight_decay: float = 0.0):
-        _check_range("momentum", momentum, 0.0, 1.0, high_open=False)
-        _check_nonneg("weight_decay", weight_decay)
-        self.momentum = float(momentum)
-        self.weight_decay = float(weight_decay)
-        self._state_names = ("momentum",) if momentum != 0 else ()
+        self.momentum = _check_in_range("momentum", momentum, 0.0, 1.0, high_open=False)
+        self.weight_decay = _check_in_range("weight_decay", weight_decay, 0.0)
+        self._state_names = ("momentum",) if self.momentum != 0 else ()
         super().__init__(params, lr)
 
     def _update(self, p, g, state, t):
@@ -248,19 +180,6 @@ class SGD(Optimizer):
             g = buf                                       # g <- b_t
             state = (buf,)
         return p.data - self.lr * g, state                # p <- p - lr g
-
-    # the buffer exists only with momentum, so its presence is part of the type
-    def load_state_dict(self, d):
-        saved_mu = d.get("momentum")
-        if saved_mu is not None:
-            saved_mu = float(_scalar(saved_mu))
-            if (saved_mu != 0) != (self.momentum != 0):
-                raise ValueError(
-                    "optimizer state does not fit SGD: it was saved with momentum="
-                    f"{saved_mu}, this optimizer has momentum={self.momentum} (one of them "
-                    "keeps no momentum buffer)"
-                )
-        super().load_state_dict(d)
 
 
 # =========================================================================== Adam / AdamW
@@ -281,43 +200,35 @@ class Adam(Optimizer):
     m_hat = m_t / bc1 and v_hat = v_t / bc2, arranged as PyTorch rounds it: the
     bias correction of m is folded into the step size, and eps is added to
     sqrt(v_t) / sqrt(bc2) = sqrt(v_hat).  The first moment is updated in the
-    form of PyTorch's ``lerp``.
+    form of PyTorch's ``lerp``.  The moments are the optimizer's own arrays, updated
+    in place operation for operation as written (so the rounding matches torch).
     """
 
     _state_names = ("m", "v")
     _hyper_names = ("beta1", "beta2", "eps", "weight_decay")
-    _decoupled = False
 
     def __init__(self, params, lr: float | Schedule = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0):
-        if len(betas) != 2:
-            raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}")
-        _check_range("beta1", betas[0], 0.0, 1.0)
-        _check_range("beta2", betas[1], 0.0, 1.0)
-        _check_nonneg("eps", eps)
-        _check_nonneg("weight_decay", weight_decay)
-        self.beta1, self.beta2 = float(betas[0]), float(betas[1])
-        self.eps = float(eps)
-        self.weight_decay = float(weight_decay)
+        self.beta1, self.beta2 = _check_betas(betas)
+        self.eps = _check_in_range("eps", eps, 0.0)
+        self.weight_decay = _check_in_range("weight_decay", weight_decay, 0.0)
         super().__init__(params, lr)
 
     @property
     def betas(self) -> tuple[float, float]:
         return (self.beta1, self.beta2)
 
+    def _decay(self, p, g):
+        """L2 decay: the gradient of (lambda/2) ||p||^2 joins g. Returns (data, g)."""
+        if self.weight_decay != 0 and p.decay:
+            g = g + self.weight_decay * p.data            # g <- g + lambda p
+        return p.data, g
+
     def _update(self, p, g, state, t):
         xp = backend.namespace_of(p.data)
-        m, v = state
-        lr, b1, b2, wd = self.lr, self.beta1, self.beta2, self.weight_decay
-        data = p.data
-        if wd != 0 and p.decay:
-            if self._decoupled:
-                data = data * (1 - lr * wd)               # AdamW: p <- p (1 - lr lambda)
-            else:
-                g = g + wd * data                         # Adam:  g <- g + lambda p
-        # The moments are the optimizer's own: updated in place, operation for operation
-        # the expressions on the right (so the rounding, and torch parity, are unchanged).
+        (m, v), b1, b2 = state, self.beta1, self.beta2
+        data, g = self._decay(p, g)
         delta = g - m
         delta *= 1 - b1
         m += delta                                        # m_t = m + (1-beta1)(g - m)
@@ -327,7 +238,7 @@ class Adam(Optimizer):
         v += g_sq                                         # v_t = beta2 v + (1-beta2) g^2
         bias_correction1 = 1 - b1**t                      # bc1 = 1 - beta1^t
         bias_correction2 = 1 - b2**t                      # bc2 = 1 - beta2^t
-        step_size = lr / bias_correction1                 # step = lr / bc1
+        step_size = self.lr / bias_correction1            # step = lr / bc1
         denom = xp.sqrt(v)
         denom /= bias_correction2**0.5
         denom += self.eps                                 # sqrt(v)/sqrt(bc2) + eps
@@ -343,39 +254,54 @@ class AdamW(Adam):
     weights themselves shrink (only those with ``p.decay``)::
 
         p    <- p * (1 - lr * lambda)                 (only if p.decay)
-        m_t   = m_{t-1} + (1 - beta1) * (g - m_{t-1})
-        v_t   = beta2 * v_{t-1} + (1 - beta2) * g^2
-        step  = lr / (1 - beta1^t)
-        denom = sqrt(v_t) / sqrt(1 - beta2^t) + eps
-        p    <- p - step * m_t / denom
+        then Adam's update of m, v and p with the gradient g unchanged.
     """
-
-    _decoupled = True
 
     def __init__(self, params, lr: float | Schedule = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.01):
         super().__init__(params, lr, betas, eps, weight_decay)
 
+    def _decay(self, p, g):
+        """Decoupled decay: the weights shrink, the gradient is left alone."""
+        if self.weight_decay != 0 and p.decay:
+            return p.data * (1 - self.lr * self.weight_decay), g  # p <- p (1 - lr lambda)
+        return p.data, g
+
 
 # =========================================================================== clipping
-def global_grad_norm(params: Iterable[Parameter]) -> float:
+class NonFiniteGradientError(ValueError):
+    """A gradient holds NaN or inf (raised by the norm functions; the message names it)."""
+
+
+ParamsOrNamed = Iterable["Parameter | tuple[str, Parameter]"]
+
+
+def global_grad_norm(params: ParamsOrNamed, error_if_nonfinite: bool = False) -> float:
     """sqrt(sum over params of sum(g^2)): the L2 norm of all gradients as one vector.
 
-    Computed on the device in the gradients' dtype; one transfer of the result.
+    ``params``: Parameters, or ``(name, Parameter)`` pairs (``model.named_parameters()``)
+    so that errors can name them.  Computed on the device in the gradients' dtype; one
+    transfer of the result.  A NaN or infinite norm is returned as is, unless
+    ``error_if_nonfinite``: then :class:`NonFiniteGradientError` names the first
+    parameter whose gradient holds NaN or inf.
     """
+    named = _named(params)
     total_sq = None
-    for p in params:
+    for _, p in named:
         xp = backend.namespace_of(p.grad)
         sq = xp.sum(p.grad * p.grad)                      # ||g_i||^2, a 0-d array
         total_sq = sq if total_sq is None else total_sq + sq
     if total_sq is None:
         return 0.0
-    xp = backend.namespace_of(total_sq)
-    return backend.to_float(xp.sqrt(total_sq))
+    total = backend.to_float(backend.namespace_of(total_sq).sqrt(total_sq))
+    if error_if_nonfinite and not math.isfinite(total):
+        raise NonFiniteGradientError(_nonfinite_report(named, total))
+    return total
 
 
-def clip_grad_norm(params: Iterable[Parameter], max_norm: float) -> float:
+def clip_grad_norm(params: ParamsOrNamed, max_norm: float,
+                   error_if_nonfinite: bool = True) -> float:
     """Scale all gradients together so their global L2 norm is at most ``max_norm``.
 
     As ``torch.nn.utils.clip_grad_norm_``::
@@ -385,18 +311,50 @@ def clip_grad_norm(params: Iterable[Parameter], max_norm: float) -> float:
         g_i  <- c * g_i           (for every i; c = 1 leaves them unchanged)
 
     Returns ``total``, the norm *before* clipping (log it: spikes show up here).
-    A non-finite total is returned as is and, as in torch, leaves the gradients
-    NaN or zero: check the returned norm before stepping.
+    A gradient holding NaN or inf raises :class:`NonFiniteGradientError` naming the
+    first such parameter, before any gradient changes (torch's ``error_if_nonfinite=True``;
+    a norm that overflows only in the sum of squares raises too).  With
+    ``error_if_nonfinite=False`` the non-finite total is returned and, unlike torch,
+    the gradients are left as they are rather than all turned NaN or zero.
     """
-    max_norm = float(max_norm)
-    if not max_norm > 0 or math.isinf(max_norm):
+    max_norm = _check_in_range("max_norm", max_norm, 0.0, low_open=True)
+    if math.isinf(max_norm):
         raise ValueError(f"max_norm must be a positive finite number, got {max_norm}")
-    params = list(params)
-    total = global_grad_norm(params)
+    named = _named(params)
+    total = global_grad_norm(named, error_if_nonfinite)
+    if not math.isfinite(total):
+        return total
     coef = min(max_norm / (total + 1e-6), 1.0)
-    for p in params:
+    for _, p in named:
         p.grad = p.grad * coef
     return total
+
+
+def _named(params) -> list[tuple[str, Parameter]]:
+    """(name, Parameter) pairs from Parameters (named params[i]) or pairs."""
+    named = []
+    for i, item in enumerate(params):
+        name, p = item if isinstance(item, tuple) and len(item) == 2 else (f"params[{i}]", item)
+        if not isinstance(p, Parameter):
+            raise TypeError(f"{name} is a {type(p).__name__}, not a Parameter "
+                            "(pass model.parameters() or model.named_parameters())")
+        if p.grad is None:
+            raise ValueError(f"{name} has no gradient (grad is None)")
+        named.append((name, p))
+    return named
+
+
+def _nonfinite_report(named, total: float) -> str:
+    for name, p in named:
+        xp = backend.namespace_of(p.grad)
+        finite = xp.isfinite(p.grad)
+        if not backend.to_float(xp.sum(xp.astype(finite, xp.int64))) == p.grad.size:
+            return (f"the gradient of {name} (shape {p.shape}) holds NaN or inf: the total "
+                    f"gradient norm is {total}. Lower the learning rate, or find where the "
+                    "backward pass overflowed (pass error_if_nonfinite=False to get the norm)")
+    return (f"the total gradient norm overflows to {total} although every gradient is "
+            "finite (gradients near the float range limit); lower the learning rate or "
+            "the loss scale")
 
 
 # =========================================================================== schedules
@@ -504,33 +462,67 @@ class warmup_cosine:
         return self.min_lr + coeff * (self.peak_lr - self.min_lr)
 
 
-# =========================================================================== helpers
+# =========================================================================== argument checks
 def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _check_lr(lr, name: str = "lr") -> float:
+def _as_real(name: str, value) -> float:
+    """``value`` as a Python float; TypeError naming ``name`` for anything else."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(
+            value, "__float__"):
+        raise TypeError(f"{name} must be a number, got {value!r}")
     try:
-        value = float(lr)
+        return float(value)
     except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a number, got {lr!r}") from None
+        raise TypeError(f"{name} must be a number, got {value!r}") from None
+
+
+def _check_lr(lr, name: str = "lr") -> float:
+    value = _as_real(name, lr)
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{name} must be a non-negative finite number, got {lr!r}")
     return value
 
 
-def _check_nonneg(name: str, value) -> None:
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-        raise ValueError(f"{name} must be a non-negative finite number, got {value!r}")
+def _check_in_range(name: str, value, low: float, high: float = math.inf,
+                    high_open: bool = True, low_open: bool = False) -> float:
+    """``value`` as a float in the interval; NaN and infinities are refused by name."""
+    x = _as_real(name, value)
+    above = x > low if low_open else x >= low
+    below = x < high if high_open else x <= high
+    if not (math.isfinite(x) and above and below):  # NaN fails every comparison
+        if high == math.inf:
+            kind = "positive" if low_open and low == 0 else "non-negative"
+            raise ValueError(f"{name} must be a {kind} finite number, got {value!r}")
+        bracket = ("(" if low_open else "[") + f"{low}, {high}" + (")" if high_open else "]")
+        raise ValueError(f"{name} must be in {bracket}, got {value!r}")
+    return x
 
 
-def _check_range(name, value, low, high, high_open: bool = True) -> None:
-    ok = isinstance(value, (int, float)) and low <= value and (
-        value < high if high_open else value <= high
-    )
-    if not ok:
-        bracket = ")" if high_open else "]"
-        raise ValueError(f"{name} must be in [{low}, {high}{bracket}, got {value!r}")
+def _check_betas(betas) -> tuple[float, float]:
+    try:
+        beta1, beta2 = betas
+    except (TypeError, ValueError):
+        raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}") from None
+    return _check_in_range("beta1", beta1, 0.0, 1.0), _check_in_range("beta2", beta2, 0.0, 1.0)
+
+
+def _check_params(owner: str, params) -> list[Parameter]:
+    try:
+        params = list(params)
+    except TypeError:
+        raise TypeError(f"{owner}: params must be an iterable of Parameters "
+                        f"(model.parameters()), got {type(params).__name__}") from None
+    if not params:
+        raise ValueError(f"{owner} got an empty parameter list")
+    for i, p in enumerate(params):
+        if not isinstance(p, Parameter):
+            raise TypeError(f"{owner}: params[{i}] is a {type(p).__name__}, "
+                            "not a Parameter (pass model.parameters())")
+    if len({id(p) for p in params}) != len(params):
+        raise ValueError(f"{owner}: a parameter appears more than once")
+    return params
 
 
 def _check_step(step) -> None:
@@ -540,26 +532,102 @@ def _check_step(step) -> None:
         )
 
 
-def _check_grad(i: int, p: Parameter) -> None:
-    if p.grad is None:
-        raise RuntimeError(f"params[{i}] has no gradient (grad is None)")
-    if tuple(p.grad.shape) != p.shape:
-        raise RuntimeError(
-            f"params[{i}]: gradient shape {tuple(p.grad.shape)} != parameter shape {p.shape}"
-        )
-    if p.grad.dtype != p.data.dtype:
-        raise RuntimeError(
-            f"params[{i}]: gradient dtype {p.grad.dtype} != parameter dtype {p.data.dtype}"
-        )
+def _check_grads(params: list[Parameter]) -> None:
+    for i, p in enumerate(params):
+        if p.grad is None:
+            raise RuntimeError(f"params[{i}] has no gradient (grad is None)")
+        backend.namespace_of(p.data, p.grad)  # one array library (TypeError naming both)
+        if tuple(p.grad.shape) != p.shape:
+            raise RuntimeError(f"params[{i}]: gradient shape {tuple(p.grad.shape)} != "
+                               f"parameter shape {p.shape}")
+        if p.grad.dtype != p.data.dtype:
+            raise RuntimeError(f"params[{i}]: gradient dtype {p.grad.dtype} != "
+                               f"parameter dtype {p.data.dtype}")
 
 
-def _scalar(value):
+# =========================================================================== saved state checks
+def _checked_state(opt: Optimizer, d: dict) -> tuple[int, float, dict[str, float]]:
+    """Check a state dict against ``opt``: every problem in one ValueError, nothing
+    changed.  Returns (step, lr, {hyperparameter: value})."""
+    owner = type(opt).__name__
+    if not isinstance(d, dict):
+        raise TypeError(f"optimizer state must be a dict (from state_dict()), got "
+                        f"{type(d).__name__}")
+    problems: list[str] = []
+    kind = d.get("optimizer")
+    if kind is None:
+        problems.append("missing key 'optimizer'")
+    elif str(_scalar(kind, "optimizer")) != owner:
+        problems.append(f"it was saved by {_scalar(kind, 'optimizer')}, not {owner}")
+    scalar_keys = ("step", "lr", "params") + opt._hyper_names
+    missing_scalars = [k for k in scalar_keys if k not in d]
+    if missing_scalars:
+        problems.append(f"missing keys: {missing_scalars}")
+    saved = {k: _scalar(d[k], k) for k in scalar_keys if k in d}
+    problems += _scalar_problems(opt, saved)
+    if "params" in saved and saved["params"] != len(opt.params):
+        problems.append(f"it holds state for {saved['params']} parameters, this optimizer "
+                        f"has {len(opt.params)}")
+    else:
+        problems += _array_problems(opt, d, set(scalar_keys) | {"optimizer"})
+    if problems:
+        raise ValueError(f"optimizer state does not fit {owner}: " + " | ".join(problems))
+    return (int(saved["step"]), float(saved["lr"]),
+            {name: float(saved[name]) for name in opt._hyper_names})
+
+
+def _scalar_problems(opt: Optimizer, saved: dict) -> list[str]:
+    """Values the constructor would refuse (a negative step, a NaN lr, beta1 >= 1, ...)."""
+    problems = []
+    checks = {"step": lambda v: _is_int(v) and v >= 0,
+              "params": lambda v: _is_int(v),
+              "lr": lambda v: _ok(_check_lr, v),
+              "beta1": lambda v: _ok(_check_in_range, "beta1", v, 0.0, 1.0),
+              "beta2": lambda v: _ok(_check_in_range, "beta2", v, 0.0, 1.0),
+              "eps": lambda v: _ok(_check_in_range, "eps", v, 0.0),
+              "weight_decay": lambda v: _ok(_check_in_range, "weight_decay", v, 0.0),
+              "momentum": lambda v: _ok(_check_in_range, "momentum", v, 0.0, 1.0, False)}
+    for key, value in saved.items():
+        if key in checks and not checks[key](value):
+            problems.append(f"{key} is {value!r}" + (" (a negative step count)"
+                                                      if key == "step" else ""))
+    if "momentum" in saved and isinstance(saved["momentum"], (int, float)) and (
+            (saved["momentum"] != 0) != (getattr(opt, "momentum", 0) != 0)):
+        problems.append(f"it was saved with momentum={saved['momentum']}, this optimizer has "
+                        f"momentum={opt.momentum} (one of them keeps no momentum buffer)")
+    return problems
+
+
+def _ok(check, *args) -> bool:
+    try:
+        check(*args)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _array_problems(opt: Optimizer, d: dict, scalar_keys: set) -> list[str]:
+    """Missing, unexpected and wrongly shaped ``<state>.<i>`` arrays."""
+    expected = {f"{name}.{i}" for name in opt._state_names for i in range(len(opt.params))}
+    array_keys = {k for k in d if k not in scalar_keys}
+    missing = sorted(expected - array_keys, key=_key_order)
+    extra = sorted(array_keys - expected, key=_key_order)
+    wrong = []
+    for key in sorted(expected & array_keys, key=_key_order):
+        i = int(key.rsplit(".", 1)[1])
+        got = tuple(getattr(d[key], "shape", ()))
+        if got != opt.params[i].shape:
+            wrong.append(f"{key}: expected {opt.params[i].shape}, got {got}")
+    return mismatch_report(missing, extra, wrong)
+
+
+def _scalar(value, key: str = "value"):
     """A Python number/str from a Python scalar or a 0-d array (as ``np.load`` returns)."""
     if isinstance(value, (int, float, str)):
         return value
     host = backend.to_numpy(value)
     if getattr(host, "ndim", 0) != 0:
-        raise ValueError(f"expected a scalar in the optimizer state, got shape {host.shape}")
+        raise ValueError(f"optimizer state {key!r} should be a scalar, got shape {host.shape}")
     return host.item()
 
 

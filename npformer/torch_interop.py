@@ -22,9 +22,17 @@ Usage::
 
 Conversion rules per layer type live in :data:`RULES`; models register theirs
 there too, so one mechanism serves every module.
+
+safetensors, the no-pickle weight format PyTorch and Hugging Face users exchange:
+:func:`save_safetensors` writes ``to_torch_state_dict(module)`` (PyTorch's names and
+layouts) with ``safetensors.numpy``, so ``safetensors.torch.load_file(path)`` loads
+straight into the equivalent torch module; :func:`load_safetensors` reads such a file
+(written by npformer or by ``safetensors.torch.save_file(torch_module.state_dict())``)
+into a module, checking every key and shape first.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -180,6 +188,38 @@ def load_torch_state_dict(module, torch_state: dict) -> None:
         parts = _from_torch_layout(rule.kind, host[rule.torch_key], len(rule.npformer_keys))
         state.update(zip(rule.npformer_keys, parts))
     module.load_state_dict(state)
+
+
+# --------------------------------------------------------------------------- safetensors
+def save_safetensors(module, path, metadata: dict[str, str] | None = None):
+    """Write ``module``'s weights to ``path`` as safetensors, under PyTorch's names and
+    layouts; ``metadata`` (str -> str) is stored in the header with ``format: pt``."""
+    from pathlib import Path
+
+    from safetensors.numpy import save_file
+
+    header = {"format": "pt", **(metadata or {})}
+    bad = [k for k, v in header.items() if not (isinstance(k, str) and isinstance(v, str))]
+    if bad:
+        raise TypeError(f"safetensors metadata maps strings to strings; not so for {bad}")
+    path = Path(path)
+    save_file(to_torch_state_dict(module), str(path), metadata=header)
+    return path
+
+
+def load_safetensors(module, path) -> None:
+    """Load a safetensors file holding the PyTorch state dict of ``module``'s equivalent
+    (as :func:`save_safetensors` or ``safetensors.torch.save_file`` write it)."""
+    from safetensors.numpy import load_file
+
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no safetensors file at {path}")
+    try:
+        state = load_file(str(path))
+    except Exception as exc:  # SafetensorError, or a header that is not JSON
+        raise ValueError(f"{path} is not a readable safetensors file: "
+                         f"{type(exc).__name__}: {exc}") from exc
+    load_torch_state_dict(module, state)
 
 
 # --------------------------------------------------------------------------- models

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -67,10 +68,10 @@ def isolated_environment(tmp_path, monkeypatch):
     monkeypatch.delenv("NPFORMER_DATA", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
 
-    def no_network(url, timeout=60.0):
+    def no_network(url, output_file, pooch_instance, check_only=False):
         raise urllib.error.URLError("network disabled in tests")
 
-    monkeypatch.setattr(download_module, "_open_url", no_network)
+    monkeypatch.setattr(download_module, "_downloader", lambda url: no_network)
 
 
 # --------------------------------------------------------------------------
@@ -319,6 +320,7 @@ def test_read_fra_eng_plain_text_and_other_layouts(tmp_path):
     assert load_fra_eng(tmp_path) == from_zip  # a folder holding fra-eng.zip
 
 
+@pytest.mark.filterwarnings("ignore::npformer.data.DatasetWarning")  # no-pairs: 1 line skipped
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "no-member", "latin-1", "no-pairs"])
 def test_corrupt_fra_eng_gives_a_clear_error(tmp_path, damage):
     path = make_fra_zip(tmp_path / "fra-eng.zip")
@@ -536,7 +538,6 @@ def test_locate_search_order(tmp_path, monkeypatch):
     assert locate("thing.bin", URL, set(), path=explicit) == explicit           # the file itself
     other = _put(tmp_path / "anywhere", name="my-own-name.bin")
     assert locate("thing.bin", URL, set(), path=other) == other                 # any file name
-    assert locate("thing.bin", URL, set(), path=tmp_path / "anywhere") == env   # folder lacks it
     assert locate("thing.bin", URL, set()) == env
     monkeypatch.delenv("NPFORMER_DATA")
     assert locate("thing.bin", URL, set()) == cached
@@ -556,14 +557,26 @@ def test_locate_alternative_names(tmp_path):
                   path=tmp_path, alternatives=TINY_SHAKESPEARE.alternatives) == nested
 
 
+def test_an_explicit_folder_without_the_file_is_an_error_naming_both(tmp_path, monkeypatch):
+    """--data FOLDER is taken at its word: no fall-through to $NPFORMER_DATA or the cache,
+    and no download, even when another copy exists there."""
+    _put(tmp_path / "env", "aclImdb_v1.tar.gz")
+    monkeypatch.setenv("NPFORMER_DATA", str(tmp_path / "env"))
+    (tmp_path / "data").mkdir()
+    with pytest.raises(DatasetNotFoundError,
+                       match=rf"the data folder {re.escape(str(tmp_path / 'data'))} has no "
+                             r"aclImdb_v1\.tar\.gz"):
+        load_imdb("train", path=tmp_path / "data")
+    assert not cache_dir().exists()  # nothing downloaded
+
+
 def test_missing_data_without_network_gives_one_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("NPFORMER_DATA", str(tmp_path / "env-folder"))
-    (tmp_path / "data").mkdir()
     with pytest.raises(DatasetNotFoundError) as info:
-        load_imdb("train", path=tmp_path / "data")
+        load_imdb("train")
     message = str(info.value)
     assert isinstance(info.value, FileNotFoundError)
-    for expected in ["aclImdb_v1.tar.gz", str(tmp_path / "data"), str(tmp_path / "env-folder"),
+    for expected in ["aclImdb_v1.tar.gz", str(tmp_path / "env-folder"),
                      str(cache_dir()), IMDB.url, "network disabled in tests",
                      "--data PATH", "NPFORMER_DATA"]:
         assert expected in message, expected
@@ -589,20 +602,15 @@ def test_locate_without_download(tmp_path):
         locate("thing.bin", URL, set(), download=False)
 
 
-class _FakeResponse(io.BytesIO):
-    def __init__(self, data: bytes):
-        super().__init__(data)
-        self.headers = {"Content-Length": str(len(data))}
-
-
 def _serve(monkeypatch, data: bytes) -> list[str]:
+    """Replace pooch's HTTP downloader by one that writes ``data`` (no network)."""
     requested = []
 
-    def fake_open(url, timeout=60.0):
+    def fake_download(url, output_file, pooch_instance, check_only=False):
         requested.append(url)
-        return _FakeResponse(data)
+        Path(output_file).write_bytes(data)
 
-    monkeypatch.setattr(download_module, "_open_url", fake_open)
+    monkeypatch.setattr(download_module, "_downloader", lambda url: fake_download)
     return requested
 
 

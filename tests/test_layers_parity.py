@@ -16,9 +16,9 @@ autograd, npformer by its hand-written backward).  Compared, within
 Modules: Linear, LayerNorm, Embedding, learned positions (= torch Embedding of
 positions), MultiheadAttention (batch_first) self and cross with key padding,
 causal, causal + padding and per-head random masks, TransformerEncoderLayer and
-TransformerDecoderLayer (post-/pre-norm, relu as the string "relu" and GELU as
-``partial(F.gelu, approximate="tanh")``, the tanh form npformer implements) with
-key-padding and causal masks.  PyTorch's masks mean the opposite of npformer's
+TransformerDecoderLayer (post-/pre-norm, relu as the string "relu", the exact GELU as
+the string "gelu" and npformer's "gelu_tanh" as ``partial(F.gelu, approximate="tanh")``)
+with key-padding and causal masks.  PyTorch's masks mean the opposite of npformer's
 (True = NOT allowed / padding) and are converted.  No row is fully masked here:
 PyTorch gives NaN there.  Torch modules run in train mode with dropout 0 and
 inputs that require grad, so no inference fast path changes the numerics.
@@ -230,13 +230,13 @@ def test_multi_head_attention_more_heads(torch, dtype):
 
 # =========================================================================== blocks
 def torch_activation(torch, name):
-    if name == "gelu":  # npformer's GELU is the tanh form; torch's "gelu" string is erf
+    if name == "gelu_tanh":  # torch has no string for the tanh form
         return functools.partial(torch.nn.functional.gelu, approximate="tanh")
-    return name  # the string "relu"
+    return name  # the strings "relu" and "gelu" (exact, erf) mean the same in both
 
 
 @pytest.mark.parametrize("mask_kind", ["none", "padding", "causal", "causal_padding"])
-@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh"])
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post_norm", "pre_norm"])
 def test_encoder_layer(torch, dtype, norm_first, activation, mask_kind):
     rng = np.random.default_rng(11)
@@ -254,7 +254,7 @@ def test_encoder_layer(torch, dtype, norm_first, activation, mask_kind):
 
 
 @pytest.mark.parametrize("masks", ["none", "causal_and_padding"])
-@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh"])
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post_norm", "pre_norm"])
 def test_decoder_layer(torch, dtype, norm_first, activation, masks):
     rng = np.random.default_rng(12)
@@ -309,7 +309,8 @@ def _randomize_npformer(layer, seed=5):
 
 
 EXPORT_CASES = ["linear", "layernorm", "embedding", "mha_self", "mha_cross",
-                "encoder_post", "encoder_pre_gelu", "decoder_post", "decoder_pre_gelu"]
+                "encoder_post", "encoder_pre_gelu", "encoder_pre_gelu_tanh", "decoder_post",
+                "decoder_pre_gelu", "decoder_post_gelu_tanh"]
 
 
 def _export_pair(torch, kind):
@@ -318,7 +319,7 @@ def _export_pair(torch, kind):
     dt = backend.default_float_name()
     x = host(rng, (B, T, D), dt)
     memory = host(rng, (B, S, D), dt)
-    act = "gelu" if kind.endswith("gelu") else "relu"
+    act = "gelu_tanh" if kind.endswith("gelu_tanh") else "gelu" if kind.endswith("gelu") else "relu"
     norm_first = "_pre" in kind
     if kind == "linear":
         return nn.Linear(D, 3), torch.nn.Linear(D, 3), None, None, [x]

@@ -6,8 +6,8 @@ attribute names :mod:`npformer.torch_interop` expects (tok_emb, pos_emb,
 layers.<i> = ``nn.TransformerEncoderLayer(batch_first=True)``, norm, head /
 lm_head; src_tok_emb, tgt_tok_emb, encoder.layers.<i>, decoder.layers.<i> =
 ``nn.TransformerDecoderLayer``, encoder.norm, decoder.norm, out_proj), built
-with dropout 0, the same norm_first and activation (npformer's "gelu" is the
-tanh form), torch's masks (True = ignore) and pooling over valid positions.
+with dropout 0, the same norm_first and activation ("gelu" is the exact form in
+both; npformer's "gelu_tanh" is torch's approximate="tanh"), torch's masks (True = ignore) and pooling over valid positions.
 Sinusoidal positions are npformer's table as a non-persistent buffer.  Weights
 move with ``load_torch_state_dict``; then
 

@@ -204,5 +204,5 @@ def test_pooling_input_rank(xb):
 @pytest.mark.parametrize("name", ["swish", "ReLU", ""])
 def test_unknown_activation(name):
     with pytest.raises(ValueError, match=re.escape(
-            f"unknown activation {name!r}; choose one of ['gelu', 'relu']")):
+            f"unknown activation {name!r}; choose one of ['gelu', 'gelu_tanh', 'relu']")):
         ops.activation(name)

@@ -89,15 +89,16 @@ def test_relu(xb, on_device, seed, shape):
     assert_passes(check_op(ops.relu_forward, ops.relu_backward, [x], [0]))
 
 
+@pytest.mark.parametrize("name", ["gelu", "gelu_tanh"])
 @given(seed=seeds, shape=st.lists(st.integers(1, 4), min_size=1, max_size=3),
        scale=st.sampled_from([0.3, 1.0, 3.0]))
-def test_gelu(xb, on_device, seed, shape, scale):
+def test_gelu(xb, on_device, name, seed, shape, scale):
     rng = np.random.default_rng(seed)
     # Clipped at -3.5: further out gelu'(x) < 1e-3 shrinks to ~1e-13 at x = -7, below
     # what central differences resolve, and a tensor lying entirely there would
     # compare rounding noise with rounding noise.
     x = on_device(np.maximum(rng.standard_normal(tuple(shape)) * scale, -3.5))
-    assert_passes(check_op(ops.gelu_forward, ops.gelu_backward, [x], [0]))
+    assert_passes(check_op(*ops.activation(name), [x], [0]))
 
 
 # =========================================================================== dropout
@@ -522,6 +523,7 @@ def _dtype_cases():
         "linear": linear,
         "relu": unary(ops.relu_forward, ops.relu_backward),
         "gelu": unary(ops.gelu_forward, ops.gelu_backward),
+        "gelu_tanh": unary(*ops.activation("gelu_tanh")),
         "dropout_train": dropout_train,
         "dropout_eval": unary(ops.dropout_forward, ops.dropout_backward, p=0.4, training=False),
         "layernorm": layernorm,

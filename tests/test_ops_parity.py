@@ -6,7 +6,8 @@ gradients come from autograd with a *random* upstream gradient ``out.backward(g)
 ``PARITY_RTOL[dtype]`` (norm-wise relative, see ``tests.helpers.rel_diff``), in
 float32 and float64, for random tiny shapes drawn by Hypothesis.
 
-Torch equivalents: linear (torch stores W transposed), relu, gelu(approximate="tanh"),
+Torch equivalents: linear (torch stores W transposed), relu, gelu (exact, erf) and
+gelu(approximate="tanh") (npformer's "gelu_tanh"),
 layer_norm (eps 1e-5), softmax (a mask via masked_fill(-inf)), log_softmax,
 scaled_dot_product_attention with a boolean attn_mask (True = attend), embedding,
 cross_entropy (ignore_index, label_smoothing), dropout (eval: identity; training:
@@ -120,7 +121,7 @@ def test_linear(dtype, torch, seed, lead, d_in, d_out, bias):
 
 
 # =========================================================================== activations
-@pytest.mark.parametrize("name", ["relu", "gelu"])
+@pytest.mark.parametrize("name", ["relu", "gelu", "gelu_tanh"])
 @given(seed=seeds, shape=st.lists(st.integers(1, 5), min_size=1, max_size=3),
        scale=st.sampled_from([0.5, 1.0, 4.0]))
 def test_activation(dtype, torch, name, seed, shape, scale):
@@ -133,7 +134,8 @@ def test_activation(dtype, torch, name, seed, shape, scale):
     x, tx = pair.leaf("x", np.maximum(pair.randn(shape, scale), np.asarray(-2.0, dtype)))
     forward, backward = ops.activation(name)
     y, cache = forward(x)
-    ty = F.relu(tx) if name == "relu" else F.gelu(tx, approximate="tanh")
+    ty = {"relu": F.relu, "gelu": F.gelu,
+          "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}[name](tx)
     pair.check(y, ty, lambda g: {"x": backward(g, cache)}, {}, name)
 
 

@@ -20,6 +20,7 @@ from .download import (
     DatasetFormatError,
     DatasetNotFoundError,
     DatasetSpec,
+    DatasetWarning,
     cache_dir,
     fetch,
     locate,
@@ -41,7 +42,7 @@ from .vocab import Vocab
 __all__ = [
     # download
     "DatasetSpec", "IMDB", "FRA_ENG", "TINY_SHAKESPEARE",
-    "DatasetNotFoundError", "DatasetFormatError", "ChecksumError",
+    "DatasetNotFoundError", "DatasetFormatError", "ChecksumError", "DatasetWarning",
     "cache_dir", "locate", "locate_dataset", "fetch",
     # vocabularies
     "Vocab", "CharVocab",

@@ -13,8 +13,13 @@ A folder is expected in the canonical layout of the offline data folder::
     fra-eng.zip
     tinyshakespeare/input.txt      (a bare input.txt is accepted too)
 
-If the file is found nowhere it is downloaded into the cache folder: streamed to
-a temporary file beside its destination (with a tqdm progress bar), its digest
+An explicit ``path`` is taken at its word: a folder that lacks the file is an
+error naming the folder and the file (no fall-through to the other places, no
+download), as is a path that does not exist.
+
+If the file is found nowhere (and no ``path`` was given) it is downloaded into
+the cache folder with `pooch <https://www.fatiando.org/pooch/>`_ (streamed, with a
+progress bar, into a private staging folder beside the cache), its digest
 checked against the accepted checksums, then renamed into place with
 ``os.replace``, which is atomic, so an interrupted or concurrent download never
 leaves a half-written file under the final name. When the download fails (no
@@ -29,19 +34,17 @@ package check that a file opens and has the expected content instead.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
+import shutil
 import tempfile
-import urllib.request
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-
-from tqdm.auto import tqdm
 
 __all__ = [
     "DatasetNotFoundError",
     "DatasetFormatError",
     "ChecksumError",
+    "DatasetWarning",
     "DatasetSpec",
     "IMDB",
     "FRA_ENG",
@@ -53,7 +56,6 @@ __all__ = [
 ]
 
 ENV_VAR = "NPFORMER_DATA"
-_CHUNK = 1 << 20  # bytes read from the network per step
 
 
 class DatasetNotFoundError(FileNotFoundError):
@@ -66,6 +68,11 @@ class DatasetFormatError(ValueError):
 
 class ChecksumError(ValueError):
     """A downloaded file's digest matches none of the accepted checksums."""
+
+
+class DatasetWarning(UserWarning):
+    """A dataset file was read, but some of its content was skipped (the message says
+    what and where)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,9 +154,12 @@ def _find_in_folder(folder: Path, names: Sequence[str]) -> Path | None:
     return None
 
 
-def _open_url(url: str, timeout: float = 60.0):
-    """Open ``url`` for reading (a seam the tests replace to fake the network)."""
-    return urllib.request.urlopen(url, timeout=timeout)
+def _downloader(url: str):
+    """pooch's HTTP(S) downloader with a progress bar (a seam the tests replace to fake
+    the network: any callable ``(url, output_file, pooch)`` that writes the file)."""
+    import pooch
+
+    return pooch.HTTPDownloader(progressbar=True, timeout=60)
 
 
 def _digest_kind(checksum: str) -> str:
@@ -163,29 +173,23 @@ def _digest_kind(checksum: str) -> str:
 def fetch(url: str, destination: Path, checksums: Iterable[str] = ()) -> Path:
     """Download ``url`` to ``destination`` atomically, verifying its digest.
 
-    The bytes are streamed to a temporary file in ``destination``'s folder, then
-    renamed into place. If ``checksums`` is not empty the download must match
-    one of them (sha256 or sha1 hex digests) or :class:`ChecksumError` is raised
-    and the temporary file deleted. Network failures propagate as ``OSError``.
+    pooch streams the bytes into a private staging folder in ``destination``'s
+    folder; if ``checksums`` is not empty the file must match one of them (sha256 or
+    sha1 hex digests: a dataset may have several accepted copies, which pooch's single
+    ``known_hash`` cannot express) or :class:`ChecksumError` is raised and nothing is
+    kept; then it is renamed into place. Network failures propagate as ``OSError``.
     """
+    import pooch
+
     destination = Path(destination)
     accepted = {c.lower() for c in checksums}
-    hashers = {kind: hashlib.new(kind) for kind in {_digest_kind(c) for c in accepted}}
+    kinds = {_digest_kind(c) for c in accepted}
     destination.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=destination.parent, prefix=destination.name + ".", suffix=".part")
-    tmp = Path(tmp_name)
+    staging = Path(tempfile.mkdtemp(dir=destination.parent, prefix=f".{destination.name}."))
     try:
-        with os.fdopen(fd, "wb") as out, _open_url(url) as response:
-            length = response.headers.get("Content-Length") if hasattr(response, "headers") else None
-            total = int(length) if length and length.isdigit() else None
-            with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
-                      desc=f"downloading {destination.name}") as bar:
-                while chunk := response.read(_CHUNK):
-                    out.write(chunk)
-                    for h in hashers.values():
-                        h.update(chunk)
-                    bar.update(len(chunk))
-        digests = {h.hexdigest() for h in hashers.values()}
+        fetched = Path(pooch.retrieve(url, known_hash=None, fname=destination.name,
+                                      path=staging, downloader=_downloader(url)))
+        digests = {pooch.file_hash(str(fetched), alg=kind) for kind in kinds}
         if accepted and not digests & accepted:
             raise ChecksumError(
                 f"the file downloaded from {url} has checksum(s) {sorted(digests)}, "
@@ -193,10 +197,9 @@ def fetch(url: str, destination: Path, checksums: Iterable[str] = ()) -> Path:
                 f"file has changed upstream. It was deleted; try again, or download it "
                 f"yourself and pass --data PATH."
             )
-        os.replace(tmp, destination)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        os.replace(fetched, destination)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return destination
 
 
@@ -218,8 +221,8 @@ def locate(
         url: where to download it from when it is found nowhere.
         checksums: accepted sha256 (or sha1) hex digests of the download.
         path: an explicit file (any name) or a folder holding ``filename``.
-            A path that does not exist at all is an error (a typo should not
-            trigger a download); a folder lacking the file is searched past.
+            A path that does not exist, or a folder lacking the file, is an
+            error (a typo should not trigger a download or pick another copy).
         env_var: the environment variable naming a data folder.
         alternatives: other relative names accepted inside a folder.
         download: whether to download when the file is found nowhere.
@@ -228,8 +231,9 @@ def locate(
         The path of the file.
 
     Raises:
-        DatasetNotFoundError: the file is found nowhere and downloading was
-            disabled or failed; the message lists every place searched.
+        DatasetNotFoundError: an explicit ``path`` does not exist or lacks the
+            file; or the file is found nowhere and downloading was disabled or
+            failed (the message lists every place searched).
         ChecksumError: a download did not match any accepted checksum.
     """
     names = (filename, *alternatives)
@@ -247,7 +251,10 @@ def locate(
         found = _find_in_folder(explicit, names)
         if found is not None:
             return found
-        searched.append(f"{explicit} (explicit path): no {' or '.join(names)} in it")
+        raise DatasetNotFoundError(
+            f"the data folder {explicit} has no {' or '.join(names)}: put the file there, "
+            f"or pass the file itself (download address: {url})."
+        )
 
     env_value = os.environ.get(env_var)
     if env_value:

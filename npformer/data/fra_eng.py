@@ -15,6 +15,11 @@ and U+00A0 become spaces, everything is lowercased, and a space is inserted
 before ``, . ! ?`` when not already preceded by one; tokens are then the
 space-separated pieces. d2l's copy has 167,130 pairs.
 
+Malformed lines, ones with text but no tab or with an empty English or French
+side, are skipped and counted: one :class:`~npformer.data.download.DatasetWarning`
+says how many and gives the first line numbers (its ``line_numbers`` holds them
+all). Blank lines (the file's final newline) are skipped silently.
+
 :func:`split_by_source` holds out whole English sentences, with all their
 French translations, so that no test sentence is seen in training and BLEU can
 use every translation as a reference.
@@ -24,13 +29,15 @@ from __future__ import annotations
 
 import os
 import re
+import struct
+import warnings
 import zipfile
 import zlib
 from pathlib import Path
 
 import numpy as np
 
-from .download import FRA_ENG, DatasetFormatError, locate_dataset
+from .download import FRA_ENG, DatasetFormatError, DatasetWarning, locate_dataset
 
 __all__ = [
     "preprocess_fra_eng",
@@ -64,18 +71,33 @@ def tokenize_fra_eng(sentence: str) -> list[str]:
     return _split_spaces(preprocess_fra_eng(sentence))
 
 
-def parse_fra_eng(text: str) -> list[Pair]:
+def parse_fra_eng(text: str, source: str = "fra.txt") -> list[Pair]:
     """Parse the content of ``fra.txt`` into ``[(english_tokens, french_tokens), ...]``.
 
-    Lines with fewer than two tab-separated columns (blank lines) are skipped;
-    columns after the second are ignored. The whole text is preprocessed at
-    once, as d2l does; the tokens are the same as tokenizing each column.
+    Columns after the second are ignored. Blank lines are skipped; lines with text
+    but no tab, or with an empty side, are skipped and reported in one
+    :class:`DatasetWarning` naming ``source``, their count and first line numbers.
+    The whole text is preprocessed at once, as d2l does; the tokens are the same as
+    tokenizing each column.
     """
-    pairs = []
-    for line in preprocess_fra_eng(text).split("\n"):
-        columns = line.rstrip("\r").split("\t")
-        if len(columns) >= 2:
-            pairs.append((_split_spaces(columns[0]), _split_spaces(columns[1])))
+    pairs, malformed = [], []
+    for number, line in enumerate(preprocess_fra_eng(text).split("\n"), start=1):
+        line = line.rstrip("\r")
+        if not line.strip(" "):  # blank (a tab alone is a line with two empty sides)
+            continue
+        columns = line.split("\t")
+        english, french = (_split_spaces(columns[0]), _split_spaces(columns[1])
+                           ) if len(columns) >= 2 else ([], [])
+        if english and french:
+            pairs.append((english, french))
+        else:
+            malformed.append(number)
+    if malformed:
+        first = ", ".join(map(str, malformed[:5])) + (", ..." if len(malformed) > 5 else "")
+        warning = DatasetWarning(f"{source}: skipped {len(malformed)} malformed line(s) with "
+                                 f"no tab or an empty side (line {first})")
+        warning.line_numbers = malformed
+        warnings.warn(warning, stacklevel=2)
     return pairs
 
 
@@ -90,8 +112,12 @@ def _read_zip_member(path: Path) -> str:
                     f"(members: {archive.namelist()[:5]})."
                 )
             data = archive.read("fra-eng/fra.txt" if "fra-eng/fra.txt" in names else names[0])
-    except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
-        if isinstance(exc, FileNotFoundError):
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, struct.error, ValueError,
+            NotImplementedError, RuntimeError, KeyError) as exc:
+        # damaged headers surface as any of these (an unknown compression method is
+        # NotImplementedError, a flipped encryption flag RuntimeError, a flipped UTF-8
+        # name flag UnicodeDecodeError, a ValueError)
+        if isinstance(exc, (FileNotFoundError, DatasetFormatError)):
             raise
         raise DatasetFormatError(
             f"{path} is not a readable fra-eng.zip: {type(exc).__name__}: {exc}. "
@@ -121,7 +147,7 @@ def read_fra_eng(path: str | os.PathLike) -> list[Pair]:
     with open(path, "rb") as f:
         is_zip = path.suffix.lower() == ".zip" or f.read(2) == b"PK"
     text = _read_zip_member(path) if is_zip else _decode(path.read_bytes(), path)
-    pairs = parse_fra_eng(text)
+    pairs = parse_fra_eng(text, source=str(path))
     if not pairs:
         raise DatasetFormatError(f"{path} holds no english<TAB>french lines.")
     return pairs

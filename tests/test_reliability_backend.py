@@ -1,0 +1,48 @@
+"""Arrays of two libraries (NumPy and array-api-strict) mixed in one call give a
+TypeError that names both libraries and the fix, wherever the namespace is looked up
+(backend.namespace_of is the one place): ops, layers, optimizers."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from npformer import backend, nn, ops, optim
+
+from .conftest import using_backend
+
+MIXED = r"arrays from different array libraries were mixed: array_api_strict, numpy"
+
+
+def test_namespace_of_names_both_libraries():
+    with using_backend("strict"):
+        strict = backend.asarray(np.ones(3))
+        with pytest.raises(TypeError, match=MIXED + r".*backend is 'strict'.*asarray"):
+            backend.namespace_of(strict, np.ones(3))
+
+
+def test_a_layer_fed_a_numpy_array_on_the_strict_backend():
+    with using_backend("strict"):
+        layer = nn.Linear(3, 2)
+        with pytest.raises(TypeError, match=MIXED):
+            layer(np.ones((2, 3)))
+
+
+def test_an_op_with_mixed_inputs():
+    with using_backend("strict"):
+        w = backend.asarray(np.ones((3, 2)))
+        with pytest.raises(TypeError, match=MIXED):
+            ops.linear_forward(np.ones((2, 3)), w)
+
+
+def test_an_optimizer_given_a_numpy_gradient_for_a_strict_parameter():
+    with using_backend("strict"):
+        p = nn.Linear(2, 2).weight
+        opt = optim.SGD([p], lr=0.1)
+        p.grad = np.ones((2, 2))
+        with pytest.raises(TypeError, match=MIXED):
+            opt.step()
+
+
+def test_a_list_is_named_as_not_an_array():
+    with pytest.raises(TypeError, match="expected arrays, got list"):
+        backend.namespace_of([1.0, 2.0])

@@ -1,0 +1,208 @@
+"""Checkpoint files under failure: old formats, poisoned weights, bad destinations,
+saves killed mid-write, and the permissions of what is written.
+
+* a version-1 checkpoint (before the exact GELU) that says "gelu" is rebuilt with the
+  tanh form it was trained with: same logits as the model that saved it;
+* a checkpoint whose weights (or optimizer moments) hold NaN or inf is refused, naming
+  the tensor; one from a newer format version is refused, naming the version;
+* saving under a path whose parent is a file, or to a folder, is a clear error;
+* a save killed with SIGKILL mid-write leaves ``.<name>.<pid>.tmp``; the next save or
+  load removes it, and never a temporary of a process that still runs;
+* a checkpoint gets mode 0666 & ~umask (0644 under umask 022), as other files do.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from npformer import optim
+from npformer.checkpoint import (FORMAT_VERSION, CheckpointError, build_model, load_checkpoint,
+                                 remove_stale_temporaries, save_checkpoint)
+
+from .conftest import using_backend
+from .test_checkpoint_train import lm, lm_batch, logits_of
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _rewrite(path: Path, out: Path, meta_update=None, arrays_update=None) -> Path:
+    """A copy of the checkpoint at ``path`` with its meta and/or arrays changed."""
+    with np.load(path) as archive:
+        contents = {k: archive[k] for k in archive.files}
+    meta = json.loads(str(contents["meta"]))
+    if meta_update:
+        meta_update(meta)
+    contents["meta"] = np.array(json.dumps(meta))
+    contents.update(arrays_update or {})
+    np.savez(out, **contents)
+    return out
+
+
+# =========================================================================== format versions
+def test_version_1_gelu_means_the_tanh_form(tmp_path):
+    with using_backend("numpy", "float64", seed=2):
+        model = lm(activation="gelu_tanh")
+        batch = lm_batch(np.random.default_rng(0))
+        expected = logits_of(model, batch)
+        saved = save_checkpoint(tmp_path / "new.npz", model)
+
+        def as_version_1(meta):
+            meta["version"] = 1
+            meta["config"]["activation"] = "gelu"  # what version 1 wrote for the tanh form
+
+        old = _rewrite(saved, tmp_path / "old.npz", as_version_1)
+        checkpoint = load_checkpoint(old)
+        assert checkpoint.config["activation"] == "gelu_tanh"
+        rebuilt = build_model(checkpoint)
+        np.testing.assert_array_equal(logits_of(rebuilt, batch), expected)
+
+
+def test_version_2_gelu_stays_exact(tmp_path):
+    with using_backend("numpy", "float64", seed=2):
+        path = save_checkpoint(tmp_path / "m.npz", lm(activation="gelu"))
+        checkpoint = load_checkpoint(path)
+    assert json.loads(str(np.load(path)["meta"]))["version"] == FORMAT_VERSION == 2
+    assert checkpoint.config["activation"] == "gelu"
+
+
+def test_a_newer_format_version_is_refused(tmp_path):
+    with using_backend("numpy", "float64"):
+        path = save_checkpoint(tmp_path / "m.npz", lm())
+    newer = _rewrite(path, tmp_path / "newer.npz", lambda m: m.update(version=99))
+    with pytest.raises(CheckpointError, match="format version 99.*versions 1 to 2"):
+        load_checkpoint(newer)
+
+
+# =========================================================================== poisoned weights
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_weights_are_refused_naming_the_tensor(tmp_path, bad):
+    with using_backend("numpy", "float64"):
+        path = save_checkpoint(tmp_path / "m.npz", lm())
+        with np.load(path) as archive:
+            weight = archive["param/blocks.1.ffn.linear1.weight"].copy()
+        weight[1, 2] = bad
+        poisoned = _rewrite(path, tmp_path / "bad.npz",
+                            arrays_update={"param/blocks.1.ffn.linear1.weight": weight})
+        with pytest.raises(CheckpointError,
+                           match=r"param/blocks\.1\.ffn\.linear1\.weight holds 1 NaN or inf"):
+            load_checkpoint(poisoned)
+
+
+def test_non_finite_optimizer_state_is_refused(tmp_path):
+    with using_backend("numpy", "float64"):
+        model = lm()
+        path = save_checkpoint(tmp_path / "m.npz", model, optim.Adam(model.parameters()))
+        poisoned = _rewrite(path, tmp_path / "bad.npz",
+                            arrays_update={"optim/v.0": np.full_like(np.load(path)["optim/v.0"],
+                                                                     np.nan)})
+        with pytest.raises(CheckpointError, match=r"optim/v\.0 holds \d+ NaN"):
+            load_checkpoint(poisoned)
+
+
+# =========================================================================== destinations
+def test_saving_under_a_file_is_a_clear_error(tmp_path):
+    (tmp_path / "a_file").write_text("not a folder")
+    with using_backend("numpy", "float64"):
+        with pytest.raises(CheckpointError, match=r"a_file is a file, not a folder"):
+            save_checkpoint(tmp_path / "a_file" / "sub" / "model.npz", lm())
+        with pytest.raises(CheckpointError, match="it is a folder"):
+            save_checkpoint(tmp_path, lm())
+
+
+# =========================================================================== killed saves
+_KILLED_SAVE = textwrap.dedent("""
+    import os, signal, sys
+    import numpy as np
+    from npformer import backend
+    from tests.test_checkpoint_train import lm
+    from npformer.checkpoint import save_checkpoint
+
+    real_savez = np.savez
+    def savez_then_die(handle, **arrays):
+        real_savez(handle, **dict(list(arrays.items())[:2]))  # part of the file...
+        handle.flush()
+        os.kill(os.getpid(), signal.SIGKILL)                  # ...then no clean-up at all
+    np.savez = savez_then_die
+    backend.set_default_float("float64")
+    save_checkpoint(sys.argv[1], lm())
+""")
+
+
+def _killed_save(path: Path) -> int:
+    """Run a save in a child process that SIGKILLs itself mid-write; return its pid."""
+    child = subprocess.Popen([sys.executable, "-c", _KILLED_SAVE, str(path)], cwd=ROOT,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert child.wait(timeout=120) == -signal.SIGKILL
+    return child.pid
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="POSIX signals")
+@pytest.mark.parametrize("next_operation", ["save", "load"])
+def test_a_save_killed_mid_write_leaves_a_temporary_the_next_operation_removes(
+        tmp_path, next_operation):
+    path = tmp_path / "model.npz"
+    with using_backend("numpy", "float64"):
+        save_checkpoint(path, lm())
+        before = path.read_bytes()
+        pid = _killed_save(path)
+        leftover = tmp_path / f".model.npz.{pid}.tmp"
+        assert leftover.is_file() and path.read_bytes() == before  # the old one is intact
+        if next_operation == "save":
+            save_checkpoint(path, lm())
+        else:
+            load_checkpoint(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.npz"]
+
+
+def test_temporaries_of_live_processes_and_other_files_are_kept(tmp_path):
+    path = tmp_path / "model.npz"
+    live = tmp_path / f".model.npz.{os.getppid()}.tmp"  # our parent runs: a save in progress
+    other = tmp_path / ".other.npz.999999999.tmp"        # another checkpoint's
+    unrelated = tmp_path / "model.npz.notes"
+    for f in (live, other, unrelated):
+        f.write_bytes(b"x")
+    assert remove_stale_temporaries(path) == []
+    assert live.exists() and other.exists() and unrelated.exists()
+
+
+# =========================================================================== permissions
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_checkpoint_permissions_follow_the_umask(tmp_path, umask, mode):
+    previous = os.umask(umask)
+    try:
+        with using_backend("numpy", "float64"):
+            path = save_checkpoint(tmp_path / "model.npz", lm())
+        plain = tmp_path / "metrics.json"
+        plain.write_text("{}")
+    finally:
+        os.umask(previous)
+    assert path.stat().st_mode & 0o777 == mode == plain.stat().st_mode & 0o777
+
+
+# =========================================================================== malformed meta
+@pytest.mark.parametrize("change,match", [
+    (lambda m: m.pop("kind"), "'kind' should be a str"),
+    (lambda m: m.update(config=[1, 2]), "'config' should be a dict"),
+    (lambda m: m.update(step="seven"), "'step' should be a int"),
+    (lambda m: m.update(extra=None), "'extra' should be a dict"),
+])
+def test_malformed_meta_is_refused_naming_the_field(tmp_path, change, match):
+    with using_backend("numpy", "float64"):
+        path = save_checkpoint(tmp_path / "m.npz", lm())
+    with pytest.raises(CheckpointError, match=match):
+        load_checkpoint(_rewrite(path, tmp_path / "bad.npz", change))
+
+
+def test_a_bare_npy_file_is_refused(tmp_path):
+    np.save(tmp_path / "array.npy", np.zeros(3))
+    with pytest.raises(CheckpointError, match="single NumPy array"):
+        load_checkpoint(tmp_path / "array.npy")
+
