@@ -1,47 +1,174 @@
 """docs/derivations.md quotes the code each step of a derivation becomes: every quoted
 code block (and every code cell of its tables) must still appear, line for line, in the
-source file named just before it.  A change to an op that forgets the derivation fails here."""
+source file named just before it, inside one of the functions (or classes, or module-level
+names) that label names.  A change to an op that forgets the derivation fails here.
+
+The doc's worked examples are recomputed with the real ops, and the script that draws its
+figures must run."""
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
+import numpy as np
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "derivations.md"
+PATH = re.compile(r"`(npformer/[\w/]+\.py)`")
+NAME = re.compile(r"`([A-Za-z_][\w.]*)`")
 
 
 def _stripped_lines(path: str) -> list[str]:
     return [line.strip() for line in (ROOT / path).read_text().splitlines()]
 
 
+def _label(line: str) -> tuple[str, list[str]]:
+    """(source path, names of the functions/classes/constants after it) of a label line;
+    parenthesised remarks between the names are not part of the label."""
+    matches = list(PATH.finditer(line))
+    after, previous = line[matches[-1].end():], None
+    while after != previous:  # drop (remarks), innermost first
+        previous, after = after, re.sub(r"\([^()]*\)", "", after)
+    return matches[-1].group(1), NAME.findall(after)
+
+
 def _quotes():
-    """(source path, quoted lines) for every code block and code table cell of the doc."""
-    current, block, in_block = None, [], False
+    """(source path, label names, quoted lines) for every code block and code table cell."""
+    current, names, block, in_block = None, [], [], False
     for line in DOC.read_text().splitlines():
         if line.startswith("```"):
             if in_block and current:
-                yield current, [b.strip() for b in block]
+                yield current, names, [b.strip() for b in block]
             in_block, block = not in_block, []
             continue
         if in_block:
             block.append(line)
             continue
-        paths = re.findall(r"`(npformer/[\w/]+\.py)`", line)
-        if paths:
-            current = paths[-1]
+        if PATH.search(line):
+            current, names = _label(line)
         if line.startswith("|") and current:
             for cell in line.split("|"):
                 match = re.fullmatch(r"\s*`([^`]+)`\s*", cell)
                 if match and "=" in match.group(1):
-                    yield current, [match.group(1).strip()]
+                    yield current, names, [match.group(1).strip()]
+
+
+def _definitions(path: str) -> dict[str, tuple[int, int]]:
+    """name -> (first line, last line), 0-based, of every function, method (as Class.method,
+    and nested functions by their own name), class and module-level assignment of a file."""
+    tree = ast.parse((ROOT / path).read_text())
+    spans: dict[str, tuple[int, int]] = {}
+
+    def visit(node, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                span = (child.lineno - 1, child.end_lineno - 1)
+                spans[prefix + child.name] = span
+                spans.setdefault(child.name, span)
+                inner = prefix + child.name + "." if isinstance(child, ast.ClassDef) else ""
+                visit(child, inner)
+            elif isinstance(child, (ast.Assign, ast.AnnAssign)) and node is tree:
+                targets = child.targets if isinstance(child, ast.Assign) else [child.target]
+                for target in targets:
+                    if isinstance(target, ast.Name):
+                        spans[target.id] = (child.lineno - 1, child.end_lineno - 1)
+
+    visit(tree, "")
+    return spans
+
+
+def _found_at(source: list[str], lines: list[str]) -> list[int]:
+    return [i for i in range(len(source)) if source[i:i + len(lines)] == lines]
 
 
 def test_every_quoted_line_of_code_is_in_its_source_file():
     quotes = list(_quotes())
     assert len(quotes) > 50  # the doc quotes every op
     stale = []
-    for path, lines in quotes:
-        source = _stripped_lines(path)
-        if not any(source[i:i + len(lines)] == lines for i in range(len(source))):
+    for path, _, lines in quotes:
+        if not _found_at(_stripped_lines(path), lines):
             stale.append(f"{path}: {lines[:3]}...")
     assert not stale, "docs/derivations.md quotes code that changed:\n" + "\n".join(stale)
+
+
+def test_every_quote_sits_in_a_function_its_label_names():
+    misplaced = []
+    for path, names, lines in _quotes():
+        if not names:
+            misplaced.append(f"{path}: no function named before {lines[:1]}")
+            continue
+        spans = _definitions(path)
+        unknown = [n for n in names if n not in spans]
+        if unknown:
+            misplaced.append(f"{path}: label names {unknown}, which the file does not define")
+            continue
+        starts = _found_at(_stripped_lines(path), lines)
+        inside = any(all(any(spans[n][0] <= j <= spans[n][1] for n in names)
+                         for j in range(i, i + len(lines))) for i in starts)
+        if starts and not inside:
+            misplaced.append(f"{path}: {lines[:2]}... is not inside {names}")
+    assert not misplaced, "docs/derivations.md labels quotes wrongly:\n" + "\n".join(misplaced)
+
+
+# ------------------------------------------------------------------ worked examples
+def _worked_examples() -> dict[str, dict[str, list[float]]]:
+    """{op: {row name: numbers}} from each '<!-- worked example OP: name, ... -->' marker
+    and the table under it (the names give the table's rows, in order)."""
+    lines = DOC.read_text().splitlines()
+    examples = {}
+    for i, line in enumerate(lines):
+        match = re.fullmatch(r"<!-- worked example (\w+): (.*) -->", line.strip())
+        if not match:
+            continue
+        names = [n.strip() for n in match.group(2).split(",")]
+        rows = [row for row in lines[i + 1:i + 3 + len(names)] if row.startswith("|")][2:]
+        assert len(rows) == len(names), f"the {match.group(1)} example's table has {len(rows)} rows"
+        examples[match.group(1)] = {
+            name: [float(cell) for cell in row.strip("|").split("|")[1:]]
+            for name, row in zip(names, rows)}
+    return examples
+
+
+def _assert_printed(doc_numbers: dict, computed: dict) -> None:
+    """Each number of the doc is the computed one rounded to 4 decimals."""
+    for name, values in doc_numbers.items():
+        np.testing.assert_allclose(values, computed[name], rtol=0, atol=0.5e-4 + 1e-12,
+                                   err_msg=f"row {name!r} of the worked example")
+
+
+def test_the_softmax_worked_example_is_what_the_ops_compute():
+    from npformer import backend, ops
+    doc = _worked_examples()["softmax"]
+    x, dp = np.array(doc["x"]), np.array(doc["dp"])
+    p, cache = ops.softmax_forward(backend.asarray(x))
+    dx = ops.softmax_backward(backend.asarray(dp), cache)
+    _assert_printed(doc, {"x": x, "exp": np.exp(x), "p": backend.to_numpy(p), "dp": dp,
+                          "dx": backend.to_numpy(dx)})
+
+
+def test_the_layernorm_worked_example_is_what_the_ops_compute():
+    from npformer import backend, ops
+    doc = _worked_examples()["layernorm"]
+    x, dy = np.array(doc["x"]), np.array(doc["dy"])
+    ones, zeros = backend.asarray(np.ones(3)), backend.asarray(np.zeros(3))
+    _, cache = ops.layernorm_forward(backend.asarray(x), ones, zeros)
+    dx, _, _ = ops.layernorm_backward(backend.asarray(dy), cache)
+    _assert_printed(doc, {"x": x, "centred": x - x.mean(), "x_hat": backend.to_numpy(cache[0]),
+                          "dy": dy, "dx": backend.to_numpy(dx)})
+
+
+# ------------------------------------------------------------------ figures
+def test_the_figure_script_draws_every_figure_the_doc_shows(tmp_path):
+    pytest.importorskip("matplotlib")
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("figures", ROOT / "docs" / "figures.py")
+    figures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(figures)
+    drawn = {path.name for path in figures.main(tmp_path)}
+    shown = set(re.findall(r"\]\(figures/([\w.]+)\)", DOC.read_text()))
+    assert shown and shown <= drawn, f"the doc shows {sorted(shown - drawn)}, which no one draws"
+    for name in drawn:
+        assert (tmp_path / name).read_text().startswith("<?xml")
+        assert (ROOT / "docs" / "figures" / name).exists(), f"docs/figures/{name} is not committed"

@@ -1,0 +1,133 @@
+"""Draw the figures of docs/derivations.md into docs/figures/ (deterministic SVG).
+
+    python docs/figures.py            # rewrites docs/figures/*.svg
+    python docs/figures.py OUT_DIR    # writes them elsewhere (the test does)
+
+attention_graph.svg  the attention forward (§9) as a computation graph, with the backward's
+                     gradients flowing the other way
+block_tiling.svg     the score matrix of a padded, causal batch cut into blocks of query rows,
+                     with each block's cut-off keys (§18)
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle  # noqa: E402
+
+FIGURES = Path(__file__).resolve().parent / "figures"
+FORWARD, BACKWARD = "black", "#c0392b"
+
+
+def _deterministic() -> None:
+    """Same bytes on every run: fixed ids, no date, text as paths."""
+    plt.rcParams.update({"svg.hashsalt": "npformer", "svg.fonttype": "path",
+                         "font.family": "DejaVu Sans", "font.size": 10})
+
+
+def _node(ax, x, y, text, width=1.5, color="#eef3fb"):
+    ax.add_patch(FancyBboxPatch((x - width / 2, y - 0.3), width, 0.6,
+                                boxstyle="round,pad=0.05", fc=color, ec="#34495e"))
+    ax.text(x, y, text, ha="center", va="center")
+
+
+def _arrow(ax, start, end, color, text=None, at=None, rad=0.0):
+    """An arrow from start to end, with an optional label at ``at`` (default: above its middle)."""
+    ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=12, color=color,
+                                 connectionstyle=f"arc3,rad={rad}", lw=1.3))
+    if text:
+        x, y = at or ((start[0] + end[0]) / 2, (start[1] + end[1]) / 2 + 0.35)
+        ax.text(x, y, text, ha="center", va="center", color=color, fontsize=9)
+
+
+def attention_graph(path: Path) -> None:
+    """Q, K -> A = alpha Q K^T + M -> P = softmax(A) -> O = P V <- V, and the gradients back."""
+    fig, ax = plt.subplots(figsize=(9.5, 4.2))
+    ax.set_xlim(0, 11)
+    ax.set_ylim(0, 5)
+    ax.axis("off")
+    q, k, m = (1.0, 4.2), (1.0, 2.8), (1.0, 1.4)
+    a, p, v, o = (4.0, 2.8), (6.6, 2.8), (6.6, 1.0), (9.4, 2.8)
+    _node(ax, *q, r"$Q$  (T, E)")
+    _node(ax, *k, r"$K$  (S, E)")
+    _node(ax, *m, r"mask $\to M$", color="#f4f4f4")
+    _node(ax, *a, r"$A = \alpha QK^\top + M$", width=2.2)
+    _node(ax, *p, r"$P = \mathrm{softmax}(A)$", width=2.2)
+    _node(ax, *v, r"$V$  (S, F)")
+    _node(ax, *o, r"$O = PV$  (T, F)", width=2.0)
+    # forward
+    _arrow(ax, (1.8, 4.1), (2.9, 3.0), FORWARD)
+    _arrow(ax, (1.8, 2.8), (2.9, 2.8), FORWARD)
+    _arrow(ax, (1.8, 1.5), (2.9, 2.6), FORWARD)
+    _arrow(ax, (5.1, 2.8), (5.5, 2.8), FORWARD)
+    _arrow(ax, (7.7, 2.8), (8.4, 2.8), FORWARD)
+    _arrow(ax, (7.4, 1.1), (8.6, 2.5), FORWARD)
+    # backward (red), labelled with what each edge carries
+    _arrow(ax, (8.4, 3.25), (7.6, 3.25), BACKWARD, r"$\bar P = \bar O V^\top$")
+    _arrow(ax, (8.9, 2.45), (7.3, 0.75), BACKWARD, r"$\bar V = P^\top \bar O$", at=(9.6, 1.1),
+           rad=-0.2)
+    _arrow(ax, (5.5, 3.25), (5.1, 3.25), BACKWARD)
+    ax.text(5.3, 4.25, r"$\bar A = P \odot (\bar P - \mathrm{rowsum}(\bar P \odot P))$",
+            ha="center", color=BACKWARD, fontsize=9)
+    _arrow(ax, (3.0, 3.35), (1.8, 4.35), BACKWARD, r"$\bar Q = \alpha \bar A K$", at=(3.2, 4.3))
+    _arrow(ax, (2.9, 2.95), (1.8, 2.95), BACKWARD, r"$\bar K = \alpha \bar A^\top Q$", at=(4.0, 2.05))
+    ax.text(0.2, 0.3, "black: forward (§9).  red: backward, from " r"$\bar O$"
+            " right to left.  The mask bias M is a constant: no gradient.",
+            fontsize=9, color="#555555")
+    fig.savefig(path, format="svg", metadata={"Date": None}, bbox_inches="tight")
+    plt.close(fig)
+
+
+def block_tiling(path: Path) -> None:
+    """Scores of 2 sequences (valid lengths 6 and 4 of T = S = 8) under a causal + padding mask,
+    cut into blocks of 4 query rows; each block keeps only keys up to the last one it may see."""
+    T = S = 8
+    lengths = (6, 4)
+    block_rows = 4
+    fig, axes = plt.subplots(1, 2, figsize=(9.5, 4.8))
+    for b, (ax, valid) in enumerate(zip(axes, lengths)):
+        ax.set_xlim(0, S)
+        ax.set_ylim(T, 0)
+        ax.set_aspect("equal")
+        ax.set_xticks(range(S + 1))
+        ax.set_yticks(range(T + 1))
+        ax.tick_params(labelsize=8)
+        ax.set_xlabel("key s")
+        ax.set_ylabel("query t")
+        ax.set_title(f"sequence {b}: valid length {valid}", fontsize=10)
+        for t in range(T):
+            for s in range(S):
+                allowed = s <= t and s < valid
+                ax.add_patch(Rectangle((s, t), 1, 1, fc="#5b8cc8" if allowed else "white",
+                                       ec="#cccccc", lw=0.5))
+        for start in range(0, T, block_rows):
+            seen = max([s + 1 for t in range(start, start + block_rows) for s in range(S)
+                        if s <= t and s < valid] or [1])
+            ax.add_patch(Rectangle((seen, start), S - seen, block_rows, fc="#999999",
+                                   alpha=0.35, ec="none", hatch="//"))
+            ax.add_patch(Rectangle((0, start), seen, block_rows, fill=False, ec="#c0392b", lw=2))
+            ax.text(seen - 0.1, start + 0.45, f"{seen} keys", ha="right", va="center",
+                    fontsize=8, color="#c0392b")
+    fig.text(0.5, -0.04, "blue: allowed (causal and padding mask).  red boxes: blocks of query rows, "
+             "each with the keys it keeps.  grey hatch: cut-off keys (masked for every query of "
+             "the block).", ha="center", fontsize=8.5, wrap=True)
+    fig.savefig(path, format="svg", metadata={"Date": None}, bbox_inches="tight")
+    plt.close(fig)
+
+
+def main(out_dir: Path = FIGURES) -> list[Path]:
+    _deterministic()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / "attention_graph.svg", out_dir / "block_tiling.svg"]
+    attention_graph(paths[0])
+    block_tiling(paths[1])
+    return paths
+
+
+if __name__ == "__main__":
+    for written in main(Path(sys.argv[1]) if len(sys.argv) > 1 else FIGURES):
+        print(written)
