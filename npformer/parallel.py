@@ -48,11 +48,11 @@ def _single_threaded_blas():
     return _blas_controller.limit(limits=1, user_api="blas")
 
 
-def parallel_map(fn, items, workers: int) -> list:
-    """[fn(item) for item in items], on ``workers`` threads with single-threaded BLAS
+def parallel_map(fn, items, replicas: int) -> list:
+    """[fn(item) for item in items], on ``replicas`` threads with single-threaded BLAS
     (inference over many batches: evaluation, decoding).  Order is kept."""
     items = list(items)
-    if workers <= 1 or len(items) <= 1:
+    if replicas <= 1 or len(items) <= 1:
         return [fn(item) for item in items]
     grad = grad_enabled()  # the caller's switch (it is per thread), for the workers too
 
@@ -60,23 +60,23 @@ def parallel_map(fn, items, workers: int) -> list:
         with set_grad_enabled(grad):
             return fn(item)
 
-    with ThreadPoolExecutor(max_workers=workers) as pool, _single_threaded_blas():
+    with ThreadPoolExecutor(max_workers=replicas) as pool, _single_threaded_blas():
         return list(pool.map(run, items))
 
 
 class DataParallel:
-    """Runs a :class:`npformer.tasks.Task` on ``num_replicas`` shards of a batch in threads.
+    """Runs a :class:`npformer.tasks.Task` on ``replicas`` shards of a batch in threads.
 
     ``task.count(shard)`` weights each shard's loss (rows, tokens, or non-padding
     target tokens), so the summed gradient is the whole batch's.
     """
 
-    def __init__(self, model, num_replicas: int = 2):
-        if num_replicas < 1:
-            raise ValueError(f"num_replicas must be at least 1, got {num_replicas}")
+    def __init__(self, model, replicas: int = 2):
+        if replicas < 1:
+            raise ValueError(f"replicas must be at least 1, got {replicas}")
         self.model = model
-        self.replicas = [model] + [copy.deepcopy(model) for _ in range(num_replicas - 1)]
-        self.pool = ThreadPoolExecutor(max_workers=num_replicas) if num_replicas > 1 else None
+        self.replicas = [model] + [copy.deepcopy(model) for _ in range(replicas - 1)]
+        self.pool = ThreadPoolExecutor(max_workers=replicas) if replicas > 1 else None
 
     def _share_parameters(self) -> None:
         """Point every replica's parameters at the model's current arrays; zero their grads."""

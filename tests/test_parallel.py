@@ -88,7 +88,7 @@ def _train(steps, replicas, dropout, save_to=None, resume_from=None):
         return ids[rows], lens[rows], labels[rows]
 
     trainer = Trainer(model, optimizer, Classification(), next_batch,
-                      TrainConfig(max_steps=steps, data_parallel=replicas, progress=False))
+                      TrainConfig(max_steps=steps, replicas=replicas, progress=False))
     if resume_from:
         trainer.resume(resume_from)
     trainer.fit()
