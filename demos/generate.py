@@ -3,124 +3,172 @@
     python demos/generate.py                  # nanoGPT's settings: 2,000 iterations
     python demos/generate.py --sample-only --prompt "ROMEO:"
     python demos/generate.py --smoke          # seconds (CI)
+    python demos/generate.py --resume         # continue an interrupted run exactly
 
 Defaults follow nanoGPT's README for CPU: block 64, batch 12, 4 layers, 4 heads,
 width 128, dropout 0, learning rate 1e-3 with warmup and cosine decay over
 2,000 iterations, validation loss estimated on 20 batches; the first 90% of the
-text trains, the last 10% validates.  Writes model.npz, curves.png,
-sample.txt and metrics.json to --out.
+text trains, the last 10% validates.  Writes model.npz, last.npz (the run, for
+--resume), curves.png, sample.txt and metrics.json to --out.  Settings come from
+a preset (--preset, --smoke); an option given overrides the preset's value.
 """
 from __future__ import annotations
 
-import argparse
 import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+try:
+    import npformer  # noqa: F401  (reads $NPFORMER_BACKEND and $NPFORMER_ENGINE)
+except (ValueError, RuntimeError) as exc:
+    sys.exit(f"error: {exc}")
 
 import numpy as np
 
 from npformer import backend, ops
-from npformer.checkpoint import CheckpointError, build_model, load_checkpoint
-from npformer.cli import (Stopwatch, add_common_args, machine_description, plot_curves,
-                          run_demo, setup, write_json)
+from npformer.cli import (LAST_FILE, MODEL_FILE, Demo, DemoError, Stopwatch, check_divisible,
+                          demo_parser, load_demo_model, machine_description, nonnegative_int,
+                          option, plot_curves, positive_float, positive_int, prepare,
+                          probability, run_demo, run_record, write_json)
 from npformer.data import CharVocab, lm_batch, load_shakespeare, split_90_10
 from npformer.decoding import generate
 from npformer.models import CausalLM, CausalLMConfig
-from npformer.nn import no_grad
+from npformer.nn import evaluating
 from npformer.optim import AdamW, warmup_cosine
 from npformer.tasks import LanguageModeling
 from npformer.train import Trainer, TrainConfig
+
+DEMO = Demo(tag="shakespeare", title="Shakespeare", model_kind="causal_lm",
+            script="demos/generate.py", out="runs/shakespeare")
+
+
+@dataclass(frozen=True)
+class Preset:
+    iters: int = option(2000, "updates (nanoGPT's max_iters)")
+    block: int = option(64, "context length in characters (nanoGPT's block_size)")
+    batch_size: int = option(12, "windows per update")
+    layers: int = option(4, "decoder layers")
+    heads: int = option(4, "attention heads H (the width must be a multiple)")
+    width: int = option(128, "model width D (nanoGPT's n_embd); the feed-forward is 4 D")
+    dropout: float = option(0.0, "dropout probability", probability)
+    lr: float = option(1e-3, "peak learning rate (warmup, then cosine decay to a tenth)",
+                       positive_float)
+    eval_every: int = option(250, "estimate the losses every this many updates")
+    eval_batches: int = option(20, "batches per loss estimate")
+    length: int = option(500, "characters to sample", nonnegative_int)
+
+    def __post_init__(self):
+        check_divisible(self, "width", "heads")
+
+
+PRESETS = {
+    "default": Preset(),
+    "smoke": Preset(iters=20, eval_every=10, eval_batches=2, length=50, layers=1, width=32,
+                    heads=2, block=32),
+}
 
 
 def estimate_loss(model, data: np.ndarray, block: int, batch: int, batches: int,
                   seed: int) -> float:
     """Mean loss over ``batches`` random windows (nanoGPT's estimate_loss)."""
     rng = np.random.default_rng(seed)
-    model.eval()
     losses = []
-    with no_grad():
+    with evaluating(model):
         for _ in range(batches):
             x, y = lm_batch(data, block, batch, rng)
             loss, _ = ops.cross_entropy_forward(model(backend.asarray(x)), backend.asarray(y))
             losses.append(backend.to_float(loss))
-    model.train()
     return float(np.mean(losses))
+
+
+def check_prompt(prompt: str, vocab: CharVocab) -> None:
+    missing = sorted(set(prompt) - set(vocab.chars))
+    if missing:
+        raise DemoError(f"--prompt has characters the model never saw: {missing}")
 
 
 def sample(model, vocab: CharVocab, prompt: str, length: int, temperature: float,
            top_k: int | None, seed: int) -> str:
-    missing = sorted(set(prompt) - set(vocab.chars))
-    if missing:
-        raise ValueError(f"prompt has characters the model never saw: {missing}")
+    check_prompt(prompt, vocab)
     ids = generate(model, vocab.encode(prompt or "\n"), length, temperature=temperature,
                    top_k=top_k, rng=np.random.default_rng(seed))
     return vocab.decode(ids)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=__doc__.split("\n\n", 1)[1])
-    add_common_args(parser, "runs/shakespeare")
-    parser.add_argument("--iters", type=int, default=2000)
-    parser.add_argument("--block", type=int, default=64)
-    parser.add_argument("--batch", type=int, default=12)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--width", type=int, default=128)
-    parser.add_argument("--dropout", type=float, default=0.0)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--eval-every", type=int, default=250)
-    parser.add_argument("--eval-batches", type=int, default=20)
-    parser.add_argument("--prompt", default="\n")
-    parser.add_argument("--length", type=int, default=500, help="characters to sample")
-    parser.add_argument("--temperature", type=float, default=0.8)
-    parser.add_argument("--top-k", type=int, default=None)
+def split_text(text: str, vocab: CharVocab, block: int):
+    """-> train and validation ids (the first 90% and the last 10% of the text)."""
+    train_ids, val_ids = split_90_10(np.array(vocab.encode(text), dtype=np.int64))
+    if len(val_ids) <= block:
+        raise DemoError(f"the corpus is too short for --block {block}: its validation tenth "
+                        f"holds {len(val_ids)} characters, and a window needs {block + 1}")
+    return train_ids, val_ids
+
+
+def build_parser():
+    parser = demo_parser(DEMO, __doc__, PRESETS)
+    parser.add_argument("--prompt", default="\n",
+                        help="text the sample continues (default: a newline)")
+    parser.add_argument("--temperature", type=positive_float, default=0.8,
+                        help="sampling temperature (default: %(default)s)")
+    parser.add_argument("--top-k", type=positive_int, default=None,
+                        help="sample among the k likeliest characters only (default: all)")
     parser.add_argument("--sample-only", action="store_true",
-                        help="sample from OUT/model.npz without training")
+                        help=f"sample from OUT/{MODEL_FILE} without training")
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
-    out = setup(args)
+    preset = prepare(parser, args, DEMO, PRESETS,
+                     use_only="--sample-only" if args.sample_only else None)
+    out = Path(args.out)
     if args.sample_only:
-        return sample_only(args, out)
-    if args.smoke:
-        args.iters, args.eval_every, args.eval_batches, args.length = 20, 10, 2, 50
-        args.layers, args.width, args.heads, args.block = 1, 32, 2, 32
+        return sample_only(args, preset, out)
 
     clock = Stopwatch()
     text = load_shakespeare(args.data)
     vocab = CharVocab.from_text(text)
-    train_ids, val_ids = split_90_10(np.array(vocab.encode(text), dtype=np.int64))
-    config = CausalLMConfig(vocab_size=len(vocab), block_size=args.block, d_model=args.width,
-                            num_heads=args.heads, num_layers=args.layers, d_ff=4 * args.width,
-                            dropout=args.dropout)
+    check_prompt(args.prompt, vocab)  # before training, not after
+    train_ids, val_ids = split_text(text, vocab, preset.block)
+    config = CausalLMConfig(vocab_size=len(vocab), block_size=preset.block,
+                            d_model=preset.width, num_heads=preset.heads,
+                            num_layers=preset.layers, d_ff=4 * preset.width,
+                            dropout=preset.dropout)
     model = CausalLM(config)
-    warmup = max(1, args.iters // 20)
-    optimizer = AdamW(model.parameters(), lr=warmup_cosine(args.lr, warmup, args.iters,
-                                                           min_lr=args.lr / 10),
+    warmup = max(1, preset.iters // 20)
+    optimizer = AdamW(model.parameters(), lr=warmup_cosine(preset.lr, warmup, preset.iters,
+                                                           min_lr=preset.lr / 10),
                       betas=(0.9, 0.99), weight_decay=0.1)
     print(f"{len(train_ids):,} train / {len(val_ids):,} validation characters, vocabulary "
           f"{len(vocab)}; model {model.num_parameters():,} parameters")
 
     def eval_fn(m):
-        return {"train_loss": estimate_loss(m, train_ids, args.block, args.batch,
-                                            args.eval_batches, seed=1),
-                "val_loss": estimate_loss(m, val_ids, args.block, args.batch,
-                                          args.eval_batches, seed=2)}
+        return {"train_loss": estimate_loss(m, train_ids, preset.block, preset.batch_size,
+                                            preset.eval_batches, seed=1),
+                "val_loss": estimate_loss(m, val_ids, preset.block, preset.batch_size,
+                                          preset.eval_batches, seed=2)}
 
     trainer = Trainer(model, optimizer, LanguageModeling(),
-                      lambda rng: lm_batch(train_ids, args.block, args.batch, rng),
-                      TrainConfig(max_steps=args.iters, clip_norm=1.0,
-                                  data_parallel=args.replicas,
-                                  eval_every=args.eval_every, checkpoint_path=out / "model.npz",
-                                  progress=not args.no_progress, desc="shakespeare"),
-                      eval_fn=eval_fn, checkpoint_extra={"demo": "shakespeare",
-                                                         "vocab": vocab.to_json()},
+                      lambda rng: lm_batch(train_ids, preset.block, preset.batch_size, rng),
+                      TrainConfig(max_steps=preset.iters, clip_norm=1.0,
+                                  replicas=args.replicas, eval_every=preset.eval_every,
+                                  checkpoint_path=out / MODEL_FILE, last_path=out / LAST_FILE,
+                                  stop_after=args.stop_after, progress=not args.no_progress,
+                                  desc="shakespeare"),
+                      eval_fn=eval_fn,
+                      checkpoint_extra={"demo": DEMO.tag, "vocab": vocab.to_json(),
+                                        "run": run_record(args, preset)},
                       seed=args.seed)
+    if args.resume:
+        trainer.resume(out / LAST_FILE)
     history = trainer.fit()
-    train_seconds = clock.seconds()
+    train_seconds = trainer.train_seconds
     final = history.evals[-1]
-    print(f"step {trainer.step}: train loss {final['train_loss']:.4f}, validation loss "
+    print(f"update {trainer.updates}: train loss {final['train_loss']:.4f}, validation loss "
           f"{final['val_loss']:.4f} ({train_seconds:.0f} s, "
-          f"{1000 * train_seconds / trainer.step:.0f} ms/iteration)")
-    text_out = sample(model, vocab, args.prompt, args.length, args.temperature, args.top_k,
+          f"{1000 * train_seconds / trainer.updates:.0f} ms/update)")
+    text_out = sample(model, vocab, args.prompt, preset.length, args.temperature, args.top_k,
                       args.seed)
     print("-" * 60 + "\n" + text_out + "\n" + "-" * 60)
     (out / "sample.txt").write_text(text_out)
@@ -128,24 +176,18 @@ def main(argv=None) -> int:
                 "tiny Shakespeare character LM")
     write_json(out / "metrics.json", {
         "val_loss": final["val_loss"], "train_loss": final["train_loss"],
-        "iterations": trainer.step, "train_seconds": train_seconds,
-        "ms_per_iteration": 1000 * train_seconds / trainer.step, "seed": args.seed,
-        "machine": machine_description(), "parameters": model.num_parameters()})
+        "updates": trainer.updates, "train_seconds": train_seconds,
+        "ms_per_update": 1000 * train_seconds / trainer.updates, "preset": args.preset,
+        "seed": args.seed, "engine": args.engine, "machine": machine_description(),
+        "parameters": model.num_parameters()})
     return 0
 
 
-def sample_only(args, out) -> int:
-    try:
-        checkpoint = load_checkpoint(out / "model.npz")
-        if checkpoint.extra.get("demo") != "shakespeare":
-            raise CheckpointError("the checkpoint was not saved by the Shakespeare demo")
-        model = build_model(checkpoint, expected_kind="causal_lm")
-        vocab = CharVocab.from_json(checkpoint.extra["vocab"])
-        print(sample(model, vocab, args.prompt, args.length, args.temperature, args.top_k,
-                     args.seed))
-    except (FileNotFoundError, CheckpointError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+def sample_only(args, preset: Preset, out: Path) -> int:
+    model, checkpoint = load_demo_model(out / MODEL_FILE, DEMO)
+    vocab = CharVocab.from_json(checkpoint.extra["vocab"])
+    print(sample(model, vocab, args.prompt, preset.length, args.temperature, args.top_k,
+                 args.seed))
     return 0
 
 

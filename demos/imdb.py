@@ -4,63 +4,88 @@
     python demos/imdb.py --preset large       # bigger model, longer
     python demos/imdb.py --predict "A wonderful, moving film."
     python demos/imdb.py --smoke              # seconds, tiny subset (CI)
+    python demos/imdb.py --resume             # continue an interrupted run exactly
 
 Reads aclImdb_v1.tar.gz in place (--data, $NPFORMER_DATA, or the user cache;
 downloads it if missing).  Holds out 2,500 training reviews for validation,
 keeps the checkpoint with the best validation accuracy, and scores all 25,000
-test reviews once, at the end.  Writes model.npz, curves.png, attention.png and
-metrics.json to --out.
+test reviews once, at the end.  Writes model.npz, last.npz (the run, for
+--resume), curves.png, attention.png and metrics.json to --out.  Settings come
+from a preset (--preset, --smoke); an option given overrides the preset's value.
 """
 from __future__ import annotations
 
-import argparse
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from pathlib import Path
+
+try:
+    import npformer  # noqa: F401  (reads $NPFORMER_BACKEND and $NPFORMER_ENGINE)
+except (ValueError, RuntimeError) as exc:
+    sys.exit(f"error: {exc}")
 
 import numpy as np
 
 from npformer import backend, ops
-from npformer.checkpoint import CheckpointError, build_model, load_checkpoint
-from npformer.cli import (Stopwatch, add_common_args, machine_description, plot_attention,
-                          plot_curves, run_demo, setup, write_json)
+from npformer.cli import (LAST_FILE, MODEL_FILE, Demo, DemoError, Stopwatch, check_divisible,
+                          demo_parser, load_demo_model, machine_description,
+                          nonnegative_float, nonnegative_int, option, plot_attention,
+                          plot_curves, positive_float, prepare, probability, run_demo,
+                          run_record, write_json)
 from npformer.data import (Vocab, length_bucketed_batches, load_imdb_splits, pad_batch,
                            split_validation, tokenize_imdb)
 from npformer.models import ClassifierConfig, TransformerClassifier
-from npformer.nn import no_grad
+from npformer.nn import evaluating
 from npformer.optim import AdamW, warmup_cosine
 from npformer.parallel import parallel_map
 from npformer.tasks import Classification
-from npformer.train import Trainer, TrainConfig
+from npformer.train import EpochBatches, Trainer, TrainConfig
 
+DEMO = Demo(tag="imdb", title="IMDB", model_kind="classifier", script="demos/imdb.py",
+            out="runs/imdb")
 LABELS = ("negative", "positive")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Preset:
-    d_model: int = 64
-    num_heads: int = 4
-    num_layers: int = 1
-    d_ff: int = 256
-    max_len: int = 256
-    head_tokens: int = 64  # truncation keeps the first 64 and the last max_len - 64 tokens
-    vocab_size: int = 20000
-    batch_size: int = 32
-    lr: float = 1e-3
-    weight_decay: float = 0.01
-    warmup_steps: int = 300
-    epochs: float = 4.0
-    dropout: float = 0.1
-    pooling: str = "mean"
-    max_minutes: float = 12.0  # training budget inside the 15-minute run
+    d_model: int = option(64, "model width D")
+    heads: int = option(4, "attention heads H (D must be a multiple)")
+    layers: int = option(1, "encoder layers")
+    d_ff: int = option(256, "feed-forward width")
+    max_len: int = option(256, "tokens kept per review")
+    head_tokens: int = option(64, "of those, taken from the review's start (the rest from its "
+                                  "end)", nonnegative_int)
+    vocab_size: int = option(20000, "at most this many words in the vocabulary")
+    batch_size: int = option(32, "reviews per update")
+    lr: float = option(1e-3, "peak learning rate (warmup, then cosine decay)", positive_float)
+    weight_decay: float = option(0.01, "AdamW's decoupled weight decay", nonnegative_float)
+    warmup: int = option(300, "warmup updates (at most a tenth of the run)")
+    epochs: float = option(4.0, "passes over the training reviews", positive_float)
+    dropout: float = option(0.1, "dropout probability", probability)
+    pooling: str = option("mean", "how the encoder's outputs become one vector", str,
+                          ops.POOLINGS)
+    max_minutes: float = option(12.0, "training time budget, in minutes, inside the whole "
+                                      "run's", positive_float)
+    validation: int = option(2500, "training reviews held out for validation")
+    train_reviews: int | None = option(None, "train on a random subset of this many reviews "
+                                             "(None: all)")
+    test_reviews: int | None = option(None, "test on a random subset of this many reviews "
+                                            "(None: all)")
+
+    def __post_init__(self):
+        check_divisible(self, "d_model", "heads")
+        if self.head_tokens > self.max_len:
+            raise ValueError(f"--head-tokens {self.head_tokens} is more than --max-len "
+                             f"{self.max_len}")
 
 
 PRESETS = {
     "default": Preset(),
-    "large": Preset(d_model=128, num_heads=8, num_layers=4, d_ff=512, max_len=512,
-                    head_tokens=128, lr=5e-4, epochs=6.0, max_minutes=120.0),
-    "smoke": Preset(d_model=16, num_heads=2, num_layers=1, d_ff=32, max_len=64, head_tokens=16,
-                    vocab_size=2000, batch_size=16, warmup_steps=5, epochs=1.0,
-                    max_minutes=2.0),
+    "large": Preset(d_model=128, heads=8, layers=4, d_ff=512, max_len=512, head_tokens=128,
+                    lr=5e-4, epochs=6.0, max_minutes=120.0),
+    "smoke": Preset(d_model=16, heads=2, layers=1, d_ff=32, max_len=64, head_tokens=16,
+                    vocab_size=2000, batch_size=16, warmup=5, epochs=1.0, max_minutes=2.0,
+                    validation=64, train_reviews=256, test_reviews=128),
 }
 
 
@@ -86,9 +111,9 @@ def make_batches(ids, labels, order, pad_id: int):
     return padded, lens, labels[order]
 
 
-def evaluate(model, ids, labels, batch_size: int, pad_id: int, workers: int = 1) -> dict:
+def evaluate(model, ids, labels, batch_size: int, pad_id: int, replicas: int = 1) -> dict:
     """Accuracy and mean loss over a whole split (sorted by length: little padding),
-    batches spread over ``workers`` threads."""
+    batches spread over ``replicas`` threads."""
     order = np.argsort([len(x) for x in ids], kind="stable")
 
     def score(rows):  # -> (summed loss, correct predictions) of one batch
@@ -98,43 +123,43 @@ def evaluate(model, ids, labels, batch_size: int, pad_id: int, workers: int = 1)
         correct = int(np.sum(np.argmax(backend.to_numpy(logits), axis=-1) == y))
         return backend.to_float(loss) * len(rows), correct
 
-    model.eval()
-    with no_grad():
+    with evaluating(model):
         results = parallel_map(score, [order[i:i + batch_size]
-                                       for i in range(0, len(order), batch_size)], workers)
-    model.train()
+                                       for i in range(0, len(order), batch_size)], replicas)
     return {"accuracy": sum(c for _, c in results) / len(order),
             "loss": sum(loss for loss, _ in results) / len(order)}
 
 
-def batch_stream(ids, labels, batch_size: int, pad_id: int):
+def batch_stream(ids, labels, batch_size: int, pad_id: int) -> EpochBatches:
     """next_batch(rng) for the Trainer: length-bucketed, reshuffled every epoch."""
     lengths = [len(x) for x in ids]
-    queue: list = []
+    return EpochBatches(lambda rng: length_bucketed_batches(lengths, batch_size, rng=rng),
+                        lambda rows: make_batches(ids, labels, rows, pad_id))
 
-    def next_batch(rng):
-        if not queue:
-            queue.extend(length_bucketed_batches(lengths, batch_size, rng=rng))
-        return make_batches(ids, labels, queue.pop(), pad_id)
-    return next_batch
+
+def load_data(preset: Preset, data, seed: int):
+    """-> train, validation and test reviews as the preset asks (subsets drawn with ``seed``)."""
+    splits = load_imdb_splits(data)
+    if preset.validation >= len(splits["train"]):
+        raise DemoError(f"--validation {preset.validation} leaves nothing to train on: there "
+                        f"are {len(splits['train'])} training reviews")
+    train, val = split_validation(splits["train"], preset.validation, seed=seed)
+    test = splits["test"]
+    rng = np.random.default_rng(seed)
+    pick = lambda xs, n: [xs[i] for i in rng.permutation(len(xs))[:n]]  # noqa: E731
+    if preset.train_reviews:
+        train = pick(train, preset.train_reviews)
+    if preset.test_reviews:
+        test = pick(test, preset.test_reviews)
+    return train, val, test
 
 
 # --------------------------------------------------------------------------- predict
 def predict(args) -> int:
-    path = args.checkpoint or f"{args.out}/model.npz"
     text = args.predict.strip()
     if not text:
-        print("error: --predict needs some text to classify, got an empty string", file=sys.stderr)
-        return 2
-    try:
-        checkpoint = load_checkpoint(path)
-        if checkpoint.extra.get("demo") != "imdb":
-            raise CheckpointError(f"{path} was not saved by the IMDB demo "
-                                  f"(it comes from {checkpoint.extra.get('demo', 'elsewhere')!r})")
-        model = build_model(checkpoint, expected_kind="classifier")
-    except (FileNotFoundError, CheckpointError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        raise DemoError("--predict needs some text to classify, got an empty string")
+    model, checkpoint = load_demo_model(args.checkpoint or f"{args.out}/{MODEL_FILE}", DEMO)
     vocab = Vocab.from_json(checkpoint.extra["vocab"])
     head = checkpoint.extra.get("head_tokens", model.config.max_len)
     ids = vocab.encode(truncate(tokenize_imdb(text), model.config.max_len, head)) or [vocab.unk_id]
@@ -145,32 +170,25 @@ def predict(args) -> int:
 
 
 # --------------------------------------------------------------------------- train
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=__doc__.split("\n\n", 1)[1])
-    add_common_args(parser, "runs/imdb")
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="default")
-    parser.add_argument("--epochs", type=float, help="override the preset's epochs")
-    parser.add_argument("--max-minutes", type=float, help="override the training time budget")
+def build_parser():
+    parser = demo_parser(DEMO, __doc__, PRESETS)
     parser.add_argument("--predict", metavar="TEXT", help="classify TEXT with a saved checkpoint")
-    parser.add_argument("--checkpoint", help="checkpoint for --predict (default: OUT/model.npz)")
+    parser.add_argument("--checkpoint", help=f"checkpoint for --predict "
+                                             f"(default: OUT/{MODEL_FILE})")
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
-    out = setup(args)
+    preset = prepare(parser, args, DEMO, PRESETS,
+                     use_only="--predict" if args.predict is not None else None)
+    out = Path(args.out)
     if args.predict is not None:
         return predict(args)
 
     clock = Stopwatch()
-    preset = PRESETS["smoke" if args.smoke else args.preset]
-    preset = replace(preset, epochs=args.epochs or preset.epochs,
-                     max_minutes=args.max_minutes or preset.max_minutes)
-    splits = load_imdb_splits(args.data)
-    train, val = split_validation(splits["train"], 64 if args.smoke else 2500, seed=args.seed)
-    test = splits["test"]
-    if args.smoke:
-        rng = np.random.default_rng(args.seed)
-        pick = lambda xs, n: [xs[i] for i in rng.permutation(len(xs))[:n]]  # noqa: E731
-        train, test = pick(train, 256), pick(test, 128)
+    train, val, test = load_data(preset, args.data, args.seed)
     vocab = Vocab.build([tokenize_imdb(t) for t, _ in train], min_freq=2,
                         max_size=preset.vocab_size)
     train_ids, train_y = encode_reviews(train, vocab, preset.max_len, preset.head_tokens)
@@ -180,35 +198,37 @@ def main(argv=None) -> int:
           f"vocabulary {len(vocab)}; data ready in {clock.seconds():.0f} s")
 
     config = ClassifierConfig(vocab_size=len(vocab), d_model=preset.d_model,
-                              num_heads=preset.num_heads, num_layers=preset.num_layers,
+                              num_heads=preset.heads, num_layers=preset.layers,
                               d_ff=preset.d_ff, max_len=preset.max_len, dropout=preset.dropout,
                               pooling=preset.pooling, pad_id=vocab.pad_id)
     model = TransformerClassifier(config)
-    steps_per_epoch = int(np.ceil(len(train_ids) / preset.batch_size))
-    total_steps = max(1, int(preset.epochs * steps_per_epoch))
-    warmup = min(preset.warmup_steps, max(1, total_steps // 10))
-    optimizer = AdamW(model.parameters(), lr=warmup_cosine(preset.lr, warmup, total_steps),
+    updates_per_epoch = int(np.ceil(len(train_ids) / preset.batch_size))
+    total_updates = max(1, int(preset.epochs * updates_per_epoch))
+    warmup = min(preset.warmup, max(1, total_updates // 10))
+    optimizer = AdamW(model.parameters(), lr=warmup_cosine(preset.lr, warmup, total_updates),
                       weight_decay=preset.weight_decay)
-    print(f"model: {model.num_parameters():,} parameters; {total_steps} steps "
-          f"({preset.epochs} epochs of {steps_per_epoch})")
+    print(f"model: {model.num_parameters():,} parameters; {total_updates} updates "
+          f"({preset.epochs} epochs of {updates_per_epoch})")
 
-    checkpoint_path = out / "model.npz"
     trainer = Trainer(
         model, optimizer, Classification(),
         batch_stream(train_ids, train_y, preset.batch_size, vocab.pad_id),
-        TrainConfig(max_steps=total_steps, max_seconds=preset.max_minutes * 60,
-                    data_parallel=args.replicas, clip_norm=1.0,
-                    eval_every=max(1, steps_per_epoch // 2),
-                    checkpoint_path=checkpoint_path, select_metric="val_accuracy",
+        TrainConfig(max_steps=total_updates, max_seconds=preset.max_minutes * 60,
+                    replicas=args.replicas, clip_norm=1.0,
+                    eval_every=max(1, updates_per_epoch // 2),
+                    checkpoint_path=out / MODEL_FILE, select_metric="val_accuracy",
+                    last_path=out / LAST_FILE, stop_after=args.stop_after,
                     progress=not args.no_progress, desc="imdb"),
         eval_fn=lambda m: {f"val_{k}": v for k, v in
                            evaluate(m, val_ids, val_y, 64, vocab.pad_id, args.replicas).items()},
-        checkpoint_extra={"demo": "imdb", "vocab": vocab.to_json(),
-                          "head_tokens": preset.head_tokens}, seed=args.seed)
+        checkpoint_extra={"demo": DEMO.tag, "vocab": vocab.to_json(),
+                          "head_tokens": preset.head_tokens, "run": run_record(args, preset)},
+        seed=args.seed)
+    if args.resume:
+        trainer.resume(out / LAST_FILE)
     history = trainer.fit()
-    train_seconds = clock.seconds()
 
-    best = build_model(load_checkpoint(checkpoint_path), expected_kind="classifier")
+    best, _ = load_demo_model(out / MODEL_FILE, DEMO)
     test_metrics = evaluate(best, test_ids, test_y, 64, vocab.pad_id, args.replicas)
     total_seconds = clock.seconds()
     print(f"test accuracy {test_metrics['accuracy']:.4f} on {len(test_ids)} reviews "
@@ -218,11 +238,11 @@ def main(argv=None) -> int:
     draw_attention(best, vocab, test_ids, out / "attention.png")
     write_json(out / "metrics.json", {
         "test_accuracy": test_metrics["accuracy"], "test_loss": test_metrics["loss"],
-        "best_val_accuracy": trainer.best, "steps": trainer.step,
-        "train_minutes": train_seconds / 60, "total_minutes": total_seconds / 60,
-        "preset": args.preset if not args.smoke else "smoke", "seed": args.seed,
+        "best_val_accuracy": trainer.best, "updates": trainer.updates,
+        "train_minutes": trainer.train_seconds / 60, "total_minutes": total_seconds / 60,
+        "preset": args.preset, "seed": args.seed, "engine": args.engine,
         "machine": machine_description(), "parameters": model.num_parameters()})
-    print(f"wrote {checkpoint_path}, curves.png, attention.png, metrics.json to {out}")
+    print(f"wrote {MODEL_FILE}, {LAST_FILE}, curves.png, attention.png, metrics.json to {out}")
     return 0
 
 
@@ -231,8 +251,7 @@ def draw_attention(model, vocab: Vocab, ids, path) -> None:
     short = min((x for x in ids if 12 <= len(x) <= 40), key=len, default=ids[0][:40])
     attention = model.blocks[0].self_attn
     attention.keep_attention = True
-    model.eval()
-    with no_grad():
+    with evaluating(model):
         model(backend.asarray(np.array([short], dtype=np.int64)))
     weights = backend.to_numpy(attention.last_attention)[0].mean(axis=0)  # (T, T)
     attention.keep_attention, attention.last_attention = False, None

@@ -3,37 +3,79 @@
     python demos/translate.py                 # default run: <= 20 minutes on 2 CPU cores
     python demos/translate.py --translate "i'm home ."
     python demos/translate.py --smoke         # seconds (CI)
+    python demos/translate.py --resume        # continue an interrupted run exactly
 
 Data: the Tatoeba pairs of d2l's fra-eng.zip (--data, $NPFORMER_DATA or the
 user cache), d2l's preprocessing, at most 15 tokens a side.  2,000 distinct
 English sentences are held out (with all their translations, which serve as
 the references), so no held-out sentence is ever trained on.  Reports corpus
 BLEU (sacrebleu, 13a) on them with greedy and beam search, and translates d2l's
-probe sentences.  Writes model.npz, curves.png, cross_attention.png and
-metrics.json to --out.
+probe sentences.  Writes model.npz, last.npz (the run, for --resume),
+curves.png, cross_attention.png and metrics.json to --out.  Settings come from
+a preset (--preset, --smoke); an option given overrides the preset's value.
 """
 from __future__ import annotations
 
-import argparse
 import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+try:
+    import npformer  # noqa: F401  (reads $NPFORMER_BACKEND and $NPFORMER_ENGINE)
+except (ValueError, RuntimeError) as exc:
+    sys.exit(f"error: {exc}")
 
 import numpy as np
 
 from npformer import backend, ops
-from npformer.checkpoint import CheckpointError, build_model, load_checkpoint
-from npformer.cli import (Stopwatch, add_common_args, machine_description, plot_attention,
-                          plot_curves, run_demo, setup, write_json)
+from npformer.cli import (LAST_FILE, MODEL_FILE, Demo, DemoError, Stopwatch, check_divisible,
+                          demo_parser, load_demo_model, machine_description, option,
+                          plot_attention, plot_curves, positive_float, prepare, probability,
+                          run_demo, run_record, write_json)
 from npformer.data import (Vocab, length_bucketed_batches, load_fra_eng, pad_batch,
                            preprocess_fra_eng, split_by_source, tokenize_fra_eng)
 from npformer.decoding import beam_search, greedy_decode
 from npformer.models import Seq2SeqConfig, Seq2SeqTransformer
-from npformer.nn import no_grad
+from npformer.nn import evaluating
 from npformer.optim import Adam, warmup_inverse_sqrt
 from npformer.parallel import parallel_map
 from npformer.tasks import Translation
-from npformer.train import Trainer, TrainConfig
+from npformer.train import EpochBatches, Trainer, TrainConfig
 
+DEMO = Demo(tag="translate", title="translation", model_kind="seq2seq",
+            script="demos/translate.py", out="runs/translate")
 PROBES = ["go .", "i lost .", "he's calm .", "i'm home ."]
+VALIDATION_SENTENCES = 500  # of the held-out ones: the validation loss that selects the model
+
+
+@dataclass(frozen=True)
+class Preset:
+    max_tokens: int = option(15, "at most this many tokens a side")
+    heldout: int = option(2000, "distinct English sentences held out (with all their "
+                                "translations) for BLEU")
+    max_pairs: int | None = option(None, "use only the first this many pairs (None: all)")
+    d_model: int = option(256, "model width D")
+    heads: int = option(4, "attention heads H (D must be a multiple)")
+    layers: int = option(2, "encoder layers, and decoder layers")
+    d_ff: int = option(1024, "feed-forward width")
+    dropout: float = option(0.1, "dropout probability", probability)
+    batch_size: int = option(128, "sentence pairs per update")
+    lr: float = option(1e-3, "peak learning rate (warmup, then inverse square root)",
+                       positive_float)
+    warmup: int = option(300, "warmup updates")
+    steps: int = option(20000, "at most this many updates")
+    max_minutes: float = option(15.0, "training time budget, in minutes", positive_float)
+    beam_size: int = option(4, "beam width of the beam-search evaluation and of --translate")
+
+    def __post_init__(self):
+        check_divisible(self, "d_model", "heads")
+
+
+PRESETS = {
+    "default": Preset(),
+    "smoke": Preset(max_pairs=3000, heldout=40, d_model=32, heads=2, layers=1, d_ff=64,
+                    batch_size=32, warmup=10, steps=30),
+}
 
 
 # --------------------------------------------------------------------------- data
@@ -52,20 +94,16 @@ def make_batch(src, tgt, rows, pad_id: int, bos_id: int):
     return s, s_lens, t_in, t_out, t_lens
 
 
-def batch_stream(src, tgt, batch_size: int, pad_id: int, bos_id: int):
+def batch_stream(src, tgt, batch_size: int, pad_id: int, bos_id: int) -> EpochBatches:
+    """next_batch(rng) for the Trainer: length-bucketed, reshuffled every epoch."""
     lengths = [max(len(a), len(b)) for a, b in zip(src, tgt)]
-    queue: list = []
-
-    def next_batch(rng):
-        if not queue:
-            queue.extend(length_bucketed_batches(lengths, batch_size, rng=rng))
-        return make_batch(src, tgt, queue.pop(), pad_id, bos_id)
-    return next_batch
+    return EpochBatches(lambda rng: length_bucketed_batches(lengths, batch_size, rng=rng),
+                        lambda rows: make_batch(src, tgt, rows, pad_id, bos_id))
 
 
 def validation_loss(model, src, tgt, batch_size: int, pad_id: int, bos_id: int,
-                    workers: int = 1) -> float:
-    """Mean loss per real target token, batches spread over ``workers`` threads."""
+                    replicas: int = 1) -> float:
+    """Mean loss per real target token, batches spread over ``replicas`` threads."""
     def score(rows):  # -> (summed loss, tokens) of one batch
         s, s_lens, t_in, t_out, t_lens = make_batch(src, tgt, rows, pad_id, bos_id)
         logits = model(backend.asarray(s), backend.asarray(t_in), backend.asarray(s_lens),
@@ -75,19 +113,17 @@ def validation_loss(model, src, tgt, batch_size: int, pad_id: int, bos_id: int,
         count = int(np.sum(t_out != pad_id))
         return backend.to_float(loss) * count, count
 
-    model.eval()
-    with no_grad():
+    with evaluating(model):
         results = parallel_map(score, [np.arange(i, min(i + batch_size, len(src)))
-                                       for i in range(0, len(src), batch_size)], workers)
-    model.train()
+                                       for i in range(0, len(src), batch_size)], replicas)
     return sum(loss for loss, _ in results) / max(sum(n for _, n in results), 1)
 
 
 # --------------------------------------------------------------------------- translation
 def translate(model, src_vocab: Vocab, tgt_vocab: Vocab, sentences: list[str],
-              beam_size: int = 1, batch_size: int = 64, workers: int = 1) -> list[str]:
+              beam_size: int = 1, batch_size: int = 64, replicas: int = 1) -> list[str]:
     """English sentences (d2l-preprocessed strings) -> French strings (space-joined tokens),
-    batches decoded on ``workers`` threads."""
+    batches decoded on ``replicas`` threads."""
     encoded = [src_vocab.encode(tokenize_fra_eng(s)) + [src_vocab.eos_id] for s in sentences]
     max_src = model.config.max_len
 
@@ -99,11 +135,8 @@ def translate(model, src_vocab: Vocab, tgt_vocab: Vocab, sentences: list[str],
         return beam_search(model, src, lens, beam_size=beam_size, max_len=max_src)
 
     chunks = [encoded[i:i + batch_size] for i in range(0, len(encoded), batch_size)]
-    was_training = model.training
-    model.eval()  # set once, outside the threads: they must not toggle it for each other
-    with no_grad():
-        decoded = parallel_map(decode, chunks, workers)
-    model.train(was_training)
+    with evaluating(model):  # set once, outside the threads: they must not toggle it
+        decoded = parallel_map(decode, chunks, replicas)
     return [" ".join(tgt_vocab.decode(row)) for rows in decoded for row in rows]
 
 
@@ -119,99 +152,96 @@ def corpus_bleu(hypotheses: list[str], references: list[list[str]]) -> float:
 
 
 def load_for_translation(path):
-    checkpoint = load_checkpoint(path)
-    if checkpoint.extra.get("demo") != "translate":
-        raise CheckpointError(f"{path} was not saved by the translation demo")
-    model = build_model(checkpoint, expected_kind="seq2seq")
+    model, checkpoint = load_demo_model(path, DEMO)
     return (model, Vocab.from_json(checkpoint.extra["src_vocab"]),
             Vocab.from_json(checkpoint.extra["tgt_vocab"]))
 
 
+def split_pairs(preset: Preset, data, seed: int):
+    """-> training pairs, and the held-out English sentences with their translations."""
+    pairs = load_fra_eng(data, max_len=preset.max_tokens)[:preset.max_pairs]
+    sentences = len({" ".join(english) for english, _ in pairs})  # as split_by_source counts
+    if preset.heldout >= sentences:
+        raise DemoError(f"--heldout {preset.heldout} leaves nothing to train on: the corpus "
+                        f"has {sentences} distinct English sentences of at most "
+                        f"{preset.max_tokens} tokens")
+    return split_by_source(pairs, preset.heldout, seed=seed)
+
+
 # --------------------------------------------------------------------------- main
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=__doc__.split("\n\n", 1)[1])
-    add_common_args(parser, "runs/translate")
-    parser.add_argument("--max-tokens", type=int, default=15, help="per side (default: 15)")
-    parser.add_argument("--heldout", type=int, default=2000,
-                        help="distinct English sentences held out (default: 2000)")
-    parser.add_argument("--d-model", type=int, default=256)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--layers", type=int, default=2, help="encoder and decoder layers each")
-    parser.add_argument("--d-ff", type=int, default=1024)
-    parser.add_argument("--dropout", type=float, default=0.1)
-    parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
-    parser.add_argument("--warmup", type=int, default=300)
-    parser.add_argument("--steps", type=int, default=20000, help="at most this many updates")
-    parser.add_argument("--max-minutes", type=float, default=15.0, help="training time budget")
-    parser.add_argument("--beam-size", type=int, default=4)
+def build_parser():
+    parser = demo_parser(DEMO, __doc__, PRESETS)
     parser.add_argument("--translate", metavar="SENTENCE",
-                        help="translate SENTENCE with OUT/model.npz and exit")
+                        help=f"translate SENTENCE with OUT/{MODEL_FILE} and exit")
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
-    out = setup(args)
+    preset = prepare(parser, args, DEMO, PRESETS,
+                     use_only="--translate" if args.translate is not None else None)
+    out = Path(args.out)
     if args.translate is not None:
-        return translate_only(args, out)
-    if args.smoke:
-        args.d_model, args.heads, args.layers, args.d_ff = 32, 2, 1, 64
-        args.steps, args.heldout, args.warmup, args.batch = 30, 40, 10, 32
+        return translate_only(args, preset, out)
 
     clock = Stopwatch()
-    pairs = load_fra_eng(args.data, max_len=args.max_tokens)
-    if args.smoke:
-        pairs = pairs[:3000]
-    train_pairs, heldout = split_by_source(pairs, args.heldout, seed=args.seed)
+    train_pairs, heldout = split_pairs(preset, args.data, args.seed)
     src_vocab = Vocab.build([e for e, _ in train_pairs], min_freq=2, bos=True, eos=True)
     tgt_vocab = Vocab.build([f for _, f in train_pairs], min_freq=2, bos=True, eos=True)
     src, tgt = encode_pairs(train_pairs, src_vocab, tgt_vocab)
-    val_pairs = [(e.split(), refs[0].split()) for e, refs in list(heldout.items())[:500]]
+    val_pairs = [(e.split(), refs[0].split())
+                 for e, refs in list(heldout.items())[:VALIDATION_SENTENCES]]
     val_src, val_tgt = encode_pairs(val_pairs, src_vocab, tgt_vocab)
     print(f"{len(train_pairs):,} training pairs, {len(heldout):,} held-out English sentences "
           f"({sum(len(r) for r in heldout.values()):,} pairs); vocabularies {len(src_vocab):,} "
           f"/ {len(tgt_vocab):,}; data ready in {clock.seconds():.0f} s")
 
     config = Seq2SeqConfig(src_vocab_size=len(src_vocab), tgt_vocab_size=len(tgt_vocab),
-                           d_model=args.d_model, num_heads=args.heads,
-                           num_encoder_layers=args.layers, num_decoder_layers=args.layers,
-                           d_ff=args.d_ff, max_len=args.max_tokens + 2, dropout=args.dropout,
-                           pad_id=tgt_vocab.pad_id, bos_id=tgt_vocab.bos_id,
-                           eos_id=tgt_vocab.eos_id)
+                           d_model=preset.d_model, num_heads=preset.heads,
+                           num_encoder_layers=preset.layers, num_decoder_layers=preset.layers,
+                           d_ff=preset.d_ff, max_len=preset.max_tokens + 2,
+                           dropout=preset.dropout, pad_id=tgt_vocab.pad_id,
+                           bos_id=tgt_vocab.bos_id, eos_id=tgt_vocab.eos_id)
     model = Seq2SeqTransformer(config)
-    optimizer = Adam(model.parameters(), lr=warmup_inverse_sqrt(warmup=args.warmup,
-                                                                peak_lr=args.lr),
+    optimizer = Adam(model.parameters(), lr=warmup_inverse_sqrt(warmup=preset.warmup,
+                                                                peak_lr=preset.lr),
                      betas=(0.9, 0.98), eps=1e-9)
     print(f"model: {model.num_parameters():,} parameters")
     pad, bos = tgt_vocab.pad_id, tgt_vocab.bos_id
     trainer = Trainer(
         model, optimizer, Translation(label_smoothing=0.1, pad_id=pad),
-        batch_stream(src, tgt, args.batch, pad, bos),
-        TrainConfig(max_steps=args.steps, max_seconds=args.max_minutes * 60, clip_norm=1.0,
-                    data_parallel=args.replicas,
-                    eval_every=max(1, min(500, args.steps // 4)),
-                    checkpoint_path=out / "model.npz", select_metric="val_loss",
-                    select_mode="min", progress=not args.no_progress, desc="translate"),
+        batch_stream(src, tgt, preset.batch_size, pad, bos),
+        TrainConfig(max_steps=preset.steps, max_seconds=preset.max_minutes * 60,
+                    clip_norm=1.0, replicas=args.replicas,
+                    eval_every=max(1, min(500, preset.steps // 4)),
+                    checkpoint_path=out / MODEL_FILE, select_metric="val_loss",
+                    select_mode="min", last_path=out / LAST_FILE, stop_after=args.stop_after,
+                    progress=not args.no_progress, desc="translate"),
         eval_fn=lambda m: {"val_loss": validation_loss(m, val_src, val_tgt, 128, pad, bos,
                                                        args.replicas)},
-        checkpoint_extra={"demo": "translate", "src_vocab": src_vocab.to_json(),
-                          "tgt_vocab": tgt_vocab.to_json()},
+        checkpoint_extra={"demo": DEMO.tag, "src_vocab": src_vocab.to_json(),
+                          "tgt_vocab": tgt_vocab.to_json(), "run": run_record(args, preset)},
         seed=args.seed)
+    if args.resume:
+        trainer.resume(out / LAST_FILE)
     history = trainer.fit()
-    train_seconds = clock.seconds()
-    epochs = trainer.step * args.batch / len(train_pairs)
+    epochs = trainer.updates * preset.batch_size / len(train_pairs)
 
-    model, src_vocab, tgt_vocab = load_for_translation(out / "model.npz")
+    model, src_vocab, tgt_vocab = load_for_translation(out / MODEL_FILE)
     english = list(heldout)
     references = [heldout[e] for e in english]
-    greedy = translate(model, src_vocab, tgt_vocab, english, beam_size=1, workers=args.replicas)
+    greedy = translate(model, src_vocab, tgt_vocab, english, beam_size=1,
+                       replicas=args.replicas)
     bleu_greedy = corpus_bleu(greedy, references)
     bleu_greedy_one_ref = corpus_bleu(greedy, [r[:1] for r in references])
-    beam = translate(model, src_vocab, tgt_vocab, english, beam_size=args.beam_size,
-                     workers=args.replicas)
+    beam = translate(model, src_vocab, tgt_vocab, english, beam_size=preset.beam_size,
+                     replicas=args.replicas)
     bleu_beam = corpus_bleu(beam, references)
     print(f"held-out BLEU: greedy {bleu_greedy:.1f} (one reference: {bleu_greedy_one_ref:.1f}), "
-          f"beam {args.beam_size}: {bleu_beam:.1f}; {trainer.step} steps = {epochs:.2f} epochs")
-    probes = translate(model, src_vocab, tgt_vocab, PROBES, beam_size=args.beam_size)
+          f"beam {preset.beam_size}: {bleu_beam:.1f}; {trainer.updates} updates = "
+          f"{epochs:.2f} epochs")
+    probes = translate(model, src_vocab, tgt_vocab, PROBES, beam_size=preset.beam_size)
     for english_probe, french in zip(PROBES, probes):
         print(f"  {english_probe} => {french}")
     draw_cross_attention(model, src_vocab, tgt_vocab, "i'm home .", out / "cross_attention.png")
@@ -219,12 +249,13 @@ def main(argv=None) -> int:
     total_seconds = clock.seconds()
     write_json(out / "metrics.json", {
         "bleu_greedy": bleu_greedy, "bleu_greedy_one_reference": bleu_greedy_one_ref,
-        "bleu_beam": bleu_beam, "beam_size": args.beam_size, "steps": trainer.step,
-        "epochs": epochs, "train_minutes": train_seconds / 60,
-        "total_minutes": total_seconds / 60, "heldout_sentences": len(english),
-        "probes": dict(zip(PROBES, probes)), "seed": args.seed,
+        "bleu_beam": bleu_beam, "beam_size": preset.beam_size, "updates": trainer.updates,
+        "best_val_loss": trainer.best, "epochs": epochs,
+        "train_minutes": trainer.train_seconds / 60, "total_minutes": total_seconds / 60,
+        "heldout_sentences": len(english), "probes": dict(zip(PROBES, probes)),
+        "preset": args.preset, "seed": args.seed, "engine": args.engine,
         "machine": machine_description(), "parameters": model.num_parameters()})
-    print(f"{total_seconds / 60:.1f} min in all; wrote model.npz, curves.png, "
+    print(f"{total_seconds / 60:.1f} min in all; wrote {MODEL_FILE}, {LAST_FILE}, curves.png, "
           f"cross_attention.png, metrics.json to {out}")
     return 0
 
@@ -236,8 +267,7 @@ def draw_cross_attention(model, src_vocab, tgt_vocab, sentence: str, path) -> No
     tgt_in = [tgt_vocab.bos_id] + tgt_vocab.encode(french)
     attention = model.decoder[-1].cross_attn
     attention.keep_attention = True
-    model.eval()
-    with no_grad():
+    with evaluating(model):
         model(backend.asarray(np.array([src_ids])), backend.asarray(np.array([tgt_in])))
     weights = backend.to_numpy(attention.last_attention)[0].mean(axis=0)  # (T, S)
     attention.keep_attention, attention.last_attention = False, None
@@ -245,17 +275,12 @@ def draw_cross_attention(model, src_vocab, tgt_vocab, sentence: str, path) -> No
                    f"cross-attention, last decoder layer: {sentence}")
 
 
-def translate_only(args, out) -> int:
+def translate_only(args, preset: Preset, out: Path) -> int:
     sentence = preprocess_fra_eng(args.translate).strip()
     if not sentence:
-        print("error: --translate needs a sentence, got an empty string", file=sys.stderr)
-        return 2
-    try:
-        model, src_vocab, tgt_vocab = load_for_translation(out / "model.npz")
-    except (FileNotFoundError, CheckpointError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(translate(model, src_vocab, tgt_vocab, [sentence], beam_size=args.beam_size)[0])
+        raise DemoError("--translate needs a sentence, got an empty string")
+    model, src_vocab, tgt_vocab = load_for_translation(out / MODEL_FILE)
+    print(translate(model, src_vocab, tgt_vocab, [sentence], beam_size=preset.beam_size)[0])
     return 0
 
 

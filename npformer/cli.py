@@ -1,52 +1,331 @@
-"""What the demo scripts share: common options, set-up, plots and reports.
+"""What the demo scripts share: options, presets, set-up, checkpoints, plots and errors.
 
-The demos stay thin: they parse arguments, call the package, and print.
-matplotlib is imported only when a plot is drawn (``pip install -e .[demos]``).
+The demos stay thin: they declare a :class:`Demo` and a preset dataclass, parse their
+command line with :func:`demo_parser`, call the package, and print.
+
+*Presets.*  Each demo's settings are one dataclass whose fields are declared with
+:func:`option` (default, help text, validator).  ``PRESETS`` names instances of it
+(always ``"default"`` and ``"smoke"``; ``--smoke`` is short for ``--preset smoke``).
+Every field is also a command-line option (``d_model`` -> ``--d-model``); an option the
+user gives wins over the preset's value (:func:`resolve_preset`).
+
+*Resuming.*  Training saves the whole run to ``OUT/last.npz`` (after every evaluation,
+on Ctrl-C / SIGTERM, and at the end) together with its settings; ``--resume``
+continues it with those settings (:func:`prepare`).
+
+*Errors.*  Invalid option values are refused by the parser (exit status 2) naming the
+option; errors a user can cause at run time become one ``error: ...`` line
+(:func:`run_demo`).  matplotlib is imported only when a plot is drawn
+(``pip install -e .[demos]``).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
+import shlex
+import sys
 import time
+from dataclasses import Field, asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
 
 from . import backend
+from .checkpoint import CheckpointError, build_model, load_checkpoint
+from .data import DatasetFormatError, DatasetNotFoundError
+from .engine import ENGINES, engine_name, set_engine
+from .train import TrainingDiverged, TrainingInterrupted
+
+MODEL_FILE = "model.npz"  # the selected (or final) model: what --predict and friends read
+LAST_FILE = "last.npz"  # the whole run, resumable with --resume
+RUN_SETTINGS = ("seed", "dtype", "engine", "replicas")  # saved with a run, beside its preset
 
 
-def add_common_args(parser: argparse.ArgumentParser, out_default: str) -> None:
+class DemoError(Exception):
+    """A problem the user can fix (a missing checkpoint, a too-short corpus, no GPU...):
+    :func:`run_demo` prints it as one ``error: ...`` line."""
+
+
+@dataclass(frozen=True)
+class Demo:
+    tag: str  # written into every checkpoint's extra["demo"]
+    title: str  # for messages: "the IMDB demo"
+    model_kind: str  # the model kind its checkpoints hold
+    script: str  # how to run it: "demos/imdb.py"
+    out: str  # default output folder
+
+
+# --------------------------------------------------------------------------- option values
+def _checked_number(text: str, convert, ok, expected: str):
+    try:
+        value = convert(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if not (math.isfinite(value) and ok(value)):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    return _checked_number(text, int, lambda v: v > 0, "a positive integer")
+
+
+def nonnegative_int(text: str) -> int:
+    return _checked_number(text, int, lambda v: v >= 0, "an integer >= 0")
+
+
+def positive_float(text: str) -> float:
+    return _checked_number(text, float, lambda v: v > 0, "a positive number")
+
+
+def nonnegative_float(text: str) -> float:
+    return _checked_number(text, float, lambda v: v >= 0, "a number >= 0")
+
+
+def probability(text: str) -> float:
+    return _checked_number(text, float, lambda v: 0 <= v < 1, "a probability in [0, 1)")
+
+
+def flag(name: str) -> str:
+    """A preset field's command-line option: ``d_model`` -> ``--d-model``."""
+    return "--" + name.replace("_", "-")
+
+
+# --------------------------------------------------------------------------- presets
+def option(default, help: str, type=positive_int, choices=None) -> Field:
+    """A preset field that is also a command-line option (validated by ``type``)."""
+    return field(default=default, metadata={"help": help, "type": type, "choices": choices})
+
+
+def check_divisible(preset, width: str, heads: str) -> None:
+    """Refuse a model width the number of heads does not divide, naming both options."""
+    d, h = getattr(preset, width), getattr(preset, heads)
+    if d % h:
+        raise ValueError(f"{flag(width)} {d} is not divisible by {flag(heads)} {h}")
+
+
+def _add_preset_options(parser: argparse.ArgumentParser, presets: dict) -> None:
+    group = parser.add_argument_group(
+        "settings", "each has a value in every preset; an option given here overrides it")
+    group.add_argument("--preset", choices=sorted(presets), default=None,
+                       help="named settings (default: default)")
+    group.add_argument("--smoke", action="store_true",
+                       help="short for --preset smoke: a few seconds on a tiny subset, "
+                            "checks the whole pipeline runs (CI)")
+    base = presets["default"]
+    for f in fields(base):
+        values = "; ".join([f"default: {getattr(base, f.name)}"] + [
+            f"{name}: {getattr(p, f.name)}" for name, p in presets.items()
+            if name != "default" and getattr(p, f.name) != getattr(base, f.name)])
+        group.add_argument(flag(f.name), type=f.metadata["type"], default=None,
+                           choices=f.metadata["choices"],
+                           metavar=None if f.metadata["choices"] else f.name.upper(),
+                           help=f"{f.metadata['help']} ({values})".replace("%", "%%"))
+
+
+def resolve_preset(parser: argparse.ArgumentParser, args, presets: dict):
+    """The chosen preset with every option the user gave put in its place."""
+    if args.smoke and args.preset not in (None, "smoke"):
+        parser.error(f"--smoke is short for --preset smoke: it cannot be combined with "
+                     f"--preset {args.preset}")
+    args.preset = "smoke" if args.smoke else (args.preset or "default")
+    given = {f.name: getattr(args, f.name) for f in fields(presets["default"])
+             if getattr(args, f.name) is not None}
+    try:
+        return replace(presets[args.preset], **given)  # the preset's __post_init__ checks
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
+# --------------------------------------------------------------------------- the parser
+def demo_parser(demo: Demo, doc: str, presets: dict) -> argparse.ArgumentParser:
+    """The command line every demo shares: data, output, run settings, resuming, and one
+    option per preset field.  The demo adds its own options to it."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=doc.split("\n\n", 1)[1])
     parser.add_argument("--data", default=None,
                         help="dataset file or folder (default: $NPFORMER_DATA, then the user "
                              "cache, downloading there if needed)")
-    parser.add_argument("--out", default=out_default,
-                        help="folder for the checkpoint, plots and metrics (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
-    parser.add_argument("--backend", choices=["numpy", "cupy"], default="numpy",
-                        help="array backend: numpy (CPU) or cupy (GPU)")
-    parser.add_argument("--dtype", choices=["float32", "float64"], default="float32",
-                        help="float dtype of parameters and activations (default: %(default)s)")
-    parser.add_argument("--smoke", action="store_true",
-                        help="a few seconds on a tiny subset: checks the whole pipeline runs")
-    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    parser.add_argument("--replicas", type=int, default=None,
-                        help="data-parallel replicas, one thread each, single-threaded BLAS "
-                             "(default: one per CPU core with numpy, 1 with cupy)")
+    parser.add_argument("--out", default=demo.out,
+                        help="folder for the checkpoints, plots and metrics "
+                             "(default: %(default)s)")
+    parser.add_argument("--seed", type=nonnegative_int, default=None,
+                        help="random seed (default: 0)")
+    parser.add_argument("--backend", choices=["numpy", "cupy"], default=None,
+                        help="array backend: numpy (CPU) or cupy (GPU) "
+                             "(default: $NPFORMER_BACKEND, else numpy)")
+    parser.add_argument("--dtype", choices=["float32", "float64"], default=None,
+                        help="float dtype of parameters and activations (default: float32)")
+    parser.add_argument("--engine", choices=ENGINES, default=None,
+                        help="tier of ops: fast (the default, or $NPFORMER_ENGINE) or textbook "
+                             "(the plain derivations); both give the same numbers up to "
+                             "rounding")
+    parser.add_argument("--replicas", type=positive_int, default=None,
+                        help="data-parallel replicas, one thread each with single-threaded "
+                             "BLAS, for training and evaluation (default: one per CPU core "
+                             "with numpy, 1 with cupy)")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bar (on a terminal) or progress lines (elsewhere)")
+    parser.add_argument("--resume", action="store_true",
+                        help=f"continue the run saved in OUT/{LAST_FILE} (after an interruption) "
+                             "exactly, with its saved settings; options given again must "
+                             "match them")
+    parser.add_argument("--stop-after", type=positive_int, default=None, metavar="UPDATES",
+                        help=f"stop after this many updates as if interrupted (the run is saved "
+                             f"in OUT/{LAST_FILE}: continue it with --resume)")
+    _add_preset_options(parser, presets)
+    return parser
+
+
+def prepare(parser: argparse.ArgumentParser, args, demo: Demo, presets: dict,
+            use_only: str | None = None):
+    """Settle the run's settings and set it up; returns the preset.
+
+    ``use_only`` names the option (e.g. ``"--predict"``) when the demo only uses a saved
+    model.  Training: with ``--resume`` the saved run's settings are taken (an option given
+    again must match them); without it, a folder holding another demo's checkpoint or a
+    run that can still be resumed is refused."""
+    out = Path(args.out)
+    if use_only and args.resume:
+        parser.error(f"--resume continues training: it cannot be combined with {use_only}")
+    if args.resume:
+        _adopt_saved_run(parser, args, read_demo_checkpoint(out / LAST_FILE, demo), presets)
+    preset = resolve_preset(parser, args, presets)
+    if not use_only and not args.resume:
+        guard_output(out, demo)
+    setup(args)
+    return preset
 
 
 def setup(args) -> Path:
-    """Apply --backend, --dtype and --seed; create and return the output folder."""
-    backend.set_backend(args.backend, seed=args.seed)
+    """Apply --backend, --dtype, --engine and --seed (filling in the defaults of those not
+    given); create and return the output folder."""
+    args.seed = 0 if args.seed is None else args.seed
+    try:
+        backend.set_backend(args.backend or backend.backend_name(), seed=args.seed)
+    except (RuntimeError, ValueError) as exc:  # no CuPy, no GPU
+        raise DemoError(str(exc)) from None
+    args.dtype = args.dtype or "float32"
     backend.set_default_float(args.dtype)
+    args.engine = args.engine or engine_name()
+    set_engine(args.engine)
     if args.replicas is None:
-        args.replicas = (os.cpu_count() or 1) if args.backend == "numpy" else 1
+        args.replicas = (os.cpu_count() or 1) if backend.backend_name() == "numpy" else 1
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     return out
 
 
+def run_record(args, preset) -> dict:
+    """The settings a resumed run takes back (saved in every checkpoint's extra["run"])."""
+    return {"preset_name": args.preset, "preset": asdict(preset),
+            "settings": {name: getattr(args, name) for name in RUN_SETTINGS}}
+
+
+def _adopt_saved_run(parser, args, checkpoint, presets: dict) -> None:
+    saved = checkpoint.extra.get("run")
+    if saved is None:
+        raise DemoError("the saved run records no settings: it cannot be resumed")
+    if (args.smoke or args.preset) and ("smoke" if args.smoke else args.preset) != \
+            saved["preset_name"]:
+        parser.error(f"--resume continues the saved run with its settings: it used --preset "
+                     f"{saved['preset_name']} (leave --preset and --smoke out)")
+    args.preset, args.smoke = saved["preset_name"], False
+    known = {f.name for f in fields(presets["default"])}
+    values = {**{k: v for k, v in saved["preset"].items() if k in known}, **saved["settings"]}
+    for name, value in values.items():
+        given = getattr(args, name)
+        if given is not None and given != value:
+            parser.error(f"--resume continues the saved run with its settings: it used "
+                         f"{flag(name)} {value}, not {given} (leave {flag(name)} out)")
+        setattr(args, name, value)
+
+
+# --------------------------------------------------------------------------- checkpoints
+def read_demo_checkpoint(path, demo: Demo):
+    """The checkpoint at ``path``, refused unless ``demo`` saved it."""
+    path = Path(path)
+    try:
+        checkpoint = load_checkpoint(path)
+    except FileNotFoundError:
+        raise DemoError(f"no checkpoint at {path}: train one first with "
+                        f"`python {demo.script} --out {path.parent}`") from None
+    owner = checkpoint.extra.get("demo")
+    if owner != demo.tag:
+        raise CheckpointError(f"{path} was not saved by the {demo.title} demo (it comes "
+                              f"from {'the ' + repr(owner) + ' demo' if owner else 'elsewhere'})")
+    return checkpoint
+
+
+def load_demo_model(path, demo: Demo):
+    """-> (model, checkpoint) from a checkpoint ``demo`` saved."""
+    checkpoint = read_demo_checkpoint(path, demo)
+    return build_model(checkpoint, expected_kind=demo.model_kind), checkpoint
+
+
+def guard_output(out: Path, demo: Demo) -> None:
+    """Before a new run writes its checkpoints into ``out``: refuse to overwrite another
+    demo's checkpoint, or a run that ``--resume`` could still continue."""
+    for name in (MODEL_FILE, LAST_FILE):
+        path = out / name
+        if not path.is_file():
+            continue
+        try:
+            checkpoint = read_demo_checkpoint(path, demo)
+        except CheckpointError as exc:
+            raise DemoError(f"{exc}; choose another --out, or delete it to reuse the "
+                            "folder") from None
+        trainer = checkpoint.extra.get("trainer")
+        if name == LAST_FILE and trainer is not None and not trainer["finished"]:
+            raise DemoError(f"{path} holds an unfinished run (stopped after update "
+                            f"{checkpoint.step}): continue it with --resume, or delete that "
+                            "file to start over")
+
+
+# --------------------------------------------------------------------------- errors
+USER_ERRORS = (DemoError, DatasetNotFoundError, DatasetFormatError, CheckpointError,
+               TrainingDiverged)
+
+
+def run_demo(main, argv: list[str] | None = None) -> int:
+    """Run a demo's ``main(argv)``; the failures a user can cause become one ``error:``
+    line and exit status 2, an interruption a note on how to resume and status 130."""
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(line_buffering=True)  # log lines in order, also in a pipe
+    try:
+        return main(argv)
+    except TrainingInterrupted as exc:
+        print(exc, file=sys.stderr)
+        if exc.path is not None:
+            print(f"continue it with: {resume_command(sys.argv[1:] if argv is None else argv)}",
+                  file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except USER_ERRORS as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def resume_command(argv: list[str]) -> str:
+    """The command line that resumes the run ``argv`` started: --resume, no --stop-after."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip or arg.startswith("--stop-after="):
+            skip = False
+        elif arg == "--stop-after":
+            skip = True
+        elif arg != "--resume":
+            kept.append(arg)
+    return shlex.join(["python", sys.argv[0], *kept, "--resume"])
+
+
+# --------------------------------------------------------------------------- reports
 def machine_description() -> str:
     return f"{platform.machine()}, {os.cpu_count()} CPU cores, backend {backend.backend_name()}"
 
@@ -66,34 +345,32 @@ def write_json(path: Path, values: dict) -> None:
 
 
 def plot_curves(path: Path, history, eval_keys: list[str], title: str) -> None:
-    """Training loss per step (left) and evaluation metrics (right) to a PNG."""
+    """Training loss per update (left) and evaluation metrics (right) to a PNG."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     losses = np.asarray(history.losses)
-    left.plot(history.steps, losses, alpha=0.3, label="loss per step")
+    left.plot(history.updates, losses, alpha=0.3, label="loss per update")
     if len(losses) >= 20:
         window = max(len(losses) // 50, 5)
         smooth = np.convolve(losses, np.ones(window) / window, mode="valid")
-        left.plot(history.steps[window - 1:], smooth, label=f"mean of {window}")
-    left.set_xlabel("step")
+        left.plot(history.updates[window - 1:], smooth, label=f"mean of {window}")
+    left.set_xlabel("update")
     left.set_ylabel("training loss")
     left.legend()
     for key in eval_keys:
-        points = [(e["step"], e[key]) for e in history.evals if key in e]
+        points = [(e["update"], e[key]) for e in history.evals if key in e]
         if points:
             xs, ys = zip(*points)
             right.plot(xs, ys, marker="o", label=key)
-    right.set_xlabel("step")
+    right.set_xlabel("update")
     right.legend()
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
 def plot_attention(path: Path, weights: np.ndarray, query_tokens: list[str],
                    key_tokens: list[str], title: str) -> None:
     """A (T, S) attention matrix as a heat-map with token labels."""
@@ -114,18 +391,3 @@ def plot_attention(path: Path, weights: np.ndarray, query_tokens: list[str],
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def run_demo(main) -> int:
-    """Run a demo's ``main``; expected failures become one clear line and exit status 2."""
-    from .checkpoint import CheckpointError
-    from .data import DatasetFormatError, DatasetNotFoundError
-    from .train import TrainingDiverged
-
-    try:
-        return main()
-    except (DatasetNotFoundError, DatasetFormatError, CheckpointError, TrainingDiverged) as exc:
-        import sys
-
-        print(f"error: {exc}", file=sys.stderr)
-        return 2

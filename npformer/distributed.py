@@ -147,14 +147,14 @@ class Context:
         if self.comm is not None and self.size > 1:
             self.comm.Barrier()
 
-    def shard_map(self, fn, items, workers: int = 1) -> list:
+    def shard_map(self, fn, items, replicas: int = 1) -> list:
         """[fn(item) for item in items], the items shared out across the ranks (contiguous
-        blocks, rank order) and, inside each rank, across ``workers`` threads; every rank
+        blocks, rank order) and, inside each rank, across ``replicas`` threads; every rank
         gets the whole list back, in order (evaluation, decoding).  ``fn``'s results are
         pickled across ranks: return small host values (scores, token lists)."""
         items = list(items)
         lo, hi = shard_bounds(len(items), self.size)[self.rank]
-        mine = parallel_map(fn, items[lo:hi], workers)
+        mine = parallel_map(fn, items[lo:hi], replicas)
         return [result for block in self.allgather(mine) for result in block]
 
     def check_same(self, **values) -> None:

@@ -62,11 +62,11 @@ def _single_threaded_blas():
     return _blas_controller.limit(limits=1, user_api="blas")
 
 
-def parallel_map(fn, items, workers: int) -> list:
-    """[fn(item) for item in items], on ``workers`` threads with single-threaded BLAS
+def parallel_map(fn, items, replicas: int) -> list:
+    """[fn(item) for item in items], on ``replicas`` threads with single-threaded BLAS
     (inference over many batches: evaluation, decoding).  Order is kept."""
     items = list(items)
-    if workers <= 1 or len(items) <= 1:
+    if replicas <= 1 or len(items) <= 1:
         return [fn(item) for item in items]
     grad = grad_enabled()  # the caller's switch (it is per thread), for the workers too
 
@@ -74,7 +74,7 @@ def parallel_map(fn, items, workers: int) -> list:
         with set_grad_enabled(grad):
             return fn(item)
 
-    with ThreadPoolExecutor(max_workers=workers) as pool, _single_threaded_blas():
+    with ThreadPoolExecutor(max_workers=replicas) as pool, _single_threaded_blas():
         return list(pool.map(run, items))
 
 

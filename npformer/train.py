@@ -1,18 +1,27 @@
-"""The training loop, and the loss functions of the three tasks.
+"""The training loop: :class:`Trainer`, its :class:`TrainConfig` and :class:`History`.
 
-A :class:`npformer.tasks.Task` runs the forward pass, the loss and the backward
-pass for one batch (host NumPy arrays in, gradients accumulated into the
-parameters) and says how many items its mean loss covers.  :class:`Trainer`
-adds everything around it: gradient
-accumulation, clipping, the learning-rate schedule (through the optimizer),
-NaN/inf detection, a tqdm progress bar with loss, learning rate and tokens/s,
-periodic evaluation, and atomic checkpoints that resume exactly.
+Words: a *step* is one optimizer update (``optimizer.step()``), and ``updates`` counts
+them.  A :class:`npformer.tasks.Task` runs the forward pass, the loss and the backward
+pass for one batch (host NumPy arrays in, gradients accumulated into the parameters)
+and says how many items its mean loss covers.  :class:`Trainer` adds everything around
+it: gradient accumulation, clipping, the learning-rate schedule (through the
+optimizer), NaN/inf detection, progress (a tqdm bar on a terminal, a plain line now
+and then elsewhere), periodic evaluation, best-model selection, and atomic checkpoints
+that resume exactly: the model, the optimizer (so the schedule), the random streams,
+the position in the data order (:class:`EpochBatches`), the history, the best metric
+so far and the time already spent.  Ctrl-C or SIGTERM stops after the current update,
+saves the run and raises :class:`TrainingInterrupted`.
 """
 from __future__ import annotations
 
 import math
+import signal
+import sys
+import threading
 import time
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from copy import deepcopy
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -20,13 +29,24 @@ import numpy as np
 
 from . import backend
 from .checkpoint import load_checkpoint, restore, save_checkpoint
-from .optim import clip_grad_norm, global_grad_norm
+from .optim import NonFiniteGradientError, clip_grad_norm, global_grad_norm
 from .distributed import data_parallel
 from .tasks import Task
 
 
 class TrainingDiverged(RuntimeError):
     """The loss or the gradients stopped being finite."""
+
+
+class TrainingInterrupted(Exception):
+    """Training stopped early on request (Ctrl-C, SIGTERM or ``stop_after``).
+
+    ``path`` is where the run was saved for :meth:`Trainer.resume` (None: nowhere)."""
+
+    def __init__(self, updates: int, reason: str, path: Path | None):
+        self.updates, self.reason, self.path = updates, reason, path
+        saved = f"the run is saved in {path}" if path else "nothing was saved"
+        super().__init__(f"training stopped ({reason}) after update {updates}; {saved}")
 
 
 # --------------------------------------------------------------------------- metrics
@@ -40,32 +60,74 @@ def perplexity(mean_token_loss: float) -> float:
     return math.exp(mean_token_loss)
 
 
+# --------------------------------------------------------------------------- data order
+class EpochBatches:
+    """``next_batch(rng)`` over epochs, with a state a resumed run continues from.
+
+    ``plan(rng)`` orders one epoch (a list of row-index arrays, one per batch) and
+    ``make(rows)`` builds a batch.  The state is small: the generator's state when the
+    current epoch was planned and how many of its batches were taken; resuming plans
+    that epoch again from that state and goes on where it stopped.  Batches are taken
+    from the end of the plan (the demos always popped them that way).
+    """
+
+    def __init__(self, plan: Callable, make: Callable):
+        self.plan, self.make = plan, make
+        self.epoch: list = []
+        self.planned_from: dict | None = None  # the generator's state before plan()
+        self.taken = 0
+
+    def __call__(self, rng: np.random.Generator):
+        if self.taken == len(self.epoch):
+            self.planned_from = deepcopy(rng.bit_generator.state)
+            self.epoch, self.taken = self.plan(rng), 0
+        self.taken += 1
+        return self.make(self.epoch[-self.taken])
+
+    def state_dict(self) -> dict:
+        return {"planned_from": self.planned_from, "taken": self.taken}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.planned_from, self.taken, self.epoch = state["planned_from"], state["taken"], []
+        if self.planned_from is not None:
+            rng = np.random.default_rng()
+            rng.bit_generator.state = self.planned_from
+            self.epoch = self.plan(rng)
+
+
 # --------------------------------------------------------------------------- the loop
 @dataclass
 class TrainConfig:
-    max_steps: int
-    max_seconds: float | None = None  # stop early once training has taken this long
+    max_steps: int  # optimizer updates in the whole run (the schedule's length)
+    max_seconds: float | None = None  # stop early once training has taken this long in all
     grad_accum: int = 1
-    data_parallel: int = 1  # replicas run in threads on shards of each batch (CPU: 2)
+    replicas: int = 1  # data-parallel replicas in threads, each on a shard of every batch
     clip_norm: float | None = None
-    eval_every: int | None = None
-    checkpoint_path: str | Path | None = None
+    eval_every: int | None = None  # evaluate every this many updates, and after the last
+    checkpoint_path: str | Path | None = None  # the selected model (or the final one)
     select_metric: str | None = None  # e.g. "val_accuracy": keep the best checkpoint
     select_mode: str = "max"
+    last_path: str | Path | None = None  # the resumable run: after every evaluation, on
+    #                                      Ctrl-C / SIGTERM, and at the end
+    stop_after: int | None = None  # stop as if interrupted after this many updates
     progress: bool = True
     desc: str = "train"
 
 
 @dataclass
 class History:
-    steps: list[int] = field(default_factory=list)
+    updates: list[int] = field(default_factory=list)  # the update each loss belongs to
     losses: list[float] = field(default_factory=list)
     lrs: list[float] = field(default_factory=list)
-    evals: list[dict] = field(default_factory=list)
+    evals: list[dict] = field(default_factory=list)  # metrics, each with its "update"
 
 
 class Trainer:
-    """Runs ``task`` on batches from ``next_batch(rng)`` for ``config.max_steps`` updates."""
+    """Runs ``task`` on batches from ``next_batch(rng)`` for ``config.max_steps`` updates.
+
+    ``next_batch`` may carry ``state_dict()`` / ``load_state_dict()`` (as
+    :class:`EpochBatches` does): its state is then saved and resumed with the run.
+    """
 
     def __init__(self, model, optimizer, task: Task, next_batch: Callable,
                  config: TrainConfig, eval_fn: Callable | None = None,
@@ -78,15 +140,22 @@ class Trainer:
         self.data_rng = np.random.default_rng(seed)
         self.history = History()
         self.best: float | None = None
+        self.train_seconds = 0.0  # spent in fit(), over every session of a resumed run
+        self.finished = False  # fit() ended by max_steps or the time budget
         # threads, or MPI ranks (x threads) under mpiexec: npformer.distributed
-        self.parallel = data_parallel(model, config.data_parallel, train_config=config)
+        self.parallel = data_parallel(model, config.replicas, train_config=config)
+        names = {id(p): name for name, p in model.named_parameters()}
+        self._named_parameters = [(names.get(id(p), f"params[{i}]"), p)
+                                  for i, p in enumerate(optimizer.params)]
+        self._progress = _Progress(None, 0, "", enabled=False)
 
     @property
-    def step(self) -> int:
+    def updates(self) -> int:
+        """Optimizer updates done so far."""
         return self.optimizer.step_count
 
     # ----------------------------------------------------------------- one update
-    def train_step(self) -> float:
+    def update(self) -> float:
         """One optimizer update over ``grad_accum`` batches; returns the mean loss."""
         self.model.train()
         self.optimizer.zero_grad()
@@ -99,60 +168,98 @@ class Trainer:
             losses.append(loss)
             items += count
         loss = self.parallel.reduce_step(float(np.mean(losses)))  # MPI: the all-reduce
-        params = self.optimizer.params
-        norm = (clip_grad_norm(params, self.config.clip_norm) if self.config.clip_norm
-                else global_grad_norm(params))
-        if not (math.isfinite(loss) and math.isfinite(norm)):
-            raise TrainingDiverged(
-                f"training diverged at step {self.step + 1}: loss {loss}, gradient norm "
-                f"{norm} (learning rate {self.optimizer.lr:.3g}); nothing was updated or "
-                "saved. Lower the learning rate, add warmup, or clip gradients (clip_norm).")
+        if not math.isfinite(loss):
+            raise TrainingDiverged(self._diverged(f"loss {loss}"))
+        named = self._named_parameters  # so that a non-finite gradient is named
+        try:
+            norm = (clip_grad_norm(named, self.config.clip_norm) if self.config.clip_norm
+                    else global_grad_norm(named, error_if_nonfinite=True))
+        except NonFiniteGradientError as exc:
+            raise TrainingDiverged(self._diverged(str(exc))) from exc
         self.optimizer.step()
         self._items = items
         return loss
 
+    def _diverged(self, what: str) -> str:
+        return (f"training diverged at update {self.updates + 1}: {what} (learning rate "
+                f"{self.optimizer.lr:.3g}); nothing was updated or saved. Lower the learning "
+                "rate, add warmup, or clip gradients (clip_norm).")
+
     # ----------------------------------------------------------------- the loop
     def fit(self) -> History:
-        from tqdm.auto import tqdm
+        """Train until ``max_steps`` updates or the time budget; returns the history.
 
+        Raises :class:`TrainingInterrupted` (after saving to ``last_path``) on Ctrl-C,
+        SIGTERM or ``stop_after``; a second Ctrl-C interrupts at once."""
         cfg = self.config
-        bar = tqdm(total=cfg.max_steps, initial=self.step, desc=cfg.desc,
-                   disable=not (cfg.progress and self.parallel.is_main), dynamic_ncols=True)
-        smoothed, started_fit = None, time.perf_counter()
-        while self.step < cfg.max_steps:
-            if cfg.max_seconds is not None and self.parallel.from_main(
-                    time.perf_counter() - started_fit > cfg.max_seconds):  # rank 0 decides
-                if self.parallel.is_main:
-                    bar.write(f"time budget of {cfg.max_seconds:.0f} s reached at step {self.step}")
-                if cfg.eval_every and (not self.history.evals
-                                       or self.history.evals[-1]["step"] != self.step):
-                    self.evaluate(bar)
-                break
-            started = time.perf_counter()
-            loss = self.train_step()
-            elapsed = time.perf_counter() - started
-            smoothed = loss if smoothed is None else 0.9 * smoothed + 0.1 * loss
-            self.history.steps.append(self.step)
-            self.history.losses.append(loss)
-            self.history.lrs.append(self.optimizer.lr)
-            bar.update(1)
-            bar.set_postfix(loss=f"{smoothed:.4f}", lr=f"{self.optimizer.lr:.2e}",
-                            items_per_s=f"{self._items / elapsed:,.0f}")
-            if cfg.eval_every and (self.step % cfg.eval_every == 0 or self.step == cfg.max_steps):
-                self.evaluate(bar)
-        bar.close()
+        self._progress = _Progress(cfg.max_steps, self.updates, cfg.desc,
+                                   cfg.progress and self.parallel.is_main)
+        seconds_before, started = self.train_seconds, time.perf_counter()
+        self.finished = False
+        try:
+            with _stop_requests() as requests:
+                while not self.finished:
+                    self.train_seconds = seconds_before + time.perf_counter() - started
+                    if self.updates >= cfg.max_steps:
+                        self.finished = True
+                    elif cfg.max_seconds is not None and self.parallel.from_main(
+                            self.train_seconds > cfg.max_seconds):  # rank 0 decides for all
+                        self._log(f"time budget of {cfg.max_seconds:.0f} s reached at "
+                                  f"update {self.updates}")
+                        if cfg.eval_every and not self._evaluated_at_this_update():
+                            self.evaluate()
+                        self.finished = True
+                    else:
+                        self._train_one_update(cfg)
+                        reason = self.parallel.from_main(  # every rank stops at the same update
+                            requests[0] if requests else self._stop_after_reached())
+                        if reason:
+                            self.save_last()
+                            raise TrainingInterrupted(self.updates, reason,
+                                                      Path(cfg.last_path) if cfg.last_path
+                                                      else None)
+        finally:
+            self._progress.close()
+        self.save_last()
         if cfg.checkpoint_path and not cfg.select_metric:
             self.save(cfg.checkpoint_path)
         return self.history
 
-    def evaluate(self, bar=None) -> dict:
+    def _train_one_update(self, cfg: TrainConfig) -> None:
+        started = time.perf_counter()
+        loss = self.update()
+        elapsed = time.perf_counter() - started
+        self.history.updates.append(self.updates)
+        self.history.losses.append(loss)
+        self.history.lrs.append(self.optimizer.lr)
+        self._progress.update(self.updates, loss, self.optimizer.lr, self._items / elapsed)
+        if cfg.eval_every and (self.updates % cfg.eval_every == 0
+                               or self.updates == cfg.max_steps):
+            self.evaluate()
+            if self.updates < cfg.max_steps:
+                self.save_last()
+
+    def _stop_after_reached(self) -> str | None:
+        stop = self.config.stop_after
+        if stop is not None and self.updates >= stop and self.updates < self.config.max_steps:
+            return f"stop_after={stop}"
+        return None
+
+    def _evaluated_at_this_update(self) -> bool:
+        return bool(self.history.evals) and self.history.evals[-1]["update"] == self.updates
+
+    def _log(self, line: str) -> None:
+        if self.parallel.is_main:  # MPI: rank 0 speaks for all
+            self._progress.write(line)
+
+    def evaluate(self) -> dict:
+        """Run ``eval_fn``, record its metrics, and save the model if it is the best yet."""
         if self.eval_fn is None:
             return {}
-        metrics = dict(self.eval_fn(self.model), step=self.step)
+        metrics = dict(self.eval_fn(self.model), update=self.updates)
         self.history.evals.append(metrics)
-        if bar is not None and self.parallel.is_main:
-            bar.write("step {step}: ".format(**metrics) + ", ".join(
-                f"{k} {v:.4f}" for k, v in metrics.items() if k != "step"))
+        self._log("update {update}: ".format(**metrics) + ", ".join(
+            f"{k} {v:.4f}" for k, v in metrics.items() if k != "update"))
         cfg = self.config
         if cfg.select_metric and cfg.checkpoint_path:
             value = metrics[cfg.select_metric]
@@ -164,14 +271,38 @@ class Trainer:
         return metrics
 
     # ----------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict:
+        """What a resumed run needs besides the model, the optimizer and the random
+        streams (JSON-able)."""
+        batches = getattr(self.next_batch, "state_dict", None)
+        return {"history": asdict(self.history), "best": self.best,
+                "train_seconds": self.train_seconds, "finished": self.finished,
+                "batches": batches() if batches else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`.  ``finished`` is not restored: :meth:`fit` decides
+        again from the counters (so a run may also be resumed with more updates)."""
+        self.history = History(**state["history"])
+        self.best, self.train_seconds = state["best"], state["train_seconds"]
+        if state["batches"] is not None:
+            self.next_batch.load_state_dict(state["batches"])
+
     def save(self, path, extra: dict | None = None) -> Path:
-        if not self.parallel.is_main:  # MPI: rank 0 writes, the others hold the same state
+        """The model, the optimizer, the random streams and :meth:`state_dict`: a run
+        that :meth:`resume` continues exactly.  Under MPI only rank 0 writes (every rank
+        holds the same state)."""
+        if not self.parallel.is_main:
             return Path(path)
         rng_state = {"backend": backend.get_rng_state(),
                      "data": self.data_rng.bit_generator.state}
-        return save_checkpoint(path, self.model, self.optimizer, step=self.step,
-                               extra={**self.checkpoint_extra, **(extra or {})},
+        return save_checkpoint(path, self.model, self.optimizer, step=self.updates,
+                               extra={**self.checkpoint_extra, **(extra or {}),
+                                      "trainer": self.state_dict()},
                                rng_state=rng_state)
+
+    def save_last(self) -> Path | None:
+        """Save the run to ``config.last_path`` (if set)."""
+        return self.save(self.config.last_path) if self.config.last_path else None
 
     def resume(self, path) -> None:
         """Continue exactly where a checkpoint saved by :meth:`save` left off."""
@@ -180,3 +311,64 @@ class Trainer:
         if checkpoint.rng_state:
             backend.set_rng_state(checkpoint.rng_state.get("backend"))
             self.data_rng.bit_generator.state = checkpoint.rng_state["data"]
+        if "trainer" in checkpoint.extra:
+            self.load_state_dict(checkpoint.extra["trainer"])
+
+
+# --------------------------------------------------------------------------- around the loop
+@contextmanager
+def _stop_requests():
+    """While training, SIGINT (Ctrl-C) and SIGTERM ask the loop to stop after the current
+    update (the yielded list receives the signal's name); a second one interrupts at once.
+    Outside the main thread signals cannot be caught: nothing changes there."""
+    requests: list[str] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield requests
+        return
+
+    def request_stop(signum, frame):
+        if requests:
+            raise KeyboardInterrupt
+        requests.append(signal.Signals(signum).name)
+
+    previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield requests
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+class _Progress:
+    """A tqdm bar when stderr is a terminal; elsewhere (logs, CI) one plain line every
+    tenth of the run.  Log lines go through :meth:`write`, so they never cut a bar."""
+
+    def __init__(self, total: int | None, done: int, desc: str, enabled: bool):
+        self.total, self.desc, self.bar, self.every = total, desc, None, None
+        if enabled and sys.stderr.isatty():
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, initial=done, desc=desc, dynamic_ncols=True)
+        elif enabled:
+            self.every = max(1, (total or 1) // 10)
+        self.smoothed = None
+
+    def update(self, updates: int, loss: float, lr: float, items_per_s: float) -> None:
+        self.smoothed = loss if self.smoothed is None else 0.9 * self.smoothed + 0.1 * loss
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(loss=f"{self.smoothed:.4f}", lr=f"{lr:.2e}",
+                                 items_per_s=f"{items_per_s:,.0f}")
+        elif self.every and updates % self.every == 0:
+            print(f"{self.desc}: update {updates}/{self.total}, loss {self.smoothed:.4f}, "
+                  f"lr {lr:.2e}, {items_per_s:,.0f} items/s", flush=True)
+
+    def write(self, line: str) -> None:
+        if self.bar is not None:
+            self.bar.write(line)
+        else:
+            print(line, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -105,7 +105,7 @@ def sharding(ctx, out: Path) -> None:
         computed.append(i)
         return i * i
 
-    results = ctx.shard_map(square, range(11), workers=2)
+    results = ctx.shard_map(square, range(11), replicas=2)
     everyone = ctx.allgather(sorted(computed))  # which items each rank computed
     if ctx.is_main:
         save_npz(out / "shard_map.npz", results=np.array(results),

@@ -81,7 +81,7 @@ def train(kind: str, steps: int, replicas: int = 1, dropout: float = 0.0, grad_a
         return tuple(a[rows] for a in pool)
 
     trainer = Trainer(model, optimizer, task, next_batch,
-                      TrainConfig(max_steps=steps, data_parallel=replicas, grad_accum=grad_accum,
+                      TrainConfig(max_steps=steps, replicas=replicas, grad_accum=grad_accum,
                                   clip_norm=clip_norm, progress=False, **config))
     if resume_from:
         trainer.resume(resume_from)

@@ -202,9 +202,9 @@ def test_resume_is_exact(tmp_path):
         model, opt = _resume_setup(123)  # other initial weights, other RNG position
         trainer = _trainer(model, opt, N + M)
         trainer.resume(path)
-        assert trainer.step == N
+        assert trainer.updates == N
         trainer.fit()
-        assert trainer.step == N + M
+        assert trainer.updates == N + M
         assert_same_weights(weights(model), straight)
         for k, v in opt.state_dict().items():
             if "." in k:
@@ -343,17 +343,23 @@ class _NanGrad(LanguageModeling):
         return loss
 
 
-@pytest.mark.parametrize("task", [_NanLoss(), _NanGrad()])
-def test_nan_stops_training_without_update_or_checkpoint(tmp_path, task):
+@pytest.mark.parametrize("clip_norm", [None, 1.0])
+@pytest.mark.parametrize("task, named", [(_NanLoss(), "loss nan"),
+                                         (_NanGrad(), "embed.tokens.weight")])
+def test_nan_stops_training_without_update_or_checkpoint(tmp_path, task, named, clip_norm):
+    """A NaN loss, or a NaN gradient (with or without clipping, which refuses to clip it),
+    stops training as TrainingDiverged naming what went wrong: the loss, or the parameter."""
     path = tmp_path / "never.npz"
     with using_backend("numpy", "float64"):
         model = lm()
         before = weights(model)
         opt = optim.Adam(model.parameters(), lr=1e-3)
         trainer = Trainer(model, opt, task, lm_batch,
-                          TrainConfig(max_steps=3, checkpoint_path=path, progress=False))
-        with pytest.raises(TrainingDiverged, match="step 1"):
+                          TrainConfig(max_steps=3, checkpoint_path=path, progress=False,
+                                      clip_norm=clip_norm))
+        with pytest.raises(TrainingDiverged, match="update 1") as caught:
             trainer.fit()
+        assert named in str(caught.value)
         assert_same_weights(weights(model), before)
         assert opt.step_count == 0
         assert not path.exists()
@@ -368,11 +374,11 @@ def test_huge_learning_rate_diverges_cleanly(tmp_path):
         trainer = Trainer(model, opt, Classification(), classifier_batch,
                           TrainConfig(max_steps=10, checkpoint_path=path, progress=False))
         with np.errstate(all="ignore"):
-            trainer.train_step()  # one finite update with an absurd step size
+            trainer.update()  # one finite update with an absurd step size
             after_first = weights(model)
             with pytest.raises(TrainingDiverged, match="learning rate"):
                 trainer.fit()
-        assert trainer.step == 1
+        assert trainer.updates == 1
         assert_same_weights(weights(model), after_first)
         assert not path.exists()
 
@@ -393,7 +399,7 @@ def test_grad_accumulation_equals_one_big_batch(kind):
             trainer = Trainer(model, optim.SGD(model.parameters(), lr=0.5, momentum=0.9),
                               task, lambda _rng: next(feed),
                               TrainConfig(max_steps=1, grad_accum=accum, progress=False))
-            loss = trainer.train_step()
+            loss = trainer.update()
             return loss, weights(model)
 
     loss_accum, w_accum = run([b1, b2], 2)

@@ -1,13 +1,23 @@
-"""Every demo's --smoke mode runs the whole real pipeline (data -> train -> evaluate ->
-checkpoint -> plots), and the demos' error paths give one clear message.
+"""The three demos, run as a user runs them.
+
+* every demo's --smoke runs the whole real pipeline (data -> train -> evaluate ->
+  checkpoint -> plots) in both engines, with readable output in a pipe;
+* an interrupted smoke run resumed with --resume ends with exactly the metrics and
+  weights of an uninterrupted one;
+* every invalid option value is refused by the parser naming the option (status 2,
+  no traceback), options given with --smoke win over the preset, and the errors a
+  user can cause at run time are one ``error:`` line.
 
 Data: ../shared/data when present (the real datasets), otherwise small synthetic
 archives in the canonical layouts, built here.
 """
 from __future__ import annotations
 
+import functools
+import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from npformer.checkpoint import load_checkpoint
 from tests.conftest import SHARED_DATA
 from tests.test_data import make_fra_zip, make_imdb_tar
 
@@ -64,39 +75,230 @@ def run_demo(script: str, *args: str, env_extra: dict | None = None) -> subproce
                           text=True, env=env, cwd=ROOT, timeout=600)
 
 
-@pytest.mark.parametrize("script, outputs, metric", [
-    ("imdb.py", ["model.npz", "curves.png", "attention.png"], "test_accuracy"),
-    ("translate.py", ["model.npz", "curves.png", "cross_attention.png"], "bleu_greedy"),
-    ("generate.py", ["model.npz", "curves.png", "sample.txt"], "val_loss"),
-])
-def test_demo_smoke_runs_end_to_end(script, outputs, metric, data_dir, tmp_path):
-    result = run_demo(script, "--smoke", "--no-progress", "--data", str(data_dir),
-                      "--out", str(tmp_path))
+@functools.lru_cache(maxsize=None)
+def load_demo(script: str):
+    """The demo script as a module (its main and build_parser, without running it)."""
+    name = f"npformer_demo_{Path(script).stem}"
+    spec = importlib.util.spec_from_file_location(name, DEMOS / script)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+SCRIPTS = ["imdb.py", "translate.py", "generate.py"]
+OUTPUTS = {"imdb.py": ["model.npz", "curves.png", "attention.png"],
+           "translate.py": ["model.npz", "curves.png", "cross_attention.png"],
+           "generate.py": ["model.npz", "curves.png", "sample.txt"]}
+METRIC = {"imdb.py": "test_accuracy", "translate.py": "bleu_greedy", "generate.py": "val_loss"}
+# Two replicas whatever the machine: the runs below must repeat exactly.
+SMOKE = ("--smoke", "--replicas", "2")
+# Mid-epoch and between evaluations (smoke: imdb 16 updates, 8 a half-epoch; translate
+# 30, evaluating every 7, ~90 a epoch; generate 20, evaluating every 10).
+STOP_AFTER = {"imdb.py": 5, "translate.py": 10, "generate.py": 7}
+
+
+def smoke_run(script: str, out: Path, data: Path, *extra: str) -> subprocess.CompletedProcess:
+    result = run_demo(script, *SMOKE, "--data", str(data), "--out", str(out), *extra)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    for name in outputs + ["metrics.json"]:
-        assert (tmp_path / name).is_file(), f"{script} did not write {name}"
-    metrics = json.loads((tmp_path / "metrics.json").read_text())
-    assert np.isfinite(metrics[metric])
+    return result
 
 
-def test_imdb_predict_uses_the_saved_checkpoint_and_rejects_empty_text(data_dir, tmp_path):
-    assert run_demo("imdb.py", "--smoke", "--no-progress", "--data", str(data_dir),
-                    "--out", str(tmp_path)).returncode == 0
-    ok = run_demo("imdb.py", "--out", str(tmp_path), "--predict", "A wonderful, moving film.")
+@pytest.fixture(scope="module")
+def fast_smoke_runs(data_dir, tmp_path_factory) -> dict:
+    """One uninterrupted smoke run per demo in the default engine (progress on, stdout a
+    pipe): {script: (output folder, completed process)}."""
+    runs = {}
+    for script in SCRIPTS:
+        out = tmp_path_factory.mktemp(Path(script).stem)
+        runs[script] = out, smoke_run(script, out, data_dir)
+    return runs
+
+
+def check_smoke_outputs(script: str, out: Path, result, engine: str) -> None:
+    for name in OUTPUTS[script] + ["metrics.json", "last.npz"]:
+        assert (out / name).is_file(), f"{script} did not write {name}"
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert np.isfinite(metrics[METRIC[script]])
+    assert metrics["engine"] == engine
+    # Not a terminal: no bar redrawn with carriage returns, whole progress lines only.
+    assert "\r" not in result.stdout + result.stderr
+    assert re.search(r"^\S+: update \d+/\d+, loss ", result.stdout, re.MULTILINE)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_demo_smoke_runs_end_to_end_fast_engine(script, fast_smoke_runs):
+    out, result = fast_smoke_runs[script]
+    check_smoke_outputs(script, out, result, "fast")
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_demo_smoke_runs_end_to_end_textbook_engine(script, data_dir, tmp_path):
+    result = smoke_run(script, tmp_path, data_dir, "--engine", "textbook")
+    check_smoke_outputs(script, tmp_path, result, "textbook")
+
+
+# =========================================================================== --resume
+def same_results(script: str, straight: Path, resumed: Path) -> None:
+    """Every metric but the timings, and every weight of both checkpoints, exactly."""
+    timing = ("minutes", "seconds", "ms_per")
+    a, b = (json.loads((out / "metrics.json").read_text()) for out in (straight, resumed))
+    assert {k: v for k, v in a.items() if not any(t in k for t in timing)} == \
+        {k: v for k, v in b.items() if not any(t in k for t in timing)}
+    for name in ("model.npz", "last.npz"):
+        with np.load(straight / name) as x, np.load(resumed / name) as y:
+            assert x.files == y.files
+            for key in x.files:
+                if key != "meta":
+                    np.testing.assert_array_equal(x[key], y[key], err_msg=f"{name}: {key}")
+    if script == "generate.py":
+        assert (straight / "sample.txt").read_text() == (resumed / "sample.txt").read_text()
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_interrupted_run_resumes_to_the_same_figures(script, fast_smoke_runs, data_dir,
+                                                     tmp_path):
+    stopped = run_demo(script, *SMOKE, "--no-progress", "--data", str(data_dir),
+                       "--out", str(tmp_path), "--stop-after", str(STOP_AFTER[script]))
+    assert stopped.returncode == 130, stopped.stderr[-3000:]
+    assert f"after update {STOP_AFTER[script]}" in stopped.stderr
+    assert "--resume" in stopped.stderr and "Traceback" not in stopped.stderr
+    assert not (tmp_path / "metrics.json").exists()
+    # A new run into the folder would lose the interrupted one: refused.
+    fresh = run_demo(script, *SMOKE, "--data", str(data_dir), "--out", str(tmp_path))
+    assert fresh.returncode == 2 and "--resume" in fresh.stderr
+    # The saved settings come back: --resume alone is enough.
+    resumed = run_demo(script, "--resume", "--no-progress", "--data", str(data_dir),
+                       "--out", str(tmp_path))
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    same_results(script, fast_smoke_runs[script][0], tmp_path)
+
+
+def test_resume_refuses_other_settings_naming_the_option(fast_smoke_runs):
+    out = fast_smoke_runs["generate.py"][0]
+    for args, option in [(["--heads", "4"], "--heads"), (["--seed", "3"], "--seed"),
+                         (["--preset", "default"], "--preset")]:
+        result = run_demo("generate.py", "--resume", "--out", str(out), *args)
+        assert result.returncode == 2 and option in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
+
+
+def test_resume_without_a_saved_run_is_one_clear_error(tmp_path):
+    result = run_demo("imdb.py", "--resume", "--out", str(tmp_path))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.startswith("error: no checkpoint at") and "last.npz" in result.stderr
+
+
+# =========================================================================== using a checkpoint
+def test_imdb_predict_uses_the_saved_checkpoint_and_rejects_empty_text(fast_smoke_runs):
+    out = fast_smoke_runs["imdb.py"][0]
+    ok = run_demo("imdb.py", "--out", str(out), "--predict", "A wonderful, moving film.")
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.split()[0] in ("positive", "negative")
-    empty = run_demo("imdb.py", "--out", str(tmp_path), "--predict", "  ")
+    empty = run_demo("imdb.py", "--out", str(out), "--predict", "  ")
     assert empty.returncode == 2 and "empty" in empty.stderr
 
 
-def test_checkpoint_from_another_demo_is_refused(data_dir, tmp_path):
-    assert run_demo("generate.py", "--smoke", "--no-progress", "--data", str(data_dir),
-                    "--out", str(tmp_path)).returncode == 0
-    wrong = run_demo("imdb.py", "--out", str(tmp_path), "--predict", "good film")
+def test_checkpoint_from_another_demo_is_refused(fast_smoke_runs, data_dir):
+    out = fast_smoke_runs["generate.py"][0]
+    wrong = run_demo("imdb.py", "--out", str(out), "--predict", "good film")
     assert wrong.returncode == 2
     assert "not saved by the IMDB demo" in wrong.stderr
-    wrong = run_demo("translate.py", "--out", str(tmp_path), "--translate", "go .")
+    wrong = run_demo("translate.py", "--out", str(out), "--translate", "go .")
     assert wrong.returncode == 2 and "translation demo" in wrong.stderr
+    # ... and a new run never overwrites another demo's checkpoint
+    wrong = run_demo("imdb.py", *SMOKE, "--data", str(data_dir), "--out", str(out))
+    assert wrong.returncode == 2 and "not saved by the IMDB demo" in wrong.stderr
+    assert "--out" in wrong.stderr
+
+
+# =========================================================================== the command line
+def test_smoke_keeps_the_options_the_user_gave(data_dir, tmp_path):
+    """`--smoke --heads 4 --width 16` trains a width-16, 4-head model (the options win)."""
+    smoke_run("generate.py", tmp_path, data_dir, "--heads", "4", "--width", "16",
+              "--iters", "2", "--no-progress")
+    config = load_checkpoint(tmp_path / "model.npz").config
+    assert (config["num_heads"], config["d_model"]) == (4, 16)
+    assert json.loads((tmp_path / "metrics.json").read_text())["updates"] == 2
+
+
+COMMON_BAD = [("--replicas", "0"), ("--replicas", "-2"), ("--seed", "-1"),
+              ("--stop-after", "0"), ("--dropout", "1"), ("--dropout", "-0.1"),
+              ("--dropout", "nan"), ("--lr", "0"), ("--lr", "-1e-3"), ("--lr", "inf"),
+              ("--batch-size", "0"), ("--heads", "0"), ("--layers", "-1"),
+              ("--backend", "tpu"), ("--engine", "slow"), ("--dtype", "float16"),
+              ("--preset", "huge"), ("--seed", "x")]
+DEMO_BAD = {
+    "imdb.py": [("--epochs", "0"), ("--epochs", "-1"), ("--max-minutes", "0"),
+                ("--max-minutes", "-5"), ("--d-model", "0"), ("--max-len", "0"),
+                ("--head-tokens", "-1"), ("--vocab-size", "0"), ("--weight-decay", "-1"),
+                ("--warmup", "0"), ("--pooling", "sum"), ("--validation", "0"),
+                ("--train-reviews", "0"), ("--test-reviews", "-3")],
+    "translate.py": [("--steps", "0"), ("--max-minutes", "0"), ("--max-minutes", "-1"),
+                     ("--beam-size", "0"), ("--max-tokens", "0"), ("--heldout", "0"),
+                     ("--max-pairs", "0"), ("--warmup", "-5"), ("--d-ff", "0")],
+    "generate.py": [("--iters", "0"), ("--block", "0"), ("--length", "-1"),
+                    ("--eval-every", "0"), ("--eval-batches", "0"), ("--temperature", "0"),
+                    ("--temperature", "-1"), ("--top-k", "0"), ("--width", "0")],
+}
+BAD_VALUES = [(script, option, value) for script in SCRIPTS
+              for option, value in COMMON_BAD + DEMO_BAD[script]]
+# Values each valid alone, refused together (the error names both options).
+BAD_COMBINATIONS = [
+    ("imdb.py", ["--smoke", "--preset", "large"], ["--smoke", "--preset"]),
+    ("imdb.py", ["--d-model", "30", "--heads", "4"], ["--d-model", "--heads"]),
+    ("imdb.py", ["--max-len", "50", "--head-tokens", "60"], ["--max-len", "--head-tokens"]),
+    ("translate.py", ["--smoke", "--d-model", "31"], ["--d-model", "--heads"]),
+    ("generate.py", ["--smoke", "--heads", "3", "--width", "16"], ["--width", "--heads"]),
+    ("generate.py", ["--sample-only", "--resume"], ["--resume", "--sample-only"]),
+]
+
+
+def parse_error(script: str, argv: list[str], capsys) -> str:
+    """Run the demo's main(argv) in this process; it must exit with status 2 before it
+    touches any data; returns its stderr."""
+    with pytest.raises(SystemExit) as exit_info:
+        load_demo(script).main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err
+
+
+@pytest.mark.parametrize("script, option, value", BAD_VALUES)
+def test_invalid_option_value_is_refused_naming_the_option(script, option, value, capsys,
+                                                           tmp_path):
+    err = parse_error(script, [f"{option}={value}", "--out", str(tmp_path)], capsys)
+    assert f"argument {option}: " in err and repr(value) in err, err
+
+
+@pytest.mark.parametrize("script, argv, options", BAD_COMBINATIONS)
+def test_invalid_combination_is_refused_naming_the_options(script, argv, options, capsys,
+                                                           tmp_path):
+    err = parse_error(script, argv + ["--out", str(tmp_path)], capsys)
+    for option in options:
+        assert option in err, err
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_option_has_a_help_text(script):
+    parser = load_demo(script).build_parser()
+    for action in parser._actions:
+        assert action.help and action.help.strip(), f"{action.option_strings} has no help"
+    result = run_demo(script, "--help")
+    assert result.returncode == 0
+    for option in ("--seed", "--backend", "--dtype", "--engine", "--replicas", "--smoke",
+                   "--preset", "--resume", "--data"):
+        assert option in result.stdout
+
+
+# =========================================================================== run-time errors
+def one_error_line(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr
+    first = result.stderr.splitlines()[0]
+    assert first.startswith("error: "), result.stderr
+    return result.stderr
 
 
 def test_missing_data_without_network_gives_one_clear_message(tmp_path):
@@ -106,9 +308,21 @@ def test_missing_data_without_network_gives_one_clear_message(tmp_path):
            "HTTP_PROXY": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9"}
     result = run_demo("generate.py", "--smoke", "--out", str(tmp_path), env_extra=env)
     assert result.returncode == 2
-    assert "Traceback" not in result.stderr
-    assert "input.txt" in result.stderr and "https://" in result.stderr
-    assert "NPFORMER_DATA" in result.stderr
+    err = one_error_line(result)
+    assert "input.txt" in err and "https://" in err
+    assert "NPFORMER_DATA" in err
+
+
+def test_explicit_data_folder_without_the_file_is_a_clear_error(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    env = {"NPFORMER_DATA": "", "XDG_CACHE_HOME": str(tmp_path / "cache"),
+           "http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9",
+           "HTTP_PROXY": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9"}
+    result = run_demo("imdb.py", "--smoke", "--data", str(empty), "--out",
+                      str(tmp_path / "out"), env_extra=env)
+    err = one_error_line(result)
+    assert str(empty) in err and "aclImdb_v1.tar.gz" in err
 
 
 def test_corrupt_archive_gives_a_clear_error(tmp_path):
@@ -116,12 +330,41 @@ def test_corrupt_archive_gives_a_clear_error(tmp_path):
     archive.write_bytes(b"\x1f\x8b\x08 definitely not a tarball")
     result = run_demo("imdb.py", "--smoke", "--data", str(archive), "--out", str(tmp_path))
     assert result.returncode == 2
-    assert "Traceback" not in result.stderr and "aclImdb_v1.tar.gz" in result.stderr
+    assert "aclImdb_v1.tar.gz" in one_error_line(result)
 
 
-@pytest.mark.parametrize("script", ["imdb.py", "translate.py", "generate.py"])
-def test_demo_help(script):
-    result = run_demo(script, "--help")
-    assert result.returncode == 0
-    for option in ("--seed", "--backend", "--dtype", "--smoke", "--data"):
-        assert option in result.stdout
+def _cupy_works() -> bool:
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+@pytest.mark.parametrize("script, args, env, words", [
+    ("imdb.py", ["--out", "{tmp}", "--predict", "good"], {}, ["no checkpoint", "model.npz"]),
+    ("translate.py", ["--out", "{tmp}", "--translate", "go ."], {}, ["no checkpoint"]),
+    ("generate.py", ["--out", "{tmp}", "--sample-only"], {}, ["no checkpoint"]),
+    ("generate.py", ["--smoke", "--out", "{tmp}"], {"NPFORMER_BACKEND": "gpu"},
+     ["unknown backend", "gpu"]),
+    ("imdb.py", ["--smoke", "--out", "{tmp}"], {"NPFORMER_ENGINE": "slow"},
+     ["NPFORMER_ENGINE", "slow"]),
+    ("generate.py", ["--smoke", "--block", "100000000", "--data", "{data}", "--out", "{tmp}"],
+     {}, ["too short", "--block"]),
+    ("translate.py", ["--smoke", "--heldout", "100000000", "--data", "{data}", "--out",
+                      "{tmp}"], {}, ["--heldout"]),
+    ("imdb.py", ["--smoke", "--validation", "100000000", "--data", "{data}", "--out",
+                 "{tmp}"], {}, ["--validation"]),
+])
+def test_user_errors_are_one_line(script, args, env, words, data_dir, tmp_path):
+    args = [a.format(tmp=tmp_path, data=data_dir) for a in args]
+    err = one_error_line(run_demo(script, *args, env_extra=env))
+    for word in words:
+        assert word in err, err
+
+
+@pytest.mark.skipif(_cupy_works(), reason="a GPU is there: --backend cupy works")
+def test_no_gpu_for_cupy_is_one_line(tmp_path):
+    err = one_error_line(run_demo("generate.py", "--smoke", "--backend", "cupy",
+                                  "--out", str(tmp_path)))
+    assert "cupy" in err.lower()

@@ -186,6 +186,9 @@ def fetch(url: str, destination: Path, checksums: Iterable[str] = ()) -> Path:
     kinds = {_digest_kind(c) for c in accepted}
     destination.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=destination.parent, prefix=f".{destination.name}."))
+    logger = pooch.get_logger()  # its "Downloading data from ..." line would come before
+    quiet_from = logger.level  # an error message; the progress bar says as much
+    logger.setLevel("WARNING")
     try:
         fetched = Path(pooch.retrieve(url, known_hash=None, fname=destination.name,
                                       path=staging, downloader=_downloader(url)))
@@ -199,6 +202,7 @@ def fetch(url: str, destination: Path, checksums: Iterable[str] = ()) -> Path:
             )
         os.replace(fetched, destination)
     finally:
+        logger.setLevel(quiet_from)
         shutil.rmtree(staging, ignore_errors=True)
     return destination
 
