@@ -34,11 +34,18 @@ import numpy as np
 import pytest
 
 from npformer import backend, nn
-from npformer.ops.attention import causal_mask, padding_mask
+from npformer.ops import causal_mask, padding_mask
 from npformer.torch_interop import load_torch_state_dict, to_torch_state_dict
 
 from .conftest import using_backend
-from .helpers import PARITY_RTOL, assert_close
+from .helpers import PARITY_RTOL, assert_close, using_engine
+
+
+@pytest.fixture(autouse=True, params=["fast", "textbook"])
+def each_tier(request):
+    """Every test of this file runs in both tiers (npformer.engine), then restores it."""
+    with using_engine(request.param):
+        yield request.param
 
 B, T, S, D, H, F, V = 2, 5, 4, 8, 2, 12, 7
 TGT_LENS = [T, 1]  # second element: a single valid position (length 1)
