@@ -126,8 +126,9 @@ def run_both(torch, torch_module, torch_call, layer, npf_call, inputs, dtype, se
     out = npf_call(*[backend.asarray(a) for a in inputs])
     assert backend.to_numpy(out).dtype == np.dtype(dtype)
     assert_close(out, t_out.detach().numpy(), PARITY_RTOL[dtype], "output")
-    grads = layer.backward(backend.asarray(upstream))
-    grads = grads if isinstance(grads, tuple) else (grads,)
+    grads = layer.backward(backend.asarray(upstream))  # the layer contract (nn/module.py):
+    grads = (() if grads is None  # None: no float inputs (ids)
+             else grads if isinstance(grads, tuple) else (grads,))  # one array, or a tuple
     assert len(grads) == len(float_idx)
     for i, g in zip(float_idx, grads):
         assert_close(g, t_inputs[i].grad.numpy(), PARITY_RTOL[dtype], f"grad of input {i}")
