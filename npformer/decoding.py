@@ -37,13 +37,13 @@ def greedy_decode(model, src, src_lens=None, max_len: int = 50) -> list[list[int
     c = model.config
     with evaluating(model):
         memory, memory_mask = model.encode(src, src_lens)
-        states = model.start_state()
+        states = model.new_cache()
         batch = src.shape[0]
         tokens = np.full((batch, 1), c.bos_id, dtype=np.int64)
         outputs = np.zeros((batch, 0), dtype=np.int64)
         done = np.zeros(batch, dtype=bool)
         for position in range(min(max_len, c.max_len)):
-            logits = model.decode_step(backend.asarray(tokens), memory, memory_mask, states, position)
+            logits = model.forward_cached(backend.asarray(tokens), memory, memory_mask, states)
             next_ids = np.argmax(_last_log_probs(logits), axis=-1)  # (B,)
             next_ids = np.where(done, c.eos_id, next_ids)
             outputs = np.concatenate([outputs, next_ids[:, None]], axis=1)
@@ -65,15 +65,9 @@ class _Beam:
     score: float  # total log-probability
 
 
-def _reorder_states(states: list[dict], index):
+def _reorder_states(states, index):
     """Select rows ``index`` (beam origins) of every cached key/value tensor."""
-    xp = None
-    for state in states:
-        for part in state.values():  # "self" and "cross" caches of a decoder block
-            for key in ("k", "v"):
-                if key in part:
-                    xp = xp or backend.namespace_of(part[key])
-                    part[key] = xp.take(part[key], index, axis=0)
+    states.select(index)
 
 
 def beam_search(model, src, src_lens=None, beam_size: int = 4, max_len: int = 50,
@@ -95,15 +89,15 @@ def _beam_search_one(model, src, src_lens, k: int, max_len: int, alpha: float) -
     c = model.config
     with evaluating(model):
         memory, memory_mask = model.encode(src, src_lens)  # (1, S, D)
-        states = model.start_state()
+        states = model.new_cache()
         beams = [_Beam([], 0.0)]
         finished: list[tuple[float, list[int]]] = []
         xp = backend.namespace_of(memory)
         for position in range(min(max_len, c.max_len)):
             rows = backend.asarray(np.zeros(len(beams), dtype=np.int64))
             last = np.array([[b.tokens[-1] if b.tokens else c.bos_id] for b in beams])
-            logits = model.decode_step(backend.asarray(last), xp.take(memory, rows, axis=0),
-                                       memory_mask, states, position)
+            logits = model.forward_cached(backend.asarray(last), xp.take(memory, rows, axis=0),
+                                          memory_mask, states)
             log_p = _last_log_probs(logits)  # (beams, V)
             totals = np.array([b.score for b in beams])[:, None] + log_p  # (beams, V)
             order = np.argsort(-totals, axis=None, kind="stable")[: 2 * k]
@@ -167,12 +161,12 @@ def generate(model, prompt_ids, max_new_tokens: int, temperature: float = 1.0,
     block = model.config.block_size
     ids = [int(t) for t in prompt_ids]
     with evaluating(model):
-        states, offset = model.start_state(), 0
+        states, offset = model.new_cache(), 0
         pending = ids[-block:]
         for _ in range(max_new_tokens):
             if offset + len(pending) > block:  # window full: restart the cache on the tail
-                states, offset, pending = model.start_state(), 0, ids[-block:]
-            logits = model.step(backend.asarray(np.array([pending], dtype=np.int64)), states, offset)
+                states, offset, pending = model.new_cache(), 0, ids[-block:]
+            logits = model.forward_cached(backend.asarray(np.array([pending], dtype=np.int64)), states)
             offset += len(pending)
             log_p = _last_log_probs(logits)[0]  # (V,)
             next_id = int(np.argmax(log_p)) if greedy else _sample(log_p, temperature, top_k, rng)

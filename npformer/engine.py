@@ -8,12 +8,19 @@
   cross-entropy, in-place variants), each tested equal to its textbook op.
 
 Choose with the environment variable ``NPFORMER_ENGINE``, with
-:func:`set_engine`, or with a demo's ``--engine`` option.  Layers and models reach
-the chosen tier through this module only.
+:func:`set_engine`, or with a demo's ``--engine`` option, for a whole run (not
+between a forward and its backward).  Layers and models reach the chosen tier
+through this module only: ``engine.ops().linear_forward(...)`` is the current
+tier's op, and :func:`packs_positions` tells :class:`npformer.nn.Padding`
+whether the position-wise layers run on packed rows (fast) or on the padded
+(B, T, D) arrays (textbook).
 """
 from __future__ import annotations
 
 import os
+
+from . import fast as _fast
+from . import ops as _textbook
 
 ENGINES = ("fast", "textbook")
 
@@ -36,3 +43,13 @@ def set_engine(name: str) -> None:
 
 def engine_name() -> str:
     return _current
+
+
+def ops():
+    """The current tier's ops: :mod:`npformer.fast` or :mod:`npformer.ops` (same names)."""
+    return _fast if _current == "fast" else _textbook
+
+
+def packs_positions() -> bool:
+    """Whether a padded batch's valid positions run as packed rows (the fast tier)."""
+    return _current == "fast"

@@ -18,7 +18,8 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from . import backend, ops
+from . import backend, engine
+from .nn import Padding
 
 
 class Task(ABC):
@@ -41,9 +42,10 @@ def cross_entropy_and_backward(model, logits, targets, grad_scale: float,
     only reference: the (N, V) logits, then the softmax the loss keeps, are freed as
     soon as they are used, before the model's backward pass needs its own memory.
     """
-    loss, cache = ops.cross_entropy_forward(logits, backend.asarray(targets), **loss_kwargs)
-    del logits  # the cache holds softmax(logits), not the logits
-    dlogits = ops.cross_entropy_backward(grad_scale, cache)
+    tier = engine.ops()
+    loss, cache = tier.cross_entropy_forward(logits, backend.asarray(targets), **loss_kwargs)
+    del logits  # the (fast) cache holds softmax(logits), not the logits
+    dlogits = tier.cross_entropy_backward(grad_scale, cache)
     del cache
     model.backward(dlogits)
     return backend.to_float(loss)
@@ -57,7 +59,8 @@ class Classification(Task):
 
     def loss_and_grad(self, model, batch, grad_scale=1.0):
         ids, valid_lens, labels = batch
-        logits = model(backend.asarray(ids), backend.asarray(valid_lens))  # (B, C), small
+        padding = Padding.of(valid_lens, ids.shape[1])  # the batch's padding, described once
+        logits = model(backend.asarray(ids), padding=padding)  # (B, C), small
         return cross_entropy_and_backward(model, logits, labels, grad_scale)
 
 
@@ -75,7 +78,9 @@ class LanguageModeling(Task):
 
 class Translation(Task):
     """batch = (src, src_lens, tgt_in, tgt_out, tgt_lens); padding targets are ignored and
-    the loss averages over the real target tokens."""
+    the loss averages over the real target tokens.  The target padding, built once,
+    says where logits are needed: the model computes them in its layout and the
+    targets are taken in the same layout (fast tier: the valid positions only)."""
 
     def __init__(self, label_smoothing: float = 0.0, pad_id: int = 0):
         self.label_smoothing, self.pad_id = label_smoothing, pad_id
@@ -85,10 +90,10 @@ class Translation(Task):
 
     def loss_and_grad(self, model, batch, grad_scale=1.0):
         src, src_lens, tgt_in, tgt_out, tgt_lens = batch
-        positions = np.flatnonzero(tgt_out != self.pad_id)  # logits only where a loss is taken
-        inputs = (backend.asarray(src), backend.asarray(tgt_in), backend.asarray(src_lens),
-                  backend.asarray(tgt_lens))
-        targets = tgt_out.reshape(-1)[positions]
+        src_padding = Padding.of(src_lens, src.shape[1])
+        tgt_padding = Padding.of(tgt_lens, tgt_in.shape[1])
+        targets = tgt_padding.targets(backend.asarray(tgt_out))  # (N,) or (B, T)
         return cross_entropy_and_backward(
-            model, model(*inputs, positions=backend.asarray(positions)),  # (N, V)
+            model, model(backend.asarray(src), backend.asarray(tgt_in),
+                         src_padding=src_padding, tgt_padding=tgt_padding),
             targets, grad_scale, label_smoothing=self.label_smoothing)

@@ -47,6 +47,16 @@ def xb(request):
         yield request.param
 
 
+@pytest.fixture(params=["fast", "textbook"])
+def tier(request):
+    """The tier under test (npformer.engine): model and layer tests run in both; the
+    previous tier is restored afterwards."""
+    from .helpers import using_engine
+
+    with using_engine(request.param):
+        yield request.param
+
+
 @pytest.fixture
 def host_rng():
     return np.random.default_rng(12345)

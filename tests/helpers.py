@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
+from functools import partial
 
 import numpy as np
 
 from npformer import backend
-from npformer.ops import attention as attention_op
+from npformer import engine, fast, ops
 
 
 def rel_diff(actual, expected) -> float:
@@ -33,18 +34,23 @@ PARITY_RTOL = {"float32": 1e-5, "float64": 1e-10}
 GRADCHECK_TOL = 1e-6
 
 
-# Block sizes for the attention op: the default (one block at test sizes) and 5 scores,
-# which at test sizes gives blocks of single queries, of query ranges and of whole rows,
-# with the keys a block cannot see cut off.
-ATTENTION_BLOCKS = (None, 5)
+# The attention op of each tier: the textbook dense op, the fast blocked op at its default
+# block size (one block at test sizes), and the fast op in blocks of 5 scores, which at
+# test sizes gives blocks of single queries, of query ranges and of whole rows, with the
+# keys a block cannot see cut off.
+ATTENTION_OPS = {
+    "textbook": (ops.attention_forward, ops.attention_backward),
+    "fast": (fast.attention_forward, fast.attention_backward),
+    "fast_blocks5": (partial(fast.attention_forward, block_scores=5), fast.attention_backward),
+}
 
 
 @contextmanager
-def attention_blocks(scores: int | None):
-    """Run the attention op in blocks of about ``scores`` scores (None: its default)."""
-    default = attention_op.BLOCK_SCORES
-    attention_op.BLOCK_SCORES = default if scores is None else scores
+def using_engine(name: str):
+    """Run a block on tier ``name`` ("fast" or "textbook"), then restore the previous one."""
+    previous = engine.engine_name()
+    engine.set_engine(name)
     try:
         yield
     finally:
-        attention_op.BLOCK_SCORES = default
+        engine.set_engine(previous)

@@ -1,7 +1,7 @@
 """Decoding: cached steps, greedy, beam search and sampling, against full forward passes.
 
-* ``Seq2SeqTransformer.decode_step`` (one token at a time, or several) and
-  ``CausalLM.step`` (in chunks) give the logits of a full forward over the
+* ``Seq2SeqTransformer.forward_cached`` (one token at a time, or several) and
+  ``CausalLM.forward_cached`` (in chunks) give the logits of a full forward over the
   whole prefix (float64, 1e-10), with padded sources and both norm placements;
 * ``greedy_decode`` equals a reference greedy loop that recomputes the whole
   prefix with ``model.forward`` at every step (batched, padded sources);
@@ -119,7 +119,7 @@ def hypothesis_score(model, src_row, src_len, hyp, steps, alpha):
 # =========================================================================== cached steps
 @pytest.mark.parametrize("norm_first,positional", [(False, "sinusoidal"), (True, "learned")])
 @pytest.mark.parametrize("chunks", [[1] * 6, [2, 1, 3], [6]])
-def test_decode_step_matches_full_forward(norm_first, positional, chunks):
+def test_forward_cached_matches_full_forward(norm_first, positional, chunks):
     with using_backend("numpy", "float64"):
         rng = np.random.default_rng(1)
         model = random_seq2seq(seed=2, norm_first=norm_first, positional=positional)
@@ -129,46 +129,76 @@ def test_decode_step_matches_full_forward(norm_first, positional, chunks):
         model.eval()
         with no_grad():
             memory, memory_mask = model.encode(dev(src), dev(src_lens))
-            states, offset, pieces = model.start_state(), 0, []
+            cache, offset, pieces = model.new_cache(), 0, []
             for n in chunks:
-                logits = model.decode_step(dev(tgt[:, offset:offset + n]), memory, memory_mask,
-                                           states, offset)
+                logits = model.forward_cached(dev(tgt[:, offset:offset + n]), memory,
+                                              memory_mask, cache)
                 pieces.append(backend.to_numpy(logits))
                 offset += n
         cached = np.concatenate(pieces, axis=1)
         assert cached.shape == expected.shape
         assert rel_diff(cached, expected) <= CACHE_RTOL
         # the caches hold exactly the decoded positions
-        assert all(tuple(s["self"]["k"].shape)[2] == 6 for s in states)
+        assert cache.length == 6
+        assert all(tuple(b.self_attn.keys.shape)[2] == 6 for b in cache.blocks)
+        assert all(tuple(b.cross_attn.keys.shape)[2] == src.shape[1] for b in cache.blocks)
 
 
 @pytest.mark.parametrize("tie,norm_first,positional", [(True, True, "learned"),
                                                        (False, False, "sinusoidal")])
 @pytest.mark.parametrize("chunks", [[1] * 6, [3, 1, 2], [6]])
-def test_lm_step_in_chunks_matches_full_forward(tie, norm_first, positional, chunks):
+def test_lm_forward_cached_in_chunks_matches_full_forward(tie, norm_first, positional, chunks):
     with using_backend("numpy", "float64"):
         model = random_lm(seed=3, tie=tie, norm_first=norm_first, positional=positional)
         ids = np.random.default_rng(4).integers(0, 11, size=(2, 6))
         model.eval()
         with no_grad():
             expected = backend.to_numpy(model(dev(ids)))
-            states, offset, pieces = model.start_state(), 0, []
+            cache, offset, pieces = model.new_cache(), 0, []
             for n in chunks:
-                pieces.append(backend.to_numpy(model.step(dev(ids[:, offset:offset + n]),
-                                                          states, offset)))
+                pieces.append(backend.to_numpy(model.forward_cached(dev(ids[:, offset:offset + n]),
+                                                                    cache)))
                 offset += n
         assert rel_diff(np.concatenate(pieces, axis=1), expected) <= CACHE_RTOL
 
 
-def test_cached_step_past_the_table_raises():
+def test_cached_decoding_past_the_table_raises():
     with using_backend("numpy", "float64"):
         model = random_lm(block=4)
         model.eval()
         with no_grad():
-            states = model.start_state()
-            model.step(dev([[1, 2, 3]]), states, 0)
+            cache = model.new_cache()
+            model.forward_cached(dev([[1, 2, 3]]), cache)
             with pytest.raises(ValueError, match="5"):
-                model.step(dev([[4, 5]]), states, 3)
+                model.forward_cached(dev([[4, 5]]), cache)
+
+
+def test_cached_decoding_needs_no_grad():
+    with using_backend("numpy", "float64"):
+        model = random_lm(block=4)
+        with pytest.raises(RuntimeError, match="forward_cached is for inference"):
+            model.forward_cached(dev([[1, 2]]), model.new_cache())
+
+
+def test_cache_select_reorders_every_layer():
+    """Beam search keeps, drops and copies hypotheses: select(rows) on the model's cache."""
+    with using_backend("numpy", "float64"):
+        model = random_seq2seq(seed=2)
+        rng = np.random.default_rng(0)
+        src, src_lens = padded(rng, [7, 3, 5], 9)
+        model.eval()
+        with no_grad():
+            memory, memory_mask = model.encode(dev(src), dev(src_lens))
+            cache = model.new_cache()
+            model.forward_cached(dev(np.full((3, 2), BOS)), memory, memory_mask, cache)
+            before = [(backend.to_numpy(b.self_attn.keys), backend.to_numpy(b.cross_attn.values))
+                      for b in cache.blocks]
+            cache.select(dev(np.array([2, 0, 0, 1])))
+        for (keys, values), b in zip(before, cache.blocks):
+            np.testing.assert_array_equal(backend.to_numpy(b.self_attn.keys), keys[[2, 0, 0, 1]])
+            np.testing.assert_array_equal(backend.to_numpy(b.cross_attn.values),
+                                          values[[2, 0, 0, 1]])
+        assert cache.length == 2
 
 
 # =========================================================================== greedy and beam
@@ -267,14 +297,14 @@ def test_generate_greedy_matches_full_forward_beyond_block_size(prompt_len, monk
             prompt = [int(t) for t in np.random.default_rng(seed).integers(0, 11, size=prompt_len)]
             n = 3 * block  # far past the positional table
             seen = []
-            original_step = model.step
+            original = model.forward_cached
 
-            def recording_step(ids, states, offset):
-                logits = original_step(ids, states, offset)
+            def recording(ids, cache):
+                logits = original(ids, cache)
                 seen.append(backend.to_numpy(logits)[0, -1])
                 return logits
 
-            monkeypatch.setattr(model, "step", recording_step)
+            monkeypatch.setattr(model, "forward_cached", recording)
             out = generate(model, prompt, n, greedy=True)
             monkeypatch.undo()
             assert len(out) == prompt_len + n

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from npformer import backend, nn
-from npformer.ops.attention import causal_mask, padding_mask
+from npformer.ops import causal_mask, padding_mask
 from npformer.torch_interop import load_torch_state_dict, to_torch_state_dict
 
 

@@ -14,7 +14,7 @@ layouts (narrow d_model/H with odd width 6 / 3 heads, wide head_dim=d_model,
 odd head_dim=5) under six mask kinds (none, key padding with lengths down to
 1, causal, causal & padding, random boolean, fully masked query rows),
 FeedForward (relu/gelu, with dropout), EncoderBlock and DecoderBlock in post-
-and pre-norm under the same mask kinds (Residual is covered through them).
+and pre-norm under the same mask kinds (the residual connections are covered through them).
 Batch and sequence lengths include 1.  Fully masked rows must give finite,
 correct gradients (zero attention output), never NaN.
 
@@ -32,7 +32,7 @@ from hypothesis import assume, given, settings, strategies as st
 
 from npformer import backend, nn
 from npformer.gradcheck import check_module
-from npformer.ops.attention import causal_mask, padding_mask
+from npformer.ops import causal_mask, padding_mask
 
 from .helpers import GRADCHECK_TOL
 

@@ -34,11 +34,18 @@ import numpy as np
 import pytest
 
 from npformer import backend, nn
-from npformer.ops.attention import causal_mask, padding_mask
+from npformer.ops import causal_mask, padding_mask
 from npformer.torch_interop import load_torch_state_dict, to_torch_state_dict
 
 from .conftest import using_backend
-from .helpers import PARITY_RTOL, assert_close
+from .helpers import PARITY_RTOL, assert_close, using_engine
+
+
+@pytest.fixture(autouse=True, params=["fast", "textbook"])
+def each_tier(request):
+    """Every test of this file runs in both tiers (npformer.engine), then restores it."""
+    with using_engine(request.param):
+        yield request.param
 
 B, T, S, D, H, F, V = 2, 5, 4, 8, 2, 12, 7
 TGT_LENS = [T, 1]  # second element: a single valid position (length 1)
@@ -119,8 +126,9 @@ def run_both(torch, torch_module, torch_call, layer, npf_call, inputs, dtype, se
     out = npf_call(*[backend.asarray(a) for a in inputs])
     assert backend.to_numpy(out).dtype == np.dtype(dtype)
     assert_close(out, t_out.detach().numpy(), PARITY_RTOL[dtype], "output")
-    grads = layer.backward(backend.asarray(upstream))
-    grads = grads if isinstance(grads, tuple) else (grads,)
+    grads = layer.backward(backend.asarray(upstream))  # the layer contract (nn/module.py):
+    grads = (() if grads is None  # None: no float inputs (ids)
+             else grads if isinstance(grads, tuple) else (grads,))  # one array, or a tuple
     assert len(grads) == len(float_idx)
     for i, g in zip(float_idx, grads):
         assert_close(g, t_inputs[i].grad.numpy(), PARITY_RTOL[dtype], f"grad of input {i}")

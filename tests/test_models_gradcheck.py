@@ -33,7 +33,14 @@ from npformer.models import (CausalLM, CausalLMConfig, ClassifierConfig, Seq2Seq
 from npformer.nn import DecoderBlock, EncoderBlock
 
 from .conftest import using_backend
-from .helpers import GRADCHECK_TOL
+from .helpers import GRADCHECK_TOL, using_engine
+
+
+@pytest.fixture(autouse=True, params=["fast", "textbook"])
+def each_tier(request):
+    """Every test of this file runs in both tiers (npformer.engine), then restores it."""
+    with using_engine(request.param):
+        yield request.param
 
 PAD = 0
 

@@ -35,7 +35,14 @@ from npformer.tasks import Classification, LanguageModeling, Translation
 from bench.torch_models import torch_models  # the PyTorch references (bench/ shares them)
 
 from .conftest import require_torch, using_backend
-from .helpers import rel_diff
+from .helpers import rel_diff, using_engine
+
+
+@pytest.fixture(autouse=True, params=["fast", "textbook"])
+def each_tier(request):
+    """Every test of this file runs in both tiers (npformer.engine), then restores it."""
+    with using_engine(request.param):
+        yield request.param
 
 RTOL = {"float64": 1e-9, "float32": 1e-4}
 ADAM_LOSS_RTOL = 1e-8

@@ -24,7 +24,7 @@ from hypothesis import given, settings, strategies as st
 
 from npformer import backend, nn
 from npformer.nn.module import grad_enabled, no_grad
-from npformer.ops.attention import causal_mask
+from npformer.ops import causal_mask
 
 from .conftest import using_backend
 from .helpers import assert_close

@@ -30,10 +30,10 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from npformer import backend, ops
+from npformer import backend, fast, ops
 from npformer.gradcheck import check_op
 
-from .helpers import ATTENTION_BLOCKS, GRADCHECK_TOL, attention_blocks
+from .helpers import ATTENTION_OPS, GRADCHECK_TOL
 
 seeds = st.integers(0, 2**32 - 1)
 batch = st.integers(1, 3)
@@ -60,25 +60,26 @@ def host(x) -> np.ndarray:
 
 
 # =========================================================================== linear
+@pytest.mark.parametrize("T", [ops, fast], ids=["textbook", "fast"])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
 @pytest.mark.parametrize("rank", [2, 3])
 @given(seed=seeds, b=batch, t=length, d_in=width, d_out=width)
-def test_linear(xb, on_device, bias, rank, seed, b, t, d_in, d_out):
+def test_linear(xb, on_device, T, bias, rank, seed, b, t, d_in, d_out):
     rng = np.random.default_rng(seed)
     lead = (b, t) if rank == 3 else (b,)
     x = randn(rng, lead + (d_in,), on_device)
     w = randn(rng, (d_in, d_out), on_device)
     if bias:
         args, wrt = [x, w, randn(rng, (d_out,), on_device)], [0, 1, 2]
-        backward = ops.linear_backward
+        backward = T.linear_backward
     else:
         args, wrt = [x, w], [0, 1]
 
         def backward(dy, cache):
-            dx, dw, db = ops.linear_backward(dy, cache)
+            dx, dw, db = T.linear_backward(dy, cache)
             assert db is None
             return dx, dw
-    assert_passes(check_op(ops.linear_forward, backward, args, wrt))
+    assert_passes(check_op(T.linear_forward, backward, args, wrt))
 
 
 # =========================================================================== activations
@@ -171,16 +172,17 @@ def random_mask(rng, shape, axis, broadcast):
     return mask
 
 
+@pytest.mark.parametrize("T", [ops, fast], ids=["textbook", "fast"])
 @pytest.mark.parametrize("axis", [-1, 0])
 @given(seed=seeds, shape=st.lists(st.integers(1, 4), min_size=2, max_size=3),
        masked=st.booleans(), broadcast=st.lists(st.booleans(), min_size=3, max_size=3))
-def test_softmax(xb, on_device, axis, seed, shape, masked, broadcast):
+def test_softmax(xb, on_device, T, axis, seed, shape, masked, broadcast):
     rng = np.random.default_rng(seed)
     x = randn(rng, shape, on_device, 2.0)
     kwargs = {"axis": axis}
     if masked:
         kwargs["mask"] = on_device(random_mask(rng, shape, axis, broadcast[:len(shape)]))
-    assert_passes(check_op(ops.softmax_forward, ops.softmax_backward, [x], [0], kwargs))
+    assert_passes(check_op(T.softmax_forward, T.softmax_backward, [x], [0], kwargs))
 
 
 @pytest.mark.parametrize("axis", [-1, 1])
@@ -236,30 +238,31 @@ def attention_inputs(rng, kind, b, h, t, s, e, f, on_device, dead_sequence=False
     return q, k, v, mask, full
 
 
-@pytest.mark.parametrize("blocks", ATTENTION_BLOCKS)
+@pytest.mark.parametrize("op", sorted(ATTENTION_OPS))
 @pytest.mark.parametrize("kind", MASK_KINDS)
 @given(seed=seeds, **attention_shapes)
-def test_attention(xb, on_device, kind, blocks, seed, b, h, t, s, e, f):
+def test_attention(xb, on_device, kind, op, seed, b, h, t, s, e, f):
     rng = np.random.default_rng(seed)
     q, k, v, mask, _ = attention_inputs(rng, kind, b, h, t, s, e, f, on_device)
-    with attention_blocks(blocks):
-        assert_passes(check_op(ops.attention_forward, ops.attention_backward, [q, k, v, mask],
-                               [0, 1, 2]))
+    forward, backward = ATTENTION_OPS[op]
+    assert_passes(check_op(forward, backward, [q, k, v, mask], [0, 1, 2]))
 
 
+@pytest.mark.parametrize("op", sorted(ATTENTION_OPS))
 @given(seed=seeds, b=st.integers(1, 3), h=st.integers(1, 3), t=st.integers(1, 4),
        s=st.integers(1, 4), e=st.integers(1, 4),
        kind=st.sampled_from([k for k in MASK_KINDS if k not in ("none", "causal")]))
-def test_attention_fully_masked_rows_are_zero(xb, on_device, seed, b, h, t, s, e, kind):
+def test_attention_fully_masked_rows_are_zero(xb, on_device, op, seed, b, h, t, s, e, kind):
     rng = np.random.default_rng(seed)
     q, k, v, mask, full = attention_inputs(rng, kind, b, h, t, s, e, e, on_device,
                                            dead_sequence=True)
     dead = ~full.any(-1)  # (B, H, T): queries with no key to attend to
     assert dead.any()
     q, k, v = (on_device(host(a) * 50.0) for a in (q, k, v))  # large scores: still no NaN
-    out, cache = ops.attention_forward(q, k, v, mask)
+    forward, backward = ATTENTION_OPS[op]
+    out, cache = forward(q, k, v, mask)
     dout_host = rng.standard_normal(tuple(out.shape))
-    dq, dk, dv = ops.attention_backward(on_device(dout_host), cache)
+    dq, dk, dv = backward(on_device(dout_host), cache)
     p = host(ops.attention_weights(q, k, mask))  # what the op applied, built whole
     for name, a in (("out", out), ("p", p), ("dq", dq), ("dk", dk), ("dv", dv)):
         assert np.all(np.isfinite(host(a))), f"{name} has NaN or inf"
@@ -270,7 +273,7 @@ def test_attention_fully_masked_rows_are_zero(xb, on_device, seed, b, h, t, s, e
     # The upstream gradient of a dead row contributes nothing to dk and dv.
     changed = dout_host.copy()
     changed[dead] = rng.standard_normal(changed[dead].shape) * 1e3
-    dq2, dk2, dv2 = ops.attention_backward(on_device(changed), cache)
+    dq2, dk2, dv2 = backward(on_device(changed), cache)
     np.testing.assert_array_equal(host(dk2), host(dk))
     np.testing.assert_array_equal(host(dv2), host(dv))
     np.testing.assert_array_equal(host(dq2)[~dead], host(dq)[~dead])
@@ -402,11 +405,12 @@ def test_add_positions_learned(xb, on_device, seed, b, t, d, extra):
 
 
 # =========================================================================== cross-entropy
+@pytest.mark.parametrize("T", [ops, fast], ids=["textbook", "fast"])
 @pytest.mark.parametrize("rank", [2, 3])
 @pytest.mark.parametrize("smoothing", ["none", "some"])
 @given(seed=seeds, b=batch, t=length, v=st.integers(1, 5), eps=st.floats(0.01, 1.0),
        ignore_index=st.sampled_from([ops.IGNORE_INDEX, -1]), n_ignored=st.integers(0, 12))
-def test_cross_entropy(xb, on_device, rank, smoothing, seed, b, t, v, eps, ignore_index,
+def test_cross_entropy(xb, on_device, T, rank, smoothing, seed, b, t, v, eps, ignore_index,
                        n_ignored):
     rng = np.random.default_rng(seed)
     lead = (b, t) if rank == 3 else (b * t,)
@@ -417,7 +421,7 @@ def test_cross_entropy(xb, on_device, rank, smoothing, seed, b, t, v, eps, ignor
     flat[ignored] = ignore_index  # possibly none, possibly every row
     kwargs = {"ignore_index": ignore_index,
               "label_smoothing": 0.0 if smoothing == "none" else eps}
-    assert_passes(check_op(ops.cross_entropy_forward, ops.cross_entropy_backward,
+    assert_passes(check_op(T.cross_entropy_forward, T.cross_entropy_backward,
                            [logits, on_device(targets)], [0], kwargs))
 
 
@@ -446,8 +450,9 @@ def test_pooling(xb, on_device, how, seed, b, t, d):
 
 
 # =========================================================================== dtypes
-def _dtype_cases():
-    """name -> f(rng, on_device, dtype) returning (outputs, gradients) of one op.
+def _dtype_cases(ops):
+    """name -> f(rng, on_device, dtype) returning (outputs, gradients) of one op of the
+    tier ``ops`` (npformer.ops or npformer.fast).
 
     Every input (upstream gradients included) goes through the ``on_device``
     argument ``od``, so a recording ``od`` sees them all."""
@@ -538,7 +543,10 @@ def _dtype_cases():
     }
 
 
-DTYPE_CASES = _dtype_cases()
+DTYPE_CASES = {**_dtype_cases(ops),
+               **{f"fast_{name}": case for name, case in _dtype_cases(fast).items()
+                  if name in ("linear", "softmax", "softmax_masked", "attention",
+                              "cross_entropy")}}
 
 
 @pytest.mark.parametrize("op", sorted(DTYPE_CASES))

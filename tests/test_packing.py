@@ -1,11 +1,11 @@
 """Packing: running the position-wise layers on the valid positions only.
 
-``ops.Packing`` packs the valid positions of a padded (B, T, D) batch into rows
+``fast.Packing`` packs the valid positions of a padded (B, T, D) batch into rows
 (N, D) and unpacks them back, zeros at padding; each is the other's backward.
 Checked here, on NumPy and on the strict namespace, in float64:
 
 * pack and unpack pass gradient checks (lengths include 0 and the full length);
-* an EncoderBlock on packed rows gives, at every valid position, the output and
+* an EncoderBlock on packed rows (a ``nn.Padding`` that packs) gives, at every valid position, the output and
   the input gradient of the same block on the padded batch, and the same
   gradient for every parameter; and it passes a gradient check itself;
 * packed input of the wrong shape, and a context of another batch size, are refused.
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from npformer import backend, nn, ops
+from npformer import backend, fast, nn
 from npformer.gradcheck import check_module, check_op
 
 from .helpers import GRADCHECK_TOL
@@ -36,7 +36,7 @@ def _lengths(rng, batch, length):
 @given(seed=SEEDS, batch=st.integers(1, 3), length=st.integers(1, 4), width=st.integers(1, 3))
 def test_pack_and_unpack_gradients(xb, seed, batch, length, width):
     rng = np.random.default_rng(seed)
-    packing = ops.Packing.from_lengths(_lengths(rng, batch, length), length)
+    packing = fast.Packing.from_lengths(_lengths(rng, batch, length), length)
     x = backend.asarray(rng.standard_normal((batch, length, width)), dtype="float64")
     rows = packing.pack(x)
     for forward, backward, arg in ((packing.pack, packing.unpack, x),
@@ -46,7 +46,7 @@ def test_pack_and_unpack_gradients(xb, seed, batch, length, width):
 
 
 def test_pack_picks_the_valid_positions_in_order(xb):
-    packing = ops.Packing.from_lengths(backend.asarray(np.array([2, 0, 3])), 3)
+    packing = fast.Packing.from_lengths(backend.asarray(np.array([2, 0, 3])), 3)
     x = backend.asarray(np.arange(9.0).reshape(3, 3, 1))
     np.testing.assert_array_equal(backend.to_numpy(packing.pack(x))[:, 0], [0, 1, 6, 7, 8])
     padded = backend.to_numpy(packing.unpack(packing.pack(x)))[..., 0]
@@ -66,8 +66,8 @@ def _block(rng, norm_first):
 def test_packed_encoder_block_equals_padded(xb, norm_first, seed, batch, length):
     rng = np.random.default_rng(seed)
     lens = _lengths(rng, batch, length)
-    packing = ops.Packing.from_lengths(lens, length)
-    mask = ops.padding_mask(lens, length)
+    padding = nn.Padding(lens, length, pack=True)
+    packing, mask = padding.packing, padding.key_mask
     valid = backend.to_numpy(packing.unpack(backend.asarray(
         np.ones((int(packing.index.shape[0]), 1)), dtype="float64")))[..., 0] > 0  # (B, T)
     block = _block(rng, norm_first)
@@ -81,7 +81,7 @@ def test_packed_encoder_block_equals_padded(xb, norm_first, seed, batch, length)
 
     block.zero_grad()
     rows = packing.pack(backend.asarray(x, dtype="float64"))
-    y_rows = block(rows, mask=mask, packing=packing)
+    y_rows = block(rows, mask=mask, padding=padding)
     dx_rows = block.backward(packing.pack(backend.asarray(dy, dtype="float64")))
 
     np.testing.assert_allclose(backend.to_numpy(packing.unpack(y_rows))[valid],
@@ -98,19 +98,24 @@ def test_packed_encoder_block_equals_padded(xb, norm_first, seed, batch, length)
 def test_packed_encoder_block_gradcheck(xb, seed):
     rng = np.random.default_rng(seed)
     lens = _lengths(rng, 2, 3)
-    packing = ops.Packing.from_lengths(lens, 3)
+    padding = nn.Padding(lens, 3, pack=True)
     block = _block(rng, norm_first=False)
-    rows = backend.asarray(rng.standard_normal((int(packing.index.shape[0]), 6)), dtype="float64")
-    result = check_module(block, [rows], kwargs={"mask": ops.padding_mask(lens, 3),
-                                                 "packing": packing}, seed=seed)
+    rows = backend.asarray(rng.standard_normal((int(padding.packing.index.shape[0]), 6)),
+                           dtype="float64")
+    result = check_module(block, [rows], kwargs={"mask": padding.key_mask,
+                                                 "padding": padding}, seed=seed)
     assert result.errors and result.worst_error < GRADCHECK_TOL, result
 
 
 def test_packed_input_errors(xb):
-    packing = ops.Packing.from_lengths(backend.asarray(np.array([1, 2])), 2)
+    padding = nn.Padding(backend.asarray(np.array([1, 2])), 2, pack=True)
     attention = nn.MultiHeadAttention(4, 2)
-    with pytest.raises(ValueError, match=r"packed attention input must be \(N, D\) = \(3, 4\)"):
-        attention(backend.asarray(np.zeros((2, 2, 4))), packing=packing)
+    with pytest.raises(ValueError, match=r"attention input must be \(N, D\), the valid "
+                                         r"positions of the batch as rows = \(3, 4\)"):
+        attention(backend.asarray(np.zeros((2, 2, 4))), padding=padding)
     with pytest.raises(ValueError, match="context has batch 3 but the queries have batch 2"):
         attention(backend.asarray(np.zeros((3, 4))), context=backend.asarray(np.zeros((3, 2, 4))),
-                  packing=packing)
+                  padding=padding)
+    unpacked = nn.Padding(backend.asarray(np.array([1, 2])), 2, pack=False)
+    with pytest.raises(ValueError, match=r"attention input must be \(B, T, D\) = \(2, 2, 4\)"):
+        attention(backend.asarray(np.zeros((3, 4))), padding=unpacked)

@@ -3,17 +3,18 @@
     ids (B, T) -> embeddings + positions -> N encoder blocks (padding masked)
                -> pool over the valid positions -> linear head -> logits (B, C)
 
-The blocks run on the valid positions only, packed as rows (:class:`npformer.ops.Packing`):
+The batch's :class:`npformer.nn.Padding` gives the blocks their layout: the padded
+(B, T, D) arrays (textbook tier) or the valid positions packed as rows (fast tier);
 padding changes no valid position's value, so skipping it changes no result, only the work.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import ops
-from ..nn import EncoderBlock, Linear, Module
+from .. import engine, ops
+from ..nn import EncoderBlock, Linear, Module, Padding
 from ..ops._checks import check_rank
-from .common import TokenEmbedding, check_config, final_norm, key_padding, valid_lengths_from
+from .common import TokenEmbedding, check_config, final_norm, padding_of
 
 
 @dataclass
@@ -54,32 +55,32 @@ class TransformerClassifier(Module):
         self.norm = final_norm(c)
         self.head = Linear(c.d_model, c.num_classes)
 
-    def forward(self, ids, valid_lens=None):
-        """ids (B, T) token ids, valid_lens (B,) (default: count of non-pad ids) -> logits (B, C)."""
+    def forward(self, ids, valid_lens=None, padding: Padding | None = None):
+        """ids (B, T) token ids -> logits (B, C).  The padding: ``padding`` (built once by
+        the task), or built from ``valid_lens`` (B,) (default: the count of non-pad ids)."""
         check_rank(ids, 2, "token ids (batch, positions)")
-        if valid_lens is None:
-            valid_lens = valid_lengths_from(ids, self.config.pad_id)
-        mask = key_padding(valid_lens, ids.shape[1])  # (B, 1, 1, T): padding keys hidden
-        packing = ops.Packing.from_lengths(valid_lens, ids.shape[1])  # N valid positions
-        x = packing.pack(self.embed(ids))  # (B, T, D) -> rows (N, D): padding is skipped
+        padding = padding_of(ids, valid_lens, self.config.pad_id, padding)
+        x = padding.rows(self.embed(ids))  # (B, T, D) -> the layers' form
         for block in self.blocks:
-            x = block(x, mask=mask, packing=packing)  # (N, D)
+            x = block(x, mask=padding.key_mask, padding=padding)  # padding keys hidden
         if self.norm is not None:
             x = self.norm(x)
-        x = packing.unpack(x)  # (B, T, D), zeros at padding (pooling reads valid positions)
-        pooled, pool_cache = ops.pool_forward(x, valid_lens, self.config.pooling)  # (B, D)
-        self._save((pool_cache, packing))
+        x = padding.unrows(x)  # (B, T, D) (pooling reads the valid positions only)
+        pooled, pool_cache = engine.ops().pool_forward(x, padding.valid_lens,
+                                                       self.config.pooling)  # (B, D)
+        self._save((pool_cache, padding))
         return self.head(pooled)  # (B, C)
 
     def backward(self, dlogits):
-        pool_cache, packing = self._pop_saved()
-        dx = ops.pool_backward(self.head.backward(dlogits), pool_cache)  # (B, T, D)
-        dx = packing.pack(dx)  # (N, D): the backward of unpack
+        """dlogits (B, C) -> None (token ids are not differentiable)."""
+        pool_cache, padding = self._pop_saved()
+        dx = engine.ops().pool_backward(self.head.backward(dlogits), pool_cache)  # (B, T, D)
+        dx = padding.rows(dx)  # the backward of unrows
         if self.norm is not None:
             dx = self.norm.backward(dx)
         for block in reversed(self.blocks):
             dx = block.backward(dx)
-        self.embed.backward(packing.unpack(dx))  # the backward of pack: 0 at padding
+        return self.embed.backward(padding.unrows(dx))  # the backward of rows
 
     def predict(self, ids, valid_lens=None):
         """Class probabilities (B, C), without keeping anything for a backward."""

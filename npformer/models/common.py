@@ -4,8 +4,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, fields
 
-from .. import backend, ops
-from ..nn import (Dropout, Embedding, LayerNorm, LearnedPositionalEmbedding, Module,
+from .. import backend
+from ..nn import (Dropout, Embedding, LayerNorm, LearnedPositionalEmbedding, Module, Padding,
                   SinusoidalPositionalEncoding)
 from ..ops._checks import check_rank
 from ..ops.activations import ACTIVATIONS
@@ -122,8 +122,9 @@ class TokenEmbedding(Module):
         return x + rows[None, :, :]
 
     def backward(self, dx):
+        """dx (B, T, D) -> None (token ids are not differentiable)."""
         dx = self.positions.backward(self.dropout.backward(dx))
-        self.tokens.backward(dx * self.scale)
+        return self.tokens.backward(dx * self.scale)
 
 
 def final_norm(config):
@@ -137,5 +138,18 @@ def valid_lengths_from(ids, pad_id: int):
     return xp.sum(xp.astype(ids != pad_id, xp.int64), axis=1)
 
 
-def key_padding(valid_lens, num_keys: int):
-    return ops.padding_mask(valid_lens, num_keys)
+def padding_of(ids, valid_lens, pad_id: int, padding: Padding | None,
+               pack: bool | None = None) -> Padding:
+    """The batch's :class:`Padding`: ``padding`` if given (checked against ids), else built
+    from ``valid_lens`` (default: the count of non-pad ids per row)."""
+    if padding is None:
+        if valid_lens is None:
+            valid_lens = valid_lengths_from(ids, pad_id)
+        return Padding(valid_lens, ids.shape[1], pack)
+    if valid_lens is not None:
+        raise ValueError("pass the valid lengths or a padding, not both (the padding "
+                         "holds the valid lengths)")
+    if (padding.batch, padding.length) != tuple(ids.shape):
+        raise ValueError(f"padding describes a ({padding.batch}, {padding.length}) batch, "
+                         f"but the ids have shape {tuple(ids.shape)}")
+    return padding

@@ -4,14 +4,14 @@
                blocks -> final layer norm (pre-norm) -> logits (B, T, V)
 
 With ``tie_weights`` the output projection is the token embedding transposed,
-logits = h E^T, so E receives gradient from both ends.
+logits = h E^T (``Embedding.project``), so E receives gradient from both ends.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import backend, ops
-from ..nn import EncoderBlock, Linear, Module
+from .. import ops
+from ..nn import DecodingCache, EncoderBlock, Linear, Module
 from .common import TokenEmbedding, check_config, final_norm
 
 
@@ -48,14 +48,6 @@ class CausalLM(Module):
         self.norm = final_norm(c)
         self.lm_head = None if c.tie_weights else Linear(c.d_model, c.vocab_size, bias=False)
 
-    def _project(self, h):
-        """h (B, T, D) -> logits (B, T, V), cache."""
-        if self.lm_head is not None:
-            return self.lm_head(h), None
-        xp = backend.namespace_of(h)
-        table_t = xp.matrix_transpose(self.embed.tokens.weight.data)  # (D, V)
-        return ops.linear_forward(h, table_t)  # logits = h E^T
-
     def forward(self, ids):
         """ids (B, T) with T <= block_size -> logits (B, T, V)."""
         x = self.embed(ids)  # (B, T, D)
@@ -64,35 +56,37 @@ class CausalLM(Module):
             x = block(x, mask=mask)
         if self.norm is not None:
             x = self.norm(x)
-        logits, tied_cache = self._project(x)
-        self._save(("tied", tied_cache))
-        return logits
+        return self._logits(x)
 
     def backward(self, dlogits):
-        _, tied_cache = self._pop_saved()
-        if self.lm_head is not None:
-            dx = self.lm_head.backward(dlogits)
+        """dlogits (B, T, V) -> None (token ids are not differentiable)."""
+        if self.lm_head is None:
+            dx = self.embed.tokens.project_backward(dlogits)  # tied: E's second share
         else:
-            dx, dtable_t, _ = ops.linear_backward(dlogits, tied_cache)  # dtable_t (D, V)
-            xp = backend.namespace_of(dtable_t)
-            self.embed.tokens.weight.accumulate(xp.matrix_transpose(dtable_t))
+            dx = self.lm_head.backward(dlogits)
         if self.norm is not None:
             dx = self.norm.backward(dx)
         for block in reversed(self.blocks):
             dx = block.backward(dx)
-        self.embed.backward(dx)
+        return self.embed.backward(dx)
+
+    def _logits(self, h):
+        """h (B, T, D) -> logits (B, T, V): h E^T when tied, else the head."""
+        return self.embed.tokens.project(h) if self.lm_head is None else self.lm_head(h)
 
     # ------------------------------------------------------------------ cached inference
-    def start_state(self) -> list[dict]:
-        return [{} for _ in self.blocks]
+    def new_cache(self) -> DecodingCache:
+        """An empty key/value cache for :meth:`forward_cached`."""
+        return DecodingCache(len(self.blocks))
 
-    def step(self, ids, states: list[dict], offset: int):
-        """Inference: ids (B, T_new) at positions offset.. -> logits (B, T_new, V),
-        extending each block's key/value cache in ``states``."""
+    def forward_cached(self, ids, cache: DecodingCache):
+        """Inference (under ``no_grad``): ids (B, T_new) are the positions after the
+        ``cache.length`` already decoded -> logits (B, T_new, V); the cache grows by T_new."""
+        offset = cache.length
         x = self.embed(ids, offset=offset)
         mask = ops.causal_mask(ids.shape[1], offset + ids.shape[1], like=x)  # (T_new, S)
-        for block, state in zip(self.blocks, states):
-            x = block.step(x, state, mask=mask)
+        for block, block_cache in zip(self.blocks, cache.blocks):
+            x = block.forward_cached(x, block_cache, mask=mask)
         if self.norm is not None:
             x = self.norm(x)
-        return self._project(x)[0]
+        return self._logits(x)

@@ -4,15 +4,21 @@
     target ids (B, T) -> embeddings * sqrt(D) + sinusoids -> N decoder blocks
                          (causal + padding self-attention, cross-attention to memory)
                       -> linear -> logits (B, T, V_tgt)
+
+Each side's :class:`npformer.nn.Padding` gives its layers their layout (padded
+(B, T, D) arrays in the textbook tier, the valid positions as rows in the fast
+tier).  Training builds the target padding once (:class:`npformer.tasks.Translation`)
+and gets the logits in its layout: in the fast tier only at the valid target
+positions, (N, V_tgt), computed directly on the packed rows.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import backend, ops
-from ..nn import DecoderBlock, EncoderBlock, Linear, Module
+from .. import ops
+from ..nn import DecoderBlock, DecodingCache, EncoderBlock, Linear, Module, Padding
 from ..ops._checks import check_rank
-from .common import TokenEmbedding, check_config, final_norm, key_padding, valid_lengths_from
+from .common import TokenEmbedding, check_config, final_norm, padding_of
 
 
 @dataclass
@@ -58,113 +64,78 @@ class Seq2SeqTransformer(Module):
         self.out_proj = Linear(c.d_model, c.tgt_vocab_size)
 
     # ------------------------------------------------------------------ training
-    def encode(self, src, src_lens=None):
+    def encode(self, src, src_lens=None, src_padding: Padding | None = None):
         """src (B, S) -> memory (B, S, D), memory mask (B, 1, 1, S)."""
-        memory, src_mask, _ = self._encode(src, src_lens)
-        return memory, src_mask
-
-    def _encode(self, src, src_lens):
-        """-> memory (B, S, D), memory mask (B, 1, 1, S), the source packing."""
         check_rank(src, 2, "source ids (batch, positions)")
-        if src_lens is None:
-            src_lens = valid_lengths_from(src, self.config.pad_id)
-        src_mask = key_padding(src_lens, src.shape[1])  # (B, 1, 1, S)
-        packing = ops.Packing.from_lengths(src_lens, src.shape[1])  # the valid source positions
-        x = packing.pack(self.src_embed(src))  # rows (N_src, D): padding is skipped
+        padding = padding_of(src, src_lens, self.config.pad_id, src_padding)
+        x = padding.rows(self.src_embed(src))  # (B, S, D) -> the layers' form
         for block in self.encoder:
-            x = block(x, mask=src_mask, packing=packing)
+            x = block(x, mask=padding.key_mask, padding=padding)
         if self.encoder_norm is not None:
             x = self.encoder_norm(x)
-        return packing.unpack(x), src_mask, packing  # (B, S, D), zeros at padding
+        self._save(padding, slot="_encode_cache")
+        return padding.unrows(x), padding.key_mask  # (B, S, D): cross-attention's context
 
-    def forward(self, src, tgt_in, src_lens=None, tgt_lens=None, positions=None):
-        """src (B, S), tgt_in (B, T) (target shifted right, starting with <bos>)
-        -> logits (B, T, V_tgt).
+    def forward(self, src, tgt_in, src_lens=None, tgt_lens=None, *,
+                src_padding: Padding | None = None, tgt_padding: Padding | None = None):
+        """src (B, S), tgt_in (B, T) (target shifted right, starting with <bos>) -> logits.
 
-        ``positions`` (N,) integers, flat indices into the B*T target positions: only
-        those rows get logits, (N, V_tgt).  Training passes the non-padding positions,
-        skipping the output projection where no loss is taken (the largest matmul of
-        the model when the vocabulary is big)."""
+        Without ``tgt_padding`` (inference, evaluation): logits (B, T, V_tgt) at every
+        target position.  With the paddings the task built (training): the logits in
+        ``tgt_padding``'s layout (fast tier: only at the valid target positions, (N,
+        V_tgt); textbook: (B, T, V_tgt)), matching ``tgt_padding.targets(tgt_out)``."""
         check_rank(tgt_in, 2, "target ids (batch, positions)")
         if tgt_in.shape[0] != src.shape[0]:
             raise ValueError(f"target batch of {tgt_in.shape[0]} sequences does not match "
                              f"the source batch of {src.shape[0]}")
-        memory, memory_mask, src_packing = self._encode(src, src_lens)
-        if tgt_lens is None:
-            tgt_lens = valid_lengths_from(tgt_in, self.config.pad_id)
+        memory, memory_mask = self.encode(src, src_lens, src_padding)
+        padding = padding_of(tgt_in, tgt_lens, self.config.pad_id, tgt_padding,
+                             pack=None if tgt_padding is not None else False)
         length = tgt_in.shape[1]
         self_mask = ops.causal_mask(length, like=memory)[None, None, :, :] \
-            & key_padding(tgt_lens, length)  # (B, 1, T, T)
-        # With logits only at ``positions`` (real targets), padding targets need no value at
-        # all: the decoder runs on the valid target positions, packed as rows.
-        packing = None
-        if positions is not None:
-            _check_positions(positions, tgt_lens, length)
-            packing = ops.Packing.from_lengths(tgt_lens, length)
-        y = self.tgt_embed(tgt_in)  # (B, T, D)
-        if packing is not None:
-            y = packing.pack(y)  # rows (N_tgt, D)
+            & padding.key_mask  # (B, 1, T, T)
+        y = padding.rows(self.tgt_embed(tgt_in))  # (B, T, D) -> the layers' form
         for block in self.decoder:
-            y = block(y, memory, self_mask=self_mask, memory_mask=memory_mask, packing=packing)
+            y = block(y, memory, self_mask=self_mask, memory_mask=memory_mask, padding=padding)
         if self.decoder_norm is not None:
             y = self.decoder_norm(y)
-        if packing is not None:
-            y = packing.unpack(y)  # (B, T, D), zeros at padding
-        self._save((positions, tuple(tgt_in.shape), packing, src_packing))
-        if positions is not None:
-            xp = backend.namespace_of(y)
-            y = xp.take(xp.reshape(y, (-1, y.shape[-1])), positions, axis=0)  # (N, D)
-        return self.out_proj(y)  # (B, T, V_tgt), or (N, V_tgt) at ``positions``
+        self._save(padding)
+        return self.out_proj(y)  # (B, T, V_tgt), or rows (N, V_tgt) when packed
 
     def backward(self, dlogits):
-        positions, (batch, length), packing, src_packing = self._pop_saved()
+        """dlogits in the form forward returned -> None (ids are not differentiable)."""
+        padding = self._pop_saved()
         dy = self.out_proj.backward(dlogits)
-        if positions is not None:  # rows without logits get zero gradient
-            dy = backend.scatter_rows(positions, dy, batch * length)
-            dy = backend.namespace_of(dy).reshape(dy, (batch, length, -1))  # (B, T, D)
-        if packing is not None:
-            dy = packing.pack(dy)  # rows (N_tgt, D): the backward of unpack
         if self.decoder_norm is not None:
             dy = self.decoder_norm.backward(dy)
         dmemory = None
         for block in reversed(self.decoder):
             dy, dmem = block.backward(dy)
             dmemory = dmem if dmemory is None else dmemory + dmem  # memory feeds every block
-        if packing is not None:
-            dy = packing.unpack(dy)  # the backward of pack: 0 at padding
-        self.tgt_embed.backward(dy)
-        dmemory = src_packing.pack(dmemory)  # (B, S, D) -> rows (N_src, D)
+        self.tgt_embed.backward(padding.unrows(dy))  # the backward of rows
+        src_padding = self._pop_saved("_encode_cache")
+        dx = src_padding.rows(dmemory)  # the backward of unrows
         if self.encoder_norm is not None:
-            dmemory = self.encoder_norm.backward(dmemory)
+            dx = self.encoder_norm.backward(dx)
         for block in reversed(self.encoder):
-            dmemory = block.backward(dmemory)
-        self.src_embed.backward(src_packing.unpack(dmemory))
+            dx = block.backward(dx)
+        return self.src_embed.backward(src_padding.unrows(dx))
 
     # ------------------------------------------------------------------ cached inference
-    def start_state(self) -> list[dict]:
-        return [{} for _ in self.decoder]
+    def new_cache(self) -> DecodingCache:
+        """An empty key/value cache for :meth:`forward_cached`."""
+        return DecodingCache(len(self.decoder), cross=True)
 
-    def decode_step(self, tgt_ids, memory, memory_mask, states: list[dict], offset: int):
-        """Inference: tgt_ids (B, T_new) at positions offset.. -> logits (B, T_new, V),
-        with self-attention keys/values cached and cross-attention ones computed once."""
+    def forward_cached(self, tgt_ids, memory, memory_mask, cache: DecodingCache):
+        """Inference (under ``no_grad``): tgt_ids (B, T_new) are the target positions after
+        the ``cache.length`` already decoded -> logits (B, T_new, V); self-attention keys
+        and values are cached, cross-attention ones computed once from ``memory``."""
+        offset = cache.length
         y = self.tgt_embed(tgt_ids, offset=offset)
         self_mask = ops.causal_mask(tgt_ids.shape[1], offset + tgt_ids.shape[1], like=y)
-        for block, state in zip(self.decoder, states):
-            y = block.step(y, memory, state, self_mask=self_mask, memory_mask=memory_mask)
+        for block, block_cache in zip(self.decoder, cache.blocks):
+            y = block.forward_cached(y, memory, block_cache, self_mask=self_mask,
+                                     memory_mask=memory_mask)
         if self.decoder_norm is not None:
             y = self.decoder_norm(y)
         return self.out_proj(y)
-
-
-
-def _check_positions(positions, tgt_lens, length: int) -> None:
-    """Logits are asked for at real target positions only: b * T + t with t < tgt_lens[b]."""
-    xp = backend.namespace_of(positions)
-    batch = tgt_lens.shape[0]
-    if not bool(xp.all((positions >= 0) & (positions < batch * length))):
-        raise ValueError(f"positions must be flat indices into the {batch} x {length} target "
-                         "positions, in [0, B * T)")
-    t = positions % length  # (N,)
-    if not bool(xp.all(t < xp.take(tgt_lens, positions // length, axis=0))):
-        raise ValueError("positions must be real (non-padding) targets, b * T + t with "
-                         "t < tgt_lens[b]: the decoder skips padding target positions")

@@ -10,12 +10,17 @@ W^Q, W^K, W^V are (D, H*E) and W^O is (H*E, D); column block h of W^Q is head h.
 
 Self-attention: ``forward(x, mask=mask)``; cross-attention:
 ``forward(x, context=memory, mask=mask)``, keys and values from ``memory``.
+With a :class:`npformer.nn.Padding`, x is that batch in the position-wise layers'
+form (packed rows in the fast tier); the projections run in that form and the
+attention itself on (B, H, T, E).
 """
 from __future__ import annotations
 
-from .. import backend, ops
+from .. import backend, engine, ops
+from .cache import KVCache
 from .layers import Linear, check_sequence_input
-from .module import Module
+from .module import Module, grad_enabled
+from .padding import Padding
 
 
 def split_heads(x, num_heads: int):
@@ -34,15 +39,21 @@ def merge_heads(x):
     return xp.reshape(x, (batch, length, heads * width))  # (B, T, H*E)
 
 
-def _same(x):
-    return x
+class _Unpadded:
+    """The layout of a batch without a Padding: (B, T, D) throughout."""
+
+    @staticmethod
+    def rows(x):
+        return x
+
+    unrows = rows
+
+    @staticmethod
+    def check_rows(x, width: int, what: str) -> None:
+        check_sequence_input(x, width, what)
 
 
-def _check_packed_input(x, width: int, packing) -> None:
-    n = packing.index.shape[0]
-    if x.ndim != 2 or x.shape[0] != n or x.shape[1] != width:
-        raise ValueError(f"packed attention input must be (N, D) = ({n}, {width}), the valid "
-                         f"positions of the batch, got shape {tuple(x.shape)}")
+UNPADDED = _Unpadded()
 
 
 class MultiHeadAttention(Module):
@@ -66,81 +77,69 @@ class MultiHeadAttention(Module):
         self.keep_attention = False  # set True to keep the last probabilities, for plots
         self.last_attention = None  # (B, H, T, S) when keep_attention
 
-    def forward(self, x, context=None, mask=None, packing=None):
+    def forward(self, x, context=None, mask=None, padding: Padding | None = None):
         """x (B, T, D), context (B, S, D) or None (self-attention), mask bool
         broadcasting to (B, H, T, S), True = may attend -> (B, T, D).
 
-        ``packing``: x holds just the valid positions of a padded batch, as rows (N, D)
-        (see :class:`npformer.ops.Packing`); the projections run on those rows, attention
-        on the unpacked (B, H, T, E), and the output is rows (N, D) again.  A context
-        (cross-attention) stays (B, S, D).
+        ``padding``: x (and the output) are that batch in the position-wise layers'
+        form (rows (N, D) in the fast tier); a context stays (B, S, D).
         """
+        layout = UNPADDED if padding is None else padding
+        layout.check_rows(x, self.d_model, "attention input")
         is_self = context is None
-        if packing is not None:
-            _check_packed_input(x, self.d_model, packing)
-        else:
-            check_sequence_input(x, self.d_model, "attention input")
-        batch = x.shape[0] if packing is None else packing.batch
         if not is_self:
             check_sequence_input(context, self.d_model, "attention context")
+            batch = x.shape[0] if padding is None else padding.batch
             if context.shape[0] != batch:
                 raise ValueError(f"attention context has batch {context.shape[0]} but the "
                                  f"queries have batch {batch}")
         h = self.num_heads
-        batched = packing.unpack if packing is not None else _same  # rows -> (B, T, ...)
-        q = split_heads(batched(self.q_proj(x)), h)  # (B, T, H*E) -> (B, H, T, E)
+        q = split_heads(layout.unrows(self.q_proj(x)), h)  # (B, T, H*E) -> (B, H, T, E)
         if is_self:
-            k = split_heads(batched(self.k_proj(x)), h)  # (B, T, H*E) -> (B, H, T, E)
-            v = split_heads(batched(self.v_proj(x)), h)
+            k = split_heads(layout.unrows(self.k_proj(x)), h)  # (B, H, T, E)
+            v = split_heads(layout.unrows(self.v_proj(x)), h)
         else:
             k = split_heads(self.k_proj(context), h)  # (B, S, H*E) -> (B, H, S, E)
             v = split_heads(self.v_proj(context), h)
-        heads, attn_cache = ops.attention_forward(q, k, v, mask)  # (B, H, T, E)
-        merged = merge_heads(heads)  # (B, T, H*E)
-        y = self.out_proj(packing.pack(merged) if packing is not None else merged)  # (.., D)
-        self._save((attn_cache, is_self, packing))
+        heads, attn_cache = engine.ops().attention_forward(q, k, v, mask)  # (B, H, T, E)
+        y = self.out_proj(layout.rows(merge_heads(heads)))  # (B, T, D) or rows (N, D)
+        self._save((attn_cache, is_self, layout))
         self.last_attention = ops.attention_weights(q, k, mask) if self.keep_attention else None
         return y
 
     def backward(self, dy):
-        """dy (B, T, D) -> dx (B, T, D) for self-attention, (dx, dcontext) for cross.
-        (Packed: dy and dx are rows (N, D); unpack and pack swap roles, each being the
-        other's transpose.)"""
-        attn_cache, is_self, packing = self._pop_saved()
+        """dy -> dx for self-attention, (dx, dcontext) for cross-attention (dcontext
+        (B, S, D)); dy and dx in the form of forward's x.  ``rows`` and ``unrows`` swap
+        roles: each is the other's transpose."""
+        attn_cache, is_self, layout = self._pop_saved()
         h = self.num_heads
-        dmerged = self.out_proj.backward(dy)  # (B, T, H*E), or rows (N, H*E)
-        if packing is not None:
-            dmerged = packing.unpack(dmerged)  # the backward of pack
-        dq, dk, dv = ops.attention_backward(split_heads(dmerged, h), attn_cache)
-        rows = packing.pack if packing is not None else _same  # the backward of unpack
-        dx = self.q_proj.backward(rows(merge_heads(dq)))  # (B, T, D) or (N, D)
+        dmerged = layout.unrows(self.out_proj.backward(dy))  # (B, T, H*E)
+        dq, dk, dv = engine.ops().attention_backward(split_heads(dmerged, h), attn_cache)
+        dx = self.q_proj.backward(layout.rows(merge_heads(dq)))
         if not is_self:
             return dx, (self.k_proj.backward(merge_heads(dk))
                         + self.v_proj.backward(merge_heads(dv)))  # dcontext (B, S, D)
-        dk_x = self.k_proj.backward(rows(merge_heads(dk)))
-        return dx + dk_x + self.v_proj.backward(rows(merge_heads(dv)))  # x fed q, k and v
+        dk_x = self.k_proj.backward(layout.rows(merge_heads(dk)))
+        return dx + dk_x + self.v_proj.backward(layout.rows(merge_heads(dv)))  # x fed q, k, v
 
-    def step(self, x, state: dict, context=None, mask=None):
-        """Incremental inference (call under ``no_grad``): x (B, T_new, D) -> (B, T_new, D).
+    def forward_cached(self, x, cache: KVCache, context=None, mask=None):
+        """Cached decoding (inference, under ``no_grad``): x (B, T_new, D) -> (B, T_new, D).
 
         Self-attention (context None): the keys and values of the new positions are
-        appended to ``state["k"]``, ``state["v"]`` (B, H, S, E), so earlier positions
-        are never recomputed.  Cross-attention: the context's keys and values are
-        computed on the first call and reused after.  ``mask`` broadcasts to
-        (B, H, T_new, S) with S the cached length after the update.
+        appended to ``cache``, so earlier positions are never recomputed.
+        Cross-attention: the context's keys and values fill the cache on the first
+        call and are reused after.  ``mask`` broadcasts to (B, H, T_new, S) with S the
+        cached length after the update.
         """
-        xp = backend.namespace_of(x)
+        if grad_enabled():
+            raise RuntimeError("forward_cached is for inference: call it under "
+                               "npformer.no_grad() (it keeps nothing for a backward)")
         h = self.num_heads
         q = split_heads(self.q_proj(x), h)  # (B, H, T_new, E)
         if context is None:
-            k_new = split_heads(self.k_proj(x), h)  # (B, H, T_new, E)
-            v_new = split_heads(self.v_proj(x), h)
-            if "k" in state:
-                k_new = xp.concat([state["k"], k_new], axis=2)  # (B, H, S, E)
-                v_new = xp.concat([state["v"], v_new], axis=2)
-            state["k"], state["v"] = k_new, v_new
-        elif "k" not in state:
-            state["k"] = split_heads(self.k_proj(context), h)  # (B, H, S, E)
-            state["v"] = split_heads(self.v_proj(context), h)
-        heads, _ = ops.attention_forward(q, state["k"], state["v"], mask)  # (B, H, T_new, E)
+            cache.append(split_heads(self.k_proj(x), h), split_heads(self.v_proj(x), h))
+        elif cache.length == 0:
+            cache.append(split_heads(self.k_proj(context), h),
+                         split_heads(self.v_proj(context), h))  # (B, H, S, E), once
+        heads, _ = engine.ops().attention_forward(q, cache.keys, cache.values, mask)
         return self.out_proj(merge_heads(heads))  # (B, T_new, D)

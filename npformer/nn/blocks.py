@@ -1,6 +1,7 @@
-r"""Feed-forward network, residual connections and the encoder/decoder blocks.
+r"""Feed-forward network and the encoder/decoder blocks, residual connections written out.
 
-Residual connection with layer norm, in the two arrangements in use:
+Each sublayer F (attention, feed-forward) sits in a residual connection with layer
+norm, in one of the two arrangements in use:
 
 * post-norm (the paper, BERT):  $y = \text{LN}(x + \text{Dropout}(F(x)))$
 * pre-norm (GPT-2):             $y = x + \text{Dropout}(F(\text{LN}(x)))$
@@ -12,11 +13,14 @@ The identity path adds the upstream gradient unchanged: the point of residuals.
 The blocks match ``torch.nn.TransformerEncoderLayer`` / ``TransformerDecoderLayer``
 (batch_first=True) computation for computation, so weights move between them
 (:mod:`npformer.torch_interop`); the one difference is that npformer applies no
-dropout to the attention probabilities.
+dropout to the attention probabilities.  Each residual connection's layer norm
+and dropout live in a :class:`ResidualNorm` named after its sublayer
+(``attn_residual.norm`` ...): the parameter names checkpoints use.
 """
 from __future__ import annotations
 
 from .attention import MultiHeadAttention
+from .cache import BlockCache
 from .layers import Activation, Dropout, LayerNorm, Linear
 from .module import Module
 
@@ -39,46 +43,13 @@ class FeedForward(Module):
         return self.linear1.backward(self.activation.backward(dh))  # (B, T, D)
 
 
-class Residual(Module):
-    """x -> x + sublayer(x) with layer norm after (post-norm) or before (pre-norm).
+class ResidualNorm(Module):
+    """The layer norm and the dropout of one residual connection (the block writes the
+    sum itself); a container, so the parameters keep their names (``.norm.weight``)."""
 
-    ``forward(x, sublayer, *args, **kwargs)`` runs ``sublayer.forward(x', *args, **kwargs)``;
-    extra gradients the sublayer returns (cross-attention's memory) are passed on.
-    """
-
-    def __init__(self, d_model: int, dropout: float = 0.0, norm_first: bool = False):
-        self.norm_first = norm_first
+    def __init__(self, d_model: int, dropout: float = 0.0):
         self.norm = LayerNorm(d_model)
         self.dropout = Dropout(dropout)
-
-    def forward(self, x, sublayer, *args, **kwargs):
-        self._save(sublayer)
-        return self.apply(x, lambda h: sublayer.forward(h, *args, **kwargs))
-
-    def apply(self, x, fn):
-        """The residual arrangement around any function ``fn`` (also used by cached decoding)."""
-        if self.norm_first:
-            return x + self.dropout(fn(self.norm(x)))
-        return self.norm(x + self.dropout(fn(x)))
-
-    def backward(self, dy):
-        """dy -> dx, or (dx, *extra) when the sublayer returns extra gradients."""
-        sublayer = self._pop_saved()
-        if self.norm_first:
-            dsub, extra = _split(sublayer.backward(self.dropout.backward(dy)))
-            dx = dy + self.norm.backward(dsub)
-        else:
-            dz = self.norm.backward(dy)
-            dsub, extra = _split(sublayer.backward(self.dropout.backward(dz)))
-            dx = dz + dsub
-        return (dx, *extra) if extra else dx
-
-
-def _split(grads):
-    """(first gradient, tuple of the rest) of what a sublayer's backward returned."""
-    if isinstance(grads, tuple):
-        return grads[0], grads[1:]
-    return grads, ()
 
 
 class EncoderBlock(Module):
@@ -87,26 +58,42 @@ class EncoderBlock(Module):
     def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1,
                  activation: str = "relu", norm_first: bool = False,
                  head_dim: int | None = None):
+        self.norm_first = norm_first
         self.self_attn = MultiHeadAttention(d_model, num_heads, head_dim)
-        self.attn_residual = Residual(d_model, dropout, norm_first)
+        self.attn_residual = ResidualNorm(d_model, dropout)
         self.ffn = FeedForward(d_model, d_ff, activation, dropout)
-        self.ffn_residual = Residual(d_model, dropout, norm_first)
+        self.ffn_residual = ResidualNorm(d_model, dropout)
 
-    def forward(self, x, mask=None, packing=None):
-        """x (B, T, D), mask bool broadcasting to (B, H, T, T) -> (B, T, D).
-        With ``packing`` (:class:`npformer.ops.Packing`), x and the output are the valid
-        positions as rows (N, D): every layer but attention runs on those rows only."""
-        x = self.attn_residual(x, self.self_attn, mask=mask, packing=packing)
-        return self.ffn_residual(x, self.ffn)
+    def forward(self, x, mask=None, padding=None):
+        """x (B, T, D), mask bool broadcasting to (B, H, T, T) -> (B, T, D).  With a
+        ``padding`` (:class:`npformer.nn.Padding`), x and the output are that batch in the
+        position-wise layers' form (rows (N, D) in the fast tier)."""
+        return self._layers(x, lambda h: self.self_attn(h, mask=mask, padding=padding))
+
+    def forward_cached(self, x, cache: BlockCache, mask=None):
+        """Cached decoding (under ``no_grad``): x (B, T_new, D) are the next positions;
+        ``cache.self_attn`` grows by T_new (see MultiHeadAttention.forward_cached)."""
+        return self._layers(
+            x, lambda h: self.self_attn.forward_cached(h, cache.self_attn, mask=mask))
+
+    def _layers(self, x, self_attention):
+        a, f = self.attn_residual, self.ffn_residual
+        if self.norm_first:  # pre-norm: x + Dropout(F(LN(x)))
+            x = x + a.dropout(self_attention(a.norm(x)))
+            return x + f.dropout(self.ffn(f.norm(x)))
+        x = a.norm(x + a.dropout(self_attention(x)))  # post-norm: LN(x + Dropout(F(x)))
+        return f.norm(x + f.dropout(self.ffn(x)))
 
     def backward(self, dy):
-        return self.attn_residual.backward(self.ffn_residual.backward(dy))
-
-    def step(self, x, state: dict, mask=None):
-        """Inference with a key/value cache: x (B, T_new, D) are the next positions;
-        ``state`` holds this block's cached keys and values (see MultiHeadAttention.step)."""
-        x = self.attn_residual.apply(x, lambda h: self.self_attn.step(h, state, mask=mask))
-        return self.ffn_residual.apply(x, self.ffn.forward)
+        """dy -> dx, in the form of forward's x."""
+        a, f = self.attn_residual, self.ffn_residual
+        if self.norm_first:
+            dx = dy + f.norm.backward(self.ffn.backward(f.dropout.backward(dy)))
+            return dx + a.norm.backward(self.self_attn.backward(a.dropout.backward(dx)))
+        dz = f.norm.backward(dy)
+        dx = dz + self.ffn.backward(f.dropout.backward(dz))
+        dz = a.norm.backward(dx)
+        return dz + self.self_attn.backward(a.dropout.backward(dz))
 
 
 class DecoderBlock(Module):
@@ -115,37 +102,54 @@ class DecoderBlock(Module):
     def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1,
                  activation: str = "relu", norm_first: bool = False,
                  head_dim: int | None = None):
+        self.norm_first = norm_first
         self.self_attn = MultiHeadAttention(d_model, num_heads, head_dim)
-        self.self_attn_residual = Residual(d_model, dropout, norm_first)
+        self.self_attn_residual = ResidualNorm(d_model, dropout)
         self.cross_attn = MultiHeadAttention(d_model, num_heads, head_dim)
-        self.cross_attn_residual = Residual(d_model, dropout, norm_first)
+        self.cross_attn_residual = ResidualNorm(d_model, dropout)
         self.ffn = FeedForward(d_model, d_ff, activation, dropout)
-        self.ffn_residual = Residual(d_model, dropout, norm_first)
+        self.ffn_residual = ResidualNorm(d_model, dropout)
 
-    def forward(self, x, memory, self_mask=None, memory_mask=None, packing=None):
+    def forward(self, x, memory, self_mask=None, memory_mask=None, padding=None):
         """x (B, T, D) targets, memory (B, S, D) encoder output; self_mask broadcasting
         to (B, H, T, T) (causal and padding), memory_mask to (B, H, T, S) -> (B, T, D).
-        With ``packing``, x and the output are the valid target positions as rows (N, D)."""
-        x = self.self_attn_residual(x, self.self_attn, mask=self_mask, packing=packing)
-        x = self.cross_attn_residual(x, self.cross_attn, context=memory, mask=memory_mask,
-                                     packing=packing)
-        return self.ffn_residual(x, self.ffn)
+        With a ``padding``, x and the output are the target batch in the position-wise
+        layers' form (rows (N, D) in the fast tier); memory stays (B, S, D)."""
+        return self._layers(
+            x, lambda h: self.self_attn(h, mask=self_mask, padding=padding),
+            lambda h: self.cross_attn(h, context=memory, mask=memory_mask, padding=padding))
+
+    def forward_cached(self, x, memory, cache: BlockCache, self_mask=None, memory_mask=None):
+        """Cached decoding (under ``no_grad``): x (B, T_new, D) are the next target
+        positions.  ``cache.self_attn`` grows by T_new; ``cache.cross_attn`` holds the
+        memory's keys and values, computed on the first call only."""
+        return self._layers(
+            x, lambda h: self.self_attn.forward_cached(h, cache.self_attn, mask=self_mask),
+            lambda h: self.cross_attn.forward_cached(h, cache.cross_attn, context=memory,
+                                                     mask=memory_mask))
+
+    def _layers(self, x, self_attention, cross_attention):
+        a, c, f = self.self_attn_residual, self.cross_attn_residual, self.ffn_residual
+        if self.norm_first:  # pre-norm: x + Dropout(F(LN(x)))
+            x = x + a.dropout(self_attention(a.norm(x)))
+            x = x + c.dropout(cross_attention(c.norm(x)))
+            return x + f.dropout(self.ffn(f.norm(x)))
+        x = a.norm(x + a.dropout(self_attention(x)))  # post-norm: LN(x + Dropout(F(x)))
+        x = c.norm(x + c.dropout(cross_attention(x)))
+        return f.norm(x + f.dropout(self.ffn(x)))
 
     def backward(self, dy):
-        """dy (B, T, D) -> (dx (B, T, D), dmemory (B, S, D))."""
-        dx = self.ffn_residual.backward(dy)
-        dx, dmemory = self.cross_attn_residual.backward(dx)
-        dx = self.self_attn_residual.backward(dx)
-        return dx, dmemory
-
-    def step(self, x, memory, state: dict, self_mask=None, memory_mask=None):
-        """Inference with caches: x (B, T_new, D) are the next target positions.
-        ``state["self"]`` grows by T_new positions; ``state["cross"]`` holds the memory's
-        keys and values, computed on the first call only."""
-        self_state = state.setdefault("self", {})
-        cross_state = state.setdefault("cross", {})
-        x = self.self_attn_residual.apply(
-            x, lambda h: self.self_attn.step(h, self_state, mask=self_mask))
-        x = self.cross_attn_residual.apply(
-            x, lambda h: self.cross_attn.step(h, cross_state, context=memory, mask=memory_mask))
-        return self.ffn_residual.apply(x, self.ffn.forward)
+        """dy -> (dx, dmemory (B, S, D)); dx in the form of forward's x."""
+        a, c, f = self.self_attn_residual, self.cross_attn_residual, self.ffn_residual
+        if self.norm_first:
+            dx = dy + f.norm.backward(self.ffn.backward(f.dropout.backward(dy)))
+            dh, dmemory = self.cross_attn.backward(c.dropout.backward(dx))
+            dx = dx + c.norm.backward(dh)
+            dx = dx + a.norm.backward(self.self_attn.backward(a.dropout.backward(dx)))
+            return dx, dmemory
+        dz = f.norm.backward(dy)
+        dx = dz + self.ffn.backward(f.dropout.backward(dz))
+        dz = c.norm.backward(dx)
+        dh, dmemory = self.cross_attn.backward(c.dropout.backward(dz))
+        dz = a.norm.backward(dz + dh)
+        return dz + self.self_attn.backward(a.dropout.backward(dz)), dmemory

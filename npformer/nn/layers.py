@@ -1,4 +1,7 @@
-"""The basic layers: each wraps one op of :mod:`npformer.ops` and owns its parameters.
+"""The basic layers: each wraps one op and owns its parameters.
+
+Every op is reached through :func:`npformer.engine.ops`, the current tier's ops
+(textbook or fast, the same functions): the one seam between layers and tiers.
 
 Parameters are created in the backend's default float dtype
 (:func:`npformer.backend.default_float`); initialisations follow PyTorch's.
@@ -7,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from .. import backend, ops
+from .. import backend, engine, ops
 from ..ops._checks import check_rank
 from .module import Module, Parameter
 
@@ -29,12 +32,12 @@ class Linear(Module):
 
     def forward(self, x):
         bias = None if self.bias is None else self.bias.data
-        y, cache = ops.linear_forward(x, self.weight.data, bias)  # (..., in) -> (..., out)
+        y, cache = engine.ops().linear_forward(x, self.weight.data, bias)  # (..., in) -> (..., out)
         self._save(cache)
         return y
 
     def backward(self, dy):
-        dx, dw, db = ops.linear_backward(dy, self._pop_saved())
+        dx, dw, db = engine.ops().linear_backward(dy, self._pop_saved())
         self.weight.accumulate(dw)
         if self.bias is not None:
             self.bias.accumulate(db)
@@ -51,12 +54,12 @@ class LayerNorm(Module):
         self.bias = Parameter(xp.zeros((width,), dtype=dtype, device=dev), decay=False)
 
     def forward(self, x):
-        y, cache = ops.layernorm_forward(x, self.weight.data, self.bias.data, self.eps)
+        y, cache = engine.ops().layernorm_forward(x, self.weight.data, self.bias.data, self.eps)
         self._save(cache)
         return y
 
     def backward(self, dy):
-        dx, dgamma, dbeta = ops.layernorm_backward(dy, self._pop_saved())
+        dx, dgamma, dbeta = engine.ops().layernorm_backward(dy, self._pop_saved())
         self.weight.accumulate(dgamma)
         self.bias.accumulate(dbeta)
         return dx
@@ -71,13 +74,29 @@ class Embedding(Module):
                                 decay=False)
 
     def forward(self, ids):
-        y, cache = ops.embedding_forward(ids, self.weight.data)
+        y, cache = engine.ops().embedding_forward(ids, self.weight.data)
         self._save(cache)
         return y
 
     def backward(self, dy):
-        self.weight.accumulate(ops.embedding_backward(dy, self._pop_saved()))
-        return ()  # no input gradients: integer ids are not differentiable
+        """dy (..., D) -> None: integer ids are not differentiable."""
+        self.weight.accumulate(engine.ops().embedding_backward(dy, self._pop_saved()))
+        return None
+
+    def project(self, h):
+        """The tied output projection (Press & Wolf, 2017): h (..., D) -> logits (..., V)
+        = h W^T with W this embedding's table, so W gets gradient from both uses."""
+        xp = backend.namespace_of(h)
+        logits, cache = engine.ops().linear_forward(h, xp.matrix_transpose(self.weight.data))
+        self._save(cache, slot="_project_cache")
+        return logits
+
+    def project_backward(self, dlogits):
+        """dlogits (..., V) -> dh (..., D); W^T's gradient is added into the one table."""
+        dh, dtable_t, _ = engine.ops().linear_backward(dlogits,
+                                                        self._pop_saved("_project_cache"))
+        self.weight.accumulate(backend.namespace_of(dtable_t).matrix_transpose(dtable_t))
+        return dh
 
 
 class LearnedPositionalEmbedding(Module):
@@ -89,12 +108,12 @@ class LearnedPositionalEmbedding(Module):
                                 decay=False)
 
     def forward(self, x):
-        y, cache = ops.add_positions_forward(x, self.weight.data)
+        y, cache = engine.ops().add_positions_forward(x, self.weight.data)
         self._save(cache)
         return y
 
     def backward(self, dy):
-        dx, dtable = ops.add_positions_backward(dy, self._pop_saved())
+        dx, dtable = engine.ops().add_positions_backward(dy, self._pop_saved())
         self.weight.accumulate(dtable)
         return dx
 
@@ -110,12 +129,12 @@ class SinusoidalPositionalEncoding(Module):
         table = self._table
         if table.dtype != x.dtype:
             table = backend.namespace_of(x).astype(table, x.dtype)
-        y, cache = ops.add_positions_forward(x, table)
+        y, cache = engine.ops().add_positions_forward(x, table)
         self._save(cache)
         return y
 
     def backward(self, dy):
-        dx, _ = ops.add_positions_backward(dy, self._pop_saved())
+        dx, _ = engine.ops().add_positions_backward(dy, self._pop_saved())
         return dx
 
 
@@ -128,13 +147,13 @@ class Dropout(Module):
         self.p = p
 
     def forward(self, x):
-        y, mask = ops.dropout_forward(x, self.p, self.training)
+        y, mask = engine.ops().dropout_forward(x, self.p, self.training)
         self._save(("mask", mask))  # wrapped: a None mask (identity) is a valid cache
         return y
 
     def backward(self, dy):
         _, mask = self._pop_saved()
-        return ops.dropout_backward(dy, mask)
+        return engine.ops().dropout_backward(dy, mask)
 
 
 class Activation(Module):
@@ -142,15 +161,15 @@ class Activation(Module):
 
     def __init__(self, name: str = "relu"):
         self.name = name
-        self._forward, self._backward = ops.activation(name)
+        ops.activation(name)  # an unknown name fails here, with the choices
 
     def forward(self, x):
-        y, cache = self._forward(x)
+        y, cache = engine.ops().activation(self.name)[0](x)
         self._save(cache)
         return y
 
     def backward(self, dy):
-        return self._backward(dy, self._pop_saved())
+        return engine.ops().activation(self.name)[1](dy, self._pop_saved())
 
 
 def check_sequence_input(x, width: int, what: str) -> None:

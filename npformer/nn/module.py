@@ -2,9 +2,20 @@
 
 A layer is a :class:`Module` that owns :class:`Parameter` objects (and other
 modules).  Its ``forward`` keeps, in ``self._cache``, exactly what its
-``backward`` needs; ``backward(dout)`` returns the gradient of the inputs and
-*adds* the gradient of every parameter into ``param.grad``.  Nothing here does
-array math beyond zero-filling: the math is in :mod:`npformer.ops`.
+``backward`` needs.  Nothing here does array math beyond zero-filling: the math
+is in the ops (:mod:`npformer.ops`, or :mod:`npformer.fast` through
+:mod:`npformer.engine`).
+
+The layer contract: ``backward(dout)`` takes the gradient of forward's output and
+
+* *adds* the gradient of every parameter into ``param.grad`` (a parameter used
+  twice, as a tied embedding, receives both shares);
+* returns the gradients of forward's floating-point array arguments, in the order
+  forward takes them: the array itself when there is one (``dx``), a tuple when there
+  are several (cross-attention ``(dx, dcontext)``, a decoder block ``(dx, dmemory)``),
+  and None when there is none (an embedding and the models take integer ids, which
+  are not differentiable).  Masks and :class:`npformer.nn.Padding` objects are
+  descriptions of the batch, not inputs to differentiate.
 
 Parameters are found by walking the attributes of a module in the order they
 were assigned: a ``Parameter`` attribute ``weight`` of a child stored as
@@ -155,20 +166,21 @@ class Module:
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
 
-    def _save(self, cache) -> None:
-        """Keep what backward needs, unless in inference mode (:func:`no_grad`)."""
-        self._cache = cache if grad_enabled() else None
+    def _save(self, cache, slot: str = "_cache") -> None:
+        """Keep what backward needs, unless in inference mode (:func:`no_grad`).
+        ``slot``: the attribute, for a module with a second forward (a tied projection)."""
+        setattr(self, slot, cache if grad_enabled() else None)
 
-    def _pop_saved(self):
+    def _pop_saved(self, slot: str = "_cache"):
         """The cache of the last forward (released), or a clear error if there is none."""
-        cache = getattr(self, "_cache", None)
+        cache = getattr(self, slot, None)
         if cache is None:
             raise RuntimeError(
                 f"{type(self).__name__}.backward called without a forward pass to "
                 "differentiate (forward was not run, ran under no_grad(), or backward "
                 "already consumed it)"
             )
-        self._cache = None
+        setattr(self, slot, None)
         return cache
 
     # ------------------------------------------------------------ state

@@ -1,9 +1,13 @@
-"""The mathematics of the Transformer: pure forward/backward pairs.
+"""The textbook tier: the mathematics of the Transformer as pure forward/backward pairs.
 
 Every op is a pair ``name_forward(inputs...) -> (output, cache)`` and
 ``name_backward(d_output, cache) -> gradients``.  The forward keeps in its
 cache exactly what the backward needs.  Each module's docstring holds the
 derivation; ``docs/derivations.md`` walks through them line by line.
+
+Nothing here exists only for speed: the fast tier (:mod:`npformer.fast`) holds
+the blocked, fused and in-place versions, each tested equal to its op here, and
+:mod:`npformer.engine` chooses the tier a run uses.
 
 Shape letters used throughout: B batch, T query (target) positions, S key
 (source) positions, H heads, E per-head query/key width, F per-head value
@@ -11,14 +15,13 @@ width, D model width, V vocabulary, N flattened rows.
 """
 from .activations import (activation, gelu_backward, gelu_forward, relu_backward,
                           relu_forward)
-from .attention import (attention_backward, attention_forward, attention_weights, causal_mask,
-                        padding_mask)
+from .attention import attention_backward, attention_forward, attention_weights
 from .dropout import dropout_backward, dropout_forward
 from .embedding import embedding_backward, embedding_forward
 from .layernorm import layernorm_backward, layernorm_forward
 from .linear import linear_backward, linear_forward
 from .losses import IGNORE_INDEX, cross_entropy_backward, cross_entropy_forward
-from .packing import Packing
+from .masks import causal_mask, padding_mask
 from .pooling import POOLINGS, pool_backward, pool_forward
 from .positional import add_positions_backward, add_positions_forward, sinusoidal_table
 from .softmax import (log_softmax_backward, log_softmax_forward, softmax_backward,

@@ -1,96 +1,69 @@
-r"""Scaled dot-product attention (Vaswani et al., 2017, eq. 1) and its masks.
+r"""Scaled dot-product attention (Vaswani et al., 2017, eq. 1), dense: it forms P.
 
 Shapes: B batch, H heads, T queries, S keys, E query/key width per head,
 F value width per head.  Any leading shape works in place of (B, H).
 
-Forward, with the scale $\alpha = 1/\sqrt{E}$ folded into the queries
-    $A = (\alpha Q) K^\top + M$                    scores, (..., T, S); M = 0 or -inf (mask)
-    $m = \max_j A_{:j}$, $e = \exp(A - m)$, $l = \sum_j e_{:j}$   (stable softmax, §6)
-    $O = (e V) / l$                              (..., T, F): $P V$ with $P = e / l$
-    $\lambda = m + \log l$                         (..., T, 1): each row's log-sum-exp
+Forward, with the scale $\alpha = 1/\sqrt{E}$ and the mask bias M (0 where a query
+may attend to a key, $-\infty$ where not)
+    $A = \alpha\, Q K^\top$                     scores, (..., T, S)
+    $P = \text{softmax}(A + M)$ along the keys      (..., T, S), each row sums to 1
+    $O = P V$                                  (..., T, F)
 
-Backward, from $\bar O$, recomputing $P = \exp(A - \lambda)$ instead of storing it
-(the memory-efficient backward of FlashAttention, Dao et al., 2022)
+Backward, from $\bar O$, through the three lines in reverse
     $\bar V = P^\top \bar O$        $\bar P = \bar O V^\top$
     $\bar A = P \odot (\bar P - \text{rowsum}(\bar P \odot P))$   (softmax backward, §6)
-    $\bar Q = \alpha\, \bar A K$      $\bar K = \bar A^\top (\alpha Q)$
-
-Blocks.  The (T, S) score matrices are never held for the whole batch: both
-passes walk over blocks of about ``BLOCK_SCORES`` scores (a few batch rows, or a
-range of queries), so each block's element-wise passes run in the CPU cache and
-the backward keeps only $\lambda$, not the (B, H, T, S) probabilities.  Within a
-block, keys after the last one any query of the block may see are cut off
-(padding at the end of a sequence, the future of a causal block): they would
-get probability 0 and gradient 0, so only work is saved; and when the block's
-mask then allows every query every remaining key, the all-zero bias is skipped.
+    $\bar Q = \alpha\, \bar A K$      $\bar K = \alpha\, \bar A^\top Q$
 
 Masks are boolean, True where a query may attend to a key, and broadcast to
 (B, H, T, S) (the convention of ``torch.nn.functional.scaled_dot_product_attention``;
 note ``nn.MultiheadAttention``'s masks mean the opposite).  A query whose keys
 are all masked gets a zero output and zero gradients.
+
+The fast tier (:mod:`npformer.fast.attention`) computes the same in blocks and
+never stores P; it is tested equal to this one.
 """
 from __future__ import annotations
 
 import math
 
 from .. import backend
-from ._checks import check_float, check_mask, check_rank
-from .softmax import mask_bias, softmax_backward, softmax_forward
-
-BLOCK_SCORES = 1 << 19  # scores per block: 2 MiB in float32, about a CPU core's L2 cache
+from ._checks import check_float, check_mask
+from .softmax import softmax_backward, softmax_forward
 
 
 def attention_forward(q, k, v, mask=None):
     """q (..., T, E), k (..., S, E), v (..., S, F), mask (bool, broadcasts to (..., T, S))
     -> out (..., T, F), cache."""
     xp = backend.namespace_of(q, k, v)
-    _check_inputs(q, k, v, mask)
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    q = q * scale  # (..., T, E): the scale, folded into the queries once
-    mask = _align(mask, q.ndim)
-    bias = None if mask is None else mask_bias(mask, q.dtype)  # mask's shape: 0 or -inf
-    out = _empty(xp, q.shape[:-1] + (v.shape[-1],), q)  # (..., T, F)
-    lse = _empty(xp, q.shape[:-1] + (1,), q)  # (..., T, 1)
-    for rows, keys, block_bias in _blocks(q, k, mask, bias):
-        scores = xp.matmul(q[rows], xp.matrix_transpose(k[keys]))  # (.., t, E) @ (.., E, s)
-        e, m, total = _stable_exp(scores, block_bias)  # (.., t, s), (.., t, 1) twice
-        out[rows] = xp.matmul(e, v[keys]) / total  # (.., t, s) @ (.., s, F) -> (.., t, F)
-        lse[rows] = m + xp.log(total)
-    return out, (q, k, v, mask, bias, lse, scale)
+    check_attention_inputs(q, k, v, mask)
+    p = attention_weights(q, k, mask)  # P, (..., T, S)
+    out = xp.matmul(p, v)  # (..., T, S) @ (..., S, F) -> (..., T, F)
+    return out, (q, k, v, p)
 
 
 def attention_backward(dout, cache):
     """dout (..., T, F) -> dq (..., T, E), dk (..., S, E), dv (..., S, F)."""
-    q, k, v, mask, bias, lse, scale = cache  # q is already scaled by alpha
+    q, k, v, p = cache
     xp = backend.namespace_of(dout, q)
-    dq = _empty(xp, q.shape, q)  # every query row belongs to exactly one block
-    dk = xp.zeros_like(k)  # keys are shared by query blocks, and cut-off keys get 0
-    dv = xp.zeros_like(v)
-    for rows, keys, block_bias in _blocks(q, k, mask, bias):
-        scores = xp.matmul(q[rows], xp.matrix_transpose(k[keys]))  # (.., t, s), recomputed
-        if block_bias is not None:
-            scores += block_bias
-        scores -= lse[rows]
-        p = backend.exp_into(scores)  # P = exp(A - lse), (.., t, s)
-        dv[keys] += xp.matmul(xp.matrix_transpose(p), dout[rows])  # (.., s, t) @ (.., t, F)
-        dp = xp.matmul(dout[rows], xp.matrix_transpose(v[keys]))  # (.., t, F) @ (.., F, s)
-        dscores = softmax_backward(dp, (p, -1), overwrite_input=True)  # dA, in dp's buffer
-        dq[rows] = xp.matmul(dscores, k[keys]) * scale  # (.., t, s) @ (.., s, E)
-        dk[keys] += xp.matmul(xp.matrix_transpose(dscores), q[rows])  # (.., s, t) @ (.., t, E)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    dv = xp.matmul(xp.matrix_transpose(p), dout)  # P^T dO: (..., S, T) @ (..., T, F)
+    dp = xp.matmul(dout, xp.matrix_transpose(v))  # dO V^T: (..., T, F) @ (..., F, S)
+    dscores = softmax_backward(dp, (p, -1))  # dA, (..., T, S); 0 at masked entries
+    dq = xp.matmul(dscores, k) * scale  # (..., T, S) @ (..., S, E)
+    dk = xp.matmul(xp.matrix_transpose(dscores), q) * scale  # (..., S, T) @ (..., T, E)
     return dq, dk, dv
 
 
 def attention_weights(q, k, mask=None):
-    """The probabilities P (..., T, S) that :func:`attention_forward` applies, built whole
-    (for plots and inspection; training never materialises them)."""
+    """The probabilities P = softmax(alpha Q K^T + M) (..., T, S) that attention applies."""
     xp = backend.namespace_of(q, k)
-    _check_inputs(q, k, k, mask)
-    scores = xp.matmul(q, xp.matrix_transpose(k)) * (1.0 / math.sqrt(q.shape[-1]))
-    return softmax_forward(scores, axis=-1, mask=mask, overwrite_input=True)[0]
+    check_attention_inputs(q, k, k, mask)
+    scores = xp.matmul(q, xp.matrix_transpose(k)) * (1.0 / math.sqrt(q.shape[-1]))  # A
+    return softmax_forward(scores, axis=-1, mask=mask)[0]
 
 
-# --------------------------------------------------------------------------- helpers
-def _check_inputs(q, k, v, mask):
+def check_attention_inputs(q, k, v, mask) -> None:
+    """Queries, keys, values and mask fit together (shared with the fast tier)."""
     for name, a in (("queries", q), ("keys", k), ("values", v)):
         check_float(a, f"attention {name}")
     if k.shape[:-1] != v.shape[:-1]:
@@ -101,121 +74,3 @@ def _check_inputs(q, k, v, mask):
                          "must agree on the leading axes and the last (width) axis")
     if mask is not None:  # named as the caller knows it, before any work is done
         check_mask(mask, tuple(q.shape[:-1]) + (k.shape[-2],), "attention mask")
-
-
-def _empty(xp, shape, like):
-    return xp.empty(tuple(shape), dtype=like.dtype, device=backend.device_of(like))
-
-
-def _align(mask, ndim: int):
-    """A mask that broadcasts to the scores, given the scores' number of axes (leading 1s)."""
-    if mask is None or mask.ndim == ndim:
-        return mask
-    xp = backend.namespace_of(mask)
-    return xp.reshape(mask, (1,) * (ndim - mask.ndim) + tuple(mask.shape))
-
-
-def _stable_exp(scores, bias):
-    """Masked, max-shifted exp of a block of scores, in the scores' buffer.
-
-    -> e (.., t, s), m (.., t, 1), total (.., t, 1) with softmax = e / total.
-    A row with every key masked has m = 0 (not -inf), e = 0 and total = 1, so its
-    output is 0 and its log-sum-exp m + log(total) = 0: never NaN.
-    """
-    xp = backend.namespace_of(scores)
-    if bias is not None:
-        scores += bias
-    m = xp.max(scores, axis=-1, keepdims=True)
-    if bias is not None:
-        m = xp.where(xp.isfinite(m), m, xp.zeros_like(m))
-    scores -= m
-    e = backend.exp_into(scores)  # exp(-inf) = 0 at masked entries
-    total = xp.sum(e, axis=-1, keepdims=True)
-    if bias is not None:
-        total = xp.where(total > 0, total, xp.ones_like(total))
-    return e, m, total
-
-
-def _blocks(q, k, mask, bias):
-    """Yield (rows, keys, block_bias): index tuples into q (and out, lse) and into k, v,
-    and the bias block, covering the scores (..., T, S) in blocks of about BLOCK_SCORES.
-
-    A block is a range of axis-0 rows (several batch rows if one fits) or, when one
-    row's (..., T, S) scores are too many, a range of its queries.
-    """
-    num_rows = q.shape[0] if q.ndim > 2 else 1  # (T, E) queries: one row
-    num_queries, num_keys = q.shape[-2], k.shape[-2]
-    per_query = math.prod(q.shape[1:-2]) * num_keys  # scores per (row, query)
-    queries = max(1, min(num_queries, BLOCK_SCORES // per_query))
-    rows_per_block = max(1, BLOCK_SCORES // (per_query * num_queries)) if queries == num_queries else 1
-    all_ = slice(None)
-    for r in range(0, num_rows, rows_per_block):
-        row = slice(r, min(r + rows_per_block, num_rows))
-        for t in range(0, num_queries, queries):
-            query = slice(t, min(t + queries, num_queries))
-            seen, block_bias = num_keys, None
-            if mask is not None:
-                seen, all_allowed = _visible_keys(mask, row, query, num_keys)
-                if not all_allowed:
-                    block_bias = bias[_mask_index(bias, row, query, slice(0, seen))]
-            key = slice(0, seen)
-            rows = (row, Ellipsis, query, all_) if q.ndim > 2 else (query, all_)
-            keys = (row, Ellipsis, key, all_) if q.ndim > 2 else (key, all_)
-            yield rows, keys, block_bias
-
-
-def _mask_index(mask, row, query, key):
-    """Index of a block in a mask (or bias) that broadcasts: slice only axes of full size."""
-    all_ = slice(None)
-    pick = lambda axis, s: s if mask.shape[axis] > 1 else all_  # noqa: E731
-    if mask.ndim == 2:
-        return (pick(0, query), pick(1, key))
-    return (pick(0, row), Ellipsis, pick(-2, query), pick(-1, key))
-
-
-def _visible_keys(mask, row, query, num_keys: int) -> tuple[int, bool]:
-    """-> (seen, all_allowed) for a block: seen = 1 + the last key any of its queries may see
-    (at least 1), and whether its mask allows every query every key before that.
-
-    Keys from ``seen`` on are cut; when all_allowed, the bias is all zeros and is skipped
-    (a padding mask on a block of one sequence).
-    """
-    xp = backend.namespace_of(mask)
-    block = mask[_mask_index(mask, row, query, slice(None))]
-    if mask.shape[-1] == 1:  # the mask broadcasts along the keys: nothing to cut
-        return num_keys, bool(xp.all(block))
-    allowed = xp.reshape(block, (-1, mask.shape[-1]))  # (rows * queries of the mask, S)
-    visible = xp.any(allowed, axis=0)  # (S,): may any query of the block see key j?
-    position = xp.arange(1, num_keys + 1, device=backend.device_of(mask))
-    seen = max(1, int(xp.max(xp.where(visible, position, xp.zeros_like(position)))))
-    return seen, bool(xp.all(allowed[:, :seen]))
-
-
-# --------------------------------------------------------------------------- masks
-def padding_mask(valid_lens, num_keys: int):
-    """valid_lens (B,) integers -> (B, 1, 1, S) bool, True at the first valid_lens[b] keys."""
-    xp = backend.namespace_of(valid_lens)
-    check_rank(valid_lens, 1, "valid lengths")
-    if not backend.is_integer_array(valid_lens):
-        raise TypeError(f"valid lengths must be integers, got dtype {valid_lens.dtype}")
-    positions = xp.arange(num_keys, dtype=valid_lens.dtype, device=backend.device_of(valid_lens))
-    keep = positions[None, :] < valid_lens[:, None]  # (B, S)
-    return keep[:, None, None, :]  # (B, 1, 1, S)
-
-
-def causal_mask(num_queries: int, num_keys: int | None = None, like=None):
-    """(T, S) bool: query i may see keys j <= i + (S - T).
-
-    With S == T this is the lower triangle; with S > T (a decoder continuing a
-    cached prefix of S - T tokens) the queries are the last T positions.
-    ``like``: any array of the target namespace/device (default: the current backend).
-    """
-    num_keys = num_queries if num_keys is None else num_keys
-    if num_keys < num_queries:
-        raise ValueError(f"causal mask needs at least as many keys ({num_keys}) "
-                         f"as queries ({num_queries})")
-    xp = backend.xp() if like is None else backend.namespace_of(like)
-    dev = backend.device() if like is None else backend.device_of(like)
-    i = xp.arange(num_queries, device=dev)[:, None]  # (T, 1)
-    j = xp.arange(num_keys, device=dev)[None, :]  # (1, S)
-    return j <= i + (num_keys - num_queries)  # (T, S)

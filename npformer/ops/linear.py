@@ -2,9 +2,7 @@ r"""Affine map: the building block of every projection in the Transformer.
 
 Forward
     $y = x W + b$, with $x \in \mathbb{R}^{N \times D_{in}}$ (any leading shape
-    flattens to N rows), $W \in \mathbb{R}^{D_{in} \times D_{out}}$, $b \in \mathbb{R}^{D_{out}}$.
-    The rows are flattened before the product: one (N, D_in) @ (D_in, D_out) product
-    is one BLAS call, where NumPy would make one per leading index of (B, T, D_in).
+    stands for N rows), $W \in \mathbb{R}^{D_{in} \times D_{out}}$, $b \in \mathbb{R}^{D_{out}}$.
 
 Backward, for an upstream gradient $\bar y = \partial L / \partial y$
     $\bar x = \bar y W^\top$                       (each input row feeds every output through W)
@@ -25,11 +23,10 @@ def linear_forward(x, w, b=None):
     xp = backend.namespace_of(x, w)
     check_float(x, "linear input")
     check_last_dim(x, w.shape[0], "linear input")
-    x_rows = xp.reshape(x, (-1, w.shape[0]))  # (N, D_in): one matrix product, not one per row
-    y = xp.matmul(x_rows, w)  # (N, D_in) @ (D_in, D_out) -> (N, D_out)
+    y = xp.matmul(x, w)  # (..., D_in) @ (D_in, D_out) -> (..., D_out)
     if b is not None:
-        y += b  # (N, D_out) + (D_out,), in place: y is fresh
-    return xp.reshape(y, tuple(x.shape[:-1]) + (w.shape[1],)), (x, w, b is not None)
+        y = y + b  # (..., D_out) + (D_out,)
+    return y, (x, w, b is not None)
 
 
 def linear_backward(dy, cache):
@@ -37,9 +34,9 @@ def linear_backward(dy, cache):
     x, w, has_bias = cache
     xp = backend.namespace_of(dy, w)
     d_in, d_out = w.shape
-    x_rows = xp.reshape(x, (-1, d_in))  # (N, D_in)
+    dx = xp.matmul(dy, xp.matrix_transpose(w))  # (..., D_out) @ (D_out, D_in)
+    x_rows = xp.reshape(x, (-1, d_in))  # (N, D_in): every row that used W
     dy_rows = xp.reshape(dy, (-1, d_out))  # (N, D_out)
-    dx = xp.matmul(dy_rows, xp.matrix_transpose(w))  # (N, D_out) @ (D_out, D_in) -> (N, D_in)
     dw = xp.matmul(xp.matrix_transpose(x_rows), dy_rows)  # (D_in, N) @ (N, D_out)
     db = xp.sum(dy_rows, axis=0) if has_bias else None  # (D_out,)
-    return xp.reshape(dx, tuple(x.shape)), dw, db
+    return dx, dw, db

@@ -2,28 +2,25 @@ r"""Cross-entropy over logits, with padding ignored and optional label smoothing
 
 Rows: N predictions over V classes (any leading shape flattens to N).
 Targets $y_n$; rows with $y_n$ = ignore_index do not count.  With smoothing
-$\varepsilon$, the target distribution is $q = (1 - \varepsilon)\,\text{onehot}(y) + \varepsilon / V$
+$\varepsilon$, the target distribution is $q_n = (1 - \varepsilon)\,\text{onehot}(y_n) + \varepsilon / V$
 (PyTorch's definition), and the loss is averaged over the $N_v$ counted rows:
 
-Forward (log-softmax and the target pick fused: only p = softmax(z) is stored)
-    $m_n = \max_v z_{n,v}$,  $s = z - m$,  $\log Z_n = \log \sum_v e^{s_{n,v}}$
-    $\ell_{n,v} = \log\text{softmax}(z)_{n,v} = s_{n,v} - \log Z_n$       (never built whole)
-    $L_n = -\sum_v q_{n,v}\, \ell_{n,v} = (1-\varepsilon)(\log Z_n - s_{n,y_n}) + \varepsilon\,(\log Z_n - \tfrac1V \sum_v s_{n,v})$
-    $L = \frac{1}{N_v} \sum_{n \text{ counted}} L_n$     (0 if no row counts)
-    $p = e^{s} / Z$, computed in s's buffer
+Forward
+    $\ell = \log\text{softmax}(z)$                      (N, V), along the classes (§6)
+    $L_n = -\sum_v q_{n,v}\, \ell_{n,v}$                 (without smoothing: $-\ell_{n,y_n}$)
+    $L = \sum_n w_n L_n$, with $w_n = [n \text{ counted}] / N_v$   (0 if no row counts)
 
-Backward (softmax and log cancel into one subtraction)
-    $\bar z_n = \bar L \, (p_n - q_n) / N_v$ for counted rows, 0 for ignored rows,
-    where $p = \text{softmax}(z)$: since $\sum_v q_{n,v} = 1$,
-    $\partial L_n/\partial z_{n,j} = -\sum_v q_{n,v} (\delta_{vj} - p_{n,j}) = p_{n,j} - q_{n,j}$.
-    $p - q$ is built as $p - \varepsilon / V$, then $1 - \varepsilon$ subtracted at each row's
-    target, then scaled by the row weight $w_n = \bar L\,[n \text{ counted}] / N_v$:
-    one (N, V) array, no one-hot matrix.
+Backward
+    $\bar\ell_n = -\bar L\, w_n\, q_n$,  then $\bar z = $ log-softmax backward of $\bar\ell$.
+    Since $\sum_v q_{n,v} = 1$ this is $\bar z_n = \bar L\, w_n (p_n - q_n)$ with
+    $p = \text{softmax}(z)$: softmax and log cancel into one subtraction, which the fast
+    tier (:mod:`npformer.fast.losses`) computes directly without building $\ell$ or $q$.
 """
 from __future__ import annotations
 
 from .. import backend
 from ._checks import check_float, check_token_ids
+from .softmax import log_softmax_backward, log_softmax_forward
 
 IGNORE_INDEX = -100  # PyTorch's default
 
@@ -32,6 +29,42 @@ def cross_entropy_forward(logits, targets, ignore_index: int = IGNORE_INDEX,
                           label_smoothing: float = 0.0):
     """logits (..., V) floats, targets (...) integers -> loss (0-d array), cache."""
     xp = backend.namespace_of(logits, targets)
+    check_cross_entropy_inputs(logits, targets, ignore_index, label_smoothing)
+    vocab = logits.shape[-1]
+    z = xp.reshape(logits, (-1, vocab))  # (N, V)
+    t = xp.reshape(targets, (-1,))  # (N,)
+    log_p, log_softmax_cache = log_softmax_forward(z, axis=-1)  # l, (N, V)
+    q = target_distribution(t, vocab, ignore_index, label_smoothing, z.dtype)  # (N, V)
+    counted = xp.astype(t != ignore_index, z.dtype)  # (N,) 1 or 0
+    n_counted = xp.sum(counted)
+    weight = counted / xp.where(n_counted > 0, n_counted, xp.ones_like(n_counted))  # w, (N,)
+    per_row = -xp.sum(q * log_p, axis=-1)  # L_n, (N,)
+    loss = xp.sum(weight * per_row)
+    return loss, (q, weight, log_softmax_cache, tuple(logits.shape))
+
+
+def cross_entropy_backward(dloss, cache):
+    """dloss (scalar) -> dlogits (..., V)."""
+    q, weight, log_softmax_cache, logits_shape = cache
+    xp = backend.namespace_of(q)
+    dlog_p = (-dloss * weight)[:, None] * q  # (N, V): 0 on ignored rows
+    dz = log_softmax_backward(dlog_p, log_softmax_cache)  # (N, V)
+    return xp.reshape(dz, logits_shape)
+
+
+def target_distribution(targets, vocab: int, ignore_index: int, label_smoothing: float,
+                        dtype):
+    """targets (N,) -> q (N, V) = (1 - eps) onehot(y) + eps / V (ignored rows: class 0)."""
+    xp = backend.namespace_of(targets)
+    safe = xp.where(targets != ignore_index, targets, xp.zeros_like(targets))
+    classes = xp.arange(vocab, dtype=targets.dtype, device=backend.device_of(targets))
+    onehot = xp.astype(classes[None, :] == safe[:, None], dtype)  # (N, V)
+    return (1.0 - label_smoothing) * onehot + label_smoothing / vocab
+
+
+def check_cross_entropy_inputs(logits, targets, ignore_index: int,
+                               label_smoothing: float) -> None:
+    """Logits, targets and smoothing fit together (shared with the fast tier)."""
     check_float(logits, "cross-entropy logits")
     if tuple(targets.shape) != tuple(logits.shape[:-1]):
         raise ValueError(f"cross-entropy targets of shape {tuple(targets.shape)} do not "
@@ -39,38 +72,5 @@ def cross_entropy_forward(logits, targets, ignore_index: int = IGNORE_INDEX,
                          f"{tuple(logits.shape[:-1])})")
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
-    vocab = logits.shape[-1]
-    check_token_ids(targets, vocab, "cross-entropy targets", allowed_extra=ignore_index)
-    z = xp.reshape(logits, (-1, vocab))  # (N, V)
-    t = xp.reshape(targets, (-1,))  # (N,)
-    counted = t != ignore_index  # (N,) bool
-    safe_t = xp.where(counted, t, xp.zeros_like(t))  # ignored rows point at class 0
-    shifted = z - xp.max(z, axis=-1, keepdims=True)  # s = z - m, (N, V)
-    picked = xp.take_along_axis(shifted, safe_t[:, None], axis=-1)[:, 0]  # s at targets, (N,)
-    if label_smoothing > 0.0:
-        mean_shifted = xp.mean(shifted, axis=-1)  # (N,), read before exp overwrites s
-    e = backend.exp_into(shifted)  # (N, V), in s's buffer
-    total = xp.sum(e, axis=-1, keepdims=True)  # Z, (N, 1)
-    log_total = xp.log(total[:, 0])  # log Z, (N,)
-    per_row = (1.0 - label_smoothing) * (log_total - picked)  # (1 - eps) * -log p_y
-    if label_smoothing > 0.0:
-        per_row = per_row + label_smoothing * (log_total - mean_shifted)  # eps * -mean log p
-    counted_f = xp.astype(counted, z.dtype)
-    n_counted = xp.sum(counted_f)
-    denom = xp.where(n_counted > 0, n_counted, xp.ones_like(n_counted))
-    loss = xp.sum(per_row * counted_f) / denom
-    p = e
-    p /= total  # softmax, in place, (N, V)
-    return loss, (p, safe_t, counted_f, denom, label_smoothing, tuple(logits.shape))
-
-
-def cross_entropy_backward(dloss, cache):
-    """dloss (scalar) -> dlogits (..., V) = dloss * (p - q) / N_counted on counted rows."""
-    p, safe_t, counted_f, denom, label_smoothing, logits_shape = cache
-    xp = backend.namespace_of(p)
-    vocab = p.shape[-1]
-    weight = counted_f * (dloss / denom)  # w, (N,): 0 on ignored rows
-    dz = p - label_smoothing / vocab  # p minus the eps / V that q spreads over every class
-    dz = backend.add_at_columns(dz, safe_t, -(1.0 - label_smoothing))  # p - q, (N, V)
-    dz *= weight[:, None]  # w (p - q)
-    return xp.reshape(dz, logits_shape)
+    check_token_ids(targets, logits.shape[-1], "cross-entropy targets",
+                    allowed_extra=ignore_index)

@@ -22,31 +22,22 @@ from .. import backend
 from ._checks import check_float, check_mask
 
 
-def softmax_forward(x, axis: int = -1, mask=None, overwrite_input: bool = False):
-    """x (...) -> p (...), cache (p, axis).  mask: boolean, broadcasts to x, True = keep.
-
-    ``overwrite_input=True`` lets the op reuse x's buffer for p (attention does this
-    with its freshly computed scores); the result is identical.
-    """
+def softmax_forward(x, axis: int = -1, mask=None):
+    """x (...) -> p (...), cache (p, axis).  mask: boolean, broadcasts to x, True = keep."""
     xp = backend.namespace_of(x)
     check_float(x, "softmax input")
     if mask is not None:
         check_mask(mask, tuple(x.shape), "softmax mask", target="the softmax input")
-        x = x + mask_bias(mask, x.dtype)  # masked entries become -inf (a new array)
-        overwrite_input = True
+        x = x + mask_bias(mask, x.dtype)  # masked entries become -inf
     m = xp.max(x, axis=axis, keepdims=True)
     if mask is not None:
         m = xp.where(xp.isfinite(m), m, xp.zeros_like(m))  # a fully masked row has max -inf
-    if overwrite_input:
-        x -= m  # in place
-        e = backend.exp_into(x)  # exp(-inf) = 0 at masked entries
-    else:
-        e = xp.exp(x - m)
+    e = xp.exp(x - m)  # exp(-inf) = 0 at masked entries
     total = xp.sum(e, axis=axis, keepdims=True)
     if mask is not None:
         total = xp.where(total > 0, total, xp.ones_like(total))  # 0 / 1 on fully masked rows
-    e /= total  # e is ours: normalise in place
-    return e, (e, axis)
+    p = e / total
+    return p, (p, axis)
 
 
 def mask_bias(mask, dtype):
@@ -58,15 +49,11 @@ def mask_bias(mask, dtype):
     return xp.where(mask, keep, drop)
 
 
-def softmax_backward(dp, cache, overwrite_input: bool = False):
-    """dp (...) -> dx (...) = p * (dp - sum(dp * p)).  ``overwrite_input``: reuse dp's buffer."""
+def softmax_backward(dp, cache):
+    """dp (...) -> dx (...) = p * (dp - sum(dp * p))."""
     p, axis = cache
     xp = backend.namespace_of(dp, p)
     inner = xp.sum(dp * p, axis=axis, keepdims=True)  # <dp, p> per row
-    if overwrite_input:
-        dp -= inner
-        dp *= p
-        return dp
     return p * (dp - inner)
 
 

@@ -1,4 +1,4 @@
-r"""Packing: the valid positions of a padded batch as rows, and back.
+r"""Packing (fast tier): the valid positions of a padded batch as rows, and back.
 
 A batch of B sequences padded to length T holds $N = \sum_b n_b$ real tokens
 ($n_b$ the valid length of sequence b) and $BT - N$ padding positions.  Every
@@ -18,7 +18,8 @@ transpose), so each one's backward is the other:
     unpack backward:  $\bar R = \text{pack}(\bar X)$
 
 Attention is the one layer that mixes positions: it unpacks its queries, keys
-and values to (B, T, ...) and packs its output again (:mod:`npformer.nn.attention`).
+and values to (B, T, ...) and packs its output again (:mod:`npformer.nn.attention`,
+through :class:`npformer.nn.Padding`, which holds a batch's packing).
 Nothing about a valid position changes: its keys are the same valid positions,
 the padding keys being masked either way, so packed and padded runs give the
 same outputs at every valid position and the same gradients.
@@ -29,7 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import backend
-from ._checks import check_rank
+from ..ops._checks import check_rank
+from .inplace import scatter_rows
 
 
 @dataclass(frozen=True)
@@ -59,5 +61,5 @@ class Packing:
     def unpack(self, rows):
         """(N, D) -> (B, T, D), zeros at padding (also pack's backward)."""
         xp = backend.namespace_of(rows)
-        full = backend.scatter_rows(self.index, rows, self.batch * self.length)  # (B*T, D)
+        full = scatter_rows(self.index, rows, self.batch * self.length)  # (B*T, D)
         return xp.reshape(full, (self.batch, self.length, rows.shape[-1]))  # (B, T, D)

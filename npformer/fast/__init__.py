@@ -1,0 +1,35 @@
+"""The fast tier: the ops of :mod:`npformer.ops`, computed for speed.
+
+Each name here is the same function as the textbook op of the same name (same
+arguments, same results up to rounding, same gradients), tested equal to it in
+``tests/test_fast_equals_textbook.py``.  What exists only for speed lives here:
+
+* :mod:`.attention`: blocked attention with the stored log-sum-exp and recomputed P
+  (``block_scores`` an argument);
+* :mod:`.losses`: softmax and cross-entropy fused (no one-hot, no log-probabilities);
+* :mod:`.softmax`: in-place variants (``overwrite_input``);
+* :mod:`.linear`: the rows flattened into one matrix product, the bias added in place;
+* :mod:`.packing`: the valid positions of a padded batch as rows (:class:`Packing`),
+  which :class:`npformer.nn.Padding` uses in this tier;
+* :mod:`.inplace`: the in-place kernels (``exp_into``, ``add_at_columns``, ``scatter_rows``).
+
+Every op without a fast version is the textbook op itself (looked up in
+:mod:`npformer.ops` on access, so the two tiers can never drift apart).
+"""
+from .. import ops as _textbook
+from .attention import BLOCK_SCORES, attention_backward, attention_forward
+from .linear import linear_backward, linear_forward
+from .losses import cross_entropy_backward, cross_entropy_forward
+from .packing import Packing
+from .softmax import softmax_backward, softmax_forward
+
+FAST_OPS = ("attention_forward", "attention_backward", "linear_forward", "linear_backward",
+            "cross_entropy_forward", "cross_entropy_backward", "softmax_forward",
+            "softmax_backward")
+
+
+def __getattr__(name: str):
+    """Every other op: the textbook one."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return getattr(_textbook, name)

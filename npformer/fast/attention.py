@@ -1,0 +1,174 @@
+r"""Scaled dot-product attention, fast: blocked, with the log-sum-exp stored and P
+recomputed in the backward.  The same function as the dense textbook op
+(:mod:`npformer.ops.attention`), tested equal to it.
+
+Shapes: B batch, H heads, T queries, S keys, E query/key width per head,
+F value width per head.  Any leading shape works in place of (B, H).
+
+Forward, with the scale $\alpha = 1/\sqrt{E}$ folded into the queries
+    $A = (\alpha Q) K^\top + M$                    scores, (..., T, S); M = 0 or -inf (mask)
+    $m = \max_j A_{:j}$, $e = \exp(A - m)$, $l = \sum_j e_{:j}$   (stable softmax, §6)
+    $O = (e V) / l$                              (..., T, F): $P V$ with $P = e / l$
+    $\lambda = m + \log l$                         (..., T, 1): each row's log-sum-exp
+
+Backward, from $\bar O$, recomputing $P = \exp(A - \lambda)$ instead of storing it
+(the memory-efficient backward of FlashAttention, Dao et al., 2022)
+    $\bar V = P^\top \bar O$        $\bar P = \bar O V^\top$
+    $\bar A = P \odot (\bar P - \text{rowsum}(\bar P \odot P))$   (softmax backward, §6)
+    $\bar Q = \alpha\, \bar A K$      $\bar K = \bar A^\top (\alpha Q)$
+
+Blocks.  The (T, S) score matrices are never held for the whole batch: both
+passes walk over blocks of about ``block_scores`` scores (an argument, default
+``BLOCK_SCORES``: a few batch rows, or a range of queries), so each block's element-wise passes run in the CPU cache and
+the backward keeps only $\lambda$, not the (B, H, T, S) probabilities.  Within a
+block, keys after the last one any query of the block may see are cut off
+(padding at the end of a sequence, the future of a causal block): they would
+get probability 0 and gradient 0, so only work is saved; and when the block's
+mask then allows every query every remaining key, the all-zero bias is skipped.
+
+Masks as in the textbook op: boolean, True where a query may attend to a key,
+broadcasting to (B, H, T, S).  A query whose keys are all masked gets a zero
+output and zero gradients.
+"""
+from __future__ import annotations
+
+import math
+
+from .. import backend
+from ..ops.attention import check_attention_inputs
+from ..ops.softmax import mask_bias
+from .inplace import exp_into
+from .softmax import softmax_backward
+
+BLOCK_SCORES = 1 << 19  # scores per block: 2 MiB in float32, about a CPU core's L2 cache
+
+
+def attention_forward(q, k, v, mask=None, block_scores: int = BLOCK_SCORES):
+    """q (..., T, E), k (..., S, E), v (..., S, F), mask (bool, broadcasts to (..., T, S))
+    -> out (..., T, F), cache.  ``block_scores``: scores per block (the backward uses
+    the same blocks)."""
+    xp = backend.namespace_of(q, k, v)
+    check_attention_inputs(q, k, v, mask)
+    if block_scores < 1:
+        raise ValueError(f"block_scores must be at least 1, got {block_scores}")
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    q = q * scale  # (..., T, E): the scale, folded into the queries once
+    mask = _align(mask, q.ndim)
+    bias = None if mask is None else mask_bias(mask, q.dtype)  # mask's shape: 0 or -inf
+    out = _empty(xp, q.shape[:-1] + (v.shape[-1],), q)  # (..., T, F)
+    lse = _empty(xp, q.shape[:-1] + (1,), q)  # (..., T, 1)
+    for rows, keys, block_bias in _blocks(q, k, mask, bias, block_scores):
+        scores = xp.matmul(q[rows], xp.matrix_transpose(k[keys]))  # (.., t, E) @ (.., E, s)
+        e, m, total = _stable_exp(scores, block_bias)  # (.., t, s), (.., t, 1) twice
+        out[rows] = xp.matmul(e, v[keys]) / total  # (.., t, s) @ (.., s, F) -> (.., t, F)
+        lse[rows] = m + xp.log(total)
+    return out, (q, k, v, mask, bias, lse, scale, block_scores)
+
+
+def attention_backward(dout, cache):
+    """dout (..., T, F) -> dq (..., T, E), dk (..., S, E), dv (..., S, F)."""
+    q, k, v, mask, bias, lse, scale, block_scores = cache  # q is already scaled by alpha
+    xp = backend.namespace_of(dout, q)
+    dq = _empty(xp, q.shape, q)  # every query row belongs to exactly one block
+    dk = xp.zeros_like(k)  # keys are shared by query blocks, and cut-off keys get 0
+    dv = xp.zeros_like(v)
+    for rows, keys, block_bias in _blocks(q, k, mask, bias, block_scores):
+        scores = xp.matmul(q[rows], xp.matrix_transpose(k[keys]))  # (.., t, s), recomputed
+        if block_bias is not None:
+            scores += block_bias
+        scores -= lse[rows]
+        p = exp_into(scores)  # P = exp(A - lse), (.., t, s)
+        dv[keys] += xp.matmul(xp.matrix_transpose(p), dout[rows])  # (.., s, t) @ (.., t, F)
+        dp = xp.matmul(dout[rows], xp.matrix_transpose(v[keys]))  # (.., t, F) @ (.., F, s)
+        dscores = softmax_backward(dp, (p, -1), overwrite_input=True)  # dA, in dp's buffer
+        dq[rows] = xp.matmul(dscores, k[keys]) * scale  # (.., t, s) @ (.., s, E)
+        dk[keys] += xp.matmul(xp.matrix_transpose(dscores), q[rows])  # (.., s, t) @ (.., t, E)
+    return dq, dk, dv
+
+
+def _empty(xp, shape, like):
+    return xp.empty(tuple(shape), dtype=like.dtype, device=backend.device_of(like))
+
+
+def _align(mask, ndim: int):
+    """A mask that broadcasts to the scores, given the scores' number of axes (leading 1s)."""
+    if mask is None or mask.ndim == ndim:
+        return mask
+    xp = backend.namespace_of(mask)
+    return xp.reshape(mask, (1,) * (ndim - mask.ndim) + tuple(mask.shape))
+
+
+def _stable_exp(scores, bias):
+    """Masked, max-shifted exp of a block of scores, in the scores' buffer.
+
+    -> e (.., t, s), m (.., t, 1), total (.., t, 1) with softmax = e / total.
+    A row with every key masked has m = 0 (not -inf), e = 0 and total = 1, so its
+    output is 0 and its log-sum-exp m + log(total) = 0: never NaN.
+    """
+    xp = backend.namespace_of(scores)
+    if bias is not None:
+        scores += bias
+    m = xp.max(scores, axis=-1, keepdims=True)
+    if bias is not None:
+        m = xp.where(xp.isfinite(m), m, xp.zeros_like(m))
+    scores -= m
+    e = exp_into(scores)  # exp(-inf) = 0 at masked entries
+    total = xp.sum(e, axis=-1, keepdims=True)
+    if bias is not None:
+        total = xp.where(total > 0, total, xp.ones_like(total))
+    return e, m, total
+
+
+def _blocks(q, k, mask, bias, block_scores: int):
+    """Yield (rows, keys, block_bias): index tuples into q (and out, lse) and into k, v,
+    and the bias block, covering the scores (..., T, S) in blocks of about block_scores.
+
+    A block is a range of axis-0 rows (several batch rows if one fits) or, when one
+    row's (..., T, S) scores are too many, a range of its queries.
+    """
+    num_rows = q.shape[0] if q.ndim > 2 else 1  # (T, E) queries: one row
+    num_queries, num_keys = q.shape[-2], k.shape[-2]
+    per_query = math.prod(q.shape[1:-2]) * num_keys  # scores per (row, query)
+    queries = max(1, min(num_queries, block_scores // per_query))
+    rows_per_block = max(1, block_scores // (per_query * num_queries)) if queries == num_queries else 1
+    all_ = slice(None)
+    for r in range(0, num_rows, rows_per_block):
+        row = slice(r, min(r + rows_per_block, num_rows))
+        for t in range(0, num_queries, queries):
+            query = slice(t, min(t + queries, num_queries))
+            seen, block_bias = num_keys, None
+            if mask is not None:
+                seen, all_allowed = _visible_keys(mask, row, query, num_keys)
+                if not all_allowed:
+                    block_bias = bias[_mask_index(bias, row, query, slice(0, seen))]
+            key = slice(0, seen)
+            rows = (row, Ellipsis, query, all_) if q.ndim > 2 else (query, all_)
+            keys = (row, Ellipsis, key, all_) if q.ndim > 2 else (key, all_)
+            yield rows, keys, block_bias
+
+
+def _mask_index(mask, row, query, key):
+    """Index of a block in a mask (or bias) that broadcasts: slice only axes of full size."""
+    all_ = slice(None)
+    pick = lambda axis, s: s if mask.shape[axis] > 1 else all_  # noqa: E731
+    if mask.ndim == 2:
+        return (pick(0, query), pick(1, key))
+    return (pick(0, row), Ellipsis, pick(-2, query), pick(-1, key))
+
+
+def _visible_keys(mask, row, query, num_keys: int) -> tuple[int, bool]:
+    """-> (seen, all_allowed) for a block: seen = 1 + the last key any of its queries may see
+    (at least 1), and whether its mask allows every query every key before that.
+
+    Keys from ``seen`` on are cut; when all_allowed, the bias is all zeros and is skipped
+    (a padding mask on a block of one sequence).
+    """
+    xp = backend.namespace_of(mask)
+    block = mask[_mask_index(mask, row, query, slice(None))]
+    if mask.shape[-1] == 1:  # the mask broadcasts along the keys: nothing to cut
+        return num_keys, bool(xp.all(block))
+    allowed = xp.reshape(block, (-1, mask.shape[-1]))  # (rows * queries of the mask, S)
+    visible = xp.any(allowed, axis=0)  # (S,): may any query of the block see key j?
+    position = xp.arange(1, num_keys + 1, device=backend.device_of(mask))
+    seen = max(1, int(xp.max(xp.where(visible, position, xp.zeros_like(position)))))
+    return seen, bool(xp.all(allowed[:, :seen]))

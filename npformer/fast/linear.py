@@ -1,0 +1,46 @@
+r"""Affine map, fast: the textbook op (:mod:`npformer.ops.linear`) with the rows
+flattened before the product and the bias added in place.
+
+Forward
+    $y = x W + b$, with $x \in \mathbb{R}^{N \times D_{in}}$ (any leading shape
+    flattens to N rows), $W \in \mathbb{R}^{D_{in} \times D_{out}}$, $b \in \mathbb{R}^{D_{out}}$.
+    The rows are flattened before the product: one (N, D_in) @ (D_in, D_out) product
+    is one BLAS call, where NumPy would make one per leading index of (B, T, D_in).
+
+Backward, for an upstream gradient $\bar y = \partial L / \partial y$
+    $\bar x = \bar y W^\top$                       (each input row feeds every output through W)
+    $\bar W = x^\top \bar y = \sum_n x_n^\top \bar y_n$   (sum over every row that used W)
+    $\bar b = \sum_n \bar y_n$                      (b is added to every row)
+
+W is stored (D_in, D_out), the orientation of the math; PyTorch stores the
+transpose, which :mod:`npformer.torch_interop` converts.
+"""
+from __future__ import annotations
+
+from .. import backend
+from ..ops._checks import check_float, check_last_dim
+
+
+def linear_forward(x, w, b=None):
+    """x (..., D_in), w (D_in, D_out), b (D_out,) or None -> y (..., D_out), cache."""
+    xp = backend.namespace_of(x, w)
+    check_float(x, "linear input")
+    check_last_dim(x, w.shape[0], "linear input")
+    x_rows = xp.reshape(x, (-1, w.shape[0]))  # (N, D_in): one matrix product, not one per row
+    y = xp.matmul(x_rows, w)  # (N, D_in) @ (D_in, D_out) -> (N, D_out)
+    if b is not None:
+        y += b  # (N, D_out) + (D_out,), in place: y is fresh
+    return xp.reshape(y, tuple(x.shape[:-1]) + (w.shape[1],)), (x, w, b is not None)
+
+
+def linear_backward(dy, cache):
+    """dy (..., D_out) -> dx (..., D_in), dw (D_in, D_out), db (D_out,) or None."""
+    x, w, has_bias = cache
+    xp = backend.namespace_of(dy, w)
+    d_in, d_out = w.shape
+    x_rows = xp.reshape(x, (-1, d_in))  # (N, D_in)
+    dy_rows = xp.reshape(dy, (-1, d_out))  # (N, D_out)
+    dx = xp.matmul(dy_rows, xp.matrix_transpose(w))  # (N, D_out) @ (D_out, D_in) -> (N, D_in)
+    dw = xp.matmul(xp.matrix_transpose(x_rows), dy_rows)  # (D_in, N) @ (N, D_out)
+    db = xp.sum(dy_rows, axis=0) if has_bias else None  # (D_out,)
+    return xp.reshape(dx, tuple(x.shape)), dw, db

@@ -1,0 +1,70 @@
+r"""Cross-entropy, fast: log-softmax, the target pick and the backward fused, so only
+p = softmax(z) is stored and no one-hot or target distribution is built.  The same
+function as the textbook op (:mod:`npformer.ops.losses`), tested equal to it.
+
+Rows: N predictions over V classes (any leading shape flattens to N).
+Targets $y_n$; rows with $y_n$ = ignore_index do not count.  With smoothing
+$\varepsilon$, the target distribution is $q = (1 - \varepsilon)\,\text{onehot}(y) + \varepsilon / V$
+(PyTorch's definition), and the loss is averaged over the $N_v$ counted rows:
+
+Forward (log-softmax and the target pick fused: only p = softmax(z) is stored)
+    $m_n = \max_v z_{n,v}$,  $s = z - m$,  $\log Z_n = \log \sum_v e^{s_{n,v}}$
+    $\ell_{n,v} = \log\text{softmax}(z)_{n,v} = s_{n,v} - \log Z_n$       (never built whole)
+    $L_n = -\sum_v q_{n,v}\, \ell_{n,v} = (1-\varepsilon)(\log Z_n - s_{n,y_n}) + \varepsilon\,(\log Z_n - \tfrac1V \sum_v s_{n,v})$
+    $L = \frac{1}{N_v} \sum_{n \text{ counted}} L_n$     (0 if no row counts)
+    $p = e^{s} / Z$, computed in s's buffer
+
+Backward (softmax and log cancel into one subtraction)
+    $\bar z_n = \bar L \, (p_n - q_n) / N_v$ for counted rows, 0 for ignored rows,
+    where $p = \text{softmax}(z)$: since $\sum_v q_{n,v} = 1$,
+    $\partial L_n/\partial z_{n,j} = -\sum_v q_{n,v} (\delta_{vj} - p_{n,j}) = p_{n,j} - q_{n,j}$.
+    $p - q$ is built as $p - \varepsilon / V$, then $1 - \varepsilon$ subtracted at each row's
+    target, then scaled by the row weight $w_n = \bar L\,[n \text{ counted}] / N_v$:
+    one (N, V) array, no one-hot matrix.
+"""
+from __future__ import annotations
+
+from .. import backend
+from ..ops.losses import IGNORE_INDEX, check_cross_entropy_inputs
+from .inplace import add_at_columns, exp_into
+
+
+def cross_entropy_forward(logits, targets, ignore_index: int = IGNORE_INDEX,
+                          label_smoothing: float = 0.0):
+    """logits (..., V) floats, targets (...) integers -> loss (0-d array), cache."""
+    xp = backend.namespace_of(logits, targets)
+    check_cross_entropy_inputs(logits, targets, ignore_index, label_smoothing)
+    vocab = logits.shape[-1]
+    z = xp.reshape(logits, (-1, vocab))  # (N, V)
+    t = xp.reshape(targets, (-1,))  # (N,)
+    counted = t != ignore_index  # (N,) bool
+    safe_t = xp.where(counted, t, xp.zeros_like(t))  # ignored rows point at class 0
+    shifted = z - xp.max(z, axis=-1, keepdims=True)  # s = z - m, (N, V)
+    picked = xp.take_along_axis(shifted, safe_t[:, None], axis=-1)[:, 0]  # s at targets, (N,)
+    if label_smoothing > 0.0:
+        mean_shifted = xp.mean(shifted, axis=-1)  # (N,), read before exp overwrites s
+    e = exp_into(shifted)  # (N, V), in s's buffer
+    total = xp.sum(e, axis=-1, keepdims=True)  # Z, (N, 1)
+    log_total = xp.log(total[:, 0])  # log Z, (N,)
+    per_row = (1.0 - label_smoothing) * (log_total - picked)  # (1 - eps) * -log p_y
+    if label_smoothing > 0.0:
+        per_row = per_row + label_smoothing * (log_total - mean_shifted)  # eps * -mean log p
+    counted_f = xp.astype(counted, z.dtype)
+    n_counted = xp.sum(counted_f)
+    denom = xp.where(n_counted > 0, n_counted, xp.ones_like(n_counted))
+    loss = xp.sum(per_row * counted_f) / denom
+    p = e
+    p /= total  # softmax, in place, (N, V)
+    return loss, (p, safe_t, counted_f, denom, label_smoothing, tuple(logits.shape))
+
+
+def cross_entropy_backward(dloss, cache):
+    """dloss (scalar) -> dlogits (..., V) = dloss * (p - q) / N_counted on counted rows."""
+    p, safe_t, counted_f, denom, label_smoothing, logits_shape = cache
+    xp = backend.namespace_of(p)
+    vocab = p.shape[-1]
+    weight = counted_f * (dloss / denom)  # w, (N,): 0 on ignored rows
+    dz = p - label_smoothing / vocab  # p minus the eps / V that q spreads over every class
+    dz = add_at_columns(dz, safe_t, -(1.0 - label_smoothing))  # p - q, (N, V)
+    dz *= weight[:, None]  # w (p - q)
+    return xp.reshape(dz, logits_shape)

@@ -1,0 +1,54 @@
+r"""Softmax over one axis, fast: the textbook op (:mod:`npformer.ops.softmax`) with the
+option to reuse the caller's buffers.
+
+``overwrite_input=True`` writes the result over the input (attention's freshly
+computed scores, the gradient of its probabilities): no allocation, no page
+faults on (B, H, T, S) arrays.  The values are the textbook ones.
+
+The derivation is the textbook one.
+"""
+from __future__ import annotations
+
+from .. import backend
+from ..ops._checks import check_float, check_mask
+from ..ops.softmax import mask_bias
+from .inplace import exp_into
+
+
+def softmax_forward(x, axis: int = -1, mask=None, overwrite_input: bool = False):
+    """x (...) -> p (...), cache (p, axis).  mask: boolean, broadcasts to x, True = keep.
+
+    ``overwrite_input=True`` lets the op reuse x's buffer for p (attention does this
+    with its freshly computed scores); the result is identical.
+    """
+    xp = backend.namespace_of(x)
+    check_float(x, "softmax input")
+    if mask is not None:
+        check_mask(mask, tuple(x.shape), "softmax mask", target="the softmax input")
+        x = x + mask_bias(mask, x.dtype)  # masked entries become -inf (a new array)
+        overwrite_input = True
+    m = xp.max(x, axis=axis, keepdims=True)
+    if mask is not None:
+        m = xp.where(xp.isfinite(m), m, xp.zeros_like(m))  # a fully masked row has max -inf
+    if overwrite_input:
+        x -= m  # in place
+        e = exp_into(x)  # exp(-inf) = 0 at masked entries
+    else:
+        e = xp.exp(x - m)
+    total = xp.sum(e, axis=axis, keepdims=True)
+    if mask is not None:
+        total = xp.where(total > 0, total, xp.ones_like(total))  # 0 / 1 on fully masked rows
+    e /= total  # e is ours: normalise in place
+    return e, (e, axis)
+
+
+def softmax_backward(dp, cache, overwrite_input: bool = False):
+    """dp (...) -> dx (...) = p * (dp - sum(dp * p)).  ``overwrite_input``: reuse dp's buffer."""
+    p, axis = cache
+    xp = backend.namespace_of(dp, p)
+    inner = xp.sum(dp * p, axis=axis, keepdims=True)  # <dp, p> per row
+    if overwrite_input:
+        dp -= inner
+        dp *= p
+        return dp
+    return p * (dp - inner)

@@ -1,0 +1,71 @@
+"""Key/value caches for decoding one position at a time (inference only).
+
+Each self-attention layer appends the keys and values of the new positions to its
+:class:`KVCache`, so earlier positions are never recomputed; a cross-attention layer
+fills its cache once from the encoder memory.  Keys and values are (B, H, S, E):
+batch, heads, cached positions, per-head width.  Beam search reorders the batch
+rows of every cache with ``select`` when hypotheses are kept, dropped or copied.
+"""
+from __future__ import annotations
+
+from .. import backend
+
+
+class KVCache:
+    """One attention layer's cached keys and values, (B, H, S, E) each (None before use)."""
+
+    def __init__(self):
+        self.keys = None
+        self.values = None
+
+    @property
+    def length(self) -> int:
+        """S: the number of cached positions."""
+        return 0 if self.keys is None else int(self.keys.shape[2])
+
+    def append(self, keys, values) -> None:
+        """Add the keys and values (B, H, T_new, E) of T_new more positions."""
+        if self.keys is None:
+            self.keys, self.values = keys, values
+            return
+        xp = backend.namespace_of(keys)
+        self.keys = xp.concat([self.keys, keys], axis=2)  # (B, H, S + T_new, E)
+        self.values = xp.concat([self.values, values], axis=2)
+
+    def select(self, rows) -> None:
+        """Keep batch rows ``rows`` (integers, (B',), repeats allowed) in that order."""
+        if self.keys is not None:
+            xp = backend.namespace_of(self.keys)
+            self.keys = xp.take(self.keys, rows, axis=0)
+            self.values = xp.take(self.values, rows, axis=0)
+
+
+class BlockCache:
+    """The caches of one block: its self-attention's and, in a decoder block, its
+    cross-attention's (the encoder memory's keys and values)."""
+
+    def __init__(self, cross: bool = False):
+        self.self_attn = KVCache()
+        self.cross_attn = KVCache() if cross else None
+
+    def select(self, rows) -> None:
+        self.self_attn.select(rows)
+        if self.cross_attn is not None:
+            self.cross_attn.select(rows)
+
+
+class DecodingCache:
+    """A model's caches: one :class:`BlockCache` per block, and the decoded length."""
+
+    def __init__(self, num_blocks: int, cross: bool = False):
+        self.blocks = [BlockCache(cross) for _ in range(num_blocks)]
+
+    @property
+    def length(self) -> int:
+        """The number of positions decoded so far (the position of the next one)."""
+        return self.blocks[0].self_attn.length if self.blocks else 0
+
+    def select(self, rows) -> None:
+        """Reorder the batch rows of every cache (beam search: each kept hypothesis's origin)."""
+        for block in self.blocks:
+            block.select(rows)

@@ -1,0 +1,220 @@
+"""Each fast op (npformer.fast) equals its textbook op (npformer.ops): outputs and every
+gradient, in float64, to 1e-12 relative, on NumPy and the strict backend.
+
+Shapes and masks are drawn by Hypothesis: padding (valid lengths down to 0: fully
+masked query rows), causal (with a cached prefix, S > T), padding and causal together,
+random masks of every broadcast shape with a fully masked row, cross-attention
+(S != T), queries without leading axes; block sizes from one score per block up to
+the default.  ``test_blocked_attention_paths`` checks by construction that the block
+sizes used reach every path of the blocked op (single query rows, query ranges,
+multi-row blocks, cut-off keys, skipped bias).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from npformer import backend, fast, ops
+from npformer.fast import attention as fast_attention
+
+from .helpers import rel_diff
+
+TOL = 1e-12
+seeds = st.integers(0, 2**32 - 1)
+
+
+def host(x):
+    return backend.to_numpy(x)
+
+
+def randn(rng, shape, scale=1.0):
+    return backend.asarray(rng.standard_normal(tuple(shape)) * scale, dtype="float64")
+
+
+def assert_equal_arrays(fast_values, textbook_values, names):
+    for name, a, b in zip(names, fast_values, textbook_values):
+        if b is None:
+            assert a is None, f"{name}: fast gave an array where textbook gave None"
+            continue
+        assert tuple(a.shape) == tuple(b.shape), f"{name}: shape {a.shape} != {b.shape}"
+        d = rel_diff(a, b)
+        assert d <= TOL, f"{name}: fast differs from textbook by {d:.3e} (relative)"
+
+
+# =========================================================================== attention
+MASKS = ["none", "padding", "causal", "padding&causal", "random_BHTS", "random_B1TS",
+         "random_11TS", "random_TS", "random_T1"]
+
+
+def draw_mask(kind, rng, b, h, t, s):
+    if kind == "none":
+        return None
+    if kind.startswith("random"):
+        shape = {"random_BHTS": (b, h, t, s), "random_B1TS": (b, 1, t, s),
+                 "random_11TS": (1, 1, t, s), "random_TS": (t, s), "random_T1": (t, 1)}[kind]
+        m = rng.random(shape) < 0.6
+        m[..., rng.integers(t), :] = False  # a fully masked query row
+        return backend.asarray(m)
+    mask = None
+    if "padding" in kind:
+        valid = rng.integers(0, s + 1, size=b)  # 0: a sequence with every key masked
+        mask = ops.padding_mask(backend.asarray(valid), s)
+    if "causal" in kind:
+        causal = ops.causal_mask(t, s)
+        mask = causal if mask is None else mask & causal
+    return mask
+
+
+def check_attention(rng, q, k, v, mask, block_scores):
+    out_t, cache_t = ops.attention_forward(q, k, v, mask)
+    out_f, cache_f = fast.attention_forward(q, k, v, mask, block_scores=block_scores)
+    dout = randn(rng, out_t.shape)
+    assert_equal_arrays([out_f], [out_t], ["out"])
+    assert_equal_arrays(fast.attention_backward(dout, cache_f),
+                        ops.attention_backward(dout, cache_t), ["dq", "dk", "dv"])
+
+
+@given(seed=seeds, kind=st.sampled_from(MASKS), cross=st.booleans(), b=st.integers(1, 3),
+       h=st.integers(1, 3), t=st.integers(1, 5), s=st.integers(1, 5), e=st.integers(1, 4),
+       f=st.integers(1, 4), block_scores=st.one_of(st.integers(1, 150),
+                                                  st.just(fast.BLOCK_SCORES)))
+def test_attention(xb, seed, kind, cross, b, h, t, s, e, f, block_scores):
+    rng = np.random.default_rng(seed)
+    if not cross:
+        s = t  # self-attention
+    if "causal" in kind:
+        s = max(s, t)  # a causal mask needs S >= T (S > T: a cached prefix)
+    q = randn(rng, (b, h, t, e), scale=2.0)
+    k, v = randn(rng, (b, h, s, e), scale=2.0), randn(rng, (b, h, s, f))
+    check_attention(rng, q, k, v, draw_mask(kind, rng, b, h, t, s), block_scores)
+
+
+@given(seed=seeds, t=st.integers(1, 5), extra=st.integers(0, 3), e=st.integers(1, 4),
+       causal=st.booleans(), block_scores=st.integers(1, 40))
+def test_attention_without_leading_axes(xb, seed, t, extra, e, causal, block_scores):
+    """Queries (T, E): one row of blocks, cut by queries only."""
+    rng = np.random.default_rng(seed)
+    s = t + extra
+    q, k, v = randn(rng, (t, e)), randn(rng, (s, e)), randn(rng, (s, e))
+    check_attention(rng, q, k, v, ops.causal_mask(t, s) if causal else None, block_scores)
+
+
+def _paths(q, k, mask, block_scores):
+    """Which paths of the blocked op a call takes (from its block walk)."""
+    bias = None if mask is None else ops.softmax.mask_bias(mask, q.dtype)
+    mask = fast_attention._align(mask, q.ndim)
+    bias = fast_attention._align(bias, q.ndim)
+    seen = set()
+    for rows, keys, block_bias in fast_attention._blocks(q, k, mask, bias, block_scores):
+        row, query = rows[0], rows[-2]
+        queries = query.stop - query.start
+        if queries == 1 and q.shape[-2] > 1:
+            seen.add("single query rows")
+        elif queries < q.shape[-2]:
+            seen.add("query ranges")
+        if row.stop - row.start > 1:
+            seen.add("multi-row blocks")
+        if keys[-2].stop < k.shape[-2]:
+            seen.add("cut-off keys")
+        if mask is not None and block_bias is None:
+            seen.add("skipped bias")
+        if block_bias is not None:
+            seen.add("bias")
+    return seen
+
+
+PATH_CASES = [  # (B, H, T, S, mask kind, block_scores, the paths it must take)
+    (2, 2, 4, 4, "padding", 1, {"single query rows", "cut-off keys", "skipped bias"}),
+    (2, 2, 4, 4, "padding&causal", 16, {"query ranges", "cut-off keys", "bias"}),
+    (3, 2, 3, 3, "padding", 1 << 19, {"multi-row blocks", "cut-off keys", "bias"}),
+    (3, 2, 3, 5, "causal", 60, {"multi-row blocks", "bias"}),
+    (2, 1, 4, 4, "causal", 4, {"single query rows", "cut-off keys", "skipped bias"}),
+]
+
+
+@pytest.mark.parametrize("case", PATH_CASES, ids=lambda c: f"{c[4]}-{c[5]}")
+def test_blocked_attention_paths(xb, case):
+    """Each case takes the paths it names, and the fast op equals the textbook op on it."""
+    b, h, t, s, kind, block_scores, paths = case
+    rng = np.random.default_rng(7)
+    q, k, v = randn(rng, (b, h, t, 3)), randn(rng, (b, h, s, 3)), randn(rng, (b, h, s, 2))
+    if "padding" in kind:
+        lens = np.array([s - 1, 1, 2][:b])  # every row padded: keys past the longest are cut
+        mask = ops.padding_mask(backend.asarray(lens), s)
+        if "causal" in kind:
+            mask = mask & ops.causal_mask(t, s)
+    else:
+        mask = ops.causal_mask(t, s)
+    assert paths <= _paths(q, k, mask, block_scores), _paths(q, k, mask, block_scores)
+    check_attention(rng, q, k, v, mask, block_scores)
+
+
+def test_block_scores_must_be_positive(xb):
+    q = randn(np.random.default_rng(0), (1, 1, 2, 2))
+    with pytest.raises(ValueError, match="block_scores must be at least 1, got 0"):
+        fast.attention_forward(q, q, q, block_scores=0)
+
+
+# =========================================================================== softmax
+@given(seed=seeds, shape=st.lists(st.integers(1, 5), min_size=1, max_size=3),
+       masked=st.booleans(), overwrite=st.booleans(), scale=st.sampled_from([1.0, 30.0]))
+def test_softmax(xb, seed, shape, masked, overwrite, scale):
+    rng = np.random.default_rng(seed)
+    x = randn(rng, shape, scale)
+    mask = None
+    if masked:
+        m = rng.random(shape) < 0.6
+        m[..., 0] = False if len(shape) > 1 else m[..., 0]
+        mask = backend.asarray(m)
+    p_t, cache_t = ops.softmax_forward(x, axis=-1, mask=mask)
+    x_copy = backend.asarray(host(x))  # the fast op may overwrite its own copy
+    p_f, cache_f = fast.softmax_forward(x_copy, axis=-1, mask=mask, overwrite_input=overwrite)
+    assert_equal_arrays([p_f], [p_t], ["p"])
+    dp = randn(rng, shape)
+    dx_t = ops.softmax_backward(dp, cache_t)
+    dx_f = fast.softmax_backward(backend.asarray(host(dp)), cache_f, overwrite_input=overwrite)
+    assert_equal_arrays([dx_f], [dx_t], ["dx"])
+
+
+# =========================================================================== cross-entropy
+@given(seed=seeds, lead=st.lists(st.integers(1, 4), min_size=1, max_size=2),
+       vocab=st.integers(1, 7), smoothing=st.sampled_from([0.0, 0.1, 1.0]),
+       ignored=st.floats(0.0, 1.0), ignore_index=st.sampled_from([-100, 0]),
+       dloss=st.sampled_from([1.0, 0.25]))
+def test_cross_entropy(xb, seed, lead, vocab, smoothing, ignored, ignore_index, dloss):
+    rng = np.random.default_rng(seed)
+    logits = randn(rng, lead + [vocab], scale=3.0)
+    targets = rng.integers(0, vocab, size=lead)
+    targets = np.where(rng.random(lead) < ignored, ignore_index, targets)  # some (or all) ignored
+    targets = backend.asarray(targets)
+    loss_t, cache_t = ops.cross_entropy_forward(logits, targets, ignore_index, smoothing)
+    loss_f, cache_f = fast.cross_entropy_forward(logits, targets, ignore_index, smoothing)
+    assert_equal_arrays([loss_f], [loss_t], ["loss"])
+    assert_equal_arrays([fast.cross_entropy_backward(dloss, cache_f)],
+                        [ops.cross_entropy_backward(dloss, cache_t)], ["dlogits"])
+
+
+# =========================================================================== linear
+@given(seed=seeds, lead=st.lists(st.integers(1, 4), min_size=0, max_size=2),
+       d_in=st.integers(1, 5), d_out=st.integers(1, 5), bias=st.booleans())
+def test_linear(xb, seed, lead, d_in, d_out, bias):
+    rng = np.random.default_rng(seed)
+    x, w = randn(rng, lead + [d_in]), randn(rng, (d_in, d_out))
+    b = randn(rng, (d_out,)) if bias else None
+    y_t, cache_t = ops.linear_forward(x, w, b)
+    y_f, cache_f = fast.linear_forward(x, w, b)
+    assert_equal_arrays([y_f], [y_t], ["y"])
+    dy = randn(rng, lead + [d_out])
+    assert_equal_arrays(fast.linear_backward(dy, cache_f), ops.linear_backward(dy, cache_t),
+                        ["dx", "dw", "db"])
+
+
+# =========================================================================== the tier's namespace
+def test_every_fast_op_is_tested_and_the_rest_are_the_textbook_ops():
+    tested = {"attention", "softmax", "cross_entropy", "linear"}
+    assert {name.rsplit("_", 1)[0] for name in fast.FAST_OPS} == tested
+    for name in fast.FAST_OPS:
+        assert getattr(fast, name) is not getattr(ops, name), name
+    for name in ("layernorm_forward", "embedding_backward", "pool_forward", "padding_mask"):
+        assert getattr(fast, name) is getattr(ops, name), name
