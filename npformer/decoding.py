@@ -87,6 +87,8 @@ def _host_ids(ids, name: str, rank: int, shape_words: str) -> np.ndarray:
         host = np.asarray(host)
     except (ValueError, TypeError) as exc:  # ragged lists, objects
         raise ValueError(f"{name} must be {shape_words} of integer token ids: {exc}") from None
+    if host.ndim == 1 and host.size == 0 and rank == 2:  # [] : a batch of no sequences
+        host = host.reshape(0, 0)
     if host.ndim != rank:
         raise ValueError(f"{name} must be {shape_words} of integer token ids, got an array of "
                          f"shape {host.shape}")
