@@ -4,11 +4,22 @@ All of it runs under :func:`npformer.no_grad` with key/value caches: each step
 feeds only the newest token; decoder self-attention appends one key/value per
 layer, cross-attention keys/values are computed once from the encoder memory.
 Token choice happens on the host (NumPy): it is a handful of numbers per step.
+
+Beam search decodes a whole batch at once: the open hypotheses of every sentence
+are rows of one decoder batch, so each position costs one ``forward_cached`` call for all
+of them, and a sentence whose search is over leaves the batch (its rows of the
+caches and of the encoder memory are dropped), so the batch shrinks as sentences
+finish.  Every row selection goes through :func:`_reorder_states`.
+
+Arguments are checked before any work: token ids (arrays of any backend, NumPy
+arrays or nested lists) must be integers inside the vocabulary, counts integers
+in range, temperatures and the length penalty finite.  An empty batch decodes to
+``[]``; a source with no tokens is refused (there is nothing to attend to).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -31,14 +42,100 @@ def _strip(ids, eos_id: int) -> list[int]:
     return out
 
 
+# --------------------------------------------------------------------------- argument checks
+def _check_count(name: str, value, minimum: int) -> int:
+    """An integer argument (Python or NumPy integer, not bool) of at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    return int(value)
+
+
+def _check_real(name: str, value, minimum: float, inclusive: bool) -> float:
+    """A finite real argument, >= ``minimum`` (or > it when not ``inclusive``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a real number, got {value!r}")
+    value = float(value)
+    bound_ok = value >= minimum if inclusive else value > minimum
+    if not math.isfinite(value) or not bound_ok:
+        relation = ">=" if inclusive else ">"
+        raise ValueError(f"{name} must be a finite number {relation} {minimum}, got {value}")
+    return value
+
+
+def _host_ids(ids, name: str, rank: int, shape_words: str) -> np.ndarray:
+    """``ids`` (an array of any backend, a NumPy array, nested lists) as a host int64 array
+    of rank ``rank``; refused naming ``name`` if ragged, of another rank or not integers."""
+    try:
+        host = backend.to_numpy(ids)
+        host = np.asarray(host)
+    except (ValueError, TypeError) as exc:  # ragged lists, objects
+        raise ValueError(f"{name} must be {shape_words} of integer token ids: {exc}") from None
+    if host.ndim == 1 and host.size == 0 and rank == 2:  # [] : a batch of no sequences
+        host = host.reshape(0, 0)
+    if host.ndim != rank:
+        raise ValueError(f"{name} must be {shape_words} of integer token ids, got an array of "
+                         f"shape {host.shape}")
+    if host.size and host.dtype.kind not in "iu":  # an empty list arrives as float64
+        raise TypeError(f"{name} must hold integer token ids, got dtype {host.dtype}")
+    return host.astype(np.int64)
+
+
+def _check_vocab(host: np.ndarray, name: str, vocab_size: int) -> None:
+    if host.size and (host.min() < 0 or host.max() >= vocab_size):
+        bad = host[(host < 0) | (host >= vocab_size)][0]
+        raise ValueError(f"{name} holds token id {bad}, outside the vocabulary "
+                         f"[0, {vocab_size})")
+
+
+def _source(model, src, src_lens):
+    """Checked source ids -> (src (B, S), src_lens (B,) or None) on the backend.
+
+    src: integer ids in [0, src_vocab_size), padding at the end; src_lens: the number
+    of real tokens of each row, in [1, S] (without it, the non-padding tokens are
+    counted).  Every source needs at least one token."""
+    c = model.config
+    host = _host_ids(src, "src", 2, "a (batch, positions) array")
+    _check_vocab(host, "src", c.src_vocab_size)
+    batch, positions = host.shape
+    if src_lens is None:
+        lengths, lens = np.sum(host != c.pad_id, axis=1), None
+        where = "src row {row} is all padding"
+    else:
+        lengths = _host_ids(src_lens, "src_lens", 1, "a (batch,) array")
+        if lengths.shape[0] != batch:
+            raise ValueError(f"src_lens has {lengths.shape[0]} lengths for a batch of {batch} "
+                             "source rows")
+        if lengths.size and lengths.max() > positions:
+            raise ValueError(f"src_lens holds length {lengths.max()}, longer than the "
+                             f"{positions} positions of src")
+        lens = backend.asarray(lengths)
+        where = "src_lens[{row}] is 0"
+    if batch and positions == 0:
+        raise ValueError("src has 0 positions (axis 1): every source needs at least one token")
+    empty = np.flatnonzero(lengths < 1)
+    if empty.size:
+        raise ValueError(where.format(row=int(empty[0])) + ": every source needs at least "
+                         "one token (lengths must be in [1, positions])")
+    return backend.asarray(host), lens
+
+
 # --------------------------------------------------------------------------- seq2seq
 def greedy_decode(model, src, src_lens=None, max_len: int = 50) -> list[list[int]]:
-    """src (B, S) -> B target id lists (without <bos>/<eos>), the most likely token each step."""
+    """src (B, S) -> B target id lists (without <bos>/<eos>), the most likely token each step.
+
+    At most ``min(max_len, config.max_len)`` tokens each (``max_len`` 0 gives empty lists);
+    an empty batch gives ``[]``."""
+    max_len = _check_count("max_len", max_len, 0)
+    src, src_lens = _source(model, src, src_lens)
     c = model.config
+    batch = src.shape[0]
+    if batch == 0:
+        return []
     with evaluating(model):
         memory, memory_mask = model.encode(src, src_lens)
         states = model.new_cache()
-        batch = src.shape[0]
         tokens = np.full((batch, 1), c.bos_id, dtype=np.int64)
         outputs = np.zeros((batch, 0), dtype=np.int64)
         done = np.zeros(batch, dtype=bool)
@@ -65,23 +162,142 @@ class _Beam:
     score: float  # total log-probability
 
 
-def _reorder_states(states, index):
-    """Select rows ``index`` (beam origins) of every cached key/value tensor."""
-    states.select(index)
+@dataclass
+class _Search:
+    """One sentence's beam search: its open hypotheses, which are its rows of the decoder
+    batch in this order, and the (score / length penalty, tokens) of those that ended."""
+    beams: list[_Beam] = field(default_factory=lambda: [_Beam([], 0.0)])
+    finished: list[tuple[float, list[int]]] = field(default_factory=list)
+
+    def best(self, alpha: float) -> list[int]:
+        """The best ended hypothesis; if none ended (length limit), the best open one."""
+        finished = self.finished or [(b.score / length_penalty(len(b.tokens), alpha), b.tokens)
+                                     for b in self.beams]
+        return max(finished, key=lambda f: f[0])[1]
+
+
+def _reorder_states(states, index, *batch_arrays):
+    """Keep rows ``index`` (R_new,) of the decoder batch: row i of the new batch is row
+    ``index[i]`` of the old one (a beam's origin; rows of finished sentences are left out).
+
+    Applies to every cached key/value tensor of ``states`` (in place) and to each of
+    ``batch_arrays`` (the encoder memory and its mask, batch first), returned in order.
+    The one place where decoding selects, reorders or drops rows."""
+    states.select(index)  # the DecodingCache reorders every layer's keys and values
+    return tuple(backend.namespace_of(a).take(a, index, axis=0) for a in batch_arrays)
+
+
+def _check_beam_arguments(beam_size, max_len, alpha) -> tuple[int, int, float]:
+    return (_check_count("beam_size", beam_size, 1), _check_count("max_len", max_len, 0),
+            _check_real("alpha", alpha, 0.0, inclusive=True))
 
 
 def beam_search(model, src, src_lens=None, beam_size: int = 4, max_len: int = 50,
                 alpha: float = 0.6) -> list[list[int]]:
     """src (B, S) -> B target id lists: the best finished hypothesis of each beam search,
-    ranked by log-probability / length_penalty(length, alpha).  A hypothesis ends when it
-    emits <eos>; the search for a sentence stops once no open hypothesis can still beat the
-    best ended one, or once ``beam_size`` have ended and no open one beats the best at its
-    current length (see :func:`_search_done`; beam size 1 is exactly greedy decoding)."""
-    if beam_size < 1:
-        raise ValueError(f"beam_size must be at least 1, got {beam_size}")
+    ranked by log-probability / length_penalty(length, alpha).
+
+    Each step, a sentence's open hypotheses (at most ``beam_size``) are extended by every
+    token, and the ``2 * beam_size`` best continuations by total log-probability (ties:
+    lowest hypothesis, then lowest token id) are taken in order: one ending in <eos> ends
+    that hypothesis, the others stay open until ``beam_size`` are.  A sentence's search
+    stops once no open hypothesis can still beat the best ended one, or once ``beam_size``
+    have ended and no open one beats the best at its current length (see
+    :func:`_search_done`; beam size 1 is exactly greedy decoding), or at
+    ``min(max_len, config.max_len)`` tokens, where the best open one is taken if none ended.
+    ``alpha`` >= 0 (the stopping rule's bound needs it); an empty batch gives ``[]``.
+
+    All sentences are decoded together (one cached decoder step per position for the
+    open hypotheses of every sentence still searching); the result equals searching each
+    sentence alone (:func:`_beam_search_reference`, tests/test_beam_batched.py)."""
+    k, max_len, alpha = _check_beam_arguments(beam_size, max_len, alpha)
+    src, src_lens = _source(model, src, src_lens)
+    c = model.config
+    limit = min(max_len, c.max_len)
+    searches = [_Search() for _ in range(src.shape[0])]
+    if not searches:
+        return []
+    with evaluating(model):
+        memory, memory_mask = model.encode(src, src_lens)  # (B, S, D), (B, 1, 1, S)
+        states = model.new_cache()
+        live = list(range(len(searches)))  # sentences still searching, in row order
+        for position in range(limit):
+            beams = [beam for i in live for beam in searches[i].beams]  # the R rows
+            last = np.array([[b.tokens[-1] if b.tokens else c.bos_id] for b in beams])  # (R, 1)
+            logits = model.forward_cached(backend.asarray(last), memory, memory_mask, states)
+            scores = np.array([b.score for b in beams])  # (R,)
+            totals = scores[:, None] + _last_log_probs(logits)  # (R, V)
+            counts = [len(searches[i].beams) for i in live]
+            ranked = _ranked_continuations(totals, counts, 2 * k)
+            kept_rows, still_live, first = [], [], 0
+            for i, n, continuations in zip(live, counts, ranked):
+                origins = _extend(searches[i], continuations, totals[first:first + n], k,
+                                  c.eos_id, alpha, position + 1, limit)
+                if origins is not None:
+                    still_live.append(i)
+                    kept_rows.extend(first + origin for origin in origins)
+                first += n
+            live = still_live
+            if not live:
+                break
+            index = backend.asarray(np.array(kept_rows, dtype=np.int64))
+            memory, memory_mask = _reorder_states(states, index, memory, memory_mask)
+    return [search.best(alpha) for search in searches]
+
+
+def _ranked_continuations(totals: np.ndarray, counts: list[int], width: int) -> list:
+    """totals (R, V) of the rows of consecutive sentences (``counts`` rows each) ->
+    for each sentence its ``width`` best continuations, [(row within the sentence, token)],
+    best first: by total descending, ties by the flat index row * V + token ascending
+    (the order of a stable sort of the sentence's (rows, V) totals, flattened).
+
+    A continuation among its sentence's ``width`` best is among its own row's ``width``
+    best, so only entries at or above their row's width-th largest total are sorted."""
+    rows, vocab = totals.shape
+    keep = min(width, vocab)
+    threshold = np.partition(totals, vocab - keep, axis=1)[:, vocab - keep]  # (R,)
+    row, token = np.nonzero(totals >= threshold[:, None])  # row-major: tokens ascend
+    starts = np.cumsum([0, *counts[:-1]])  # each sentence's first row
+    sentence = np.repeat(np.arange(len(counts)), counts)[row]
+    origin = row - starts[sentence]
+    order = np.lexsort((origin * vocab + token, -totals[row, token], sentence))
+    bounds = np.searchsorted(sentence[order], np.arange(len(counts) + 1))
+    return [list(zip(origin[order[a:min(b, a + width)]].tolist(),
+                     token[order[a:min(b, a + width)]].tolist()))
+            for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _extend(search: _Search, continuations, totals: np.ndarray, k: int, eos_id: int,
+            alpha: float, length: int, max_length: int):
+    """Take ``continuations`` ((origin, token), best first) of ``search``'s open hypotheses,
+    whose totals are ``totals`` (n, V), until ``k`` stay open.  -> the origins of the new
+    open hypotheses (the rows to keep, in order), or None when the search is over."""
+    survivors, origins = [], []
+    for origin, token in continuations:
+        candidate = _Beam(search.beams[origin].tokens + [token], float(totals[origin, token]))
+        if token == eos_id:
+            search.finished.append((candidate.score / length_penalty(len(candidate.tokens), alpha),
+                                    candidate.tokens[:-1]))
+        else:
+            survivors.append(candidate)
+            origins.append(origin)
+        if len(survivors) == k:
+            break
+    if not survivors or _search_done(search.finished, survivors, k, length, max_length, alpha):
+        return None
+    search.beams = survivors
+    return origins
+
+
+def _beam_search_reference(model, src, src_lens=None, beam_size: int = 4, max_len: int = 50,
+                           alpha: float = 0.6) -> list[list[int]]:
+    """The same search, one sentence at a time: the original implementation, kept as the
+    oracle that :func:`beam_search` (all sentences at once) is tested against."""
+    k, max_len, alpha = _check_beam_arguments(beam_size, max_len, alpha)
+    src, src_lens = _source(model, src, src_lens)
     return [_beam_search_one(model, src[i:i + 1],
                              None if src_lens is None else src_lens[i:i + 1],
-                             beam_size, max_len, alpha)
+                             k, max_len, alpha)
             for i in range(src.shape[0])]
 
 
@@ -145,21 +361,26 @@ def _search_done(finished, open_beams, k: int, length: int, max_length: int,
 def generate(model, prompt_ids, max_new_tokens: int, temperature: float = 1.0,
              top_k: int | None = None, greedy: bool = False,
              rng: np.random.Generator | None = None) -> list[int]:
-    """Continue ``prompt_ids`` (a list of ids, at least one) by ``max_new_tokens`` tokens.
+    """Continue ``prompt_ids`` (one sequence of at least one id: a list, a 1-D array) by
+    ``max_new_tokens`` tokens (0 returns the prompt) -> prompt + continuation, a list.
 
     Each step samples from softmax(logits / temperature), restricted to the ``top_k``
-    most likely tokens if given, or takes the argmax when ``greedy``.  Past the
-    model's block size the context is the last block_size tokens (re-encoded).
+    most likely tokens if given, or takes the argmax when ``greedy`` (which ignores
+    ``temperature`` and ``top_k``).  Past the model's block size the context is the last
+    block_size tokens (re-encoded).
     """
-    if len(prompt_ids) == 0:
-        raise ValueError("generation needs a prompt of at least one token")
-    if temperature <= 0 and not greedy:
-        raise ValueError(f"temperature must be positive, got {temperature}")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k must be at least 1 (or None for no limit), got {top_k}")
+    host = _host_ids(prompt_ids, "prompt_ids", 1, "one sequence (a list or 1-D array)")
+    if host.size == 0:
+        raise ValueError("generation needs a prompt of at least one token (prompt_ids is empty)")
+    _check_vocab(host, "prompt_ids", model.config.vocab_size)
+    max_new_tokens = _check_count("max_new_tokens", max_new_tokens, 0)
+    if not greedy:
+        temperature = _check_real("temperature", temperature, 0.0, inclusive=False)
+    if top_k is not None:
+        top_k = _check_count("top_k", top_k, 1)
     rng = rng or np.random.default_rng(0)
     block = model.config.block_size
-    ids = [int(t) for t in prompt_ids]
+    ids = host.tolist()
     with evaluating(model):
         states, offset = model.new_cache(), 0
         pending = ids[-block:]

@@ -14,7 +14,11 @@
   forwards over the last block_size tokens, also far beyond block_size
   (sliding window); ``top_k=1`` sampling equals greedy, sampled tokens always
   lie in the reference top-k, and the rng makes sampling reproducible;
-* bad arguments raise ValueError with a clear message;
+* bad arguments raise ValueError or TypeError with a message naming the argument (counts,
+  length penalty, temperature, top_k; token ids outside the vocabulary, of another rank,
+  ragged or not integers; sources with no tokens), lists and host arrays are accepted
+  where arrays are expected, an empty batch decodes to [], max_len / max_new_tokens 0
+  decode nothing;
 * a tiny seq2seq trained with Trainer + Adam on reversing digit strings decodes
   held-out strings correctly with greedy and beam search (the whole training
   and decoding path learns).
@@ -453,3 +457,122 @@ def test_trained_reverser_beam_one_is_greedy_and_wider_beams_score_higher(revers
                 ours = hypothesis_score(model, src[b], lens[b], beams[b], steps, alpha)
                 theirs = hypothesis_score(model, src[b], lens[b], greedy[b], steps, alpha)
                 assert ours >= theirs - 1e-9, (k, b, beams[b], greedy[b])
+
+
+# =========================================================================== bad and edge inputs
+@pytest.mark.parametrize("decode", [greedy_decode, beam_search])
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(max_len=-1), ValueError, "max_len must be at least 0, got -1"),
+    (dict(max_len=2.5), TypeError, "max_len must be an integer"),
+    (dict(max_len=None), TypeError, "max_len must be an integer"),
+])
+def test_decoders_reject_bad_max_len(decode, kwargs, error, match):
+    with using_backend("numpy", "float64"):
+        model = random_seq2seq()
+        src, lens = padded(np.random.default_rng(0), [3, 2], 9)
+        with pytest.raises(error, match=match):
+            decode(model, dev(src), dev(lens), **kwargs)
+
+
+@pytest.mark.parametrize("decode", [greedy_decode, beam_search])
+def test_max_len_zero_decodes_empty_hypotheses(decode):
+    with using_backend("numpy", "float64"):
+        model = random_seq2seq()
+        src, lens = padded(np.random.default_rng(0), [3, 2], 9)
+        assert decode(model, dev(src), dev(lens), max_len=0) == [[], []]
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(beam_size=2.5), TypeError, "beam_size must be an integer"),
+    (dict(beam_size=True), TypeError, "beam_size must be an integer"),
+    (dict(alpha=float("nan")), ValueError, "alpha must be a finite number >= 0.0, got nan"),
+    (dict(alpha=-0.5), ValueError, "alpha must be a finite number >= 0.0, got -0.5"),
+    (dict(alpha=float("inf")), ValueError, "alpha must be a finite number"),
+    (dict(alpha="0.6"), TypeError, "alpha must be a real number"),
+])
+def test_beam_search_rejects_bad_beam_size_and_length_penalty(kwargs, error, match):
+    with using_backend("numpy", "float64"):
+        model = random_seq2seq()
+        src, lens = padded(np.random.default_rng(0), [3], 9)
+        with pytest.raises(error, match=match):
+            beam_search(model, dev(src), dev(lens), **kwargs)
+
+
+@pytest.mark.parametrize("decode", [greedy_decode, beam_search])
+def test_decoders_accept_lists_and_numpy_arrays(decode):
+    """Array-likes are converted once: lists and host arrays give what backend arrays give."""
+    with using_backend("numpy", "float64"):
+        model = random_seq2seq(seed=4)
+        src, lens = padded(np.random.default_rng(1), [5, 2, 4], 9)
+        expected = decode(model, dev(src), dev(lens), max_len=6)
+        assert decode(model, src.tolist(), lens.tolist(), max_len=6) == expected
+        assert decode(model, src, lens, max_len=6) == expected
+        assert decode(model, src.tolist(), max_len=6) == decode(model, dev(src), max_len=6)
+
+
+@pytest.mark.parametrize("decode", [greedy_decode, beam_search])
+@pytest.mark.parametrize("src,src_lens,error,match", [
+    ([4, 5, 6], None, ValueError, r"src must be a \(batch, positions\) array .* shape \(3,\)"),
+    ([[4, 5], [6]], None, ValueError, r"src must be a \(batch, positions\) array"),
+    ([[4.0, 5.0]], None, TypeError, "src must hold integer token ids, got dtype float64"),
+    ([[4, 9]], None, ValueError, r"src holds token id 9, outside the vocabulary \[0, 9\)"),
+    ([[4, -1]], None, ValueError, r"src holds token id -1, outside the vocabulary"),
+    ([[4, 5], [6, 7]], [2], ValueError, "src_lens has 1 lengths for a batch of 2"),
+    ([[4, 5], [6, 7]], [[2, 2]], ValueError, r"src_lens must be a \(batch,\) array"),
+    ([[4, 5], [6, 7]], [2, 3], ValueError, "src_lens holds length 3, longer than the 2 positions"),
+    ([[4, 5], [6, 7]], [2, 0], ValueError, r"src_lens\[1\] is 0: every source needs at least one"),
+    ([[4, 5], [0, 0]], None, ValueError, "src row 1 is all padding: every source needs"),
+    (np.zeros((2, 0), np.int64), None, ValueError, r"src has 0 positions \(axis 1\)"),
+])
+def test_decoders_reject_bad_sources_naming_them(decode, src, src_lens, error, match):
+    with using_backend("numpy", "float64"):
+        model = random_seq2seq()
+        with pytest.raises(error, match=match):
+            decode(model, src, src_lens, max_len=4)
+
+
+@pytest.mark.parametrize("decode", [greedy_decode, beam_search])
+@pytest.mark.parametrize("src", [np.zeros((0, 3), np.int64), np.zeros((0, 0), np.int64), []])
+def test_an_empty_batch_decodes_to_an_empty_list(decode, src):
+    with using_backend("numpy", "float64"):
+        model = random_seq2seq()
+        assert decode(model, src, max_len=4) == []
+        assert decode(model, dev(src), np.zeros(0, np.int64), max_len=4) == []
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(prompt_ids=[1], max_new_tokens=-1), ValueError,
+     "max_new_tokens must be at least 0, got -1"),
+    (dict(prompt_ids=[1], max_new_tokens=2.0), TypeError, "max_new_tokens must be an integer"),
+    (dict(prompt_ids=[1], max_new_tokens=3, temperature=float("nan")), ValueError,
+     "temperature must be a finite number > 0.0, got nan"),
+    (dict(prompt_ids=[1], max_new_tokens=3, temperature=float("inf")), ValueError,
+     "temperature must be a finite number > 0.0, got inf"),
+    (dict(prompt_ids=[1], max_new_tokens=3, top_k=-3), ValueError,
+     "top_k must be at least 1, got -3"),
+    (dict(prompt_ids=[1], max_new_tokens=3, top_k=1.5), TypeError, "top_k must be an integer"),
+    (dict(prompt_ids=[1, 11], max_new_tokens=3), ValueError,
+     r"prompt_ids holds token id 11, outside the vocabulary \[0, 11\)"),
+    (dict(prompt_ids=[-1], max_new_tokens=3), ValueError, "prompt_ids holds token id -1"),
+    (dict(prompt_ids=[[1, 2]], max_new_tokens=3), ValueError,
+     r"prompt_ids must be one sequence .* shape \(1, 2\)"),
+    (dict(prompt_ids=[1.5], max_new_tokens=3), TypeError, "prompt_ids must hold integer"),
+    (dict(prompt_ids=np.zeros(0, np.int64), max_new_tokens=3), ValueError,
+     "prompt of at least one token"),
+])
+def test_generate_rejects_bad_arguments_naming_them(kwargs, error, match):
+    with using_backend("numpy", "float64"):
+        model = random_lm(block=5)
+        with pytest.raises(error, match=match):
+            generate(model, **kwargs)
+
+
+def test_generate_accepts_any_one_dimensional_prompt_and_zero_new_tokens():
+    with using_backend("numpy", "float64"):
+        model = random_lm(seed=52, block=5)
+        expected = generate(model, [1, 2, 3], 4, greedy=True)
+        for prompt in ((1, 2, 3), np.array([1, 2, 3]), dev([1, 2, 3]), np.array([1, 2, 3],
+                                                                              np.int32)):
+            assert generate(model, prompt, 4, greedy=True) == expected
+        assert generate(model, np.array([4, 5]), 0) == [4, 5]
+        assert generate(model, [4, 5], 0, greedy=True) == [4, 5]

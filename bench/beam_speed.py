@@ -1,0 +1,100 @@
+"""Beam search speed: all sentences of a chunk at once (``beam_search``) against one
+sentence at a time (``_beam_search_reference``, the implementation it replaced).
+
+    python bench/beam_speed.py                  # 200 held-out sentences, beam 4, 3 rounds
+    python bench/beam_speed.py --sentences 40 --rounds 1   # quick look
+
+The model is the translation demo's default (d_model 256, 4 heads, 2 + 2 layers,
+FFN 1024, max_len 17, vocabularies built from the demo's training split of
+fra-eng.zip), freshly initialised: there is no trained checkpoint here.  An untrained
+model rarely ends a hypothesis with <eos>, so most searches run to the length limit
+(17 tokens): the timing is the worst case for both, with the same number of decoder
+steps for both.  Sentences are decoded in chunks of ``--chunk`` (the demo's 64), each
+chunk padded to its longest source, as ``demos/translate.py`` does.
+
+The two are timed alternately (old, new, old, new, ...) in one process so that load
+from other processes falls on both; the medians and their ratio are printed, and the
+two must give the same hypotheses (counted: in float32 a near-tie can be broken
+differently when batch composition changes a logit's last bit).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+from npformer import backend
+from npformer.data import Vocab, load_fra_eng, pad_batch, split_by_source, tokenize_fra_eng
+from npformer.decoding import _beam_search_reference, beam_search
+from npformer.models import Seq2SeqConfig, Seq2SeqTransformer
+
+
+def demo_model_and_sources(data, sentences: int, max_tokens: int = 15):
+    """The demo's vocabularies and default model (untrained), and ``sentences`` held-out
+    English sentences as source id lists (+<eos>)."""
+    pairs = load_fra_eng(data, max_len=max_tokens)
+    train_pairs, heldout = split_by_source(pairs, 2000, seed=0)
+    src_vocab = Vocab.build([e for e, _ in train_pairs], min_freq=2, bos=True, eos=True)
+    tgt_vocab = Vocab.build([f for _, f in train_pairs], min_freq=2, bos=True, eos=True)
+    config = Seq2SeqConfig(src_vocab_size=len(src_vocab), tgt_vocab_size=len(tgt_vocab),
+                           d_model=256, num_heads=4, num_encoder_layers=2,
+                           num_decoder_layers=2, d_ff=1024, max_len=max_tokens + 2,
+                           dropout=0.1, pad_id=tgt_vocab.pad_id, bos_id=tgt_vocab.bos_id,
+                           eos_id=tgt_vocab.eos_id)
+    backend.seed(0)
+    model = Seq2SeqTransformer(config)
+    english = list(heldout)[:sentences]
+    sources = [src_vocab.encode(tokenize_fra_eng(s))[:max_tokens + 1] + [src_vocab.eos_id]
+               for s in english]
+    return model, sources, src_vocab.pad_id, len(src_vocab), len(tgt_vocab)
+
+
+def decode_all(search, model, sources, pad_id: int, chunk: int, beam_size: int):
+    out = []
+    for i in range(0, len(sources), chunk):
+        src, lens = pad_batch(sources[i:i + chunk], pad_id)
+        out += search(model, backend.asarray(src), backend.asarray(lens), beam_size=beam_size,
+                      max_len=model.config.max_len)
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", default=None, help="fra-eng.zip or its folder "
+                        "(default: $NPFORMER_DATA or the user cache)")
+    parser.add_argument("--sentences", type=int, default=200, help="held-out sentences")
+    parser.add_argument("--beam-size", type=int, default=4, help="beam size (default: 4)")
+    parser.add_argument("--chunk", type=int, default=64, help="sentences per call (default: 64)")
+    parser.add_argument("--rounds", type=int, default=3, help="old/new pairs timed (default: 3)")
+    args = parser.parse_args(argv)
+
+    model, sources, pad_id, src_v, tgt_v = demo_model_and_sources(args.data, args.sentences)
+    print(f"{len(sources)} sentences, vocabularies {src_v:,} / {tgt_v:,}, "
+          f"{model.num_parameters():,} parameters, beam {args.beam_size}, "
+          f"chunks of {args.chunk}, backend {backend.backend_name()} "
+          f"{backend.default_float_name()}")
+    searches = {"per-sentence": _beam_search_reference, "batched": beam_search}
+    seconds: dict[str, list[float]] = {name: [] for name in searches}
+    results = {}
+    for round_ in range(args.rounds):
+        for name, search in searches.items():  # alternate: old, new, old, new, ...
+            start = time.perf_counter()
+            results[name] = decode_all(search, model, sources, pad_id, args.chunk,
+                                       args.beam_size)
+            seconds[name].append(time.perf_counter() - start)
+            print(f"round {round_ + 1} {name:>12}: {seconds[name][-1]:7.2f} s", flush=True)
+    old, new = (statistics.median(seconds[name]) for name in searches)
+    same = sum(a == b for a, b in zip(*results.values()))
+    lengths = [len(h) for h in results["batched"]]
+    print(f"hypothesis lengths: mean {np.mean(lengths):.1f}, at the limit "
+          f"({model.config.max_len}): {sum(n == model.config.max_len for n in lengths)} "
+          f"of {len(lengths)}")
+    print(f"same hypotheses: {same} of {len(sources)}")
+    print(f"median per-sentence {old:.2f} s, batched {new:.2f} s: {old / new:.1f}x faster")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
