@@ -54,7 +54,7 @@ from bench.configs import (CONFIGS, SEED, SMOKE, SMOKE_SWEEP_BATCHES,  # noqa: E
                            SWEEP_TOKENS)
 from bench.measure import RESULT_PREFIX, worker_main  # noqa: E402
 from bench import processes  # noqa: E402
-from bench.report import (SIDES, describe, load_average, print_header,  # noqa: E402
+from bench.report import (describe, load_average, print_header,  # noqa: E402
                           print_main_table, print_markdown, print_sweep)
 
 NO_TRIM_TUNABLE = "glibc.malloc.mmap_threshold=4294967296"
@@ -74,10 +74,11 @@ def worker_env(args, threads: int | None = None) -> dict:
 
 
 def run_worker(side: str, cfg: dict, args, weights: str | None,
-               threads: int | None = None) -> dict:
+               threads: int | None = None, engine: str = "fast") -> dict:
     spec = dict(side=side, config=cfg, steps=args.steps, warmup=args.warmup,
                 threads=threads or args.threads, seed=SEED, weights=weights)
-    env = args.env if threads is None else worker_env(args, threads)
+    env = dict(args.env if threads is None else worker_env(args, threads),
+               NPFORMER_ENGINE=engine)  # npformer's tier (the PyTorch side ignores it)
     proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker",
                            json.dumps(spec)], env=env, capture_output=True, text=True)
     for line in proc.stdout.splitlines():
@@ -87,11 +88,27 @@ def run_worker(side: str, cfg: dict, args, weights: str | None,
     return dict(side=side, error=f"worker exited {proc.returncode}: {tail}")
 
 
-def run_pair(cfg: dict, args) -> dict:
-    """Both sides of one configuration, PyTorch first (it writes the initial weights)."""
+def engine_side(engine: str) -> str:
+    """The results key of npformer on tier ``engine``: "npformer" is the fast tier."""
+    return "npformer" if engine == "fast" else f"npformer {engine}"
+
+
+def run_pair(cfg: dict, args, engines=("fast",)) -> dict:
+    """Both sides of one configuration, PyTorch first (it writes the initial weights),
+    npformer once per tier in ``engines``."""
     with tempfile.TemporaryDirectory(prefix="npformer-bench-") as tmp:
         weights = os.path.join(tmp, "init.npz")
-        return {side: run_worker(side, cfg, args, weights) for side in SIDES}
+        pair = {"pytorch": run_worker("pytorch", cfg, args, weights)}
+        for engine in engines:
+            pair[engine_side(engine)] = run_worker("npformer", cfg, args, weights,
+                                                   engine=engine)
+        return pair
+
+
+def tier_results(results: dict, engine: str) -> dict:
+    """{config: {"pytorch": ..., "npformer": npformer on ``engine``}}, for the tables."""
+    return {name: {"pytorch": pair["pytorch"], "npformer": pair[engine_side(engine)]}
+            for name, pair in results.items()}
 
 
 def parse_args(argv=None):
@@ -112,6 +129,9 @@ def parse_args(argv=None):
                    help="GLIBC_TUNABLES for both sides: inherit = as in this environment "
                         f"(default), glibc-default = unset, keep-heap = {NO_TRIM_TUNABLE}")
     p.add_argument("--markdown", action="store_true", help="also print README-ready tables")
+    p.add_argument("--engines", default="fast,textbook",
+                   help="npformer tiers to measure, comma-separated (default: %(default)s; "
+                        "the sweeps and --processes use the fast tier)")
     p.add_argument("--processes", action="store_true",
                    help="process modes instead: npformer on 2 MPI ranks vs 2 thread replicas "
                         "vs PyTorch DDP (gloo, 2 processes) vs PyTorch with 2 threads; scaling "
@@ -126,6 +146,9 @@ def parse_args(argv=None):
         args.warmup = 0 if args.smoke else 2
     if args.steps < 1 or args.warmup < 0 or args.threads < 1:
         p.error("--steps and --threads must be at least 1, --warmup at least 0")
+    args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    if not args.engines or any(e not in ("fast", "textbook") for e in args.engines):
+        p.error(f"--engines must list fast and/or textbook, got {args.engines}")
     args.names = [n.strip() for n in args.configs.split(",") if n.strip()]
     unknown = [n for n in args.names if n not in CONFIGS]
     if unknown:
@@ -150,7 +173,7 @@ def main(argv=None) -> int:
     results, cfgs = {}, {}
     for name in args.names:
         cfgs[name] = table[name]
-        results[name] = run_pair(table[name], args)
+        results[name] = run_pair(table[name], args, args.engines)
     sweeps = []
     if args.sweeps:
         base = table["imdb"]
@@ -169,10 +192,11 @@ def main(argv=None) -> int:
         print("SMOKE RUN: tiny sizes, timings meaningless")
     for name in args.names:
         print("  " + describe(name, cfgs[name]))
-    if results:
-        print_main_table(results, cfgs)
+    for engine in args.engines if results else ():
+        print(f"\n== npformer's {engine} tier (NPFORMER_ENGINE={engine}) against PyTorch ==")
+        print_main_table(tier_results(results, engine), cfgs)
         if args.markdown:
-            print_markdown(results, cfgs)
+            print_markdown(tier_results(results, engine), cfgs)
     for title, rows in sweeps:
         print_sweep(title, rows, args.markdown)
     print(f"\n(total wall time {time.perf_counter() - started:.0f} s)")
