@@ -29,7 +29,7 @@ from npformer import backend, ops
 from npformer.cli import (LAST_FILE, MODEL_FILE, Demo, DemoError, Stopwatch, check_divisible,
                           demo_parser, load_demo_model, machine_description, nonnegative_int,
                           option, plot_curves, positive_float, positive_int, prepare,
-                          probability, run_demo, run_record, write_json)
+                          probability, run_demo, run_record, write_json, write_text)
 from npformer.data import CharVocab, lm_batch, load_shakespeare, split_90_10
 from npformer.decoding import generate
 from npformer.models import CausalLM, CausalLMConfig
@@ -171,7 +171,7 @@ def main(argv=None) -> int:
     text_out = sample(model, vocab, args.prompt, preset.length, args.temperature, args.top_k,
                       args.seed)
     print("-" * 60 + "\n" + text_out + "\n" + "-" * 60)
-    (out / "sample.txt").write_text(text_out)
+    write_text(out / "sample.txt", text_out)
     plot_curves(out / "curves.png", history, ["train_loss", "val_loss"],
                 "tiny Shakespeare character LM")
     write_json(out / "metrics.json", {

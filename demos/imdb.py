@@ -27,8 +27,8 @@ except (ValueError, RuntimeError) as exc:
 import numpy as np
 
 from npformer import backend, ops
-from npformer.cli import (LAST_FILE, MODEL_FILE, Demo, DemoError, Stopwatch, check_divisible,
-                          demo_parser, load_demo_model, machine_description,
+from npformer.cli import (Demo, DemoError, LAST_FILE, MODEL_FILE, Stopwatch, check_divisible,
+                          demo_parser, load_demo_model, machine_description, map_batches,
                           nonnegative_float, nonnegative_int, option, plot_attention,
                           plot_curves, positive_float, prepare, probability, run_demo,
                           run_record, write_json)
@@ -37,7 +37,6 @@ from npformer.data import (Vocab, length_bucketed_batches, load_imdb_splits, pad
 from npformer.models import ClassifierConfig, TransformerClassifier
 from npformer.nn import evaluating
 from npformer.optim import AdamW, warmup_cosine
-from npformer.parallel import parallel_map
 from npformer.tasks import Classification
 from npformer.train import EpochBatches, Trainer, TrainConfig
 
@@ -124,7 +123,7 @@ def evaluate(model, ids, labels, batch_size: int, pad_id: int, replicas: int = 1
         return backend.to_float(loss) * len(rows), correct
 
     with evaluating(model):
-        results = parallel_map(score, [order[i:i + batch_size]
+        results = map_batches(score, [order[i:i + batch_size]
                                        for i in range(0, len(order), batch_size)], replicas)
     return {"accuracy": sum(c for _, c in results) / len(order),
             "loss": sum(loss for loss, _ in results) / len(order)}

@@ -28,17 +28,16 @@ except (ValueError, RuntimeError) as exc:
 import numpy as np
 
 from npformer import backend, ops
-from npformer.cli import (LAST_FILE, MODEL_FILE, Demo, DemoError, Stopwatch, check_divisible,
-                          demo_parser, load_demo_model, machine_description, option,
-                          plot_attention, plot_curves, positive_float, prepare, probability,
-                          run_demo, run_record, write_json)
+from npformer.cli import (Demo, DemoError, LAST_FILE, MODEL_FILE, Stopwatch, check_divisible,
+                          demo_parser, load_demo_model, machine_description, map_batches,
+                          option, plot_attention, plot_curves, positive_float, prepare,
+                          probability, run_demo, run_record, write_json)
 from npformer.data import (Vocab, length_bucketed_batches, load_fra_eng, pad_batch,
                            preprocess_fra_eng, split_by_source, tokenize_fra_eng)
 from npformer.decoding import beam_search, greedy_decode
 from npformer.models import Seq2SeqConfig, Seq2SeqTransformer
 from npformer.nn import evaluating
 from npformer.optim import Adam, warmup_inverse_sqrt
-from npformer.parallel import parallel_map
 from npformer.tasks import Translation
 from npformer.train import EpochBatches, Trainer, TrainConfig
 
@@ -114,7 +113,7 @@ def validation_loss(model, src, tgt, batch_size: int, pad_id: int, bos_id: int,
         return backend.to_float(loss) * count, count
 
     with evaluating(model):
-        results = parallel_map(score, [np.arange(i, min(i + batch_size, len(src)))
+        results = map_batches(score, [np.arange(i, min(i + batch_size, len(src)))
                                        for i in range(0, len(src), batch_size)], replicas)
     return sum(loss for loss, _ in results) / max(sum(n for _, n in results), 1)
 
@@ -136,7 +135,7 @@ def translate(model, src_vocab: Vocab, tgt_vocab: Vocab, sentences: list[str],
 
     chunks = [encoded[i:i + batch_size] for i in range(0, len(encoded), batch_size)]
     with evaluating(model):  # set once, outside the threads: they must not toggle it
-        decoded = parallel_map(decode, chunks, replicas)
+        decoded = map_batches(decode, chunks, replicas)
     return [" ".join(tgt_vocab.decode(row)) for rows in decoded for row in rows]
 
 

@@ -13,6 +13,11 @@ user gives wins over the preset's value (:func:`resolve_preset`).
 on Ctrl-C / SIGTERM, and at the end) together with its settings; ``--resume``
 continues it with those settings (:func:`prepare`).
 
+*Processes.*  ``mpiexec -n N python demos/...`` runs a demo on N MPI ranks with no
+other flag (:mod:`npformer.distributed`): the ranks split every batch's rows, so the
+global batch, the learning rate and the results are those of one process; evaluation
+and decoding are shared out across the ranks; only rank 0 prints and writes files.
+
 *Errors.*  Invalid option values are refused by the parser (exit status 2) naming the
 option; errors a user can cause at run time become one ``error: ...`` line
 (:func:`run_demo`).  matplotlib is imported only when a plot is drawn
@@ -33,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import backend
+from . import backend, distributed
 from .checkpoint import CheckpointError, build_model, load_checkpoint
 from .data import DatasetFormatError, DatasetNotFoundError
 from .engine import ENGINES, engine_name, set_engine
@@ -42,6 +47,14 @@ from .train import TrainingDiverged, TrainingInterrupted
 MODEL_FILE = "model.npz"  # the selected (or final) model: what --predict and friends read
 LAST_FILE = "last.npz"  # the whole run, resumable with --resume
 RUN_SETTINGS = ("seed", "dtype", "engine", "replicas")  # saved with a run, beside its preset
+
+
+MPI_EPILOG = """
+Across processes: `mpiexec -n N python {script}` (pip install -e ".[mpi]") trains on N
+MPI ranks with no other flag.  The global batch is --batch-size whatever N is: the ranks
+split its rows and sum their gradients, so the learning rate (and its schedule) and the
+results stay those of one process, and a run resumes on any number of ranks.  Only rank 0
+prints and writes files."""
 
 
 class DemoError(Exception):
@@ -146,7 +159,8 @@ def demo_parser(demo: Demo, doc: str, presets: dict) -> argparse.ArgumentParser:
     option per preset field.  The demo adds its own options to it."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=doc.split("\n\n", 1)[1])
+                                     epilog=doc.split("\n\n", 1)[1]
+                                     + MPI_EPILOG.format(script=demo.script))
     parser.add_argument("--data", default=None,
                         help="dataset file or folder (default: $NPFORMER_DATA, then the user "
                              "cache, downloading there if needed)")
@@ -203,7 +217,9 @@ def prepare(parser: argparse.ArgumentParser, args, demo: Demo, presets: dict,
 
 def setup(args) -> Path:
     """Apply --backend, --dtype, --engine and --seed (filling in the defaults of those not
-    given); create and return the output folder."""
+    given); join the MPI ranks when started by mpiexec (before any array is made: a rank
+    picks its GPU there); create and return the output folder."""
+    distributed.setup()
     args.seed = 0 if args.seed is None else args.seed
     try:
         backend.set_backend(args.backend or backend.backend_name(), seed=args.seed)
@@ -309,6 +325,7 @@ def run_demo(main, argv: list[str] | None = None) -> int:
         return 130
     except USER_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
+        distributed.current().abort_others(2)  # MPI: no rank is left waiting for this one
         return 2
 
 
@@ -338,7 +355,25 @@ class Stopwatch:
         return time.perf_counter() - self.start
 
 
+def is_main() -> bool:
+    """False on MPI ranks other than 0: they compute, rank 0 writes the files."""
+    return distributed.current().is_main
+
+
+def map_batches(fn, items, replicas: int) -> list:
+    """[fn(item) for item in items] for evaluation and decoding: across ``replicas``
+    threads, and across the MPI ranks when there are several (every rank gets all)."""
+    return distributed.current().shard_map(fn, items, replicas)
+
+
+def write_text(path: Path, text: str) -> None:
+    if is_main():
+        path.write_text(text)
+
+
 def write_json(path: Path, values: dict) -> None:
+    if not is_main():
+        return
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(values, indent=2))
     os.replace(tmp, path)
@@ -346,6 +381,8 @@ def write_json(path: Path, values: dict) -> None:
 
 def plot_curves(path: Path, history, eval_keys: list[str], title: str) -> None:
     """Training loss per update (left) and evaluation metrics (right) to a PNG."""
+    if not is_main():
+        return
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -374,6 +411,8 @@ def plot_curves(path: Path, history, eval_keys: list[str], title: str) -> None:
 def plot_attention(path: Path, weights: np.ndarray, query_tokens: list[str],
                    key_tokens: list[str], title: str) -> None:
     """A (T, S) attention matrix as a heat-map with token labels."""
+    if not is_main():
+        return
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -147,6 +147,13 @@ class Context:
         if self.comm is not None and self.size > 1:
             self.comm.Barrier()
 
+    def abort_others(self, code: int) -> None:
+        """After this rank has reported its failure: end every rank (``MPI_Abort``), so
+        none is left waiting in a collective call; nothing in a single process."""
+        if self.comm is not None and self.size > 1:
+            sys.stderr.flush()
+            self.comm.Abort(code)
+
     def shard_map(self, fn, items, replicas: int = 1) -> list:
         """[fn(item) for item in items], the items shared out across the ranks (contiguous
         blocks, rank order) and, inside each rank, across ``replicas`` threads; every rank

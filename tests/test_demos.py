@@ -368,3 +368,30 @@ def test_no_gpu_for_cupy_is_one_line(tmp_path):
     err = one_error_line(run_demo("generate.py", "--smoke", "--backend", "cupy",
                                   "--out", str(tmp_path)))
     assert "cupy" in err.lower()
+
+
+# =========================================================================== under mpiexec
+@pytest.mark.mpi
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_demo_under_mpiexec_equals_one_process(script, data_dir, fast_smoke_runs, tmp_path):
+    """`mpiexec -n 2 python demos/X.py` with no other flag (one thread per rank) gives the
+    figures of one process with two thread replicas (the same shards, the same dropout
+    streams; float32 sums in another order), prints once, and writes its files once."""
+    from tests.test_distributed import mpiexec
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+           "OPENBLAS_NUM_THREADS": "1"}
+    for name in ("NPFORMER_MPI", "PMI_SIZE", "PMI_RANK"):
+        env.pop(name, None)
+    result = subprocess.run([mpiexec(), "-n", "2", sys.executable, str(DEMOS / script),
+                             "--smoke", "--replicas", "1", "--data", str(data_dir),
+                             "--out", str(tmp_path), "--no-progress"],
+                            capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    ours = json.loads((tmp_path / "metrics.json").read_text())
+    single_out, _ = fast_smoke_runs[script]
+    single = json.loads((single_out / "metrics.json").read_text())
+    assert ours["updates"] == single["updates"]
+    assert ours[METRIC[script]] == pytest.approx(single[METRIC[script]], rel=1e-4, abs=1e-6)
+    assert result.stdout.count("wrote") <= 1 and "Traceback" not in result.stderr
+    assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*.tmp"))
