@@ -88,7 +88,9 @@ def test_every_quoted_line_of_code_is_in_its_source_file():
     assert len(quotes) > 50  # the doc quotes every op
     stale = []
     for path, _, lines in quotes:
-        if not _found_at(_stripped_lines(path), lines):
+        if not (ROOT / path).is_file():
+            stale.append(f"{path}: no such file (quoting {lines[:1]})")
+        elif not _found_at(_stripped_lines(path), lines):
             stale.append(f"{path}: {lines[:3]}...")
     assert not stale, "docs/derivations.md quotes code that changed:\n" + "\n".join(stale)
 
@@ -96,6 +98,8 @@ def test_every_quoted_line_of_code_is_in_its_source_file():
 def test_every_quote_sits_in_a_function_its_label_names():
     misplaced = []
     for path, names, lines in _quotes():
+        if not (ROOT / path).is_file():
+            continue  # reported by the test above
         if not names:
             misplaced.append(f"{path}: no function named before {lines[:1]}")
             continue
