@@ -6,10 +6,11 @@ sentence at a time (``_beam_search_reference``, the implementation it replaced).
 
 The model is the translation demo's default (d_model 256, 4 heads, 2 + 2 layers,
 FFN 1024, max_len 17, vocabularies built from the demo's training split of
-fra-eng.zip), freshly initialised: there is no trained checkpoint here.  An untrained
+fra-eng.zip), freshly initialised, or the trained one of ``--checkpoint``
+(``runs/translate/model.npz`` after ``python demos/translate.py``).  An untrained
 model rarely ends a hypothesis with <eos>, so most searches run to the length limit
-(17 tokens): the timing is the worst case for both, with the same number of decoder
-steps for both.  Sentences are decoded in chunks of ``--chunk`` (the demo's 64), each
+(17 tokens): the worst case for both, with the same number of decoder steps for both;
+a trained model's searches end early, at different steps for different sentences.  Sentences are decoded in chunks of ``--chunk`` (the demo's 64), each
 chunk padded to its longest source, as ``demos/translate.py`` does.
 
 The two are timed alternately (old, new, old, new, ...) in one process so that load
@@ -31,11 +32,23 @@ from npformer.decoding import _beam_search_reference, beam_search
 from npformer.models import Seq2SeqConfig, Seq2SeqTransformer
 
 
-def demo_model_and_sources(data, sentences: int, max_tokens: int = 15):
-    """The demo's vocabularies and default model (untrained), and ``sentences`` held-out
-    English sentences as source id lists (+<eos>)."""
+def heldout_english(data, sentences: int, max_tokens: int = 15):
+    """The demo's split of fra-eng.zip: (training pairs, ``sentences`` held-out English
+    sentences)."""
     pairs = load_fra_eng(data, max_len=max_tokens)
     train_pairs, heldout = split_by_source(pairs, 2000, seed=0)
+    return train_pairs, list(heldout)[:sentences]
+
+
+def encode_sources(src_vocab: Vocab, english: list, max_tokens: int = 15) -> list:
+    """English sentences as source id lists (+<eos>), as the demo feeds them."""
+    return [src_vocab.encode(tokenize_fra_eng(s))[:max_tokens + 1] + [src_vocab.eos_id]
+            for s in english]
+
+
+def untrained_model(train_pairs, english: list, max_tokens: int = 15):
+    """The demo's vocabularies and default model (untrained) -> (model, sources, pad id,
+    source and target vocabulary sizes)."""
     src_vocab = Vocab.build([e for e, _ in train_pairs], min_freq=2, bos=True, eos=True)
     tgt_vocab = Vocab.build([f for _, f in train_pairs], min_freq=2, bos=True, eos=True)
     config = Seq2SeqConfig(src_vocab_size=len(src_vocab), tgt_vocab_size=len(tgt_vocab),
@@ -45,10 +58,20 @@ def demo_model_and_sources(data, sentences: int, max_tokens: int = 15):
                            eos_id=tgt_vocab.eos_id)
     backend.seed(0)
     model = Seq2SeqTransformer(config)
-    english = list(heldout)[:sentences]
-    sources = [src_vocab.encode(tokenize_fra_eng(s))[:max_tokens + 1] + [src_vocab.eos_id]
-               for s in english]
-    return model, sources, src_vocab.pad_id, len(src_vocab), len(tgt_vocab)
+    return (model, encode_sources(src_vocab, english, max_tokens), src_vocab.pad_id,
+            len(src_vocab), len(tgt_vocab))
+
+
+def trained_model(path, english: list, max_tokens: int = 15):
+    """The translation demo's checkpoint -> (model, sources, pad id, vocabulary sizes)."""
+    from npformer.checkpoint import build_model, load_checkpoint
+
+    checkpoint = load_checkpoint(path)
+    model = build_model(checkpoint, expected_kind="seq2seq")
+    src_vocab = Vocab.from_json(checkpoint.extra["src_vocab"])
+    tgt_size = len(Vocab.from_json(checkpoint.extra["tgt_vocab"]))
+    return (model, encode_sources(src_vocab, english, max_tokens), src_vocab.pad_id,
+            len(src_vocab), tgt_size)
 
 
 def decode_all(search, model, sources, pad_id: int, chunk: int, beam_size: int):
@@ -68,9 +91,14 @@ def main(argv=None) -> int:
     parser.add_argument("--beam-size", type=int, default=4, help="beam size (default: 4)")
     parser.add_argument("--chunk", type=int, default=64, help="sentences per call (default: 64)")
     parser.add_argument("--rounds", type=int, default=3, help="old/new pairs timed (default: 3)")
+    parser.add_argument("--checkpoint", default=None,
+                        help="the translation demo's trained model.npz (default: untrained)")
     args = parser.parse_args(argv)
 
-    model, sources, pad_id, src_v, tgt_v = demo_model_and_sources(args.data, args.sentences)
+    train_pairs, english = heldout_english(args.data, args.sentences)
+    model, sources, pad_id, src_v, tgt_v = (
+        trained_model(args.checkpoint, english) if args.checkpoint
+        else untrained_model(train_pairs, english))
     print(f"{len(sources)} sentences, vocabularies {src_v:,} / {tgt_v:,}, "
           f"{model.num_parameters():,} parameters, beam {args.beam_size}, "
           f"chunks of {args.chunk}, backend {backend.backend_name()} "
