@@ -51,15 +51,15 @@ class Preset:
     heads: int = option(4, "attention heads H (D must be a multiple)")
     layers: int = option(1, "encoder layers")
     d_ff: int = option(256, "feed-forward width")
-    max_len: int = option(256, "tokens kept per review")
-    head_tokens: int = option(64, "of those, taken from the review's start (the rest from its "
+    max_len: int = option(512, "tokens kept per review")
+    head_tokens: int = option(128, "of those, taken from the review's start (the rest from its "
                                   "end)", nonnegative_int)
     vocab_size: int = option(20000, "at most this many words in the vocabulary")
     batch_size: int = option(32, "reviews per update")
     lr: float = option(1e-3, "peak learning rate (warmup, then cosine decay)", positive_float)
     weight_decay: float = option(0.01, "AdamW's decoupled weight decay", nonnegative_float)
     warmup: int = option(300, "warmup updates (at most a tenth of the run)")
-    epochs: float = option(4.0, "passes over the training reviews", positive_float)
+    epochs: float = option(8.0, "passes over the training reviews", positive_float)
     dropout: float = option(0.1, "dropout probability", probability)
     pooling: str = option("mean", "how the encoder's outputs become one vector", str,
                           ops.POOLINGS)
