@@ -234,12 +234,14 @@ def main(argv=None) -> int:
                        replicas=args.replicas)
     bleu_greedy = corpus_bleu(greedy, references)
     bleu_greedy_one_ref = corpus_bleu(greedy, [r[:1] for r in references])
+    beam_clock = Stopwatch()
     beam = translate(model, src_vocab, tgt_vocab, english, beam_size=preset.beam_size,
                      replicas=args.replicas)
+    beam_seconds = beam_clock.seconds()
     bleu_beam = corpus_bleu(beam, references)
     print(f"held-out BLEU: greedy {bleu_greedy:.1f} (one reference: {bleu_greedy_one_ref:.1f}), "
-          f"beam {preset.beam_size}: {bleu_beam:.1f}; {trainer.updates} updates = "
-          f"{epochs:.2f} epochs")
+          f"beam {preset.beam_size}: {bleu_beam:.1f} (decoded in {beam_seconds:.0f} s); "
+          f"{trainer.updates} updates = {epochs:.2f} epochs")
     probes = translate(model, src_vocab, tgt_vocab, PROBES, beam_size=preset.beam_size)
     for english_probe, french in zip(PROBES, probes):
         print(f"  {english_probe} => {french}")
@@ -248,7 +250,8 @@ def main(argv=None) -> int:
     total_seconds = clock.seconds()
     write_json(out / "metrics.json", {
         "bleu_greedy": bleu_greedy, "bleu_greedy_one_reference": bleu_greedy_one_ref,
-        "bleu_beam": bleu_beam, "beam_size": preset.beam_size, "updates": trainer.updates,
+        "bleu_beam": bleu_beam, "beam_size": preset.beam_size, "beam_seconds": beam_seconds,
+        "updates": trainer.updates,
         "best_val_loss": trainer.best, "epochs": epochs,
         "train_minutes": trainer.train_seconds / 60, "total_minutes": total_seconds / 60,
         "heldout_sentences": len(english), "probes": dict(zip(PROBES, probes)),
