@@ -181,7 +181,8 @@ def demo_parser(demo: Demo, doc: str, presets: dict) -> argparse.ArgumentParser:
     parser.add_argument("--replicas", type=positive_int, default=None,
                         help="data-parallel replicas, one thread each with single-threaded "
                              "BLAS, for training and evaluation (default: one per CPU core "
-                             "with numpy, 1 with cupy)")
+                             "with numpy, shared among the MPI ranks on the machine; 1 with "
+                             "cupy)")
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress bar (on a terminal) or progress lines (elsewhere)")
     parser.add_argument("--resume", action="store_true",
@@ -229,8 +230,9 @@ def setup(args) -> Path:
     backend.set_default_float(args.dtype)
     args.engine = args.engine or engine_name()
     set_engine(args.engine)
-    if args.replicas is None:
-        args.replicas = (os.cpu_count() or 1) if backend.backend_name() == "numpy" else 1
+    if args.replicas is None:  # the cores, shared among the MPI ranks on this machine
+        cores = (os.cpu_count() or 1) // distributed.current().local_size
+        args.replicas = max(1, cores) if backend.backend_name() == "numpy" else 1
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     return out

@@ -121,13 +121,15 @@ class Context:
     """Who this process is among the ranks, and the collective helpers.
 
     ``comm`` is the mpi4py communicator (None in a single process without MPI).
-    ``local_rank`` is the rank among those on this machine (GPU choice).
+    ``local_rank`` is the rank among the ``local_size`` ranks on this machine (GPU
+    choice, and the cores each rank may use).
     """
 
     comm: object | None
     rank: int = 0
     size: int = 1
     local_rank: int = 0
+    local_size: int = 1
 
     @property
     def is_main(self) -> bool:
@@ -253,9 +255,10 @@ def setup(*, quiet_workers: bool = True, keep_memory: bool = True,
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
-    local_rank = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()  # rank on this machine
+    machine = comm.Split_type(MPI.COMM_TYPE_SHARED)  # the ranks on this machine
+    local_rank = machine.Get_rank()
     ctx = Context(comm=comm, rank=comm.Get_rank(), size=comm.Get_size(),
-                  local_rank=local_rank)
+                  local_rank=local_rank, local_size=machine.Get_size())
     if abort_on_error and ctx.size > 1:
         _abort_all_on_uncaught_exception(ctx)
     if quiet_workers and not ctx.is_main:
