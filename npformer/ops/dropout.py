@@ -12,11 +12,17 @@ so a run repeats exactly.
 """
 from __future__ import annotations
 
+import numbers
+
 from .. import backend
+from ._checks import check_float, check_upstream
 
 
 def dropout_forward(x, p: float, training: bool = True):
     """x (...) -> y (...), cache = the scaled keep mask m / (1 - p), or None (identity)."""
+    check_float(x, "dropout input")
+    if isinstance(p, bool) or not isinstance(p, numbers.Real):
+        raise TypeError(f"dropout probability must be a number in [0, 1), got {p!r}")
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout probability must be in [0, 1), got {p}")
     if not training or p == 0.0:
@@ -29,4 +35,8 @@ def dropout_forward(x, p: float, training: bool = True):
 
 def dropout_backward(dy, cache):
     scaled_mask = cache
+    if scaled_mask is None:  # the identity: any floating-point gradient passes through
+        check_float(dy, "the upstream gradient of dropout_backward")
+    else:
+        check_upstream(dy, tuple(scaled_mask.shape), "dropout_backward")
     return dy if scaled_mask is None else dy * scaled_mask

@@ -11,12 +11,17 @@ Backward
 """
 from __future__ import annotations
 
+import math
+
 from .. import backend
-from ._checks import check_token_ids
+from ._checks import check_array, check_cache, check_float, check_rank, check_token_ids
 
 
 def embedding_forward(ids, table):
     """ids (...) integers in [0, V), table (V, D) -> y (..., D), cache."""
+    check_array(ids, "token ids")
+    check_float(table, "embedding table")
+    check_rank(table, 2, "embedding table (vocabulary, width)")
     xp = backend.namespace_of(ids, table)
     vocab_size, width = table.shape
     check_token_ids(ids, vocab_size)
@@ -28,7 +33,13 @@ def embedding_forward(ids, table):
 
 def embedding_backward(dy, cache):
     """dy (..., D) -> dtable (V, D).  (Integer ids have no gradient.)"""
+    check_cache(cache, 2, "embedding_forward", "embedding_backward")
     flat_ids, vocab_size = cache
+    check_float(dy, "the upstream gradient of embedding_backward")
+    if dy.ndim == 0 or math.prod(dy.shape[:-1]) != flat_ids.shape[0]:
+        raise ValueError(f"the upstream gradient of embedding_backward has shape "
+                         f"{tuple(dy.shape)}, but the forward's output had shape (..., D) "
+                         f"with {flat_ids.shape[0]} positions in all (the ids' shape)")
     xp = backend.namespace_of(dy)
     dy_rows = xp.reshape(dy, (-1, dy.shape[-1]))  # (N, D)
     return backend.scatter_add_rows(flat_ids, dy_rows, vocab_size)  # (V, D)
