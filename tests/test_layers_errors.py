@@ -415,7 +415,7 @@ def test_models_refuse_ragged_or_float_ids(xb, kind):
     with pytest.raises(ValueError, match=r"ids must be an array or a rectangular nested list "
                                          r"of numbers"):
         _call(kind, model, [[1, 2], [3]], [[1], [2]])
-    with pytest.raises(TypeError, match="token ids must be an integer array, got dtype .*float64"):
+    with pytest.raises(TypeError, match=r"ids must be an integer array, got dtype .*float64"):
         _call(kind, model, [[1.0, 2.0]], [[1, 2]])
     with pytest.raises(TypeError, match=r"ids must hold numbers, got list of dtype <U1"):
         _call(kind, model, [["a", "b"]], [[1, 2]])

@@ -27,7 +27,7 @@ def relu_forward(x):
 
 def relu_backward(dy, cache):
     check_cache(cache, None, "relu_forward", "relu_backward")
-    check_upstream(dy, tuple(cache.shape), "relu_backward")
+    check_upstream(dy, tuple(cache.shape), "relu_backward", cache.dtype)
     xp = backend.namespace_of(dy)
     y = cache
     dx = xp.sign(y)  # [x > 0]

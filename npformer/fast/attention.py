@@ -74,8 +74,9 @@ def attention_forward(q, k, v, mask=None, block_scores: int = BLOCK_SCORES):
 def attention_backward(dout, cache):
     """dout (..., T, F) -> dq (..., T, E), dk (..., S, E), dv (..., S, F)."""
     check_cache(cache, 8, "attention_forward", "attention_backward")
+    check_upstream(dout, attention_output_shape(cache[0], cache[2]), "attention_backward",
+                   cache[0].dtype)  # of q and v
     q, k, v, mask, bias, lse, scale, block_scores = cache  # q is already scaled by alpha
-    check_upstream(dout, attention_output_shape(q, v), "attention_backward")
     xp = backend.namespace_of(dout, q)
     dq = _empty(xp, q.shape, q)  # every query row belongs to exactly one block
     if k.shape[-2] == 0:  # no keys (no blocks): zero gradients

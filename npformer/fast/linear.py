@@ -38,8 +38,9 @@ def linear_forward(x, w, b=None):
 def linear_backward(dy, cache):
     """dy (..., D_out) -> dx (..., D_in), dw (D_in, D_out), db (D_out,) or None."""
     check_cache(cache, 3, "linear_forward", "linear_backward")
+    check_upstream(dy, linear_output_shape(cache[0], cache[1]), "linear_backward",
+                   cache[0].dtype)  # of x and W
     x, w, has_bias = cache
-    check_upstream(dy, linear_output_shape(x, w), "linear_backward")
     xp = backend.namespace_of(dy, w)
     d_in, d_out = w.shape
     x_rows = xp.reshape(x, (-1, d_in))  # (N, D_in)

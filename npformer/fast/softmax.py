@@ -51,8 +51,8 @@ def softmax_forward(x, axis: int = -1, mask=None, overwrite_input: bool = False)
 def softmax_backward(dp, cache, overwrite_input: bool = False):
     """dp (...) -> dx (...) = p * (dp - sum(dp * p)).  ``overwrite_input``: reuse dp's buffer."""
     check_cache(cache, 2, "softmax_forward", "softmax_backward")
+    check_upstream(dp, tuple(cache[0].shape), "softmax_backward", cache[0].dtype)  # p's
     p, axis = cache
-    check_upstream(dp, tuple(p.shape), "softmax_backward")
     xp = backend.namespace_of(dp, p)
     inner = xp.sum(dp * p, axis=axis, keepdims=True)  # <dp, p> per row
     if overwrite_input:

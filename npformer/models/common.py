@@ -130,13 +130,17 @@ class TokenEmbedding(Module):
 
 
 def model_input(data, what: str, rank: int = 2):
-    """An argument of a model's public entry point (forward, predict) as a backend array:
-    arrays pass as they are; array-likes (nested lists or tuples of numbers) are copied
+    """An integer argument (ids, lengths) of a model's public entry point (forward, predict)
+    as a backend array: integer arrays pass as they are; array-likes (nested lists or tuples of numbers) are copied
     onto the backend, an empty one as int64 of the expected ``rank`` (``[]`` is a batch of
     no sequences)."""
     import array_api_compat
 
-    if data is None or array_api_compat.is_array_api_obj(data):
+    if data is None:
+        return data
+    if array_api_compat.is_array_api_obj(data):
+        if not backend.is_integer_array(data):  # ids and lengths: integers
+            raise TypeError(f"{what} must be an integer array, got dtype {data.dtype}")
         return data
     try:
         host = np.asarray(data)
@@ -150,6 +154,8 @@ def model_input(data, what: str, rank: int = 2):
         host = host.astype(np.int64)
         if host.ndim == 1 and rank == 2:
             host = host.reshape(0, 0)
+    if host.dtype.kind not in "iu":
+        raise TypeError(f"{what} must be an integer array, got dtype {host.dtype}")
     return backend.asarray(host)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from .. import backend, engine, ops
-from ..ops._checks import check_rank, check_size
+from ..ops._checks import check_float, check_rank, check_size
 from .module import Module, Parameter
 
 
@@ -135,6 +135,7 @@ class SinusoidalPositionalEncoding(Module):
         self._table = ops.sinusoidal_table(max_len, width)  # not a Parameter: never trained
 
     def forward(self, x):
+        check_float(x, "input to the positional encoding")  # before its dtype is read
         table = self._table
         if table.dtype != x.dtype:
             table = backend.namespace_of(x).astype(table, x.dtype)

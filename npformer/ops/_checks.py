@@ -127,6 +127,14 @@ def check_axis(x, axis, what: str) -> None:
         raise ValueError(f"{what} has no axis {axis}: its shape is {tuple(x.shape)}")
 
 
+def check_same_dtype(what: str, **arrays) -> None:
+    """The floating-point inputs of one op share one dtype (none is silently cast)."""
+    dtypes = {name: a.dtype for name, a in arrays.items() if a is not None}
+    if len(set(map(str, dtypes.values()))) > 1:
+        listed = ", ".join(f"{name} {dtype}" for name, dtype in dtypes.items())
+        raise TypeError(f"{what} inputs must share one dtype, got {listed}")
+
+
 def check_cache(cache, length: int | None, forward: str, backward: str) -> None:
     """``cache`` must be what ``forward`` returned: not None (backward before forward is a
     RuntimeError) and, for a tuple cache, a tuple of ``length`` items."""
@@ -138,9 +146,13 @@ def check_cache(cache, length: int | None, forward: str, backward: str) -> None:
                         f"cache that {forward} of the same tier returned")
 
 
-def check_upstream(dy, expected: tuple, what: str) -> None:
-    """The upstream gradient must be a floating-point array of the forward's output shape."""
+def check_upstream(dy, expected: tuple, what: str, dtype=None) -> None:
+    """The upstream gradient must be a floating-point array of the forward's output shape
+    (and, given ``dtype``, of the output's dtype: the fast tier writes into its buffers)."""
     check_float(dy, f"the upstream gradient of {what}")
     if tuple(dy.shape) != tuple(expected):
         raise ValueError(f"the upstream gradient of {what} has shape {tuple(dy.shape)}, but "
                          f"the forward's output had shape {tuple(expected)}")
+    if dtype is not None and dy.dtype != dtype:
+        raise TypeError(f"the upstream gradient of {what} has dtype {dy.dtype}, but the "
+                        f"forward's output had dtype {dtype}")

@@ -66,7 +66,7 @@ def relu_backward(dy, cache):
     """dy (...) -> dx = dy [x > 0] (...)."""
     check_cache(cache, None, "relu_forward", "relu_backward")
     x = cache
-    check_upstream(dy, tuple(x.shape), "relu_backward")
+    check_upstream(dy, tuple(x.shape), "relu_backward", x.dtype)
     xp = backend.namespace_of(dy, x)
     return dy * xp.astype(x > 0, dy.dtype)  # [x > 0]: 1 where x > 0, else 0
 
@@ -172,8 +172,8 @@ def gelu_forward(x):
 def gelu_backward(dy, cache):
     """dy (...) -> dx = dy (Phi(x) + x phi(x)), phi(x) = exp(-x^2 / 2) / sqrt(2 pi)."""
     check_cache(cache, 2, "gelu_forward", "gelu_backward")
+    check_upstream(dy, tuple(cache[0].shape), "gelu_backward", cache[0].dtype)  # x's
     x, phi_cdf = cache
-    check_upstream(dy, tuple(x.shape), "gelu_backward")
     xp = backend.namespace_of(dy)
     phi_pdf = INV_SQRT_2PI * xp.exp(-0.5 * x * x)        # phi(x), the normal density
     dy_dx = phi_cdf + x * phi_pdf                        # product rule: Phi + x Phi'
@@ -193,8 +193,8 @@ def gelu_tanh_forward(x):
 
 def gelu_tanh_backward(dy, cache):
     check_cache(cache, 2, "gelu_tanh_forward", "gelu_tanh_backward")
+    check_upstream(dy, tuple(cache[0].shape), "gelu_tanh_backward", cache[0].dtype)  # x's
     x, t = cache
-    check_upstream(dy, tuple(x.shape), "gelu_tanh_backward")
     dy_dx = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_C * (1.0 + 3.0 * GELU_A * x * x)
     return dy * dy_dx
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 
 from .. import backend
-from ._checks import check_array, check_cache, check_float, check_mask, check_upstream
+from ._checks import check_array, check_cache, check_same_dtype, check_float, check_mask, check_upstream
 from .softmax import softmax_backward, softmax_forward
 
 
@@ -49,8 +49,9 @@ def attention_forward(q, k, v, mask=None):
 def attention_backward(dout, cache):
     """dout (..., T, F) -> dq (..., T, E), dk (..., S, E), dv (..., S, F)."""
     check_cache(cache, 4, "attention_forward", "attention_backward")
+    check_upstream(dout, attention_output_shape(cache[0], cache[2]), "attention_backward",
+                   cache[0].dtype)  # of q and v
     q, k, v, p = cache
-    check_upstream(dout, attention_output_shape(q, v), "attention_backward")
     xp = backend.namespace_of(dout, q)
     scale = 1.0 / math.sqrt(q.shape[-1])
     dv = xp.matmul(xp.matrix_transpose(p), dout)  # P^T dO: (..., S, T) @ (..., T, F)
@@ -86,6 +87,7 @@ def check_attention_inputs(q, k, v, mask) -> None:
     if q.shape[-1] == 0:
         raise ValueError(f"attention queries and keys must have a width (last axis) of at "
                          f"least 1, got queries of shape {tuple(q.shape)}")
+    check_same_dtype("attention", queries=q, keys=k, values=v)
     if k.shape[:-1] != v.shape[:-1]:
         raise ValueError(f"attention keys {tuple(k.shape)} and values {tuple(v.shape)} "
                          "must agree on every axis but the last")

@@ -34,9 +34,9 @@ def dropout_forward(x, p: float, training: bool = True):
 
 
 def dropout_backward(dy, cache):
-    scaled_mask = cache
-    if scaled_mask is None:  # the identity: any floating-point gradient passes through
+    if cache is None:  # the identity: any floating-point gradient passes through
         check_float(dy, "the upstream gradient of dropout_backward")
-    else:
-        check_upstream(dy, tuple(scaled_mask.shape), "dropout_backward")
+    else:  # the cache is the scaled mask, of the input's shape and dtype
+        check_upstream(dy, tuple(cache.shape), "dropout_backward", cache.dtype)
+    scaled_mask = cache
     return dy if scaled_mask is None else dy * scaled_mask

@@ -22,6 +22,9 @@ def embedding_forward(ids, table):
     check_array(ids, "token ids")
     check_float(table, "embedding table")
     check_rank(table, 2, "embedding table (vocabulary, width)")
+    if 0 in tuple(table.shape):
+        raise ValueError(f"embedding table must have at least one entry and a width of at "
+                         f"least 1, got shape {tuple(table.shape)}")
     xp = backend.namespace_of(ids, table)
     vocab_size, width = table.shape
     check_token_ids(ids, vocab_size)
@@ -34,12 +37,13 @@ def embedding_forward(ids, table):
 def embedding_backward(dy, cache):
     """dy (..., D) -> dtable (V, D).  (Integer ids have no gradient.)"""
     check_cache(cache, 2, "embedding_forward", "embedding_backward")
-    flat_ids, vocab_size = cache
     check_float(dy, "the upstream gradient of embedding_backward")
-    if dy.ndim == 0 or math.prod(dy.shape[:-1]) != flat_ids.shape[0]:
+    positions = cache[0].shape[0]  # N, of the flattened ids
+    if dy.ndim == 0 or math.prod(dy.shape[:-1]) != positions:
         raise ValueError(f"the upstream gradient of embedding_backward has shape "
                          f"{tuple(dy.shape)}, but the forward's output had shape (..., D) "
-                         f"with {flat_ids.shape[0]} positions in all (the ids' shape)")
+                         f"with {positions} positions in all (the ids' shape)")
+    flat_ids, vocab_size = cache
     xp = backend.namespace_of(dy)
     dy_rows = xp.reshape(dy, (-1, dy.shape[-1]))  # (N, D)
     return backend.scatter_add_rows(flat_ids, dy_rows, vocab_size)  # (V, D)

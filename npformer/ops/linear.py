@@ -15,7 +15,7 @@ transpose, which :mod:`npformer.torch_interop` converts.
 from __future__ import annotations
 
 from .. import backend
-from ._checks import check_array, check_cache, check_float, check_last_dim, check_rank, check_upstream
+from ._checks import check_array, check_cache, check_same_dtype, check_float, check_last_dim, check_rank, check_upstream
 
 
 def linear_forward(x, w, b=None):
@@ -33,8 +33,9 @@ def linear_forward(x, w, b=None):
 def linear_backward(dy, cache):
     """dy (..., D_out) -> dx (..., D_in), dw (D_in, D_out), db (D_out,) or None."""
     check_cache(cache, 3, "linear_forward", "linear_backward")
+    check_upstream(dy, linear_output_shape(cache[0], cache[1]), "linear_backward",
+                   cache[0].dtype)  # of x and W
     x, w, has_bias = cache
-    check_upstream(dy, linear_output_shape(x, w), "linear_backward")
     xp = backend.namespace_of(dy, w)
     d_in, d_out = w.shape
     dx = xp.matmul(dy, xp.matrix_transpose(w))  # (..., D_out) @ (D_out, D_in)
@@ -46,14 +47,15 @@ def linear_backward(dy, cache):
 
 
 def check_linear_inputs(x, w, b) -> None:
-    """x an array, W (D_in, D_out) floats with D_in, D_out >= 1, and b None or (D_out,)
-    (shared with the fast tier; x's dtype and width are checked by the forward)."""
-    check_array(x, "linear input")
+    """x floats, W (D_in, D_out) floats with D_in, D_out >= 1, b None or (D_out,), all of
+    one dtype (shared with the fast tier; x's width is checked by the forward)."""
+    check_float(x, "linear input")
     check_float(w, "linear weight")
     check_rank(w, 2, "linear weight (in_features, out_features)")
     if 0 in tuple(w.shape):
         raise ValueError(f"linear weight must have at least one input and one output feature, "
                          f"got shape {tuple(w.shape)}")
+    check_same_dtype("linear", input=x, weight=w, bias=b)
     if b is not None:
         check_float(b, "linear bias")
         if tuple(b.shape) != (w.shape[1],):

@@ -70,12 +70,13 @@ def pool_forward(h, valid_lens, how: str = "mean"):
 def pool_backward(dy, cache):
     """dy (B, D) -> dh (B, T, D)."""
     check_cache(cache, 3, "pool_forward", "pool_backward")
+    check_upstream(dy, (cache[1][0], cache[1][2]), "pool_backward")  # (B, D) of h's shape
+    if cache[1][0] == 0:  # no sequences: the (empty) gradient of h
+        return backend.namespace_of(dy).zeros(cache[1], dtype=dy.dtype,
+                                              device=backend.device_of(dy))
     how, shape, saved = cache
-    check_upstream(dy, (shape[0], shape[2]), "pool_backward")
     xp = backend.namespace_of(dy)
     batch, length, width = shape
-    if batch == 0:  # no sequences
-        return xp.zeros(shape, dtype=dy.dtype, device=backend.device_of(dy))
     if how == "first":
         rest = xp.zeros((batch, length - 1, width), dtype=dy.dtype, device=backend.device_of(dy))
         return xp.concat([dy[:, None, :], rest], axis=1)

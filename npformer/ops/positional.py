@@ -13,7 +13,7 @@ over the batch:  $\bar x = \bar y$,  $\bar P_t = \sum_b \bar y_{b,t}$ for t < T,
 from __future__ import annotations
 
 from .. import backend
-from ._checks import check_cache, check_float, check_rank, check_size
+from ._checks import check_cache, check_same_dtype, check_float, check_rank, check_size
 
 
 def sinusoidal_table(max_len: int, width: int, dtype=None, like=None):
@@ -37,6 +37,7 @@ def add_positions_forward(x, table):
     check_rank(x, 3, "input to the positional encoding")
     check_float(table, "positional table")
     check_rank(table, 2, "positional table (max_len, width)")
+    check_same_dtype("positional encoding", input=x, table=table)
     _, seq_len, width = x.shape
     max_len = table.shape[0]
     if seq_len > max_len:
@@ -52,11 +53,12 @@ def add_positions_forward(x, table):
 def add_positions_backward(dy, cache):
     """dy (B, T, D) -> dx (B, T, D), dtable (L, D) (used only when the table is learned)."""
     check_cache(cache, 2, "add_positions_forward", "add_positions_backward")
-    seq_len, max_len = cache
     check_float(dy, "the upstream gradient of add_positions_backward")
-    if dy.ndim != 3 or dy.shape[1] != seq_len:
+    if dy.ndim != 3 or dy.shape[1] != cache[0]:  # T, the forward's positions
         raise ValueError(f"the upstream gradient of add_positions_backward has shape "
-                         f"{tuple(dy.shape)}, but the forward's output had shape (B, {seq_len}, D)")
+                         f"{tuple(dy.shape)}, but the forward's output had shape "
+                         f"(B, {cache[0]}, D)")
+    seq_len, max_len = cache
     xp = backend.namespace_of(dy)
     dtable_used = xp.sum(dy, axis=0)  # (T, D)
     unused = xp.zeros((max_len - seq_len, dy.shape[-1]), dtype=dy.dtype,

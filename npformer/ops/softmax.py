@@ -57,8 +57,8 @@ def mask_bias(mask, dtype):
 def softmax_backward(dp, cache):
     """dp (...) -> dx (...) = p * (dp - sum(dp * p))."""
     check_cache(cache, 2, "softmax_forward", "softmax_backward")
+    check_upstream(dp, tuple(cache[0].shape), "softmax_backward", cache[0].dtype)  # p's
     p, axis = cache
-    check_upstream(dp, tuple(p.shape), "softmax_backward")
     xp = backend.namespace_of(dp, p)
     inner = xp.sum(dp * p, axis=axis, keepdims=True)  # <dp, p> per row
     return p * (dp - inner)
@@ -83,8 +83,8 @@ def log_softmax_forward(x, axis: int = -1):
 def log_softmax_backward(dy, cache):
     """dy (...) -> dx (...) = dy - p * sum(dy)."""
     check_cache(cache, 2, "log_softmax_forward", "log_softmax_backward")
+    check_upstream(dy, tuple(cache[0].shape), "log_softmax_backward", cache[0].dtype)  # p's
     p, axis = cache
-    check_upstream(dy, tuple(p.shape), "log_softmax_backward")
     xp = backend.namespace_of(dy, p)
     return dy - p * xp.sum(dy, axis=axis, keepdims=True)
 
