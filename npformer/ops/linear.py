@@ -55,12 +55,12 @@ def check_linear_inputs(x, w, b) -> None:
     if 0 in tuple(w.shape):
         raise ValueError(f"linear weight must have at least one input and one output feature, "
                          f"got shape {tuple(w.shape)}")
-    check_same_dtype("linear", input=x, weight=w, bias=b)
     if b is not None:
         check_float(b, "linear bias")
         if tuple(b.shape) != (w.shape[1],):
             raise ValueError(f"linear bias must have shape ({w.shape[1]},), got "
                              f"{tuple(b.shape)}")
+    check_same_dtype("linear", input=x, weight=w, bias=b)
 
 
 def linear_output_shape(x, w) -> tuple:
