@@ -129,7 +129,9 @@ def check_axis(x, axis, what: str) -> None:
 
 def check_same_dtype(what: str, **arrays) -> None:
     """The floating-point inputs of one op share one dtype (none is silently cast)."""
-    dtypes = {name: a.dtype for name, a in arrays.items() if a is not None}
+    present = {name: a for name, a in arrays.items() if a is not None}
+    backend.namespace_of(*present.values())  # arrays of two libraries: named as such first
+    dtypes = {name: a.dtype for name, a in present.items()}
     if len(set(map(str, dtypes.values()))) > 1:
         listed = ", ".join(f"{name} {dtype}" for name, dtype in dtypes.items())
         raise TypeError(f"{what} inputs must share one dtype, got {listed}")
