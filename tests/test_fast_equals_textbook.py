@@ -210,9 +210,35 @@ def test_linear(xb, seed, lead, d_in, d_out, bias):
                         ["dx", "dw", "db"])
 
 
+# =========================================================================== relu
+@given(seed=seeds, shape=st.lists(st.integers(0, 5), min_size=0, max_size=3),
+       zeros=st.floats(0.0, 1.0), via_activation=st.booleans())
+def test_relu(xb, seed, shape, zeros, via_activation):
+    """The fast ReLU (sign(y) from the output, in place) equals the plain textbook one,
+    outputs and gradients, with exact zeros (the kink, gradient 0 in both) and -0.0."""
+    rng = np.random.default_rng(seed)
+    x_host = rng.standard_normal(tuple(shape))
+    x_host[rng.random(tuple(shape)) < zeros / 2] = 0.0
+    x_host[rng.random(tuple(shape)) < zeros / 4] = -0.0
+    x = backend.asarray(x_host, dtype="float64")
+    pairs = {tier: (tier.activation("relu") if via_activation
+                    else (tier.relu_forward, tier.relu_backward)) for tier in (fast, ops)}
+    y_f, cache_f = pairs[fast][0](x)
+    y_t, cache_t = pairs[ops][0](x)
+    assert_equal_arrays([y_f], [y_t], ["y"])
+    dy = randn(rng, shape)
+    assert_equal_arrays([pairs[fast][1](dy, cache_f)], [pairs[ops][1](dy, cache_t)], ["dx"])
+
+
+def test_each_tier_has_its_relu():
+    assert fast.activation("relu") == (fast.relu_forward, fast.relu_backward)
+    assert ops.activation("relu") == (ops.relu_forward, ops.relu_backward)
+    assert fast.activation("gelu") == ops.activation("gelu")
+
+
 # =========================================================================== the tier's namespace
 def test_every_fast_op_is_tested_and_the_rest_are_the_textbook_ops():
-    tested = {"attention", "softmax", "cross_entropy", "linear"}
+    tested = {"attention", "softmax", "cross_entropy", "linear", "relu", "activation"}
     assert {name.rsplit("_", 1)[0] for name in fast.FAST_OPS} == tested
     for name in fast.FAST_OPS:
         assert getattr(fast, name) is not getattr(ops, name), name

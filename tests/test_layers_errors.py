@@ -325,3 +325,105 @@ def test_wide_heads_have_no_torch_equivalent(xb, make):
 def test_unregistered_module_has_no_torch_rules(xb):
     with pytest.raises(TypeError, match="no PyTorch equivalent is registered for Dropout"):
         to_torch_state_dict(nn.Dropout(0.1))
+
+
+# =========================================================================== issue 10: sizes, lists, lengths
+@pytest.mark.parametrize("make,message", [
+    (lambda: nn.Linear(0, 3), "in_features must be at least 1, got 0"),
+    (lambda: nn.Linear(3, -1), "out_features must be at least 1, got -1"),
+    (lambda: nn.LayerNorm(0), "layer norm width must be at least 1, got 0"),
+    (lambda: nn.Embedding(0, 4), "num_embeddings must be at least 1, got 0"),
+    (lambda: nn.LearnedPositionalEmbedding(0, 4), "max_len must be at least 1, got 0"),
+    (lambda: nn.SinusoidalPositionalEncoding(4, 0), "positional width must be at least 1, got 0"),
+    (lambda: nn.MultiHeadAttention(0, 1), "d_model must be at least 1, got 0"),
+    (lambda: nn.MultiHeadAttention(4, 2, head_dim=0), "head_dim must be at least 1, got 0"),
+    (lambda: nn.FeedForward(4, 0), "d_ff must be at least 1, got 0"),
+])
+def test_layer_sizes_must_be_positive(xb, make, message):
+    """Linear(0, 3) raised ZeroDivisionError (1 / sqrt(0))."""
+    with pytest.raises(ValueError, match=re.escape(message)):
+        make()
+
+
+def test_layer_sizes_must_be_integers(xb):
+    with pytest.raises(TypeError, match=re.escape("num_heads must be an integer, got 2.0")):
+        nn.MultiHeadAttention(4, 2.0)
+    with pytest.raises(TypeError, match=re.escape("in_features must be an integer, got '4'")):
+        nn.Linear("4", 3)
+
+
+@pytest.mark.parametrize("valid,length", [([0, 5], 4), ([-1, 2], 4)])
+def test_padding_valid_lengths_out_of_range(xb, valid, length):
+    with pytest.raises(ValueError, match=re.escape(
+            f"valid lengths must be in [0, {length}] (the batch's positions), got values in "
+            f"[{min(valid)}, {max(valid)}]")):
+        nn.Padding.of(np.array(valid), length)
+
+
+def test_padding_length_must_be_a_size(xb):
+    with pytest.raises(ValueError, match="length must be at least 0, got -1"):
+        nn.Padding.of(np.array([0]), -1)
+
+
+@pytest.mark.parametrize("layer,args", [
+    (lambda: nn.Linear(2, 3), ([[1.0, 2.0]],)),
+    (lambda: nn.MultiHeadAttention(2, 1), ([[[1.0, 2.0]]],)),
+    (lambda: nn.EncoderBlock(2, 1, 4), ([[[1.0, 2.0]]],)),
+    (lambda: nn.Embedding(3, 2), ([[0, 1]],)),
+])
+def test_layers_refuse_lists_naming_the_input(xb, layer, args):
+    with pytest.raises(TypeError, match=r"must be an array, got list: convert host data with "
+                                        r"npformer.backend.asarray"):
+        layer()(*args)
+
+
+def _models():
+    from npformer.models import (CausalLM, CausalLMConfig, ClassifierConfig, Seq2SeqConfig,
+                                 Seq2SeqTransformer, TransformerClassifier)
+    return {
+        "classifier": TransformerClassifier(ClassifierConfig(
+            vocab_size=6, d_model=4, num_heads=2, num_layers=1, d_ff=6, max_len=4)),
+        "lm": CausalLM(CausalLMConfig(vocab_size=6, block_size=4, d_model=4, num_heads=2,
+                                      num_layers=1, d_ff=6)),
+        "seq2seq": Seq2SeqTransformer(Seq2SeqConfig(
+            src_vocab_size=6, tgt_vocab_size=7, d_model=4, num_heads=2, num_encoder_layers=1,
+            num_decoder_layers=1, d_ff=6, max_len=4)),
+    }
+
+
+def _call(kind, model, src, tgt=None):
+    return model(src, tgt) if kind == "seq2seq" else model(src)
+
+
+@pytest.mark.parametrize("kind", ["classifier", "lm", "seq2seq"])
+def test_models_accept_nested_lists(xb, tier, kind):
+    """The models' public entry points take array-likes ('list' has no attribute 'ndim')."""
+    model = _models()[kind]
+    rows = [[1, 2, 3], [4, 5, 0]]
+    with nn.evaluating(model):
+        from_lists = _call(kind, model, rows, [[2, 3], [4, 1]])
+        from_arrays = _call(kind, model, ids(rows), ids([[2, 3], [4, 1]]))
+    np.testing.assert_array_equal(backend.to_numpy(from_lists), backend.to_numpy(from_arrays))
+    if kind == "classifier":
+        np.testing.assert_array_equal(backend.to_numpy(model.predict(rows, [3, 2])),
+                                      backend.to_numpy(model.predict(ids(rows), ids([3, 2]))))
+
+
+@pytest.mark.parametrize("kind", ["classifier", "lm", "seq2seq"])
+def test_models_refuse_ragged_or_float_ids(xb, kind):
+    model = _models()[kind]
+    with pytest.raises(ValueError, match=r"ids must be an array or a rectangular nested list "
+                                         r"of numbers"):
+        _call(kind, model, [[1, 2], [3]], [[1], [2]])
+    with pytest.raises(TypeError, match=r"ids must be an integer array, got dtype .*float64"):
+        _call(kind, model, [[1.0, 2.0]], [[1, 2]])
+    with pytest.raises(TypeError, match=r"ids must hold numbers, got list of dtype <U1"):
+        _call(kind, model, [["a", "b"]], [[1, 2]])
+
+
+@pytest.mark.parametrize("kind", ["classifier", "lm", "seq2seq"])
+def test_models_refuse_ids_outside_the_vocabulary(xb, kind):
+    model = _models()[kind]
+    with pytest.raises(ValueError, match=r"token ids out of range: found id 6, but the "
+                                         r"vocabulary has 6 entries"):
+        _call(kind, model, [[1, 6]], [[1, 2]])

@@ -206,3 +206,114 @@ def test_unknown_activation(name):
     with pytest.raises(ValueError, match=re.escape(
             f"unknown activation {name!r}; choose one of ['gelu', 'gelu_tanh', 'relu']")):
         ops.activation(name)
+
+
+# =========================================================================== issue 10: sizes, kinds
+@pytest.mark.parametrize("call,message", [
+    (lambda: ops.causal_mask(-2), "num_queries must be at least 0, got -2"),
+    (lambda: ops.causal_mask(2, -1), "num_keys must be at least 0, got -1"),
+    (lambda: ops.padding_mask(ids([1, 2]), -3), "num_keys must be at least 0, got -3"),
+    (lambda: ops.sinusoidal_table(-1, 4), "max_len must be at least 0, got -1"),
+    (lambda: ops.sinusoidal_table(4, 0), "width must be at least 1, got 0"),
+])
+def test_negative_sizes_are_refused(xb, call, message):
+    """causal_mask(-2) returned an empty (0, 0) mask (issue 10, item 2)."""
+    with pytest.raises(ValueError, match=re.escape(message)):
+        call()
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda: ops.causal_mask(2.5), "num_queries must be an integer, got 2.5"),
+    (lambda: ops.causal_mask(True), "num_queries must be an integer, got True"),
+    (lambda: ops.padding_mask(ids([1]), "3"), "num_keys must be an integer, got '3'"),
+])
+def test_sizes_must_be_integers(xb, call, message):
+    with pytest.raises(TypeError, match=re.escape(message)):
+        call()
+
+
+@pytest.mark.parametrize("call,what", [
+    (lambda: ops.linear_forward([[1.0, 2.0]], arr((2, 3))), "linear input"),
+    (lambda: ops.layernorm_forward([[1.0, 2.0]], arr((2,)), arr((2,))), "layer norm input"),
+    (lambda: ops.attention_forward([[1.0]], arr((1, 1)), arr((1, 1))), "attention queries"),
+    (lambda: ops.softmax_forward([1.0, 2.0]), "softmax input"),
+    (lambda: ops.log_softmax_forward([1.0, 2.0]), "log-softmax input"),
+    (lambda: ops.cross_entropy_forward(arr((2, 3)), [0, 1]), "cross-entropy targets"),
+    (lambda: ops.embedding_forward([[0, 1]], arr((3, 2))), "token ids"),
+    (lambda: ops.pool_forward(arr((1, 2, 3)), [2], "mean"), "valid lengths"),
+    (lambda: ops.padding_mask([2, 1], 3), "valid lengths"),
+    (lambda: ops.dropout_forward([1.0], 0.5), "dropout input"),
+    (lambda: ops.relu_forward([1.0]), "relu input"),
+    (lambda: ops.attention_forward(arr((1, 2, 2)), arr((1, 2, 2)), arr((1, 2, 2)),
+                                   [[True, True]]), "attention mask"),
+])
+def test_lists_are_refused_naming_the_argument(xb, call, what):
+    """Python lists where the ops take arrays: named, never "'list' has no attribute"."""
+    with pytest.raises(TypeError, match=re.escape(f"{what} must be an array, got list: "
+                                                  "convert host data with "
+                                                  "npformer.backend.asarray(...)")):
+        call()
+
+
+@pytest.mark.parametrize("op", ["linear", "layernorm", "softmax", "attention", "gelu", "relu"])
+def test_float16_and_object_arrays_are_refused(op):
+    """Only float32 and float64 are computed in (float16 overflowed to NaN in GELU)."""
+    for x in (np.ones((2, 4), np.float16), np.ones((2, 4), object)):
+        call = {"linear": lambda: ops.linear_forward(x, np.ones((4, 3))),
+                "layernorm": lambda: ops.layernorm_forward(x, np.ones(4), np.ones(4)),
+                "softmax": lambda: ops.softmax_forward(x),
+                "attention": lambda: ops.attention_forward(x, x, x),
+                "gelu": lambda: ops.gelu_forward(x),
+                "relu": lambda: ops.relu_forward(x)}[op]
+        with pytest.raises(TypeError, match=r"must be a floating-point array \(float32 or "
+                                            rf"float64\), got dtype {x.dtype}"):
+            call()
+
+
+def test_softmax_axis_out_of_range(xb):
+    with pytest.raises(ValueError, match=re.escape("softmax input has no axis 2: its shape "
+                                                   "is (2, 3)")):
+        ops.softmax_forward(arr((2, 3)), axis=2)
+    with pytest.raises(TypeError, match="log-softmax input axis must be an integer, got 1.0"):
+        ops.log_softmax_forward(arr((2, 3)), axis=1.0)
+
+
+@pytest.mark.parametrize("w_shape", [(0, 3), (4, 0)])
+def test_linear_weight_without_features(xb, w_shape):
+    with pytest.raises(ValueError, match=re.escape(
+            f"linear weight must have at least one input and one output feature, got shape "
+            f"{w_shape}")):
+        ops.linear_forward(arr((2, w_shape[0])), arr(w_shape))
+
+
+def test_linear_bias_shape(xb):
+    with pytest.raises(ValueError, match=re.escape("linear bias must have shape (3,), got (4,)")):
+        ops.linear_forward(arr((2, 4)), arr((4, 3)), arr((4,)))
+
+
+def test_attention_needs_a_width_and_two_axes(xb):
+    with pytest.raises(ValueError, match=r"queries and keys must have a width \(last axis\) of "
+                                         r"at least 1"):
+        ops.attention_forward(arr((1, 2, 0)), arr((1, 2, 0)), arr((1, 2, 3)))
+    with pytest.raises(ValueError, match=r"attention queries must have at least 2 dimensions "
+                                         r"\(positions, width\), got shape \(4,\)"):
+        ops.attention_forward(arr((4,)), arr((4,)), arr((4,)))
+
+
+def test_pooling_valid_lengths_must_be_integers(xb):
+    with pytest.raises(TypeError, match="valid lengths must be integers, got dtype"):
+        ops.pool_forward(arr((2, 3, 4)), arr((2,)), "mean")
+
+
+def test_token_id_errors_are_value_errors_too(xb):
+    """Out-of-vocabulary ids: IndexError (as PyTorch's embedding) and ValueError (as decoding)."""
+    with pytest.raises(ValueError, match="token ids out of range: found id 9"):
+        ops.embedding_forward(ids([[9]]), arr((3, 2)))
+
+
+@pytest.mark.parametrize("bad,error", [("0.1", TypeError), (True, TypeError)])
+def test_dropout_and_smoothing_must_be_numbers(xb, bad, error):
+    with pytest.raises(error, match="dropout probability must be a number in"):
+        ops.dropout_forward(arr((2,)), bad)
+    with pytest.raises(error, match="label_smoothing must be a number in"):
+        ops.cross_entropy_forward(arr((2, 3)), ids([0, 1]), label_smoothing=bad)

@@ -35,7 +35,9 @@ from __future__ import annotations
 import math
 
 from .. import backend
-from ..ops.attention import check_attention_inputs
+from ..ops._checks import check_cache, check_size, check_upstream
+from ..ops.attention import (attention_output_shape, check_attention_arrays,
+                             check_attention_inputs)
 from ..ops.softmax import mask_bias
 from .inplace import exp_into
 from .softmax import softmax_backward
@@ -47,8 +49,10 @@ def attention_forward(q, k, v, mask=None, block_scores: int = BLOCK_SCORES):
     """q (..., T, E), k (..., S, E), v (..., S, F), mask (bool, broadcasts to (..., T, S))
     -> out (..., T, F), cache.  ``block_scores``: scores per block (the backward uses
     the same blocks)."""
+    check_attention_arrays(q, k, v)
     xp = backend.namespace_of(q, k, v)
     check_attention_inputs(q, k, v, mask)
+    check_size(block_scores, "block_scores", 1)
     if block_scores < 1:
         raise ValueError(f"block_scores must be at least 1, got {block_scores}")
     scale = 1.0 / math.sqrt(q.shape[-1])
@@ -57,6 +61,8 @@ def attention_forward(q, k, v, mask=None, block_scores: int = BLOCK_SCORES):
     bias = None if mask is None else mask_bias(mask, q.dtype)  # mask's shape: 0 or -inf
     out = _empty(xp, q.shape[:-1] + (v.shape[-1],), q)  # (..., T, F)
     lse = _empty(xp, q.shape[:-1] + (1,), q)  # (..., T, 1)
+    if k.shape[-2] == 0:  # no keys (no blocks): zero output, as for fully masked queries
+        out, lse = xp.zeros_like(out), xp.zeros_like(lse)
     for rows, keys, block_bias in _blocks(q, k, mask, bias, block_scores):
         scores = xp.matmul(q[rows], xp.matrix_transpose(k[keys]))  # (.., t, E) @ (.., E, s)
         e, m, total = _stable_exp(scores, block_bias)  # (.., t, s), (.., t, 1) twice
@@ -67,9 +73,14 @@ def attention_forward(q, k, v, mask=None, block_scores: int = BLOCK_SCORES):
 
 def attention_backward(dout, cache):
     """dout (..., T, F) -> dq (..., T, E), dk (..., S, E), dv (..., S, F)."""
+    check_cache(cache, 8, "attention_forward", "attention_backward")
+    check_upstream(dout, attention_output_shape(cache[0], cache[2]), "attention_backward",
+                   cache[0].dtype)  # of q and v
     q, k, v, mask, bias, lse, scale, block_scores = cache  # q is already scaled by alpha
     xp = backend.namespace_of(dout, q)
     dq = _empty(xp, q.shape, q)  # every query row belongs to exactly one block
+    if k.shape[-2] == 0:  # no keys (no blocks): zero gradients
+        dq = xp.zeros_like(q)
     dk = xp.zeros_like(k)  # keys are shared by query blocks, and cut-off keys get 0
     dv = xp.zeros_like(v)
     for rows, keys, block_bias in _blocks(q, k, mask, bias, block_scores):
@@ -126,6 +137,8 @@ def _blocks(q, k, mask, bias, block_scores: int):
     A block is a range of axis-0 rows (several batch rows if one fits) or, when one
     row's (..., T, S) scores are too many, a range of its queries.
     """
+    if math.prod(q.shape[:-1]) * k.shape[-2] == 0:  # an empty axis: no scores, no blocks
+        return
     num_rows = q.shape[0] if q.ndim > 2 else 1  # (T, E) queries: one row
     num_queries, num_keys = q.shape[-2], k.shape[-2]
     per_query = math.prod(q.shape[1:-2]) * num_keys  # scores per (row, query)

@@ -18,11 +18,13 @@ transpose, which :mod:`npformer.torch_interop` converts.
 from __future__ import annotations
 
 from .. import backend
-from ..ops._checks import check_float, check_last_dim
+from ..ops._checks import check_cache, check_float, check_last_dim, check_upstream
+from ..ops.linear import check_linear_inputs, linear_output_shape
 
 
 def linear_forward(x, w, b=None):
     """x (..., D_in), w (D_in, D_out), b (D_out,) or None -> y (..., D_out), cache."""
+    check_linear_inputs(x, w, b)
     xp = backend.namespace_of(x, w)
     check_float(x, "linear input")
     check_last_dim(x, w.shape[0], "linear input")
@@ -35,6 +37,9 @@ def linear_forward(x, w, b=None):
 
 def linear_backward(dy, cache):
     """dy (..., D_out) -> dx (..., D_in), dw (D_in, D_out), db (D_out,) or None."""
+    check_cache(cache, 3, "linear_forward", "linear_backward")
+    check_upstream(dy, linear_output_shape(cache[0], cache[1]), "linear_backward",
+                   cache[0].dtype)  # of x and W
     x, w, has_bias = cache
     xp = backend.namespace_of(dy, w)
     d_in, d_out = w.shape

@@ -25,13 +25,16 @@ Backward (softmax and log cancel into one subtraction)
 from __future__ import annotations
 
 from .. import backend
-from ..ops.losses import IGNORE_INDEX, check_cross_entropy_inputs
+from ..ops._checks import check_array, check_cache
+from ..ops.losses import IGNORE_INDEX, check_cross_entropy_inputs, check_loss_gradient
 from .inplace import add_at_columns, exp_into
 
 
 def cross_entropy_forward(logits, targets, ignore_index: int = IGNORE_INDEX,
                           label_smoothing: float = 0.0):
     """logits (..., V) floats, targets (...) integers -> loss (0-d array), cache."""
+    check_array(logits, "cross-entropy logits")
+    check_array(targets, "cross-entropy targets")
     xp = backend.namespace_of(logits, targets)
     check_cross_entropy_inputs(logits, targets, ignore_index, label_smoothing)
     vocab = logits.shape[-1]
@@ -60,6 +63,8 @@ def cross_entropy_forward(logits, targets, ignore_index: int = IGNORE_INDEX,
 
 def cross_entropy_backward(dloss, cache):
     """dloss (scalar) -> dlogits (..., V) = dloss * (p - q) / N_counted on counted rows."""
+    check_cache(cache, 6, "cross_entropy_forward", "cross_entropy_backward")
+    check_loss_gradient(dloss, "cross_entropy_backward")
     p, safe_t, counted_f, denom, label_smoothing, logits_shape = cache
     xp = backend.namespace_of(p)
     vocab = p.shape[-1]

@@ -10,8 +10,8 @@ The derivation is the textbook one.
 from __future__ import annotations
 
 from .. import backend
-from ..ops._checks import check_float, check_mask
-from ..ops.softmax import mask_bias
+from ..ops._checks import check_array, check_axis, check_cache, check_float, check_mask, check_upstream
+from ..ops.softmax import empty_like_input, mask_bias
 from .inplace import exp_into
 
 
@@ -21,8 +21,14 @@ def softmax_forward(x, axis: int = -1, mask=None, overwrite_input: bool = False)
     ``overwrite_input=True`` lets the op reuse x's buffer for p (attention does this
     with its freshly computed scores); the result is identical.
     """
+    check_array(x, "softmax input")
     xp = backend.namespace_of(x)
     check_float(x, "softmax input")
+    check_axis(x, axis, "softmax input")
+    if x.shape[axis] == 0:  # nothing to normalise over: p is as empty as x
+        if mask is not None:
+            check_mask(mask, tuple(x.shape), "softmax mask", target="the softmax input")
+        return empty_like_input(x)
     if mask is not None:
         check_mask(mask, tuple(x.shape), "softmax mask", target="the softmax input")
         x = x + mask_bias(mask, x.dtype)  # masked entries become -inf (a new array)
@@ -44,6 +50,8 @@ def softmax_forward(x, axis: int = -1, mask=None, overwrite_input: bool = False)
 
 def softmax_backward(dp, cache, overwrite_input: bool = False):
     """dp (...) -> dx (...) = p * (dp - sum(dp * p)).  ``overwrite_input``: reuse dp's buffer."""
+    check_cache(cache, 2, "softmax_forward", "softmax_backward")
+    check_upstream(dp, tuple(cache[0].shape), "softmax_backward", cache[0].dtype)  # p's
     p, axis = cache
     xp = backend.namespace_of(dp, p)
     inner = xp.sum(dp * p, axis=axis, keepdims=True)  # <dp, p> per row

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from .. import engine, ops
 from ..nn import EncoderBlock, Linear, Module, Padding
 from ..ops._checks import check_rank
-from .common import TokenEmbedding, check_config, final_norm, padding_of
+from .common import TokenEmbedding, check_config, final_norm, model_input, padding_of
 
 
 @dataclass
@@ -57,8 +57,18 @@ class TransformerClassifier(Module):
 
     def forward(self, ids, valid_lens=None, padding: Padding | None = None):
         """ids (B, T) token ids -> logits (B, C).  The padding: ``padding`` (built once by
-        the task), or built from ``valid_lens`` (B,) (default: the count of non-pad ids)."""
+        the task), or built from ``valid_lens`` (B,) (default: the count of non-pad ids).
+
+        ids and valid_lens may be arrays or nested lists.  An empty batch (B = 0) gives
+        the empty logits (0, C); sequences without positions (T = 0, B > 0) are refused
+        (ValueError): pooling is not defined over no positions."""
+        ids = model_input(ids, "token ids")
+        valid_lens = model_input(valid_lens, "valid_lens", rank=1)
         check_rank(ids, 2, "token ids (batch, positions)")
+        if ids.shape[0] > 0 and ids.shape[1] == 0:
+            raise ValueError(f"{type(self).__name__} needs at least one position per "
+                             f"sequence, got token ids of shape {tuple(ids.shape)} (axis 1, "
+                             "the positions, is empty)")
         padding = padding_of(ids, valid_lens, self.config.pad_id, padding)
         x = padding.rows(self.embed(ids))  # (B, T, D) -> the layers' form
         for block in self.blocks:
@@ -83,7 +93,8 @@ class TransformerClassifier(Module):
         return self.embed.backward(padding.unrows(dx))  # the backward of rows
 
     def predict(self, ids, valid_lens=None):
-        """Class probabilities (B, C), without keeping anything for a backward."""
+        """Class probabilities (B, C), without keeping anything for a backward (the
+        arguments and empty axes as in :meth:`forward`: B = 0 gives (0, C))."""
         from ..nn import evaluating
 
         with evaluating(self):

@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, fields
 
+import numpy as np
+
 from .. import backend
 from ..nn import (Dropout, Embedding, LayerNorm, LearnedPositionalEmbedding, Module, Padding,
                   SinusoidalPositionalEncoding)
@@ -125,6 +127,36 @@ class TokenEmbedding(Module):
         """dx (B, T, D) -> None (token ids are not differentiable)."""
         dx = self.positions.backward(self.dropout.backward(dx))
         return self.tokens.backward(dx * self.scale)
+
+
+def model_input(data, what: str, rank: int = 2):
+    """An integer argument (ids, lengths) of a model's public entry point (forward, predict)
+    as a backend array: integer arrays pass as they are; array-likes (nested lists or tuples of numbers) are copied
+    onto the backend, an empty one as int64 of the expected ``rank`` (``[]`` is a batch of
+    no sequences)."""
+    import array_api_compat
+
+    if data is None:
+        return data
+    if array_api_compat.is_array_api_obj(data):
+        if not backend.is_integer_array(data):  # ids and lengths: integers
+            raise TypeError(f"{what} must be an integer array, got dtype {data.dtype}")
+        return data
+    try:
+        host = np.asarray(data)
+    except (ValueError, TypeError) as exc:  # ragged lists
+        raise ValueError(f"{what} must be an array or a rectangular nested list of numbers: "
+                         f"{exc}") from None
+    if host.dtype.kind not in "biuf":
+        raise TypeError(f"{what} must hold numbers, got {type(data).__name__} of dtype "
+                        f"{host.dtype}")
+    if host.size == 0:
+        host = host.astype(np.int64)
+        if host.ndim == 1 and rank == 2:
+            host = host.reshape(0, 0)
+    if host.dtype.kind not in "iu":
+        raise TypeError(f"{what} must be an integer array, got dtype {host.dtype}")
+    return backend.asarray(host)
 
 
 def final_norm(config):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from .. import ops
 from ..nn import DecodingCache, EncoderBlock, Linear, Module
-from .common import TokenEmbedding, check_config, final_norm
+from .common import TokenEmbedding, check_config, final_norm, model_input
 
 
 @dataclass
@@ -49,7 +49,9 @@ class CausalLM(Module):
         self.lm_head = None if c.tie_weights else Linear(c.d_model, c.vocab_size, bias=False)
 
     def forward(self, ids):
-        """ids (B, T) with T <= block_size -> logits (B, T, V)."""
+        """ids (B, T) with T <= block_size -> logits (B, T, V); ids an array or a nested
+        list.  An empty batch or T = 0 gives the empty logits (0, T, V) or (B, 0, V)."""
+        ids = model_input(ids, "token ids")
         x = self.embed(ids)  # (B, T, D)
         mask = ops.causal_mask(ids.shape[1], like=x)  # (T, T)
         for block in self.blocks:

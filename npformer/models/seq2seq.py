@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from .. import ops
 from ..nn import DecoderBlock, DecodingCache, EncoderBlock, Linear, Module, Padding
 from ..ops._checks import check_rank
-from .common import TokenEmbedding, check_config, final_norm, padding_of
+from .common import TokenEmbedding, check_config, final_norm, model_input, padding_of
 
 
 @dataclass
@@ -66,6 +66,7 @@ class Seq2SeqTransformer(Module):
     # ------------------------------------------------------------------ training
     def encode(self, src, src_lens=None, src_padding: Padding | None = None):
         """src (B, S) -> memory (B, S, D), memory mask (B, 1, 1, S)."""
+        src, src_lens = model_input(src, "source ids"), model_input(src_lens, "src_lens", rank=1)
         check_rank(src, 2, "source ids (batch, positions)")
         padding = padding_of(src, src_lens, self.config.pad_id, src_padding)
         x = padding.rows(self.src_embed(src))  # (B, S, D) -> the layers' form
@@ -83,7 +84,14 @@ class Seq2SeqTransformer(Module):
         Without ``tgt_padding`` (inference, evaluation): logits (B, T, V_tgt) at every
         target position.  With the paddings the task built (training): the logits in
         ``tgt_padding``'s layout (fast tier: only at the valid target positions, (N,
-        V_tgt); textbook: (B, T, V_tgt)), matching ``tgt_padding.targets(tgt_out)``."""
+        V_tgt); textbook: (B, T, V_tgt)), matching ``tgt_padding.targets(tgt_out)``.
+
+        Ids and lengths may be arrays or nested lists.  Empty axes: B = 0 or T = 0 give
+        the empty logits; a source without positions (S = 0) is, like an all-padding
+        source, nothing to attend to: cross-attention gives zero, as for masked keys."""
+        src, tgt_in = model_input(src, "source ids"), model_input(tgt_in, "target ids")
+        tgt_lens = model_input(tgt_lens, "tgt_lens", rank=1)
+        check_rank(src, 2, "source ids (batch, positions)")
         check_rank(tgt_in, 2, "target ids (batch, positions)")
         if tgt_in.shape[0] != src.shape[0]:
             raise ValueError(f"target batch of {tgt_in.shape[0]} sequences does not match "

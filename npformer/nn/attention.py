@@ -17,6 +17,7 @@ attention itself on (B, H, T, E).
 from __future__ import annotations
 
 from .. import backend, engine, ops
+from ..ops._checks import check_size
 from .cache import KVCache
 from .layers import Linear, check_sequence_input
 from .module import Module, grad_enabled
@@ -59,6 +60,10 @@ UNPADDED = _Unpadded()
 class MultiHeadAttention(Module):
     def __init__(self, d_model: int, num_heads: int, head_dim: int | None = None,
                  bias: bool = True):
+        check_size(d_model, "d_model", 1)
+        check_size(num_heads, "num_heads", 1)
+        if head_dim is not None:
+            check_size(head_dim, "head_dim", 1)
         if num_heads < 1:
             raise ValueError(f"num_heads must be at least 1, got {num_heads}")
         if head_dim is None:

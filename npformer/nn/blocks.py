@@ -19,6 +19,7 @@ and dropout live in a :class:`ResidualNorm` named after its sublayer
 """
 from __future__ import annotations
 
+from ..ops._checks import check_size
 from .attention import MultiHeadAttention
 from .cache import BlockCache
 from .layers import Activation, Dropout, LayerNorm, Linear
@@ -29,6 +30,8 @@ class FeedForward(Module):
     """Position-wise FFN: linear2(dropout(activation(linear1(x)))), D -> D_ff -> D."""
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0):
+        check_size(d_model, "d_model", 1)
+        check_size(d_ff, "d_ff", 1)
         self.linear1 = Linear(d_model, d_ff)
         self.activation = Activation(activation)
         self.dropout = Dropout(dropout)

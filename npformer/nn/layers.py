@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from .. import backend, engine, ops
-from ..ops._checks import check_rank
+from ..ops._checks import check_float, check_rank, check_size
 from .module import Module, Parameter
 
 
@@ -25,6 +25,8 @@ class Linear(Module):
     U(-1/sqrt(in), 1/sqrt(in)) for both W and b."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True):
+        check_size(in_features, "in_features", 1)
+        check_size(out_features, "out_features", 1)
         bound = 1.0 / math.sqrt(in_features)
         self.in_features, self.out_features = in_features, out_features
         self.weight = Parameter(_uniform((in_features, out_features), bound))
@@ -48,6 +50,7 @@ class LayerNorm(Module):
     """Layer norm over the last axis, weight (gamma) 1 and bias (beta) 0 at init."""
 
     def __init__(self, width: int, eps: float = ops.layernorm.EPS):
+        check_size(width, "layer norm width", 1)
         xp, dtype, dev = backend.xp(), backend.default_float(), backend.device()
         self.eps = eps
         self.weight = Parameter(xp.ones((width,), dtype=dtype, device=dev), decay=False)
@@ -69,6 +72,8 @@ class Embedding(Module):
     """Token ids (...) -> vectors (..., D); weight N(0, init_std^2), PyTorch's std 1 by default."""
 
     def __init__(self, num_embeddings: int, width: int, init_std: float = 1.0):
+        check_size(num_embeddings, "num_embeddings", 1)
+        check_size(width, "embedding width", 1)
         self.num_embeddings, self.width = num_embeddings, width
         self.weight = Parameter(backend.random_normal((num_embeddings, width), std=init_std),
                                 decay=False)
@@ -103,6 +108,8 @@ class LearnedPositionalEmbedding(Module):
     """x (B, T, D) -> x + P[:T], with a trainable table P (max_len, D)."""
 
     def __init__(self, max_len: int, width: int, init_std: float = 0.02):
+        check_size(max_len, "max_len", 1)
+        check_size(width, "positional width", 1)
         self.max_len = max_len
         self.weight = Parameter(backend.random_normal((max_len, width), std=init_std),
                                 decay=False)
@@ -122,10 +129,13 @@ class SinusoidalPositionalEncoding(Module):
     """x (B, T, D) -> x + PE[:T] with the paper's fixed sines and cosines (no parameters)."""
 
     def __init__(self, max_len: int, width: int):
+        check_size(max_len, "max_len", 1)
+        check_size(width, "positional width", 1)
         self.max_len = max_len
         self._table = ops.sinusoidal_table(max_len, width)  # not a Parameter: never trained
 
     def forward(self, x):
+        check_float(x, "input to the positional encoding")  # before its dtype is read
         table = self._table
         if table.dtype != x.dtype:
             table = backend.namespace_of(x).astype(table, x.dtype)

@@ -17,6 +17,13 @@ The layer contract: ``backward(dout)`` takes the gradient of forward's output an
   are not differentiable).  Masks and :class:`npformer.nn.Padding` objects are
   descriptions of the batch, not inputs to differentiate.
 
+``dout`` must be a floating-point array of exactly the shape forward returned: every
+module's forward records its output's shape (an O(1) tuple), and its backward checks
+the upstream gradient against it before any work (ValueError naming both shapes,
+TypeError for a non-array), and refuses a backward with no forward to differentiate
+(RuntimeError).  Subclasses get this by defining ``forward`` and ``backward``: the
+wrapping happens in :meth:`Module.__init_subclass__`.
+
 Parameters are found by walking the attributes of a module in the order they
 were assigned: a ``Parameter`` attribute ``weight`` of a child stored as
 ``self.attn`` is named ``"attn.weight"``; lists of modules (``self.layers =
@@ -24,11 +31,13 @@ were assigned: a ``Parameter`` attribute ``weight`` of a child stored as
 """
 from __future__ import annotations
 
+import functools
 import threading
 from contextlib import contextmanager
 from typing import Iterator
 
 from .. import backend
+from ..ops._checks import check_float
 
 _local = threading.local()  # each thread its own switch, as each has its own generator
 
@@ -103,6 +112,15 @@ class Module:
 
     training: bool = True
 
+    def __init_subclass__(cls, **kwargs):
+        """A subclass's own forward records its output's shape, and its own backward checks
+        the upstream gradient against it (see the module docstring)."""
+        super().__init_subclass__(**kwargs)
+        if "forward" in vars(cls):
+            cls.forward = _recording_output_shape(vars(cls)["forward"])
+        if "backward" in vars(cls):
+            cls.backward = _checking_upstream(vars(cls)["backward"])
+
     # ------------------------------------------------------------ traversal
     def _children(self) -> Iterator[tuple[str, "Module | Parameter"]]:
         for name, value in vars(self).items():
@@ -175,11 +193,7 @@ class Module:
         """The cache of the last forward (released), or a clear error if there is none."""
         cache = getattr(self, slot, None)
         if cache is None:
-            raise RuntimeError(
-                f"{type(self).__name__}.backward called without a forward pass to "
-                "differentiate (forward was not run, ran under no_grad(), or backward "
-                "already consumed it)"
-            )
+            raise RuntimeError(_no_forward_message(self))
         setattr(self, slot, None)
         return cache
 
@@ -209,6 +223,46 @@ class Module:
         for name, p in own.items():
             p.data = backend.copy_like(state[name], p.data)
             p.zero_grad()
+
+
+_ANY_SHAPE = "any"  # a forward whose output is not one array: backward checks no shape
+
+
+def _no_forward_message(module) -> str:
+    return (f"{type(module).__name__}.backward called without a forward pass to "
+            "differentiate (forward was not run, ran under no_grad(), or backward "
+            "already consumed it)")
+
+
+def _recording_output_shape(forward):
+    """forward, then the shape of its output kept for backward (None under no_grad)."""
+    @functools.wraps(forward)
+    def recorded(self, *args, **kwargs):
+        out = forward(self, *args, **kwargs)
+        shape = tuple(out.shape) if hasattr(out, "shape") else _ANY_SHAPE
+        self._output_shape = shape if grad_enabled() else None
+        return out
+    return recorded
+
+
+def _checking_upstream(backward):
+    """backward, after checking dout against the recorded output shape; the record is
+    released once backward has run (a second backward is refused)."""
+    @functools.wraps(backward)
+    def checked(self, dout, *args, **kwargs):
+        expected = getattr(self, "_output_shape", None)
+        if expected is None:
+            raise RuntimeError(_no_forward_message(self))
+        if expected is not _ANY_SHAPE:
+            what = f"the upstream gradient of {type(self).__name__}.backward"
+            check_float(dout, what)
+            if tuple(dout.shape) != expected:
+                raise ValueError(f"{what} has shape {tuple(dout.shape)}, but forward's output "
+                                 f"had shape {expected}")
+        grads = backward(self, dout, *args, **kwargs)
+        self._output_shape = None
+        return grads
+    return checked
 
 
 def mismatch_report(missing: list, extra: list, wrong_shapes: list[str]) -> list[str]:

@@ -22,17 +22,19 @@ from __future__ import annotations
 
 from .. import backend, engine, ops
 from ..fast import Packing
-from ..ops._checks import check_rank
+from ..ops._checks import check_rank, check_size
 
 
 class Padding:
     """valid_lens (B,) integers in [0, length]; ``pack``: run the position-wise layers on
-    packed rows (default: what the engine's tier does)."""
+    packed rows (default: what the engine's tier does).  B = 0 (no sequences) and
+    length = 0 (sequences without positions) describe empty batches."""
 
     def __init__(self, valid_lens, length: int, pack: bool | None = None):
         check_rank(valid_lens, 1, "valid lengths")
         if not backend.is_integer_array(valid_lens):
             raise TypeError(f"valid lengths must be integers, got dtype {valid_lens.dtype}")
+        check_valid_lengths(valid_lens, check_size(length, "length"))
         self.valid_lens = valid_lens  # (B,)
         self.batch, self.length = int(valid_lens.shape[0]), int(length)
         self.key_mask = ops.padding_mask(valid_lens, length)  # (B, 1, 1, T), True = valid
@@ -69,3 +71,15 @@ class Padding:
             form = ("(B, T, D)" if self.packing is None
                     else "(N, D), the valid positions of the batch as rows")
             raise ValueError(f"{what} must be {form} = {expected}, got shape {tuple(x.shape)}")
+
+
+def check_valid_lengths(valid_lens, length: int) -> None:
+    """Every valid length in [0, length] (one min and max over the B lengths, once a batch)."""
+    if valid_lens.shape[0] == 0:
+        return
+    xp = backend.namespace_of(valid_lens)
+    low = int(backend.to_numpy(xp.min(valid_lens)))
+    high = int(backend.to_numpy(xp.max(valid_lens)))
+    if low < 0 or high > length:
+        raise ValueError(f"valid lengths must be in [0, {length}] (the batch's positions), "
+                         f"got values in [{low}, {high}]")

@@ -1,11 +1,11 @@
 r"""Element-wise non-linearities of the position-wise feed-forward network.
 
 ReLU
-    forward  $y = \max(x, 0)$
-    backward $\bar x = \bar y \cdot [x > 0] = \bar y \cdot \text{sign}(y)$
-             (the derivative is 1 where x > 0, else 0; y >= 0, and y > 0 exactly where
-             x > 0, so sign(y) is that derivative: no mask needs storing, and no
-             branch per element, which makes a ``where`` slow on random signs)
+    forward  $y = \max(x, 0)$: x where x > 0, else 0 (NaN stays NaN)
+    backward $\bar x = \bar y \cdot [x > 0]$
+             (the derivative is 1 where x > 0, else 0, the kink x = 0 included, as in
+             PyTorch).  The fast tier (:mod:`npformer.fast.activations`) computes the same
+             from y alone, as $\bar y \cdot \text{sign}(y)$.
 
 GELU, exact (``"gelu"``: ``torch.nn.GELU()``, ``activation="gelu"`` in PyTorch's
 Transformer layers, BERT, nanoGPT's MLP)
@@ -45,6 +45,7 @@ from __future__ import annotations
 import math
 
 from .. import backend
+from ._checks import check_cache, check_float, check_upstream
 
 GELU_C = math.sqrt(2.0 / math.pi)  # Python floats keep float32 arrays float32
 GELU_A = 0.044715
@@ -54,18 +55,20 @@ INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 # =========================================================================== relu
 def relu_forward(x):
-    """x (...) -> y (...), cache = y (which the next linear layer keeps anyway)."""
+    """x (...) -> y = max(x, 0) (...), cache x."""
+    check_float(x, "relu input")
     xp = backend.namespace_of(x)
-    y = xp.maximum(x, 0.0)
-    return y, y
+    y = xp.where(x <= 0, xp.zeros_like(x), x)  # max(x, 0); a NaN stays NaN
+    return y, x
 
 
 def relu_backward(dy, cache):
-    xp = backend.namespace_of(dy)
-    y = cache
-    dx = xp.sign(y)  # [x > 0]
-    dx *= dy  # in place: one new array, not two
-    return dx
+    """dy (...) -> dx = dy [x > 0] (...)."""
+    check_cache(cache, None, "relu_forward", "relu_backward")
+    x = cache
+    check_upstream(dy, tuple(x.shape), "relu_backward", x.dtype)
+    xp = backend.namespace_of(dy, x)
+    return dy * xp.astype(x > 0, dy.dtype)  # [x > 0]: 1 where x > 0, else 0
 
 
 # =========================================================================== erf, erfc
@@ -160,6 +163,7 @@ def erfc(x):
 # =========================================================================== gelu (exact)
 def gelu_forward(x):
     """x (...) -> y = x Phi(x) (...), cache (x, Phi(x)); Phi(x) = erfc(-x / sqrt 2) / 2."""
+    check_float(x, "gelu input")
     phi_cdf = 0.5 * erfc(-SQRT1_2 * x)                   # Phi(x), the normal CDF
     y = x * phi_cdf
     return y, (x, phi_cdf)
@@ -167,8 +171,10 @@ def gelu_forward(x):
 
 def gelu_backward(dy, cache):
     """dy (...) -> dx = dy (Phi(x) + x phi(x)), phi(x) = exp(-x^2 / 2) / sqrt(2 pi)."""
-    xp = backend.namespace_of(dy)
+    check_cache(cache, 2, "gelu_forward", "gelu_backward")
+    check_upstream(dy, tuple(cache[0].shape), "gelu_backward", cache[0].dtype)  # x's
     x, phi_cdf = cache
+    xp = backend.namespace_of(dy)
     phi_pdf = INV_SQRT_2PI * xp.exp(-0.5 * x * x)        # phi(x), the normal density
     dy_dx = phi_cdf + x * phi_pdf                        # product rule: Phi + x Phi'
     return dy * dy_dx
@@ -177,6 +183,7 @@ def gelu_backward(dy, cache):
 # =========================================================================== gelu (tanh form)
 def gelu_tanh_forward(x):
     """x (...) -> y (...), cache (x, t) with t = tanh(c (x + a x^3))."""
+    check_float(x, "gelu_tanh input")
     xp = backend.namespace_of(x)
     u = GELU_C * (x + GELU_A * x * x * x)
     t = xp.tanh(u)
@@ -185,6 +192,8 @@ def gelu_tanh_forward(x):
 
 
 def gelu_tanh_backward(dy, cache):
+    check_cache(cache, 2, "gelu_tanh_forward", "gelu_tanh_backward")
+    check_upstream(dy, tuple(cache[0].shape), "gelu_tanh_backward", cache[0].dtype)  # x's
     x, t = cache
     dy_dx = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_C * (1.0 + 3.0 * GELU_A * x * x)
     return dy * dy_dx
@@ -197,11 +206,11 @@ ACTIVATIONS = {
 }
 
 
-def activation(name: str):
+def activation(name: str, activations: dict = ACTIVATIONS):
     """(forward, backward) of the activation called ``name``: "relu", "gelu" (exact, erf)
-    or "gelu_tanh" (the tanh approximation)."""
+    or "gelu_tanh" (the tanh approximation); ``activations``: the tier's table."""
     try:
-        return ACTIVATIONS[name]
+        return activations[name]
     except (KeyError, TypeError):
         raise ValueError(
             f"unknown activation {name!r}; choose one of {sorted(ACTIVATIONS)}"

@@ -12,11 +12,17 @@ so a run repeats exactly.
 """
 from __future__ import annotations
 
+import numbers
+
 from .. import backend
+from ._checks import check_float, check_upstream
 
 
 def dropout_forward(x, p: float, training: bool = True):
     """x (...) -> y (...), cache = the scaled keep mask m / (1 - p), or None (identity)."""
+    check_float(x, "dropout input")
+    if isinstance(p, bool) or not isinstance(p, numbers.Real):
+        raise TypeError(f"dropout probability must be a number in [0, 1), got {p!r}")
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout probability must be in [0, 1), got {p}")
     if not training or p == 0.0:
@@ -28,5 +34,9 @@ def dropout_forward(x, p: float, training: bool = True):
 
 
 def dropout_backward(dy, cache):
+    if cache is None:  # the identity: any floating-point gradient passes through
+        check_float(dy, "the upstream gradient of dropout_backward")
+    else:  # the cache is the scaled mask, of the input's shape and dtype
+        check_upstream(dy, tuple(cache.shape), "dropout_backward", cache.dtype)
     scaled_mask = cache
     return dy if scaled_mask is None else dy * scaled_mask

@@ -15,11 +15,12 @@ transpose, which :mod:`npformer.torch_interop` converts.
 from __future__ import annotations
 
 from .. import backend
-from ._checks import check_float, check_last_dim
+from ._checks import check_array, check_cache, check_same_dtype, check_float, check_last_dim, check_rank, check_upstream
 
 
 def linear_forward(x, w, b=None):
     """x (..., D_in), w (D_in, D_out), b (D_out,) or None -> y (..., D_out), cache."""
+    check_linear_inputs(x, w, b)
     xp = backend.namespace_of(x, w)
     check_float(x, "linear input")
     check_last_dim(x, w.shape[0], "linear input")
@@ -31,6 +32,9 @@ def linear_forward(x, w, b=None):
 
 def linear_backward(dy, cache):
     """dy (..., D_out) -> dx (..., D_in), dw (D_in, D_out), db (D_out,) or None."""
+    check_cache(cache, 3, "linear_forward", "linear_backward")
+    check_upstream(dy, linear_output_shape(cache[0], cache[1]), "linear_backward",
+                   cache[0].dtype)  # of x and W
     x, w, has_bias = cache
     xp = backend.namespace_of(dy, w)
     d_in, d_out = w.shape
@@ -40,3 +44,25 @@ def linear_backward(dy, cache):
     dw = xp.matmul(xp.matrix_transpose(x_rows), dy_rows)  # (D_in, N) @ (N, D_out)
     db = xp.sum(dy_rows, axis=0) if has_bias else None  # (D_out,)
     return dx, dw, db
+
+
+def check_linear_inputs(x, w, b) -> None:
+    """x floats, W (D_in, D_out) floats with D_in, D_out >= 1, b None or (D_out,), all of
+    one dtype (shared with the fast tier; x's width is checked by the forward)."""
+    check_float(x, "linear input")
+    check_float(w, "linear weight")
+    check_rank(w, 2, "linear weight (in_features, out_features)")
+    if 0 in tuple(w.shape):
+        raise ValueError(f"linear weight must have at least one input and one output feature, "
+                         f"got shape {tuple(w.shape)}")
+    if b is not None:
+        check_float(b, "linear bias")
+        if tuple(b.shape) != (w.shape[1],):
+            raise ValueError(f"linear bias must have shape ({w.shape[1]},), got "
+                             f"{tuple(b.shape)}")
+    check_same_dtype("linear", input=x, weight=w, bias=b)
+
+
+def linear_output_shape(x, w) -> tuple:
+    """(..., D_out): the shape of the forward's output, from its cache."""
+    return tuple(x.shape[:-1]) + (w.shape[1],)

@@ -15,11 +15,16 @@ Backward
     Since $\sum_v q_{n,v} = 1$ this is $\bar z_n = \bar L\, w_n (p_n - q_n)$ with
     $p = \text{softmax}(z)$: softmax and log cancel into one subtraction, which the fast
     tier (:mod:`npformer.fast.losses`) computes directly without building $\ell$ or $q$.
+
+No rows (N = 0, an empty batch) is a loss of 0, as when every row is ignored; logits
+need at least one class (V >= 1).
 """
 from __future__ import annotations
 
 from .. import backend
-from ._checks import check_float, check_token_ids
+import numbers
+
+from ._checks import check_array, check_cache, check_float, check_token_ids
 from .softmax import log_softmax_backward, log_softmax_forward
 
 IGNORE_INDEX = -100  # PyTorch's default
@@ -28,6 +33,8 @@ IGNORE_INDEX = -100  # PyTorch's default
 def cross_entropy_forward(logits, targets, ignore_index: int = IGNORE_INDEX,
                           label_smoothing: float = 0.0):
     """logits (..., V) floats, targets (...) integers -> loss (0-d array), cache."""
+    check_array(logits, "cross-entropy logits")
+    check_array(targets, "cross-entropy targets")
     xp = backend.namespace_of(logits, targets)
     check_cross_entropy_inputs(logits, targets, ignore_index, label_smoothing)
     vocab = logits.shape[-1]
@@ -45,6 +52,8 @@ def cross_entropy_forward(logits, targets, ignore_index: int = IGNORE_INDEX,
 
 def cross_entropy_backward(dloss, cache):
     """dloss (scalar) -> dlogits (..., V)."""
+    check_cache(cache, 4, "cross_entropy_forward", "cross_entropy_backward")
+    check_loss_gradient(dloss, "cross_entropy_backward")
     q, weight, log_softmax_cache, logits_shape = cache
     xp = backend.namespace_of(q)
     dlog_p = (-dloss * weight)[:, None] * q  # (N, V): 0 on ignored rows
@@ -66,6 +75,14 @@ def check_cross_entropy_inputs(logits, targets, ignore_index: int,
                                label_smoothing: float) -> None:
     """Logits, targets and smoothing fit together (shared with the fast tier)."""
     check_float(logits, "cross-entropy logits")
+    check_array(targets, "cross-entropy targets")
+    if logits.ndim == 0 or logits.shape[-1] == 0:
+        raise ValueError(f"cross-entropy logits need a class axis (last) of at least one "
+                         f"class, got shape {tuple(logits.shape)}")
+    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, numbers.Real):
+        raise TypeError(f"label_smoothing must be a number in [0, 1], got {label_smoothing!r}")
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
+        raise TypeError(f"ignore_index must be an integer, got {ignore_index!r}")
     if tuple(targets.shape) != tuple(logits.shape[:-1]):
         raise ValueError(f"cross-entropy targets of shape {tuple(targets.shape)} do not "
                          f"match logits of shape {tuple(logits.shape)} (expected "
@@ -74,3 +91,13 @@ def check_cross_entropy_inputs(logits, targets, ignore_index: int,
         raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
     check_token_ids(targets, logits.shape[-1], "cross-entropy targets",
                     allowed_extra=ignore_index)
+
+
+def check_loss_gradient(dloss, what: str) -> None:
+    """The gradient of the (scalar) loss: a real number or a 0-d floating-point array."""
+    if isinstance(dloss, numbers.Real) and not isinstance(dloss, bool):
+        return
+    check_float(dloss, f"the upstream gradient of {what} (of the scalar loss)")
+    if tuple(dloss.shape) != ():
+        raise ValueError(f"the upstream gradient of {what} must be a scalar (the loss is one "
+                         f"number), got shape {tuple(dloss.shape)}")

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 from .. import backend
-from ._checks import check_rank
+from ._checks import check_rank, check_size
 
 
 def padding_mask(valid_lens, num_keys: int):
     """valid_lens (B,) integers -> (B, 1, 1, S) bool, True at the first valid_lens[b] keys."""
-    xp = backend.namespace_of(valid_lens)
     check_rank(valid_lens, 1, "valid lengths")
+    num_keys = check_size(num_keys, "num_keys")
+    xp = backend.namespace_of(valid_lens)
     if not backend.is_integer_array(valid_lens):
         raise TypeError(f"valid lengths must be integers, got dtype {valid_lens.dtype}")
     positions = xp.arange(num_keys, dtype=valid_lens.dtype, device=backend.device_of(valid_lens))
@@ -23,7 +24,9 @@ def causal_mask(num_queries: int, num_keys: int | None = None, like=None):
     cached prefix of S - T tokens) the queries are the last T positions.
     ``like``: any array of the target namespace/device (default: the current backend).
     """
+    num_queries = check_size(num_queries, "num_queries")
     num_keys = num_queries if num_keys is None else num_keys
+    num_keys = check_size(num_keys, "num_keys")
     if num_keys < num_queries:
         raise ValueError(f"causal mask needs at least as many keys ({num_keys}) "
                          f"as queries ({num_queries})")

@@ -2,6 +2,9 @@ r"""Pooling a sequence of vectors into one, over the valid (non-padding) positio
 
 h (B, T, D); valid lengths n_b >= 1; m_{b,t} = 1 if t < n_b else 0.
 
+Empty axes: a batch of no sequences (B = 0) pools to the empty (0, D); sequences of
+length 0 (T = 0, B > 0) are refused: no pooling is defined over no positions.
+
 Mean
     forward  $y_b = \frac{1}{n_b} \sum_t m_{b,t}\, h_{b,t}$
     backward $\bar h_{b,t} = m_{b,t}\, \bar y_b / n_b$
@@ -14,7 +17,7 @@ First token
 from __future__ import annotations
 
 from .. import backend
-from ._checks import check_rank
+from ._checks import check_cache, check_float, check_rank, check_upstream
 
 POOLINGS = ("mean", "max", "first")
 
@@ -28,6 +31,10 @@ def _valid_positions(valid_lens, length: int, dtype):
 
 def pool_forward(h, valid_lens, how: str = "mean"):
     """h (B, T, D), valid_lens (B,) integers in [1, T] -> y (B, D), cache."""
+    check_float(h, "pooling input")
+    check_rank(valid_lens, 1, "valid lengths")
+    if not backend.is_integer_array(valid_lens):
+        raise TypeError(f"valid lengths must be integers, got dtype {valid_lens.dtype}")
     xp = backend.namespace_of(h, valid_lens)
     check_rank(h, 3, "pooling input (batch, positions, width)")
     if how not in POOLINGS:
@@ -36,6 +43,12 @@ def pool_forward(h, valid_lens, how: str = "mean"):
     if tuple(valid_lens.shape) != (batch,):
         raise ValueError(f"valid lengths of shape {tuple(valid_lens.shape)} do not match "
                          f"the batch of {batch} sequences")
+    if batch == 0:  # no sequences: nothing to pool
+        empty = xp.zeros((0, width), dtype=h.dtype, device=backend.device_of(h))
+        return empty, (how, tuple(h.shape), None)
+    if length == 0:
+        raise ValueError(f"pooling needs at least one position per sequence, but the input "
+                         f"of shape {tuple(h.shape)} has none (axis 1, the positions, is empty)")
     low = int(backend.to_numpy(xp.min(valid_lens)))
     high = int(backend.to_numpy(xp.max(valid_lens)))
     if low < 1 or high > length:
@@ -56,6 +69,11 @@ def pool_forward(h, valid_lens, how: str = "mean"):
 
 def pool_backward(dy, cache):
     """dy (B, D) -> dh (B, T, D)."""
+    check_cache(cache, 3, "pool_forward", "pool_backward")
+    check_upstream(dy, (cache[1][0], cache[1][2]), "pool_backward")  # (B, D) of h's shape
+    if cache[1][0] == 0:  # no sequences: the (empty) gradient of h
+        return backend.namespace_of(dy).zeros(cache[1], dtype=dy.dtype,
+                                              device=backend.device_of(dy))
     how, shape, saved = cache
     xp = backend.namespace_of(dy)
     batch, length, width = shape

@@ -13,11 +13,13 @@ over the batch:  $\bar x = \bar y$,  $\bar P_t = \sum_b \bar y_{b,t}$ for t < T,
 from __future__ import annotations
 
 from .. import backend
-from ._checks import check_rank
+from ._checks import check_cache, check_same_dtype, check_float, check_rank, check_size
 
 
 def sinusoidal_table(max_len: int, width: int, dtype=None, like=None):
     """(max_len, width) table of sines (even columns) and cosines (odd columns)."""
+    check_size(max_len, "max_len")
+    check_size(width, "width", 1)
     xp = backend.xp() if like is None else backend.namespace_of(like)
     dev = backend.device() if like is None else backend.device_of(like)
     dtype = dtype or backend.default_float()
@@ -31,7 +33,11 @@ def sinusoidal_table(max_len: int, width: int, dtype=None, like=None):
 
 def add_positions_forward(x, table):
     """x (B, T, D), table (L, D) with T <= L -> y (B, T, D), cache."""
+    check_float(x, "input to the positional encoding")
     check_rank(x, 3, "input to the positional encoding")
+    check_float(table, "positional table")
+    check_rank(table, 2, "positional table (max_len, width)")
+    check_same_dtype("positional encoding", input=x, table=table)
     _, seq_len, width = x.shape
     max_len = table.shape[0]
     if seq_len > max_len:
@@ -46,6 +52,12 @@ def add_positions_forward(x, table):
 
 def add_positions_backward(dy, cache):
     """dy (B, T, D) -> dx (B, T, D), dtable (L, D) (used only when the table is learned)."""
+    check_cache(cache, 2, "add_positions_forward", "add_positions_backward")
+    check_float(dy, "the upstream gradient of add_positions_backward")
+    if dy.ndim != 3 or dy.shape[1] != cache[0]:  # T, the forward's positions
+        raise ValueError(f"the upstream gradient of add_positions_backward has shape "
+                         f"{tuple(dy.shape)}, but the forward's output had shape "
+                         f"(B, {cache[0]}, D)")
     seq_len, max_len = cache
     xp = backend.namespace_of(dy)
     dtable_used = xp.sum(dy, axis=0)  # (T, D)

@@ -10,6 +10,7 @@ Backward without building the Jacobian $J = \text{diag}(p) - p p^\top$:
     $\bar x = J^\top \bar p = p \odot (\bar p - \langle \bar p, p \rangle)$
 Masked entries have $p_j = 0$, so they receive exactly zero gradient, and a row
 with nothing allowed gives zero output and zero gradient: never NaN.
+An axis of length 0 has nothing to normalise: the result is the empty array of x's shape.
 
 Log-softmax
     $y_j = x_j - m - \log \sum_k \exp(x_k - m)$
@@ -19,16 +20,20 @@ Log-softmax
 from __future__ import annotations
 
 from .. import backend
-from ._checks import check_float, check_mask
+from ._checks import check_array, check_axis, check_cache, check_float, check_mask, check_upstream
 
 
 def softmax_forward(x, axis: int = -1, mask=None):
     """x (...) -> p (...), cache (p, axis).  mask: boolean, broadcasts to x, True = keep."""
+    check_array(x, "softmax input")
     xp = backend.namespace_of(x)
     check_float(x, "softmax input")
+    check_axis(x, axis, "softmax input")
     if mask is not None:
         check_mask(mask, tuple(x.shape), "softmax mask", target="the softmax input")
         x = x + mask_bias(mask, x.dtype)  # masked entries become -inf
+    if x.shape[axis] == 0:  # nothing to normalise over: p is as empty as x
+        return empty_like_input(x)
     m = xp.max(x, axis=axis, keepdims=True)
     if mask is not None:
         m = xp.where(xp.isfinite(m), m, xp.zeros_like(m))  # a fully masked row has max -inf
@@ -51,6 +56,8 @@ def mask_bias(mask, dtype):
 
 def softmax_backward(dp, cache):
     """dp (...) -> dx (...) = p * (dp - sum(dp * p))."""
+    check_cache(cache, 2, "softmax_forward", "softmax_backward")
+    check_upstream(dp, tuple(cache[0].shape), "softmax_backward", cache[0].dtype)  # p's
     p, axis = cache
     xp = backend.namespace_of(dp, p)
     inner = xp.sum(dp * p, axis=axis, keepdims=True)  # <dp, p> per row
@@ -59,8 +66,12 @@ def softmax_backward(dp, cache):
 
 def log_softmax_forward(x, axis: int = -1):
     """x (...) -> y = log softmax(x) (...), cache (p = exp(y), axis)."""
+    check_array(x, "log-softmax input")
     xp = backend.namespace_of(x)
     check_float(x, "log-softmax input")
+    check_axis(x, axis, "log-softmax input")
+    if x.shape[axis] == 0:  # nothing to normalise over: y is as empty as x
+        return empty_like_input(x)
     shifted = x - xp.max(x, axis=axis, keepdims=True)
     e = xp.exp(shifted)
     total = xp.sum(e, axis=axis, keepdims=True)
@@ -71,6 +82,14 @@ def log_softmax_forward(x, axis: int = -1):
 
 def log_softmax_backward(dy, cache):
     """dy (...) -> dx (...) = dy - p * sum(dy)."""
+    check_cache(cache, 2, "log_softmax_forward", "log_softmax_backward")
+    check_upstream(dy, tuple(cache[0].shape), "log_softmax_backward", cache[0].dtype)  # p's
     p, axis = cache
     xp = backend.namespace_of(dy, p)
     return dy - p * xp.sum(dy, axis=axis, keepdims=True)
+
+
+def empty_like_input(x):
+    """The (empty) result and cache of a softmax over an axis of length 0: shape of x."""
+    p = backend.namespace_of(x).zeros_like(x)
+    return p, (p, -1)
