@@ -8,7 +8,8 @@ arguments, same results up to rounding, same gradients), tested equal to it in
   (``block_scores`` an argument);
 * :mod:`.losses`: softmax and cross-entropy fused (no one-hot, no log-probabilities);
 * :mod:`.softmax`: in-place variants (``overwrite_input``);
-* :mod:`.activations`: ReLU's backward from its output, sign(y), in place (and
+* :mod:`.activations`: ReLU's backward from its output, sign(y), in place; the exact
+  GELU's erfc from the library's compiled special functions (and
   ``activation``, the tier's table of activations);
 * :mod:`.linear`: the rows flattened into one matrix product, the bias added in place;
 * :mod:`.packing`: the valid positions of a padded batch as rows (:class:`Packing`),
@@ -19,7 +20,7 @@ Every op without a fast version is the textbook op itself (looked up in
 :mod:`npformer.ops` on access, so the two tiers can never drift apart).
 """
 from .. import ops as _textbook
-from .activations import activation, relu_backward, relu_forward
+from .activations import activation, gelu_forward, relu_backward, relu_forward
 from .attention import BLOCK_SCORES, attention_backward, attention_forward
 from .linear import linear_backward, linear_forward
 from .losses import cross_entropy_backward, cross_entropy_forward
@@ -28,7 +29,7 @@ from .softmax import softmax_backward, softmax_forward
 
 FAST_OPS = ("attention_forward", "attention_backward", "linear_forward", "linear_backward",
             "cross_entropy_forward", "cross_entropy_backward", "softmax_forward",
-            "softmax_backward", "relu_forward", "relu_backward", "activation")
+            "softmax_backward", "relu_forward", "relu_backward", "gelu_forward", "activation")
 
 
 def __getattr__(name: str):

@@ -1,4 +1,7 @@
-r"""ReLU, fast: the textbook op (:mod:`npformer.ops.activations`) computed from its output.
+r"""Activations, fast: ReLU computed from its output, and the exact GELU's erfc in one
+compiled pass.
+
+ReLU, the textbook op (:mod:`npformer.ops.activations`) computed from its output:
 
     forward  $y = \max(x, 0)$
     backward $\bar x = \bar y \cdot [x > 0] = \bar y \cdot \text{sign}(y)$
@@ -7,10 +10,18 @@ r"""ReLU, fast: the textbook op (:mod:`npformer.ops.activations`) computed from 
              branch per element, which makes a ``where`` slow on random signs)
 
 The cache is y, which the next linear layer keeps anyway, and the product is taken in
-the buffer of sign(y): one new array, not two.  Every other activation is the
-textbook one.
+the buffer of sign(y): one new array, not two.
+
+GELU (exact): the same $y = x \Phi(x)$, $\Phi(x) = \text{erfc}(-x/\sqrt 2)/2$ and the same
+backward, with erfc taken from the array library's own special functions where it has
+them (SciPy's for NumPy, ``cupyx.scipy.special``'s for CuPy): one compiled pass over
+the array instead of the dozens of element-wise passes of the textbook's array-API
+rational approximation (both accurate to a few ulps).  Elsewhere (the strict
+namespace) it is the textbook op.  Every other activation is the textbook one.
 """
 from __future__ import annotations
+
+import importlib
 
 from .. import backend
 from ..ops import activations as _textbook
@@ -35,7 +46,33 @@ def relu_backward(dy, cache):
     return dx
 
 
-ACTIVATIONS = {**_textbook.ACTIVATIONS, "relu": (relu_forward, relu_backward)}
+def _special_functions(x):
+    """The array library's scipy.special (SciPy for NumPy arrays, cupyx.scipy.special
+    for CuPy arrays), or None (no such library for this namespace, or not installed)."""
+    library = type(x).__module__.split(".")[0]
+    name = {"numpy": "scipy.special", "cupy": "cupyx.scipy.special"}.get(library)
+    try:
+        return importlib.import_module(name) if name else None
+    except ImportError:
+        return None
+
+
+def gelu_forward(x):
+    """x (...) -> y = x Phi(x) (...), cache (x, Phi(x)): the textbook op, erfc compiled."""
+    check_float(x, "gelu input")
+    special = _special_functions(x)
+    if special is None:
+        return _textbook.gelu_forward(x)
+    phi_cdf = special.erfc(-_textbook.SQRT1_2 * x)     # 2 Phi(x), in x's dtype
+    phi_cdf *= 0.5                                      # Phi(x), the normal CDF, in place
+    y = x * phi_cdf
+    return y, (x, phi_cdf)
+
+
+gelu_backward = _textbook.gelu_backward  # the same cache (x, Phi(x)): the same backward
+
+ACTIVATIONS = {**_textbook.ACTIVATIONS, "relu": (relu_forward, relu_backward),
+               "gelu": (gelu_forward, gelu_backward)}
 
 
 def activation(name: str):
