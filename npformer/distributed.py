@@ -263,6 +263,7 @@ def setup(*, quiet_workers: bool = True, keep_memory: bool = True,
         _abort_all_on_uncaught_exception(ctx)
     if quiet_workers and not ctx.is_main:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
+    _share_cores(ctx.local_size)
     _select_gpu(local_rank)
     _context = ctx
     return ctx
@@ -281,6 +282,20 @@ def _abort_all_on_uncaught_exception(ctx: Context) -> None:
         ctx.comm.Abort(1)
 
     sys.excepthook = hook
+
+
+BLAS_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def _share_cores(local_size: int) -> None:
+    """The ranks on one machine share its cores: each rank's BLAS gets cores / local_size
+    threads (else every rank's BLAS starts one thread per core, and N ranks oversubscribe
+    the machine N times).  A thread count the user set in the environment is kept."""
+    if any(name in os.environ for name in BLAS_THREAD_VARIABLES):
+        return
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=max(1, (os.cpu_count() or 1) // local_size), user_api="blas")
 
 
 def _select_gpu(local_rank: int) -> None:
