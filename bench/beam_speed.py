@@ -27,6 +27,7 @@ import time
 import numpy as np
 
 from npformer import backend
+from npformer.cli import positive_int
 from npformer.data import Vocab, load_fra_eng, pad_batch, split_by_source, tokenize_fra_eng
 from npformer.decoding import _beam_search_reference, beam_search
 from npformer.models import Seq2SeqConfig, Seq2SeqTransformer
@@ -87,10 +88,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default=None, help="fra-eng.zip or its folder "
                         "(default: $NPFORMER_DATA or the user cache)")
-    parser.add_argument("--sentences", type=int, default=200, help="held-out sentences")
-    parser.add_argument("--beam-size", type=int, default=4, help="beam size (default: 4)")
-    parser.add_argument("--chunk", type=int, default=64, help="sentences per call (default: 64)")
-    parser.add_argument("--rounds", type=int, default=3, help="old/new pairs timed (default: 3)")
+    parser.add_argument("--sentences", type=positive_int, default=200, help="held-out sentences")
+    parser.add_argument("--beam-size", type=positive_int, default=4, help="beam size (default: 4)")
+    parser.add_argument("--chunk", type=positive_int, default=64,
+                        help="sentences per call (default: 64)")
+    parser.add_argument("--rounds", type=positive_int, default=3,
+                        help="old/new pairs timed (default: 3)")
     parser.add_argument("--checkpoint", default=None,
                         help="the translation demo's trained model.npz (default: untrained)")
     args = parser.parse_args(argv)
