@@ -15,15 +15,14 @@ transpose, which :mod:`npformer.torch_interop` converts.
 from __future__ import annotations
 
 from .. import backend
-from ._checks import check_array, check_cache, check_same_dtype, check_float, check_last_dim, check_rank, check_upstream
+from ._checks import (check_cache, check_float, check_last_dim, check_rank, check_same_dtype,
+                      check_upstream)
 
 
 def linear_forward(x, w, b=None):
     """x (..., D_in), w (D_in, D_out), b (D_out,) or None -> y (..., D_out), cache."""
     check_linear_inputs(x, w, b)
     xp = backend.namespace_of(x, w)
-    check_float(x, "linear input")
-    check_last_dim(x, w.shape[0], "linear input")
     y = xp.matmul(x, w)  # (..., D_in) @ (D_in, D_out) -> (..., D_out)
     if b is not None:
         y = y + b  # (..., D_out) + (D_out,)
@@ -47,8 +46,8 @@ def linear_backward(dy, cache):
 
 
 def check_linear_inputs(x, w, b) -> None:
-    """x floats, W (D_in, D_out) floats with D_in, D_out >= 1, b None or (D_out,), all of
-    one dtype (shared with the fast tier; x's width is checked by the forward)."""
+    """x (..., D_in) floats, W (D_in, D_out) floats with D_in, D_out >= 1, b None or
+    (D_out,), all of one dtype (shared with the fast tier)."""
     check_float(x, "linear input")
     check_float(w, "linear weight")
     check_rank(w, 2, "linear weight (in_features, out_features)")
@@ -61,6 +60,7 @@ def check_linear_inputs(x, w, b) -> None:
             raise ValueError(f"linear bias must have shape ({w.shape[1]},), got "
                              f"{tuple(b.shape)}")
     check_same_dtype("linear", input=x, weight=w, bias=b)
+    check_last_dim(x, w.shape[0], "linear input")
 
 
 def linear_output_shape(x, w) -> tuple:

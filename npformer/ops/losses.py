@@ -21,9 +21,9 @@ need at least one class (V >= 1).
 """
 from __future__ import annotations
 
-from .. import backend
 import numbers
 
+from .. import backend
 from ._checks import check_array, check_cache, check_float, check_token_ids
 from .softmax import log_softmax_backward, log_softmax_forward
 
@@ -33,10 +33,8 @@ IGNORE_INDEX = -100  # PyTorch's default
 def cross_entropy_forward(logits, targets, ignore_index: int = IGNORE_INDEX,
                           label_smoothing: float = 0.0):
     """logits (..., V) floats, targets (...) integers -> loss (0-d array), cache."""
-    check_array(logits, "cross-entropy logits")
-    check_array(targets, "cross-entropy targets")
-    xp = backend.namespace_of(logits, targets)
     check_cross_entropy_inputs(logits, targets, ignore_index, label_smoothing)
+    xp = backend.namespace_of(logits, targets)
     vocab = logits.shape[-1]
     z = xp.reshape(logits, (-1, vocab))  # (N, V)
     t = xp.reshape(targets, (-1,))  # (N,)
