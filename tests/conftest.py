@@ -26,6 +26,23 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
+def gpu_available() -> bool:
+    """Whether CuPy imports and sees a CUDA device (the ``gpu`` tests run only then)."""
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # ImportError, or a CUDA runtime/driver error
+        return False
+
+
+GPU = gpu_available()
+# The backends every op and layer test runs on: NumPy, the strict array-API namespace
+# and, on a machine with a GPU, CuPy (those cases carry the ``gpu`` mark).
+BACKENDS_UNDER_TEST = ["numpy", "strict"] + (
+    [pytest.param("cupy", marks=pytest.mark.gpu)] if GPU else [])
+
+
 @contextmanager
 def using_backend(name: str, dtype: str = "float64", seed: int = 0):
     """Run a block on backend ``name`` with default float ``dtype``, then restore."""
@@ -39,10 +56,11 @@ def using_backend(name: str, dtype: str = "float64", seed: int = 0):
         backend.set_default_float(previous_dtype)
 
 
-@pytest.fixture(params=["numpy", "strict"])
+@pytest.fixture(params=BACKENDS_UNDER_TEST)
 def xb(request):
-    """The backend under test: every op and layer test runs on NumPy and on the strict
-    array-API namespace (whose arrays live on a non-CPU device and refuse NumPy calls)."""
+    """The backend under test: every op and layer test runs on NumPy, on the strict
+    array-API namespace (whose arrays live on a non-CPU device and refuse NumPy calls)
+    and, where a GPU is there, on CuPy."""
     with using_backend(request.param):
         yield request.param
 

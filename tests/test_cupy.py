@@ -19,22 +19,13 @@ import pytest
 from npformer import backend, ops
 from npformer.gradcheck import check_op
 
-from .conftest import using_backend
+from .conftest import GPU, using_backend
 from .helpers import GRADCHECK_TOL, PARITY_RTOL, assert_close
-
-
-def _gpu_available() -> bool:
-    try:
-        import cupy
-
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # ImportError, or a CUDA runtime/driver error
-        return False
 
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not _gpu_available(), reason="needs CuPy and a GPU"),
+    pytest.mark.skipif(not GPU, reason="needs CuPy and a GPU"),
 ]
 
 
