@@ -118,14 +118,30 @@ def namespace_of(*arrays):
         if not_arrays:
             raise TypeError(f"expected arrays, got {', '.join(not_arrays)}: convert host data "
                             "with npformer.backend.asarray(...)") from None
-        libraries = sorted({_library_of(a) for a in arrays})
+        libraries = {_library_of(a) for a in arrays}
         if len(libraries) > 1:
-            raise TypeError(
-                f"arrays from different array libraries were mixed: {', '.join(libraries)} "
-                f"(the current backend is {_current.name!r}). Move host data onto the "
-                "backend with npformer.backend.asarray(...) and results back with "
-                "npformer.backend.to_numpy(...)") from None
+            raise TypeError(_mixed_libraries(libraries)) from None
         raise
+
+
+def check_one_library(what: str, **arrays) -> None:
+    """The named arrays come from one array library; otherwise a TypeError naming each
+    argument's library, raised before a namespace lookup would give the message without
+    the names.  Arguments that are not arrays (None, lists) are left to the callers' checks."""
+    import array_api_compat
+
+    libraries = {name: _library_of(a) for name, a in arrays.items()
+                 if array_api_compat.is_array_api_obj(a)}
+    if len(set(libraries.values())) > 1:
+        named = ", ".join(f"{name} {library}" for name, library in libraries.items())
+        raise TypeError(_mixed_libraries(set(libraries.values()), f"{what} {named}; "))
+
+
+def _mixed_libraries(libraries: set, named: str = "") -> str:
+    return (f"arrays from different array libraries were mixed: {', '.join(sorted(libraries))} "
+            f"({named}the current backend is {_current.name!r}). Move host data onto the "
+            "backend with npformer.backend.asarray(...) and results back with "
+            "npformer.backend.to_numpy(...)")
 
 
 def _library_of(x) -> str:

@@ -106,7 +106,8 @@ def _paths(q, k, mask, block_scores):
     mask = fast_attention._align(mask, q.ndim)
     bias = fast_attention._align(bias, q.ndim)
     seen = set()
-    for rows, keys, block_bias in fast_attention._blocks(q, k, mask, bias, block_scores):
+    extents = fast_attention._key_extents(mask)
+    for rows, keys, block_bias in fast_attention._blocks(q, k, extents, bias, block_scores):
         row, query = rows[0], rows[-2]
         queries = query.stop - query.start
         if queries == 1 and q.shape[-2] > 1:

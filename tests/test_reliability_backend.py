@@ -46,3 +46,20 @@ def test_an_optimizer_given_a_numpy_gradient_for_a_strict_parameter():
 def test_a_list_is_named_as_not_an_array():
     with pytest.raises(TypeError, match="expected arrays, got list"):
         backend.namespace_of([1.0, 2.0])
+
+
+@pytest.mark.parametrize("op", ["attention", "layernorm", "linear"])
+def test_mixed_inputs_name_each_argument_and_its_library(op):
+    """A NumPy array among strict ones is named, with its library, before any lookup."""
+    with using_backend("strict"):
+        a = backend.asarray(np.ones((2, 3, 4)))
+        host = np.ones((2, 3, 4))
+        call, named = {
+            "attention": (lambda: ops.attention_forward(a, a, host), "values numpy"),
+            "layernorm": (lambda: ops.layernorm_forward(
+                host, backend.asarray(np.ones(4)), backend.asarray(np.zeros(4))), "input numpy"),
+            "linear": (lambda: ops.linear_forward(a, np.ones((4, 2))), "weight numpy"),
+        }[op]
+        with pytest.raises(TypeError, match=MIXED) as error:
+            call()
+        assert named in str(error.value)

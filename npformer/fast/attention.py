@@ -63,12 +63,13 @@ def attention_forward(q, k, v, mask=None, block_scores: int = BLOCK_SCORES):
     lse = _empty(xp, q.shape[:-1] + (1,), q)  # (..., T, 1)
     if k.shape[-2] == 0:  # no keys (no blocks): zero output, as for fully masked queries
         out, lse = xp.zeros_like(out), xp.zeros_like(lse)
-    for rows, keys, block_bias in _blocks(q, k, mask, bias, block_scores):
+    extents = _key_extents(mask)  # host integers: the block walk never waits on the device
+    for rows, keys, block_bias in _blocks(q, k, extents, bias, block_scores):
         scores = xp.matmul(q[rows], xp.matrix_transpose(k[keys]))  # (.., t, E) @ (.., E, s)
         e, m, total = _stable_exp(scores, block_bias)  # (.., t, s), (.., t, 1) twice
         out[rows] = xp.matmul(e, v[keys]) / total  # (.., t, s) @ (.., s, F) -> (.., t, F)
         lse[rows] = m + xp.log(total)
-    return out, (q, k, v, mask, bias, lse, scale, block_scores)
+    return out, (q, k, v, extents, bias, lse, scale, block_scores)
 
 
 def attention_backward(dout, cache):
@@ -76,14 +77,14 @@ def attention_backward(dout, cache):
     check_cache(cache, 8, "attention_forward", "attention_backward")
     check_upstream(dout, attention_output_shape(cache[0], cache[2]), "attention_backward",
                    cache[0].dtype)  # of q and v
-    q, k, v, mask, bias, lse, scale, block_scores = cache  # q is already scaled by alpha
+    q, k, v, extents, bias, lse, scale, block_scores = cache  # q is already scaled by alpha
     xp = backend.namespace_of(dout, q)
     dq = _empty(xp, q.shape, q)  # every query row belongs to exactly one block
     if k.shape[-2] == 0:  # no keys (no blocks): zero gradients
         dq = xp.zeros_like(q)
     dk = xp.zeros_like(k)  # keys are shared by query blocks, and cut-off keys get 0
     dv = xp.zeros_like(v)
-    for rows, keys, block_bias in _blocks(q, k, mask, bias, block_scores):
+    for rows, keys, block_bias in _blocks(q, k, extents, bias, block_scores):
         scores = xp.matmul(q[rows], xp.matrix_transpose(k[keys]))  # (.., t, s), recomputed
         if block_bias is not None:
             scores += block_bias
@@ -130,7 +131,7 @@ def _stable_exp(scores, bias):
     return e, m, total
 
 
-def _blocks(q, k, mask, bias, block_scores: int):
+def _blocks(q, k, extents, bias, block_scores: int):
     """Yield (rows, keys, block_bias): index tuples into q (and out, lse) and into k, v,
     and the bias block, covering the scores (..., T, S) in blocks of about block_scores.
 
@@ -150,8 +151,8 @@ def _blocks(q, k, mask, bias, block_scores: int):
         for t in range(0, num_queries, queries):
             query = slice(t, min(t + queries, num_queries))
             seen, block_bias = num_keys, None
-            if mask is not None:
-                seen, all_allowed = _visible_keys(mask, row, query, num_keys)
+            if extents is not None:
+                seen, all_allowed = _visible_keys(extents, row, query, num_keys)
                 if not all_allowed:
                     block_bias = bias[_mask_index(bias, row, query, slice(0, seen))]
             key = slice(0, seen)
@@ -169,19 +170,42 @@ def _mask_index(mask, row, query, key):
     return (pick(0, row), Ellipsis, pick(-2, query), pick(-1, key))
 
 
-def _visible_keys(mask, row, query, num_keys: int) -> tuple[int, bool]:
+def _key_extents(mask):
+    """-> None (no mask) or (last, prefix, width): host integer arrays (R, T_m), one row per
+    mask row r (axis 0; 1 for a (T, S) mask) and mask query t, taken over the axes
+    between (heads): last = 1 + the last key any of them may see (0 if none), prefix =
+    the number of leading keys all of them may see; width = the mask's key axis.
+
+    One copy from the device per call: the block walk then reads host integers.  (A read
+    per block would stall a GPU once per block.)
+    """
+    if mask is None or math.prod(mask.shape) == 0:
+        return None
+    xp = backend.namespace_of(mask)
+    m = mask if mask.ndim > 2 else xp.reshape(mask, (1,) + tuple(mask.shape))  # (R, .., T_m, S_m)
+    width = m.shape[-1]
+    position = xp.arange(1, width + 1, device=backend.device_of(mask))  # (S_m,): 1 + key index
+    last = xp.max(xp.where(m, position, xp.zeros_like(position)), axis=-1)  # (R, .., T_m)
+    width_ = xp.full_like(position, width)
+    prefix = xp.min(xp.where(m, width_, position - 1), axis=-1)  # the first key not allowed
+    middle = tuple(range(1, m.ndim - 2))  # heads
+    if middle:
+        last, prefix = xp.max(last, axis=middle), xp.min(prefix, axis=middle)
+    last, prefix = backend.to_numpy(xp.stack([last, prefix]))  # (R, T_m) each: the one copy
+    return last, prefix, width
+
+
+def _visible_keys(extents, row, query, num_keys: int) -> tuple[int, bool]:
     """-> (seen, all_allowed) for a block: seen = 1 + the last key any of its queries may see
     (at least 1), and whether its mask allows every query every key before that.
 
     Keys from ``seen`` on are cut; when all_allowed, the bias is all zeros and is skipped
     (a padding mask on a block of one sequence).
     """
-    xp = backend.namespace_of(mask)
-    block = mask[_mask_index(mask, row, query, slice(None))]
-    if mask.shape[-1] == 1:  # the mask broadcasts along the keys: nothing to cut
-        return num_keys, bool(xp.all(block))
-    allowed = xp.reshape(block, (-1, mask.shape[-1]))  # (rows * queries of the mask, S)
-    visible = xp.any(allowed, axis=0)  # (S,): may any query of the block see key j?
-    position = xp.arange(1, num_keys + 1, device=backend.device_of(mask))
-    seen = max(1, int(xp.max(xp.where(visible, position, xp.zeros_like(position)))))
-    return seen, bool(xp.all(allowed[:, :seen]))
+    last, prefix, width = extents
+    pick = lambda size, s: s if size > 1 else slice(None)  # noqa: E731  (broadcast axes)
+    block = (pick(last.shape[0], row), pick(last.shape[1], query))
+    if width == 1:  # the mask broadcasts along the keys: nothing to cut
+        return num_keys, int(prefix[block].min()) >= 1
+    seen = max(1, int(last[block].max()))
+    return seen, int(prefix[block].min()) >= seen

@@ -130,7 +130,7 @@ def check_axis(x, axis, what: str) -> None:
 def check_same_dtype(what: str, **arrays) -> None:
     """The floating-point inputs of one op share one dtype (none is silently cast)."""
     present = {name: a for name, a in arrays.items() if a is not None}
-    backend.namespace_of(*present.values())  # arrays of two libraries: named as such first
+    backend.check_one_library(what, **present)  # arrays of two libraries: named first
     dtypes = {name: a.dtype for name, a in present.items()}
     if len(set(map(str, dtypes.values()))) > 1:
         listed = ", ".join(f"{name} {dtype}" for name, dtype in dtypes.items())

@@ -75,6 +75,7 @@ def check_attention_arrays(q, k, v) -> None:
     """Queries, keys and values are arrays (before their namespace is asked for)."""
     for name, a in (("queries", q), ("keys", k), ("values", v)):
         check_array(a, f"attention {name}")
+    backend.check_one_library("attention", queries=q, keys=k, values=v)
 
 
 def check_attention_inputs(q, k, v, mask) -> None:
