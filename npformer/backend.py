@@ -233,6 +233,14 @@ def copy_like(value, like):
     return xp_.astype(value, like.dtype, copy=True)
 
 
+def host_range(x) -> tuple[int, int]:
+    """(min, max) of a non-empty integer array as Python ints, read from the device in one
+    copy (each copy waits for the device: one wait per check, not two)."""
+    xp_ = namespace_of(x)
+    low, high = to_numpy(xp_.stack([xp_.min(x), xp_.max(x)]))
+    return int(low), int(high)
+
+
 def to_float(x) -> float:
     """A 0-d backend array (or a Python number) as a Python float, on the host."""
     return float(to_numpy(x)) if not isinstance(x, (int, float)) else float(x)

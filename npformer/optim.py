@@ -36,7 +36,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from . import backend
+from . import backend, engine
+from .fast import fused
 from .nn.module import Parameter, mismatch_report
 
 Schedule = Callable[[int], float]
@@ -229,6 +230,9 @@ class Adam(Optimizer):
         xp = backend.namespace_of(p.data)
         (m, v), b1, b2 = state, self.beta1, self.beta2
         data, g = self._decay(p, g)
+        if engine.engine_name() == "fast" and fused.fuses(data, g, m, v):  # one GPU kernel
+            return fused.adam_update(data, g, m, v, b1, b2, self.eps, self.lr / (1 - b1**t),
+                                     1 - b2**t), (m, v)
         delta = g - m
         delta *= 1 - b1
         m += delta                                        # m_t = m + (1-beta1)(g - m)

@@ -43,15 +43,23 @@ from .inplace import exp_into
 from .softmax import softmax_backward
 
 BLOCK_SCORES = 1 << 19  # scores per block: 2 MiB in float32, about a CPU core's L2 cache
+GPU_BLOCK_SCORES = 1 << 25  # on a GPU: 128 MiB in float32, blocks as large as memory allows
+# (each block is a dozen kernel launches; the GPU's cache is not what a block must fit)
 
 
-def attention_forward(q, k, v, mask=None, block_scores: int = BLOCK_SCORES):
+def default_block_scores(q) -> int:
+    """Scores per block for queries ``q``: a CPU core's cache, or a GPU's launch count."""
+    return GPU_BLOCK_SCORES if type(q).__module__.startswith("cupy") else BLOCK_SCORES
+
+
+def attention_forward(q, k, v, mask=None, block_scores: int | None = None):
     """q (..., T, E), k (..., S, E), v (..., S, F), mask (bool, broadcasts to (..., T, S))
     -> out (..., T, F), cache.  ``block_scores``: scores per block (the backward uses
-    the same blocks)."""
+    the same blocks); None: :func:`default_block_scores`."""
     check_attention_arrays(q, k, v)
     xp = backend.namespace_of(q, k, v)
     check_attention_inputs(q, k, v, mask)
+    block_scores = default_block_scores(q) if block_scores is None else block_scores
     check_size(block_scores, "block_scores", 1)
     if block_scores < 1:
         raise ValueError(f"block_scores must be at least 1, got {block_scores}")

@@ -77,9 +77,7 @@ def check_valid_lengths(valid_lens, length: int) -> None:
     """Every valid length in [0, length] (one min and max over the B lengths, once a batch)."""
     if valid_lens.shape[0] == 0:
         return
-    xp = backend.namespace_of(valid_lens)
-    low = int(backend.to_numpy(xp.min(valid_lens)))
-    high = int(backend.to_numpy(xp.max(valid_lens)))
+    low, high = backend.host_range(valid_lens)
     if low < 0 or high > length:
         raise ValueError(f"valid lengths must be in [0, {length}] (the batch's positions), "
                          f"got values in [{low}, {high}]")

@@ -100,8 +100,7 @@ def check_token_ids(ids, vocab_size: int, what: str = "token ids", allowed_extra
     checked = ids
     if allowed_extra is not None:
         checked = xp.where(ids == allowed_extra, xp.zeros_like(ids), ids)
-    low = int(backend.to_numpy(xp.min(checked)))
-    high = int(backend.to_numpy(xp.max(checked)))
+    low, high = backend.host_range(checked)
     if low < 0 or high >= vocab_size:
         bad = low if low < 0 else high
         raise TokenIdError(

@@ -49,8 +49,7 @@ def pool_forward(h, valid_lens, how: str = "mean"):
     if length == 0:
         raise ValueError(f"pooling needs at least one position per sequence, but the input "
                          f"of shape {tuple(h.shape)} has none (axis 1, the positions, is empty)")
-    low = int(backend.to_numpy(xp.min(valid_lens)))
-    high = int(backend.to_numpy(xp.max(valid_lens)))
+    low, high = backend.host_range(valid_lens)
     if low < 1 or high > length:
         raise ValueError(f"valid lengths must be in [1, {length}] (every sequence needs at "
                          f"least one token), got values in [{low}, {high}]")
