@@ -52,7 +52,7 @@ if str(ROOT) not in sys.path[:1]:  # `python bench/bench.py`: the bench package,
 from bench.configs import (CONFIGS, SEED, SMOKE, SMOKE_SWEEP_BATCHES,  # noqa: E402
                            SMOKE_SWEEP_LENGTHS, SMOKE_SWEEP_TOKENS, SWEEP_BATCHES, SWEEP_LENGTHS,
                            SWEEP_TOKENS)
-from bench.measure import RESULT_PREFIX, worker_main  # noqa: E402
+from bench.measure import worker_main, worker_result  # noqa: E402
 from bench import processes  # noqa: E402
 from bench.report import (describe, load_average, print_header,  # noqa: E402
                           print_main_table, print_markdown, print_sweep)
@@ -81,11 +81,7 @@ def run_worker(side: str, cfg: dict, args, weights: str | None,
                NPFORMER_ENGINE=engine)  # npformer's tier (the PyTorch side ignores it)
     proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker",
                            json.dumps(spec)], env=env, capture_output=True, text=True)
-    for line in proc.stdout.splitlines():
-        if line.startswith(RESULT_PREFIX):
-            return json.loads(line[len(RESULT_PREFIX):])
-    tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-    return dict(side=side, error=f"worker exited {proc.returncode}: {tail}")
+    return worker_result(proc, side)
 
 
 def engine_side(engine: str) -> str:

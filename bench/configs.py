@@ -30,6 +30,18 @@ SMOKE = {
                     num_heads=2, num_encoder_layers=1, num_decoder_layers=1, d_ff=32, src_len=8,
                     seq_len=8, batch=4),
 }
+# Larger configurations that fill a GPU (bench/gpu.py), and their smoke versions.
+LARGE = {
+    "imdb_large": dict(CONFIGS["imdb"], batch=256),
+    "lm_large": dict(CONFIGS["lm"], d_model=768, num_heads=12, num_layers=12, d_ff=3072,
+                     seq_len=1024, batch=8),
+}
+SMOKE_LARGE = {
+    "imdb_large": dict(SMOKE["imdb"], batch=8),
+    "lm_large": dict(SMOKE["lm"], num_layers=2, seq_len=32),
+}
+GPU_CONFIGS = {**CONFIGS, **LARGE}
+GPU_SMOKE = {**SMOKE, **SMOKE_LARGE}
 WARMUP_CONFIGS = {c["kind"]: c for c in SMOKE.values()}  # library warm-up, per model kind
 SWEEP_TOKENS = 8192
 SWEEP_LENGTHS = (64, 128, 256, 512, 1024)

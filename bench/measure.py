@@ -33,23 +33,24 @@ def measure_training(make_optimizer, step, warmup: int, steps: int) -> dict:
     gc.collect()
     baseline = current_rss()
     optimizer = make_optimizer()
-    losses, times = [], []
-    for i in range(warmup + steps):
-        started = time.perf_counter()
-        losses.append(step(optimizer))
-        elapsed = time.perf_counter() - started
-        if i >= warmup:
-            times.append(elapsed)
+    losses = []
+    times = timed(lambda: losses.append(step(optimizer)), warmup, steps)
     peak = peak_rss()
     return dict(baseline_rss=baseline, peak_rss=peak, mem_growth=peak - baseline,
                 losses=losses, train_times=times)
 
 
-def timed(fn, warmup: int, steps: int) -> list[float]:
+def timed(fn, warmup: int, steps: int, sync=None) -> list[float]:
+    """Seconds of each of ``steps`` calls of ``fn`` after ``warmup`` untimed ones.
+    ``sync`` (a device's synchronize) runs before the clock is read at the start and
+    at the end of each call, so asynchronous device work is inside the call's time."""
+    sync = sync or (lambda: None)
     times = []
     for i in range(warmup + steps):
+        sync()
         started = time.perf_counter()
         fn()
+        sync()
         elapsed = time.perf_counter() - started
         if i >= warmup:
             times.append(elapsed)
@@ -65,9 +66,11 @@ class Prepared:
 
 
 def prepare_pytorch(cfg: dict, seed: int, weights: str | None, rows: tuple | None = None,
-                    wrap=None) -> Prepared:
+                    wrap=None, device: str = "cpu") -> Prepared:
     """The PyTorch side on the batch's ``rows`` (lo, hi) (all by default); ``wrap``:
-    e.g. DistributedDataParallel around the model for training."""
+    e.g. DistributedDataParallel around the model for training.  Model and batch live
+    on ``device`` ("cpu", "cuda"); the model is built on the CPU first, so its initial
+    weights are the same whatever the device."""
     import numpy as np
     import torch
     import torch.nn.functional as F
@@ -76,8 +79,10 @@ def prepare_pytorch(cfg: dict, seed: int, weights: str | None, rows: tuple | Non
     model = torch_reference(cfg).train()  # train(): dropout is 0 anyway
     if weights:
         np.savez(weights, **{k: v.detach().numpy() for k, v in model.state_dict().items()})
+    model.to(device)
     lo, hi = rows or (0, cfg["batch"])
-    batch = [torch.from_numpy(np.asarray(a)[lo:hi]) for a in make_batch(cfg, seed + 1)]
+    batch = [torch.from_numpy(np.asarray(a)[lo:hi]).to(device)
+             for a in make_batch(cfg, seed + 1)]
     kind = cfg["kind"]
     net = wrap(model) if wrap else model
 
@@ -111,16 +116,20 @@ def prepare_pytorch(cfg: dict, seed: int, weights: str | None, rows: tuple | Non
     return Prepared(model, lambda: torch.optim.Adam(model.parameters(), lr=LR), step, infer)
 
 
-def prepare_npformer(cfg: dict, seed: int, weights: str | None, threads: int = 1) -> Prepared:
-    """npformer's CPU path with ``threads`` cores: that many data-parallel replicas in
-    threads, each with single-threaded BLAS (training), and the batch split the same way
-    for inference."""
-    import numpy as np
-
+def prepare_npformer(cfg: dict, seed: int, weights: str | None, threads: int = 1,
+                     backend_name: str = "numpy") -> Prepared:
+    """npformer on ``backend_name``.  The CPU path ("numpy") with ``threads`` cores: that
+    many data-parallel replicas in threads, each with single-threaded BLAS (training),
+    and the batch split the same way for inference; other backends ("cupy") take one
+    replica (threads=1).  The training batch stays on the host, as npformer's tasks take
+    it (each step copies its ids to the device); the inference batch is copied once."""
     from npformer import backend, no_grad, optim
     from npformer.parallel import DataParallel, parallel_map, split_batch
 
-    backend.set_backend("numpy", seed=seed)
+    if backend_name != "numpy" and threads != 1:
+        raise ValueError(f"threads: backend {backend_name!r} runs one replica, so threads "
+                         f"must be 1, got {threads}")
+    backend.set_backend(backend_name, seed=seed)
     backend.set_default_float("float32")
     kind = cfg["kind"]
     model, task = npformer_model(cfg, weights)
@@ -149,13 +158,35 @@ def prepare_npformer(cfg: dict, seed: int, weights: str | None, threads: int = 1
     return Prepared(model, lambda: optim.Adam(model.parameters(), lr=LR), step, infer)
 
 
-def run_side(spec: dict) -> dict:
-    """Library warm-up on a tiny model, then the measured model: training, then inference."""
+def initial_weights(side: str, path: str | None) -> tuple[str | None, bool]:
+    """(weights, loaded): PyTorch writes the initial weights to ``path`` (loaded False);
+    npformer reads them if they are there (loaded True), else starts from its own."""
+    if side == "pytorch":
+        return path, False
+    loaded = bool(path) and os.path.exists(path)
+    return (path if loaded else None), loaded
+
+
+def warm_up(prepare, kind: str, seed: int) -> None:
+    """One step and one inference of a tiny model of kind ``kind``, so that code the
+    libraries load on first use (PyTorch imports ~800 modules, ~70 MiB, at its first
+    Adam step; CuPy compiles its kernels) is neither timed nor counted as step memory."""
     import gc
 
+    tiny = prepare(WARMUP_CONFIGS[kind], seed, None)
+    tiny.step(tiny.make_optimizer())
+    tiny.model.eval()
+    tiny.infer()
+    del tiny
+    gc.collect()
+
+
+def run_side(spec: dict) -> dict:
+    """Library warm-up on a tiny model, then the measured model: training, then inference."""
     import numpy as np
 
     side, cfg, seed = spec["side"], spec["config"], spec["seed"]
+    weights, loaded = initial_weights(side, spec.get("weights"))
     if side == "pytorch":
         import torch
 
@@ -163,8 +194,6 @@ def run_side(spec: dict) -> dict:
         prepare = prepare_pytorch
         info = dict(threads=torch.get_num_threads(), version=torch.__version__,
                     blas=_torch_blas(torch))
-        weights = spec.get("weights")  # PyTorch writes the initial weights ...
-        loaded = False
     else:
         try:  # the *_NUM_THREADS variables set by the parent already limit OpenBLAS
             from threadpoolctl import threadpool_limits
@@ -177,20 +206,8 @@ def run_side(spec: dict) -> dict:
         def prepare(cfg_, seed_, weights_):
             return prepare_npformer(cfg_, seed_, weights_, threads)
         info = dict(threads=threads, version=np.__version__, blas=_numpy_blas(np))
-        weights = spec.get("weights")  # ... and npformer reads them, if they are there
-        loaded = bool(weights) and os.path.exists(weights)
-        weights = weights if loaded else None
 
-    # One step and one inference of a tiny model of the same kind, so that code the
-    # libraries load on first use (PyTorch imports ~800 modules, ~70 MiB, at its first
-    # Adam step) is neither timed nor counted as step memory.
-    tiny = prepare(WARMUP_CONFIGS[cfg["kind"]], seed, None)
-    tiny.step(tiny.make_optimizer())
-    tiny.model.eval()
-    tiny.infer()
-    del tiny
-    gc.collect()
-
+    warm_up(prepare, cfg["kind"], seed)
     run = prepare(cfg, seed, weights)
     result = measure_training(run.make_optimizer, run.step, spec["warmup"], spec["steps"])
     run.model.eval()  # npformer: no dropout masks; PyTorch: eval mode (may take fast paths)
@@ -201,6 +218,16 @@ def run_side(spec: dict) -> dict:
         params = sum(int(np.prod(p.shape)) for p in run.model.parameters())
     result.update(info, params=params, weights_loaded=loaded)
     return result
+
+
+def worker_result(proc, side: str) -> dict:
+    """The result a finished worker process (``subprocess.run``, text output) printed,
+    or {"side", "error"} with the last line of its standard error."""
+    for line in proc.stdout.splitlines():
+        if line.startswith(RESULT_PREFIX):
+            return json.loads(line[len(RESULT_PREFIX):])
+    tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+    return dict(side=side, error=f"worker exited {proc.returncode}: {tail}")
 
 
 def _torch_blas(torch) -> str:
@@ -217,10 +244,12 @@ def _numpy_blas(np) -> str:
         return "?"
 
 
-def worker_main(spec_json: str) -> int:
+def worker_main(spec_json: str, run=run_side) -> int:
+    """A worker process: ``run(spec)`` (the CPU bench's ``run_side`` by default), its
+    result printed as one JSON line after ``RESULT_PREFIX``."""
     spec = json.loads(spec_json)
     sys.path.insert(0, str(ROOT))
-    result = run_side(spec)
+    result = run(spec)
     result["side"] = spec["side"]
     sys.stdout.write(RESULT_PREFIX + json.dumps(result) + "\n")
     sys.stdout.flush()

@@ -6,6 +6,7 @@ into npformer, so the two sides compute the same model on the same batch).
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import require_torch
+from .conftest import GPU, require_torch
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ("imdb", "lm", "seq2seq")
@@ -110,3 +111,270 @@ def test_alpha_beta_fit_and_ring_projection():
     step, efficiency = processes.projection(0.010, 4e6, 8, alpha=5e-6, bandwidth=12e9)
     assert step == 0.010 + 14 * 5e-6 + 2 * 7 / 8 * 4e6 / 12e9
     assert efficiency == 0.010 / step
+
+
+# --------------------------------------------------------------------------- bench/gpu.py
+GPU_SCRIPT = ROOT / "bench" / "gpu.py"
+GPU_NAMES = ("imdb", "lm", "seq2seq", "imdb_large", "lm_large")
+
+
+def run_gpu_script(*args, timeout=600):
+    return subprocess.run([sys.executable, str(GPU_SCRIPT), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_large_configs_are_the_issue_sizes():
+    from bench.configs import CONFIGS, GPU_CONFIGS, GPU_SMOKE, tokens_per_step
+
+    assert tuple(GPU_CONFIGS) == GPU_NAMES and tuple(GPU_SMOKE) == GPU_NAMES
+    assert GPU_CONFIGS["imdb_large"] == dict(CONFIGS["imdb"], batch=256)
+    assert GPU_CONFIGS["lm_large"] == dict(CONFIGS["lm"], d_model=768, num_heads=12,
+                                           num_layers=12, d_ff=3072, seq_len=1024, batch=8)
+    assert GPU_CONFIGS["lm_large"]["vocab_size"] == 65
+    assert tokens_per_step(GPU_CONFIGS["imdb_large"]) == 256 * 256
+    assert tokens_per_step(GPU_CONFIGS["lm_large"]) == 8 * 1024
+    for name in GPU_NAMES:  # each smoke version is a model of the same kind
+        assert GPU_SMOKE[name]["kind"] == GPU_CONFIGS[name]["kind"]
+
+
+def test_timed_synchronizes_around_every_call():
+    from bench.measure import timed
+
+    events = []
+    times = timed(lambda: events.append("call"), warmup=2, steps=3,
+                  sync=lambda: events.append("sync"))
+    assert len(times) == 3
+    assert events == ["sync", "call", "sync"] * 5
+
+
+def test_npformer_on_another_backend_takes_one_replica():
+    from bench.configs import SMOKE
+    from bench.measure import prepare_npformer
+
+    with pytest.raises(ValueError, match=r"threads.*must be 1, got 2"):
+        prepare_npformer(SMOKE["lm"], 0, None, threads=2, backend_name="cupy")
+
+
+def test_pytorch_side_moves_model_batch_and_masks_to_its_device(tmp_path):
+    """prepare_pytorch(device=...) on the meta device: parameters there, and a forward
+    pass there runs, which it would not if the batch or a mask stayed on the CPU (on a
+    GPU, the same mistake fails the bench).  The weights file holds the initial values."""
+    torch = require_torch()
+    import numpy as np
+
+    from bench.configs import SMOKE
+    from bench.measure import prepare_pytorch
+
+    for name, cfg in SMOKE.items():
+        weights = tmp_path / f"{name}.npz"
+        run = prepare_pytorch(cfg, 0, str(weights), device="meta")
+        assert {p.device.type for p in run.model.parameters()} == {"meta"}
+        run.infer()  # the training forward (train mode), on meta: no CPU tensor in it
+        torch.manual_seed(0)  # the same initial weights as a model built on the CPU
+        cpu = prepare_pytorch(cfg, 0, None).model.state_dict()
+        with np.load(weights) as saved:
+            assert set(saved.files) == set(cpu)
+            for key in saved.files:
+                np.testing.assert_array_equal(saved[key], cpu[key].numpy())
+
+
+def test_worker_result_reads_the_result_line_or_the_error():
+    from types import SimpleNamespace
+
+    from bench.measure import RESULT_PREFIX, worker_result
+
+    done = SimpleNamespace(stdout=f"noise\n{RESULT_PREFIX}" + '{"a": 1}\n', stderr="",
+                           returncode=0)
+    assert worker_result(done, "npformer") == {"a": 1}
+    crashed = SimpleNamespace(stdout="", stderr="Traceback\nMemoryError: out of memory\n",
+                              returncode=1)
+    assert worker_result(crashed, "pytorch") == dict(
+        side="pytorch", error="worker exited 1: MemoryError: out of memory")
+
+
+def fake_result(train_ms, infer_ms, losses, peak_mib=None, rest_mib=None, **extra):
+    """A worker's result: step times around the given medians, memory in bytes."""
+    def mib(value):
+        return None if value is None else value * 2 ** 20
+    return dict(train_times=[train_ms * 1.1e-3, train_ms * 1e-3, train_ms * 0.9e-3],
+                infer_times=[infer_ms * 1e-3], losses=list(losses), peak_bytes=mib(peak_mib),
+                rest_bytes=mib(rest_mib), **extra)
+
+
+LM = dict(kind="causal_lm", vocab_size=65, d_model=16, num_heads=2, num_layers=1, d_ff=32,
+          seq_len=16, batch=4)  # 64 tokens per step
+
+
+def test_gpu_config_table_rows_ratios_and_loss_check():
+    from bench import gpu
+
+    pair = {"pytorch": fake_result(10, 4, [2.0, 1.5], peak_mib=100, rest_mib=20),
+            "npformer": fake_result(15, 2, [2.0005, 1.4], peak_mib=80, rest_mib=20,
+                                    weights_loaded=True)}
+    lines = gpu.config_lines("lm", LM, pair)
+    text = "\n".join(lines)
+    assert lines[1].startswith("lm: ")
+    pytorch_row = next(line for line in lines if line.startswith("  pytorch "))
+    assert pytorch_row.split()[1:] == ["10.0", "(9.00-11.0)", "4.00", "(4.00-4.00)", "6,400",
+                                       "20.0", "100.0", "2.00000", "1.50000"]
+    npformer_row = next(line for line in lines if line.startswith("  npformer "))
+    assert npformer_row.split()[-4:] == ["20.0", "80.0", "2.00050", "1.40000"]
+    assert re.search(r"^ratio lm\s+train 1\.50x  infer 0\.50x  peak memory 0\.80x  \| "
+                     r"first-step loss 2\.000500 vs 2\.000000 \(rel diff 2\.5e-04\)$", text,
+                     re.MULTILINE), text
+    assert "WARNING" not in text
+
+    pair["npformer"]["losses"][0] = 2.01  # 5e-3 relative: not the same model
+    assert re.search(r"^WARNING: lm: first-step losses differ", "\n".join(
+        gpu.config_lines("lm", LM, pair)), re.MULTILINE)
+
+
+def test_gpu_config_table_without_memory_or_with_a_failed_side():
+    from bench import gpu
+
+    cpu_pair = {"pytorch": fake_result(10, 4, [2.0]),
+                "npformer": fake_result(5, 2, [2.0], weights_loaded=True)}
+    text = "\n".join(gpu.config_lines("lm", LM, cpu_pair))
+    assert "peak memory n/a (not measured on the CPU)" in text
+    row = next(line for line in text.splitlines() if line.startswith("  npformer "))
+    assert row.split()[-3:] == ["12,800", "2.00000", "2.00000"]  # blank memory cells
+
+    failed = {"pytorch": fake_result(10, 4, [2.0]),
+              "npformer": dict(side="npformer", error="worker exited 1: out of memory")}
+    text = "\n".join(gpu.config_lines("lm", LM, failed))
+    assert "  npformer  FAILED: worker exited 1: out of memory" in text
+    assert re.search(r"^ratio lm\s+train n/a .*a side failed\)  \| loss not compared", text,
+                     re.MULTILINE), text
+
+
+def test_gpu_markdown_table():
+    from bench import gpu
+
+    results = {"lm": {"pytorch": fake_result(10, 4, [2.0], peak_mib=100),
+                      "npformer": fake_result(15, 2, [2.0], peak_mib=80)},
+               "imdb": {"pytorch": fake_result(10, 4, [2.0]),
+                        "npformer": dict(side="npformer", error="boom")}}
+    lines = gpu.markdown_lines(results, {"lm": LM, "imdb": LM})
+    assert lines[3] == ("| lm | 15.0 | 10.0 | 1.50x | 2.00 | 4.00 | 0.50x | 4,267 | 6,400 "
+                        "| 80.0 | 100.0 | 0.80x |")
+    assert lines[4].startswith("| imdb | failed |")
+    assert all(line.count("|") == lines[1].count("|") for line in lines[1:])
+
+
+@pytest.mark.parametrize("env, verdict", [
+    ({}, "off on both sides"),
+    ({"CUPY_TF32": "1"}, "DIFFERS: torch off, CuPy on"),
+    ({"CUPY_TF32": "1", "NVIDIA_TF32_OVERRIDE": "0"}, "off on both sides"),
+])
+def test_tf32_line(env, verdict):
+    from bench import gpu
+
+    torch_settings = dict(allow_tf32=False, matmul_precision="highest", fp32_precision="ieee")
+    line = gpu.tf32_line({"tf32": torch_settings},
+                         {"tf32_env": {name: env.get(name) for name in gpu.TF32_VARIABLES}})
+    assert line.startswith(f"TF32:      {verdict}"), line
+    tf32_torch = dict(torch_settings, matmul_precision="high")
+    assert "torch on" in gpu.tf32_line({"tf32": tf32_torch}, {"tf32_env": {"CUPY_TF32": None}})
+
+
+def test_cupy_peak_records_the_pool_high_water_mark_and_restores_the_allocator():
+    """CupyPeak against a stand-in for CuPy's pool: the peak of used_bytes() seen at each
+    allocation, from the bytes in use at start(); the pool's malloc reinstated by stop()."""
+    from types import SimpleNamespace
+
+    from bench import gpu
+
+    class Pool:
+        used = 1000
+
+        def malloc(self, size):
+            self.used += size
+            return ("block", size)
+
+        def used_bytes(self):
+            return self.used
+
+    pool, installed, synced = Pool(), [], []
+    cupy = SimpleNamespace(
+        get_default_memory_pool=lambda: pool,
+        cuda=SimpleNamespace(set_allocator=installed.append, get_current_stream=lambda:
+                             SimpleNamespace(synchronize=lambda: synced.append(1))))
+    peak = gpu.CupyPeak(cupy)
+    assert peak.start() == 1000
+    allocate = installed[-1]
+    assert allocate(500) == ("block", 500)  # in use 1500
+    pool.used -= 1200  # arrays freed: 300
+    allocate(100)  # 400
+    assert peak.stop() == 1500
+    assert installed[-1] == pool.malloc and len(synced) == 2
+    assert peak.start() == 400  # reset to what is in use now
+
+
+def test_gpu_script_without_a_gpu_exits_2_with_one_line():
+    if GPU:
+        pytest.skip("a GPU is here: the script would run the benchmark")
+    proc = run_gpu_script("--configs", "lm", timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bench/gpu.py needs a GPU: "), proc.stderr
+    assert "cupy" in lines[0].lower() or "torch" in lines[0]
+
+
+def check_gpu_script_output(proc, names=GPU_NAMES):
+    """Exit 0, nothing failed, no loss warning, and for every configuration its block:
+    title, column names, rule, a row per side, the ratio line with the loss check."""
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    assert "FAILED" not in out and "WARNING" not in out, out
+    lines = out.splitlines()
+    for name in names:
+        start = next((i for i, line in enumerate(lines) if line.startswith(f"{name}: ")), None)
+        assert start is not None, f"{name} missing:\n{out}"
+        title, columns, rule, pytorch, npformer, ratios = lines[start:start + 6]
+        for side, row in (("pytorch", pytorch), ("npformer", npformer)):
+            assert re.match(rf"  {side}\s+[\d.]+ \([\d.]+-[\d.]+\)\s+[\d.]+ \([\d.]+-[\d.]+\)"
+                            r"\s+[\d,]+\s", row), row
+        assert re.match(rf"ratio {name}\s+train \d+\.\d+x  infer \d+\.\d+x  peak memory ",
+                        ratios), ratios
+        assert "first-step loss" in ratios, ratios
+    return out
+
+
+def test_gpu_script_runs_on_the_cpu(tmp_path):
+    """``--device cpu``: the whole orchestration (workers, shared weights, tables, JSON)
+    with torch on the CPU and npformer on NumPy."""
+    require_torch()
+    path = tmp_path / "gpu.json"
+    proc = run_gpu_script("--smoke", "--device", "cpu", "--markdown", "--json", str(path))
+    out = check_gpu_script_output(proc)
+    assert "peak memory n/a (not measured on the CPU)" in out
+    assert sum(line.startswith("| ") for line in out.splitlines()) == 1 + len(GPU_NAMES)
+    saved = json.loads(path.read_text())
+    assert list(saved["configs"]) == list(GPU_NAMES)
+    for name in GPU_NAMES:
+        entry = saved["configs"][name]
+        assert entry["npformer"]["weights_loaded"] is True
+        assert len(entry["pytorch"]["train_times"]) == 2  # --smoke: 2 timed steps
+
+
+def test_gpu_script_profiles_npformer_on_the_cpu():
+    proc = run_gpu_script("--profile", "lm", "--smoke", "--device", "cpu", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"^npformer lm on NumPy: 10 training steps in [\d.]+ s", proc.stdout,
+                     re.MULTILINE), proc.stdout
+    assert "top 25 by cumulative time" in proc.stdout
+    assert "top 25 by own time (tottime)" in proc.stdout
+    assert "(step)" in proc.stdout  # measure.py's step function is in the profile
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs CuPy and a GPU")
+def test_gpu_script_smoke_on_the_gpu():
+    out = check_gpu_script_output(run_gpu_script("--smoke"))
+    for label in ("device:", "libraries:", "TF32:", "timing:", "memory:"):
+        assert re.search(rf"^{label}", out, re.MULTILINE), f"{label} missing:\n{out}"
+    for name in GPU_NAMES:  # both peaks measured: a memory ratio, not n/a
+        line = next(line for line in out.splitlines() if line.startswith(f"ratio {name} "))
+        assert re.search(r"peak memory \d+\.\d+x", line), line
