@@ -35,7 +35,8 @@ def _positions(tnn, torch, module, prefix, positional, max_len, d_model, dtype):
     if positional == "learned":
         setattr(module, prefix + "pos_emb", tnn.Embedding(max_len, d_model, dtype=dtype))
     else:
-        table = backend.to_numpy(ops.sinusoidal_table(max_len, d_model, like=np.zeros(1)))
+        table = backend.to_numpy(ops.sinusoidal_table(max_len, d_model, dtype=np.float64,
+                                                      like=np.zeros(1)))
         module.register_buffer(prefix + "pe", torch.from_numpy(np.array(table, dtype=np.float64))
                                .to(dtype), persistent=False)
 
@@ -74,7 +75,8 @@ def torch_models() -> dict:
 
         def forward(self, ids, valid_lens):
             x = _add_positions(self, "", self.tok_emb(ids))
-            ignore = torch.arange(ids.shape[1])[None, :] >= valid_lens[:, None]  # (B, T)
+            ignore = (torch.arange(ids.shape[1], device=ids.device)[None, :]
+                      >= valid_lens[:, None])  # (B, T)
             for layer in self.layers:
                 x = layer(x, src_key_padding_mask=ignore)
             if self.c.norm_first:
@@ -103,7 +105,8 @@ def torch_models() -> dict:
         def forward(self, ids):
             length = ids.shape[1]
             x = _add_positions(self, "", self.tok_emb(ids))
-            causal = torch.triu(torch.ones(length, length, dtype=torch.bool), diagonal=1)
+            causal = torch.triu(torch.ones(length, length, dtype=torch.bool, device=ids.device),
+                                diagonal=1)
             for layer in self.layers:
                 x = layer(x, src_mask=causal, is_causal=True)
             if self.c.norm_first:
@@ -143,10 +146,11 @@ def torch_models() -> dict:
 
         def forward(self, src, tgt_in, src_lens, tgt_lens):
             scale = math.sqrt(self.c.d_model) if self.c.scale_embeddings else 1.0
-            src_ignore = torch.arange(src.shape[1])[None, :] >= src_lens[:, None]
-            tgt_ignore = torch.arange(tgt_in.shape[1])[None, :] >= tgt_lens[:, None]
-            causal = torch.triu(torch.ones(tgt_in.shape[1], tgt_in.shape[1], dtype=torch.bool),
-                                diagonal=1)
+            on = src.device
+            src_ignore = torch.arange(src.shape[1], device=on)[None, :] >= src_lens[:, None]
+            tgt_ignore = torch.arange(tgt_in.shape[1], device=on)[None, :] >= tgt_lens[:, None]
+            causal = torch.triu(torch.ones(tgt_in.shape[1], tgt_in.shape[1], dtype=torch.bool,
+                                           device=on), diagonal=1)
             x = _add_positions(self, "src_", self.src_tok_emb(src) * scale)
             for layer in self.encoder.layers:
                 x = layer(x, src_key_padding_mask=src_ignore)
