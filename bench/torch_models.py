@@ -35,7 +35,8 @@ def _positions(tnn, torch, module, prefix, positional, max_len, d_model, dtype):
     if positional == "learned":
         setattr(module, prefix + "pos_emb", tnn.Embedding(max_len, d_model, dtype=dtype))
     else:
-        table = backend.to_numpy(ops.sinusoidal_table(max_len, d_model, like=np.zeros(1)))
+        table = backend.to_numpy(ops.sinusoidal_table(max_len, d_model, dtype=np.float64,
+                                                      like=np.zeros(1)))
         module.register_buffer(prefix + "pe", torch.from_numpy(np.array(table, dtype=np.float64))
                                .to(dtype), persistent=False)
 

@@ -37,10 +37,15 @@ def gpu_available() -> bool:
 
 
 GPU = gpu_available()
+# CuPy, on a machine with a GPU (its cases carry the ``gpu`` mark); nothing elsewhere.
+GPU_BACKENDS = [pytest.param("cupy", marks=pytest.mark.gpu)] if GPU else []
 # The backends every op and layer test runs on: NumPy, the strict array-API namespace
-# and, on a machine with a GPU, CuPy (those cases carry the ``gpu`` mark).
-BACKENDS_UNDER_TEST = ["numpy", "strict"] + (
-    [pytest.param("cupy", marks=pytest.mark.gpu)] if GPU else [])
+# and, on a machine with a GPU, CuPy.
+BACKENDS_UNDER_TEST = ["numpy", "strict"] + GPU_BACKENDS
+# The backends of the PyTorch parity tests: npformer on NumPy against torch on the CPU
+# and, on a machine with a GPU, npformer on CuPy against torch on CUDA
+# (tests.helpers.torch_device says which device follows which backend).
+PARITY_BACKENDS = ["numpy"] + GPU_BACKENDS
 
 
 @contextmanager
@@ -62,6 +67,20 @@ def xb(request):
     array-API namespace (whose arrays live on a non-CPU device and refuse NumPy calls)
     and, where a GPU is there, on CuPy."""
     with using_backend(request.param):
+        yield request.param
+
+
+@pytest.fixture(params=PARITY_BACKENDS)
+def parity_backend(request):
+    """The npformer backend of a PyTorch parity test (the test enters it, with its dtype;
+    torch's device follows it).  On CuPy, torch's CUDA float32 is kept plain IEEE float32
+    for the test (tests.helpers.torch_in_true_float32)."""
+    if request.param != "cupy":
+        yield request.param
+        return
+    from .helpers import torch_in_true_float32
+
+    with torch_in_true_float32(require_torch()):
         yield request.param
 
 

@@ -8,6 +8,16 @@ import numpy as np
 
 from npformer import backend
 from npformer import engine, fast, ops
+from npformer.torch_interop import load_torch_state_dict
+
+
+def to_host(x) -> np.ndarray:
+    """A NumPy copy of ``x``: an array of any npformer backend (NumPy, strict, CuPy) or a
+    torch tensor on any device (detached, brought to the CPU).  torch is recognised by its
+    module name, so this file never imports it."""
+    if type(x).__module__.split(".")[0] == "torch":
+        return x.detach().cpu().numpy()
+    return backend.to_numpy(x)
 
 
 def rel_diff(actual, expected) -> float:
@@ -15,9 +25,10 @@ def rel_diff(actual, expected) -> float:
 
     Element-wise relative error is meaningless for entries near zero, so the
     difference is measured against the size of the whole expected tensor.
+    Either side may be an array of any backend or a torch tensor on any device.
     """
-    a = np.asarray(backend.to_numpy(actual), dtype=np.float64)
-    e = np.asarray(backend.to_numpy(expected), dtype=np.float64)
+    a = np.asarray(to_host(actual), dtype=np.float64)
+    e = np.asarray(to_host(expected), dtype=np.float64)
     assert a.shape == e.shape, f"shape {a.shape} != expected {e.shape}"
     scale = float(np.max(np.abs(e), initial=0.0))
     diff = float(np.max(np.abs(a - e), initial=0.0))
@@ -32,6 +43,48 @@ def assert_close(actual, expected, rtol: float, what: str = "") -> None:
 # Tolerances of the PyTorch parity tests (issue: 1e-5 float32, 1e-10 float64).
 PARITY_RTOL = {"float32": 1e-5, "float64": 1e-10}
 GRADCHECK_TOL = 1e-6
+
+
+# --------------------------------------------------------------------------- torch's device
+def torch_device() -> str:
+    """The torch device of the PyTorch parity tests, following npformer's current backend:
+    "cuda" while npformer runs on CuPy, "cpu" otherwise.  The one place that knows it."""
+    return "cuda" if backend.backend_name() == "cupy" else "cpu"
+
+
+def to_torch(torch, host, **kwargs):
+    """Host data as a torch tensor on :func:`torch_device`.  Made there, not moved there:
+    ``to_torch(torch, a, requires_grad=True)`` is a leaf whose ``.grad`` autograd fills
+    (``torch.tensor(a, requires_grad=True).to("cuda")`` would not be)."""
+    return torch.tensor(np.asarray(host), device=torch_device(), **kwargs)
+
+
+def load_from_torch(module, torch_module) -> None:
+    """``torch_module``'s weights into the npformer ``module`` by
+    ``npformer.torch_interop.load_torch_state_dict``, through the host: the torch state
+    dict may live on CUDA, and npformer reads it as NumPy arrays without importing torch."""
+    load_torch_state_dict(module, {name: to_host(tensor)
+                                   for name, tensor in torch_module.state_dict().items()})
+
+
+@contextmanager
+def torch_in_true_float32(torch):
+    """torch's CUDA float32 as plain IEEE float32, the arithmetic of npformer's CuPy side:
+    no TF32 in cuBLAS matmuls or cuDNN, and scaled_dot_product_attention on its math
+    kernel (its fused memory-efficient kernel multiplies float32 as 3xTF32 on the tensor
+    cores of compute capability 8.0 and up).  The settings are global and restored
+    afterwards.  Only for tests whose torch side is on CUDA: the SDPA kernel choice on
+    the CPU reads the same flags."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        with sdpa_kernel([SDPBackend.MATH]):
+            yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 # The attention op of each tier: the textbook dense op, the fast blocked op at its default

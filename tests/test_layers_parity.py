@@ -2,9 +2,11 @@
 
 Each test builds the PyTorch module (parameters re-drawn at random, so zero
 biases and LayerNorm's gamma = 1 / beta = 0 hide nothing), copies its weights
-into the npformer layer with ``load_torch_state_dict``, runs both on identical
-inputs and pulls a RANDOM upstream gradient back through both (torch by
-autograd, npformer by its hand-written backward).  Compared, within
+into the npformer layer with ``load_torch_state_dict`` (``helpers.load_from_torch``),
+runs both on identical inputs and pulls a RANDOM upstream gradient back through
+both (torch by autograd, npformer by its hand-written backward): npformer on NumPy
+with torch on the CPU and, where a GPU is there, npformer on CuPy with torch on
+CUDA.  Compared, within
 ``PARITY_RTOL[dtype]`` (float32 1e-5, float64 1e-10, norm-wise relative):
 
 * the output;
@@ -35,10 +37,11 @@ import pytest
 
 from npformer import backend, nn
 from npformer.ops import causal_mask, padding_mask
-from npformer.torch_interop import load_torch_state_dict, to_torch_state_dict
+from npformer.torch_interop import to_torch_state_dict
 
 from .conftest import using_backend
-from .helpers import PARITY_RTOL, assert_close, using_engine
+from .helpers import (PARITY_RTOL, assert_close, load_from_torch, to_torch, torch_device,
+                      using_engine)
 
 
 @pytest.fixture(autouse=True, params=["fast", "textbook"])
@@ -53,8 +56,9 @@ SRC_LENS = [2, S]
 
 
 @pytest.fixture(params=["float32", "float64"])
-def dtype(request):
-    with using_backend("numpy", request.param):
+def dtype(request, parity_backend):
+    """Run on each parity backend (NumPy, and CuPy on a GPU) with this float dtype."""
+    with using_backend(parity_backend, request.param):
         yield request.param
 
 
@@ -64,6 +68,7 @@ def torch_dtype(torch, dtype):
 
 
 def randomize_torch(torch, module, seed: int = 0, std: float = 0.5):
+    """Every parameter re-drawn on the CPU (the same values whatever the device), copied in."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in module.parameters():
@@ -72,17 +77,13 @@ def randomize_torch(torch, module, seed: int = 0, std: float = 0.5):
 
 
 def prepare_torch(torch, module, dtype):
-    module = module.to(torch_dtype(torch, dtype))
+    module = module.to(device=torch_device(), dtype=torch_dtype(torch, dtype))
     randomize_torch(torch, module)
     return module.train()
 
 
 def host(rng, shape, dtype, scale=1.0):
     return (rng.standard_normal(shape) * scale).astype(dtype)
-
-
-def leaf(torch, array):
-    return torch.tensor(array, requires_grad=True)
 
 
 def npformer_grads_as_torch(layer) -> dict:
@@ -105,7 +106,7 @@ def assert_parameter_grads(torch_module, layer, dtype):
     assert set(ours) == set(theirs), f"parameter names differ: {set(ours) ^ set(theirs)}"
     for name, grad in theirs.items():
         assert grad is not None, f"torch produced no gradient for {name}"
-        assert_close(ours[name], grad.detach().numpy(), PARITY_RTOL[dtype], f"grad of {name}")
+        assert_close(ours[name], grad, PARITY_RTOL[dtype], f"grad of {name}")
 
 
 def run_both(torch, torch_module, torch_call, layer, npf_call, inputs, dtype, seed=1):
@@ -117,21 +118,21 @@ def run_both(torch, torch_module, torch_call, layer, npf_call, inputs, dtype, se
     """
     rng = np.random.default_rng(seed)
     float_idx = [i for i, a in enumerate(inputs) if np.issubdtype(a.dtype, np.floating)]
-    t_inputs = [leaf(torch, a) if i in float_idx else torch.tensor(a)
+    t_inputs = [to_torch(torch, a, requires_grad=i in float_idx)
                 for i, a in enumerate(inputs)]
     t_out = torch_call(*t_inputs)
     upstream = host(rng, tuple(t_out.shape), dtype)
-    (t_out * torch.tensor(upstream)).sum().backward()
+    (t_out * to_torch(torch, upstream)).sum().backward()
 
     out = npf_call(*[backend.asarray(a) for a in inputs])
     assert backend.to_numpy(out).dtype == np.dtype(dtype)
-    assert_close(out, t_out.detach().numpy(), PARITY_RTOL[dtype], "output")
+    assert_close(out, t_out, PARITY_RTOL[dtype], "output")
     grads = layer.backward(backend.asarray(upstream))  # the layer contract (nn/module.py):
     grads = (() if grads is None  # None: no float inputs (ids)
              else grads if isinstance(grads, tuple) else (grads,))  # one array, or a tuple
     assert len(grads) == len(float_idx)
     for i, g in zip(float_idx, grads):
-        assert_close(g, t_inputs[i].grad.numpy(), PARITY_RTOL[dtype], f"grad of input {i}")
+        assert_close(g, t_inputs[i].grad, PARITY_RTOL[dtype], f"grad of input {i}")
     assert_parameter_grads(torch_module, layer, dtype)
     return grads
 
@@ -164,7 +165,7 @@ def masks_for(kind: str, t: int, s: int, lens, rng):
 
 
 def torch_mask(torch, array):
-    return None if array is None else torch.tensor(array)
+    return None if array is None else to_torch(torch, array)
 
 
 # =========================================================================== basic layers
@@ -172,7 +173,7 @@ def torch_mask(torch, array):
 def test_linear(torch, dtype, bias):
     tm = prepare_torch(torch, torch.nn.Linear(5, 4, bias=bias), dtype)
     layer = nn.Linear(5, 4, bias=bias)
-    load_torch_state_dict(layer, tm.state_dict())
+    load_from_torch(layer, tm)
     x = host(np.random.default_rng(0), (B, 3, 5), dtype)
     run_both(torch, tm, tm, layer, layer, [x], dtype)
 
@@ -180,7 +181,7 @@ def test_linear(torch, dtype, bias):
 def test_layernorm(torch, dtype):
     tm = prepare_torch(torch, torch.nn.LayerNorm(D), dtype)
     layer = nn.LayerNorm(D)
-    load_torch_state_dict(layer, tm.state_dict())
+    load_from_torch(layer, tm)
     x = host(np.random.default_rng(0), (B, T, D), dtype, scale=3.0) + 1.5
     run_both(torch, tm, tm, layer, layer, [x], dtype)
 
@@ -188,7 +189,7 @@ def test_layernorm(torch, dtype):
 def test_embedding(torch, dtype):
     tm = prepare_torch(torch, torch.nn.Embedding(V, D), dtype)
     layer = nn.Embedding(V, D)
-    load_torch_state_dict(layer, tm.state_dict())
+    load_from_torch(layer, tm)
     ids = np.array([[0, 3, 3, 6, 1], [3, 3, 3, 2, 0]])  # repeated ids accumulate
     run_both(torch, tm, tm, layer, layer, [ids], dtype)
 
@@ -197,9 +198,10 @@ def test_learned_positions(torch, dtype):
     """LearnedPositionalEmbedding is x + torch.nn.Embedding(max_len, D)(arange(T))."""
     tm = prepare_torch(torch, torch.nn.Embedding(T + 2, D), dtype)
     layer = nn.LearnedPositionalEmbedding(T + 2, D)
-    load_torch_state_dict(layer, tm.state_dict())
+    load_from_torch(layer, tm)
     x = host(np.random.default_rng(0), (B, T, D), dtype)
-    run_both(torch, tm, lambda x: x + tm(torch.arange(T))[None], layer, layer, [x], dtype)
+    run_both(torch, tm, lambda x: x + tm(torch.arange(T, device=torch_device()))[None],
+             layer, layer, [x], dtype)
 
 
 # =========================================================================== attention
@@ -210,7 +212,7 @@ def test_multi_head_attention(torch, dtype, cross, mask_kind):
     rng = np.random.default_rng(7)
     tm = prepare_torch(torch, torch.nn.MultiheadAttention(D, H, batch_first=True), dtype)
     layer = nn.MultiHeadAttention(D, H)
-    load_torch_state_dict(layer, tm.state_dict())
+    load_from_torch(layer, tm)
     s = S + 1 if cross else T  # cross: more keys than queries (causal shifts)
     ours, attn_mask, kpm = masks_for(mask_kind, T, s, [3, 1], rng)
     am, kp = torch_mask(torch, attn_mask), torch_mask(torch, kpm)
@@ -231,7 +233,7 @@ def test_multi_head_attention_more_heads(torch, dtype):
     rng = np.random.default_rng(8)
     tm = prepare_torch(torch, torch.nn.MultiheadAttention(D, 4, batch_first=True), dtype)
     layer = nn.MultiHeadAttention(D, 4)
-    load_torch_state_dict(layer, tm.state_dict())
+    load_from_torch(layer, tm)
     x = host(rng, (B, T, D), dtype)
     run_both(torch, tm, lambda q: tm(q, q, q)[0], layer, layer, [x], dtype)
 
@@ -253,7 +255,7 @@ def test_encoder_layer(torch, dtype, norm_first, activation, mask_kind):
         batch_first=True, norm_first=norm_first), dtype)
     block = nn.EncoderBlock(D, H, F, dropout=0.0, activation=activation,
                             norm_first=norm_first)
-    load_torch_state_dict(block, tm.state_dict())
+    load_from_torch(block, tm)
     ours, attn_mask, kpm = masks_for(mask_kind, T, T, TGT_LENS, rng)
     am, kp = torch_mask(torch, attn_mask), torch_mask(torch, kpm)
     x = host(rng, (B, T, D), dtype)
@@ -271,16 +273,16 @@ def test_decoder_layer(torch, dtype, norm_first, activation, masks):
         batch_first=True, norm_first=norm_first), dtype)
     block = nn.DecoderBlock(D, H, F, dropout=0.0, activation=activation,
                             norm_first=norm_first)
-    load_torch_state_dict(block, tm.state_dict())
+    load_from_torch(block, tm)
     if masks == "none":
         self_mask = memory_mask = None
         t_kwargs = {}
     else:  # causal target mask + target key padding + memory key padding
         self_mask, tgt_mask, tgt_kpm = masks_for("causal_padding", T, T, TGT_LENS, rng)
         memory_mask, _, mem_kpm = masks_for("padding", T, S, SRC_LENS, rng)
-        t_kwargs = dict(tgt_mask=torch.tensor(tgt_mask),
-                        tgt_key_padding_mask=torch.tensor(tgt_kpm),
-                        memory_key_padding_mask=torch.tensor(mem_kpm))
+        t_kwargs = dict(tgt_mask=torch_mask(torch, tgt_mask),
+                        tgt_key_padding_mask=torch_mask(torch, tgt_kpm),
+                        memory_key_padding_mask=torch_mask(torch, mem_kpm))
     x = host(rng, (B, T, D), dtype)
     memory = host(rng, (B, S, D), dtype)
     run_both(torch, tm, lambda tgt, mem: tm(tgt, mem, **t_kwargs),
@@ -295,15 +297,15 @@ def test_decoder_layer_memory_attn_mask(torch, dtype):
     tm = prepare_torch(torch, torch.nn.TransformerDecoderLayer(
         D, H, F, dropout=0.0, batch_first=True), dtype)
     block = nn.DecoderBlock(D, H, F, dropout=0.0)
-    load_torch_state_dict(block, tm.state_dict())
+    load_from_torch(block, tm)
     keep = rng.random((T, S)) < 0.5
     keep[:, 0] = True  # never a fully masked row
     pad, _, mem_kpm = masks_for("padding", T, S, SRC_LENS, rng)
     memory_mask = backend.asarray(keep) & pad
     x, memory = host(rng, (B, T, D), dtype), host(rng, (B, S, D), dtype)
     run_both(torch, tm,
-             lambda tgt, mem: tm(tgt, mem, memory_mask=torch.tensor(~keep),
-                                 memory_key_padding_mask=torch.tensor(mem_kpm)),
+             lambda tgt, mem: tm(tgt, mem, memory_mask=torch_mask(torch, ~keep),
+                                 memory_key_padding_mask=torch_mask(torch, mem_kpm)),
              block, lambda tgt, mem: block(tgt, mem, memory_mask=memory_mask),
              [x, memory], dtype)
 
@@ -339,13 +341,13 @@ def _export_pair(torch, kind):
     if kind == "mha_self":
         ours, am, kp = masks_for("causal_padding", T, T, TGT_LENS, rng)
         return (nn.MultiHeadAttention(D, H), torch.nn.MultiheadAttention(D, H, batch_first=True),
-                lambda tm, q: tm(q, q, q, attn_mask=torch.tensor(am),
-                                 key_padding_mask=torch.tensor(kp))[0],
+                lambda tm, q: tm(q, q, q, attn_mask=torch_mask(torch, am),
+                                 key_padding_mask=torch_mask(torch, kp))[0],
                 lambda layer, q: layer(q, mask=ours), [x])
     if kind == "mha_cross":
         ours, _, kp = masks_for("padding", T, S, SRC_LENS, rng)
         return (nn.MultiHeadAttention(D, H), torch.nn.MultiheadAttention(D, H, batch_first=True),
-                lambda tm, q, m: tm(q, m, m, key_padding_mask=torch.tensor(kp))[0],
+                lambda tm, q, m: tm(q, m, m, key_padding_mask=torch_mask(torch, kp))[0],
                 lambda layer, q, m: layer(q, m, mask=ours), [x, memory])
     if kind.startswith("encoder"):
         ours, am, kp = masks_for("causal_padding", T, T, TGT_LENS, rng)
@@ -353,8 +355,8 @@ def _export_pair(torch, kind):
                 torch.nn.TransformerEncoderLayer(D, H, F, dropout=0.0,
                                                  activation=torch_activation(torch, act),
                                                  batch_first=True, norm_first=norm_first),
-                lambda tm, src: tm(src, src_mask=torch.tensor(am),
-                                   src_key_padding_mask=torch.tensor(kp)),
+                lambda tm, src: tm(src, src_mask=torch_mask(torch, am),
+                                   src_key_padding_mask=torch_mask(torch, kp)),
                 lambda layer, src: layer(src, mask=ours), [x])
     if kind.startswith("decoder"):
         self_mask, am, tkp = masks_for("causal_padding", T, T, TGT_LENS, rng)
@@ -363,9 +365,9 @@ def _export_pair(torch, kind):
                 torch.nn.TransformerDecoderLayer(D, H, F, dropout=0.0,
                                                  activation=torch_activation(torch, act),
                                                  batch_first=True, norm_first=norm_first),
-                lambda tm, tgt, mem: tm(tgt, mem, tgt_mask=torch.tensor(am),
-                                        tgt_key_padding_mask=torch.tensor(tkp),
-                                        memory_key_padding_mask=torch.tensor(mkp)),
+                lambda tm, tgt, mem: tm(tgt, mem, tgt_mask=torch_mask(torch, am),
+                                        tgt_key_padding_mask=torch_mask(torch, tkp),
+                                        memory_key_padding_mask=torch_mask(torch, mkp)),
                 lambda layer, tgt, mem: layer(tgt, mem, self_mask=self_mask,
                                               memory_mask=mem_mask),
                 [x, memory])
@@ -378,19 +380,19 @@ def test_export_to_torch(torch, dtype, kind):
     _randomize_npformer(layer)
     state = to_torch_state_dict(layer)
     assert all(a.flags.c_contiguous for a in state.values())
-    tm = tm.to(torch_dtype(torch, dtype)).train()
-    result = tm.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=True)
+    tm = tm.to(device=torch_device(), dtype=torch_dtype(torch, dtype)).train()
+    result = tm.load_state_dict({k: to_torch(torch, v) for k, v in state.items()}, strict=True)
     assert not result.missing_keys and not result.unexpected_keys
     torch_call = torch_call or (lambda m, *a: m(*a))
     npf_call = npf_call or (lambda m, *a: m(*a))
     with torch.no_grad():
-        expected = torch_call(tm, *[torch.tensor(a) for a in inputs])
+        expected = torch_call(tm, *[to_torch(torch, a) for a in inputs])
     out = npf_call(layer, *[backend.asarray(a) for a in inputs])
-    assert_close(out, expected.numpy(), PARITY_RTOL[dtype], f"{kind} output after export")
+    assert_close(out, expected, PARITY_RTOL[dtype], f"{kind} output after export")
 
     # and back: the weights survive the round trip bit for bit
     fresh, *_ = _export_pair(torch, kind)
-    load_torch_state_dict(fresh, tm.state_dict())
+    load_from_torch(fresh, tm)
     for (name, p), (_, q) in zip(layer.named_parameters(), fresh.named_parameters()):
         np.testing.assert_array_equal(backend.to_numpy(q.data), backend.to_numpy(p.data),
                                       err_msg=name)

@@ -9,7 +9,8 @@ lm_head; src_tok_emb, tgt_tok_emb, encoder.layers.<i>, decoder.layers.<i> =
 with dropout 0, the same norm_first and activation ("gelu" is the exact form in
 both; npformer's "gelu_tanh" is torch's approximate="tanh"), torch's masks (True = ignore) and pooling over valid positions.
 Sinusoidal positions are npformer's table as a non-persistent buffer.  Weights
-move with ``load_torch_state_dict``; then
+move with ``load_torch_state_dict``.  npformer runs on NumPy with torch on the CPU
+and, where a GPU is there, on CuPy with torch on CUDA (``parity_backend``); then
 
 * logits, loss (cross-entropy; seq2seq: ignore_index on padding and label
   smoothing) and EVERY parameter gradient agree: float64 within 1e-9, float32
@@ -29,13 +30,13 @@ import pytest
 from npformer import backend, ops, optim
 from npformer.models import (CausalLM, CausalLMConfig, ClassifierConfig, Seq2SeqConfig,
                              Seq2SeqTransformer, TransformerClassifier)
-from npformer.torch_interop import load_torch_state_dict, to_torch_state_dict
+from npformer.torch_interop import to_torch_state_dict
 from npformer.tasks import Classification, LanguageModeling, Translation
 
 from bench.torch_models import torch_models  # the PyTorch references (bench/ shares them)
 
 from .conftest import require_torch, using_backend
-from .helpers import rel_diff, using_engine
+from .helpers import load_from_torch, rel_diff, to_torch, torch_device, using_engine
 
 
 @pytest.fixture(autouse=True, params=["fast", "textbook"])
@@ -113,7 +114,7 @@ class Kind:
 
     def torch_loss(self, torch, ref, batch):
         F = torch.nn.functional
-        t = [torch.from_numpy(np.asarray(a)) for a in batch]
+        t = [to_torch(torch, a) for a in batch]
         if self.kind == "classifier":
             ids, lens, labels = t
             return F.cross_entropy(ref(ids, lens), labels), None
@@ -129,7 +130,7 @@ class Kind:
         return loss, logits
 
     def torch_logits(self, torch, ref, batch):
-        t = [torch.from_numpy(np.asarray(a)) for a in batch]
+        t = [to_torch(torch, a) for a in batch]
         if self.kind == "classifier":
             return ref(t[0], t[1])
         if self.kind == "causal_lm":
@@ -156,7 +157,8 @@ KINDS = {
 def build_pair(kind: str, config, dtype: str, seed: int = 0):
     """(npformer model, torch reference) with identical weights (torch's init, moved over).
 
-    Call inside ``using_backend(..., dtype)``.
+    Call inside ``using_backend(..., dtype)``: the reference is drawn on the CPU (the same
+    weights on every device), then moved to ``torch_device()``.
     """
     torch = require_torch()
     torch.manual_seed(seed)
@@ -169,8 +171,9 @@ def build_pair(kind: str, config, dtype: str, seed: int = 0):
             if "norm" in name or not bool(p.any()):
                 p.add_(0.3 * torch.randn_like(p))
         assert all(bool(p.any()) for p in ref.parameters())
+    ref = ref.to(torch_device())
     model = KINDS[kind].model_cls(config)
-    load_torch_state_dict(model, ref.state_dict())
+    load_from_torch(model, ref)
     return model, ref
 
 
@@ -212,18 +215,18 @@ def _case_id(case):
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("case", PARITY_CASES, ids=[_case_id(c) for c in PARITY_CASES])
-def test_forward_backward_parity(case, dtype, torch):
+def test_forward_backward_parity(case, dtype, parity_backend, torch):
     kind, kw = case
     config = CONFIGS[kind](**kw)
     rtol = RTOL[dtype]
-    with using_backend("numpy", dtype):
+    with using_backend(parity_backend, dtype):
         model, ref = build_pair(kind, config, dtype, seed=1)
         batch = KINDS[kind].batch_fn(np.random.default_rng(2), config)
 
         # logits
         ours_logits = backend.to_numpy(KINDS[kind].our_logits(model, batch))
         assert ours_logits.dtype == np.dtype(dtype)
-        theirs_logits = KINDS[kind].torch_logits(torch, ref, batch).detach().numpy()
+        theirs_logits = KINDS[kind].torch_logits(torch, ref, batch)
         assert rel_diff(ours_logits, theirs_logits) <= rtol, \
             f"logits: {rel_diff(ours_logits, theirs_logits):.3e}"
 
@@ -239,13 +242,13 @@ def test_forward_backward_parity(case, dtype, torch):
         failures = []
         for name, expected in theirs_grads.items():
             assert expected is not None, name
-            d = rel_diff(grads[name], expected.numpy())
+            d = rel_diff(grads[name], expected)
             if not d <= rtol:
                 failures.append(f"{name}: {d:.3e}")
         assert not failures, "gradients differ from torch: " + ", ".join(failures)
 
 
-def test_parity_harness_detects_a_wrong_gradient(torch, monkeypatch):
+def test_parity_harness_detects_a_wrong_gradient(parity_backend, torch, monkeypatch):
     """The comparison above is sharp: layer norm's backward off by 1e-6 is caught."""
     original = ops.layernorm_backward
 
@@ -256,20 +259,20 @@ def test_parity_harness_detects_a_wrong_gradient(torch, monkeypatch):
     import npformer.nn.layers as layers
     monkeypatch.setattr(layers.ops, "layernorm_backward", slightly_wrong)
     config = classifier_config()
-    with using_backend("numpy", "float64"):
+    with using_backend(parity_backend, "float64"):
         model, ref = build_pair("classifier", config, "float64", seed=1)
         batch = classifier_batch(np.random.default_rng(2), config)
         _, grads = ours_loss_and_grads("classifier", model, batch)
         loss, _ = KINDS["classifier"].torch_loss(torch, ref, batch)
         loss.backward()
         d = rel_diff(grads["layers.0.norm1.weight"],
-                     dict(ref.named_parameters())["layers.0.norm1.weight"].grad.numpy())
+                     dict(ref.named_parameters())["layers.0.norm1.weight"].grad)
         assert d > RTOL["float64"]
 
 
-def test_sinusoidal_table_is_not_in_the_state_dict(torch):
+def test_sinusoidal_table_is_not_in_the_state_dict(parity_backend, torch):
     config = classifier_config(positional="sinusoidal")
-    with using_backend("numpy", "float64"):
+    with using_backend(parity_backend, "float64"):
         model, ref = build_pair("classifier", config, "float64")
         assert not any("pos" in k or "pe" == k for k in ref.state_dict())
         assert set(ref.state_dict()) == set(to_torch_state_dict(model))
@@ -285,11 +288,11 @@ ADAM_CASES = [
 
 
 @pytest.mark.parametrize("case", ADAM_CASES, ids=[_case_id(c) for c in ADAM_CASES])
-def test_adam_trajectory_matches_torch(case, torch):
+def test_adam_trajectory_matches_torch(case, parity_backend, torch):
     kind, kw = case
     config = CONFIGS[kind](**kw)
     lr = 3e-3
-    with using_backend("numpy", "float64"):
+    with using_backend(parity_backend, "float64"):
         model, ref = build_pair(kind, config, "float64", seed=3)
         rng = np.random.default_rng(4)
         fixed = [KINDS[kind].batch_fn(rng, config) for _ in range(3)]
@@ -312,4 +315,4 @@ def test_adam_trajectory_matches_torch(case, torch):
         assert ours_losses[-1] < ours_losses[0]
         final = to_torch_state_dict(model)
         for name, p in ref.named_parameters():
-            assert rel_diff(final[name], p.detach().numpy()) <= 1e-8, name
+            assert rel_diff(final[name], p) <= 1e-8, name

@@ -1,6 +1,7 @@
 """Every op against its PyTorch equivalent: outputs and the gradients of every input.
 
-Same inputs go to npformer (NumPy backend) and to ``torch.nn.functional``; torch's
+Same inputs go to npformer and to ``torch.nn.functional``: npformer on NumPy with torch
+on the CPU and, where a GPU is there, npformer on CuPy with torch on CUDA; torch's
 gradients come from autograd with a *random* upstream gradient ``out.backward(g)``
 (the same g is fed to npformer's backward).  Outputs and gradients must agree to
 ``PARITY_RTOL[dtype]`` (norm-wise relative, see ``tests.helpers.rel_diff``), in
@@ -25,7 +26,7 @@ from hypothesis import given, strategies as st
 from npformer import backend, ops
 
 from .conftest import using_backend
-from .helpers import ATTENTION_OPS, PARITY_RTOL, assert_close
+from .helpers import ATTENTION_OPS, PARITY_RTOL, assert_close, to_host, to_torch, torch_device
 
 seeds = st.integers(0, 2**32 - 1)
 batch = st.integers(1, 3)
@@ -46,14 +47,15 @@ def bulk(dtype, n, floor):
 
 
 @pytest.fixture(params=["float32", "float64"])
-def dtype(request):
-    """Run on the NumPy backend with this float dtype."""
-    with using_backend("numpy", request.param):
+def dtype(request, parity_backend):
+    """Run on each parity backend (NumPy, and CuPy on a GPU) with this float dtype."""
+    with using_backend(parity_backend, request.param):
         yield request.param
 
 
 class Pair:
-    """Host data of one dtype, handed out as npformer arrays and as torch leaves."""
+    """Host data of one dtype, handed out as npformer arrays (current backend) and as
+    torch leaves (on helpers.torch_device)."""
 
     def __init__(self, torch, dtype, seed):
         self.torch, self.dtype = torch, dtype
@@ -63,9 +65,13 @@ class Pair:
     def randn(self, shape, scale=1.0):
         return (self.rng.standard_normal(tuple(shape)) * scale).astype(self.dtype)
 
+    def tensor(self, host):
+        """Host data as a torch tensor (no gradient) beside the leaves."""
+        return to_torch(self.torch, host)
+
     def leaf(self, name, host):
         """(npformer array, torch tensor requiring grad) holding ``host``."""
-        t = self.torch.tensor(host.copy(), requires_grad=True)
+        t = to_torch(self.torch, host, requires_grad=True)
         self.leaves[name] = t
         return backend.asarray(host.copy()), t
 
@@ -80,16 +86,16 @@ class Pair:
         """
         rtol = PARITY_RTOL[self.dtype]
         assert tuple(ours_out.shape) == tuple(theirs_out.shape), what
-        assert_close(ours_out, theirs_out.detach().numpy(), rtol, f"{what} output")
+        assert_close(ours_out, theirs_out, rtol, f"{what} output")
         g = self.randn(tuple(theirs_out.shape))
-        theirs_out.backward(self.torch.tensor(g))
+        theirs_out.backward(self.tensor(g))
         ours = ours_backward(backend.asarray(g))
         assert set(ours) == set(self.leaves), (set(ours), set(self.leaves))
         expected = {}
         for name in ours:
             grad = self.leaves[name].grad
             assert grad is not None, f"{what}: torch gave no gradient for {name}"
-            expected[name] = grads_map.get(name, lambda a: a)(grad.numpy())
+            expected[name] = grads_map.get(name, lambda a: a)(to_host(grad))
         scale = max(float(np.max(np.abs(e), initial=0.0)) for e in expected.values())
         for name, grad in ours.items():
             assert grad.dtype == backend.float_dtype(self.dtype), f"{what} d{name} dtype"
@@ -149,7 +155,7 @@ def test_dropout(dtype, torch, seed, shape, p, training):
     backend.seed(seed)
     y, cache = ops.dropout_forward(x, p, training=training)
     if training:  # torch's own mask is random: apply npformer's keep mask the torch way
-        keep = torch.tensor(backend.to_numpy(cache) != 0)
+        keep = pair.tensor(backend.to_numpy(cache) != 0)
         ty = tx * keep / (1.0 - p)
     else:
         ty = F.dropout(tx, p, training=False)
@@ -199,7 +205,7 @@ def test_softmax(dtype, torch, axis, seed, shape, masked):
         idx[axis] = 0
         m[tuple(idx)] = True  # no fully masked row: torch would give NaN
         y, cache = ops.softmax_forward(x, axis=axis, mask=backend.asarray(m))
-        ty = tx.masked_fill(~torch.tensor(m), float("-inf")).softmax(dim=axis)
+        ty = tx.masked_fill(~pair.tensor(m), float("-inf")).softmax(dim=axis)
     else:
         y, cache = ops.softmax_forward(x, axis=axis)
         ty = torch.softmax(tx, dim=axis)
@@ -256,7 +262,7 @@ def test_attention(dtype, torch, kind, op, seed, b, h, t, s, e, f):
     zero = ("q", "k") if np.all(allowed.sum(-1) == 1) else ()
     forward, backward_op = ATTENTION_OPS[op]
     y, cache = forward(q, k, v, mask)
-    tmask = None if mask is None else torch.tensor(backend.to_numpy(mask))
+    tmask = None if mask is None else pair.tensor(backend.to_numpy(mask))
     ty = F.scaled_dot_product_attention(tq, tk, tv, attn_mask=tmask)
 
     def backward(g):
@@ -294,7 +300,7 @@ def test_embedding(dtype, torch, seed, vocab, lead, d):
     ids.reshape(-1)[-1] = ids.reshape(-1)[0]  # a repeated id (when there are two)
     table, ttable = pair.leaf("table", pair.randn((vocab, d)))
     y, cache = ops.embedding_forward(backend.asarray(ids), table)
-    ty = F.embedding(torch.tensor(ids), ttable)
+    ty = F.embedding(pair.tensor(ids), ttable)
     pair.check(y, ty, lambda g: {"table": ops.embedding_backward(g, cache)}, {}, "embedding")
 
 
@@ -305,14 +311,15 @@ def test_sinusoidal_positions(dtype, torch, seed, b, t, d, extra):
     x, tx = pair.leaf("x", pair.randn((b, t, d)))
     table = ops.sinusoidal_table(t + extra, d)
     # The paper's formula, independently: PE[pos, 2i] = sin(pos / 10000^(2i/d)), 2i+1: cos.
-    pos = torch.arange(t + extra, dtype=torch.float64)[:, None]
-    two_i = torch.arange(0, d, 2, dtype=torch.float64)
+    on = dict(dtype=torch.float64, device=torch_device())
+    pos = torch.arange(t + extra, **on)[:, None]
+    two_i = torch.arange(0, d, 2, **on)
     angle = pos / torch.pow(10000.0, two_i / d)
-    reference = torch.zeros(t + extra, d, dtype=torch.float64)
+    reference = torch.zeros(t + extra, d, **on)
     reference[:, 0::2] = torch.sin(angle)
     reference[:, 1::2] = torch.cos(angle[:, : d // 2])
     reference = reference.to(getattr(torch, dtype))
-    assert_close(table, reference.numpy(), PARITY_RTOL[dtype], "sinusoidal table")
+    assert_close(table, reference, PARITY_RTOL[dtype], "sinusoidal table")
     y, cache = ops.add_positions_forward(x, table)
     ty = tx + reference[:t][None]
     pair.check(y, ty, lambda g: {"x": ops.add_positions_backward(g, cache)[0]}, {},
@@ -353,7 +360,7 @@ def test_cross_entropy(dtype, torch, rank, seed, b, t, v, smoothing, ignore_inde
     loss, cache = ops.cross_entropy_forward(logits, backend.asarray(targets),
                                             ignore_index=ignore_index,
                                             label_smoothing=smoothing)
-    tloss = F.cross_entropy(tlogits.reshape(-1, v), torch.tensor(flat),
+    tloss = F.cross_entropy(tlogits.reshape(-1, v), pair.tensor(flat),
                             ignore_index=ignore_index, label_smoothing=smoothing)
     pair.check(loss, tloss, lambda g: {"logits": ops.cross_entropy_backward(g, cache)}, {},
                "cross_entropy")
@@ -368,9 +375,10 @@ def test_pooling(dtype, torch, how, seed, b, t, d):
     h, th = pair.leaf("h", pair.randn((b, t, d)))
     valid = pair.rng.integers(1, t + 1, size=b)
     y, cache = ops.pool_forward(h, backend.asarray(valid), how)
-    keep = torch.arange(t)[None, :, None] < torch.tensor(valid)[:, None, None]  # (B, T, 1)
+    keep = (torch.arange(t, device=torch_device())[None, :, None]
+            < pair.tensor(valid)[:, None, None])  # (B, T, 1)
     if how == "mean":
-        ty = (th * keep).sum(1) / torch.tensor(valid, dtype=th.dtype)[:, None]
+        ty = (th * keep).sum(1) / pair.tensor(valid).to(th.dtype)[:, None]
     elif how == "max":
         ty = th.masked_fill(~keep, float("-inf")).max(dim=1).values
     else:
