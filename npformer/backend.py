@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 BACKENDS = ("numpy", "cupy", "strict")
+_LIBRARY = {"numpy": "numpy", "cupy": "cupy", "strict": "array_api_strict"}  # backend -> module
 FLOAT_DTYPES = ("float32", "float64")
 
 
@@ -102,16 +103,29 @@ def device():
     return _current.device
 
 
+_NAMESPACE_OF_TYPE: dict[type, Any] = {}  # array type -> its namespace, filled on first use
+
+
 def namespace_of(*arrays):
     """The array namespace the given arrays belong to (they must agree).
 
+    An array's namespace depends only on its type, so arrays of one type are answered
+    from a table after the first lookup (a training step asks hundreds of times).
     Arrays of two libraries (a NumPy array with an array-api-strict or CuPy one) are a
     TypeError that names the libraries and the fix, not array_api_compat's "Multiple
     namespaces for array inputs"."""
+    kind = type(arrays[0]) if arrays else None
+    if all(type(a) is kind for a in arrays[1:]):
+        xp_ = _NAMESPACE_OF_TYPE.get(kind)
+        if xp_ is not None:
+            return xp_
     import array_api_compat
 
     try:
-        return array_api_compat.array_namespace(*arrays)
+        xp_ = array_api_compat.array_namespace(*arrays)
+        if kind is not None and all(type(a) is kind for a in arrays[1:]):
+            _NAMESPACE_OF_TYPE[kind] = xp_
+        return xp_
     except TypeError:
         not_arrays = [type(a).__name__ for a in arrays
                       if not array_api_compat.is_array_api_obj(a)]
@@ -199,6 +213,8 @@ def asarray(data, dtype=None):
     xp_ = _current.xp
     if isinstance(dtype, str):
         dtype = getattr(xp_, dtype)
+    if _library_of(data) == _LIBRARY[_current.name]:  # already on the backend: no copy
+        return data if dtype is None else xp_.astype(data, dtype)
     if _current.name == "strict":
         host = np.asarray(data)
         arr = xp_.asarray(host)  # built on the CPU device, then moved like a real transfer

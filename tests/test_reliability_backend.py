@@ -63,3 +63,14 @@ def test_mixed_inputs_name_each_argument_and_its_library(op):
         with pytest.raises(TypeError, match=MIXED) as error:
             call()
         assert named in str(error.value)
+
+
+@pytest.mark.parametrize("name", ["numpy", "strict"])
+def test_asarray_of_an_array_already_on_the_backend(name):
+    """Data already on the backend passes through (cast if asked), on every backend: the
+    strict namespace refuses conversion to NumPy, so a round trip through the host fails."""
+    with using_backend(name):
+        a = backend.asarray(np.arange(3))
+        assert backend.asarray(a) is a
+        cast = backend.asarray(a, "float64")
+        np.testing.assert_array_equal(backend.to_numpy(cast), [0.0, 1.0, 2.0])
