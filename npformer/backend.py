@@ -115,15 +115,14 @@ def namespace_of(*arrays):
     TypeError that names the libraries and the fix, not array_api_compat's "Multiple
     namespaces for array inputs"."""
     kind = type(arrays[0]) if arrays else None
-    if all(type(a) is kind for a in arrays[1:]):
-        xp_ = _NAMESPACE_OF_TYPE.get(kind)
-        if xp_ is not None:
-            return xp_
+    one_type = kind is not None and all(type(a) is kind for a in arrays[1:])
+    if one_type and kind in _NAMESPACE_OF_TYPE:
+        return _NAMESPACE_OF_TYPE[kind]
     import array_api_compat
 
     try:
         xp_ = array_api_compat.array_namespace(*arrays)
-        if kind is not None and all(type(a) is kind for a in arrays[1:]):
+        if one_type:
             _NAMESPACE_OF_TYPE[kind] = xp_
         return xp_
     except TypeError:

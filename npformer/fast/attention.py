@@ -57,8 +57,8 @@ def attention_forward(q, k, v, mask=None, block_scores: int | None = None):
     -> out (..., T, F), cache.  ``block_scores``: scores per block (the backward uses
     the same blocks); None: :func:`default_block_scores`."""
     check_attention_arrays(q, k, v)
+    check_attention_inputs(q, k, v, mask)  # arrays of two libraries are named here
     xp = backend.namespace_of(q, k, v)
-    check_attention_inputs(q, k, v, mask)
     block_scores = default_block_scores(q) if block_scores is None else block_scores
     check_size(block_scores, "block_scores", 1)
     if block_scores < 1:

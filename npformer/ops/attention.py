@@ -39,8 +39,8 @@ def attention_forward(q, k, v, mask=None):
     """q (..., T, E), k (..., S, E), v (..., S, F), mask (bool, broadcasts to (..., T, S))
     -> out (..., T, F), cache."""
     check_attention_arrays(q, k, v)
-    xp = backend.namespace_of(q, k, v)
     check_attention_inputs(q, k, v, mask)
+    xp = backend.namespace_of(q, k, v)
     p = attention_weights(q, k, mask)  # P, (..., T, S)
     out = xp.matmul(p, v)  # (..., T, S) @ (..., S, F) -> (..., T, F)
     return out, (q, k, v, p)
@@ -65,8 +65,8 @@ def attention_backward(dout, cache):
 def attention_weights(q, k, mask=None):
     """The probabilities P = softmax(alpha Q K^T + M) (..., T, S) that attention applies."""
     check_attention_arrays(q, k, k)
-    xp = backend.namespace_of(q, k)
     check_attention_inputs(q, k, k, mask)
+    xp = backend.namespace_of(q, k)
     scores = xp.matmul(q, xp.matrix_transpose(k)) * (1.0 / math.sqrt(q.shape[-1]))  # A
     return softmax_forward(scores, axis=-1, mask=mask)[0]
 
@@ -75,7 +75,6 @@ def check_attention_arrays(q, k, v) -> None:
     """Queries, keys and values are arrays (before their namespace is asked for)."""
     for name, a in (("queries", q), ("keys", k), ("values", v)):
         check_array(a, f"attention {name}")
-    backend.check_one_library("attention", queries=q, keys=k, values=v)
 
 
 def check_attention_inputs(q, k, v, mask) -> None:

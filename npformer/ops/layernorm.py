@@ -31,11 +31,10 @@ def layernorm_forward(x, gamma, beta, eps: float = EPS):
     if gamma.shape[0] == 0 or tuple(beta.shape) != tuple(gamma.shape):
         raise ValueError(f"layer norm weight and bias must both have shape (D,) with D >= 1, "
                          f"got {tuple(gamma.shape)} and {tuple(beta.shape)}")
-    backend.check_one_library("layer norm", input=x, weight=gamma, bias=beta)
-    xp = backend.namespace_of(x, gamma, beta)
     check_float(x, "layer norm input")
     check_last_dim(x, gamma.shape[0], "layer norm input")
-    check_same_dtype("layer norm", input=x, weight=gamma, bias=beta)
+    check_same_dtype("layer norm", input=x, weight=gamma, bias=beta)  # and one library
+    xp = backend.namespace_of(x, gamma, beta)
     mu = xp.mean(x, axis=-1, keepdims=True)  # (..., 1)
     centred = x - mu  # (..., D)
     var = xp.mean(centred * centred, axis=-1, keepdims=True)  # (..., 1)
