@@ -351,9 +351,9 @@ def scatter_add_rows(index, values, num_rows: int):
         np.add.at(out, index, values)
         return out
     if module.startswith("cupy"):
-        import cupyx
+        import cupy
 
-        cupyx.scatter_add(out, index, values)
+        cupy.add.at(out, index, values)  # (cupyx.scatter_add is deprecated for this)
         return out
     # Portable fallback (array_api_strict and any other namespace): a one-hot
     # matrix product, out = onehot(index)^T @ values.  Fine for test sizes.

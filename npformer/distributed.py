@@ -43,8 +43,8 @@ after which :class:`npformer.train.Trainer` trains across the ranks by itself.
 
 GPUs (CuPy backend): rank r uses device ``local_rank % device_count`` and the
 all-reduce runs on the device buffer, through NCCL (``cupy.cuda.nccl``) when
-CuPy has it, else through a CUDA-aware MPI, else staged through host memory
-(``NPFORMER_GPU_ALLREDUCE=nccl|mpi|host`` picks one).
+CuPy has it and each rank has a GPU of its own, else through a CUDA-aware MPI,
+else staged through host memory (``NPFORMER_GPU_ALLREDUCE=nccl|mpi|host`` picks one).
 """
 from __future__ import annotations
 
@@ -53,7 +53,9 @@ import dataclasses
 import hashlib
 import importlib.util
 import os
+import stat
 import sys
+import time
 import traceback
 
 import numpy as np
@@ -279,9 +281,35 @@ def _abort_all_on_uncaught_exception(ctx: Context) -> None:
         sys.stderr.flush()
         if kind is KeyboardInterrupt:
             previous(kind, error, tb)
+        wait_until_read(sys.stderr)
         ctx.comm.Abort(1)
 
     sys.excepthook = hook
+
+
+def wait_until_read(stream, timeout: float = 5.0) -> None:
+    """Where ``stream`` is a pipe (an MPI launcher's, forwarding a rank's output), wait
+    until the reader has taken everything written to it, at most ``timeout`` seconds.
+
+    ``MPI_Abort`` makes the launcher kill every rank and its own forwarding processes;
+    text still in the pipe then is lost (seen in CI: the failing rank's message missing
+    from the output).  Elsewhere (a terminal, a file) it returns at once."""
+    try:
+        import fcntl
+        import termios
+
+        fd = stream.fileno()
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return
+        unread = bytearray(4)  # an int, filled by the ioctl
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            fcntl.ioctl(fd, termios.FIONREAD, unread)  # bytes still in the pipe (Linux)
+            if int.from_bytes(unread, sys.byteorder) == 0:
+                return
+            time.sleep(0.01)
+    except (ImportError, OSError, ValueError, AttributeError):  # not POSIX, no descriptor
+        return
 
 
 BLAS_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -408,20 +436,38 @@ class _Nccl:
                             self.types[np.dtype(buffer.dtype)], self.nccl.NCCL_SUM, stream.ptr)
 
 
-def gpu_allreduce_kind() -> str:
+def ranks_share_a_gpu(comm) -> bool:
+    """Whether two ranks use the same GPU (more ranks on a machine than devices):
+    every rank's (machine, PCI bus id) gathered and compared."""
+    import cupy
+    from mpi4py import MPI
+
+    mine = (MPI.Get_processor_name(), cupy.cuda.Device().pci_bus_id)
+    everyone = comm.allgather(mine)
+    return len(set(everyone)) < len(everyone)
+
+
+def gpu_allreduce_kind(shared_gpu: bool = False) -> str:
     """Which device all-reduce the CuPy path uses: NPFORMER_GPU_ALLREDUCE, else NCCL
-    where CuPy has it, else CUDA-aware MPI where the MPI says it is, else via the host."""
+    where CuPy has it and every rank has a GPU of its own (NCCL refuses two ranks of
+    one communicator on one device), else CUDA-aware MPI where the MPI says it is,
+    else via the host."""
     chosen = os.environ.get("NPFORMER_GPU_ALLREDUCE", "").strip().lower()
     if chosen:
         if chosen not in ("nccl", "mpi", "host"):
             raise ValueError(f"NPFORMER_GPU_ALLREDUCE must be nccl, mpi or host, got {chosen!r}")
+        if chosen == "nccl" and shared_gpu:
+            raise ValueError("NPFORMER_GPU_ALLREDUCE=nccl needs one GPU per rank, but two "
+                             "ranks share a GPU here (more ranks than devices): start fewer "
+                             "ranks, or use NPFORMER_GPU_ALLREDUCE=mpi or host")
         return chosen
-    try:
-        from cupy.cuda import nccl  # noqa: F401
+    if not shared_gpu:
+        try:
+            from cupy.cuda import nccl  # noqa: F401
 
-        return "nccl"
-    except ImportError:
-        pass
+            return "nccl"
+        except ImportError:
+            pass
     from mpi4py import MPI
 
     query = getattr(MPI, "Query_cuda_support", None)
@@ -432,7 +478,7 @@ def make_allreduce(ctx: Context):
     """The in-place sum across ranks for this backend's gradient buffers."""
     if backend.backend_name() != "cupy":
         return _HostAllreduce(ctx.comm)
-    kind = gpu_allreduce_kind()
+    kind = gpu_allreduce_kind(ranks_share_a_gpu(ctx.comm))
     return {"nccl": _Nccl, "mpi": _CudaAwareMPI, "host": _DeviceThroughHost}[kind](ctx.comm)
 
 

@@ -218,7 +218,8 @@ def test_gpu_ranks_gradients_equal_the_single_process_gradients(tmp_path):
     _checked(launch(2, "gpu", tmp_path))
     for name, rows in cases.GRADIENT_CASES.items():
         ours = _load(tmp_path / f"grads_{name}.npz")
-        with using_backend("numpy", "float64"):
+        # one process on CuPy too: CuPy's random stream, not NumPy's, drew the weights
+        with using_backend("cupy", "float64"):
             loss, expected = cases.whole_batch_gradients(name, rows)
         assert abs(float(ours["loss"]) - loss) <= 1e-10 * abs(loss)
         scale = max(float(np.max(np.abs(g))) for g in expected.values())
@@ -288,3 +289,47 @@ def test_keep_freed_memory_takes_effect_on_glibc():
 
 def test_a_single_context_check_needs_no_mpi():
     Context(comm=None).check_same(x=1)
+
+
+def test_ranks_sharing_a_gpu_never_get_nccl(monkeypatch):
+    """NCCL refuses two ranks of one communicator on one device (found on a one-GPU
+    machine with 2 ranks: NCCL_ERROR_INVALID_USAGE); such ranks sum through MPI."""
+    pytest.importorskip("mpi4py")
+    monkeypatch.delenv("NPFORMER_GPU_ALLREDUCE", raising=False)
+    assert distributed.gpu_allreduce_kind(shared_gpu=True) in ("mpi", "host")
+    monkeypatch.setenv("NPFORMER_GPU_ALLREDUCE", "host")
+    assert distributed.gpu_allreduce_kind(shared_gpu=True) == "host"
+    monkeypatch.setenv("NPFORMER_GPU_ALLREDUCE", "nccl")
+    assert distributed.gpu_allreduce_kind(shared_gpu=False) == "nccl"
+    with pytest.raises(ValueError, match="needs one GPU per rank, but two ranks share a GPU"):
+        distributed.gpu_allreduce_kind(shared_gpu=True)
+    monkeypatch.setenv("NPFORMER_GPU_ALLREDUCE", "gloo")
+    with pytest.raises(ValueError, match="must be nccl, mpi or host, got 'gloo'"):
+        distributed.gpu_allreduce_kind()
+
+
+def test_a_failing_rank_waits_until_its_message_has_left_the_pipe(tmp_path):
+    """The abort hook's wait: returns once the reader has drained the pipe, not before;
+    gives up after its timeout when nobody reads; returns at once on a file."""
+    import threading
+
+    read_end, write_end = os.pipe()
+    with os.fdopen(write_end, "w") as stream, os.fdopen(read_end, "rb") as reader:
+        stream.write("npformer rank 1 of 2 failed\n")
+        stream.flush()
+        drained = []
+        threading.Timer(0.3, lambda: drained.append(reader.read1(1 << 16))).start()
+        started = time.perf_counter()
+        distributed.wait_until_read(stream, timeout=10.0)
+        assert 0.25 <= time.perf_counter() - started < 5.0
+        assert drained == [b"npformer rank 1 of 2 failed\n"]
+        stream.write("unread\n")
+        stream.flush()
+        started = time.perf_counter()
+        distributed.wait_until_read(stream, timeout=0.2)
+        assert 0.2 <= time.perf_counter() - started < 2.0
+    with open(tmp_path / "log", "w") as file:
+        file.write("text")
+        started = time.perf_counter()
+        distributed.wait_until_read(file, timeout=5.0)
+        assert time.perf_counter() - started < 1.0
