@@ -7,10 +7,13 @@
     python demos/imdb.py --resume             # continue an interrupted run exactly
 
 Reads aclImdb_v1.tar.gz in place (--data, $NPFORMER_DATA, or the user cache;
-downloads it if missing).  Holds out 2,500 training reviews for validation,
-keeps the checkpoint with the best validation accuracy, and scores all 25,000
-test reviews once, at the end.  Writes model.npz, last.npz (the run, for
---resume), curves.png, attention.png and metrics.json to --out.  Settings come
+downloads it if missing).  Holds out 2,500 training reviews for validation and
+trains --members models one after another, each from its own seed (its own
+initial weights, dropout and order), keeping each member's checkpoint with the
+best validation accuracy; the prediction is the members' mean probability (an
+ensemble).  Scores all 25,000 test reviews once, at the end.  Writes model.npz
+and last.npz (the first member; the others' are model-2.npz, last-2.npz, ...),
+curves.png, attention.png and metrics.json to --out.  Settings come
 from a preset (--preset, --smoke); an option given overrides the preset's value.
 """
 from __future__ import annotations
@@ -38,7 +41,7 @@ from npformer.models import ClassifierConfig, TransformerClassifier
 from npformer.nn import evaluating
 from npformer.optim import AdamW, warmup_cosine
 from npformer.tasks import Classification
-from npformer.train import EpochBatches, Trainer, TrainConfig
+from npformer.train import EpochBatches, Trainer, TrainConfig, TrainingInterrupted
 
 DEMO = Demo(tag="imdb", title="IMDB", model_kind="classifier", script="demos/imdb.py",
             out="runs/imdb")
@@ -59,12 +62,15 @@ class Preset:
     lr: float = option(1e-3, "peak learning rate (warmup, then cosine decay)", positive_float)
     weight_decay: float = option(0.01, "AdamW's decoupled weight decay", nonnegative_float)
     warmup: int = option(300, "warmup updates (at most a tenth of the run)")
-    epochs: float = option(8.0, "passes over the training reviews", positive_float)
+    epochs: float = option(4.0, "passes over the training reviews, each member",
+                           positive_float)
+    members: int = option(3, "models trained one after another from their own seeds, "
+                             "their probabilities averaged (an ensemble)")
     dropout: float = option(0.1, "dropout probability", probability)
     pooling: str = option("mean", "how the encoder's outputs become one vector", str,
                           ops.POOLINGS)
-    max_minutes: float = option(12.0, "training time budget, in minutes, inside the whole "
-                                      "run's", positive_float)
+    max_minutes: float = option(13.0, "training time budget, in minutes, shared equally by "
+                                      "the members, inside the whole run's", positive_float)
     validation: int = option(2500, "training reviews held out for validation")
     train_reviews: int | None = option(None, "train on a random subset of this many reviews "
                                              "(None: all)")
@@ -81,9 +87,10 @@ class Preset:
 PRESETS = {
     "default": Preset(),
     "large": Preset(d_model=128, heads=8, layers=4, d_ff=512, max_len=512, head_tokens=128,
-                    lr=5e-4, epochs=6.0, max_minutes=120.0),
+                    lr=5e-4, epochs=6.0, members=1, max_minutes=120.0),
     "smoke": Preset(d_model=16, heads=2, layers=1, d_ff=32, max_len=64, head_tokens=16,
-                    vocab_size=2000, batch_size=16, warmup=5, epochs=1.0, max_minutes=2.0,
+                    vocab_size=2000, batch_size=16, warmup=5, epochs=1.0, members=2,
+                    max_minutes=2.0,
                     validation=64, train_reviews=256, test_reviews=128),
 }
 
@@ -110,23 +117,44 @@ def make_batches(ids, labels, order, pad_id: int):
     return padded, lens, labels[order]
 
 
-def evaluate(model, ids, labels, batch_size: int, pad_id: int, replicas: int = 1) -> dict:
-    """Accuracy and mean loss over a whole split (sorted by length: little padding),
-    batches spread over ``replicas`` threads."""
+def log_probabilities(model, ids, batch_size: int, pad_id: int, replicas: int = 1):
+    """(N, C) log class probabilities (float64) of every review, in the order of ``ids``;
+    batches sorted by length (little padding), spread over ``replicas`` threads."""
     order = np.argsort([len(x) for x in ids], kind="stable")
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
 
-    def score(rows):  # -> (summed loss, correct predictions) of one batch
-        x, lens, y = make_batches(ids, labels, rows, pad_id)
-        logits = model(backend.asarray(x), backend.asarray(lens))
-        loss, _ = ops.cross_entropy_forward(logits, backend.asarray(y))
-        correct = int(np.sum(np.argmax(backend.to_numpy(logits), axis=-1) == y))
-        return backend.to_float(loss) * len(rows), correct
+    def score(rows):  # -> (B, C) log probabilities of one batch
+        x, lens = pad_batch([ids[i] for i in rows], pad_id)
+        logits = backend.to_numpy(model(backend.asarray(x), backend.asarray(lens)))
+        logits = logits.astype(np.float64)
+        top = logits.max(axis=-1, keepdims=True)
+        return logits - top - np.log(np.exp(logits - top).sum(axis=-1, keepdims=True))
 
     with evaluating(model):
-        results = map_batches(score, [order[i:i + batch_size]
-                                       for i in range(0, len(order), batch_size)], replicas)
-    return {"accuracy": sum(c for _, c in results) / len(order),
-            "loss": sum(loss for loss, _ in results) / len(order)}
+        results = map_batches(score, batches, replicas)
+    out = np.empty((len(ids), results[0].shape[-1]))
+    for rows, log_p in zip(batches, results):
+        out[rows] = log_p
+    return out
+
+
+def ensemble(member_log_probs: list):
+    """log of the members' mean probability: log((1/K) sum_k p_k), (N, C)."""
+    stacked = np.stack(member_log_probs)  # (K, N, C)
+    top = stacked.max(axis=0)
+    return top + np.log(np.exp(stacked - top).mean(axis=0))
+
+
+def scores(log_probs, labels) -> dict:
+    """Accuracy (argmax = label) and mean negative log-likelihood of the labels."""
+    rows = np.arange(len(labels))
+    return {"accuracy": float(np.mean(np.argmax(log_probs, axis=-1) == labels)),
+            "loss": float(-np.mean(log_probs[rows, labels]))}
+
+
+def evaluate(model, ids, labels, batch_size: int, pad_id: int, replicas: int = 1) -> dict:
+    """Accuracy and mean loss of one model over a whole split."""
+    return scores(log_probabilities(model, ids, batch_size, pad_id, replicas), labels)
 
 
 def batch_stream(ids, labels, batch_size: int, pad_id: int) -> EpochBatches:
@@ -158,11 +186,15 @@ def predict(args) -> int:
     text = args.predict.strip()
     if not text:
         raise DemoError("--predict needs some text to classify, got an empty string")
-    model, checkpoint = load_demo_model(args.checkpoint or f"{args.out}/{MODEL_FILE}", DEMO)
+    first = Path(args.checkpoint or Path(args.out) / MODEL_FILE)
+    model, checkpoint = load_demo_model(first, DEMO)
+    count = checkpoint.extra.get("members", 1)
+    models = [model] + [load_demo_model(member_files(first.parent, k)[0], DEMO)[0]
+                        for k in range(2, count + 1)]
     vocab = Vocab.from_json(checkpoint.extra["vocab"])
     head = checkpoint.extra.get("head_tokens", model.config.max_len)
     ids = vocab.encode(truncate(tokenize_imdb(text), model.config.max_len, head)) or [vocab.unk_id]
-    probs = backend.to_numpy(model.predict(backend.asarray(np.array([ids], dtype=np.int64))))[0]
+    probs = np.exp(ensemble([log_probabilities(m, [ids], 1, vocab.pad_id) for m in models]))[0]
     label = int(np.argmax(probs))
     print(f"{LABELS[label]} (p = {probs[label]:.3f})")
     return 0
@@ -200,49 +232,103 @@ def main(argv=None) -> int:
                               num_heads=preset.heads, num_layers=preset.layers,
                               d_ff=preset.d_ff, max_len=preset.max_len, dropout=preset.dropout,
                               pooling=preset.pooling, pad_id=vocab.pad_id)
+    trainers, updates_before = [], 0
+    for member in range(1, preset.members + 1):
+        stop_after = None if args.stop_after is None else args.stop_after - updates_before
+        if stop_after is not None and stop_after <= 0:  # counted over all members' updates
+            raise TrainingInterrupted(trainers[-1].updates, f"stop_after={args.stop_after}",
+                                      member_files(out, member - 1)[1])
+        trainers.append(train_member(member, args, preset, config, vocab, stop_after,
+                                     (train_ids, train_y), (val_ids, val_y)))
+        updates_before += trainers[-1].updates
+
+    models = [load_demo_model(member_files(out, k)[0], DEMO)[0]
+              for k in range(1, preset.members + 1)]
+    val_log_probs = [log_probabilities(m, val_ids, 64, vocab.pad_id, args.replicas)
+                     for m in models]
+    test_log_probs = [log_probabilities(m, test_ids, 64, vocab.pad_id, args.replicas)
+                      for m in models]
+    val_metrics = scores(ensemble(val_log_probs), val_y)
+    test_metrics = scores(ensemble(test_log_probs), test_y)
+    member_val = [scores(log_p, val_y)["accuracy"] for log_p in val_log_probs]
+    member_test = [scores(log_p, test_y)["accuracy"] for log_p in test_log_probs]
+    total_seconds = clock.seconds()
+    listed = lambda values: ", ".join(f"{v:.4f}" for v in values)  # noqa: E731
+    members = (f"ensemble of {len(models)}, members {listed(member_test)}; validation: "
+               f"ensemble {val_metrics['accuracy']:.4f}, members {listed(member_val)}"
+               if len(models) > 1 else f"validation accuracy {val_metrics['accuracy']:.4f}")
+    print(f"test accuracy {test_metrics['accuracy']:.4f} on {len(test_ids)} reviews "
+          f"({members}); {total_seconds / 60:.1f} min in all")
+
+    for member, trainer in enumerate(trainers, start=1):
+        plot_curves(out / ("curves.png" if member == 1 else f"curves-{member}.png"),
+                    trainer.history, ["val_accuracy", "val_loss"],
+                    "IMDB classifier" + (f", member {member}" if len(trainers) > 1 else ""))
+    draw_attention(models[0], vocab, test_ids, out / "attention.png")
+    write_json(out / "metrics.json", {
+        "test_accuracy": test_metrics["accuracy"], "test_loss": test_metrics["loss"],
+        "val_accuracy": val_metrics["accuracy"], "members": len(models),
+        "member_test_accuracy": member_test, "member_val_accuracy": member_val,
+        "updates": sum(t.updates for t in trainers),
+        "member_updates": [t.updates for t in trainers],
+        "train_minutes": sum(t.train_seconds for t in trainers) / 60,
+        "total_minutes": total_seconds / 60,
+        "preset": args.preset, "seed": args.seed, "engine": args.engine,
+        "machine": machine_description(), "parameters": models[0].num_parameters()})
+    others = ", model-K.npz, last-K.npz, curves-K.png" if len(models) > 1 else ""
+    print(f"wrote {MODEL_FILE}, {LAST_FILE}, curves.png{others}, attention.png, metrics.json "
+          f"to {out}")
+    return 0
+
+
+def member_files(out: Path, member: int) -> tuple[Path, Path]:
+    """(best, last) checkpoints of ensemble member ``member`` (1-based): the first
+    member's are model.npz and last.npz, a single model's names."""
+    if member == 1:
+        return out / MODEL_FILE, out / LAST_FILE
+    return out / f"model-{member}.npz", out / f"last-{member}.npz"
+
+
+def train_member(member: int, args, preset: Preset, config: ClassifierConfig, vocab: Vocab,
+                 stop_after: int | None, train_split, val_split) -> Trainer:
+    """Train member ``member`` (1-based) from seed ``args.seed + member - 1`` (its initial
+    weights, dropout masks and batch order), or continue it from its last checkpoint
+    under --resume (a member that had finished returns at once).  Each member gets an
+    equal share of the time budget and keeps its best checkpoint by validation accuracy."""
+    (train_ids, train_y), (val_ids, val_y) = train_split, val_split
+    best_path, last_path = member_files(Path(args.out), member)
+    seed = args.seed + member - 1
+    backend.seed(seed)
     model = TransformerClassifier(config)
     updates_per_epoch = int(np.ceil(len(train_ids) / preset.batch_size))
     total_updates = max(1, int(preset.epochs * updates_per_epoch))
     warmup = min(preset.warmup, max(1, total_updates // 10))
     optimizer = AdamW(model.parameters(), lr=warmup_cosine(preset.lr, warmup, total_updates),
                       weight_decay=preset.weight_decay)
-    print(f"model: {model.num_parameters():,} parameters; {total_updates} updates "
-          f"({preset.epochs} epochs of {updates_per_epoch})")
-
+    print(f"member {member} of {preset.members} (seed {seed}): {model.num_parameters():,} "
+          f"parameters; {total_updates} updates ({preset.epochs} epochs of "
+          f"{updates_per_epoch})")
     trainer = Trainer(
         model, optimizer, Classification(),
         batch_stream(train_ids, train_y, preset.batch_size, vocab.pad_id),
-        TrainConfig(max_steps=total_updates, max_seconds=preset.max_minutes * 60,
+        TrainConfig(max_steps=total_updates,
+                    max_seconds=preset.max_minutes * 60 / preset.members,
                     replicas=args.replicas, clip_norm=1.0,
                     eval_every=max(1, updates_per_epoch // 2),
-                    checkpoint_path=out / MODEL_FILE, select_metric="val_accuracy",
-                    last_path=out / LAST_FILE, stop_after=args.stop_after,
-                    progress=not args.no_progress, desc="imdb"),
+                    checkpoint_path=best_path, select_metric="val_accuracy",
+                    last_path=last_path, stop_after=stop_after,
+                    progress=not args.no_progress,
+                    desc="imdb" if preset.members == 1 else f"imdb-{member}/{preset.members}"),
         eval_fn=lambda m: {f"val_{k}": v for k, v in
                            evaluate(m, val_ids, val_y, 64, vocab.pad_id, args.replicas).items()},
         checkpoint_extra={"demo": DEMO.tag, "vocab": vocab.to_json(),
-                          "head_tokens": preset.head_tokens, "run": run_record(args, preset)},
-        seed=args.seed)
-    if args.resume:
-        trainer.resume(out / LAST_FILE)
-    history = trainer.fit()
-
-    best, _ = load_demo_model(out / MODEL_FILE, DEMO)
-    test_metrics = evaluate(best, test_ids, test_y, 64, vocab.pad_id, args.replicas)
-    total_seconds = clock.seconds()
-    print(f"test accuracy {test_metrics['accuracy']:.4f} on {len(test_ids)} reviews "
-          f"(best validation accuracy {trainer.best:.4f}); {total_seconds / 60:.1f} min in all")
-
-    plot_curves(out / "curves.png", history, ["val_accuracy", "val_loss"], "IMDB classifier")
-    draw_attention(best, vocab, test_ids, out / "attention.png")
-    write_json(out / "metrics.json", {
-        "test_accuracy": test_metrics["accuracy"], "test_loss": test_metrics["loss"],
-        "best_val_accuracy": trainer.best, "updates": trainer.updates,
-        "train_minutes": trainer.train_seconds / 60, "total_minutes": total_seconds / 60,
-        "preset": args.preset, "seed": args.seed, "engine": args.engine,
-        "machine": machine_description(), "parameters": model.num_parameters()})
-    print(f"wrote {MODEL_FILE}, {LAST_FILE}, curves.png, attention.png, metrics.json to {out}")
-    return 0
+                          "head_tokens": preset.head_tokens, "members": preset.members,
+                          "member": member, "run": run_record(args, preset)},
+        seed=seed)
+    if args.resume and last_path.is_file():
+        trainer.resume(last_path)
+    trainer.fit()
+    return trainer
 
 
 def draw_attention(model, vocab: Vocab, ids, path) -> None:

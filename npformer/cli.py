@@ -30,6 +30,7 @@ import json
 import math
 import os
 import platform
+import re
 import shlex
 import sys
 import time
@@ -285,20 +286,26 @@ def load_demo_model(path, demo: Demo):
     return build_model(checkpoint, expected_kind=demo.model_kind), checkpoint
 
 
+def checkpoint_files(out: Path) -> list[Path]:
+    """The demo checkpoints in ``out``: model.npz and last.npz, and an ensemble's other
+    members' model-K.npz and last-K.npz."""
+    if not out.is_dir():
+        return []
+    return sorted(p for p in out.iterdir()
+                  if p.is_file() and re.fullmatch(r"(model|last)(-\d+)?\.npz", p.name))
+
+
 def guard_output(out: Path, demo: Demo) -> None:
     """Before a new run writes its checkpoints into ``out``: refuse to overwrite another
     demo's checkpoint, or a run that ``--resume`` could still continue."""
-    for name in (MODEL_FILE, LAST_FILE):
-        path = out / name
-        if not path.is_file():
-            continue
+    for path in checkpoint_files(out):
         try:
             checkpoint = read_demo_checkpoint(path, demo)
         except CheckpointError as exc:
             raise DemoError(f"{exc}; choose another --out, or delete it to reuse the "
                             "folder") from None
         trainer = checkpoint.extra.get("trainer")
-        if name == LAST_FILE and trainer is not None and not trainer["finished"]:
+        if path.name.startswith("last") and trainer is not None and not trainer["finished"]:
             raise DemoError(f"{path} holds an unfinished run (stopped after update "
                             f"{checkpoint.step}): continue it with --resume, or delete that "
                             "file to start over")

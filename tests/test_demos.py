@@ -145,7 +145,9 @@ def same_results(script: str, straight: Path, resumed: Path) -> None:
     a, b = (json.loads((out / "metrics.json").read_text()) for out in (straight, resumed))
     assert {k: v for k, v in a.items() if not any(t in k for t in timing)} == \
         {k: v for k, v in b.items() if not any(t in k for t in timing)}
-    for name in ("model.npz", "last.npz"):
+    names = sorted(p.name for p in straight.glob("*.npz"))  # an ensemble's members too
+    assert names == sorted(p.name for p in resumed.glob("*.npz"))
+    for name in names:
         with np.load(straight / name) as x, np.load(resumed / name) as y:
             assert x.files == y.files
             for key in x.files:
@@ -172,6 +174,35 @@ def test_interrupted_run_resumes_to_the_same_figures(script, fast_smoke_runs, da
                        "--out", str(tmp_path))
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     same_results(script, fast_smoke_runs[script][0], tmp_path)
+
+
+def test_imdb_ensemble_interrupted_in_its_second_member_resumes_to_the_same_figures(
+        fast_smoke_runs, data_dir, tmp_path):
+    """--stop-after counts every member's updates: 20 stops the smoke ensemble (2 members
+    of 16 updates) in its second member, after the first has finished."""
+    stopped = run_demo("imdb.py", *SMOKE, "--no-progress", "--data", str(data_dir),
+                       "--out", str(tmp_path), "--stop-after", "20")
+    assert stopped.returncode == 130, stopped.stderr[-3000:]
+    assert "last-2.npz" in stopped.stderr and "--resume" in stopped.stderr
+    # The unfinished second member is guarded like the first one's last.npz.
+    fresh = run_demo("imdb.py", *SMOKE, "--data", str(data_dir), "--out", str(tmp_path))
+    assert fresh.returncode == 2 and "last-2.npz" in fresh.stderr and "--resume" in fresh.stderr
+    resumed = run_demo("imdb.py", "--resume", "--no-progress", "--data", str(data_dir),
+                       "--out", str(tmp_path))
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    same_results("imdb.py", fast_smoke_runs["imdb.py"][0], tmp_path)
+
+
+def test_imdb_ensemble_averages_the_members_probabilities():
+    imdb = load_demo("imdb.py")
+    rng = np.random.default_rng(0)
+    probs = [rng.dirichlet(np.ones(2), size=5) for _ in range(3)]  # 3 members, (5, 2)
+    expected = np.log(sum(probs) / 3)
+    np.testing.assert_allclose(imdb.ensemble([np.log(p) for p in probs]), expected, rtol=1e-12)
+    labels = np.array([0, 1, 1, 0, 1])
+    got = imdb.scores(expected, labels)
+    assert got["accuracy"] == np.mean(np.argmax(expected, axis=-1) == labels)
+    assert np.isclose(got["loss"], -np.mean(expected[np.arange(5), labels]))
 
 
 def test_resume_refuses_other_settings_naming_the_option(fast_smoke_runs):
