@@ -126,9 +126,7 @@ def log_probabilities(model, ids, batch_size: int, pad_id: int, replicas: int = 
     def score(rows):  # -> (B, C) log probabilities of one batch
         x, lens = pad_batch([ids[i] for i in rows], pad_id)
         logits = backend.to_numpy(model(backend.asarray(x), backend.asarray(lens)))
-        logits = logits.astype(np.float64)
-        top = logits.max(axis=-1, keepdims=True)
-        return logits - top - np.log(np.exp(logits - top).sum(axis=-1, keepdims=True))
+        return ops.log_softmax_forward(logits.astype(np.float64))[0]  # on the host
 
     with evaluating(model):
         results = map_batches(score, batches, replicas)
