@@ -322,7 +322,7 @@ def train_member(member: int, args, preset: Preset, config: ClassifierConfig, vo
                            evaluate(m, val_ids, val_y, 64, vocab.pad_id, args.replicas).items()},
         checkpoint_extra={"demo": DEMO.tag, "vocab": vocab.to_json(),
                           "head_tokens": preset.head_tokens, "members": preset.members,
-                          "member": member, "run": run_record(args, preset)},
+                          "run": run_record(args, preset)},
         seed=seed)
     if args.resume and last_path.is_file():
         trainer.resume(last_path)

@@ -243,7 +243,7 @@ def copy_like(value, like):
     """``value`` (a NumPy array or an array of any backend) as a fresh array on ``like``'s
     backend with ``like``'s dtype: how saved state is loaded into live parameters."""
     xp_ = namespace_of(like)
-    if type(value).__module__.split(".")[0] != type(like).__module__.split(".")[0]:
+    if _library_of(value) != _library_of(like):
         value = asarray(to_numpy(value))
     return xp_.astype(value, like.dtype, copy=True)
 

@@ -318,10 +318,12 @@ def test_a_failing_rank_waits_until_its_message_has_left_the_pipe(tmp_path):
         stream.write("npformer rank 1 of 2 failed\n")
         stream.flush()
         drained = []
-        threading.Timer(0.3, lambda: drained.append(reader.read1(1 << 16))).start()
+        reading = threading.Timer(0.3, lambda: drained.append(reader.read1(1 << 16)))
+        reading.start()
         started = time.perf_counter()
         distributed.wait_until_read(stream, timeout=10.0)
         assert 0.25 <= time.perf_counter() - started < 5.0
+        reading.join()  # the pipe empties inside read1, before the append
         assert drained == [b"npformer rank 1 of 2 failed\n"]
         stream.write("unread\n")
         stream.flush()
