@@ -214,7 +214,8 @@ def test_the_attention_worked_example_is_what_the_ops_compute(tier):
     a = np.where(mask, q @ k.T * scale, -np.inf)
     p = backend.to_numpy(ops.attention_weights(as_(q), as_(k), as_(mask)))
     dp = dout @ v.T
-    da = backend.to_numpy(ops.softmax_backward(as_(dp), (as_(p), -1)))
+    _, softmax_cache = ops.softmax_forward(as_(q @ k.T * scale), axis=-1, mask=as_(mask))
+    da = backend.to_numpy(ops.softmax_backward(as_(dp), softmax_cache))
     log_p = backend.to_numpy(ops.log_softmax_forward(as_(a))[0])
     _assert_printed(rows, {**_rows("q", q), **_rows("k", k), **_rows("v", v), **_rows("o", out),
                            **_rows("do", dout)})
@@ -242,11 +243,12 @@ def test_the_cross_entropy_worked_example_is_what_the_ops_compute(tier):
     loss, cache = op.cross_entropy_forward(backend.asarray(z), backend.asarray(targets),
                                            label_smoothing=0.1)
     dz = backend.to_numpy(op.cross_entropy_backward(1.0, cache))
-    # the textbook pieces of the same loss, to print the intermediate rows
-    _, (rho, weight, (p, _), _) = ops.cross_entropy_forward(
-        backend.asarray(z), backend.asarray(targets), label_smoothing=0.1)
-    rho, weight, p = (backend.to_numpy(x) for x in (rho, weight, p))
-    log_p = backend.to_numpy(ops.log_softmax_forward(backend.asarray(z))[0])
+    # the textbook pieces of the same loss (§13's formulas), to check the intermediate rows
+    p = backend.to_numpy(ops.softmax_forward(backend.asarray(z), axis=-1)[0])
+    log_p = backend.to_numpy(ops.log_softmax_forward(backend.asarray(z), axis=-1)[0])
+    rho = backend.to_numpy(ops.losses.target_distribution(
+        backend.asarray(targets), z.shape[-1], ops.IGNORE_INDEX, 0.1, np.float64))
+    weight = (~ignored) / max((~ignored).sum(), 1)  # w_n = chi_n / max(N_chi, 1)
     computed = {**{f"z{i}": r for i, r in enumerate(z)}, **{f"p{i}": r for i, r in enumerate(p)},
                 **{f"l{i}": r for i, r in enumerate(log_p)},
                 **{f"rho{i}": r for i, r in enumerate(rho)},
