@@ -10,6 +10,7 @@ block_tiling.svg     the score matrix of a padded, causal batch cut into blocks 
 """
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -35,49 +36,66 @@ def _node(ax, x, y, text, width=1.5, color="#eef3fb"):
     ax.text(x, y, text, ha="center", va="center")
 
 
-def _arrow(ax, start, end, color, text=None, at=None, rad=0.0):
-    """An arrow from start to end, with an optional label at ``at`` (default: above its middle)."""
+def _arrow(ax, start, end, color, text=None, side=1, rad=0.0):
+    """An arrow from start to end; its label sits on the arrow: centred on its middle, turned
+    to its direction, just beside it (``side`` 1: to the left of the direction of travel,
+    -1: to the right), so each label reads along the edge it names."""
     ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=12, color=color,
-                                 connectionstyle=f"arc3,rad={rad}", lw=1.3))
-    if text:
-        x, y = at or ((start[0] + end[0]) / 2, (start[1] + end[1]) / 2 + 0.35)
-        ax.text(x, y, text, ha="center", va="center", color=color, fontsize=9)
+                                 connectionstyle=f"arc3,rad={rad}", lw=1.3, shrinkA=0, shrinkB=0))
+    if not text:
+        return
+    (x0, y0), (x1, y1) = start, end
+    dx, dy = x1 - x0, y1 - y0
+    length = math.hypot(dx, dy)
+    nx, ny = -dy / length, dx / length  # the left normal of the direction of travel
+    bulge = -rad * length / 2  # an arc3 edge's middle lies this far along the left normal
+    gap = side * 0.3
+    x, y = x0 + dx / 2 + nx * (bulge + gap), y0 + dy / 2 + ny * (bulge + gap)
+    angle = math.degrees(math.atan2(dy, dx))
+    if angle > 90 or angle < -90:  # keep the text upright
+        angle -= 180 if angle > 0 else -180
+    ax.text(x, y, text, ha="center", va="center", color=color, fontsize=9, rotation=angle,
+            rotation_mode="anchor")
+
+
+def _edge(ax, start, end, backward_label, side=1, offset=0.12, forward_label=None):
+    """A forward arrow start -> end (black) and, beside it, the backward arrow end -> start
+    (red) carrying ``backward_label``; ``side`` picks the side the red arrow runs on."""
+    (x0, y0), (x1, y1) = start, end
+    length = math.hypot(x1 - x0, y1 - y0)
+    nx, ny = -(y1 - y0) / length * offset * side, (x1 - x0) / length * offset * side
+    _arrow(ax, (x0 - nx, y0 - ny), (x1 - nx, y1 - ny), FORWARD, forward_label, side=-side)
+    if backward_label is not None:
+        _arrow(ax, (x1 + nx, y1 + ny), (x0 + nx, y0 + ny), BACKWARD, backward_label, side=-side)
 
 
 def attention_graph(path: Path) -> None:
-    """Q, K -> A = alpha Q K^T + M -> P = softmax(A) -> O = P V <- V, and the gradients back."""
-    fig, ax = plt.subplots(figsize=(9.5, 4.2))
-    ax.set_xlim(0, 11)
-    ax.set_ylim(0, 5)
+    """Q, K -> A = alpha Q K^T + M -> P = softmax(A) -> O = P V <- V, and the gradients back,
+    each gradient written on the red arrow that carries it."""
+    fig, ax = plt.subplots(figsize=(13.0, 5.2))
+    ax.set_xlim(0, 16)
+    ax.set_ylim(0, 6.2)
+    ax.set_aspect("equal")
     ax.axis("off")
-    q, k, m = (1.0, 4.2), (1.0, 2.8), (1.0, 1.4)
-    a, p, v, o = (4.0, 2.8), (6.6, 2.8), (6.6, 1.0), (9.4, 2.8)
+    q, k, m = (1.1, 5.2), (1.1, 3.2), (1.1, 1.2)
+    a, p, o, v = (5.0, 3.2), (10.2, 3.2), (14.0, 3.2), (10.2, 0.9)
     _node(ax, *q, r"$Q$  (T, E)")
     _node(ax, *k, r"$K$  (S, E)")
     _node(ax, *m, r"mask $\to M$", color="#f4f4f4")
-    _node(ax, *a, r"$A = \alpha QK^\top + M$", width=2.2)
-    _node(ax, *p, r"$P = \mathrm{softmax}(A)$", width=2.2)
-    _node(ax, *v, r"$V$  (S, F)")
+    _node(ax, *a, r"$A = \alpha QK^\top + M$", width=2.3)
+    _node(ax, *p, r"$P = \mathrm{softmax}(A)$", width=2.3)
     _node(ax, *o, r"$O = PV$  (T, F)", width=2.0)
-    # forward
-    _arrow(ax, (1.8, 4.1), (2.9, 3.0), FORWARD)
-    _arrow(ax, (1.8, 2.8), (2.9, 2.8), FORWARD)
-    _arrow(ax, (1.8, 1.5), (2.9, 2.6), FORWARD)
-    _arrow(ax, (5.1, 2.8), (5.5, 2.8), FORWARD)
-    _arrow(ax, (7.7, 2.8), (8.4, 2.8), FORWARD)
-    _arrow(ax, (7.4, 1.1), (8.6, 2.5), FORWARD)
-    # backward (red), labelled with what each edge carries
-    _arrow(ax, (8.4, 3.25), (7.6, 3.25), BACKWARD, r"$\bar P = \bar O V^\top$")
-    _arrow(ax, (8.9, 2.45), (7.3, 0.75), BACKWARD, r"$\bar V = P^\top \bar O$", at=(9.6, 1.1),
-           rad=-0.2)
-    _arrow(ax, (5.5, 3.25), (5.1, 3.25), BACKWARD)
-    ax.text(5.3, 4.25, r"$\bar A = P \odot (\bar P - \mathrm{rowsum}(\bar P \odot P))$",
-            ha="center", color=BACKWARD, fontsize=9)
-    _arrow(ax, (3.0, 3.35), (1.8, 4.35), BACKWARD, r"$\bar Q = \alpha \bar A K$", at=(3.2, 4.3))
-    _arrow(ax, (2.9, 2.95), (1.8, 2.95), BACKWARD, r"$\bar K = \alpha \bar A^\top Q$", at=(4.0, 2.05))
-    ax.text(0.2, 0.3, "black: forward (§9).  red: backward, from " r"$\bar O$"
-            " right to left.  The mask bias M is a constant: no gradient.",
-            fontsize=9, color="#555555")
+    _node(ax, *v, r"$V$  (S, F)")
+    # each edge: the forward arrow (black) and the backward one beside it (red), labelled
+    _edge(ax, (1.9, 4.95), (4.0, 3.55), r"$\bar Q = \alpha \bar A K$")
+    _edge(ax, (1.9, 3.2), (3.75, 3.2), r"$\bar K = \alpha \bar A^\top Q$")
+    _edge(ax, (1.9, 1.45), (4.0, 2.85), None, forward_label="+ M (no gradient)")
+    _edge(ax, (6.25, 3.2), (8.95, 3.2), r"$\bar A = P \odot (\bar P - \mathrm{rowsum}(\bar P \odot P))$")
+    _edge(ax, (11.45, 3.2), (12.9, 3.2), r"$\bar P = \bar O V^\top$")
+    _edge(ax, (11.0, 1.15), (13.3, 2.85), r"$\bar V = P^\top \bar O$", side=-1)
+    ax.text(0.2, 0.05, "black: forward (§9).  red: backward, from " r"$\bar O$"
+            " right to left; each gradient is written on the arrow that carries it.  The mask bias M is a "
+            "constant: no gradient.", fontsize=9, color="#555555")
     fig.savefig(path, format="svg", metadata={"Date": None}, bbox_inches="tight")
     plt.close(fig)
 

@@ -181,6 +181,85 @@ def test_the_layernorm_worked_example_is_what_the_ops_compute():
                           "dy": dy, "dx": backend.to_numpy(dx)})
 
 
+def _rows(prefix: str, array) -> dict[str, np.ndarray]:
+    """{prefix1: row 0, prefix2: row 1, ...}: a matrix's rows as the doc's tables name them."""
+    return {f"{prefix}{i + 1}": row for i, row in enumerate(np.asarray(array))}
+
+
+def _tiers():
+    from npformer import fast, ops
+    return [("textbook", ops), ("fast", fast)]
+
+
+@pytest.mark.parametrize("tier", ["textbook", "fast"])
+def test_the_attention_worked_example_is_what_the_ops_compute(tier):
+    """§9's example: the printed inputs give the printed scores, probabilities, output, and
+    (from the printed upstream gradient) the printed gradients, in both tiers; §18's row sums
+    are equal, as its identity says."""
+    from npformer import backend, ops
+    examples = _worked_examples()
+    rows, scores = examples["attention_rows"], examples["attention_scores"]
+    q = np.array([rows["q1"], rows["q2"]])
+    k = np.array([rows["k1"], rows["k2"], rows["k3"]])
+    v = np.array([rows["v1"], rows["v2"], rows["v3"]])
+    dout = np.array([rows["do1"], rows["do2"]])
+    mask = np.isfinite(np.array([scores["a1"], scores["a2"]]))  # -inf where the mask hides a key
+    assert mask.sum() == 5, "the example hides exactly one key"
+    op = dict(_tiers())[tier]
+    as_ = backend.asarray
+    out, cache = op.attention_forward(as_(q), as_(k), as_(v), as_(mask))
+    dq, dk, dv = (backend.to_numpy(g) for g in op.attention_backward(as_(dout), cache))
+    out = backend.to_numpy(out)
+    scale = 1.0 / np.sqrt(q.shape[-1])
+    a = np.where(mask, q @ k.T * scale, -np.inf)
+    p = backend.to_numpy(ops.attention_weights(as_(q), as_(k), as_(mask)))
+    dp = dout @ v.T
+    _, softmax_cache = ops.softmax_forward(as_(q @ k.T * scale), axis=-1, mask=as_(mask))
+    da = backend.to_numpy(ops.softmax_backward(as_(dp), softmax_cache))
+    log_p = backend.to_numpy(ops.log_softmax_forward(as_(a))[0])
+    _assert_printed(rows, {**_rows("q", q), **_rows("k", k), **_rows("v", v), **_rows("o", out),
+                           **_rows("do", dout)})
+    _assert_printed(examples["attention_gradients"],
+                    {**_rows("dq", dq), **_rows("dk", dk), **_rows("dv", dv)})
+    _assert_printed(scores, {**_rows("a", a), **_rows("p", p), **_rows("dp", dp), **_rows("da", da)})
+    _assert_printed(examples["attention_rowsums"],
+                    {"rowsum_dp_p": np.sum(dp * p, axis=-1), "rowsum_do_o": np.sum(dout * out, axis=-1),
+                     "lse": a[:, 0] - log_p[:, 0]})  # lse = A - log P at any allowed key
+
+
+@pytest.mark.parametrize("tier", ["textbook", "fast"])
+def test_the_cross_entropy_worked_example_is_what_the_ops_compute(tier):
+    """§13's example (label smoothing 0.1, one ignored row): the printed logits and targets
+    give the printed probabilities, log-probabilities, target distributions, row losses,
+    weights, loss and gradient, in both tiers."""
+    from npformer import backend, ops
+    examples = _worked_examples()
+    rows, per_row = examples["cross_entropy_rows"], examples["cross_entropy_per_row"]
+    z = np.array([rows["z0"], rows["z1"], rows["z2"]])
+    targets = np.array(per_row["tau"]).astype(np.int64)
+    ignored = targets == ops.IGNORE_INDEX
+    assert ignored.sum() == 1, "the example ignores one row"
+    op = dict(_tiers())[tier]
+    loss, cache = op.cross_entropy_forward(backend.asarray(z), backend.asarray(targets),
+                                           label_smoothing=0.1)
+    dz = backend.to_numpy(op.cross_entropy_backward(1.0, cache))
+    # the textbook pieces of the same loss (§13's formulas), to check the intermediate rows
+    p = backend.to_numpy(ops.softmax_forward(backend.asarray(z), axis=-1)[0])
+    log_p = backend.to_numpy(ops.log_softmax_forward(backend.asarray(z), axis=-1)[0])
+    rho = backend.to_numpy(ops.losses.target_distribution(
+        backend.asarray(targets), z.shape[-1], ops.IGNORE_INDEX, 0.1, np.float64))
+    weight = (~ignored) / max((~ignored).sum(), 1)  # w_n = chi_n / max(N_chi, 1)
+    computed = {**{f"z{i}": r for i, r in enumerate(z)}, **{f"p{i}": r for i, r in enumerate(p)},
+                **{f"l{i}": r for i, r in enumerate(log_p)},
+                **{f"rho{i}": r for i, r in enumerate(rho)},
+                **{f"dz{i}": r for i, r in enumerate(dz)}}
+    _assert_printed(rows, computed)
+    _assert_printed(per_row, {"tau": targets, "chi": (~ignored).astype(float), "w": weight,
+                              "loss_n": -np.sum(rho * log_p, axis=-1)})
+    _assert_printed(examples["cross_entropy_total"],
+                    {"n_counted": [float((~ignored).sum())], "loss": [float(backend.to_numpy(loss))]})
+
+
 # ------------------------------------------------------------------ figures
 def test_the_figure_script_draws_every_figure_the_doc_shows(tmp_path):
     pytest.importorskip("matplotlib")

@@ -7,14 +7,14 @@ F value width per head.  Any leading shape works in place of (B, H).
 
 Forward, with the scale $\alpha = 1/\sqrt{E}$ folded into the queries
     $A = (\alpha Q) K^\top + M$                    scores, (..., T, S); M = 0 or -inf (mask)
-    $m = \max_j A_{:j}$, $e = \exp(A - m)$, $l = \sum_j e_{:j}$   (stable softmax, §6)
+    $m = \max_j A_{:j}$, $e = \exp(A - m)$, $l = \sum_j e_{:j}$   (stable softmax, §7)
     $O = (e V) / l$                              (..., T, F): $P V$ with $P = e / l$
     $\lambda = m + \log l$                         (..., T, 1): each row's log-sum-exp
 
 Backward, from $\bar O$, recomputing $P = \exp(A - \lambda)$ instead of storing it
 (the memory-efficient backward of FlashAttention, Dao et al., 2022)
     $\bar V = P^\top \bar O$        $\bar P = \bar O V^\top$
-    $\bar A = P \odot (\bar P - \text{rowsum}(\bar P \odot P))$   (softmax backward, §6)
+    $\bar A = P \odot (\bar P - \text{rowsum}(\bar P \odot P))$   (softmax backward, §7)
     $\bar Q = \alpha\, \bar A K$      $\bar K = \bar A^\top (\alpha Q)$
 
 Blocks.  The (T, S) score matrices are never held for the whole batch: both

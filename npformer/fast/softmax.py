@@ -1,9 +1,13 @@
 r"""Softmax over one axis, fast: the textbook op (:mod:`npformer.ops.softmax`) with the
 option to reuse the caller's buffers.
 
-``overwrite_input=True`` writes the result over the input (attention's freshly
-computed scores, the gradient of its probabilities): no allocation, no page
-faults on (B, H, T, S) arrays.  The values are the textbook ones.
+``overwrite_input=True`` writes the result over the input, for a caller that owns
+it and no longer needs it: no allocation, no page faults on (B, H, T, S) arrays.
+The blocked attention's backward passes it to ``softmax_backward`` (the gradient of
+its probabilities, a fresh block); no caller in npformer passes it to
+``softmax_forward`` (the blocked attention makes its own exponentials), whose
+masked branch works in place anyway (x + bias is a new array).  The values are the
+textbook ones.
 
 The derivation is the textbook one.
 """
@@ -18,8 +22,8 @@ from .inplace import exp_into
 def softmax_forward(x, axis: int = -1, mask=None, overwrite_input: bool = False):
     """x (...) -> p (...), cache (p, axis).  mask: boolean, broadcasts to x, True = keep.
 
-    ``overwrite_input=True`` lets the op reuse x's buffer for p (attention does this
-    with its freshly computed scores); the result is identical.
+    ``overwrite_input=True`` lets the op reuse x's buffer for p (for a caller that owns
+    x and no longer needs it); the result is identical.
     """
     check_array(x, "softmax input")
     xp = backend.namespace_of(x)

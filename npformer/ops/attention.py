@@ -11,7 +11,7 @@ may attend to a key, $-\infty$ where not)
 
 Backward, from $\bar O$, through the three lines in reverse
     $\bar V = P^\top \bar O$        $\bar P = \bar O V^\top$
-    $\bar A = P \odot (\bar P - \text{rowsum}(\bar P \odot P))$   (softmax backward, §6)
+    $\bar A = P \odot (\bar P - \text{rowsum}(\bar P \odot P))$   (softmax backward, §7)
     $\bar Q = \alpha\, \bar A K$      $\bar K = \alpha\, \bar A^\top Q$
 
 Masks are boolean, True where a query may attend to a key, and broadcast to

@@ -6,7 +6,7 @@ $\varepsilon$, the target distribution is $q_n = (1 - \varepsilon)\,\text{onehot
 (PyTorch's definition), and the loss is averaged over the $N_v$ counted rows:
 
 Forward
-    $\ell = \log\text{softmax}(z)$                      (N, V), along the classes (§6)
+    $\ell = \log\text{softmax}(z)$                      (N, V), along the classes (§8)
     $L_n = -\sum_v q_{n,v}\, \ell_{n,v}$                 (without smoothing: $-\ell_{n,y_n}$)
     $L = \sum_n w_n L_n$, with $w_n = [n \text{ counted}] / N_v$   (0 if no row counts)
 
