@@ -352,8 +352,17 @@ def resume_command(argv: list[str]) -> str:
 
 
 # --------------------------------------------------------------------------- reports
-def machine_description() -> str:
-    return f"{platform.machine()}, {os.cpu_count()} CPU cores, backend {backend.backend_name()}"
+def machine_description(replicas: int | None = None) -> str:
+    """The machine and how a run spread over it, for metrics.json: e.g. "x86_64, 2 CPU
+    cores, backend numpy, 2 MPI ranks, 1 replica each" (processes started by mpiexec,
+    and ``replicas`` data-parallel threads in each)."""
+    ranks = distributed.current().size
+    text = (f"{platform.machine()}, {os.cpu_count()} CPU cores, backend "
+            f"{backend.backend_name()}, " + (f"{ranks} MPI ranks" if ranks > 1 else "1 process"))
+    if replicas is not None:
+        text += f", {replicas} replica{'' if replicas == 1 else 's'}"
+        text += " each" if ranks > 1 else ""
+    return text
 
 
 class Stopwatch:
