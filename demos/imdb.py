@@ -46,7 +46,7 @@ from npformer.data import (Vocab, is_user_data, length_bucketed_batches, load_im
                            load_text_classification, pad_batch, split_validation,
                            tokenize_imdb)
 from npformer.models import ClassifierConfig, TransformerClassifier
-from npformer.nn import evaluating
+from npformer.nn import evaluating, record_attention
 from npformer.optim import AdamW, warmup_cosine
 from npformer.tasks import Classification
 from npformer.train import EpochBatches, Trainer, TrainConfig, TrainingInterrupted
@@ -408,12 +408,9 @@ def train_member(member: int, args, preset: Preset, config: ClassifierConfig, vo
 def draw_attention(model, vocab: Vocab, ids, path) -> None:
     """Heat-map of the first layer's attention (mean over heads) for a short test review."""
     short = min((x for x in ids if 12 <= len(x) <= 40), key=len, default=ids[0][:40])
-    attention = model.blocks[0].self_attn
-    attention.keep_attention = True
-    with evaluating(model):
+    with evaluating(model), record_attention(model) as recorded:
         model(backend.asarray(np.array([short], dtype=np.int64)))
-    weights = backend.to_numpy(attention.last_attention)[0].mean(axis=0)  # (T, T)
-    attention.keep_attention, attention.last_attention = False, None
+    weights = backend.to_numpy(recorded["blocks.0.self_attn"])[0].mean(axis=0)  # (T, T)
     tokens = vocab.decode(short)
     plot_attention(path, weights, tokens, tokens, "IMDB classifier: layer 1 attention, "
                    "mean over heads")

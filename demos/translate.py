@@ -42,7 +42,7 @@ from npformer.data import (Vocab, filter_by_length, length_bucketed_batches, loa
                            split_by_source, tokenize_fra_eng)
 from npformer.decoding import beam_search, greedy_decode
 from npformer.models import Seq2SeqConfig, Seq2SeqTransformer
-from npformer.nn import evaluating
+from npformer.nn import evaluating, record_attention
 from npformer.optim import Adam, warmup_inverse_sqrt
 from npformer.tasks import Translation
 from npformer.train import EpochBatches, Trainer, TrainConfig
@@ -294,12 +294,10 @@ def draw_cross_attention(model, src_vocab, tgt_vocab, sentence: str, path) -> No
     french = translate(model, src_vocab, tgt_vocab, [sentence])[0].split()
     src_ids = src_vocab.encode(tokenize_fra_eng(sentence)) + [src_vocab.eos_id]
     tgt_in = [tgt_vocab.bos_id] + tgt_vocab.encode(french)
-    attention = model.decoder[-1].cross_attn
-    attention.keep_attention = True
-    with evaluating(model):
+    with evaluating(model), record_attention(model) as recorded:
         model(backend.asarray(np.array([src_ids])), backend.asarray(np.array([tgt_in])))
-    weights = backend.to_numpy(attention.last_attention)[0].mean(axis=0)  # (T, S)
-    attention.keep_attention, attention.last_attention = False, None
+    last = f"decoder.{len(model.decoder) - 1}.cross_attn"
+    weights = backend.to_numpy(recorded[last])[0].mean(axis=0)  # (T, S)
     plot_attention(path, weights, ["<bos>"] + french, src_vocab.decode(src_ids),
                    f"cross-attention, last decoder layer: {sentence}")
 

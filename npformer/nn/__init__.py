@@ -1,5 +1,6 @@
 """Layers: modules with parameters, a forward that caches and a backward that accumulates."""
-from .attention import MultiHeadAttention, merge_heads, split_heads
+from .attention import (AttentionRecord, MultiHeadAttention, attention_layers, merge_heads,
+                        record_attention, split_heads)
 from .blocks import DecoderBlock, EncoderBlock, FeedForward, ResidualNorm
 from .cache import BlockCache, DecodingCache, KVCache
 from .layers import (Activation, Dropout, Embedding, LayerNorm, LearnedPositionalEmbedding,
