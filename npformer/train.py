@@ -125,8 +125,32 @@ class History:
 class Trainer:
     """Runs ``task`` on batches from ``next_batch(rng)`` for ``config.max_steps`` updates.
 
-    ``next_batch`` may carry ``state_dict()`` / ``load_state_dict()`` (as
-    :class:`EpochBatches` does): its state is then saved and resumed with the run.
+    Args:
+        model: the :class:`npformer.nn.Module` to train.
+        optimizer: e.g. :class:`npformer.optim.AdamW` over ``model.parameters()`` (its
+            learning rate, or schedule, is the run's).
+        task: what a batch means (:mod:`npformer.tasks`): ``Classification``,
+            ``LanguageModeling``, ``Translation`` or your own :class:`Task`.
+        next_batch: ``next_batch(rng) -> batch``, called once per batch with the
+            trainer's ``numpy.random.Generator`` (draw rows with it, and a resumed run
+            repeats the same batches); the batch is the tuple of host NumPy arrays the
+            task expects.  It may carry ``state_dict()`` / ``load_state_dict()`` (as
+            :class:`EpochBatches` does): its state is then saved and resumed with the run.
+        config: the :class:`TrainConfig`.
+        eval_fn: ``eval_fn(model) -> dict`` of metrics, ``{name: number}`` (e.g.
+            ``{"val_loss": 0.41, "val_accuracy": 0.87}``).  It is called with the model
+            being trained, in training mode (wrap it in ``npformer.nn.evaluating(model)``
+            to turn dropout off; nothing it computes is backpropagated, so
+            ``npformer.no_grad()`` saves memory), every ``config.eval_every`` updates,
+            after the last update and when the time budget ends the run; under MPI on
+            every rank.  The trainer adds the key ``"update"``, logs the values
+            (``{value:.4f}``), keeps them in ``history.evals`` (saved in checkpoints, so
+            plain floats), and with ``config.select_metric`` keeps the checkpoint whose
+            value of that key is best (``select_mode`` "max" or "min"), so the dict must
+            then hold that key.  None (the default): no evaluation.
+        checkpoint_extra: JSON-able values saved in every checkpoint's ``extra`` (a
+            vocabulary as ``vocab.to_json()``, label names...).
+        seed: seeds the batch generator ``rng`` and the dropout streams.
     """
 
     def __init__(self, model, optimizer, task: Task, next_batch: Callable,
