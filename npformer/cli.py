@@ -65,6 +65,9 @@ class DemoError(Exception):
 
 @dataclass(frozen=True)
 class Demo:
+    """What identifies a demo: the tag its checkpoints carry, its title for messages,
+    the model kind it saves, its script and its default output folder."""
+
     tag: str  # written into every checkpoint's extra["demo"]
     title: str  # for messages: "the IMDB demo"
     model_kind: str  # the model kind its checkpoints hold
@@ -366,6 +369,8 @@ def machine_description(replicas: int | None = None) -> str:
 
 
 class Stopwatch:
+    """Seconds since it was made (a monotonic clock)."""
+
     def __init__(self):
         self.start = time.perf_counter()
 

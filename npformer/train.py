@@ -98,6 +98,14 @@ class EpochBatches:
 # --------------------------------------------------------------------------- the loop
 @dataclass
 class TrainConfig:
+    """What :class:`Trainer` does: how long, how, when it evaluates and where it saves.
+
+    Only ``max_steps`` is required; the comment beside each field says what it holds.
+    With ``select_metric`` (a key of ``eval_fn``'s dict) the checkpoint at
+    ``checkpoint_path`` is the best evaluation's (``select_mode`` "max" or "min"),
+    otherwise the final model's.
+    """
+
     max_steps: int  # optimizer updates in the whole run (the schedule's length)
     max_seconds: float | None = None  # stop early once training has taken this long in all
     grad_accum: int = 1
@@ -116,6 +124,9 @@ class TrainConfig:
 
 @dataclass
 class History:
+    """What a run recorded: the loss and learning rate of every update, and every
+    evaluation's metrics (``eval_fn``'s dict, with the ``"update"`` it was made at)."""
+
     updates: list[int] = field(default_factory=list)  # the update each loss belongs to
     losses: list[float] = field(default_factory=list)
     lrs: list[float] = field(default_factory=list)
