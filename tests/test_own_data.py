@@ -61,14 +61,14 @@ def test_csv_with_a_byte_order_mark_and_windows_line_ends(tmp_path):
 
 
 def test_tsv_is_not_quoted(tmp_path):
-    path = write(tmp_path, "r.tsv", 'label\ttext\n1\t"quoted", he said\n0\tplain, text\n')
+    path = write(tmp_path, "r.tsv", 'label\ttext\n1 \t"quoted", he said\n0\tplain, text\n')
     assert read_labelled_texts(path) == [('"quoted", he said', "1", 2), ("plain, text", "0", 3)]
 
 
 def test_json_lines_and_json_arrays(tmp_path):
     lines = write(tmp_path, "r.jsonl", '{"text": "a", "label": 3, "x": null}\n\n'
                                        '{"text": "b", "label": 10}\n')
-    array = write(tmp_path, "r.json", json.dumps([{"text": "a", "label": "x"},
+    array = write(tmp_path, "r.json", json.dumps([{"text": "a", "label": " x"},
                                                    {"text": "b", "label": "y"}]))
     assert read_labelled_texts(lines) == [("a", 3, 1), ("b", 10, 3)]
     assert read_labelled_texts(array) == [("a", "x", 1), ("b", "y", 2)]
@@ -137,6 +137,7 @@ def test_a_single_label_is_refused(tmp_path):
     ("r.jsonl", '{"text": 5, "label": 1}\n', r"line 1, key 'text': the text must be a string"),
     ("r.jsonl", '{"text": "a", "label": 1.5}\n', r"line 1, key 'label': a label must be"),
     ("r.jsonl", '{"text": "a", "label": true}\n', r"line 1, key 'label': a label must be"),
+    ("r.jsonl", '{"text": "a", "label": " "}\n', r"line 1, key 'label': a label must be"),
     ("r.json", '[{"text": "a", "label": 1}, 7]', r"r\.json, object 2: expected a JSON object"),
     ("r.json", '[{"text": "a",\n "label": }]', r"r\.json, line 2, column 11: not valid JSON"),
     ("r.txt", "some text\n", r"r\.txt: labelled examples are read from a \.csv, \.tsv, "

@@ -10,7 +10,7 @@ Three kinds of file, one per model:
   row naming the columns; the text and the label are the columns named
   ``text_column`` and ``label_column`` (default ``"text"`` and ``"label"``), the
   others are ignored.  Labels are any strings (CSV, TSV) or strings and integers
-  (JSON).  The label set is the training file's, sorted (integers, and strings
+  (JSON), white space around them ignored.  The label set is the training file's, sorted (integers, and strings
   that read as integers, numerically, before the other strings), and an
   example's label becomes its index in that set.
 - **Sentence pairs** for translation (:func:`read_sentence_pairs`): UTF-8 text,
@@ -151,8 +151,8 @@ def _read_delimited(text: str, path: Path, tab: bool, text_column: str,
                     raise DatasetFormatError(
                         f"{path}, line {line}: {len(row)} field(s), but the column "
                         f"{header[max(columns)]!r} is field {max(columns) + 1} of the header")
-                label = row[columns[1]]
-                if not label.strip():
+                label = row[columns[1]].strip()
+                if not label:
                     raise DatasetFormatError(f"{path}, line {line}, column {label_column!r}: "
                                              f"the label is empty")
                 records.append((row[columns[0]], label, line))
@@ -211,6 +211,8 @@ def _read_json(text: str, path: Path, text_column: str, label_column: str) -> li
         if not isinstance(text_value, str):
             raise DatasetFormatError(f"{path}, {where}, key {text_column!r}: the text must be "
                                      f"a string, got {type(text_value).__name__}")
+        if isinstance(label, str):
+            label = label.strip()
         if isinstance(label, bool) or not isinstance(label, (str, int)) or label == "":
             raise DatasetFormatError(f"{path}, {where}, key {label_column!r}: a label must be "
                                      f"a non-empty string or an integer, got {label!r}")
