@@ -11,6 +11,8 @@ width 128, dropout 0, learning rate 1e-3 with warmup and cosine decay over
 text trains, the last 10% validates.  Writes model.npz, last.npz (the run, for
 --resume), curves.png, sample.txt and metrics.json to --out.  Settings come from
 a preset (--preset, --smoke); an option given overrides the preset's value.
+
+Your own data: --data any UTF-8 text file (its characters are the vocabulary).
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from npformer.cli import (LAST_FILE, MODEL_FILE, Demo, DemoError, Stopwatch, che
                           demo_parser, load_demo_model, machine_description, nonnegative_int,
                           option, plot_curves, positive_float, positive_int, prepare,
                           probability, run_demo, run_record, write_json, write_text)
-from npformer.data import CharVocab, lm_batch, load_shakespeare, split_90_10
+from npformer.data import CharVocab, lm_batch, load_shakespeare, read_text_file, split_90_10
 from npformer.decoding import generate
 from npformer.models import CausalLM, CausalLMConfig
 from npformer.nn import evaluating
@@ -104,6 +106,14 @@ def split_text(text: str, vocab: CharVocab, block: int):
     return train_ids, val_ids
 
 
+def load_text(data) -> str:
+    """--data: any text file (tiny Shakespeare's input.txt, or the user's own), else the
+    tiny Shakespeare download (a folder holding it, $NPFORMER_DATA, the user cache)."""
+    if data is not None and Path(data).is_file():
+        return read_text_file(data)
+    return load_shakespeare(data)
+
+
 def build_parser():
     parser = demo_parser(DEMO, __doc__, PRESETS)
     parser.add_argument("--prompt", default="\n",
@@ -127,7 +137,7 @@ def main(argv=None) -> int:
         return sample_only(args, preset, out)
 
     clock = Stopwatch()
-    text = load_shakespeare(args.data)
+    text = load_text(args.data)
     vocab = CharVocab.from_text(text)
     check_prompt(args.prompt, vocab)  # before training, not after
     train_ids, val_ids = split_text(text, vocab, preset.block)
@@ -178,7 +188,8 @@ def main(argv=None) -> int:
         "val_loss": final["val_loss"], "train_loss": final["train_loss"],
         "updates": trainer.updates, "train_seconds": train_seconds,
         "ms_per_update": 1000 * train_seconds / trainer.updates, "preset": args.preset,
-        "seed": args.seed, "engine": args.engine, "machine": machine_description(),
+        "seed": args.seed, "engine": args.engine,
+        "machine": machine_description(args.replicas),
         "parameters": model.num_parameters()})
     return 0
 

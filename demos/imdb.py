@@ -15,6 +15,13 @@ ensemble).  Scores all 25,000 test reviews once, at the end.  Writes model.npz
 and last.npz (the first member; the others' are model-2.npz, last-2.npz, ...),
 curves.png, attention.png and metrics.json to --out.  Settings come
 from a preset (--preset, --smoke); an option given overrides the preset's value.
+
+Your own data: --data train.csv (or .tsv, .jsonl, .json) holding a text and a
+label column (--text-column, --label-column; default "text" and "label"), any
+labels; --validation-data and --test-data name the other splits.  Without a
+validation file, --validation examples (at most a tenth) are held out of the
+training file; without a test file, only validation is reported.  --predict
+then prints your label names.
 """
 from __future__ import annotations
 
@@ -35,10 +42,11 @@ from npformer.cli import (Demo, DemoError, LAST_FILE, MODEL_FILE, Stopwatch, che
                           nonnegative_float, nonnegative_int, option, plot_attention,
                           plot_curves, positive_float, prepare, probability, run_demo,
                           run_record, write_json)
-from npformer.data import (Vocab, length_bucketed_batches, load_imdb_splits, pad_batch,
-                           split_validation, tokenize_imdb)
+from npformer.data import (Vocab, is_user_data, length_bucketed_batches, load_imdb_splits,
+                           load_text_classification, pad_batch, split_validation,
+                           tokenize_imdb)
 from npformer.models import ClassifierConfig, TransformerClassifier
-from npformer.nn import evaluating
+from npformer.nn import evaluating, record_attention
 from npformer.optim import AdamW, warmup_cosine
 from npformer.tasks import Classification
 from npformer.train import EpochBatches, Trainer, TrainConfig, TrainingInterrupted
@@ -162,21 +170,44 @@ def batch_stream(ids, labels, batch_size: int, pad_id: int) -> EpochBatches:
                         lambda rows: make_batches(ids, labels, rows, pad_id))
 
 
-def load_data(preset: Preset, data, seed: int):
-    """-> train, validation and test reviews as the preset asks (subsets drawn with ``seed``)."""
-    splits = load_imdb_splits(data)
-    if preset.validation >= len(splits["train"]):
-        raise DemoError(f"--validation {preset.validation} leaves nothing to train on: there "
-                        f"are {len(splits['train'])} training reviews")
-    train, val = split_validation(splits["train"], preset.validation, seed=seed)
-    test = splits["test"]
+def load_data(preset: Preset, args):
+    """-> train, validation and test examples [(text, label index)] as the preset asks
+    (subsets drawn with ``args.seed``; test empty when there is none), and the label names.
+    The IMDB archive, or the user's own files (:func:`load_user_data`)."""
+    seed = args.seed
+    if is_user_data(args.data):
+        train, val, test, labels = load_user_data(preset, args)
+    else:
+        splits = load_imdb_splits(args.data)
+        if preset.validation >= len(splits["train"]):
+            raise DemoError(f"--validation {preset.validation} leaves nothing to train on: "
+                            f"there are {len(splits['train'])} training reviews")
+        train, val = split_validation(splits["train"], preset.validation, seed=seed)
+        test, labels = splits["test"], LABELS
     rng = np.random.default_rng(seed)
     pick = lambda xs, n: [xs[i] for i in rng.permutation(len(xs))[:n]]  # noqa: E731
     if preset.train_reviews:
         train = pick(train, preset.train_reviews)
     if preset.test_reviews:
         test = pick(test, preset.test_reviews)
-    return train, val, test
+    return train, val, test, labels
+
+
+def load_user_data(preset: Preset, args):
+    """--data (and --validation-data, --test-data): the user's labelled files -> train,
+    validation, test, label names.  Without a validation file, --validation examples,
+    at most a tenth of the training file, are held out of it (drawn with the seed)."""
+    data = load_text_classification(args.data, args.validation_data, args.test_data,
+                                    text_column=args.text_column,
+                                    label_column=args.label_column)
+    train, val = data.train, data.validation
+    if args.validation_data is None:
+        train, val = split_validation(train, min(preset.validation, len(train) // 10),
+                                      seed=args.seed)
+    if not val:
+        raise DemoError(f"{args.data} has {len(data.train)} examples: too few to hold a "
+                        f"tenth out for validation; give --validation-data")
+    return train, val, data.test, data.labels
 
 
 # --------------------------------------------------------------------------- predict
@@ -194,7 +225,8 @@ def predict(args) -> int:
     ids = vocab.encode(truncate(tokenize_imdb(text), model.config.max_len, head)) or [vocab.unk_id]
     probs = np.exp(ensemble([log_probabilities(m, [ids], 1, vocab.pad_id) for m in models]))[0]
     label = int(np.argmax(probs))
-    print(f"{LABELS[label]} (p = {probs[label]:.3f})")
+    names = checkpoint.extra.get("labels", LABELS)  # the user's own, for a model trained on them
+    print(f"{names[label]} (p = {probs[label]:.3f})")
     return 0
 
 
@@ -205,12 +237,38 @@ def build_parser():
     parser.add_argument("--checkpoint", help=f"one model's checkpoint for --predict "
                                              f"(default: the run in OUT, {MODEL_FILE} and "
                                              f"an ensemble's other members)")
+    add_user_data_options(parser)
     return parser
+
+
+def add_user_data_options(parser) -> None:
+    """Options for training on the user's own labelled files (--data FILE.csv etc.)."""
+    group = parser.add_argument_group(
+        "your own data", "--data FILE.csv (.tsv, .jsonl, .json): your labelled training "
+                         "examples instead of IMDB")
+    group.add_argument("--validation-data", metavar="FILE",
+                       help="your validation examples (default: --validation examples, at "
+                            "most a tenth, held out of --data)")
+    group.add_argument("--test-data", metavar="FILE",
+                       help="your test examples (default: none; validation is reported)")
+    group.add_argument("--text-column", default="text",
+                       help="the column (JSON: key) holding the text (default: %(default)s)")
+    group.add_argument("--label-column", default="label",
+                       help="the column (JSON: key) holding the label (default: %(default)s)")
+
+
+def check_user_data_options(parser, args) -> None:
+    """--validation-data and --test-data go with --data FILE of the user's own."""
+    for name in ("validation_data", "test_data"):
+        if getattr(args, name) is not None and not is_user_data(args.data):
+            parser.error(f"--{name.replace('_', '-')} goes with --data FILE.csv (.tsv, "
+                         f".jsonl, .json): your own training examples")
 
 
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    check_user_data_options(parser, args)
     preset = prepare(parser, args, DEMO, PRESETS,
                      use_only="--predict" if args.predict is not None else None)
     out = Path(args.out)
@@ -218,16 +276,18 @@ def main(argv=None) -> int:
         return predict(args)
 
     clock = Stopwatch()
-    train, val, test = load_data(preset, args.data, args.seed)
+    train, val, test, labels = load_data(preset, args)
     vocab = Vocab.build([tokenize_imdb(t) for t, _ in train], min_freq=2,
                         max_size=preset.vocab_size)
     train_ids, train_y = encode_reviews(train, vocab, preset.max_len, preset.head_tokens)
     val_ids, val_y = encode_reviews(val, vocab, preset.max_len, preset.head_tokens)
     test_ids, test_y = encode_reviews(test, vocab, preset.max_len, preset.head_tokens)
     print(f"{len(train)} train, {len(val)} validation, {len(test)} test reviews; "
-          f"vocabulary {len(vocab)}; data ready in {clock.seconds():.0f} s")
+          f"{len(labels)} labels; vocabulary {len(vocab)}; data ready in "
+          f"{clock.seconds():.0f} s")
 
-    config = ClassifierConfig(vocab_size=len(vocab), d_model=preset.d_model,
+    config = ClassifierConfig(vocab_size=len(vocab), num_classes=len(labels),
+                              d_model=preset.d_model,
                               num_heads=preset.heads, num_layers=preset.layers,
                               d_ff=preset.d_ff, max_len=preset.max_len, dropout=preset.dropout,
                               pooling=preset.pooling, pad_id=vocab.pad_id)
@@ -237,33 +297,34 @@ def main(argv=None) -> int:
         if stop_after is not None and stop_after <= 0:  # counted over all members' updates
             raise TrainingInterrupted(trainers[-1].updates, f"stop_after={args.stop_after}",
                                       member_files(out, member - 1)[1])
-        trainers.append(train_member(member, args, preset, config, vocab, stop_after,
+        trainers.append(train_member(member, args, preset, config, vocab, labels, stop_after,
                                      (train_ids, train_y), (val_ids, val_y)))
         updates_before += trainers[-1].updates
 
     models = [load_demo_model(member_files(out, k)[0], DEMO)[0]
               for k in range(1, preset.members + 1)]
-    val_log_probs = [log_probabilities(m, val_ids, 64, vocab.pad_id, args.replicas)
-                     for m in models]
-    test_log_probs = [log_probabilities(m, test_ids, 64, vocab.pad_id, args.replicas)
-                      for m in models]
-    val_metrics = scores(ensemble(val_log_probs), val_y)
-    test_metrics = scores(ensemble(test_log_probs), test_y)
-    member_val = [scores(log_p, val_y)["accuracy"] for log_p in val_log_probs]
-    member_test = [scores(log_p, test_y)["accuracy"] for log_p in test_log_probs]
+    val_metrics, member_val = score_split(models, val_ids, val_y, vocab.pad_id, args.replicas)
+    test_metrics, member_test = (score_split(models, test_ids, test_y, vocab.pad_id,
+                                             args.replicas) if test_ids
+                                 else ({"accuracy": None, "loss": None}, []))
     total_seconds = clock.seconds()
     listed = lambda values: ", ".join(f"{v:.4f}" for v in values)  # noqa: E731
-    members = (f"ensemble of {len(models)}, members {listed(member_test)}; validation: "
-               f"ensemble {val_metrics['accuracy']:.4f}, members {listed(member_val)}"
-               if len(models) > 1 else f"validation accuracy {val_metrics['accuracy']:.4f}")
-    print(f"test accuracy {test_metrics['accuracy']:.4f} on {len(test_ids)} reviews "
-          f"({members}); {total_seconds / 60:.1f} min in all")
+    validation = (f"ensemble {val_metrics['accuracy']:.4f}, members {listed(member_val)}"
+                  if len(models) > 1 else f"accuracy {val_metrics['accuracy']:.4f}")
+    if test_ids:
+        members = f"ensemble of {len(models)}, members {listed(member_test)}; " \
+            if len(models) > 1 else ""
+        print(f"test accuracy {test_metrics['accuracy']:.4f} on {len(test_ids)} reviews "
+              f"({members}validation: {validation}); {total_seconds / 60:.1f} min in all")
+    else:
+        print(f"no test file: validation {validation} on {len(val_ids)} reviews; "
+              f"{total_seconds / 60:.1f} min in all")
 
     for member, trainer in enumerate(trainers, start=1):
         plot_curves(out / ("curves.png" if member == 1 else f"curves-{member}.png"),
                     trainer.history, ["val_accuracy", "val_loss"],
                     "IMDB classifier" + (f", member {member}" if len(trainers) > 1 else ""))
-    draw_attention(models[0], vocab, test_ids, out / "attention.png")
+    draw_attention(models[0], vocab, test_ids or val_ids, out / "attention.png")
     write_json(out / "metrics.json", {
         "test_accuracy": test_metrics["accuracy"], "test_loss": test_metrics["loss"],
         "val_accuracy": val_metrics["accuracy"], "members": len(models),
@@ -273,11 +334,24 @@ def main(argv=None) -> int:
         "train_minutes": sum(t.train_seconds for t in trainers) / 60,
         "total_minutes": total_seconds / 60,
         "preset": args.preset, "seed": args.seed, "engine": args.engine,
-        "machine": machine_description(), "parameters": models[0].num_parameters()})
-    others = ", model-K.npz, last-K.npz, curves-K.png" if len(models) > 1 else ""
-    print(f"wrote {MODEL_FILE}, {LAST_FILE}, curves.png{others}, attention.png, metrics.json "
-          f"to {out}")
+        "machine": machine_description(args.replicas),
+        "parameters": models[0].num_parameters()})
+    print(f"wrote {', '.join(written_files(len(models)))} to {out}")
     return 0
+
+
+def written_files(members: int) -> list[str]:
+    """The names of the files a run of ``members`` members writes, in the order printed."""
+    checkpoints = [path.name for k in range(1, members + 1) for path in member_files(Path(), k)]
+    curves = ["curves.png"] + [f"curves-{k}.png" for k in range(2, members + 1)]
+    return checkpoints + curves + ["attention.png", "metrics.json"]
+
+
+def score_split(models, ids, labels, pad_id: int, replicas: int):
+    """-> the ensemble's {"accuracy", "loss"} on one split, and each member's accuracy."""
+    log_probs = [log_probabilities(m, ids, 64, pad_id, replicas) for m in models]
+    return scores(ensemble(log_probs), labels), [scores(p, labels)["accuracy"]
+                                                 for p in log_probs]
 
 
 def member_files(out: Path, member: int) -> tuple[Path, Path]:
@@ -289,7 +363,7 @@ def member_files(out: Path, member: int) -> tuple[Path, Path]:
 
 
 def train_member(member: int, args, preset: Preset, config: ClassifierConfig, vocab: Vocab,
-                 stop_after: int | None, train_split, val_split) -> Trainer:
+                 labels, stop_after: int | None, train_split, val_split) -> Trainer:
     """Train member ``member`` (1-based) from seed ``args.seed + member - 1`` (its initial
     weights, dropout masks and batch order), or continue it from its last checkpoint
     under --resume (a member that had finished returns at once).  Each member gets an
@@ -322,6 +396,7 @@ def train_member(member: int, args, preset: Preset, config: ClassifierConfig, vo
                            evaluate(m, val_ids, val_y, 64, vocab.pad_id, args.replicas).items()},
         checkpoint_extra={"demo": DEMO.tag, "vocab": vocab.to_json(),
                           "head_tokens": preset.head_tokens, "members": preset.members,
+                          "labels": list(labels),
                           "run": run_record(args, preset)},
         seed=seed)
     if args.resume and last_path.is_file():
@@ -333,12 +408,9 @@ def train_member(member: int, args, preset: Preset, config: ClassifierConfig, vo
 def draw_attention(model, vocab: Vocab, ids, path) -> None:
     """Heat-map of the first layer's attention (mean over heads) for a short test review."""
     short = min((x for x in ids if 12 <= len(x) <= 40), key=len, default=ids[0][:40])
-    attention = model.blocks[0].self_attn
-    attention.keep_attention = True
-    with evaluating(model):
+    with evaluating(model), record_attention(model) as recorded:
         model(backend.asarray(np.array([short], dtype=np.int64)))
-    weights = backend.to_numpy(attention.last_attention)[0].mean(axis=0)  # (T, T)
-    attention.keep_attention, attention.last_attention = False, None
+    weights = backend.to_numpy(recorded["blocks.0.self_attn"])[0].mean(axis=0)  # (T, T)
     tokens = vocab.decode(short)
     plot_attention(path, weights, tokens, tokens, "IMDB classifier: layer 1 attention, "
                    "mean over heads")

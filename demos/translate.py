@@ -13,6 +13,11 @@ BLEU (sacrebleu, 13a) on them with greedy and beam search, and translates d2l's
 probe sentences.  Writes model.npz, last.npz (the run, for --resume),
 curves.png, cross_attention.png and metrics.json to --out.  Settings come from
 a preset (--preset, --smoke); an option given overrides the preset's value.
+
+Your own data: --data pairs.tsv (or any .txt but fra.txt), one source<TAB>target
+pair a line, tokenized as the English-French pairs are.  --heldout source
+sentences are held out in the same way; the probes are then the first held-out
+sentences.
 """
 from __future__ import annotations
 
@@ -32,11 +37,12 @@ from npformer.cli import (Demo, DemoError, LAST_FILE, MODEL_FILE, Stopwatch, che
                           demo_parser, load_demo_model, machine_description, map_batches,
                           option, plot_attention, plot_curves, positive_float, prepare,
                           probability, run_demo, run_record, write_json)
-from npformer.data import (Vocab, length_bucketed_batches, load_fra_eng, pad_batch,
-                           preprocess_fra_eng, split_by_source, tokenize_fra_eng)
+from npformer.data import (Vocab, filter_by_length, length_bucketed_batches, load_fra_eng,
+                           pad_batch, preprocess_fra_eng, read_sentence_pairs,
+                           split_by_source, tokenize_fra_eng)
 from npformer.decoding import beam_search, greedy_decode
 from npformer.models import Seq2SeqConfig, Seq2SeqTransformer
-from npformer.nn import evaluating
+from npformer.nn import evaluating, record_attention
 from npformer.optim import Adam, warmup_inverse_sqrt
 from npformer.tasks import Translation
 from npformer.train import EpochBatches, Trainer, TrainConfig
@@ -158,13 +164,31 @@ def load_for_translation(path):
 
 def split_pairs(preset: Preset, data, seed: int):
     """-> training pairs, and the held-out English sentences with their translations."""
-    pairs = load_fra_eng(data, max_len=preset.max_tokens)[:preset.max_pairs]
+    pairs = (filter_by_length(read_sentence_pairs(data), preset.max_tokens)
+             if is_user_pairs(data) else load_fra_eng(data, max_len=preset.max_tokens)
+             )[:preset.max_pairs]
     sentences = len({" ".join(english) for english, _ in pairs})  # as split_by_source counts
     if preset.heldout >= sentences:
         raise DemoError(f"--heldout {preset.heldout} leaves nothing to train on: the corpus "
                         f"has {sentences} distinct English sentences of at most "
                         f"{preset.max_tokens} tokens")
     return split_by_source(pairs, preset.heldout, seed=seed)
+
+
+def is_user_pairs(data) -> bool:
+    """--data names the user's own pairs: a .tsv file, or a .txt one other than d2l's
+    fra.txt (which, like fra-eng.zip and a folder, is read as the English-French data)."""
+    if data is None:
+        return False
+    path = Path(data)
+    return path.suffix.lower() == ".tsv" or (path.suffix.lower() == ".txt"
+                                             and path.name.lower() != "fra.txt")
+
+
+def probe_sentences(data, heldout: dict) -> list[str]:
+    """The sentences translated at the end (and the first one's cross-attention drawn):
+    d2l's probes, or with the user's own pairs the first held-out sources."""
+    return list(heldout)[:len(PROBES)] if is_user_pairs(data) else PROBES
 
 
 # --------------------------------------------------------------------------- main
@@ -242,10 +266,12 @@ def main(argv=None) -> int:
     print(f"held-out BLEU: greedy {bleu_greedy:.1f} (one reference: {bleu_greedy_one_ref:.1f}), "
           f"beam {preset.beam_size}: {bleu_beam:.1f} (decoded in {beam_seconds:.0f} s); "
           f"{trainer.updates} updates = {epochs:.2f} epochs")
-    probes = translate(model, src_vocab, tgt_vocab, PROBES, beam_size=preset.beam_size)
-    for english_probe, french in zip(PROBES, probes):
+    probe_sources = probe_sentences(args.data, heldout)
+    probes = translate(model, src_vocab, tgt_vocab, probe_sources, beam_size=preset.beam_size)
+    for english_probe, french in zip(probe_sources, probes):
         print(f"  {english_probe} => {french}")
-    draw_cross_attention(model, src_vocab, tgt_vocab, "i'm home .", out / "cross_attention.png")
+    draw_cross_attention(model, src_vocab, tgt_vocab, probe_sources[-1],
+                         out / "cross_attention.png")
     plot_curves(out / "curves.png", history, ["val_loss"], "English-French Transformer")
     total_seconds = clock.seconds()
     write_json(out / "metrics.json", {
@@ -254,9 +280,10 @@ def main(argv=None) -> int:
         "updates": trainer.updates,
         "best_val_loss": trainer.best, "epochs": epochs,
         "train_minutes": trainer.train_seconds / 60, "total_minutes": total_seconds / 60,
-        "heldout_sentences": len(english), "probes": dict(zip(PROBES, probes)),
+        "heldout_sentences": len(english), "probes": dict(zip(probe_sources, probes)),
         "preset": args.preset, "seed": args.seed, "engine": args.engine,
-        "machine": machine_description(), "parameters": model.num_parameters()})
+        "machine": machine_description(args.replicas),
+        "parameters": model.num_parameters()})
     print(f"{total_seconds / 60:.1f} min in all; wrote {MODEL_FILE}, {LAST_FILE}, curves.png, "
           f"cross_attention.png, metrics.json to {out}")
     return 0
@@ -267,12 +294,10 @@ def draw_cross_attention(model, src_vocab, tgt_vocab, sentence: str, path) -> No
     french = translate(model, src_vocab, tgt_vocab, [sentence])[0].split()
     src_ids = src_vocab.encode(tokenize_fra_eng(sentence)) + [src_vocab.eos_id]
     tgt_in = [tgt_vocab.bos_id] + tgt_vocab.encode(french)
-    attention = model.decoder[-1].cross_attn
-    attention.keep_attention = True
-    with evaluating(model):
+    with evaluating(model), record_attention(model) as recorded:
         model(backend.asarray(np.array([src_ids])), backend.asarray(np.array([tgt_in])))
-    weights = backend.to_numpy(attention.last_attention)[0].mean(axis=0)  # (T, S)
-    attention.keep_attention, attention.last_attention = False, None
+    last = f"decoder.{len(model.decoder) - 1}.cross_attn"
+    weights = backend.to_numpy(recorded[last])[0].mean(axis=0)  # (T, S)
     plot_attention(path, weights, ["<bos>"] + french, src_vocab.decode(src_ids),
                    f"cross-attention, last decoder layer: {sentence}")
 

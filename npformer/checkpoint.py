@@ -51,6 +51,11 @@ class CheckpointError(ValueError):
 
 @dataclass
 class Checkpoint:
+    """A loaded checkpoint: the model ``kind`` and ``config`` (to rebuild it), its
+    parameter arrays ``params`` by dotted name, the ``optimizer`` state, the update
+    ``step``, the random generators' ``rng_state`` and the caller's ``extra`` values
+    (vocabularies, label names, the trainer's state)."""
+
     kind: str
     config: dict
     params: dict[str, np.ndarray]

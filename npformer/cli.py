@@ -65,6 +65,9 @@ class DemoError(Exception):
 
 @dataclass(frozen=True)
 class Demo:
+    """What identifies a demo: the tag its checkpoints carry, its title for messages,
+    the model kind it saves, its script and its default output folder."""
+
     tag: str  # written into every checkpoint's extra["demo"]
     title: str  # for messages: "the IMDB demo"
     model_kind: str  # the model kind its checkpoints hold
@@ -352,11 +355,22 @@ def resume_command(argv: list[str]) -> str:
 
 
 # --------------------------------------------------------------------------- reports
-def machine_description() -> str:
-    return f"{platform.machine()}, {os.cpu_count()} CPU cores, backend {backend.backend_name()}"
+def machine_description(replicas: int | None = None) -> str:
+    """The machine and how a run spread over it, for metrics.json: e.g. "x86_64, 2 CPU
+    cores, backend numpy, 2 MPI ranks, 1 replica each" (processes started by mpiexec,
+    and ``replicas`` data-parallel threads in each)."""
+    ranks = distributed.current().size
+    text = (f"{platform.machine()}, {os.cpu_count()} CPU cores, backend "
+            f"{backend.backend_name()}, " + (f"{ranks} MPI ranks" if ranks > 1 else "1 process"))
+    if replicas is not None:
+        text += f", {replicas} replica{'' if replicas == 1 else 's'}"
+        text += " each" if ranks > 1 else ""
+    return text
 
 
 class Stopwatch:
+    """Seconds since it was made (a monotonic clock)."""
+
     def __init__(self):
         self.start = time.perf_counter()
 

@@ -98,6 +98,14 @@ class EpochBatches:
 # --------------------------------------------------------------------------- the loop
 @dataclass
 class TrainConfig:
+    """What :class:`Trainer` does: how long, how, when it evaluates and where it saves.
+
+    Only ``max_steps`` is required; the comment beside each field says what it holds.
+    With ``select_metric`` (a key of ``eval_fn``'s dict) the checkpoint at
+    ``checkpoint_path`` is the best evaluation's (``select_mode`` "max" or "min"),
+    otherwise the final model's.
+    """
+
     max_steps: int  # optimizer updates in the whole run (the schedule's length)
     max_seconds: float | None = None  # stop early once training has taken this long in all
     grad_accum: int = 1
@@ -116,6 +124,9 @@ class TrainConfig:
 
 @dataclass
 class History:
+    """What a run recorded: the loss and learning rate of every update, and every
+    evaluation's metrics (``eval_fn``'s dict, with the ``"update"`` it was made at)."""
+
     updates: list[int] = field(default_factory=list)  # the update each loss belongs to
     losses: list[float] = field(default_factory=list)
     lrs: list[float] = field(default_factory=list)
@@ -125,8 +136,32 @@ class History:
 class Trainer:
     """Runs ``task`` on batches from ``next_batch(rng)`` for ``config.max_steps`` updates.
 
-    ``next_batch`` may carry ``state_dict()`` / ``load_state_dict()`` (as
-    :class:`EpochBatches` does): its state is then saved and resumed with the run.
+    Args:
+        model: the :class:`npformer.nn.Module` to train.
+        optimizer: e.g. :class:`npformer.optim.AdamW` over ``model.parameters()`` (its
+            learning rate, or schedule, is the run's).
+        task: what a batch means (:mod:`npformer.tasks`): ``Classification``,
+            ``LanguageModeling``, ``Translation`` or your own :class:`Task`.
+        next_batch: ``next_batch(rng) -> batch``, called once per batch with the
+            trainer's ``numpy.random.Generator`` (draw rows with it, and a resumed run
+            repeats the same batches); the batch is the tuple of host NumPy arrays the
+            task expects.  It may carry ``state_dict()`` / ``load_state_dict()`` (as
+            :class:`EpochBatches` does): its state is then saved and resumed with the run.
+        config: the :class:`TrainConfig`.
+        eval_fn: ``eval_fn(model) -> dict`` of metrics, ``{name: number}`` (e.g.
+            ``{"val_loss": 0.41, "val_accuracy": 0.87}``).  It is called with the model
+            being trained, in training mode (wrap it in ``npformer.nn.evaluating(model)``
+            to turn dropout off; nothing it computes is backpropagated, so
+            ``npformer.no_grad()`` saves memory), every ``config.eval_every`` updates,
+            after the last update and when the time budget ends the run; under MPI on
+            every rank.  The trainer adds the key ``"update"``, logs the values
+            (``{value:.4f}``), keeps them in ``history.evals`` (saved in checkpoints, so
+            plain floats), and with ``config.select_metric`` keeps the checkpoint whose
+            value of that key is best (``select_mode`` "max" or "min"), so the dict must
+            then hold that key.  None (the default): no evaluation.
+        checkpoint_extra: JSON-able values saved in every checkpoint's ``extra`` (a
+            vocabulary as ``vocab.to_json()``, label names...).
+        seed: seeds the batch generator ``rng`` and the dropout streams.
     """
 
     def __init__(self, model, optimizer, task: Task, next_batch: Callable,

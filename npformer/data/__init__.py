@@ -6,7 +6,12 @@ Three real datasets, each read from its canonical download without unpacking:
 - English-French pairs (d2l's ``fra-eng.zip``): :func:`load_fra_eng`, :func:`split_by_source`;
 - tiny Shakespeare (``tinyshakespeare/input.txt``): :func:`load_shakespeare`, :class:`CharVocab`.
 
-Every ``load_*`` function takes an optional ``path`` (the file or a folder
+Your own files (:mod:`npformer.data.files`): labelled texts in CSV, TSV or JSON
+Lines for the classifier (:func:`load_text_classification`), ``source<TAB>target``
+pairs for translation (:func:`read_sentence_pairs`), any UTF-8 text for the
+language model (:func:`read_text_file`).
+
+Every ``load_*`` function of the three datasets takes an optional ``path`` (the file or a folder
 holding it) and otherwise looks in ``$NPFORMER_DATA`` and the user cache folder,
 downloading there if needed (see :mod:`npformer.data.download`).
 """
@@ -25,6 +30,15 @@ from .download import (
     fetch,
     locate,
     locate_dataset,
+)
+from .files import (
+    TextClassificationData,
+    is_user_data,
+    load_text_classification,
+    read_labelled_texts,
+    read_sentence_pairs,
+    read_text_file,
+    sorted_labels,
 )
 from .fra_eng import (
     filter_by_length,
@@ -53,6 +67,9 @@ __all__ = [
     "filter_by_length", "split_by_source",
     # tiny Shakespeare
     "read_shakespeare", "load_shakespeare", "split_90_10",
+    # your own files
+    "TextClassificationData", "is_user_data", "load_text_classification", "read_labelled_texts",
+    "sorted_labels", "read_sentence_pairs", "read_text_file",
     # batching
     "pad_batch", "batches", "length_bucketed_batches", "lm_batch",
 ]

@@ -19,6 +19,19 @@ from .common import TokenEmbedding, check_config, final_norm, model_input, paddi
 
 @dataclass
 class ClassifierConfig:
+    """The shape of a :class:`TransformerClassifier` (saved with its checkpoints).
+
+    vocab_size: token ids are in [0, vocab_size); num_classes: C, the labels (>= 2);
+    d_model: width D; num_heads: H (D must be a multiple unless head_dim is set);
+    num_layers: encoder blocks; d_ff: feed-forward width; max_len: the longest
+    sequence (learned positions); dropout: probability in [0, 1); activation: "relu",
+    "gelu" or "gelu_tanh"; norm_first: pre-norm blocks (a final layer norm) instead of
+    post-norm; head_dim: per-head width E (default D / H); positional: "learned" or
+    "sinusoidal"; pooling: how the valid positions become one vector (see
+    ``npformer.ops.POOLINGS``); pad_id: the padding token, ignored by attention and
+    pooling.  Invalid values raise ValueError naming the field.
+    """
+
     vocab_size: int
     num_classes: int = 2
     d_model: int = 64
@@ -43,6 +56,15 @@ class ClassifierConfig:
 
 
 class TransformerClassifier(Module):
+    """Encoder-only sequence classifier: ids (B, T) -> logits (B, C).
+
+    Token and position embeddings, ``num_layers`` encoder blocks over the valid
+    positions, pooling (mean by default) and a linear head (see the module docstring).
+    ``model(ids, valid_lens)`` gives logits, :meth:`predict` probabilities;
+    ``model.backward(dlogits)`` accumulates the parameter gradients.  Train it with
+    :class:`npformer.tasks.Classification` (README: "Train on your own data").
+    """
+
     kind = "classifier"
     config_class = ClassifierConfig
 

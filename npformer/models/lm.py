@@ -17,6 +17,16 @@ from .common import TokenEmbedding, check_config, final_norm, model_input
 
 @dataclass
 class CausalLMConfig:
+    """The shape of a :class:`CausalLM` (saved with its checkpoints).
+
+    vocab_size: V; block_size: the longest context T; d_model: width D; num_heads: H;
+    num_layers: blocks; d_ff: feed-forward width; dropout: probability in [0, 1);
+    activation: "relu", "gelu" or "gelu_tanh"; norm_first: pre-norm blocks and a final
+    layer norm (GPT-2) instead of post-norm; head_dim: per-head width E (default
+    D / H); positional: "learned" or "sinusoidal"; tie_weights: the output projection
+    is the token embedding transposed.  Invalid values raise ValueError naming the field.
+    """
+
     vocab_size: int
     block_size: int = 64
     d_model: int = 128
@@ -35,6 +45,14 @@ class CausalLMConfig:
 
 
 class CausalLM(Module):
+    """Decoder-only language model: ids (B, T) -> next-token logits (B, T, V).
+
+    Causal self-attention blocks (GPT-2 / nanoGPT shape; see the module docstring).
+    Train it with :class:`npformer.tasks.LanguageModeling`; sample with
+    :func:`npformer.decoding.generate`, which uses :meth:`forward_cached` and a
+    key/value cache (:meth:`new_cache`).
+    """
+
     kind = "causal_lm"
     config_class = CausalLMConfig
 

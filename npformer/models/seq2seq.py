@@ -23,6 +23,18 @@ from .common import TokenEmbedding, check_config, final_norm, model_input, paddi
 
 @dataclass
 class Seq2SeqConfig:
+    """The shape of a :class:`Seq2SeqTransformer` (saved with its checkpoints).
+
+    src_vocab_size, tgt_vocab_size: the two vocabularies; d_model: width D; num_heads:
+    H; num_encoder_layers, num_decoder_layers: blocks on each side; d_ff: feed-forward
+    width; max_len: the longest sequence on either side; dropout: probability in
+    [0, 1); activation: "relu", "gelu" or "gelu_tanh"; norm_first: pre-norm blocks
+    instead of post-norm; head_dim: per-head width E (default D / H); positional:
+    "sinusoidal" or "learned"; scale_embeddings: multiply embeddings by sqrt(D);
+    pad_id, bos_id, eos_id: the special target ids (padding, start, end) decoding uses.
+    Invalid values raise ValueError naming the field.
+    """
+
     src_vocab_size: int
     tgt_vocab_size: int
     d_model: int = 256
@@ -46,6 +58,15 @@ class Seq2SeqConfig:
 
 
 class Seq2SeqTransformer(Module):
+    """Encoder-decoder Transformer: source ids (B, S), target ids (B, T) -> logits
+    (B, T, V_tgt).
+
+    ``model(src, tgt_in)`` with ``tgt_in`` the target shifted right (starting with
+    ``bos_id``); train it with :class:`npformer.tasks.Translation`; decode with
+    :func:`npformer.decoding.greedy_decode` or :func:`npformer.decoding.beam_search`
+    (which use :meth:`encode` and the cached decoder).  See the module docstring.
+    """
+
     kind = "seq2seq"
     config_class = Seq2SeqConfig
 

@@ -13,8 +13,17 @@ Self-attention: ``forward(x, mask=mask)``; cross-attention:
 With a :class:`npformer.nn.Padding`, x is that batch in the position-wise layers'
 form (packed rows in the fast tier); the projections run in that form and the
 attention itself on (B, H, T, E).
+
+The attention weights (the probabilities P = softmax(Q K^T / sqrt(E) + mask), one
+(T, S) matrix per head): ``forward(..., need_weights=True)`` returns them beside the
+output, as ``need_weights=True, average_attn_weights=False`` does in PyTorch's
+``MultiheadAttention``; :func:`record_attention` collects every attention layer's
+weights during a whole model's forward pass.
 """
 from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 from .. import backend, engine, ops
 from ..ops._checks import check_size
@@ -58,6 +67,24 @@ UNPADDED = _Unpadded()
 
 
 class MultiHeadAttention(Module):
+    """Multi-head scaled dot-product attention: ``H`` heads of width ``E`` (default
+    ``d_model // num_heads``) over projections of the queries ``x`` (B, T, D) and the
+    keys and values (``x`` itself, or ``context`` (B, S, D)).
+
+    Attributes:
+        q_proj, k_proj, v_proj (:class:`Linear`, D -> H*E) and out_proj (H*E -> D):
+            the weights, laid out as PyTorch's ``MultiheadAttention`` (see
+            :mod:`npformer.torch_interop`).
+        keep_attention: set True to keep every forward's attention weights in
+            ``last_attention`` (as :func:`record_attention` does for a whole model).
+        last_attention: the (B, H, T, S) probabilities of the last forward (or the
+            new positions' of the last :meth:`forward_cached`) while
+            ``keep_attention`` is set, else None.
+
+    The weights of one call: ``y, weights = attention(x, mask=mask, need_weights=True)``,
+    weights (B, H, T, S) with rows summing to 1 and 0 at every masked key.
+    """
+
     def __init__(self, d_model: int, num_heads: int, head_dim: int | None = None,
                  bias: bool = True):
         check_size(d_model, "d_model", 1)
@@ -79,15 +106,20 @@ class MultiHeadAttention(Module):
         self.k_proj = Linear(d_model, inner, bias)
         self.v_proj = Linear(d_model, inner, bias)
         self.out_proj = Linear(inner, d_model, bias)
-        self.keep_attention = False  # set True to keep the last probabilities, for plots
+        self.keep_attention = False  # set True to keep the last probabilities (documented above)
         self.last_attention = None  # (B, H, T, S) when keep_attention
 
-    def forward(self, x, context=None, mask=None, padding: Padding | None = None):
+    def forward(self, x, context=None, mask=None, padding: Padding | None = None,
+                need_weights: bool = False):
         """x (B, T, D), context (B, S, D) or None (self-attention), mask bool
         broadcasting to (B, H, T, S), True = may attend -> (B, T, D).
 
         ``padding``: x (and the output) are that batch in the position-wise layers'
         form (rows (N, D) in the fast tier); a context stays (B, S, D).
+
+        ``need_weights=True``: returns ``(y, weights)``, weights the (B, H, T, S)
+        attention probabilities of every head (PyTorch's ``need_weights=True,
+        average_attn_weights=False``; average over axis 1 for its default).
         """
         layout = UNPADDED if padding is None else padding
         layout.check_rows(x, self.d_model, "attention input")
@@ -110,6 +142,10 @@ class MultiHeadAttention(Module):
         y = self.out_proj(layout.rows(merge_heads(heads)))  # (B, T, D) or rows (N, D)
         self._save((attn_cache, is_self, layout))
         self.last_attention = ops.attention_weights(q, k, mask) if self.keep_attention else None
+        if need_weights:
+            weights = self.last_attention if self.keep_attention else \
+                ops.attention_weights(q, k, mask)  # (B, H, T, S)
+            return y, weights
         return y
 
     def backward(self, dy):
@@ -147,4 +183,79 @@ class MultiHeadAttention(Module):
             cache.append(split_heads(self.k_proj(context), h),
                          split_heads(self.v_proj(context), h))  # (B, H, S, E), once
         heads, _ = engine.ops().attention_forward(q, cache.keys, cache.values, mask)
+        if self.keep_attention:  # (B, H, T_new, S)
+            self.last_attention = ops.attention_weights(q, cache.keys, mask)
         return self.out_proj(merge_heads(heads))  # (B, T_new, D)
+
+
+# --------------------------------------------------------------------------- recording
+def attention_layers(model: Module, prefix: str = "") -> Iterator[tuple[str, MultiHeadAttention]]:
+    """(dotted name, layer) of every :class:`MultiHeadAttention` inside ``model``, in
+    definition order: e.g. ``"blocks.0.self_attn"``, ``"decoder.1.cross_attn"``."""
+    if isinstance(model, MultiHeadAttention):
+        yield prefix.rstrip("."), model
+        return
+    for name, child in model._children():
+        if isinstance(child, Module):
+            yield from attention_layers(child, f"{prefix}{name}.")
+
+
+class AttentionRecord(Mapping):
+    """{layer name: (B, H, T, S) attention weights} of the forward passes run inside
+    :func:`record_attention`: each layer's latest.  Layers that have not run are
+    absent.  Read it inside the ``with`` block or after: on leaving the block it keeps
+    what it holds then."""
+
+    def __init__(self, layers: dict):
+        self._layers = layers
+        self._kept: dict | None = None
+
+    def _current(self) -> dict:
+        if self._kept is not None:
+            return self._kept
+        return {name: layer.last_attention for name, layer in self._layers.items()
+                if layer.last_attention is not None}
+
+    def __getitem__(self, name: str):
+        current = self._current()
+        if name not in current:
+            state = "has not run" if name in self._layers else "is no attention layer"
+            raise KeyError(f"{name!r} {state} (recorded: {sorted(current)})")
+        return current[name]
+
+    def __iter__(self):
+        return iter(self._current())
+
+    def __len__(self) -> int:
+        return len(self._current())
+
+    def _keep(self) -> None:
+        self._kept = self._current()
+
+
+@contextmanager
+def record_attention(model: Module):
+    """Record the attention weights of every attention layer of ``model``.
+
+    ::
+
+        with record_attention(model) as weights:
+            model(ids)
+        weights["blocks.0.self_attn"]   # (B, H, T, T) probabilities of the first layer
+
+    Yields an :class:`AttentionRecord`, ``{layer name: (B, H, T, S)}`` (names as
+    :func:`attention_layers` gives them), filled by every forward pass (and cached
+    decoding step) run inside the block; a layer run several times keeps its latest.
+    On leaving, the layers stop recording and drop what they held.
+    """
+    layers = dict(attention_layers(model))
+    before = {name: layer.keep_attention for name, layer in layers.items()}
+    for layer in layers.values():
+        layer.keep_attention, layer.last_attention = True, None
+    record = AttentionRecord(layers)
+    try:
+        yield record
+    finally:
+        record._keep()
+        for name, layer in layers.items():
+            layer.keep_attention, layer.last_attention = before[name], None
