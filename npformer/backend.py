@@ -51,12 +51,13 @@ def _make_backend(name: str, seed: int | None) -> _Backend:
         return _Backend("numpy", xp, "cpu", np.random.default_rng(seed))
     if name == "cupy":
         try:
-            import cupy
             import array_api_compat.cupy as xp
+            import cupy
         except ImportError as exc:
             raise RuntimeError(
-                "backend 'cupy' needs CuPy: install it with `pip install -e .[gpu]` "
-                "(a CuPy wheel matching your CUDA version, e.g. cupy-cuda12x)"
+                "backend 'cupy' needs CuPy: install the extra of your CUDA driver, "
+                "`pip install -e \".[gpu-cuda13]\"` (cupy-cuda13x) or `.[gpu-cuda12]` "
+                "(cupy-cuda12x); README.md, \"On a GPU: install\", says which"
             ) from exc
         try:
             n_gpus = cupy.cuda.runtime.getDeviceCount()
