@@ -35,6 +35,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -48,6 +49,7 @@ from .nn import (
     LayerNorm,
     LearnedPositionalEmbedding,
     Linear,
+    Module,
     MultiHeadAttention,
 )
 
@@ -70,7 +72,7 @@ RuleFn = Callable[[object, str, str], Iterator[Rule]]
 RULES: dict[type, RuleFn] = {}
 
 
-def register(cls: type):
+def register(cls: type) -> Callable[[RuleFn], RuleFn]:
     """Decorator: ``fn(module, torch_prefix, npformer_prefix)`` yields the Rules of ``cls``."""
     def wrap(fn: RuleFn) -> RuleFn:
         RULES[cls] = fn
@@ -78,7 +80,7 @@ def register(cls: type):
     return wrap
 
 
-def rules_for(module, t: str = "", n: str = "") -> Iterator[Rule]:
+def rules_for(module: Module, t: str = "", n: str = "") -> Iterator[Rule]:
     """Rules of ``module`` with torch names prefixed by ``t`` and npformer names by ``n``."""
     for cls in type(module).__mro__:
         if cls in RULES:
@@ -168,7 +170,7 @@ def _from_torch_layout(kind: str, tensor: np.ndarray, count: int) -> list[np.nda
     raise ValueError(f"unknown rule kind {kind!r}")
 
 
-def to_torch_state_dict(module) -> dict[str, np.ndarray]:
+def to_torch_state_dict(module: Module) -> dict[str, np.ndarray]:
     """The state dict of the equivalent PyTorch module, as NumPy arrays (C-contiguous)."""
     own = {name: backend.to_numpy(p.data) for name, p in module.named_parameters()}
     out, used = {}, set()
@@ -200,11 +202,10 @@ def load_torch_state_dict(module, torch_state: dict) -> None:
 
 
 # --------------------------------------------------------------------------- safetensors
-def save_safetensors(module, path, metadata: dict[str, str] | None = None):
+def save_safetensors(module: Module, path: str | os.PathLike,
+                     metadata: dict[str, str] | None = None) -> Path:
     """Write ``module``'s weights to ``path`` as safetensors, under PyTorch's names and
     layouts; ``metadata`` (str -> str) is stored in the header with ``format: pt``."""
-    from pathlib import Path
-
     from safetensors.numpy import save_file
 
     header = {"format": "pt", **(metadata or {})}

@@ -71,13 +71,13 @@ def torch_models() -> dict[str, type]:
 
     tnn = torch.nn
 
-    def encoder_layer(c, dtype):
+    def encoder_layer(c: Any, dtype: Any) -> Any:
         return tnn.TransformerEncoderLayer(c.d_model, c.num_heads, c.d_ff, dropout=0.0,
                                            activation=torch_activation(c.activation),
                                            layer_norm_eps=ops.layernorm.EPS, batch_first=True,
                                            norm_first=c.norm_first, dtype=dtype)
 
-    def ignored(ids, valid_lens, pad_id):
+    def ignored(ids: Any, valid_lens: Any, pad_id: int) -> tuple[Any, Any]:
         """(B, T) True at padding: positions at or after valid_lens (default: the count of
         non-pad ids per row, as npformer counts them)."""
         if valid_lens is None:
@@ -98,7 +98,7 @@ def torch_models() -> dict[str, type]:
                 self.norm = tnn.LayerNorm(c.d_model, eps=ops.layernorm.EPS, dtype=dtype)
             self.head = tnn.Linear(c.d_model, c.num_classes, dtype=dtype)
 
-        def forward(self, ids, valid_lens=None):
+        def forward(self, ids: Any, valid_lens: Any = None) -> Any:
             """ids (B, T), valid_lens (B,) or None -> logits (B, C)."""
             ignore, valid_lens = ignored(ids, valid_lens, self.c.pad_id)  # (B, T)
             x = _add_positions(self, "", self.tok_emb(ids))
@@ -129,7 +129,7 @@ def torch_models() -> dict[str, type]:
             if not c.tie_weights:
                 self.lm_head = tnn.Linear(c.d_model, c.vocab_size, bias=False, dtype=dtype)
 
-        def forward(self, ids):
+        def forward(self, ids: Any) -> Any:
             length = ids.shape[1]
             x = _add_positions(self, "", self.tok_emb(ids))
             causal = torch.triu(torch.ones(length, length, dtype=torch.bool, device=ids.device),
@@ -161,7 +161,7 @@ def torch_models() -> dict[str, type]:
             _positions(torch, self, "src_", c.positional, c.max_len, c.d_model, dtype)
             _positions(torch, self, "tgt_", c.positional, c.max_len, c.d_model, dtype)
 
-            def norm():
+            def norm() -> Any:
                 return (tnn.LayerNorm(c.d_model, eps=ops.layernorm.EPS, dtype=dtype)
                         if c.norm_first else None)
 
@@ -174,7 +174,7 @@ def torch_models() -> dict[str, type]:
                 for _ in range(c.num_decoder_layers)], norm())
             self.out_proj = tnn.Linear(c.d_model, c.tgt_vocab_size, dtype=dtype)
 
-        def forward(self, src, tgt_in, src_lens=None, tgt_lens=None):
+        def forward(self, src: Any, tgt_in: Any, src_lens: Any = None, tgt_lens: Any = None) -> Any:
             scale = math.sqrt(self.c.d_model) if self.c.scale_embeddings else 1.0
             src_ignore, _ = ignored(src, src_lens, self.c.pad_id)  # (B, S)
             tgt_ignore, _ = ignored(tgt_in, tgt_lens, self.c.pad_id)  # (B, T)
