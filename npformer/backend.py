@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,9 @@ import numpy as np
 BACKENDS = ("numpy", "cupy", "strict")
 _LIBRARY = {"numpy": "numpy", "cupy": "cupy", "strict": "array_api_strict"}  # backend -> module
 FLOAT_DTYPES = ("float32", "float64")
+# An array of any backend (numpy.ndarray, cupy.ndarray, array_api_strict Array): the
+# libraries share no base class, so the annotations name it for the reader.
+Array = Any
 
 
 @dataclass
@@ -51,12 +55,13 @@ def _make_backend(name: str, seed: int | None) -> _Backend:
         return _Backend("numpy", xp, "cpu", np.random.default_rng(seed))
     if name == "cupy":
         try:
-            import cupy
             import array_api_compat.cupy as xp
+            import cupy
         except ImportError as exc:
             raise RuntimeError(
-                "backend 'cupy' needs CuPy: install it with `pip install -e .[gpu]` "
-                "(a CuPy wheel matching your CUDA version, e.g. cupy-cuda12x)"
+                "backend 'cupy' needs CuPy: install the extra of your CUDA driver, "
+                "`pip install -e \".[gpu-cuda13]\"` (cupy-cuda13x) or `.[gpu-cuda12]` "
+                "(cupy-cuda12x); README.md, \"On a GPU: install\", says which"
             ) from exc
         try:
             n_gpus = cupy.cuda.runtime.getDeviceCount()
@@ -93,12 +98,12 @@ def backend_name() -> str:
     return _current.name
 
 
-def xp():
+def xp() -> Any:
     """The array namespace of the current backend."""
     return _current.xp
 
 
-def device():
+def device() -> Any:
     """The device new arrays are created on."""
     return _current.device
 
@@ -106,7 +111,7 @@ def device():
 _NAMESPACE_OF_TYPE: dict[type, Any] = {}  # array type -> its namespace, filled on first use
 
 
-def namespace_of(*arrays):
+def namespace_of(*arrays: Array) -> Any:
     """The array namespace the given arrays belong to (they must agree).
 
     An array's namespace depends only on its type, so arrays of one type are answered
@@ -137,7 +142,7 @@ def namespace_of(*arrays):
         raise
 
 
-def check_one_library(what: str, **arrays) -> None:
+def check_one_library(what: str, **arrays: Array) -> None:
     """The named arrays come from one array library; otherwise a TypeError naming each
     argument's library, raised before a namespace lookup would give the message without
     the names.  Arguments that are not arrays (None, lists) are left to the callers' checks."""
@@ -162,7 +167,7 @@ def _library_of(x) -> str:
     return type(x).__module__.split(".")[0]
 
 
-def device_of(x):
+def device_of(x: Array) -> Any:
     import array_api_compat
 
     return array_api_compat.device(x)
@@ -176,7 +181,7 @@ def set_default_float(name: str) -> None:
     _current.default_float = name
 
 
-def default_float():
+def default_float() -> Any:
     """The current backend's default float dtype object."""
     return getattr(_current.xp, _current.default_float)
 
@@ -185,7 +190,7 @@ def default_float_name() -> str:
     return _current.default_float
 
 
-def float_dtype(name: str | None = None):
+def float_dtype(name: str | None = None) -> Any:
     """Dtype object for "float32"/"float64" (default: the policy's) in the current namespace."""
     name = name or _current.default_float
     if name not in FLOAT_DTYPES:
@@ -193,18 +198,18 @@ def float_dtype(name: str | None = None):
     return getattr(_current.xp, name)
 
 
-def is_integer_array(x) -> bool:
+def is_integer_array(x: Array) -> bool:
     xp_ = namespace_of(x)
     return xp_.isdtype(x.dtype, "integral")
 
 
-def is_float_array(x) -> bool:
+def is_float_array(x: Array) -> bool:
     xp_ = namespace_of(x)
     return xp_.isdtype(x.dtype, "real floating")
 
 
 # --------------------------------------------------------------------------- host <-> device
-def asarray(data, dtype=None):
+def asarray(data: Any, dtype: Any = None) -> Array:
     """Copy host data (NumPy array, list, scalar) onto the current backend.
 
     ``dtype`` may be a name ("float32", "int64", "bool") or None (keep the data's).
@@ -225,7 +230,7 @@ def asarray(data, dtype=None):
     return xp_.asarray(data, dtype=dtype)
 
 
-def to_numpy(x) -> np.ndarray:
+def to_numpy(x: Array) -> np.ndarray:
     """Copy a backend array (of any backend) to a NumPy array on the host."""
     if isinstance(x, np.ndarray):
         return x
@@ -239,7 +244,7 @@ def to_numpy(x) -> np.ndarray:
     return np.asarray(x)
 
 
-def copy_like(value, like):
+def copy_like(value: Any, like: Array) -> Array:
     """``value`` (a NumPy array or an array of any backend) as a fresh array on ``like``'s
     backend with ``like``'s dtype: how saved state is loaded into live parameters."""
     xp_ = namespace_of(like)
@@ -248,7 +253,7 @@ def copy_like(value, like):
     return xp_.astype(value, like.dtype, copy=True)
 
 
-def host_range(x) -> tuple[int, int]:
+def host_range(x: Array) -> tuple[int, int]:
     """(min, max) of a non-empty integer array as Python ints, read from the device in one
     copy (each copy waits for the device: one wait per check, not two)."""
     xp_ = namespace_of(x)
@@ -256,7 +261,7 @@ def host_range(x) -> tuple[int, int]:
     return int(low), int(high)
 
 
-def to_float(x) -> float:
+def to_float(x: Array) -> float:
     """A 0-d backend array (or a Python number) as a Python float, on the host."""
     return float(to_numpy(x)) if not isinstance(x, (int, float)) else float(x)
 
@@ -271,7 +276,7 @@ def _rng():
 
 
 @contextmanager
-def thread_generator(seed_value: int):
+def thread_generator(seed_value: int) -> Iterator[None]:
     """Within the block, this thread draws from its own generator seeded with ``seed_value``
     (data-parallel replicas: reproducible dropout masks whatever the thread timing)."""
     previous = getattr(_thread_local, "rng", None)
@@ -318,26 +323,26 @@ def _from_generator(sample, dtype):
     return sample.astype(dtype, copy=False)
 
 
-def random_uniform(shape, dtype=None):
+def random_uniform(shape: tuple[int, ...], dtype: Any = None) -> Array:
     """Uniform [0, 1) samples of ``shape`` on the current backend."""
     dtype = dtype or default_float()
     return _from_generator(_rng().random(tuple(shape)), dtype)
 
 
-def random_normal(shape, std: float = 1.0, dtype=None):
+def random_normal(shape: tuple[int, ...], std: float = 1.0, dtype: Any = None) -> Array:
     """Normal(0, std^2) samples of ``shape`` on the current backend."""
     dtype = dtype or default_float()
     return _from_generator(_rng().standard_normal(tuple(shape)) * std, dtype)
 
 
-def random_integers(low: int, high: int, shape):
+def random_integers(low: int, high: int, shape: tuple[int, ...]) -> Array:
     """Integers uniform in [low, high) as an int64 backend array."""
     sample = _rng().integers(low, high, size=tuple(shape))
     return _from_generator(sample, _current.xp.int64)
 
 
 # --------------------------------------------------------------------------- scatter-add
-def scatter_add_rows(index, values, num_rows: int):
+def scatter_add_rows(index: Array, values: Array, num_rows: int) -> Array:
     """``out[index[n], :] += values[n, :]`` for every n, repeated indices accumulating.
 
     index: (N,) integers in [0, num_rows); values: (N, D).  Returns (num_rows, D).

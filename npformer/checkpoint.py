@@ -34,11 +34,15 @@ import zipfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from . import backend
+
+if TYPE_CHECKING:  # annotations only: nn and optim are not imported here
+    from .nn import Module
+    from .optim import Optimizer
 
 FORMAT_VERSION = 2
 _RENAMED_IN_V2 = {"gelu": "gelu_tanh"}  # activation names of version 1 -> version 2
@@ -80,7 +84,7 @@ def _process_is_alive(pid: int) -> bool:
     return True
 
 
-def remove_stale_temporaries(path) -> list[Path]:
+def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
     """Delete the temporaries ``.<name>.<pid>.tmp`` of saves of ``path`` whose process
     no longer runs (killed mid-save); return what was deleted.  Those of live processes
     (a save in progress elsewhere) are left alone."""
@@ -116,7 +120,8 @@ def _check_destination(path: Path) -> None:
             return
 
 
-def save_checkpoint(path, model, optimizer=None, step: int = 0, extra: dict | None = None,
+def save_checkpoint(path: str | os.PathLike, model: Module, optimizer: Optimizer | None = None,
+                    step: int = 0, extra: dict | None = None,
                     rng_state: dict | None = None) -> Path:
     """Write ``model`` (and optionally ``optimizer``) to ``path`` atomically."""
     from .models.common import config_to_dict
@@ -163,7 +168,7 @@ _UNREADABLE = (zipfile.BadZipFile, zlib.error, struct.error, ValueError, OSError
                UnicodeDecodeError)
 
 
-def load_checkpoint(path) -> Checkpoint:
+def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     """Read a checkpoint into host memory, with a clear error for anything unreadable."""
     path = Path(path)
     if not path.is_file():
@@ -241,7 +246,7 @@ def _unwrap(value: np.ndarray):
     return value
 
 
-def build_model(checkpoint: Checkpoint, expected_kind: str | None = None):
+def build_model(checkpoint: Checkpoint, expected_kind: str | None = None) -> Module:
     """A new model of the checkpoint's kind and config, with its weights loaded."""
     from .models import MODELS
     from .models.common import config_from_dict
@@ -262,7 +267,8 @@ def build_model(checkpoint: Checkpoint, expected_kind: str | None = None):
     return model
 
 
-def restore(model, checkpoint: Checkpoint, optimizer=None) -> None:
+def restore(model: Module, checkpoint: Checkpoint,
+            optimizer: Optimizer | None = None) -> None:
     """Load a checkpoint into an existing model (and optimizer), checking that it was
     saved from the same architecture: kind, then every config field, then shapes."""
     from .models.common import config_to_dict

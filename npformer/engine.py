@@ -18,6 +18,7 @@ whether the position-wise layers run on packed rows (fast) or on the padded
 from __future__ import annotations
 
 import os
+from types import ModuleType
 
 from . import fast as _fast
 from . import ops as _textbook
@@ -45,7 +46,7 @@ def engine_name() -> str:
     return _current
 
 
-def ops():
+def ops() -> ModuleType:
     """The current tier's ops: :mod:`npformer.fast` or :mod:`npformer.ops` (same names)."""
     return _fast if _current == "fast" else _textbook
 

@@ -2,8 +2,8 @@ r"""Numerical gradient checking: the proof that a hand-written backward is right
 
 For a function $y = f(x_1, \dots)$ and a *random* upstream gradient $g$
 (never all ones: a constant g hides errors such as dropping layer norm's
-$\hat x \cdot \text{mean}(g \odot \hat x)$ term, because such terms sum to zero against it) define the
-scalar $L = \langle g, f(x) \rangle$.  The analytic backward, fed $g$, claims
+$\hat x \cdot \text{mean}(g \odot \hat x)$ term, because such terms sum to zero against
+it) define the scalar $L = \langle g, f(x) \rangle$.  The analytic backward, fed $g$, claims
 $\partial L / \partial x$.  Central differences measure it:
 
     $\frac{\partial L}{\partial x_i} \approx \frac{L(x + h e_i) - L(x - h e_i)}{2h}$
@@ -30,12 +30,16 @@ Two entry points:
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import backend
+
+if TYPE_CHECKING:  # annotations only
+    from .nn import Module
 
 
 @dataclass
@@ -181,7 +185,7 @@ def check_op(forward: Callable, backward: Callable, args: Sequence, wrt: Sequenc
     return compare(analytic, numeric)
 
 
-def check_module(module, inputs: Sequence, wrt_inputs: Sequence[int] | None = None,
+def check_module(module: Module, inputs: Sequence, wrt_inputs: Sequence[int] | None = None,
                  kwargs: dict | None = None, h: float = 1e-5, seed: int = 0) -> GradCheckResult:
     """Check ``module.backward`` for its inputs and every parameter.
 

@@ -33,14 +33,25 @@ into a module, checking every key and shape first.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from . import backend
-from .nn import (DecoderBlock, Embedding, EncoderBlock, FeedForward, LayerNorm,
-                 LearnedPositionalEmbedding, Linear, MultiHeadAttention)
+from .nn import (
+    DecoderBlock,
+    Embedding,
+    EncoderBlock,
+    FeedForward,
+    LayerNorm,
+    LearnedPositionalEmbedding,
+    Linear,
+    Module,
+    MultiHeadAttention,
+)
 
 
 @dataclass(frozen=True)
@@ -61,7 +72,7 @@ RuleFn = Callable[[object, str, str], Iterator[Rule]]
 RULES: dict[type, RuleFn] = {}
 
 
-def register(cls: type):
+def register(cls: type) -> Callable[[RuleFn], RuleFn]:
     """Decorator: ``fn(module, torch_prefix, npformer_prefix)`` yields the Rules of ``cls``."""
     def wrap(fn: RuleFn) -> RuleFn:
         RULES[cls] = fn
@@ -69,7 +80,7 @@ def register(cls: type):
     return wrap
 
 
-def rules_for(module, t: str = "", n: str = "") -> Iterator[Rule]:
+def rules_for(module: Module, t: str = "", n: str = "") -> Iterator[Rule]:
     """Rules of ``module`` with torch names prefixed by ``t`` and npformer names by ``n``."""
     for cls in type(module).__mro__:
         if cls in RULES:
@@ -159,7 +170,7 @@ def _from_torch_layout(kind: str, tensor: np.ndarray, count: int) -> list[np.nda
     raise ValueError(f"unknown rule kind {kind!r}")
 
 
-def to_torch_state_dict(module) -> dict[str, np.ndarray]:
+def to_torch_state_dict(module: Module) -> dict[str, np.ndarray]:
     """The state dict of the equivalent PyTorch module, as NumPy arrays (C-contiguous)."""
     own = {name: backend.to_numpy(p.data) for name, p in module.named_parameters()}
     out, used = {}, set()
@@ -191,11 +202,10 @@ def load_torch_state_dict(module, torch_state: dict) -> None:
 
 
 # --------------------------------------------------------------------------- safetensors
-def save_safetensors(module, path, metadata: dict[str, str] | None = None):
+def save_safetensors(module: Module, path: str | os.PathLike,
+                     metadata: dict[str, str] | None = None) -> Path:
     """Write ``module``'s weights to ``path`` as safetensors, under PyTorch's names and
     layouts; ``metadata`` (str -> str) is stored in the header with ``format: pt``."""
-    from pathlib import Path
-
     from safetensors.numpy import save_file
 
     header = {"format": "pt", **(metadata or {})}
@@ -278,3 +288,183 @@ def _register_models():
 
 
 _register_models()
+
+
+# --------------------------------------------------------------------------- whole modules
+# to_torch / from_torch: the equivalent module itself, not only its weights.  torch is
+# imported inside them; npformer's models map to npformer.torch_reference's classes.
+_TORCH_EQUIVALENTS = ("TransformerClassifier, CausalLM, Seq2SeqTransformer, EncoderBlock, "
+                      "DecoderBlock, MultiHeadAttention, Linear, LayerNorm, Embedding, "
+                      "LearnedPositionalEmbedding")
+
+
+def to_torch(module: Any, device: Any = None) -> Any:
+    """The ``torch.nn.Module`` equivalent of an npformer model or layer, holding the same
+    weights: same outputs for the same inputs (in eval mode; torch also drops attention
+    probabilities in training, npformer does not).
+
+    * ``models.TransformerClassifier`` -> ``torch_reference.torch_models()["classifier"]``,
+      called as ``forward(ids, valid_lens=None)``; ``models.CausalLM`` -> ``["causal_lm"]``,
+      ``forward(ids)``; ``models.Seq2SeqTransformer`` -> ``["seq2seq"]``,
+      ``forward(src, tgt_in, src_lens=None, tgt_lens=None)`` (lengths default to the
+      count of non-pad ids, as in npformer);
+    * ``nn.EncoderBlock`` / ``nn.DecoderBlock`` -> ``nn.TransformerEncoderLayer`` /
+      ``nn.TransformerDecoderLayer`` (batch_first; the same norm_first, activation, dropout);
+    * ``nn.MultiHeadAttention`` -> ``nn.MultiheadAttention(batch_first=True)``;
+    * ``nn.Linear``, ``nn.LayerNorm``, ``nn.Embedding`` -> the torch layer of that name;
+      ``nn.LearnedPositionalEmbedding`` -> ``nn.Embedding(max_len, d_model)``.
+
+    The models' references have dropout 0 and keep the npformer config as ``.c``. The
+    dtype is the module's (float32 or float64); ``device`` (e.g. ``"cuda"``) where the
+    torch module goes (default: the CPU); the torch module is in the npformer module's
+    mode (``training`` or eval).
+    """
+    import torch
+
+    state = to_torch_state_dict(module)  # refuses what has no equivalent (wide heads ...)
+    dtypes = sorted({array.dtype.name for array in state.values()})
+    if len(dtypes) != 1 or dtypes[0] not in backend.FLOAT_DTYPES:
+        raise TypeError(f"to_torch needs parameters of one float dtype "
+                        f"{backend.FLOAT_DTYPES}, got {dtypes} in {type(module).__name__}")
+    twin = _torch_twin(module, torch, getattr(torch, dtypes[0]))
+    twin.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=True)
+    twin.train(bool(getattr(module, "training", True)))
+    return twin if device is None else twin.to(device)
+
+
+def _torch_twin(m: Any, torch: Any, dtype: Any) -> Any:
+    """An empty torch module shaped like the npformer module ``m``."""
+    from .models import MODELS
+    from .torch_reference import torch_activation, torch_models
+
+    tnn = torch.nn
+    kind = getattr(type(m), "kind", None)
+    if kind in MODELS and isinstance(m, MODELS[kind]):
+        return torch_models()[kind](m.config, dtype)
+    if isinstance(m, (EncoderBlock, DecoderBlock)):
+        layer = tnn.TransformerEncoderLayer if isinstance(m, EncoderBlock) else \
+            tnn.TransformerDecoderLayer
+        return layer(m.self_attn.d_model, m.self_attn.num_heads, m.ffn.linear1.out_features,
+                     dropout=m.ffn.dropout.p, activation=torch_activation(m.ffn.activation.name),
+                     layer_norm_eps=m.ffn_residual.norm.eps, batch_first=True,
+                     norm_first=m.norm_first, dtype=dtype)
+    if isinstance(m, MultiHeadAttention):
+        return tnn.MultiheadAttention(m.d_model, m.num_heads, bias=m.q_proj.bias is not None,
+                                      batch_first=True, dtype=dtype)
+    if isinstance(m, Linear):
+        return tnn.Linear(m.in_features, m.out_features, bias=m.bias is not None, dtype=dtype)
+    if isinstance(m, LayerNorm):
+        return tnn.LayerNorm(m.weight.shape[0], eps=m.eps, dtype=dtype)
+    if isinstance(m, (Embedding, LearnedPositionalEmbedding)):
+        return tnn.Embedding(*m.weight.shape, dtype=dtype)
+    raise TypeError(f"to_torch has no torch module for {type(m).__name__}; it converts "
+                    f"{_TORCH_EQUIVALENTS}")
+
+
+def from_torch(torch_module: Any) -> Any:
+    """The npformer model or layer equivalent to ``torch_module``, built from its
+    configuration and holding its weights (the reverse of :func:`to_torch`).
+
+    Accepts the reference models of :mod:`npformer.torch_reference` (as :func:`to_torch`
+    returns them; their npformer config is ``.c``), ``nn.TransformerEncoderLayer`` and
+    ``nn.TransformerDecoderLayer`` (any norm_first, activation "relu", "gelu" or tanh
+    GELU, layer_norm_eps 1e-5, with biases), ``nn.MultiheadAttention`` (equal q/k/v
+    widths, no bias_k/bias_v or zero attention), ``nn.Linear``, ``nn.LayerNorm`` (over
+    the last axis, with weight and bias) and ``nn.Embedding``.  npformer layers are
+    batch-first whatever ``batch_first`` says.  The npformer module is made on the
+    current backend in the torch module's dtype (float32 or float64).
+    """
+    import torch
+
+    params = list(torch_module.parameters())
+    dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in params})
+    if len(dtypes) != 1 or dtypes[0] not in backend.FLOAT_DTYPES:
+        raise TypeError(f"from_torch needs parameters of one float dtype "
+                        f"{backend.FLOAT_DTYPES}, got {dtypes or 'none'} in "
+                        f"{type(torch_module).__name__}")
+    previous = backend.default_float_name()
+    backend.set_default_float(dtypes[0])
+    try:
+        ours = _npformer_twin(torch_module, torch)
+    finally:
+        backend.set_default_float(previous)
+    load_torch_state_dict(ours, {name: tensor.detach().cpu().numpy()
+                                 for name, tensor in torch_module.state_dict().items()})
+    ours.train(bool(torch_module.training))
+    return ours
+
+
+def _npformer_twin(t: Any, torch: Any) -> Any:
+    """An npformer module shaped like the torch module ``t`` (weights not yet loaded)."""
+    from . import ops
+    from .models import MODELS
+    from .torch_reference import torch_models
+
+    tnn = torch.nn
+    for kind, cls in torch_models().items():
+        if isinstance(t, cls):
+            return MODELS[kind](t.c)
+    name = type(t).__name__
+    if isinstance(t, (tnn.TransformerEncoderLayer, tnn.TransformerDecoderLayer)):
+        _check_torch_attention(t.self_attn, name + ".self_attn")
+        if t.linear1.bias is None or t.norm1.bias is None or t.self_attn.in_proj_bias is None:
+            raise ValueError(f"{name} with bias=False has no npformer equivalent (npformer's "
+                             "blocks have biases)")
+        if t.norm1.eps != ops.layernorm.EPS:
+            raise ValueError(f"{name} has layer_norm_eps {t.norm1.eps}; npformer's blocks "
+                             f"use {ops.layernorm.EPS}")
+        block = EncoderBlock if isinstance(t, tnn.TransformerEncoderLayer) else DecoderBlock
+        return block(t.self_attn.embed_dim, t.self_attn.num_heads, t.linear1.out_features,
+                     dropout=t.dropout.p, activation=_activation_name(t.activation, torch, name),
+                     norm_first=t.norm_first)
+    if isinstance(t, tnn.MultiheadAttention):
+        _check_torch_attention(t, name)
+        return MultiHeadAttention(t.embed_dim, t.num_heads, bias=t.in_proj_bias is not None)
+    if isinstance(t, tnn.Linear):
+        return Linear(t.in_features, t.out_features, bias=t.bias is not None)
+    if isinstance(t, tnn.LayerNorm):
+        if len(t.normalized_shape) != 1 or t.weight is None or t.bias is None:
+            raise ValueError(f"LayerNorm over {tuple(t.normalized_shape)} with "
+                             f"elementwise_affine={t.weight is not None}, bias="
+                             f"{t.bias is not None} has no npformer equivalent (one axis, "
+                             "weight and bias)")
+        return LayerNorm(t.normalized_shape[0], eps=t.eps)
+    if isinstance(t, tnn.Embedding):
+        return Embedding(t.num_embeddings, t.embedding_dim)
+    raise TypeError(f"from_torch has no npformer module for {name}; it converts "
+                    "npformer.torch_reference's models, nn.TransformerEncoderLayer, "
+                    "nn.TransformerDecoderLayer, nn.MultiheadAttention, nn.Linear, "
+                    "nn.LayerNorm and nn.Embedding")
+
+
+def _check_torch_attention(attn: Any, name: str) -> None:
+    """What npformer's MultiHeadAttention cannot hold: other key/value widths, bias_k/v."""
+    if not attn._qkv_same_embed_dim:
+        raise ValueError(f"{name} has kdim {attn.kdim} / vdim {attn.vdim} other than "
+                         f"embed_dim {attn.embed_dim}: npformer's attention has no "
+                         "equivalent")
+    if attn.bias_k is not None or attn.add_zero_attn:
+        raise ValueError(f"{name} has add_bias_kv or add_zero_attn: npformer's attention "
+                         "has no equivalent")
+
+
+def _activation_name(fn: Any, torch: Any, name: str) -> str:
+    """npformer's name of a torch Transformer layer's activation (a function, a partial
+    of F.gelu, or an nn.ReLU / nn.GELU module)."""
+    import functools
+
+    F = torch.nn.functional
+    if fn is F.relu or isinstance(fn, torch.nn.ReLU):
+        return "relu"
+    approximate = None
+    if fn is F.gelu:
+        approximate = "none"
+    elif isinstance(fn, torch.nn.GELU):
+        approximate = fn.approximate
+    elif (isinstance(fn, functools.partial) and fn.func is F.gelu and not fn.args
+          and set(fn.keywords) <= {"approximate"}):
+        approximate = fn.keywords.get("approximate", "none")
+    if approximate in ("none", "tanh"):
+        return "gelu" if approximate == "none" else "gelu_tanh"
+    raise ValueError(f"{name}'s activation {fn!r} has no npformer equivalent (relu, gelu, "
+                     "gelu with approximate='tanh')")

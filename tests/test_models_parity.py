@@ -1,7 +1,7 @@
 """Whole-model parity with PyTorch: the same model assembled from torch.nn modules.
 
 For each architecture the reference is a plain ``torch.nn.Module`` (the one copy,
-in bench/torch_models.py, which the benchmark runs too) with the
+in npformer/torch_reference.py, which the benchmark runs too) with the
 attribute names :mod:`npformer.torch_interop` expects (tok_emb, pos_emb,
 layers.<i> = ``nn.TransformerEncoderLayer(batch_first=True)``, norm, head /
 lm_head; src_tok_emb, tgt_tok_emb, encoder.layers.<i>, decoder.layers.<i> =
@@ -28,12 +28,17 @@ import numpy as np
 import pytest
 
 from npformer import backend, ops, optim
-from npformer.models import (CausalLM, CausalLMConfig, ClassifierConfig, Seq2SeqConfig,
-                             Seq2SeqTransformer, TransformerClassifier)
-from npformer.torch_interop import to_torch_state_dict
+from npformer.models import (
+    CausalLM,
+    CausalLMConfig,
+    ClassifierConfig,
+    Seq2SeqConfig,
+    Seq2SeqTransformer,
+    TransformerClassifier,
+)
 from npformer.tasks import Classification, LanguageModeling, Translation
-
-from bench.torch_models import torch_models  # the PyTorch references (bench/ shares them)
+from npformer.torch_interop import to_torch_state_dict
+from npformer.torch_reference import torch_models  # the PyTorch references (bench/ too)
 
 from .conftest import require_torch, using_backend
 from .helpers import load_from_torch, rel_diff, to_torch, torch_device, using_engine

@@ -22,10 +22,11 @@ import pytest
 
 from npformer import backend
 from npformer.torch_interop import load_safetensors, save_safetensors
+from npformer.torch_reference import torch_models
 
 from .conftest import using_backend
 from .helpers import assert_close
-from .test_models_parity import CONFIGS, KINDS, torch_models
+from .test_models_parity import CONFIGS, KINDS
 
 CASES = [
     ("classifier", dict(pooling="mean", norm_first=False, positional="learned")),

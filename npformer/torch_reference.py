@@ -1,0 +1,196 @@
+"""The PyTorch reference models: npformer's three models assembled from torch.nn layers.
+
+Each is a plain ``torch.nn.Module`` built from an npformer model configuration, with
+the attribute names :mod:`npformer.torch_interop` converts weights under:
+
+* classifier: ``tok_emb``, ``pos_emb`` (learned positions only), ``layers.<i>``
+  (``nn.TransformerEncoderLayer(batch_first=True)``), ``norm`` (pre-norm only), ``head``;
+* causal LM: ``tok_emb``, ``pos_emb``, ``layers.<i>``, ``norm`` (pre-norm only),
+  ``lm_head`` (untied only; tied, the logits are ``h @ tok_emb.weight.T``);
+* seq2seq: ``src_tok_emb``, ``tgt_tok_emb``, ``src_pos_emb``/``tgt_pos_emb`` (learned
+  only), ``encoder.layers.<i>``, ``encoder.norm`` (pre-norm only), ``decoder.layers.<i>``
+  (``nn.TransformerDecoderLayer``), ``decoder.norm`` (pre-norm only), ``out_proj``.
+
+They compute what the npformer model computes: the same norm_first and activation
+(npformer's "gelu" is torch's exact ``F.gelu``, "gelu_tanh" is ``approximate="tanh"``),
+torch's masks (True = ignore), pooling over the valid positions, sinusoidal positions
+as npformer's table in a non-persistent buffer (not in the state dict).  Dropout is 0:
+they are references to compare outputs and gradients with, not training recipes.
+
+The parity tests, the benchmark (``bench/``) and :func:`npformer.torch_interop.to_torch`
+build these.  torch is imported when :func:`torch_models` is first called, never when
+npformer is imported; the classes are made once and the same ones returned afterwards.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from . import backend, ops
+
+
+def torch_activation(name: str) -> str | Callable:
+    """npformer's activation name as ``torch.nn.Transformer*Layer``'s ``activation``."""
+    import torch.nn.functional as F
+
+    if name == "gelu_tanh":  # torch has no string for the tanh form
+        return functools.partial(F.gelu, approximate="tanh")
+    return name  # "relu", and "gelu" (exact, erf) in both libraries
+
+
+def _positions(torch: Any, module: Any, prefix: str, positional: str, max_len: int,
+               d_model: int, dtype: Any) -> None:
+    """A learned table (an Embedding, in state_dict) or npformer's sinusoids (a buffer)."""
+    if positional == "learned":
+        setattr(module, prefix + "pos_emb", torch.nn.Embedding(max_len, d_model, dtype=dtype))
+    else:
+        table = backend.to_numpy(ops.sinusoidal_table(max_len, d_model, dtype=np.float64,
+                                                      like=np.zeros(1)))
+        module.register_buffer(prefix + "pe", torch.from_numpy(np.array(table, dtype=np.float64))
+                               .to(dtype), persistent=False)
+
+
+def _add_positions(module: Any, prefix: str, x: Any) -> Any:
+    length = x.shape[1]
+    pos_emb = getattr(module, prefix + "pos_emb", None)
+    if pos_emb is not None:
+        return x + pos_emb.weight[:length][None]
+    return x + getattr(module, prefix + "pe")[:length][None]
+
+
+@functools.cache
+def torch_models() -> dict[str, type]:
+    """{"classifier", "causal_lm", "seq2seq": class(npformer config, torch dtype)}: the
+    reference classes, made on the first call (torch is imported here) and the same
+    classes on every later call (so ``isinstance`` works across calls)."""
+    import torch
+
+    tnn = torch.nn
+
+    def encoder_layer(c: Any, dtype: Any) -> Any:
+        return tnn.TransformerEncoderLayer(c.d_model, c.num_heads, c.d_ff, dropout=0.0,
+                                           activation=torch_activation(c.activation),
+                                           layer_norm_eps=ops.layernorm.EPS, batch_first=True,
+                                           norm_first=c.norm_first, dtype=dtype)
+
+    def ignored(ids: Any, valid_lens: Any, pad_id: int) -> tuple[Any, Any]:
+        """(B, T) True at padding: positions at or after valid_lens (default: the count of
+        non-pad ids per row, as npformer counts them)."""
+        if valid_lens is None:
+            valid_lens = (ids != pad_id).sum(1)
+        positions = torch.arange(ids.shape[1], device=ids.device)[None, :]
+        return positions >= valid_lens[:, None], valid_lens
+
+    class TorchClassifier(tnn.Module):
+        """npformer.models.TransformerClassifier in torch.nn: forward(ids, valid_lens=None)."""
+
+        def __init__(self, c, dtype=torch.float32):
+            super().__init__()
+            self.c = c
+            self.tok_emb = tnn.Embedding(c.vocab_size, c.d_model, dtype=dtype)
+            _positions(torch, self, "", c.positional, c.max_len, c.d_model, dtype)
+            self.layers = tnn.ModuleList(encoder_layer(c, dtype) for _ in range(c.num_layers))
+            if c.norm_first:
+                self.norm = tnn.LayerNorm(c.d_model, eps=ops.layernorm.EPS, dtype=dtype)
+            self.head = tnn.Linear(c.d_model, c.num_classes, dtype=dtype)
+
+        def forward(self, ids: Any, valid_lens: Any = None) -> Any:
+            """ids (B, T), valid_lens (B,) or None -> logits (B, C)."""
+            ignore, valid_lens = ignored(ids, valid_lens, self.c.pad_id)  # (B, T)
+            x = _add_positions(self, "", self.tok_emb(ids))
+            for layer in self.layers:
+                x = layer(x, src_key_padding_mask=ignore)
+            if self.c.norm_first:
+                x = self.norm(x)
+            valid = (~ignore)[:, :, None]
+            if self.c.pooling == "mean":
+                pooled = (x * valid).sum(1) / valid_lens[:, None].to(x.dtype)
+            elif self.c.pooling == "max":
+                pooled = x.masked_fill(~valid, -math.inf).max(dim=1).values
+            else:
+                pooled = x[:, 0]
+            return self.head(pooled)
+
+    class TorchLM(tnn.Module):
+        """npformer.models.CausalLM in torch.nn: forward(ids) -> logits (B, T, V)."""
+
+        def __init__(self, c, dtype=torch.float32):
+            super().__init__()
+            self.c = c
+            self.tok_emb = tnn.Embedding(c.vocab_size, c.d_model, dtype=dtype)
+            _positions(torch, self, "", c.positional, c.block_size, c.d_model, dtype)
+            self.layers = tnn.ModuleList(encoder_layer(c, dtype) for _ in range(c.num_layers))
+            if c.norm_first:
+                self.norm = tnn.LayerNorm(c.d_model, eps=ops.layernorm.EPS, dtype=dtype)
+            if not c.tie_weights:
+                self.lm_head = tnn.Linear(c.d_model, c.vocab_size, bias=False, dtype=dtype)
+
+        def forward(self, ids: Any) -> Any:
+            length = ids.shape[1]
+            x = _add_positions(self, "", self.tok_emb(ids))
+            causal = torch.triu(torch.ones(length, length, dtype=torch.bool, device=ids.device),
+                                diagonal=1)
+            for layer in self.layers:
+                x = layer(x, src_mask=causal, is_causal=True)
+            if self.c.norm_first:
+                x = self.norm(x)
+            if self.c.tie_weights:
+                return x @ self.tok_emb.weight.T
+            return self.lm_head(x)
+
+    class Stack(tnn.Module):
+        def __init__(self, layers, norm):
+            super().__init__()
+            self.layers = tnn.ModuleList(layers)
+            if norm is not None:
+                self.norm = norm
+
+    class TorchSeq2Seq(tnn.Module):
+        """npformer.models.Seq2SeqTransformer in torch.nn:
+        forward(src, tgt_in, src_lens=None, tgt_lens=None) -> logits (B, T, V_tgt)."""
+
+        def __init__(self, c, dtype=torch.float32):
+            super().__init__()
+            self.c = c
+            self.src_tok_emb = tnn.Embedding(c.src_vocab_size, c.d_model, dtype=dtype)
+            self.tgt_tok_emb = tnn.Embedding(c.tgt_vocab_size, c.d_model, dtype=dtype)
+            _positions(torch, self, "src_", c.positional, c.max_len, c.d_model, dtype)
+            _positions(torch, self, "tgt_", c.positional, c.max_len, c.d_model, dtype)
+
+            def norm() -> Any:
+                return (tnn.LayerNorm(c.d_model, eps=ops.layernorm.EPS, dtype=dtype)
+                        if c.norm_first else None)
+
+            self.encoder = Stack([encoder_layer(c, dtype) for _ in range(c.num_encoder_layers)],
+                                 norm())
+            self.decoder = Stack([tnn.TransformerDecoderLayer(
+                c.d_model, c.num_heads, c.d_ff, dropout=0.0,
+                activation=torch_activation(c.activation), layer_norm_eps=ops.layernorm.EPS,
+                batch_first=True, norm_first=c.norm_first, dtype=dtype)
+                for _ in range(c.num_decoder_layers)], norm())
+            self.out_proj = tnn.Linear(c.d_model, c.tgt_vocab_size, dtype=dtype)
+
+        def forward(self, src: Any, tgt_in: Any, src_lens: Any = None, tgt_lens: Any = None) -> Any:
+            scale = math.sqrt(self.c.d_model) if self.c.scale_embeddings else 1.0
+            src_ignore, _ = ignored(src, src_lens, self.c.pad_id)  # (B, S)
+            tgt_ignore, _ = ignored(tgt_in, tgt_lens, self.c.pad_id)  # (B, T)
+            causal = torch.triu(torch.ones(tgt_in.shape[1], tgt_in.shape[1], dtype=torch.bool,
+                                           device=src.device), diagonal=1)  # (T, T)
+            x = _add_positions(self, "src_", self.src_tok_emb(src) * scale)
+            for layer in self.encoder.layers:
+                x = layer(x, src_key_padding_mask=src_ignore)
+            if self.c.norm_first:
+                x = self.encoder.norm(x)
+            y = _add_positions(self, "tgt_", self.tgt_tok_emb(tgt_in) * scale)
+            for layer in self.decoder.layers:
+                y = layer(y, x, tgt_mask=causal, tgt_key_padding_mask=tgt_ignore,
+                          memory_key_padding_mask=src_ignore)
+            if self.c.norm_first:
+                y = self.decoder.norm(y)
+            return self.out_proj(y)
+
+    return {"classifier": TorchClassifier, "causal_lm": TorchLM, "seq2seq": TorchSeq2Seq}
