@@ -221,7 +221,10 @@ def setup(args) -> Path:
     """Apply --backend, --dtype, --engine and --seed (filling in the defaults of those not
     given); join the MPI ranks when started by mpiexec (before any array is made: a rank
     picks its GPU there); create and return the output folder."""
-    distributed.setup()
+    try:
+        distributed.setup()
+    except RuntimeError as exc:  # MPI turned off in one rank of several, no mpi4py
+        raise DemoError(str(exc)) from None
     args.seed = 0 if args.seed is None else args.seed
     try:
         backend.set_backend(args.backend or backend.backend_name(), seed=args.seed)
