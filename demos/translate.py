@@ -29,8 +29,8 @@ import numpy as np
 
 from npformer import backend, ops
 from npformer.cli import (Demo, DemoError, LAST_FILE, MODEL_FILE, Stopwatch, check_divisible,
-                          demo_parser, load_demo_model, machine_description, map_batches,
-                          option, plot_attention, plot_curves, positive_float, prepare,
+                          demo_parser, extra_output, load_demo_model, machine_description,
+                          map_batches, option, plot_attention, plot_curves, positive_float, prepare,
                           probability, run_demo, run_record, write_json)
 from npformer.data import (Vocab, length_bucketed_batches, load_fra_eng, pad_batch,
                            preprocess_fra_eng, split_by_source, tokenize_fra_eng)
@@ -245,8 +245,6 @@ def main(argv=None) -> int:
     probes = translate(model, src_vocab, tgt_vocab, PROBES, beam_size=preset.beam_size)
     for english_probe, french in zip(PROBES, probes):
         print(f"  {english_probe} => {french}")
-    draw_cross_attention(model, src_vocab, tgt_vocab, "i'm home .", out / "cross_attention.png")
-    plot_curves(out / "curves.png", history, ["val_loss"], "English-French Transformer")
     total_seconds = clock.seconds()
     write_json(out / "metrics.json", {
         "bleu_greedy": bleu_greedy, "bleu_greedy_one_reference": bleu_greedy_one_ref,
@@ -257,16 +255,24 @@ def main(argv=None) -> int:
         "heldout_sentences": len(english), "probes": dict(zip(PROBES, probes)),
         "preset": args.preset, "seed": args.seed, "engine": args.engine,
         "machine": machine_description(), "parameters": model.num_parameters()})
+    extra_output("cross_attention.png", draw_cross_attention, model, src_vocab, tgt_vocab,
+                 "i'm home .", out / "cross_attention.png")
+    extra_output("curves.png", plot_curves, out / "curves.png", history, ["val_loss"],
+                 "English-French Transformer")
     print(f"{total_seconds / 60:.1f} min in all; wrote {MODEL_FILE}, {LAST_FILE}, curves.png, "
           f"cross_attention.png, metrics.json to {out}")
     return 0
 
 
 def draw_cross_attention(model, src_vocab, tgt_vocab, sentence: str, path) -> None:
-    """Last decoder layer's cross-attention (mean over heads) while translating ``sentence``."""
-    french = translate(model, src_vocab, tgt_vocab, [sentence])[0].split()
+    """Last decoder layer's cross-attention (mean over heads) while translating ``sentence``:
+    one row per decoder input, <bos> and the tokens fed back (a translation cut at the
+    length limit feeds back all but its last token: at most config.max_len inputs)."""
     src_ids = src_vocab.encode(tokenize_fra_eng(sentence)) + [src_vocab.eos_id]
-    tgt_in = [tgt_vocab.bos_id] + tgt_vocab.encode(french)
+    with evaluating(model):
+        french_ids = greedy_decode(model, np.array([src_ids]), max_len=model.config.max_len)[0]
+    tgt_in = ([tgt_vocab.bos_id] + french_ids)[:model.config.max_len]
+    french = tgt_vocab.decode(tgt_in[1:])
     attention = model.decoder[-1].cross_attn
     attention.keep_attention = True
     with evaluating(model):

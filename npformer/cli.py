@@ -391,6 +391,18 @@ def write_json(path: Path, values: dict) -> None:
     os.replace(tmp, path)
 
 
+def extra_output(name: str, draw, *args, **kwargs) -> bool:
+    """Draw an extra (a plot, a sample) after the run's results are saved: a failure is
+    one ``warning:`` line, never the end of a run whose checkpoints and metrics.json are
+    already written.  Returns whether it was written."""
+    try:
+        draw(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - any failure of an extra: reported, not fatal
+        print(f"warning: {name} not written: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return False
+    return True
+
+
 def plot_curves(path: Path, history, eval_keys: list[str], title: str) -> None:
     """Training loss per update (left) and evaluation metrics (right) to a PNG."""
     if not is_main():

@@ -61,3 +61,41 @@ def test_case01_ranks_that_all_join_are_not_stopped():
                           timeout=90)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "joined 0 2" in proc.stdout
+
+
+# --------------------------------------------------------------------------- case 2
+from tests.test_demos import data_dir, load_demo, one_error_line, run_demo  # noqa: E402,F401
+
+
+@pytest.mark.parametrize("extra", [["--steps", "1"], ["--steps", "5"],
+                                   ["--max-minutes", "1e-9"]])
+def test_case02_translate_after_a_short_training_writes_its_results(extra, data_dir, tmp_path):
+    """Before: an untrained model's greedy translation runs to the length limit, and the
+    cross-attention plot fed <bos> + all of it (max_len + 1 positions): ValueError after
+    training, no metrics.json."""
+    out = tmp_path / "run"
+    result = run_demo("translate.py", "--smoke", "--replicas", "1", "--no-progress",
+                      "--data", str(data_dir), "--out", str(out), *extra)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for name in ("model.npz", "last.npz", "metrics.json", "curves.png", "cross_attention.png"):
+        assert (out / name).is_file(), name
+
+
+def test_case02_a_failing_plot_is_a_warning_after_the_results_are_written(
+        data_dir, tmp_path, monkeypatch, capsys):
+    demo = load_demo("generate.py")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the plot broke")
+
+    monkeypatch.setattr(demo, "plot_curves", broken)
+    out = tmp_path / "run"
+    from tests.conftest import using_backend
+
+    with using_backend("numpy", "float32"):
+        status = demo.main(["--smoke", "--iters", "2", "--replicas", "1", "--no-progress",
+                            "--data", str(data_dir), "--out", str(out)])
+    assert status == 0
+    assert (out / "metrics.json").is_file() and (out / "model.npz").is_file()
+    err = capsys.readouterr().err
+    assert "warning: curves.png not written: RuntimeError: the plot broke" in err, err
