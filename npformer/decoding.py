@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import backend, ops
+from .models.common import valid_lengths_from
 from .nn import evaluating
 
 
@@ -99,8 +100,8 @@ def _source(model, src, src_lens):
     host = _host_ids(src, "src", 2, "a (batch, positions) array")
     _check_vocab(host, "src", c.src_vocab_size)
     batch, positions = host.shape
-    if src_lens is None:
-        lengths, lens = np.sum(host != c.pad_id, axis=1), None
+    if src_lens is None:  # padding at the end only (refused elsewhere, naming where)
+        lengths, lens = valid_lengths_from(host, c.pad_id, "src"), None
         where = "src row {row} is all padding"
     else:
         lengths = _host_ids(src_lens, "src_lens", 1, "a (batch,) array")

@@ -99,3 +99,60 @@ def test_case02_a_failing_plot_is_a_warning_after_the_results_are_written(
     assert (out / "metrics.json").is_file() and (out / "model.npz").is_file()
     err = capsys.readouterr().err
     assert "warning: curves.png not written: RuntimeError: the plot broke" in err, err
+
+
+# --------------------------------------------------------------------------- case 4
+def _classifier():
+    from npformer.models import ClassifierConfig, TransformerClassifier
+    from tests.conftest import using_backend
+
+    with using_backend("numpy", "float64"):
+        return TransformerClassifier(ClassifierConfig(vocab_size=12, d_model=8, num_heads=2,
+                                                      num_layers=1, d_ff=16, max_len=8,
+                                                      dropout=0.0))
+
+
+@pytest.mark.parametrize("ids, row, pad_at, token_at", [
+    ([[0, 0, 5, 6, 7]], 0, 0, 2),  # left padding
+    ([[5, 0, 7, 8]], 0, 1, 2),  # a pad in the middle: the 8 was dropped
+    ([[5, 6, 7, 0], [4, 0, 0, 3]], 1, 1, 3),
+])
+def test_case04_padding_before_a_token_is_refused_naming_the_position(ids, row, pad_at, token_at):
+    """Padding is read at the end of a row only (the layers' packing, pooling and
+    positions count valid tokens from the start): padding anywhere else, which was
+    misread as real tokens while the last tokens were dropped, is refused naming where."""
+    from tests.conftest import using_backend
+
+    model = _classifier()
+    with using_backend("numpy", "float64"):
+        with pytest.raises(ValueError, match=rf"row {row} has padding \(pad_id 0\) at position "
+                                             rf"{pad_at}, before a real token at position "
+                                             rf"{token_at}"):
+            model.predict(ids)
+        right = model.predict([[5, 6, 7, 0, 0]])  # right padding: the same as no padding
+        np.testing.assert_allclose(right, model.predict([[5, 6, 7]]), rtol=1e-12)
+
+
+def test_case04_a_left_padded_source_is_refused_by_the_decoders():
+    from npformer.decoding import beam_search, greedy_decode
+    from npformer.models import Seq2SeqConfig, Seq2SeqTransformer
+    from tests.conftest import using_backend
+
+    with using_backend("numpy", "float64"):
+        model = Seq2SeqTransformer(Seq2SeqConfig(src_vocab_size=10, tgt_vocab_size=10,
+                                                 d_model=8, num_heads=2, num_encoder_layers=1,
+                                                 num_decoder_layers=1, d_ff=16, max_len=8,
+                                                 dropout=0.0, pad_id=0, bos_id=1, eos_id=2))
+        for decode in (greedy_decode, beam_search):
+            with pytest.raises(ValueError, match=r"src row 0 has padding \(pad_id 0\) at "
+                                                 r"position 0, before a real token at "
+                                                 r"position 1"):
+                decode(model, np.array([[0, 5, 6, 2]]), max_len=4)
+        with pytest.raises(ValueError, match="position 0, before a real token at position 2"):
+            model(np.array([[0, 0, 5, 2]]), np.array([[1, 5]]))
+        # The decoder's input is all tokens (it may emit pad_id): [bos, pad, 5] keeps the 5,
+        # which the old count of non-pad ids dropped (the last query's own key was masked).
+        src = np.array([[5, 6, 2]])
+        full = model(src, np.array([[1, 0, 5]]))
+        step = model(src, np.array([[1, 0, 5]]), tgt_lens=np.array([3]))
+        np.testing.assert_allclose(full, step, rtol=1e-12)
