@@ -156,3 +156,69 @@ def test_case04_a_left_padded_source_is_refused_by_the_decoders():
         full = model(src, np.array([[1, 0, 5]]))
         step = model(src, np.array([[1, 0, 5]]), tgt_lens=np.array([3]))
         np.testing.assert_allclose(full, step, rtol=1e-12)
+
+
+# --------------------------------------------------------------------------- case 5
+@pytest.mark.parametrize("settings, error, words", [
+    (dict(select_mode="maximum"), ValueError, "select_mode must be 'max' or 'min', got 'maximum'"),
+    (dict(select_metric="val_loss", checkpoint_path="best.npz"), ValueError,
+     "select_metric='val_loss' keeps the best model by evaluation, but eval_every is None"),
+    (dict(select_metric="val_loss", eval_every=2), ValueError,
+     "select_metric='val_loss' keeps the best model by evaluation, but checkpoint_path is None"),
+    (dict(clip_norm=0.0), ValueError, "clip_norm must be a finite number > 0 (None: no clipping)"),
+    (dict(clip_norm=float("nan")), ValueError, "clip_norm must be a finite number"),
+    (dict(max_steps=-5), ValueError, "max_steps must be at least 0, got -5"),
+    (dict(grad_accum=2.0), TypeError, "grad_accum must be an integer, got 2.0"),
+    (dict(eval_every=0), ValueError, "eval_every must be at least 1"),
+    (dict(replicas=True), TypeError, "replicas must be an integer"),
+    (dict(max_seconds=-1.0), ValueError, "max_seconds must be a finite number >= 0"),
+    (dict(stop_after=0), ValueError, "stop_after must be at least 1"),
+])
+def test_case05_settings_that_would_do_nothing_are_refused_naming_the_field(settings, error,
+                                                                             words):
+    from npformer.train import TrainConfig
+
+    settings = {"max_steps": 3, **settings}
+    with pytest.raises(error, match="TrainConfig." + _escaped(words)):
+        TrainConfig(**settings)
+
+
+def _escaped(text: str) -> str:
+    import re
+
+    return re.escape(text)
+
+
+def test_case05_an_optimizer_over_another_models_parameters_is_refused():
+    from npformer.optim import Adam
+    from npformer.tasks import Classification
+    from npformer.train import TrainConfig, Trainer
+    from tests.conftest import using_backend
+
+    model, other = _classifier(), _classifier()
+    with using_backend("numpy", "float64"):
+        with pytest.raises(ValueError, match=r"the optimizer does not update this model: "
+                                             r"\d+ of its \d+ parameters \(first: "
+                                             r"optimizer.params\[0\]\) are not the model's"):
+            Trainer(model, Adam(other.parameters()), Classification(), lambda rng: None,
+                    TrainConfig(max_steps=1, progress=False))
+
+
+def test_case05_a_select_metric_the_evaluation_does_not_return_is_named(tmp_path):
+    from npformer.optim import Adam
+    from npformer.tasks import Classification
+    from npformer.train import TrainConfig, Trainer
+    from tests.conftest import using_backend
+
+    model = _classifier()
+    rows = np.array([[3, 4, 5, 0], [6, 7, 0, 0]])
+    with using_backend("numpy", "float64"):
+        trainer = Trainer(model, Adam(model.parameters()), Classification(),
+                          lambda rng: (rows, np.array([3, 2]), np.array([0, 1])),
+                          TrainConfig(max_steps=2, eval_every=1, select_metric="val_acc",
+                                      checkpoint_path=tmp_path / "best.npz", progress=False),
+                          eval_fn=lambda m: {"val_accuracy": 0.5, "val_loss": 1.0})
+        with pytest.raises(ValueError, match=r"select_metric='val_acc' is not among the "
+                                             r"metrics eval_fn returned: \['val_accuracy', "
+                                             r"'val_loss'\]"):
+            trainer.fit()
