@@ -211,9 +211,11 @@ def prepare(parser: argparse.ArgumentParser, args, demo: Demo, presets: dict,
     if args.resume:
         _adopt_saved_run(parser, args, read_demo_checkpoint(out / LAST_FILE, demo), presets)
     preset = resolve_preset(parser, args, presets)
-    if not use_only and not args.resume:
-        guard_output(out, demo)
     setup(args)
+    if not use_only:
+        hold_output(out)  # before looking at its files: one run at a time in a folder
+        if not args.resume:
+            guard_output(out, demo)
     return preset
 
 
@@ -312,6 +314,47 @@ def guard_output(out: Path, demo: Demo) -> None:
             raise DemoError(f"{path} holds an unfinished run (stopped after update "
                             f"{checkpoint.step}): continue it with --resume, or delete that "
                             "file to start over")
+
+
+LOCK_FILE = ".npformer.lock"  # held (fcntl) by the run writing into a folder
+HOLDER_FILE = ".npformer.lock.holder"  # who holds it: pid, host, command, start time
+_held_outputs: dict = {}  # folder -> its FileLock, held until the process ends
+
+
+def hold_output(out: Path):
+    """Hold ``out`` for this run (rank 0 under MPI) until the process ends: a second run
+    into the same folder is refused, naming the holder (pid, host, command).
+
+    The lock is an ``fcntl`` lock on OUT/.npformer.lock (the ``filelock`` library): the
+    operating system releases it when the process ends, however it ends (a run killed
+    with SIGKILL leaves no stale lock).  Returns the lock (None on other ranks)."""
+    from filelock import FileLock, Timeout
+
+    if not is_main():
+        return None
+    out = Path(out)
+    key = str(out.resolve())
+    if key in _held_outputs:
+        return _held_outputs[key]
+    out.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(out / LOCK_FILE), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise DemoError(f"{out} is in use by another run ({_holder(out)}): wait for it to "
+                        "end, or choose another --out") from None
+    (out / HOLDER_FILE).write_text(
+        f"pid {os.getpid()} on host {platform.node()}, started "
+        f"{time.strftime('%Y-%m-%d %H:%M:%S')}: {shlex.join(sys.argv)}\n")
+    _held_outputs[key] = lock
+    return lock
+
+
+def _holder(out: Path) -> str:
+    try:
+        return (out / HOLDER_FILE).read_text().strip() or "holder unknown"
+    except OSError:
+        return "holder unknown"
 
 
 # --------------------------------------------------------------------------- errors

@@ -222,3 +222,49 @@ def test_case05_a_select_metric_the_evaluation_does_not_return_is_named(tmp_path
                                              r"metrics eval_fn returned: \['val_accuracy', "
                                              r"'val_loss'\]"):
             trainer.fit()
+
+
+# --------------------------------------------------------------------------- case 6
+HOLD = ("import sys, time; from pathlib import Path; from npformer import cli; "
+        "cli.hold_output(Path(sys.argv[1])); print('held', flush=True); time.sleep(120)")
+
+
+def _holder_process(out: Path) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], env=_env(),
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_case06_a_second_run_into_a_held_folder_is_refused_naming_the_holder(data_dir,
+                                                                              tmp_path):
+    """Before: two runs into one --out both exited 0, the folder holding a mix."""
+    out = tmp_path / "run"
+    holder = _holder_process(out)
+    try:
+        result = run_demo("generate.py", "--smoke", "--iters", "2", "--no-progress",
+                          "--data", str(data_dir), "--out", str(out))
+        err = one_error_line(result)
+        assert f"{out} is in use by another run (pid {holder.pid} on host " in err, err
+        assert not (out / "model.npz").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_case06_a_killed_runs_lock_does_not_block_the_next_run(tmp_path):
+    from npformer import cli
+
+    out = tmp_path / "run"
+    holder = _holder_process(out)
+    with pytest.raises(cli.DemoError, match=rf"pid {holder.pid} on host"):
+        cli.hold_output(out)
+    holder.kill()  # SIGKILL: no clean-up in the holder, the system drops its lock
+    holder.wait()
+    lock = cli.hold_output(out)
+    try:
+        assert lock.is_locked
+        assert f"pid {os.getpid()} " in (out / cli.HOLDER_FILE).read_text()
+    finally:
+        lock.release()
+        cli._held_outputs.clear()
