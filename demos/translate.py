@@ -125,9 +125,14 @@ def translate(model, src_vocab: Vocab, tgt_vocab: Vocab, sentences: list[str],
     batches decoded on ``replicas`` threads."""
     encoded = [src_vocab.encode(tokenize_fra_eng(s)) + [src_vocab.eos_id] for s in sentences]
     max_src = model.config.max_len
+    for sentence, ids in zip(sentences, encoded):
+        if len(ids) > max_src:  # never cut silently: the translation would be of a part
+            raise DemoError(f"the sentence {sentence!r} has {len(ids) - 1} tokens, more than "
+                            f"the model's source length allows ({max_src - 1} tokens and "
+                            f"<eos>, max_len {max_src}): shorten or split it")
 
     def decode(chunk):
-        src, lens = pad_batch([ids[:max_src] for ids in chunk], src_vocab.pad_id)
+        src, lens = pad_batch(chunk, src_vocab.pad_id)
         src, lens = backend.asarray(src), backend.asarray(lens)
         if beam_size == 1:
             return greedy_decode(model, src, lens, max_len=max_src)

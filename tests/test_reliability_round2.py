@@ -268,3 +268,18 @@ def test_case06_a_killed_runs_lock_does_not_block_the_next_run(tmp_path):
     finally:
         lock.release()
         cli._held_outputs.clear()
+
+
+# --------------------------------------------------------------------------- case 7
+def test_case07_translate_refuses_a_sentence_longer_than_the_source_length(data_dir, tmp_path):
+    """Before: the sentence was cut to its first 17 tokens and translated, silently."""
+    out = tmp_path / "run"
+    trained = run_demo("translate.py", "--smoke", "--steps", "1", "--replicas", "1",
+                       "--no-progress", "--data", str(data_dir), "--out", str(out))
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    long = " ".join(["i am home ."] * 6)  # 24 tokens
+    err = one_error_line(run_demo("translate.py", "--out", str(out), "--translate", long))
+    assert "has 24 tokens, more than the model's source length allows (16 tokens and <eos>, " \
+        "max_len 17)" in err, err
+    short = run_demo("translate.py", "--out", str(out), "--translate", "i am home .")
+    assert short.returncode == 0, short.stderr
