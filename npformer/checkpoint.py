@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from . import backend
+from .weights import weight_array
 
 FORMAT_VERSION = 2
 _RENAMED_IN_V2 = {"gelu": "gelu_tanh"}  # activation names of version 1 -> version 2
@@ -164,6 +165,7 @@ def load_checkpoint(path) -> Checkpoint:
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
     remove_stale_temporaries(path)
+    _check_is_an_archive(path)
     try:
         archive = np.load(path, allow_pickle=False)
         if not isinstance(archive, np.lib.npyio.NpzFile):  # a bare .npy gives an array
@@ -178,10 +180,38 @@ def load_checkpoint(path) -> Checkpoint:
     meta = _read_meta(path, contents)
     params = {k[len("param/"):]: v for k, v in contents.items() if k.startswith("param/")}
     optim = {k[len("optim/"):]: _unwrap(v) for k, v in contents.items() if k.startswith("optim/")}
-    _check_arrays(path, "param/", params)
+    for name, value in params.items():  # the rules every weight loader applies
+        try:
+            weight_array(value, f"param/{name}")
+        except (TypeError, ValueError) as exc:
+            raise CheckpointError(f"{path}: {exc}") from None
     _check_arrays(path, "optim/", {k: v for k, v in optim.items() if isinstance(v, np.ndarray)})
     return Checkpoint(kind=meta["kind"], config=meta["config"], params=params, optimizer=optim,
                       step=meta["step"], rng_state=meta.get("rng_state"), extra=meta["extra"])
+
+
+_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")  # a .npz is a zip archive (or an empty one)
+_NPY_MAGIC = b"\x93NUMPY"
+
+
+def _check_is_an_archive(path: Path) -> None:
+    """Refuse, saying what it is not, a file that is neither a zip (.npz) nor a .npy: NumPy
+    would try it as a pickle and speak of allow_pickle, which misleads."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(6)
+    except OSError as exc:
+        raise CheckpointError(f"{path} cannot be read: {exc}") from exc
+    if not head.startswith(_ZIP_MAGIC) and head != _NPY_MAGIC:
+        looks = ("an empty file" if not head else "a text file" if _is_text(head)
+                 else f"a file starting with {head!r}")
+        raise CheckpointError(f"{path} is not an npformer .npz checkpoint (not a zip archive: "
+                              f"{looks})")
+
+
+def _is_text(head: bytes) -> bool:
+    text = head.decode("utf-8", errors="replace")
+    return all(c.isprintable() or c.isspace() for c in text) and "\ufffd" not in text
 
 
 _META_FIELDS = {"kind": str, "config": dict, "step": int, "extra": dict}

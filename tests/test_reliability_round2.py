@@ -283,3 +283,208 @@ def test_case07_translate_refuses_a_sentence_longer_than_the_source_length(data_
         "max_len 17)" in err, err
     short = run_demo("translate.py", "--out", str(out), "--translate", "i am home .")
     assert short.returncode == 0, short.stderr
+
+
+# --------------------------------------------------------------------------- case 8
+def _block(heads: int = 2):
+    from npformer.nn import EncoderBlock
+    from tests.conftest import using_backend
+
+    with using_backend("numpy", "float64"):
+        return EncoderBlock(8, heads, 16, 0.0, "relu", False, None)
+
+
+def _spoiled(state: dict, name: str, how: str) -> dict:
+    state = {k: np.array(v, copy=True) for k, v in state.items()}
+    value = state[name]
+    if how == "int32":
+        state[name] = np.ones(value.shape, dtype=np.int32)
+    elif how == "bool":
+        state[name] = np.ones(value.shape, dtype=bool)
+    elif how == "complex":
+        state[name] = value.astype(np.complex64)
+    elif how == "nan":
+        value.flat[0] = np.nan
+    elif how == "inf":
+        value.flat[-1] = np.inf
+    return state
+
+
+KINDS = [("int32", TypeError, "holds int32 values: weights must be floating point"),
+         ("bool", TypeError, "holds bool values: weights must be floating point"),
+         ("complex", TypeError, "holds complex64 values: weights must be floating point"),
+         ("nan", ValueError, "holds 1 NaN or infinite values"),
+         ("inf", ValueError, "holds 1 NaN or infinite values")]
+
+
+@pytest.mark.parametrize("how, error, words", KINDS)
+@pytest.mark.parametrize("loader", ["module", "torch", "safetensors", "checkpoint"])
+def test_case08_every_loader_refuses_weights_of_the_wrong_kind(loader, how, error, words,
+                                                               tmp_path):
+    """One rule set (npformer.weights) in every loader: before, load_safetensors took
+    int32/bool/complex, Module.load_state_dict and load_torch_state_dict integers and
+    NaN/inf, and load_checkpoint integers (cast silently)."""
+    from npformer import checkpoint
+    from npformer.torch_interop import load_safetensors, load_torch_state_dict, \
+        to_torch_state_dict
+    from tests.conftest import using_backend
+
+    block = _block()
+    with using_backend("numpy", "float64"):
+        before = {k: np.array(v) for k, v in block.state_dict().items()}
+        if loader == "module":
+            load = lambda: block.load_state_dict(_spoiled(before, "ffn.linear1.weight", how))  # noqa: E731
+        elif loader in ("torch", "safetensors"):
+            state = _spoiled(to_torch_state_dict(block), "linear1.weight", how)
+            if loader == "torch":
+                load = lambda: load_torch_state_dict(block, state)  # noqa: E731
+            else:
+                from safetensors.numpy import save_file
+
+                path = tmp_path / "w.safetensors"
+                save_file(state, str(path))
+                load = lambda: load_safetensors(block, path)  # noqa: E731
+        else:
+            from npformer.models import ClassifierConfig, TransformerClassifier
+
+            model = TransformerClassifier(ClassifierConfig(vocab_size=5, d_model=8, num_heads=2,
+                                                           num_layers=1, d_ff=16, max_len=4))
+            path = checkpoint.save_checkpoint(tmp_path / "c.npz", model)
+            with np.load(path) as archive:
+                contents = {k: archive[k] for k in archive.files}
+            contents["param/head.weight"] = _spoiled(contents, "param/head.weight", how)[
+                "param/head.weight"]
+            np.savez(path, **contents)
+            error = checkpoint.CheckpointError if error is ValueError else (
+                checkpoint.CheckpointError, TypeError)
+            load = lambda: checkpoint.load_checkpoint(path)  # noqa: E731
+        with pytest.raises(error, match=words):
+            load()
+        for name, value in block.state_dict().items():  # nothing changed
+            np.testing.assert_array_equal(value, before[name])
+
+
+@pytest.mark.parametrize("key, value, words", [
+    ("m.0", np.nan, "m.0 holds 1 NaN or infinite values"),
+    ("v.1", -1.0, "v.1 holds negative values, but it is a mean of squared gradients"),
+    ("v.0", np.inf, "v.0 holds 1 NaN or infinite values"),
+])
+def test_case08_optimizer_state_with_nan_or_negative_moments_is_refused(key, value, words):
+    from npformer import optim
+    from tests.conftest import using_backend
+
+    block = _block()
+    with using_backend("numpy", "float64"):
+        opt = optim.Adam(block.parameters(), lr=1e-3)
+        state = {k: (np.array(v, copy=True) if hasattr(v, "shape") else v)
+                 for k, v in opt.state_dict().items()}
+        state[key].flat[0] = value
+        with pytest.raises(ValueError, match="does not fit Adam: .*" + _escaped(words)):
+            opt.load_state_dict(state)
+
+
+# --------------------------------------------------------------------------- case 9
+def test_case09_a_torch_module_with_other_head_counts_is_refused():
+    """Before: a 4-head torch layer's weights loaded into a 2-head block (same widths),
+    and the outputs differed by 0.067."""
+    torch = pytest.importorskip("torch")
+    from npformer.torch_interop import load_torch_state_dict
+
+    block = _block(heads=2)
+    layer = torch.nn.TransformerEncoderLayer(8, 4, 16, 0.0, batch_first=True)
+    with pytest.raises(ValueError, match=r"self_attn: torch 4 heads, npformer 2"):
+        load_torch_state_dict(block, layer)
+    same = torch.nn.TransformerEncoderLayer(8, 2, 16, 0.0, batch_first=True)
+    load_torch_state_dict(block, same)  # the module itself, with matching heads: loads
+    np.testing.assert_array_equal(block.ffn.linear1.weight.data,
+                                  same.linear1.weight.detach().numpy().T)
+
+
+# --------------------------------------------------------------------------- case 10
+def test_case10_a_temperature_so_small_the_probabilities_underflow_samples_the_argmax():
+    """Before: 'Probabilities contain NaN' from NumPy; a temperature near 0 has the argmax
+    as its limit, and that is what it now gives."""
+    from npformer.decoding import generate
+    from npformer.models import CausalLM, CausalLMConfig
+    from tests.conftest import using_backend
+
+    with using_backend("numpy", "float64"):
+        model = CausalLM(CausalLMConfig(vocab_size=11, d_model=8, num_heads=2, num_layers=1,
+                                        d_ff=16, block_size=8, dropout=0.0))
+        for temperature in (1e-300, 5e-324):
+            assert generate(model, [1, 2], 5, temperature=temperature) == \
+                generate(model, [1, 2], 5, greedy=True)
+
+
+def test_case10_torch_weights_of_the_wrong_shape_or_kind_name_the_mistake():
+    torch = pytest.importorskip("torch")
+    from npformer.torch_interop import load_torch_state_dict
+
+    block = _block(heads=2)
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 16, 0.0, batch_first=True)
+    state = layer.state_dict()
+    rows = {**state, "self_attn.in_proj_weight": state["self_attn.in_proj_weight"][:20]}
+    with pytest.raises(ValueError, match=r"self_attn.in_proj_weight: expected \(24, 8\), "
+                                         r"got \(20, 8\)"):
+        load_torch_state_dict(block, rows)
+    scalar = {**state, "self_attn.in_proj_bias": torch.tensor(0.5)}
+    with pytest.raises(ValueError, match=r"self_attn.in_proj_bias: expected \(24,\), got \(\)"):
+        load_torch_state_dict(block, scalar)
+    with pytest.raises(TypeError, match="needs a torch module or its state dict .* got list"):
+        load_torch_state_dict(block, list(state.values()))
+    with pytest.raises(TypeError, match="state_dict for EncoderBlock must be a dict .* got list"):
+        block.load_state_dict(list(block.state_dict().values()))
+    # Tensors that require grad are detached: their values load.
+    load_torch_state_dict(block, layer.state_dict(keep_vars=True))
+    np.testing.assert_array_equal(block.ffn.linear2.bias.data, layer.linear2.bias.detach().numpy())
+    # bfloat16: converted to float32 with a warning naming it.
+    halves = {k: v.to(torch.bfloat16) for k, v in state.items()}
+    with pytest.warns(UserWarning, match="bfloat16 tensor .* converted to float32"):
+        load_torch_state_dict(block, halves)
+    np.testing.assert_array_equal(block.ffn.linear2.bias.data,
+                                  halves["linear2.bias"].float().numpy())
+
+
+def test_case10_a_bfloat16_safetensors_file_loads_as_float32_with_a_note(tmp_path):
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save_file
+    from npformer.torch_interop import load_safetensors
+
+    block = _block(heads=2)
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 16, 0.0, batch_first=True)
+    halves = {k: v.to(torch.bfloat16).contiguous() for k, v in layer.state_dict().items()}
+    save_file(halves, str(tmp_path / "w.safetensors"))
+    with pytest.warns(UserWarning, match="holds bfloat16 tensors .* converted to float32"):
+        load_safetensors(block, tmp_path / "w.safetensors")
+    np.testing.assert_array_equal(block.ffn.linear1.weight.data,
+                                  halves["linear1.weight"].float().numpy().T)
+
+
+def test_case10_decoding_with_the_wrong_model_kind_names_it():
+    from npformer.decoding import beam_search, generate, greedy_decode
+
+    model = _classifier()
+    for decode in (greedy_decode, beam_search):
+        with pytest.raises(TypeError, match=rf"{decode.__name__} decodes with a 'seq2seq' "
+                                            r"model \(Seq2SeqTransformer\), got a "
+                                            r"'classifier' model"):
+            decode(model, np.array([[3, 4]]))
+    with pytest.raises(TypeError, match=r"generate decodes with a 'causal_lm' model "
+                                        r"\(CausalLM\), got a 'classifier' model"):
+        generate(model, [3, 4], 2)
+
+
+# --------------------------------------------------------------------------- case 12
+@pytest.mark.parametrize("content, looks", [(b"step,loss\n1,0.5\n", "a text file"),
+                                            (b"", "an empty file"),
+                                            (b"\x00\x01\x02\x03\x04\x05\x06", "a file starting")])
+def test_case12_a_file_that_is_not_an_archive_says_what_it_is_not(content, looks, tmp_path):
+    """Before: NumPy's hint about pickled data and allow_pickle."""
+    from npformer.checkpoint import CheckpointError, load_checkpoint
+
+    path = tmp_path / "model.npz"
+    path.write_bytes(content)
+    with pytest.raises(CheckpointError, match=f"is not an npformer .npz checkpoint "
+                                              rf"\(not a zip archive: {looks}") as caught:
+        load_checkpoint(path)
+    assert "pickle" not in str(caught.value)
