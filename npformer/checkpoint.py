@@ -135,10 +135,10 @@ def save_checkpoint(path, model, optimizer=None, step: int = 0, extra: dict | No
         for key, value in optimizer.state_dict().items():
             arrays[f"optim/{key}"] = (np.array(value) if isinstance(value, (str, int, float))
                                       else backend.to_numpy(value))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(path)
     tmp = _temporary_name(path, os.getpid())
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(path)
         # 0o666 & ~umask, as open() gives any other file (mkstemp would give 0600)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
         with os.fdopen(fd, "wb") as handle:
@@ -146,8 +146,13 @@ def save_checkpoint(path, model, optimizer=None, step: int = 0, extra: dict | No
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):  # a full disk, a read-only folder: the user's to fix
+            previous = "the previous file there is unchanged" if path.exists() else \
+                "nothing was written"
+            raise CheckpointError(f"could not save the checkpoint {path}: "
+                                  f"{exc.strerror or exc} ({previous})") from None
         raise
     return path
 

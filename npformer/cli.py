@@ -240,7 +240,12 @@ def setup(args) -> Path:
         cores = (os.cpu_count() or 1) // distributed.current().local_size
         args.replicas = max(1, cores) if backend.backend_name() == "numpy" else 1
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise DemoError(f"--out {out} is a file, not a folder: choose a folder for the run")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DemoError(f"cannot create the --out folder {out}: {exc.strerror or exc}") from None
     return out
 
 
@@ -340,12 +345,16 @@ def hold_output(out: Path):
     lock = FileLock(str(out / LOCK_FILE), timeout=0)
     try:
         lock.acquire()
+        (out / HOLDER_FILE).write_text(
+            f"pid {os.getpid()} on host {platform.node()}, started "
+            f"{time.strftime('%Y-%m-%d %H:%M:%S')}: {shlex.join(sys.argv)}\n")
     except Timeout:
         raise DemoError(f"{out} is in use by another run ({_holder(out)}): wait for it to "
                         "end, or choose another --out") from None
-    (out / HOLDER_FILE).write_text(
-        f"pid {os.getpid()} on host {platform.node()}, started "
-        f"{time.strftime('%Y-%m-%d %H:%M:%S')}: {shlex.join(sys.argv)}\n")
+    except OSError as exc:  # a read-only folder
+        lock.release()
+        raise DemoError(f"cannot write into the --out folder {out}: "
+                        f"{exc.strerror or exc}") from None
     _held_outputs[key] = lock
     return lock
 
@@ -359,12 +368,19 @@ def _holder(out: Path) -> str:
 
 # --------------------------------------------------------------------------- errors
 USER_ERRORS = (DemoError, DatasetNotFoundError, DatasetFormatError, CheckpointError,
-               TrainingDiverged)
+               TrainingDiverged, distributed.RanksDiffer)
+
+
+def _file_system_error(exc: OSError) -> str:
+    """An OSError from the user's file system (full disk, read-only folder) in one line."""
+    where = f" ({exc.filename})" if exc.filename else ""
+    return f"{exc.strerror or exc}{where}"
 
 
 def run_demo(main, argv: list[str] | None = None) -> int:
     """Run a demo's ``main(argv)``; the failures a user can cause become one ``error:``
-    line and exit status 2, an interruption a note on how to resume and status 130."""
+    line and exit status 2 (among them the file system's: a full disk, a read-only
+    folder), an interruption a note on how to resume and status 130."""
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)  # log lines in order, also in a pipe
     try:
@@ -378,8 +394,9 @@ def run_demo(main, argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except USER_ERRORS as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (*USER_ERRORS, OSError) as exc:
+        message = str(exc) if isinstance(exc, USER_ERRORS) else _file_system_error(exc)
+        print(f"error: {message}", file=sys.stderr)
         distributed.current().abort_others(2)  # MPI: no rank is left waiting for this one
         return 2
 

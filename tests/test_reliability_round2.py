@@ -488,3 +488,110 @@ def test_case12_a_file_that_is_not_an_archive_says_what_it_is_not(content, looks
                                               rf"\(not a zip archive: {looks}") as caught:
         load_checkpoint(path)
     assert "pickle" not in str(caught.value)
+
+
+# --------------------------------------------------------------------------- case 11
+def _run_generate(argv, data_dir):
+    from npformer import cli
+    from tests.conftest import using_backend
+
+    demo = load_demo("generate.py")
+    with using_backend("numpy", "float32"):
+        return cli.run_demo(demo.main, ["--smoke", "--replicas", "1", "--no-progress",
+                                        "--data", str(data_dir), *argv])
+
+
+@pytest.fixture
+def stopped_run(data_dir, tmp_path):
+    """A generate run stopped after 2 of 4 updates: OUT/last.npz is the run to keep."""
+    from npformer import cli
+
+    out = tmp_path / "run"
+    assert _run_generate(["--iters", "4", "--stop-after", "2", "--out", str(out)],
+                         data_dir) == 130
+    yield out, (out / "last.npz").read_bytes()
+    for lock in cli._held_outputs.values():
+        lock.release()
+    cli._held_outputs.clear()
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("failure, words", [
+    (OSError(28, "No space left on device"), "could not save the checkpoint"),
+    (OSError(30, "Read-only file system"), "could not save the checkpoint"),
+])
+def test_case11_a_full_disk_or_read_only_folder_is_one_error_line_last_npz_intact(
+        failure, words, stopped_run, data_dir, monkeypatch, capsys):
+    """Before: two or three chained tracebacks."""
+    import numpy
+
+    from npformer import checkpoint
+
+    out, saved = stopped_run
+    capsys.readouterr()
+
+    def failing_savez(handle, **arrays):
+        handle.write(b"PK\x03\x04 half a file")
+        raise failure
+
+    monkeypatch.setattr(checkpoint.np, "savez", failing_savez)
+    status = _run_generate(["--out", str(out), "--resume"], data_dir)
+    monkeypatch.setattr(checkpoint.np, "savez", numpy.savez)
+    line = _one_error_line(capsys)
+    assert status == 2
+    assert words in line and failure.strerror in line and "unchanged" in line, line
+    assert (out / "last.npz").read_bytes() == saved
+    assert not list(out.glob(".last.npz.*.tmp"))
+
+
+def test_case11_an_out_that_is_a_file_is_one_error_line(data_dir, tmp_path, capsys):
+    out = tmp_path / "a-file"
+    out.write_text("not a folder")
+    assert _run_generate(["--out", str(out)], data_dir) == 2
+    assert f"--out {out} is a file, not a folder" in _one_error_line(capsys)
+    out2 = out / "below"  # a folder below a file cannot be created
+    assert _run_generate(["--out", str(out2)], data_dir) == 2
+    assert f"cannot create the --out folder {out2}: Not a directory" in _one_error_line(capsys)
+
+
+def test_case11_a_read_only_out_folder_is_one_error_line(stopped_run, data_dir, monkeypatch,
+                                                         capsys):
+    """The tests run as root, whom permissions do not stop: the refusal is simulated."""
+    from npformer import cli
+
+    out, saved = stopped_run
+    for lock in cli._held_outputs.values():
+        lock.release()
+    cli._held_outputs.clear()
+    capsys.readouterr()
+    real_write_text = Path.write_text
+
+    def read_only(self, *args, **kwargs):
+        if self.parent == out:
+            raise OSError(30, "Read-only file system", str(self))
+        return real_write_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", read_only)
+    assert _run_generate(["--out", str(out), "--resume"], data_dir) == 2
+    assert f"cannot write into the --out folder {out}: Read-only file system" in \
+        _one_error_line(capsys)
+    assert (out / "last.npz").read_bytes() == saved
+
+
+def test_case11_ranks_started_with_different_data_is_one_error_line(capsys):
+    from npformer import cli
+    from npformer.distributed import RanksDiffer
+
+    def main(argv):
+        raise RanksDiffer("the ranks were not started alike, refusing to train: data differs")
+
+    assert cli.run_demo(main, []) == 2
+    assert _one_error_line(capsys) == ("error: the ranks were not started alike, refusing to "
+                                       "train: data differs")
