@@ -50,6 +50,11 @@ class CheckpointError(ValueError):
     loaded into."""
 
 
+class CheckpointWriteError(CheckpointError, OSError):
+    """A checkpoint the file system would not take (a full disk, a read-only folder): an
+    OSError still, with the file and the previous file's fate said in its message."""
+
+
 @dataclass
 class Checkpoint:
     kind: str
@@ -151,7 +156,7 @@ def save_checkpoint(path, model, optimizer=None, step: int = 0, extra: dict | No
         if isinstance(exc, OSError):  # a full disk, a read-only folder: the user's to fix
             previous = "the previous file there is unchanged" if path.exists() else \
                 "nothing was written"
-            raise CheckpointError(f"could not save the checkpoint {path}: "
+            raise CheckpointWriteError(f"could not save the checkpoint {path}: "
                                   f"{exc.strerror or exc} ({previous})") from None
         raise
     return path

@@ -29,7 +29,8 @@ draw the same masks as 1 process of 2 thread replicas.  Ranks and threads combin
 
 Only the main rank (0) prints, plots, writes metrics and checkpoints; checkpoints
 hold no per-rank state, so a run resumes on any number of ranks.  An exception on
-any rank prints that rank's message and aborts every rank (no hang).  Ranks
+any rank prints that rank's message and aborts every rank (no hang); so does a rank
+whose peers never join (one started with ``NPFORMER_MPI=0``), after a timeout.  Ranks
 started with different configurations, data or model shapes are refused before
 the first step (:meth:`Context.check_same`).
 
@@ -262,6 +263,10 @@ def setup(*, quiet_workers: bool = True, keep_memory: bool = True,
       the others are not left waiting in a collective call forever.
     * CuPy installed with GPUs: this rank uses GPU ``local_rank % device_count``
       (call ``setup()`` before ``backend.set_backend("cupy")``).
+    * Never a wait for ever: ``NPFORMER_MPI=0`` in a process a launcher started as one of
+      several ranks is refused (:func:`refuse_a_lone_rank`), and a rank whose peers have
+      not all joined within ``NPFORMER_MPI_TIMEOUT`` seconds (default 300) says so and
+      stops (the launcher then ends the others).
     """
     global _context
     if _context is not None:
