@@ -29,9 +29,9 @@ import numpy as np
 
 from npformer import backend, ops
 from npformer.cli import (LAST_FILE, MODEL_FILE, Demo, DemoError, Stopwatch, check_divisible,
-                          demo_parser, load_demo_model, machine_description, nonnegative_int,
-                          option, plot_curves, positive_float, positive_int, prepare,
-                          probability, run_demo, run_record, write_json, write_text)
+                          demo_parser, extra_output, load_demo_model, machine_description,
+                          nonnegative_int, option, plot_curves, positive_float, positive_int,
+                          prepare, probability, run_demo, run_record, write_json, write_text)
 from npformer.data import CharVocab, lm_batch, load_shakespeare, read_text_file, split_90_10
 from npformer.decoding import generate
 from npformer.models import CausalLM, CausalLMConfig
@@ -182,8 +182,6 @@ def main(argv=None) -> int:
                       args.seed)
     print("-" * 60 + "\n" + text_out + "\n" + "-" * 60)
     write_text(out / "sample.txt", text_out)
-    plot_curves(out / "curves.png", history, ["train_loss", "val_loss"],
-                "tiny Shakespeare character LM")
     write_json(out / "metrics.json", {
         "val_loss": final["val_loss"], "train_loss": final["train_loss"],
         "updates": trainer.updates, "train_seconds": train_seconds,
@@ -191,6 +189,8 @@ def main(argv=None) -> int:
         "seed": args.seed, "engine": args.engine,
         "machine": machine_description(args.replicas),
         "parameters": model.num_parameters()})
+    extra_output("curves.png", plot_curves, out / "curves.png", history,
+                 ["train_loss", "val_loss"], "tiny Shakespeare character LM")
     return 0
 
 

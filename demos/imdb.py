@@ -38,8 +38,8 @@ import numpy as np
 
 from npformer import backend, ops
 from npformer.cli import (Demo, DemoError, LAST_FILE, MODEL_FILE, Stopwatch, check_divisible,
-                          demo_parser, load_demo_model, machine_description, map_batches,
-                          nonnegative_float, nonnegative_int, option, plot_attention,
+                          demo_parser, extra_output, load_demo_model, machine_description,
+                          map_batches, nonnegative_float, nonnegative_int, option, plot_attention,
                           plot_curves, positive_float, prepare, probability, run_demo,
                           run_record, write_json)
 from npformer.data import (Vocab, is_user_data, length_bucketed_batches, load_imdb_splits,
@@ -320,11 +320,6 @@ def main(argv=None) -> int:
         print(f"no test file: validation {validation} on {len(val_ids)} reviews; "
               f"{total_seconds / 60:.1f} min in all")
 
-    for member, trainer in enumerate(trainers, start=1):
-        plot_curves(out / ("curves.png" if member == 1 else f"curves-{member}.png"),
-                    trainer.history, ["val_accuracy", "val_loss"],
-                    "IMDB classifier" + (f", member {member}" if len(trainers) > 1 else ""))
-    draw_attention(models[0], vocab, test_ids or val_ids, out / "attention.png")
     write_json(out / "metrics.json", {
         "test_accuracy": test_metrics["accuracy"], "test_loss": test_metrics["loss"],
         "val_accuracy": val_metrics["accuracy"], "members": len(models),
@@ -336,6 +331,13 @@ def main(argv=None) -> int:
         "preset": args.preset, "seed": args.seed, "engine": args.engine,
         "machine": machine_description(args.replicas),
         "parameters": models[0].num_parameters()})
+    for member, trainer in enumerate(trainers, start=1):
+        curves = "curves.png" if member == 1 else f"curves-{member}.png"
+        extra_output(curves, plot_curves, out / curves, trainer.history,
+                     ["val_accuracy", "val_loss"],
+                     "IMDB classifier" + (f", member {member}" if len(trainers) > 1 else ""))
+    extra_output("attention.png", draw_attention, models[0], vocab, test_ids or val_ids,
+                 out / "attention.png")
     print(f"wrote {', '.join(written_files(len(models)))} to {out}")
     return 0
 

@@ -34,8 +34,8 @@ import numpy as np
 
 from npformer import backend, ops
 from npformer.cli import (Demo, DemoError, LAST_FILE, MODEL_FILE, Stopwatch, check_divisible,
-                          demo_parser, load_demo_model, machine_description, map_batches,
-                          option, plot_attention, plot_curves, positive_float, prepare,
+                          demo_parser, extra_output, load_demo_model, machine_description,
+                          map_batches, option, plot_attention, plot_curves, positive_float, prepare,
                           probability, run_demo, run_record, write_json)
 from npformer.data import (Vocab, filter_by_length, length_bucketed_batches, load_fra_eng,
                            pad_batch, preprocess_fra_eng, read_sentence_pairs,
@@ -131,9 +131,14 @@ def translate(model, src_vocab: Vocab, tgt_vocab: Vocab, sentences: list[str],
     batches decoded on ``replicas`` threads."""
     encoded = [src_vocab.encode(tokenize_fra_eng(s)) + [src_vocab.eos_id] for s in sentences]
     max_src = model.config.max_len
+    for sentence, ids in zip(sentences, encoded):
+        if len(ids) > max_src:  # never cut silently: the translation would be of a part
+            raise DemoError(f"the sentence {sentence!r} has {len(ids) - 1} tokens, more than "
+                            f"the model's source length allows ({max_src - 1} tokens and "
+                            f"<eos>, max_len {max_src}): shorten or split it")
 
     def decode(chunk):
-        src, lens = pad_batch([ids[:max_src] for ids in chunk], src_vocab.pad_id)
+        src, lens = pad_batch(chunk, src_vocab.pad_id)
         src, lens = backend.asarray(src), backend.asarray(lens)
         if beam_size == 1:
             return greedy_decode(model, src, lens, max_len=max_src)
@@ -270,9 +275,6 @@ def main(argv=None) -> int:
     probes = translate(model, src_vocab, tgt_vocab, probe_sources, beam_size=preset.beam_size)
     for english_probe, french in zip(probe_sources, probes):
         print(f"  {english_probe} => {french}")
-    draw_cross_attention(model, src_vocab, tgt_vocab, probe_sources[-1],
-                         out / "cross_attention.png")
-    plot_curves(out / "curves.png", history, ["val_loss"], "English-French Transformer")
     total_seconds = clock.seconds()
     write_json(out / "metrics.json", {
         "bleu_greedy": bleu_greedy, "bleu_greedy_one_reference": bleu_greedy_one_ref,
@@ -284,16 +286,24 @@ def main(argv=None) -> int:
         "preset": args.preset, "seed": args.seed, "engine": args.engine,
         "machine": machine_description(args.replicas),
         "parameters": model.num_parameters()})
+    extra_output("cross_attention.png", draw_cross_attention, model, src_vocab, tgt_vocab,
+                 probe_sources[-1], out / "cross_attention.png")
+    extra_output("curves.png", plot_curves, out / "curves.png", history, ["val_loss"],
+                 "English-French Transformer")
     print(f"{total_seconds / 60:.1f} min in all; wrote {MODEL_FILE}, {LAST_FILE}, curves.png, "
           f"cross_attention.png, metrics.json to {out}")
     return 0
 
 
 def draw_cross_attention(model, src_vocab, tgt_vocab, sentence: str, path) -> None:
-    """Last decoder layer's cross-attention (mean over heads) while translating ``sentence``."""
-    french = translate(model, src_vocab, tgt_vocab, [sentence])[0].split()
+    """Last decoder layer's cross-attention (mean over heads) while translating ``sentence``:
+    one row per decoder input, <bos> and the tokens fed back (a translation cut at the
+    length limit feeds back all but its last token: at most config.max_len inputs)."""
     src_ids = src_vocab.encode(tokenize_fra_eng(sentence)) + [src_vocab.eos_id]
-    tgt_in = [tgt_vocab.bos_id] + tgt_vocab.encode(french)
+    with evaluating(model):
+        french_ids = greedy_decode(model, np.array([src_ids]), max_len=model.config.max_len)[0]
+    tgt_in = ([tgt_vocab.bos_id] + french_ids)[:model.config.max_len]
+    french = tgt_vocab.decode(tgt_in[1:])
     with evaluating(model), record_attention(model) as recorded:
         model(backend.asarray(np.array([src_ids])), backend.asarray(np.array([tgt_in])))
     last = f"decoder.{len(model.decoder) - 1}.cross_attn"

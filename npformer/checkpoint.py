@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import backend
+from .weights import weight_array
 
 if TYPE_CHECKING:  # annotations only: nn and optim are not imported here
     from .nn import Module
@@ -51,6 +52,11 @@ _RENAMED_IN_V2 = {"gelu": "gelu_tanh"}  # activation names of version 1 -> versi
 class CheckpointError(ValueError):
     """A checkpoint that cannot be read or written, or does not fit the model it is
     loaded into."""
+
+
+class CheckpointWriteError(CheckpointError, OSError):
+    """A checkpoint the file system would not take (a full disk, a read-only folder): an
+    OSError still, with the file and the previous file's fate said in its message."""
 
 
 @dataclass
@@ -144,10 +150,10 @@ def save_checkpoint(path: str | os.PathLike, model: Module, optimizer: Optimizer
         for key, value in optimizer.state_dict().items():
             arrays[f"optim/{key}"] = (np.array(value) if isinstance(value, (str, int, float))
                                       else backend.to_numpy(value))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(path)
     tmp = _temporary_name(path, os.getpid())
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(path)
         # 0o666 & ~umask, as open() gives any other file (mkstemp would give 0600)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
         with os.fdopen(fd, "wb") as handle:
@@ -155,8 +161,13 @@ def save_checkpoint(path: str | os.PathLike, model: Module, optimizer: Optimizer
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):  # a full disk, a read-only folder: the user's to fix
+            previous = "the previous file there is unchanged" if path.exists() else \
+                "nothing was written"
+            raise CheckpointWriteError(f"could not save the checkpoint {path}: "
+                                  f"{exc.strerror or exc} ({previous})") from None
         raise
     return path
 
@@ -174,6 +185,7 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
     remove_stale_temporaries(path)
+    _check_is_an_archive(path)
     try:
         archive = np.load(path, allow_pickle=False)
         if not isinstance(archive, np.lib.npyio.NpzFile):  # a bare .npy gives an array
@@ -188,10 +200,38 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     meta = _read_meta(path, contents)
     params = {k[len("param/"):]: v for k, v in contents.items() if k.startswith("param/")}
     optim = {k[len("optim/"):]: _unwrap(v) for k, v in contents.items() if k.startswith("optim/")}
-    _check_arrays(path, "param/", params)
+    for name, value in params.items():  # the rules every weight loader applies
+        try:
+            weight_array(value, f"param/{name}")
+        except (TypeError, ValueError) as exc:
+            raise CheckpointError(f"{path}: {exc}") from None
     _check_arrays(path, "optim/", {k: v for k, v in optim.items() if isinstance(v, np.ndarray)})
     return Checkpoint(kind=meta["kind"], config=meta["config"], params=params, optimizer=optim,
                       step=meta["step"], rng_state=meta.get("rng_state"), extra=meta["extra"])
+
+
+_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")  # a .npz is a zip archive (or an empty one)
+_NPY_MAGIC = b"\x93NUMPY"
+
+
+def _check_is_an_archive(path: Path) -> None:
+    """Refuse, saying what it is not, a file that is neither a zip (.npz) nor a .npy: NumPy
+    would try it as a pickle and speak of allow_pickle, which misleads."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(6)
+    except OSError as exc:
+        raise CheckpointError(f"{path} cannot be read: {exc}") from exc
+    if not head.startswith(_ZIP_MAGIC) and head != _NPY_MAGIC:
+        looks = ("an empty file" if not head else "a text file" if _is_text(head)
+                 else f"a file starting with {head!r}")
+        raise CheckpointError(f"{path} is not an npformer .npz checkpoint (not a zip archive: "
+                              f"{looks})")
+
+
+def _is_text(head: bytes) -> bool:
+    text = head.decode("utf-8", errors="replace")
+    return all(c.isprintable() or c.isspace() for c in text) and "\ufffd" not in text
 
 
 _META_FIELDS = {"kind": str, "config": dict, "step": int, "extra": dict}

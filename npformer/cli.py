@@ -214,9 +214,11 @@ def prepare(parser: argparse.ArgumentParser, args, demo: Demo, presets: dict,
     if args.resume:
         _adopt_saved_run(parser, args, read_demo_checkpoint(out / LAST_FILE, demo), presets)
     preset = resolve_preset(parser, args, presets)
-    if not use_only and not args.resume:
-        guard_output(out, demo)
     setup(args)
+    if not use_only:
+        hold_output(out)  # before looking at its files: one run at a time in a folder
+        if not args.resume:
+            guard_output(out, demo)
     return preset
 
 
@@ -224,7 +226,10 @@ def setup(args) -> Path:
     """Apply --backend, --dtype, --engine and --seed (filling in the defaults of those not
     given); join the MPI ranks when started by mpiexec (before any array is made: a rank
     picks its GPU there); create and return the output folder."""
-    distributed.setup()
+    try:
+        distributed.setup()
+    except RuntimeError as exc:  # MPI turned off in one rank of several, no mpi4py
+        raise DemoError(str(exc)) from None
     args.seed = 0 if args.seed is None else args.seed
     try:
         backend.set_backend(args.backend or backend.backend_name(), seed=args.seed)
@@ -238,7 +243,12 @@ def setup(args) -> Path:
         cores = (os.cpu_count() or 1) // distributed.current().local_size
         args.replicas = max(1, cores) if backend.backend_name() == "numpy" else 1
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise DemoError(f"--out {out} is a file, not a folder: choose a folder for the run")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DemoError(f"cannot create the --out folder {out}: {exc.strerror or exc}") from None
     return out
 
 
@@ -314,14 +324,66 @@ def guard_output(out: Path, demo: Demo) -> None:
                             "file to start over")
 
 
+LOCK_FILE = ".npformer.lock"  # held (fcntl) by the run writing into a folder
+HOLDER_FILE = ".npformer.lock.holder"  # who holds it: pid, host, command, start time
+_held_outputs: dict = {}  # folder -> its FileLock, held until the process ends
+
+
+def hold_output(out: Path):
+    """Hold ``out`` for this run (rank 0 under MPI) until the process ends: a second run
+    into the same folder is refused, naming the holder (pid, host, command).
+
+    The lock is an ``fcntl`` lock on OUT/.npformer.lock (the ``filelock`` library): the
+    operating system releases it when the process ends, however it ends (a run killed
+    with SIGKILL leaves no stale lock).  Returns the lock (None on other ranks)."""
+    from filelock import FileLock, Timeout
+
+    if not is_main():
+        return None
+    out = Path(out)
+    key = str(out.resolve())
+    if key in _held_outputs:
+        return _held_outputs[key]
+    out.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(out / LOCK_FILE), timeout=0)
+    try:
+        lock.acquire()
+        (out / HOLDER_FILE).write_text(
+            f"pid {os.getpid()} on host {platform.node()}, started "
+            f"{time.strftime('%Y-%m-%d %H:%M:%S')}: {shlex.join(sys.argv)}\n")
+    except Timeout:
+        raise DemoError(f"{out} is in use by another run ({_holder(out)}): wait for it to "
+                        "end, or choose another --out") from None
+    except OSError as exc:  # a read-only folder
+        lock.release()
+        raise DemoError(f"cannot write into the --out folder {out}: "
+                        f"{exc.strerror or exc}") from None
+    _held_outputs[key] = lock
+    return lock
+
+
+def _holder(out: Path) -> str:
+    try:
+        return (out / HOLDER_FILE).read_text().strip() or "holder unknown"
+    except OSError:
+        return "holder unknown"
+
+
 # --------------------------------------------------------------------------- errors
 USER_ERRORS = (DemoError, DatasetNotFoundError, DatasetFormatError, CheckpointError,
-               TrainingDiverged)
+               TrainingDiverged, distributed.RanksDiffer)
+
+
+def _file_system_error(exc: OSError) -> str:
+    """An OSError from the user's file system (full disk, read-only folder) in one line."""
+    where = f" ({exc.filename})" if exc.filename else ""
+    return f"{exc.strerror or exc}{where}"
 
 
 def run_demo(main, argv: list[str] | None = None) -> int:
     """Run a demo's ``main(argv)``; the failures a user can cause become one ``error:``
-    line and exit status 2, an interruption a note on how to resume and status 130."""
+    line and exit status 2 (among them the file system's: a full disk, a read-only
+    folder), an interruption a note on how to resume and status 130."""
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)  # log lines in order, also in a pipe
     try:
@@ -335,8 +397,9 @@ def run_demo(main, argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except USER_ERRORS as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (*USER_ERRORS, OSError) as exc:
+        message = str(exc) if isinstance(exc, USER_ERRORS) else _file_system_error(exc)
+        print(f"error: {message}", file=sys.stderr)
         distributed.current().abort_others(2)  # MPI: no rank is left waiting for this one
         return 2
 
@@ -400,6 +463,18 @@ def write_json(path: Path, values: dict) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(values, indent=2))
     os.replace(tmp, path)
+
+
+def extra_output(name: str, draw, *args, **kwargs) -> bool:
+    """Draw an extra (a plot, a sample) after the run's results are saved: a failure is
+    one ``warning:`` line, never the end of a run whose checkpoints and metrics.json are
+    already written.  Returns whether it was written."""
+    try:
+        draw(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - any failure of an extra: reported, not fatal
+        print(f"warning: {name} not written: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return False
+    return True
 
 
 def plot_curves(path: Path, history, eval_keys: list[str], title: str) -> None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import backend, ops
+from .models.common import valid_lengths_from
 from .nn import evaluating
 
 
@@ -43,6 +44,17 @@ def _strip(ids, eos_id: int) -> list[int]:
 
 
 # --------------------------------------------------------------------------- argument checks
+def _check_model(model, kind: str, function: str) -> None:
+    """The model ``function`` decodes with must be of ``kind`` (seq2seq or lm)."""
+    given = getattr(model, "kind", None)
+    if given != kind:
+        what = f"a {given!r} model" if given else f"a {type(model).__name__}"
+        use = {"seq2seq": "greedy_decode or beam_search", "causal_lm": "generate"}.get(given)
+        raise TypeError(f"{function} decodes with a {kind!r} model "
+                        f"({'Seq2SeqTransformer' if kind == 'seq2seq' else 'CausalLM'}), got "
+                        f"{what}" + (f" (use {use} for it)" if use else ""))
+
+
 def _check_count(name: str, value, minimum: int) -> int:
     """An integer argument (Python or NumPy integer, not bool) of at least ``minimum``."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
@@ -99,8 +111,8 @@ def _source(model, src, src_lens):
     host = _host_ids(src, "src", 2, "a (batch, positions) array")
     _check_vocab(host, "src", c.src_vocab_size)
     batch, positions = host.shape
-    if src_lens is None:
-        lengths, lens = np.sum(host != c.pad_id, axis=1), None
+    if src_lens is None:  # padding at the end only (refused elsewhere, naming where)
+        lengths, lens = valid_lengths_from(host, c.pad_id, "src"), None
         where = "src row {row} is all padding"
     else:
         lengths = _host_ids(src_lens, "src_lens", 1, "a (batch,) array")
@@ -127,6 +139,7 @@ def greedy_decode(model, src, src_lens=None, max_len: int = 50) -> list[list[int
 
     At most ``min(max_len, config.max_len)`` tokens each (``max_len`` 0 gives empty lists);
     an empty batch gives ``[]``."""
+    _check_model(model, "seq2seq", "greedy_decode")
     max_len = _check_count("max_len", max_len, 0)
     src, src_lens = _source(model, src, src_lens)
     c = model.config
@@ -210,6 +223,7 @@ def beam_search(model, src, src_lens=None, beam_size: int = 4, max_len: int = 50
     All sentences are decoded together (one cached decoder step per position for the
     open hypotheses of every sentence still searching); the result equals searching each
     sentence alone (:func:`_beam_search_reference`, tests/test_beam_batched.py)."""
+    _check_model(model, "seq2seq", "beam_search")
     k, max_len, alpha = _check_beam_arguments(beam_size, max_len, alpha)
     src, src_lens = _source(model, src, src_lens)
     c = model.config
@@ -369,6 +383,7 @@ def generate(model, prompt_ids, max_new_tokens: int, temperature: float = 1.0,
     ``temperature`` and ``top_k``).  Past the model's block size the context is the last
     block_size tokens (re-encoded).
     """
+    _check_model(model, "causal_lm", "generate")
     host = _host_ids(prompt_ids, "prompt_ids", 1, "one sequence (a list or 1-D array)")
     if host.size == 0:
         raise ValueError("generation needs a prompt of at least one token (prompt_ids is empty)")
@@ -398,7 +413,10 @@ def generate(model, prompt_ids, max_new_tokens: int, temperature: float = 1.0,
 
 def _sample(log_p: np.ndarray, temperature: float, top_k: int | None,
             rng: np.random.Generator) -> int:
-    scaled = log_p / temperature
+    # Shifted by the max before dividing: a tiny temperature sends the others to -inf
+    # and the best to exactly 0 (the argmax, its limit), never to NaN.
+    with np.errstate(over="ignore"):  # overflowing to -inf is that limit
+        scaled = (log_p - log_p.max()) / temperature
     if top_k is not None and top_k < scaled.size:
         cutoff = np.sort(scaled)[-top_k]
         scaled = np.where(scaled < cutoff, -math.inf, scaled)

@@ -29,7 +29,8 @@ draw the same masks as 1 process of 2 thread replicas.  Ranks and threads combin
 
 Only the main rank (0) prints, plots, writes metrics and checkpoints; checkpoints
 hold no per-rank state, so a run resumes on any number of ranks.  An exception on
-any rank prints that rank's message and aborts every rank (no hang).  Ranks
+any rank prints that rank's message and aborts every rank (no hang); so does a rank
+whose peers never join (one started with ``NPFORMER_MPI=0``), after a timeout.  Ranks
 started with different configurations, data or model shapes are refused before
 the first step (:meth:`Context.check_same`).
 
@@ -53,6 +54,8 @@ import dataclasses
 import hashlib
 import importlib.util
 import os
+import select
+import signal
 import stat
 import sys
 import time
@@ -111,11 +114,32 @@ def launched_by_mpi() -> bool:
     forced = os.environ.get("NPFORMER_MPI")
     if forced is not None:
         return forced.strip() not in ("", "0", "false", "no")
+    return launcher_size() is not None
+
+
+def launcher_size() -> tuple[str, int] | None:
+    """(variable, ranks) where an MPI launcher's environment says this process is one of
+    several ranks, else None (whatever ``NPFORMER_MPI`` says)."""
     for name in _SIZE_VARIABLES:
         value = os.environ.get(name, "")
         if value.isdigit() and int(value) > 1:
-            return True
-    return False
+            return name, int(value)
+    return None
+
+
+def refuse_a_lone_rank() -> None:
+    """``NPFORMER_MPI=0`` in a process an MPI launcher started as one of several ranks:
+    refuse.  The other ranks would wait for this one in ``MPI_Init`` for ever (an MPMD
+    launch, ``mpiexec -n 1 env NPFORMER_MPI=0 python a.py : -n 1 python a.py``)."""
+    forced = os.environ.get("NPFORMER_MPI", "").strip()
+    found = launcher_size()
+    if forced in ("0", "false", "no") and found is not None:
+        name, ranks = found
+        raise RuntimeError(
+            f"NPFORMER_MPI={forced} turns MPI off, but an MPI launcher started this process "
+            f"as one of {ranks} ranks ({name}={ranks}): the other ranks would wait for it "
+            "for ever. Start it without mpiexec to run one process, or leave NPFORMER_MPI "
+            "out to join the ranks")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,12 +263,17 @@ def setup(*, quiet_workers: bool = True, keep_memory: bool = True,
       the others are not left waiting in a collective call forever.
     * CuPy installed with GPUs: this rank uses GPU ``local_rank % device_count``
       (call ``setup()`` before ``backend.set_backend("cupy")``).
+    * Never a wait for ever: ``NPFORMER_MPI=0`` in a process a launcher started as one of
+      several ranks is refused (:func:`refuse_a_lone_rank`), and a rank whose peers have
+      not all joined within ``NPFORMER_MPI_TIMEOUT`` seconds (default 300) says so and
+      stops (the launcher then ends the others).
     """
     global _context
     if _context is not None:
         return _context
     if keep_memory:
         keep_freed_memory()
+    refuse_a_lone_rank()
     if not launched_by_mpi():
         _context = _SINGLE
         return _context
@@ -252,11 +281,13 @@ def setup(*, quiet_workers: bool = True, keep_memory: bool = True,
         raise RuntimeError(
             "this process was started by an MPI launcher with several ranks, but mpi4py is "
             "not installed: pip install 'npformer[mpi]' (mpi4py and an MPICH wheel), or "
-            "pip install mpi4py built against your cluster's MPI; NPFORMER_MPI=0 runs "
-            "every rank on its own instead")
-    from mpi4py import MPI
+            "pip install mpi4py built against your cluster's MPI, or start one process "
+            "without mpiexec")
+    with _stop_unless_joined_within(join_timeout()):
+        from mpi4py import MPI  # MPI_Init: waits for every rank of the launch
 
-    comm = MPI.COMM_WORLD
+        comm = MPI.COMM_WORLD
+        comm.Barrier()  # every rank has reached setup()
     machine = comm.Split_type(MPI.COMM_TYPE_SHARED)  # the ranks on this machine
     local_rank = machine.Get_rank()
     ctx = Context(comm=comm, rank=comm.Get_rank(), size=comm.Get_size(),
@@ -269,6 +300,65 @@ def setup(*, quiet_workers: bool = True, keep_memory: bool = True,
     _select_gpu(local_rank)
     _context = ctx
     return ctx
+
+
+JOIN_TIMEOUT = 300.0  # seconds the ranks wait for each other to start (NPFORMER_MPI_TIMEOUT)
+
+
+def join_timeout() -> float:
+    """Seconds a rank waits for the others to join (``NPFORMER_MPI_TIMEOUT``, else 300)."""
+    text = os.environ.get("NPFORMER_MPI_TIMEOUT", "").strip()
+    if not text:
+        return JOIN_TIMEOUT
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise ValueError(f"NPFORMER_MPI_TIMEOUT must be a positive number of seconds, "
+                         f"got {text!r}")
+    return seconds
+
+
+class _stop_unless_joined_within:
+    """Joining the ranks, in a ``with`` block: if it has not ended after ``seconds``,
+    print why and kill this process (the launcher then ends the others).
+
+    ``MPI_Init`` and the first barrier wait in C, holding the GIL, for ranks that may
+    never come (one started with MPI off, or another program): no Python thread or
+    signal handler runs there.  The watchdog is a forked child waiting on a pipe; the
+    parent closes the pipe when it has joined (or dies, which closes it too)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def __enter__(self):
+        if not hasattr(os, "fork"):
+            self.pipe = None
+            return self
+        read_end, self.pipe = os.pipe()
+        parent = os.getpid()
+        rank = next((os.environ[name] for name in _RANK_VARIABLES if name in os.environ), "?")
+        self.watchdog = os.fork()
+        if self.watchdog == 0:  # the watchdog
+            os.close(self.pipe)
+            joined, _, _ = select.select([read_end], [], [], self.seconds)
+            if not joined:
+                message = (f"npformer: rank {rank} waited "
+                           f"{self.seconds:g} s for the other MPI ranks to join, and they did "
+                           "not (one started with NPFORMER_MPI=0, or not running npformer?); "
+                           "stopping it (NPFORMER_MPI_TIMEOUT sets the wait)\n")
+                os.write(2, message.encode())
+                os.kill(parent, signal.SIGKILL)
+            os._exit(0)
+        os.close(read_end)
+        return self
+
+    def __exit__(self, *exc_info):
+        if self.pipe is not None:
+            os.close(self.pipe)  # the watchdog wakes up and ends
+            os.waitpid(self.watchdog, 0)
+        return False
 
 
 def _abort_all_on_uncaught_exception(ctx: Context) -> None:
@@ -593,6 +683,8 @@ def data_parallel(model, replicas: int = 1, **same):
     :func:`setup` if the program has not), else :class:`DataParallel` (threads).
     ``same``: values every rank must share (checked before the first step)."""
     ctx = current()
+    if _context is None:
+        refuse_a_lone_rank()
     if ctx.size == 1 and _context is None and launched_by_mpi():
         ctx = setup()
     if ctx.size > 1:

@@ -38,7 +38,8 @@ from typing import Any, Callable, Iterable
 
 from . import backend, engine
 from .fast import fused
-from .nn.module import Parameter, mismatch_report
+from .nn.module import Parameter
+from .weights import mismatch_report, weight_array
 
 Schedule = Callable[[int], float]
 
@@ -616,13 +617,25 @@ def _array_problems(opt: Optimizer, d: dict, scalar_keys: set) -> list[str]:
     array_keys = {k for k in d if k not in scalar_keys}
     missing = sorted(expected - array_keys, key=_key_order)
     extra = sorted(array_keys - expected, key=_key_order)
-    wrong = []
+    wrong, values = [], []
     for key in sorted(expected & array_keys, key=_key_order):
         i = int(key.rsplit(".", 1)[1])
         got = tuple(getattr(d[key], "shape", ()))
         if got != opt.params[i].shape:
             wrong.append(f"{key}: expected {opt.params[i].shape}, got {got}")
-    return mismatch_report(missing, extra, wrong)
+            continue
+        try:  # the rules every weight loader applies: floating point, finite
+            host = weight_array(d[key], key)
+        except (TypeError, ValueError) as exc:
+            values.append(str(exc))
+            continue
+        if key.rsplit(".", 1)[0] in _NONNEGATIVE_STATES and bool((host < 0).any()):
+            values.append(f"{key} holds negative values, but it is a mean of squared "
+                          "gradients (>= 0): the state is corrupt")
+    return mismatch_report(missing, extra, wrong) + values
+
+
+_NONNEGATIVE_STATES = ("v",)  # Adam's second moments: running means of g^2
 
 
 def _scalar(value, key: str = "value"):

@@ -32,8 +32,11 @@ into a module, checking every key and shape first.
 """
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Callable, Iterator
+import struct
+import warnings
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +55,7 @@ from .nn import (
     Module,
     MultiHeadAttention,
 )
+from .weights import checked_weights
 
 
 @dataclass(frozen=True)
@@ -184,16 +188,73 @@ def to_torch_state_dict(module: Module) -> dict[str, np.ndarray]:
     return out
 
 
-def load_torch_state_dict(module, torch_state: dict) -> None:
-    """Load a PyTorch state dict (tensors or arrays) into ``module``, checking every key
-    and shape before anything changes."""
-    host = {k: np.asarray(v) for k, v in torch_state.items()}
+def _torch_shape(kind: str, shapes: list[tuple]) -> tuple:
+    """The shape of the torch tensor a rule makes from npformer arrays of ``shapes``."""
+    if kind == "copy":
+        return tuple(shapes[0])
+    if kind == "transpose":
+        return tuple(reversed(shapes[0]))
+    if kind == "qkv_weight":  # 3 x (D, H*E) -> (3*H*E, D)
+        return (sum(shape[1] for shape in shapes), shapes[0][0])
+    if kind == "qkv_bias":
+        return (sum(shape[0] for shape in shapes),)
+    raise ValueError(f"unknown rule kind {kind!r}")
+
+
+def _npformer_submodule(module, path: str):
+    """The submodule at a dotted npformer path ("blocks.0.self_attn")."""
+    for part in filter(None, path.split(".")):
+        module = module[int(part)] if part.isdigit() else getattr(module, part)
+    return module
+
+
+def _check_head_counts(module, torch_module, rules: list[Rule]) -> None:
+    """A torch module given (not only its state dict): its attention layers' head counts
+    must be npformer's.  The state dict cannot tell (4 heads of 16 and 2 of 32 have the
+    same in_proj_weight), and the outputs would differ."""
+    torch_modules = dict(torch_module.named_modules())
+    differ = []
+    for rule in rules:
+        if rule.kind != "qkv_weight":
+            continue
+        torch_name = rule.torch_key[:-len(".in_proj_weight")] if "." in rule.torch_key else ""
+        theirs = getattr(torch_modules.get(torch_name), "num_heads", None)
+        path = rule.npformer_keys[0][:-len("q_proj.weight")].rstrip(".")
+        ours = _npformer_submodule(module, path).num_heads
+        if theirs is not None and theirs != ours:
+            differ.append(f"{torch_name or 'the module'}: torch {theirs} heads, npformer {ours}")
+    if differ:
+        raise ValueError(f"the torch module's attention splits into other heads than "
+                         f"{type(module).__name__}'s: {'; '.join(differ)} (the weights would "
+                         "fit, the outputs would not): build it with the same number of heads")
+
+
+def load_torch_state_dict(module, torch_state) -> None:
+    """Load a PyTorch state dict (tensors or arrays) into ``module``, checking every key,
+    shape and value (:func:`npformer.weights.checked_weights`: floating point, finite;
+    tensors that require grad are detached, bfloat16 ones converted to float32 with a
+    warning) before anything changes.
+
+    ``torch_state`` may also be the torch module itself: then its attention layers' head
+    counts are compared with npformer's too (a state dict does not hold them)."""
     rules = list(rules_for(module))
+    owner = type(module).__name__
+    if not isinstance(torch_state, Mapping) and callable(getattr(torch_state, "state_dict",
+                                                                  None)):
+        _check_head_counts(module, torch_state, rules)
+        torch_state = torch_state.state_dict()
+    if not isinstance(torch_state, Mapping):
+        raise TypeError(f"load_torch_state_dict needs a torch module or its state dict (a "
+                        f"dict of name -> tensor), got {type(torch_state).__name__}")
     expected = {r.torch_key for r in rules}
-    missing, extra = sorted(expected - set(host)), sorted(set(host) - expected)
+    missing, extra = sorted(expected - set(torch_state)), sorted(set(torch_state) - expected)
     if missing or extra:
-        raise ValueError(f"PyTorch state dict does not fit {type(module).__name__}: "
+        raise ValueError(f"PyTorch state dict does not fit {owner}: "
                          f"missing keys {missing}, unexpected keys {extra}")
+    own = {name: tuple(p.shape) for name, p in module.named_parameters()}
+    shapes = {r.torch_key: _torch_shape(r.kind, [own[k] for k in r.npformer_keys])
+              for r in rules}
+    host = checked_weights(shapes, torch_state, owner, what="PyTorch state dict")
     state = {}
     for rule in rules:
         parts = _from_torch_layout(rule.kind, host[rule.torch_key], len(rule.npformer_keys))
@@ -219,17 +280,57 @@ def save_safetensors(module: Module, path: str | os.PathLike,
 
 def load_safetensors(module, path) -> None:
     """Load a safetensors file holding the PyTorch state dict of ``module``'s equivalent
-    (as :func:`save_safetensors` or ``safetensors.torch.save_file`` write it)."""
+    (as :func:`save_safetensors` or ``safetensors.torch.save_file`` write it), through
+    :func:`load_torch_state_dict`'s checks.  bfloat16 tensors (NumPy has no bfloat16) are
+    converted to float32, with a warning saying so."""
     from safetensors.numpy import load_file
 
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no safetensors file at {path}")
     try:
-        state = load_file(str(path))
+        header = _safetensors_header(path)
+        bfloat16 = sorted(k for k, v in header.items()
+                          if isinstance(v, dict) and v.get("dtype") == "BF16")
+        state = _read_bfloat16_as_float32(path, header) if bfloat16 else load_file(str(path))
     except Exception as exc:  # SafetensorError, or a header that is not JSON
         raise ValueError(f"{path} is not a readable safetensors file: "
                          f"{type(exc).__name__}: {exc}") from exc
+    if bfloat16:
+        warnings.warn(f"{path} holds bfloat16 tensors ({', '.join(bfloat16)}): NumPy has no "
+                      "bfloat16, converted to float32 to load them", UserWarning, stacklevel=2)
     load_torch_state_dict(module, state)
+
+
+def _safetensors_header(path) -> dict:
+    """The JSON header of a safetensors file: {name: {dtype, shape, data_offsets}}."""
+    with open(path, "rb") as f:
+        size = struct.unpack("<Q", f.read(8))[0]
+        if size > os.path.getsize(path) - 8:
+            raise ValueError(f"header of {size} bytes is longer than the file")
+        return json.loads(f.read(size))
+
+
+def _read_bfloat16_as_float32(path, header: dict) -> dict[str, np.ndarray]:
+    """Every tensor of a safetensors file that holds bfloat16 ones: bfloat16 is the top
+    half of a float32, so each becomes exact float32 (the others are read as they are)."""
+    from safetensors.numpy import _TYPES  # safetensors dtype name -> NumPy dtype
+
+    with open(path, "rb") as f:
+        size = struct.unpack("<Q", f.read(8))[0]
+        data = f.read()[size:]
+    state = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = entry["data_offsets"]
+        raw = data[start:end]
+        if entry["dtype"] == "BF16":
+            half = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
+            array = half.view(np.float32)
+        else:
+            array = np.frombuffer(raw, dtype=np.dtype(_TYPES[entry["dtype"]]).newbyteorder("<"))
+        state[name] = array.reshape(entry["shape"]).copy()
+    return state
 
 
 # --------------------------------------------------------------------------- models

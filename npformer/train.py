@@ -121,6 +121,58 @@ class TrainConfig:
     progress: bool = True
     desc: str = "train"
 
+    def __post_init__(self):
+        """Every field checked when the config is built, naming it: a value that would
+        do nothing, or the opposite of what it says, is refused."""
+        _check_int("max_steps", self.max_steps, 0)
+        _check_real("max_seconds", self.max_seconds, optional=True)
+        _check_int("grad_accum", self.grad_accum, 1)
+        _check_int("replicas", self.replicas, 1)
+        _check_real("clip_norm", self.clip_norm, optional=True, positive=True,
+                    hint=" (None: no clipping)")
+        _check_int("eval_every", self.eval_every, 1, optional=True)
+        _check_int("stop_after", self.stop_after, 1, optional=True)
+        if self.select_mode not in ("max", "min"):
+            raise ValueError(f"TrainConfig.select_mode must be 'max' or 'min', got "
+                             f"{self.select_mode!r}")
+        if self.select_metric is not None:
+            if not isinstance(self.select_metric, str) or not self.select_metric:
+                raise ValueError(f"TrainConfig.select_metric must be a metric's name (a "
+                                 f"non-empty string) or None, got {self.select_metric!r}")
+            missing = [name for name in ("eval_every", "checkpoint_path")
+                       if getattr(self, name) is None]
+            if missing:
+                raise ValueError(f"TrainConfig.select_metric={self.select_metric!r} keeps the "
+                                 f"best model by evaluation, but {' and '.join(missing)} "
+                                 f"{'is' if len(missing) == 1 else 'are'} None: nothing would "
+                                 "be evaluated or kept. Set them, or leave select_metric out")
+        if not isinstance(self.progress, bool):
+            raise TypeError(f"TrainConfig.progress must be True or False, got {self.progress!r}")
+
+
+def _check_int(name: str, value, minimum: int, optional: bool = False) -> None:
+    """TrainConfig.<name> an integer (not a bool or a float) >= minimum (or None)."""
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"TrainConfig.{name} must be an integer"
+                        f"{' or None' if optional else ''}, got {value!r} "
+                        f"({type(value).__name__})")
+    if value < minimum:
+        raise ValueError(f"TrainConfig.{name} must be at least {minimum}, got {value}")
+
+
+def _check_real(name: str, value, optional: bool = False, positive: bool = False,
+                hint: str = "") -> None:
+    """TrainConfig.<name> a finite real number, >= 0 (> 0 when ``positive``), or None."""
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"TrainConfig.{name} must be a number{hint}, got {value!r}")
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise ValueError(f"TrainConfig.{name} must be a finite number "
+                         f"{'> 0' if positive else '>= 0'}{hint}, got {value}")
+
 
 @dataclass
 class History:
@@ -167,8 +219,12 @@ class Trainer:
     def __init__(self, model, optimizer, task: Task, next_batch: Callable,
                  config: TrainConfig, eval_fn: Callable | None = None,
                  checkpoint_extra: dict | None = None, seed: int = 0):
-        if config.grad_accum < 1:
-            raise ValueError(f"grad_accum must be at least 1, got {config.grad_accum}")
+        if not isinstance(config, TrainConfig):
+            raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+        _check_optimizer_trains(model, optimizer)
+        if config.select_metric is not None and eval_fn is None:
+            raise ValueError(f"TrainConfig.select_metric={config.select_metric!r} needs an "
+                             "eval_fn returning it: give the Trainer one")
         self.model, self.optimizer, self.task = model, optimizer, task
         self.next_batch, self.config, self.eval_fn = next_batch, config, eval_fn
         self.checkpoint_extra = checkpoint_extra or {}
@@ -297,6 +353,10 @@ class Trainer:
             f"{k} {v:.4f}" for k, v in metrics.items() if k != "update"))
         cfg = self.config
         if cfg.select_metric and cfg.checkpoint_path:
+            if cfg.select_metric not in metrics:
+                raise ValueError(f"TrainConfig.select_metric={cfg.select_metric!r} is not among "
+                                 f"the metrics eval_fn returned: "
+                                 f"{sorted(k for k in metrics if k != 'update')}")
             value = metrics[cfg.select_metric]
             better = (self.best is None or (value > self.best if cfg.select_mode == "max"
                                             else value < self.best))
@@ -348,6 +408,22 @@ class Trainer:
             self.data_rng.bit_generator.state = checkpoint.rng_state["data"]
         if "trainer" in checkpoint.extra:
             self.load_state_dict(checkpoint.extra["trainer"])
+
+
+def _check_optimizer_trains(model, optimizer) -> None:
+    """The optimizer must update this model's parameters (the same objects): one over
+    another model's copy would train nothing, silently."""
+    params = getattr(optimizer, "params", None)
+    if params is None:
+        raise TypeError(f"optimizer must be an npformer optimizer (with .params), got "
+                        f"{type(optimizer).__name__}")
+    mine = {id(p) for p in model.parameters()}
+    foreign = [i for i, p in enumerate(params) if id(p) not in mine]
+    if foreign:
+        raise ValueError(f"the optimizer does not update this model: {len(foreign)} of its "
+                         f"{len(params)} parameters (first: optimizer.params[{foreign[0]}]) are "
+                         "not the model's. Build it from model.parameters() of the model the "
+                         "Trainer trains")
 
 
 # --------------------------------------------------------------------------- around the loop

@@ -303,7 +303,8 @@ def test_load_torch_state_dict_missing_key_only(xb):
 
 def test_load_torch_state_dict_wrong_shape(xb):
     state = _torch_encoder_state(d_ff=6)
-    with pytest.raises(ValueError, match=r"linear1.weight: expected \(4, 7\), got \(4, 6\)"):
+    # named and shaped as the torch state dict holds them (torch's (out, in) layout)
+    with pytest.raises(ValueError, match=r"linear1.weight: expected \(7, 4\), got \(6, 4\)"):
         load_torch_state_dict(nn.EncoderBlock(4, 2, 7), state)
 
 

@@ -164,19 +164,45 @@ def final_norm(config):
     return LayerNorm(config.d_model) if config.norm_first else None
 
 
-def valid_lengths_from(ids, pad_id: int):
-    """(B,) number of non-padding tokens per row (padding assumed at the end)."""
+def valid_lengths_from(ids, pad_id: int, what: str = "token ids"):
+    """ids (B, T) -> (B,) number of non-padding tokens per row, padding at the end only.
+
+    The layers read a row's valid positions as its first ``valid_lens[b]`` (the packing,
+    pooling, masks and positions): padding anywhere else, left padding or a pad between
+    tokens, would be read as tokens while the row's last tokens were dropped.  It is
+    refused, naming the row and the positions (move the padding to the end)."""
     xp = backend.namespace_of(ids)
-    return xp.sum(xp.astype(ids != pad_id, xp.int64), axis=1)
+    real = ids != pad_id  # (B, T)
+    lengths = xp.sum(xp.astype(real, xp.int64), axis=1)  # (B,)
+    if ids.shape[0] and ids.shape[1]:
+        positions = xp.arange(ids.shape[1], dtype=xp.int64, device=backend.device_of(ids))
+        if bool(xp.any(real != (positions[None, :] < lengths[:, None]))):
+            _refuse_padding_before_a_token(backend.to_numpy(real), pad_id, what)
+    return lengths
+
+
+def _refuse_padding_before_a_token(real: np.ndarray, pad_id: int, what: str) -> None:
+    """real (B, T) bools with a pad before a real token in some row: raise naming where."""
+    for row, tokens in enumerate(real):
+        pads = np.flatnonzero(~tokens)
+        later = np.flatnonzero(tokens[pads[0]:]) if pads.size else np.empty(0)
+        if later.size:
+            raise ValueError(
+                f"{what} row {row} has padding (pad_id {pad_id}) at position {pads[0]}, "
+                f"before a real token at position {pads[0] + later[0]}: padding must come "
+                "at the end of a row (right padding), where it is masked; padding elsewhere "
+                "would be read as tokens and the row's last tokens dropped. Move the "
+                "padding to the end of the row")
 
 
 def padding_of(ids, valid_lens, pad_id: int, padding: Padding | None,
-               pack: bool | None = None) -> Padding:
+               pack: bool | None = None, what: str = "token ids") -> Padding:
     """The batch's :class:`Padding`: ``padding`` if given (checked against ids), else built
-    from ``valid_lens`` (default: the count of non-pad ids per row)."""
+    from ``valid_lens`` (default: the count of non-pad ids per row, padding at the end:
+    :func:`valid_lengths_from`)."""
     if padding is None:
         if valid_lens is None:
-            valid_lens = valid_lengths_from(ids, pad_id)
+            valid_lens = valid_lengths_from(ids, pad_id, what)
         return Padding(valid_lens, ids.shape[1], pack)
     if valid_lens is not None:
         raise ValueError("pass the valid lengths or a padding, not both (the padding "

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import ops
+from .. import backend, ops
 from ..nn import DecoderBlock, DecodingCache, EncoderBlock, Linear, Module, Padding
 from ..ops._checks import check_rank
 from .common import TokenEmbedding, check_config, final_norm, model_input, padding_of
@@ -89,7 +89,7 @@ class Seq2SeqTransformer(Module):
         """src (B, S) -> memory (B, S, D), memory mask (B, 1, 1, S)."""
         src, src_lens = model_input(src, "source ids"), model_input(src_lens, "src_lens", rank=1)
         check_rank(src, 2, "source ids (batch, positions)")
-        padding = padding_of(src, src_lens, self.config.pad_id, src_padding)
+        padding = padding_of(src, src_lens, self.config.pad_id, src_padding, what="src")
         x = padding.rows(self.src_embed(src))  # (B, S, D) -> the layers' form
         for block in self.encoder:
             x = block(x, mask=padding.key_mask, padding=padding)
@@ -118,6 +118,12 @@ class Seq2SeqTransformer(Module):
             raise ValueError(f"target batch of {tgt_in.shape[0]} sequences does not match "
                              f"the source batch of {src.shape[0]}")
         memory, memory_mask = self.encode(src, src_lens, src_padding)
+        if tgt_lens is None and tgt_padding is None:  # every target position is a token:
+            # the decoder may emit pad_id itself, and under the causal mask padding at the
+            # end changes no earlier position, so none is inferred (or dropped) here
+            xp = backend.namespace_of(tgt_in)
+            tgt_lens = xp.full((tgt_in.shape[0],), tgt_in.shape[1], dtype=xp.int64,
+                               device=backend.device_of(tgt_in))
         padding = padding_of(tgt_in, tgt_lens, self.config.pad_id, tgt_padding,
                              pack=None if tgt_padding is not None else False)
         length = tgt_in.shape[1]

@@ -38,6 +38,7 @@ from typing import Iterator
 
 from .. import backend
 from ..ops._checks import check_float
+from ..weights import checked_weights, mismatch_report  # noqa: F401 (mismatch_report: re-exported)
 
 _local = threading.local()  # each thread its own switch, as each has its own generator
 
@@ -203,25 +204,17 @@ class Module:
         return {name: p.data for name, p in self.named_parameters()}
 
     def load_state_dict(self, state: dict) -> None:
-        """Copy arrays into the parameters, checking names, shapes and dtypes first.
+        """Copy arrays into the parameters, checking names, shapes and values first
+        (:func:`npformer.weights.checked_weights`: floating point, finite, exactly the
+        parameters' names and shapes), each cast to its parameter's dtype.
 
-        Every problem is reported at once, before anything is changed.
+        Every name and shape problem is reported at once, before anything is changed.
         """
         own = dict(self.named_parameters())
-        missing = sorted(set(own) - set(state))
-        extra = sorted(set(state) - set(own))
-        wrong_shape = [
-            f"{name}: expected {own[name].shape}, got {tuple(state[name].shape)}"
-            for name in own
-            if name in state and tuple(state[name].shape) != own[name].shape
-        ]
-        problems = mismatch_report(missing, extra, wrong_shape)
-        if problems:
-            raise ValueError(
-                f"state_dict does not fit {type(self).__name__}: " + " | ".join(problems)
-            )
+        host = checked_weights({name: p.shape for name, p in own.items()}, state,
+                               type(self).__name__)
         for name, p in own.items():
-            p.data = backend.copy_like(state[name], p.data)
+            p.data = backend.copy_like(host[name], p.data)
             p.zero_grad()
 
 
@@ -265,13 +258,3 @@ def _checking_upstream(backward):
     return checked
 
 
-def mismatch_report(missing: list, extra: list, wrong_shapes: list[str]) -> list[str]:
-    """The ways a saved state does not fit, one phrase each (empty when it fits)."""
-    problems = []
-    if missing:
-        problems.append(f"missing keys: {missing}")
-    if extra:
-        problems.append(f"unexpected keys: {extra}")
-    if wrong_shapes:
-        problems.append("wrong shapes: " + "; ".join(wrong_shapes))
-    return problems
