@@ -25,7 +25,7 @@ import importlib
 
 from .. import backend
 from ..ops import activations as _textbook
-from ..validation import activation_input, backward_op, checked_op, forward_op, activation_choice
+from ..validation import activation_choice, activation_input, backward_op, checked_op, forward_op
 
 
 @forward_op(activation_input("relu"))
