@@ -12,8 +12,9 @@ Choose with the environment variable ``NPFORMER_ENGINE``, with
 between a forward and its backward).  Layers and models reach the chosen tier
 through this module only: ``engine.ops().linear_forward(...)`` is the current
 tier's op, and :func:`packs_positions` tells :class:`npformer.nn.Padding`
-whether the position-wise layers run on packed rows (fast) or on the padded
-(B, T, D) arrays (textbook).
+whether the position-wise layers run on packed rows (fast, :class:`Packing`) or on
+the padded (B, T, D) arrays (textbook).  Nothing else in the package asks which tier
+is active or imports :mod:`npformer.fast`.
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from types import ModuleType
 
 from . import fast as _fast
 from . import ops as _textbook
+
+Packing = _fast.Packing  # the packed layout of a padded batch, for npformer.nn.Padding
 
 ENGINES = ("fast", "textbook")
 

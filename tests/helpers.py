@@ -5,6 +5,7 @@ from contextlib import contextmanager
 from functools import partial
 
 import numpy as np
+import pytest
 
 from npformer import backend
 from npformer import engine, fast, ops
@@ -107,3 +108,15 @@ def using_engine(name: str):
         yield
     finally:
         engine.set_engine(previous)
+
+
+@contextmanager
+def raises_naming(error, *fragments: str):
+    """pytest.raises(error), then every fragment (the argument's name, the axis, the
+    sizes: plain substrings, not patterns) must appear in the message.  Tests state what
+    the message names, not its whole sentence."""
+    with pytest.raises(error) as caught:
+        yield caught
+    message = str(caught.value)
+    missing = [f for f in fragments if f not in message]
+    assert not missing, f"{error.__name__} message {message!r} does not name {missing}"

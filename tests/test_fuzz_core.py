@@ -6,7 +6,7 @@ NaN/inf values, wrong ranks, masks of wrong shapes and Python lists.
 The contract: every call either returns results of the documented shape (finite, for
 finite floating inputs), or raises one of the library's documented exceptions (ValueError,
 TypeError, RuntimeError for backward without forward; a token id outside the vocabulary is
-:class:`npformer.ops._checks.TokenIdError`, an IndexError and a ValueError) raised by
+:class:`npformer.validation.TokenIdError`, an IndexError and a ValueError) raised by
 npformer's own code (the innermost frame is in the package, not in NumPy or the array
 library) with a message naming an npformer argument.  Never ZeroDivisionError,
 IndexError, AttributeError, KeyError or an error from inside the array library.
@@ -26,7 +26,7 @@ import npformer
 from npformer import backend, fast, gradcheck, nn, ops
 from npformer.models import (CausalLM, CausalLMConfig, ClassifierConfig, Seq2SeqConfig,
                              Seq2SeqTransformer, TransformerClassifier)
-from npformer.ops._checks import TokenIdError
+from npformer.validation import TokenIdError
 
 PACKAGE = str(Path(npformer.__file__).resolve().parent)
 DOCUMENTED = (ValueError, TypeError, RuntimeError)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from npformer import backend, ops
+from npformer import backend, fast, ops
 from npformer.gradcheck import check_module
 from npformer.models import (CausalLM, CausalLMConfig, ClassifierConfig, Seq2SeqConfig,
                              Seq2SeqTransformer, TransformerClassifier)
@@ -223,7 +223,9 @@ def _scaled(fn, factor):
 
 def test_gradcheck_catches_wrong_classifier_pooling(monkeypatch):
     """A pooling backward off by 1% must fail the check."""
-    monkeypatch.setattr(ops, "pool_backward", _scaled(ops.pool_backward, 1.01))
+    wrong = _scaled(ops.pool_backward, 1.01)
+    monkeypatch.setattr(ops, "pool_backward", wrong)
+    monkeypatch.setattr(fast, "pool_backward", wrong)  # the fast tier binds it by name
     with using_backend("numpy"):
         model = make_classifier("mean", False, "learned", "gelu", 1)
         ids = padded_ids(np.random.default_rng(11), [4, 2], 4, 7)

@@ -1,16 +1,17 @@
 """Wrong inputs to the ops raise clear errors that name the problem (on both backends).
 
-Each case checks the exception type and that the message names what is wrong:
+Each case checks the exception type and that the message names what is wrong
+(:func:`tests.helpers.raises_naming`: substrings, not whole sentences): the argument,
 the offending shape, width, dtype, id or value, and what was expected.
 """
 from __future__ import annotations
-
-import re
 
 import numpy as np
 import pytest
 
 from npformer import backend, ops
+
+from .helpers import raises_naming
 
 
 def arr(shape, dtype="float64"):
@@ -23,19 +24,17 @@ def ids(values):
 
 # =========================================================================== linear / layer norm
 def test_linear_input_width_mismatch(xb):
-    with pytest.raises(ValueError, match=re.escape(
-            "linear input must have last dimension 4, got shape (2, 3, 5)")):
+    with raises_naming(ValueError, "linear input", "last dimension 4", "(2, 3, 5)"):
         ops.linear_forward(arr((2, 3, 5)), arr((4, 6)), arr((6,)))
 
 
 def test_linear_integer_input(xb):
-    with pytest.raises(TypeError, match="linear input must be a floating-point array"):
+    with raises_naming(TypeError, "linear input", "floating-point", "int64"):
         ops.linear_forward(ids([[1, 2, 3, 4]]), arr((4, 6)))
 
 
 def test_layernorm_width_mismatch(xb):
-    with pytest.raises(ValueError, match=re.escape(
-            "layer norm input must have last dimension 8, got shape (2, 3, 6)")):
+    with raises_naming(ValueError, "layer norm input", "last dimension 8", "(2, 3, 6)"):
         ops.layernorm_forward(arr((2, 3, 6)), arr((8,)), arr((8,)))
 
 
@@ -45,16 +44,15 @@ def test_layernorm_width_mismatch(xb):
 def test_attention_mask_does_not_broadcast(xb, mask_shape):
     q, k, v = arr((2, 2, 3, 4)), arr((2, 2, 5, 4)), arr((2, 2, 5, 6))
     mask = backend.asarray(np.ones(mask_shape, dtype=bool))
-    with pytest.raises(ValueError, match=re.escape(
-            f"attention mask of shape {mask_shape} does not broadcast to the attention "
-            "scores of shape (2, 2, 3, 5) (batch, heads, queries, keys)")):
+    with raises_naming(ValueError, "attention mask", str(mask_shape), "attention scores",
+                       "(2, 2, 3, 5)", "(batch, heads, queries, keys)"):
         ops.attention_forward(q, k, v, mask)
 
 
 def test_padding_mask_for_the_wrong_number_of_keys(xb):
     q, k, v = arr((2, 1, 3, 4)), arr((2, 1, 5, 4)), arr((2, 1, 5, 4))
     mask = ops.padding_mask(ids([2, 3]), 4)
-    with pytest.raises(ValueError, match=r"\(2, 1, 1, 4\) does not broadcast .*\(2, 1, 3, 5\)"):
+    with raises_naming(ValueError, "attention mask", "(2, 1, 1, 4)", "(2, 1, 3, 5)"):
         ops.attention_forward(q, k, v, mask)
 
 
@@ -62,35 +60,31 @@ def test_padding_mask_for_the_wrong_number_of_keys(xb):
 def test_attention_mask_must_be_boolean(xb, dtype):
     q = arr((1, 2, 3, 4))
     mask = backend.asarray(np.ones((3, 3)), dtype=dtype)
-    with pytest.raises(TypeError, match=re.escape(
-            "attention mask must be a boolean array (True = may attend), got dtype")):
+    with raises_naming(TypeError, "attention mask", "boolean", dtype):
         ops.attention_forward(q, q, q, mask)
 
 
 def test_softmax_mask_errors(xb):
-    with pytest.raises(ValueError, match=re.escape(
-            "softmax mask of shape (4,) does not broadcast to the softmax input of shape "
-            "(2, 3)")):
+    with raises_naming(ValueError, "softmax mask", "(4,)", "softmax input", "(2, 3)"):
         ops.softmax_forward(arr((2, 3)), mask=backend.asarray(np.ones(4, bool)))
-    with pytest.raises(TypeError, match="softmax mask must be a boolean array"):
+    with raises_naming(TypeError, "softmax mask", "boolean", "float64"):
         ops.softmax_forward(arr((2, 3)), mask=arr((2, 3)))
 
 
 def test_attention_shapes_must_agree(xb):
-    with pytest.raises(ValueError, match=r"queries \(1, 2, 3, 4\) and keys \(1, 2, 5, 3\)"):
+    with raises_naming(ValueError, "queries (1, 2, 3, 4)", "keys (1, 2, 5, 3)", "width"):
         ops.attention_forward(arr((1, 2, 3, 4)), arr((1, 2, 5, 3)), arr((1, 2, 5, 3)))
-    with pytest.raises(ValueError, match=r"keys \(1, 2, 5, 4\) and values \(1, 2, 6, 4\)"):
+    with raises_naming(ValueError, "keys (1, 2, 5, 4)", "values (1, 2, 6, 4)"):
         ops.attention_forward(arr((1, 2, 3, 4)), arr((1, 2, 5, 4)), arr((1, 2, 6, 4)))
 
 
 def test_causal_mask_with_fewer_keys_than_queries(xb):
-    with pytest.raises(ValueError, match=re.escape(
-            "causal mask needs at least as many keys (3) as queries (5)")):
+    with raises_naming(ValueError, "causal mask", "keys (3)", "queries (5)"):
         ops.causal_mask(5, 3)
 
 
 def test_padding_mask_needs_integer_lengths(xb):
-    with pytest.raises(TypeError, match="valid lengths must be integers, got dtype"):
+    with raises_naming(TypeError, "valid lengths", "integers", "float64"):
         ops.padding_mask(arr((2,)), 4)
 
 
@@ -98,49 +92,41 @@ def test_padding_mask_needs_integer_lengths(xb):
 @pytest.mark.parametrize("bad", [7, 10, -1])
 def test_embedding_id_out_of_range(xb, bad):
     table = arr((7, 4))
-    with pytest.raises(IndexError, match=re.escape(
-            f"token ids out of range: found id {bad}, but the vocabulary has 7 entries "
-            "(valid ids are 0..6)")):
+    with raises_naming(IndexError, "token ids", f"id {bad}", "7 entries", "0..6"):
         ops.embedding_forward(ids([[0, 3, bad], [6, 6, 1]]), table)
 
 
 def test_embedding_ids_must_be_integers(xb):
-    with pytest.raises(TypeError, match="token ids must be an integer array, got dtype"):
+    with raises_naming(TypeError, "token ids", "integer", "float64"):
         ops.embedding_forward(backend.asarray(np.array([[0.0, 1.0]])), arr((7, 4)))
 
 
 # =========================================================================== cross-entropy
 def test_cross_entropy_targets_shape_mismatch(xb):
-    with pytest.raises(ValueError, match=re.escape(
-            "cross-entropy targets of shape (2, 4) do not match logits of shape (2, 3, 5) "
-            "(expected (2, 3))")):
+    with raises_naming(ValueError, "targets", "(2, 4)", "logits", "(2, 3, 5)", "(2, 3)"):
         ops.cross_entropy_forward(arr((2, 3, 5)), ids(np.zeros((2, 4))))
 
 
 @pytest.mark.parametrize("bad", [5, 9, -1, -7])
 def test_cross_entropy_target_out_of_range(xb, bad):
-    with pytest.raises(IndexError, match=re.escape(
-            f"cross-entropy targets out of range: found id {bad}, but the vocabulary has 5 "
-            "entries")):
+    with raises_naming(IndexError, "cross-entropy targets", f"id {bad}", "5 entries"):
         ops.cross_entropy_forward(arr((2, 3, 5)), ids([[0, 4, -100], [bad, 1, 2]]))
 
 
 def test_cross_entropy_ignore_index_is_not_out_of_range(xb):
     loss, _ = ops.cross_entropy_forward(arr((2, 5)), ids([-100, 3]))  # accepted
-    with pytest.raises(IndexError, match="found id -100"):  # ...unless another is ignored
+    with raises_naming(IndexError, "cross-entropy targets", "id -100"):  # ...unless another is ignored
         ops.cross_entropy_forward(arr((2, 5)), ids([-100, 3]), ignore_index=-1)
 
 
 def test_cross_entropy_targets_must_be_integers(xb):
-    with pytest.raises(TypeError, match="cross-entropy targets must be an integer array, "
-                                        "got dtype"):
+    with raises_naming(TypeError, "cross-entropy targets", "integer", "float64"):
         ops.cross_entropy_forward(arr((2, 5)), backend.asarray(np.array([1.0, 2.0])))
 
 
 @pytest.mark.parametrize("smoothing", [-0.1, 1.5])
 def test_cross_entropy_label_smoothing_range(xb, smoothing):
-    with pytest.raises(ValueError, match=re.escape(
-            f"label_smoothing must be in [0, 1], got {smoothing}")):
+    with raises_naming(ValueError, "label_smoothing", "[0, 1]", str(smoothing)):
         ops.cross_entropy_forward(arr((2, 5)), ids([1, 3]), label_smoothing=smoothing)
 
 
@@ -148,63 +134,53 @@ def test_cross_entropy_label_smoothing_range(xb, smoothing):
 @pytest.mark.parametrize("p", [-0.1, 1.0, 1.5, float("nan")])
 @pytest.mark.parametrize("training", [True, False])
 def test_dropout_probability_out_of_range(xb, p, training):
-    with pytest.raises(ValueError, match=re.escape(
-            f"dropout probability must be in [0, 1), got {p}")):
+    with raises_naming(ValueError, "dropout probability", "[0, 1)", str(p)):
         ops.dropout_forward(arr((2, 3)), p, training=training)
 
 
 # =========================================================================== positions
 def test_sequence_longer_than_the_positional_table(xb):
-    with pytest.raises(ValueError, match=re.escape(
-            "sequence of length 9 is longer than the positional table (8 positions)")):
+    with raises_naming(ValueError, "length 9", "positional table", "8 positions"):
         ops.add_positions_forward(arr((2, 9, 4)), ops.sinusoidal_table(8, 4))
 
 
 def test_positional_width_mismatch(xb):
-    with pytest.raises(ValueError, match=re.escape(
-            "input width 6 does not match the positional table width 4")):
+    with raises_naming(ValueError, "input width 6", "positional table", "width 4"):
         ops.add_positions_forward(arr((2, 3, 6)), arr((8, 4)))
 
 
 def test_positional_input_must_be_3d(xb):
-    with pytest.raises(ValueError, match=re.escape(
-            "input to the positional encoding must have 3 dimensions, got shape (3, 4)")):
+    with raises_naming(ValueError, "positional encoding", "3 dimensions", "(3, 4)"):
         ops.add_positions_forward(arr((3, 4)), arr((8, 4)))
 
 
 # =========================================================================== pooling
 def test_unknown_pooling(xb):
-    with pytest.raises(ValueError, match=re.escape(
-            "unknown pooling 'sum'; choose one of ('mean', 'max', 'first')")):
+    with raises_naming(ValueError, "pooling 'sum'", "'mean'", "'max'", "'first'"):
         ops.pool_forward(arr((2, 3, 4)), ids([3, 1]), "sum")
 
 
 @pytest.mark.parametrize("valid", [[0, 2], [3, 4], [-1, 1]])
 def test_pooling_valid_lengths_out_of_range(xb, valid):
     low, high = min(valid), max(valid)
-    with pytest.raises(ValueError, match=re.escape(
-            f"valid lengths must be in [1, 3] (every sequence needs at least one token), "
-            f"got values in [{low}, {high}]")):
+    with raises_naming(ValueError, "valid lengths", "[1, 3]", f"[{low}, {high}]"):
         ops.pool_forward(arr((2, 3, 4)), ids(valid), "mean")
 
 
 def test_pooling_valid_lengths_shape(xb):
-    with pytest.raises(ValueError, match=re.escape(
-            "valid lengths of shape (3,) do not match the batch of 2 sequences")):
+    with raises_naming(ValueError, "valid lengths", "(3,)", "batch of 2"):
         ops.pool_forward(arr((2, 3, 4)), ids([1, 2, 3]), "max")
 
 
 def test_pooling_input_rank(xb):
-    with pytest.raises(ValueError, match=re.escape(
-            "pooling input (batch, positions, width) must have 3 dimensions, got shape (3, 4)")):
+    with raises_naming(ValueError, "pooling input", "3 dimensions", "(3, 4)"):
         ops.pool_forward(arr((3, 4)), ids([1, 2, 3]), "mean")
 
 
 # =========================================================================== activations
 @pytest.mark.parametrize("name", ["swish", "ReLU", ""])
 def test_unknown_activation(name):
-    with pytest.raises(ValueError, match=re.escape(
-            f"unknown activation {name!r}; choose one of ['gelu', 'gelu_tanh', 'relu']")):
+    with raises_naming(ValueError, f"activation {name!r}", "'gelu'", "'gelu_tanh'", "'relu'"):
         ops.activation(name)
 
 
@@ -218,7 +194,7 @@ def test_unknown_activation(name):
 ])
 def test_negative_sizes_are_refused(xb, call, message):
     """causal_mask(-2) returned an empty (0, 0) mask (issue 10, item 2)."""
-    with pytest.raises(ValueError, match=re.escape(message)):
+    with raises_naming(ValueError, *message.split(" must be ")):
         call()
 
 
@@ -228,7 +204,7 @@ def test_negative_sizes_are_refused(xb, call, message):
     (lambda: ops.padding_mask(ids([1]), "3"), "num_keys must be an integer, got '3'"),
 ])
 def test_sizes_must_be_integers(xb, call, message):
-    with pytest.raises(TypeError, match=re.escape(message)):
+    with raises_naming(TypeError, *message.split(" must be ")):
         call()
 
 
@@ -249,9 +225,7 @@ def test_sizes_must_be_integers(xb, call, message):
 ])
 def test_lists_are_refused_naming_the_argument(xb, call, what):
     """Python lists where the ops take arrays: named, never "'list' has no attribute"."""
-    with pytest.raises(TypeError, match=re.escape(f"{what} must be an array, got list: "
-                                                  "convert host data with "
-                                                  "npformer.backend.asarray(...)")):
+    with raises_naming(TypeError, what, "array", "list", "npformer.backend.asarray"):
         call()
 
 
@@ -265,55 +239,51 @@ def test_float16_and_object_arrays_are_refused(op):
                 "attention": lambda: ops.attention_forward(x, x, x),
                 "gelu": lambda: ops.gelu_forward(x),
                 "relu": lambda: ops.relu_forward(x)}[op]
-        with pytest.raises(TypeError, match=r"must be a floating-point array \(float32 or "
-                                            rf"float64\), got dtype {x.dtype}"):
+        with raises_naming(TypeError, "floating-point", "float32", "float64", str(x.dtype)):
             call()
 
 
 def test_softmax_axis_out_of_range(xb):
-    with pytest.raises(ValueError, match=re.escape("softmax input has no axis 2: its shape "
-                                                   "is (2, 3)")):
+    with raises_naming(ValueError, "softmax input", "axis 2", "(2, 3)"):
         ops.softmax_forward(arr((2, 3)), axis=2)
-    with pytest.raises(TypeError, match="log-softmax input axis must be an integer, got 1.0"):
+    with raises_naming(TypeError, "log-softmax input", "axis", "integer", "1.0"):
         ops.log_softmax_forward(arr((2, 3)), axis=1.0)
 
 
 @pytest.mark.parametrize("w_shape", [(0, 3), (4, 0)])
 def test_linear_weight_without_features(xb, w_shape):
-    with pytest.raises(ValueError, match=re.escape(
-            f"linear weight must have at least one input and one output feature, got shape "
-            f"{w_shape}")):
+    with raises_naming(ValueError, "linear weight", "one input and one output", str(w_shape)):
         ops.linear_forward(arr((2, w_shape[0])), arr(w_shape))
 
 
 def test_linear_bias_shape(xb):
-    with pytest.raises(ValueError, match=re.escape("linear bias must have shape (3,), got (4,)")):
+    with raises_naming(ValueError, "linear bias", "(3,)", "(4,)"):
         ops.linear_forward(arr((2, 4)), arr((4, 3)), arr((4,)))
 
 
 def test_attention_needs_a_width_and_two_axes(xb):
-    with pytest.raises(ValueError, match=r"queries and keys must have a width \(last axis\) of "
-                                         r"at least 1"):
+    with raises_naming(ValueError, "queries and keys", "width (last axis)", "at least 1",
+                       "(1, 2, 0)"):
         ops.attention_forward(arr((1, 2, 0)), arr((1, 2, 0)), arr((1, 2, 3)))
-    with pytest.raises(ValueError, match=r"attention queries must have at least 2 dimensions "
-                                         r"\(positions, width\), got shape \(4,\)"):
+    with raises_naming(ValueError, "attention queries", "2 dimensions", "(positions, width)",
+                       "(4,)"):
         ops.attention_forward(arr((4,)), arr((4,)), arr((4,)))
 
 
 def test_pooling_valid_lengths_must_be_integers(xb):
-    with pytest.raises(TypeError, match="valid lengths must be integers, got dtype"):
+    with raises_naming(TypeError, "valid lengths", "integers", "float64"):
         ops.pool_forward(arr((2, 3, 4)), arr((2,)), "mean")
 
 
 def test_token_id_errors_are_value_errors_too(xb):
     """Out-of-vocabulary ids: IndexError (as PyTorch's embedding) and ValueError (as decoding)."""
-    with pytest.raises(ValueError, match="token ids out of range: found id 9"):
+    with raises_naming(ValueError, "token ids", "id 9", "3 entries"):
         ops.embedding_forward(ids([[9]]), arr((3, 2)))
 
 
 @pytest.mark.parametrize("bad,error", [("0.1", TypeError), (True, TypeError)])
 def test_dropout_and_smoothing_must_be_numbers(xb, bad, error):
-    with pytest.raises(error, match="dropout probability must be a number in"):
+    with raises_naming(error, "dropout probability", "number", repr(bad)):
         ops.dropout_forward(arr((2,)), bad)
-    with pytest.raises(error, match="label_smoothing must be a number in"):
+    with raises_naming(error, "label_smoothing", "number", repr(bad)):
         ops.cross_entropy_forward(arr((2, 3)), ids([0, 1]), label_smoothing=bad)

@@ -155,7 +155,7 @@ def test_dropout(dtype, torch, seed, shape, p, training):
     backend.seed(seed)
     y, cache = ops.dropout_forward(x, p, training=training)
     if training:  # torch's own mask is random: apply npformer's keep mask the torch way
-        keep = pair.tensor(backend.to_numpy(cache) != 0)
+        keep = pair.tensor(backend.to_numpy(cache.saved) != 0)  # the scaled keep mask
         ty = tx * keep / (1.0 - p)
     else:
         ty = F.dropout(tx, p, training=False)

@@ -16,11 +16,11 @@ arguments, same results up to rounding, same gradients), tested equal to it in
   which :class:`npformer.nn.Padding` uses in this tier;
 * :mod:`.inplace`: the in-place kernels (``exp_into``, ``add_at_columns``, ``scatter_rows``).
 
-Every op without a fast version is the textbook op itself (looked up in
-:mod:`npformer.ops` on access, so the two tiers can never drift apart).
+Every op without a fast version is the textbook op itself, bound by name below (one
+function, so the two tiers can never drift apart, and go-to-definition finds it).
 """
 from .. import ops as _textbook
-from .activations import activation, gelu_forward, relu_backward, relu_forward
+from .activations import activation, gelu_backward, gelu_forward, relu_backward, relu_forward
 from .attention import BLOCK_SCORES, attention_backward, attention_forward
 from .linear import linear_backward, linear_forward
 from .losses import cross_entropy_backward, cross_entropy_forward
@@ -29,11 +29,25 @@ from .softmax import softmax_backward, softmax_forward
 
 FAST_OPS = ("attention_forward", "attention_backward", "linear_forward", "linear_backward",
             "cross_entropy_forward", "cross_entropy_backward", "softmax_forward",
-            "softmax_backward", "relu_forward", "relu_backward", "gelu_forward", "activation")
+            "softmax_backward", "relu_forward", "relu_backward", "gelu_forward",
+            "gelu_backward", "activation")
 
-
-def __getattr__(name: str):
-    """Every other op: the textbook one."""
-    if name.startswith("__"):
-        raise AttributeError(name)
-    return getattr(_textbook, name)
+# The textbook ops, the same functions in this tier.
+IGNORE_INDEX = _textbook.IGNORE_INDEX
+POOLINGS = _textbook.POOLINGS
+add_positions_backward = _textbook.add_positions_backward
+add_positions_forward = _textbook.add_positions_forward
+attention_weights = _textbook.attention_weights
+causal_mask = _textbook.causal_mask
+dropout_backward = _textbook.dropout_backward
+dropout_forward = _textbook.dropout_forward
+embedding_backward = _textbook.embedding_backward
+embedding_forward = _textbook.embedding_forward
+layernorm_backward = _textbook.layernorm_backward
+layernorm_forward = _textbook.layernorm_forward
+log_softmax_backward = _textbook.log_softmax_backward
+log_softmax_forward = _textbook.log_softmax_forward
+padding_mask = _textbook.padding_mask
+pool_backward = _textbook.pool_backward
+pool_forward = _textbook.pool_forward
+sinusoidal_table = _textbook.sinusoidal_table

@@ -25,22 +25,21 @@ import importlib
 
 from .. import backend
 from ..ops import activations as _textbook
-from ..ops._checks import check_cache, check_float, check_upstream
+from ..validation import activation_choice, activation_input, backward_op, checked_op, forward_op
 
 
+@forward_op(activation_input("relu"))
 def relu_forward(x):
     """x (...) -> y (...), cache = y (which the next linear layer keeps anyway)."""
-    check_float(x, "relu input")
     xp = backend.namespace_of(x)
     y = xp.maximum(x, 0.0)
     return y, y
 
 
-def relu_backward(dy, cache):
-    check_cache(cache, None, "relu_forward", "relu_backward")
-    check_upstream(dy, tuple(cache.shape), "relu_backward", cache.dtype)
+@backward_op(relu_forward)
+def relu_backward(dy, y):
+    """dy (...) -> dx = dy sign(y) (...)."""
     xp = backend.namespace_of(dy)
-    y = cache
     dx = xp.sign(y)  # [x > 0]
     dx *= dy  # in place: one new array, not two
     return dx
@@ -57,24 +56,26 @@ def _special_functions(x):
         return None
 
 
+@forward_op(activation_input("gelu"))
 def gelu_forward(x):
     """x (...) -> y = x Phi(x) (...), cache (x, Phi(x)): the textbook op, erfc compiled."""
-    check_float(x, "gelu input")
     special = _special_functions(x)
     if special is None:
-        return _textbook.gelu_forward(x)
+        return _textbook.gelu_forward.unchecked(x)
     phi_cdf = special.erfc(-_textbook.SQRT1_2 * x)     # 2 Phi(x), in x's dtype
     phi_cdf *= 0.5                                      # Phi(x), the normal CDF, in place
     y = x * phi_cdf
     return y, (x, phi_cdf)
 
 
-gelu_backward = _textbook.gelu_backward  # the same cache (x, Phi(x)): the same backward
+# the same saved (x, Phi(x)): the textbook backward, taking this tier's cache
+gelu_backward = backward_op(gelu_forward)(_textbook.gelu_backward.unchecked)
 
 ACTIVATIONS = {**_textbook.ACTIVATIONS, "relu": (relu_forward, relu_backward),
                "gelu": (gelu_forward, gelu_backward)}
 
 
+@checked_op(activation_choice)
 def activation(name: str):
     """(forward, backward) of the activation called ``name``, this tier's ReLU."""
-    return _textbook.activation(name, ACTIVATIONS)
+    return ACTIVATIONS[name]

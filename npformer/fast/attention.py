@@ -35,10 +35,8 @@ from __future__ import annotations
 import math
 
 from .. import backend
-from ..ops._checks import check_cache, check_size, check_upstream
-from ..ops.attention import (attention_output_shape, check_attention_arrays,
-                             check_attention_inputs)
 from ..ops.softmax import mask_bias
+from ..validation import attention_inputs, backward_op, forward_op
 from .inplace import exp_into
 from .softmax import softmax_backward
 
@@ -52,17 +50,13 @@ def default_block_scores(q) -> int:
     return GPU_BLOCK_SCORES if type(q).__module__.startswith("cupy") else BLOCK_SCORES
 
 
+@forward_op(attention_inputs)
 def attention_forward(q, k, v, mask=None, block_scores: int | None = None):
     """q (..., T, E), k (..., S, E), v (..., S, F), mask (bool, broadcasts to (..., T, S))
     -> out (..., T, F), cache.  ``block_scores``: scores per block (the backward uses
     the same blocks); None: :func:`default_block_scores`."""
-    check_attention_arrays(q, k, v)
-    check_attention_inputs(q, k, v, mask)  # arrays of two libraries are named here
     xp = backend.namespace_of(q, k, v)
     block_scores = default_block_scores(q) if block_scores is None else block_scores
-    check_size(block_scores, "block_scores", 1)
-    if block_scores < 1:
-        raise ValueError(f"block_scores must be at least 1, got {block_scores}")
     scale = 1.0 / math.sqrt(q.shape[-1])
     q = q * scale  # (..., T, E): the scale, folded into the queries once
     mask = _align(mask, q.ndim)
@@ -73,19 +67,17 @@ def attention_forward(q, k, v, mask=None, block_scores: int | None = None):
         out, lse = xp.zeros_like(out), xp.zeros_like(lse)
     extents = _key_extents(mask)  # host integers: the block walk never waits on the device
     for rows, keys, block_bias in _blocks(q, k, extents, bias, block_scores):
-        scores = xp.matmul(q[rows], xp.matrix_transpose(k[keys]))  # (.., t, E) @ (.., E, s)
+        scores = q[rows] @ k[keys].mT  # (.., t, E) @ (.., E, s)
         e, m, total = _stable_exp(scores, block_bias)  # (.., t, s), (.., t, 1) twice
-        out[rows] = xp.matmul(e, v[keys]) / total  # (.., t, s) @ (.., s, F) -> (.., t, F)
+        out[rows] = (e @ v[keys]) / total  # (.., t, s) @ (.., s, F) -> (.., t, F)
         lse[rows] = m + xp.log(total)
     return out, (q, k, v, extents, bias, lse, scale, block_scores)
 
 
-def attention_backward(dout, cache):
+@backward_op(attention_forward)
+def attention_backward(dout, saved):
     """dout (..., T, F) -> dq (..., T, E), dk (..., S, E), dv (..., S, F)."""
-    check_cache(cache, 8, "attention_forward", "attention_backward")
-    check_upstream(dout, attention_output_shape(cache[0], cache[2]), "attention_backward",
-                   cache[0].dtype)  # of q and v
-    q, k, v, extents, bias, lse, scale, block_scores = cache  # q is already scaled by alpha
+    q, k, v, extents, bias, lse, scale, block_scores = saved  # q is already scaled by alpha
     xp = backend.namespace_of(dout, q)
     dq = _empty(xp, q.shape, q)  # every query row belongs to exactly one block
     if k.shape[-2] == 0:  # no keys (no blocks): zero gradients
@@ -93,16 +85,16 @@ def attention_backward(dout, cache):
     dk = xp.zeros_like(k)  # keys are shared by query blocks, and cut-off keys get 0
     dv = xp.zeros_like(v)
     for rows, keys, block_bias in _blocks(q, k, extents, bias, block_scores):
-        scores = xp.matmul(q[rows], xp.matrix_transpose(k[keys]))  # (.., t, s), recomputed
+        scores = q[rows] @ k[keys].mT  # (.., t, s), recomputed
         if block_bias is not None:
             scores += block_bias
         scores -= lse[rows]
         p = exp_into(scores)  # P = exp(A - lse), (.., t, s)
-        dv[keys] += xp.matmul(xp.matrix_transpose(p), dout[rows])  # (.., s, t) @ (.., t, F)
-        dp = xp.matmul(dout[rows], xp.matrix_transpose(v[keys]))  # (.., t, F) @ (.., F, s)
-        dscores = softmax_backward(dp, (p, -1), overwrite_input=True)  # dA, in dp's buffer
-        dq[rows] = xp.matmul(dscores, k[keys]) * scale  # (.., t, s) @ (.., s, E)
-        dk[keys] += xp.matmul(xp.matrix_transpose(dscores), q[rows])  # (.., s, t) @ (.., t, E)
+        dv[keys] += p.mT @ dout[rows]  # (.., s, t) @ (.., t, F)
+        dp = dout[rows] @ v[keys].mT  # (.., t, F) @ (.., F, s)
+        dscores = softmax_backward.unchecked(dp, (p, -1), overwrite_input=True)  # dA, in dp
+        dq[rows] = (dscores @ k[keys]) * scale  # (.., t, s) @ (.., s, E)
+        dk[keys] += dscores.mT @ q[rows]  # (.., s, t) @ (.., t, E)
     return dq, dk, dv
 
 

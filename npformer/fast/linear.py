@@ -18,32 +18,29 @@ transpose, which :mod:`npformer.torch_interop` converts.
 from __future__ import annotations
 
 from .. import backend
-from ..ops._checks import check_cache, check_upstream
-from ..ops.linear import check_linear_inputs, linear_output_shape
+from ..validation import backward_op, forward_op, linear_inputs
 
 
+@forward_op(linear_inputs)
 def linear_forward(x, w, b=None):
     """x (..., D_in), w (D_in, D_out), b (D_out,) or None -> y (..., D_out), cache."""
-    check_linear_inputs(x, w, b)
     xp = backend.namespace_of(x, w)
     x_rows = xp.reshape(x, (-1, w.shape[0]))  # (N, D_in): one matrix product, not one per row
-    y = xp.matmul(x_rows, w)  # (N, D_in) @ (D_in, D_out) -> (N, D_out)
+    y = x_rows @ w  # (N, D_in) @ (D_in, D_out) -> (N, D_out)
     if b is not None:
         y += b  # (N, D_out) + (D_out,), in place: y is fresh
     return xp.reshape(y, tuple(x.shape[:-1]) + (w.shape[1],)), (x, w, b is not None)
 
 
-def linear_backward(dy, cache):
+@backward_op(linear_forward)
+def linear_backward(dy, saved):
     """dy (..., D_out) -> dx (..., D_in), dw (D_in, D_out), db (D_out,) or None."""
-    check_cache(cache, 3, "linear_forward", "linear_backward")
-    check_upstream(dy, linear_output_shape(cache[0], cache[1]), "linear_backward",
-                   cache[0].dtype)  # of x and W
-    x, w, has_bias = cache
+    x, w, has_bias = saved
     xp = backend.namespace_of(dy, w)
     d_in, d_out = w.shape
     x_rows = xp.reshape(x, (-1, d_in))  # (N, D_in)
     dy_rows = xp.reshape(dy, (-1, d_out))  # (N, D_out)
-    dx = xp.matmul(dy_rows, xp.matrix_transpose(w))  # (N, D_out) @ (D_out, D_in) -> (N, D_in)
-    dw = xp.matmul(xp.matrix_transpose(x_rows), dy_rows)  # (D_in, N) @ (N, D_out)
+    dx = dy_rows @ w.mT  # (N, D_out) @ (D_out, D_in) -> (N, D_in)
+    dw = x_rows.mT @ dy_rows  # (D_in, N) @ (N, D_out)
     db = xp.sum(dy_rows, axis=0) if has_bias else None  # (D_out,)
     return xp.reshape(dx, tuple(x.shape)), dw, db

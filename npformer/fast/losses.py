@@ -25,15 +25,15 @@ Backward (softmax and log cancel into one subtraction)
 from __future__ import annotations
 
 from .. import backend
-from ..ops._checks import check_cache
-from ..ops.losses import IGNORE_INDEX, check_cross_entropy_inputs, check_loss_gradient
+from ..ops.losses import IGNORE_INDEX
+from ..validation import backward_op, check_loss_gradient, cross_entropy_inputs, forward_op
 from .inplace import add_at_columns, exp_into
 
 
+@forward_op(cross_entropy_inputs)
 def cross_entropy_forward(logits, targets, ignore_index: int = IGNORE_INDEX,
                           label_smoothing: float = 0.0):
     """logits (..., V) floats, targets (...) integers -> loss (0-d array), cache."""
-    check_cross_entropy_inputs(logits, targets, ignore_index, label_smoothing)
     xp = backend.namespace_of(logits, targets)
     vocab = logits.shape[-1]
     z = xp.reshape(logits, (-1, vocab))  # (N, V)
@@ -59,11 +59,10 @@ def cross_entropy_forward(logits, targets, ignore_index: int = IGNORE_INDEX,
     return loss, (p, safe_t, counted_f, denom, label_smoothing, tuple(logits.shape))
 
 
-def cross_entropy_backward(dloss, cache):
+@backward_op(cross_entropy_forward, upstream=check_loss_gradient)
+def cross_entropy_backward(dloss, saved):
     """dloss (scalar) -> dlogits (..., V) = dloss * (p - q) / N_counted on counted rows."""
-    check_cache(cache, 6, "cross_entropy_forward", "cross_entropy_backward")
-    check_loss_gradient(dloss, "cross_entropy_backward")
-    p, safe_t, counted_f, denom, label_smoothing, logits_shape = cache
+    p, safe_t, counted_f, denom, label_smoothing, logits_shape = saved
     xp = backend.namespace_of(p)
     vocab = p.shape[-1]
     weight = counted_f * (dloss / denom)  # w, (N,): 0 on ignored rows

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import backend
-from ..ops._checks import check_rank
 from .inplace import scatter_rows
 
 
@@ -45,8 +44,7 @@ class Packing:
     @classmethod
     def from_lengths(cls, valid_lens, length: int) -> "Packing":
         """valid_lens (B,): the first valid_lens[b] positions of sequence b are real tokens."""
-        xp = backend.namespace_of(valid_lens)
-        check_rank(valid_lens, 1, "valid lengths")
+        xp = backend.namespace_of(valid_lens)  # (B,): checked by Padding, the door
         positions = xp.arange(length, dtype=valid_lens.dtype, device=backend.device_of(valid_lens))
         valid = positions[None, :] < valid_lens[:, None]  # (B, T)
         index = xp.nonzero(xp.reshape(valid, (-1,)))[0]  # (N,) flat positions

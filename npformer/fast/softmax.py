@@ -14,27 +14,22 @@ The derivation is the textbook one.
 from __future__ import annotations
 
 from .. import backend
-from ..ops._checks import check_array, check_axis, check_cache, check_float, check_mask, check_upstream
 from ..ops.softmax import empty_like_input, mask_bias
+from ..validation import backward_op, forward_op, softmax_inputs
 from .inplace import exp_into
 
 
+@forward_op(softmax_inputs)
 def softmax_forward(x, axis: int = -1, mask=None, overwrite_input: bool = False):
     """x (...) -> p (...), cache (p, axis).  mask: boolean, broadcasts to x, True = keep.
 
     ``overwrite_input=True`` lets the op reuse x's buffer for p (for a caller that owns
     x and no longer needs it); the result is identical.
     """
-    check_array(x, "softmax input")
     xp = backend.namespace_of(x)
-    check_float(x, "softmax input")
-    check_axis(x, axis, "softmax input")
     if x.shape[axis] == 0:  # nothing to normalise over: p is as empty as x
-        if mask is not None:
-            check_mask(mask, tuple(x.shape), "softmax mask", target="the softmax input")
         return empty_like_input(x)
     if mask is not None:
-        check_mask(mask, tuple(x.shape), "softmax mask", target="the softmax input")
         x = x + mask_bias(mask, x.dtype)  # masked entries become -inf (a new array)
         overwrite_input = True
     m = xp.max(x, axis=axis, keepdims=True)
@@ -52,11 +47,10 @@ def softmax_forward(x, axis: int = -1, mask=None, overwrite_input: bool = False)
     return e, (e, axis)
 
 
-def softmax_backward(dp, cache, overwrite_input: bool = False):
+@backward_op(softmax_forward)
+def softmax_backward(dp, saved, overwrite_input: bool = False):
     """dp (...) -> dx (...) = p * (dp - sum(dp * p)).  ``overwrite_input``: reuse dp's buffer."""
-    check_cache(cache, 2, "softmax_forward", "softmax_backward")
-    check_upstream(dp, tuple(cache[0].shape), "softmax_backward", cache[0].dtype)  # p's
-    p, axis = cache
+    p, axis = saved
     xp = backend.namespace_of(dp, p)
     inner = xp.sum(dp * p, axis=axis, keepdims=True)  # <dp, p> per row
     if overwrite_input:

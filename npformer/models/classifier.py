@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from .. import engine, ops
 from ..nn import EncoderBlock, Linear, Module, Padding
-from ..ops._checks import check_rank
+from ..validation import check_rank
 from .common import TokenEmbedding, check_config, final_norm, model_input, padding_of
 
 
@@ -49,10 +49,6 @@ class ClassifierConfig:
 
     def __post_init__(self):
         check_config(self)
-        if self.pooling not in ops.POOLINGS:
-            raise ValueError(f"pooling must be one of {ops.POOLINGS}, got {self.pooling!r}")
-        if self.num_classes < 2:
-            raise ValueError(f"num_classes must be at least 2, got {self.num_classes}")
 
 
 class TransformerClassifier(Module):
@@ -77,6 +73,16 @@ class TransformerClassifier(Module):
         self.norm = final_norm(c)
         self.head = Linear(c.d_model, c.num_classes)
 
+    def check_inputs(self, ids, valid_lens=None, padding: Padding | None = None):
+        ids = model_input(ids, "token ids")
+        model_input(valid_lens, "valid_lens", rank=1)
+        check_rank(ids, 2, "token ids (batch, positions)")
+        if ids.shape[0] > 0 and ids.shape[1] == 0:
+            raise ValueError(f"{type(self).__name__} needs at least one position per "
+                             f"sequence, got token ids of shape {tuple(ids.shape)} (axis 1, "
+                             "the positions, is empty)")
+        self.embed.check_inputs(ids)
+
     def forward(self, ids, valid_lens=None, padding: Padding | None = None):
         """ids (B, T) token ids -> logits (B, C).  The padding: ``padding`` (built once by
         the task), or built from ``valid_lens`` (B,) (default: the count of non-pad ids).
@@ -86,11 +92,6 @@ class TransformerClassifier(Module):
         (ValueError): pooling is not defined over no positions."""
         ids = model_input(ids, "token ids")
         valid_lens = model_input(valid_lens, "valid_lens", rank=1)
-        check_rank(ids, 2, "token ids (batch, positions)")
-        if ids.shape[0] > 0 and ids.shape[1] == 0:
-            raise ValueError(f"{type(self).__name__} needs at least one position per "
-                             f"sequence, got token ids of shape {tuple(ids.shape)} (axis 1, "
-                             "the positions, is empty)")
         padding = padding_of(ids, valid_lens, self.config.pad_id, padding)
         x = padding.rows(self.embed(ids))  # (B, T, D) -> the layers' form
         for block in self.blocks:

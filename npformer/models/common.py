@@ -9,66 +9,7 @@ import numpy as np
 from .. import backend
 from ..nn import (Dropout, Embedding, LayerNorm, LearnedPositionalEmbedding, Module, Padding,
                   SinusoidalPositionalEncoding)
-from ..ops._checks import check_rank
-from ..ops.activations import ACTIVATIONS
-
-POSITIONALS = ("learned", "sinusoidal")
-
-
-# Every field with a range, wherever a config has it (the three configs share names).
-_POSITIVE_INT_FIELDS = ("vocab_size", "src_vocab_size", "tgt_vocab_size", "num_classes",
-                        "d_model", "num_heads", "d_ff", "num_layers", "num_encoder_layers",
-                        "num_decoder_layers", "max_len", "block_size")
-_BOOL_FIELDS = ("norm_first", "tie_weights", "scale_embeddings")
-# token id field -> the vocabulary sizes it must index
-_TOKEN_ID_FIELDS = {"pad_id": ("vocab_size", "src_vocab_size", "tgt_vocab_size"),
-                    "bos_id": ("tgt_vocab_size",), "eos_id": ("tgt_vocab_size",)}
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def check_config(config) -> None:
-    """Validate the fields every config shares, with messages that name the field:
-    sizes and counts are positive integers, token ids index every vocabulary they are
-    used in, dropout is in [0, 1), and the names are among the known ones."""
-    name = type(config).__name__
-    for field in _POSITIVE_INT_FIELDS:
-        value = getattr(config, field, 1)
-        if not _is_int(value) or value < 1:
-            raise ValueError(f"{name}.{field} must be a positive integer, got {value!r}")
-    head_dim = getattr(config, "head_dim", None)
-    if head_dim is not None and (not _is_int(head_dim) or head_dim < 1):
-        raise ValueError(f"{name}.head_dim must be None or a positive integer, got {head_dim!r}")
-    if head_dim is None and config.d_model % config.num_heads != 0:
-        raise ValueError(f"d_model {config.d_model} is not divisible by num_heads "
-                         f"{config.num_heads}; choose a head count that divides the width "
-                         "or set head_dim")
-    for field, vocabularies in _TOKEN_ID_FIELDS.items():
-        if not hasattr(config, field):
-            continue
-        value = getattr(config, field)
-        limit = min(getattr(config, v) for v in vocabularies if hasattr(config, v))
-        if not _is_int(value) or not 0 <= value < limit:
-            sizes = ", ".join(f"{v}={getattr(config, v)}" for v in vocabularies
-                              if hasattr(config, v))
-            raise ValueError(f"{name}.{field} must be a token id in [0, {limit}) ({sizes}), "
-                             f"got {value!r}")
-    for field in _BOOL_FIELDS:
-        if hasattr(config, field) and not isinstance(getattr(config, field), bool):
-            raise ValueError(f"{name}.{field} must be True or False, got "
-                             f"{getattr(config, field)!r}")
-    if getattr(config, "positional", "learned") not in POSITIONALS:
-        raise ValueError(f"positional must be one of {POSITIONALS}, got {config.positional!r}")
-    if getattr(config, "activation", "relu") not in ACTIVATIONS:
-        raise ValueError(f"{name}.activation must be one of {sorted(ACTIVATIONS)}, got "
-                         f"{config.activation!r}")
-    dropout = config.dropout
-    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not (
-            0.0 <= dropout < 1.0):
-        raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
-
+from ..validation import POSITIONALS, check_config, check_rank, check_token_ids  # noqa: F401
 
 def config_to_dict(config) -> dict:
     return asdict(config)
@@ -101,13 +42,17 @@ class TokenEmbedding(Module):
         self.max_len = max_len
         self.limit_name = limit_name  # the config field that sets max_len, for errors
 
-    def forward(self, ids, offset: int = 0):
-        """ids (B, T) integers; ``offset``: position of ids[:, 0] (cached decoding)."""
+    def check_inputs(self, ids, offset: int = 0):
+        """ids (B, T) integers in [0, V), offset + T <= max_len: the door of every model."""
         check_rank(ids, 2, "token ids (batch, positions)")
         if offset + ids.shape[1] > self.max_len:
             raise ValueError(f"sequence of length {offset + ids.shape[1]} is longer than "
                              f"{self.limit_name} {self.max_len} (the positional table's "
                              "length); raise it in the model's config")
+        check_token_ids(ids, self.tokens.num_embeddings)
+
+    def forward(self, ids, offset: int = 0):
+        """ids (B, T) integers; ``offset``: position of ids[:, 0] (cached decoding)."""
         x = self.tokens(ids) * self.scale  # (B, T, D)
         if offset:
             x = self._add_positions_at(x, offset)

@@ -66,6 +66,9 @@ class CausalLM(Module):
         self.norm = final_norm(c)
         self.lm_head = None if c.tie_weights else Linear(c.d_model, c.vocab_size, bias=False)
 
+    def check_inputs(self, ids):
+        self.embed.check_inputs(model_input(ids, "token ids"))
+
     def forward(self, ids):
         """ids (B, T) with T <= block_size -> logits (B, T, V); ids an array or a nested
         list.  An empty batch or T = 0 gives the empty logits (0, T, V) or (B, 0, V)."""

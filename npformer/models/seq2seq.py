@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from .. import backend, ops
 from ..nn import DecoderBlock, DecodingCache, EncoderBlock, Linear, Module, Padding
-from ..ops._checks import check_rank
+from ..validation import check_rank
 from .common import TokenEmbedding, check_config, final_norm, model_input, padding_of
 
 
@@ -98,6 +98,18 @@ class Seq2SeqTransformer(Module):
         self._save(padding, slot="_encode_cache")
         return padding.unrows(x), padding.key_mask  # (B, S, D): cross-attention's context
 
+    def check_inputs(self, src, tgt_in, src_lens=None, tgt_lens=None, *,
+                     src_padding: Padding | None = None, tgt_padding: Padding | None = None):
+        src, tgt_in = model_input(src, "source ids"), model_input(tgt_in, "target ids")
+        model_input(src_lens, "src_lens", rank=1), model_input(tgt_lens, "tgt_lens", rank=1)
+        check_rank(src, 2, "source ids (batch, positions)")
+        check_rank(tgt_in, 2, "target ids (batch, positions)")
+        if tgt_in.shape[0] != src.shape[0]:
+            raise ValueError(f"target batch of {tgt_in.shape[0]} sequences does not match "
+                             f"the source batch of {src.shape[0]}")
+        self.src_embed.check_inputs(src)
+        self.tgt_embed.check_inputs(tgt_in)
+
     def forward(self, src, tgt_in, src_lens=None, tgt_lens=None, *,
                 src_padding: Padding | None = None, tgt_padding: Padding | None = None):
         """src (B, S), tgt_in (B, T) (target shifted right, starting with <bos>) -> logits.
@@ -112,11 +124,6 @@ class Seq2SeqTransformer(Module):
         source, nothing to attend to: cross-attention gives zero, as for masked keys."""
         src, tgt_in = model_input(src, "source ids"), model_input(tgt_in, "target ids")
         tgt_lens = model_input(tgt_lens, "tgt_lens", rank=1)
-        check_rank(src, 2, "source ids (batch, positions)")
-        check_rank(tgt_in, 2, "target ids (batch, positions)")
-        if tgt_in.shape[0] != src.shape[0]:
-            raise ValueError(f"target batch of {tgt_in.shape[0]} sequences does not match "
-                             f"the source batch of {src.shape[0]}")
         memory, memory_mask = self.encode(src, src_lens, src_padding)
         if tgt_lens is None and tgt_padding is None:  # every target position is a token:
             # the decoder may emit pad_id itself, and under the causal mask padding at the

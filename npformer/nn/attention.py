@@ -26,9 +26,10 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 from .. import backend, engine, ops
-from ..ops._checks import check_size
+from ..validation import (check_float, check_heads_divide, check_mask, check_same_dtype,
+                          check_sequence_input, check_size)
 from .cache import KVCache
-from .layers import Linear, check_sequence_input
+from .layers import Linear
 from .module import Module, grad_enabled
 from .padding import Padding
 
@@ -91,14 +92,8 @@ class MultiHeadAttention(Module):
         check_size(num_heads, "num_heads", 1)
         if head_dim is not None:
             check_size(head_dim, "head_dim", 1)
-        if num_heads < 1:
-            raise ValueError(f"num_heads must be at least 1, got {num_heads}")
         if head_dim is None:
-            if d_model % num_heads != 0:
-                raise ValueError(
-                    f"d_model {d_model} is not divisible by num_heads {num_heads}: "
-                    "each head gets d_model / num_heads columns; choose a head count that "
-                    "divides the width, or pass head_dim explicitly")
+            check_heads_divide(d_model, num_heads)
             head_dim = d_model // num_heads
         self.d_model, self.num_heads, self.head_dim = d_model, num_heads, head_dim
         inner = num_heads * head_dim
@@ -108,6 +103,27 @@ class MultiHeadAttention(Module):
         self.out_proj = Linear(inner, d_model, bias)
         self.keep_attention = False  # set True to keep the last probabilities (documented above)
         self.last_attention = None  # (B, H, T, S) when keep_attention
+
+    def check_inputs(self, x, context=None, mask=None, padding: Padding | None = None,
+                     need_weights: bool = False):
+        """x (B, T, D) or rows (N, D) of ``padding``, context (B, S, D), floats of the
+        weights' dtype; mask boolean, broadcasting to the scores (B, H, T, S)."""
+        layout = UNPADDED if padding is None else padding
+        check_float(x, "attention input")
+        layout.check_rows(x, self.d_model, "attention input")
+        batch, length = (x.shape[0], x.shape[1]) if padding is None else (padding.batch,
+                                                                            padding.length)
+        keys = length
+        if context is not None:
+            check_float(context, "attention context")
+            check_sequence_input(context, self.d_model, "attention context")
+            if context.shape[0] != batch:
+                raise ValueError(f"attention context has batch {context.shape[0]} but the "
+                                 f"queries have batch {batch}")
+            keys = context.shape[1]
+        check_same_dtype("attention", input=x, context=context, weight=self.q_proj.weight.data)
+        if mask is not None:
+            check_mask(mask, (batch, self.num_heads, length, keys), "attention mask")
 
     def forward(self, x, context=None, mask=None, padding: Padding | None = None,
                 need_weights: bool = False):
@@ -122,14 +138,7 @@ class MultiHeadAttention(Module):
         average_attn_weights=False``; average over axis 1 for its default).
         """
         layout = UNPADDED if padding is None else padding
-        layout.check_rows(x, self.d_model, "attention input")
         is_self = context is None
-        if not is_self:
-            check_sequence_input(context, self.d_model, "attention context")
-            batch = x.shape[0] if padding is None else padding.batch
-            if context.shape[0] != batch:
-                raise ValueError(f"attention context has batch {context.shape[0]} but the "
-                                 f"queries have batch {batch}")
         h = self.num_heads
         q = split_heads(layout.unrows(self.q_proj(x)), h)  # (B, T, H*E) -> (B, H, T, E)
         if is_self:

@@ -19,7 +19,7 @@ and dropout live in a :class:`ResidualNorm` named after its sublayer
 """
 from __future__ import annotations
 
-from ..ops._checks import check_size
+from ..validation import check_size, linear_inputs
 from .attention import MultiHeadAttention
 from .cache import BlockCache
 from .layers import Activation, Dropout, LayerNorm, Linear
@@ -36,6 +36,11 @@ class FeedForward(Module):
         self.activation = Activation(activation)
         self.dropout = Dropout(dropout)
         self.linear2 = Linear(d_ff, d_model)
+
+    def check_inputs(self, x):
+        """x (..., D), the first linear map's input."""
+        bias = None if self.linear1.bias is None else self.linear1.bias.data
+        linear_inputs(x, self.linear1.weight.data, bias)
 
     def forward(self, x):
         h = self.activation(self.linear1(x))  # (B, T, D) -> (B, T, D_ff)
@@ -66,6 +71,9 @@ class EncoderBlock(Module):
         self.attn_residual = ResidualNorm(d_model, dropout)
         self.ffn = FeedForward(d_model, d_ff, activation, dropout)
         self.ffn_residual = ResidualNorm(d_model, dropout)
+
+    def check_inputs(self, x, mask=None, padding=None):
+        self.self_attn.check_inputs(x, mask=mask, padding=padding)
 
     def forward(self, x, mask=None, padding=None):
         """x (B, T, D), mask bool broadcasting to (B, H, T, T) -> (B, T, D).  With a
@@ -112,6 +120,10 @@ class DecoderBlock(Module):
         self.cross_attn_residual = ResidualNorm(d_model, dropout)
         self.ffn = FeedForward(d_model, d_ff, activation, dropout)
         self.ffn_residual = ResidualNorm(d_model, dropout)
+
+    def check_inputs(self, x, memory, self_mask=None, memory_mask=None, padding=None):
+        self.self_attn.check_inputs(x, mask=self_mask, padding=padding)
+        self.cross_attn.check_inputs(x, context=memory, mask=memory_mask, padding=padding)
 
     def forward(self, x, memory, self_mask=None, memory_mask=None, padding=None):
         """x (B, T, D) targets, memory (B, S, D) encoder output; self_mask broadcasting

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from .. import backend, engine, ops
-from ..ops._checks import check_float, check_rank, check_size
+from ..validation import check_float, check_probability, check_size
 from .module import Module, Parameter
 
 
@@ -91,8 +91,7 @@ class Embedding(Module):
     def project(self, h):
         """The tied output projection (Press & Wolf, 2017): h (..., D) -> logits (..., V)
         = h W^T with W this embedding's table, so W gets gradient from both uses."""
-        xp = backend.namespace_of(h)
-        logits, cache = engine.ops().linear_forward(h, xp.matrix_transpose(self.weight.data))
+        logits, cache = engine.ops().linear_forward(h, self.weight.data.mT)
         self._save(cache, slot="_project_cache")
         return logits
 
@@ -100,7 +99,7 @@ class Embedding(Module):
         """dlogits (..., V) -> dh (..., D); W^T's gradient is added into the one table."""
         dh, dtable_t, _ = engine.ops().linear_backward(dlogits,
                                                         self._pop_saved("_project_cache"))
-        self.weight.accumulate(backend.namespace_of(dtable_t).matrix_transpose(dtable_t))
+        self.weight.accumulate(dtable_t.mT)
         return dh
 
 
@@ -152,22 +151,20 @@ class Dropout(Module):
     """Inverted dropout in training mode, identity in eval mode."""
 
     def __init__(self, p: float = 0.1):
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+        check_probability(p)
         self.p = p
 
     def forward(self, x):
-        y, mask = engine.ops().dropout_forward(x, self.p, self.training)
-        self._save(("mask", mask))  # wrapped: a None mask (identity) is a valid cache
+        y, cache = engine.ops().dropout_forward(x, self.p, self.training)
+        self._save(cache)
         return y
 
     def backward(self, dy):
-        _, mask = self._pop_saved()
-        return engine.ops().dropout_backward(dy, mask)
+        return engine.ops().dropout_backward(dy, self._pop_saved())
 
 
 class Activation(Module):
-    """ReLU or GELU (tanh form) as a layer."""
+    """ReLU or GELU (exact or tanh form) as a layer."""
 
     def __init__(self, name: str = "relu"):
         self.name = name
@@ -181,10 +178,3 @@ class Activation(Module):
     def backward(self, dy):
         return engine.ops().activation(self.name)[1](dy, self._pop_saved())
 
-
-def check_sequence_input(x, width: int, what: str) -> None:
-    """x must be (B, T, width)."""
-    check_rank(x, 3, what + " (batch, positions, width)")
-    if x.shape[-1] != width:
-        raise ValueError(f"{what} has width {x.shape[-1]}, but the layer was built for "
-                         f"width {width}; got shape {tuple(x.shape)}")

@@ -17,12 +17,19 @@ The layer contract: ``backward(dout)`` takes the gradient of forward's output an
   are not differentiable).  Masks and :class:`npformer.nn.Padding` objects are
   descriptions of the batch, not inputs to differentiate.
 
-``dout`` must be a floating-point array of exactly the shape forward returned: every
-module's forward records its output's shape (an O(1) tuple), and its backward checks
-the upstream gradient against it before any work (ValueError naming both shapes,
-TypeError for a non-array), and refuses a backward with no forward to differentiate
-(RuntimeError).  Subclasses get this by defining ``forward`` and ``backward``: the
-wrapping happens in :meth:`Module.__init_subclass__`.
+``dout`` must be a floating-point array of exactly the shape and dtype forward returned:
+every module's forward records its output's shape and dtype, and its backward checks
+the upstream gradient against them before any work (ValueError naming both shapes,
+TypeError for a non-array or another dtype), and refuses a backward with no forward to
+differentiate (RuntimeError).  Subclasses get this by defining ``forward`` and
+``backward``: the wrapping happens in :meth:`Module.__init_subclass__`.
+
+Checked once, at the door (:mod:`npformer.validation`): the outermost module called
+checks its inputs and runs everything inside it trusted, so the modules and ops it calls
+do not check again.  A module whose forward feeds its inputs to one op (a leaf layer)
+needs nothing more: that op's contract is the door.  A module of several layers (a
+block, a model) declares ``check_inputs(*args, **kwargs)``, called with forward's
+arguments.  A backward's door is the upstream gradient, checked here.
 
 Parameters are found by walking the attributes of a module in the order they
 were assigned: a ``Parameter`` attribute ``weight`` of a child stored as
@@ -37,7 +44,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from .. import backend
-from ..ops._checks import check_float
+from ..validation import check_upstream, run_trusted, trusted
 from ..weights import checked_weights, mismatch_report  # noqa: F401 (mismatch_report: re-exported)
 
 _local = threading.local()  # each thread its own switch, as each has its own generator
@@ -112,6 +119,7 @@ class Module:
     """Base class of every layer and model."""
 
     training: bool = True
+    check_inputs = None  # a module of several layers: its forward's contract (see above)
 
     def __init_subclass__(cls, **kwargs):
         """A subclass's own forward records its output's shape, and its own backward checks
@@ -228,31 +236,36 @@ def _no_forward_message(module) -> str:
 
 
 def _recording_output_shape(forward):
-    """forward, then the shape of its output kept for backward (None under no_grad)."""
+    """forward (its inputs checked at the door, see the module docstring), then the shape
+    and dtype of its output kept for backward (None under no_grad)."""
     @functools.wraps(forward)
     def recorded(self, *args, **kwargs):
-        out = forward(self, *args, **kwargs)
-        shape = tuple(out.shape) if hasattr(out, "shape") else _ANY_SHAPE
-        self._output_shape = shape if grad_enabled() else None
+        if trusted() or self.check_inputs is None:
+            out = forward(self, *args, **kwargs)
+        else:
+            self.check_inputs(*args, **kwargs)
+            out = run_trusted(forward, self, *args, **kwargs)
+        output = (tuple(out.shape), out.dtype) if hasattr(out, "shape") else _ANY_SHAPE
+        self._output_shape = output if grad_enabled() else None
         return out
     return recorded
 
 
 def _checking_upstream(backward):
-    """backward, after checking dout against the recorded output shape; the record is
-    released once backward has run (a second backward is refused)."""
+    """backward, after checking dout against the recorded output (at the door only); the
+    record is released once backward has run (a second backward is refused)."""
     @functools.wraps(backward)
     def checked(self, dout, *args, **kwargs):
         expected = getattr(self, "_output_shape", None)
         if expected is None:
             raise RuntimeError(_no_forward_message(self))
-        if expected is not _ANY_SHAPE:
-            what = f"the upstream gradient of {type(self).__name__}.backward"
-            check_float(dout, what)
-            if tuple(dout.shape) != expected:
-                raise ValueError(f"{what} has shape {tuple(dout.shape)}, but forward's output "
-                                 f"had shape {expected}")
-        grads = backward(self, dout, *args, **kwargs)
+        if trusted():
+            grads = backward(self, dout, *args, **kwargs)
+        else:
+            if expected is not _ANY_SHAPE:
+                check_upstream(dout, expected[0], f"{type(self).__name__}.backward",
+                               expected[1], source="forward's output")
+            grads = run_trusted(backward, self, dout, *args, **kwargs)
         self._output_shape = None
         return grads
     return checked

@@ -21,8 +21,8 @@ matrix and its transpose, or the identity): each one's backward is the other.
 from __future__ import annotations
 
 from .. import backend, engine, ops
-from ..fast import Packing
-from ..ops._checks import check_rank, check_size
+from ..engine import Packing
+from ..validation import check_rank, check_size
 
 
 class Padding:

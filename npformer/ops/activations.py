@@ -45,7 +45,7 @@ from __future__ import annotations
 import math
 
 from .. import backend
-from ._checks import check_cache, check_float, check_upstream
+from ..validation import activation_choice, activation_input, backward_op, checked_op, forward_op
 
 GELU_C = math.sqrt(2.0 / math.pi)  # Python floats keep float32 arrays float32
 GELU_A = 0.044715
@@ -54,19 +54,17 @@ INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
 # =========================================================================== relu
+@forward_op(activation_input("relu"))
 def relu_forward(x):
     """x (...) -> y = max(x, 0) (...), cache x."""
-    check_float(x, "relu input")
     xp = backend.namespace_of(x)
     y = xp.where(x <= 0, xp.zeros_like(x), x)  # max(x, 0); a NaN stays NaN
     return y, x
 
 
-def relu_backward(dy, cache):
+@backward_op(relu_forward)
+def relu_backward(dy, x):
     """dy (...) -> dx = dy [x > 0] (...)."""
-    check_cache(cache, None, "relu_forward", "relu_backward")
-    x = cache
-    check_upstream(dy, tuple(x.shape), "relu_backward", x.dtype)
     xp = backend.namespace_of(dy, x)
     return dy * xp.astype(x > 0, dy.dtype)  # [x > 0]: 1 where x > 0, else 0
 
@@ -161,19 +159,18 @@ def erfc(x):
 
 
 # =========================================================================== gelu (exact)
+@forward_op(activation_input("gelu"))
 def gelu_forward(x):
     """x (...) -> y = x Phi(x) (...), cache (x, Phi(x)); Phi(x) = erfc(-x / sqrt 2) / 2."""
-    check_float(x, "gelu input")
     phi_cdf = 0.5 * erfc(-SQRT1_2 * x)                   # Phi(x), the normal CDF
     y = x * phi_cdf
     return y, (x, phi_cdf)
 
 
-def gelu_backward(dy, cache):
+@backward_op(gelu_forward)
+def gelu_backward(dy, saved):
     """dy (...) -> dx = dy (Phi(x) + x phi(x)), phi(x) = exp(-x^2 / 2) / sqrt(2 pi)."""
-    check_cache(cache, 2, "gelu_forward", "gelu_backward")
-    check_upstream(dy, tuple(cache[0].shape), "gelu_backward", cache[0].dtype)  # x's
-    x, phi_cdf = cache
+    x, phi_cdf = saved
     xp = backend.namespace_of(dy)
     phi_pdf = INV_SQRT_2PI * xp.exp(-0.5 * x * x)        # phi(x), the normal density
     dy_dx = phi_cdf + x * phi_pdf                        # product rule: Phi + x Phi'
@@ -181,9 +178,9 @@ def gelu_backward(dy, cache):
 
 
 # =========================================================================== gelu (tanh form)
+@forward_op(activation_input("gelu_tanh"))
 def gelu_tanh_forward(x):
     """x (...) -> y (...), cache (x, t) with t = tanh(c (x + a x^3))."""
-    check_float(x, "gelu_tanh input")
     xp = backend.namespace_of(x)
     u = GELU_C * (x + GELU_A * x * x * x)
     t = xp.tanh(u)
@@ -191,10 +188,10 @@ def gelu_tanh_forward(x):
     return y, (x, t)
 
 
-def gelu_tanh_backward(dy, cache):
-    check_cache(cache, 2, "gelu_tanh_forward", "gelu_tanh_backward")
-    check_upstream(dy, tuple(cache[0].shape), "gelu_tanh_backward", cache[0].dtype)  # x's
-    x, t = cache
+@backward_op(gelu_tanh_forward)
+def gelu_tanh_backward(dy, saved):
+    """dy (...) -> dx = dy dy/dx (...)."""
+    x, t = saved
     dy_dx = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_C * (1.0 + 3.0 * GELU_A * x * x)
     return dy * dy_dx
 
@@ -206,12 +203,8 @@ ACTIVATIONS = {
 }
 
 
+@checked_op(activation_choice)
 def activation(name: str, activations: dict = ACTIVATIONS):
     """(forward, backward) of the activation called ``name``: "relu", "gelu" (exact, erf)
     or "gelu_tanh" (the tanh approximation); ``activations``: the tier's table."""
-    try:
-        return activations[name]
-    except (KeyError, TypeError):
-        raise ValueError(
-            f"unknown activation {name!r}; choose one of {sorted(ACTIVATIONS)}"
-        ) from None
+    return activations[name]

@@ -30,74 +30,39 @@ from __future__ import annotations
 
 import math
 
-from .. import backend
-from ._checks import check_array, check_cache, check_same_dtype, check_float, check_mask, check_upstream
+from ..validation import (attention_inputs, attention_weights_inputs, backward_op, checked_op,
+                          forward_op)
 from .softmax import softmax_backward, softmax_forward
 
 
+@forward_op(attention_inputs)
 def attention_forward(q, k, v, mask=None):
     """q (..., T, E), k (..., S, E), v (..., S, F), mask (bool, broadcasts to (..., T, S))
     -> out (..., T, F), cache."""
-    check_attention_arrays(q, k, v)
-    check_attention_inputs(q, k, v, mask)
-    xp = backend.namespace_of(q, k, v)
-    p = attention_weights(q, k, mask)  # P, (..., T, S)
-    out = xp.matmul(p, v)  # (..., T, S) @ (..., S, F) -> (..., T, F)
-    return out, (q, k, v, p)
+    p, softmax_cache = softmax_forward(scaled_scores(q, k), axis=-1, mask=mask)  # P, (..., T, S)
+    out = p @ v  # (..., T, S) @ (..., S, F) -> (..., T, F)
+    return out, (q, k, v, p, softmax_cache)
 
 
-def attention_backward(dout, cache):
+@backward_op(attention_forward)
+def attention_backward(dout, saved):
     """dout (..., T, F) -> dq (..., T, E), dk (..., S, E), dv (..., S, F)."""
-    check_cache(cache, 4, "attention_forward", "attention_backward")
-    check_upstream(dout, attention_output_shape(cache[0], cache[2]), "attention_backward",
-                   cache[0].dtype)  # of q and v
-    q, k, v, p = cache
-    xp = backend.namespace_of(dout, q)
+    q, k, v, p, softmax_cache = saved
     scale = 1.0 / math.sqrt(q.shape[-1])
-    dv = xp.matmul(xp.matrix_transpose(p), dout)  # P^T dO: (..., S, T) @ (..., T, F)
-    dp = xp.matmul(dout, xp.matrix_transpose(v))  # dO V^T: (..., T, F) @ (..., F, S)
-    dscores = softmax_backward(dp, (p, -1))  # dA, (..., T, S); 0 at masked entries
-    dq = xp.matmul(dscores, k) * scale  # (..., T, S) @ (..., S, E)
-    dk = xp.matmul(xp.matrix_transpose(dscores), q) * scale  # (..., S, T) @ (..., T, E)
+    dv = p.mT @ dout  # P^T dO: (..., S, T) @ (..., T, F)
+    dp = dout @ v.mT  # dO V^T: (..., T, F) @ (..., F, S)
+    dscores = softmax_backward(dp, softmax_cache)  # dA, (..., T, S); 0 at masked entries
+    dq = (dscores @ k) * scale  # (..., T, S) @ (..., S, E)
+    dk = (dscores.mT @ q) * scale  # (..., S, T) @ (..., T, E)
     return dq, dk, dv
 
 
+def scaled_scores(q, k):
+    """A = alpha Q K^T: (..., T, E) @ (..., E, S) -> (..., T, S), alpha = 1 / sqrt(E)."""
+    return (q @ k.mT) * (1.0 / math.sqrt(q.shape[-1]))
+
+
+@checked_op(attention_weights_inputs)
 def attention_weights(q, k, mask=None):
     """The probabilities P = softmax(alpha Q K^T + M) (..., T, S) that attention applies."""
-    check_attention_arrays(q, k, k)
-    check_attention_inputs(q, k, k, mask)
-    xp = backend.namespace_of(q, k)
-    scores = xp.matmul(q, xp.matrix_transpose(k)) * (1.0 / math.sqrt(q.shape[-1]))  # A
-    return softmax_forward(scores, axis=-1, mask=mask)[0]
-
-
-def check_attention_arrays(q, k, v) -> None:
-    """Queries, keys and values are arrays (before their namespace is asked for)."""
-    for name, a in (("queries", q), ("keys", k), ("values", v)):
-        check_array(a, f"attention {name}")
-
-
-def check_attention_inputs(q, k, v, mask) -> None:
-    """Queries, keys, values and mask fit together (shared with the fast tier)."""
-    for name, a in (("queries", q), ("keys", k), ("values", v)):
-        check_float(a, f"attention {name}")
-        if a.ndim < 2:
-            raise ValueError(f"attention {name} must have at least 2 dimensions (positions, "
-                             f"width), got shape {tuple(a.shape)}")
-    if q.shape[-1] == 0:
-        raise ValueError(f"attention queries and keys must have a width (last axis) of at "
-                         f"least 1, got queries of shape {tuple(q.shape)}")
-    check_same_dtype("attention", queries=q, keys=k, values=v)
-    if k.shape[:-1] != v.shape[:-1]:
-        raise ValueError(f"attention keys {tuple(k.shape)} and values {tuple(v.shape)} "
-                         "must agree on every axis but the last")
-    if q.shape[:-2] != k.shape[:-2] or q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"attention queries {tuple(q.shape)} and keys {tuple(k.shape)} "
-                         "must agree on the leading axes and the last (width) axis")
-    if mask is not None:  # named as the caller knows it, before any work is done
-        check_mask(mask, tuple(q.shape[:-1]) + (k.shape[-2],), "attention mask")
-
-
-def attention_output_shape(q, v) -> tuple:
-    """(..., T, F): the shape of the forward's output, from its cache."""
-    return tuple(q.shape[:-1]) + (v.shape[-1],)
+    return softmax_forward(scaled_scores(q, k), axis=-1, mask=mask)[0]

@@ -17,23 +17,14 @@ every x_j); the last term removes the component along x-hat (r depends on every 
 from __future__ import annotations
 
 from .. import backend
-from ._checks import check_array, check_cache, check_same_dtype, check_float, check_last_dim, check_rank, check_upstream
+from ..validation import backward_op, forward_op, layernorm_inputs
 
 EPS = 1e-5
 
 
+@forward_op(layernorm_inputs)
 def layernorm_forward(x, gamma, beta, eps: float = EPS):
     """x (..., D), gamma (D,), beta (D,) -> y (..., D), cache (x_hat, r, gamma)."""
-    check_array(x, "layer norm input")
-    for name, parameter in (("layer norm weight", gamma), ("layer norm bias", beta)):
-        check_float(parameter, name)
-        check_rank(parameter, 1, name)
-    if gamma.shape[0] == 0 or tuple(beta.shape) != tuple(gamma.shape):
-        raise ValueError(f"layer norm weight and bias must both have shape (D,) with D >= 1, "
-                         f"got {tuple(gamma.shape)} and {tuple(beta.shape)}")
-    check_float(x, "layer norm input")
-    check_last_dim(x, gamma.shape[0], "layer norm input")
-    check_same_dtype("layer norm", input=x, weight=gamma, bias=beta)  # and one library
     xp = backend.namespace_of(x, gamma, beta)
     mu = xp.mean(x, axis=-1, keepdims=True)  # (..., 1)
     centred = x - mu  # (..., D)
@@ -44,11 +35,10 @@ def layernorm_forward(x, gamma, beta, eps: float = EPS):
     return y, (x_hat, r, gamma)
 
 
-def layernorm_backward(dy, cache):
+@backward_op(layernorm_forward)
+def layernorm_backward(dy, saved):
     """dy (..., D) -> dx (..., D), dgamma (D,), dbeta (D,)."""
-    check_cache(cache, 3, "layernorm_forward", "layernorm_backward")
-    check_upstream(dy, tuple(cache[0].shape), "layernorm_backward", cache[0].dtype)  # x_hat's
-    x_hat, r, gamma = cache
+    x_hat, r, gamma = saved
     xp = backend.namespace_of(dy, x_hat)
     d = x_hat.shape[-1]
     dy_rows = xp.reshape(dy, (-1, d))  # (N, D)

@@ -21,19 +21,17 @@ need at least one class (V >= 1).
 """
 from __future__ import annotations
 
-import numbers
-
 from .. import backend
-from ._checks import check_array, check_cache, check_float, check_token_ids
+from ..validation import backward_op, check_loss_gradient, cross_entropy_inputs, forward_op
 from .softmax import log_softmax_backward, log_softmax_forward
 
 IGNORE_INDEX = -100  # PyTorch's default
 
 
+@forward_op(cross_entropy_inputs)
 def cross_entropy_forward(logits, targets, ignore_index: int = IGNORE_INDEX,
                           label_smoothing: float = 0.0):
     """logits (..., V) floats, targets (...) integers -> loss (0-d array), cache."""
-    check_cross_entropy_inputs(logits, targets, ignore_index, label_smoothing)
     xp = backend.namespace_of(logits, targets)
     vocab = logits.shape[-1]
     z = xp.reshape(logits, (-1, vocab))  # (N, V)
@@ -48,11 +46,10 @@ def cross_entropy_forward(logits, targets, ignore_index: int = IGNORE_INDEX,
     return loss, (q, weight, log_softmax_cache, tuple(logits.shape))
 
 
-def cross_entropy_backward(dloss, cache):
+@backward_op(cross_entropy_forward, upstream=check_loss_gradient)
+def cross_entropy_backward(dloss, saved):
     """dloss (scalar) -> dlogits (..., V)."""
-    check_cache(cache, 4, "cross_entropy_forward", "cross_entropy_backward")
-    check_loss_gradient(dloss, "cross_entropy_backward")
-    q, weight, log_softmax_cache, logits_shape = cache
+    q, weight, log_softmax_cache, logits_shape = saved
     xp = backend.namespace_of(q)
     dlog_p = (-dloss * weight)[:, None] * q  # (N, V): 0 on ignored rows
     dz = log_softmax_backward(dlog_p, log_softmax_cache)  # (N, V)
@@ -68,34 +65,3 @@ def target_distribution(targets, vocab: int, ignore_index: int, label_smoothing:
     onehot = xp.astype(classes[None, :] == safe[:, None], dtype)  # (N, V)
     return (1.0 - label_smoothing) * onehot + label_smoothing / vocab
 
-
-def check_cross_entropy_inputs(logits, targets, ignore_index: int,
-                               label_smoothing: float) -> None:
-    """Logits, targets and smoothing fit together (shared with the fast tier)."""
-    check_float(logits, "cross-entropy logits")
-    check_array(targets, "cross-entropy targets")
-    if logits.ndim == 0 or logits.shape[-1] == 0:
-        raise ValueError(f"cross-entropy logits need a class axis (last) of at least one "
-                         f"class, got shape {tuple(logits.shape)}")
-    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, numbers.Real):
-        raise TypeError(f"label_smoothing must be a number in [0, 1], got {label_smoothing!r}")
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
-        raise TypeError(f"ignore_index must be an integer, got {ignore_index!r}")
-    if tuple(targets.shape) != tuple(logits.shape[:-1]):
-        raise ValueError(f"cross-entropy targets of shape {tuple(targets.shape)} do not "
-                         f"match logits of shape {tuple(logits.shape)} (expected "
-                         f"{tuple(logits.shape[:-1])})")
-    if not 0.0 <= label_smoothing <= 1.0:
-        raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
-    check_token_ids(targets, logits.shape[-1], "cross-entropy targets",
-                    allowed_extra=ignore_index)
-
-
-def check_loss_gradient(dloss, what: str) -> None:
-    """The gradient of the (scalar) loss: a real number or a 0-d floating-point array."""
-    if isinstance(dloss, numbers.Real) and not isinstance(dloss, bool):
-        return
-    check_float(dloss, f"the upstream gradient of {what} (of the scalar loss)")
-    if tuple(dloss.shape) != ():
-        raise ValueError(f"the upstream gradient of {what} must be a scalar (the loss is one "
-                         f"number), got shape {tuple(dloss.shape)}")

@@ -2,21 +2,19 @@
 from __future__ import annotations
 
 from .. import backend
-from ._checks import check_rank, check_size
+from ..validation import causal_mask_inputs, checked_op, padding_mask_inputs
 
 
+@checked_op(padding_mask_inputs)
 def padding_mask(valid_lens, num_keys: int):
     """valid_lens (B,) integers -> (B, 1, 1, S) bool, True at the first valid_lens[b] keys."""
-    check_rank(valid_lens, 1, "valid lengths")
-    num_keys = check_size(num_keys, "num_keys")
     xp = backend.namespace_of(valid_lens)
-    if not backend.is_integer_array(valid_lens):
-        raise TypeError(f"valid lengths must be integers, got dtype {valid_lens.dtype}")
     positions = xp.arange(num_keys, dtype=valid_lens.dtype, device=backend.device_of(valid_lens))
     keep = positions[None, :] < valid_lens[:, None]  # (B, S)
     return keep[:, None, None, :]  # (B, 1, 1, S)
 
 
+@checked_op(causal_mask_inputs)
 def causal_mask(num_queries: int, num_keys: int | None = None, like=None):
     """(T, S) bool: query i may see keys j <= i + (S - T).
 
@@ -24,12 +22,7 @@ def causal_mask(num_queries: int, num_keys: int | None = None, like=None):
     cached prefix of S - T tokens) the queries are the last T positions.
     ``like``: any array of the target namespace/device (default: the current backend).
     """
-    num_queries = check_size(num_queries, "num_queries")
     num_keys = num_queries if num_keys is None else num_keys
-    num_keys = check_size(num_keys, "num_keys")
-    if num_keys < num_queries:
-        raise ValueError(f"causal mask needs at least as many keys ({num_keys}) "
-                         f"as queries ({num_queries})")
     xp = backend.xp() if like is None else backend.namespace_of(like)
     dev = backend.device() if like is None else backend.device_of(like)
     i = xp.arange(num_queries, device=dev)[:, None]  # (T, 1)

@@ -17,9 +17,8 @@ First token
 from __future__ import annotations
 
 from .. import backend
-from ._checks import check_cache, check_float, check_rank, check_upstream
-
-POOLINGS = ("mean", "max", "first")
+from ..validation import POOLINGS  # noqa: F401  (ops.POOLINGS: the poolings there are)
+from ..validation import backward_op, forward_op, pool_inputs
 
 
 def _valid_positions(valid_lens, length: int, dtype):
@@ -29,30 +28,14 @@ def _valid_positions(valid_lens, length: int, dtype):
     return xp.astype(positions[None, :] < valid_lens[:, None], dtype)[:, :, None]
 
 
+@forward_op(pool_inputs)
 def pool_forward(h, valid_lens, how: str = "mean"):
     """h (B, T, D), valid_lens (B,) integers in [1, T] -> y (B, D), cache."""
-    check_float(h, "pooling input")
-    check_rank(valid_lens, 1, "valid lengths")
-    if not backend.is_integer_array(valid_lens):
-        raise TypeError(f"valid lengths must be integers, got dtype {valid_lens.dtype}")
     xp = backend.namespace_of(h, valid_lens)
-    check_rank(h, 3, "pooling input (batch, positions, width)")
-    if how not in POOLINGS:
-        raise ValueError(f"unknown pooling {how!r}; choose one of {POOLINGS}")
     batch, length, width = h.shape
-    if tuple(valid_lens.shape) != (batch,):
-        raise ValueError(f"valid lengths of shape {tuple(valid_lens.shape)} do not match "
-                         f"the batch of {batch} sequences")
     if batch == 0:  # no sequences: nothing to pool
         empty = xp.zeros((0, width), dtype=h.dtype, device=backend.device_of(h))
         return empty, (how, tuple(h.shape), None)
-    if length == 0:
-        raise ValueError(f"pooling needs at least one position per sequence, but the input "
-                         f"of shape {tuple(h.shape)} has none (axis 1, the positions, is empty)")
-    low, high = backend.host_range(valid_lens)
-    if low < 1 or high > length:
-        raise ValueError(f"valid lengths must be in [1, {length}] (every sequence needs at "
-                         f"least one token), got values in [{low}, {high}]")
     if how == "first":
         return h[:, 0, :], ("first", tuple(h.shape), None)
     valid = _valid_positions(valid_lens, length, h.dtype)  # (B, T, 1)
@@ -66,23 +49,21 @@ def pool_forward(h, valid_lens, how: str = "mean"):
     return y, ("max", tuple(h.shape), winner)
 
 
-def pool_backward(dy, cache):
+@backward_op(pool_forward)
+def pool_backward(dy, saved):
     """dy (B, D) -> dh (B, T, D)."""
-    check_cache(cache, 3, "pool_forward", "pool_backward")
-    check_upstream(dy, (cache[1][0], cache[1][2]), "pool_backward")  # (B, D) of h's shape
-    if cache[1][0] == 0:  # no sequences: the (empty) gradient of h
-        return backend.namespace_of(dy).zeros(cache[1], dtype=dy.dtype,
-                                              device=backend.device_of(dy))
-    how, shape, saved = cache
+    how, shape, kept = saved
     xp = backend.namespace_of(dy)
     batch, length, width = shape
+    if batch == 0:  # no sequences: the (empty) gradient of h
+        return xp.zeros(shape, dtype=dy.dtype, device=backend.device_of(dy))
     if how == "first":
         rest = xp.zeros((batch, length - 1, width), dtype=dy.dtype, device=backend.device_of(dy))
         return xp.concat([dy[:, None, :], rest], axis=1)
     if how == "mean":
-        weights = saved  # (B, T, 1) = valid / n_b
+        weights = kept  # (B, T, 1) = valid / n_b
         return dy[:, None, :] * weights  # (B, T, D)
-    winner = saved  # (B, D)
+    winner = kept  # (B, D)
     positions = xp.arange(length, dtype=winner.dtype, device=backend.device_of(dy))
     chosen = xp.astype(positions[None, :, None] == winner[:, None, :], dy.dtype)  # (B, T, D)
     return chosen * dy[:, None, :]

@@ -13,13 +13,12 @@ over the batch:  $\bar x = \bar y$,  $\bar P_t = \sum_b \bar y_{b,t}$ for t < T,
 from __future__ import annotations
 
 from .. import backend
-from ._checks import check_cache, check_same_dtype, check_float, check_rank, check_size
+from ..validation import backward_op, checked_op, forward_op, positions_inputs, sinusoidal_inputs
 
 
+@checked_op(sinusoidal_inputs)
 def sinusoidal_table(max_len: int, width: int, dtype=None, like=None):
     """(max_len, width) table of sines (even columns) and cosines (odd columns)."""
-    check_size(max_len, "max_len")
-    check_size(width, "width", 1)
     xp = backend.xp() if like is None else backend.namespace_of(like)
     dev = backend.device() if like is None else backend.device_of(like)
     dtype = dtype or backend.default_float()
@@ -31,34 +30,18 @@ def sinusoidal_table(max_len: int, width: int, dtype=None, like=None):
     return xp.astype(table, dtype)
 
 
+@forward_op(positions_inputs)
 def add_positions_forward(x, table):
     """x (B, T, D), table (L, D) with T <= L -> y (B, T, D), cache."""
-    check_float(x, "input to the positional encoding")
-    check_rank(x, 3, "input to the positional encoding")
-    check_float(table, "positional table")
-    check_rank(table, 2, "positional table (max_len, width)")
-    check_same_dtype("positional encoding", input=x, table=table)
-    _, seq_len, width = x.shape
-    max_len = table.shape[0]
-    if seq_len > max_len:
-        raise ValueError(f"sequence of length {seq_len} is longer than the positional "
-                         f"table ({max_len} positions); raise max_len in the config")
-    if width != table.shape[1]:
-        raise ValueError(f"input width {width} does not match the positional table "
-                         f"width {table.shape[1]}")
+    seq_len, max_len = x.shape[1], table.shape[0]
     y = x + table[:seq_len, :][None, :, :]  # (B, T, D) + (1, T, D)
     return y, (seq_len, max_len)
 
 
-def add_positions_backward(dy, cache):
+@backward_op(add_positions_forward)
+def add_positions_backward(dy, saved):
     """dy (B, T, D) -> dx (B, T, D), dtable (L, D) (used only when the table is learned)."""
-    check_cache(cache, 2, "add_positions_forward", "add_positions_backward")
-    check_float(dy, "the upstream gradient of add_positions_backward")
-    if dy.ndim != 3 or dy.shape[1] != cache[0]:  # T, the forward's positions
-        raise ValueError(f"the upstream gradient of add_positions_backward has shape "
-                         f"{tuple(dy.shape)}, but the forward's output had shape "
-                         f"(B, {cache[0]}, D)")
-    seq_len, max_len = cache
+    seq_len, max_len = saved
     xp = backend.namespace_of(dy)
     dtable_used = xp.sum(dy, axis=0)  # (T, D)
     unused = xp.zeros((max_len - seq_len, dy.shape[-1]), dtype=dy.dtype,

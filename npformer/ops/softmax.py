@@ -20,17 +20,14 @@ Log-softmax
 from __future__ import annotations
 
 from .. import backend
-from ._checks import check_array, check_axis, check_cache, check_float, check_mask, check_upstream
+from ..validation import backward_op, forward_op, log_softmax_inputs, softmax_inputs
 
 
+@forward_op(softmax_inputs)
 def softmax_forward(x, axis: int = -1, mask=None):
     """x (...) -> p (...), cache (p, axis).  mask: boolean, broadcasts to x, True = keep."""
-    check_array(x, "softmax input")
     xp = backend.namespace_of(x)
-    check_float(x, "softmax input")
-    check_axis(x, axis, "softmax input")
     if mask is not None:
-        check_mask(mask, tuple(x.shape), "softmax mask", target="the softmax input")
         x = x + mask_bias(mask, x.dtype)  # masked entries become -inf
     if x.shape[axis] == 0:  # nothing to normalise over: p is as empty as x
         return empty_like_input(x)
@@ -54,22 +51,19 @@ def mask_bias(mask, dtype):
     return xp.where(mask, keep, drop)
 
 
-def softmax_backward(dp, cache):
+@backward_op(softmax_forward)
+def softmax_backward(dp, saved):
     """dp (...) -> dx (...) = p * (dp - sum(dp * p))."""
-    check_cache(cache, 2, "softmax_forward", "softmax_backward")
-    check_upstream(dp, tuple(cache[0].shape), "softmax_backward", cache[0].dtype)  # p's
-    p, axis = cache
+    p, axis = saved
     xp = backend.namespace_of(dp, p)
     inner = xp.sum(dp * p, axis=axis, keepdims=True)  # <dp, p> per row
     return p * (dp - inner)
 
 
+@forward_op(log_softmax_inputs)
 def log_softmax_forward(x, axis: int = -1):
     """x (...) -> y = log softmax(x) (...), cache (p = exp(y), axis)."""
-    check_array(x, "log-softmax input")
     xp = backend.namespace_of(x)
-    check_float(x, "log-softmax input")
-    check_axis(x, axis, "log-softmax input")
     if x.shape[axis] == 0:  # nothing to normalise over: y is as empty as x
         return empty_like_input(x)
     shifted = x - xp.max(x, axis=axis, keepdims=True)
@@ -80,11 +74,10 @@ def log_softmax_forward(x, axis: int = -1):
     return y, (p, axis)
 
 
-def log_softmax_backward(dy, cache):
+@backward_op(log_softmax_forward)
+def log_softmax_backward(dy, saved):
     """dy (...) -> dx (...) = dy - p * sum(dy)."""
-    check_cache(cache, 2, "log_softmax_forward", "log_softmax_backward")
-    check_upstream(dy, tuple(cache[0].shape), "log_softmax_backward", cache[0].dtype)  # p's
-    p, axis = cache
+    p, axis = saved
     xp = backend.namespace_of(dy, p)
     return dy - p * xp.sum(dy, axis=axis, keepdims=True)
 

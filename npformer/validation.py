@@ -1,0 +1,628 @@
+"""Validation: every contract of the package, declared once and checked at the door.
+
+An op in :mod:`npformer.ops` or :mod:`npformer.fast` is its derivation and nothing
+else.  Its contract (what its arguments must be) is named on the decorator beside its
+signature and written here, once, for both tiers:
+
+    @forward_op(linear_inputs)            # x (..., D_in), w (D_in, D_out), b (D_out,)
+    def linear_forward(x, w, b=None): ...
+
+    @backward_op(linear_forward)          # dy of the forward's output shape and dtype
+    def linear_backward(dy, saved): ...
+
+* :func:`forward_op` checks the contract, runs the body, and wraps what the body keeps
+  for its backward in a :class:`Cache` that says which op and which tier made it, with
+  the output's shape and dtype.
+* :func:`backward_op` refuses a cache that is not its forward's (None, another op's, the
+  other tier's: switching engines between a forward and its backward), checks the
+  upstream gradient against the output's shape and dtype, and hands the body the saved
+  values.
+* :func:`checked_op`: an op without a backward (masks, tables), its contract checked.
+
+Checked once, at the door.  The first public entry a call passes (an op called by a
+user, a :class:`npformer.nn.Module`'s forward or backward) checks its contract and runs
+everything inside it *trusted*: the ops and modules it calls skip their contracts, since
+their arguments are the door's (already checked) or values the package computed.  A
+module whose inputs are more than one op's (a block, a model) declares
+``check_inputs``; a leaf layer's door is its op's contract.  A cache's owner is checked
+on every backward (an O(1) comparison): it is what a module cannot know.
+
+Why a named contract per op and not shape annotations checked at run time (jaxtyping
+with beartype).  The annotations would document the shapes well, but checking them costs
+about 22 us a call against about 1 us for the bare op (measured for ANCHORS), and a
+training step of the lm makes hundreds of op calls: milliseconds a step, where the
+contract here costs one attribute read inside the door.  jaxtyping also names the
+axes only: the errors the suite requires (which argument, which axis, the sizes, the
+token id out of range and the vocabulary, the mask and the scores it must broadcast to)
+need the checks below anyway.  So each op names its contract on its decorator, and the
+shapes are the comments of the contract and of the body.
+
+The documented exceptions: TypeError for something of the wrong kind (not an array,
+wrong dtype, not this op's cache), ValueError for a wrong shape or value (an upstream
+gradient whose shape is not the forward's output's, a size below its minimum),
+RuntimeError for a backward with no forward to differentiate, and :class:`TokenIdError`
+(an IndexError and a ValueError) for a token id outside the vocabulary.  Every check is
+O(1) except the token-id range scan, one per door.
+
+Also here: the configs' validation (:func:`check_config`) and the head-count rule
+(:func:`check_heads_divide`), shared by the models and the layers.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import numbers
+import threading
+from typing import Any, NamedTuple
+
+from . import backend
+
+FLOAT_DTYPES = ("float32", "float64")  # what the ops compute in
+POOLINGS = ("mean", "max", "first")
+
+
+class TokenIdError(IndexError, ValueError):
+    """A token id outside the vocabulary: an IndexError, as PyTorch's embedding raises, and a
+    ValueError, as :mod:`npformer.decoding` raises for the same mistake."""
+
+
+# =========================================================================== the door
+class _State(threading.local):
+    trusted = False  # inside a door: contracts already checked (each thread its own)
+
+
+_state = _State()
+
+
+def trusted() -> bool:
+    """Whether this call is inside a door that has checked its contract."""
+    return _state.trusted
+
+
+def run_trusted(body, *args, **kwargs):
+    """body(*args, **kwargs) with every contract inside it skipped (the door checked)."""
+    if _state.trusted:
+        return body(*args, **kwargs)
+    _state.trusted = True
+    try:
+        return body(*args, **kwargs)
+    finally:
+        _state.trusted = False
+
+
+class Cache(NamedTuple):
+    """What a forward keeps for its backward, and who made it."""
+
+    op: str  # the forward's name, e.g. "relu_forward"
+    tier: str  # "textbook" or "fast"
+    shape: tuple  # the forward's output's shape
+    dtype: Any  # the forward's output's dtype
+    saved: Any  # what the backward's derivation reads
+
+
+def tier_of(function) -> str:
+    return "fast" if function.__module__.startswith("npformer.fast") else "textbook"
+
+
+def checked_op(contract):
+    """An op without a backward: ``contract(*args)`` checked at the door."""
+    def decorate(body):
+        @functools.wraps(body)
+        def op(*args, **kwargs):
+            if _state.trusted:
+                return body(*args, **kwargs)
+            contract(*args, **kwargs)
+            return run_trusted(body, *args, **kwargs)
+        op.unchecked = body
+        return op
+    return decorate
+
+
+def forward_op(contract, tier: str | None = None):
+    """A forward ``body(*args) -> (output, saved)``: the contract checked at the door, and
+    ``saved`` returned in a :class:`Cache` naming this op and tier (``tier``: default
+    the body's package)."""
+    def decorate(body):
+        name, made_in = body.__name__, tier or tier_of(body)
+
+        @functools.wraps(body)
+        def op(*args, **kwargs):
+            if _state.trusted:
+                out, saved = body(*args, **kwargs)
+            else:
+                contract(*args, **kwargs)
+                out, saved = run_trusted(body, *args, **kwargs)
+            return out, Cache(name, made_in, tuple(out.shape), out.dtype, saved)
+        op.unchecked, op.op_name, op.tier = body, name, made_in
+        return op
+    return decorate
+
+
+def backward_op(forward, upstream=None):
+    """A backward ``body(d_output, saved, ...)`` of ``forward``: the cache must be that
+    forward's (same op, same tier) and, at the door, the upstream gradient of its
+    output's shape and dtype (``upstream(dy, cache, what)``: another rule, e.g. the
+    scalar gradient of a loss)."""
+    upstream = upstream or check_upstream_of
+
+    def decorate(body):
+        name = forward.op_name.replace("_forward", "_backward")
+
+        @functools.wraps(body)
+        def op(dy, cache, *args, **kwargs):
+            if not (type(cache) is Cache and cache.op == forward.op_name
+                    and cache.tier == forward.tier):
+                refuse_cache(cache, name, forward)
+            if _state.trusted:
+                return body(dy, cache.saved, *args, **kwargs)
+            upstream(dy, cache, name)
+            return run_trusted(body, dy, cache.saved, *args, **kwargs)
+        op.unchecked = body
+        return op
+    return decorate
+
+
+def refuse_cache(cache, backward: str, forward) -> None:
+    """The error for a cache that is not ``forward``'s (raised; never returns)."""
+    made_by = forward.op_name
+    if cache is None:
+        raise RuntimeError(f"{backward} got no cache (None): run {made_by} first and pass "
+                           "the cache it returned")
+    if type(cache) is Cache and cache.op == made_by:
+        raise TypeError(f"{backward} got an invalid cache (made by {cache.op} of the "
+                        f"{cache.tier} tier): pass the cache that {made_by} of the "
+                        f"{forward.tier} tier returned; do not switch engines between a "
+                        "forward and its backward")
+    what = (f"a cache of {cache.op}, {cache.tier} tier" if type(cache) is Cache
+            else type(cache).__name__)
+    raise TypeError(f"{backward} got an invalid cache ({what}): pass the cache that "
+                    f"{made_by} of the same tier returned")
+
+
+def check_upstream_of(dy, cache: Cache, what: str) -> None:
+    """The default backward contract: dy of the forward's output shape and dtype."""
+    check_upstream(dy, cache.shape, what, cache.dtype)
+
+
+# =========================================================================== arrays
+def check_array(x, what: str) -> None:
+    """x must be an array of some array library (not a list, a number or None)."""
+    import array_api_compat
+
+    if not array_api_compat.is_array_api_obj(x):
+        raise TypeError(f"{what} must be an array, got {type(x).__name__}: convert host data "
+                        "with npformer.backend.asarray(...)")
+
+
+def check_float(x, what: str) -> None:
+    check_array(x, what)
+    xp = backend.namespace_of(x)
+    if x.dtype not in tuple(getattr(xp, name) for name in FLOAT_DTYPES):
+        raise TypeError(f"{what} must be a floating-point array ({' or '.join(FLOAT_DTYPES)}), "
+                        f"got dtype {x.dtype}")
+
+
+def check_integers(x, what: str) -> None:
+    check_array(x, what)
+    if not backend.is_integer_array(x):
+        raise TypeError(f"{what} must be integers, got dtype {x.dtype}")
+
+
+def check_rank(x, ranks, what: str) -> None:
+    check_array(x, what)
+    ranks = (ranks,) if isinstance(ranks, int) else tuple(ranks)
+    if x.ndim not in ranks:
+        expected = " or ".join(str(r) for r in ranks)
+        raise ValueError(
+            f"{what} must have {expected} dimensions, got shape {tuple(x.shape)}"
+        )
+
+
+def check_min_rank(x, rank: int, what: str, axes: str) -> None:
+    if x.ndim < rank:
+        raise ValueError(f"{what} must have at least {rank} dimensions ({axes}), got shape "
+                         f"{tuple(x.shape)}")
+
+
+def check_last_dim(x, width: int, what: str) -> None:
+    check_array(x, what)
+    if x.ndim == 0 or x.shape[-1] != width:
+        raise ValueError(
+            f"{what} must have last dimension {width}, got shape {tuple(x.shape)}"
+        )
+
+
+def broadcast_shape(a: tuple, b: tuple) -> tuple | None:
+    """NumPy broadcasting of two shapes, or None if they do not broadcast."""
+    out = []
+    for i in range(1, max(len(a), len(b)) + 1):
+        da = a[-i] if i <= len(a) else 1
+        db = b[-i] if i <= len(b) else 1
+        if da != db and 1 not in (da, db):
+            return None
+        out.append(db if da == 1 else da)  # a 1 takes the other's size, 0 included
+    return tuple(reversed(out))
+
+
+def check_mask(mask, scores_shape: tuple, what: str = "attention mask",
+               target: str = "the attention scores") -> None:
+    """A mask must be boolean (True = may attend) and broadcast to the scores
+    (``target`` names what it must broadcast to, for the message)."""
+    check_array(mask, what)
+    xp = backend.namespace_of(mask)
+    if mask.dtype != xp.bool:
+        raise TypeError(
+            f"{what} must be a boolean array (True = may attend), got dtype {mask.dtype}"
+        )
+    if broadcast_shape(tuple(mask.shape), tuple(scores_shape)) != tuple(scores_shape):
+        legend = (" (batch, heads, queries, keys)"
+                  if target == "the attention scores" and len(scores_shape) == 4 else "")
+        raise ValueError(
+            f"{what} of shape {tuple(mask.shape)} does not broadcast to {target} "
+            f"of shape {tuple(scores_shape)}{legend}"
+        )
+
+
+def check_token_ids(ids, vocab_size: int, what: str = "token ids", allowed_extra=None) -> None:
+    """Ids must be integers in [0, vocab_size) (``allowed_extra``, e.g. an ignore index, passes too)."""
+    check_array(ids, what)
+    if not backend.is_integer_array(ids):
+        raise TypeError(f"{what} must be an integer array, got dtype {ids.dtype}")
+    if math.prod(ids.shape) == 0:
+        return
+    xp = backend.namespace_of(ids)
+    checked = ids
+    if allowed_extra is not None:
+        checked = xp.where(ids == allowed_extra, xp.zeros_like(ids), ids)
+    low, high = backend.host_range(checked)
+    if low < 0 or high >= vocab_size:
+        bad = low if low < 0 else high
+        raise TokenIdError(
+            f"{what} out of range: found id {bad}, but the vocabulary has {vocab_size} "
+            f"entries (valid ids are 0..{vocab_size - 1})"
+        )
+
+
+def check_size(value, what: str, minimum: int = 0) -> int:
+    """A count or size (an integer, not a bool) of at least ``minimum``; returned as an int."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{what} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{what} must be at least {minimum}, got {value}")
+    return int(value)
+
+
+def check_axis(x, axis, what: str) -> None:
+    """``axis`` must be an integer naming an axis of x."""
+    if isinstance(axis, bool) or not isinstance(axis, numbers.Integral):
+        raise TypeError(f"{what} axis must be an integer, got {axis!r}")
+    if not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"{what} has no axis {axis}: its shape is {tuple(x.shape)}")
+
+
+def check_same_dtype(what: str, **arrays) -> None:
+    """The floating-point inputs of one op share one dtype (none is silently cast)."""
+    present = {name: a for name, a in arrays.items() if a is not None}
+    backend.check_one_library(what, **present)  # arrays of two libraries: named first
+    dtypes = {name: a.dtype for name, a in present.items()}
+    if len(set(map(str, dtypes.values()))) > 1:
+        listed = ", ".join(f"{name} {dtype}" for name, dtype in dtypes.items())
+        raise TypeError(f"{what} inputs must share one dtype, got {listed}")
+
+
+def check_choice(value, choices, what: str, label: str = "") -> None:
+    """``value`` must be one of ``choices`` (the message lists them)."""
+    try:
+        known = value in choices
+    except TypeError:  # an unhashable value
+        known = False
+    if not known:
+        raise ValueError(f"unknown {what} {value!r}; choose one of {label or sorted(choices)}")
+
+
+def check_probability(p, what: str = "dropout probability") -> None:
+    """A number in [0, 1)."""
+    if isinstance(p, bool) or not isinstance(p, numbers.Real):
+        raise TypeError(f"{what} must be a number in [0, 1), got {p!r}")
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"{what} must be in [0, 1), got {p}")
+
+
+def check_upstream(dy, expected: tuple, what: str, dtype=None,
+                   source: str = "the forward's output") -> None:
+    """The upstream gradient must be a floating-point array of the forward's output shape
+    (and, given ``dtype``, of the output's dtype: the fast tier writes into its buffers)."""
+    check_float(dy, f"the upstream gradient of {what}")
+    if tuple(dy.shape) != tuple(expected):
+        raise ValueError(f"the upstream gradient of {what} has shape {tuple(dy.shape)}, but "
+                         f"{source} had shape {tuple(expected)}")
+    if dtype is not None and dy.dtype != dtype:
+        raise TypeError(f"the upstream gradient of {what} has dtype {dy.dtype}, but "
+                        f"{source} had dtype {dtype}")
+
+
+def check_loss_gradient(dloss, cache: Cache, what: str) -> None:
+    """The gradient of the (scalar) loss: a real number or a 0-d floating-point array."""
+    if isinstance(dloss, numbers.Real) and not isinstance(dloss, bool):
+        return
+    check_float(dloss, f"the upstream gradient of {what} (of the scalar loss)")
+    if tuple(dloss.shape) != ():
+        raise ValueError(f"the upstream gradient of {what} must be a scalar (the loss is one "
+                         f"number), got shape {tuple(dloss.shape)}")
+
+
+# =========================================================================== op contracts
+# Each takes its op's arguments (same names, same defaults).  Shape letters as in
+# npformer.ops: B batch, T queries, S keys, E query/key width, F value width,
+# D width, V vocabulary, L table length.
+def linear_inputs(x, w, b=None) -> None:
+    """x (..., D_in) floats, W (D_in, D_out) floats with D_in, D_out >= 1, b None or
+    (D_out,), all of one dtype."""
+    check_float(x, "linear input")
+    check_float(w, "linear weight")
+    check_rank(w, 2, "linear weight (in_features, out_features)")
+    if 0 in tuple(w.shape):
+        raise ValueError(f"linear weight must have at least one input and one output feature, "
+                         f"got shape {tuple(w.shape)}")
+    if b is not None:
+        check_float(b, "linear bias")
+        if tuple(b.shape) != (w.shape[1],):
+            raise ValueError(f"linear bias must have shape ({w.shape[1]},), got "
+                             f"{tuple(b.shape)}")
+    check_same_dtype("linear", input=x, weight=w, bias=b)
+    check_last_dim(x, w.shape[0], "linear input")
+
+
+def layernorm_inputs(x, gamma, beta, eps: float = 1e-5) -> None:
+    """x (..., D), gamma (D,), beta (D,) with D >= 1, floats of one dtype."""
+    check_array(x, "layer norm input")
+    for name, parameter in (("layer norm weight", gamma), ("layer norm bias", beta)):
+        check_float(parameter, name)
+        check_rank(parameter, 1, name)
+    if gamma.shape[0] == 0 or tuple(beta.shape) != tuple(gamma.shape):
+        raise ValueError(f"layer norm weight and bias must both have shape (D,) with D >= 1, "
+                         f"got {tuple(gamma.shape)} and {tuple(beta.shape)}")
+    check_float(x, "layer norm input")
+    check_last_dim(x, gamma.shape[0], "layer norm input")
+    check_same_dtype("layer norm", input=x, weight=gamma, bias=beta)  # and one library
+
+
+def attention_inputs(q, k, v, mask=None, block_scores=None) -> None:
+    """q (..., T, E), k (..., S, E), v (..., S, F) floats of one dtype, E >= 1, mask
+    boolean broadcasting to (..., T, S); ``block_scores`` (fast tier) None or >= 1."""
+    for name, a in (("queries", q), ("keys", k), ("values", v)):
+        check_array(a, f"attention {name}")
+    for name, a in (("queries", q), ("keys", k), ("values", v)):
+        check_float(a, f"attention {name}")
+        check_min_rank(a, 2, f"attention {name}", "positions, width")
+    if q.shape[-1] == 0:
+        raise ValueError(f"attention queries and keys must have a width (last axis) of at "
+                         f"least 1, got queries of shape {tuple(q.shape)}")
+    check_same_dtype("attention", queries=q, keys=k, values=v)
+    if k.shape[:-1] != v.shape[:-1]:
+        raise ValueError(f"attention keys {tuple(k.shape)} and values {tuple(v.shape)} "
+                         "must agree on every axis but the last")
+    if q.shape[:-2] != k.shape[:-2] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"attention queries {tuple(q.shape)} and keys {tuple(k.shape)} "
+                         "must agree on the leading axes and the last (width) axis")
+    if mask is not None:  # named as the caller knows it, before any work is done
+        check_mask(mask, tuple(q.shape[:-1]) + (k.shape[-2],), "attention mask")
+    if block_scores is not None:
+        check_size(block_scores, "block_scores", 1)
+
+
+def attention_weights_inputs(q, k, mask=None) -> None:
+    attention_inputs(q, k, k, mask)
+
+
+def softmax_inputs(x, axis: int = -1, mask=None, overwrite_input: bool = False) -> None:
+    """x (...) floats, axis one of its axes, mask boolean broadcasting to x."""
+    check_float(x, "softmax input")
+    check_axis(x, axis, "softmax input")
+    if mask is not None:
+        check_mask(mask, tuple(x.shape), "softmax mask", target="the softmax input")
+
+
+def log_softmax_inputs(x, axis: int = -1) -> None:
+    check_float(x, "log-softmax input")
+    check_axis(x, axis, "log-softmax input")
+
+
+def activation_input(name: str):
+    """The contract of an element-wise activation called ``name``: x (...) floats."""
+    def contract(x) -> None:
+        check_float(x, f"{name} input")
+    return contract
+
+
+def activation_choice(name: str, activations: dict | None = None) -> None:
+    """``name`` is in the tier's table of activations (default: the textbook's)."""
+    if activations is None:
+        from .ops.activations import ACTIVATIONS as activations
+    check_choice(name, activations, "activation")
+
+
+def dropout_inputs(x, p: float, training: bool = True) -> None:
+    check_float(x, "dropout input")
+    check_probability(p)
+
+
+def embedding_inputs(ids, table) -> None:
+    """ids (...) integers in [0, V), table (V, D) floats with V, D >= 1."""
+    check_array(ids, "token ids")
+    check_float(table, "embedding table")
+    check_rank(table, 2, "embedding table (vocabulary, width)")
+    if 0 in tuple(table.shape):
+        raise ValueError(f"embedding table must have at least one entry and a width of at "
+                         f"least 1, got shape {tuple(table.shape)}")
+    backend.check_one_library("embedding", ids=ids, table=table)
+    check_token_ids(ids, table.shape[0])
+
+
+def positions_inputs(x, table) -> None:
+    """x (B, T, D), table (L, D) floats of one dtype, T <= L."""
+    check_float(x, "input to the positional encoding")
+    check_rank(x, 3, "input to the positional encoding")
+    check_float(table, "positional table")
+    check_rank(table, 2, "positional table (max_len, width)")
+    check_same_dtype("positional encoding", input=x, table=table)
+    _, seq_len, width = x.shape
+    max_len = table.shape[0]
+    if seq_len > max_len:
+        raise ValueError(f"sequence of length {seq_len} is longer than the positional "
+                         f"table ({max_len} positions); raise max_len in the config")
+    if width != table.shape[1]:
+        raise ValueError(f"input width {width} does not match the positional table "
+                         f"width {table.shape[1]}")
+
+
+def sinusoidal_inputs(max_len: int, width: int, dtype=None, like=None) -> None:
+    check_size(max_len, "max_len")
+    check_size(width, "width", 1)
+
+
+def pool_inputs(h, valid_lens, how: str = "mean") -> None:
+    """h (B, T, D) floats, valid_lens (B,) integers in [1, T] (T >= 1 unless B = 0)."""
+    check_float(h, "pooling input")
+    check_rank(valid_lens, 1, "valid lengths")
+    if not backend.is_integer_array(valid_lens):
+        raise TypeError(f"valid lengths must be integers, got dtype {valid_lens.dtype}")
+    backend.check_one_library("pooling", input=h, valid_lengths=valid_lens)
+    check_rank(h, 3, "pooling input (batch, positions, width)")
+    if how not in POOLINGS:
+        raise ValueError(f"unknown pooling {how!r}; choose one of {POOLINGS}")
+    batch, length, _ = h.shape
+    if tuple(valid_lens.shape) != (batch,):
+        raise ValueError(f"valid lengths of shape {tuple(valid_lens.shape)} do not match "
+                         f"the batch of {batch} sequences")
+    if batch == 0:  # no sequences: nothing to pool
+        return
+    if length == 0:
+        raise ValueError(f"pooling needs at least one position per sequence, but the input "
+                         f"of shape {tuple(h.shape)} has none (axis 1, the positions, is empty)")
+    low, high = backend.host_range(valid_lens)
+    if low < 1 or high > length:
+        raise ValueError(f"valid lengths must be in [1, {length}] (every sequence needs at "
+                         f"least one token), got values in [{low}, {high}]")
+
+
+def cross_entropy_inputs(logits, targets, ignore_index: int = -100,
+                         label_smoothing: float = 0.0) -> None:
+    """logits (..., V) floats with V >= 1, targets (...) integers in [0, V) or
+    ignore_index, label_smoothing in [0, 1]."""
+    check_float(logits, "cross-entropy logits")
+    check_array(targets, "cross-entropy targets")
+    backend.check_one_library("cross-entropy", logits=logits, targets=targets)
+    if logits.ndim == 0 or logits.shape[-1] == 0:
+        raise ValueError(f"cross-entropy logits need a class axis (last) of at least one "
+                         f"class, got shape {tuple(logits.shape)}")
+    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, numbers.Real):
+        raise TypeError(f"label_smoothing must be a number in [0, 1], got {label_smoothing!r}")
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
+        raise TypeError(f"ignore_index must be an integer, got {ignore_index!r}")
+    if tuple(targets.shape) != tuple(logits.shape[:-1]):
+        raise ValueError(f"cross-entropy targets of shape {tuple(targets.shape)} do not "
+                         f"match logits of shape {tuple(logits.shape)} (expected "
+                         f"{tuple(logits.shape[:-1])})")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
+    check_token_ids(targets, logits.shape[-1], "cross-entropy targets",
+                    allowed_extra=ignore_index)
+
+
+def padding_mask_inputs(valid_lens, num_keys: int) -> None:
+    check_rank(valid_lens, 1, "valid lengths")
+    check_size(num_keys, "num_keys")
+    if not backend.is_integer_array(valid_lens):
+        raise TypeError(f"valid lengths must be integers, got dtype {valid_lens.dtype}")
+
+
+def causal_mask_inputs(num_queries: int, num_keys: int | None = None, like=None) -> None:
+    check_size(num_queries, "num_queries")
+    if num_keys is not None:
+        check_size(num_keys, "num_keys")
+        if num_keys < num_queries:
+            raise ValueError(f"causal mask needs at least as many keys ({num_keys}) "
+                             f"as queries ({num_queries})")
+
+
+def packing_inputs(valid_lens, length: int) -> None:
+    check_rank(valid_lens, 1, "valid lengths")
+
+
+# =========================================================================== layers, configs
+def check_heads_divide(d_model: int, num_heads: int) -> None:
+    """Narrow heads split the width: num_heads must divide d_model (one place for the rule)."""
+    if d_model % num_heads != 0:
+        raise ValueError(
+            f"d_model {d_model} is not divisible by num_heads {num_heads}: each head gets "
+            "d_model / num_heads columns; choose a head count that divides the width, or "
+            "set head_dim explicitly")
+
+
+def check_sequence_input(x, width: int, what: str) -> None:
+    """x must be (B, T, width)."""
+    check_rank(x, 3, what + " (batch, positions, width)")
+    if x.shape[-1] != width:
+        raise ValueError(f"{what} has width {x.shape[-1]}, but the layer was built for "
+                         f"width {width}; got shape {tuple(x.shape)}")
+
+
+# Every field with a range, wherever a config has it (the three configs share names).
+_POSITIVE_INT_FIELDS = ("vocab_size", "src_vocab_size", "tgt_vocab_size", "num_classes",
+                        "d_model", "num_heads", "d_ff", "num_layers", "num_encoder_layers",
+                        "num_decoder_layers", "max_len", "block_size")
+_BOOL_FIELDS = ("norm_first", "tie_weights", "scale_embeddings")
+# token id field -> the vocabulary sizes it must index
+_TOKEN_ID_FIELDS = {"pad_id": ("vocab_size", "src_vocab_size", "tgt_vocab_size"),
+                    "bos_id": ("tgt_vocab_size",), "eos_id": ("tgt_vocab_size",)}
+POSITIONALS = ("learned", "sinusoidal")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_config(config) -> None:
+    """Validate the fields every model config shares, with messages that name the field:
+    sizes and counts are positive integers, token ids index every vocabulary they are
+    used in, dropout is in [0, 1), and the names are among the known ones."""
+    from .ops.activations import ACTIVATIONS as activations
+
+    name = type(config).__name__
+    for field in _POSITIVE_INT_FIELDS:
+        value = getattr(config, field, 1)
+        if not _is_int(value) or value < 1:
+            raise ValueError(f"{name}.{field} must be a positive integer, got {value!r}")
+    head_dim = getattr(config, "head_dim", None)
+    if head_dim is not None and (not _is_int(head_dim) or head_dim < 1):
+        raise ValueError(f"{name}.head_dim must be None or a positive integer, got {head_dim!r}")
+    if head_dim is None:
+        check_heads_divide(config.d_model, config.num_heads)
+    for field, vocabularies in _TOKEN_ID_FIELDS.items():
+        if not hasattr(config, field):
+            continue
+        value = getattr(config, field)
+        limit = min(getattr(config, v) for v in vocabularies if hasattr(config, v))
+        if not _is_int(value) or not 0 <= value < limit:
+            sizes = ", ".join(f"{v}={getattr(config, v)}" for v in vocabularies
+                              if hasattr(config, v))
+            raise ValueError(f"{name}.{field} must be a token id in [0, {limit}) ({sizes}), "
+                             f"got {value!r}")
+    for field in _BOOL_FIELDS:
+        if hasattr(config, field) and not isinstance(getattr(config, field), bool):
+            raise ValueError(f"{name}.{field} must be True or False, got "
+                             f"{getattr(config, field)!r}")
+    if getattr(config, "positional", "learned") not in POSITIONALS:
+        raise ValueError(f"positional must be one of {POSITIONALS}, got {config.positional!r}")
+    if getattr(config, "activation", "relu") not in activations:
+        raise ValueError(f"{name}.activation must be one of {sorted(activations)}, got "
+                         f"{config.activation!r}")
+    dropout = config.dropout
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not (
+            0.0 <= dropout < 1.0):
+        raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+    if hasattr(config, "pooling") and config.pooling not in POOLINGS:
+        raise ValueError(f"pooling must be one of {POOLINGS}, got {config.pooling!r}")
+    if getattr(config, "num_classes", 2) < 2:
+        raise ValueError(f"num_classes must be at least 2, got {config.num_classes}")
