@@ -26,6 +26,8 @@ import numpy as np
 from . import backend, ops
 from .models.common import valid_lengths_from
 from .nn import evaluating
+from .validation import (check_model_kind, check_real, check_size, check_token_ids,
+                         host_token_ids)
 
 
 def _last_log_probs(logits) -> np.ndarray:
@@ -43,64 +45,6 @@ def _strip(ids, eos_id: int) -> list[int]:
     return out
 
 
-# --------------------------------------------------------------------------- argument checks
-def _check_model(model, kind: str, function: str) -> None:
-    """The model ``function`` decodes with must be of ``kind`` (seq2seq or lm)."""
-    given = getattr(model, "kind", None)
-    if given != kind:
-        what = f"a {given!r} model" if given else f"a {type(model).__name__}"
-        use = {"seq2seq": "greedy_decode or beam_search", "causal_lm": "generate"}.get(given)
-        raise TypeError(f"{function} decodes with a {kind!r} model "
-                        f"({'Seq2SeqTransformer' if kind == 'seq2seq' else 'CausalLM'}), got "
-                        f"{what}" + (f" (use {use} for it)" if use else ""))
-
-
-def _check_count(name: str, value, minimum: int) -> int:
-    """An integer argument (Python or NumPy integer, not bool) of at least ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value}")
-    return int(value)
-
-
-def _check_real(name: str, value, minimum: float, inclusive: bool) -> float:
-    """A finite real argument, >= ``minimum`` (or > it when not ``inclusive``)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} must be a real number, got {value!r}")
-    value = float(value)
-    bound_ok = value >= minimum if inclusive else value > minimum
-    if not math.isfinite(value) or not bound_ok:
-        relation = ">=" if inclusive else ">"
-        raise ValueError(f"{name} must be a finite number {relation} {minimum}, got {value}")
-    return value
-
-
-def _host_ids(ids, name: str, rank: int, shape_words: str) -> np.ndarray:
-    """``ids`` (an array of any backend, a NumPy array, nested lists) as a host int64 array
-    of rank ``rank``; refused naming ``name`` if ragged, of another rank or not integers."""
-    try:
-        host = backend.to_numpy(ids)
-        host = np.asarray(host)
-    except (ValueError, TypeError) as exc:  # ragged lists, objects
-        raise ValueError(f"{name} must be {shape_words} of integer token ids: {exc}") from None
-    if host.ndim == 1 and host.size == 0 and rank == 2:  # [] : a batch of no sequences
-        host = host.reshape(0, 0)
-    if host.ndim != rank:
-        raise ValueError(f"{name} must be {shape_words} of integer token ids, got an array of "
-                         f"shape {host.shape}")
-    if host.size and host.dtype.kind not in "iu":  # an empty list arrives as float64
-        raise TypeError(f"{name} must hold integer token ids, got dtype {host.dtype}")
-    return host.astype(np.int64)
-
-
-def _check_vocab(host: np.ndarray, name: str, vocab_size: int) -> None:
-    if host.size and (host.min() < 0 or host.max() >= vocab_size):
-        bad = host[(host < 0) | (host >= vocab_size)][0]
-        raise ValueError(f"{name} holds token id {bad}, outside the vocabulary "
-                         f"[0, {vocab_size})")
-
-
 def _source(model, src, src_lens):
     """Checked source ids -> (src (B, S), src_lens (B,) or None) on the backend.
 
@@ -108,14 +52,14 @@ def _source(model, src, src_lens):
     of real tokens of each row, in [1, S] (without it, the non-padding tokens are
     counted).  Every source needs at least one token."""
     c = model.config
-    host = _host_ids(src, "src", 2, "a (batch, positions) array")
-    _check_vocab(host, "src", c.src_vocab_size)
+    host = host_token_ids(src, "src", 2, "a (batch, positions) array")
+    check_token_ids(host, c.src_vocab_size, "src")
     batch, positions = host.shape
     if src_lens is None:  # padding at the end only (refused elsewhere, naming where)
         lengths, lens = valid_lengths_from(host, c.pad_id, "src"), None
         where = "src row {row} is all padding"
     else:
-        lengths = _host_ids(src_lens, "src_lens", 1, "a (batch,) array")
+        lengths = host_token_ids(src_lens, "src_lens", 1, "a (batch,) array")
         if lengths.shape[0] != batch:
             raise ValueError(f"src_lens has {lengths.shape[0]} lengths for a batch of {batch} "
                              "source rows")
@@ -139,8 +83,8 @@ def greedy_decode(model, src, src_lens=None, max_len: int = 50) -> list[list[int
 
     At most ``min(max_len, config.max_len)`` tokens each (``max_len`` 0 gives empty lists);
     an empty batch gives ``[]``."""
-    _check_model(model, "seq2seq", "greedy_decode")
-    max_len = _check_count("max_len", max_len, 0)
+    check_model_kind(model, "seq2seq", "greedy_decode")
+    max_len = check_size(max_len, "max_len", 0)
     src, src_lens = _source(model, src, src_lens)
     c = model.config
     batch = src.shape[0]
@@ -201,8 +145,8 @@ def _reorder_states(states, index, *batch_arrays):
 
 
 def _check_beam_arguments(beam_size, max_len, alpha) -> tuple[int, int, float]:
-    return (_check_count("beam_size", beam_size, 1), _check_count("max_len", max_len, 0),
-            _check_real("alpha", alpha, 0.0, inclusive=True))
+    return (check_size(beam_size, "beam_size", 1), check_size(max_len, "max_len", 0),
+            check_real(alpha, "alpha", 0.0))
 
 
 def beam_search(model, src, src_lens=None, beam_size: int = 4, max_len: int = 50,
@@ -222,8 +166,8 @@ def beam_search(model, src, src_lens=None, beam_size: int = 4, max_len: int = 50
 
     All sentences are decoded together (one cached decoder step per position for the
     open hypotheses of every sentence still searching); the result equals searching each
-    sentence alone (:func:`_beam_search_reference`, tests/test_beam_batched.py)."""
-    _check_model(model, "seq2seq", "beam_search")
+    sentence alone (``tests/beam_reference.py``, tests/test_beam_batched.py)."""
+    check_model_kind(model, "seq2seq", "beam_search")
     k, max_len, alpha = _check_beam_arguments(beam_size, max_len, alpha)
     src, src_lens = _source(model, src, src_lens)
     c = model.config
@@ -303,57 +247,6 @@ def _extend(search: _Search, continuations, totals: np.ndarray, k: int, eos_id: 
     return origins
 
 
-def _beam_search_reference(model, src, src_lens=None, beam_size: int = 4, max_len: int = 50,
-                           alpha: float = 0.6) -> list[list[int]]:
-    """The same search, one sentence at a time: the original implementation, kept as the
-    oracle that :func:`beam_search` (all sentences at once) is tested against."""
-    k, max_len, alpha = _check_beam_arguments(beam_size, max_len, alpha)
-    src, src_lens = _source(model, src, src_lens)
-    return [_beam_search_one(model, src[i:i + 1],
-                             None if src_lens is None else src_lens[i:i + 1],
-                             k, max_len, alpha)
-            for i in range(src.shape[0])]
-
-
-def _beam_search_one(model, src, src_lens, k: int, max_len: int, alpha: float) -> list[int]:
-    c = model.config
-    with evaluating(model):
-        memory, memory_mask = model.encode(src, src_lens)  # (1, S, D)
-        states = model.new_cache()
-        beams = [_Beam([], 0.0)]
-        finished: list[tuple[float, list[int]]] = []
-        xp = backend.namespace_of(memory)
-        for position in range(min(max_len, c.max_len)):
-            rows = backend.asarray(np.zeros(len(beams), dtype=np.int64))
-            last = np.array([[b.tokens[-1] if b.tokens else c.bos_id] for b in beams])
-            logits = model.forward_cached(backend.asarray(last), xp.take(memory, rows, axis=0),
-                                          memory_mask, states)
-            log_p = _last_log_probs(logits)  # (beams, V)
-            totals = np.array([b.score for b in beams])[:, None] + log_p  # (beams, V)
-            order = np.argsort(-totals, axis=None, kind="stable")[: 2 * k]
-            survivors, origins = [], []
-            for flat in order:
-                origin, token = divmod(int(flat), totals.shape[1])
-                candidate = _Beam(beams[origin].tokens + [token], float(totals.flat[flat]))
-                if token == c.eos_id:
-                    length = len(candidate.tokens)
-                    finished.append((candidate.score / length_penalty(length, alpha),
-                                     candidate.tokens[:-1]))
-                else:
-                    survivors.append(candidate)
-                    origins.append(origin)
-                if len(survivors) == k:
-                    break
-            if not survivors or _search_done(finished, survivors, k, position + 1,
-                                             min(max_len, c.max_len), alpha):
-                break
-            beams = survivors
-            _reorder_states(states, backend.asarray(np.array(origins, dtype=np.int64)))
-        if not finished:  # ran out of length: rank the open hypotheses the same way
-            finished = [(b.score / length_penalty(len(b.tokens), alpha), b.tokens) for b in beams]
-    return max(finished, key=lambda f: f[0])[1]
-
-
 def _search_done(finished, open_beams, k: int, length: int, max_length: int,
                  alpha: float) -> bool:
     """Whether beam search can stop: the best ended hypothesis scores at least what any open
@@ -383,16 +276,16 @@ def generate(model, prompt_ids, max_new_tokens: int, temperature: float = 1.0,
     ``temperature`` and ``top_k``).  Past the model's block size the context is the last
     block_size tokens (re-encoded).
     """
-    _check_model(model, "causal_lm", "generate")
-    host = _host_ids(prompt_ids, "prompt_ids", 1, "one sequence (a list or 1-D array)")
+    check_model_kind(model, "causal_lm", "generate")
+    host = host_token_ids(prompt_ids, "prompt_ids", 1, "one sequence (a list or 1-D array)")
     if host.size == 0:
         raise ValueError("generation needs a prompt of at least one token (prompt_ids is empty)")
-    _check_vocab(host, "prompt_ids", model.config.vocab_size)
-    max_new_tokens = _check_count("max_new_tokens", max_new_tokens, 0)
+    check_token_ids(host, model.config.vocab_size, "prompt_ids")
+    max_new_tokens = check_size(max_new_tokens, "max_new_tokens", 0)
     if not greedy:
-        temperature = _check_real("temperature", temperature, 0.0, inclusive=False)
+        temperature = check_real(temperature, "temperature", 0.0, inclusive=False)
     if top_k is not None:
-        top_k = _check_count("top_k", top_k, 1)
+        top_k = check_size(top_k, "top_k", 1)
     rng = rng or np.random.default_rng(0)
     block = model.config.block_size
     ids = host.tolist()

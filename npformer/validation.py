@@ -55,6 +55,8 @@ import numbers
 import threading
 from typing import Any, NamedTuple
 
+import numpy
+
 from . import backend
 
 FLOAT_DTYPES = ("float32", "float64")  # what the ops compute in
@@ -283,13 +285,33 @@ def check_token_ids(ids, vocab_size: int, what: str = "token ids", allowed_extra
         )
 
 
-def check_size(value, what: str, minimum: int = 0) -> int:
-    """A count or size (an integer, not a bool) of at least ``minimum``; returned as an int."""
+def check_size(value, what: str, minimum: int = 0, optional: bool = False) -> int | None:
+    """A count or size (an integer, Python's or NumPy's, not a bool or a float) of at least
+    ``minimum``; returned as an int (None passes when ``optional``)."""
+    if value is None and optional:
+        return None
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{what} must be an integer, got {value!r}")
+        raise TypeError(f"{what} must be an integer{' or None' if optional else ''}, got "
+                        f"{value!r} ({type(value).__name__})")
     if value < minimum:
         raise ValueError(f"{what} must be at least {minimum}, got {value}")
     return int(value)
+
+
+def check_real(value, what: str, minimum: float = -math.inf, inclusive: bool = True,
+               optional: bool = False, hint: str = "") -> float | None:
+    """A finite real number (not a bool) >= ``minimum`` (> it when not ``inclusive``);
+    returned as a float (None passes when ``optional``).  ``hint`` ends the message."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{what} must be a real number{' or None' if optional else ''}, got "
+                        f"{value!r} ({type(value).__name__}){hint}")
+    value = float(value)
+    if not math.isfinite(value) or not (value >= minimum if inclusive else value > minimum):
+        bound = "" if minimum == -math.inf else f" {'>=' if inclusive else '>'} {minimum:g}"
+        raise ValueError(f"{what} must be a finite number{bound}, got {value}{hint}")
+    return value
 
 
 def check_axis(x, axis, what: str) -> None:
@@ -626,3 +648,33 @@ def check_config(config) -> None:
         raise ValueError(f"pooling must be one of {POOLINGS}, got {config.pooling!r}")
     if getattr(config, "num_classes", 2) < 2:
         raise ValueError(f"num_classes must be at least 2, got {config.num_classes}")
+
+
+# --------------------------------------------------------------------------- decoding
+def check_model_kind(model, kind: str, function: str) -> None:
+    """The model ``function`` decodes with must be of ``kind`` (seq2seq or lm)."""
+    given = getattr(model, "kind", None)
+    if given != kind:
+        what = f"a {given!r} model" if given else f"a {type(model).__name__}"
+        use = {"seq2seq": "greedy_decode or beam_search", "causal_lm": "generate"}.get(given)
+        raise TypeError(f"{function} decodes with a {kind!r} model "
+                        f"({'Seq2SeqTransformer' if kind == 'seq2seq' else 'CausalLM'}), got "
+                        f"{what}" + (f" (use {use} for it)" if use else ""))
+
+
+def host_token_ids(ids, name: str, rank: int, shape_words: str):
+    """``ids`` (an array of any backend, a NumPy array, nested lists) as a host int64 array
+    of rank ``rank``; refused naming ``name`` if ragged, of another rank or not integers."""
+    try:
+        host = backend.to_numpy(ids)
+        host = numpy.asarray(host)
+    except (ValueError, TypeError) as exc:  # ragged lists, objects
+        raise ValueError(f"{name} must be {shape_words} of integer token ids: {exc}") from None
+    if host.ndim == 1 and host.size == 0 and rank == 2:  # [] : a batch of no sequences
+        host = host.reshape(0, 0)
+    if host.ndim != rank:
+        raise ValueError(f"{name} must be {shape_words} of integer token ids, got an array of "
+                         f"shape {host.shape}")
+    if host.size and host.dtype.kind not in "iu":  # an empty list arrives as float64
+        raise TypeError(f"{name} must hold integer token ids, got dtype {host.dtype}")
+    return host.astype(numpy.int64)
