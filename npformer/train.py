@@ -32,6 +32,7 @@ from .checkpoint import load_checkpoint, restore, save_checkpoint
 from .optim import NonFiniteGradientError, clip_grad_norm, global_grad_norm
 from .distributed import data_parallel
 from .tasks import Task
+from .validation import check_choice, check_real, check_size
 
 
 class TrainingDiverged(RuntimeError):
@@ -124,17 +125,15 @@ class TrainConfig:
     def __post_init__(self):
         """Every field checked when the config is built, naming it: a value that would
         do nothing, or the opposite of what it says, is refused."""
-        _check_int("max_steps", self.max_steps, 0)
-        _check_real("max_seconds", self.max_seconds, optional=True)
-        _check_int("grad_accum", self.grad_accum, 1)
-        _check_int("replicas", self.replicas, 1)
-        _check_real("clip_norm", self.clip_norm, optional=True, positive=True,
-                    hint=" (None: no clipping)")
-        _check_int("eval_every", self.eval_every, 1, optional=True)
-        _check_int("stop_after", self.stop_after, 1, optional=True)
-        if self.select_mode not in ("max", "min"):
-            raise ValueError(f"TrainConfig.select_mode must be 'max' or 'min', got "
-                             f"{self.select_mode!r}")
+        check_size(self.max_steps, "TrainConfig.max_steps", 0)
+        check_real(self.max_seconds, "TrainConfig.max_seconds", 0.0, optional=True)
+        check_size(self.grad_accum, "TrainConfig.grad_accum", 1)
+        check_size(self.replicas, "TrainConfig.replicas", 1)
+        check_real(self.clip_norm, "TrainConfig.clip_norm", 0.0, inclusive=False, optional=True,
+                   hint=" (None: no clipping)")
+        check_size(self.eval_every, "TrainConfig.eval_every", 1, optional=True)
+        check_size(self.stop_after, "TrainConfig.stop_after", 1, optional=True)
+        check_choice(self.select_mode, ("max", "min"), "TrainConfig.select_mode")
         if self.select_metric is not None:
             if not isinstance(self.select_metric, str) or not self.select_metric:
                 raise ValueError(f"TrainConfig.select_metric must be a metric's name (a "
@@ -148,30 +147,6 @@ class TrainConfig:
                                  "be evaluated or kept. Set them, or leave select_metric out")
         if not isinstance(self.progress, bool):
             raise TypeError(f"TrainConfig.progress must be True or False, got {self.progress!r}")
-
-
-def _check_int(name: str, value, minimum: int, optional: bool = False) -> None:
-    """TrainConfig.<name> an integer (not a bool or a float) >= minimum (or None)."""
-    if value is None and optional:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"TrainConfig.{name} must be an integer"
-                        f"{' or None' if optional else ''}, got {value!r} "
-                        f"({type(value).__name__})")
-    if value < minimum:
-        raise ValueError(f"TrainConfig.{name} must be at least {minimum}, got {value}")
-
-
-def _check_real(name: str, value, optional: bool = False, positive: bool = False,
-                hint: str = "") -> None:
-    """TrainConfig.<name> a finite real number, >= 0 (> 0 when ``positive``), or None."""
-    if value is None and optional:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"TrainConfig.{name} must be a number{hint}, got {value!r}")
-    if not math.isfinite(value) or value < 0 or (positive and value == 0):
-        raise ValueError(f"TrainConfig.{name} must be a finite number "
-                         f"{'> 0' if positive else '>= 0'}{hint}, got {value}")
 
 
 @dataclass

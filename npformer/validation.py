@@ -310,7 +310,7 @@ def check_real(value, what: str, minimum: float = -math.inf, inclusive: bool = T
     value = float(value)
     if not math.isfinite(value) or not (value >= minimum if inclusive else value > minimum):
         bound = "" if minimum == -math.inf else f" {'>=' if inclusive else '>'} {minimum:g}"
-        raise ValueError(f"{what} must be a finite number{bound}, got {value}{hint}")
+        raise ValueError(f"{what} must be a finite number{bound}{hint}, got {value}")
     return value
 
 

@@ -160,7 +160,7 @@ def test_case04_a_left_padded_source_is_refused_by_the_decoders():
 
 # --------------------------------------------------------------------------- case 5
 @pytest.mark.parametrize("settings, error, words", [
-    (dict(select_mode="maximum"), ValueError, "select_mode must be 'max' or 'min', got 'maximum'"),
+    (dict(select_mode="maximum"), ValueError, "select_mode 'maximum'; choose one of ['max', 'min']"),
     (dict(select_metric="val_loss", checkpoint_path="best.npz"), ValueError,
      "select_metric='val_loss' keeps the best model by evaluation, but eval_every is None"),
     (dict(select_metric="val_loss", eval_every=2), ValueError,
