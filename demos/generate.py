@@ -30,6 +30,7 @@ from npformer.cli import (LAST_FILE, MODEL_FILE, Demo, DemoError, Stopwatch, che
                           demo_parser, load_demo_model, machine_description, nonnegative_int,
                           option, plot_curves, positive_float, positive_int, prepare,
                           probability, run_demo, run_record, write_json, write_text)
+from npformer.launch import relaunch
 from npformer.data import CharVocab, lm_batch, load_shakespeare, split_90_10
 from npformer.decoding import generate
 from npformer.models import CausalLM, CausalLMConfig
@@ -120,6 +121,8 @@ def build_parser():
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if (code := relaunch(args, argv, training=not args.sample_only)) is not None:
+        return code  # the run, on one MPI rank per core (npformer/launch.py)
     preset = prepare(parser, args, DEMO, PRESETS,
                      use_only="--sample-only" if args.sample_only else None)
     out = Path(args.out)

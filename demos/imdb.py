@@ -35,6 +35,7 @@ from npformer.cli import (Demo, DemoError, LAST_FILE, MODEL_FILE, Stopwatch, che
                           nonnegative_float, nonnegative_int, option, plot_attention,
                           plot_curves, positive_float, prepare, probability, run_demo,
                           run_record, write_json)
+from npformer.launch import relaunch
 from npformer.data import (Vocab, length_bucketed_batches, load_imdb_splits, pad_batch,
                            split_validation, tokenize_imdb)
 from npformer.models import ClassifierConfig, TransformerClassifier
@@ -211,6 +212,8 @@ def build_parser():
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if (code := relaunch(args, argv, training=args.predict is None)) is not None:
+        return code  # the run, on one MPI rank per core (npformer/launch.py)
     preset = prepare(parser, args, DEMO, PRESETS,
                      use_only="--predict" if args.predict is not None else None)
     out = Path(args.out)

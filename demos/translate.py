@@ -32,6 +32,7 @@ from npformer.cli import (Demo, DemoError, LAST_FILE, MODEL_FILE, Stopwatch, che
                           demo_parser, load_demo_model, machine_description, map_batches,
                           option, plot_attention, plot_curves, positive_float, prepare,
                           probability, run_demo, run_record, write_json)
+from npformer.launch import relaunch
 from npformer.data import (Vocab, length_bucketed_batches, load_fra_eng, pad_batch,
                            preprocess_fra_eng, split_by_source, tokenize_fra_eng)
 from npformer.decoding import beam_search, greedy_decode
@@ -178,6 +179,8 @@ def build_parser():
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if (code := relaunch(args, argv, training=args.translate is None)) is not None:
+        return code  # the run, on one MPI rank per core (npformer/launch.py)
     preset = prepare(parser, args, DEMO, PRESETS,
                      use_only="--translate" if args.translate is not None else None)
     out = Path(args.out)

@@ -43,6 +43,7 @@ from . import backend, distributed
 from .checkpoint import CheckpointError, build_model, load_checkpoint
 from .data import DatasetFormatError, DatasetNotFoundError
 from .engine import ENGINES, engine_name, set_engine
+from .launch import add_procs_option
 from .train import TrainingDiverged, TrainingInterrupted
 
 MODEL_FILE = "model.npz"  # the selected (or final) model: what --predict and friends read
@@ -51,8 +52,9 @@ RUN_SETTINGS = ("seed", "dtype", "engine", "replicas")  # saved with a run, besi
 
 
 MPI_EPILOG = """
-Across processes: `mpiexec -n N python {script}` (pip install -e ".[mpi]") trains on N
-MPI ranks with no other flag.  The global batch is --batch-size whatever N is: the ranks
+Across processes: where mpi4py and mpiexec are installed (pip install -e ".[mpi]"), the
+demo re-launches itself as one MPI rank per core (--procs N sets the count, --procs 1
+runs one process); `mpiexec -n N python {script}` starts N ranks by hand.  The global batch is --batch-size whatever N is: the ranks
 split its rows and sum their gradients, so the learning rate (and its schedule) and the
 results stay those of one process, and a run resumes on any number of ranks.  Only rank 0
 prints and writes files."""
@@ -184,6 +186,7 @@ def demo_parser(demo: Demo, doc: str, presets: dict) -> argparse.ArgumentParser:
                              "BLAS, for training and evaluation (default: one per CPU core "
                              "with numpy, shared among the MPI ranks on the machine; 1 with "
                              "cupy)")
+    add_procs_option(parser)
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress bar (on a terminal) or progress lines (elsewhere)")
     parser.add_argument("--resume", action="store_true",
@@ -324,18 +327,24 @@ def run_demo(main, argv: list[str] | None = None) -> int:
     try:
         return main(argv)
     except TrainingInterrupted as exc:
-        print(exc, file=sys.stderr)
+        say(str(exc))
         if exc.path is not None:
-            print(f"continue it with: {resume_command(sys.argv[1:] if argv is None else argv)}",
-                  file=sys.stderr)
+            say(f"continue it with: {resume_command(sys.argv[1:] if argv is None else argv)}")
         return 130
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        say("interrupted")
         return 130
     except USER_ERRORS as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        say(f"error: {exc}")
         distributed.current().abort_others(2)  # MPI: no rank is left waiting for this one
         return 2
+
+
+def say(line: str) -> None:
+    """One line to standard error in one write: MPI ranks' lines then never interleave
+    (``print`` writes the text and the newline apart)."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def resume_command(argv: list[str]) -> str:
