@@ -54,7 +54,8 @@ from bench.configs import (CONFIGS, SEED, SMOKE, SMOKE_SWEEP_BATCHES,  # noqa: E
                            SWEEP_TOKENS)
 from bench.measure import worker_main, worker_result  # noqa: E402
 from bench import processes  # noqa: E402
-from bench.report import (describe, load_average, print_header,  # noqa: E402
+from bench.torch_models import nanogpt_folder  # noqa: E402
+from bench.report import (describe, machine_load, print_header,  # noqa: E402
                           print_main_table, print_markdown, print_sweep)
 
 NO_TRIM_TUNABLE = "glibc.malloc.mmap_threshold=4294967296"
@@ -98,12 +99,14 @@ def run_pair(cfg: dict, args, engines=("fast",)) -> dict:
         for engine in engines:
             pair[engine_side(engine)] = run_worker("npformer", cfg, args, weights,
                                                    engine=engine)
+        if cfg["kind"] == "causal_lm" and nanogpt_folder(ROOT) is not None:
+            pair["nanogpt"] = run_worker("nanogpt", cfg, args, weights)
         return pair
 
 
 def tier_results(results: dict, engine: str) -> dict:
     """{config: {"pytorch": ..., "npformer": npformer on ``engine``}}, for the tables."""
-    return {name: {"pytorch": pair["pytorch"], "npformer": pair[engine_side(engine)]}
+    return {name: {**pair, "npformer": pair[engine_side(engine)]}
             for name, pair in results.items()}
 
 
@@ -161,7 +164,7 @@ def main(argv=None) -> int:
         if spec:
             return worker(json.loads(spec))
     args.env = worker_env(args)
-    args.load_at_start = load_average()
+    args.load_at_start = machine_load()
     table = SMOKE if args.smoke else CONFIGS
     started = time.perf_counter()
     if args.processes:

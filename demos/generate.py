@@ -105,6 +105,24 @@ def split_text(text: str, vocab: CharVocab, block: int):
     return train_ids, val_ids
 
 
+# The model and its update (bench/ times these too: bench/configs.py imports them).
+CLIP_NORM = 1.0  # the gradients' global norm is clipped to this
+
+
+def model_config(preset: Preset, vocab_size: int) -> CausalLMConfig:
+    return CausalLMConfig(vocab_size=vocab_size, block_size=preset.block, d_model=preset.width,
+                          num_heads=preset.heads, num_layers=preset.layers,
+                          d_ff=4 * preset.width, dropout=preset.dropout)
+
+
+def make_optimizer(params, preset: Preset) -> AdamW:
+    """nanoGPT's: AdamW, warmup over a twentieth of the run, cosine decay to a tenth."""
+    warmup = max(1, preset.iters // 20)
+    return AdamW(params, lr=warmup_cosine(preset.lr, warmup, preset.iters,
+                                          min_lr=preset.lr / 10),
+                 betas=(0.9, 0.99), weight_decay=0.1)
+
+
 def build_parser():
     parser = demo_parser(DEMO, __doc__, PRESETS)
     parser.add_argument("--prompt", default="\n",
@@ -134,15 +152,8 @@ def main(argv=None) -> int:
     vocab = CharVocab.from_text(text)
     check_prompt(args.prompt, vocab)  # before training, not after
     train_ids, val_ids = split_text(text, vocab, preset.block)
-    config = CausalLMConfig(vocab_size=len(vocab), block_size=preset.block,
-                            d_model=preset.width, num_heads=preset.heads,
-                            num_layers=preset.layers, d_ff=4 * preset.width,
-                            dropout=preset.dropout)
-    model = CausalLM(config)
-    warmup = max(1, preset.iters // 20)
-    optimizer = AdamW(model.parameters(), lr=warmup_cosine(preset.lr, warmup, preset.iters,
-                                                           min_lr=preset.lr / 10),
-                      betas=(0.9, 0.99), weight_decay=0.1)
+    model = CausalLM(model_config(preset, len(vocab)))
+    optimizer = make_optimizer(model.parameters(), preset)
     print(f"{len(train_ids):,} train / {len(val_ids):,} validation characters, vocabulary "
           f"{len(vocab)}; model {model.num_parameters():,} parameters")
 
@@ -154,7 +165,7 @@ def main(argv=None) -> int:
 
     trainer = Trainer(model, optimizer, LanguageModeling(),
                       lambda rng: lm_batch(train_ids, preset.block, preset.batch_size, rng),
-                      TrainConfig(max_steps=preset.iters, clip_norm=1.0,
+                      TrainConfig(max_steps=preset.iters, clip_norm=CLIP_NORM,
                                   replicas=args.replicas, eval_every=preset.eval_every,
                                   checkpoint_path=out / MODEL_FILE, last_path=out / LAST_FILE,
                                   stop_after=args.stop_after, progress=not args.no_progress,

@@ -199,6 +199,25 @@ def predict(args) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- model, update
+# (bench/ times these too: bench/configs.py imports them)
+CLIP_NORM = 1.0  # the gradients' global norm is clipped to this
+
+
+def model_config(preset: Preset, vocab_size: int, pad_id: int) -> ClassifierConfig:
+    return ClassifierConfig(vocab_size=vocab_size, d_model=preset.d_model,
+                            num_heads=preset.heads, num_layers=preset.layers,
+                            d_ff=preset.d_ff, max_len=preset.max_len, dropout=preset.dropout,
+                            pooling=preset.pooling, pad_id=pad_id)
+
+
+def make_optimizer(params, preset: Preset, total_updates: int) -> AdamW:
+    """AdamW, warmup (at most a tenth of the run), then cosine decay."""
+    warmup = min(preset.warmup, max(1, total_updates // 10))
+    return AdamW(params, lr=warmup_cosine(preset.lr, warmup, total_updates),
+                 weight_decay=preset.weight_decay)
+
+
 # --------------------------------------------------------------------------- train
 def build_parser():
     parser = demo_parser(DEMO, __doc__, PRESETS)
@@ -230,10 +249,7 @@ def main(argv=None) -> int:
     print(f"{len(train)} train, {len(val)} validation, {len(test)} test reviews; "
           f"vocabulary {len(vocab)}; data ready in {clock.seconds():.0f} s")
 
-    config = ClassifierConfig(vocab_size=len(vocab), d_model=preset.d_model,
-                              num_heads=preset.heads, num_layers=preset.layers,
-                              d_ff=preset.d_ff, max_len=preset.max_len, dropout=preset.dropout,
-                              pooling=preset.pooling, pad_id=vocab.pad_id)
+    config = model_config(preset, len(vocab), vocab.pad_id)
     trainers, updates_before = [], 0
     for member in range(1, preset.members + 1):
         stop_after = None if args.stop_after is None else args.stop_after - updates_before
@@ -304,9 +320,7 @@ def train_member(member: int, args, preset: Preset, config: ClassifierConfig, vo
     model = TransformerClassifier(config)
     updates_per_epoch = int(np.ceil(len(train_ids) / preset.batch_size))
     total_updates = max(1, int(preset.epochs * updates_per_epoch))
-    warmup = min(preset.warmup, max(1, total_updates // 10))
-    optimizer = AdamW(model.parameters(), lr=warmup_cosine(preset.lr, warmup, total_updates),
-                      weight_decay=preset.weight_decay)
+    optimizer = make_optimizer(model.parameters(), preset, total_updates)
     print(f"member {member} of {preset.members} (seed {seed}): {model.num_parameters():,} "
           f"parameters; {total_updates} updates ({preset.epochs} epochs of "
           f"{updates_per_epoch})")
@@ -315,7 +329,7 @@ def train_member(member: int, args, preset: Preset, config: ClassifierConfig, vo
         batch_stream(train_ids, train_y, preset.batch_size, vocab.pad_id),
         TrainConfig(max_steps=total_updates,
                     max_seconds=preset.max_minutes * 60 / preset.members,
-                    replicas=args.replicas, clip_norm=1.0,
+                    replicas=args.replicas, clip_norm=CLIP_NORM,
                     eval_every=max(1, updates_per_epoch // 2),
                     checkpoint_path=best_path, select_metric="val_accuracy",
                     last_path=last_path, stop_after=stop_after,

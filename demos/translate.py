@@ -168,6 +168,28 @@ def split_pairs(preset: Preset, data, seed: int):
     return split_by_source(pairs, preset.heldout, seed=seed)
 
 
+# --------------------------------------------------------------------------- model, update
+# (bench/ times these too: bench/configs.py imports them)
+CLIP_NORM = 1.0  # the gradients' global norm is clipped to this
+LABEL_SMOOTHING = 0.1
+
+
+def model_config(preset: Preset, src_vocab, tgt_vocab) -> Seq2SeqConfig:
+    """The vocabularies: anything with len() and pad_id, bos_id, eos_id (a Vocab)."""
+    return Seq2SeqConfig(src_vocab_size=len(src_vocab), tgt_vocab_size=len(tgt_vocab),
+                         d_model=preset.d_model, num_heads=preset.heads,
+                         num_encoder_layers=preset.layers, num_decoder_layers=preset.layers,
+                         d_ff=preset.d_ff, max_len=preset.max_tokens + 2,
+                         dropout=preset.dropout, pad_id=tgt_vocab.pad_id,
+                         bos_id=tgt_vocab.bos_id, eos_id=tgt_vocab.eos_id)
+
+
+def make_optimizer(params, preset: Preset) -> Adam:
+    """Adam with the Transformer paper's betas and eps, warmup then inverse square root."""
+    return Adam(params, lr=warmup_inverse_sqrt(warmup=preset.warmup, peak_lr=preset.lr),
+                betas=(0.9, 0.98), eps=1e-9)
+
+
 # --------------------------------------------------------------------------- main
 def build_parser():
     parser = demo_parser(DEMO, __doc__, PRESETS)
@@ -199,23 +221,15 @@ def main(argv=None) -> int:
           f"({sum(len(r) for r in heldout.values()):,} pairs); vocabularies {len(src_vocab):,} "
           f"/ {len(tgt_vocab):,}; data ready in {clock.seconds():.0f} s")
 
-    config = Seq2SeqConfig(src_vocab_size=len(src_vocab), tgt_vocab_size=len(tgt_vocab),
-                           d_model=preset.d_model, num_heads=preset.heads,
-                           num_encoder_layers=preset.layers, num_decoder_layers=preset.layers,
-                           d_ff=preset.d_ff, max_len=preset.max_tokens + 2,
-                           dropout=preset.dropout, pad_id=tgt_vocab.pad_id,
-                           bos_id=tgt_vocab.bos_id, eos_id=tgt_vocab.eos_id)
-    model = Seq2SeqTransformer(config)
-    optimizer = Adam(model.parameters(), lr=warmup_inverse_sqrt(warmup=preset.warmup,
-                                                                peak_lr=preset.lr),
-                     betas=(0.9, 0.98), eps=1e-9)
+    model = Seq2SeqTransformer(model_config(preset, src_vocab, tgt_vocab))
+    optimizer = make_optimizer(model.parameters(), preset)
     print(f"model: {model.num_parameters():,} parameters")
     pad, bos = tgt_vocab.pad_id, tgt_vocab.bos_id
     trainer = Trainer(
-        model, optimizer, Translation(label_smoothing=0.1, pad_id=pad),
+        model, optimizer, Translation(label_smoothing=LABEL_SMOOTHING, pad_id=pad),
         batch_stream(src, tgt, preset.batch_size, pad, bos),
         TrainConfig(max_steps=preset.steps, max_seconds=preset.max_minutes * 60,
-                    clip_norm=1.0, replicas=args.replicas,
+                    clip_norm=CLIP_NORM, replicas=args.replicas,
                     eval_every=max(1, min(500, preset.steps // 4)),
                     checkpoint_path=out / MODEL_FILE, select_metric="val_loss",
                     select_mode="min", last_path=out / LAST_FILE, stop_after=args.stop_after,
