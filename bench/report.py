@@ -38,12 +38,29 @@ def mem_ratio(a: float, b: float) -> str:
 
 
 def summary(res: dict, cfg: dict) -> dict | None:
+    """Medians (seconds), tokens/s, memory (MiB: the CPU's RSS growth, or a device's peak,
+    None where neither was measured), the first-step loss (dropout off) and the last
+    training loss of one side's result; None for a failed side."""
     if "error" in res:
         return None
     train = statistics.median(res["train_times"])
+
+    def in_mib(key):
+        return None if res.get(key) is None else res[key] / MiB
+
     return dict(train=train, infer=statistics.median(res["infer_times"]),
-                tok_s=tokens_per_step(cfg) / train, mem=res["mem_growth"] / MiB,
-                loss=res.get("check_loss", res["losses"][0]))
+                tok_s=tokens_per_step(cfg) / train,
+                mem=in_mib("mem_growth") if "mem_growth" in res else in_mib("peak_bytes"),
+                rest=in_mib("rest_bytes"), loss=res.get("check_loss", res["losses"][0]),
+                final_loss=res["losses"][-1], steps=len(res["losses"]))
+
+
+TRAIN_TIMING = ("train = the demo's update: zero_grad + forward (dropout on) + loss + "
+                "backward + clip + AdamW/Adam step + schedule (npformer: the demo's "
+                "Trainer.update()); infer = forward only (npformer eval + no_grad, torch eval "
+                "+ inference_mode)")
+LOSS_NOTE = ("loss:      the first-step loss compared is each side's loss at the shared "
+             "initial weights with dropout off (dropout masks differ between libraries)")
 
 
 def mib(value: float) -> str:
@@ -61,7 +78,7 @@ def loss_check(pair: dict, against: str = "pytorch") -> tuple[str, bool]:
     if not (ours.get("weights_loaded") and (against == "pytorch"
                                             or theirs.get("weights_loaded"))):
         return "loss not compared (a side did not get PyTorch's initial weights)", False
-    a, b = ours["check_loss"], theirs["check_loss"]
+    a, b = (res.get("check_loss", res["losses"][0]) for res in (ours, theirs))
     rel = abs(a - b) / max(abs(b), 1e-12)
     return (f"first-step loss (dropout off) {a:.6f} vs {b:.6f} (rel diff {rel:.1e})",
             rel <= LOSS_RTOL)
@@ -157,12 +174,9 @@ def print_header(args, first: dict):
         print("allocator: GLIBC_TUNABLES not set: glibc default, allocations above the dynamic "
               "mmap threshold (up to 32 MiB) go back to the OS when freed (same environment for "
               "both sides; see --allocator)")
-    print(f"timing:    median (min-max) of {args.steps} steps after {args.warmup} warmup; train "
-          "= the demo's update: zero_grad + forward (dropout on) + loss + backward + clip + "
-          "AdamW/Adam step + schedule (npformer: the demo's Trainer.update()); infer = forward "
-          "only (npformer eval + no_grad, torch eval + inference_mode)")
-    print("loss:      the first-step loss compared is each side's loss at the shared initial "
-          "weights with dropout off (dropout masks differ between libraries)")
+    print(f"timing:    median (min-max) of {args.steps} steps after {args.warmup} warmup; "
+          f"{TRAIN_TIMING}")
+    print(LOSS_NOTE)
     print("memory:    peak RSS growth = ru_maxrss after the training steps - current RSS "
           "(/proc/self/statm) before the first step, model and batch built (optimizer state "
           "is in the growth); each (config, side) in a fresh subprocess that first runs one "
@@ -215,14 +229,18 @@ def print_main_table(results: dict, cfgs: dict):
             print(ratio_line(label, pair, cfgs[name], against))
 
 
-def ratio_line(label: str, pair: dict, cfg: dict, against: str) -> str:
+def ratio_line(label: str, pair: dict, cfg: dict, against: str = "pytorch",
+               memory: str = "memory") -> str:
+    """``ratio LABEL train Ax  infer Bx  MEMORY Cx  | the loss check`` of npformer against
+    side ``against`` (and a WARNING line when their first-step losses differ)."""
     ours, theirs = summary(pair["npformer"], cfg), summary(pair[against], cfg)
     if ours and theirs:
+        memory_ratio = (mem_ratio(ours["mem"], theirs["mem"]) if ours["mem"] is not None
+                        and theirs["mem"] is not None else "n/a (not measured on the CPU)")
         line = (f"ratio {label:<8} train {ratio(ours['train'], theirs['train'])}  "
-                f"infer {ratio(ours['infer'], theirs['infer'])}  "
-                f"memory {mem_ratio(ours['mem'], theirs['mem'])}")
+                f"infer {ratio(ours['infer'], theirs['infer'])}  {memory} {memory_ratio}")
     else:
-        line = f"ratio {label:<8} train n/a  infer n/a  memory n/a (a side failed)"
+        line = f"ratio {label:<8} train n/a  infer n/a  {memory} n/a (a side failed)"
     text, ok = loss_check(pair, against)
     line += f"  | {text}"
     if not ok and "not compared" not in text:
@@ -232,21 +250,31 @@ def ratio_line(label: str, pair: dict, cfg: dict, against: str) -> str:
     return line
 
 
-def print_markdown(results: dict, cfgs: dict):
-    print()
-    print("| config | npformer train ms | PyTorch train ms | ratio | npformer infer ms "
-          "| PyTorch infer ms | ratio | npformer tokens/s | PyTorch tokens/s "
-          "| npformer peak MiB | PyTorch peak MiB | ratio |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+def markdown_lines(results: dict, cfgs: dict) -> list[str]:
+    """README-ready table: npformer against PyTorch per configuration (memory cells blank
+    where memory was not measured)."""
+    lines = ["", "| config | npformer train ms | PyTorch train ms | ratio | npformer infer ms "
+             "| PyTorch infer ms | ratio | npformer tokens/s | PyTorch tokens/s "
+             "| npformer peak MiB | PyTorch peak MiB | ratio |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, pair in results.items():
         o, t = summary(pair["npformer"], cfgs[name]), summary(pair["pytorch"], cfgs[name])
         if not (o and t):
-            print(f"| {name} | failed |" + " |" * 11)
+            lines.append(f"| {name} | failed |" + " |" * 10)
             continue
-        print(f"| {name} | {ms(o['train'])} | {ms(t['train'])} | {ratio(o['train'], t['train'])}"
-              f" | {ms(o['infer'])} | {ms(t['infer'])} | {ratio(o['infer'], t['infer'])}"
-              f" | {o['tok_s']:,.0f} | {t['tok_s']:,.0f} | {mib(o['mem'])} | {mib(t['mem'])}"
-              f" | {mem_ratio(o['mem'], t['mem'])} |")
+        measured = o["mem"] is not None and t["mem"] is not None
+        memory = (f" | {mib(o['mem'])} | {mib(t['mem'])} | {mem_ratio(o['mem'], t['mem'])}"
+                  if measured else " |  |  | ")
+        lines.append(
+            f"| {name} | {ms(o['train'])} | {ms(t['train'])} | {ratio(o['train'], t['train'])}"
+            f" | {ms(o['infer'])} | {ms(t['infer'])} | {ratio(o['infer'], t['infer'])}"
+            f" | {o['tok_s']:,.0f} | {t['tok_s']:,.0f}{memory} |")
+    return lines
+
+
+def print_markdown(results: dict, cfgs: dict):
+    print(f"\n(machine: {cpu_model()})")
+    print("\n".join(markdown_lines(results, cfgs)[1:]))
 
 
 def print_sweep(title: str, rows: list[tuple[dict, dict]], markdown: bool):

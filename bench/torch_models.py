@@ -225,7 +225,7 @@ def torch_optimizer_like(npformer_optimizer, model):
 NANOGPT = "../shared/anchors/nanogpt"  # nanoGPT's model.py, relative to the repository root
 
 
-def nanogpt_folder(root) -> "Path | None":
+def nanogpt_folder(root):
     """The folder of nanoGPT's model.py: $NPFORMER_NANOGPT, else ``root``/NANOGPT; None
     where it is not there (the benchmark then leaves nanoGPT out)."""
     import os
