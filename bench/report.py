@@ -95,7 +95,22 @@ def describe(name: str, cfg: dict) -> str:
         shape = (f"V {cfg['vocab_size']}, d{cfg['d_model']}, {cfg['num_heads']} heads, "
                  f"{cfg['num_layers']} layers, FFN {cfg['d_ff']}, T {cfg['seq_len']}, "
                  f"B {cfg['batch']}, {mask}")
-    return f"{name}: {shape}"
+    return f"{name}: {shape}{model_text(cfg)}"
+
+
+def model_text(cfg: dict) -> str:
+    """", demos/generate.py: pre-norm gelu, dropout 0.0, AdamW, clip 1.0" (a demo's run)."""
+    if "demo" not in cfg:
+        return ""
+    from bench.configs import clip_norm, npformer_config, npformer_optimizer
+    from npformer.nn import Parameter
+    import numpy as np
+
+    c = npformer_config(cfg)
+    optimizer = type(npformer_optimizer(cfg, [Parameter(np.zeros(1, np.float32))])).__name__
+    return (f"; demos/{cfg['demo']}.py: {'pre' if c.norm_first else 'post'}-norm "
+            f"{c.activation}, dropout {c.dropout:g}, {optimizer} with its schedule, "
+            f"clip {clip_norm(cfg):g}")
 
 
 def cpu_model() -> str:
