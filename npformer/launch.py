@@ -36,13 +36,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .distributed import _RANK_VARIABLES, _SIZE_VARIABLES
+
 LAUNCHED_MARK = "NPFORMER_LAUNCHED"  # set in the children: they never re-launch
 KEEP_BYTES = 4294967296  # 4 GiB: no activation is ever mmap'ed, nor the heap trimmed
 KEEP_MEMORY_TUNABLES = (f"glibc.malloc.mmap_threshold={KEEP_BYTES}:"
                         f"glibc.malloc.trim_threshold={KEEP_BYTES}")
-# Variables any MPI or batch launcher sets in the processes it starts.
-LAUNCHER_VARIABLES = ("PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE",
-                      "PMIX_RANK", "SLURM_STEP_ID", "NPFORMER_MPI")
+# Variables an MPI or batch launcher sets in the processes it starts (npformer.distributed
+# reads the same ones), and NPFORMER_MPI, the user's own choice of MPI or not.
+LAUNCHER_VARIABLES = (*_SIZE_VARIABLES, *_RANK_VARIABLES, "SLURM_STEP_ID", "NPFORMER_MPI")
 
 
 def add_procs_option(parser: argparse.ArgumentParser) -> None:
@@ -50,7 +52,7 @@ def add_procs_option(parser: argparse.ArgumentParser) -> None:
     from .cli import positive_int
 
     parser.add_argument(
-        "--procs", type=positive_int, default=None,
+        "--procs", type=positive_int, default=None, metavar="N",
         help="processes to train in: the demo re-launches itself as N MPI ranks (one "
              "process per core by default, when mpi4py and mpiexec are installed; the "
              "results are one process's, up to rounding); --procs 1 runs in this process")
