@@ -54,10 +54,10 @@ RUN_SETTINGS = ("seed", "dtype", "engine", "replicas")  # saved with a run, besi
 MPI_EPILOG = """
 Across processes: where mpi4py and mpiexec are installed (pip install -e ".[mpi]"), the
 demo re-launches itself as one MPI rank per core (--procs N sets the count, --procs 1
-runs one process); `mpiexec -n N python {script}` starts N ranks by hand.  The global batch is --batch-size whatever N is: the ranks
-split its rows and sum their gradients, so the learning rate (and its schedule) and the
-results stay those of one process, and a run resumes on any number of ranks.  Only rank 0
-prints and writes files."""
+runs one process); `mpiexec -n N python {script}` starts N ranks by hand.  The global
+batch is --batch-size whatever N is: the ranks split its rows and sum their gradients,
+so the learning rate (and its schedule) and the results stay those of one process, and a
+run resumes on any number of ranks.  Only rank 0 prints and writes files."""
 
 
 class DemoError(Exception):
