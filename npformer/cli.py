@@ -48,7 +48,9 @@ from .train import TrainingDiverged, TrainingInterrupted
 
 MODEL_FILE = "model.npz"  # the selected (or final) model: what --predict and friends read
 LAST_FILE = "last.npz"  # the whole run, resumable with --resume
-RUN_SETTINGS = ("seed", "dtype", "engine", "replicas")  # saved with a run, beside its preset
+# saved with a run, beside its preset; procs (the MPI ranks) and replicas (the threads of
+# each) fix how every batch is sharded, so a resumed run takes them back too
+RUN_SETTINGS = ("seed", "dtype", "engine", "replicas", "procs")
 
 
 MPI_EPILOG = """
@@ -234,6 +236,7 @@ def setup(args) -> Path:
     backend.set_default_float(args.dtype)
     args.engine = args.engine or engine_name()
     set_engine(args.engine)
+    args.procs = distributed.current().size  # the ranks this run is on
     if args.replicas is None:  # the cores, shared among the MPI ranks on this machine
         cores = (os.cpu_count() or 1) // distributed.current().local_size
         args.replicas = max(1, cores) if backend.backend_name() == "numpy" else 1

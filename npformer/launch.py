@@ -14,8 +14,10 @@ know nothing of MPI::
 when all of these hold: the demo was started from the command line (not called as a
 function), it trains, it runs on the CPU (NumPy backend), no launcher started it
 already, ``--replicas`` was not given without ``--procs`` (thread replicas asked for),
-more than one process is asked for (``--procs``, default: the usable cores), and
-mpi4py and an ``mpiexec`` are installed.  Otherwise the demo runs in this process.
+more than one process is asked for (``--procs``, default: the usable cores; with
+``--resume``, the ranks the saved run was on, so every batch is sharded as before and the
+figures are those of the uninterrupted run), and mpi4py and an ``mpiexec`` are
+installed.  Otherwise the demo runs in this process.
 
 The children get glibc's allocator tunables from their first allocation
 (:data:`KEEP_MEMORY_TUNABLES`; ``npformer.distributed`` sets the same with ``mallopt``
@@ -86,11 +88,28 @@ def planned_procs(args, training: bool, environ=os.environ) -> int:
     if backend != "numpy":
         return 1  # one GPU: one process (several GPUs: start the ranks with mpiexec)
     procs = getattr(args, "procs", None)
+    if getattr(args, "resume", False):
+        saved = saved_procs(Path(args.out))
+        # the saved run's ranks (they and its replicas shard every batch: the same figures);
+        # another count given is refused by the demo itself, once, in this process
+        return saved if procs in (None, saved) else 1
     if procs is None:
         if getattr(args, "replicas", None) is not None:
             return 1  # thread replicas asked for by name
         procs = usable_cores()
     return procs
+
+
+def saved_procs(out: Path) -> int:
+    """The MPI ranks the run saved in ``out`` was on (1 for a run saved before they were
+    recorded, or where nothing readable is saved: the demo then says what is wrong)."""
+    from .checkpoint import load_checkpoint
+
+    try:
+        settings = load_checkpoint(out / "last.npz").extra["run"]["settings"]
+        return int(settings.get("procs") or 1)
+    except Exception:  # noqa: BLE001 - no run, or not a demo's: the demo reports it
+        return 1
 
 
 def child_environment(environ=os.environ) -> dict:

@@ -21,7 +21,8 @@ CLEAN = {name: None for name in (launch.LAUNCHED_MARK, *launch.LAUNCHER_VARIABLE
 
 
 def options(**given):
-    return SimpleNamespace(**{"procs": None, "replicas": None, "backend": None, **given})
+    return SimpleNamespace(**{"procs": None, "replicas": None, "backend": None,
+                              "resume": False, "out": "runs/x", **given})
 
 
 # =========================================================================== the decision
@@ -41,6 +42,18 @@ def options(**given):
 def test_planned_procs(given, training, environ, expected):
     want = launch.usable_cores() if expected == "cores" else expected
     assert launch.planned_procs(options(**given), training, environ) == want
+
+
+@pytest.mark.parametrize("given, saved, expected", [
+    ({}, 2, 2), ({}, 1, 1),                      # the saved run's ranks, even with --replicas
+    ({"replicas": 2}, 2, 2), ({"procs": 2}, 2, 2),
+    ({"procs": 3}, 2, 1),                        # another count: the demo refuses it, once
+])
+def test_resume_takes_the_saved_runs_ranks(given, saved, expected, monkeypatch):
+    """A resumed run shards every batch as before (ranks x replicas), so its figures are
+    the uninterrupted run's."""
+    monkeypatch.setattr(launch, "saved_procs", lambda out: saved)
+    assert launch.planned_procs(options(resume=True, **given), True, {}) == expected
 
 
 def test_called_as_a_function_never_relaunches():
@@ -107,7 +120,8 @@ def test_self_launch_on_two_ranks_equals_one_process(data, tmp_path):
 @pytest.mark.mpi
 def test_self_launch_exit_codes_and_one_message(data, tmp_path):
     """A user error on every rank: exit 2, its message once; --stop-after: exit 130, the
-    resume hint once, and --resume on 2 ranks finishes the run."""
+    resume hint once, and --resume (no --procs) continues on the saved run's 2 ranks to
+    the uninterrupted run's figures."""
     from tests.test_distributed import mpiexec
 
     mpiexec()
@@ -121,6 +135,12 @@ def test_self_launch_exit_codes_and_one_message(data, tmp_path):
     stopped = run_generate("--procs", "2", "--out", str(out), "--stop-after", "5", data=data)
     assert stopped.returncode == 130, stopped.stderr[-3000:]
     assert stopped.stderr.count("continue it with:") == 1
-    resumed = run_generate("--procs", "2", "--out", str(out), "--resume", data=data)
+    resumed = run_generate("--out", str(out), "--resume", data=data)  # on the saved 2 ranks
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert json.loads((out / "metrics.json").read_text())["updates"] == 20
+    assert resumed.stdout.count("running on 2 MPI ranks") == 1
+    whole = run_generate("--procs", "2", "--out", str(tmp_path / "whole"), data=data)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    ours = json.loads((out / "metrics.json").read_text())
+    uninterrupted = json.loads((tmp_path / "whole" / "metrics.json").read_text())
+    assert ours["updates"] == uninterrupted["updates"] == 20
+    assert ours["val_loss"] == uninterrupted["val_loss"]  # the same ranks: exactly
