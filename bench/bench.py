@@ -38,9 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -52,36 +50,20 @@ if str(ROOT) not in sys.path[:1]:  # `python bench/bench.py`: the bench package,
 from bench.configs import (CONFIGS, SEED, SMOKE, SMOKE_SWEEP_BATCHES,  # noqa: E402
                            SMOKE_SWEEP_LENGTHS, SMOKE_SWEEP_TOKENS, SWEEP_BATCHES, SWEEP_LENGTHS,
                            SWEEP_TOKENS)
-from bench.measure import worker_main, worker_result  # noqa: E402
-from bench import processes  # noqa: E402
-from bench.report import (describe, load_average, print_header,  # noqa: E402
+from bench.measure import worker_main  # noqa: E402
+from bench import processes, runner  # noqa: E402
+from bench.runner import ALLOCATORS, NO_TRIM_TUNABLE, worker_env  # noqa: E402
+from bench.report import (describe, machine_load, print_header,  # noqa: E402
                           print_main_table, print_markdown, print_sweep)
 
-NO_TRIM_TUNABLE = "glibc.malloc.mmap_threshold=4294967296"
-
-
 # =========================================================================== parent side
-def worker_env(args, threads: int | None = None) -> dict:
-    env = dict(os.environ)
-    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        env[name] = str(threads or args.threads)
-    if args.allocator == "glibc-default":
-        env.pop("GLIBC_TUNABLES", None)
-    elif args.allocator == "keep-heap":
-        env["GLIBC_TUNABLES"] = NO_TRIM_TUNABLE
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    return env
-
-
 def run_worker(side: str, cfg: dict, args, weights: str | None,
                threads: int | None = None, engine: str = "fast") -> dict:
     spec = dict(side=side, config=cfg, steps=args.steps, warmup=args.warmup,
                 threads=threads or args.threads, seed=SEED, weights=weights)
-    env = dict(args.env if threads is None else worker_env(args, threads),
-               NPFORMER_ENGINE=engine)  # npformer's tier (the PyTorch side ignores it)
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker",
-                           json.dumps(spec)], env=env, capture_output=True, text=True)
-    return worker_result(proc, side)
+    env = worker_env(threads or args.threads, args.allocator,
+                     NPFORMER_ENGINE=engine)  # npformer's tier (the PyTorch side ignores it)
+    return runner.run_worker(Path(__file__).resolve(), spec, env)
 
 
 def engine_side(engine: str) -> str:
@@ -90,20 +72,21 @@ def engine_side(engine: str) -> str:
 
 
 def run_pair(cfg: dict, args, engines=("fast",)) -> dict:
-    """Both sides of one configuration, PyTorch first (it writes the initial weights),
-    npformer once per tier in ``engines``."""
-    with tempfile.TemporaryDirectory(prefix="npformer-bench-") as tmp:
-        weights = os.path.join(tmp, "init.npz")
-        pair = {"pytorch": run_worker("pytorch", cfg, args, weights)}
-        for engine in engines:
-            pair[engine_side(engine)] = run_worker("npformer", cfg, args, weights,
-                                                   engine=engine)
-        return pair
+    """Every side of one configuration, PyTorch first (it writes the initial weights),
+    npformer once per tier in ``engines``, nanoGPT's GPT on lm."""
+    tiers = {engine_side(e): e for e in engines}
+
+    def run_side(side, weights):
+        if side in tiers:
+            return run_worker("npformer", cfg, args, weights, engine=tiers[side])
+        return run_worker(side, cfg, args, weights)
+
+    return runner.run_sides(cfg, run_side, list(tiers))
 
 
 def tier_results(results: dict, engine: str) -> dict:
     """{config: {"pytorch": ..., "npformer": npformer on ``engine``}}, for the tables."""
-    return {name: {"pytorch": pair["pytorch"], "npformer": pair[engine_side(engine)]}
+    return {name: {**pair, "npformer": pair[engine_side(engine)]}
             for name, pair in results.items()}
 
 
@@ -120,7 +103,7 @@ def parse_args(argv=None):
     p.add_argument("--sweeps", action="store_true",
                    help="imdb: sequence length 64..1024 at 8192 tokens/batch, batch 8..64 at 256")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, 1 step: checks that it runs")
-    p.add_argument("--allocator", choices=("inherit", "glibc-default", "keep-heap"),
+    p.add_argument("--allocator", choices=ALLOCATORS,
                    default="inherit",
                    help="GLIBC_TUNABLES for both sides: inherit = as in this environment "
                         f"(default), glibc-default = unset, keep-heap = {NO_TRIM_TUNABLE}")
@@ -160,8 +143,8 @@ def main(argv=None) -> int:
         spec = getattr(args, flag.lstrip("-").replace("-", "_"))
         if spec:
             return worker(json.loads(spec))
-    args.env = worker_env(args)
-    args.load_at_start = load_average()
+    args.env = worker_env(args.threads, args.allocator)
+    args.load_at_start = machine_load()
     table = SMOKE if args.smoke else CONFIGS
     started = time.perf_counter()
     if args.processes:

@@ -1,44 +1,95 @@
-"""The benchmark's three configurations (and their tiny smoke versions), the batch
-both sides train on, and the npformer model of a configuration (the PyTorch side
-builds its reference from the same npformer configuration: bench/torch_models.py)."""
+"""The benchmark's three configurations: the demos' default runs (and their smoke
+versions), the batch every side trains on, and the npformer model and update of a
+configuration, taken from the demo itself (the PyTorch side builds its reference from
+the same npformer configuration and optimizer: bench/torch_models.py)."""
 from __future__ import annotations
 
+import functools
+import importlib.util
+import sys
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PAD, BOS, EOS = 0, 2, 3
+PAD, BOS, EOS = 0, 2, 3  # the ids the demos' vocabularies give these (npformer.data.Vocab)
 SEED = 0
-LR = 1e-3
+
+# --------------------------------------------------------------------------- the demos
+# Each configuration is a demo's default run: its preset (imported from the demo, so the
+# two cannot drift), its model_config, make_optimizer, CLIP_NORM (and LABEL_SMOOTHING),
+# on one batch of the demo's shape.  What the demo's data decides is a stand-in here,
+# measured with the demos' own preprocessing (seed 0, 2026-11-23):
+DEMO_OF = {"imdb": "imdb", "lm": "generate", "seq2seq": "translate"}
+IMDB_VOCAB = 20_002          # <pad>, <unk> and the 20,000 most frequent words
+IMDB_TRAIN_REVIEWS = 22_500  # 25,000 less 2,500 validation: sets the schedule's length
+IMDB_LENGTH = 256            # the padded width of the demo's length-bucketed batches:
+#                              mean 258 (reviews: mean 253 tokens, median 208, at most 512)
+SHAKESPEARE_VOCAB = 65       # tiny Shakespeare's characters
+FRA_ENG_VOCABS = (9_653, 17_221)  # English, French words seen twice (+ 4 specials)
+FRA_ENG_LENGTH = 9           # the padded width of the length-bucketed batches: mean 8.94
+#                              (sentences: mean 8.1 / 8.4 tokens with <eos>, at most 16)
+
+
+@functools.lru_cache(maxsize=None)
+def demo_module(script: str):
+    """demos/<script>.py as a module (its presets and model/update functions; its main
+    is not run)."""
+    name = f"npformer_demo_{script}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "demos" / f"{script}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def demo_preset(cfg: dict):
+    """The demo preset a configuration was made from."""
+    return demo_module(cfg["demo"]).Preset(**cfg["preset"])
+
+
+def bench_config(name: str, preset: str = "default", vocab=None, length: int | None = None,
+                 **changes) -> dict:
+    """The benchmark configuration of demo ``DEMO_OF[name]`` run with its preset
+    ``preset`` (fields changed by ``changes``): the preset itself (``preset``, what the
+    workers rebuild the demo's model and update from) and the sizes the tables print.
+    ``vocab`` and ``length`` replace the data's stand-ins (the smoke versions)."""
+    script = DEMO_OF[name]
+    p = replace(demo_module(script).PRESETS[preset], **changes)
+    common = dict(demo=script, preset=asdict(p), dropout=p.dropout)
+    if name == "imdb":
+        updates = int(p.epochs * -(-IMDB_TRAIN_REVIEWS // p.batch_size))
+        return dict(common, kind="classifier", vocab_size=vocab or IMDB_VOCAB, num_classes=2,
+                    d_model=p.d_model, num_heads=p.heads, num_layers=p.layers, d_ff=p.d_ff,
+                    seq_len=min(length or IMDB_LENGTH, p.max_len), batch=p.batch_size,
+                    total_updates=updates)
+    if name == "lm":
+        return dict(common, kind="causal_lm", vocab_size=vocab or SHAKESPEARE_VOCAB,
+                    d_model=p.width, num_heads=p.heads, num_layers=p.layers, d_ff=4 * p.width,
+                    seq_len=p.block, batch=p.batch_size)
+    src_vocab, tgt_vocab = vocab or FRA_ENG_VOCABS
+    width = min(length or FRA_ENG_LENGTH, p.max_tokens + 1)  # + <eos>
+    return dict(common, kind="seq2seq", src_vocab_size=src_vocab, tgt_vocab_size=tgt_vocab,
+                d_model=p.d_model, num_heads=p.heads, num_encoder_layers=p.layers,
+                num_decoder_layers=p.layers, d_ff=p.d_ff, src_len=width, seq_len=width,
+                batch=p.batch_size)
+
 
 # --------------------------------------------------------------------------- configurations
-# kind: which model; every size named the way the npformer configs name it.
-CONFIGS = {
-    "imdb": dict(kind="classifier", vocab_size=20_000, num_classes=2, d_model=128, num_heads=8,
-                 num_layers=4, d_ff=512, seq_len=256, batch=32),
-    "lm": dict(kind="causal_lm", vocab_size=65, d_model=128, num_heads=4, num_layers=4,
-               d_ff=512, seq_len=64, batch=12),
-    "seq2seq": dict(kind="seq2seq", src_vocab_size=8_000, tgt_vocab_size=8_000, d_model=256,
-                    num_heads=4, num_encoder_layers=2, num_decoder_layers=2, d_ff=1024,
-                    src_len=16, seq_len=16, batch=128),
-}
-SMOKE = {
-    "imdb": dict(CONFIGS["imdb"], vocab_size=200, d_model=16, num_heads=2, num_layers=1, d_ff=32,
-                 seq_len=16, batch=4),
-    "lm": dict(CONFIGS["lm"], d_model=16, num_heads=2, num_layers=1, d_ff=32, seq_len=16,
-               batch=2),
-    "seq2seq": dict(CONFIGS["seq2seq"], src_vocab_size=100, tgt_vocab_size=100, d_model=16,
-                    num_heads=2, num_encoder_layers=1, num_decoder_layers=1, d_ff=32, src_len=8,
-                    seq_len=8, batch=4),
-}
+CONFIGS = {name: bench_config(name) for name in DEMO_OF}
+# The demos' own smoke presets, on tiny vocabularies and lengths.
+SMOKE = {"imdb": bench_config("imdb", "smoke", vocab=200, length=16),
+         "lm": bench_config("lm", "smoke", length=16),
+         "seq2seq": bench_config("seq2seq", "smoke", vocab=(100, 100), length=8)}
 # Larger configurations that fill a GPU (bench/gpu.py), and their smoke versions.
 LARGE = {
-    "imdb_large": dict(CONFIGS["imdb"], batch=256),
-    "lm_large": dict(CONFIGS["lm"], d_model=768, num_heads=12, num_layers=12, d_ff=3072,
-                     seq_len=1024, batch=8),
+    "imdb_large": bench_config("imdb", batch_size=256),
+    "lm_large": bench_config("lm", width=768, heads=12, layers=12, block=1024, batch_size=8),
 }
 SMOKE_LARGE = {
-    "imdb_large": dict(SMOKE["imdb"], batch=8),
-    "lm_large": dict(SMOKE["lm"], num_layers=2, seq_len=32),
+    "imdb_large": bench_config("imdb", "smoke", vocab=200, length=16, batch_size=8),
+    "lm_large": bench_config("lm", "smoke", layers=2),
 }
 GPU_CONFIGS = {**CONFIGS, **LARGE}
 GPU_SMOKE = {**SMOKE, **SMOKE_LARGE}
@@ -91,27 +142,45 @@ def make_batch(cfg: dict, seed: int):
 
 
 
-def npformer_config(cfg: dict):
-    """The npformer model configuration of a benchmark configuration (post-norm, ReLU,
-    dropout 0; learned positions, except seq2seq's sinusoids)."""
-    from npformer.models import CausalLMConfig, ClassifierConfig, Seq2SeqConfig
+@dataclass(frozen=True)
+class StandInVocab:
+    """What a demo's model_config reads of a vocabulary: its size and special ids."""
 
-    common = dict(d_model=cfg["d_model"], num_heads=cfg["num_heads"], d_ff=cfg["d_ff"],
-                  dropout=0.0, activation="relu", norm_first=False)
+    size: int
+    pad_id: int = PAD
+    bos_id: int = BOS
+    eos_id: int = EOS
+
+    def __len__(self) -> int:
+        return self.size
+
+
+def npformer_config(cfg: dict):
+    """The demo's own model configuration (its model_config) of a benchmark configuration."""
+    demo, preset = demo_module(cfg["demo"]), demo_preset(cfg)
     if cfg["kind"] == "classifier":
-        return ClassifierConfig(vocab_size=cfg["vocab_size"], num_classes=cfg["num_classes"],
-                                num_layers=cfg["num_layers"], max_len=cfg["seq_len"],
-                                positional="learned", pooling="mean", pad_id=PAD, **common)
+        return demo.model_config(preset, cfg["vocab_size"], PAD)
     if cfg["kind"] == "causal_lm":
-        return CausalLMConfig(vocab_size=cfg["vocab_size"], block_size=cfg["seq_len"],
-                              num_layers=cfg["num_layers"], positional="learned",
-                              tie_weights=False, **common)
-    return Seq2SeqConfig(src_vocab_size=cfg["src_vocab_size"],
-                         tgt_vocab_size=cfg["tgt_vocab_size"],
-                         num_encoder_layers=cfg["num_encoder_layers"],
-                         num_decoder_layers=cfg["num_decoder_layers"],
-                         max_len=max(cfg["src_len"], cfg["seq_len"]), positional="sinusoidal",
-                         scale_embeddings=True, pad_id=PAD, bos_id=BOS, eos_id=EOS, **common)
+        return demo.model_config(preset, cfg["vocab_size"])
+    return demo.model_config(preset, StandInVocab(cfg["src_vocab_size"]),
+                             StandInVocab(cfg["tgt_vocab_size"]))
+
+
+def npformer_optimizer(cfg: dict, params):
+    """The demo's own optimizer (its make_optimizer: AdamW or Adam, the schedule) over
+    ``params``."""
+    demo, preset = demo_module(cfg["demo"]), demo_preset(cfg)
+    if cfg["kind"] == "classifier":
+        return demo.make_optimizer(params, preset, cfg["total_updates"])
+    return demo.make_optimizer(params, preset)
+
+
+def clip_norm(cfg: dict) -> float:
+    return demo_module(cfg["demo"]).CLIP_NORM
+
+
+def label_smoothing(cfg: dict) -> float:
+    return getattr(demo_module(cfg["demo"]), "LABEL_SMOOTHING", 0.0)
 
 
 def npformer_model(cfg: dict, weights: str | None = None):
@@ -126,7 +195,8 @@ def npformer_model(cfg: dict, weights: str | None = None):
     model_class, task = {
         "classifier": (TransformerClassifier, Classification()),
         "causal_lm": (CausalLM, LanguageModeling()),
-        "seq2seq": (Seq2SeqTransformer, Translation(label_smoothing=0.0, pad_id=PAD)),
+        "seq2seq": (Seq2SeqTransformer, Translation(label_smoothing=label_smoothing(cfg),
+                                                    pad_id=PAD)),
     }[cfg["kind"]]
     model = model_class(npformer_config(cfg))
     if weights:

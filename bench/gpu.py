@@ -8,8 +8,8 @@
     python bench/gpu.py --profile lm            # npformer's step under cProfile (top 25)
     python bench/gpu.py --smoke --device cpu    # the same orchestration on the CPU (tests)
 
-The same models, float32, the same batch and Adam (lr 1e-3) as bench/bench.py, on one
-GPU.  Every (configuration, side) runs in a fresh subprocess (``--worker``, one JSON
+The same models and updates as bench/bench.py (the demos' own), float32, the same
+batch, on one GPU.  Every (configuration, side) runs in a fresh subprocess (``--worker``, one JSON
 line on stdout), PyTorch first: it writes its initial weights to an .npz that the
 npformer side loads, so the first-step losses must agree.
 
@@ -24,7 +24,9 @@ out to live arrays (parameters, gradients, Adam state, the batch, activations), 
 free blocks kept cached by the allocators.
 
 The code: bench/configs.py (the configurations, LARGE among them), bench/measure.py
-(preparing each side, timing, the worker protocol), bench/report.py (formatting).
+(preparing each side, timing, the worker protocol), bench/runner.py (the workers'
+environment and runner, shared with bench/bench.py), bench/report.py (the formatting,
+shared with bench/bench.py).
 """
 from __future__ import annotations
 
@@ -32,10 +34,7 @@ import argparse
 import json
 import os
 import platform
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,10 +44,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path[:1]:  # `python bench/gpu.py`: the bench package, not this file
     sys.path.insert(0, str(ROOT))
 
-from bench.configs import GPU_CONFIGS, GPU_SMOKE, SEED, SIDES, tokens_per_step  # noqa: E402
+from bench import runner  # noqa: E402
+from bench.configs import GPU_CONFIGS, GPU_SMOKE, SEED, SIDES  # noqa: E402
 from bench.measure import (initial_weights, prepare_npformer, prepare_pytorch,  # noqa: E402
-                           timed, warm_up, worker_main, worker_result)
-from bench.report import LOSS_RTOL, MiB, describe, loss_check, ms, ratio, spread  # noqa: E402
+                           timed, warm_up, worker_main)
+from bench.report import (LOSS_NOTE, TRAIN_TIMING, describe, markdown_lines,  # noqa: E402
+                          ms, ratio_line, spread, summary)
 
 MEMORY_STEPS = 3  # training steps of the memory pass, after the timed ones
 PROFILE_STEPS = 10
@@ -184,6 +185,7 @@ def run_device_side(spec: dict) -> dict:
     weights, loaded = initial_weights(spec["side"], spec.get("weights"))
     warm_up(side.prepare, cfg["kind"], seed)
     run = side.prepare(cfg, seed, weights)
+    check_loss = run.check_loss()
     optimizer = run.make_optimizer()
     losses = []
 
@@ -198,7 +200,8 @@ def run_device_side(spec: dict) -> dict:
     run.model.eval()  # npformer: no dropout masks; PyTorch: eval mode (may take fast paths)
     infer_times = timed(run.infer, spec["warmup"], spec["steps"], side.sync)
     return dict(side.info, train_times=train_times, infer_times=infer_times, losses=losses,
-                rest_bytes=rest_bytes, peak_bytes=peak_bytes, weights_loaded=loaded)
+                rest_bytes=rest_bytes, peak_bytes=peak_bytes, weights_loaded=loaded,
+                check_loss=check_loss)
 
 
 # =========================================================================== parent side
@@ -230,43 +233,20 @@ def missing_for_gpu(need_torch: bool = True) -> str | None:
     return "; ".join(missing) or None
 
 
-def worker_env() -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    return env
-
-
 def run_worker(side: str, cfg: dict, args, weights: str) -> dict:
     spec = dict(side=side, config=cfg, steps=args.steps, warmup=args.warmup,
                 memory_steps=MEMORY_STEPS, seed=SEED, weights=weights, device=args.device)
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker",
-                           json.dumps(spec)], env=worker_env(), capture_output=True, text=True)
-    return worker_result(proc, side)
+    return runner.run_worker(Path(__file__).resolve(), spec, runner.worker_env())
 
 
 def run_pair(cfg: dict, args) -> dict:
-    """Both sides of one configuration, PyTorch first (it writes the initial weights)."""
-    with tempfile.TemporaryDirectory(prefix="npformer-gpubench-") as tmp:
-        weights = os.path.join(tmp, "init.npz")
-        return {side: run_worker(side, cfg, args, weights) for side in SIDES}
+    """Both sides of one configuration, PyTorch first (it writes the initial weights);
+    nanoGPT's GPT is bench/bench.py's (CPU) only."""
+    return runner.run_sides(cfg, lambda side, weights: run_worker(side, cfg, args, weights),
+                            ["npformer"], nanogpt=False)
 
 
 # --------------------------------------------------------------------------- formatting
-def summarize(res: dict, cfg: dict) -> dict | None:
-    """Medians (seconds), tokens/s, memory (MiB, None on the CPU) and losses of one side."""
-    if "error" in res:
-        return None
-    train = statistics.median(res["train_times"])
-
-    def mib(key):
-        return None if res.get(key) is None else res[key] / MiB
-
-    return dict(train=train, infer=statistics.median(res["infer_times"]),
-                tok_s=tokens_per_step(cfg) / train, rest=mib("rest_bytes"),
-                peak=mib("peak_bytes"), first_loss=res["losses"][0],
-                final_loss=res["losses"][-1], steps=len(res["losses"]))
-
-
 def mib_cell(value: float | None) -> str:
     return "" if value is None else f"{value:,.1f}"
 
@@ -283,55 +263,21 @@ def table_row(cells) -> str:
 
 
 def side_row(side: str, res: dict, cfg: dict) -> str:
-    s = summarize(res, cfg)
+    s = summary(res, cfg)
     if s is None:
         return f"  {side:<10}FAILED: {res['error']}"
     return table_row((side, spread(res["train_times"]), spread(res["infer_times"]),
-                      f"{s['tok_s']:,.0f}", mib_cell(s["rest"]), mib_cell(s["peak"]),
-                      f"{s['first_loss']:.5f}", f"{s['final_loss']:.5f}"))
-
-
-def ratio_line(name: str, pair: dict, cfg: dict) -> str:
-    ours, theirs = summarize(pair["npformer"], cfg), summarize(pair["pytorch"], cfg)
-    if not (ours and theirs):
-        return f"ratio {name:<10} train n/a  infer n/a  peak memory n/a (a side failed)"
-    peak = (ratio(ours["peak"], theirs["peak"]) if ours["peak"] is not None
-            else "n/a (not measured on the CPU)")
-    return (f"ratio {name:<10} train {ratio(ours['train'], theirs['train'])}  "
-            f"infer {ratio(ours['infer'], theirs['infer'])}  peak memory {peak}")
+                      f"{s['tok_s']:,.0f}", mib_cell(s["rest"]), mib_cell(s["mem"]),
+                      f"{s['loss']:.5f}", f"{s['final_loss']:.5f}"))
 
 
 def config_lines(name: str, cfg: dict, pair: dict) -> list[str]:
-    """One configuration's table: a row per side, the npformer / PyTorch ratios, the
+    """One configuration's table: a row per side, the npformer / PyTorch ratios with the
     first-step loss check (and a WARNING line when the losses disagree)."""
-    text, ok = loss_check(pair)
     lines = ["", describe(name, cfg), table_row([c for c, _ in COLUMNS]),
              "  " + "-" * sum(w for _, w in COLUMNS)]
     lines += [side_row(side, pair[side], cfg) for side in SIDES]
-    lines.append(f"{ratio_line(name, pair, cfg)}  | {text}")
-    if not ok and "not compared" not in text:
-        lines.append(f"WARNING: {name}: first-step losses differ by more than {LOSS_RTOL:g} "
-                     "relative: the two sides are not computing the same model")
-    return lines
-
-
-def markdown_lines(results: dict, cfgs: dict) -> list[str]:
-    lines = ["", "| config | npformer train ms | PyTorch train ms | ratio | npformer infer ms "
-             "| PyTorch infer ms | ratio | npformer tokens/s | PyTorch tokens/s "
-             "| npformer peak MiB | PyTorch peak MiB | ratio |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for name, pair in results.items():
-        o, t = summarize(pair["npformer"], cfgs[name]), summarize(pair["pytorch"], cfgs[name])
-        if not (o and t):
-            lines.append(f"| {name} | failed |" + " |" * 10)
-            continue
-        peak = ratio(o["peak"], t["peak"]) if o["peak"] is not None else ""
-        lines.append(
-            f"| {name} | {ms(o['train'])} | {ms(t['train'])} | {ratio(o['train'], t['train'])}"
-            f" | {ms(o['infer'])} | {ms(t['infer'])} | {ratio(o['infer'], t['infer'])}"
-            f" | {o['tok_s']:,.0f} | {t['tok_s']:,.0f} | {mib_cell(o['peak'])}"
-            f" | {mib_cell(t['peak'])} | {peak} |")
-    return lines
+    return lines + ratio_line(name, pair, cfg, memory="peak memory").split("\n")
 
 
 def tf32_line(py: dict, npf: dict) -> str:
@@ -360,8 +306,7 @@ def tf32_line(py: dict, npf: dict) -> str:
 def header_lines(args, pair: dict) -> list[str]:
     py, npf = pair.get("pytorch", {}), pair.get("npformer", {})
     steps = f"median (min-max) of {args.steps} steps after {args.warmup} warmup"
-    common = ("train = zero_grad + forward + loss + backward + Adam step; infer = forward "
-              "only (npformer eval + no_grad, torch eval + inference_mode)")
+    common = TRAIN_TIMING
     tokens = ("tokens/s:  token positions per training step (padding included; seq2seq "
               "counts source + target) / median step time")
     if args.device == "cpu":
@@ -370,9 +315,11 @@ def header_lines(args, pair: dict) -> list[str]:
                 f"libraries: numpy {npf.get('version', '?')}, torch {py.get('version', '?')}; "
                 f"Python {platform.python_version()}",
                 f"timing:    {steps}; {common}",
-                "memory:    not measured on the CPU (bench/bench.py measures RSS)", tokens]
-    return ["npformer on CuPy against PyTorch eager on CUDA (float32, post-norm, ReLU FFN, "
-            "dropout 0, Adam lr 1e-3, the same initial weights and batch)",
+                "memory:    not measured on the CPU (bench/bench.py measures RSS)", LOSS_NOTE,
+                tokens]
+    return ["npformer on CuPy against PyTorch eager on CUDA (float32; each configuration is "
+            "a demo's default model and update, as in bench/bench.py; the same initial "
+            "weights and batch)",
             f"device:    {py.get('device_name', '?')} (CUDA: torch built for "
             f"{py.get('cuda', '?')}, CuPy runtime {npf.get('cuda_runtime', '?')})",
             f"libraries: cupy {npf.get('version', '?')}, numpy {npf.get('numpy', '?')}, "
@@ -387,7 +334,7 @@ def header_lines(args, pair: dict) -> list[str]:
             "reset_peak_memory_stats(); CuPy the peak of the default memory pool's "
             "used_bytes() (a tracking allocator). The peak includes what is in use at rest, "
             "before the pass (\"at rest\": parameters, gradients, Adam state, the batch); "
-            "free blocks cached by either allocator are not counted",
+            "free blocks cached by either allocator are not counted", LOSS_NOTE,
             tokens]
 
 
@@ -395,7 +342,7 @@ def json_report(args, results: dict, cfgs: dict) -> dict:
     return dict(device=args.device, steps=args.steps, warmup=args.warmup,
                 memory_steps=MEMORY_STEPS, smoke=args.smoke,
                 configs={name: dict(config=cfgs[name], **pair,
-                                    summary={side: summarize(pair[side], cfgs[name])
+                                    summary={side: summary(pair[side], cfgs[name])
                                              for side in SIDES})
                          for name, pair in results.items()})
 

@@ -9,8 +9,12 @@ import re
 import sys
 import time
 
-from bench.configs import LR, PAD, ROOT, WARMUP_CONFIGS, make_batch, npformer_model
-from bench.torch_models import torch_reference
+import numpy as np
+
+from bench.configs import (PAD, ROOT, SEED, WARMUP_CONFIGS, clip_norm, label_smoothing,
+                           make_batch, npformer_config, npformer_model, npformer_optimizer)
+from bench.torch_models import (NANOGPT, nanogpt_folder, nanogpt_model, nanogpt_state_dict,
+                                torch_optimizer_like, torch_reference)
 
 RESULT_PREFIX = "BENCH_RESULT "
 
@@ -58,11 +62,63 @@ def timed(fn, warmup: int, steps: int, sync=None) -> list[float]:
 
 
 class Prepared:
-    """One side's model on one batch: ``step(optimizer) -> loss`` and ``infer()``."""
+    """One side's model on one batch: ``make_optimizer() -> state`` (built after the
+    memory baseline), ``step(state) -> loss`` (one update as the demo makes it),
+    ``infer()``, and ``check_loss()``: the loss at the current weights with dropout off
+    (the sides' first-step losses are compared on it: dropout masks differ)."""
 
-    def __init__(self, model, make_optimizer, step, infer):
-        self.model, self.make_optimizer, self.step, self.infer = (model, make_optimizer, step,
-                                                                  infer)
+    def __init__(self, model, make_optimizer, step, infer, check_loss):
+        self.model, self.make_optimizer, self.step = model, make_optimizer, step
+        self.infer, self.check_loss = infer, check_loss
+
+
+def torch_batch(cfg: dict, seed: int, rows: tuple | None, device: str):
+    import numpy as np
+    import torch
+
+    lo, hi = rows or (0, cfg["batch"])
+    return [torch.from_numpy(np.asarray(a)[lo:hi]).to(device) for a in make_batch(cfg, seed + 1)]
+
+
+def torch_update(cfg: dict, model, loss_of, net=None) -> tuple:
+    """(make_optimizer, step) of the demo's update in PyTorch: zero_grad, the loss
+    (``loss_of(net)``), backward, clip_grad_norm_, the AdamW / Adam step, the schedule."""
+    import torch
+
+    from npformer import optim
+    from npformer.nn import Parameter
+
+    net = net or model
+    stand_in = [Parameter(np.zeros(1, dtype=np.float32))]  # the demo's optimizer, read
+    settings = npformer_optimizer(cfg, stand_in)
+    max_norm = clip_norm(cfg)
+    assert isinstance(settings, optim.Adam), settings  # Adam or AdamW: torch has both
+
+    def make_optimizer():
+        return torch_optimizer_like(settings, model)
+
+    def step(state):
+        optimizer, scheduler = state
+        optimizer.zero_grad()
+        loss = loss_of(net)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        optimizer.step()
+        scheduler.step()
+        return loss.item()
+
+    return make_optimizer, step
+
+
+def torch_check_loss(model, loss_of):
+    """The loss with dropout off (eval mode; gradients on, so no inference fast path)."""
+    def check_loss():
+        model.eval()
+        try:
+            return loss_of(model).item()
+        finally:
+            model.train()
+    return check_loss
 
 
 def prepare_pytorch(cfg: dict, seed: int, weights: str | None, rows: tuple | None = None,
@@ -71,60 +127,86 @@ def prepare_pytorch(cfg: dict, seed: int, weights: str | None, rows: tuple | Non
     e.g. DistributedDataParallel around the model for training.  Model and batch live
     on ``device`` ("cpu", "cuda"); the model is built on the CPU first, so its initial
     weights are the same whatever the device."""
-    import numpy as np
     import torch
     import torch.nn.functional as F
 
     torch.manual_seed(seed)
-    model = torch_reference(cfg).train()  # train(): dropout is 0 anyway
+    model = torch_reference(cfg).train()
     if weights:
         np.savez(weights, **{k: v.detach().numpy() for k, v in model.state_dict().items()})
     model.to(device)
-    lo, hi = rows or (0, cfg["batch"])
-    batch = [torch.from_numpy(np.asarray(a)[lo:hi]).to(device)
-             for a in make_batch(cfg, seed + 1)]
-    kind = cfg["kind"]
-    net = wrap(model) if wrap else model
+    batch = torch_batch(cfg, seed, rows, device)
+    kind, smoothing = cfg["kind"], label_smoothing(cfg)
 
-    def forward():
+    def forward(net):
         if kind == "classifier":
             return net(batch[0], batch[1])
         if kind == "causal_lm":
             return net(batch[0])
         return net(batch[0], batch[2], batch[1], batch[4])
 
-    def loss_fn(logits):
+    def loss_of(net):
+        logits = forward(net)
         if kind == "classifier":
             return F.cross_entropy(logits, batch[2])
         if kind == "causal_lm":
             return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[1].reshape(-1))
         targets = torch.where(batch[3] == PAD, -100, batch[3])  # padding targets ignored
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                               ignore_index=-100, label_smoothing=0.0)
-
-    def step(optimizer):
-        optimizer.zero_grad()
-        loss = loss_fn(forward())
-        loss.backward()
-        optimizer.step()
-        return loss.item()
+                               ignore_index=-100, label_smoothing=smoothing)
 
     def infer():
         with torch.inference_mode():
-            forward()
+            forward(model)
 
-    return Prepared(model, lambda: torch.optim.Adam(model.parameters(), lr=LR), step, infer)
+    make_optimizer, step = torch_update(cfg, model, loss_of, wrap(model) if wrap else model)
+    return Prepared(model, make_optimizer, step, infer, torch_check_loss(model, loss_of))
+
+
+def prepare_nanogpt(cfg: dict, seed: int, weights: str | None) -> Prepared:
+    """nanoGPT's own ``GPT`` (model.py in ``configs.NANOGPT``) for the lm configuration,
+    with the reference's initial weights from ``weights`` (mapped to nanoGPT's names) and
+    the demo's update, on the same batch; its forward computes the loss itself."""
+    import torch
+
+    folder = nanogpt_folder(ROOT)
+    if folder is None:
+        raise FileNotFoundError(f"no nanoGPT model.py at {ROOT / NANOGPT}")
+    config = npformer_config(cfg)
+    torch.manual_seed(seed)
+    model = nanogpt_model(config, folder).train()
+    if weights:
+        with np.load(weights) as f:
+            state = nanogpt_state_dict({k: torch.from_numpy(f[k]) for k in f.files},
+                                       config.num_layers)
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if unexpected or any(not k.endswith("attn.bias") for k in missing):  # causal buffers
+            raise ValueError(f"nanoGPT weights: missing {missing}, unexpected {unexpected}")
+    x, y = torch_batch(cfg, seed, None, "cpu")
+
+    def loss_of(net):
+        return net(x, y)[1]
+
+    def infer():
+        with torch.inference_mode():
+            model(x, y)
+
+    make_optimizer, step = torch_update(cfg, model, loss_of)
+    return Prepared(model, make_optimizer, step, infer, torch_check_loss(model, loss_of))
 
 
 def prepare_npformer(cfg: dict, seed: int, weights: str | None, threads: int = 1,
                      backend_name: str = "numpy") -> Prepared:
-    """npformer on ``backend_name``.  The CPU path ("numpy") with ``threads`` cores: that
-    many data-parallel replicas in threads, each with single-threaded BLAS (training),
-    and the batch split the same way for inference; other backends ("cupy") take one
-    replica (threads=1).  The training batch stays on the host, as npformer's tasks take
-    it (each step copies its ids to the device); the inference batch is copied once."""
-    from npformer import backend, no_grad, optim
-    from npformer.parallel import DataParallel, parallel_map, split_batch
+    """npformer on ``backend_name``, updated by the demos' own Trainer.update() (its
+    data-parallel engine, the demo's clipping and optimizer).  The CPU path ("numpy")
+    with ``threads`` cores: that many data-parallel replicas in threads, each with
+    single-threaded BLAS (training), and the batch split the same way for inference;
+    other backends ("cupy") take one replica (threads=1).  The training batch stays on
+    the host, as npformer's tasks take it (each step copies its ids to the device); the
+    inference batch is copied once."""
+    from npformer import backend, no_grad, ops
+    from npformer.nn import evaluating
+    from npformer.parallel import parallel_map, split_batch
 
     if backend_name != "numpy" and threads != 1:
         raise ValueError(f"threads: backend {backend_name!r} runs one replica, so threads "
@@ -135,14 +217,13 @@ def prepare_npformer(cfg: dict, seed: int, weights: str | None, threads: int = 1
     model, task = npformer_model(cfg, weights)
     model.train()
     batch = make_batch(cfg, seed + 1)
-    parallel = DataParallel(model, threads)
     shards = [[backend.asarray(a) for a in shard] for shard in split_batch(tuple(batch), threads)]
 
-    def step(optimizer):
-        optimizer.zero_grad()
-        loss, _ = parallel.loss_and_grad(task, batch, 1.0, seed=0)
-        optimizer.step()
-        return loss
+    def make_optimizer():
+        return npformer_trainer(cfg, model, task, batch, threads)
+
+    def step(trainer):
+        return trainer.update()
 
     def forward(inputs):
         if kind == "classifier":
@@ -155,14 +236,39 @@ def prepare_npformer(cfg: dict, seed: int, weights: str | None, threads: int = 1
         with no_grad():
             parallel_map(forward, shards, threads)
 
-    return Prepared(model, lambda: optim.Adam(model.parameters(), lr=LR), step, infer)
+    def check_loss():
+        with evaluating(model), no_grad():  # dropout off
+            logits = forward([backend.asarray(a) for a in batch])
+            if kind == "classifier":
+                targets, smoothing = batch[2], 0.0
+            elif kind == "causal_lm":
+                targets, smoothing = batch[1], 0.0
+            else:
+                targets = np.where(batch[3] == PAD, ops.IGNORE_INDEX, batch[3])
+                smoothing = label_smoothing(cfg)
+            loss, _ = ops.cross_entropy_forward(logits, backend.asarray(targets),
+                                                label_smoothing=smoothing)
+        return backend.to_float(loss)
+
+    return Prepared(model, make_optimizer, step, infer, check_loss)
+
+
+def npformer_trainer(cfg: dict, model, task, batch, replicas: int):
+    """The demo's Trainer (its optimizer and clipping) on one fixed batch: its update()
+    is the step users run (threads, or MPI ranks under mpiexec)."""
+    from npformer.train import Trainer, TrainConfig
+
+    optimizer = npformer_optimizer(cfg, model.parameters())
+    return Trainer(model, optimizer, task, lambda rng: batch,
+                   TrainConfig(max_steps=10**9, replicas=replicas, clip_norm=clip_norm(cfg),
+                               progress=False), seed=SEED)
 
 
 def initial_weights(side: str, path: str | None) -> tuple[str | None, bool]:
     """(weights, loaded): PyTorch writes the initial weights to ``path`` (loaded False);
     npformer reads them if they are there (loaded True), else starts from its own."""
     if side == "pytorch":
-        return path, False
+        return path, False  # nanoGPT and npformer read them
     loaded = bool(path) and os.path.exists(path)
     return (path if loaded else None), loaded
 
@@ -181,42 +287,44 @@ def warm_up(prepare, kind: str, seed: int) -> None:
     gc.collect()
 
 
-def run_side(spec: dict) -> dict:
-    """Library warm-up on a tiny model, then the measured model: training, then inference."""
-    import numpy as np
-
-    side, cfg, seed = spec["side"], spec["config"], spec["seed"]
-    weights, loaded = initial_weights(side, spec.get("weights"))
-    if side == "pytorch":
+def side_library(side: str, threads: int) -> tuple:
+    """(prepare(cfg, seed, weights), library info) of a side, its threads set."""
+    if side in ("pytorch", "nanogpt"):
         import torch
 
-        torch.set_num_threads(spec["threads"])
-        prepare = prepare_pytorch
+        torch.set_num_threads(threads)
         info = dict(threads=torch.get_num_threads(), version=torch.__version__,
                     blas=_torch_blas(torch))
-    else:
-        try:  # the *_NUM_THREADS variables set by the parent already limit OpenBLAS
-            from threadpoolctl import threadpool_limits
+        return (prepare_pytorch if side == "pytorch" else prepare_nanogpt), info
+    try:  # the *_NUM_THREADS variables set by the parent already limit OpenBLAS
+        from threadpoolctl import threadpool_limits
 
-            threadpool_limits(spec["threads"])
-        except ImportError:
-            pass
-        threads = spec["threads"]
+        threadpool_limits(threads)
+    except ImportError:
+        pass
 
-        def prepare(cfg_, seed_, weights_):
-            return prepare_npformer(cfg_, seed_, weights_, threads)
-        info = dict(threads=threads, version=np.__version__, blas=_numpy_blas(np))
+    def prepare(cfg_, seed_, weights_):
+        return prepare_npformer(cfg_, seed_, weights_, threads)
+    return prepare, dict(threads=threads, version=np.__version__, blas=_numpy_blas(np))
 
+
+def run_side(spec: dict) -> dict:
+    """Library warm-up on a tiny model, then the measured model: the loss with dropout off
+    at the initial weights, training, then inference."""
+    side, cfg, seed = spec["side"], spec["config"], spec["seed"]
+    weights, loaded = initial_weights(side, spec.get("weights"))
+    prepare, info = side_library(side, spec["threads"])
     warm_up(prepare, cfg["kind"], seed)
     run = prepare(cfg, seed, weights)
+    check_loss = run.check_loss()
     result = measure_training(run.make_optimizer, run.step, spec["warmup"], spec["steps"])
     run.model.eval()  # npformer: no dropout masks; PyTorch: eval mode (may take fast paths)
     result["infer_times"] = timed(run.infer, spec["warmup"], spec["steps"])
-    if side == "pytorch":
-        params = sum(p.numel() for p in run.model.parameters())
-    else:
+    if side == "npformer":
         params = sum(int(np.prod(p.shape)) for p in run.model.parameters())
-    result.update(info, params=params, weights_loaded=loaded)
+    else:
+        params = sum(p.numel() for p in run.model.parameters())
+    result.update(info, params=params, weights_loaded=loaded, check_loss=check_loss)
     return result
 
 
@@ -231,17 +339,31 @@ def worker_result(proc, side: str) -> dict:
 
 
 def _torch_blas(torch) -> str:
+    """torch.__config__'s BLAS (e.g. "mkl, oneAPI Math Kernel Library 2024.2")."""
     info = torch.__config__.show()
     m = re.search(r"BLAS_INFO=(\w+)", info)
-    return m.group(1) if m else "?"
+    version = re.search(r"Math Kernel Library Version ([\d.]+)", info)
+    return ", ".join(x for x in (m.group(1) if m else "?",
+                                 f"MKL {version.group(1)}" if version else "") if x)
 
 
 def _numpy_blas(np) -> str:
+    """NumPy's BLAS: np.show_config's build entry, and threadpoolctl's view of the library
+    loaded (its version and the CPU kernels it picked, e.g. "openblas 0.3.27 SkylakeX")."""
     try:
         blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
-        return f"{blas.get('name', '?')} {blas.get('version', '')}".strip()
+        built = f"{blas.get('name', '?')} {blas.get('version', '')}".strip()
     except Exception:  # noqa: BLE001 - informational only
-        return "?"
+        built = "?"
+    try:
+        from threadpoolctl import threadpool_info
+
+        loaded = [f"{i.get('internal_api', '?')} {i.get('version') or ''} "
+                  f"{i.get('architecture') or ''}".strip()
+                  for i in threadpool_info() if i.get("user_api") == "blas"]
+    except ImportError:
+        loaded = []
+    return built + (f"; loaded: {', '.join(loaded)}" if loaded else "")
 
 
 def worker_main(spec_json: str, run=run_side) -> int:

@@ -31,8 +31,8 @@ import sys
 import time
 from pathlib import Path
 
-from bench.configs import LR, ROOT, SEED, make_batch, npformer_model
-from bench.measure import RESULT_PREFIX
+from bench.configs import ROOT, SEED, make_batch, npformer_model
+from bench.measure import RESULT_PREFIX, npformer_trainer
 
 BENCH = ROOT / "bench" / "bench.py"
 ALLREDUCE_RANKS = (2, 4)
@@ -61,7 +61,7 @@ def rank_worker(spec: dict) -> int:
     """One npformer MPI rank: training steps on the global batch (this rank's rows)."""
     import numpy as np
 
-    from npformer import backend, distributed, optim
+    from npformer import backend, distributed
 
     ctx = distributed.setup()
     _single_blas_thread()
@@ -70,8 +70,8 @@ def rank_worker(spec: dict) -> int:
     cfg = spec["config"]
     model, task = npformer_model(cfg, spec.get("weights"))
     model.train()
-    batch = make_batch(cfg, SEED + 1)
-    engine = distributed.data_parallel(model, 1)
+    trainer = npformer_trainer(cfg, model, task, make_batch(cfg, SEED + 1), 1)
+    engine = trainer.parallel  # the demos' engine: MPI ranks here
     reduce_times = []
     if hasattr(engine, "allreduce"):  # several ranks: time the step's one Allreduce
         allreduce = engine.allreduce
@@ -82,15 +82,11 @@ def rank_worker(spec: dict) -> int:
             reduce_times.append(time.perf_counter() - started)
 
         engine.allreduce = timed_allreduce
-    optimizer = optim.Adam(model.parameters(), lr=LR)
     losses, times = [], []
     for i in range(spec["warmup"] + spec["steps"]):
         ctx.barrier()
         started = time.perf_counter()
-        optimizer.zero_grad()
-        share, _ = engine.loss_and_grad(task, batch, 1.0, seed=0)
-        losses.append(engine.reduce_step(share))
-        optimizer.step()
+        losses.append(trainer.update())
         if i >= spec["warmup"]:
             times.append(time.perf_counter() - started)
     if ctx.is_main:

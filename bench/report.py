@@ -8,8 +8,12 @@ import statistics
 from bench.configs import tokens_per_step
 
 LOSS_RTOL = 1e-3
-BUSY_LOAD = 0.5  # 1-minute load average above which the header warns that timings are noisy
-SIDES = ("pytorch", "npformer")  # PyTorch first: it writes the shared initial weights
+# The busy warning reads the CPU time other processes take over one second (/proc/stat),
+# not the 1-minute load average: that is a damped mean (one-minute time constant) of the
+# runnable and waiting tasks, which still carries what ran in the last minutes (the
+# command that started the bench, a test just finished): 0.66 on an idle 2-core machine.
+SIDES = ("pytorch", "npformer", "nanogpt")  # PyTorch first: it writes the initial weights
+SIDE_NAMES = {"pytorch": "PyTorch", "npformer": "npformer", "nanogpt": "nanoGPT's GPT"}
 
 
 # --------------------------------------------------------------------------- formatting
@@ -34,12 +38,29 @@ def mem_ratio(a: float, b: float) -> str:
 
 
 def summary(res: dict, cfg: dict) -> dict | None:
+    """Medians (seconds), tokens/s, memory (MiB: the CPU's RSS growth, or a device's peak,
+    None where neither was measured), the first-step loss (dropout off) and the last
+    training loss of one side's result; None for a failed side."""
     if "error" in res:
         return None
     train = statistics.median(res["train_times"])
+
+    def in_mib(key):
+        return None if res.get(key) is None else res[key] / MiB
+
     return dict(train=train, infer=statistics.median(res["infer_times"]),
-                tok_s=tokens_per_step(cfg) / train, mem=res["mem_growth"] / MiB,
-                loss=res["losses"][0])
+                tok_s=tokens_per_step(cfg) / train,
+                mem=in_mib("mem_growth") if "mem_growth" in res else in_mib("peak_bytes"),
+                rest=in_mib("rest_bytes"), loss=res.get("check_loss", res["losses"][0]),
+                final_loss=res["losses"][-1], steps=len(res["losses"]))
+
+
+TRAIN_TIMING = ("train = the demo's update: zero_grad + forward (dropout on) + loss + "
+                "backward + clip + AdamW/Adam step + schedule (npformer: the demo's "
+                "Trainer.update()); infer = forward only (npformer eval + no_grad, torch eval "
+                "+ inference_mode)")
+LOSS_NOTE = ("loss:      the first-step loss compared is each side's loss at the shared "
+             "initial weights with dropout off (dropout masks differ between libraries)")
 
 
 def mib(value: float) -> str:
@@ -48,15 +69,19 @@ def mib(value: float) -> str:
     return f"{max(value, 0.0):.1f}"
 
 
-def loss_check(pair: dict) -> tuple[str, bool]:
-    ours, theirs = pair.get("npformer", {}), pair.get("pytorch", {})
+def loss_check(pair: dict, against: str = "pytorch") -> tuple[str, bool]:
+    """npformer's first-step loss (dropout off, the initial weights) against side
+    ``against``'s: the same model on the same batch must give the same loss."""
+    ours, theirs = pair.get("npformer", {}), pair.get(against, {})
     if "losses" not in ours or "losses" not in theirs:
         return "loss not compared (a side failed)", False
-    if not ours.get("weights_loaded"):
-        return "loss not compared (npformer did not get PyTorch's weights)", False
-    a, b = ours["losses"][0], theirs["losses"][0]
+    if not (ours.get("weights_loaded") and (against == "pytorch"
+                                            or theirs.get("weights_loaded"))):
+        return "loss not compared (a side did not get PyTorch's initial weights)", False
+    a, b = (res.get("check_loss", res["losses"][0]) for res in (ours, theirs))
     rel = abs(a - b) / max(abs(b), 1e-12)
-    return f"first-step loss {a:.6f} vs {b:.6f} (rel diff {rel:.1e})", rel <= LOSS_RTOL
+    return (f"first-step loss (dropout off) {a:.6f} vs {b:.6f} (rel diff {rel:.1e})",
+            rel <= LOSS_RTOL)
 
 
 def describe(name: str, cfg: dict) -> str:
@@ -70,7 +95,22 @@ def describe(name: str, cfg: dict) -> str:
         shape = (f"V {cfg['vocab_size']}, d{cfg['d_model']}, {cfg['num_heads']} heads, "
                  f"{cfg['num_layers']} layers, FFN {cfg['d_ff']}, T {cfg['seq_len']}, "
                  f"B {cfg['batch']}, {mask}")
-    return f"{name}: {shape}"
+    return f"{name}: {shape}{model_text(cfg)}"
+
+
+def model_text(cfg: dict) -> str:
+    """", demos/generate.py: pre-norm gelu, dropout 0.0, AdamW, clip 1.0" (a demo's run)."""
+    if "demo" not in cfg:
+        return ""
+    from bench.configs import clip_norm, npformer_config, npformer_optimizer
+    from npformer.nn import Parameter
+    import numpy as np
+
+    c = npformer_config(cfg)
+    optimizer = type(npformer_optimizer(cfg, [Parameter(np.zeros(1, np.float32))])).__name__
+    return (f"; demos/{cfg['demo']}.py: {'pre' if c.norm_first else 'post'}-norm "
+            f"{c.activation}, dropout {c.dropout:g}, {optimizer} with its schedule, "
+            f"clip {clip_norm(cfg):g}")
 
 
 def cpu_model() -> str:
@@ -92,10 +132,50 @@ def load_average() -> float | None:
         return None
 
 
+def _cpu_times() -> tuple[int, int] | None:
+    """(busy, total) jiffies of all CPUs since boot (/proc/stat's first line)."""
+    try:
+        with open("/proc/stat") as f:
+            values = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+    total = sum(values[:8])  # guest time is already inside user time
+    return total - idle, total
+
+
+def busy_cores(seconds: float = 1.0) -> float | None:
+    """How many cores' worth of CPU other processes use now: /proc/stat sampled over
+    ``seconds`` (busy share of the CPU time x the cores), None where /proc is missing."""
+    import time
+
+    first = _cpu_times()
+    time.sleep(seconds)
+    second = _cpu_times()
+    if first is None or second is None or second[1] == first[1]:
+        return None
+    return (second[0] - first[0]) / (second[1] - first[1]) * (os.cpu_count() or 1)
+
+
+def busy_threshold(cores: int) -> float:
+    """Cores in use by others above which the header warns: half a core, or a tenth of
+    a large machine (background daemons take a little of every machine)."""
+    return max(0.5, 0.1 * cores)
+
+
+def machine_load() -> dict:
+    """The load before the first worker: the 1-minute load average (for the record) and
+    the cores busy over one second (what the warning reads)."""
+    return {"load_average": load_average(), "busy_cores": busy_cores()}
+
+
 def print_header(args, first: dict):
     py, npf = first.get("pytorch", {}), first.get("npformer", {})
     tunables = args.env.get("GLIBC_TUNABLES")
-    print("npformer vs PyTorch (CPU, float32, post-norm, ReLU FFN, dropout 0, Adam lr 1e-3)")
+    print("npformer vs PyTorch on the demos' own runs (CPU, float32): each configuration is a "
+          "demo's default model (norm placement, activation, dropout, sizes) and update "
+          "(its AdamW / Adam, clipping and learning-rate schedule); lm also against nanoGPT's "
+          "GPT")
     print(f"machine:   {cpu_model()}, {os.cpu_count()} cores ({len(os.sched_getaffinity(0))} "
           f"usable); Python {platform.python_version()}")
     print(f"libraries: numpy {npf.get('version', '?')} ({npf.get('blas', '?')}), "
@@ -109,9 +189,9 @@ def print_header(args, first: dict):
         print("allocator: GLIBC_TUNABLES not set: glibc default, allocations above the dynamic "
               "mmap threshold (up to 32 MiB) go back to the OS when freed (same environment for "
               "both sides; see --allocator)")
-    print(f"timing:    median (min-max) of {args.steps} steps after {args.warmup} warmup; train "
-          "= zero_grad + forward + loss + backward + Adam step; infer = forward only "
-          "(npformer eval + no_grad, torch eval + inference_mode)")
+    print(f"timing:    median (min-max) of {args.steps} steps after {args.warmup} warmup; "
+          f"{TRAIN_TIMING}")
+    print(LOSS_NOTE)
     print("memory:    peak RSS growth = ru_maxrss after the training steps - current RSS "
           "(/proc/self/statm) before the first step, model and batch built (optimizer state "
           "is in the growth); each (config, side) in a fresh subprocess that first runs one "
@@ -119,9 +199,14 @@ def print_header(args, first: dict):
           "both sides")
     print("tokens/s:  token positions per training step (padding included; seq2seq counts "
           "source + target) / median step time")
-    if args.load_at_start is not None:
-        busy = args.load_at_start > BUSY_LOAD
-        print(f"load:      1-minute load average {args.load_at_start:.2f} before the first worker"
+    load = args.load_at_start or {}
+    if load.get("busy_cores") is not None:
+        cores = os.cpu_count() or 1
+        busy = load["busy_cores"] > busy_threshold(cores)
+        average = load.get("load_average")
+        print(f"load:      {load['busy_cores']:.2f} of {cores} cores busy over 1 s (/proc/stat) "
+              f"before the first worker" + (f"; 1-minute load average {average:.2f}"
+                                            if average is not None else "")
               + (" -- WARNING: other processes are using the CPUs. A multi-threaded BLAS or "
                  "OpenMP region waits for its slowest thread, so a descheduled thread can "
                  "inflate step times many-fold (use an idle machine, or --threads 1)"
@@ -141,7 +226,7 @@ def print_main_table(results: dict, cfgs: dict):
     print(cols)
     print("-" * len(cols))
     for name, pair in results.items():
-        for side in SIDES:
+        for side in (s for s in SIDES if s in pair):
             res = pair[side]
             if "error" in res:
                 print(f"{name:<9}{side:<10}  FAILED: {res['error']}")
@@ -149,39 +234,62 @@ def print_main_table(results: dict, cfgs: dict):
             s = summary(res, cfgs[name])
             print(f"{name:<9}{side:<10}{spread(res['train_times']):>24}"
                   f"{spread(res['infer_times']):>24}{s['tok_s']:>11,.0f}{mib(s['mem']):>10}"
-                  f"{s['loss']:>12.5f}")
+                  f"{res['check_loss']:>12.5f}")
     print()
-    print("ratios npformer / PyTorch (below 1 = npformer faster / smaller):")
+    print("ratios npformer / PyTorch, and / nanoGPT's GPT (below 1 = npformer faster / "
+          "smaller):")
     for name, pair in results.items():
-        ours, theirs = summary(pair["npformer"], cfgs[name]), summary(pair["pytorch"], cfgs[name])
-        if ours and theirs:
-            line = (f"ratio {name:<8} train {ratio(ours['train'], theirs['train'])}  "
-                    f"infer {ratio(ours['infer'], theirs['infer'])}  "
-                    f"memory {mem_ratio(ours['mem'], theirs['mem'])}")
-        else:
-            line = f"ratio {name:<8} train n/a  infer n/a  memory n/a (a side failed)"
-        text, ok = loss_check(pair)
-        print(f"{line}  | {text}")
-        if not ok and "not compared" not in text:
-            print(f"WARNING: {name}: first-step losses differ by more than {LOSS_RTOL:g} "
-                  "relative: the two sides are not computing the same model")
+        for against in (s for s in SIDES[::2] if s in pair):  # pytorch, nanogpt
+            label = name if against == "pytorch" else f"{name}/nanoGPT"
+            print(ratio_line(label, pair, cfgs[name], against))
 
 
-def print_markdown(results: dict, cfgs: dict):
-    print()
-    print("| config | npformer train ms | PyTorch train ms | ratio | npformer infer ms "
-          "| PyTorch infer ms | ratio | npformer tokens/s | PyTorch tokens/s "
-          "| npformer peak MiB | PyTorch peak MiB | ratio |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+def ratio_line(label: str, pair: dict, cfg: dict, against: str = "pytorch",
+               memory: str = "memory") -> str:
+    """``ratio LABEL train Ax  infer Bx  MEMORY Cx  | the loss check`` of npformer against
+    side ``against`` (and a WARNING line when their first-step losses differ)."""
+    ours, theirs = summary(pair["npformer"], cfg), summary(pair[against], cfg)
+    if ours and theirs:
+        memory_ratio = (mem_ratio(ours["mem"], theirs["mem"]) if ours["mem"] is not None
+                        and theirs["mem"] is not None else "n/a (not measured on the CPU)")
+        line = (f"ratio {label:<8} train {ratio(ours['train'], theirs['train'])}  "
+                f"infer {ratio(ours['infer'], theirs['infer'])}  {memory} {memory_ratio}")
+    else:
+        line = f"ratio {label:<8} train n/a  infer n/a  {memory} n/a (a side failed)"
+    text, ok = loss_check(pair, against)
+    line += f"  | {text}"
+    if not ok and "not compared" not in text:
+        line += (f"\nWARNING: {label}: first-step losses differ by more than {LOSS_RTOL:g} "
+                 f"relative: npformer and {SIDE_NAMES[against]} are not computing the same "
+                 "model")
+    return line
+
+
+def markdown_lines(results: dict, cfgs: dict) -> list[str]:
+    """README-ready table: npformer against PyTorch per configuration (memory cells blank
+    where memory was not measured)."""
+    lines = ["", "| config | npformer train ms | PyTorch train ms | ratio | npformer infer ms "
+             "| PyTorch infer ms | ratio | npformer tokens/s | PyTorch tokens/s "
+             "| npformer peak MiB | PyTorch peak MiB | ratio |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, pair in results.items():
         o, t = summary(pair["npformer"], cfgs[name]), summary(pair["pytorch"], cfgs[name])
         if not (o and t):
-            print(f"| {name} | failed |" + " |" * 11)
+            lines.append(f"| {name} | failed |" + " |" * 10)
             continue
-        print(f"| {name} | {ms(o['train'])} | {ms(t['train'])} | {ratio(o['train'], t['train'])}"
-              f" | {ms(o['infer'])} | {ms(t['infer'])} | {ratio(o['infer'], t['infer'])}"
-              f" | {o['tok_s']:,.0f} | {t['tok_s']:,.0f} | {mib(o['mem'])} | {mib(t['mem'])}"
-              f" | {mem_ratio(o['mem'], t['mem'])} |")
+        measured = o["mem"] is not None and t["mem"] is not None
+        memory = (f" | {mib(o['mem'])} | {mib(t['mem'])} | {mem_ratio(o['mem'], t['mem'])}"
+                  if measured else " |  |  | ")
+        lines.append(
+            f"| {name} | {ms(o['train'])} | {ms(t['train'])} | {ratio(o['train'], t['train'])}"
+            f" | {ms(o['infer'])} | {ms(t['infer'])} | {ratio(o['infer'], t['infer'])}"
+            f" | {o['tok_s']:,.0f} | {t['tok_s']:,.0f}{memory} |")
+    return lines
+
+
+def print_markdown(results: dict, cfgs: dict):
+    print(f"\n(machine: {cpu_model()})")
+    print("\n".join(markdown_lines(results, cfgs)[1:]))
 
 
 def print_sweep(title: str, rows: list[tuple[dict, dict]], markdown: bool):

@@ -33,6 +33,7 @@ from npformer.cli import (LAST_FILE, MODEL_FILE, Demo, DemoError, Stopwatch, che
                           nonnegative_int, option, plot_curves, positive_float, positive_int,
                           prepare, probability, run_demo, run_record, write_json, write_text)
 from npformer.data import CharVocab, lm_batch, load_shakespeare, read_text_file, split_90_10
+from npformer.launch import relaunch
 from npformer.decoding import generate
 from npformer.models import CausalLM, CausalLMConfig
 from npformer.nn import evaluating
@@ -114,6 +115,24 @@ def load_text(data) -> str:
     return load_shakespeare(data)
 
 
+# The model and its update (bench/ times these too: bench/configs.py imports them).
+CLIP_NORM = 1.0  # the gradients' global norm is clipped to this
+
+
+def model_config(preset: Preset, vocab_size: int) -> CausalLMConfig:
+    return CausalLMConfig(vocab_size=vocab_size, block_size=preset.block, d_model=preset.width,
+                          num_heads=preset.heads, num_layers=preset.layers,
+                          d_ff=4 * preset.width, dropout=preset.dropout)
+
+
+def make_optimizer(params, preset: Preset) -> AdamW:
+    """nanoGPT's: AdamW, warmup over a twentieth of the run, cosine decay to a tenth."""
+    warmup = max(1, preset.iters // 20)
+    return AdamW(params, lr=warmup_cosine(preset.lr, warmup, preset.iters,
+                                          min_lr=preset.lr / 10),
+                 betas=(0.9, 0.99), weight_decay=0.1)
+
+
 def build_parser():
     parser = demo_parser(DEMO, __doc__, PRESETS)
     parser.add_argument("--prompt", default="\n",
@@ -130,6 +149,8 @@ def build_parser():
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if (code := relaunch(args, argv, training=not args.sample_only)) is not None:
+        return code  # the run, on one MPI rank per core (npformer/launch.py)
     preset = prepare(parser, args, DEMO, PRESETS,
                      use_only="--sample-only" if args.sample_only else None)
     out = Path(args.out)
@@ -141,15 +162,8 @@ def main(argv=None) -> int:
     vocab = CharVocab.from_text(text)
     check_prompt(args.prompt, vocab)  # before training, not after
     train_ids, val_ids = split_text(text, vocab, preset.block)
-    config = CausalLMConfig(vocab_size=len(vocab), block_size=preset.block,
-                            d_model=preset.width, num_heads=preset.heads,
-                            num_layers=preset.layers, d_ff=4 * preset.width,
-                            dropout=preset.dropout)
-    model = CausalLM(config)
-    warmup = max(1, preset.iters // 20)
-    optimizer = AdamW(model.parameters(), lr=warmup_cosine(preset.lr, warmup, preset.iters,
-                                                           min_lr=preset.lr / 10),
-                      betas=(0.9, 0.99), weight_decay=0.1)
+    model = CausalLM(model_config(preset, len(vocab)))
+    optimizer = make_optimizer(model.parameters(), preset)
     print(f"{len(train_ids):,} train / {len(val_ids):,} validation characters, vocabulary "
           f"{len(vocab)}; model {model.num_parameters():,} parameters")
 
@@ -161,7 +175,7 @@ def main(argv=None) -> int:
 
     trainer = Trainer(model, optimizer, LanguageModeling(),
                       lambda rng: lm_batch(train_ids, preset.block, preset.batch_size, rng),
-                      TrainConfig(max_steps=preset.iters, clip_norm=1.0,
+                      TrainConfig(max_steps=preset.iters, clip_norm=CLIP_NORM,
                                   replicas=args.replicas, eval_every=preset.eval_every,
                                   checkpoint_path=out / MODEL_FILE, last_path=out / LAST_FILE,
                                   stop_after=args.stop_after, progress=not args.no_progress,

@@ -45,6 +45,7 @@ from npformer.cli import (Demo, DemoError, LAST_FILE, MODEL_FILE, Stopwatch, che
 from npformer.data import (Vocab, is_user_data, length_bucketed_batches, load_imdb_splits,
                            load_text_classification, pad_batch, split_validation,
                            tokenize_imdb)
+from npformer.launch import relaunch
 from npformer.models import ClassifierConfig, TransformerClassifier
 from npformer.nn import evaluating, record_attention
 from npformer.optim import AdamW, warmup_cosine
@@ -230,6 +231,27 @@ def predict(args) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- model, update
+# (bench/ times these too: bench/configs.py imports them)
+CLIP_NORM = 1.0  # the gradients' global norm is clipped to this
+
+
+def model_config(preset: Preset, vocab_size: int, pad_id: int,
+                 num_classes: int = 2) -> ClassifierConfig:
+    return ClassifierConfig(vocab_size=vocab_size, num_classes=num_classes,
+                            d_model=preset.d_model,
+                            num_heads=preset.heads, num_layers=preset.layers,
+                            d_ff=preset.d_ff, max_len=preset.max_len, dropout=preset.dropout,
+                            pooling=preset.pooling, pad_id=pad_id)
+
+
+def make_optimizer(params, preset: Preset, total_updates: int) -> AdamW:
+    """AdamW, warmup (at most a tenth of the run), then cosine decay."""
+    warmup = min(preset.warmup, max(1, total_updates // 10))
+    return AdamW(params, lr=warmup_cosine(preset.lr, warmup, total_updates),
+                 weight_decay=preset.weight_decay)
+
+
 # --------------------------------------------------------------------------- train
 def build_parser():
     parser = demo_parser(DEMO, __doc__, PRESETS)
@@ -269,6 +291,8 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     check_user_data_options(parser, args)
+    if (code := relaunch(args, argv, training=args.predict is None)) is not None:
+        return code  # the run, on one MPI rank per core (npformer/launch.py)
     preset = prepare(parser, args, DEMO, PRESETS,
                      use_only="--predict" if args.predict is not None else None)
     out = Path(args.out)
@@ -286,11 +310,7 @@ def main(argv=None) -> int:
           f"{len(labels)} labels; vocabulary {len(vocab)}; data ready in "
           f"{clock.seconds():.0f} s")
 
-    config = ClassifierConfig(vocab_size=len(vocab), num_classes=len(labels),
-                              d_model=preset.d_model,
-                              num_heads=preset.heads, num_layers=preset.layers,
-                              d_ff=preset.d_ff, max_len=preset.max_len, dropout=preset.dropout,
-                              pooling=preset.pooling, pad_id=vocab.pad_id)
+    config = model_config(preset, len(vocab), vocab.pad_id, num_classes=len(labels))
     trainers, updates_before = [], 0
     for member in range(1, preset.members + 1):
         stop_after = None if args.stop_after is None else args.stop_after - updates_before
@@ -377,9 +397,7 @@ def train_member(member: int, args, preset: Preset, config: ClassifierConfig, vo
     model = TransformerClassifier(config)
     updates_per_epoch = int(np.ceil(len(train_ids) / preset.batch_size))
     total_updates = max(1, int(preset.epochs * updates_per_epoch))
-    warmup = min(preset.warmup, max(1, total_updates // 10))
-    optimizer = AdamW(model.parameters(), lr=warmup_cosine(preset.lr, warmup, total_updates),
-                      weight_decay=preset.weight_decay)
+    optimizer = make_optimizer(model.parameters(), preset, total_updates)
     print(f"member {member} of {preset.members} (seed {seed}): {model.num_parameters():,} "
           f"parameters; {total_updates} updates ({preset.epochs} epochs of "
           f"{updates_per_epoch})")
@@ -388,7 +406,7 @@ def train_member(member: int, args, preset: Preset, config: ClassifierConfig, vo
         batch_stream(train_ids, train_y, preset.batch_size, vocab.pad_id),
         TrainConfig(max_steps=total_updates,
                     max_seconds=preset.max_minutes * 60 / preset.members,
-                    replicas=args.replicas, clip_norm=1.0,
+                    replicas=args.replicas, clip_norm=CLIP_NORM,
                     eval_every=max(1, updates_per_epoch // 2),
                     checkpoint_path=best_path, select_metric="val_accuracy",
                     last_path=last_path, stop_after=stop_after,

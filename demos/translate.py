@@ -40,6 +40,7 @@ from npformer.cli import (Demo, DemoError, LAST_FILE, MODEL_FILE, Stopwatch, che
 from npformer.data import (Vocab, filter_by_length, length_bucketed_batches, load_fra_eng,
                            pad_batch, preprocess_fra_eng, read_sentence_pairs,
                            split_by_source, tokenize_fra_eng)
+from npformer.launch import relaunch
 from npformer.decoding import beam_search, greedy_decode
 from npformer.models import Seq2SeqConfig, Seq2SeqTransformer
 from npformer.nn import evaluating, record_attention
@@ -196,6 +197,28 @@ def probe_sentences(data, heldout: dict) -> list[str]:
     return list(heldout)[:len(PROBES)] if is_user_pairs(data) else PROBES
 
 
+# --------------------------------------------------------------------------- model, update
+# (bench/ times these too: bench/configs.py imports them)
+CLIP_NORM = 1.0  # the gradients' global norm is clipped to this
+LABEL_SMOOTHING = 0.1
+
+
+def model_config(preset: Preset, src_vocab, tgt_vocab) -> Seq2SeqConfig:
+    """The vocabularies: anything with len() and pad_id, bos_id, eos_id (a Vocab)."""
+    return Seq2SeqConfig(src_vocab_size=len(src_vocab), tgt_vocab_size=len(tgt_vocab),
+                         d_model=preset.d_model, num_heads=preset.heads,
+                         num_encoder_layers=preset.layers, num_decoder_layers=preset.layers,
+                         d_ff=preset.d_ff, max_len=preset.max_tokens + 2,
+                         dropout=preset.dropout, pad_id=tgt_vocab.pad_id,
+                         bos_id=tgt_vocab.bos_id, eos_id=tgt_vocab.eos_id)
+
+
+def make_optimizer(params, preset: Preset) -> Adam:
+    """Adam with the Transformer paper's betas and eps, warmup then inverse square root."""
+    return Adam(params, lr=warmup_inverse_sqrt(warmup=preset.warmup, peak_lr=preset.lr),
+                betas=(0.9, 0.98), eps=1e-9)
+
+
 # --------------------------------------------------------------------------- main
 def build_parser():
     parser = demo_parser(DEMO, __doc__, PRESETS)
@@ -207,6 +230,8 @@ def build_parser():
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if (code := relaunch(args, argv, training=args.translate is None)) is not None:
+        return code  # the run, on one MPI rank per core (npformer/launch.py)
     preset = prepare(parser, args, DEMO, PRESETS,
                      use_only="--translate" if args.translate is not None else None)
     out = Path(args.out)
@@ -225,23 +250,15 @@ def main(argv=None) -> int:
           f"({sum(len(r) for r in heldout.values()):,} pairs); vocabularies {len(src_vocab):,} "
           f"/ {len(tgt_vocab):,}; data ready in {clock.seconds():.0f} s")
 
-    config = Seq2SeqConfig(src_vocab_size=len(src_vocab), tgt_vocab_size=len(tgt_vocab),
-                           d_model=preset.d_model, num_heads=preset.heads,
-                           num_encoder_layers=preset.layers, num_decoder_layers=preset.layers,
-                           d_ff=preset.d_ff, max_len=preset.max_tokens + 2,
-                           dropout=preset.dropout, pad_id=tgt_vocab.pad_id,
-                           bos_id=tgt_vocab.bos_id, eos_id=tgt_vocab.eos_id)
-    model = Seq2SeqTransformer(config)
-    optimizer = Adam(model.parameters(), lr=warmup_inverse_sqrt(warmup=preset.warmup,
-                                                                peak_lr=preset.lr),
-                     betas=(0.9, 0.98), eps=1e-9)
+    model = Seq2SeqTransformer(model_config(preset, src_vocab, tgt_vocab))
+    optimizer = make_optimizer(model.parameters(), preset)
     print(f"model: {model.num_parameters():,} parameters")
     pad, bos = tgt_vocab.pad_id, tgt_vocab.bos_id
     trainer = Trainer(
-        model, optimizer, Translation(label_smoothing=0.1, pad_id=pad),
+        model, optimizer, Translation(label_smoothing=LABEL_SMOOTHING, pad_id=pad),
         batch_stream(src, tgt, preset.batch_size, pad, bos),
         TrainConfig(max_steps=preset.steps, max_seconds=preset.max_minutes * 60,
-                    clip_norm=1.0, replicas=args.replicas,
+                    clip_norm=CLIP_NORM, replicas=args.replicas,
                     eval_every=max(1, min(500, preset.steps // 4)),
                     checkpoint_path=out / MODEL_FILE, select_metric="val_loss",
                     select_mode="min", last_path=out / LAST_FILE, stop_after=args.stop_after,

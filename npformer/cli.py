@@ -43,19 +43,23 @@ from . import backend, distributed
 from .checkpoint import CheckpointError, build_model, load_checkpoint
 from .data import DatasetFormatError, DatasetNotFoundError
 from .engine import ENGINES, engine_name, set_engine
+from .launch import add_procs_option
 from .train import TrainingDiverged, TrainingInterrupted
 
 MODEL_FILE = "model.npz"  # the selected (or final) model: what --predict and friends read
 LAST_FILE = "last.npz"  # the whole run, resumable with --resume
-RUN_SETTINGS = ("seed", "dtype", "engine", "replicas")  # saved with a run, beside its preset
+# saved with a run, beside its preset; procs (the MPI ranks) and replicas (the threads of
+# each) fix how every batch is sharded, so a resumed run takes them back too
+RUN_SETTINGS = ("seed", "dtype", "engine", "replicas", "procs")
 
 
 MPI_EPILOG = """
-Across processes: `mpiexec -n N python {script}` (pip install -e ".[mpi]") trains on N
-MPI ranks with no other flag.  The global batch is --batch-size whatever N is: the ranks
-split its rows and sum their gradients, so the learning rate (and its schedule) and the
-results stay those of one process, and a run resumes on any number of ranks.  Only rank 0
-prints and writes files."""
+Across processes: where mpi4py and mpiexec are installed (pip install -e ".[mpi]"), the
+demo re-launches itself as one MPI rank per core (--procs N sets the count, --procs 1
+runs one process); `mpiexec -n N python {script}` starts N ranks by hand.  The global
+batch is --batch-size whatever N is: the ranks split its rows and sum their gradients,
+so the learning rate (and its schedule) and the results stay those of one process, and a
+run resumes on any number of ranks.  Only rank 0 prints and writes files."""
 
 
 class DemoError(Exception):
@@ -187,6 +191,7 @@ def demo_parser(demo: Demo, doc: str, presets: dict) -> argparse.ArgumentParser:
                              "BLAS, for training and evaluation (default: one per CPU core "
                              "with numpy, shared among the MPI ranks on the machine; 1 with "
                              "cupy)")
+    add_procs_option(parser)
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress bar (on a terminal) or progress lines (elsewhere)")
     parser.add_argument("--resume", action="store_true",
@@ -239,6 +244,7 @@ def setup(args) -> Path:
     backend.set_default_float(args.dtype)
     args.engine = args.engine or engine_name()
     set_engine(args.engine)
+    args.procs = distributed.current().size  # the ranks this run is on
     if args.replicas is None:  # the cores, shared among the MPI ranks on this machine
         cores = (os.cpu_count() or 1) // distributed.current().local_size
         args.replicas = max(1, cores) if backend.backend_name() == "numpy" else 1
@@ -389,19 +395,25 @@ def run_demo(main, argv: list[str] | None = None) -> int:
     try:
         return main(argv)
     except TrainingInterrupted as exc:
-        print(exc, file=sys.stderr)
+        say(str(exc))
         if exc.path is not None:
-            print(f"continue it with: {resume_command(sys.argv[1:] if argv is None else argv)}",
-                  file=sys.stderr)
+            say(f"continue it with: {resume_command(sys.argv[1:] if argv is None else argv)}")
         return 130
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        say("interrupted")
         return 130
     except (*USER_ERRORS, OSError) as exc:
         message = str(exc) if isinstance(exc, USER_ERRORS) else _file_system_error(exc)
-        print(f"error: {message}", file=sys.stderr)
+        say(f"error: {message}")
         distributed.current().abort_others(2)  # MPI: no rank is left waiting for this one
         return 2
+
+
+def say(line: str) -> None:
+    """One line to standard error in one write: MPI ranks' lines then never interleave
+    (``print`` writes the text and the newline apart)."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def resume_command(argv: list[str]) -> str:

@@ -14,8 +14,11 @@ the attribute names :mod:`npformer.torch_interop` converts weights under:
 They compute what the npformer model computes: the same norm_first and activation
 (npformer's "gelu" is torch's exact ``F.gelu``, "gelu_tanh" is ``approximate="tanh"``),
 torch's masks (True = ignore), pooling over the valid positions, sinusoidal positions
-as npformer's table in a non-persistent buffer (not in the state dict).  Dropout is 0:
-they are references to compare outputs and gradients with, not training recipes.
+as npformer's table in a non-persistent buffer (not in the state dict).  Dropout is the
+configuration's, where npformer has it: after the embeddings (and positions), in the
+residual branches and the feed-forward's hidden layer, and none on the attention
+probabilities (torch's layers drop those too; here their attention dropout is set to 0).
+In eval mode no dropout applies, and the outputs are npformer's.
 
 The parity tests, the benchmark (``bench/``) and :func:`npformer.torch_interop.to_torch`
 build these.  torch is imported when :func:`torch_models` is first called, never when
@@ -62,6 +65,17 @@ def _add_positions(module: Any, prefix: str, x: Any) -> Any:
     return x + getattr(module, prefix + "pe")[:length][None]
 
 
+def _without_attention_dropout(layer: Any) -> Any:
+    """A torch Transformer layer built with dropout p drops its attention probabilities
+    too; npformer drops only the residual branches, the FFN's hidden layer and the
+    embeddings, so the reference drops nothing in attention either."""
+    for name in ("self_attn", "multihead_attn"):
+        attention = getattr(layer, name, None)
+        if attention is not None:
+            attention.dropout = 0.0
+    return layer
+
+
 @functools.cache
 def torch_models() -> dict[str, type]:
     """{"classifier", "causal_lm", "seq2seq": class(npformer config, torch dtype)}: the
@@ -72,10 +86,10 @@ def torch_models() -> dict[str, type]:
     tnn = torch.nn
 
     def encoder_layer(c: Any, dtype: Any) -> Any:
-        return tnn.TransformerEncoderLayer(c.d_model, c.num_heads, c.d_ff, dropout=0.0,
-                                           activation=torch_activation(c.activation),
-                                           layer_norm_eps=ops.layernorm.EPS, batch_first=True,
-                                           norm_first=c.norm_first, dtype=dtype)
+        return _without_attention_dropout(tnn.TransformerEncoderLayer(
+            c.d_model, c.num_heads, c.d_ff, dropout=c.dropout,
+            activation=torch_activation(c.activation), layer_norm_eps=ops.layernorm.EPS,
+            batch_first=True, norm_first=c.norm_first, dtype=dtype))
 
     def ignored(ids: Any, valid_lens: Any, pad_id: int) -> tuple[Any, Any]:
         """(B, T) True at padding: positions at or after valid_lens (default: the count of
@@ -93,6 +107,7 @@ def torch_models() -> dict[str, type]:
             self.c = c
             self.tok_emb = tnn.Embedding(c.vocab_size, c.d_model, dtype=dtype)
             _positions(torch, self, "", c.positional, c.max_len, c.d_model, dtype)
+            self.drop = tnn.Dropout(c.dropout)  # npformer's embedding dropout
             self.layers = tnn.ModuleList(encoder_layer(c, dtype) for _ in range(c.num_layers))
             if c.norm_first:
                 self.norm = tnn.LayerNorm(c.d_model, eps=ops.layernorm.EPS, dtype=dtype)
@@ -101,7 +116,7 @@ def torch_models() -> dict[str, type]:
         def forward(self, ids: Any, valid_lens: Any = None) -> Any:
             """ids (B, T), valid_lens (B,) or None -> logits (B, C)."""
             ignore, valid_lens = ignored(ids, valid_lens, self.c.pad_id)  # (B, T)
-            x = _add_positions(self, "", self.tok_emb(ids))
+            x = self.drop(_add_positions(self, "", self.tok_emb(ids)))
             for layer in self.layers:
                 x = layer(x, src_key_padding_mask=ignore)
             if self.c.norm_first:
@@ -123,6 +138,7 @@ def torch_models() -> dict[str, type]:
             self.c = c
             self.tok_emb = tnn.Embedding(c.vocab_size, c.d_model, dtype=dtype)
             _positions(torch, self, "", c.positional, c.block_size, c.d_model, dtype)
+            self.drop = tnn.Dropout(c.dropout)  # npformer's embedding dropout
             self.layers = tnn.ModuleList(encoder_layer(c, dtype) for _ in range(c.num_layers))
             if c.norm_first:
                 self.norm = tnn.LayerNorm(c.d_model, eps=ops.layernorm.EPS, dtype=dtype)
@@ -131,7 +147,7 @@ def torch_models() -> dict[str, type]:
 
         def forward(self, ids: Any) -> Any:
             length = ids.shape[1]
-            x = _add_positions(self, "", self.tok_emb(ids))
+            x = self.drop(_add_positions(self, "", self.tok_emb(ids)))
             causal = torch.triu(torch.ones(length, length, dtype=torch.bool, device=ids.device),
                                 diagonal=1)
             for layer in self.layers:
@@ -160,6 +176,7 @@ def torch_models() -> dict[str, type]:
             self.tgt_tok_emb = tnn.Embedding(c.tgt_vocab_size, c.d_model, dtype=dtype)
             _positions(torch, self, "src_", c.positional, c.max_len, c.d_model, dtype)
             _positions(torch, self, "tgt_", c.positional, c.max_len, c.d_model, dtype)
+            self.drop = tnn.Dropout(c.dropout)  # npformer's embedding dropout (each side)
 
             def norm() -> Any:
                 return (tnn.LayerNorm(c.d_model, eps=ops.layernorm.EPS, dtype=dtype)
@@ -167,10 +184,10 @@ def torch_models() -> dict[str, type]:
 
             self.encoder = Stack([encoder_layer(c, dtype) for _ in range(c.num_encoder_layers)],
                                  norm())
-            self.decoder = Stack([tnn.TransformerDecoderLayer(
-                c.d_model, c.num_heads, c.d_ff, dropout=0.0,
+            self.decoder = Stack([_without_attention_dropout(tnn.TransformerDecoderLayer(
+                c.d_model, c.num_heads, c.d_ff, dropout=c.dropout,
                 activation=torch_activation(c.activation), layer_norm_eps=ops.layernorm.EPS,
-                batch_first=True, norm_first=c.norm_first, dtype=dtype)
+                batch_first=True, norm_first=c.norm_first, dtype=dtype))
                 for _ in range(c.num_decoder_layers)], norm())
             self.out_proj = tnn.Linear(c.d_model, c.tgt_vocab_size, dtype=dtype)
 
@@ -180,12 +197,12 @@ def torch_models() -> dict[str, type]:
             tgt_ignore, _ = ignored(tgt_in, tgt_lens, self.c.pad_id)  # (B, T)
             causal = torch.triu(torch.ones(tgt_in.shape[1], tgt_in.shape[1], dtype=torch.bool,
                                            device=src.device), diagonal=1)  # (T, T)
-            x = _add_positions(self, "src_", self.src_tok_emb(src) * scale)
+            x = self.drop(_add_positions(self, "src_", self.src_tok_emb(src) * scale))
             for layer in self.encoder.layers:
                 x = layer(x, src_key_padding_mask=src_ignore)
             if self.c.norm_first:
                 x = self.encoder.norm(x)
-            y = _add_positions(self, "tgt_", self.tgt_tok_emb(tgt_in) * scale)
+            y = self.drop(_add_positions(self, "tgt_", self.tgt_tok_emb(tgt_in) * scale))
             for layer in self.decoder.layers:
                 y = layer(y, x, tgt_mask=causal, tgt_key_padding_mask=tgt_ignore,
                           memory_key_padding_mask=src_ignore)
