@@ -45,6 +45,7 @@ from .data import DatasetFormatError, DatasetNotFoundError
 from .engine import ENGINES, engine_name, set_engine
 from .launch import add_procs_option
 from .train import TrainingDiverged, TrainingInterrupted
+from .validation import check_heads_divide
 
 MODEL_FILE = "model.npz"  # the selected (or final) model: what --predict and friends read
 LAST_FILE = "last.npz"  # the whole run, resumable with --resume
@@ -123,9 +124,8 @@ def option(default, help: str, type=positive_int, choices=None) -> Field:
 
 def check_divisible(preset, width: str, heads: str) -> None:
     """Refuse a model width the number of heads does not divide, naming both options."""
-    d, h = getattr(preset, width), getattr(preset, heads)
-    if d % h:
-        raise ValueError(f"{flag(width)} {d} is not divisible by {flag(heads)} {h}")
+    check_heads_divide(getattr(preset, width), getattr(preset, heads), flag(width), flag(heads),
+                       hint="")
 
 
 def _add_preset_options(parser: argparse.ArgumentParser, presets: dict) -> None:

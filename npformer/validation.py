@@ -573,13 +573,16 @@ def packing_inputs(valid_lens, length: int) -> None:
 
 
 # =========================================================================== layers, configs
-def check_heads_divide(d_model: int, num_heads: int) -> None:
-    """Narrow heads split the width: num_heads must divide d_model (one place for the rule)."""
+def check_heads_divide(d_model: int, num_heads: int, width: str = "d_model",
+                       heads: str = "num_heads", hint: str = "or set head_dim explicitly") -> None:
+    """Narrow heads split the width: num_heads must divide d_model (one place for the rule;
+    ``width`` and ``heads`` name the two values as the caller's user knows them, e.g. the
+    demos' options)."""
     if d_model % num_heads != 0:
         raise ValueError(
-            f"d_model {d_model} is not divisible by num_heads {num_heads}: each head gets "
-            "d_model / num_heads columns; choose a head count that divides the width, or "
-            "set head_dim explicitly")
+            f"{width} {d_model} is not divisible by {heads} {num_heads}: each head gets "
+            f"{width} / {heads} columns; choose a head count that divides the width"
+            + (f", {hint}" if hint else ""))
 
 
 def check_sequence_input(x, width: int, what: str) -> None:
