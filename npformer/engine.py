@@ -21,6 +21,7 @@ import os
 
 from . import fast as _fast
 from . import ops as _textbook
+from .fast import fused as _fused
 
 ENGINES = ("fast", "textbook")
 
@@ -53,3 +54,21 @@ def ops():
 def packs_positions() -> bool:
     """Whether a padded batch's valid positions run as packed rows (the fast tier)."""
     return _current == "fast"
+
+
+def flat_parameters(params):
+    """The fast tier keeps an optimizer's parameters in one flat buffer
+    (:class:`npformer.nn.FlatParameters`, which rebinds their data and gradients to
+    views of it); None in the textbook tier, or where they cannot share one (not
+    NumPy, or mixed dtypes)."""
+    from .nn.module import FlatParameters
+
+    if _current != "fast" or not FlatParameters.supports(params):
+        return None
+    return FlatParameters(params)
+
+
+def fuses_kernels(*arrays) -> bool:
+    """Whether the fast tier runs these arrays' element-wise chains as one fused kernel
+    (:mod:`npformer.fast.fused`: CuPy arrays)."""
+    return _current == "fast" and _fused.fuses(*arrays)
