@@ -107,11 +107,12 @@ class Optimizer:
         t = self.step_count + 1
         if self.schedule is not None:
             self.lr = _check_lr(self.schedule(t))
-        _check_grads(self.params)  # all checks first: no half-done update
-        if self._flat is not None:
+        if self._flat is not None:  # every parameter in one pass over the flat buffers
+            _check_grads(self.params)
             self._flat_step(t)
             self.step_count = t
             return
+        _check_grads(self.params)  # all checks first: no half-done update
         for i, p in enumerate(self.params):
             old = tuple(self.state[name][i] for name in self._state_names)
             p.data, new = self._update(p, p.grad, old, t)
@@ -431,16 +432,25 @@ def clip_grad_norm(params: ParamsOrNamed, max_norm: float,
     if math.isinf(max_norm):
         raise ValueError(f"max_norm must be a positive finite number, got {max_norm}")
     named = _named(params)
+    flat = flat_parameters_of(p for _, p in named)
+    if flat is not None:
+        return _clip_flat(flat, named, max_norm, error_if_nonfinite)
     total = global_grad_norm(named, error_if_nonfinite)
     if not math.isfinite(total):
         return total
     coef = min(max_norm / (total + 1e-6), 1.0)
-    flat = flat_parameters_of(p for _, p in named)
-    if flat is not None:
-        flat.grad *= coef  # every gradient, in place, one pass
-        return total
     for _, p in named:
         p.grad = p.grad * coef
+    return total
+
+
+def _clip_flat(flat, named, max_norm: float, error_if_nonfinite: bool) -> float:
+    """:func:`clip_grad_norm` of gradients that all live in ``flat.grad``: the norm in one
+    pass, every gradient scaled in place in one more."""
+    total = global_grad_norm(named, error_if_nonfinite)
+    if not math.isfinite(total):
+        return total
+    flat.grad *= min(max_norm / (total + 1e-6), 1.0)
     return total
 
 
