@@ -322,3 +322,29 @@ def test_strict_arrays_never_reach_a_kernel():
     assert not kernels.usable(x)
     y, _ = fast.gelu_forward(x)
     assert rel_diff(backend.to_numpy(y), ops.gelu_forward(np.linspace(-3, 3, 7))[0]) <= TOL
+
+
+@pytest.mark.parametrize("replicas", [2, 3])
+def test_thread_replicas_sum_into_the_flat_buffer_as_per_tensor(replicas):
+    """A flat model's replicas keep flat gradient buffers of their own, summed in one
+    pass: the gradients equal the whole batch's, as the per-tensor sum's do."""
+    from npformer.parallel import DataParallel
+
+    from .parallel_cases import build
+
+    with using_backend("numpy", "float64"):
+        model, task, batch = build("lm")
+        model.zero_grad()
+        task.loss_and_grad(model, batch, 1.0)
+        expected = [p.grad.copy() for p in model.parameters()]
+        opt = AdamW(model.parameters())
+        opt.zero_grad()
+        parallel = DataParallel(model, replicas)
+        for _ in range(2):  # the second step reuses the replicas' buffers
+            opt.zero_grad()
+            parallel.loss_and_grad(task, batch, 1.0, seed=0)
+        assert set(parallel._replica_flats) == set(range(1, replicas))
+        scale = max(float(np.max(np.abs(g))) for g in expected)
+        for (name, p), g in zip(model.named_parameters(), expected):
+            assert p.grad is opt._flat.grad_views[model.parameters().index(p)], name
+            assert float(np.max(np.abs(p.grad - g))) <= 1e-12 * scale, name
