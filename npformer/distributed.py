@@ -64,6 +64,7 @@ import traceback
 import numpy as np
 
 from . import backend
+from .nn.module import flat_parameters_of
 from .parallel import DataParallel, parallel_map, shard_bounds
 
 __all__ = ["Context", "DistributedDataParallel", "RanksDiffer", "setup", "current",
@@ -606,7 +607,7 @@ def broadcast_parameters(model, ctx: Context) -> None:
     for p in model.parameters():
         values = np.ascontiguousarray(backend.to_numpy(p.data))
         ctx.comm.Bcast(values, root=0)
-        p.data = backend.asarray(values, dtype=p.data.dtype)
+        p.assign(backend.asarray(values, dtype=p.data.dtype))  # into a flat view, if any
 
 
 class DistributedDataParallel:
@@ -630,6 +631,7 @@ class DistributedDataParallel:
         broadcast_parameters(model, self.ctx)
         params = model.parameters()
         self.flat = FlatGradients(params, buffer_namespace())
+        self._loss = np.zeros(1, dtype=np.float64)  # the loss shares, beside a flat buffer
         self.allreduce = make_allreduce(self.ctx)
         self._data_checked = False
 
@@ -663,8 +665,17 @@ class DistributedDataParallel:
 
     def reduce_step(self, loss_share: float) -> float:
         """The step's one all-reduce: gradients and loss shares summed over the ranks, in
-        place; the parameters' gradients become views of the summed buffer."""
+        place; the parameters' gradients become views of the summed buffer.  Where the
+        gradients already live in one flat buffer (:class:`npformer.nn.FlatParameters`,
+        the fast tier's optimizers), that buffer is sent as it is, with no packing copy,
+        and the loss shares in a one-element buffer of their own."""
         params = self.model.parameters()
+        flat = flat_parameters_of(params)
+        if flat is not None and buffer_namespace() is np:
+            self.allreduce(flat.grad)
+            self._loss[0] = loss_share
+            self.allreduce(self._loss)
+            return float(self._loss[0])
         self.flat.pack(params, loss_share)
         self.allreduce(self.flat.buffer)
         loss = self.flat.unpack(params)

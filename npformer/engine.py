@@ -23,6 +23,8 @@ from types import ModuleType
 
 from . import fast as _fast
 from . import ops as _textbook
+from .fast import fused as _fused
+from .fast import kernels as _kernels
 
 Packing = _fast.Packing  # the packed layout of a padded batch, for npformer.nn.Padding
 
@@ -57,3 +59,33 @@ def ops() -> ModuleType:
 def packs_positions() -> bool:
     """Whether a padded batch's valid positions run as packed rows (the fast tier)."""
     return _current == "fast"
+
+
+def flat_parameters(params):
+    """The fast tier keeps an optimizer's parameters in one flat buffer
+    (:class:`npformer.nn.FlatParameters`, which rebinds their data and gradients to
+    views of it); None in the textbook tier, or where they cannot share one (not
+    NumPy, or mixed dtypes)."""
+    from .nn.module import FlatParameters
+
+    if _current != "fast" or not FlatParameters.supports(params):
+        return None
+    return FlatParameters(params)
+
+
+def fuses_kernels(*arrays) -> bool:
+    """Whether the fast tier runs these arrays' element-wise chains as one fused kernel
+    (:mod:`npformer.fast.fused`: CuPy arrays)."""
+    return _current == "fast" and _fused.fuses(*arrays)
+
+
+# The fast tier's compiled pieces the optimizer uses (npformer.optim reaches them here).
+fused_adam_update = _fused.adam_update  # Adam's statements as one CuPy kernel
+adamw_flat = _kernels.adamw_flat  # one AdamW pass over flat NumPy buffers (numba)
+sum_of_squares = _kernels.sum_of_squares  # the squared norm of a flat buffer (numba)
+
+
+def compiled(*arrays) -> bool:
+    """Whether the fast tier's compiled CPU kernels take these arrays (numba present,
+    C-contiguous NumPy float arrays of one dtype)."""
+    return _kernels.usable(*arrays)

@@ -26,6 +26,14 @@ same convention: ``schedule(t)`` is the learning rate of update ``t``.  Give a
 schedule as ``lr`` and the optimizer calls it itself before every update; or give
 a float and assign ``opt.lr`` / call :meth:`Optimizer.set_lr` from the training loop.
 
+One flat buffer (the fast tier, NumPy parameters of one dtype): :class:`Adam` and
+:class:`AdamW` put their parameters in a :class:`~npformer.nn.FlatParameters` (each
+parameter's data and gradient a view of one flat buffer, the moments flat too) and
+update them all in one pass (:func:`npformer.fast.kernels.adamw_flat`, or the same
+array statements over the flat buffers without numba), with the same numbers as the
+update parameter by parameter; :func:`clip_grad_norm` then takes the norm and scales
+in one pass each.  ``state_dict`` is unchanged (``"m.3"`` is a view of the flat moment).
+
 Layout of this file: the base class, then one class per optimizer whose
 ``_update`` is the whole algorithm, clipping, schedules, and at the end the checks
 of arguments and of saved state (which stay out of the update path).
@@ -37,8 +45,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from . import backend, engine
-from .fast import fused
-from .nn.module import Parameter
+from .nn.module import Parameter, flat_parameters_of
 from .weights import mismatch_report, weight_array
 
 Schedule = Callable[[int], float]
@@ -70,6 +77,7 @@ class Optimizer:
 
     _state_names: tuple[str, ...] = ()
     _hyper_names: tuple[str, ...] = ()
+    _flat = None  # the FlatParameters of an optimizer that updates them in one pass
 
     def __init__(self, params: Iterable[Parameter], lr: float | Schedule):
         self.params: list[Parameter] = _check_params(type(self).__name__, params)
@@ -88,6 +96,9 @@ class Optimizer:
 
     def zero_grad(self) -> None:
         """Reset every parameter's gradient to zeros (the layers *add* into ``p.grad``)."""
+        if self._flat is not None:
+            self._flat.zero_grad()  # one fill of the flat gradient buffer
+            return
         for p in self.params:
             p.zero_grad()
 
@@ -96,6 +107,11 @@ class Optimizer:
         t = self.step_count + 1
         if self.schedule is not None:
             self.lr = _check_lr(self.schedule(t))
+        if self._flat is not None:  # every parameter in one pass over the flat buffers
+            _check_grads(self.params)
+            self._flat_step(t)
+            self.step_count = t
+            return
         _check_grads(self.params)  # all checks first: no half-done update
         for i, p in enumerate(self.params):
             old = tuple(self.state[name][i] for name in self._state_names)
@@ -106,6 +122,9 @@ class Optimizer:
 
     def _update(self, p: Parameter, g, state: tuple, t: int):  # pragma: no cover - abstract
         """Return ``(new p.data, new state arrays)`` for update ``t`` with gradient ``g``."""
+        raise NotImplementedError
+
+    def _flat_step(self, t: int) -> None:  # pragma: no cover - only flat optimizers
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, Any]:
@@ -216,10 +235,49 @@ class Adam(Optimizer):
         self.eps = _check_in_range("eps", eps, 0.0)
         self.weight_decay = _check_in_range("weight_decay", weight_decay, 0.0)
         super().__init__(params, lr)
+        if self._decoupled or self.weight_decay == 0:  # L2 decay changes g: per tensor
+            self._flatten()
+
+    _decoupled = False  # AdamW's decay shrinks the weights; Adam's joins the gradient
 
     @property
     def betas(self) -> tuple[float, float]:
         return (self.beta1, self.beta2)
+
+    def _flatten(self) -> None:
+        """In the fast tier: the parameters into one flat buffer, the moments flat too
+        (``state[name][i]`` a view of ``_flat_state[name]``)."""
+        self._flat = engine.flat_parameters(self.params)
+        if self._flat is None:
+            return
+        xp = backend.namespace_of(self._flat.data)
+        self._flat_state = {name: xp.zeros_like(self._flat.data) for name in self._state_names}
+        self._state_views = {name: [self._flat_state[name][lo:hi].reshape(p.shape)
+                                    for p, (lo, hi) in zip(self.params, self._flat.slices)]
+                             for name in self._state_names}
+        for name in self._state_names:
+            self.state[name] = list(self._state_views[name])
+
+    def _sync_flat_state(self) -> None:
+        """Moments rebound by a loader copied back into their flat views."""
+        for name in self._state_names:
+            for i, view in enumerate(self._state_views[name]):
+                value = self.state[name][i]
+                if value is not view:
+                    view[...] = backend.to_numpy(value)
+                    self.state[name][i] = view
+
+    def _flat_step(self, t: int) -> None:
+        """Update ``t`` of every parameter in one pass over the flat buffers."""
+        self._flat.sync()
+        self._sync_flat_state()
+        b1, b2 = self.beta1, self.beta2
+        decay = self._decoupled and self.weight_decay != 0
+        adam_flat_update(self._flat.data, self._flat.grad, self._flat_state["m"],
+                         self._flat_state["v"],
+                         self._flat.decay_segments if decay else self._flat.decay_segments[:0],
+                         1 - self.lr * self.weight_decay, b1, b2, self.eps,
+                         self.lr / (1 - b1**t), 1 - b2**t)
 
     def _decay(self, p, g):
         """L2 decay: the gradient of (lambda/2) ||p||^2 joins g. Returns (data, g)."""
@@ -231,8 +289,8 @@ class Adam(Optimizer):
         xp = backend.namespace_of(p.data)
         (m, v), b1, b2 = state, self.beta1, self.beta2
         data, g = self._decay(p, g)
-        if engine.engine_name() == "fast" and fused.fuses(data, g, m, v):  # one GPU kernel
-            return fused.adam_update(data, g, m, v, b1, b2, self.eps, self.lr / (1 - b1**t),
+        if engine.fuses_kernels(data, g, m, v):  # one GPU kernel
+            return engine.fused_adam_update(data, g, m, v, b1, b2, self.eps, self.lr / (1 - b1**t),
                                      1 - b2**t), (m, v)
         delta = g - m
         delta *= 1 - b1
@@ -262,6 +320,8 @@ class AdamW(Adam):
         then Adam's update of m, v and p with the gradient g unchanged.
     """
 
+    _decoupled = True
+
     def __init__(self, params, lr: float | Schedule = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.01):
@@ -272,6 +332,43 @@ class AdamW(Adam):
         if self.weight_decay != 0 and p.decay:
             return p.data * (1 - self.lr * self.weight_decay), g  # p <- p (1 - lr lambda)
         return p.data, g
+
+
+def adam_flat_update(data, grad, m, v, decay_segments, decay_factor: float, beta1: float,
+                     beta2: float, eps: float, step_size: float,
+                     bias_correction2: float) -> None:
+    """One Adam(W) update over flat buffers data, grad, m, v (P,), in place.
+
+    ``decay_segments`` (K, 2): the [lo, hi) ranges whose data first shrinks by
+    ``decay_factor`` = 1 - lr lambda (AdamW; K = 0 for none).  Then the statements of
+    :meth:`Adam._update`, element by element, in their order; the coefficients rounded
+    to the buffers' dtype first, as NumPy rounds a Python float meeting the array.
+    Compiled (:func:`npformer.fast.kernels.adamw_flat`) on NumPy with numba, else the
+    same statements as array operations over the buffers.
+    """
+    cast = data.dtype.type
+    coefficients = (cast(decay_factor), cast(1 - beta1), cast(1 - beta2), cast(beta2),
+                    cast(bias_correction2**0.5), cast(eps), cast(step_size))
+    if engine.compiled(data, grad, m, v):
+        engine.adamw_flat(data, grad, m, v, decay_segments, *coefficients)
+        return
+    decay, one_minus_beta1, one_minus_beta2, beta2_, sqrt_bc2, eps_, step = coefficients
+    for lo, hi in decay_segments:
+        data[lo:hi] *= decay                              # p <- p (1 - lr lambda)
+    delta = grad - m
+    delta *= one_minus_beta1
+    m += delta                                            # m_t = m + (1-beta1)(g - m)
+    g_sq = grad * grad
+    g_sq *= one_minus_beta2
+    v *= beta2_
+    v += g_sq                                             # v_t = beta2 v + (1-beta2) g^2
+    xp = backend.namespace_of(data)
+    denom = xp.sqrt(v)
+    denom /= sqrt_bc2
+    denom += eps_                                         # sqrt(v)/sqrt(bc2) + eps
+    update = m / denom
+    update *= step
+    data -= update                                        # p <- p - step m / denom
 
 
 # =========================================================================== clipping
@@ -292,6 +389,13 @@ def global_grad_norm(params: ParamsOrNamed, error_if_nonfinite: bool = False) ->
     parameter whose gradient holds NaN or inf.
     """
     named = _named(params)
+    flat = flat_parameters_of(p for _, p in named)
+    if flat is not None:  # every gradient in one buffer: one pass
+        total = math.sqrt(engine.sum_of_squares(flat.grad) if engine.compiled(flat.grad)
+                          else float(flat.grad @ flat.grad))
+        if error_if_nonfinite and not math.isfinite(total):
+            raise NonFiniteGradientError(_nonfinite_report(named, total))
+        return total
     total_sq = None
     for _, p in named:
         xp = backend.namespace_of(p.grad)
@@ -326,12 +430,25 @@ def clip_grad_norm(params: ParamsOrNamed, max_norm: float,
     if math.isinf(max_norm):
         raise ValueError(f"max_norm must be a positive finite number, got {max_norm}")
     named = _named(params)
+    flat = flat_parameters_of(p for _, p in named)
+    if flat is not None:
+        return _clip_flat(flat, named, max_norm, error_if_nonfinite)
     total = global_grad_norm(named, error_if_nonfinite)
     if not math.isfinite(total):
         return total
     coef = min(max_norm / (total + 1e-6), 1.0)
     for _, p in named:
         p.grad = p.grad * coef
+    return total
+
+
+def _clip_flat(flat, named, max_norm: float, error_if_nonfinite: bool) -> float:
+    """:func:`clip_grad_norm` of gradients that all live in ``flat.grad``: the norm in one
+    pass, every gradient scaled in place in one more."""
+    total = global_grad_norm(named, error_if_nonfinite)
+    if not math.isfinite(total):
+        return total
+    flat.grad *= min(max_norm / (total + 1e-6), 1.0)
     return total
 
 

@@ -29,7 +29,7 @@ from contextlib import nullcontext
 import numpy as np
 
 from . import backend
-from .nn import grad_enabled, set_grad_enabled
+from .nn import FlatParameters, flat_parameters_of, grad_enabled, set_grad_enabled
 
 
 def shard_bounds(rows: int, parts: int) -> list[tuple[int, int]]:
@@ -96,19 +96,39 @@ class DataParallel:
         self.model = model
         self.models = [model] + [copy.deepcopy(model) for _ in range(replicas - 1)]
         self.pool = ThreadPoolExecutor(max_workers=replicas) if replicas > 1 else None
+        self._replica_flats: dict[int, FlatParameters] = {}
+
+    def _replica_flat(self, i: int):
+        """Replica i's own flat gradient buffer, where the model's gradients are flat
+        (made on first use): the replicas' gradients are then summed in one pass."""
+        if flat_parameters_of(self.model.parameters()) is None:
+            return None
+        if i not in self._replica_flats:
+            self._replica_flats[i] = FlatParameters(self.models[i].parameters())
+        return self._replica_flats[i]
 
     def _share_parameters(self) -> None:
         """Point every replica's parameters at the model's current arrays; zero their grads."""
         own = self.model.parameters()
-        for replica in self.models[1:]:
+        for i, replica in enumerate(self.models[1:], start=1):
+            flat = self._replica_flat(i)
             for p, q in zip(own, replica.parameters()):
                 q.data = p.data
-                q.zero_grad()
+                if flat is None:
+                    q.zero_grad()
+            if flat is not None:
+                flat.zero_grad()  # one fill of the replica's gradient buffer
             replica.train(self.model.training)
 
     def _sum_gradients(self) -> None:
         own = self.model.parameters()
-        for replica in self.models[1:]:
+        flat = flat_parameters_of(own)
+        for i, replica in enumerate(self.models[1:], start=1):
+            theirs = self._replica_flats.get(i)
+            if flat is not None and theirs is not None \
+                    and theirs.grads_intact(replica.parameters()):
+                flat.grad += theirs.grad  # every parameter's share in one pass
+                continue
             for p, q in zip(own, replica.parameters()):
                 p.accumulate(q.grad)
 

@@ -9,8 +9,11 @@ arguments, same results up to rounding, same gradients), tested equal to it in
 * :mod:`.losses`: softmax and cross-entropy fused (no one-hot, no log-probabilities);
 * :mod:`.softmax`: in-place variants (``overwrite_input``);
 * :mod:`.activations`: ReLU's backward from its output, sign(y), in place; the exact
-  GELU's erfc from the library's compiled special functions (and
-  ``activation``, the tier's table of activations);
+  GELU forward and backward as compiled kernels (and ``activation``, the tier's table
+  of activations);
+* :mod:`.layernorm`: layer norm forward and backward, one compiled kernel each;
+* :mod:`.kernels`: the numba kernels (GELU, layer norm, AdamW over one flat buffer),
+  with NumPy statements as the fallback where numba is missing;
 * :mod:`.linear`: the rows flattened into one matrix product, the bias added in place;
 * :mod:`.packing`: the valid positions of a padded batch as rows (:class:`Packing`),
   which :class:`npformer.nn.Padding` uses in this tier;
@@ -22,6 +25,7 @@ function, so the two tiers can never drift apart, and go-to-definition finds it)
 from .. import ops as _textbook
 from .activations import activation, gelu_backward, gelu_forward, relu_backward, relu_forward
 from .attention import BLOCK_SCORES, attention_backward, attention_forward
+from .layernorm import layernorm_backward, layernorm_forward
 from .linear import linear_backward, linear_forward
 from .losses import cross_entropy_backward, cross_entropy_forward
 from .packing import Packing
@@ -29,8 +33,8 @@ from .softmax import softmax_backward, softmax_forward
 
 FAST_OPS = ("attention_forward", "attention_backward", "linear_forward", "linear_backward",
             "cross_entropy_forward", "cross_entropy_backward", "softmax_forward",
-            "softmax_backward", "relu_forward", "relu_backward", "gelu_forward",
-            "gelu_backward", "activation")
+            "softmax_backward", "relu_forward", "relu_backward", "gelu_forward", "gelu_backward",
+            "layernorm_forward", "layernorm_backward", "activation")
 
 # The textbook ops, the same functions in this tier.
 IGNORE_INDEX = _textbook.IGNORE_INDEX
@@ -43,8 +47,6 @@ dropout_backward = _textbook.dropout_backward
 dropout_forward = _textbook.dropout_forward
 embedding_backward = _textbook.embedding_backward
 embedding_forward = _textbook.embedding_forward
-layernorm_backward = _textbook.layernorm_backward
-layernorm_forward = _textbook.layernorm_forward
 log_softmax_backward = _textbook.log_softmax_backward
 log_softmax_forward = _textbook.log_softmax_forward
 padding_mask = _textbook.padding_mask

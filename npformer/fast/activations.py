@@ -12,12 +12,14 @@ ReLU, the textbook op (:mod:`npformer.ops.activations`) computed from its output
 The cache is y, which the next linear layer keeps anyway, and the product is taken in
 the buffer of sign(y): one new array, not two.
 
-GELU (exact): the same $y = x \Phi(x)$, $\Phi(x) = \text{erfc}(-x/\sqrt 2)/2$ and the same
-backward, with erfc taken from the array library's own special functions where it has
-them (SciPy's for NumPy, ``cupyx.scipy.special``'s for CuPy): one compiled pass over
-the array instead of the dozens of element-wise passes of the textbook's array-API
-rational approximation (both accurate to a few ulps).  Elsewhere (the strict
-namespace) it is the textbook op.  Every other activation is the textbook one.
+GELU (exact): the same $y = x \Phi(x)$, $\Phi(x) = \text{erfc}(-x/\sqrt 2)/2$, the same
+cache (x, Phi(x)) and the same backward, each one compiled pass over the array: on
+NumPy arrays the numba kernels of :mod:`.kernels` (a branch-free, vectorized erfc; the
+backward fused); without numba, and on CuPy, erfc from the array library's own special
+functions (SciPy's, ``cupyx.scipy.special``'s), one pass for erfc instead of the
+dozens of the textbook's array-API rational approximation (all accurate to a few
+ulps).  Elsewhere (the strict namespace) it is the textbook op.  Every other
+activation is the textbook one.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import importlib
 from .. import backend
 from ..ops import activations as _textbook
 from ..validation import activation_choice, activation_input, backward_op, checked_op, forward_op
+from . import kernels
 
 
 @forward_op(activation_input("relu"))
@@ -59,6 +62,9 @@ def _special_functions(x):
 @forward_op(activation_input("gelu"))
 def gelu_forward(x):
     """x (...) -> y = x Phi(x) (...), cache (x, Phi(x)): the textbook op, erfc compiled."""
+    if kernels.usable(x):
+        y, phi_cdf = kernels.gelu_forward(x)            # one compiled pass: y and Phi(x)
+        return y, (x, phi_cdf)
     special = _special_functions(x)
     if special is None:
         return _textbook.gelu_forward.unchecked(x)
@@ -68,8 +74,14 @@ def gelu_forward(x):
     return y, (x, phi_cdf)
 
 
-# the same saved (x, Phi(x)): the textbook backward, taking this tier's cache
-gelu_backward = backward_op(gelu_forward)(_textbook.gelu_backward.unchecked)
+@backward_op(gelu_forward)
+def gelu_backward(dy, saved):
+    """dy (...) -> dx = dy (Phi(x) + x phi(x)): the textbook op, fused into one compiled
+    pass (elsewhere the textbook statements, on the same saved (x, Phi(x)))."""
+    x, phi_cdf = saved
+    if kernels.usable(dy, x, phi_cdf):
+        return kernels.gelu_backward(dy, x, phi_cdf)
+    return _textbook.gelu_backward.unchecked(dy, saved)
 
 ACTIVATIONS = {**_textbook.ACTIVATIONS, "relu": (relu_forward, relu_backward),
                "gelu": (gelu_forward, gelu_backward)}

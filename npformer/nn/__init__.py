@@ -10,8 +10,8 @@ from .blocks import DecoderBlock, EncoderBlock, FeedForward, ResidualNorm
 from .cache import BlockCache, DecodingCache, KVCache
 from .layers import (Activation, Dropout, Embedding, LayerNorm, LearnedPositionalEmbedding,
                      Linear, SinusoidalPositionalEncoding)
-from .module import (Module, Parameter, evaluating, grad_enabled, no_grad,
-                     set_grad_enabled)
+from .module import (FlatParameters, Module, Parameter, evaluating, flat_parameters_of,
+                     grad_enabled, no_grad, set_grad_enabled)
 from .padding import Padding
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -87,32 +87,159 @@ class Parameter:
     """A trainable array and the gradient accumulated for it.
 
     ``data`` and ``grad`` are rebound, never mutated through views, so the same
-    code works on namespaces without in-place writes.  ``decay`` tells AdamW
-    whether weight decay applies (False for biases, norms and embeddings).
+    code works on namespaces without in-place writes; except where the parameter
+    lives in a :class:`FlatParameters` buffer (the fast tier's optimizers put it
+    there): then ``data`` and ``grad`` are views of the flat buffers, gradients are
+    accumulated and zeroed in place, and :meth:`assign` copies into the view.
+    ``decay`` tells AdamW whether weight decay applies (False for biases, norms and
+    embeddings).
     """
 
-    __slots__ = ("data", "grad", "decay")
+    __slots__ = ("data", "grad", "decay", "_flat", "_index")
 
     def __init__(self, data, decay: bool = True):
         self.data = data
         self.grad = None
         self.decay = decay
+        self._flat = None  # the FlatParameters holding this parameter, and its index there
+        self._index = -1
         self.zero_grad()
 
     @property
     def shape(self):
         return tuple(self.data.shape)
 
+    def _grad_view(self):
+        """The flat gradient view, if this parameter's gradient still is that view."""
+        flat = self._flat
+        if flat is None:
+            return None
+        view = flat.grad_views[self._index]
+        return view if self.grad is view else None
+
     def zero_grad(self) -> None:
+        if self._flat is not None:  # in the flat buffer: zeroed in place, the view bound
+            view = self._flat.grad_views[self._index]
+            view[...] = 0
+            self.grad = view
+            return
         xp = backend.namespace_of(self.data)
         self.grad = xp.zeros_like(self.data)
 
     def accumulate(self, grad) -> None:
         """``grad`` += the gradient of one use of this parameter."""
-        self.grad = self.grad + grad
+        view = self._grad_view()
+        if view is not None and tuple(grad.shape) == self.shape:
+            view += grad  # into the flat gradient buffer
+        else:
+            self.grad = self.grad + grad
+
+    def assign(self, value) -> None:
+        """Make ``value`` this parameter's data: copied into its flat view where it has
+        one (so the flat buffer stays whole), else bound."""
+        flat = self._flat
+        if flat is not None and tuple(value.shape) == self.shape:
+            view = flat.data_views[self._index]
+            view[...] = value
+            self.data = view
+        else:
+            self.data = value
 
     def __repr__(self) -> str:
         return f"Parameter(shape={self.shape}, dtype={self.data.dtype})"
+
+
+class FlatParameters:
+    """The data of a list of parameters in one flat contiguous buffer, and their
+    gradients in another, each parameter's ``data`` and ``grad`` a view of its slice
+    (as llm.c lays out its parameters): an optimizer updates them all in one pass,
+    the gradient norm is one pass, and an all-reduce sends ``grad`` as it is.
+
+    ``data`` (P,), ``grad`` (P,): the buffers, P = the parameters' total size, in the
+    list's order; ``slices[i]`` = (lo, hi) of parameter i; ``decay_segments`` (K, 2):
+    the (lo, hi) of the parameters with ``decay`` (AdamW's weight decay).  NumPy arrays
+    of one floating dtype only (:meth:`supports`).
+
+    Code that rebinds a parameter's ``data`` or ``grad`` (a test, an older loader)
+    does not break the buffer: :meth:`sync` copies such an array into the view and
+    binds the view again (the optimizer calls it before each update).  A deep copy of
+    a model is not flat (its parameters own their arrays).
+    """
+
+    def __init__(self, params):
+        import numpy as np
+
+        self.params = list(params)
+        if not self.supports(self.params):
+            raise ValueError("FlatParameters holds NumPy parameters of one floating dtype")
+        dtype = self.params[0].data.dtype
+        sizes = [int(np.prod(p.shape)) for p in self.params]
+        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.slices = [(int(lo), int(hi)) for lo, hi in zip(offsets[:-1], offsets[1:])]
+        self.data = np.empty(int(offsets[-1]), dtype=dtype)  # (P,)
+        self.grad = np.zeros(int(offsets[-1]), dtype=dtype)  # (P,)
+        self.data_views, self.grad_views = [], []
+        for i, (p, (lo, hi)) in enumerate(zip(self.params, self.slices)):
+            data_view = self.data[lo:hi].reshape(p.shape)
+            grad_view = self.grad[lo:hi].reshape(p.shape)
+            data_view[...] = p.data
+            if p.grad is not None:
+                grad_view[...] = p.grad
+            self.data_views.append(data_view)
+            self.grad_views.append(grad_view)
+            p.data, p.grad, p._flat, p._index = data_view, grad_view, self, i
+        decayed = [s for p, s in zip(self.params, self.slices) if p.decay and s[1] > s[0]]
+        self.decay_segments = np.array(decayed, dtype=np.int64).reshape(-1, 2)  # (K, 2)
+
+    @staticmethod
+    def supports(params) -> bool:
+        """Whether ``params`` can share flat buffers: NumPy arrays of one floating dtype."""
+        import numpy as np
+
+        params = list(params)
+        return bool(params) and all(
+            type(p.data) is np.ndarray and p.data.dtype == params[0].data.dtype
+            and p.data.dtype in (np.float32, np.float64) for p in params)
+
+    def sync(self) -> None:
+        """Every parameter's data and gradient back in its view (copied in where code
+        rebound them; a different shape is refused, naming the parameter)."""
+        for i, p in enumerate(self.params):
+            for name, views in (("data", self.data_views), ("grad", self.grad_views)):
+                value, view = getattr(p, name), views[i]
+                if value is view:
+                    continue
+                if value is None or tuple(value.shape) != view.shape:
+                    got = None if value is None else tuple(value.shape)
+                    raise RuntimeError(f"params[{i}]: {name} of shape {got} cannot go back "
+                                       f"into the flat buffer (shape {view.shape})")
+                view[...] = backend.to_numpy(value)
+                setattr(p, name, view)
+            p._flat, p._index = self, i
+
+    def grads_intact(self, params) -> bool:
+        """Whether ``params`` are exactly this buffer's parameters, in order, with their
+        gradients still the views (so ``grad`` holds every gradient as it is)."""
+        return len(params) == len(self.params) and all(
+            p is q and p.grad is view
+            for p, q, view in zip(params, self.params, self.grad_views))
+
+    def zero_grad(self) -> None:
+        """Every gradient zero: one fill of the flat buffer, the views bound."""
+        self.grad[...] = 0
+        for p, view in zip(self.params, self.grad_views):
+            p.grad, p._flat = view, self
+
+    def __deepcopy__(self, memo):
+        return None  # a copied parameter owns its arrays (see the class docstring)
+
+
+def flat_parameters_of(params):
+    """The :class:`FlatParameters` whose gradient buffer holds exactly the gradients of
+    ``params`` (same parameters, same order, gradients still its views), or None."""
+    params = list(params)
+    flat = params[0]._flat if params and isinstance(params[0], Parameter) else None
+    return flat if flat is not None and flat.grads_intact(params) else None
 
 
 class Module:
@@ -222,7 +349,7 @@ class Module:
         host = checked_weights({name: p.shape for name, p in own.items()}, state,
                                type(self).__name__)
         for name, p in own.items():
-            p.data = backend.copy_like(host[name], p.data)
+            p.assign(backend.copy_like(host[name], p.data))  # into a flat view, if any
             p.zero_grad()
 
 

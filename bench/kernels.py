@@ -1,0 +1,238 @@
+"""Per-op micro-benchmark of the fast tier's compiled kernels (npformer.fast.kernels).
+
+For each op, on one thread (BLAS and torch limited to one), the best of ``--repeat``
+timings in ms of:
+
+* ``kernel``: the numba kernel as the fast tier calls it;
+* ``numpy``: the NumPy statements it replaced (the fast tier's SciPy-erfc GELU, the
+  textbook layer norm, AdamW parameter by parameter);
+* ``torch``: PyTorch's op on the same data (``torch.nn.functional``, ``torch.optim.AdamW``
+  with its default implementation),
+
+and the ratios kernel/numpy and kernel/torch.  Sizes are the lm demo's
+(``demos/generate.py``: B 12, T 64, D 128, MLP 512, 4 layers): GELU on (768, 512), layer
+norm on (768, 128), AdamW over the model's parameters.  ``--compile`` also times the
+first call of every kernel in a fresh process with an empty numba cache (the compile)
+and again with that cache filled (the load).
+
+    python bench/kernels.py [--repeat 50] [--compile]
+
+Prints the CPU model and NumPy's BLAS first.  On a shared machine, compare ratios taken
+in one run, not absolute times across runs.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def blas_name() -> str:
+    try:
+        from threadpoolctl import threadpool_info
+
+        infos = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+        return ", ".join(f"{i['internal_api']} {i.get('version')}" for i in infos) or "unknown"
+    except ImportError:
+        return "unknown (threadpoolctl missing)"
+
+
+def best_ms(fn, repeat: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1e3 * min(times)
+
+
+def gelu_cases(rng):
+    import scipy.special
+    import torch
+
+    from npformer.fast import kernels
+
+    x = rng.standard_normal((768, 512)).astype(np.float32)
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    _, phi = kernels.gelu_forward(x)
+    tx = torch.from_numpy(x).requires_grad_(True)
+    ty = torch.nn.functional.gelu(tx)
+    tdy = torch.from_numpy(dy)
+
+    def numpy_forward():  # the fast tier before: SciPy's erfc, then the product
+        p = scipy.special.erfc(-np.float32(np.sqrt(0.5)) * x)
+        p *= 0.5
+        return x * p
+
+    def numpy_backward():  # the textbook backward
+        pdf = np.float32(1 / np.sqrt(2 * np.pi)) * np.exp(-0.5 * x * x)
+        return dy * (phi + x * pdf)
+
+    yield ("gelu forward (768, 512) f32", lambda: kernels.gelu_forward(x), numpy_forward,
+           lambda: torch.nn.functional.gelu(tx.detach()))
+    yield ("gelu backward (768, 512) f32", lambda: kernels.gelu_backward(dy, x, phi),
+           numpy_backward, lambda: torch.autograd.grad(ty, tx, tdy, retain_graph=True))
+
+
+def layernorm_cases(rng):
+    import torch
+
+    from npformer import ops
+    from npformer.fast import kernels
+
+    x = rng.standard_normal((768, 128)).astype(np.float32)
+    gamma, beta = (rng.standard_normal(128).astype(np.float32) for _ in range(2))
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    _, x_hat, r = kernels.layernorm_forward(x, gamma, beta, 1e-5)
+    _, cache = ops.layernorm_forward(x, gamma, beta)
+    tx, tg, tb = (torch.from_numpy(a).requires_grad_(True) for a in (x, gamma, beta))
+    ty = torch.nn.functional.layer_norm(tx, (128,), tg, tb)
+    tdy = torch.from_numpy(dy)
+    yield ("layernorm forward (768, 128) f32", lambda: kernels.layernorm_forward(
+        x, gamma, beta, 1e-5), lambda: ops.layernorm_forward(x, gamma, beta),
+        lambda: torch.nn.functional.layer_norm(tx.detach(), (128,), tg.detach(), tb.detach()))
+    yield ("layernorm backward (768, 128) f32", lambda: kernels.layernorm_backward(
+        dy, x_hat, r, gamma), lambda: ops.layernorm_backward(dy, cache),
+        lambda: torch.autograd.grad(ty, (tx, tg, tb), tdy, retain_graph=True))
+
+
+def adamw_cases(rng):
+    import torch
+
+    from npformer import engine
+    from npformer.models import CausalLM, CausalLMConfig
+    from npformer.optim import AdamW
+
+    def model():
+        return CausalLM(CausalLMConfig(vocab_size=65))  # the demo's d128, 4 heads, 4 layers
+
+    optimizers = {}
+    for tier in ("fast", "textbook"):
+        engine.set_engine(tier)
+        params = model().parameters()
+        for p in params:
+            p.grad = rng.standard_normal(p.shape).astype(p.data.dtype)
+        optimizers[tier] = AdamW(params, lr=1e-3, weight_decay=0.1)
+    engine.set_engine("fast")
+    tparams = [torch.nn.Parameter(torch.from_numpy(p.data.copy()))
+               for p in optimizers["fast"].params]
+    for t in tparams:
+        t.grad = torch.randn_like(t)
+    topt = torch.optim.AdamW(tparams, lr=1e-3, weight_decay=0.1)
+    count = sum(p.data.size for p in optimizers["fast"].params)
+    yield (f"adamw, {len(tparams)} tensors, {count} values", optimizers["fast"].step,
+           optimizers["textbook"].step, topt.step)
+
+
+def report(cases, repeat: int) -> None:
+    print(f"{'op':<40} {'kernel':>8} {'numpy':>8} {'torch':>8} {'k/numpy':>8} {'k/torch':>8}")
+    for name, kernel, numpy_version, torch_version in cases:
+        k, n, t = (best_ms(fn, repeat) for fn in (kernel, numpy_version, torch_version))
+        print(f"{name:<40} {k:8.3f} {n:8.3f} {t:8.3f} {k / n:8.2f} {k / t:8.2f}")
+
+
+FIRST_CALLS = """
+import time, numpy as np
+start = time.perf_counter()
+from npformer.fast import kernels
+from npformer.optim import adam_flat_update
+imported = time.perf_counter()
+for dtype in (np.float32, np.float64):
+    x = np.ones((4, 8), dtype)
+    _, phi = kernels.gelu_forward(x); kernels.gelu_backward(x, x, phi)
+    _, xh, r = kernels.layernorm_forward(x, x[0], x[0], 1e-5)
+    kernels.layernorm_backward(x, xh, r, x[0])
+    f = x.reshape(-1)
+    adam_flat_update(f, f.copy(), f.copy(), f.copy(), np.zeros((0, 2), np.int64), 1.0, 0.9,
+                     0.999, 1e-8, 1e-3, 0.5)
+    kernels.sum_of_squares(f)
+print(f"{imported - start:.2f} {time.perf_counter() - imported:.2f}")
+"""
+
+
+def compile_times() -> None:
+    """First calls of every kernel (both dtypes) in fresh processes: empty cache, then filled."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "NUMBA_CACHE_DIR": cache,
+               "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        for label in ("cold cache (compile)", "warm cache (load)"):
+            out = subprocess.run([sys.executable, "-c", FIRST_CALLS], env=env, check=True,
+                                 capture_output=True, text=True).stdout.split()
+            print(f"first calls, {label}: import {out[0]} s, all kernels' first calls {out[1]} s")
+
+
+def lm_step_ms(replicas: int, steps: int) -> float:
+    """Median ms of the lm demo's update (B 12, T 64, the demo's model and optimizer)."""
+    from npformer.models import CausalLM, CausalLMConfig
+    from npformer.optim import AdamW, clip_grad_norm, warmup_cosine
+    from npformer.parallel import DataParallel
+    from npformer.tasks import LanguageModeling
+
+    rng = np.random.default_rng(0)
+    model = CausalLM(CausalLMConfig(vocab_size=65))
+    opt = AdamW(model.parameters(), lr=warmup_cosine(1e-3, 100, 2000, min_lr=1e-4),
+                betas=(0.9, 0.99), weight_decay=0.1)
+    engine, task = DataParallel(model, replicas), LanguageModeling()
+    times = []
+    for i in range(steps + 3):
+        ids = rng.integers(0, 65, size=(12, 65))
+        start = time.perf_counter()
+        opt.zero_grad()
+        engine.loss_and_grad(task, (ids[:, :-1], ids[:, 1:]), 1.0, seed=i)
+        clip_grad_norm(model.named_parameters(), 1.0)
+        opt.step()
+        times.append(time.perf_counter() - start)
+    return 1e3 * float(np.median(times[3:]))
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeat", type=int, default=50, help="timings per op (best kept)")
+    parser.add_argument("--compile", action="store_true", help="also time the compile")
+    parser.add_argument("--step", action="store_true", help="time the lm demo's update")
+    args = parser.parse_args(argv)
+    if args.step:
+        import npformer
+
+        print(f"CPU: {cpu_model()}; BLAS {blas_name()}; npformer from {npformer.__file__}")
+        for replicas in (1, 2):
+            print(f"lm demo update, {replicas} replica(s): "
+                  f"{lm_step_ms(replicas, args.repeat):.2f} ms (median of {args.repeat})")
+        return
+    import numba
+    import torch
+
+    torch.set_num_threads(1)
+    print(f"CPU: {cpu_model()}; NumPy {np.__version__} with BLAS {blas_name()}; "
+          f"numba {numba.__version__}; torch {torch.__version__}; one thread")
+    rng = np.random.default_rng(0)
+    report([*gelu_cases(rng), *layernorm_cases(rng), *adamw_cases(rng)], args.repeat)
+    if args.compile:
+        compile_times()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,531 @@
+r"""CPU kernels of the fast tier, compiled with numba: one pass over memory per op.
+
+Why numba.  It is the NumPy ecosystem's just-in-time compiler: it compiles a Python
+loop over NumPy arrays into machine code with LLVM, with no C toolchain at install
+time and no build step (a wheel, like NumPy's).  Its kernels release the GIL
+(``nogil=True``), so the thread replicas of :class:`npformer.parallel.DataParallel`
+run their element-wise work side by side instead of waiting for each other between
+NumPy calls; and ``cache=True`` keeps the compiled code on disk (next to this file in
+``__pycache__``, or under ``NUMBA_CACHE_DIR`` / the user's cache directory where the
+package is installed read-only), so only the first run of a machine pays the
+compile.  Cython or a C extension would need a compiler on the user's machine (or
+per-platform wheels); Pythran and Taichi are further from NumPy's own arrays.
+``fastmath=False``: no reassociation or multiply-add contraction, so each kernel does
+the textbook's operations in the textbook's order, and the tests can hold it to the
+textbook op within 1e-12 in float64.  Not ``parallel=True``: on the 2-core machines this
+was measured on, two thread replicas already keep both cores busy.
+
+The kernels (each an in-place routine over C-contiguous NumPy arrays, float32 or
+float64; the ops in :mod:`npformer.fast` call them and keep the array statements for
+every other array):
+
+* :func:`gelu_forward` / :func:`gelu_backward`: the exact GELU, $y = x\Phi(x)$, with
+  erfc computed branch-free so LLVM vectorizes the loop.  ``math.erfc`` in a numba loop
+  is a scalar libm call per element (measured 4.7 ms on a (768, 512) float32 array, as
+  slow as SciPy's 4.4 ms), and numba's wheels have no vector math library (SVML), so
+  ``math.exp`` would not vectorize either: :func:`_exp` is Cody and Waite's reduction
+  $e^a = 2^n e^r$, $|r| \le \ln 2 / 2$, with $e^r$ its Taylor polynomial, and $2^n$
+  built from its bits.  float64: W. J. Cody's rational approximations (the textbook
+  :func:`npformer.ops.activations.erfc`'s coefficients), all three ranges evaluated and
+  one chosen, one division, $e^{-y^2}$ with $y^2$ kept exact by Dekker's product; a few
+  ulps, as the textbook's.  float32: float32 arithmetic (twice the vector lanes) and
+  Numerical Recipes' erfcc, fractional error below 1.2e-7 (about 2 float32 ulps).
+  Measured by ``python bench/kernels.py`` on a (768, 512) float32 array (AMD EPYC,
+  shared machine, two runs): forward 0.40-0.48 ms against torch's 0.18-0.21 ms (1.9x
+  to 2.6x), SciPy's path 5.4 ms; backward 0.16 ms against torch's 0.35 ms.
+* :func:`layernorm_forward` / :func:`layernorm_backward`: row by row, the mean, the
+  variance, then x-hat and y (the row stays in cache: one pass over memory); the
+  backward's two row means in one loop, dx in a second, dgamma and dbeta accumulated
+  on the way.
+* :func:`adamw_flat`: Adam or AdamW over one flat buffer of every parameter
+  (:class:`npformer.nn.FlatParameters`), the decay applied segment by segment to the
+  decayed parameters only; :func:`sum_of_squares`: the gradient norm's one pass.
+
+Cost (``python bench/kernels.py --compile``, AMD EPYC, 2 cores shared with other
+jobs): the first calls compile, about 38 s for every kernel in both dtypes with an empty
+cache, about 9 s for the float32 ones a demo uses; a later process loads them from the
+cache (about 1.3 s for the first, 0.02 s each after), and importing numba itself
+takes about 2 s.
+
+Where numba is not installed, or ``NPFORMER_NO_NUMBA=1``, :data:`COMPILED` is False,
+the ops run their NumPy statements, and the first op that would have used a kernel
+warns once, naming them all (:func:`usable`).
+"""
+from __future__ import annotations
+
+import math
+import os
+import warnings
+
+import numpy as np
+
+KERNELS = ("gelu_forward", "gelu_backward", "layernorm_forward", "layernorm_backward",
+           "adamw_flat", "sum_of_squares")
+
+
+def _load_numba():
+    """numba, or None with the reason (not installed, or NPFORMER_NO_NUMBA=1)."""
+    if os.environ.get("NPFORMER_NO_NUMBA", "").strip() not in ("", "0"):
+        return None, "NPFORMER_NO_NUMBA is set"
+    try:
+        import numba
+    except ImportError:
+        return None, "numba is not installed (pip install numba)"
+    return numba, ""
+
+
+_numba, WHY_NOT_COMPILED = _load_numba()
+COMPILED = _numba is not None
+_warned = False
+
+
+def usable(*arrays) -> bool:
+    """Whether the compiled kernels take these arrays: numba present, and every array a
+    C-contiguous NumPy float32/float64 array of one dtype.  Warns once per process
+    (naming the kernels) when NumPy arrays could have used them but numba is missing."""
+    global _warned
+    for a in arrays:
+        if type(a) is not np.ndarray or a.dtype not in (np.float32, np.float64) \
+                or a.dtype != arrays[0].dtype:
+            return False
+    if not COMPILED:
+        if not _warned:
+            _warned = True
+            warnings.warn(f"npformer's fast tier runs without its compiled kernels "
+                          f"({WHY_NOT_COMPILED}): {', '.join(KERNELS)} fall back to NumPy "
+                          "statements (same results, slower)", RuntimeWarning, stacklevel=3)
+        return False
+    return all(a.flags.c_contiguous for a in arrays)
+
+
+def _jit(fn=None, inline: str = "never"):
+    """numba's njit with the tier's options, or the function itself without numba.
+    ``inline="always"``: a scalar helper inlined into its callers by numba, so LLVM sees
+    one loop body and vectorizes it.  error_model="numpy": a division by zero gives inf
+    as in NumPy (no per-division check, which would stop vectorization)."""
+    if fn is None:
+        return lambda f: _jit(f, inline)
+    if not COMPILED:
+        return fn
+    return _numba.njit(cache=True, fastmath=False, nogil=True, error_model="numpy",
+                       inline=inline)(fn)
+
+
+def _int64_as_float64():
+    """An intrinsic reinterpreting an int64's bits as a float64 (2^n from its exponent
+    bits); vectorizes, unlike ``math.ldexp``."""
+    if not COMPILED:
+        return None
+    from llvmlite import ir
+    from numba.core import types
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def bits_to_float(typingctx, bits):
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], ir.DoubleType())
+        return types.float64(types.int64), codegen
+
+    return bits_to_float
+
+
+_bits_to_float = _int64_as_float64()
+
+# =========================================================================== exp, erfc
+_LOG2E = 1.4426950408889634
+_LN2_HI = 6.93147180369123816490e-01  # ln 2 split: n * _LN2_HI is exact for |n| < 2^20
+_LN2_LO = 1.90821492927058770002e-10
+_EXP_MIN = -1400.0  # exp underflows to 0 far above; keeps n in int64 and 2^(n/2) normal
+
+
+@_jit(inline="always")
+def _exp(a):
+    """exp(a) for a <= 710 (float64; -inf and a below -1400 give 0), branch-free."""
+    a = max(a, _EXP_MIN)
+    n = np.floor(a * _LOG2E + 0.5)
+    r = (a - n * _LN2_HI) - n * _LN2_LO  # |r| <= ln2 / 2
+    p = 1.0 / 6227020800.0  # Taylor to r^13, Horner
+    p = p * r + 1.0 / 479001600.0
+    p = p * r + 1.0 / 39916800.0
+    p = p * r + 1.0 / 3628800.0
+    p = p * r + 1.0 / 362880.0
+    p = p * r + 1.0 / 40320.0
+    p = p * r + 1.0 / 5040.0
+    p = p * r + 1.0 / 720.0
+    p = p * r + 1.0 / 120.0
+    p = p * r + 1.0 / 24.0
+    p = p * r + 1.0 / 6.0
+    p = p * r + 0.5
+    p = p * r + 1.0
+    p = p * r + 1.0
+    k = np.int64(n)
+    half = k >> 1  # 2^n = 2^half * 2^(n - half): each factor a normal number
+    return p * _bits_to_float((half + 1023) << 52) * _bits_to_float((k - half + 1023) << 52)
+
+
+# Cody's coefficients (the textbook's, npformer.ops.activations)
+_SP0, _SP1, _SP2, _SP3, _SP4 = (3.16112374387056560e00, 1.13864154151050156e02,
+                                3.77485237685302021e02, 3.20937758913846947e03,
+                                1.85777706184603153e-1)
+_SQ0, _SQ1, _SQ2, _SQ3 = (2.36012909523441209e01, 2.44024637934444173e02,
+                          1.28261652607737228e03, 2.84423683343917062e03)
+_MP = (5.64188496988670089e-1, 8.88314979438837594e00, 6.61191906371416295e01,
+       2.98635138197400131e02, 8.81952221241769090e02, 1.71204761263407058e03,
+       2.05107837782607147e03, 1.23033935479799725e03, 2.15311535474403846e-8)
+_MQ = (1.57449261107098347e01, 1.17693950891312499e02, 5.37181101862009858e02,
+       1.62138957456669019e03, 3.29079923573345963e03, 4.36261909014324716e03,
+       3.43936767414372164e03, 1.23033935480374942e03)
+_LP = (3.05326634961232344e-1, 3.60344899949804439e-1, 1.25781726111229246e-1,
+       1.60837851487422766e-2, 6.58749161529837803e-4, 1.63153871373020978e-2)
+_LQ = (2.56852019228982242e00, 1.87295284992346047e00, 5.27905102951428412e-1,
+       6.05183413124413191e-2, 2.33520497626869185e-3)
+_MP0, _MP1, _MP2, _MP3, _MP4, _MP5, _MP6, _MP7, _MP8 = _MP
+_MQ0, _MQ1, _MQ2, _MQ3, _MQ4, _MQ5, _MQ6, _MQ7 = _MQ
+_LP0, _LP1, _LP2, _LP3, _LP4, _LP5 = _LP
+_LQ0, _LQ1, _LQ2, _LQ3, _LQ4 = _LQ
+_INV_SQRT_PI = 1.0 / math.sqrt(math.pi)
+_SQRT1_2 = math.sqrt(0.5)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+_SPLIT = 134217729.0  # 2^27 + 1: Veltkamp's split of a double into two 26-bit halves
+
+
+@_jit(inline="always")
+def _exp_minus_square(t):
+    """exp(-t^2) for t >= 0, with t^2 = hi + lo exactly (Dekker's product, no fma):
+    the rounding error of t^2, which exp would amplify by t^2, is kept in lo and
+    applied as exp(-hi) (1 - lo).  One exp where the textbook splits into two."""
+    c = _SPLIT * t
+    t_hi = c - (c - t)
+    t_lo = t - t_hi
+    hi = t * t
+    lo = ((t_hi * t_hi - hi) + 2.0 * t_hi * t_lo) + t_lo * t_lo
+    return _exp(-hi) * (1.0 - lo)
+
+
+@_jit(inline="always")
+def _erfc(x):
+    """erfc(x) in float64 by Cody's three ranges, branch-free: each range's numerator
+    and denominator computed, one pair chosen, one division (plus 1/t^2), one exp."""
+    y = abs(x)
+    # |x| <= 0.46875: 1 - erf(x) = (Q - x P) / Q at x^2
+    xs = min(max(x, -0.46875), 0.46875)
+    z = xs * xs
+    num = _SP4 * z
+    den = z
+    num = (num + _SP0) * z
+    den = (den + _SQ0) * z
+    num = (num + _SP1) * z
+    den = (den + _SQ1) * z
+    num = (num + _SP2) * z
+    den = (den + _SQ2) * z
+    small_den = den + _SQ3
+    small_num = small_den - xs * (num + _SP3)
+    # y > 0.46875: e = exp(-t^2) at t = y clamped to [0.46875, 28]
+    t = min(max(y, 0.46875), 28.0)
+    e = _exp_minus_square(t)
+    # t <= 4: exp(-t^2) R(t)
+    num = _MP8 * t
+    den = t
+    num = (num + _MP0) * t
+    den = (den + _MQ0) * t
+    num = (num + _MP1) * t
+    den = (den + _MQ1) * t
+    num = (num + _MP2) * t
+    den = (den + _MQ2) * t
+    num = (num + _MP3) * t
+    den = (den + _MQ3) * t
+    num = (num + _MP4) * t
+    den = (den + _MQ4) * t
+    num = (num + _MP5) * t
+    den = (den + _MQ5) * t
+    num = (num + _MP6) * t
+    den = (den + _MQ6) * t
+    mid_num = e * (num + _MP7)
+    mid_den = den + _MQ7
+    # t > 4: exp(-t^2) / t (1/sqrt(pi) - z S(z)), z = 1/t^2
+    g = max(t, 4.0)
+    z = 1.0 / (g * g)
+    num = _LP5 * z
+    den = z
+    num = (num + _LP0) * z
+    den = (den + _LQ0) * z
+    num = (num + _LP1) * z
+    den = (den + _LQ1) * z
+    num = (num + _LP2) * z
+    den = (den + _LQ2) * z
+    num = (num + _LP3) * z
+    den = (den + _LQ3) * z
+    large_den = den + _LQ4
+    large_num = e * (_INV_SQRT_PI * large_den - z * (num + _LP4))
+    large_den = g * large_den
+    top = mid_num if y <= 4.0 else large_num
+    bottom = mid_den if y <= 4.0 else large_den
+    top = small_num if y <= 0.46875 else top
+    bottom = small_den if y <= 0.46875 else bottom
+    ratio = top / bottom
+    return 2.0 - ratio if (x < 0.0 and y > 0.46875) else ratio
+
+
+# --------------------------------------------------------------------------- float32
+# A float32 array gets float32 arithmetic: twice the vector lanes of float64, and an
+# erfc accurate to float32 (not to float64) at a third of the work: Numerical Recipes'
+# erfcc (Press et al., 2nd ed., 6.2), fractional error below 1.2e-7 everywhere.
+_F = np.float32
+_LOG2E_F, _LN2_HI_F, _LN2_LO_F = _F(1.442695), _F(0.693359375), _F(-2.12194440e-4)
+_EXP_MIN_F = _F(-87.3)  # e^-87.3 = 1.2e-38, the smallest normal float32
+_EXP32 = tuple(_F(1.0 / math.factorial(k)) for k in range(8))
+_E0, _E1, _E2, _E3, _E4, _E5, _E6, _E7 = _EXP32
+_NR = tuple(_F(c) for c in (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806,
+                              0.27886807, -1.13520398, 1.48851587, -0.82215223, 0.17087277))
+_N0, _N1, _N2, _N3, _N4, _N5, _N6, _N7, _N8, _N9 = _NR
+_HALF_F, _ONE_F, _TWO_F, _ZERO_F = _F(0.5), _F(1.0), _F(2.0), _F(0.0)
+_SQRT1_2_F, _INV_SQRT_2PI_F = _F(math.sqrt(0.5)), _F(1.0 / math.sqrt(2.0 * math.pi))
+
+
+def _int32_as_float32():
+    """An intrinsic reinterpreting an int32's bits as a float32."""
+    if not COMPILED:
+        return None
+    from llvmlite import ir
+    from numba.core import types
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def bits_to_float32(typingctx, bits):
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], ir.FloatType())
+        return types.float32(types.int32), codegen
+
+    return bits_to_float32
+
+
+_bits_to_float32 = _int32_as_float32()
+
+
+@_jit(inline="always")
+def _exp32(a):
+    """exp(a) in float32 for a <= 88, Cody-Waite with e^r's Taylor polynomial to r^6
+    (its remainder below 1.2e-7, 1 float32 ulp); a below -87.3 (where exp leaves the
+    normal float32 numbers) gives 0, so 2^n is one normal float built from its bits."""
+    a_clamped = max(a, _EXP_MIN_F)
+    n = np.floor(a_clamped * _LOG2E_F + _HALF_F)
+    r = (a_clamped - n * _LN2_HI_F) - n * _LN2_LO_F
+    p = _E6 * r + _E5
+    p = p * r + _E4
+    p = p * r + _E3
+    p = p * r + _E2
+    p = p * r + _E1
+    p = p * r + _E0
+    scaled = p * _bits_to_float32((np.int32(n) + np.int32(127)) << np.int32(23))
+    return scaled if a >= _EXP_MIN_F else _ZERO_F
+
+
+@_jit(inline="always")
+def _erfc32(x):
+    """erfc(x) in float32 (Numerical Recipes' erfcc), branch-free."""
+    z = abs(x)
+    t = _ONE_F / (_ONE_F + _HALF_F * z)
+    p = _N9 * t + _N8
+    p = p * t + _N7
+    p = p * t + _N6
+    p = p * t + _N5
+    p = p * t + _N4
+    p = p * t + _N3
+    p = p * t + _N2
+    p = p * t + _N1
+    p = p * t + _N0
+    ans = t * _exp32(p - z * z)
+    return _TWO_F - ans if x < _ZERO_F else ans
+
+
+# =========================================================================== GELU
+@_jit
+def gelu_forward64(x, y, phi_cdf):
+    """x (N,) -> y = x Phi(x) and Phi(x) = erfc(-x / sqrt 2) / 2, written into y and
+    phi_cdf (N,); computed in float64, rounded once to the arrays' dtype."""
+    for i in range(x.size):
+        xi = np.float64(x[i])
+        p = 0.5 * _erfc(-_SQRT1_2 * xi)
+        phi_cdf[i] = p
+        y[i] = xi * p
+    return None
+
+
+@_jit
+def gelu_forward32(x, y, phi_cdf):
+    """:func:`gelu_forward64` of float32 arrays, in float32 arithmetic."""
+    for i in range(x.size):
+        xi = x[i]
+        p = _HALF_F * _erfc32(-_SQRT1_2_F * xi)
+        phi_cdf[i] = p
+        y[i] = xi * p
+    return None
+
+
+@_jit
+def gelu_backward32(dy, x, phi_cdf, dx):
+    """:func:`gelu_backward64` of float32 arrays, in float32 arithmetic."""
+    for i in range(x.size):
+        xi = x[i]
+        pdf = _INV_SQRT_2PI_F * _exp32(-_HALF_F * xi * xi)
+        dx[i] = dy[i] * (phi_cdf[i] + xi * pdf)
+    return None
+
+
+@_jit
+def gelu_backward64(dy, x, phi_cdf, dx):
+    """dy, x, Phi(x) (N,) -> dx = dy (Phi(x) + x phi(x)), phi(x) = exp(-x^2/2)/sqrt(2 pi)."""
+    for i in range(x.size):
+        xi = np.float64(x[i])
+        pdf = _INV_SQRT_2PI * _exp(-0.5 * xi * xi)
+        dx[i] = dy[i] * (phi_cdf[i] + xi * pdf)
+    return None
+
+
+def gelu_forward(x):
+    """x (...) -> y = x Phi(x), Phi(x) (...): the compiled kernel of x's dtype (x must
+    pass :func:`usable`)."""
+    y, phi_cdf = np.empty_like(x), np.empty_like(x)
+    kernel = gelu_forward32 if x.dtype == np.float32 else gelu_forward64
+    kernel(x.reshape(-1), y.reshape(-1), phi_cdf.reshape(-1))
+    return y, phi_cdf
+
+
+def gelu_backward(dy, x, phi_cdf):
+    """dy, x, Phi(x) (...) -> dx = dy (Phi(x) + x phi(x)) (...), compiled."""
+    dx = np.empty_like(dy)
+    kernel = gelu_backward32 if x.dtype == np.float32 else gelu_backward64
+    kernel(dy.reshape(-1), x.reshape(-1), phi_cdf.reshape(-1), dx.reshape(-1))
+    return dx
+
+
+# =========================================================================== layer norm
+def layernorm_forward(x, gamma, beta, eps):
+    """x (..., D), gamma, beta (D,) -> y, x_hat (..., D), r (..., 1), compiled."""
+    y, x_hat = np.empty_like(x), np.empty_like(x)
+    r = np.empty(x.shape[:-1] + (1,), dtype=x.dtype)
+    d = x.shape[-1]
+    _layernorm_forward(x.reshape(-1, d), gamma, beta, eps, y.reshape(-1, d),
+                       x_hat.reshape(-1, d), r.reshape(-1, 1))
+    return y, x_hat, r
+
+
+def layernorm_backward(dy, x_hat, r, gamma):
+    """dy, x_hat (..., D), r (..., 1), gamma (D,) -> dx (..., D), dgamma, dbeta (D,)."""
+    dx = np.empty_like(dy)
+    dgamma, dbeta = np.empty_like(gamma), np.empty_like(gamma)
+    d = dy.shape[-1]
+    _layernorm_backward(dy.reshape(-1, d), x_hat.reshape(-1, d), r.reshape(-1, 1), gamma,
+                        dx.reshape(-1, d), dgamma, dbeta)
+    return dx, dgamma, dbeta
+
+
+@_jit(inline="always")
+def _row_sums(x, gamma, mu, x_hat, kind):
+    """One row's sum in float64, as four running sums (four independent chains of
+    additions instead of one: the loop is bound by the adder's latency otherwise).
+    kind 0: sum x; 1: sum (x - mu)^2; 2: sum x gamma; 3: sum (x gamma) x_hat."""
+    d = x.size
+    s0 = 0.0
+    s1 = 0.0
+    s2 = 0.0
+    s3 = 0.0
+    j = 0
+    while j < d:
+        for k in range(4):
+            if j + k < d:
+                if kind == 0:
+                    term = np.float64(x[j + k])
+                elif kind == 1:
+                    c = x[j + k] - mu
+                    term = np.float64(c * c)
+                elif kind == 2:
+                    term = np.float64(x[j + k] * gamma[j + k])
+                else:
+                    term = np.float64((x[j + k] * gamma[j + k]) * x_hat[j + k])
+                if k == 0:
+                    s0 += term
+                elif k == 1:
+                    s1 += term
+                elif k == 2:
+                    s2 += term
+                else:
+                    s3 += term
+        j += 4
+    return (s0 + s1) + (s2 + s3)
+
+
+@_jit
+def _layernorm_forward(x, gamma, beta, eps, y, x_hat, r):
+    """x (N, D), gamma, beta (D,) -> y, x_hat (N, D), r (N, 1), written in place.
+    Row sums in float64; mu, the variance and r rounded as the textbook rounds them."""
+    n, d = x.shape
+    for i in range(n):
+        row = x[i]
+        mu = x.dtype.type(_row_sums(row, gamma, x.dtype.type(0.0), row, 0) / d)
+        var = x.dtype.type(_row_sums(row, gamma, mu, row, 1) / d)
+        ri = x.dtype.type(1.0) / np.sqrt(var + x.dtype.type(eps))
+        r[i, 0] = ri
+        for j in range(d):
+            h = (x[i, j] - mu) * ri
+            x_hat[i, j] = h
+            y[i, j] = h * gamma[j] + beta[j]
+    return None
+
+
+@_jit
+def _layernorm_backward(dy, x_hat, r, gamma, dx, dgamma, dbeta):
+    """dy, x_hat (N, D), r (N, 1), gamma (D,) -> dx (N, D), dgamma, dbeta (D,), in place:
+    dx = r (g - mean(g) - x_hat mean(g x_hat)), g = dy gamma."""
+    n, d = dy.shape
+    dgamma_acc = np.zeros(d)
+    dbeta_acc = np.zeros(d)
+    for i in range(n):
+        for j in range(d):  # independent across j: vectorizes
+            dgamma_acc[j] += dy[i, j] * x_hat[i, j]
+            dbeta_acc[j] += dy[i, j]
+        mean_g = dy.dtype.type(_row_sums(dy[i], gamma, dy.dtype.type(0.0), x_hat[i], 2) / d)
+        mean_gx = dy.dtype.type(_row_sums(dy[i], gamma, dy.dtype.type(0.0), x_hat[i], 3) / d)
+        ri = r[i, 0]
+        for j in range(d):
+            g = dy[i, j] * gamma[j]
+            dx[i, j] = ri * (g - mean_g - x_hat[i, j] * mean_gx)
+    for j in range(d):
+        dgamma[j] = dgamma_acc[j]
+        dbeta[j] = dbeta_acc[j]
+    return None
+
+
+# =========================================================================== optimizer
+@_jit
+def adamw_flat(data, grad, m, v, segments, decay_factor, one_minus_beta1, one_minus_beta2,
+               beta2, sqrt_bias_correction2, eps, step_size):
+    """One Adam(W) update of every parameter in the flat buffers data, grad, m, v (P,).
+
+    ``segments`` (K, 2): the [lo, hi) ranges of the decayed parameters, whose data first
+    shrinks by ``decay_factor`` = 1 - lr lambda (AdamW); then, everywhere, the statements
+    of :meth:`npformer.optim.Adam._update` in their order, each rounded to the buffers'
+    dtype (the coefficients come already rounded to it)."""
+    for k in range(segments.shape[0]):
+        for i in range(segments[k, 0], segments[k, 1]):
+            data[i] = data[i] * decay_factor
+    for i in range(data.size):
+        g = grad[i]
+        mi = m[i] + (g - m[i]) * one_minus_beta1
+        vi = v[i] * beta2 + (g * g) * one_minus_beta2
+        m[i] = mi
+        v[i] = vi
+        denom = np.sqrt(vi) / sqrt_bias_correction2 + eps
+        data[i] = data[i] - (mi / denom) * step_size
+    return None
+
+
+@_jit
+def sum_of_squares(g):
+    """sum(g^2) over a flat array (N,), accumulated in float64."""
+    total = 0.0
+    for i in range(g.size):
+        total += np.float64(g[i]) * np.float64(g[i])
+    return total

@@ -1,0 +1,350 @@
+"""The fast tier's compiled kernels (npformer.fast.kernels) and the flat parameter buffer.
+
+* Every kernel is caught when broken on purpose: each is replaced by a copy that
+  perturbs one element of its result by 1e-9 (relative), and the equality check its
+  op is tested with (tests/test_fast_equals_textbook.py, or the optimizer check here)
+  must fail: a kernel that was not on the tested path, or a check too loose to see
+  it, fails this test.
+* AdamW over one flat buffer equals the textbook per-tensor update (float64, 1e-12)
+  over several steps, with decayed and undecayed parameters, clipping, a schedule.
+* The flat buffer: views of one buffer, gradients accumulated and zeroed in place,
+  loads copy into the views, rebinding is absorbed, the state dicts keep their names,
+  the all-reduce gets the flat gradient buffer itself.
+* Without numba (or NPFORMER_NO_NUMBA=1) the tier runs and warns once.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from npformer import backend, engine, fast, ops
+from npformer.distributed import DistributedDataParallel
+from npformer.fast import kernels
+from npformer.nn import FlatParameters, Linear, Parameter
+from npformer.optim import Adam, AdamW, SGD, clip_grad_norm, global_grad_norm, warmup_cosine
+
+from .conftest import using_backend
+from .helpers import rel_diff
+from .test_fast_equals_textbook import assert_layernorm_equal
+
+needs_numba = pytest.mark.skipif(not kernels.COMPILED, reason="numba is not installed")
+TOL = 1e-12
+seeds = st.integers(0, 2**32 - 1)
+
+
+# =========================================================================== checks
+def gelu_equal(x, dy, tol=TOL):
+    (y_f, c_f), (y_t, c_t) = fast.gelu_forward(x), ops.gelu_forward(x)
+    assert rel_diff(y_f, y_t) <= tol, "y"
+    assert rel_diff(fast.gelu_backward(dy, c_f), ops.gelu_backward(dy, c_t)) <= tol, "dx"
+
+
+def random_params(rng, shapes, dtype="float64"):
+    """Parameters of the given shapes, every other one decayed."""
+    return [Parameter(rng.standard_normal(shape).astype(dtype), decay=i % 2 == 0)
+            for i, shape in enumerate(shapes)]
+
+
+def trajectory(tier, shapes, seed, steps, optimizer, clip=None, **kw):
+    """The parameters after ``steps`` updates on tier ``tier`` (same gradients each tier)."""
+    rng = np.random.default_rng(seed)
+    previous = engine.engine_name()
+    engine.set_engine(tier)
+    try:
+        params = random_params(rng, shapes)
+        opt = optimizer(params, **kw)
+        assert (opt._flat is not None) == (tier == "fast"), "the fast tier flattens"
+        for _ in range(steps):
+            opt.zero_grad()
+            for p in params:
+                p.accumulate(rng.standard_normal(p.shape) * 3.0)
+            if clip is not None:
+                clip_grad_norm(params, clip)
+            opt.step()
+        return [p.data.copy() for p in params] + [m.copy() for m in opt.state["m"]]
+    finally:
+        engine.set_engine(previous)
+
+
+def optimizer_equal(shapes, seed, steps=4, optimizer=AdamW, clip=1.0, tol=TOL, **kw):
+    kw = {"lr": warmup_cosine(1e-2, 2, 10), "weight_decay": 0.1, **kw}
+    flat = trajectory("fast", shapes, seed, steps, optimizer, clip, **kw)
+    textbook = trajectory("textbook", shapes, seed, steps, optimizer, clip, **kw)
+    for i, (a, b) in enumerate(zip(flat, textbook)):
+        assert rel_diff(a, b) <= tol, f"array {i} differs by {rel_diff(a, b):.3e}"
+
+
+SHAPES = [(3, 4), (4,), (2, 2, 3), (1,), (5, 2)]
+
+
+# =========================================================================== equality
+@given(seed=seeds, shapes=st.lists(st.lists(st.integers(1, 4), min_size=1, max_size=3)
+                                   .map(tuple), min_size=1, max_size=6),
+       decoupled=st.booleans(), clip=st.sampled_from([None, 0.5, 1e6]))
+def test_flat_adam_equals_the_per_tensor_textbook_update(seed, shapes, decoupled, clip):
+    """N steps of (Adam)W over one flat buffer equal the textbook tier's update parameter
+    by parameter (parameters and moments within 1e-12, float64), decay on every other
+    parameter, clipping's one-pass norm and scaling included."""
+    if decoupled:
+        optimizer_equal(shapes, seed, clip=clip)
+    else:
+        optimizer_equal(shapes, seed, optimizer=Adam, clip=clip, weight_decay=0.0)
+
+
+def test_flat_float32_update_is_the_per_tensor_update_bit_for_bit():
+    """In float32 the kernel rounds each statement as NumPy does: identical numbers."""
+    def run(tier):
+        engine.set_engine(tier)
+        rng = np.random.default_rng(0)
+        params = random_params(rng, SHAPES, "float32")
+        opt = AdamW(params, lr=3e-3, weight_decay=0.1)
+        for _ in range(3):
+            for p in params:
+                p.grad = rng.standard_normal(p.shape).astype(np.float32)
+            opt.step()
+        return [p.data.copy() for p in params]
+    try:
+        for a, b in zip(run("fast"), run("textbook")):
+            np.testing.assert_array_equal(a, b)
+    finally:
+        engine.set_engine("fast")
+
+
+# =========================================================================== broken kernels
+def perturbed(kernel, output_position, size=1e-9):
+    """``kernel`` followed by a relative change ``size`` of one element of its output
+    argument ``output_position`` (a kernel writes its results into its arguments)."""
+    def broken(*args):
+        result = kernel(*args)
+        out = args[output_position].reshape(-1)
+        if out.size:
+            out[out.size // 2] += size * (abs(out[out.size // 2]) + 1.0)
+        return result
+    return broken
+
+
+def perturbed_sum(kernel):
+    def broken(*args):
+        return kernel(*args) * (1 + 1e-9)
+    return broken
+
+
+def gelu_case():
+    rng = np.random.default_rng(1)
+    gelu_equal(rng.standard_normal((4, 6)) * 3, rng.standard_normal((4, 6)))
+
+
+def gelu32_case():
+    rng = np.random.default_rng(1)
+    x, dy = (rng.standard_normal((2, 4, 6)) * 3).astype(np.float32), rng.standard_normal(
+        (2, 4, 6)).astype(np.float32)
+    gelu_equal(x, dy, tol=1e-6)  # test_fast_equals_textbook.test_gelu's float32 tolerance
+
+
+def layernorm_case():
+    rng = np.random.default_rng(2)
+    assert_layernorm_equal(rng.standard_normal((3, 7)), rng.standard_normal(7),
+                           rng.standard_normal(7), rng.standard_normal((3, 7)))
+
+
+def adam_case():
+    optimizer_equal(SHAPES, seed=3)
+
+
+BROKEN = {  # kernel: (its broken copy, the equality check that must catch it)
+    "gelu_forward64": (lambda k: perturbed(k, 1), gelu_case),
+    "gelu_backward64": (lambda k: perturbed(k, 3), gelu_case),
+    "gelu_forward32": (lambda k: perturbed(k, 1, 1e-5), gelu32_case),
+    "gelu_backward32": (lambda k: perturbed(k, 3, 1e-5), gelu32_case),
+    "_layernorm_forward": (lambda k: perturbed(k, 4), layernorm_case),
+    "_layernorm_backward": (lambda k: perturbed(k, 4), layernorm_case),
+    "adamw_flat": (lambda k: perturbed(k, 0), adam_case),
+    "sum_of_squares": (perturbed_sum, adam_case),
+}
+
+
+@needs_numba
+@pytest.mark.parametrize("name", sorted(BROKEN))
+def test_each_kernel_broken_on_purpose_fails_its_equality_check(monkeypatch, name):
+    breaker, check = BROKEN[name]
+    check()  # passes with the real kernel
+    monkeypatch.setattr(kernels, name, breaker(getattr(kernels, name)))
+    with pytest.raises(AssertionError):
+        check()
+
+
+@needs_numba
+def test_every_kernel_has_a_broken_variant():
+    """Every compiled loop (not the scalar helpers numba inlines into them) is in BROKEN."""
+    helpers = {"_exp", "_exp32", "_exp_minus_square", "_erfc", "_erfc32", "_row_sums"}
+    compiled = {name for name, value in vars(kernels).items() if hasattr(value, "py_func")}
+    assert compiled - helpers == set(BROKEN)
+
+
+@needs_numba
+def test_float32_gelu_kernels_are_float32_accurate():
+    """The float32 kernels (their own erfc, float32 arithmetic) against float64 truth."""
+    rng = np.random.default_rng(4)
+    for scale in (0.1, 1.0, 5.0, 40.0):
+        x = (rng.standard_normal(5000) * scale).astype(np.float32)
+        dy = rng.standard_normal(5000).astype(np.float32)
+        y32, phi32 = kernels.gelu_forward(x)
+        y64, cache64 = ops.gelu_forward(x.astype(np.float64))
+        assert y32.dtype == np.float32 and rel_diff(y32, y64) <= 3e-7
+        dx64 = ops.gelu_backward(dy.astype(np.float64), cache64)
+        assert rel_diff(kernels.gelu_backward(dy, x, phi32), dx64) <= 3e-7
+
+
+# =========================================================================== flat buffer
+def flat_model():
+    engine.set_engine("fast")
+    model = Linear(3, 4)
+    opt = AdamW(model.parameters(), lr=1e-2)
+    return model, opt
+
+
+def test_parameters_and_gradients_are_views_of_one_buffer():
+    model, opt = flat_model()
+    flat = opt._flat
+    assert isinstance(flat, FlatParameters) and flat.data.size == 3 * 4 + 4
+    for p, (lo, hi) in zip(model.parameters(), flat.slices):
+        assert np.shares_memory(p.data, flat.data) and np.shares_memory(p.grad, flat.grad)
+        np.testing.assert_array_equal(p.data.reshape(-1), flat.data[lo:hi])
+    grads = [p.grad for p in model.parameters()]
+    model.forward(np.ones((2, 3), dtype=flat.data.dtype))
+    model.backward(np.ones((2, 4), dtype=flat.data.dtype))
+    assert all(p.grad is g for p, g in zip(model.parameters(), grads)), "accumulated in place"
+    assert flat.grad.any()
+    opt.zero_grad()
+    assert not flat.grad.any() and all(p.grad is g for p, g in zip(model.parameters(), grads))
+
+
+def test_loading_copies_into_the_views_and_names_are_unchanged():
+    model, opt = flat_model()
+    views = [p.data for p in model.parameters()]
+    state = {k: np.full_like(v, 7.0) for k, v in model.state_dict().items()}
+    model.load_state_dict(state)
+    assert all(p.data is v for p, v in zip(model.parameters(), views))
+    assert (opt._flat.data == 7.0).all()
+    assert set(model.state_dict()) == {"weight", "bias"}
+    saved = opt.state_dict()
+    assert {k for k in saved if "." in k} == {"m.0", "m.1", "v.0", "v.1"}
+
+
+def test_rebound_data_grads_and_moments_go_back_into_the_buffer():
+    """Code that rebinds p.data, p.grad or the moments (old loaders, tests) is absorbed."""
+    model, opt = flat_model()
+    w = model.weight
+    w.data = np.full(w.shape, 2.0)
+    w.grad = np.ones(w.shape)
+    opt.load_state_dict({**opt.state_dict(), "m.0": np.full(w.shape, 0.5)})
+    opt.step()
+    assert np.shares_memory(w.data, opt._flat.data) and w.data[0, 0] != 2.0
+    assert opt.state["m"][0] is opt._state_views["m"][0]
+    np.testing.assert_allclose(opt.state["m"][0], 0.5 + 0.1 * (1.0 - 0.5))
+
+
+def test_clipping_on_the_flat_buffer_equals_the_per_tensor_norm():
+    with using_backend("numpy", "float64"):
+        model, opt = flat_model()
+    rng = np.random.default_rng(5)
+    for p in model.parameters():
+        p.accumulate(rng.standard_normal(p.shape).astype(p.data.dtype))
+    per_tensor = float(np.sqrt(sum(np.sum(p.grad.astype(np.float64)**2)
+                                   for p in model.parameters())))  # float64 sums
+    assert abs(global_grad_norm(model.parameters()) - per_tensor) <= 1e-12 * per_tensor
+    before = [p.grad.copy() for p in model.parameters()]
+    total = clip_grad_norm(model.named_parameters(), 0.1)
+    for b, p in zip(before, model.parameters()):  # each gradient scaled, in place
+        np.testing.assert_array_equal(p.grad, b * (0.1 / (total + 1e-6)))
+
+
+def test_the_allreduce_gets_the_flat_gradient_buffer_itself():
+    model, opt = flat_model()
+    sent = []
+    ddp = object.__new__(DistributedDataParallel)  # no MPI: the reduction recorded
+    ddp.model, ddp._loss = model, np.zeros(1)
+    ddp.allreduce = lambda buffer: sent.append(buffer)
+    assert ddp.reduce_step(1.5) == 1.5
+    assert sent[0] is opt._flat.grad and len(sent) == 2
+
+
+def test_what_cannot_be_flat_stays_per_tensor():
+    engine.set_engine("fast")
+    mixed = [Parameter(np.ones(2)), Parameter(np.ones(2, dtype=np.float32))]
+    assert AdamW(mixed)._flat is None
+    assert Adam([Parameter(np.ones(2))], weight_decay=0.1)._flat is None  # L2 decay
+    assert SGD([Parameter(np.ones(2))], lr=0.1)._flat is None
+    engine.set_engine("textbook")
+    try:
+        assert AdamW([Parameter(np.ones(2))])._flat is None
+    finally:
+        engine.set_engine("fast")
+
+
+# =========================================================================== without numba
+def test_without_numba_the_tier_runs_its_numpy_statements_and_warns_once(monkeypatch):
+    monkeypatch.setattr(kernels, "COMPILED", False)
+    monkeypatch.setattr(kernels, "_warned", False)
+    with pytest.warns(RuntimeWarning, match="gelu_forward.*layernorm_forward.*adamw_flat"):
+        gelu_case()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gelu_case()
+        layernorm_case()
+        adam_case()
+
+
+def test_npformer_no_numba_falls_back_in_a_fresh_process():
+    code = ("import warnings, numpy as np; warnings.simplefilter('always');"
+            "from npformer import fast; from npformer.fast import kernels;"
+            "assert not kernels.COMPILED;"
+            "import warnings as w\n"
+            "with w.catch_warnings(record=True) as seen:\n"
+            "    w.simplefilter('always'); fast.gelu_forward(np.ones(3)); fast.gelu_forward(np.ones(3))\n"
+            "print(len(seen), seen[0].message)")
+    env = {**os.environ, "NPFORMER_NO_NUMBA": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.startswith("1 ") and "NPFORMER_NO_NUMBA" in out and "gelu_forward" in out
+
+
+def test_strict_arrays_never_reach_a_kernel():
+    import array_api_strict as xps
+
+    x = xps.asarray(np.linspace(-3, 3, 7))
+    assert not kernels.usable(x)
+    y, _ = fast.gelu_forward(x)
+    assert rel_diff(backend.to_numpy(y), ops.gelu_forward(np.linspace(-3, 3, 7))[0]) <= TOL
+
+
+@pytest.mark.parametrize("replicas", [2, 3])
+def test_thread_replicas_sum_into_the_flat_buffer_as_per_tensor(replicas):
+    """A flat model's replicas keep flat gradient buffers of their own, summed in one
+    pass: the gradients equal the whole batch's, as the per-tensor sum's do."""
+    from npformer.parallel import DataParallel
+
+    from .parallel_cases import build
+
+    with using_backend("numpy", "float64"):
+        model, task, batch = build("lm")
+        model.zero_grad()
+        task.loss_and_grad(model, batch, 1.0)
+        expected = [p.grad.copy() for p in model.parameters()]
+        opt = AdamW(model.parameters())
+        opt.zero_grad()
+        parallel = DataParallel(model, replicas)
+        for _ in range(2):  # the second step reuses the replicas' buffers
+            opt.zero_grad()
+            parallel.loss_and_grad(task, batch, 1.0, seed=0)
+        assert set(parallel._replica_flats) == set(range(1, replicas))
+        scale = max(float(np.max(np.abs(g))) for g in expected)
+        for (name, p), g in zip(model.named_parameters(), expected):
+            assert p.grad is opt._flat.grad_views[model.parameters().index(p)], name
+            assert float(np.max(np.abs(p.grad - g))) <= 1e-12 * scale, name
