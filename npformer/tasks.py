@@ -59,7 +59,7 @@ class Classification(Task):
 
     def loss_and_grad(self, model, batch, grad_scale=1.0):
         ids, valid_lens, labels = batch
-        padding = Padding.of(valid_lens, ids.shape[1])  # the batch's padding, described once
+        padding = Padding.of(valid_lens, ids.shape[1], min_length=1)  # described once; pooled
         logits = model(backend.asarray(ids), padding=padding)  # (B, C), small
         return cross_entropy_and_backward(model, logits, labels, grad_scale)
 

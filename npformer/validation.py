@@ -573,6 +573,18 @@ def packing_inputs(valid_lens, length: int) -> None:
 
 
 # =========================================================================== layers, configs
+def check_valid_lengths(valid_lens, length: int, minimum: int = 0) -> None:
+    """Every valid length in [minimum, length] (one min and max over the B lengths, once a
+    batch); ``minimum`` 1 where every sequence needs a token (pooling)."""
+    if valid_lens.shape[0] == 0:
+        return
+    low, high = backend.host_range(valid_lens)
+    if low < minimum or high > length:
+        need = " (every sequence needs at least one token)" if minimum else ""
+        raise ValueError(f"valid lengths must be in [{minimum}, {length}] (the batch's "
+                         f"positions){need}, got values in [{low}, {high}]")
+
+
 def check_heads_divide(d_model: int, num_heads: int, width: str = "d_model",
                        heads: str = "num_heads", hint: str = "or set head_dim explicitly") -> None:
     """Narrow heads split the width: num_heads must divide d_model (one place for the rule;

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from .. import engine, ops
 from ..nn import EncoderBlock, Linear, Module, Padding
-from ..validation import check_rank
+from ..validation import check_rank, check_valid_lengths
 from .common import TokenEmbedding, check_config, final_norm, model_input, padding_of
 
 
@@ -82,6 +82,8 @@ class TransformerClassifier(Module):
                              f"sequence, got token ids of shape {tuple(ids.shape)} (axis 1, "
                              "the positions, is empty)")
         self.embed.check_inputs(ids)
+        if padding is not None and padding.min_length < 1:  # pooling needs a token a row
+            check_valid_lengths(padding.valid_lens, padding.length, 1)
 
     def forward(self, ids, valid_lens=None, padding: Padding | None = None):
         """ids (B, T) token ids -> logits (B, C).  The padding: ``padding`` (built once by
@@ -92,7 +94,8 @@ class TransformerClassifier(Module):
         (ValueError): pooling is not defined over no positions."""
         ids = model_input(ids, "token ids")
         valid_lens = model_input(valid_lens, "valid_lens", rank=1)
-        padding = padding_of(ids, valid_lens, self.config.pad_id, padding)
+        padding = padding_of(ids, valid_lens, self.config.pad_id, padding,
+                             min_length=1)  # pooling needs a token a row
         x = padding.rows(self.embed(ids))  # (B, T, D) -> the layers' form
         for block in self.blocks:
             x = block(x, mask=padding.key_mask, padding=padding)  # padding keys hidden

@@ -141,14 +141,15 @@ def _refuse_padding_before_a_token(real: np.ndarray, pad_id: int, what: str) -> 
 
 
 def padding_of(ids, valid_lens, pad_id: int, padding: Padding | None,
-               pack: bool | None = None, what: str = "token ids") -> Padding:
+               pack: bool | None = None, what: str = "token ids",
+               min_length: int = 0) -> Padding:
     """The batch's :class:`Padding`: ``padding`` if given (checked against ids), else built
     from ``valid_lens`` (default: the count of non-pad ids per row, padding at the end:
     :func:`valid_lengths_from`)."""
     if padding is None:
         if valid_lens is None:
             valid_lens = valid_lengths_from(ids, pad_id, what)
-        return Padding(valid_lens, ids.shape[1], pack)
+        return Padding(valid_lens, ids.shape[1], pack, min_length)
     if valid_lens is not None:
         raise ValueError("pass the valid lengths or a padding, not both (the padding "
                          "holds the valid lengths)")

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from .. import backend, engine, ops
 from ..engine import Packing
-from ..validation import check_rank, check_size
+from ..validation import check_rank, check_size, check_valid_lengths
 
 
 class Padding:
@@ -30,21 +30,23 @@ class Padding:
     packed rows (default: what the engine's tier does).  B = 0 (no sequences) and
     length = 0 (sequences without positions) describe empty batches."""
 
-    def __init__(self, valid_lens, length: int, pack: bool | None = None):
+    def __init__(self, valid_lens, length: int, pack: bool | None = None, min_length: int = 0):
         check_rank(valid_lens, 1, "valid lengths")
         if not backend.is_integer_array(valid_lens):
             raise TypeError(f"valid lengths must be integers, got dtype {valid_lens.dtype}")
-        check_valid_lengths(valid_lens, check_size(length, "length"))
+        check_valid_lengths(valid_lens, check_size(length, "length"), min_length)
         self.valid_lens = valid_lens  # (B,)
+        self.min_length = min_length  # every valid length is at least this (checked)
         self.batch, self.length = int(valid_lens.shape[0]), int(length)
         self.key_mask = ops.padding_mask(valid_lens, length)  # (B, 1, 1, T), True = valid
         pack = engine.packs_positions() if pack is None else pack
         self.packing = Packing.from_lengths(valid_lens, length) if pack else None
 
     @classmethod
-    def of(cls, valid_lens, length: int, pack: bool | None = None) -> "Padding":
+    def of(cls, valid_lens, length: int, pack: bool | None = None,
+           min_length: int = 0) -> "Padding":
         """A Padding from valid lengths given as host or backend integers."""
-        return cls(backend.asarray(valid_lens), length, pack)
+        return cls(backend.asarray(valid_lens), length, pack, min_length)
 
     def rows(self, x):
         """(B, T, ...) -> the position-wise layers' form: rows (N, ...) packed, or (B, T, ...)."""
@@ -71,13 +73,3 @@ class Padding:
             form = ("(B, T, D)" if self.packing is None
                     else "(N, D), the valid positions of the batch as rows")
             raise ValueError(f"{what} must be {form} = {expected}, got shape {tuple(x.shape)}")
-
-
-def check_valid_lengths(valid_lens, length: int) -> None:
-    """Every valid length in [0, length] (one min and max over the B lengths, once a batch)."""
-    if valid_lens.shape[0] == 0:
-        return
-    low, high = backend.host_range(valid_lens)
-    if low < 0 or high > length:
-        raise ValueError(f"valid lengths must be in [0, {length}] (the batch's positions), "
-                         f"got values in [{low}, {high}]")
