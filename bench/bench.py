@@ -42,19 +42,33 @@ import sys
 import time
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path[:1]:  # `python bench/bench.py`: the bench package, not this file
     sys.path.insert(0, str(ROOT))
 
-from bench.configs import (CONFIGS, SEED, SMOKE, SMOKE_SWEEP_BATCHES,  # noqa: E402
-                           SMOKE_SWEEP_LENGTHS, SMOKE_SWEEP_TOKENS, SWEEP_BATCHES, SWEEP_LENGTHS,
-                           SWEEP_TOKENS)
-from bench.measure import worker_main  # noqa: E402
 from bench import processes, runner  # noqa: E402
+from bench.configs import (  # noqa: E402
+    CONFIGS,
+    SEED,
+    SMOKE,
+    SMOKE_SWEEP_BATCHES,
+    SMOKE_SWEEP_LENGTHS,
+    SMOKE_SWEEP_TOKENS,
+    SWEEP_BATCHES,
+    SWEEP_LENGTHS,
+    SWEEP_TOKENS,
+)
+from bench.measure import worker_main  # noqa: E402
+from bench.report import (  # noqa: E402
+    describe,
+    machine_load,
+    print_header,
+    print_main_table,
+    print_markdown,
+    print_sweep,
+)
 from bench.runner import ALLOCATORS, NO_TRIM_TUNABLE, worker_env  # noqa: E402
-from bench.report import (describe, machine_load, print_header,  # noqa: E402
-                          print_main_table, print_markdown, print_sweep)
+
 
 # =========================================================================== parent side
 def run_worker(side: str, cfg: dict, args, weights: str | None,

@@ -30,7 +30,7 @@ FRA_ENG_LENGTH = 9           # the padded width of the length-bucketed batches: 
 #                              (sentences: mean 8.1 / 8.4 tokens with <eos>, at most 16)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def demo_module(script: str):
     """demos/<script>.py as a module (its presets and model/update functions; its main
     is not run)."""

@@ -36,9 +36,10 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path[:1]:  # `python bench/gpu.py`: the bench package, not this file
@@ -46,10 +47,24 @@ if str(ROOT) not in sys.path[:1]:  # `python bench/gpu.py`: the bench package, n
 
 from bench import runner  # noqa: E402
 from bench.configs import GPU_CONFIGS, GPU_SMOKE, SEED, SIDES  # noqa: E402
-from bench.measure import (initial_weights, prepare_npformer, prepare_pytorch,  # noqa: E402
-                           timed, warm_up, worker_main)
-from bench.report import (LOSS_NOTE, TRAIN_TIMING, describe, markdown_lines,  # noqa: E402
-                          ms, ratio_line, spread, summary)
+from bench.measure import (  # noqa: E402
+    initial_weights,
+    prepare_npformer,
+    prepare_pytorch,
+    timed,
+    warm_up,
+    worker_main,
+)
+from bench.report import (  # noqa: E402
+    LOSS_NOTE,
+    TRAIN_TIMING,
+    describe,
+    markdown_lines,
+    ms,
+    ratio_line,
+    spread,
+    summary,
+)
 
 MEMORY_STEPS = 3  # training steps of the memory pass, after the timed ones
 PROFILE_STEPS = 10

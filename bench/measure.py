@@ -11,10 +11,26 @@ import time
 
 import numpy as np
 
-from bench.configs import (PAD, ROOT, SEED, WARMUP_CONFIGS, clip_norm, label_smoothing,
-                           make_batch, npformer_config, npformer_model, npformer_optimizer)
-from bench.torch_models import (NANOGPT, nanogpt_folder, nanogpt_model, nanogpt_state_dict,
-                                torch_optimizer_like, torch_reference)
+from bench.configs import (
+    PAD,
+    ROOT,
+    SEED,
+    WARMUP_CONFIGS,
+    clip_norm,
+    label_smoothing,
+    make_batch,
+    npformer_config,
+    npformer_model,
+    npformer_optimizer,
+)
+from bench.torch_models import (
+    NANOGPT,
+    nanogpt_folder,
+    nanogpt_model,
+    nanogpt_state_dict,
+    torch_optimizer_like,
+    torch_reference,
+)
 
 RESULT_PREFIX = "BENCH_RESULT "
 
@@ -256,7 +272,7 @@ def prepare_npformer(cfg: dict, seed: int, weights: str | None, threads: int = 1
 def npformer_trainer(cfg: dict, model, task, batch, replicas: int):
     """The demo's Trainer (its optimizer and clipping) on one fixed batch: its update()
     is the step users run (threads, or MPI ranks under mpiexec)."""
-    from npformer.train import Trainer, TrainConfig
+    from npformer.train import TrainConfig, Trainer
 
     optimizer = npformer_optimizer(cfg, model.parameters())
     return Trainer(model, optimizer, task, lambda rng: batch,

@@ -102,9 +102,10 @@ def model_text(cfg: dict) -> str:
     """", demos/generate.py: pre-norm gelu, dropout 0.0, AdamW, clip 1.0" (a demo's run)."""
     if "demo" not in cfg:
         return ""
+    import numpy as np
+
     from bench.configs import clip_norm, npformer_config, npformer_optimizer
     from npformer.nn import Parameter
-    import numpy as np
 
     c = npformer_config(cfg)
     optimizer = type(npformer_optimizer(cfg, [Parameter(np.zeros(1, np.float32))])).__name__

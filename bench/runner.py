@@ -8,8 +8,8 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from bench.configs import ROOT
 from bench.measure import worker_result

@@ -28,18 +28,37 @@ except (ValueError, RuntimeError) as exc:
 import numpy as np
 
 from npformer import backend, ops
-from npformer.cli import (LAST_FILE, MODEL_FILE, Demo, DemoError, Stopwatch, check_divisible,
-                          demo_parser, extra_output, load_demo_model, machine_description,
-                          nonnegative_int, option, plot_curves, positive_float, positive_int,
-                          prepare, probability, run_demo, run_record, write_json, write_text)
+from npformer.cli import (
+    LAST_FILE,
+    MODEL_FILE,
+    Demo,
+    DemoError,
+    Stopwatch,
+    check_divisible,
+    demo_parser,
+    extra_output,
+    load_demo_model,
+    machine_description,
+    nonnegative_int,
+    option,
+    plot_curves,
+    positive_float,
+    positive_int,
+    prepare,
+    probability,
+    run_demo,
+    run_record,
+    write_json,
+    write_text,
+)
 from npformer.data import CharVocab, lm_batch, load_shakespeare, read_text_file, split_90_10
-from npformer.launch import relaunch
 from npformer.decoding import generate
+from npformer.launch import relaunch
 from npformer.models import CausalLM, CausalLMConfig
 from npformer.nn import evaluating
 from npformer.optim import AdamW, warmup_cosine
 from npformer.tasks import LanguageModeling
-from npformer.train import Trainer, TrainConfig
+from npformer.train import TrainConfig, Trainer
 
 DEMO = Demo(tag="shakespeare", title="Shakespeare", model_kind="causal_lm",
             script="demos/generate.py", out="runs/shakespeare")

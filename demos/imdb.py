@@ -37,20 +37,46 @@ except (ValueError, RuntimeError) as exc:
 import numpy as np
 
 from npformer import backend, ops
-from npformer.cli import (Demo, DemoError, LAST_FILE, MODEL_FILE, Stopwatch, check_divisible,
-                          demo_parser, extra_output, load_demo_model, machine_description,
-                          map_batches, nonnegative_float, nonnegative_int, option, plot_attention,
-                          plot_curves, positive_float, prepare, probability, run_demo,
-                          run_record, write_json)
-from npformer.data import (Vocab, is_user_data, length_bucketed_batches, load_imdb_splits,
-                           load_text_classification, pad_batch, split_validation,
-                           tokenize_imdb)
+from npformer.cli import (
+    LAST_FILE,
+    MODEL_FILE,
+    Demo,
+    DemoError,
+    Stopwatch,
+    check_divisible,
+    demo_parser,
+    extra_output,
+    load_demo_model,
+    machine_description,
+    map_batches,
+    nonnegative_float,
+    nonnegative_int,
+    option,
+    plot_attention,
+    plot_curves,
+    positive_float,
+    prepare,
+    probability,
+    run_demo,
+    run_record,
+    write_json,
+)
+from npformer.data import (
+    Vocab,
+    is_user_data,
+    length_bucketed_batches,
+    load_imdb_splits,
+    load_text_classification,
+    pad_batch,
+    split_validation,
+    tokenize_imdb,
+)
 from npformer.launch import relaunch
 from npformer.models import ClassifierConfig, TransformerClassifier
 from npformer.nn import evaluating, record_attention
 from npformer.optim import AdamW, warmup_cosine
 from npformer.tasks import Classification
-from npformer.train import EpochBatches, Trainer, TrainConfig, TrainingInterrupted
+from npformer.train import EpochBatches, TrainConfig, Trainer, TrainingInterrupted
 
 DEMO = Demo(tag="imdb", title="IMDB", model_kind="classifier", script="demos/imdb.py",
             out="runs/imdb")

@@ -33,20 +33,46 @@ except (ValueError, RuntimeError) as exc:
 import numpy as np
 
 from npformer import backend, ops
-from npformer.cli import (Demo, DemoError, LAST_FILE, MODEL_FILE, Stopwatch, check_divisible,
-                          demo_parser, extra_output, load_demo_model, machine_description,
-                          map_batches, option, plot_attention, plot_curves, positive_float, prepare,
-                          probability, run_demo, run_record, write_json)
-from npformer.data import (Vocab, filter_by_length, length_bucketed_batches, load_fra_eng,
-                           pad_batch, preprocess_fra_eng, read_sentence_pairs,
-                           split_by_source, tokenize_fra_eng)
-from npformer.launch import relaunch
+from npformer.cli import (
+    LAST_FILE,
+    MODEL_FILE,
+    Demo,
+    DemoError,
+    Stopwatch,
+    check_divisible,
+    demo_parser,
+    extra_output,
+    load_demo_model,
+    machine_description,
+    map_batches,
+    option,
+    plot_attention,
+    plot_curves,
+    positive_float,
+    prepare,
+    probability,
+    run_demo,
+    run_record,
+    write_json,
+)
+from npformer.data import (
+    Vocab,
+    filter_by_length,
+    length_bucketed_batches,
+    load_fra_eng,
+    pad_batch,
+    preprocess_fra_eng,
+    read_sentence_pairs,
+    split_by_source,
+    tokenize_fra_eng,
+)
 from npformer.decoding import beam_search, greedy_decode
+from npformer.launch import relaunch
 from npformer.models import Seq2SeqConfig, Seq2SeqTransformer
 from npformer.nn import evaluating, record_attention
 from npformer.optim import Adam, warmup_inverse_sqrt
 from npformer.tasks import Translation
-from npformer.train import EpochBatches, Trainer, TrainConfig
+from npformer.train import EpochBatches, TrainConfig, Trainer
 
 DEMO = Demo(tag="translate", title="translation", model_kind="seq2seq",
             script="demos/translate.py", out="runs/translate")

@@ -26,8 +26,7 @@ import numpy as np
 from . import backend, ops
 from .models.common import valid_lengths_from
 from .nn import evaluating
-from .validation import (check_model_kind, check_real, check_size, check_token_ids,
-                         host_token_ids)
+from .validation import check_model_kind, check_real, check_size, check_token_ids, host_token_ids
 
 
 def _last_log_probs(logits) -> np.ndarray:

@@ -41,8 +41,9 @@ of arguments and of saved state (which stay out of the update path).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from . import backend, engine
 from .nn.module import Parameter, flat_parameters_of

@@ -19,18 +19,18 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from copy import deepcopy
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 from . import backend
 from .checkpoint import load_checkpoint, restore, save_checkpoint
-from .optim import NonFiniteGradientError, clip_grad_norm, global_grad_norm
 from .distributed import data_parallel
+from .optim import NonFiniteGradientError, clip_grad_norm, global_grad_norm
 from .tasks import Task
 from .validation import check_choice, check_real, check_size
 

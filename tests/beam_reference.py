@@ -11,8 +11,15 @@ from __future__ import annotations
 import numpy as np
 
 from npformer import backend
-from npformer.decoding import (_Beam, _check_beam_arguments, _last_log_probs, _reorder_states,
-                               _search_done, _source, length_penalty)
+from npformer.decoding import (
+    _Beam,
+    _check_beam_arguments,
+    _last_log_probs,
+    _reorder_states,
+    _search_done,
+    _source,
+    length_penalty,
+)
 from npformer.nn import evaluating
 
 

@@ -7,8 +7,7 @@ from functools import partial
 import numpy as np
 import pytest
 
-from npformer import backend
-from npformer import engine, fast, ops
+from npformer import backend, engine, fast, ops
 from npformer.torch_interop import load_torch_state_dict
 
 

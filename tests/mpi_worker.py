@@ -20,7 +20,6 @@ import numpy as np
 
 from npformer import backend, distributed
 from npformer.distributed import DistributedDataParallel, RanksDiffer
-
 from tests import parallel_cases as cases
 
 

@@ -7,11 +7,17 @@ from __future__ import annotations
 import numpy as np
 
 from npformer import backend
-from npformer.models import (CausalLM, CausalLMConfig, ClassifierConfig, Seq2SeqConfig,
-                             Seq2SeqTransformer, TransformerClassifier)
+from npformer.models import (
+    CausalLM,
+    CausalLMConfig,
+    ClassifierConfig,
+    Seq2SeqConfig,
+    Seq2SeqTransformer,
+    TransformerClassifier,
+)
 from npformer.optim import Adam
 from npformer.tasks import Classification, LanguageModeling, Translation
-from npformer.train import Trainer, TrainConfig
+from npformer.train import TrainConfig, Trainer
 
 
 def classifier_case(rng, rows: int = 7, dropout: float = 0.0):

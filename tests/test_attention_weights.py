@@ -19,8 +19,14 @@ import numpy as np
 import pytest
 
 from npformer import backend, nn
-from npformer.models import (CausalLM, CausalLMConfig, ClassifierConfig, Seq2SeqConfig,
-                             Seq2SeqTransformer, TransformerClassifier)
+from npformer.models import (
+    CausalLM,
+    CausalLMConfig,
+    ClassifierConfig,
+    Seq2SeqConfig,
+    Seq2SeqTransformer,
+    TransformerClassifier,
+)
 from npformer.nn import MultiHeadAttention, record_attention
 
 from .conftest import using_backend

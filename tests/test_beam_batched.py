@@ -45,8 +45,8 @@ from hypothesis import strategies as st
 
 from npformer import backend, decoding
 from npformer.decoding import beam_search, greedy_decode
-from tests.beam_reference import _beam_search_reference
 from npformer.models import Seq2SeqConfig, Seq2SeqTransformer
+from tests.beam_reference import _beam_search_reference
 
 from .conftest import using_backend
 

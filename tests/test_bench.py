@@ -163,11 +163,19 @@ def test_configs_are_the_demos_default_models_and_updates():
     default preset: the lm is pre-norm, exact GELU, tied, AdamW (0.9, 0.99) with decay 0.1
     and nanoGPT's schedule; imdb post-norm ReLU with dropout 0.1 and AdamW; seq2seq Adam
     (0.9, 0.98, eps 1e-9) with label smoothing 0.1; all clip at 1."""
-    from bench.configs import (CONFIGS, SMOKE, clip_norm, demo_module, label_smoothing,
-                               npformer_config, npformer_optimizer)
+    import numpy as np
+
+    from bench.configs import (
+        CONFIGS,
+        SMOKE,
+        clip_norm,
+        demo_module,
+        label_smoothing,
+        npformer_config,
+        npformer_optimizer,
+    )
     from npformer import optim
     from npformer.nn import Parameter
-    import numpy as np
 
     generate, imdb, translate = (demo_module(n) for n in ("generate", "imdb", "translate"))
     lm = npformer_config(CONFIGS["lm"])

@@ -32,13 +32,24 @@ import numpy as np
 import pytest
 
 from npformer import backend, optim
-from npformer.checkpoint import (CheckpointError, build_model, load_checkpoint, restore,
-                                 save_checkpoint)
-from npformer.models import (CausalLM, CausalLMConfig, ClassifierConfig, Seq2SeqConfig,
-                             Seq2SeqTransformer, TransformerClassifier)
+from npformer.checkpoint import (
+    CheckpointError,
+    build_model,
+    load_checkpoint,
+    restore,
+    save_checkpoint,
+)
+from npformer.models import (
+    CausalLM,
+    CausalLMConfig,
+    ClassifierConfig,
+    Seq2SeqConfig,
+    Seq2SeqTransformer,
+    TransformerClassifier,
+)
 from npformer.nn import no_grad
-from npformer.torch_interop import rules_for, to_torch_state_dict
 from npformer.tasks import Classification, LanguageModeling, Translation
+from npformer.torch_interop import rules_for, to_torch_state_dict
 from npformer.train import TrainConfig, Trainer, TrainingDiverged, accuracy, perplexity
 
 from .conftest import using_backend

@@ -22,7 +22,6 @@ from npformer.gradcheck import check_op
 from .conftest import GPU, using_backend
 from .helpers import GRADCHECK_TOL, PARITY_RTOL, assert_close
 
-
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not GPU, reason="needs CuPy and a GPU"),

@@ -75,7 +75,7 @@ def run_demo(script: str, *args: str, env_extra: dict | None = None) -> subproce
                           text=True, env=env, cwd=ROOT, timeout=600)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_demo(script: str):
     """The demo script as a module (its main and build_parser, without running it)."""
     name = f"npformer_demo_{Path(script).stem}"

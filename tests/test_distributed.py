@@ -30,12 +30,18 @@ import numpy as np
 import pytest
 
 from npformer import distributed
-from npformer.distributed import (Context, DistributedDataParallel, FlatGradients,
-                                  batch_fingerprint, keep_freed_memory, launched_by_mpi)
+from npformer.distributed import (
+    Context,
+    DistributedDataParallel,
+    FlatGradients,
+    batch_fingerprint,
+    keep_freed_memory,
+    launched_by_mpi,
+)
 from npformer.parallel import DataParallel
+from tests import parallel_cases as cases
 from tests.conftest import using_backend
 from tests.helpers import rel_diff
-from tests import parallel_cases as cases
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "mpi_worker.py"

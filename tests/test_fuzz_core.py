@@ -20,12 +20,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 import npformer
 from npformer import backend, fast, gradcheck, nn, ops
-from npformer.models import (CausalLM, CausalLMConfig, ClassifierConfig, Seq2SeqConfig,
-                             Seq2SeqTransformer, TransformerClassifier)
+from npformer.models import (
+    CausalLM,
+    CausalLMConfig,
+    ClassifierConfig,
+    Seq2SeqConfig,
+    Seq2SeqTransformer,
+    TransformerClassifier,
+)
 from npformer.validation import TokenIdError
 
 PACKAGE = str(Path(npformer.__file__).resolve().parent)

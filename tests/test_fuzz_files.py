@@ -18,12 +18,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from npformer import optim
 from npformer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from npformer.data import (DatasetFormatError, DatasetWarning, read_fra_eng, read_imdb_archive,
-                           read_shakespeare)
+from npformer.data import (
+    DatasetFormatError,
+    DatasetWarning,
+    read_fra_eng,
+    read_imdb_archive,
+    read_shakespeare,
+)
 from npformer.data.fra_eng import parse_fra_eng
 
 from .conftest import using_backend

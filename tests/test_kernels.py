@@ -21,13 +21,14 @@ import warnings
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from npformer import backend, engine, fast, ops
 from npformer.distributed import DistributedDataParallel
 from npformer.fast import kernels
 from npformer.nn import FlatParameters, Linear, Parameter
-from npformer.optim import Adam, AdamW, SGD, clip_grad_norm, global_grad_norm, warmup_cosine
+from npformer.optim import SGD, Adam, AdamW, clip_grad_norm, global_grad_norm, warmup_cosine
 
 from .conftest import using_backend
 from .helpers import rel_diff

@@ -370,8 +370,14 @@ def test_layers_refuse_lists_naming_the_input(xb, layer, args):
 
 
 def _models():
-    from npformer.models import (CausalLM, CausalLMConfig, ClassifierConfig, Seq2SeqConfig,
-                                 Seq2SeqTransformer, TransformerClassifier)
+    from npformer.models import (
+        CausalLM,
+        CausalLMConfig,
+        ClassifierConfig,
+        Seq2SeqConfig,
+        Seq2SeqTransformer,
+        TransformerClassifier,
+    )
     return {
         "classifier": TransformerClassifier(ClassifierConfig(
             vocab_size=6, d_model=4, num_heads=2, num_layers=1, d_ff=6, max_len=4)),

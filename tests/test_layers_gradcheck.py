@@ -28,7 +28,8 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings, strategies as st
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from npformer import backend, nn
 from npformer.gradcheck import check_module

@@ -40,8 +40,14 @@ from npformer.ops import causal_mask, padding_mask
 from npformer.torch_interop import to_torch_state_dict
 
 from .conftest import using_backend
-from .helpers import (PARITY_RTOL, assert_close, load_from_torch, to_torch, torch_device,
-                      using_engine)
+from .helpers import (
+    PARITY_RTOL,
+    assert_close,
+    load_from_torch,
+    to_torch,
+    torch_device,
+    using_engine,
+)
 
 
 @pytest.fixture(autouse=True, params=["fast", "textbook"])

@@ -28,8 +28,14 @@ import pytest
 
 from npformer import backend, fast, ops
 from npformer.gradcheck import check_module
-from npformer.models import (CausalLM, CausalLMConfig, ClassifierConfig, Seq2SeqConfig,
-                             Seq2SeqTransformer, TransformerClassifier)
+from npformer.models import (
+    CausalLM,
+    CausalLMConfig,
+    ClassifierConfig,
+    Seq2SeqConfig,
+    Seq2SeqTransformer,
+    TransformerClassifier,
+)
 from npformer.nn import DecoderBlock, EncoderBlock
 
 from .conftest import using_backend

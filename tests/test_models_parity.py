@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from npformer import backend, engine, ops, optim
+from npformer import backend, engine, optim
 from npformer.models import (
     CausalLM,
     CausalLMConfig,

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from npformer import backend, nn
 from npformer.nn.module import grad_enabled, no_grad

@@ -28,7 +28,8 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from npformer import backend, fast, ops
 from npformer.gradcheck import check_op

@@ -22,7 +22,8 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from npformer import backend, optim
 from npformer.nn.module import Parameter

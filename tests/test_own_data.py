@@ -24,10 +24,17 @@ import numpy as np
 import pytest
 
 from npformer import cli, distributed
-from npformer.data import (DatasetFormatError, DatasetNotFoundError, is_user_data,
-                           load_text_classification, read_labelled_texts,
-                           read_sentence_pairs, read_text_file, sorted_labels,
-                           tokenize_fra_eng)
+from npformer.data import (
+    DatasetFormatError,
+    DatasetNotFoundError,
+    is_user_data,
+    load_text_classification,
+    read_labelled_texts,
+    read_sentence_pairs,
+    read_text_file,
+    sorted_labels,
+    tokenize_fra_eng,
+)
 from tests.test_demos import SMOKE, run_demo
 
 ROOT = Path(__file__).resolve().parents[1]

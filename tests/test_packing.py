@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from npformer import backend, fast, nn
 from npformer.gradcheck import check_module, check_op

@@ -24,8 +24,14 @@ import numpy as np
 import pytest
 
 from npformer import optim
-from npformer.checkpoint import (FORMAT_VERSION, CheckpointError, build_model, load_checkpoint,
-                                 remove_stale_temporaries, save_checkpoint)
+from npformer.checkpoint import (
+    FORMAT_VERSION,
+    CheckpointError,
+    build_model,
+    load_checkpoint,
+    remove_stale_temporaries,
+    save_checkpoint,
+)
 
 from .conftest import using_backend
 from .test_checkpoint_train import lm, lm_batch, logits_of

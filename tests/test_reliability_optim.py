@@ -20,10 +20,11 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import example, given, strategies as st
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from npformer import optim
-from npformer.models import (CausalLM, CausalLMConfig, ClassifierConfig, Seq2SeqConfig)
+from npformer.models import CausalLM, CausalLMConfig, ClassifierConfig, Seq2SeqConfig
 from npformer.nn.module import Parameter
 
 from .conftest import using_backend

@@ -325,8 +325,7 @@ def test_case08_every_loader_refuses_weights_of_the_wrong_kind(loader, how, erro
     int32/bool/complex, Module.load_state_dict and load_torch_state_dict integers and
     NaN/inf, and load_checkpoint integers (cast silently)."""
     from npformer import checkpoint
-    from npformer.torch_interop import load_safetensors, load_torch_state_dict, \
-        to_torch_state_dict
+    from npformer.torch_interop import load_safetensors, load_torch_state_dict, to_torch_state_dict
     from tests.conftest import using_backend
 
     block = _block()
@@ -448,6 +447,7 @@ def test_case10_torch_weights_of_the_wrong_shape_or_kind_name_the_mistake():
 def test_case10_a_bfloat16_safetensors_file_loads_as_float32_with_a_note(tmp_path):
     torch = pytest.importorskip("torch")
     from safetensors.torch import save_file
+
     from npformer.torch_interop import load_safetensors
 
     block = _block(heads=2)

@@ -42,7 +42,7 @@ class Packing:
     length: int  # T
 
     @classmethod
-    def from_lengths(cls, valid_lens, length: int) -> "Packing":
+    def from_lengths(cls, valid_lens, length: int) -> Packing:
         """valid_lens (B,): the first valid_lens[b] positions of sequence b are real tokens."""
         xp = backend.namespace_of(valid_lens)  # (B,): checked by Padding, the door
         positions = xp.arange(length, dtype=valid_lens.dtype, device=backend.device_of(valid_lens))

@@ -7,9 +7,17 @@ from dataclasses import asdict, fields
 import numpy as np
 
 from .. import backend
-from ..nn import (Dropout, Embedding, LayerNorm, LearnedPositionalEmbedding, Module, Padding,
-                  SinusoidalPositionalEncoding)
+from ..nn import (
+    Dropout,
+    Embedding,
+    LayerNorm,
+    LearnedPositionalEmbedding,
+    Module,
+    Padding,
+    SinusoidalPositionalEncoding,
+)
 from ..validation import POSITIONALS, check_config, check_rank, check_token_ids  # noqa: F401
+
 
 def config_to_dict(config) -> dict:
     return asdict(config)

@@ -4,14 +4,35 @@ Attention weights: ``MultiHeadAttention(...)(x, need_weights=True)`` returns the
 the output; ``with record_attention(model) as weights: model(ids)`` collects every
 attention layer's, ``{"blocks.0.self_attn": (B, H, T, S), ...}``.
 """
-from .attention import (AttentionRecord, MultiHeadAttention, attention_layers, merge_heads,
-                        record_attention, split_heads)
+from .attention import (
+                        AttentionRecord,
+                        MultiHeadAttention,
+                        attention_layers,
+                        merge_heads,
+                        record_attention,
+                        split_heads,
+)
 from .blocks import DecoderBlock, EncoderBlock, FeedForward, ResidualNorm
 from .cache import BlockCache, DecodingCache, KVCache
-from .layers import (Activation, Dropout, Embedding, LayerNorm, LearnedPositionalEmbedding,
-                     Linear, SinusoidalPositionalEncoding)
-from .module import (FlatParameters, Module, Parameter, evaluating, flat_parameters_of,
-                     grad_enabled, no_grad, set_grad_enabled)
+from .layers import (
+                        Activation,
+                        Dropout,
+                        Embedding,
+                        LayerNorm,
+                        LearnedPositionalEmbedding,
+                        Linear,
+                        SinusoidalPositionalEncoding,
+)
+from .module import (
+                        FlatParameters,
+                        Module,
+                        Parameter,
+                        evaluating,
+                        flat_parameters_of,
+                        grad_enabled,
+                        no_grad,
+                        set_grad_enabled,
+)
 from .padding import Padding
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -26,8 +26,14 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 from .. import backend, engine, ops
-from ..validation import (check_float, check_heads_divide, check_mask, check_same_dtype,
-                          check_sequence_input, check_size)
+from ..validation import (
+    check_float,
+    check_heads_divide,
+    check_mask,
+    check_same_dtype,
+    check_sequence_input,
+    check_size,
+)
 from .cache import KVCache
 from .layers import Linear
 from .module import Module, grad_enabled

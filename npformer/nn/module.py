@@ -40,8 +40,8 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 from .. import backend
 from ..validation import check_upstream, run_trusted, trusted
@@ -258,7 +258,7 @@ class Module:
             cls.backward = _checking_upstream(vars(cls)["backward"])
 
     # ------------------------------------------------------------ traversal
-    def _children(self) -> Iterator[tuple[str, "Module | Parameter"]]:
+    def _children(self) -> Iterator[tuple[str, Module | Parameter]]:
         for name, value in vars(self).items():
             if name.startswith("_"):
                 continue
@@ -282,7 +282,7 @@ class Module:
     def parameters(self) -> list[Parameter]:
         return [p for _, p in self.named_parameters()]
 
-    def modules(self) -> Iterator["Module"]:
+    def modules(self) -> Iterator[Module]:
         yield self
         for _, value in self._children():
             if isinstance(value, Module):
@@ -298,12 +298,12 @@ class Module:
         return total
 
     # ------------------------------------------------------------ modes
-    def train(self, mode: bool = True) -> "Module":
+    def train(self, mode: bool = True) -> Module:
         for m in self.modules():
             m.training = mode
         return self
 
-    def eval(self) -> "Module":
+    def eval(self) -> Module:
         return self.train(False)
 
     def zero_grad(self) -> None:

@@ -44,7 +44,7 @@ class Padding:
 
     @classmethod
     def of(cls, valid_lens, length: int, pack: bool | None = None,
-           min_length: int = 0) -> "Padding":
+           min_length: int = 0) -> Padding:
         """A Padding from valid lengths given as host or backend integers."""
         return cls(backend.asarray(valid_lens), length, pack, min_length)
 

@@ -16,8 +16,7 @@ Shape letters used throughout: B batch, T query (target) positions, S key
 (source) positions, H heads, E per-head query/key width, F per-head value
 width, D model width, V vocabulary, N flattened rows.
 """
-from .activations import (activation, gelu_backward, gelu_forward, relu_backward,
-                          relu_forward)
+from .activations import activation, gelu_backward, gelu_forward, relu_backward, relu_forward
 from .attention import attention_backward, attention_forward, attention_weights
 from .dropout import dropout_backward, dropout_forward
 from .embedding import embedding_backward, embedding_forward
@@ -27,7 +26,6 @@ from .losses import IGNORE_INDEX, cross_entropy_backward, cross_entropy_forward
 from .masks import causal_mask, padding_mask
 from .pooling import POOLINGS, pool_backward, pool_forward
 from .positional import add_positions_backward, add_positions_forward, sinusoidal_table
-from .softmax import (log_softmax_backward, log_softmax_forward, softmax_backward,
-                      softmax_forward)
+from .softmax import log_softmax_backward, log_softmax_forward, softmax_backward, softmax_forward
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -30,8 +30,13 @@ from __future__ import annotations
 
 import math
 
-from ..validation import (attention_inputs, attention_weights_inputs, backward_op, checked_op,
-                          forward_op)
+from ..validation import (
+    attention_inputs,
+    attention_weights_inputs,
+    backward_op,
+    checked_op,
+    forward_op,
+)
 from .softmax import softmax_backward, softmax_forward
 
 

@@ -17,8 +17,12 @@ First token
 from __future__ import annotations
 
 from .. import backend
-from ..validation import POOLINGS  # noqa: F401  (ops.POOLINGS: the poolings there are)
-from ..validation import backward_op, forward_op, pool_inputs
+from ..validation import (
+    POOLINGS,  # noqa: F401  (ops.POOLINGS: the poolings there are)
+    backward_op,
+    forward_op,
+    pool_inputs,
+)
 
 
 def _valid_positions(valid_lens, length: int, dtype):
