@@ -10,8 +10,9 @@ fra-eng.zip), freshly initialised, or the trained one of ``--checkpoint``
 (``runs/translate/model.npz`` after ``python demos/translate.py``).  An untrained
 model rarely ends a hypothesis with <eos>, so most searches run to the length limit
 (17 tokens): the worst case for both, with the same number of decoder steps for both;
-a trained model's searches end early, at different steps for different sentences.  Sentences are decoded in chunks of ``--chunk`` (the demo's 64), each
-chunk padded to its longest source, as ``demos/translate.py`` does.
+a trained model's searches end early, at different steps for different sentences.
+Sentences are decoded in chunks of ``--chunk`` (the demo's 64), each chunk padded to
+its longest source, as ``demos/translate.py`` does.
 
 The two are timed alternately (old, new, old, new, ...) in one process so that load
 from other processes falls on both; the medians and their ratio are printed, and the

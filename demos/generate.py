@@ -33,7 +33,6 @@ from npformer.cli import (
     MODEL_FILE,
     Demo,
     DemoError,
-    Stopwatch,
     check_divisible,
     demo_parser,
     extra_output,
@@ -176,7 +175,6 @@ def main(argv=None) -> int:
     if args.sample_only:
         return sample_only(args, preset, out)
 
-    clock = Stopwatch()
     text = load_text(args.data)
     vocab = CharVocab.from_text(text)
     check_prompt(args.prompt, vocab)  # before training, not after

@@ -90,12 +90,13 @@ def attention_graph(path: Path) -> None:
     _edge(ax, (1.9, 4.95), (4.0, 3.55), r"$\bar Q = \alpha \bar A K$")
     _edge(ax, (1.9, 3.2), (3.75, 3.2), r"$\bar K = \alpha \bar A^\top Q$")
     _edge(ax, (1.9, 1.45), (4.0, 2.85), None, forward_label="+ M (no gradient)")
-    _edge(ax, (6.25, 3.2), (8.95, 3.2), r"$\bar A = P \odot (\bar P - \mathrm{rowsum}(\bar P \odot P))$")
+    _edge(ax, (6.25, 3.2), (8.95, 3.2),
+          r"$\bar A = P \odot (\bar P - \mathrm{rowsum}(\bar P \odot P))$")
     _edge(ax, (11.45, 3.2), (12.9, 3.2), r"$\bar P = \bar O V^\top$")
     _edge(ax, (11.0, 1.15), (13.3, 2.85), r"$\bar V = P^\top \bar O$", side=-1)
     ax.text(0.2, 0.05, "black: forward (§9).  red: backward, from " r"$\bar O$"
-            " right to left; each gradient is written on the arrow that carries it.  The mask bias M is a "
-            "constant: no gradient.", fontsize=9, color="#555555")
+            " right to left; each gradient is written on the arrow that carries it.  "
+            "The mask bias M is a constant: no gradient.", fontsize=9, color="#555555")
     fig.savefig(path, format="svg", metadata={"Date": None}, bbox_inches="tight")
     plt.close(fig)
 
@@ -130,9 +131,10 @@ def block_tiling(path: Path) -> None:
             ax.add_patch(Rectangle((0, start), seen, block_rows, fill=False, ec="#c0392b", lw=2))
             ax.text(seen - 0.1, start + 0.45, f"{seen} keys", ha="right", va="center",
                     fontsize=8, color="#c0392b")
-    fig.text(0.5, -0.04, "blue: allowed (causal and padding mask).  red boxes: blocks of query rows, "
-             "each with the keys it keeps.  grey hatch: cut-off keys (masked for every query of "
-             "the block).", ha="center", fontsize=8.5, wrap=True)
+    fig.text(0.5, -0.04, "blue: allowed (causal and padding mask).  "
+             "red boxes: blocks of query rows, each with the keys it keeps.  "
+             "grey hatch: cut-off keys (masked for every query of the block).",
+             ha="center", fontsize=8.5, wrap=True)
     fig.savefig(path, format="svg", metadata={"Date": None}, bbox_inches="tight")
     plt.close(fig)
 

@@ -320,7 +320,8 @@ def restore(model: Module, checkpoint: Checkpoint,
     differing = {k: (checkpoint.config.get(k), v) for k, v in own.items()
                  if checkpoint.config.get(k) != v}
     if differing:
-        details = "; ".join(f"{k}: checkpoint {a!r}, model {b!r}" for k, (a, b) in differing.items())
+        details = "; ".join(f"{k}: checkpoint {a!r}, model {b!r}"
+                            for k, (a, b) in differing.items())
         raise CheckpointError(f"the checkpoint was saved from a different architecture: {details}")
     model.load_state_dict(checkpoint.params)
     if optimizer is not None:

@@ -95,7 +95,7 @@ def greedy_decode(model, src, src_lens=None, max_len: int = 50) -> list[list[int
         tokens = np.full((batch, 1), c.bos_id, dtype=np.int64)
         outputs = np.zeros((batch, 0), dtype=np.int64)
         done = np.zeros(batch, dtype=bool)
-        for position in range(min(max_len, c.max_len)):
+        for _ in range(min(max_len, c.max_len)):
             logits = model.forward_cached(backend.asarray(tokens), memory, memory_mask, states)
             next_ids = np.argmax(_last_log_probs(logits), axis=-1)  # (B,)
             next_ids = np.where(done, c.eos_id, next_ids)
@@ -294,7 +294,8 @@ def generate(model, prompt_ids, max_new_tokens: int, temperature: float = 1.0,
         for _ in range(max_new_tokens):
             if offset + len(pending) > block:  # window full: restart the cache on the tail
                 states, offset, pending = model.new_cache(), 0, ids[-block:]
-            logits = model.forward_cached(backend.asarray(np.array([pending], dtype=np.int64)), states)
+            pending_ids = backend.asarray(np.array([pending], dtype=np.int64))  # (1, T)
+            logits = model.forward_cached(pending_ids, states)
             offset += len(pending)
             log_p = _last_log_probs(logits)[0]  # (V,)
             next_id = int(np.argmax(log_p)) if greedy else _sample(log_p, temperature, top_k, rng)

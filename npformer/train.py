@@ -238,8 +238,10 @@ class Trainer:
             raise TrainingDiverged(self._diverged(f"loss {loss}"))
         named = self._named_parameters  # so that a non-finite gradient is named
         try:
-            norm = (clip_grad_norm(named, self.config.clip_norm) if self.config.clip_norm
-                    else global_grad_norm(named, error_if_nonfinite=True))
+            if self.config.clip_norm:  # clips, and raises on a NaN or inf gradient
+                clip_grad_norm(named, self.config.clip_norm)
+            else:  # only the check for a NaN or inf gradient
+                global_grad_norm(named, error_if_nonfinite=True)
         except NonFiniteGradientError as exc:
             raise TrainingDiverged(self._diverged(str(exc))) from exc
         self.optimizer.step()

@@ -266,7 +266,8 @@ def check_mask(mask, scores_shape: tuple, what: str = "attention mask",
 
 
 def check_token_ids(ids, vocab_size: int, what: str = "token ids", allowed_extra=None) -> None:
-    """Ids must be integers in [0, vocab_size) (``allowed_extra``, e.g. an ignore index, passes too)."""
+    """Ids must be integers in [0, vocab_size) (``allowed_extra``, e.g. an ignore index,
+    passes too)."""
     check_array(ids, what)
     if not backend.is_integer_array(ids):
         raise TypeError(f"{what} must be an integer array, got dtype {ids.dtype}")

@@ -139,7 +139,8 @@ def make_fra_zip(path: Path, lines=FRA_LINES, member: str = "fra-eng/fra.txt") -
     return path
 
 
-SHAKESPEARE_TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n"
+SHAKESPEARE_TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
+                    "All:\nSpeak, speak.\n")
 
 
 def truncate(path: Path, keep_fraction: float = 0.5) -> Path:
@@ -169,13 +170,15 @@ def test_read_imdb_archive_labels_counts_and_order(tmp_path):
     assert len(train) == 5 and len(test) == 3
     # negatives first, then positives, each by numeric id (2 before 10)
     assert train == [("Awful.<br />Truly.", 0), ("Worst ever...", 0),
-                     ("A <br /><br />GREAT film!", 1), ("Café crème, très bon.", 1), ("Loved it.", 1)]
+                     ("A <br /><br />GREAT film!", 1), ("Café crème, très bon.", 1),
+                     ("Loved it.", 1)]
     assert test == [("Not good", 0), ("Meh, boring.", 0), ("Superb.", 1)]
 
 
 def test_read_imdb_archive_does_not_depend_on_member_order(tmp_path):
     forward = read_imdb_archive(make_imdb_tar(tmp_path / "a.tar.gz"))
-    backward = read_imdb_archive(make_imdb_tar(tmp_path / "b.tar.gz", reverse=True, official_extras=False))
+    backward = read_imdb_archive(make_imdb_tar(tmp_path / "b.tar.gz", reverse=True,
+                                               official_extras=False))
     assert forward == backward
 
 
@@ -239,7 +242,7 @@ def test_vocab_specials_and_deterministic_order():
     assert (vocab.pad_id, vocab.unk_id) == (0, 1)
     assert Vocab.build(reversed(CORPUS)) == vocab
     with pytest.raises(ValueError, match="no <bos>"):
-        vocab.bos_id
+        _ = vocab.bos_id
     with_both = Vocab.build(CORPUS, bos=True, eos=True)
     assert with_both.tokens[:4] == ("<pad>", "<unk>", "<bos>", "<eos>")
     assert (with_both.bos_id, with_both.eos_id) == (2, 3)
@@ -471,7 +474,8 @@ def test_batches_cover_every_index_once():
 @given(lengths=st.lists(st.integers(1, 40), max_size=200), batch_size=st.integers(1, 16),
        seed=st.integers(0, 1000))
 def test_length_bucketed_batches_partition_the_data(lengths, batch_size, seed):
-    result = length_bucketed_batches(lengths, batch_size, np.random.default_rng(seed), pool_batches=4)
+    result = length_bucketed_batches(lengths, batch_size, np.random.default_rng(seed),
+                                     pool_batches=4)
     assert sorted(np.concatenate(result).tolist() if result else []) == list(range(len(lengths)))
     assert all(1 <= len(b) <= batch_size for b in result)
 

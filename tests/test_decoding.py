@@ -275,7 +275,7 @@ def test_exhaustive_beam_finds_the_brute_force_optimum():
         assert compared > 0
 
 
-# =========================================================================== language model sampling
+# ========================================================================== language model sampling
 def reference_generate(model, prompt, n):
     """Argmax continuation, each step a full forward over the last block_size tokens."""
     block = model.config.block_size
@@ -287,6 +287,15 @@ def reference_generate(model, prompt, n):
             ids.append(int(np.argmax(logits[0, -1])))
     model.train()
     return ids
+
+
+def _recording(forward_cached, seen: list):
+    """``forward_cached`` that also appends each call's last-position logits to ``seen``."""
+    def recording(ids, cache):
+        logits = forward_cached(ids, cache)
+        seen.append(backend.to_numpy(logits)[0, -1])
+        return logits
+    return recording
 
 
 @pytest.mark.parametrize("prompt_len", [1, 3, 6, 9])
@@ -301,14 +310,7 @@ def test_generate_greedy_matches_full_forward_beyond_block_size(prompt_len, monk
             prompt = [int(t) for t in np.random.default_rng(seed).integers(0, 11, size=prompt_len)]
             n = 3 * block  # far past the positional table
             seen = []
-            original = model.forward_cached
-
-            def recording(ids, cache):
-                logits = original(ids, cache)
-                seen.append(backend.to_numpy(logits)[0, -1])
-                return logits
-
-            monkeypatch.setattr(model, "forward_cached", recording)
+            monkeypatch.setattr(model, "forward_cached", _recording(model.forward_cached, seen))
             out = generate(model, prompt, n, greedy=True)
             monkeypatch.undo()
             assert len(out) == prompt_len + n

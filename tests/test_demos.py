@@ -49,7 +49,8 @@ def synthetic_data(folder: Path) -> Path:
                for split in ("train", "test") for label in ("pos", "neg")}
     make_imdb_tar(folder / "aclImdb_v1.tar.gz", reviews)
     english = "i you he she we they see eat like have want the a cat dog house car".split()
-    french = "je tu il elle nous ils vois mange aime ai veux le la chat chien maison voiture".split()
+    french = ("je tu il elle nous ils vois mange aime ai veux le la chat chien maison "
+              "voiture").split()
     lines = []
     for _ in range(4000):
         idx = rng.integers(0, len(english), size=int(rng.integers(2, 7)))

@@ -177,7 +177,8 @@ def test_the_layernorm_worked_example_is_what_the_ops_compute():
     ones, zeros = backend.asarray(np.ones(3)), backend.asarray(np.zeros(3))
     _, cache = ops.layernorm_forward(backend.asarray(x), ones, zeros)
     dx, _, _ = ops.layernorm_backward(backend.asarray(dy), cache)
-    _assert_printed(doc, {"x": x, "centred": x - x.mean(), "x_hat": backend.to_numpy(cache.saved[0]),
+    _assert_printed(doc, {"x": x, "centred": x - x.mean(),
+                          "x_hat": backend.to_numpy(cache.saved[0]),
                           "dy": dy, "dx": backend.to_numpy(dx)})
 
 
@@ -221,9 +222,11 @@ def test_the_attention_worked_example_is_what_the_ops_compute(tier):
                            **_rows("do", dout)})
     _assert_printed(examples["attention_gradients"],
                     {**_rows("dq", dq), **_rows("dk", dk), **_rows("dv", dv)})
-    _assert_printed(scores, {**_rows("a", a), **_rows("p", p), **_rows("dp", dp), **_rows("da", da)})
+    _assert_printed(scores, {**_rows("a", a), **_rows("p", p), **_rows("dp", dp),
+                             **_rows("da", da)})
     _assert_printed(examples["attention_rowsums"],
-                    {"rowsum_dp_p": np.sum(dp * p, axis=-1), "rowsum_do_o": np.sum(dout * out, axis=-1),
+                    {"rowsum_dp_p": np.sum(dp * p, axis=-1),
+                     "rowsum_do_o": np.sum(dout * out, axis=-1),
                      "lse": a[:, 0] - log_p[:, 0]})  # lse = A - log P at any allowed key
 
 
@@ -257,7 +260,8 @@ def test_the_cross_entropy_worked_example_is_what_the_ops_compute(tier):
     _assert_printed(per_row, {"tau": targets, "chi": (~ignored).astype(float), "w": weight,
                               "loss_n": -np.sum(rho * log_p, axis=-1)})
     _assert_printed(examples["cross_entropy_total"],
-                    {"n_counted": [float((~ignored).sum())], "loss": [float(backend.to_numpy(loss))]})
+                    {"n_counted": [float((~ignored).sum())],
+                     "loss": [float(backend.to_numpy(loss))]})
 
 
 # ------------------------------------------------------------------ figures

@@ -200,7 +200,7 @@ def run_layer(layer, inputs, out_shape, **kwargs):
     for g, x in zip(grads, inputs):
         if g is not None:
             assert_shape(g, x.shape)
-    for name, p in layer.named_parameters():
+    for p in layer.parameters():
         assert_shape(p.grad, p.shape)
 
 

@@ -37,7 +37,8 @@ def _grid() -> np.ndarray:
     tiny = np.logspace(-300, 1.5, 4000)
     return np.concatenate([np.linspace(-30.0, 30.0, 60001), rng.standard_normal(20000) * 3,
                            tiny, -tiny, [0.46875, np.nextafter(0.46875, 1), 4.0,
-                                         np.nextafter(4.0, 5), 26.5, 26.6, 27.0, 27.2, 27.3, 28.0, 40.0]])
+                                         np.nextafter(4.0, 5), 26.5, 26.6, 27.0, 27.2, 27.3,
+                                         28.0, 40.0]])
 
 
 def _ulps(actual: np.ndarray, exact: np.ndarray, dtype) -> np.ndarray:
@@ -77,7 +78,8 @@ def test_erf_on_the_strict_backend_is_numpy_bit_for_bit():
     x = _grid()[::7]
     with using_backend("strict"):
         on_strict = backend.asarray(x)
-        strict_erf, strict_erfc = backend.to_numpy(erf(on_strict)), backend.to_numpy(erfc(on_strict))
+        strict_erf = backend.to_numpy(erf(on_strict))
+        strict_erfc = backend.to_numpy(erfc(on_strict))
     np.testing.assert_array_equal(strict_erf, erf(x))
     np.testing.assert_array_equal(strict_erfc, erfc(x))
 

@@ -67,7 +67,7 @@ def test_linear_dw_divided_by_batch_is_caught(xb, on_device, seed, b, t, d_in, d
     assert bad.errors["arg1"] == pytest.approx(1.0 - 1.0 / b, rel=1e-6)
 
 
-# =========================================================================== (b) heads merged wrongly
+# ========================================================================= (b) heads merged wrongly
 def mha_forward(q_in, k_in, v_in, num_heads):
     """(B, T, H*E) inputs -> per-head attention -> (B, T, H*F) output."""
     q, k, v = (split_heads(a, num_heads) for a in (q_in, k_in, v_in))  # (B, H, T, E)

@@ -308,7 +308,8 @@ def test_npformer_no_numba_falls_back_in_a_fresh_process():
             "assert not kernels.COMPILED;"
             "import warnings as w\n"
             "with w.catch_warnings(record=True) as seen:\n"
-            "    w.simplefilter('always'); fast.gelu_forward(np.ones(3)); fast.gelu_forward(np.ones(3))\n"
+            "    w.simplefilter('always'); fast.gelu_forward(np.ones(3));"
+            " fast.gelu_forward(np.ones(3))\n"
             "print(len(seen), seen[0].message)")
     env = {**os.environ, "NPFORMER_NO_NUMBA": "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,

@@ -1,14 +1,14 @@
 """Misuse of the layers fails at once, with a message that names the problem.
 
-Each case checks the exception type and that the message names what is wrong
-(the argument, the offending numbers or shapes: fragments, not whole sentences), on NumPy and on the strict namespace:
-construction (head count, dropout rate, activation), inputs of the wrong rank
-or width (Linear, LayerNorm, attention, blocks), a context whose batch differs,
-masks that do not broadcast or are not boolean, token ids out of range or not
-integers, sequences longer than the positional table, backward without (or
-twice after) a forward, ``load_state_dict`` with missing / extra / misshapen
-entries (reported together, nothing changed), ``load_torch_state_dict`` with
-missing or extra keys, and exporting wide-head attention (no torch equivalent).
+Each case checks the exception type and that the message names what is wrong (the
+argument, the offending numbers or shapes: fragments, not whole sentences), on NumPy and
+on the strict namespace: construction (head count, dropout rate, activation), inputs of
+the wrong rank or width (Linear, LayerNorm, attention, blocks), a context whose batch
+differs, masks that do not broadcast or are not boolean, token ids out of range or not
+integers, sequences longer than the positional table, backward without (or twice after)
+a forward, ``load_state_dict`` with missing / extra / misshapen entries (reported
+together, nothing changed), ``load_torch_state_dict`` with missing or extra keys, and
+exporting wide-head attention (no torch equivalent).
 """
 from __future__ import annotations
 
@@ -320,7 +320,7 @@ def test_unregistered_module_has_no_torch_rules(xb):
         to_torch_state_dict(nn.Dropout(0.1))
 
 
-# =========================================================================== issue 10: sizes, lists, lengths
+# ================================================================== issue 10: sizes, lists, lengths
 @pytest.mark.parametrize("make,message", [
     (lambda: nn.Linear(0, 3), "in_features must be at least 1, got 0"),
     (lambda: nn.Linear(3, -1), "out_features must be at least 1, got -1"),

@@ -1,16 +1,16 @@
 """Whole-model parity with PyTorch: the same model assembled from torch.nn modules.
 
-For each architecture the reference is a plain ``torch.nn.Module`` (the one copy,
-in npformer/torch_reference.py, which the benchmark runs too) with the
-attribute names :mod:`npformer.torch_interop` expects (tok_emb, pos_emb,
-layers.<i> = ``nn.TransformerEncoderLayer(batch_first=True)``, norm, head /
-lm_head; src_tok_emb, tgt_tok_emb, encoder.layers.<i>, decoder.layers.<i> =
-``nn.TransformerDecoderLayer``, encoder.norm, decoder.norm, out_proj), built
-with dropout 0, the same norm_first and activation ("gelu" is the exact form in
-both; npformer's "gelu_tanh" is torch's approximate="tanh"), torch's masks (True = ignore) and pooling over valid positions.
-Sinusoidal positions are npformer's table as a non-persistent buffer.  Weights
-move with ``load_torch_state_dict``.  npformer runs on NumPy with torch on the CPU
-and, where a GPU is there, on CuPy with torch on CUDA (``parity_backend``); then
+For each architecture the reference is a plain ``torch.nn.Module`` (the one copy, in
+npformer/torch_reference.py, which the benchmark runs too) with the attribute names
+:mod:`npformer.torch_interop` expects (tok_emb, pos_emb, layers.<i> =
+``nn.TransformerEncoderLayer(batch_first=True)``, norm, head / lm_head; src_tok_emb,
+tgt_tok_emb, encoder.layers.<i>, decoder.layers.<i> = ``nn.TransformerDecoderLayer``,
+encoder.norm, decoder.norm, out_proj), built with dropout 0, the same norm_first and
+activation ("gelu" is the exact form in both; npformer's "gelu_tanh" is torch's
+approximate="tanh"), torch's masks (True = ignore) and pooling over valid positions.
+Sinusoidal positions are npformer's table as a non-persistent buffer.  Weights move with
+``load_torch_state_dict``.  npformer runs on NumPy with torch on the CPU and, where a
+GPU is there, on CuPy with torch on CUDA (``parity_backend``); then
 
 * logits, loss (cross-entropy; seq2seq: ignore_index on padding and label
   smoothing) and EVERY parameter gradient agree: float64 within 1e-9, float32
@@ -197,7 +197,7 @@ def ours_loss_and_grads(kind: str, model, batch):
     return loss, torch_grads_of(model)
 
 
-# =========================================================================== forward/backward parity
+# ========================================================================== forward/backward parity
 PARITY_CASES = [
     ("classifier", dict(pooling="mean", norm_first=False, positional="learned")),
     ("classifier", dict(pooling="max", norm_first=True, positional="sinusoidal",

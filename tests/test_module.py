@@ -253,7 +253,7 @@ def test_no_grad_same_output_and_no_cache(xb):
 def test_no_grad_restores_after_exception(xb):
     with pytest.raises(ZeroDivisionError):
         with no_grad():
-            1 / 0
+            _ = 1 / 0
     assert grad_enabled()
     with no_grad():
         with no_grad():

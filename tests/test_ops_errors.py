@@ -115,7 +115,8 @@ def test_cross_entropy_target_out_of_range(xb, bad):
 
 def test_cross_entropy_ignore_index_is_not_out_of_range(xb):
     loss, _ = ops.cross_entropy_forward(arr((2, 5)), ids([-100, 3]))  # accepted
-    with raises_naming(IndexError, "cross-entropy targets", "id -100"):  # ...unless another is ignored
+    # ...unless another index is the ignored one
+    with raises_naming(IndexError, "cross-entropy targets", "id -100"):
         ops.cross_entropy_forward(arr((2, 5)), ids([-100, 3]), ignore_index=-1)
 
 
@@ -232,15 +233,15 @@ def test_lists_are_refused_naming_the_argument(xb, call, what):
 @pytest.mark.parametrize("op", ["linear", "layernorm", "softmax", "attention", "gelu", "relu"])
 def test_float16_and_object_arrays_are_refused(op):
     """Only float32 and float64 are computed in (float16 overflowed to NaN in GELU)."""
+    call = {"linear": lambda x: ops.linear_forward(x, np.ones((4, 3))),
+            "layernorm": lambda x: ops.layernorm_forward(x, np.ones(4), np.ones(4)),
+            "softmax": lambda x: ops.softmax_forward(x),
+            "attention": lambda x: ops.attention_forward(x, x, x),
+            "gelu": lambda x: ops.gelu_forward(x),
+            "relu": lambda x: ops.relu_forward(x)}[op]
     for x in (np.ones((2, 4), np.float16), np.ones((2, 4), object)):
-        call = {"linear": lambda: ops.linear_forward(x, np.ones((4, 3))),
-                "layernorm": lambda: ops.layernorm_forward(x, np.ones(4), np.ones(4)),
-                "softmax": lambda: ops.softmax_forward(x),
-                "attention": lambda: ops.attention_forward(x, x, x),
-                "gelu": lambda: ops.gelu_forward(x),
-                "relu": lambda: ops.relu_forward(x)}[op]
         with raises_naming(TypeError, "floating-point", "float32", "float64", str(x.dtype)):
-            call()
+            call(x)
 
 
 def test_softmax_axis_out_of_range(xb):

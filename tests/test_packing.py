@@ -5,9 +5,9 @@
 Checked here, on NumPy and on the strict namespace, in float64:
 
 * pack and unpack pass gradient checks (lengths include 0 and the full length);
-* an EncoderBlock on packed rows (a ``nn.Padding`` that packs) gives, at every valid position, the output and
-  the input gradient of the same block on the padded batch, and the same
-  gradient for every parameter; and it passes a gradient check itself;
+* an EncoderBlock on packed rows (a ``nn.Padding`` that packs) gives, at every valid
+  position, the output and the input gradient of the same block on the padded batch,
+  and the same gradient for every parameter; and it passes a gradient check itself;
 * packed input of the wrong shape, and a context of another batch size, are refused.
 
 The classifier runs packed; its gradient checks and PyTorch parity (test_models_*)
@@ -34,6 +34,11 @@ def _lengths(rng, batch, length):
     return backend.asarray(lens)
 
 
+def _without_cache(forward, backward):
+    """``forward`` and ``backward`` as the (forward, backward) pair check_op takes."""
+    return (lambda a: (forward(a), None)), (lambda d, _: backward(d))
+
+
 @given(seed=SEEDS, batch=st.integers(1, 3), length=st.integers(1, 4), width=st.integers(1, 3))
 def test_pack_and_unpack_gradients(xb, seed, batch, length, width):
     rng = np.random.default_rng(seed)
@@ -42,7 +47,7 @@ def test_pack_and_unpack_gradients(xb, seed, batch, length, width):
     rows = packing.pack(x)
     for forward, backward, arg in ((packing.pack, packing.unpack, x),
                                    (packing.unpack, packing.pack, rows)):
-        result = check_op(lambda a: (forward(a), None), lambda d, _: backward(d), [arg], [0])
+        result = check_op(*_without_cache(forward, backward), [arg], [0])
         assert result.worst_error < GRADCHECK_TOL, result
 
 

@@ -28,7 +28,8 @@ def _env(**extra) -> dict:
 
 
 # --------------------------------------------------------------------------- case 1
-JOIN = "from npformer import distributed; ctx = distributed.setup(); ctx.barrier(); print('joined', ctx.rank, ctx.size)"
+JOIN = ("from npformer import distributed; ctx = distributed.setup(); ctx.barrier(); "
+        "print('joined', ctx.rank, ctx.size)")
 
 
 @pytest.mark.mpi
@@ -64,7 +65,10 @@ def test_case01_ranks_that_all_join_are_not_stopped():
 
 
 # --------------------------------------------------------------------------- case 2
-from tests.test_demos import data_dir, load_demo, one_error_line, run_demo  # noqa: E402,F401
+import tests.test_demos as demo_tests  # noqa: E402
+from tests.test_demos import load_demo, one_error_line, run_demo  # noqa: E402
+
+data_dir = demo_tests.data_dir  # the demo tests' fixture, requested by name below
 
 
 @pytest.mark.parametrize("extra", [["--steps", "1"], ["--steps", "5"],
@@ -160,7 +164,8 @@ def test_case04_a_left_padded_source_is_refused_by_the_decoders():
 
 # --------------------------------------------------------------------------- case 5
 @pytest.mark.parametrize("settings, error, words", [
-    (dict(select_mode="maximum"), ValueError, "select_mode 'maximum'; choose one of ['max', 'min']"),
+    (dict(select_mode="maximum"), ValueError,
+     "select_mode 'maximum'; choose one of ['max', 'min']"),
     (dict(select_metric="val_loss", checkpoint_path="best.npz"), ValueError,
      "select_metric='val_loss' keeps the best model by evaluation, but eval_every is None"),
     (dict(select_metric="val_loss", eval_every=2), ValueError,

@@ -80,7 +80,8 @@ def count_statement(s) -> tuple[int, int]:
     if isinstance(s, ast.Try):
         math, checks = count_block(s.body)
         for handler in s.handlers:
-            m, c = (0, size(handler.body) + 1) if raises(handler.body) else count_block(handler.body)
+            m, c = ((0, size(handler.body) + 1) if raises(handler.body)
+                    else count_block(handler.body))
             math, checks = math + m, checks + c
         for block in (s.orelse, s.finalbody):
             m, c = count_block(block)

@@ -42,7 +42,8 @@ def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int,
 
 
 def batches(n: int, batch_size: int, shuffle: bool = False,
-            rng: np.random.Generator | None = None, drop_last: bool = False) -> Iterator[np.ndarray]:
+            rng: np.random.Generator | None = None,
+            drop_last: bool = False) -> Iterator[np.ndarray]:
     """Yield int64 index arrays covering ``range(n)`` in batches of ``batch_size``.
 
     With ``shuffle`` the order is a permutation drawn from ``rng`` (required).

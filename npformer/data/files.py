@@ -10,9 +10,9 @@ Three kinds of file, one per model:
   row naming the columns; the text and the label are the columns named
   ``text_column`` and ``label_column`` (default ``"text"`` and ``"label"``), the
   others are ignored.  Labels are any strings (CSV, TSV) or strings and integers
-  (JSON), white space around them ignored.  The label set is the training file's, sorted (integers, and strings
-  that read as integers, numerically, before the other strings), and an
-  example's label becomes its index in that set.
+  (JSON), white space around them ignored.  The label set is the training file's,
+  sorted (integers, and strings that read as integers, numerically, before the
+  other strings), and an example's label becomes its index in that set.
 - **Sentence pairs** for translation (:func:`read_sentence_pairs`): UTF-8 text,
   ``source<TAB>target`` a line, tokenized as the English-French data is
   (:func:`~npformer.data.tokenize_fra_eng`: lowercase, a space before ``, . ! ?``,

@@ -107,7 +107,8 @@ def read_imdb_archive(archive: str | os.PathLike,
                 f"{archive} is not a readable aclImdb_v1.tar.gz: it has no "
                 f"aclImdb/{split}/{{{','.join(missing)}}}/<id>_<rating>.txt reviews."
             )
-    return {split: [(text, label) for label, _, text in sorted(items)] for split, items in keyed.items()}
+    return {split: [(text, label) for label, _, text in sorted(items)]
+            for split, items in keyed.items()}
 
 
 def load_imdb_splits(path: str | os.PathLike | None = None) -> dict[str, list[tuple[str, int]]]:

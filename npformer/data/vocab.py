@@ -70,7 +70,8 @@ class Vocab:
         counts = Counter(token for tokens in token_lists for token in tokens)
         for special in (PAD, UNK, BOS, EOS):
             counts.pop(special, None)
-        kept = sorted((t for t, c in counts.items() if c >= min_freq), key=lambda t: (-counts[t], t))
+        kept = sorted((t for t, c in counts.items() if c >= min_freq),
+                      key=lambda t: (-counts[t], t))
         if max_size is not None:
             kept = kept[:max_size]
         return cls(specials + kept)
@@ -117,7 +118,8 @@ class Vocab:
     # --- special ids -------------------------------------------------------
     def _special_id(self, token: str) -> int:
         if token not in self._stoi:
-            raise ValueError(f"this vocabulary has no {token} token (build it with {token[1:-1]}=True)")
+            raise ValueError(f"this vocabulary has no {token} token "
+                             f"(build it with {token[1:-1]}=True)")
         return self._stoi[token]
 
     @property

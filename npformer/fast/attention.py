@@ -19,12 +19,13 @@ Backward, from $\bar O$, recomputing $P = \exp(A - \lambda)$ instead of storing 
 
 Blocks.  The (T, S) score matrices are never held for the whole batch: both
 passes walk over blocks of about ``block_scores`` scores (an argument, default
-``BLOCK_SCORES``: a few batch rows, or a range of queries), so each block's element-wise passes run in the CPU cache and
-the backward keeps only $\lambda$, not the (B, H, T, S) probabilities.  Within a
-block, keys after the last one any query of the block may see are cut off
-(padding at the end of a sequence, the future of a causal block): they would
-get probability 0 and gradient 0, so only work is saved; and when the block's
-mask then allows every query every remaining key, the all-zero bias is skipped.
+``BLOCK_SCORES``: a few batch rows, or a range of queries), so each block's
+element-wise passes run in the CPU cache and the backward keeps only $\lambda$, not
+the (B, H, T, S) probabilities.  Within a block, keys after the last one any query
+of the block may see are cut off (padding at the end of a sequence, the future of a
+causal block): they would get probability 0 and gradient 0, so only work is saved;
+and when the block's mask then allows every query every remaining key, the all-zero
+bias is skipped.
 
 Masks as in the textbook op: boolean, True where a query may attend to a key,
 broadcasting to (B, H, T, S).  A query whose keys are all masked gets a zero
@@ -144,7 +145,8 @@ def _blocks(q, k, extents, bias, block_scores: int):
     num_queries, num_keys = q.shape[-2], k.shape[-2]
     per_query = math.prod(q.shape[1:-2]) * num_keys  # scores per (row, query)
     queries = max(1, min(num_queries, block_scores // per_query))
-    rows_per_block = max(1, block_scores // (per_query * num_queries)) if queries == num_queries else 1
+    rows_per_block = (max(1, block_scores // (per_query * num_queries))
+                      if queries == num_queries else 1)
     all_ = slice(None)
     for r in range(0, num_rows, rows_per_block):
         row = slice(r, min(r + rows_per_block, num_rows))

@@ -35,7 +35,8 @@ def _adam_kernel():
 
     return cupy.ElementwiseKernel(
         "T p, T g, T one_minus_beta1, T one_minus_beta2, T beta2, T sqrt_bias_correction2, "
-        "T eps, T step_size", "T p_new, T m, T v", _ADAM, name="npformer_adam", options=("--fmad=false",))
+        "T eps, T step_size", "T p_new, T m, T v", _ADAM, name="npformer_adam",
+        options=("--fmad=false",))
 
 
 def fuses(*arrays) -> bool:

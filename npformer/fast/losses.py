@@ -4,13 +4,16 @@ function as the textbook op (:mod:`npformer.ops.losses`), tested equal to it.
 
 Rows: N predictions over V classes (any leading shape flattens to N).
 Targets $y_n$; rows with $y_n$ = ignore_index do not count.  With smoothing
-$\varepsilon$, the target distribution is $q = (1 - \varepsilon)\,\text{onehot}(y) + \varepsilon / V$
-(PyTorch's definition), and the loss is averaged over the $N_v$ counted rows:
+$\varepsilon$, the target distribution is
+$q = (1 - \varepsilon)\,\text{onehot}(y) + \varepsilon / V$ (PyTorch's definition), and
+the loss is averaged over the $N_v$ counted rows:
 
 Forward (log-softmax and the target pick fused: only p = softmax(z) is stored)
     $m_n = \max_v z_{n,v}$,  $s = z - m$,  $\log Z_n = \log \sum_v e^{s_{n,v}}$
     $\ell_{n,v} = \log\text{softmax}(z)_{n,v} = s_{n,v} - \log Z_n$       (never built whole)
-    $L_n = -\sum_v q_{n,v}\, \ell_{n,v} = (1-\varepsilon)(\log Z_n - s_{n,y_n}) + \varepsilon\,(\log Z_n - \tfrac1V \sum_v s_{n,v})$
+    $L_n = -\sum_v q_{n,v}\, \ell_{n,v}
+         = (1-\varepsilon)(\log Z_n - s_{n,y_n})
+           + \varepsilon\,(\log Z_n - \tfrac1V \sum_v s_{n,v})$
     $L = \frac{1}{N_v} \sum_{n \text{ counted}} L_n$     (0 if no row counts)
     $p = e^{s} / Z$, computed in s's buffer
 

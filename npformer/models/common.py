@@ -70,8 +70,8 @@ class TokenEmbedding(Module):
 
     def _add_positions_at(self, x, offset: int):
         """Inference only: add the positions offset .. offset+T-1."""
-        table = (self.positions.weight.data if isinstance(self.positions, LearnedPositionalEmbedding)
-                 else self.positions._table)
+        learned = isinstance(self.positions, LearnedPositionalEmbedding)
+        table = self.positions.weight.data if learned else self.positions._table
         xp = backend.namespace_of(x)
         rows = xp.astype(table[offset:offset + x.shape[1], :], x.dtype)
         return x + rows[None, :, :]
@@ -84,9 +84,9 @@ class TokenEmbedding(Module):
 
 def model_input(data, what: str, rank: int = 2):
     """An integer argument (ids, lengths) of a model's public entry point (forward, predict)
-    as a backend array: integer arrays pass as they are; array-likes (nested lists or tuples of numbers) are copied
-    onto the backend, an empty one as int64 of the expected ``rank`` (``[]`` is a batch of
-    no sequences)."""
+    as a backend array: integer arrays pass as they are; array-likes (nested lists or
+    tuples of numbers) are copied onto the backend, an empty one as int64 of the expected
+    ``rank`` (``[]`` is a batch of no sequences)."""
     import array_api_compat
 
     if data is None:

@@ -6,7 +6,8 @@ norm, in one of the two arrangements in use:
 * post-norm (the paper, BERT):  $y = \text{LN}(x + \text{Dropout}(F(x)))$
 * pre-norm (GPT-2):             $y = x + \text{Dropout}(F(\text{LN}(x)))$
 
-Backward, post-norm: $\bar z = \text{LN}'(\bar y)$, then $\bar x = \bar z + F'(\text{Dropout}'(\bar z))$.
+Backward, post-norm: $\bar z = \text{LN}'(\bar y)$,
+then $\bar x = \bar z + F'(\text{Dropout}'(\bar z))$.
 Backward, pre-norm:  $\bar x = \bar y + \text{LN}'(F'(\text{Dropout}'(\bar y)))$.
 The identity path adds the upstream gradient unchanged: the point of residuals.
 

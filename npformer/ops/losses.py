@@ -2,8 +2,9 @@ r"""Cross-entropy over logits, with padding ignored and optional label smoothing
 
 Rows: N predictions over V classes (any leading shape flattens to N).
 Targets $y_n$; rows with $y_n$ = ignore_index do not count.  With smoothing
-$\varepsilon$, the target distribution is $q_n = (1 - \varepsilon)\,\text{onehot}(y_n) + \varepsilon / V$
-(PyTorch's definition), and the loss is averaged over the $N_v$ counted rows:
+$\varepsilon$, the target distribution is
+$q_n = (1 - \varepsilon)\,\text{onehot}(y_n) + \varepsilon / V$ (PyTorch's definition),
+and the loss is averaged over the $N_v$ counted rows:
 
 Forward
     $\ell = \log\text{softmax}(z)$                      (N, V), along the classes (§8)

@@ -43,7 +43,8 @@ def softmax_forward(x, axis: int = -1, mask=None):
 
 
 def mask_bias(mask, dtype):
-    """Boolean mask -> additive bias of the mask's own (small) shape: 0 where kept, -inf where not."""
+    """Boolean mask -> additive bias of the mask's own (small) shape: 0 where kept, -inf
+    where not."""
     xp = backend.namespace_of(mask)
     dev = backend.device_of(mask)
     keep = xp.zeros(mask.shape, dtype=dtype, device=dev)
