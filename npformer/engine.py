@@ -80,9 +80,20 @@ def fuses_kernels(*arrays) -> bool:
 
 
 # The fast tier's compiled pieces the optimizer uses (npformer.optim reaches them here).
-fused_adam_update = _fused.adam_update  # Adam's statements as one CuPy kernel
-adamw_flat = _kernels.adamw_flat  # one AdamW pass over flat NumPy buffers (numba)
-sum_of_squares = _kernels.sum_of_squares  # the squared norm of a flat buffer (numba)
+# (looked up at each call, so the module they live in stays the one place to patch or read)
+def fused_adam_update(*args):
+    """Adam's statements as one CuPy kernel (:func:`npformer.fast.fused.adam_update`)."""
+    return _fused.adam_update(*args)
+
+
+def adamw_flat(*args) -> None:
+    """One AdamW pass over flat NumPy buffers (:func:`npformer.fast.kernels.adamw_flat`)."""
+    _kernels.adamw_flat(*args)
+
+
+def sum_of_squares(flat) -> float:
+    """The squared norm of a flat buffer (:func:`npformer.fast.kernels.sum_of_squares`)."""
+    return _kernels.sum_of_squares(flat)
 
 
 def compiled(*arrays) -> bool:
