@@ -59,6 +59,8 @@ import warnings
 
 import numpy as np
 
+from ..ops import activations as _textbook_gelu
+
 KERNELS = ("gelu_forward", "gelu_backward", "layernorm_forward", "layernorm_backward",
            "adamw_flat", "sum_of_squares")
 
@@ -163,22 +165,12 @@ def _exp(a):
     return p * _bits_to_float((half + 1023) << 52) * _bits_to_float((k - half + 1023) << 52)
 
 
-# Cody's coefficients (the textbook's, npformer.ops.activations)
-_SP0, _SP1, _SP2, _SP3, _SP4 = (3.16112374387056560e00, 1.13864154151050156e02,
-                                3.77485237685302021e02, 3.20937758913846947e03,
-                                1.85777706184603153e-1)
-_SQ0, _SQ1, _SQ2, _SQ3 = (2.36012909523441209e01, 2.44024637934444173e02,
-                          1.28261652607737228e03, 2.84423683343917062e03)
-_MP = (5.64188496988670089e-1, 8.88314979438837594e00, 6.61191906371416295e01,
-       2.98635138197400131e02, 8.81952221241769090e02, 1.71204761263407058e03,
-       2.05107837782607147e03, 1.23033935479799725e03, 2.15311535474403846e-8)
-_MQ = (1.57449261107098347e01, 1.17693950891312499e02, 5.37181101862009858e02,
-       1.62138957456669019e03, 3.29079923573345963e03, 4.36261909014324716e03,
-       3.43936767414372164e03, 1.23033935480374942e03)
-_LP = (3.05326634961232344e-1, 3.60344899949804439e-1, 1.25781726111229246e-1,
-       1.60837851487422766e-2, 6.58749161529837803e-4, 1.63153871373020978e-2)
-_LQ = (2.56852019228982242e00, 1.87295284992346047e00, 5.27905102951428412e-1,
-       6.05183413124413191e-2, 2.33520497626869185e-3)
+# Cody's coefficients: the textbook's own (npformer.ops.activations), unpacked into names
+# numba reads as compile-time constants
+_SP0, _SP1, _SP2, _SP3, _SP4 = _textbook_gelu._SMALL_P
+_SQ0, _SQ1, _SQ2, _SQ3 = _textbook_gelu._SMALL_Q
+_MP, _MQ = _textbook_gelu._MID_P, _textbook_gelu._MID_Q
+_LP, _LQ = _textbook_gelu._LARGE_P, _textbook_gelu._LARGE_Q
 _MP0, _MP1, _MP2, _MP3, _MP4, _MP5, _MP6, _MP7, _MP8 = _MP
 _MQ0, _MQ1, _MQ2, _MQ3, _MQ4, _MQ5, _MQ6, _MQ7 = _MQ
 _LP0, _LP1, _LP2, _LP3, _LP4, _LP5 = _LP
