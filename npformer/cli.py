@@ -47,7 +47,7 @@ from .data import DatasetFormatError, DatasetNotFoundError
 from .engine import ENGINES, engine_name, set_engine
 from .launch import add_procs_option
 from .nn import Module
-from .train import TrainingDiverged, TrainingInterrupted
+from .train import History, TrainingDiverged, TrainingInterrupted
 from .validation import check_heads_divide
 
 if TYPE_CHECKING:  # annotations only: filelock is imported when a run holds its folder
@@ -496,7 +496,7 @@ def extra_output(name: str, draw: Callable, *args: Any, **kwargs: Any) -> bool:
     return True
 
 
-def plot_curves(path: Path, history: Any, eval_keys: list[str], title: str) -> None:
+def plot_curves(path: Path, history: History, eval_keys: list[str], title: str) -> None:
     """Training loss per update (left) and evaluation metrics (right) to a PNG."""
     if not is_main():
         return
