@@ -34,18 +34,24 @@ import re
 import shlex
 import sys
 import time
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import Field, asdict, dataclass, field, fields, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from . import backend, distributed
-from .checkpoint import CheckpointError, build_model, load_checkpoint
+from .checkpoint import Checkpoint, CheckpointError, build_model, load_checkpoint
 from .data import DatasetFormatError, DatasetNotFoundError
 from .engine import ENGINES, engine_name, set_engine
 from .launch import add_procs_option
-from .train import TrainingDiverged, TrainingInterrupted
+from .nn import Module
+from .train import History, TrainingDiverged, TrainingInterrupted
 from .validation import check_heads_divide
+
+if TYPE_CHECKING:  # annotations only: filelock is imported when a run holds its folder
+    from filelock import FileLock
 
 MODEL_FILE = "model.npz"  # the selected (or final) model: what --predict and friends read
 LAST_FILE = "last.npz"  # the whole run, resumable with --resume
@@ -117,12 +123,13 @@ def flag(name: str) -> str:
 
 
 # --------------------------------------------------------------------------- presets
-def option(default, help: str, type=positive_int, choices=None) -> Field:
+def option(default: Any, help: str, type: Callable[[str], Any] = positive_int,
+           choices: Collection | None = None) -> Field:
     """A preset field that is also a command-line option (validated by ``type``)."""
     return field(default=default, metadata={"help": help, "type": type, "choices": choices})
 
 
-def check_divisible(preset, width: str, heads: str) -> None:
+def check_divisible(preset: Any, width: str, heads: str) -> None:
     """Refuse a model width the number of heads does not divide, naming both options."""
     check_heads_divide(getattr(preset, width), getattr(preset, heads), flag(width), flag(heads),
                        hint="")
@@ -147,7 +154,7 @@ def _add_preset_options(parser: argparse.ArgumentParser, presets: dict) -> None:
                            help=f"{f.metadata['help']} ({values})".replace("%", "%%"))
 
 
-def resolve_preset(parser: argparse.ArgumentParser, args, presets: dict):
+def resolve_preset(parser: argparse.ArgumentParser, args: argparse.Namespace, presets: dict) -> Any:
     """The chosen preset with every option the user gave put in its place."""
     if args.smoke and args.preset not in (None, "smoke"):
         parser.error(f"--smoke is short for --preset smoke: it cannot be combined with "
@@ -205,8 +212,8 @@ def demo_parser(demo: Demo, doc: str, presets: dict) -> argparse.ArgumentParser:
     return parser
 
 
-def prepare(parser: argparse.ArgumentParser, args, demo: Demo, presets: dict,
-            use_only: str | None = None):
+def prepare(parser: argparse.ArgumentParser, args: argparse.Namespace, demo: Demo, presets: dict,
+            use_only: str | None = None) -> Any:
     """Settle the run's settings and set it up; returns the preset.
 
     ``use_only`` names the option (e.g. ``"--predict"``) when the demo only uses a saved
@@ -227,7 +234,7 @@ def prepare(parser: argparse.ArgumentParser, args, demo: Demo, presets: dict,
     return preset
 
 
-def setup(args) -> Path:
+def setup(args: argparse.Namespace) -> Path:
     """Apply --backend, --dtype, --engine and --seed (filling in the defaults of those not
     given); join the MPI ranks when started by mpiexec (before any array is made: a rank
     picks its GPU there); create and return the output folder."""
@@ -258,7 +265,7 @@ def setup(args) -> Path:
     return out
 
 
-def run_record(args, preset) -> dict:
+def run_record(args: argparse.Namespace, preset: Any) -> dict:
     """The settings a resumed run takes back (saved in every checkpoint's extra["run"])."""
     return {"preset_name": args.preset, "preset": asdict(preset),
             "settings": {name: getattr(args, name) for name in RUN_SETTINGS}}
@@ -284,7 +291,7 @@ def _adopt_saved_run(parser, args, checkpoint, presets: dict) -> None:
 
 
 # --------------------------------------------------------------------------- checkpoints
-def read_demo_checkpoint(path, demo: Demo):
+def read_demo_checkpoint(path: str | Path, demo: Demo) -> Checkpoint:
     """The checkpoint at ``path``, refused unless ``demo`` saved it."""
     path = Path(path)
     try:
@@ -299,7 +306,7 @@ def read_demo_checkpoint(path, demo: Demo):
     return checkpoint
 
 
-def load_demo_model(path, demo: Demo):
+def load_demo_model(path: str | Path, demo: Demo) -> tuple[Module, Checkpoint]:
     """-> (model, checkpoint) from a checkpoint ``demo`` saved."""
     checkpoint = read_demo_checkpoint(path, demo)
     return build_model(checkpoint, expected_kind=demo.model_kind), checkpoint
@@ -335,7 +342,7 @@ HOLDER_FILE = ".npformer.lock.holder"  # who holds it: pid, host, command, start
 _held_outputs: dict = {}  # folder -> its FileLock, held until the process ends
 
 
-def hold_output(out: Path):
+def hold_output(out: Path) -> FileLock | None:
     """Hold ``out`` for this run (rank 0 under MPI) until the process ends: a second run
     into the same folder is refused, naming the holder (pid, host, command).
 
@@ -386,7 +393,7 @@ def _file_system_error(exc: OSError) -> str:
     return f"{exc.strerror or exc}{where}"
 
 
-def run_demo(main, argv: list[str] | None = None) -> int:
+def run_demo(main: Callable[[list[str] | None], Any], argv: list[str] | None = None) -> int:
     """Run a demo's ``main(argv)``; the failures a user can cause become one ``error:``
     line and exit status 2 (among them the file system's: a full disk, a read-only
     folder), an interruption a note on how to resume and status 130."""
@@ -458,7 +465,7 @@ def is_main() -> bool:
     return distributed.current().is_main
 
 
-def map_batches(fn, items, replicas: int) -> list:
+def map_batches(fn: Callable, items: Sequence, replicas: int) -> list:
     """[fn(item) for item in items] for evaluation and decoding: across ``replicas``
     threads, and across the MPI ranks when there are several (every rank gets all)."""
     return distributed.current().shard_map(fn, items, replicas)
@@ -477,7 +484,7 @@ def write_json(path: Path, values: dict) -> None:
     os.replace(tmp, path)
 
 
-def extra_output(name: str, draw, *args, **kwargs) -> bool:
+def extra_output(name: str, draw: Callable, *args: Any, **kwargs: Any) -> bool:
     """Draw an extra (a plot, a sample) after the run's results are saved: a failure is
     one ``warning:`` line, never the end of a run whose checkpoints and metrics.json are
     already written.  Returns whether it was written."""
@@ -489,7 +496,7 @@ def extra_output(name: str, draw, *args, **kwargs) -> bool:
     return True
 
 
-def plot_curves(path: Path, history, eval_keys: list[str], title: str) -> None:
+def plot_curves(path: Path, history: History, eval_keys: list[str], title: str) -> None:
     """Training loss per update (left) and evaluation metrics (right) to a PNG."""
     if not is_main():
         return

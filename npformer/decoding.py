@@ -19,13 +19,15 @@ in range, temperatures and the length penalty finite.  An empty batch decodes to
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import backend, ops
+from .backend import Array
 from .models.common import valid_lengths_from
-from .nn import evaluating
+from .nn import Module, evaluating
 from .validation import check_model_kind, check_real, check_size, check_token_ids, host_token_ids
 
 
@@ -77,7 +79,8 @@ def _source(model, src, src_lens):
 
 
 # --------------------------------------------------------------------------- seq2seq
-def greedy_decode(model, src, src_lens=None, max_len: int = 50) -> list[list[int]]:
+def greedy_decode(model: Module, src: Array | Sequence[Sequence[int]],
+                  src_lens: Array | None = None, max_len: int = 50) -> list[list[int]]:
     """src (B, S) -> B target id lists (without <bos>/<eos>), the most likely token each step.
 
     At most ``min(max_len, config.max_len)`` tokens each (``max_len`` 0 gives empty lists);
@@ -148,8 +151,8 @@ def _check_beam_arguments(beam_size, max_len, alpha) -> tuple[int, int, float]:
             check_real(alpha, "alpha", 0.0))
 
 
-def beam_search(model, src, src_lens=None, beam_size: int = 4, max_len: int = 50,
-                alpha: float = 0.6) -> list[list[int]]:
+def beam_search(model: Module, src: Array | Sequence[Sequence[int]], src_lens: Array | None = None,
+                beam_size: int = 4, max_len: int = 50, alpha: float = 0.6) -> list[list[int]]:
     """src (B, S) -> B target id lists: the best finished hypothesis of each beam search,
     ranked by log-probability / length_penalty(length, alpha).
 
@@ -264,8 +267,8 @@ def _search_done(finished, open_beams, k: int, length: int, max_length: int,
 
 
 # --------------------------------------------------------------------------- language model
-def generate(model, prompt_ids, max_new_tokens: int, temperature: float = 1.0,
-             top_k: int | None = None, greedy: bool = False,
+def generate(model: Module, prompt_ids: Array | Sequence[int], max_new_tokens: int,
+             temperature: float = 1.0, top_k: int | None = None, greedy: bool = False,
              rng: np.random.Generator | None = None) -> list[int]:
     """Continue ``prompt_ids`` (one sequence of at least one id: a list, a 1-D array) by
     ``max_new_tokens`` tokens (0 returns the prompt) -> prompt + continuation, a list.

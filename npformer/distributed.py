@@ -60,12 +60,18 @@ import stat
 import sys
 import time
 import traceback
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from . import backend
+from .nn import Module, Parameter
 from .nn.module import flat_parameters_of
 from .parallel import DataParallel, parallel_map, shard_bounds
+
+if TYPE_CHECKING:  # annotations only: importing these here would be circular
+    from .tasks import Task
 
 __all__ = ["Context", "DistributedDataParallel", "RanksDiffer", "setup", "current",
            "data_parallel", "launched_by_mpi", "keep_freed_memory", "batch_fingerprint"]
@@ -164,11 +170,11 @@ class Context:
         return self.rank == 0
 
     # ----------------------------------------------------------------- collectives
-    def allgather(self, value) -> list:
+    def allgather(self, value: Any) -> list:
         """[value of rank 0, value of rank 1, ...] on every rank (any picklable value)."""
         return [value] if self.comm is None or self.size == 1 else self.comm.allgather(value)
 
-    def from_main(self, value):
+    def from_main(self, value: Any) -> Any:
         """Rank 0's ``value``, on every rank (a decision all must share)."""
         return value if self.comm is None or self.size == 1 else self.comm.bcast(value, root=0)
 
@@ -183,7 +189,7 @@ class Context:
             sys.stderr.flush()
             self.comm.Abort(code)
 
-    def shard_map(self, fn, items, replicas: int = 1) -> list:
+    def shard_map(self, fn: Callable, items: Sequence, replicas: int = 1) -> list:
         """[fn(item) for item in items], the items shared out across the ranks (contiguous
         blocks, rank order) and, inside each rank, across ``replicas`` threads; every rank
         gets the whole list back, in order (evaluation, decoding).  ``fn``'s results are
@@ -193,7 +199,7 @@ class Context:
         mine = parallel_map(fn, items[lo:hi], replicas)
         return [result for block in self.allgather(mine) for result in block]
 
-    def check_same(self, **values) -> None:
+    def check_same(self, **values: Any) -> None:
         """Refuse (every rank raises :class:`RanksDiffer`) if any named value differs
         between ranks: ``ctx.check_same(args=vars(args), data=fingerprint)``.  Values are
         compared by a hash of their ``repr``; the message names what differs and shows
@@ -378,7 +384,7 @@ def _abort_all_on_uncaught_exception(ctx: Context) -> None:
     sys.excepthook = hook
 
 
-def wait_until_read(stream, timeout: float = 5.0) -> None:
+def wait_until_read(stream: Any, timeout: float = 5.0) -> None:
     """Where ``stream`` is a pipe (an MPI launcher's, forwarding a rank's output), wait
     until the reader has taken everything written to it, at most ``timeout`` seconds.
 
@@ -442,7 +448,7 @@ class FlatGradients:
     its slice (no copy back).  The buffer is allocated once and reused every step.
     """
 
-    def __init__(self, params, xp):
+    def __init__(self, params: Sequence[Parameter], xp: Any):
         self.xp = xp
         self.shapes = [tuple(p.shape) for p in params]
         sizes = [int(np.prod(shape)) for shape in self.shapes]
@@ -451,14 +457,14 @@ class FlatGradients:
         dtype = params[0].data.dtype if params else backend.default_float()
         self.buffer = xp.zeros(int(offsets[-1]) + 1, dtype=dtype)  # (P + 1,): grads, loss
 
-    def pack(self, params, loss: float) -> None:
+    def pack(self, params: Sequence[Parameter], loss: float) -> None:
         host = self.xp is np  # NumPy, or the strict backend's arrays copied to the host
         for p, (lo, hi) in zip(params, self.slices):
             grad = backend.to_numpy(p.grad) if host else p.grad
             self.buffer[lo:hi] = self.xp.reshape(grad, (-1,))
         self.buffer[-1] = loss
 
-    def unpack(self, params) -> float:
+    def unpack(self, params: Sequence[Parameter]) -> float:
         for p, (lo, hi), shape in zip(params, self.slices, self.shapes):
             p.grad = self.xp.reshape(self.buffer[lo:hi], shape)
         return float(self.buffer[-1])
@@ -527,7 +533,7 @@ class _Nccl:
                             self.types[np.dtype(buffer.dtype)], self.nccl.NCCL_SUM, stream.ptr)
 
 
-def ranks_share_a_gpu(comm) -> bool:
+def ranks_share_a_gpu(comm: Any) -> bool:
     """Whether two ranks use the same GPU (more ranks on a machine than devices):
     every rank's (machine, PCI bus id) gathered and compared."""
     import cupy
@@ -565,7 +571,7 @@ def gpu_allreduce_kind(shared_gpu: bool = False) -> str:
     return "mpi" if query is not None and query() else "host"
 
 
-def make_allreduce(ctx: Context):
+def make_allreduce(ctx: Context) -> Callable[[Any], None]:
     """The in-place sum across ranks for this backend's gradient buffers."""
     if backend.backend_name() != "cupy":
         return _HostAllreduce(ctx.comm)
@@ -573,7 +579,7 @@ def make_allreduce(ctx: Context):
     return {"nccl": _Nccl, "mpi": _CudaAwareMPI, "host": _DeviceThroughHost}[kind](ctx.comm)
 
 
-def buffer_namespace():
+def buffer_namespace() -> Any:
     """Gradient buffers live where the parameters do: CuPy on a GPU, NumPy otherwise
     (the strict backend's arrays are copied into a NumPy buffer and back)."""
     if backend.backend_name() == "cupy":
@@ -584,7 +590,7 @@ def buffer_namespace():
 
 
 # --------------------------------------------------------------------------- the engine
-def model_signature(model) -> dict:
+def model_signature(model: Module) -> dict:
     """What must be equal on every rank before parameters are broadcast: the model's
     configuration and every parameter's name, shape and dtype."""
     return {"class": type(model).__name__, "config": getattr(model, "config", None),
@@ -602,7 +608,7 @@ def batch_fingerprint(batch: tuple) -> str:
     return digest.hexdigest()[:16]
 
 
-def broadcast_parameters(model, ctx: Context) -> None:
+def broadcast_parameters(model: Module, ctx: Context) -> None:
     """Every rank's parameters become rank 0's (one host broadcast per parameter, once)."""
     for p in model.parameters():
         values = np.ascontiguousarray(backend.to_numpy(p.data))
@@ -620,7 +626,7 @@ class DistributedDataParallel:
     checked on construction (model) and on the first batch (data).
     """
 
-    def __init__(self, model, replicas: int = 1, ctx: Context | None = None, **same):
+    def __init__(self, model: Module, replicas: int = 1, ctx: Context | None = None, **same: Any):
         self.ctx = ctx or current()
         if self.ctx.size < 2 or self.ctx.comm is None:
             raise ValueError("DistributedDataParallel needs at least 2 MPI ranks; run under "
@@ -642,7 +648,7 @@ class DistributedDataParallel:
     def my_rows(self, rows: int) -> tuple[int, int]:
         return shard_bounds(rows, self.ctx.size)[self.ctx.rank]
 
-    def loss_and_grad(self, task, batch: tuple, grad_scale: float,
+    def loss_and_grad(self, task: Task, batch: tuple, grad_scale: float,
                       seed: int) -> tuple[float, int]:
         """This rank's rows of ``batch`` (the global batch, the same on every rank):
         forward + backward of its loss weighted by n_r / n -> (n_r / n * L_r, n)."""
@@ -684,11 +690,12 @@ class DistributedDataParallel:
                 p.grad = backend.asarray(p.grad)
         return loss
 
-    def from_main(self, value):
+    def from_main(self, value: Any) -> Any:
         return self.ctx.from_main(value)
 
 
-def data_parallel(model, replicas: int = 1, **same):
+def data_parallel(model: Module, replicas: int = 1,
+                  **same: Any) -> DataParallel | DistributedDataParallel:
     """The trainer's engine: :class:`DistributedDataParallel` across the ranks when the
     process runs under an MPI launcher with several ranks (joining them with
     :func:`setup` if the program has not), else :class:`DataParallel` (threads).

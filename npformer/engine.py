@@ -19,12 +19,18 @@ is active or imports :mod:`npformer.fast`.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from . import fast as _fast
 from . import ops as _textbook
+from .backend import Array
 from .fast import fused as _fused
 from .fast import kernels as _kernels
+
+if TYPE_CHECKING:  # annotations only: importing these here would be circular
+    from .nn import FlatParameters, Parameter
 
 Packing = _fast.Packing  # the packed layout of a padded batch, for npformer.nn.Padding
 
@@ -61,7 +67,7 @@ def packs_positions() -> bool:
     return _current == "fast"
 
 
-def flat_parameters(params):
+def flat_parameters(params: Sequence[Parameter]) -> FlatParameters | None:
     """The fast tier keeps an optimizer's parameters in one flat buffer
     (:class:`npformer.nn.FlatParameters`, which rebinds their data and gradients to
     views of it); None in the textbook tier, or where they cannot share one (not
@@ -73,7 +79,7 @@ def flat_parameters(params):
     return FlatParameters(params)
 
 
-def fuses_kernels(*arrays) -> bool:
+def fuses_kernels(*arrays: Array) -> bool:
     """Whether the fast tier runs these arrays' element-wise chains as one fused kernel
     (:mod:`npformer.fast.fused`: CuPy arrays)."""
     return _current == "fast" and _fused.fuses(*arrays)
@@ -81,22 +87,22 @@ def fuses_kernels(*arrays) -> bool:
 
 # The fast tier's compiled pieces the optimizer uses (npformer.optim reaches them here).
 # (looked up at each call, so the module they live in stays the one place to patch or read)
-def fused_adam_update(*args):
+def fused_adam_update(*args: Any) -> Array:
     """Adam's statements as one CuPy kernel (:func:`npformer.fast.fused.adam_update`)."""
     return _fused.adam_update(*args)
 
 
-def adamw_flat(*args) -> None:
+def adamw_flat(*args: Any) -> None:
     """One AdamW pass over flat NumPy buffers (:func:`npformer.fast.kernels.adamw_flat`)."""
     _kernels.adamw_flat(*args)
 
 
-def sum_of_squares(flat) -> float:
+def sum_of_squares(flat: Array) -> float:
     """The squared norm of a flat buffer (:func:`npformer.fast.kernels.sum_of_squares`)."""
     return _kernels.sum_of_squares(flat)
 
 
-def compiled(*arrays) -> bool:
+def compiled(*arrays: Array) -> bool:
     """Whether the fast tier's compiled CPU kernels take these arrays (numba present,
     C-contiguous NumPy float arrays of one dtype)."""
     return _kernels.usable(*arrays)

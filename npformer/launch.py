@@ -36,6 +36,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 from .distributed import _RANK_VARIABLES, _SIZE_VARIABLES
@@ -67,7 +68,7 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def under_launcher(environ=os.environ) -> bool:
+def under_launcher(environ: Mapping[str, str] = os.environ) -> bool:
     """True when a launcher (ours, mpiexec, srun) started this process."""
     return any(name in environ for name in (LAUNCHED_MARK, *LAUNCHER_VARIABLES))
 
@@ -80,7 +81,8 @@ def find_mpiexec() -> str | None:
     return shutil.which("mpiexec")
 
 
-def planned_procs(args, training: bool, environ=os.environ) -> int:
+def planned_procs(args: argparse.Namespace, training: bool,
+                  environ: Mapping[str, str] = os.environ) -> int:
     """How many processes the run should have (1: stay in this one)."""
     if not training or under_launcher(environ):
         return 1
@@ -112,7 +114,7 @@ def saved_procs(out: Path) -> int:
         return 1
 
 
-def child_environment(environ=os.environ) -> dict:
+def child_environment(environ: Mapping[str, str] = os.environ) -> dict:
     env = dict(environ, **{LAUNCHED_MARK: "1"})
     env.setdefault("GLIBC_TUNABLES", KEEP_MEMORY_TUNABLES)  # a user's own setting is kept
     return env
@@ -122,7 +124,7 @@ def launch_command(mpiexec: str, procs: int, argv: list[str]) -> list[str]:
     return [mpiexec, "-n", str(procs), sys.executable, sys.argv[0], *argv]
 
 
-def relaunch(args, argv: list[str] | None, training: bool = True) -> int | None:
+def relaunch(args: argparse.Namespace, argv: list[str] | None, training: bool = True) -> int | None:
     """Run the demo as MPI ranks and return their exit status, or None: run it here.
 
     ``args``: the demo's parsed options; ``argv``: what ``main`` was given (None: the
@@ -150,7 +152,7 @@ def relaunch(args, argv: list[str] | None, training: bool = True) -> int | None:
 RANK_ALIKE_PREFIXES = ("error: ", "training stopped", "continue it with: ", "interrupted")
 
 
-def shown_once(lines, seen: set):
+def shown_once(lines: Iterable[str], seen: set) -> Iterator[str]:
     """The children's standard-error lines, less repeats of a rank-alike message and, once
     an ``error:`` line was shown, the launcher's ``Abort(N) ... MPI_Abort`` notes (the
     ranks end that way after a user error); anything else (tracebacks) passes."""

@@ -41,11 +41,12 @@ of arguments and of saved state (which stay out of the update path).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from . import backend, engine
+from .backend import Array
 from .nn.module import Parameter, flat_parameters_of
 from .weights import mismatch_report, weight_array
 
@@ -186,7 +187,7 @@ class SGD(Optimizer):
 
     _hyper_names = ("momentum", "weight_decay")
 
-    def __init__(self, params, lr: float | Schedule, momentum: float = 0.0,
+    def __init__(self, params: Sequence[Parameter], lr: float | Schedule, momentum: float = 0.0,
                  weight_decay: float = 0.0):
         self.momentum = _check_in_range("momentum", momentum, 0.0, 1.0, high_open=False)
         self.weight_decay = _check_in_range("weight_decay", weight_decay, 0.0)
@@ -229,7 +230,7 @@ class Adam(Optimizer):
     _state_names = ("m", "v")
     _hyper_names = ("beta1", "beta2", "eps", "weight_decay")
 
-    def __init__(self, params, lr: float | Schedule = 1e-3,
+    def __init__(self, params: Sequence[Parameter], lr: float | Schedule = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0):
         self.beta1, self.beta2 = _check_betas(betas)
@@ -323,7 +324,7 @@ class AdamW(Adam):
 
     _decoupled = True
 
-    def __init__(self, params, lr: float | Schedule = 1e-3,
+    def __init__(self, params: Sequence[Parameter], lr: float | Schedule = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.01):
         super().__init__(params, lr, betas, eps, weight_decay)
@@ -335,9 +336,9 @@ class AdamW(Adam):
         return p.data, g
 
 
-def adam_flat_update(data, grad, m, v, decay_segments, decay_factor: float, beta1: float,
-                     beta2: float, eps: float, step_size: float,
-                     bias_correction2: float) -> None:
+def adam_flat_update(data: Array, grad: Array, m: Array, v: Array,
+                     decay_segments: Sequence[tuple[int, int]], decay_factor: float, beta1: float,
+                     beta2: float, eps: float, step_size: float, bias_correction2: float) -> None:
     """One Adam(W) update over flat buffers data, grad, m, v (P,), in place.
 
     ``decay_segments`` (K, 2): the [lo, hi) ranges whose data first shrinks by

@@ -23,13 +23,18 @@ from __future__ import annotations
 
 import copy
 import numbers
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from . import backend
-from .nn import FlatParameters, flat_parameters_of, grad_enabled, set_grad_enabled
+from .nn import FlatParameters, Module, flat_parameters_of, grad_enabled, set_grad_enabled
+
+if TYPE_CHECKING:  # annotations only: importing these here would be circular
+    from .tasks import Task
 
 
 def shard_bounds(rows: int, parts: int) -> list[tuple[int, int]]:
@@ -62,7 +67,7 @@ def _single_threaded_blas():
     return _blas_controller.limit(limits=1, user_api="blas")
 
 
-def parallel_map(fn, items, replicas: int) -> list:
+def parallel_map(fn: Callable, items: Sequence, replicas: int) -> list:
     """[fn(item) for item in items], on ``replicas`` threads with single-threaded BLAS
     (inference over many batches: evaluation, decoding).  Order is kept."""
     items = list(items)
@@ -88,7 +93,7 @@ class DataParallel:
 
     is_main = True  # the one process: it prints and saves
 
-    def __init__(self, model, replicas: int = 2):
+    def __init__(self, model: Module, replicas: int = 2):
         if isinstance(replicas, bool) or not isinstance(replicas, numbers.Integral) \
                 or replicas < 1:
             raise ValueError(f"replicas must be an integer of at least 1, got {replicas!r}")
@@ -132,7 +137,8 @@ class DataParallel:
             for p, q in zip(own, replica.parameters()):
                 p.accumulate(q.grad)
 
-    def loss_and_grad(self, task, batch: tuple, grad_scale: float, seed: int) -> tuple[float, int]:
+    def loss_and_grad(self, task: Task, batch: tuple, grad_scale: float,
+                      seed: int) -> tuple[float, int]:
         """Forward + backward of ``batch`` split across the replicas -> (mean loss, count)."""
         shards = split_batch(batch, len(self.models))
         if len(shards) == 1 or self.pool is None:
@@ -157,6 +163,6 @@ class DataParallel:
         (in :meth:`loss_and_grad`), so the step's mean loss is returned as it is."""
         return loss
 
-    def from_main(self, value):
+    def from_main(self, value: Any) -> Any:
         """A decision every process must share (stop on a time budget): one process, as is."""
         return value

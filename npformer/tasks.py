@@ -15,11 +15,13 @@ The three tasks of the demos: :class:`Classification` (IMDB), :class:`LanguageMo
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Any
 
 import numpy as np
 
 from . import backend, engine
-from .nn import Padding
+from .backend import Array
+from .nn import Module, Padding
 
 
 class Task(ABC):
@@ -30,12 +32,12 @@ class Task(ABC):
         """The number of items the batch's mean loss averages over."""
 
     @abstractmethod
-    def loss_and_grad(self, model, batch: tuple, grad_scale: float = 1.0) -> float:
+    def loss_and_grad(self, model: Module, batch: tuple, grad_scale: float = 1.0) -> float:
         """Forward, loss and backward of ``loss * grad_scale``; returns the mean loss."""
 
 
-def cross_entropy_and_backward(model, logits, targets, grad_scale: float,
-                               **loss_kwargs) -> float:
+def cross_entropy_and_backward(model: Module, logits: Array, targets: Array, grad_scale: float,
+                               **loss_kwargs: Any) -> float:
     """Loss on ``logits``, then the backward pass of loss * grad_scale through ``model``.
 
     Callers pass the model's output straight in, unnamed, so that this frame holds the
@@ -54,10 +56,10 @@ def cross_entropy_and_backward(model, logits, targets, grad_scale: float,
 class Classification(Task):
     """batch = (ids (B, T), valid_lens (B,), labels (B,)); the loss averages over sequences."""
 
-    def count(self, batch):
+    def count(self, batch: tuple) -> int:
         return batch[0].shape[0]
 
-    def loss_and_grad(self, model, batch, grad_scale=1.0):
+    def loss_and_grad(self, model: Module, batch: tuple, grad_scale: float = 1.0) -> float:
         ids, valid_lens, labels = batch
         padding = Padding.of(valid_lens, ids.shape[1], min_length=1)  # described once; pooled
         logits = model(backend.asarray(ids), padding=padding)  # (B, C), small
@@ -67,10 +69,10 @@ class Classification(Task):
 class LanguageModeling(Task):
     """batch = (x (B, T), y (B, T)) next-token targets; the loss averages over all B*T tokens."""
 
-    def count(self, batch):
+    def count(self, batch: tuple) -> int:
         return batch[0].size
 
-    def loss_and_grad(self, model, batch, grad_scale=1.0):
+    def loss_and_grad(self, model: Module, batch: tuple, grad_scale: float = 1.0) -> float:
         x, y = batch
         return cross_entropy_and_backward(model, model(backend.asarray(x)), y,
                                           grad_scale)  # (B, T, V) logits
@@ -85,10 +87,10 @@ class Translation(Task):
     def __init__(self, label_smoothing: float = 0.0, pad_id: int = 0):
         self.label_smoothing, self.pad_id = label_smoothing, pad_id
 
-    def count(self, batch):
+    def count(self, batch: tuple) -> int:
         return int(np.sum(batch[3] != self.pad_id))
 
-    def loss_and_grad(self, model, batch, grad_scale=1.0):
+    def loss_and_grad(self, model: Module, batch: tuple, grad_scale: float = 1.0) -> float:
         src, src_lens, tgt_in, tgt_out, tgt_lens = batch
         src_padding = Padding.of(src_lens, src.shape[1])
         tgt_padding = Padding.of(tgt_lens, tgt_in.shape[1])

@@ -229,7 +229,7 @@ def _check_head_counts(module, torch_module, rules: list[Rule]) -> None:
                          "fit, the outputs would not): build it with the same number of heads")
 
 
-def load_torch_state_dict(module, torch_state) -> None:
+def load_torch_state_dict(module: Module, torch_state: Mapping[str, Any]) -> None:
     """Load a PyTorch state dict (tensors or arrays) into ``module``, checking every key,
     shape and value (:func:`npformer.weights.checked_weights`: floating point, finite;
     tensors that require grad are detached, bfloat16 ones converted to float32 with a
@@ -278,7 +278,7 @@ def save_safetensors(module: Module, path: str | os.PathLike,
     return path
 
 
-def load_safetensors(module, path) -> None:
+def load_safetensors(module: Module, path: str | Path) -> None:
     """Load a safetensors file holding the PyTorch state dict of ``module``'s equivalent
     (as :func:`save_safetensors` or ``safetensors.torch.save_file`` write it), through
     :func:`load_torch_state_dict`'s checks.  bfloat16 tensors (NumPy has no bfloat16) are

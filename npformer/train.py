@@ -28,9 +28,11 @@ from pathlib import Path
 import numpy as np
 
 from . import backend
+from .backend import Array
 from .checkpoint import load_checkpoint, restore, save_checkpoint
 from .distributed import data_parallel
-from .optim import NonFiniteGradientError, clip_grad_norm, global_grad_norm
+from .nn import Module
+from .optim import NonFiniteGradientError, Optimizer, clip_grad_norm, global_grad_norm
 from .tasks import Task
 from .validation import check_choice, check_real, check_size
 
@@ -51,7 +53,7 @@ class TrainingInterrupted(Exception):
 
 
 # --------------------------------------------------------------------------- metrics
-def accuracy(logits, labels) -> float:
+def accuracy(logits: Array, labels: Array) -> float:
     """Fraction of rows whose argmax equals the label."""
     predicted = np.argmax(backend.to_numpy(logits), axis=-1)
     return float(np.mean(predicted == np.asarray(labels)))
@@ -191,7 +193,7 @@ class Trainer:
         seed: seeds the batch generator ``rng`` and the dropout streams.
     """
 
-    def __init__(self, model, optimizer, task: Task, next_batch: Callable,
+    def __init__(self, model: Module, optimizer: Optimizer, task: Task, next_batch: Callable,
                  config: TrainConfig, eval_fn: Callable | None = None,
                  checkpoint_extra: dict | None = None, seed: int = 0):
         if not isinstance(config, TrainConfig):
@@ -359,7 +361,7 @@ class Trainer:
         if state["batches"] is not None:
             self.next_batch.load_state_dict(state["batches"])
 
-    def save(self, path, extra: dict | None = None) -> Path:
+    def save(self, path: str | Path, extra: dict | None = None) -> Path:
         """The model, the optimizer, the random streams and :meth:`state_dict`: a run
         that :meth:`resume` continues exactly.  Under MPI only rank 0 writes (every rank
         holds the same state)."""
@@ -376,7 +378,7 @@ class Trainer:
         """Save the run to ``config.last_path`` (if set)."""
         return self.save(self.config.last_path) if self.config.last_path else None
 
-    def resume(self, path) -> None:
+    def resume(self, path: str | Path) -> None:
         """Continue exactly where a checkpoint saved by :meth:`save` left off."""
         checkpoint = load_checkpoint(path)
         restore(self.model, checkpoint, self.optimizer)

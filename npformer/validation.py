@@ -53,11 +53,16 @@ import functools
 import math
 import numbers
 import threading
-from typing import Any, NamedTuple
+from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy
 
 from . import backend
+from .backend import Array
+
+if TYPE_CHECKING:  # annotations only: importing these here would be circular
+    from .nn import Module
 
 FLOAT_DTYPES = ("float32", "float64")  # what the ops compute in
 POOLINGS = ("mean", "max", "first")
@@ -81,7 +86,7 @@ def trusted() -> bool:
     return _state.trusted
 
 
-def run_trusted(body, *args, **kwargs):
+def run_trusted(body: Callable, *args: Any, **kwargs: Any) -> Any:
     """body(*args, **kwargs) with every contract inside it skipped (the door checked)."""
     if _state.trusted:
         return body(*args, **kwargs)
@@ -102,11 +107,18 @@ class Cache(NamedTuple):
     saved: Any  # what the backward's derivation reads
 
 
-def tier_of(function) -> str:
+# The decorators' types: a forward's body returns (output, saved), the op made of it
+# returns (output, Cache); a backward's body reads ``saved``, the op made of it a Cache.
+ForwardBody = Callable[..., tuple[Array, Any]]
+ForwardOp = Callable[..., tuple[Array, Cache]]
+UpstreamCheck = Callable[[Any, Cache, str], None]  # upstream(dy, cache, what) raises if wrong
+
+
+def tier_of(function: Callable) -> str:
     return "fast" if function.__module__.startswith("npformer.fast") else "textbook"
 
 
-def checked_op(contract):
+def checked_op(contract: Callable[..., None]) -> Callable[[Callable], Callable]:
     """An op without a backward: ``contract(*args)`` checked at the door."""
     def decorate(body):
         @functools.wraps(body)
@@ -120,7 +132,8 @@ def checked_op(contract):
     return decorate
 
 
-def forward_op(contract, tier: str | None = None):
+def forward_op(contract: Callable[..., None],
+               tier: str | None = None) -> Callable[[ForwardBody], ForwardOp]:
     """A forward ``body(*args) -> (output, saved)``: the contract checked at the door, and
     ``saved`` returned in a :class:`Cache` naming this op and tier (``tier``: default
     the body's package)."""
@@ -140,7 +153,8 @@ def forward_op(contract, tier: str | None = None):
     return decorate
 
 
-def backward_op(forward, upstream=None):
+def backward_op(forward: ForwardOp,
+                upstream: UpstreamCheck | None = None) -> Callable[[Callable], Callable]:
     """A backward ``body(d_output, saved, ...)`` of ``forward``: the cache must be that
     forward's (same op, same tier) and, at the door, the upstream gradient of its
     output's shape and dtype (``upstream(dy, cache, what)``: another rule, e.g. the
@@ -164,7 +178,7 @@ def backward_op(forward, upstream=None):
     return decorate
 
 
-def refuse_cache(cache, backward: str, forward) -> None:
+def refuse_cache(cache: Any, backward: str, forward: Callable) -> None:
     """The error for a cache that is not ``forward``'s (raised; never returns)."""
     made_by = forward.op_name
     if cache is None:
@@ -181,13 +195,13 @@ def refuse_cache(cache, backward: str, forward) -> None:
                     f"{made_by} of the same tier returned")
 
 
-def check_upstream_of(dy, cache: Cache, what: str) -> None:
+def check_upstream_of(dy: Array, cache: Cache, what: str) -> None:
     """The default backward contract: dy of the forward's output shape and dtype."""
     check_upstream(dy, cache.shape, what, cache.dtype)
 
 
 # =========================================================================== arrays
-def check_array(x, what: str) -> None:
+def check_array(x: Any, what: str) -> None:
     """x must be an array of some array library (not a list, a number or None)."""
     import array_api_compat
 
@@ -196,7 +210,7 @@ def check_array(x, what: str) -> None:
                         "with npformer.backend.asarray(...)")
 
 
-def check_float(x, what: str) -> None:
+def check_float(x: Any, what: str) -> None:
     check_array(x, what)
     xp = backend.namespace_of(x)
     if x.dtype not in tuple(getattr(xp, name) for name in FLOAT_DTYPES):
@@ -204,13 +218,13 @@ def check_float(x, what: str) -> None:
                         f"got dtype {x.dtype}")
 
 
-def check_integers(x, what: str) -> None:
+def check_integers(x: Any, what: str) -> None:
     check_array(x, what)
     if not backend.is_integer_array(x):
         raise TypeError(f"{what} must be integers, got dtype {x.dtype}")
 
 
-def check_rank(x, ranks, what: str) -> None:
+def check_rank(x: Any, ranks: int | tuple[int, ...], what: str) -> None:
     check_array(x, what)
     ranks = (ranks,) if isinstance(ranks, int) else tuple(ranks)
     if x.ndim not in ranks:
@@ -220,13 +234,13 @@ def check_rank(x, ranks, what: str) -> None:
         )
 
 
-def check_min_rank(x, rank: int, what: str, axes: str) -> None:
+def check_min_rank(x: Any, rank: int, what: str, axes: str) -> None:
     if x.ndim < rank:
         raise ValueError(f"{what} must have at least {rank} dimensions ({axes}), got shape "
                          f"{tuple(x.shape)}")
 
 
-def check_last_dim(x, width: int, what: str) -> None:
+def check_last_dim(x: Any, width: int, what: str) -> None:
     check_array(x, what)
     if x.ndim == 0 or x.shape[-1] != width:
         raise ValueError(
@@ -246,7 +260,7 @@ def broadcast_shape(a: tuple, b: tuple) -> tuple | None:
     return tuple(reversed(out))
 
 
-def check_mask(mask, scores_shape: tuple, what: str = "attention mask",
+def check_mask(mask: Any, scores_shape: tuple, what: str = "attention mask",
                target: str = "the attention scores") -> None:
     """A mask must be boolean (True = may attend) and broadcast to the scores
     (``target`` names what it must broadcast to, for the message)."""
@@ -265,7 +279,8 @@ def check_mask(mask, scores_shape: tuple, what: str = "attention mask",
         )
 
 
-def check_token_ids(ids, vocab_size: int, what: str = "token ids", allowed_extra=None) -> None:
+def check_token_ids(ids: Any, vocab_size: int, what: str = "token ids",
+                    allowed_extra: Collection[int] | None = None) -> None:
     """Ids must be integers in [0, vocab_size) (``allowed_extra``, e.g. an ignore index,
     passes too)."""
     check_array(ids, what)
@@ -286,7 +301,7 @@ def check_token_ids(ids, vocab_size: int, what: str = "token ids", allowed_extra
         )
 
 
-def check_size(value, what: str, minimum: int = 0, optional: bool = False) -> int | None:
+def check_size(value: Any, what: str, minimum: int = 0, optional: bool = False) -> int | None:
     """A count or size (an integer, Python's or NumPy's, not a bool or a float) of at least
     ``minimum``; returned as an int (None passes when ``optional``)."""
     if value is None and optional:
@@ -299,7 +314,7 @@ def check_size(value, what: str, minimum: int = 0, optional: bool = False) -> in
     return int(value)
 
 
-def check_real(value, what: str, minimum: float = -math.inf, inclusive: bool = True,
+def check_real(value: Any, what: str, minimum: float = -math.inf, inclusive: bool = True,
                optional: bool = False, hint: str = "") -> float | None:
     """A finite real number (not a bool) >= ``minimum`` (> it when not ``inclusive``);
     returned as a float (None passes when ``optional``).  ``hint`` ends the message."""
@@ -315,7 +330,7 @@ def check_real(value, what: str, minimum: float = -math.inf, inclusive: bool = T
     return value
 
 
-def check_axis(x, axis, what: str) -> None:
+def check_axis(x: Any, axis: Any, what: str) -> None:
     """``axis`` must be an integer naming an axis of x."""
     if isinstance(axis, bool) or not isinstance(axis, numbers.Integral):
         raise TypeError(f"{what} axis must be an integer, got {axis!r}")
@@ -323,7 +338,7 @@ def check_axis(x, axis, what: str) -> None:
         raise ValueError(f"{what} has no axis {axis}: its shape is {tuple(x.shape)}")
 
 
-def check_same_dtype(what: str, **arrays) -> None:
+def check_same_dtype(what: str, **arrays: Any) -> None:
     """The floating-point inputs of one op share one dtype (none is silently cast)."""
     present = {name: a for name, a in arrays.items() if a is not None}
     backend.check_one_library(what, **present)  # arrays of two libraries: named first
@@ -333,7 +348,7 @@ def check_same_dtype(what: str, **arrays) -> None:
         raise TypeError(f"{what} inputs must share one dtype, got {listed}")
 
 
-def check_choice(value, choices, what: str, label: str = "") -> None:
+def check_choice(value: Any, choices: Collection, what: str, label: str = "") -> None:
     """``value`` must be one of ``choices`` (the message lists them)."""
     try:
         known = value in choices
@@ -343,7 +358,7 @@ def check_choice(value, choices, what: str, label: str = "") -> None:
         raise ValueError(f"unknown {what} {value!r}; choose one of {label or sorted(choices)}")
 
 
-def check_probability(p, what: str = "dropout probability") -> None:
+def check_probability(p: Any, what: str = "dropout probability") -> None:
     """A number in [0, 1)."""
     if isinstance(p, bool) or not isinstance(p, numbers.Real):
         raise TypeError(f"{what} must be a number in [0, 1), got {p!r}")
@@ -351,7 +366,7 @@ def check_probability(p, what: str = "dropout probability") -> None:
         raise ValueError(f"{what} must be in [0, 1), got {p}")
 
 
-def check_upstream(dy, expected: tuple, what: str, dtype=None,
+def check_upstream(dy: Any, expected: tuple, what: str, dtype: Any = None,
                    source: str = "the forward's output") -> None:
     """The upstream gradient must be a floating-point array of the forward's output shape
     (and, given ``dtype``, of the output's dtype: the fast tier writes into its buffers)."""
@@ -364,7 +379,7 @@ def check_upstream(dy, expected: tuple, what: str, dtype=None,
                         f"{source} had dtype {dtype}")
 
 
-def check_loss_gradient(dloss, cache: Cache, what: str) -> None:
+def check_loss_gradient(dloss: Any, cache: Cache, what: str) -> None:
     """The gradient of the (scalar) loss: a real number or a 0-d floating-point array."""
     if isinstance(dloss, numbers.Real) and not isinstance(dloss, bool):
         return
@@ -378,7 +393,7 @@ def check_loss_gradient(dloss, cache: Cache, what: str) -> None:
 # Each takes its op's arguments (same names, same defaults).  Shape letters as in
 # npformer.ops: B batch, T queries, S keys, E query/key width, F value width,
 # D width, V vocabulary, L table length.
-def linear_inputs(x, w, b=None) -> None:
+def linear_inputs(x: Array, w: Array, b: Array | None = None) -> None:
     """x (..., D_in) floats, W (D_in, D_out) floats with D_in, D_out >= 1, b None or
     (D_out,), all of one dtype."""
     check_float(x, "linear input")
@@ -396,7 +411,7 @@ def linear_inputs(x, w, b=None) -> None:
     check_last_dim(x, w.shape[0], "linear input")
 
 
-def layernorm_inputs(x, gamma, beta, eps: float = 1e-5) -> None:
+def layernorm_inputs(x: Array, gamma: Array, beta: Array, eps: float = 1e-5) -> None:
     """x (..., D), gamma (D,), beta (D,) with D >= 1, floats of one dtype."""
     check_array(x, "layer norm input")
     for name, parameter in (("layer norm weight", gamma), ("layer norm bias", beta)):
@@ -410,7 +425,8 @@ def layernorm_inputs(x, gamma, beta, eps: float = 1e-5) -> None:
     check_same_dtype("layer norm", input=x, weight=gamma, bias=beta)  # and one library
 
 
-def attention_inputs(q, k, v, mask=None, block_scores=None) -> None:
+def attention_inputs(q: Array, k: Array, v: Array, mask: Array | None = None,
+                     block_scores: int | None = None) -> None:
     """q (..., T, E), k (..., S, E), v (..., S, F) floats of one dtype, E >= 1, mask
     boolean broadcasting to (..., T, S); ``block_scores`` (fast tier) None or >= 1."""
     for name, a in (("queries", q), ("keys", k), ("values", v)):
@@ -434,11 +450,12 @@ def attention_inputs(q, k, v, mask=None, block_scores=None) -> None:
         check_size(block_scores, "block_scores", 1)
 
 
-def attention_weights_inputs(q, k, mask=None) -> None:
+def attention_weights_inputs(q: Array, k: Array, mask: Array | None = None) -> None:
     attention_inputs(q, k, k, mask)
 
 
-def softmax_inputs(x, axis: int = -1, mask=None, overwrite_input: bool = False) -> None:
+def softmax_inputs(x: Array, axis: int = -1, mask: Array | None = None,
+                   overwrite_input: bool = False) -> None:
     """x (...) floats, axis one of its axes, mask boolean broadcasting to x."""
     check_float(x, "softmax input")
     check_axis(x, axis, "softmax input")
@@ -446,12 +463,12 @@ def softmax_inputs(x, axis: int = -1, mask=None, overwrite_input: bool = False) 
         check_mask(mask, tuple(x.shape), "softmax mask", target="the softmax input")
 
 
-def log_softmax_inputs(x, axis: int = -1) -> None:
+def log_softmax_inputs(x: Array, axis: int = -1) -> None:
     check_float(x, "log-softmax input")
     check_axis(x, axis, "log-softmax input")
 
 
-def activation_input(name: str):
+def activation_input(name: str) -> Callable[[Any], None]:
     """The contract of an element-wise activation called ``name``: x (...) floats."""
     def contract(x) -> None:
         check_float(x, f"{name} input")
@@ -465,12 +482,12 @@ def activation_choice(name: str, activations: dict | None = None) -> None:
     check_choice(name, activations, "activation")
 
 
-def dropout_inputs(x, p: float, training: bool = True) -> None:
+def dropout_inputs(x: Array, p: float, training: bool = True) -> None:
     check_float(x, "dropout input")
     check_probability(p)
 
 
-def embedding_inputs(ids, table) -> None:
+def embedding_inputs(ids: Array, table: Array) -> None:
     """ids (...) integers in [0, V), table (V, D) floats with V, D >= 1."""
     check_array(ids, "token ids")
     check_float(table, "embedding table")
@@ -482,7 +499,7 @@ def embedding_inputs(ids, table) -> None:
     check_token_ids(ids, table.shape[0])
 
 
-def positions_inputs(x, table) -> None:
+def positions_inputs(x: Array, table: Array) -> None:
     """x (B, T, D), table (L, D) floats of one dtype, T <= L."""
     check_float(x, "input to the positional encoding")
     check_rank(x, 3, "input to the positional encoding")
@@ -499,12 +516,13 @@ def positions_inputs(x, table) -> None:
                          f"width {table.shape[1]}")
 
 
-def sinusoidal_inputs(max_len: int, width: int, dtype=None, like=None) -> None:
+def sinusoidal_inputs(max_len: int, width: int, dtype: Any = None,
+                      like: Array | None = None) -> None:
     check_size(max_len, "max_len")
     check_size(width, "width", 1)
 
 
-def pool_inputs(h, valid_lens, how: str = "mean") -> None:
+def pool_inputs(h: Array, valid_lens: Array, how: str = "mean") -> None:
     """h (B, T, D) floats, valid_lens (B,) integers in [1, T] (T >= 1 unless B = 0)."""
     check_float(h, "pooling input")
     check_rank(valid_lens, 1, "valid lengths")
@@ -529,7 +547,7 @@ def pool_inputs(h, valid_lens, how: str = "mean") -> None:
                          f"least one token), got values in [{low}, {high}]")
 
 
-def cross_entropy_inputs(logits, targets, ignore_index: int = -100,
+def cross_entropy_inputs(logits: Array, targets: Array, ignore_index: int = -100,
                          label_smoothing: float = 0.0) -> None:
     """logits (..., V) floats with V >= 1, targets (...) integers in [0, V) or
     ignore_index, label_smoothing in [0, 1]."""
@@ -553,14 +571,15 @@ def cross_entropy_inputs(logits, targets, ignore_index: int = -100,
                     allowed_extra=ignore_index)
 
 
-def padding_mask_inputs(valid_lens, num_keys: int) -> None:
+def padding_mask_inputs(valid_lens: Array, num_keys: int) -> None:
     check_rank(valid_lens, 1, "valid lengths")
     check_size(num_keys, "num_keys")
     if not backend.is_integer_array(valid_lens):
         raise TypeError(f"valid lengths must be integers, got dtype {valid_lens.dtype}")
 
 
-def causal_mask_inputs(num_queries: int, num_keys: int | None = None, like=None) -> None:
+def causal_mask_inputs(num_queries: int, num_keys: int | None = None,
+                       like: Array | None = None) -> None:
     check_size(num_queries, "num_queries")
     if num_keys is not None:
         check_size(num_keys, "num_keys")
@@ -569,12 +588,12 @@ def causal_mask_inputs(num_queries: int, num_keys: int | None = None, like=None)
                              f"as queries ({num_queries})")
 
 
-def packing_inputs(valid_lens, length: int) -> None:
+def packing_inputs(valid_lens: Array, length: int) -> None:
     check_rank(valid_lens, 1, "valid lengths")
 
 
 # =========================================================================== layers, configs
-def check_valid_lengths(valid_lens, length: int, minimum: int = 0) -> None:
+def check_valid_lengths(valid_lens: Array, length: int, minimum: int = 0) -> None:
     """Every valid length in [minimum, length] (one min and max over the B lengths, once a
     batch); ``minimum`` 1 where every sequence needs a token (pooling)."""
     if valid_lens.shape[0] == 0:
@@ -598,7 +617,7 @@ def check_heads_divide(d_model: int, num_heads: int, width: str = "d_model",
             + (f", {hint}" if hint else ""))
 
 
-def check_sequence_input(x, width: int, what: str) -> None:
+def check_sequence_input(x: Array, width: int, what: str) -> None:
     """x must be (B, T, width)."""
     check_rank(x, 3, what + " (batch, positions, width)")
     if x.shape[-1] != width:
@@ -621,7 +640,7 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check_config(config) -> None:
+def check_config(config: Any) -> None:
     """Validate the fields every model config shares, with messages that name the field:
     sizes and counts are positive integers, token ids index every vocabulary they are
     used in, dropout is in [0, 1), and the names are among the known ones."""
@@ -667,7 +686,7 @@ def check_config(config) -> None:
 
 
 # --------------------------------------------------------------------------- decoding
-def check_model_kind(model, kind: str, function: str) -> None:
+def check_model_kind(model: Module, kind: str, function: str) -> None:
     """The model ``function`` decodes with must be of ``kind`` (seq2seq or lm)."""
     given = getattr(model, "kind", None)
     if given != kind:
@@ -678,7 +697,7 @@ def check_model_kind(model, kind: str, function: str) -> None:
                         f"{what}" + (f" (use {use} for it)" if use else ""))
 
 
-def host_token_ids(ids, name: str, rank: int, shape_words: str):
+def host_token_ids(ids: Any, name: str, rank: int, shape_words: str) -> numpy.ndarray:
     """``ids`` (an array of any backend, a NumPy array, nested lists) as a host int64 array
     of rank ``rank``; refused naming ``name`` if ragged, of another rank or not integers."""
     try:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -56,7 +57,7 @@ def _shape(value) -> tuple:
     return tuple(int(n) for n in shape)
 
 
-def weight_array(value, name: str) -> np.ndarray:
+def weight_array(value: Any, name: str) -> np.ndarray:
     """``value`` as a host floating-point array of finite numbers; refused naming ``name``
     (TypeError for the kind of number, ValueError for NaN/inf)."""
     host = _host(value, name)
@@ -84,7 +85,7 @@ def mismatch_report(missing: list, extra: list, wrong_shapes: list[str]) -> list
     return problems
 
 
-def checked_weights(expected: Mapping[str, tuple], state, owner: str,
+def checked_weights(expected: Mapping[str, tuple], state: Mapping[str, Any], owner: str,
                     what: str = "state_dict") -> dict[str, np.ndarray]:
     """``state`` ({name: array}) checked against ``expected`` ({name: shape}): a dict,
     exactly the expected names, each of its shape, every array floating point and

@@ -39,7 +39,7 @@ import io
 import json
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -225,7 +225,7 @@ def _read_json(text: str, path: Path, text_column: str, label_column: str) -> li
 _INTEGER = re.compile(r"[+-]?\d+")
 
 
-def sorted_labels(labels) -> tuple[Label, ...]:
+def sorted_labels(labels: Iterable[Label]) -> tuple[Label, ...]:
     """The distinct labels, sorted: integers (and strings that read as integers)
     numerically, then the other strings alphabetically.
 

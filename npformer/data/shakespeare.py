@@ -99,7 +99,7 @@ def load_shakespeare(path: str | os.PathLike | None = None) -> str:
     return read_shakespeare(locate_dataset(TINY_SHAKESPEARE, path))
 
 
-def split_90_10(ids) -> tuple[np.ndarray, np.ndarray]:
+def split_90_10(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """nanoGPT's split: the first 90% of ``ids`` for training, the last 10% for validation."""
     ids = np.asarray(ids)
     n_train = int(len(ids) * 0.9)

@@ -24,15 +24,18 @@ activation is the textbook one.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
+from typing import Any
 
 from .. import backend
+from ..backend import Array
 from ..ops import activations as _textbook
 from ..validation import activation_choice, activation_input, backward_op, checked_op, forward_op
 from . import kernels
 
 
 @forward_op(activation_input("relu"))
-def relu_forward(x):
+def relu_forward(x: Array) -> tuple[Array, Any]:
     """x (...) -> y (...), cache = y (which the next linear layer keeps anyway)."""
     xp = backend.namespace_of(x)
     y = xp.maximum(x, 0.0)
@@ -40,7 +43,7 @@ def relu_forward(x):
 
 
 @backward_op(relu_forward)
-def relu_backward(dy, y):
+def relu_backward(dy: Array, y: Array) -> Array:
     """dy (...) -> dx = dy sign(y) (...)."""
     xp = backend.namespace_of(dy)
     dx = xp.sign(y)  # [x > 0]
@@ -60,7 +63,7 @@ def _special_functions(x):
 
 
 @forward_op(activation_input("gelu"))
-def gelu_forward(x):
+def gelu_forward(x: Array) -> tuple[Array, Any]:
     """x (...) -> y = x Phi(x) (...), cache (x, Phi(x)): the textbook op, erfc compiled."""
     if kernels.usable(x):
         y, phi_cdf = kernels.gelu_forward(x)            # one compiled pass: y and Phi(x)
@@ -75,7 +78,7 @@ def gelu_forward(x):
 
 
 @backward_op(gelu_forward)
-def gelu_backward(dy, saved):
+def gelu_backward(dy: Array, saved: Any) -> Array:
     """dy (...) -> dx = dy (Phi(x) + x phi(x)): the textbook op, fused into one compiled
     pass (elsewhere the textbook statements, on the same saved (x, Phi(x)))."""
     x, phi_cdf = saved
@@ -88,6 +91,6 @@ ACTIVATIONS = {**_textbook.ACTIVATIONS, "relu": (relu_forward, relu_backward),
 
 
 @checked_op(activation_choice)
-def activation(name: str):
+def activation(name: str) -> tuple[Callable, Callable]:
     """(forward, backward) of the activation called ``name``, this tier's ReLU."""
     return ACTIVATIONS[name]

@@ -34,8 +34,10 @@ output and zero gradients.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from .. import backend
+from ..backend import Array
 from ..ops.softmax import mask_bias
 from ..validation import attention_inputs, backward_op, forward_op
 from .inplace import exp_into
@@ -46,13 +48,14 @@ GPU_BLOCK_SCORES = 1 << 25  # on a GPU: 128 MiB in float32, blocks as large as m
 # (each block is a dozen kernel launches; the GPU's cache is not what a block must fit)
 
 
-def default_block_scores(q) -> int:
+def default_block_scores(q: Array) -> int:
     """Scores per block for queries ``q``: a CPU core's cache, or a GPU's launch count."""
     return GPU_BLOCK_SCORES if type(q).__module__.startswith("cupy") else BLOCK_SCORES
 
 
 @forward_op(attention_inputs)
-def attention_forward(q, k, v, mask=None, block_scores: int | None = None):
+def attention_forward(q: Array, k: Array, v: Array, mask: Array | None = None,
+                      block_scores: int | None = None) -> tuple[Array, Any]:
     """q (..., T, E), k (..., S, E), v (..., S, F), mask (bool, broadcasts to (..., T, S))
     -> out (..., T, F), cache.  ``block_scores``: scores per block (the backward uses
     the same blocks); None: :func:`default_block_scores`."""
@@ -76,7 +79,7 @@ def attention_forward(q, k, v, mask=None, block_scores: int | None = None):
 
 
 @backward_op(attention_forward)
-def attention_backward(dout, saved):
+def attention_backward(dout: Array, saved: Any) -> tuple[Array, Array, Array]:
     """dout (..., T, F) -> dq (..., T, E), dk (..., S, E), dv (..., S, F)."""
     q, k, v, extents, bias, lse, scale, block_scores = saved  # q is already scaled by alpha
     xp = backend.namespace_of(dout, q)

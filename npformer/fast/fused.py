@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import functools
 
+from ..backend import Array
+
 _ADAM = """
 T delta = g - m;
 delta = delta * one_minus_beta1;
@@ -39,13 +41,13 @@ def _adam_kernel():
         options=("--fmad=false",))
 
 
-def fuses(*arrays) -> bool:
+def fuses(*arrays: Array) -> bool:
     """Whether these arrays' library compiles fused kernels (CuPy)."""
     return all(type(a).__module__.startswith("cupy") for a in arrays)
 
 
-def adam_update(p, g, m, v, beta1: float, beta2: float, eps: float, step_size: float,
-                bias_correction2: float):
+def adam_update(p: Array, g: Array, m: Array, v: Array, beta1: float, beta2: float, eps: float,
+                step_size: float, bias_correction2: float) -> Array:
     """Adam's update of one parameter: m and v (the moments) in place, and the new data
     returned (a parameter's data is rebound, never written through).
 

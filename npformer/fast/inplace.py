@@ -7,9 +7,10 @@ ops in :mod:`npformer.ops` compute the same values with plain expressions.
 from __future__ import annotations
 
 from .. import backend
+from ..backend import Array
 
 
-def exp_into(x):
+def exp_into(x: Array) -> Array:
     """exp(x), written over x's buffer where the library allows it (NumPy, CuPy), else new.
 
     Only for arrays the caller owns: large attention scores are 4 bytes x B x H x T x S,
@@ -21,7 +22,7 @@ def exp_into(x):
     return backend.namespace_of(x).exp(x)
 
 
-def add_at_columns(x, columns, value: float):
+def add_at_columns(x: Array, columns: Array, value: float) -> Array:
     """``x[n, columns[n]] += value`` for every row n: x (N, V), columns (N,) integers.
     In place where the library can index that way (NumPy, CuPy), else a new array.
 
@@ -38,7 +39,7 @@ def add_at_columns(x, columns, value: float):
     return x + value * onehot
 
 
-def scatter_rows(index, values, num_rows: int):
+def scatter_rows(index: Array, values: Array, num_rows: int) -> Array:
     """``out[index[n], :] = values[n, :]``, zeros elsewhere: index (N,) distinct integers in
     [0, num_rows), values (N, D) -> (num_rows, D).  (With distinct indices, assigning and
     adding are the same; NumPy and CuPy assign directly.)"""

@@ -59,6 +59,7 @@ import warnings
 
 import numpy as np
 
+from ..backend import Array
 from ..ops import activations as _textbook_gelu
 
 KERNELS = ("gelu_forward", "gelu_backward", "layernorm_forward", "layernorm_backward",
@@ -81,7 +82,7 @@ COMPILED = _numba is not None
 _warned = False
 
 
-def usable(*arrays) -> bool:
+def usable(*arrays: Array) -> bool:
     """Whether the compiled kernels take these arrays: numba present, and every array a
     C-contiguous NumPy float32/float64 array of one dtype.  Warns once per process
     (naming the kernels) when NumPy arrays could have used them but numba is missing."""
@@ -334,7 +335,7 @@ def _erfc32(x):
 
 # =========================================================================== GELU
 @_jit
-def gelu_forward64(x, y, phi_cdf):
+def gelu_forward64(x: np.ndarray, y: np.ndarray, phi_cdf: np.ndarray) -> None:
     """x (N,) -> y = x Phi(x) and Phi(x) = erfc(-x / sqrt 2) / 2, written into y and
     phi_cdf (N,); computed in float64, rounded once to the arrays' dtype."""
     for i in range(x.size):
@@ -346,7 +347,7 @@ def gelu_forward64(x, y, phi_cdf):
 
 
 @_jit
-def gelu_forward32(x, y, phi_cdf):
+def gelu_forward32(x: np.ndarray, y: np.ndarray, phi_cdf: np.ndarray) -> None:
     """:func:`gelu_forward64` of float32 arrays, in float32 arithmetic."""
     for i in range(x.size):
         xi = x[i]
@@ -357,7 +358,7 @@ def gelu_forward32(x, y, phi_cdf):
 
 
 @_jit
-def gelu_backward32(dy, x, phi_cdf, dx):
+def gelu_backward32(dy: np.ndarray, x: np.ndarray, phi_cdf: np.ndarray, dx: np.ndarray) -> None:
     """:func:`gelu_backward64` of float32 arrays, in float32 arithmetic."""
     for i in range(x.size):
         xi = x[i]
@@ -367,7 +368,7 @@ def gelu_backward32(dy, x, phi_cdf, dx):
 
 
 @_jit
-def gelu_backward64(dy, x, phi_cdf, dx):
+def gelu_backward64(dy: np.ndarray, x: np.ndarray, phi_cdf: np.ndarray, dx: np.ndarray) -> None:
     """dy, x, Phi(x) (N,) -> dx = dy (Phi(x) + x phi(x)), phi(x) = exp(-x^2/2)/sqrt(2 pi)."""
     for i in range(x.size):
         xi = np.float64(x[i])
@@ -376,7 +377,7 @@ def gelu_backward64(dy, x, phi_cdf, dx):
     return None
 
 
-def gelu_forward(x):
+def gelu_forward(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """x (...) -> y = x Phi(x), Phi(x) (...): the compiled kernel of x's dtype (x must
     pass :func:`usable`)."""
     y, phi_cdf = np.empty_like(x), np.empty_like(x)
@@ -385,7 +386,7 @@ def gelu_forward(x):
     return y, phi_cdf
 
 
-def gelu_backward(dy, x, phi_cdf):
+def gelu_backward(dy: np.ndarray, x: np.ndarray, phi_cdf: np.ndarray) -> np.ndarray:
     """dy, x, Phi(x) (...) -> dx = dy (Phi(x) + x phi(x)) (...), compiled."""
     dx = np.empty_like(dy)
     kernel = gelu_backward32 if x.dtype == np.float32 else gelu_backward64
@@ -394,7 +395,8 @@ def gelu_backward(dy, x, phi_cdf):
 
 
 # =========================================================================== layer norm
-def layernorm_forward(x, gamma, beta, eps):
+def layernorm_forward(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray,
+                      eps: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """x (..., D), gamma, beta (D,) -> y, x_hat (..., D), r (..., 1), compiled."""
     y, x_hat = np.empty_like(x), np.empty_like(x)
     r = np.empty(x.shape[:-1] + (1,), dtype=x.dtype)
@@ -404,7 +406,8 @@ def layernorm_forward(x, gamma, beta, eps):
     return y, x_hat, r
 
 
-def layernorm_backward(dy, x_hat, r, gamma):
+def layernorm_backward(dy: np.ndarray, x_hat: np.ndarray, r: np.ndarray,
+                       gamma: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """dy, x_hat (..., D), r (..., 1), gamma (D,) -> dx (..., D), dgamma, dbeta (D,)."""
     dx = np.empty_like(dy)
     dgamma, dbeta = np.empty_like(gamma), np.empty_like(gamma)
@@ -492,8 +495,10 @@ def _layernorm_backward(dy, x_hat, r, gamma, dx, dgamma, dbeta):
 
 # =========================================================================== optimizer
 @_jit
-def adamw_flat(data, grad, m, v, segments, decay_factor, one_minus_beta1, one_minus_beta2,
-               beta2, sqrt_bias_correction2, eps, step_size):
+def adamw_flat(data: np.ndarray, grad: np.ndarray, m: np.ndarray, v: np.ndarray,
+               segments: np.ndarray, decay_factor: float, one_minus_beta1: float,
+               one_minus_beta2: float, beta2: float, sqrt_bias_correction2: float, eps: float,
+               step_size: float) -> None:
     """One Adam(W) update of every parameter in the flat buffers data, grad, m, v (P,).
 
     ``segments`` (K, 2): the [lo, hi) ranges of the decayed parameters, whose data first
@@ -515,7 +520,7 @@ def adamw_flat(data, grad, m, v, segments, decay_factor, one_minus_beta1, one_mi
 
 
 @_jit
-def sum_of_squares(g):
+def sum_of_squares(g: np.ndarray) -> float:
     """sum(g^2) over a flat array (N,), accumulated in float64."""
     total = 0.0
     for i in range(g.size):

@@ -13,6 +13,9 @@ The derivation is the textbook one.
 """
 from __future__ import annotations
 
+from typing import Any
+
+from ..backend import Array
 from ..ops import layernorm as _textbook
 from ..validation import backward_op, forward_op, layernorm_inputs
 from . import kernels
@@ -21,7 +24,7 @@ EPS = _textbook.EPS
 
 
 @forward_op(layernorm_inputs)
-def layernorm_forward(x, gamma, beta, eps: float = EPS):
+def layernorm_forward(x: Array, gamma: Array, beta: Array, eps: float = EPS) -> tuple[Array, Any]:
     """x (..., D), gamma (D,), beta (D,) -> y (..., D), cache (x_hat, r, gamma)."""
     if not kernels.usable(x, gamma, beta):
         return _textbook.layernorm_forward.unchecked(x, gamma, beta, eps)
@@ -30,7 +33,7 @@ def layernorm_forward(x, gamma, beta, eps: float = EPS):
 
 
 @backward_op(layernorm_forward)
-def layernorm_backward(dy, saved):
+def layernorm_backward(dy: Array, saved: Any) -> tuple[Array, Array, Array]:
     """dy (..., D) -> dx (..., D), dgamma (D,), dbeta (D,)."""
     x_hat, r, gamma = saved
     if not kernels.usable(dy, x_hat, r, gamma):

@@ -17,12 +17,15 @@ transpose, which :mod:`npformer.torch_interop` converts.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from .. import backend
+from ..backend import Array
 from ..validation import backward_op, forward_op, linear_inputs
 
 
 @forward_op(linear_inputs)
-def linear_forward(x, w, b=None):
+def linear_forward(x: Array, w: Array, b: Array | None = None) -> tuple[Array, Any]:
     """x (..., D_in), w (D_in, D_out), b (D_out,) or None -> y (..., D_out), cache."""
     xp = backend.namespace_of(x, w)
     x_rows = xp.reshape(x, (-1, w.shape[0]))  # (N, D_in): one matrix product, not one per row
@@ -33,7 +36,7 @@ def linear_forward(x, w, b=None):
 
 
 @backward_op(linear_forward)
-def linear_backward(dy, saved):
+def linear_backward(dy: Array, saved: Any) -> tuple[Array, Array, Array | None]:
     """dy (..., D_out) -> dx (..., D_in), dw (D_in, D_out), db (D_out,) or None."""
     x, w, has_bias = saved
     xp = backend.namespace_of(dy, w)

@@ -27,15 +27,18 @@ Backward (softmax and log cancel into one subtraction)
 """
 from __future__ import annotations
 
+from typing import Any
+
 from .. import backend
+from ..backend import Array
 from ..ops.losses import IGNORE_INDEX
 from ..validation import backward_op, check_loss_gradient, cross_entropy_inputs, forward_op
 from .inplace import add_at_columns, exp_into
 
 
 @forward_op(cross_entropy_inputs)
-def cross_entropy_forward(logits, targets, ignore_index: int = IGNORE_INDEX,
-                          label_smoothing: float = 0.0):
+def cross_entropy_forward(logits: Array, targets: Array, ignore_index: int = IGNORE_INDEX,
+                          label_smoothing: float = 0.0) -> tuple[Array, Any]:
     """logits (..., V) floats, targets (...) integers -> loss (0-d array), cache."""
     xp = backend.namespace_of(logits, targets)
     vocab = logits.shape[-1]
@@ -63,7 +66,7 @@ def cross_entropy_forward(logits, targets, ignore_index: int = IGNORE_INDEX,
 
 
 @backward_op(cross_entropy_forward, upstream=check_loss_gradient)
-def cross_entropy_backward(dloss, saved):
+def cross_entropy_backward(dloss: Array, saved: Any) -> Array:
     """dloss (scalar) -> dlogits (..., V) = dloss * (p - q) / N_counted on counted rows."""
     p, safe_t, counted_f, denom, label_smoothing, logits_shape = saved
     xp = backend.namespace_of(p)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import backend
+from ..backend import Array
 from .inplace import scatter_rows
 
 
@@ -42,7 +43,7 @@ class Packing:
     length: int  # T
 
     @classmethod
-    def from_lengths(cls, valid_lens, length: int) -> Packing:
+    def from_lengths(cls, valid_lens: Array, length: int) -> Packing:
         """valid_lens (B,): the first valid_lens[b] positions of sequence b are real tokens."""
         xp = backend.namespace_of(valid_lens)  # (B,): checked by Padding, the door
         positions = xp.arange(length, dtype=valid_lens.dtype, device=backend.device_of(valid_lens))
@@ -50,13 +51,13 @@ class Packing:
         index = xp.nonzero(xp.reshape(valid, (-1,)))[0]  # (N,) flat positions
         return cls(index, int(valid_lens.shape[0]), length)
 
-    def pack(self, x):
+    def pack(self, x: Array) -> Array:
         """(B, T, D) -> (N, D): the rows of the valid positions (also unpack's backward)."""
         xp = backend.namespace_of(x)
         rows = xp.reshape(x, (self.batch * self.length, x.shape[-1]))  # (B*T, D)
         return xp.take(rows, self.index, axis=0)  # (N, D)
 
-    def unpack(self, rows):
+    def unpack(self, rows: Array) -> Array:
         """(N, D) -> (B, T, D), zeros at padding (also pack's backward)."""
         xp = backend.namespace_of(rows)
         full = scatter_rows(self.index, rows, self.batch * self.length)  # (B*T, D)

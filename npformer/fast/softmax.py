@@ -13,14 +13,18 @@ The derivation is the textbook one.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from .. import backend
+from ..backend import Array
 from ..ops.softmax import empty_like_input, mask_bias
 from ..validation import backward_op, forward_op, softmax_inputs
 from .inplace import exp_into
 
 
 @forward_op(softmax_inputs)
-def softmax_forward(x, axis: int = -1, mask=None, overwrite_input: bool = False):
+def softmax_forward(x: Array, axis: int = -1, mask: Array | None = None,
+                    overwrite_input: bool = False) -> tuple[Array, Any]:
     """x (...) -> p (...), cache (p, axis).  mask: boolean, broadcasts to x, True = keep.
 
     ``overwrite_input=True`` lets the op reuse x's buffer for p (for a caller that owns
@@ -48,7 +52,7 @@ def softmax_forward(x, axis: int = -1, mask=None, overwrite_input: bool = False)
 
 
 @backward_op(softmax_forward)
-def softmax_backward(dp, saved, overwrite_input: bool = False):
+def softmax_backward(dp: Array, saved: Any, overwrite_input: bool = False) -> Array:
     """dp (...) -> dx (...) = p * (dp - sum(dp * p)).  ``overwrite_input``: reuse dp's buffer."""
     p, axis = saved
     xp = backend.namespace_of(dp, p)

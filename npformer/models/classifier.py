@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import engine, ops
+from ..backend import Array
 from ..nn import EncoderBlock, Linear, Module, Padding
 from ..validation import check_rank, check_valid_lengths
 from .common import TokenEmbedding, check_config, final_norm, model_input, padding_of
@@ -73,7 +74,8 @@ class TransformerClassifier(Module):
         self.norm = final_norm(c)
         self.head = Linear(c.d_model, c.num_classes)
 
-    def check_inputs(self, ids, valid_lens=None, padding: Padding | None = None):
+    def check_inputs(self, ids: Array, valid_lens: Array | None = None,
+                     padding: Padding | None = None) -> None:
         ids = model_input(ids, "token ids")
         model_input(valid_lens, "valid_lens", rank=1)
         check_rank(ids, 2, "token ids (batch, positions)")
@@ -85,7 +87,8 @@ class TransformerClassifier(Module):
         if padding is not None and padding.min_length < 1:  # pooling needs a token a row
             check_valid_lengths(padding.valid_lens, padding.length, 1)
 
-    def forward(self, ids, valid_lens=None, padding: Padding | None = None):
+    def forward(self, ids: Array, valid_lens: Array | None = None,
+                padding: Padding | None = None) -> Array:
         """ids (B, T) token ids -> logits (B, C).  The padding: ``padding`` (built once by
         the task), or built from ``valid_lens`` (B,) (default: the count of non-pad ids).
 
@@ -107,7 +110,7 @@ class TransformerClassifier(Module):
         self._save((pool_cache, padding))
         return self.head(pooled)  # (B, C)
 
-    def backward(self, dlogits):
+    def backward(self, dlogits: Array) -> None:
         """dlogits (B, C) -> None (token ids are not differentiable)."""
         pool_cache, padding = self._pop_saved()
         dx = engine.ops().pool_backward(self.head.backward(dlogits), pool_cache)  # (B, T, D)
@@ -118,7 +121,7 @@ class TransformerClassifier(Module):
             dx = block.backward(dx)
         return self.embed.backward(padding.unrows(dx))  # the backward of rows
 
-    def predict(self, ids, valid_lens=None):
+    def predict(self, ids: Array, valid_lens: Array | None = None) -> Array:
         """Class probabilities (B, C), without keeping anything for a backward (the
         arguments and empty axes as in :meth:`forward`: B = 0 gives (0, C))."""
         from ..nn import evaluating

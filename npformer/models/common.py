@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, fields
+from typing import Any
 
 import numpy as np
 
 from .. import backend
+from ..backend import Array
 from ..nn import (
     Dropout,
     Embedding,
@@ -19,11 +21,11 @@ from ..nn import (
 from ..validation import POSITIONALS, check_config, check_rank, check_token_ids  # noqa: F401
 
 
-def config_to_dict(config) -> dict:
+def config_to_dict(config: Any) -> dict:
     return asdict(config)
 
 
-def config_from_dict(cls, values: dict):
+def config_from_dict(cls: type, values: dict) -> Any:
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:
@@ -50,7 +52,7 @@ class TokenEmbedding(Module):
         self.max_len = max_len
         self.limit_name = limit_name  # the config field that sets max_len, for errors
 
-    def check_inputs(self, ids, offset: int = 0):
+    def check_inputs(self, ids: Array, offset: int = 0) -> None:
         """ids (B, T) integers in [0, V), offset + T <= max_len: the door of every model."""
         check_rank(ids, 2, "token ids (batch, positions)")
         if offset + ids.shape[1] > self.max_len:
@@ -59,7 +61,7 @@ class TokenEmbedding(Module):
                              "length); raise it in the model's config")
         check_token_ids(ids, self.tokens.num_embeddings)
 
-    def forward(self, ids, offset: int = 0):
+    def forward(self, ids: Array, offset: int = 0) -> Array:
         """ids (B, T) integers; ``offset``: position of ids[:, 0] (cached decoding)."""
         x = self.tokens(ids) * self.scale  # (B, T, D)
         if offset:
@@ -76,13 +78,13 @@ class TokenEmbedding(Module):
         rows = xp.astype(table[offset:offset + x.shape[1], :], x.dtype)
         return x + rows[None, :, :]
 
-    def backward(self, dx):
+    def backward(self, dx: Array) -> None:
         """dx (B, T, D) -> None (token ids are not differentiable)."""
         dx = self.positions.backward(self.dropout.backward(dx))
         return self.tokens.backward(dx * self.scale)
 
 
-def model_input(data, what: str, rank: int = 2):
+def model_input(data: Any, what: str, rank: int = 2) -> Array:
     """An integer argument (ids, lengths) of a model's public entry point (forward, predict)
     as a backend array: integer arrays pass as they are; array-likes (nested lists or
     tuples of numbers) are copied onto the backend, an empty one as int64 of the expected
@@ -112,12 +114,12 @@ def model_input(data, what: str, rank: int = 2):
     return backend.asarray(host)
 
 
-def final_norm(config):
+def final_norm(config: Any) -> LayerNorm | None:
     """Pre-norm stacks end with a layer norm (GPT-2); post-norm ones already end normed."""
     return LayerNorm(config.d_model) if config.norm_first else None
 
 
-def valid_lengths_from(ids, pad_id: int, what: str = "token ids"):
+def valid_lengths_from(ids: Array, pad_id: int, what: str = "token ids") -> Array:
     """ids (B, T) -> (B,) number of non-padding tokens per row, padding at the end only.
 
     The layers read a row's valid positions as its first ``valid_lens[b]`` (the packing,
@@ -148,7 +150,7 @@ def _refuse_padding_before_a_token(real: np.ndarray, pad_id: int, what: str) -> 
                 "padding to the end of the row")
 
 
-def padding_of(ids, valid_lens, pad_id: int, padding: Padding | None,
+def padding_of(ids: Array, valid_lens: Array, pad_id: int, padding: Padding | None,
                pack: bool | None = None, what: str = "token ids",
                min_length: int = 0) -> Padding:
     """The batch's :class:`Padding`: ``padding`` if given (checked against ids), else built

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import ops
+from ..backend import Array
 from ..nn import DecodingCache, EncoderBlock, Linear, Module
 from .common import TokenEmbedding, check_config, final_norm, model_input
 
@@ -66,10 +67,10 @@ class CausalLM(Module):
         self.norm = final_norm(c)
         self.lm_head = None if c.tie_weights else Linear(c.d_model, c.vocab_size, bias=False)
 
-    def check_inputs(self, ids):
+    def check_inputs(self, ids: Array) -> None:
         self.embed.check_inputs(model_input(ids, "token ids"))
 
-    def forward(self, ids):
+    def forward(self, ids: Array) -> Array:
         """ids (B, T) with T <= block_size -> logits (B, T, V); ids an array or a nested
         list.  An empty batch or T = 0 gives the empty logits (0, T, V) or (B, 0, V)."""
         ids = model_input(ids, "token ids")
@@ -81,7 +82,7 @@ class CausalLM(Module):
             x = self.norm(x)
         return self._logits(x)
 
-    def backward(self, dlogits):
+    def backward(self, dlogits: Array) -> None:
         """dlogits (B, T, V) -> None (token ids are not differentiable)."""
         if self.lm_head is None:
             dx = self.embed.tokens.project_backward(dlogits)  # tied: E's second share
@@ -102,7 +103,7 @@ class CausalLM(Module):
         """An empty key/value cache for :meth:`forward_cached`."""
         return DecodingCache(len(self.blocks))
 
-    def forward_cached(self, ids, cache: DecodingCache):
+    def forward_cached(self, ids: Array, cache: DecodingCache) -> Array:
         """Inference (under ``no_grad``): ids (B, T_new) are the positions after the
         ``cache.length`` already decoded -> logits (B, T_new, V); the cache grows by T_new."""
         offset = cache.length

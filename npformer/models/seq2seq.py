@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import backend, ops
+from ..backend import Array
 from ..nn import DecoderBlock, DecodingCache, EncoderBlock, Linear, Module, Padding
 from ..validation import check_rank
 from .common import TokenEmbedding, check_config, final_norm, model_input, padding_of
@@ -85,7 +86,8 @@ class Seq2SeqTransformer(Module):
         self.out_proj = Linear(c.d_model, c.tgt_vocab_size)
 
     # ------------------------------------------------------------------ training
-    def encode(self, src, src_lens=None, src_padding: Padding | None = None):
+    def encode(self, src: Array, src_lens: Array | None = None,
+               src_padding: Padding | None = None) -> tuple[Array, Array]:
         """src (B, S) -> memory (B, S, D), memory mask (B, 1, 1, S)."""
         src, src_lens = model_input(src, "source ids"), model_input(src_lens, "src_lens", rank=1)
         check_rank(src, 2, "source ids (batch, positions)")
@@ -98,8 +100,9 @@ class Seq2SeqTransformer(Module):
         self._save(padding, slot="_encode_cache")
         return padding.unrows(x), padding.key_mask  # (B, S, D): cross-attention's context
 
-    def check_inputs(self, src, tgt_in, src_lens=None, tgt_lens=None, *,
-                     src_padding: Padding | None = None, tgt_padding: Padding | None = None):
+    def check_inputs(self, src: Array, tgt_in: Array, src_lens: Array | None = None,
+                     tgt_lens: Array | None = None, *, src_padding: Padding | None = None,
+                     tgt_padding: Padding | None = None) -> None:
         src, tgt_in = model_input(src, "source ids"), model_input(tgt_in, "target ids")
         model_input(src_lens, "src_lens", rank=1), model_input(tgt_lens, "tgt_lens", rank=1)
         check_rank(src, 2, "source ids (batch, positions)")
@@ -110,8 +113,9 @@ class Seq2SeqTransformer(Module):
         self.src_embed.check_inputs(src)
         self.tgt_embed.check_inputs(tgt_in)
 
-    def forward(self, src, tgt_in, src_lens=None, tgt_lens=None, *,
-                src_padding: Padding | None = None, tgt_padding: Padding | None = None):
+    def forward(self, src: Array, tgt_in: Array, src_lens: Array | None = None,
+                tgt_lens: Array | None = None, *, src_padding: Padding | None = None,
+                tgt_padding: Padding | None = None) -> Array:
         """src (B, S), tgt_in (B, T) (target shifted right, starting with <bos>) -> logits.
 
         Without ``tgt_padding`` (inference, evaluation): logits (B, T, V_tgt) at every
@@ -144,7 +148,7 @@ class Seq2SeqTransformer(Module):
         self._save(padding)
         return self.out_proj(y)  # (B, T, V_tgt), or rows (N, V_tgt) when packed
 
-    def backward(self, dlogits):
+    def backward(self, dlogits: Array) -> None:
         """dlogits in the form forward returned -> None (ids are not differentiable)."""
         padding = self._pop_saved()
         dy = self.out_proj.backward(dlogits)
@@ -168,7 +172,8 @@ class Seq2SeqTransformer(Module):
         """An empty key/value cache for :meth:`forward_cached`."""
         return DecodingCache(len(self.decoder), cross=True)
 
-    def forward_cached(self, tgt_ids, memory, memory_mask, cache: DecodingCache):
+    def forward_cached(self, tgt_ids: Array, memory: Array, memory_mask: Array | None,
+                       cache: DecodingCache) -> Array:
         """Inference (under ``no_grad``): tgt_ids (B, T_new) are the target positions after
         the ``cache.length`` already decoded -> logits (B, T_new, V); self-attention keys
         and values are cached, cross-attention ones computed once from ``memory``."""

@@ -26,6 +26,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 from .. import backend, engine, ops
+from ..backend import Array
 from ..validation import (
     check_float,
     check_heads_divide,
@@ -40,7 +41,7 @@ from .module import Module, grad_enabled
 from .padding import Padding
 
 
-def split_heads(x, num_heads: int):
+def split_heads(x: Array, num_heads: int) -> Array:
     """(B, T, H*E) -> (B, H, T, E): column block h becomes head h."""
     xp = backend.namespace_of(x)
     batch, length, inner = x.shape
@@ -48,7 +49,7 @@ def split_heads(x, num_heads: int):
     return xp.permute_dims(x, (0, 2, 1, 3))  # (B, H, T, E)
 
 
-def merge_heads(x):
+def merge_heads(x: Array) -> Array:
     """(B, H, T, E) -> (B, T, H*E), the inverse of :func:`split_heads`."""
     xp = backend.namespace_of(x)
     batch, heads, length, width = x.shape
@@ -110,8 +111,8 @@ class MultiHeadAttention(Module):
         self.keep_attention = False  # set True to keep the last probabilities (documented above)
         self.last_attention = None  # (B, H, T, S) when keep_attention
 
-    def check_inputs(self, x, context=None, mask=None, padding: Padding | None = None,
-                     need_weights: bool = False):
+    def check_inputs(self, x: Array, context: Array | None = None, mask: Array | None = None,
+                     padding: Padding | None = None, need_weights: bool = False) -> None:
         """x (B, T, D) or rows (N, D) of ``padding``, context (B, S, D), floats of the
         weights' dtype; mask boolean, broadcasting to the scores (B, H, T, S)."""
         layout = UNPADDED if padding is None else padding
@@ -131,8 +132,9 @@ class MultiHeadAttention(Module):
         if mask is not None:
             check_mask(mask, (batch, self.num_heads, length, keys), "attention mask")
 
-    def forward(self, x, context=None, mask=None, padding: Padding | None = None,
-                need_weights: bool = False):
+    def forward(self, x: Array, context: Array | None = None, mask: Array | None = None,
+                padding: Padding | None = None,
+                need_weights: bool = False) -> Array | tuple[Array, Array]:
         """x (B, T, D), context (B, S, D) or None (self-attention), mask bool
         broadcasting to (B, H, T, S), True = may attend -> (B, T, D).
 
@@ -163,7 +165,7 @@ class MultiHeadAttention(Module):
             return y, weights
         return y
 
-    def backward(self, dy):
+    def backward(self, dy: Array) -> Array | tuple[Array, Array]:
         """dy -> dx for self-attention, (dx, dcontext) for cross-attention (dcontext
         (B, S, D)); dy and dx in the form of forward's x.  ``rows`` and ``unrows`` swap
         roles: each is the other's transpose."""
@@ -178,7 +180,8 @@ class MultiHeadAttention(Module):
         dk_x = self.k_proj.backward(layout.rows(merge_heads(dk)))
         return dx + dk_x + self.v_proj.backward(layout.rows(merge_heads(dv)))  # x fed q, k, v
 
-    def forward_cached(self, x, cache: KVCache, context=None, mask=None):
+    def forward_cached(self, x: Array, cache: KVCache, context: Array | None = None,
+                       mask: Array | None = None) -> Array:
         """Cached decoding (inference, under ``no_grad``): x (B, T_new, D) -> (B, T_new, D).
 
         Self-attention (context None): the keys and values of the new positions are
@@ -249,7 +252,7 @@ class AttentionRecord(Mapping):
 
 
 @contextmanager
-def record_attention(model: Module):
+def record_attention(model: Module) -> Iterator[AttentionRecord]:
     """Record the attention weights of every attention layer of ``model``.
 
     ::

@@ -20,11 +20,13 @@ and dropout live in a :class:`ResidualNorm` named after its sublayer
 """
 from __future__ import annotations
 
+from ..backend import Array
 from ..validation import check_size, linear_inputs
 from .attention import MultiHeadAttention
 from .cache import BlockCache
 from .layers import Activation, Dropout, LayerNorm, Linear
 from .module import Module
+from .padding import Padding
 
 
 class FeedForward(Module):
@@ -38,16 +40,16 @@ class FeedForward(Module):
         self.dropout = Dropout(dropout)
         self.linear2 = Linear(d_ff, d_model)
 
-    def check_inputs(self, x):
+    def check_inputs(self, x: Array) -> None:
         """x (..., D), the first linear map's input."""
         bias = None if self.linear1.bias is None else self.linear1.bias.data
         linear_inputs(x, self.linear1.weight.data, bias)
 
-    def forward(self, x):
+    def forward(self, x: Array) -> Array:
         h = self.activation(self.linear1(x))  # (B, T, D) -> (B, T, D_ff)
         return self.linear2(self.dropout(h))  # (B, T, D_ff) -> (B, T, D)
 
-    def backward(self, dy):
+    def backward(self, dy: Array) -> Array:
         dh = self.dropout.backward(self.linear2.backward(dy))  # (B, T, D_ff)
         return self.linear1.backward(self.activation.backward(dh))  # (B, T, D)
 
@@ -73,16 +75,17 @@ class EncoderBlock(Module):
         self.ffn = FeedForward(d_model, d_ff, activation, dropout)
         self.ffn_residual = ResidualNorm(d_model, dropout)
 
-    def check_inputs(self, x, mask=None, padding=None):
+    def check_inputs(self, x: Array, mask: Array | None = None,
+                     padding: Padding | None = None) -> None:
         self.self_attn.check_inputs(x, mask=mask, padding=padding)
 
-    def forward(self, x, mask=None, padding=None):
+    def forward(self, x: Array, mask: Array | None = None, padding: Padding | None = None) -> Array:
         """x (B, T, D), mask bool broadcasting to (B, H, T, T) -> (B, T, D).  With a
         ``padding`` (:class:`npformer.nn.Padding`), x and the output are that batch in the
         position-wise layers' form (rows (N, D) in the fast tier)."""
         return self._layers(x, lambda h: self.self_attn(h, mask=mask, padding=padding))
 
-    def forward_cached(self, x, cache: BlockCache, mask=None):
+    def forward_cached(self, x: Array, cache: BlockCache, mask: Array | None = None) -> Array:
         """Cached decoding (under ``no_grad``): x (B, T_new, D) are the next positions;
         ``cache.self_attn`` grows by T_new (see MultiHeadAttention.forward_cached)."""
         return self._layers(
@@ -96,7 +99,7 @@ class EncoderBlock(Module):
         x = a.norm(x + a.dropout(self_attention(x)))  # post-norm: LN(x + Dropout(F(x)))
         return f.norm(x + f.dropout(self.ffn(x)))
 
-    def backward(self, dy):
+    def backward(self, dy: Array) -> Array:
         """dy -> dx, in the form of forward's x."""
         a, f = self.attn_residual, self.ffn_residual
         if self.norm_first:
@@ -122,11 +125,13 @@ class DecoderBlock(Module):
         self.ffn = FeedForward(d_model, d_ff, activation, dropout)
         self.ffn_residual = ResidualNorm(d_model, dropout)
 
-    def check_inputs(self, x, memory, self_mask=None, memory_mask=None, padding=None):
+    def check_inputs(self, x: Array, memory: Array, self_mask: Array | None = None,
+                     memory_mask: Array | None = None, padding: Padding | None = None) -> None:
         self.self_attn.check_inputs(x, mask=self_mask, padding=padding)
         self.cross_attn.check_inputs(x, context=memory, mask=memory_mask, padding=padding)
 
-    def forward(self, x, memory, self_mask=None, memory_mask=None, padding=None):
+    def forward(self, x: Array, memory: Array, self_mask: Array | None = None,
+                memory_mask: Array | None = None, padding: Padding | None = None) -> Array:
         """x (B, T, D) targets, memory (B, S, D) encoder output; self_mask broadcasting
         to (B, H, T, T) (causal and padding), memory_mask to (B, H, T, S) -> (B, T, D).
         With a ``padding``, x and the output are the target batch in the position-wise
@@ -135,7 +140,8 @@ class DecoderBlock(Module):
             x, lambda h: self.self_attn(h, mask=self_mask, padding=padding),
             lambda h: self.cross_attn(h, context=memory, mask=memory_mask, padding=padding))
 
-    def forward_cached(self, x, memory, cache: BlockCache, self_mask=None, memory_mask=None):
+    def forward_cached(self, x: Array, memory: Array, cache: BlockCache,
+                       self_mask: Array | None = None, memory_mask: Array | None = None) -> Array:
         """Cached decoding (under ``no_grad``): x (B, T_new, D) are the next target
         positions.  ``cache.self_attn`` grows by T_new; ``cache.cross_attn`` holds the
         memory's keys and values, computed on the first call only."""
@@ -154,7 +160,7 @@ class DecoderBlock(Module):
         x = c.norm(x + c.dropout(cross_attention(x)))
         return f.norm(x + f.dropout(self.ffn(x)))
 
-    def backward(self, dy):
+    def backward(self, dy: Array) -> tuple[Array, Array]:
         """dy -> (dx, dmemory (B, S, D)); dx in the form of forward's x."""
         a, c, f = self.self_attn_residual, self.cross_attn_residual, self.ffn_residual
         if self.norm_first:

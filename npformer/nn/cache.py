@@ -9,6 +9,7 @@ rows of every cache with ``select`` when hypotheses are kept, dropped or copied.
 from __future__ import annotations
 
 from .. import backend
+from ..backend import Array
 
 
 class KVCache:
@@ -23,7 +24,7 @@ class KVCache:
         """S: the number of cached positions."""
         return 0 if self.keys is None else int(self.keys.shape[2])
 
-    def append(self, keys, values) -> None:
+    def append(self, keys: Array, values: Array) -> None:
         """Add the keys and values (B, H, T_new, E) of T_new more positions."""
         if self.keys is None:
             self.keys, self.values = keys, values
@@ -32,7 +33,7 @@ class KVCache:
         self.keys = xp.concat([self.keys, keys], axis=2)  # (B, H, S + T_new, E)
         self.values = xp.concat([self.values, values], axis=2)
 
-    def select(self, rows) -> None:
+    def select(self, rows: Array) -> None:
         """Keep batch rows ``rows`` (integers, (B',), repeats allowed) in that order."""
         if self.keys is not None:
             xp = backend.namespace_of(self.keys)
@@ -48,7 +49,7 @@ class BlockCache:
         self.self_attn = KVCache()
         self.cross_attn = KVCache() if cross else None
 
-    def select(self, rows) -> None:
+    def select(self, rows: Array) -> None:
         self.self_attn.select(rows)
         if self.cross_attn is not None:
             self.cross_attn.select(rows)
@@ -65,7 +66,7 @@ class DecodingCache:
         """The number of positions decoded so far (the position of the next one)."""
         return self.blocks[0].self_attn.length if self.blocks else 0
 
-    def select(self, rows) -> None:
+    def select(self, rows: Array) -> None:
         """Reorder the batch rows of every cache (beam search: each kept hypothesis's origin)."""
         for block in self.blocks:
             block.select(rows)

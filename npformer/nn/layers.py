@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 from .. import backend, engine, ops
+from ..backend import Array
 from ..validation import check_float, check_probability, check_size
 from .module import Module, Parameter
 
@@ -32,13 +33,13 @@ class Linear(Module):
         self.weight = Parameter(_uniform((in_features, out_features), bound))
         self.bias = Parameter(_uniform((out_features,), bound), decay=False) if bias else None
 
-    def forward(self, x):
+    def forward(self, x: Array) -> Array:
         bias = None if self.bias is None else self.bias.data
         y, cache = engine.ops().linear_forward(x, self.weight.data, bias)  # (..., in) -> (..., out)
         self._save(cache)
         return y
 
-    def backward(self, dy):
+    def backward(self, dy: Array) -> Array:
         dx, dw, db = engine.ops().linear_backward(dy, self._pop_saved())
         self.weight.accumulate(dw)
         if self.bias is not None:
@@ -56,12 +57,12 @@ class LayerNorm(Module):
         self.weight = Parameter(xp.ones((width,), dtype=dtype, device=dev), decay=False)
         self.bias = Parameter(xp.zeros((width,), dtype=dtype, device=dev), decay=False)
 
-    def forward(self, x):
+    def forward(self, x: Array) -> Array:
         y, cache = engine.ops().layernorm_forward(x, self.weight.data, self.bias.data, self.eps)
         self._save(cache)
         return y
 
-    def backward(self, dy):
+    def backward(self, dy: Array) -> Array:
         dx, dgamma, dbeta = engine.ops().layernorm_backward(dy, self._pop_saved())
         self.weight.accumulate(dgamma)
         self.bias.accumulate(dbeta)
@@ -78,24 +79,24 @@ class Embedding(Module):
         self.weight = Parameter(backend.random_normal((num_embeddings, width), std=init_std),
                                 decay=False)
 
-    def forward(self, ids):
+    def forward(self, ids: Array) -> Array:
         y, cache = engine.ops().embedding_forward(ids, self.weight.data)
         self._save(cache)
         return y
 
-    def backward(self, dy):
+    def backward(self, dy: Array) -> None:
         """dy (..., D) -> None: integer ids are not differentiable."""
         self.weight.accumulate(engine.ops().embedding_backward(dy, self._pop_saved()))
         return None
 
-    def project(self, h):
+    def project(self, h: Array) -> Array:
         """The tied output projection (Press & Wolf, 2017): h (..., D) -> logits (..., V)
         = h W^T with W this embedding's table, so W gets gradient from both uses."""
         logits, cache = engine.ops().linear_forward(h, self.weight.data.mT)
         self._save(cache, slot="_project_cache")
         return logits
 
-    def project_backward(self, dlogits):
+    def project_backward(self, dlogits: Array) -> Array:
         """dlogits (..., V) -> dh (..., D); W^T's gradient is added into the one table."""
         dh, dtable_t, _ = engine.ops().linear_backward(dlogits,
                                                         self._pop_saved("_project_cache"))
@@ -113,12 +114,12 @@ class LearnedPositionalEmbedding(Module):
         self.weight = Parameter(backend.random_normal((max_len, width), std=init_std),
                                 decay=False)
 
-    def forward(self, x):
+    def forward(self, x: Array) -> Array:
         y, cache = engine.ops().add_positions_forward(x, self.weight.data)
         self._save(cache)
         return y
 
-    def backward(self, dy):
+    def backward(self, dy: Array) -> Array:
         dx, dtable = engine.ops().add_positions_backward(dy, self._pop_saved())
         self.weight.accumulate(dtable)
         return dx
@@ -133,7 +134,7 @@ class SinusoidalPositionalEncoding(Module):
         self.max_len = max_len
         self._table = ops.sinusoidal_table(max_len, width)  # not a Parameter: never trained
 
-    def forward(self, x):
+    def forward(self, x: Array) -> Array:
         check_float(x, "input to the positional encoding")  # before its dtype is read
         table = self._table
         if table.dtype != x.dtype:
@@ -142,7 +143,7 @@ class SinusoidalPositionalEncoding(Module):
         self._save(cache)
         return y
 
-    def backward(self, dy):
+    def backward(self, dy: Array) -> Array:
         dx, _ = engine.ops().add_positions_backward(dy, self._pop_saved())
         return dx
 
@@ -154,12 +155,12 @@ class Dropout(Module):
         check_probability(p)
         self.p = p
 
-    def forward(self, x):
+    def forward(self, x: Array) -> Array:
         y, cache = engine.ops().dropout_forward(x, self.p, self.training)
         self._save(cache)
         return y
 
-    def backward(self, dy):
+    def backward(self, dy: Array) -> Array:
         return engine.ops().dropout_backward(dy, self._pop_saved())
 
 
@@ -170,11 +171,11 @@ class Activation(Module):
         self.name = name
         ops.activation(name)  # an unknown name fails here, with the choices
 
-    def forward(self, x):
+    def forward(self, x: Array) -> Array:
         y, cache = engine.ops().activation(self.name)[0](x)
         self._save(cache)
         return y
 
-    def backward(self, dy):
+    def backward(self, dy: Array) -> Array:
         return engine.ops().activation(self.name)[1](dy, self._pop_saved())
 

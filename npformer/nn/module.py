@@ -40,10 +40,12 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
 
 from .. import backend
+from ..backend import Array
 from ..validation import check_upstream, run_trusted, trusted
 from ..weights import checked_weights, mismatch_report  # noqa: F401 (mismatch_report: re-exported)
 
@@ -56,7 +58,7 @@ def grad_enabled() -> bool:
 
 
 @contextmanager
-def set_grad_enabled(enabled: bool):
+def set_grad_enabled(enabled: bool) -> Iterator[None]:
     """Run a block with this thread's gradient switch set to ``enabled``, then restore it."""
     previous, _local.grad_enabled = grad_enabled(), enabled
     try:
@@ -65,13 +67,13 @@ def set_grad_enabled(enabled: bool):
         _local.grad_enabled = previous
 
 
-def no_grad():
+def no_grad() -> AbstractContextManager[None]:
     """Inference mode for this thread: layers keep no activations, so memory stays flat."""
     return set_grad_enabled(False)
 
 
 @contextmanager
-def evaluating(model):
+def evaluating(model: Module) -> Iterator[Module]:
     """Evaluation: ``model`` in eval mode (no dropout) under :func:`no_grad`; the model's
     previous mode is restored afterwards, whatever it was."""
     was_training = model.training
@@ -97,7 +99,7 @@ class Parameter:
 
     __slots__ = ("data", "grad", "decay", "_flat", "_index")
 
-    def __init__(self, data, decay: bool = True):
+    def __init__(self, data: Array, decay: bool = True):
         self.data = data
         self.grad = None
         self.decay = decay
@@ -106,7 +108,7 @@ class Parameter:
         self.zero_grad()
 
     @property
-    def shape(self):
+    def shape(self) -> tuple[int, ...]:
         return tuple(self.data.shape)
 
     def _grad_view(self):
@@ -126,7 +128,7 @@ class Parameter:
         xp = backend.namespace_of(self.data)
         self.grad = xp.zeros_like(self.data)
 
-    def accumulate(self, grad) -> None:
+    def accumulate(self, grad: Array) -> None:
         """``grad`` += the gradient of one use of this parameter."""
         view = self._grad_view()
         if view is not None and tuple(grad.shape) == self.shape:
@@ -134,7 +136,7 @@ class Parameter:
         else:
             self.grad = self.grad + grad
 
-    def assign(self, value) -> None:
+    def assign(self, value: Array) -> None:
         """Make ``value`` this parameter's data: copied into its flat view where it has
         one (so the flat buffer stays whole), else bound."""
         flat = self._flat
@@ -166,7 +168,7 @@ class FlatParameters:
     a model is not flat (its parameters own their arrays).
     """
 
-    def __init__(self, params):
+    def __init__(self, params: Sequence[Parameter]):
         import numpy as np
 
         self.params = list(params)
@@ -192,7 +194,7 @@ class FlatParameters:
         self.decay_segments = np.array(decayed, dtype=np.int64).reshape(-1, 2)  # (K, 2)
 
     @staticmethod
-    def supports(params) -> bool:
+    def supports(params: Sequence[Parameter]) -> bool:
         """Whether ``params`` can share flat buffers: NumPy arrays of one floating dtype."""
         import numpy as np
 
@@ -217,7 +219,7 @@ class FlatParameters:
                 setattr(p, name, view)
             p._flat, p._index = self, i
 
-    def grads_intact(self, params) -> bool:
+    def grads_intact(self, params: Sequence[Parameter]) -> bool:
         """Whether ``params`` are exactly this buffer's parameters, in order, with their
         gradients still the views (so ``grad`` holds every gradient as it is)."""
         return len(params) == len(self.params) and all(
@@ -234,7 +236,7 @@ class FlatParameters:
         return None  # a copied parameter owns its arrays (see the class docstring)
 
 
-def flat_parameters_of(params):
+def flat_parameters_of(params: Iterable[Parameter]) -> FlatParameters | None:
     """The :class:`FlatParameters` whose gradient buffer holds exactly the gradients of
     ``params`` (same parameters, same order, gradients still its views), or None."""
     params = list(params)
@@ -311,10 +313,10 @@ class Module:
             p.zero_grad()
 
     # ------------------------------------------------------------ forward / backward
-    def forward(self, *args, **kwargs):  # pragma: no cover - abstract
+    def forward(self, *args: Any, **kwargs: Any) -> Any:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def backward(self, dout):  # pragma: no cover - abstract
+    def backward(self, dout: Any) -> Any:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def __call__(self, *args, **kwargs):

@@ -20,7 +20,10 @@ matrix and its transpose, or the identity): each one's backward is the other.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from .. import backend, engine, ops
+from ..backend import Array
 from ..engine import Packing
 from ..validation import check_rank, check_size, check_valid_lengths
 
@@ -30,7 +33,8 @@ class Padding:
     packed rows (default: what the engine's tier does).  B = 0 (no sequences) and
     length = 0 (sequences without positions) describe empty batches."""
 
-    def __init__(self, valid_lens, length: int, pack: bool | None = None, min_length: int = 0):
+    def __init__(self, valid_lens: Array, length: int, pack: bool | None = None,
+                 min_length: int = 0):
         check_rank(valid_lens, 1, "valid lengths")
         if not backend.is_integer_array(valid_lens):
             raise TypeError(f"valid lengths must be integers, got dtype {valid_lens.dtype}")
@@ -43,20 +47,20 @@ class Padding:
         self.packing = Packing.from_lengths(valid_lens, length) if pack else None
 
     @classmethod
-    def of(cls, valid_lens, length: int, pack: bool | None = None,
+    def of(cls, valid_lens: Any, length: int, pack: bool | None = None,
            min_length: int = 0) -> Padding:
         """A Padding from valid lengths given as host or backend integers."""
         return cls(backend.asarray(valid_lens), length, pack, min_length)
 
-    def rows(self, x):
+    def rows(self, x: Array) -> Array:
         """(B, T, ...) -> the position-wise layers' form: rows (N, ...) packed, or (B, T, ...)."""
         return x if self.packing is None else self.packing.pack(x)
 
-    def unrows(self, x):
+    def unrows(self, x: Array) -> Array:
         """The position-wise layers' form -> (B, T, ...), zeros at padding when packed."""
         return x if self.packing is None else self.packing.unpack(x)
 
-    def targets(self, targets):
+    def targets(self, targets: Array) -> Array:
         """targets (B, T) integers -> the targets of the outputs at ``rows``: the valid
         ones (N,) when packed, else (B, T) with padding set to the loss's ignore index."""
         xp = backend.namespace_of(targets)
@@ -65,7 +69,7 @@ class Padding:
         valid = self.key_mask[:, 0, 0, :]  # (B, T)
         return xp.where(valid, targets, xp.full_like(targets, ops.IGNORE_INDEX))
 
-    def check_rows(self, x, width: int, what: str) -> None:
+    def check_rows(self, x: Array, width: int, what: str) -> None:
         """x must be this batch in the layers' form, of the given width."""
         expected = ((self.batch, self.length, width) if self.packing is None
                     else (int(self.packing.index.shape[0]), width))

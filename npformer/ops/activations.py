@@ -43,8 +43,11 @@ The error function
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 from .. import backend
+from ..backend import Array
 from ..validation import activation_choice, activation_input, backward_op, checked_op, forward_op
 
 GELU_C = math.sqrt(2.0 / math.pi)  # Python floats keep float32 arrays float32
@@ -55,7 +58,7 @@ INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 # =========================================================================== relu
 @forward_op(activation_input("relu"))
-def relu_forward(x):
+def relu_forward(x: Array) -> tuple[Array, Any]:
     """x (...) -> y = max(x, 0) (...), cache x."""
     xp = backend.namespace_of(x)
     y = xp.where(x <= 0, xp.zeros_like(x), x)  # max(x, 0); a NaN stays NaN
@@ -63,7 +66,7 @@ def relu_forward(x):
 
 
 @backward_op(relu_forward)
-def relu_backward(dy, x):
+def relu_backward(dy: Array, x: Array) -> Array:
     """dy (...) -> dx = dy [x > 0] (...)."""
     xp = backend.namespace_of(dy, x)
     return dy * xp.astype(x > 0, dy.dtype)  # [x > 0]: 1 where x > 0, else 0
@@ -134,7 +137,7 @@ def _erf_of_small(x):
     return x * _cody_ratio(x * x, _SMALL_P, _SMALL_Q)    # keeps the sign of -0.0
 
 
-def erf(x):
+def erf(x: Array) -> Array:
     """The error function, erf(x) = 2/sqrt(pi) * int_0^x exp(-t^2) dt, element-wise.
 
     x (...) real floating -> (...) same dtype. erf(+-0) = +-0, erf(+-inf) = +-1, NaN -> NaN.
@@ -146,7 +149,7 @@ def erf(x):
     return xp.where(y <= _ERF_SMALL, _erf_of_small(x), signed)
 
 
-def erfc(x):
+def erfc(x: Array) -> Array:
     """The complementary error function, erfc(x) = 1 - erf(x), accurate in its tail.
 
     x (...) -> (...) same dtype. erfc(-x) = 2 - erfc(x); erfc(+inf) = 0, erfc(-inf) = 2.
@@ -160,7 +163,7 @@ def erfc(x):
 
 # =========================================================================== gelu (exact)
 @forward_op(activation_input("gelu"))
-def gelu_forward(x):
+def gelu_forward(x: Array) -> tuple[Array, Any]:
     """x (...) -> y = x Phi(x) (...), cache (x, Phi(x)); Phi(x) = erfc(-x / sqrt 2) / 2."""
     phi_cdf = 0.5 * erfc(-SQRT1_2 * x)                   # Phi(x), the normal CDF
     y = x * phi_cdf
@@ -168,7 +171,7 @@ def gelu_forward(x):
 
 
 @backward_op(gelu_forward)
-def gelu_backward(dy, saved):
+def gelu_backward(dy: Array, saved: Any) -> Array:
     """dy (...) -> dx = dy (Phi(x) + x phi(x)), phi(x) = exp(-x^2 / 2) / sqrt(2 pi)."""
     x, phi_cdf = saved
     xp = backend.namespace_of(dy)
@@ -179,7 +182,7 @@ def gelu_backward(dy, saved):
 
 # =========================================================================== gelu (tanh form)
 @forward_op(activation_input("gelu_tanh"))
-def gelu_tanh_forward(x):
+def gelu_tanh_forward(x: Array) -> tuple[Array, Any]:
     """x (...) -> y (...), cache (x, t) with t = tanh(c (x + a x^3))."""
     xp = backend.namespace_of(x)
     u = GELU_C * (x + GELU_A * x * x * x)
@@ -189,7 +192,7 @@ def gelu_tanh_forward(x):
 
 
 @backward_op(gelu_tanh_forward)
-def gelu_tanh_backward(dy, saved):
+def gelu_tanh_backward(dy: Array, saved: Any) -> Array:
     """dy (...) -> dx = dy dy/dx (...)."""
     x, t = saved
     dy_dx = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_C * (1.0 + 3.0 * GELU_A * x * x)
@@ -204,7 +207,7 @@ ACTIVATIONS = {
 
 
 @checked_op(activation_choice)
-def activation(name: str, activations: dict = ACTIVATIONS):
+def activation(name: str, activations: dict = ACTIVATIONS) -> tuple[Callable, Callable]:
     """(forward, backward) of the activation called ``name``: "relu", "gelu" (exact, erf)
     or "gelu_tanh" (the tanh approximation); ``activations``: the tier's table."""
     return activations[name]

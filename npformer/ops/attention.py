@@ -29,7 +29,9 @@ never stores P; it is tested equal to this one.
 from __future__ import annotations
 
 import math
+from typing import Any
 
+from ..backend import Array
 from ..validation import (
     attention_inputs,
     attention_weights_inputs,
@@ -41,7 +43,7 @@ from .softmax import softmax_backward, softmax_forward
 
 
 @forward_op(attention_inputs)
-def attention_forward(q, k, v, mask=None):
+def attention_forward(q: Array, k: Array, v: Array, mask: Array | None = None) -> tuple[Array, Any]:
     """q (..., T, E), k (..., S, E), v (..., S, F), mask (bool, broadcasts to (..., T, S))
     -> out (..., T, F), cache."""
     p, softmax_cache = softmax_forward(scaled_scores(q, k), axis=-1, mask=mask)  # P, (..., T, S)
@@ -50,7 +52,7 @@ def attention_forward(q, k, v, mask=None):
 
 
 @backward_op(attention_forward)
-def attention_backward(dout, saved):
+def attention_backward(dout: Array, saved: Any) -> tuple[Array, Array, Array]:
     """dout (..., T, F) -> dq (..., T, E), dk (..., S, E), dv (..., S, F)."""
     q, k, v, p, softmax_cache = saved
     scale = 1.0 / math.sqrt(q.shape[-1])
@@ -62,12 +64,12 @@ def attention_backward(dout, saved):
     return dq, dk, dv
 
 
-def scaled_scores(q, k):
+def scaled_scores(q: Array, k: Array) -> Array:
     """A = alpha Q K^T: (..., T, E) @ (..., E, S) -> (..., T, S), alpha = 1 / sqrt(E)."""
     return (q @ k.mT) * (1.0 / math.sqrt(q.shape[-1]))
 
 
 @checked_op(attention_weights_inputs)
-def attention_weights(q, k, mask=None):
+def attention_weights(q: Array, k: Array, mask: Array | None = None) -> Array:
     """The probabilities P = softmax(alpha Q K^T + M) (..., T, S) that attention applies."""
     return softmax_forward(scaled_scores(q, k), axis=-1, mask=mask)[0]

@@ -12,12 +12,15 @@ so a run repeats exactly.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from .. import backend
+from ..backend import Array
 from ..validation import backward_op, dropout_inputs, forward_op
 
 
 @forward_op(dropout_inputs)
-def dropout_forward(x, p: float, training: bool = True):
+def dropout_forward(x: Array, p: float, training: bool = True) -> tuple[Array, Any]:
     """x (...) -> y (...), cache = the scaled keep mask m / (1 - p), or None (identity)."""
     if not training or p == 0.0:
         return x, None
@@ -28,6 +31,6 @@ def dropout_forward(x, p: float, training: bool = True):
 
 
 @backward_op(dropout_forward)
-def dropout_backward(dy, scaled_mask):
+def dropout_backward(dy: Array, scaled_mask: Array | None) -> Array:
     """dy (...) -> dx = dy m / (1 - p) (...), or dy (the identity: no mask)."""
     return dy if scaled_mask is None else dy * scaled_mask

@@ -11,12 +11,15 @@ Backward
 """
 from __future__ import annotations
 
+from typing import Any
+
 from .. import backend
+from ..backend import Array
 from ..validation import backward_op, embedding_inputs, forward_op
 
 
 @forward_op(embedding_inputs)
-def embedding_forward(ids, table):
+def embedding_forward(ids: Array, table: Array) -> tuple[Array, Any]:
     """ids (...) integers in [0, V), table (V, D) -> y (..., D), cache."""
     xp = backend.namespace_of(ids, table)
     vocab_size, width = table.shape
@@ -27,7 +30,7 @@ def embedding_forward(ids, table):
 
 
 @backward_op(embedding_forward)
-def embedding_backward(dy, saved):
+def embedding_backward(dy: Array, saved: Any) -> Array:
     """dy (..., D) -> dtable (V, D).  (Integer ids have no gradient.)"""
     flat_ids, vocab_size = saved
     xp = backend.namespace_of(dy)

@@ -16,14 +16,17 @@ every x_j); the last term removes the component along x-hat (r depends on every 
 """
 from __future__ import annotations
 
+from typing import Any
+
 from .. import backend
+from ..backend import Array
 from ..validation import backward_op, forward_op, layernorm_inputs
 
 EPS = 1e-5
 
 
 @forward_op(layernorm_inputs)
-def layernorm_forward(x, gamma, beta, eps: float = EPS):
+def layernorm_forward(x: Array, gamma: Array, beta: Array, eps: float = EPS) -> tuple[Array, Any]:
     """x (..., D), gamma (D,), beta (D,) -> y (..., D), cache (x_hat, r, gamma)."""
     xp = backend.namespace_of(x, gamma, beta)
     mu = xp.mean(x, axis=-1, keepdims=True)  # (..., 1)
@@ -36,7 +39,7 @@ def layernorm_forward(x, gamma, beta, eps: float = EPS):
 
 
 @backward_op(layernorm_forward)
-def layernorm_backward(dy, saved):
+def layernorm_backward(dy: Array, saved: Any) -> tuple[Array, Array, Array]:
     """dy (..., D) -> dx (..., D), dgamma (D,), dbeta (D,)."""
     x_hat, r, gamma = saved
     xp = backend.namespace_of(dy, x_hat)

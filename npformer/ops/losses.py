@@ -22,7 +22,10 @@ need at least one class (V >= 1).
 """
 from __future__ import annotations
 
+from typing import Any
+
 from .. import backend
+from ..backend import Array
 from ..validation import backward_op, check_loss_gradient, cross_entropy_inputs, forward_op
 from .softmax import log_softmax_backward, log_softmax_forward
 
@@ -30,8 +33,8 @@ IGNORE_INDEX = -100  # PyTorch's default
 
 
 @forward_op(cross_entropy_inputs)
-def cross_entropy_forward(logits, targets, ignore_index: int = IGNORE_INDEX,
-                          label_smoothing: float = 0.0):
+def cross_entropy_forward(logits: Array, targets: Array, ignore_index: int = IGNORE_INDEX,
+                          label_smoothing: float = 0.0) -> tuple[Array, Any]:
     """logits (..., V) floats, targets (...) integers -> loss (0-d array), cache."""
     xp = backend.namespace_of(logits, targets)
     vocab = logits.shape[-1]
@@ -48,7 +51,7 @@ def cross_entropy_forward(logits, targets, ignore_index: int = IGNORE_INDEX,
 
 
 @backward_op(cross_entropy_forward, upstream=check_loss_gradient)
-def cross_entropy_backward(dloss, saved):
+def cross_entropy_backward(dloss: Array, saved: Any) -> Array:
     """dloss (scalar) -> dlogits (..., V)."""
     q, weight, log_softmax_cache, logits_shape = saved
     xp = backend.namespace_of(q)
@@ -57,8 +60,8 @@ def cross_entropy_backward(dloss, saved):
     return xp.reshape(dz, logits_shape)
 
 
-def target_distribution(targets, vocab: int, ignore_index: int, label_smoothing: float,
-                        dtype):
+def target_distribution(targets: Array, vocab: int, ignore_index: int, label_smoothing: float,
+                        dtype: Any) -> Array:
     """targets (N,) -> q (N, V) = (1 - eps) onehot(y) + eps / V (ignored rows: class 0)."""
     xp = backend.namespace_of(targets)
     safe = xp.where(targets != ignore_index, targets, xp.zeros_like(targets))

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 from .. import backend
+from ..backend import Array
 from ..validation import causal_mask_inputs, checked_op, padding_mask_inputs
 
 
 @checked_op(padding_mask_inputs)
-def padding_mask(valid_lens, num_keys: int):
+def padding_mask(valid_lens: Array, num_keys: int) -> Array:
     """valid_lens (B,) integers -> (B, 1, 1, S) bool, True at the first valid_lens[b] keys."""
     xp = backend.namespace_of(valid_lens)
     positions = xp.arange(num_keys, dtype=valid_lens.dtype, device=backend.device_of(valid_lens))
@@ -15,7 +16,7 @@ def padding_mask(valid_lens, num_keys: int):
 
 
 @checked_op(causal_mask_inputs)
-def causal_mask(num_queries: int, num_keys: int | None = None, like=None):
+def causal_mask(num_queries: int, num_keys: int | None = None, like: Array | None = None) -> Array:
     """(T, S) bool: query i may see keys j <= i + (S - T).
 
     With S == T this is the lower triangle; with S > T (a decoder continuing a

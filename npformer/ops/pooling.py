@@ -16,7 +16,10 @@ First token
 """
 from __future__ import annotations
 
+from typing import Any
+
 from .. import backend
+from ..backend import Array
 from ..validation import (
     POOLINGS,  # noqa: F401  (ops.POOLINGS: the poolings there are)
     backward_op,
@@ -33,7 +36,7 @@ def _valid_positions(valid_lens, length: int, dtype):
 
 
 @forward_op(pool_inputs)
-def pool_forward(h, valid_lens, how: str = "mean"):
+def pool_forward(h: Array, valid_lens: Array, how: str = "mean") -> tuple[Array, Any]:
     """h (B, T, D), valid_lens (B,) integers in [1, T] -> y (B, D), cache."""
     xp = backend.namespace_of(h, valid_lens)
     batch, length, width = h.shape
@@ -54,7 +57,7 @@ def pool_forward(h, valid_lens, how: str = "mean"):
 
 
 @backward_op(pool_forward)
-def pool_backward(dy, saved):
+def pool_backward(dy: Array, saved: Any) -> Array:
     """dy (B, D) -> dh (B, T, D)."""
     how, shape, kept = saved
     xp = backend.namespace_of(dy)

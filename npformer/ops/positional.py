@@ -12,12 +12,16 @@ over the batch:  $\bar x = \bar y$,  $\bar P_t = \sum_b \bar y_{b,t}$ for t < T,
 """
 from __future__ import annotations
 
+from typing import Any
+
 from .. import backend
+from ..backend import Array
 from ..validation import backward_op, checked_op, forward_op, positions_inputs, sinusoidal_inputs
 
 
 @checked_op(sinusoidal_inputs)
-def sinusoidal_table(max_len: int, width: int, dtype=None, like=None):
+def sinusoidal_table(max_len: int, width: int, dtype: Any = None,
+                     like: Array | None = None) -> Array:
     """(max_len, width) table of sines (even columns) and cosines (odd columns)."""
     xp = backend.xp() if like is None else backend.namespace_of(like)
     dev = backend.device() if like is None else backend.device_of(like)
@@ -31,7 +35,7 @@ def sinusoidal_table(max_len: int, width: int, dtype=None, like=None):
 
 
 @forward_op(positions_inputs)
-def add_positions_forward(x, table):
+def add_positions_forward(x: Array, table: Array) -> tuple[Array, Any]:
     """x (B, T, D), table (L, D) with T <= L -> y (B, T, D), cache."""
     seq_len, max_len = x.shape[1], table.shape[0]
     y = x + table[:seq_len, :][None, :, :]  # (B, T, D) + (1, T, D)
@@ -39,7 +43,7 @@ def add_positions_forward(x, table):
 
 
 @backward_op(add_positions_forward)
-def add_positions_backward(dy, saved):
+def add_positions_backward(dy: Array, saved: Any) -> tuple[Array, Array]:
     """dy (B, T, D) -> dx (B, T, D), dtable (L, D) (used only when the table is learned)."""
     seq_len, max_len = saved
     xp = backend.namespace_of(dy)

@@ -19,12 +19,15 @@ Log-softmax
 """
 from __future__ import annotations
 
+from typing import Any
+
 from .. import backend
+from ..backend import Array
 from ..validation import backward_op, forward_op, log_softmax_inputs, softmax_inputs
 
 
 @forward_op(softmax_inputs)
-def softmax_forward(x, axis: int = -1, mask=None):
+def softmax_forward(x: Array, axis: int = -1, mask: Array | None = None) -> tuple[Array, Any]:
     """x (...) -> p (...), cache (p, axis).  mask: boolean, broadcasts to x, True = keep."""
     xp = backend.namespace_of(x)
     if mask is not None:
@@ -42,7 +45,7 @@ def softmax_forward(x, axis: int = -1, mask=None):
     return p, (p, axis)
 
 
-def mask_bias(mask, dtype):
+def mask_bias(mask: Array | None, dtype: Any) -> Array | None:
     """Boolean mask -> additive bias of the mask's own (small) shape: 0 where kept, -inf
     where not."""
     xp = backend.namespace_of(mask)
@@ -53,7 +56,7 @@ def mask_bias(mask, dtype):
 
 
 @backward_op(softmax_forward)
-def softmax_backward(dp, saved):
+def softmax_backward(dp: Array, saved: Any) -> Array:
     """dp (...) -> dx (...) = p * (dp - sum(dp * p))."""
     p, axis = saved
     xp = backend.namespace_of(dp, p)
@@ -62,7 +65,7 @@ def softmax_backward(dp, saved):
 
 
 @forward_op(log_softmax_inputs)
-def log_softmax_forward(x, axis: int = -1):
+def log_softmax_forward(x: Array, axis: int = -1) -> tuple[Array, Any]:
     """x (...) -> y = log softmax(x) (...), cache (p = exp(y), axis)."""
     xp = backend.namespace_of(x)
     if x.shape[axis] == 0:  # nothing to normalise over: y is as empty as x
@@ -76,14 +79,14 @@ def log_softmax_forward(x, axis: int = -1):
 
 
 @backward_op(log_softmax_forward)
-def log_softmax_backward(dy, saved):
+def log_softmax_backward(dy: Array, saved: Any) -> Array:
     """dy (...) -> dx (...) = dy - p * sum(dy)."""
     p, axis = saved
     xp = backend.namespace_of(dy, p)
     return dy - p * xp.sum(dy, axis=axis, keepdims=True)
 
 
-def empty_like_input(x):
+def empty_like_input(x: Array) -> tuple[Array, Any]:
     """The (empty) result and cache of a softmax over an axis of length 0: shape of x."""
     p = backend.namespace_of(x).zeros_like(x)
     return p, (p, -1)
