@@ -23,7 +23,7 @@ The children get glibc's allocator tunables from their first allocation
 (:data:`KEEP_MEMORY_TUNABLES`; ``npformer.distributed`` sets the same with ``mallopt``
 once it is imported): two ranks side by side otherwise page-fault their freed
 activations back in every step, and those faults do not scale across cores
-(/work/shared/ANCHORS.md, "Where CPU time goes": 49 and 70 ms a step against 35 and 29).
+(../shared/ANCHORS.md, "Where CPU time goes": 49 and 70 ms a step against 35 and 29).
 The launcher's exit status is the demo's: 0, 2 for a user error (the failing rank's
 message on standard error), 130 for an interruption (Ctrl-C reaches every rank, which
 saves its run for --resume; the parent only waits).

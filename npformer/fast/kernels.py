@@ -114,25 +114,27 @@ def _jit(fn=None, inline: str = "never"):
                        inline=inline)(fn)
 
 
-def _int64_as_float64():
-    """An intrinsic reinterpreting an int64's bits as a float64 (2^n from its exponent
-    bits); vectorizes, unlike ``math.ldexp``."""
+def _bitcast(int_name: str, float_name: str, ir_float: str):
+    """An intrinsic reinterpreting an integer's bits as the float of the same width (2^n
+    built from its exponent bits); vectorizes, unlike ``math.ldexp``.  None without numba."""
     if not COMPILED:
         return None
     from llvmlite import ir
     from numba.core import types
     from numba.extending import intrinsic
 
+    float_type, int_type = getattr(types, float_name), getattr(types, int_name)
+
     @intrinsic
     def bits_to_float(typingctx, bits):
         def codegen(context, builder, signature, args):
-            return builder.bitcast(args[0], ir.DoubleType())
-        return types.float64(types.int64), codegen
+            return builder.bitcast(args[0], getattr(ir, ir_float)())
+        return float_type(int_type), codegen
 
     return bits_to_float
 
 
-_bits_to_float = _int64_as_float64()
+_bits_to_float = _bitcast("int64", "float64", "DoubleType")
 
 # =========================================================================== exp, erfc
 _LOG2E = 1.4426950408889634
@@ -277,24 +279,7 @@ _HALF_F, _ONE_F, _TWO_F, _ZERO_F = _F(0.5), _F(1.0), _F(2.0), _F(0.0)
 _SQRT1_2_F, _INV_SQRT_2PI_F = _F(math.sqrt(0.5)), _F(1.0 / math.sqrt(2.0 * math.pi))
 
 
-def _int32_as_float32():
-    """An intrinsic reinterpreting an int32's bits as a float32."""
-    if not COMPILED:
-        return None
-    from llvmlite import ir
-    from numba.core import types
-    from numba.extending import intrinsic
-
-    @intrinsic
-    def bits_to_float32(typingctx, bits):
-        def codegen(context, builder, signature, args):
-            return builder.bitcast(args[0], ir.FloatType())
-        return types.float32(types.int32), codegen
-
-    return bits_to_float32
-
-
-_bits_to_float32 = _int32_as_float32()
+_bits_to_float32 = _bitcast("int32", "float32", "FloatType")
 
 
 @_jit(inline="always")
