@@ -43,16 +43,15 @@ from npformer.cli import (
     plot_curves,
     positive_float,
     positive_int,
-    prepare,
     probability,
     run_demo,
     run_record,
+    start_demo,
     write_json,
     write_text,
 )
 from npformer.data import CharVocab, lm_batch, load_shakespeare, read_text_file, split_90_10
 from npformer.decoding import generate
-from npformer.launch import relaunch
 from npformer.models import CausalLM, CausalLMConfig
 from npformer.nn import evaluating
 from npformer.optim import AdamW, warmup_cosine
@@ -165,13 +164,7 @@ def build_parser():
 
 
 def main(argv=None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if (code := relaunch(args, argv, training=not args.sample_only)) is not None:
-        return code  # the run, on one MPI rank per core (npformer/launch.py)
-    preset = prepare(parser, args, DEMO, PRESETS,
-                     use_only="--sample-only" if args.sample_only else None)
-    out = Path(args.out)
+    args, preset, out = start_demo(DEMO, build_parser(), PRESETS, argv, use_saved="sample_only")
     if args.sample_only:
         return sample_only(args, preset, out)
 

@@ -55,10 +55,10 @@ from npformer.cli import (
     plot_attention,
     plot_curves,
     positive_float,
-    prepare,
     probability,
     run_demo,
     run_record,
+    start_demo,
     write_json,
 )
 from npformer.data import (
@@ -71,7 +71,6 @@ from npformer.data import (
     split_validation,
     tokenize_imdb,
 )
-from npformer.launch import relaunch
 from npformer.models import ClassifierConfig, TransformerClassifier
 from npformer.nn import evaluating, record_attention
 from npformer.optim import AdamW, warmup_cosine
@@ -314,14 +313,8 @@ def check_user_data_options(parser, args) -> None:
 
 
 def main(argv=None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    check_user_data_options(parser, args)
-    if (code := relaunch(args, argv, training=args.predict is None)) is not None:
-        return code  # the run, on one MPI rank per core (npformer/launch.py)
-    preset = prepare(parser, args, DEMO, PRESETS,
-                     use_only="--predict" if args.predict is not None else None)
-    out = Path(args.out)
+    args, preset, out = start_demo(DEMO, build_parser(), PRESETS, argv, use_saved="predict",
+                                   check_options=check_user_data_options)
     if args.predict is not None:
         return predict(args)
 

@@ -49,10 +49,10 @@ from npformer.cli import (
     plot_attention,
     plot_curves,
     positive_float,
-    prepare,
     probability,
     run_demo,
     run_record,
+    start_demo,
     write_json,
 )
 from npformer.data import (
@@ -67,7 +67,6 @@ from npformer.data import (
     tokenize_fra_eng,
 )
 from npformer.decoding import beam_search, greedy_decode
-from npformer.launch import relaunch
 from npformer.models import Seq2SeqConfig, Seq2SeqTransformer
 from npformer.nn import evaluating, record_attention
 from npformer.optim import Adam, warmup_inverse_sqrt
@@ -254,13 +253,7 @@ def build_parser():
 
 
 def main(argv=None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if (code := relaunch(args, argv, training=args.translate is None)) is not None:
-        return code  # the run, on one MPI rank per core (npformer/launch.py)
-    preset = prepare(parser, args, DEMO, PRESETS,
-                     use_only="--translate" if args.translate is not None else None)
-    out = Path(args.out)
+    args, preset, out = start_demo(DEMO, build_parser(), PRESETS, argv, use_saved="translate")
     if args.translate is not None:
         return translate_only(args, preset, out)
 

@@ -40,6 +40,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 from .distributed import _RANK_VARIABLES, _SIZE_VARIABLES
+from .validation import positive_int
 
 LAUNCHED_MARK = "NPFORMER_LAUNCHED"  # set in the children: they never re-launch
 KEEP_BYTES = 4294967296  # 4 GiB: no activation is ever mmap'ed, nor the heap trimmed
@@ -52,8 +53,6 @@ LAUNCHER_VARIABLES = (*_SIZE_VARIABLES, *_RANK_VARIABLES, "SLURM_STEP_ID", "NPFO
 
 def add_procs_option(parser: argparse.ArgumentParser) -> None:
     """``--procs N`` on a demo's command line."""
-    from .cli import positive_int
-
     parser.add_argument(
         "--procs", type=positive_int, default=None, metavar="N",
         help="processes to train in: the demo re-launches itself as N MPI ranks (one "

@@ -45,7 +45,8 @@ RuntimeError for a backward with no forward to differentiate, and :class:`TokenI
 O(1) except the token-id range scan, one per door.
 
 Also here: the configs' validation (:func:`check_config`) and the head-count rule
-(:func:`check_heads_divide`), shared by the models and the layers.
+(:func:`check_heads_divide`), shared by the models and the layers, and the demos' option
+types (:func:`positive_int` and its kin), held to the same rules as Python arguments.
 """
 from __future__ import annotations
 
@@ -713,3 +714,47 @@ def host_token_ids(ids: Any, name: str, rank: int, shape_words: str) -> numpy.nd
     if host.size and host.dtype.kind not in "iu":  # an empty list arrives as float64
         raise TypeError(f"{name} must hold integer token ids, got dtype {host.dtype}")
     return host.astype(numpy.int64)
+
+
+# =========================================================================== command-line values
+# The demos' option types (argparse's ``type=``): the text read as a number, then held to
+# the rule a Python argument of that kind meets (check_size, check_real, check_probability).
+# argparse puts the option before the message: "argument --lr: expected a positive number,
+# got '0'" (exit status 2).
+def _option_value(text: str, read: Callable[[str], Any], check: Callable[[Any], Any],
+                  expected: str) -> Any:
+    """``read(text)``, refused unless ``check`` passes it, naming ``expected`` and the text."""
+    import argparse  # only where a command line is parsed
+
+    try:
+        value = read(text)
+        check(value)
+    except (TypeError, ValueError):  # not a number, or outside the rule
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An option's integer >= 1 (a count, a size)."""
+    return _option_value(text, int, lambda v: check_size(v, "value", 1), "a positive integer")
+
+
+def nonnegative_int(text: str) -> int:
+    """An option's integer >= 0."""
+    return _option_value(text, int, lambda v: check_size(v, "value", 0), "an integer >= 0")
+
+
+def positive_float(text: str) -> float:
+    """An option's finite number > 0 (a learning rate, a temperature)."""
+    return _option_value(text, float, lambda v: check_real(v, "value", 0, inclusive=False),
+                         "a positive number")
+
+
+def nonnegative_float(text: str) -> float:
+    """An option's finite number >= 0."""
+    return _option_value(text, float, lambda v: check_real(v, "value", 0), "a number >= 0")
+
+
+def probability(text: str) -> float:
+    """An option's probability in [0, 1) (a dropout rate)."""
+    return _option_value(text, float, check_probability, "a probability in [0, 1)")

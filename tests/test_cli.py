@@ -1,15 +1,18 @@
-"""npformer.cli, the demos' shared command line, on its own: the option validators, the
-preset mechanism (explicit options win, bad combinations refused naming the options),
-the checkpoint guard, the resume command, and run_demo's exit statuses."""
+"""npformer.cli, the demos' shared command line, on its own: the option validators (one
+rule with the Python-side checks), the preset mechanism (explicit options win, bad
+combinations refused naming the options), the start-up, the checkpoint guard, the resume
+command, and run_demo's exit statuses."""
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import dataclass
 
 import pytest
 
-from npformer import cli
+from npformer import cli, validation
 from npformer.checkpoint import save_checkpoint
+from npformer.cli import runs
 from npformer.models import CausalLM, CausalLMConfig
 from npformer.train import TrainingDiverged, TrainingInterrupted
 
@@ -144,3 +147,108 @@ def test_run_demo_lets_bugs_through():
 
     with pytest.raises(ZeroDivisionError):
         cli.run_demo(main, [])
+
+
+# --------------------------------------------------------------------------- one rule per value
+NUMBERS = [-2, -1, 0, 1, 7, -0.5, 0.0, 0.5, 0.999, 1.0, 1.5, 1e-3, float("nan"), float("inf"),
+           float("-inf")]
+
+
+@pytest.mark.parametrize("converter, check", [
+    (validation.positive_int, lambda v: validation.check_size(v, "n", 1)),
+    (validation.nonnegative_int, lambda v: validation.check_size(v, "n", 0)),
+    (validation.positive_float, lambda v: validation.check_real(v, "x", 0, inclusive=False)),
+    (validation.nonnegative_float, lambda v: validation.check_real(v, "x", 0)),
+    (validation.probability, validation.check_probability),
+])
+def test_a_command_line_value_meets_the_rule_of_a_python_argument(converter, check):
+    """The option types live in npformer.validation and accept exactly the numbers the
+    Python-side check of the same kind accepts (ints: only the integers among them)."""
+    integers = converter in (validation.positive_int, validation.nonnegative_int)
+    for number in NUMBERS:
+        if integers and not (isinstance(number, int) or number.is_integer()):
+            continue
+        value = int(number) if integers else number
+        try:
+            check(value)
+            accepted = True
+        except (TypeError, ValueError):
+            accepted = False
+        if accepted:
+            assert converter(str(value)) == value
+        else:
+            with pytest.raises(argparse.ArgumentTypeError, match=re.escape(repr(str(value)))):
+                converter(str(value))
+    assert getattr(cli, converter.__name__) is converter  # the demos import it from cli
+
+
+def test_a_refused_value_names_the_option_and_the_value(capsys):
+    with pytest.raises(SystemExit):
+        parse("--rate", "1")
+    assert "argument --rate: expected a probability in [0, 1), got '1'" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- the start-up
+def start(argv, monkeypatch, relaunched=None, check_options=None):
+    """cli.start_demo on the toy demo, which has a --sample-only mode; -> (run, the
+    ``training`` relaunch was asked about)."""
+    asked = []
+
+    def relaunch(args, argv, training):
+        asked.append(training)
+        return relaunched
+
+    monkeypatch.setattr(runs, "relaunch", relaunch)
+    parser = cli.demo_parser(DEMO, "Toy.\n\nEpilog.", TOYS)
+    parser.add_argument("--sample-only", action="store_true")
+    with using_backend("numpy", "float64"):
+        try:
+            return cli.start_demo(DEMO, parser, TOYS, argv, use_saved="sample_only",
+                                  check_options=check_options), asked
+        finally:
+            for lock in cli._held_outputs.values():
+                lock.release()
+            cli._held_outputs.clear()
+
+
+def test_start_demo_settles_sets_up_and_holds_the_run(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    (args, preset, folder), asked = start(["--smoke", "--heads", "2", "--out", str(out)],
+                                          monkeypatch)
+    assert preset == Toy(width=4, heads=2) and folder == out and out.is_dir()
+    assert (args.preset, args.seed, args.dtype, args.procs) == ("smoke", 0, "float32", 1)
+    assert asked == [True]
+    assert (out / cli.HOLDER_FILE).is_file()  # training: the folder was held
+
+
+def test_start_demo_with_a_saved_model_trains_nothing(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    run, asked = start(["--sample-only", "--out", str(out)], monkeypatch)
+    assert asked == [False] and run.preset == Toy()
+    assert not (out / cli.HOLDER_FILE).exists()  # not held, not guarded
+
+
+def test_start_demo_refuses_resume_with_the_saved_model_option(tmp_path, monkeypatch, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        start(["--sample-only", "--resume", "--out", str(tmp_path)], monkeypatch)
+    assert exit_info.value.code == 2
+    assert "--resume continues training: it cannot be combined with --sample-only" in \
+        capsys.readouterr().err
+
+
+def test_start_demo_checks_the_demos_own_options_before_relaunching(tmp_path, monkeypatch,
+                                                                   capsys):
+    def check_options(parser, args):
+        parser.error("--width goes with --heads")
+
+    with pytest.raises(SystemExit) as exit_info:
+        start(["--out", str(tmp_path / "run")], monkeypatch, check_options=check_options)
+    assert exit_info.value.code == 2 and "--width goes with --heads" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_start_demo_ends_with_the_relaunched_ranks_status(tmp_path, monkeypatch):
+    with pytest.raises(SystemExit) as exit_info:
+        start(["--out", str(tmp_path / "run")], monkeypatch, relaunched=130)
+    assert exit_info.value.code == 130
+    assert not (tmp_path / "run").exists()  # the ranks set the run up, not this process

@@ -1,0 +1,51 @@
+"""What the demo scripts share: their start-up, command line, runs, errors and figures.
+
+The demos stay thin: they declare a :class:`Demo` and a preset dataclass, build their
+command line with :func:`demo_parser`, start with :func:`start_demo`, call the package,
+and print.  ``main`` runs inside :func:`run_demo`, the error boundary.
+
+One module per job:
+
+* :mod:`.demo`     the :class:`Demo` record, the run's file names, :class:`DemoError`
+* :mod:`.options`  the shared options and the presets (``option``, ``resolve_preset``);
+  the option values' types are :mod:`npformer.validation`'s converters (``positive_int``...)
+* :mod:`.runs`     the start-up, settings and resuming, the output folder's guard, reading
+  a demo's checkpoints
+* :mod:`.lock`     one run at a time in an output folder
+* :mod:`.errors`   the error boundary: one ``error: ...`` line for a user's mistake
+* :mod:`.ranks`    the processes a run spans: rank 0, shared evaluation, the machine
+* :mod:`.output`   what a run prints and writes (rank 0's files, JSON atomically)
+* :mod:`.plots`    training curves and attention maps (matplotlib imported when drawn)
+
+*Processes.*  ``mpiexec -n N python demos/...`` runs a demo on N MPI ranks with no
+other flag (:mod:`npformer.distributed`), and a demo that trains on the CPU starts its
+own ranks (:mod:`npformer.launch`): the ranks split every batch's rows, so the global
+batch, the learning rate and the results are those of one process; evaluation and
+decoding are shared out across the ranks; only rank 0 prints and writes files.
+"""
+from __future__ import annotations
+
+from ..checkpoint import CheckpointError
+from ..validation import (
+    nonnegative_float,
+    nonnegative_int,
+    positive_float,
+    positive_int,
+    probability,
+)
+from .demo import LAST_FILE, MODEL_FILE, Demo, DemoError
+from .errors import resume_command, run_demo
+from .lock import HOLDER_FILE, _held_outputs, hold_output
+from .options import check_divisible, demo_parser, option, resolve_preset
+from .output import Stopwatch, write_json, write_text
+from .plots import extra_output, plot_attention, plot_curves
+from .ranks import machine_description, map_batches
+from .runs import (
+    DemoRun,
+    guard_output,
+    load_demo_model,
+    prepare,
+    read_demo_checkpoint,
+    run_record,
+    start_demo,
+)

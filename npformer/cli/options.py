@@ -1,0 +1,125 @@
+"""The demos' command line: the options every demo shares, and its presets.
+
+*Presets.*  Each demo's settings are one dataclass whose fields are declared with
+:func:`option` (default, help text, type).  ``PRESETS`` names instances of it (always
+``"default"`` and ``"smoke"``; ``--smoke`` is short for ``--preset smoke``).  Every field
+is also a command-line option (``d_model`` -> ``--d-model``); an option the user gives
+wins over the preset's value (:func:`resolve_preset`).  An option's value is checked by
+its type, a converter of :mod:`npformer.validation` (``positive_int``, ``probability``...),
+the rule a Python argument of the same kind meets; a refused value ends the parse with
+exit status 2 and argparse's message naming the option.
+"""
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Collection
+from dataclasses import Field, field, fields, replace
+from typing import Any
+
+from ..engine import ENGINES
+from ..launch import add_procs_option
+from ..validation import check_heads_divide, nonnegative_int, positive_int
+from .demo import LAST_FILE, Demo
+
+MPI_EPILOG = """
+Across processes: where mpi4py and mpiexec are installed (pip install -e ".[mpi]"), the
+demo re-launches itself as one MPI rank per core (--procs N sets the count, --procs 1
+runs one process); `mpiexec -n N python {script}` starts N ranks by hand.  The global
+batch is --batch-size whatever N is: the ranks split its rows and sum their gradients,
+so the learning rate (and its schedule) and the results stay those of one process, and a
+run resumes on any number of ranks.  Only rank 0 prints and writes files."""
+
+
+def flag(name: str) -> str:
+    """A preset field's command-line option: ``d_model`` -> ``--d-model``."""
+    return "--" + name.replace("_", "-")
+
+
+# --------------------------------------------------------------------------- presets
+def option(default: Any, help: str, type: Callable[[str], Any] = positive_int,
+           choices: Collection | None = None) -> Field:
+    """A preset field that is also a command-line option (validated by ``type``)."""
+    return field(default=default, metadata={"help": help, "type": type, "choices": choices})
+
+
+def check_divisible(preset: Any, width: str, heads: str) -> None:
+    """Refuse a model width the number of heads does not divide, naming both options."""
+    check_heads_divide(getattr(preset, width), getattr(preset, heads), flag(width), flag(heads),
+                       hint="")
+
+
+def _add_preset_options(parser: argparse.ArgumentParser, presets: dict) -> None:
+    group = parser.add_argument_group(
+        "settings", "each has a value in every preset; an option given here overrides it")
+    group.add_argument("--preset", choices=sorted(presets), default=None,
+                       help="named settings (default: default)")
+    group.add_argument("--smoke", action="store_true",
+                       help="short for --preset smoke: a few seconds on a tiny subset, "
+                            "checks the whole pipeline runs (CI)")
+    base = presets["default"]
+    for f in fields(base):
+        values = "; ".join([f"default: {getattr(base, f.name)}"] + [
+            f"{name}: {getattr(p, f.name)}" for name, p in presets.items()
+            if name != "default" and getattr(p, f.name) != getattr(base, f.name)])
+        group.add_argument(flag(f.name), type=f.metadata["type"], default=None,
+                           choices=f.metadata["choices"],
+                           metavar=None if f.metadata["choices"] else f.name.upper(),
+                           help=f"{f.metadata['help']} ({values})".replace("%", "%%"))
+
+
+def resolve_preset(parser: argparse.ArgumentParser, args: argparse.Namespace, presets: dict) -> Any:
+    """The chosen preset with every option the user gave put in its place."""
+    if args.smoke and args.preset not in (None, "smoke"):
+        parser.error(f"--smoke is short for --preset smoke: it cannot be combined with "
+                     f"--preset {args.preset}")
+    args.preset = "smoke" if args.smoke else (args.preset or "default")
+    given = {f.name: getattr(args, f.name) for f in fields(presets["default"])
+             if getattr(args, f.name) is not None}
+    try:
+        return replace(presets[args.preset], **given)  # the preset's __post_init__ checks
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
+# --------------------------------------------------------------------------- the parser
+def demo_parser(demo: Demo, doc: str, presets: dict) -> argparse.ArgumentParser:
+    """The command line every demo shares: data, output, run settings, resuming, and one
+    option per preset field.  The demo adds its own options to it."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=doc.split("\n\n", 1)[1]
+                                     + MPI_EPILOG.format(script=demo.script))
+    parser.add_argument("--data", default=None,
+                        help="dataset file or folder (default: $NPFORMER_DATA, then the user "
+                             "cache, downloading there if needed)")
+    parser.add_argument("--out", default=demo.out,
+                        help="folder for the checkpoints, plots and metrics "
+                             "(default: %(default)s)")
+    parser.add_argument("--seed", type=nonnegative_int, default=None,
+                        help="random seed (default: 0)")
+    parser.add_argument("--backend", choices=["numpy", "cupy"], default=None,
+                        help="array backend: numpy (CPU) or cupy (GPU) "
+                             "(default: $NPFORMER_BACKEND, else numpy)")
+    parser.add_argument("--dtype", choices=["float32", "float64"], default=None,
+                        help="float dtype of parameters and activations (default: float32)")
+    parser.add_argument("--engine", choices=ENGINES, default=None,
+                        help="tier of ops: fast (the default, or $NPFORMER_ENGINE) or textbook "
+                             "(the plain derivations); both give the same numbers up to "
+                             "rounding")
+    parser.add_argument("--replicas", type=positive_int, default=None,
+                        help="data-parallel replicas, one thread each with single-threaded "
+                             "BLAS, for training and evaluation (default: one per CPU core "
+                             "with numpy, shared among the MPI ranks on the machine; 1 with "
+                             "cupy)")
+    add_procs_option(parser)
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bar (on a terminal) or progress lines (elsewhere)")
+    parser.add_argument("--resume", action="store_true",
+                        help=f"continue the run saved in OUT/{LAST_FILE} (after an interruption) "
+                             "exactly, with its saved settings; options given again must "
+                             "match them")
+    parser.add_argument("--stop-after", type=positive_int, default=None, metavar="UPDATES",
+                        help=f"stop after this many updates as if interrupted (the run is saved "
+                             f"in OUT/{LAST_FILE}: continue it with --resume)")
+    _add_preset_options(parser, presets)
+    return parser
