@@ -4,9 +4,9 @@ SCENARIO OUTDIR [RESUME_FROM]`` with the repository on PYTHONPATH.
 Rank 0 writes what the ranks computed to OUTDIR (``.npz`` files, text files); the
 pytest process compares it with a single process's results.  Scenarios:
 
-* ``checks``: gradients of every case, the Adam trajectories, a run with dropout,
-  checkpoints (and, given RESUME_FROM, a resumed run), the mismatch refusals,
-  ``shard_map`` and the rank-0-only output, in one launch;
+* ``checks``: gradients of every case, the Adam trajectories, runs with dropout (1 and
+  2 thread replicas a rank), checkpoints (and, given RESUME_FROM, a resumed run), the
+  mismatch refusals, ``shard_map`` and the rank-0-only output, in one launch;
 * ``gpu``: the gradients of every case on the CuPy backend (a GPU per rank);
 * ``fail``: rank 1 raises inside a training step while the others wait in the
   all-reduce: every rank must end, with rank 1's message.
