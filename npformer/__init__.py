@@ -22,7 +22,8 @@ __version__ = "0.1.0"
 
 # Subpackages and modules imported on first attribute access (PEP 562).
 _LAZY_SUBMODULES = ("checkpoint", "cli", "data", "decoding", "distributed", "models", "optim",
-                    "parallel", "tasks", "torch_interop", "torch_reference", "train")
+                    "parallel", "replicas", "tasks", "torch_interop", "torch_reference",
+                    "train")
 
 __all__ = ["backend", "engine", "fast", "gradcheck", "nn", "ops", *_LAZY_SUBMODULES,
            "set_backend", "set_engine", "engine_name", "no_grad"]

@@ -39,7 +39,7 @@ import sys
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
-from .distributed import _RANK_VARIABLES, _SIZE_VARIABLES
+from .distributed.launcher import RANK_VARIABLES, SIZE_VARIABLES
 from .validation import positive_int
 
 LAUNCHED_MARK = "NPFORMER_LAUNCHED"  # set in the children: they never re-launch
@@ -48,7 +48,7 @@ KEEP_MEMORY_TUNABLES = (f"glibc.malloc.mmap_threshold={KEEP_BYTES}:"
                         f"glibc.malloc.trim_threshold={KEEP_BYTES}")
 # Variables an MPI or batch launcher sets in the processes it starts (npformer.distributed
 # reads the same ones), and NPFORMER_MPI, the user's own choice of MPI or not.
-LAUNCHER_VARIABLES = (*_SIZE_VARIABLES, *_RANK_VARIABLES, "SLURM_STEP_ID", "NPFORMER_MPI")
+LAUNCHER_VARIABLES = (*SIZE_VARIABLES, *RANK_VARIABLES, "SLURM_STEP_ID", "NPFORMER_MPI")
 
 
 def add_procs_option(parser: argparse.ArgumentParser) -> None:

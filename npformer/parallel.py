@@ -1,42 +1,162 @@
-"""Data parallelism inside one process: split a batch across model replicas run in threads.
+"""Data parallelism: one algorithm, for thread replicas and for MPI ranks.
 
-NumPy runs element-wise work (softmax, layer norm, GELU...) on one core, and
-only BLAS uses several.  Splitting each batch in two, running the halves in two
-threads (NumPy and BLAS release the GIL) with single-threaded BLAS, keeps every
-core busy for the whole step.
+W workers train one model: ``replicas`` threads in each of ``size`` processes (the MPI
+ranks; a process alone is rank 0 of 1), W = size * replicas, worker g = rank * replicas
++ i.  Every optimizer step they agree on everything but which rows they compute:
 
-The replicas share the model's parameter arrays (no copies; they are re-pointed
-after every optimizer step) and own their gradients and activation caches.
-Shard i's loss is weighted by its share of the batch's counted items, so the
-summed gradient equals that of the whole batch:
+1. **broadcast**: rank 0's parameters become every rank's (once, when the engine is made);
+2. **shard**: every worker holds the same global batch (the same data generator, seeded
+   the same: exactly the batch one process would see) and computes its shard g of
+   ``shard_bounds(B, W)``;
+3. **weight**: shard g's mean loss L_g is weighted by its share of the counted items,
+   n_g / n (rows, tokens or real target tokens: ``task.count``), so that
 
-    L = sum_i (n_i / n) L_i      =>      dL/dw = sum_i (n_i / n) dL_i/dw
+       L = sum_g (n_g / n) L_g      =>      dL/dw = sum_g (n_g / n) dL_g/dw
 
-The same replica-and-sum-gradients idea extends across processes in
-:mod:`npformer.distributed`: each MPI rank runs a :class:`DataParallel` of its own
-on its rows of the global batch, and the sum becomes one all-reduce.  Both engines
-answer the same three calls the :class:`npformer.train.Trainer` makes:
-``loss_and_grad`` (per batch), ``reduce_step`` (once per optimizer step) and
-``from_main`` (a decision every process must share), plus ``is_main``.
+   the *sum* of the workers' gradients is the one-process gradient of the global batch
+   (every worker holds the global batch, so n is known everywhere without a message);
+4. **sum**: one all-reduce per optimizer step, of one flat gradient buffer: the model's
+   own where its parameters live in one (:class:`npformer.nn.FlatParameters`, the fast
+   tier), sent as it is, else every gradient packed into one (:class:`PackedGradients`);
+5. **update**: clipping and the optimizer step then run identically everywhere, so the
+   parameters stay equal without being sent again.
+
+Dropout masks: worker g draws from ``thread_generator(seed + g)``, ``seed`` drawn by the
+trainer from its data generator every batch: a run repeats exactly, and 2 ranks of 1
+replica draw the masks of 1 process of 2 replicas (2 ranks of 2, those of 1 of 4).
+
+Threads and ranks differ only in how step 4's sum happens, through the *communicator*:
+
+* threads: :class:`npformer.replicas.ThreadReplicas` adds each replica's gradient
+  buffer into the model's, after every batch;
+* ranks: a :class:`Communicator` (``rank``, ``size``, ``allreduce(buffer)`` in place,
+  ``allgather``, ``from_main``, ``check_same``) sums the processes' buffers once per
+  step: :class:`npformer.distributed.Context`, over MPI; a process alone is rank 0 of 1,
+  whose collectives return their input.
+
+The trainer asks its engine for what :class:`Engine` lists; :func:`data_parallel` makes
+one, across the MPI ranks when a launcher started several, else in this process.
 """
 from __future__ import annotations
 
-import copy
-import numbers
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from . import backend
-from .nn import FlatParameters, Module, flat_parameters_of, grad_enabled, set_grad_enabled
+from .distributed.context import SINGLE, join_if_launched
+from .nn import Module, Parameter, flat_parameters_of
+from .replicas import ThreadReplicas, parallel_map
 
 if TYPE_CHECKING:  # annotations only: importing these here would be circular
     from .tasks import Task
 
+__all__ = ["Communicator", "DataParallel", "Engine", "PackedGradients", "data_parallel",
+           "parallel_map", "shard_bounds", "shard_weights", "split_batch"]
 
+
+class Communicator(Protocol):
+    """The processes that train together: this one's place, and their collective calls."""
+
+    rank: int
+    size: int
+
+    def allreduce(self, buffer: Any) -> None:
+        """``buffer`` (one flat array) becomes the sum of every process's, in place."""
+
+    def allgather(self, value: Any) -> list:
+        """[every process's ``value``], in rank order, on every process."""
+
+    def from_main(self, value: Any) -> Any:
+        """Rank 0's ``value``, on every process."""
+
+    def check_same(self, **values: Any) -> None:
+        """Raise, on every process, if a named value differs between processes."""
+
+
+class Engine(Protocol):
+    """What :class:`npformer.train.Trainer` asks of its data-parallel engine."""
+
+    @property
+    def is_main(self) -> bool:
+        """This process prints and saves (rank 0)."""
+
+    def loss_and_grad(self, task: Task, batch: tuple, grad_scale: float,
+                      seed: int) -> tuple[float, int]:
+        """Per batch: this process's share of the mean loss, and the global count."""
+
+    def reduce_step(self, loss_share: float) -> float:
+        """Once per optimizer step: the gradients summed everywhere; the mean loss."""
+
+    def from_main(self, value: Any) -> Any:
+        """Rank 0's ``value``: a decision every process must share."""
+
+
+# --------------------------------------------------------------------------- the algorithm
+class DataParallel:
+    """The data-parallel engine: ``replicas`` threads in this process, on each of the
+    ranks of ``ranks`` (None: this process alone).  ``same``: values every rank must
+    share, checked before the first step (as are the model and the first batch)."""
+
+    def __init__(self, model: Module, replicas: int = 1, ranks: Communicator | None = None,
+                 **same: Any):
+        self.model, self.ranks = model, ranks if ranks is not None else SINGLE
+        self.replicas = ThreadReplicas(model, replicas)
+        self.ranks.check_same(model=model_signature(model), replicas=replicas, **same)
+        broadcast_parameters(model, self.ranks)                             # 1. broadcast
+        self.allreduce = self.ranks.allreduce  # bound here: bench/processes.py times it
+        self._packed: PackedGradients | None = None
+        self._data_checked = False
+
+    @property
+    def is_main(self) -> bool:
+        return self.ranks.rank == 0
+
+    def loss_and_grad(self, task: Task, batch: tuple, grad_scale: float,
+                      seed: int) -> tuple[float, int]:
+        """This process's shards of ``batch`` (the global batch, the same everywhere):
+        forward and backward of each shard's loss weighted by n_g / n ->
+        (the sum of this process's n_g / n * L_g, n)."""
+        if not self._data_checked:
+            self.ranks.check_same(data=batch)
+            self._data_checked = True
+        per_rank = len(self.replicas)
+        shards = split_batch(batch, self.ranks.size * per_rank, keep_empty=True)  # 2. shard
+        weights, total = shard_weights(task, shards)                          # 3. weight
+        first = self.ranks.rank * per_rank
+        mine = [g for g in range(first, first + per_rank) if weights[g] > 0]
+        losses = self.replicas.run(task, [(shards[g], grad_scale * weights[g], seed + g)
+                                          for g in mine])  # 4. sum, threads: into the model's
+        return sum((weights[g] * loss for g, loss in zip(mine, losses)), 0.0), total
+
+    def reduce_step(self, loss_share: float) -> float:
+        """Once per optimizer step, after its batches: every process's gradients and loss
+        shares summed (the replicas' were summed by each batch) -> the step's mean loss."""
+        if self.ranks.size == 1:
+            return loss_share
+        params = self.model.parameters()
+        flat = flat_parameters_of(params)
+        if flat is not None:                                            # 4. sum, ranks
+            self.allreduce(flat.grad)  # the model's flat gradient buffer, as it is: no copy
+        else:
+            self._packed = self._packed or PackedGradients(params)
+            self.allreduce(self._packed.pack(params))
+            self._packed.unpack(params)
+        return sum(self.ranks.allgather(loss_share))  # in rank order: equal everywhere
+
+    def from_main(self, value: Any) -> Any:
+        return self.ranks.from_main(value)
+
+
+def data_parallel(model: Module, replicas: int = 1, **same: Any) -> Engine:
+    """The trainer's engine: :class:`DataParallel` across the MPI ranks when an MPI
+    launcher started this process as one of several (joining them if the program has
+    not), else in this process; ``replicas`` threads in each."""
+    return DataParallel(model, replicas, join_if_launched(), **same)
+
+
+# --------------------------------------------------------------------------- its steps
 def shard_bounds(rows: int, parts: int) -> list[tuple[int, int]]:
     """[(lo, hi)] of ``parts`` contiguous shards covering ``range(rows)``, sizes differing
     by at most one (the later shards are the larger); shards are empty when rows < parts."""
@@ -46,123 +166,80 @@ def shard_bounds(rows: int, parts: int) -> list[tuple[int, int]]:
     return [(int(lo), int(hi)) for lo, hi in zip(bounds[:-1], bounds[1:])]
 
 
-def split_batch(batch: tuple, parts: int) -> list[tuple]:
-    """Split every array of a batch tuple along its first axis into ``parts`` shards
-    (never an empty one: fewer shards when the batch has fewer rows than ``parts``)."""
+def split_batch(batch: tuple, parts: int, keep_empty: bool = False) -> list[tuple]:
+    """Every array of a batch tuple split along its first axis into the ``parts`` shards
+    of :func:`shard_bounds` (without the empty ones, unless ``keep_empty``)."""
     return [tuple(a[lo:hi] for a in batch)
-            for lo, hi in shard_bounds(batch[0].shape[0], parts) if hi > lo]
+            for lo, hi in shard_bounds(batch[0].shape[0], parts) if keep_empty or hi > lo]
 
 
-_blas_controller = None  # found once: looking up the loaded BLAS libraries reads /proc
+def shard_weights(task: Task, shards: Sequence[tuple]) -> tuple[list[float], int]:
+    """([n_g / n for every shard], n): n_g = ``task.count`` of shard g (0 when it has no
+    rows), n their sum.  A batch with nothing counted weighs nothing (every weight 0)."""
+    counts = [task.count(shard) if shard[0].shape[0] else 0 for shard in shards]
+    total = sum(counts)
+    return [n / total if total else 0.0 for n in counts], total
 
 
-def _single_threaded_blas():
-    global _blas_controller
-    try:
-        from threadpoolctl import ThreadpoolController
-    except ImportError:  # pragma: no cover - threadpoolctl is a dependency
-        return nullcontext()
-    if _blas_controller is None:
-        _blas_controller = ThreadpoolController()
-    return _blas_controller.limit(limits=1, user_api="blas")
+def model_signature(model: Module) -> dict:
+    """What must be equal on every rank before parameters are broadcast: the model's
+    configuration and every parameter's name, shape and dtype."""
+    return {"class": type(model).__name__, "config": getattr(model, "config", None),
+            "parameters": [(name, tuple(p.shape), str(p.data.dtype))
+                           for name, p in model.named_parameters()]}
 
 
-def parallel_map(fn: Callable, items: Sequence, replicas: int) -> list:
-    """[fn(item) for item in items], on ``replicas`` threads with single-threaded BLAS
-    (inference over many batches: evaluation, decoding).  Order is kept."""
-    items = list(items)
-    if replicas <= 1 or len(items) <= 1:
-        return [fn(item) for item in items]
-    grad = grad_enabled()  # the caller's switch (it is per thread), for the workers too
-
-    def run(item):
-        with set_grad_enabled(grad):
-            return fn(item)
-
-    with ThreadPoolExecutor(max_workers=replicas) as pool, _single_threaded_blas():
-        return list(pool.map(run, items))
+def broadcast_parameters(model: Module, ranks: Communicator) -> None:
+    """Every rank's parameters become rank 0's (one message, once; nothing when alone)."""
+    if ranks.size == 1:
+        return
+    params = model.parameters()
+    values = ranks.from_main([backend.to_numpy(p.data) for p in params])
+    for p, value in zip(params, values):
+        p.assign(backend.asarray(value, dtype=p.data.dtype))  # into a flat view, if any
 
 
-class DataParallel:
-    """Runs a :class:`npformer.tasks.Task` on ``replicas`` shards of a batch in threads.
+class PackedGradients:
+    """Every parameter's gradient copied into one flat buffer (P,), for gradients held as
+    separate arrays (the textbook tier, CuPy, the strict backend).
 
-    ``task.count(shard)`` weights each shard's loss (rows, tokens, or non-padding
-    target tokens), so the summed gradient is the whole batch's.  Shard i draws its
-    dropout masks from ``thread_generator(seed + i)``.
+    ``pack`` copies them in (they are rebound, never written in place, by the layers, so
+    they cannot live in the buffer while the backward pass runs; the copy is one pass
+    over the parameters' size); ``unpack`` makes each gradient a view of its slice (no
+    copy back).  The buffer lives where the parameters do, CuPy on a GPU, NumPy
+    otherwise (the strict backend's arrays are copied to the host and back); it is
+    allocated once and reused every step.
     """
 
-    is_main = True  # the one process: it prints and saves
+    def __init__(self, params: Sequence[Parameter]):
+        self.xp = _buffer_namespace()
+        self.shapes = [tuple(p.shape) for p in params]
+        offsets = np.cumsum([0] + [int(np.prod(shape)) for shape in self.shapes])
+        self.slices = [(int(lo), int(hi)) for lo, hi in zip(offsets[:-1], offsets[1:])]
+        self.buffer = self.xp.zeros(int(offsets[-1]), dtype=params[0].data.dtype)  # (P,)
 
-    def __init__(self, model: Module, replicas: int = 2):
-        if isinstance(replicas, bool) or not isinstance(replicas, numbers.Integral) \
-                or replicas < 1:
-            raise ValueError(f"replicas must be an integer of at least 1, got {replicas!r}")
-        replicas = int(replicas)
-        self.model = model
-        self.models = [model] + [copy.deepcopy(model) for _ in range(replicas - 1)]
-        self.pool = ThreadPoolExecutor(max_workers=replicas) if replicas > 1 else None
-        self._replica_flats: dict[int, FlatParameters] = {}
+    def pack(self, params: Sequence[Parameter]) -> Any:
+        """The buffer, every gradient copied in."""
+        host = self.xp is np  # NumPy, or the strict backend's arrays copied to the host
+        for p, (lo, hi) in zip(params, self.slices):
+            grad = backend.to_numpy(p.grad) if host else p.grad
+            self.buffer[lo:hi] = self.xp.reshape(grad, (-1,))
+        return self.buffer
 
-    def _replica_flat(self, i: int):
-        """Replica i's own flat gradient buffer, where the model's gradients are flat
-        (made on first use): the replicas' gradients are then summed in one pass."""
-        if flat_parameters_of(self.model.parameters()) is None:
-            return None
-        if i not in self._replica_flats:
-            self._replica_flats[i] = FlatParameters(self.models[i].parameters())
-        return self._replica_flats[i]
+    def unpack(self, params: Sequence[Parameter]) -> None:
+        """Every gradient a view of its slice of the buffer (on the strict backend, a
+        strict array made from it)."""
+        strict = backend.backend_name() == "strict"
+        for p, (lo, hi), shape in zip(params, self.slices, self.shapes):
+            grad = self.xp.reshape(self.buffer[lo:hi], shape)
+            p.grad = backend.asarray(grad) if strict else grad
 
-    def _share_parameters(self) -> None:
-        """Point every replica's parameters at the model's current arrays; zero their grads."""
-        own = self.model.parameters()
-        for i, replica in enumerate(self.models[1:], start=1):
-            flat = self._replica_flat(i)
-            for p, q in zip(own, replica.parameters()):
-                q.data = p.data
-                if flat is None:
-                    q.zero_grad()
-            if flat is not None:
-                flat.zero_grad()  # one fill of the replica's gradient buffer
-            replica.train(self.model.training)
 
-    def _sum_gradients(self) -> None:
-        own = self.model.parameters()
-        flat = flat_parameters_of(own)
-        for i, replica in enumerate(self.models[1:], start=1):
-            theirs = self._replica_flats.get(i)
-            if flat is not None and theirs is not None \
-                    and theirs.grads_intact(replica.parameters()):
-                flat.grad += theirs.grad  # every parameter's share in one pass
-                continue
-            for p, q in zip(own, replica.parameters()):
-                p.accumulate(q.grad)
+def _buffer_namespace() -> Any:
+    """CuPy on a GPU, NumPy otherwise (where MPI and NCCL can read a buffer)."""
+    if backend.backend_name() == "cupy":
+        import cupy
 
-    def loss_and_grad(self, task: Task, batch: tuple, grad_scale: float,
-                      seed: int) -> tuple[float, int]:
-        """Forward + backward of ``batch`` split across the replicas -> (mean loss, count)."""
-        shards = split_batch(batch, len(self.models))
-        if len(shards) == 1 or self.pool is None:
-            with backend.thread_generator(seed):
-                return task.loss_and_grad(self.model, batch, grad_scale), task.count(batch)
-        counts = [task.count(shard) for shard in shards]
-        total = sum(counts)
-        self._share_parameters()
+        return cupy
+    return np
 
-        def run(i):
-            with backend.thread_generator(seed + i):
-                return task.loss_and_grad(self.models[i], shards[i],
-                                        grad_scale * counts[i] / total)
-
-        with _single_threaded_blas():
-            losses = list(self.pool.map(run, range(len(shards))))
-        self._sum_gradients()
-        return sum(loss * n for loss, n in zip(losses, counts)) / total, total
-
-    def reduce_step(self, loss: float) -> float:
-        """Once per optimizer step, after the batches: the gradients are already summed
-        (in :meth:`loss_and_grad`), so the step's mean loss is returned as it is."""
-        return loss
-
-    def from_main(self, value: Any) -> Any:
-        """A decision every process must share (stop on a time budget): one process, as is."""
-        return value

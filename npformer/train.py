@@ -30,9 +30,9 @@ import numpy as np
 from . import backend
 from .backend import Array
 from .checkpoint import load_checkpoint, restore, save_checkpoint
-from .distributed import data_parallel
 from .nn import Module
 from .optim import NonFiniteGradientError, Optimizer, clip_grad_norm, global_grad_norm
+from .parallel import Engine, data_parallel
 from .tasks import Task
 from .validation import check_choice, check_real, check_size
 
@@ -210,8 +210,8 @@ class Trainer:
         self.best: float | None = None
         self.train_seconds = 0.0  # spent in fit(), over every session of a resumed run
         self.finished = False  # fit() ended by max_steps or the time budget
-        # threads, or MPI ranks (x threads) under mpiexec: npformer.distributed
-        self.parallel = data_parallel(model, config.replicas, train_config=config)
+        # threads, times the MPI ranks under mpiexec: npformer.parallel
+        self.parallel: Engine = data_parallel(model, config.replicas, train_config=config)
         names = {id(p): name for name, p in model.named_parameters()}
         self._named_parameters = [(names.get(id(p), f"params[{i}]"), p)
                                   for i, p in enumerate(optimizer.params)]

@@ -4,9 +4,9 @@ SCENARIO OUTDIR [RESUME_FROM]`` with the repository on PYTHONPATH.
 Rank 0 writes what the ranks computed to OUTDIR (``.npz`` files, text files); the
 pytest process compares it with a single process's results.  Scenarios:
 
-* ``checks``: gradients of every case, the Adam trajectories, a run with dropout,
-  checkpoints (and, given RESUME_FROM, a resumed run), the mismatch refusals,
-  ``shard_map`` and the rank-0-only output, in one launch;
+* ``checks``: gradients of every case, the Adam trajectories, runs with dropout (1 and
+  2 thread replicas a rank), checkpoints (and, given RESUME_FROM, a resumed run), the
+  mismatch refusals, ``shard_map`` and the rank-0-only output, in one launch;
 * ``gpu``: the gradients of every case on the CuPy backend (a GPU per rank);
 * ``fail``: rank 1 raises inside a training step while the others wait in the
   all-reduce: every rank must end, with rank 1's message.
@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from npformer import backend, distributed
-from npformer.distributed import DistributedDataParallel, RanksDiffer
+from npformer.distributed import RanksDiffer
+from npformer.parallel import DataParallel
 from tests import parallel_cases as cases
 
 
@@ -33,7 +34,7 @@ def gradients(ctx, out: Path) -> None:
         if ctx.rank:  # other ranks start from other weights: the broadcast must fix that
             for p in model.parameters():
                 p.data = p.data + 1.0
-        engine = DistributedDataParallel(model, 1, ctx)
+        engine = DataParallel(model, 1, ctx)
         model.zero_grad()
         share, count = engine.loss_and_grad(task, batch, 1.0, seed=0)
         loss = engine.reduce_step(share)
@@ -50,6 +51,9 @@ def trajectories(ctx, out: Path) -> None:
     losses, params = cases.train("classifier", 6, dropout=0.3, batch_rows=8)
     if ctx.is_main:
         save_npz(out / "dropout.npz", losses=losses, **params)
+    losses, params = cases.train("classifier", 6, replicas=2, dropout=0.3, batch_rows=8)
+    if ctx.is_main:  # ranks x 2 thread replicas
+        save_npz(out / "dropout_2_replicas.npz", losses=losses, **params)
 
 
 def checkpoints(ctx, out: Path, resume_from: str | None) -> None:
@@ -78,11 +82,11 @@ def mismatches(ctx, out: Path) -> None:
     if ctx.rank == 1:  # a different model configuration on rank 1
         model, _, _ = cases.build("classifier")
     try:
-        DistributedDataParallel(model, 1, ctx)
+        DataParallel(model, 1, ctx)
     except RanksDiffer as error:
         messages.append(str(error))
     model, task, batch = cases.build("lm", 5)
-    engine = DistributedDataParallel(model, 1, ctx)
+    engine = DataParallel(model, 1, ctx)
     if ctx.rank == 1:  # different data (another data seed) on rank 1
         batch = cases.build("lm", 5, seed=7)[2]
     try:
@@ -123,7 +127,7 @@ def fail(ctx) -> None:
     model, _, pool = cases.build("lm", rows=8)
     task = Failing()
     task.calls = 0
-    engine = DistributedDataParallel(model, 1, ctx)
+    engine = DataParallel(model, 1, ctx)
     for step in range(5):
         model.zero_grad()
         engine.reduce_step(engine.loss_and_grad(task, pool, 1.0, seed=step)[0])

@@ -13,6 +13,9 @@ computation in this (single) process:
 * ranks started differently are refused before the first step, naming what differs;
 * one rank failing ends every rank with its message, within a timeout.
 
+And without MPI (a communicator standing in for the ranks): threads and ranks share the
+one sharding and weighting, and a flat gradient buffer is all-reduced as it is.
+
 Skipped outside CI where mpi4py or ``mpiexec`` is missing (CI installs both through the
 test extra; there a missing one is an error).
 """
@@ -28,20 +31,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from npformer import distributed
-from npformer.distributed import (
-    Context,
-    DistributedDataParallel,
-    FlatGradients,
-    batch_fingerprint,
-    keep_freed_memory,
-    launched_by_mpi,
-)
-from npformer.parallel import DataParallel
+from npformer import backend, distributed, parallel
+from npformer.distributed import Context, batch_fingerprint, keep_freed_memory, launched_by_mpi
+from npformer.nn import Linear, flat_parameters_of
+from npformer.optim import AdamW
+from npformer.parallel import DataParallel, PackedGradients
+from npformer.tasks import Task
 from tests import parallel_cases as cases
 from tests.conftest import using_backend
-from tests.helpers import rel_diff
+from tests.helpers import rel_diff, using_engine
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "mpi_worker.py"
@@ -139,6 +140,20 @@ def test_two_ranks_with_dropout_equal_two_thread_replicas_exactly(runs):
     assert np.array_equal(ours["losses"], losses)
     for param, value in params.items():
         assert np.array_equal(ours[param], value), param
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_ranks_of_two_replicas_equal_one_process_of_twice_the_replicas(runs, ranks):
+    """Worker g = rank * replicas + i takes shard g and the masks of seed + g, however
+    the workers are laid out: ranks x 2 threads run 1 process x 2 * ranks threads."""
+    ours = _load(runs[ranks][0] / "dropout_2_replicas.npz")
+    with using_backend("numpy", "float64"):
+        losses, params = cases.train("classifier", 6, replicas=2 * ranks, dropout=0.3,
+                                     batch_rows=8)
+    assert rel_diff(ours["losses"], losses) <= TRAJECTORY_RTOL
+    for param, value in params.items():
+        assert rel_diff(ours[param], value) <= TRAJECTORY_RTOL, param
 
 
 @pytest.mark.mpi
@@ -240,13 +255,12 @@ def test_one_process_gets_the_thread_engine_and_a_single_context(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     assert not launched_by_mpi()
     model, _, _ = cases.build("lm")
-    assert type(distributed.data_parallel(model, 2)) is DataParallel
+    engine = parallel.data_parallel(model, 2)
+    assert type(engine) is DataParallel and engine.ranks is distributed.current()
     ctx = distributed.current()
     assert (ctx.rank, ctx.size, ctx.is_main) == (0, 1, True)
     assert ctx.shard_map(lambda i: i + 1, range(5), replicas=2) == [1, 2, 3, 4, 5]
     ctx.check_same(anything=object())  # nothing to compare with
-    with pytest.raises(ValueError, match="needs at least 2 MPI ranks"):
-        DistributedDataParallel(model, 1, ctx)
 
 
 @pytest.mark.parametrize("env, expected", [({"PMI_SIZE": "2"}, True), ({"PMI_SIZE": "1"}, False),
@@ -262,22 +276,141 @@ def test_launchers_are_recognised_by_their_environment(monkeypatch, env, expecte
     assert launched_by_mpi() is expected
 
 
-def test_flat_gradients_round_trip_as_views_of_one_buffer():
+def test_packed_gradients_round_trip_as_views_of_one_buffer():
     with using_backend("numpy", "float64"):
         model, task, batch = cases.build("lm", 5)
         model.zero_grad()
         task.loss_and_grad(model, batch, 1.0)
         params = model.parameters()
         before = [p.grad.copy() for p in params]
-        flat = FlatGradients(params, np)
-        assert flat.buffer.dtype == np.float64
-        assert flat.buffer.size == sum(p.grad.size for p in params) + 1
-        flat.pack(params, 0.25)
-        flat.buffer *= 2  # what a sum over two equal ranks does
-        assert flat.unpack(params) == 0.5
+        packed = PackedGradients(params)
+        buffer = packed.pack(params)
+        assert buffer is packed.buffer and buffer.dtype == np.float64
+        assert buffer.size == sum(p.grad.size for p in params)
+        buffer *= 2  # what a sum over two equal ranks does
+        packed.unpack(params)
         for p, g in zip(params, before):
             assert np.array_equal(p.grad, 2 * g)
-            assert np.shares_memory(p.grad, flat.buffer)
+            assert np.shares_memory(p.grad, buffer)
+
+
+# --------------------------------------------------------------------------- one algorithm
+class EqualRanks:
+    """Rank ``rank`` of ``size`` ranks that all hold this process's values: a
+    communicator without MPI (its all-reduce multiplies by ``size``) that records the
+    buffers it is given."""
+
+    def __init__(self, rank: int = 0, size: int = 2):
+        self.rank, self.size, self.summed = rank, size, []
+
+    def allreduce(self, buffer) -> None:
+        self.summed.append(buffer)
+        buffer *= self.size
+
+    def allgather(self, value) -> list:
+        return [value] * self.size
+
+    def from_main(self, value):
+        return value
+
+    def check_same(self, **values) -> None:
+        pass
+
+
+class Recording(Task):
+    """batch = (row ids (B,), weights (B,)): ``count`` is the weights' sum (rows of weight
+    0 make uneven counts), the loss the weighted mean of the ids.  Each call records
+    (its row ids, its grad_scale, the first draw of its dropout stream)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def count(self, batch: tuple) -> int:
+        return int(np.sum(batch[1]))
+
+    def loss_and_grad(self, model, batch: tuple, grad_scale: float = 1.0) -> float:
+        draw = float(backend.to_numpy(backend.random_uniform((1,)))[0])
+        self.calls.append((tuple(batch[0].tolist()), grad_scale, draw))
+        return float(np.sum(batch[0] * batch[1]) / np.sum(batch[1]))
+
+
+def worker_calls(rows, weights, ranks: int, replicas: int):
+    """(every worker's call in row order, the ranks' loss shares summed, n) of one batch."""
+    batch = (np.arange(rows), np.asarray(weights[:rows]))
+    calls, shares, totals = [], [], set()
+    for rank in range(ranks):
+        task = Recording()
+        engine = DataParallel(Linear(2, 2), replicas,
+                              None if ranks == 1 else EqualRanks(rank, ranks))
+        share, total = engine.loss_and_grad(task, batch, 0.5, seed=7)
+        calls += task.calls
+        shares.append(share)
+        totals.add(total)
+    assert len(totals) == 1  # every rank counts the whole batch
+    return sorted(calls), sum(shares), totals.pop()
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(0, 13), ranks=st.integers(2, 4), replicas=st.integers(1, 3),
+       weights=st.lists(st.integers(0, 3), min_size=13, max_size=13))
+def test_threads_and_ranks_shard_and_weight_alike(rows, ranks, replicas, weights):
+    """Ranks x threads and one process of as many threads run the same calls: the same
+    shards (uneven, some without counted items, some empty), each with grad_scale *
+    n_g / n and the dropout stream of seed + g; the weights sum to 1 and the weighted
+    losses to the whole batch's mean."""
+    with using_backend("numpy", "float64"):
+        laid_out, share, total = worker_calls(rows, weights, ranks, replicas)
+        threads, alone, total_alone = worker_calls(rows, weights, 1, ranks * replicas)
+    assert laid_out == threads and total == total_alone
+    counted = sum(weights[:rows])
+    assert total == counted
+    if counted:
+        assert abs(sum(scale for _, scale, _ in threads) - 0.5) <= 1e-14
+        mean = sum(i * w for i, w in enumerate(weights[:rows])) / counted
+        assert abs(share - mean) <= 1e-12 * max(1, mean)
+        assert abs(alone - mean) <= 1e-12 * max(1, mean)
+    else:
+        assert threads == [] and share == alone == 0.0
+
+
+def test_the_flat_gradient_buffer_is_all_reduced_as_it_is(monkeypatch):
+    """Parameters in one flat buffer (the fast tier's AdamW): the one all-reduce gets that
+    gradient buffer itself, and no packing buffer is ever made (the engine used to
+    allocate one beside it on construction, as large again)."""
+    def no_packing(params):
+        raise AssertionError("a packing buffer was made for a flat model")
+
+    monkeypatch.setattr(parallel, "PackedGradients", no_packing)
+    with using_backend("numpy", "float64"), using_engine("fast"):
+        model, task, batch = cases.build("lm", 5)
+        optimizer = AdamW(model.parameters())
+        flat = flat_parameters_of(model.parameters())
+        assert flat is optimizer._flat is not None
+        ranks = EqualRanks(rank=0, size=2)
+        engine = DataParallel(model, 1, ranks)
+        optimizer.zero_grad()
+        share, _ = engine.loss_and_grad(task, batch, 1.0, seed=0)
+        before = flat.grad.copy()
+        assert engine.reduce_step(share) == 2 * share
+        assert len(ranks.summed) == 1 and ranks.summed[0] is flat.grad
+        assert np.array_equal(flat.grad, 2 * before)  # summed where the views look
+        assert flat_parameters_of(model.parameters()) is flat
+
+
+def test_separate_gradients_are_packed_into_one_buffer_and_come_back_as_views():
+    """The textbook tier's gradients are separate arrays: they are packed into one
+    buffer, all-reduced once, and each gradient is then a view of its slice."""
+    with using_backend("numpy", "float64"), using_engine("textbook"):
+        model, task, batch = cases.build("lm", 5)
+        ranks = EqualRanks(rank=1, size=3)
+        engine = DataParallel(model, 1, ranks)
+        model.zero_grad()
+        share, _ = engine.loss_and_grad(task, batch, 1.0, seed=0)
+        before = [p.grad.copy() for p in model.parameters()]
+        assert engine.reduce_step(share) == 3 * share
+        (buffer,) = ranks.summed
+        for p, g in zip(model.parameters(), before):
+            assert np.array_equal(p.grad, 3 * g) and np.shares_memory(p.grad, buffer)
 
 
 def test_batch_fingerprint_tells_batches_apart():

@@ -25,7 +25,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from npformer import backend, engine, fast, ops
-from npformer.distributed import DistributedDataParallel
 from npformer.fast import kernels
 from npformer.nn import FlatParameters, Linear, Parameter
 from npformer.optim import SGD, Adam, AdamW, clip_grad_norm, global_grad_norm, warmup_cosine
@@ -266,16 +265,6 @@ def test_clipping_on_the_flat_buffer_equals_the_per_tensor_norm():
         np.testing.assert_array_equal(p.grad, b * (0.1 / (total + 1e-6)))
 
 
-def test_the_allreduce_gets_the_flat_gradient_buffer_itself():
-    model, opt = flat_model()
-    sent = []
-    ddp = object.__new__(DistributedDataParallel)  # no MPI: the reduction recorded
-    ddp.model, ddp._loss = model, np.zeros(1)
-    ddp.allreduce = lambda buffer: sent.append(buffer)
-    assert ddp.reduce_step(1.5) == 1.5
-    assert sent[0] is opt._flat.grad and len(sent) == 2
-
-
 def test_what_cannot_be_flat_stays_per_tensor():
     engine.set_engine("fast")
     mixed = [Parameter(np.ones(2)), Parameter(np.ones(2, dtype=np.float32))]
@@ -345,7 +334,7 @@ def test_thread_replicas_sum_into_the_flat_buffer_as_per_tensor(replicas):
         for _ in range(2):  # the second step reuses the replicas' buffers
             opt.zero_grad()
             parallel.loss_and_grad(task, batch, 1.0, seed=0)
-        assert set(parallel._replica_flats) == set(range(1, replicas))
+        assert set(parallel.replicas._replica_flats) == set(range(1, replicas))
         scale = max(float(np.max(np.abs(g))) for g in expected)
         for (name, p), g in zip(model.named_parameters(), expected):
             assert p.grad is opt._flat.grad_views[model.parameters().index(p)], name

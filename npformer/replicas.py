@@ -1,0 +1,128 @@
+"""Thread replicas: copies of one model run side by side in threads, on shards of a batch.
+
+NumPy runs element-wise work (softmax, layer norm, GELU...) on one core, and only BLAS
+uses several.  Running the shards of a batch in threads (NumPy, BLAS and the fast
+tier's compiled kernels release the GIL) with single-threaded BLAS keeps every core
+busy for the whole step.
+
+The replicas share the model's parameter arrays (no copies; they are re-pointed before
+every batch, so they see the optimizer's last step) and own their gradients and
+activation caches.  After the shards, every replica's gradient is added into the
+model's: this is how threads sum.  What each shard is, and its weight, is decided by
+:class:`npformer.parallel.DataParallel`.
+"""
+from __future__ import annotations
+
+import copy
+import numbers
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
+from typing import TYPE_CHECKING, Any
+
+from . import backend
+from .nn import FlatParameters, Module, flat_parameters_of, grad_enabled, set_grad_enabled
+
+if TYPE_CHECKING:  # annotations only: importing these here would be circular
+    from .tasks import Task
+
+_blas_controller = None  # found once: looking up the loaded BLAS libraries reads /proc
+
+
+def single_threaded_blas() -> Any:
+    """A context in which BLAS runs on one thread (the replicas' threads share the cores)."""
+    global _blas_controller
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:  # pragma: no cover - threadpoolctl is a dependency
+        return nullcontext()
+    if _blas_controller is None:
+        _blas_controller = ThreadpoolController()
+    return _blas_controller.limit(limits=1, user_api="blas")
+
+
+def parallel_map(fn: Callable, items: Sequence, replicas: int) -> list:
+    """[fn(item) for item in items], on ``replicas`` threads with single-threaded BLAS
+    (inference over many batches: evaluation, decoding).  Order is kept."""
+    items = list(items)
+    if replicas <= 1 or len(items) <= 1:
+        return [fn(item) for item in items]
+    grad = grad_enabled()  # the caller's switch (it is per thread), for the workers too
+
+    def run(item):
+        with set_grad_enabled(grad):
+            return fn(item)
+
+    with ThreadPoolExecutor(max_workers=replicas) as pool, single_threaded_blas():
+        return list(pool.map(run, items))
+
+
+class ThreadReplicas:
+    """``count`` replicas of ``model`` (the first is the model itself) and a thread each."""
+
+    def __init__(self, model: Module, count: int):
+        if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 1:
+            raise ValueError(f"replicas must be an integer of at least 1, got {count!r}")
+        self.model = model
+        self.models = [model] + [copy.deepcopy(model) for _ in range(int(count) - 1)]
+        self.pool = ThreadPoolExecutor(max_workers=len(self.models)) if count > 1 else None
+        self._replica_flats: dict[int, FlatParameters] = {}
+
+    def __len__(self) -> int:
+        return len(self.models)
+
+    def run(self, task: Task, jobs: Sequence[tuple[tuple, float, int]]) -> list[float]:
+        """Job k, ``(shard, grad_scale, seed)``, runs on replica k: the forward and backward
+        of ``task``'s loss times ``grad_scale``, its dropout masks drawn from
+        ``thread_generator(seed)``.  Afterwards the model's gradients hold their own plus
+        every replica's.  Returns the jobs' mean losses; one job runs in this thread."""
+        if len(jobs) > len(self.models):
+            raise ValueError(f"{len(jobs)} jobs for {len(self.models)} replicas")
+        if len(jobs) <= 1:  # none (nothing counted here), or one: the model itself
+            return [self._run_on(0, task, job) for job in jobs]
+        self._share_parameters()
+        with single_threaded_blas():
+            losses = list(self.pool.map(self._run_on, range(len(jobs)), [task] * len(jobs),
+                                        jobs))
+        self._sum_gradients(len(jobs))
+        return losses
+
+    def _run_on(self, k: int, task: Task, job: tuple[tuple, float, int]) -> float:
+        shard, grad_scale, seed = job
+        with backend.thread_generator(seed):
+            return task.loss_and_grad(self.models[k], shard, grad_scale)
+
+    def _replica_flat(self, i: int) -> FlatParameters | None:
+        """Replica i's own flat gradient buffer, where the model's gradients are flat
+        (made on first use): the replicas' gradients are then summed in one pass."""
+        if flat_parameters_of(self.model.parameters()) is None:
+            return None
+        if i not in self._replica_flats:
+            self._replica_flats[i] = FlatParameters(self.models[i].parameters())
+        return self._replica_flats[i]
+
+    def _share_parameters(self) -> None:
+        """Point every replica's parameters at the model's current arrays; zero their grads."""
+        own = self.model.parameters()
+        for i, replica in enumerate(self.models[1:], start=1):
+            flat = self._replica_flat(i)
+            for p, q in zip(own, replica.parameters()):
+                q.data = p.data
+                if flat is None:
+                    q.zero_grad()
+            if flat is not None:
+                flat.zero_grad()  # one fill of the replica's gradient buffer
+            replica.train(self.model.training)
+
+    def _sum_gradients(self, used: int) -> None:
+        """The model's gradients += those of replicas 1 .. used - 1."""
+        own = self.model.parameters()
+        flat = flat_parameters_of(own)
+        for i, replica in enumerate(self.models[1:used], start=1):
+            theirs = self._replica_flats.get(i)
+            if flat is not None and theirs is not None \
+                    and theirs.grads_intact(replica.parameters()):
+                flat.grad += theirs.grad  # every parameter's share in one pass
+                continue
+            for p, q in zip(own, replica.parameters()):
+                p.accumulate(q.grad)
