@@ -289,14 +289,14 @@ def generate(model: Module, prompt_ids: Array | Sequence[int], max_new_tokens: i
     if top_k is not None:
         top_k = check_size(top_k, "top_k", 1)
     rng = rng or np.random.default_rng(0)
-    block = model.config.block_size
+    block_size = model.config.block_size
     ids = host.tolist()
     with evaluating(model):
         states, offset = model.new_cache(), 0
-        pending = ids[-block:]
+        pending = ids[-block_size:]
         for _ in range(max_new_tokens):
-            if offset + len(pending) > block:  # window full: restart the cache on the tail
-                states, offset, pending = model.new_cache(), 0, ids[-block:]
+            if offset + len(pending) > block_size:  # window full: restart the cache on the tail
+                states, offset, pending = model.new_cache(), 0, ids[-block_size:]
             pending_ids = backend.asarray(np.array([pending], dtype=np.int64))  # (1, T)
             logits = model.forward_cached(pending_ids, states)
             offset += len(pending)
