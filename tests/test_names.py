@@ -7,7 +7,9 @@
   (:func:`npformer.validation.renamed_fields`): the old keyword with a DeprecationWarning
   naming the new one, a checkpoint saved with the old config names loads and restores,
   a demo's run record with the old preset names reads as the new ones;
-* the demos' ``--help`` shows the new option names.
+* the demos' ``--help`` shows the new option names; the old option names still parse,
+  and a run saved with the old preset names resumes (these two need ``npformer/cli.py``
+  to read the presets' ``old_field_names``: see ``CLI_READS_OLD_NAMES``).
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ from npformer.train import TrainConfig
 from npformer.validation import new_field_names
 
 from .conftest import using_backend
-from .test_demos import load_demo
+from .test_demos import data_dir, load_demo, run_demo  # noqa: F401 (data_dir: a fixture)
 
 OLD_NAMES = {"width", "heads", "max_len", "block", "iters", "steps", "max_steps"}
 SCRIPTS = ("imdb.py", "translate.py", "generate.py")
@@ -167,3 +169,45 @@ def test_help_shows_the_new_option_names(script, options):
     text = load_demo(script).build_parser().format_help()
     for option in options:
         assert option in text, option
+
+
+# The old option names and an old run record need npformer/cli.py to read each preset's
+# old_field_names (an alias per old option; new_field_names on the saved preset in
+# --resume).  Until that change is in, these fail; strict, so they say when it is.
+CLI_READS_OLD_NAMES = pytest.mark.xfail(
+    strict=True, reason="npformer/cli.py does not read Preset.old_field_names yet")
+
+
+@CLI_READS_OLD_NAMES
+@pytest.mark.parametrize("script,argv,expected", [
+    ("generate.py", ["--iters", "3", "--block", "8", "--heads", "2", "--width", "16"],
+     {"max_iters": 3, "block_size": 8, "num_heads": 2, "d_model": 16}),
+    ("imdb.py", ["--heads", "2", "--max-len", "64", "--head-tokens", "16"],
+     {"num_heads": 2, "block_size": 64}),
+    ("translate.py", ["--heads", "2", "--steps", "30"], {"num_heads": 2, "max_iters": 30}),
+])
+def test_the_old_option_names_still_parse(script, argv, expected):
+    args = load_demo(script).build_parser().parse_args(argv)
+    assert {name: getattr(args, name) for name in expected} == expected
+
+
+@CLI_READS_OLD_NAMES
+def test_a_run_saved_with_the_old_preset_names_resumes(data_dir, tmp_path):  # noqa: F811
+    out = tmp_path / "run"
+    stopped = run_demo("generate.py", "--smoke", "--replicas", "1", "--no-progress",
+                       "--max-iters", "4", "--stop-after", "2", "--data", str(data_dir),
+                       "--out", str(out))
+    assert stopped.returncode == 130, stopped.stderr[-2000:]
+    last = out / "last.npz"
+    with np.load(last) as archive:
+        contents = {k: archive[k] for k in archive.files}
+    meta = json.loads(str(contents["meta"]))
+    preset = meta["extra"]["run"]["preset"]
+    for old, new in load_demo("generate.py").Preset.old_field_names.items():
+        preset[old] = preset.pop(new)  # as a run saved before the rename
+    contents["meta"] = np.array(json.dumps(meta))
+    np.savez(last, **contents)
+    resumed = run_demo("generate.py", "--resume", "--no-progress", "--data", str(data_dir),
+                       "--out", str(out))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert json.loads((out / "metrics.json").read_text())["updates"] == 4  # max_iters kept
