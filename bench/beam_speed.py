@@ -5,7 +5,7 @@ sentence at a time (``_beam_search_reference``, the implementation it replaced).
     python bench/beam_speed.py --sentences 40 --rounds 1   # quick look
 
 The model is the translation demo's default (d_model 256, 4 heads, 2 + 2 layers,
-FFN 1024, max_len 17, vocabularies built from the demo's training split of
+FFN 1024, block_size 17, vocabularies built from the demo's training split of
 fra-eng.zip), freshly initialised, or the trained one of ``--checkpoint``
 (``runs/translate/model.npz`` after ``python demos/translate.py``).  An untrained
 model rarely ends a hypothesis with <eos>, so most searches run to the length limit
@@ -55,7 +55,7 @@ def untrained_model(train_pairs, english: list, max_tokens: int = 15):
     tgt_vocab = Vocab.build([f for _, f in train_pairs], min_freq=2, bos=True, eos=True)
     config = Seq2SeqConfig(src_vocab_size=len(src_vocab), tgt_vocab_size=len(tgt_vocab),
                            d_model=256, num_heads=4, num_encoder_layers=2,
-                           num_decoder_layers=2, d_ff=1024, max_len=max_tokens + 2,
+                           num_decoder_layers=2, d_ff=1024, block_size=max_tokens + 2,
                            dropout=0.1, pad_id=tgt_vocab.pad_id, bos_id=tgt_vocab.bos_id,
                            eos_id=tgt_vocab.eos_id)
     backend.seed(0)
@@ -81,7 +81,7 @@ def decode_all(search, model, sources, pad_id: int, chunk: int, beam_size: int):
     for i in range(0, len(sources), chunk):
         src, lens = pad_batch(sources[i:i + chunk], pad_id)
         out += search(model, backend.asarray(src), backend.asarray(lens), beam_size=beam_size,
-                      max_len=model.config.max_len)
+                      max_len=model.config.block_size)
     return out
 
 
@@ -121,7 +121,7 @@ def main(argv=None) -> int:
     same = sum(a == b for a, b in zip(*results.values()))
     lengths = [len(h) for h in results["batched"]]
     print(f"hypothesis lengths: mean {np.mean(lengths):.1f}, at the limit "
-          f"({model.config.max_len}): {sum(n == model.config.max_len for n in lengths)} "
+          f"({model.config.block_size}): {sum(n == model.config.block_size for n in lengths)} "
           f"of {len(lengths)}")
     print(f"same hypotheses: {same} of {len(sources)}")
     print(f"median per-sentence {old:.2f} s, batched {new:.2f} s: {old / new:.1f}x faster")

@@ -61,18 +61,18 @@ def bench_config(name: str, preset: str = "default", vocab=None, length: int | N
     if name == "imdb":
         updates = int(p.epochs * -(-IMDB_TRAIN_REVIEWS // p.batch_size))
         return dict(common, kind="classifier", vocab_size=vocab or IMDB_VOCAB, num_classes=2,
-                    d_model=p.d_model, num_heads=p.heads, num_layers=p.layers, d_ff=p.d_ff,
-                    seq_len=min(length or IMDB_LENGTH, p.max_len), batch=p.batch_size,
-                    total_updates=updates)
+                    d_model=p.d_model, num_heads=p.num_heads, num_layers=p.layers, d_ff=p.d_ff,
+                    seq_len=min(length or IMDB_LENGTH, p.block_size), batch=p.batch_size,
+                    max_iters=updates)
     if name == "lm":
         return dict(common, kind="causal_lm", vocab_size=vocab or SHAKESPEARE_VOCAB,
-                    d_model=p.width, num_heads=p.heads, num_layers=p.layers, d_ff=4 * p.width,
-                    seq_len=p.block, batch=p.batch_size)
+                    d_model=p.d_model, num_heads=p.num_heads, num_layers=p.layers,
+                    d_ff=4 * p.d_model, seq_len=p.block_size, batch=p.batch_size)
     src_vocab, tgt_vocab = vocab or FRA_ENG_VOCABS
-    width = min(length or FRA_ENG_LENGTH, p.max_tokens + 1)  # + <eos>
+    seq_len = min(length or FRA_ENG_LENGTH, p.max_tokens + 1)  # + <eos>
     return dict(common, kind="seq2seq", src_vocab_size=src_vocab, tgt_vocab_size=tgt_vocab,
-                d_model=p.d_model, num_heads=p.heads, num_encoder_layers=p.layers,
-                num_decoder_layers=p.layers, d_ff=p.d_ff, src_len=width, seq_len=width,
+                d_model=p.d_model, num_heads=p.num_heads, num_encoder_layers=p.layers,
+                num_decoder_layers=p.layers, d_ff=p.d_ff, src_len=seq_len, seq_len=seq_len,
                 batch=p.batch_size)
 
 
@@ -85,7 +85,8 @@ SMOKE = {"imdb": bench_config("imdb", "smoke", vocab=200, length=16),
 # Larger configurations that fill a GPU (bench/gpu.py), and their smoke versions.
 LARGE = {
     "imdb_large": bench_config("imdb", batch_size=256),
-    "lm_large": bench_config("lm", width=768, heads=12, layers=12, block=1024, batch_size=8),
+    "lm_large": bench_config("lm", d_model=768, num_heads=12, layers=12, block_size=1024,
+                             batch_size=8),
 }
 SMOKE_LARGE = {
     "imdb_large": bench_config("imdb", "smoke", vocab=200, length=16, batch_size=8),
@@ -171,7 +172,7 @@ def npformer_optimizer(cfg: dict, params):
     ``params``."""
     demo, preset = demo_module(cfg["demo"]), demo_preset(cfg)
     if cfg["kind"] == "classifier":
-        return demo.make_optimizer(params, preset, cfg["total_updates"])
+        return demo.make_optimizer(params, preset, cfg["max_iters"])
     return demo.make_optimizer(params, preset)
 
 

@@ -276,7 +276,7 @@ def npformer_trainer(cfg: dict, model, task, batch, replicas: int):
 
     optimizer = npformer_optimizer(cfg, model.parameters())
     return Trainer(model, optimizer, task, lambda rng: batch,
-                   TrainConfig(max_steps=10**9, replicas=replicas, clip_norm=clip_norm(cfg),
+                   TrainConfig(max_iters=10**9, replicas=replicas, clip_norm=clip_norm(cfg),
                                progress=False), seed=SEED)
 
 

@@ -5,8 +5,8 @@
     python demos/generate.py --smoke          # seconds (CI)
     python demos/generate.py --resume         # continue an interrupted run exactly
 
-Defaults follow nanoGPT's README for CPU: block 64, batch 12, 4 layers, 4 heads,
-width 128, dropout 0, learning rate 1e-3 with warmup and cosine decay over
+Defaults follow nanoGPT's README for CPU: block size 64, batch 12, 4 layers, 4 heads,
+d_model 128, dropout 0, learning rate 1e-3 with warmup and cosine decay over
 2,000 iterations, validation loss estimated on 20 batches; the first 90% of the
 text trains, the last 10% validates.  Writes model.npz, last.npz (the run, for
 --resume), curves.png, sample.txt and metrics.json to --out.  Settings come from
@@ -57,19 +57,21 @@ from npformer.nn import evaluating
 from npformer.optim import AdamW, warmup_cosine
 from npformer.tasks import LanguageModeling
 from npformer.train import TrainConfig, Trainer
+from npformer.validation import renamed_fields
 
 DEMO = Demo(tag="shakespeare", title="Shakespeare", model_kind="causal_lm",
             script="demos/generate.py", out="runs/shakespeare")
 
 
+@renamed_fields(iters="max_iters", block="block_size", heads="num_heads", width="d_model")
 @dataclass(frozen=True)
 class Preset:
-    iters: int = option(2000, "updates (nanoGPT's max_iters)")
-    block: int = option(64, "context length in characters (nanoGPT's block_size)")
+    max_iters: int = option(2000, "updates (nanoGPT's max_iters)")
+    block_size: int = option(64, "context length in characters (nanoGPT's block_size)")
     batch_size: int = option(12, "windows per update")
     layers: int = option(4, "decoder layers")
-    heads: int = option(4, "attention heads H (the width must be a multiple)")
-    width: int = option(128, "model width D (nanoGPT's n_embd); the feed-forward is 4 D")
+    num_heads: int = option(4, "attention heads H (D must be a multiple)")
+    d_model: int = option(128, "model width D (nanoGPT's n_embd); the feed-forward is 4 D")
     dropout: float = option(0.0, "dropout probability", probability)
     lr: float = option(1e-3, "peak learning rate (warmup, then cosine decay to a tenth)",
                        positive_float)
@@ -78,24 +80,24 @@ class Preset:
     length: int = option(500, "characters to sample", nonnegative_int)
 
     def __post_init__(self):
-        check_divisible(self, "width", "heads")
+        check_divisible(self, "d_model", "num_heads")
 
 
 PRESETS = {
     "default": Preset(),
-    "smoke": Preset(iters=20, eval_every=10, eval_batches=2, length=50, layers=1, width=32,
-                    heads=2, block=32),
+    "smoke": Preset(max_iters=20, eval_every=10, eval_batches=2, length=50, layers=1,
+                    d_model=32, num_heads=2, block_size=32),
 }
 
 
-def estimate_loss(model, data: np.ndarray, block: int, batch: int, batches: int,
+def estimate_loss(model, data: np.ndarray, block_size: int, batch: int, batches: int,
                   seed: int) -> float:
     """Mean loss over ``batches`` random windows (nanoGPT's estimate_loss)."""
     rng = np.random.default_rng(seed)
     losses = []
     with evaluating(model):
         for _ in range(batches):
-            x, y = lm_batch(data, block, batch, rng)
+            x, y = lm_batch(data, block_size, batch, rng)
             loss, _ = ops.cross_entropy_forward(model(backend.asarray(x)), backend.asarray(y))
             losses.append(backend.to_float(loss))
     return float(np.mean(losses))
@@ -115,12 +117,13 @@ def sample(model, vocab: CharVocab, prompt: str, length: int, temperature: float
     return vocab.decode(ids)
 
 
-def split_text(text: str, vocab: CharVocab, block: int):
+def split_text(text: str, vocab: CharVocab, block_size: int):
     """-> train and validation ids (the first 90% and the last 10% of the text)."""
     train_ids, val_ids = split_90_10(np.array(vocab.encode(text), dtype=np.int64))
-    if len(val_ids) <= block:
-        raise DemoError(f"the corpus is too short for --block {block}: its validation tenth "
-                        f"holds {len(val_ids)} characters, and a window needs {block + 1}")
+    if len(val_ids) <= block_size:
+        raise DemoError(f"the corpus is too short for --block-size {block_size}: its validation "
+                        f"tenth holds {len(val_ids)} characters, and a window needs "
+                        f"{block_size + 1}")
     return train_ids, val_ids
 
 
@@ -137,15 +140,16 @@ CLIP_NORM = 1.0  # the gradients' global norm is clipped to this
 
 
 def model_config(preset: Preset, vocab_size: int) -> CausalLMConfig:
-    return CausalLMConfig(vocab_size=vocab_size, block_size=preset.block, d_model=preset.width,
-                          num_heads=preset.heads, num_layers=preset.layers,
-                          d_ff=4 * preset.width, dropout=preset.dropout)
+    return CausalLMConfig(vocab_size=vocab_size, block_size=preset.block_size,
+                          d_model=preset.d_model, num_heads=preset.num_heads,
+                          num_layers=preset.layers, d_ff=4 * preset.d_model,
+                          dropout=preset.dropout)
 
 
 def make_optimizer(params, preset: Preset) -> AdamW:
     """nanoGPT's: AdamW, warmup over a twentieth of the run, cosine decay to a tenth."""
-    warmup = max(1, preset.iters // 20)
-    return AdamW(params, lr=warmup_cosine(preset.lr, warmup, preset.iters,
+    warmup = max(1, preset.max_iters // 20)
+    return AdamW(params, lr=warmup_cosine(preset.lr, warmup, preset.max_iters,
                                           min_lr=preset.lr / 10),
                  betas=(0.9, 0.99), weight_decay=0.1)
 
@@ -171,21 +175,21 @@ def main(argv=None) -> int:
     text = load_text(args.data)
     vocab = CharVocab.from_text(text)
     check_prompt(args.prompt, vocab)  # before training, not after
-    train_ids, val_ids = split_text(text, vocab, preset.block)
+    train_ids, val_ids = split_text(text, vocab, preset.block_size)
     model = CausalLM(model_config(preset, len(vocab)))
     optimizer = make_optimizer(model.parameters(), preset)
     print(f"{len(train_ids):,} train / {len(val_ids):,} validation characters, vocabulary "
           f"{len(vocab)}; model {model.num_parameters():,} parameters")
 
     def eval_fn(m):
-        return {"train_loss": estimate_loss(m, train_ids, preset.block, preset.batch_size,
+        return {"train_loss": estimate_loss(m, train_ids, preset.block_size, preset.batch_size,
                                             preset.eval_batches, seed=1),
-                "val_loss": estimate_loss(m, val_ids, preset.block, preset.batch_size,
+                "val_loss": estimate_loss(m, val_ids, preset.block_size, preset.batch_size,
                                           preset.eval_batches, seed=2)}
 
     trainer = Trainer(model, optimizer, LanguageModeling(),
-                      lambda rng: lm_batch(train_ids, preset.block, preset.batch_size, rng),
-                      TrainConfig(max_steps=preset.iters, clip_norm=CLIP_NORM,
+                      lambda rng: lm_batch(train_ids, preset.block_size, preset.batch_size, rng),
+                      TrainConfig(max_iters=preset.max_iters, clip_norm=CLIP_NORM,
                                   replicas=args.replicas, eval_every=preset.eval_every,
                                   checkpoint_path=out / MODEL_FILE, last_path=out / LAST_FILE,
                                   stop_after=args.stop_after, progress=not args.no_progress,

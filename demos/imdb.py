@@ -76,19 +76,21 @@ from npformer.nn import evaluating, record_attention
 from npformer.optim import AdamW, warmup_cosine
 from npformer.tasks import Classification
 from npformer.train import EpochBatches, TrainConfig, Trainer, TrainingInterrupted
+from npformer.validation import renamed_fields
 
 DEMO = Demo(tag="imdb", title="IMDB", model_kind="classifier", script="demos/imdb.py",
             out="runs/imdb")
 LABELS = ("negative", "positive")
 
 
+@renamed_fields(heads="num_heads", max_len="block_size")
 @dataclass(frozen=True)
 class Preset:
     d_model: int = option(64, "model width D")
-    heads: int = option(4, "attention heads H (D must be a multiple)")
+    num_heads: int = option(4, "attention heads H (D must be a multiple)")
     layers: int = option(1, "encoder layers")
     d_ff: int = option(256, "feed-forward width")
-    max_len: int = option(512, "tokens kept per review")
+    block_size: int = option(512, "tokens kept per review (the model's longest sequence)")
     head_tokens: int = option(128, "of those, taken from the review's start (the rest from its "
                                   "end)", nonnegative_int)
     vocab_size: int = option(20000, "at most this many words in the vocabulary")
@@ -112,17 +114,17 @@ class Preset:
                                             "(None: all)")
 
     def __post_init__(self):
-        check_divisible(self, "d_model", "heads")
-        if self.head_tokens > self.max_len:
-            raise ValueError(f"--head-tokens {self.head_tokens} is more than --max-len "
-                             f"{self.max_len}")
+        check_divisible(self, "d_model", "num_heads")
+        if self.head_tokens > self.block_size:
+            raise ValueError(f"--head-tokens {self.head_tokens} is more than --block-size "
+                             f"{self.block_size}")
 
 
 PRESETS = {
     "default": Preset(),
     # Ensembles paid where a larger model did not (demos/README.md): six members, longer.
     "large": Preset(epochs=5.0, members=6, max_minutes=45.0),
-    "smoke": Preset(d_model=16, heads=2, layers=1, d_ff=32, max_len=64, head_tokens=16,
+    "smoke": Preset(d_model=16, num_heads=2, layers=1, d_ff=32, block_size=64, head_tokens=16,
                     vocab_size=2000, batch_size=16, warmup=5, epochs=1.0, members=2,
                     max_minutes=2.0,
                     validation=64, train_reviews=256, test_reviews=128),
@@ -130,17 +132,17 @@ PRESETS = {
 
 
 # --------------------------------------------------------------------------- data
-def truncate(tokens: list, max_len: int, head: int) -> list:
-    """At most max_len tokens: all of a short review; else its first ``head`` tokens and its
-    last max_len - head (a review's verdict is often in its closing lines)."""
-    if len(tokens) <= max_len:
+def truncate(tokens: list, block_size: int, head: int) -> list:
+    """At most block_size tokens: all of a short review; else its first ``head`` tokens and
+    its last block_size - head (a review's verdict is often in its closing lines)."""
+    if len(tokens) <= block_size:
         return tokens
-    return tokens[:head] + tokens[len(tokens) - (max_len - head):]
+    return tokens[:head] + tokens[len(tokens) - (block_size - head):]
 
 
-def encode_reviews(examples, vocab: Vocab, max_len: int, head: int):
+def encode_reviews(examples, vocab: Vocab, block_size: int, head: int):
     """[(text, label)] -> (list of truncated id lists, labels array)."""
-    ids = [vocab.encode(truncate(tokenize_imdb(text), max_len, head)) or [vocab.unk_id]
+    ids = [vocab.encode(truncate(tokenize_imdb(text), block_size, head)) or [vocab.unk_id]
            for text, _ in examples]
     return ids, np.array([label for _, label in examples], dtype=np.int64)
 
@@ -247,8 +249,9 @@ def predict(args) -> int:
     models = [model] + [load_demo_model(member_files(out, k)[0], DEMO)[0]
                         for k in range(2, count + 1)]
     vocab = Vocab.from_json(checkpoint.extra["vocab"])
-    head = checkpoint.extra.get("head_tokens", model.config.max_len)
-    ids = vocab.encode(truncate(tokenize_imdb(text), model.config.max_len, head)) or [vocab.unk_id]
+    head = checkpoint.extra.get("head_tokens", model.config.block_size)
+    ids = vocab.encode(truncate(tokenize_imdb(text), model.config.block_size, head)) or [
+        vocab.unk_id]
     probs = np.exp(ensemble([log_probabilities(m, [ids], 1, vocab.pad_id) for m in models]))[0]
     label = int(np.argmax(probs))
     names = checkpoint.extra.get("labels", LABELS)  # the user's own, for a model trained on them
@@ -265,8 +268,8 @@ def model_config(preset: Preset, vocab_size: int, pad_id: int,
                  num_classes: int = 2) -> ClassifierConfig:
     return ClassifierConfig(vocab_size=vocab_size, num_classes=num_classes,
                             d_model=preset.d_model,
-                            num_heads=preset.heads, num_layers=preset.layers,
-                            d_ff=preset.d_ff, max_len=preset.max_len, dropout=preset.dropout,
+                            num_heads=preset.num_heads, num_layers=preset.layers,
+                            d_ff=preset.d_ff, block_size=preset.block_size, dropout=preset.dropout,
                             pooling=preset.pooling, pad_id=pad_id)
 
 
@@ -322,9 +325,9 @@ def main(argv=None) -> int:
     train, val, test, labels = load_data(preset, args)
     vocab = Vocab.build([tokenize_imdb(t) for t, _ in train], min_freq=2,
                         max_size=preset.vocab_size)
-    train_ids, train_y = encode_reviews(train, vocab, preset.max_len, preset.head_tokens)
-    val_ids, val_y = encode_reviews(val, vocab, preset.max_len, preset.head_tokens)
-    test_ids, test_y = encode_reviews(test, vocab, preset.max_len, preset.head_tokens)
+    train_ids, train_y = encode_reviews(train, vocab, preset.block_size, preset.head_tokens)
+    val_ids, val_y = encode_reviews(val, vocab, preset.block_size, preset.head_tokens)
+    test_ids, test_y = encode_reviews(test, vocab, preset.block_size, preset.head_tokens)
     print(f"{len(train)} train, {len(val)} validation, {len(test)} test reviews; "
           f"{len(labels)} labels; vocabulary {len(vocab)}; data ready in "
           f"{clock.seconds():.0f} s")
@@ -423,7 +426,7 @@ def train_member(member: int, args, preset: Preset, config: ClassifierConfig, vo
     trainer = Trainer(
         model, optimizer, Classification(),
         batch_stream(train_ids, train_y, preset.batch_size, vocab.pad_id),
-        TrainConfig(max_steps=total_updates,
+        TrainConfig(max_iters=total_updates,
                     max_seconds=preset.max_minutes * 60 / preset.members,
                     replicas=args.replicas, clip_norm=CLIP_NORM,
                     eval_every=max(1, updates_per_epoch // 2),

@@ -72,6 +72,7 @@ from npformer.nn import evaluating, record_attention
 from npformer.optim import Adam, warmup_inverse_sqrt
 from npformer.tasks import Translation
 from npformer.train import EpochBatches, TrainConfig, Trainer
+from npformer.validation import renamed_fields
 
 DEMO = Demo(tag="translate", title="translation", model_kind="seq2seq",
             script="demos/translate.py", out="runs/translate")
@@ -79,6 +80,7 @@ PROBES = ["go .", "i lost .", "he's calm .", "i'm home ."]
 VALIDATION_SENTENCES = 500  # of the held-out ones: the validation loss that selects the model
 
 
+@renamed_fields(heads="num_heads", steps="max_iters")
 @dataclass(frozen=True)
 class Preset:
     max_tokens: int = option(15, "at most this many tokens a side")
@@ -86,7 +88,7 @@ class Preset:
                                 "translations) for BLEU")
     max_pairs: int | None = option(None, "use only the first this many pairs (None: all)")
     d_model: int = option(256, "model width D")
-    heads: int = option(4, "attention heads H (D must be a multiple)")
+    num_heads: int = option(4, "attention heads H (D must be a multiple)")
     layers: int = option(2, "encoder layers, and decoder layers")
     d_ff: int = option(1024, "feed-forward width")
     dropout: float = option(0.1, "dropout probability", probability)
@@ -94,18 +96,18 @@ class Preset:
     lr: float = option(1e-3, "peak learning rate (warmup, then inverse square root)",
                        positive_float)
     warmup: int = option(300, "warmup updates")
-    steps: int = option(20000, "at most this many updates")
+    max_iters: int = option(20000, "at most this many updates")
     max_minutes: float = option(15.0, "training time budget, in minutes", positive_float)
     beam_size: int = option(4, "beam width of the beam-search evaluation and of --translate")
 
     def __post_init__(self):
-        check_divisible(self, "d_model", "heads")
+        check_divisible(self, "d_model", "num_heads")
 
 
 PRESETS = {
     "default": Preset(),
-    "smoke": Preset(max_pairs=3000, heldout=40, d_model=32, heads=2, layers=1, d_ff=64,
-                    batch_size=32, warmup=10, steps=30),
+    "smoke": Preset(max_pairs=3000, heldout=40, d_model=32, num_heads=2, layers=1, d_ff=64,
+                    batch_size=32, warmup=10, max_iters=30),
 }
 
 
@@ -156,12 +158,12 @@ def translate(model, src_vocab: Vocab, tgt_vocab: Vocab, sentences: list[str],
     """English sentences (d2l-preprocessed strings) -> French strings (space-joined tokens),
     batches decoded on ``replicas`` threads."""
     encoded = [src_vocab.encode(tokenize_fra_eng(s)) + [src_vocab.eos_id] for s in sentences]
-    max_src = model.config.max_len
+    max_src = model.config.block_size
     for sentence, ids in zip(sentences, encoded):
         if len(ids) > max_src:  # never cut silently: the translation would be of a part
             raise DemoError(f"the sentence {sentence!r} has {len(ids) - 1} tokens, more than "
                             f"the model's source length allows ({max_src - 1} tokens and "
-                            f"<eos>, max_len {max_src}): shorten or split it")
+                            f"<eos>, block_size {max_src}): shorten or split it")
 
     def decode(chunk):
         src, lens = pad_batch(chunk, src_vocab.pad_id)
@@ -231,9 +233,9 @@ LABEL_SMOOTHING = 0.1
 def model_config(preset: Preset, src_vocab, tgt_vocab) -> Seq2SeqConfig:
     """The vocabularies: anything with len() and pad_id, bos_id, eos_id (a Vocab)."""
     return Seq2SeqConfig(src_vocab_size=len(src_vocab), tgt_vocab_size=len(tgt_vocab),
-                         d_model=preset.d_model, num_heads=preset.heads,
+                         d_model=preset.d_model, num_heads=preset.num_heads,
                          num_encoder_layers=preset.layers, num_decoder_layers=preset.layers,
-                         d_ff=preset.d_ff, max_len=preset.max_tokens + 2,
+                         d_ff=preset.d_ff, block_size=preset.max_tokens + 2,
                          dropout=preset.dropout, pad_id=tgt_vocab.pad_id,
                          bos_id=tgt_vocab.bos_id, eos_id=tgt_vocab.eos_id)
 
@@ -276,9 +278,9 @@ def main(argv=None) -> int:
     trainer = Trainer(
         model, optimizer, Translation(label_smoothing=LABEL_SMOOTHING, pad_id=pad),
         batch_stream(src, tgt, preset.batch_size, pad, bos),
-        TrainConfig(max_steps=preset.steps, max_seconds=preset.max_minutes * 60,
+        TrainConfig(max_iters=preset.max_iters, max_seconds=preset.max_minutes * 60,
                     clip_norm=CLIP_NORM, replicas=args.replicas,
-                    eval_every=max(1, min(500, preset.steps // 4)),
+                    eval_every=max(1, min(500, preset.max_iters // 4)),
                     checkpoint_path=out / MODEL_FILE, select_metric="val_loss",
                     select_mode="min", last_path=out / LAST_FILE, stop_after=args.stop_after,
                     progress=not args.no_progress, desc="translate"),
@@ -334,11 +336,11 @@ def main(argv=None) -> int:
 def draw_cross_attention(model, src_vocab, tgt_vocab, sentence: str, path) -> None:
     """Last decoder layer's cross-attention (mean over heads) while translating ``sentence``:
     one row per decoder input, <bos> and the tokens fed back (a translation cut at the
-    length limit feeds back all but its last token: at most config.max_len inputs)."""
+    length limit feeds back all but its last token: at most config.block_size inputs)."""
     src_ids = src_vocab.encode(tokenize_fra_eng(sentence)) + [src_vocab.eos_id]
     with evaluating(model):
-        french_ids = greedy_decode(model, np.array([src_ids]), max_len=model.config.max_len)[0]
-    tgt_in = ([tgt_vocab.bos_id] + french_ids)[:model.config.max_len]
+        french_ids = greedy_decode(model, np.array([src_ids]), max_len=model.config.block_size)[0]
+    tgt_in = ([tgt_vocab.bos_id] + french_ids)[:model.config.block_size]
     french = tgt_vocab.decode(tgt_in[1:])
     with evaluating(model), record_attention(model) as recorded:
         model(backend.asarray(np.array([src_ids])), backend.asarray(np.array([tgt_in])))

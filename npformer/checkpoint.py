@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import backend
-from .weights import weight_array
+from .validation import weight_array
 
 if TYPE_CHECKING:  # annotations only: nn and optim are not imported here
     from .nn import Module
@@ -311,14 +311,14 @@ def restore(model: Module, checkpoint: Checkpoint,
             optimizer: Optimizer | None = None) -> None:
     """Load a checkpoint into an existing model (and optimizer), checking that it was
     saved from the same architecture: kind, then every config field, then shapes."""
-    from .models.common import config_to_dict
+    from .models.common import config_to_dict, saved_config_values
 
     if checkpoint.kind != model.kind:
         raise CheckpointError(f"the checkpoint holds a {checkpoint.kind!r} model, but this is "
                               f"a {model.kind!r} model")
     own = config_to_dict(model.config)
-    differing = {k: (checkpoint.config.get(k), v) for k, v in own.items()
-                 if checkpoint.config.get(k) != v}
+    saved = saved_config_values(type(model.config), checkpoint.config)
+    differing = {k: (saved.get(k), v) for k, v in own.items() if saved.get(k) != v}
     if differing:
         details = "; ".join(f"{k}: checkpoint {a!r}, model {b!r}"
                             for k, (a, b) in differing.items())

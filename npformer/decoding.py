@@ -83,7 +83,7 @@ def greedy_decode(model: Module, src: Array | Sequence[Sequence[int]],
                   src_lens: Array | None = None, max_len: int = 50) -> list[list[int]]:
     """src (B, S) -> B target id lists (without <bos>/<eos>), the most likely token each step.
 
-    At most ``min(max_len, config.max_len)`` tokens each (``max_len`` 0 gives empty lists);
+    At most ``min(max_len, config.block_size)`` tokens each (``max_len`` 0 gives empty lists);
     an empty batch gives ``[]``."""
     check_model_kind(model, "seq2seq", "greedy_decode")
     max_len = check_size(max_len, "max_len", 0)
@@ -98,7 +98,7 @@ def greedy_decode(model: Module, src: Array | Sequence[Sequence[int]],
         tokens = np.full((batch, 1), c.bos_id, dtype=np.int64)
         outputs = np.zeros((batch, 0), dtype=np.int64)
         done = np.zeros(batch, dtype=bool)
-        for _ in range(min(max_len, c.max_len)):
+        for _ in range(min(max_len, c.block_size)):
             logits = model.forward_cached(backend.asarray(tokens), memory, memory_mask, states)
             next_ids = np.argmax(_last_log_probs(logits), axis=-1)  # (B,)
             next_ids = np.where(done, c.eos_id, next_ids)
@@ -163,7 +163,7 @@ def beam_search(model: Module, src: Array | Sequence[Sequence[int]], src_lens: A
     stops once no open hypothesis can still beat the best ended one, or once ``beam_size``
     have ended and no open one beats the best at its current length (see
     :func:`_search_done`; beam size 1 is exactly greedy decoding), or at
-    ``min(max_len, config.max_len)`` tokens, where the best open one is taken if none ended.
+    ``min(max_len, config.block_size)`` tokens, where the best open one is taken if none ended.
     ``alpha`` >= 0 (the stopping rule's bound needs it); an empty batch gives ``[]``.
 
     All sentences are decoded together (one cached decoder step per position for the
@@ -173,7 +173,7 @@ def beam_search(model: Module, src: Array | Sequence[Sequence[int]], src_lens: A
     k, max_len, alpha = _check_beam_arguments(beam_size, max_len, alpha)
     src, src_lens = _source(model, src, src_lens)
     c = model.config
-    limit = min(max_len, c.max_len)
+    limit = min(max_len, c.block_size)
     searches = [_Search() for _ in range(src.shape[0])]
     if not searches:
         return []
@@ -289,14 +289,14 @@ def generate(model: Module, prompt_ids: Array | Sequence[int], max_new_tokens: i
     if top_k is not None:
         top_k = check_size(top_k, "top_k", 1)
     rng = rng or np.random.default_rng(0)
-    block = model.config.block_size
+    block_size = model.config.block_size
     ids = host.tolist()
     with evaluating(model):
         states, offset = model.new_cache(), 0
-        pending = ids[-block:]
+        pending = ids[-block_size:]
         for _ in range(max_new_tokens):
-            if offset + len(pending) > block:  # window full: restart the cache on the tail
-                states, offset, pending = model.new_cache(), 0, ids[-block:]
+            if offset + len(pending) > block_size:  # window full: restart the cache on the tail
+                states, offset, pending = model.new_cache(), 0, ids[-block_size:]
             pending_ids = backend.asarray(np.array([pending], dtype=np.int64))  # (1, T)
             logits = model.forward_cached(pending_ids, states)
             offset += len(pending)

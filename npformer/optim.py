@@ -36,7 +36,8 @@ in one pass each.  ``state_dict`` is unchanged (``"m.3"`` is a view of the flat 
 
 Layout of this file: the base class, then one class per optimizer whose
 ``_update`` is the whole algorithm, clipping, schedules, and at the end the checks
-of arguments and of saved state (which stay out of the update path).
+of a saved state (the argument rules, each hyperparameter's range included, are
+:mod:`npformer.validation`'s).
 """
 from __future__ import annotations
 
@@ -48,7 +49,17 @@ from typing import Any
 from . import backend, engine
 from .backend import Array
 from .nn.module import Parameter, flat_parameters_of
-from .weights import mismatch_report, weight_array
+from .validation import (
+    HYPERPARAMETER_RANGES,
+    check_gradients,
+    check_hyperparameter,
+    check_parameters,
+    check_real,
+    check_size,
+    check_update_number,
+    mismatch_report,
+    weight_array,
+)
 
 Schedule = Callable[[int], float]
 
@@ -82,10 +93,10 @@ class Optimizer:
     _flat = None  # the FlatParameters of an optimizer that updates them in one pass
 
     def __init__(self, params: Iterable[Parameter], lr: float | Schedule):
-        self.params: list[Parameter] = _check_params(type(self).__name__, params)
+        self.params: list[Parameter] = check_parameters(params, type(self).__name__)
         self.step_count: int = 0
         self.schedule: Schedule | None = lr if callable(lr) else None
-        self.lr: float = _check_lr(lr(1) if callable(lr) else lr)
+        self.lr: float = check_hyperparameter(lr(1) if callable(lr) else lr, "lr")
         # state[name][i] is the state array `name` of params[i]
         self.state: dict[str, list[Any]] = {
             name: [backend.namespace_of(p.data).zeros_like(p.data) for p in self.params]
@@ -94,7 +105,7 @@ class Optimizer:
 
     def set_lr(self, lr: float) -> None:
         """Use ``lr`` from the next update on (a schedule, if any, overrides it again)."""
-        self.lr = _check_lr(lr)
+        self.lr = check_hyperparameter(lr, "lr")
 
     def zero_grad(self) -> None:
         """Reset every parameter's gradient to zeros (the layers *add* into ``p.grad``)."""
@@ -108,13 +119,13 @@ class Optimizer:
         """Perform update ``t = step_count + 1`` on every parameter, then count it."""
         t = self.step_count + 1
         if self.schedule is not None:
-            self.lr = _check_lr(self.schedule(t))
+            self.lr = check_hyperparameter(self.schedule(t), "lr")
         if self._flat is not None:  # every parameter in one pass over the flat buffers
-            _check_grads(self.params)
+            check_gradients(self.params)
             self._flat_step(t)
             self.step_count = t
             return
-        _check_grads(self.params)  # all checks first: no half-done update
+        check_gradients(self.params)  # all checks first: no half-done update
         for i, p in enumerate(self.params):
             old = tuple(self.state[name][i] for name in self._state_names)
             p.data, new = self._update(p, p.grad, old, t)
@@ -189,8 +200,8 @@ class SGD(Optimizer):
 
     def __init__(self, params: Sequence[Parameter], lr: float | Schedule, momentum: float = 0.0,
                  weight_decay: float = 0.0):
-        self.momentum = _check_in_range("momentum", momentum, 0.0, 1.0, high_open=False)
-        self.weight_decay = _check_in_range("weight_decay", weight_decay, 0.0)
+        self.momentum = check_hyperparameter(momentum, "momentum")
+        self.weight_decay = check_hyperparameter(weight_decay, "weight_decay")
         self._state_names = ("momentum",) if self.momentum != 0 else ()
         super().__init__(params, lr)
 
@@ -234,8 +245,8 @@ class Adam(Optimizer):
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0):
         self.beta1, self.beta2 = _check_betas(betas)
-        self.eps = _check_in_range("eps", eps, 0.0)
-        self.weight_decay = _check_in_range("weight_decay", weight_decay, 0.0)
+        self.eps = check_hyperparameter(eps, "eps")
+        self.weight_decay = check_hyperparameter(weight_decay, "weight_decay")
         super().__init__(params, lr)
         if self._decoupled or self.weight_decay == 0:  # L2 decay changes g: per tensor
             self._flatten()
@@ -428,9 +439,7 @@ def clip_grad_norm(params: ParamsOrNamed, max_norm: float,
     ``error_if_nonfinite=False`` the non-finite total is returned and, unlike torch,
     the gradients are left as they are rather than all turned NaN or zero.
     """
-    max_norm = _check_in_range("max_norm", max_norm, 0.0, low_open=True)
-    if math.isinf(max_norm):
-        raise ValueError(f"max_norm must be a positive finite number, got {max_norm}")
+    max_norm = check_real(max_norm, "max_norm", 0.0, inclusive=False)
     named = _named(params)
     flat = flat_parameters_of(p for _, p in named)
     if flat is not None:
@@ -489,10 +498,10 @@ class constant:
     lr: float
 
     def __post_init__(self):
-        _check_lr(self.lr)
+        check_hyperparameter(self.lr, "lr")
 
     def __call__(self, step: int) -> float:
-        _check_step(step)
+        check_update_number(step)
         return float(self.lr)
 
 
@@ -520,20 +529,18 @@ class warmup_inverse_sqrt:
     def __post_init__(self):
         if (self.d_model is None) == (self.peak_lr is None):
             raise ValueError("warmup_inverse_sqrt needs exactly one of d_model and peak_lr")
-        if self.d_model is not None and (not _is_int(self.d_model) or self.d_model < 1):
-            raise ValueError(f"d_model must be a positive integer, got {self.d_model!r}")
+        check_size(self.d_model, "d_model", 1, optional=True)
         if self.peak_lr is not None:
-            _check_lr(self.peak_lr, "peak_lr")
+            check_hyperparameter(self.peak_lr, "lr", "peak_lr")
             if self.scale != 1.0:
                 raise ValueError(
                     "scale applies only with d_model; with peak_lr give the peak itself"
                 )
-        if not _is_int(self.warmup) or self.warmup < 1:
-            raise ValueError(f"warmup must be a positive integer, got {self.warmup!r}")
-        _check_lr(self.scale, "scale")
+        check_size(self.warmup, "warmup", 1)
+        check_hyperparameter(self.scale, "lr", "scale")
 
     def __call__(self, step: int) -> float:
-        _check_step(step)
+        check_update_number(step)
         shape = min(step**-0.5, step * self.warmup**-1.5)
         if self.peak_lr is not None:
             return self.peak_lr * self.warmup**0.5 * shape
@@ -559,16 +566,12 @@ class warmup_cosine:
     min_lr: float = 0.0
 
     def __post_init__(self):
-        _check_lr(self.peak_lr, "peak_lr")
-        _check_lr(self.min_lr, "min_lr")
+        check_hyperparameter(self.peak_lr, "lr", "peak_lr")
+        check_hyperparameter(self.min_lr, "lr", "min_lr")
         if self.min_lr > self.peak_lr:
             raise ValueError(f"min_lr ({self.min_lr}) is above peak_lr ({self.peak_lr})")
-        if not _is_int(self.warmup) or self.warmup < 0:
-            raise ValueError(f"warmup must be a non-negative integer, got {self.warmup!r}")
-        if not _is_int(self.total_steps) or self.total_steps < 1:
-            raise ValueError(
-                f"total_steps must be a positive integer, got {self.total_steps!r}"
-            )
+        check_size(self.warmup, "warmup", 0)
+        check_size(self.total_steps, "total_steps", 1)
         if self.warmup >= self.total_steps:
             raise ValueError(
                 f"warmup ({self.warmup}) must be shorter than total_steps ({self.total_steps}): "
@@ -576,7 +579,7 @@ class warmup_cosine:
             )
 
     def __call__(self, step: int) -> float:
-        _check_step(step)
+        check_update_number(step)
         if step <= self.warmup:
             return self.peak_lr * step / self.warmup
         if step > self.total_steps:
@@ -587,86 +590,13 @@ class warmup_cosine:
 
 
 # =========================================================================== argument checks
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _as_real(name: str, value) -> float:
-    """``value`` as a Python float; TypeError naming ``name`` for anything else."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(
-            value, "__float__"):
-        raise TypeError(f"{name} must be a number, got {value!r}")
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a number, got {value!r}") from None
-
-
-def _check_lr(lr, name: str = "lr") -> float:
-    value = _as_real(name, lr)
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a non-negative finite number, got {lr!r}")
-    return value
-
-
-def _check_in_range(name: str, value, low: float, high: float = math.inf,
-                    high_open: bool = True, low_open: bool = False) -> float:
-    """``value`` as a float in the interval; NaN and infinities are refused by name."""
-    x = _as_real(name, value)
-    above = x > low if low_open else x >= low
-    below = x < high if high_open else x <= high
-    if not (math.isfinite(x) and above and below):  # NaN fails every comparison
-        if high == math.inf:
-            kind = "positive" if low_open and low == 0 else "non-negative"
-            raise ValueError(f"{name} must be a {kind} finite number, got {value!r}")
-        bracket = ("(" if low_open else "[") + f"{low}, {high}" + (")" if high_open else "]")
-        raise ValueError(f"{name} must be in {bracket}, got {value!r}")
-    return x
-
-
-def _check_betas(betas) -> tuple[float, float]:
+def _check_betas(betas: Any) -> tuple[float, float]:
+    """Adam's ``betas``: a pair, each in [0, 1)."""
     try:
         beta1, beta2 = betas
     except (TypeError, ValueError):
         raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}") from None
-    return _check_in_range("beta1", beta1, 0.0, 1.0), _check_in_range("beta2", beta2, 0.0, 1.0)
-
-
-def _check_params(owner: str, params) -> list[Parameter]:
-    try:
-        params = list(params)
-    except TypeError:
-        raise TypeError(f"{owner}: params must be an iterable of Parameters "
-                        f"(model.parameters()), got {type(params).__name__}") from None
-    if not params:
-        raise ValueError(f"{owner} got an empty parameter list")
-    for i, p in enumerate(params):
-        if not isinstance(p, Parameter):
-            raise TypeError(f"{owner}: params[{i}] is a {type(p).__name__}, "
-                            "not a Parameter (pass model.parameters())")
-    if len({id(p) for p in params}) != len(params):
-        raise ValueError(f"{owner}: a parameter appears more than once")
-    return params
-
-
-def _check_step(step) -> None:
-    if not _is_int(step) or step < 1:
-        raise ValueError(
-            f"schedules count updates from 1 (the first update is step 1), got {step!r}"
-        )
-
-
-def _check_grads(params: list[Parameter]) -> None:
-    for i, p in enumerate(params):
-        if p.grad is None:
-            raise RuntimeError(f"params[{i}] has no gradient (grad is None)")
-        backend.namespace_of(p.data, p.grad)  # one array library (TypeError naming both)
-        if tuple(p.grad.shape) != p.shape:
-            raise RuntimeError(f"params[{i}]: gradient shape {tuple(p.grad.shape)} != "
-                               f"parameter shape {p.shape}")
-        if p.grad.dtype != p.data.dtype:
-            raise RuntimeError(f"params[{i}]: gradient dtype {p.grad.dtype} != "
-                               f"parameter dtype {p.data.dtype}")
+    return check_hyperparameter(beta1, "beta1"), check_hyperparameter(beta2, "beta2")
 
 
 # =========================================================================== saved state checks
@@ -701,18 +631,17 @@ def _checked_state(opt: Optimizer, d: dict) -> tuple[int, float, dict[str, float
 
 
 def _scalar_problems(opt: Optimizer, saved: dict) -> list[str]:
-    """Values the constructor would refuse (a negative step, a NaN lr, beta1 >= 1, ...)."""
+    """Values the constructor would refuse (a negative step, a NaN lr, beta1 >= 1, ...):
+    the hyperparameters checked by their one range (HYPERPARAMETER_RANGES)."""
     problems = []
-    checks = {"step": lambda v: _is_int(v) and v >= 0,
-              "params": lambda v: _is_int(v),
-              "lr": lambda v: _ok(_check_lr, v),
-              "beta1": lambda v: _ok(_check_in_range, "beta1", v, 0.0, 1.0),
-              "beta2": lambda v: _ok(_check_in_range, "beta2", v, 0.0, 1.0),
-              "eps": lambda v: _ok(_check_in_range, "eps", v, 0.0),
-              "weight_decay": lambda v: _ok(_check_in_range, "weight_decay", v, 0.0),
-              "momentum": lambda v: _ok(_check_in_range, "momentum", v, 0.0, 1.0, False)}
     for key, value in saved.items():
-        if key in checks and not checks[key](value):
+        if key in HYPERPARAMETER_RANGES:
+            refused = _refused(check_hyperparameter, value, key)
+        elif key in ("step", "params"):
+            refused = _refused(check_size, value, key)
+        else:
+            continue
+        if refused:
             problems.append(f"{key} is {value!r}" + (" (a negative step count)"
                                                       if key == "step" else ""))
     if "momentum" in saved and isinstance(saved["momentum"], (int, float)) and (
@@ -722,12 +651,12 @@ def _scalar_problems(opt: Optimizer, saved: dict) -> list[str]:
     return problems
 
 
-def _ok(check, *args) -> bool:
+def _refused(check: Callable, *args: Any) -> bool:
     try:
         check(*args)
     except (TypeError, ValueError):
-        return False
-    return True
+        return True
+    return False
 
 
 def _array_problems(opt: Optimizer, d: dict, scalar_keys: set) -> list[str]:

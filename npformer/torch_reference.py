@@ -45,13 +45,13 @@ def torch_activation(name: str) -> str | Callable:
     return name  # "relu", and "gelu" (exact, erf) in both libraries
 
 
-def _positions(torch: Any, module: Any, prefix: str, positional: str, max_len: int,
+def _positions(torch: Any, module: Any, prefix: str, positional: str, block_size: int,
                d_model: int, dtype: Any) -> None:
     """A learned table (an Embedding, in state_dict) or npformer's sinusoids (a buffer)."""
     if positional == "learned":
-        setattr(module, prefix + "pos_emb", torch.nn.Embedding(max_len, d_model, dtype=dtype))
+        setattr(module, prefix + "pos_emb", torch.nn.Embedding(block_size, d_model, dtype=dtype))
     else:
-        table = backend.to_numpy(ops.sinusoidal_table(max_len, d_model, dtype=np.float64,
+        table = backend.to_numpy(ops.sinusoidal_table(block_size, d_model, dtype=np.float64,
                                                       like=np.zeros(1)))
         module.register_buffer(prefix + "pe", torch.from_numpy(np.array(table, dtype=np.float64))
                                .to(dtype), persistent=False)
@@ -106,7 +106,7 @@ def torch_models() -> dict[str, type]:
             super().__init__()
             self.c = c
             self.tok_emb = tnn.Embedding(c.vocab_size, c.d_model, dtype=dtype)
-            _positions(torch, self, "", c.positional, c.max_len, c.d_model, dtype)
+            _positions(torch, self, "", c.positional, c.block_size, c.d_model, dtype)
             self.drop = tnn.Dropout(c.dropout)  # npformer's embedding dropout
             self.layers = tnn.ModuleList(encoder_layer(c, dtype) for _ in range(c.num_layers))
             if c.norm_first:
@@ -174,8 +174,8 @@ def torch_models() -> dict[str, type]:
             self.c = c
             self.src_tok_emb = tnn.Embedding(c.src_vocab_size, c.d_model, dtype=dtype)
             self.tgt_tok_emb = tnn.Embedding(c.tgt_vocab_size, c.d_model, dtype=dtype)
-            _positions(torch, self, "src_", c.positional, c.max_len, c.d_model, dtype)
-            _positions(torch, self, "tgt_", c.positional, c.max_len, c.d_model, dtype)
+            _positions(torch, self, "src_", c.positional, c.block_size, c.d_model, dtype)
+            _positions(torch, self, "tgt_", c.positional, c.block_size, c.d_model, dtype)
             self.drop = tnn.Dropout(c.dropout)  # npformer's embedding dropout (each side)
 
             def norm() -> Any:

@@ -1,10 +1,11 @@
 """The training loop: :class:`Trainer`, its :class:`TrainConfig` and :class:`History`.
 
-Words: a *step* is one optimizer update (``optimizer.step()``), and ``updates`` counts
-them.  A :class:`npformer.tasks.Task` runs the forward pass, the loss and the backward
-pass for one batch (host NumPy arrays in, gradients accumulated into the parameters)
-and says how many items its mean loss covers.  :class:`Trainer` adds everything around
-it: gradient accumulation, clipping, the learning-rate schedule (through the
+Words: an *update* (an iteration, a step) is one ``optimizer.step()``;
+``TrainConfig.max_iters`` (nanoGPT's name) is how many a run makes, ``Trainer.updates``
+how many it has made.  A :class:`npformer.tasks.Task` runs the forward pass, the loss
+and the backward pass for one batch (host NumPy arrays in, gradients accumulated into
+the parameters) and says how many items its mean loss covers.  :class:`Trainer` adds
+everything around it: gradient accumulation, clipping, the learning-rate schedule (through the
 optimizer), NaN/inf detection, progress (a tqdm bar on a terminal, a plain line now
 and then elsewhere), periodic evaluation, best-model selection, and atomic checkpoints
 that resume exactly: the model, the optimizer (so the schedule), the random streams,
@@ -34,7 +35,7 @@ from .nn import Module
 from .optim import NonFiniteGradientError, Optimizer, clip_grad_norm, global_grad_norm
 from .parallel import Engine, data_parallel
 from .tasks import Task
-from .validation import check_choice, check_real, check_size
+from .validation import check_choice, check_real, check_size, renamed_fields
 
 
 class TrainingDiverged(RuntimeError):
@@ -99,17 +100,18 @@ class EpochBatches:
 
 
 # --------------------------------------------------------------------------- the loop
+@renamed_fields(max_steps="max_iters")  # the old name, for one release
 @dataclass
 class TrainConfig:
     """What :class:`Trainer` does: how long, how, when it evaluates and where it saves.
 
-    Only ``max_steps`` is required; the comment beside each field says what it holds.
+    Only ``max_iters`` is required; the comment beside each field says what it holds.
     With ``select_metric`` (a key of ``eval_fn``'s dict) the checkpoint at
     ``checkpoint_path`` is the best evaluation's (``select_mode`` "max" or "min"),
     otherwise the final model's.
     """
 
-    max_steps: int  # optimizer updates in the whole run (the schedule's length)
+    max_iters: int  # optimizer updates in the whole run (the schedule's length)
     max_seconds: float | None = None  # stop early once training has taken this long in all
     grad_accum: int = 1
     replicas: int = 1  # data-parallel replicas in threads, each on a shard of every batch
@@ -127,7 +129,7 @@ class TrainConfig:
     def __post_init__(self):
         """Every field checked when the config is built, naming it: a value that would
         do nothing, or the opposite of what it says, is refused."""
-        check_size(self.max_steps, "TrainConfig.max_steps", 0)
+        check_size(self.max_iters, "TrainConfig.max_iters", 0)
         check_real(self.max_seconds, "TrainConfig.max_seconds", 0.0, optional=True)
         check_size(self.grad_accum, "TrainConfig.grad_accum", 1)
         check_size(self.replicas, "TrainConfig.replicas", 1)
@@ -163,7 +165,7 @@ class History:
 
 
 class Trainer:
-    """Runs ``task`` on batches from ``next_batch(rng)`` for ``config.max_steps`` updates.
+    """Runs ``task`` on batches from ``next_batch(rng)`` for ``config.max_iters`` updates.
 
     Args:
         model: the :class:`npformer.nn.Module` to train.
@@ -209,7 +211,7 @@ class Trainer:
         self.history = History()
         self.best: float | None = None
         self.train_seconds = 0.0  # spent in fit(), over every session of a resumed run
-        self.finished = False  # fit() ended by max_steps or the time budget
+        self.finished = False  # fit() ended by max_iters or the time budget
         # threads, times the MPI ranks under mpiexec: npformer.parallel
         self.parallel: Engine = data_parallel(model, config.replicas, train_config=config)
         names = {id(p): name for name, p in model.named_parameters()}
@@ -257,12 +259,12 @@ class Trainer:
 
     # ----------------------------------------------------------------- the loop
     def fit(self) -> History:
-        """Train until ``max_steps`` updates or the time budget; returns the history.
+        """Train until ``max_iters`` updates or the time budget; returns the history.
 
         Raises :class:`TrainingInterrupted` (after saving to ``last_path``) on Ctrl-C,
         SIGTERM or ``stop_after``; a second Ctrl-C interrupts at once."""
         cfg = self.config
-        self._progress = _Progress(cfg.max_steps, self.updates, cfg.desc,
+        self._progress = _Progress(cfg.max_iters, self.updates, cfg.desc,
                                    cfg.progress and self.parallel.is_main)
         seconds_before, started = self.train_seconds, time.perf_counter()
         self.finished = False
@@ -270,7 +272,7 @@ class Trainer:
             with _stop_requests() as requests:
                 while not self.finished:
                     self.train_seconds = seconds_before + time.perf_counter() - started
-                    if self.updates >= cfg.max_steps:
+                    if self.updates >= cfg.max_iters:
                         self.finished = True
                     elif cfg.max_seconds is not None and self.parallel.from_main(
                             self.train_seconds > cfg.max_seconds):  # rank 0 decides for all
@@ -304,14 +306,14 @@ class Trainer:
         self.history.lrs.append(self.optimizer.lr)
         self._progress.update(self.updates, loss, self.optimizer.lr, self._items / elapsed)
         if cfg.eval_every and (self.updates % cfg.eval_every == 0
-                               or self.updates == cfg.max_steps):
+                               or self.updates == cfg.max_iters):
             self.evaluate()
-            if self.updates < cfg.max_steps:
+            if self.updates < cfg.max_iters:
                 self.save_last()
 
     def _stop_after_reached(self) -> str | None:
         stop = self.config.stop_after
-        if stop is not None and self.updates >= stop and self.updates < self.config.max_steps:
+        if stop is not None and self.updates >= stop and self.updates < self.config.max_iters:
             return f"stop_after={stop}"
         return None
 

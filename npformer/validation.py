@@ -45,8 +45,12 @@ RuntimeError for a backward with no forward to differentiate, and :class:`TokenI
 O(1) except the token-id range scan, one per door.
 
 Also here: the configs' validation (:func:`check_config`) and the head-count rule
-(:func:`check_heads_divide`), shared by the models and the layers, and the demos' option
-types (:func:`positive_int` and its kin), held to the same rules as Python arguments.
+(:func:`check_heads_divide`), shared by the models and the layers; the demos' option
+types (:func:`positive_int` and its kin), held to the same rules as Python arguments;
+the old names of renamed fields (:func:`renamed_fields`, :func:`new_field_names`); the
+optimizers' arguments (:data:`HYPERPARAMETER_RANGES`, :func:`check_parameters`,
+:func:`check_gradients`); and the rules every weight loader applies
+(:func:`weight_array`, :func:`checked_weights`).
 """
 from __future__ import annotations
 
@@ -54,7 +58,8 @@ import functools
 import math
 import numbers
 import threading
-from collections.abc import Callable, Collection
+import warnings
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy
@@ -316,17 +321,25 @@ def check_size(value: Any, what: str, minimum: int = 0, optional: bool = False) 
 
 
 def check_real(value: Any, what: str, minimum: float = -math.inf, inclusive: bool = True,
-               optional: bool = False, hint: str = "") -> float | None:
-    """A finite real number (not a bool) >= ``minimum`` (> it when not ``inclusive``);
-    returned as a float (None passes when ``optional``).  ``hint`` ends the message."""
+               optional: bool = False, hint: str = "", maximum: float = math.inf,
+               max_inclusive: bool = False) -> float | None:
+    """A finite real number (not a bool) >= ``minimum`` (> it when not ``inclusive``) and,
+    given a finite ``maximum``, < it (<= it when ``max_inclusive``); returned as a float
+    (None passes when ``optional``).  ``hint`` ends the message."""
     if value is None and optional:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{what} must be a real number{' or None' if optional else ''}, got "
                         f"{value!r} ({type(value).__name__}){hint}")
     value = float(value)
-    if not math.isfinite(value) or not (value >= minimum if inclusive else value > minimum):
-        bound = "" if minimum == -math.inf else f" {'>=' if inclusive else '>'} {minimum:g}"
+    above = value >= minimum if inclusive else value > minimum
+    below = value <= maximum if max_inclusive else value < maximum
+    if not (math.isfinite(value) and above and below):  # NaN fails every comparison
+        if maximum != math.inf:
+            bound = (f" in {'[' if inclusive else '('}{minimum:g}, {maximum:g}"
+                     f"{']' if max_inclusive else ')'}")
+        else:
+            bound = "" if minimum == -math.inf else f" {'>=' if inclusive else '>'} {minimum:g}"
         raise ValueError(f"{what} must be a finite number{bound}{hint}, got {value}")
     return value
 
@@ -505,22 +518,22 @@ def positions_inputs(x: Array, table: Array) -> None:
     check_float(x, "input to the positional encoding")
     check_rank(x, 3, "input to the positional encoding")
     check_float(table, "positional table")
-    check_rank(table, 2, "positional table (max_len, width)")
+    check_rank(table, 2, "positional table (block_size, d_model)")
     check_same_dtype("positional encoding", input=x, table=table)
-    _, seq_len, width = x.shape
-    max_len = table.shape[0]
-    if seq_len > max_len:
+    _, seq_len, d_model = x.shape
+    block_size = table.shape[0]
+    if seq_len > block_size:
         raise ValueError(f"sequence of length {seq_len} is longer than the positional "
-                         f"table ({max_len} positions); raise max_len in the config")
-    if width != table.shape[1]:
-        raise ValueError(f"input width {width} does not match the positional table "
+                         f"table ({block_size} positions); raise block_size in the config")
+    if d_model != table.shape[1]:
+        raise ValueError(f"input width {d_model} does not match the positional table "
                          f"width {table.shape[1]}")
 
 
-def sinusoidal_inputs(max_len: int, width: int, dtype: Any = None,
+def sinusoidal_inputs(block_size: int, d_model: int, dtype: Any = None,
                       like: Array | None = None) -> None:
-    check_size(max_len, "max_len")
-    check_size(width, "width", 1)
+    check_size(block_size, "block_size")
+    check_size(d_model, "d_model", 1)
 
 
 def pool_inputs(h: Array, valid_lens: Array, how: str = "mean") -> None:
@@ -606,16 +619,17 @@ def check_valid_lengths(valid_lens: Array, length: int, minimum: int = 0) -> Non
                          f"positions){need}, got values in [{low}, {high}]")
 
 
-def check_heads_divide(d_model: int, num_heads: int, width: str = "d_model",
-                       heads: str = "num_heads", hint: str = "or set head_dim explicitly") -> None:
+def check_heads_divide(d_model: int, num_heads: int, d_model_name: str = "d_model",
+                       num_heads_name: str = "num_heads",
+                       hint: str = "or set head_dim explicitly") -> None:
     """Narrow heads split the width: num_heads must divide d_model (one place for the rule;
-    ``width`` and ``heads`` name the two values as the caller's user knows them, e.g. the
-    demos' options)."""
+    ``d_model_name`` and ``num_heads_name`` name the two values as the caller's user knows
+    them, e.g. the demos' options ``--d-model`` and ``--num-heads``)."""
     if d_model % num_heads != 0:
         raise ValueError(
-            f"{width} {d_model} is not divisible by {heads} {num_heads}: each head gets "
-            f"{width} / {heads} columns; choose a head count that divides the width"
-            + (f", {hint}" if hint else ""))
+            f"{d_model_name} {d_model} is not divisible by {num_heads_name} {num_heads}: each "
+            f"head gets {d_model_name} / {num_heads_name} columns; choose a head count that "
+            "divides the width" + (f", {hint}" if hint else ""))
 
 
 def check_sequence_input(x: Array, width: int, what: str) -> None:
@@ -629,7 +643,7 @@ def check_sequence_input(x: Array, width: int, what: str) -> None:
 # Every field with a range, wherever a config has it (the three configs share names).
 _POSITIVE_INT_FIELDS = ("vocab_size", "src_vocab_size", "tgt_vocab_size", "num_classes",
                         "d_model", "num_heads", "d_ff", "num_layers", "num_encoder_layers",
-                        "num_decoder_layers", "max_len", "block_size")
+                        "num_decoder_layers", "block_size")
 _BOOL_FIELDS = ("norm_first", "tie_weights", "scale_embeddings")
 # token id field -> the vocabulary sizes it must index
 _TOKEN_ID_FIELDS = {"pad_id": ("vocab_size", "src_vocab_size", "tgt_vocab_size"),
@@ -758,3 +772,198 @@ def nonnegative_float(text: str) -> float:
 def probability(text: str) -> float:
     """An option's probability in [0, 1) (a dropout rate)."""
     return _option_value(text, float, check_probability, "a probability in [0, 1)")
+
+
+# ###########################################################################################
+# Added for issue 17 (helper "names"): renamed fields, optimizer arguments, weights.
+# ###########################################################################################
+
+# =========================================================================== renamed fields
+# One name per idea, PyTorch's or nanoGPT's: d_model (model width), num_heads (head count),
+# block_size (context length), max_iters (updates in a run).  A class that renamed a field
+# declares its old names with @renamed_fields(old="new"); the old keyword still works for
+# one release (with a DeprecationWarning naming the new one), and a saved record of its
+# values (a checkpoint's config, a demo's run record) is read with :func:`new_field_names`.
+def new_field_names(cls: type, values: Mapping[str, Any], warn: bool = False,
+                    stacklevel: int = 3) -> dict[str, Any]:
+    """``values`` ({field: value}) with each old field name of ``cls`` replaced by its new
+    one (``cls.old_field_names``: {old: new}); given both, a TypeError names the two.
+    ``warn``: a DeprecationWarning for each old name (the Python API, not saved records),
+    pointing ``stacklevel`` frames up (3: the caller of the function calling this one)."""
+    renamed = getattr(cls, "old_field_names", {})
+    values = dict(values)
+    for old, new in renamed.items():
+        if old not in values:
+            continue
+        if new in values:
+            raise TypeError(f"{cls.__name__} got both {old!r} and {new!r}: {old} is the old "
+                            f"name of {new}; give {new} only")
+        if warn:
+            warnings.warn(f"{cls.__name__}({old}=...) is deprecated: the field is now called "
+                          f"{new!r}", DeprecationWarning, stacklevel=stacklevel)
+        values[new] = values.pop(old)
+    return values
+
+
+def renamed_fields(**old_to_new: str) -> Callable[[type], type]:
+    """Class decorator (above ``@dataclass``): the constructor also takes each old keyword
+    (``old="new"``), with a DeprecationWarning naming the new one."""
+    def decorate(cls: type) -> type:
+        init = cls.__init__
+
+        @functools.wraps(init)
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            init(self, *args, **new_field_names(cls, kwargs, warn=True))
+        cls.__init__ = __init__
+        cls.old_field_names = {**getattr(cls, "old_field_names", {}), **old_to_new}
+        return cls
+    return decorate
+
+
+# =========================================================================== optimizers
+# The range of each optimizer hyperparameter, written once: the constructors, set_lr, the
+# schedules and Optimizer.load_state_dict all check by it.  (low, high, high included)
+HYPERPARAMETER_RANGES = {"lr": (0.0, math.inf, False), "beta1": (0.0, 1.0, False),
+                         "beta2": (0.0, 1.0, False), "eps": (0.0, math.inf, False),
+                         "weight_decay": (0.0, math.inf, False),
+                         "momentum": (0.0, 1.0, True)}
+
+
+def check_hyperparameter(value: Any, kind: str, what: str | None = None) -> float:
+    """``value`` (named ``what``, default ``kind``) in the range of hyperparameter ``kind``
+    (:data:`HYPERPARAMETER_RANGES`); returned as a float."""
+    low, high, high_included = HYPERPARAMETER_RANGES[kind]
+    return check_real(value, what or kind, low, maximum=high, max_inclusive=high_included)
+
+
+def check_update_number(t: Any) -> int:
+    """A schedule's update number: an integer from 1 (the first update is 1)."""
+    return check_size(t, "the update number t (schedules count updates from 1)", 1)
+
+
+def check_parameters(params: Any, owner: str) -> list:
+    """``params``: a non-empty iterable of distinct :class:`~npformer.nn.Parameter`\\ s (what
+    ``owner``, an optimizer, updates); returned as a list."""
+    from .nn.module import Parameter  # the layers import this module: imported when used
+
+    try:
+        params = list(params)
+    except TypeError:
+        raise TypeError(f"{owner}: params must be an iterable of Parameters "
+                        f"(model.parameters()), got {type(params).__name__}") from None
+    if not params:
+        raise ValueError(f"{owner} got an empty parameter list")
+    for i, p in enumerate(params):
+        if not isinstance(p, Parameter):
+            raise TypeError(f"{owner}: params[{i}] is a {type(p).__name__}, "
+                            "not a Parameter (pass model.parameters())")
+    if len({id(p) for p in params}) != len(params):
+        raise ValueError(f"{owner}: a parameter appears more than once")
+    return params
+
+
+def check_gradients(params: Sequence) -> None:
+    """Every parameter has a gradient of its own shape, dtype and array library (checked
+    before an update changes anything: no half-done update)."""
+    for i, p in enumerate(params):
+        if p.grad is None:
+            raise RuntimeError(f"params[{i}] has no gradient (grad is None)")
+        backend.namespace_of(p.data, p.grad)  # one array library (TypeError naming both)
+        if tuple(p.grad.shape) != p.shape:
+            raise RuntimeError(f"params[{i}]: gradient shape {tuple(p.grad.shape)} != "
+                               f"parameter shape {p.shape}")
+        if p.grad.dtype != p.data.dtype:
+            raise RuntimeError(f"params[{i}]: gradient dtype {p.grad.dtype} != "
+                               f"parameter dtype {p.data.dtype}")
+
+
+# =========================================================================== weights
+# The one set of rules every weight loader applies (``Module.load_state_dict``, a
+# checkpoint, ``load_torch_state_dict``, ``load_safetensors``, ``Optimizer.load_state_dict``).
+# A weight array must be:
+#
+# * floating point: an integer, boolean or complex array is refused (cast it on purpose,
+#   ``.astype(np.float32)``, if it really holds weights); a float array of another width is
+#   cast to the parameter's dtype on purpose, as PyTorch's ``load_state_dict`` copies into
+#   the parameter's dtype;
+# * finite: NaN or inf would make every prediction NaN;
+# * named and shaped exactly as the parameters are: every name, no other, each shape.
+#
+# PyTorch tensors are read as what they hold: a tensor that requires grad is detached (the
+# values are what is loaded), a bfloat16 tensor (NumPy has no bfloat16) is converted to
+# float32 with a warning saying so.  Nothing here imports torch.
+def _is_torch_tensor(value: Any) -> bool:
+    return type(value).__module__.split(".")[0] == "torch"
+
+
+def _host_weight(value: Any, name: str) -> numpy.ndarray:
+    """A weight of any kind (NumPy or backend array, torch tensor, nested list) on the host."""
+    if _is_torch_tensor(value):
+        value = value.detach()  # requires_grad or not: the values are what is loaded
+        if str(value.dtype) == "torch.bfloat16":
+            warnings.warn(f"{name} is a bfloat16 tensor (NumPy has no bfloat16): converted "
+                          "to float32 to load it", UserWarning, stacklevel=4)
+            value = value.float()
+        return value.cpu().numpy()
+    try:
+        return numpy.asarray(backend.to_numpy(value))
+    except (TypeError, ValueError) as exc:  # ragged lists, objects
+        raise TypeError(f"{name} is not an array of numbers: {exc}") from None
+
+
+def _shape_of(value: Any) -> tuple:
+    shape = getattr(value, "shape", None)
+    if shape is None:
+        try:
+            return tuple(numpy.shape(value))
+        except ValueError:  # a ragged list: its values are refused by name later
+            return ()
+    return tuple(int(n) for n in shape)
+
+
+def weight_array(value: Any, name: str) -> numpy.ndarray:
+    """``value`` as a host floating-point array of finite numbers; refused naming ``name``
+    (TypeError for the kind of number, ValueError for NaN/inf)."""
+    host = _host_weight(value, name)
+    if host.dtype.kind != "f":
+        kind = "bfloat16" if "bfloat16" in str(host.dtype) else str(host.dtype)
+        raise TypeError(f"{name} holds {kind} values: weights must be floating point "
+                        "(cast it on purpose, e.g. .astype(np.float32), if it holds weights)")
+    finite = numpy.isfinite(host)
+    if not finite.all():
+        bad = int(host.size - numpy.count_nonzero(finite))
+        raise ValueError(f"{name} holds {bad} NaN or infinite values; refusing to load "
+                         "weights that would predict NaN (saved after training diverged?)")
+    return host
+
+
+def mismatch_report(missing: list, extra: list, wrong_shapes: list[str]) -> list[str]:
+    """The ways a saved state does not fit, one phrase each (empty when it fits)."""
+    problems = []
+    if missing:
+        problems.append(f"missing keys: {missing}")
+    if extra:
+        problems.append(f"unexpected keys: {extra}")
+    if wrong_shapes:
+        problems.append("wrong shapes: " + "; ".join(wrong_shapes))
+    return problems
+
+
+def checked_weights(expected: Mapping[str, tuple], state: Mapping[str, Any], owner: str,
+                    what: str = "state_dict") -> dict[str, numpy.ndarray]:
+    """``state`` ({name: array}) checked against ``expected`` ({name: shape}): a dict,
+    exactly the expected names, each of its shape, every array floating point and
+    finite.  Every name and shape problem is reported at once ("<what> does not fit
+    <owner>: ..."), before any value is looked at; returns {name: host float array}."""
+    if not isinstance(state, Mapping):
+        raise TypeError(f"{what} for {owner} must be a dict of name -> array (as "
+                        f"state_dict() returns), got {type(state).__name__}")
+    missing = sorted(set(expected) - set(state))
+    extra = sorted(set(state) - set(expected))
+    wrong = [f"{name}: expected {tuple(shape)}, got {_shape_of(state[name])}"
+             for name, shape in expected.items()
+             if name in state and _shape_of(state[name]) != tuple(shape)]
+    problems = mismatch_report(missing, extra, wrong)
+    if problems:
+        raise ValueError(f"{what} does not fit {owner}: " + " | ".join(problems))
+    return {name: weight_array(state[name], f"{what}[{name!r}]") for name in expected}

@@ -44,7 +44,7 @@ def _beam_search_one(model, src, src_lens, k: int, max_len: int, alpha: float) -
         beams = [_Beam([], 0.0)]
         finished: list[tuple[float, list[int]]] = []
         xp = backend.namespace_of(memory)
-        for position in range(min(max_len, c.max_len)):
+        for position in range(min(max_len, c.block_size)):
             rows = backend.asarray(np.zeros(len(beams), dtype=np.int64))
             last = np.array([[b.tokens[-1] if b.tokens else c.bos_id] for b in beams])
             logits = model.forward_cached(backend.asarray(last), xp.take(memory, rows, axis=0),
@@ -66,7 +66,7 @@ def _beam_search_one(model, src, src_lens, k: int, max_len: int, alpha: float) -
                 if len(survivors) == k:
                     break
             if not survivors or _search_done(finished, survivors, k, position + 1,
-                                             min(max_len, c.max_len), alpha):
+                                             min(max_len, c.block_size), alpha):
                 break
             beams = survivors
             _reorder_states(states, backend.asarray(np.array(origins, dtype=np.int64)))

@@ -22,7 +22,7 @@ from npformer.train import TrainConfig, Trainer
 
 def classifier_case(rng, rows: int = 7, dropout: float = 0.0):
     model = TransformerClassifier(ClassifierConfig(vocab_size=30, d_model=8, num_heads=2,
-                                                   num_layers=1, d_ff=12, max_len=10,
+                                                   num_layers=1, d_ff=12, block_size=10,
                                                    dropout=dropout))
     ids = rng.integers(1, 30, (rows, 10))
     lens = rng.integers(1, 11, rows)
@@ -39,7 +39,7 @@ def lm_case(rng, rows: int = 5, dropout: float = 0.0):
 def seq2seq_case(rng, rows: int = 6, dropout: float = 0.0):
     model = Seq2SeqTransformer(Seq2SeqConfig(src_vocab_size=12, tgt_vocab_size=13, d_model=8,
                                              num_heads=2, num_encoder_layers=1,
-                                             num_decoder_layers=1, d_ff=12, max_len=8,
+                                             num_decoder_layers=1, d_ff=12, block_size=8,
                                              dropout=dropout))
     src = rng.integers(4, 12, (rows, 5))
     src_lens = rng.integers(1, 6, rows)
@@ -87,7 +87,7 @@ def train(kind: str, steps: int, replicas: int = 1, dropout: float = 0.0, grad_a
         return tuple(a[rows] for a in pool)
 
     trainer = Trainer(model, optimizer, task, next_batch,
-                      TrainConfig(max_steps=steps, replicas=replicas, grad_accum=grad_accum,
+                      TrainConfig(max_iters=steps, replicas=replicas, grad_accum=grad_accum,
                                   clip_norm=clip_norm, progress=False, **config))
     if resume_from:
         trainer.resume(resume_from)

@@ -148,7 +148,7 @@ def assert_probabilities(weights, allowed) -> None:
 
 def test_record_attention_in_the_classifier(tier):
     model = TransformerClassifier(ClassifierConfig(vocab_size=11, d_model=8, num_heads=2,
-                                                   num_layers=2, d_ff=16, max_len=8))
+                                                   num_layers=2, d_ff=16, block_size=8))
     ids = padded_ids(np.random.default_rng(0), 11, [6, 3], 6)
     with nn.evaluating(model), record_attention(model) as weights:
         model(backend.asarray(ids))
@@ -163,7 +163,7 @@ def test_record_attention_in_the_classifier(tier):
 
 def test_record_attention_in_the_encoder_decoder(tier):
     config = Seq2SeqConfig(src_vocab_size=9, tgt_vocab_size=10, d_model=8, num_heads=2,
-                           num_encoder_layers=1, num_decoder_layers=2, d_ff=16, max_len=8)
+                           num_encoder_layers=1, num_decoder_layers=2, d_ff=16, block_size=8)
     model = Seq2SeqTransformer(config)
     rng = np.random.default_rng(1)
     src, tgt = padded_ids(rng, 9, [5, 2], 5), padded_ids(rng, 10, [4, 4], 4)

@@ -159,14 +159,14 @@ def layer_cases():
         "EncoderBlock": (lambda: nn.EncoderBlock(4, 2, 6), lambda m: m(x())),
         "DecoderBlock": (lambda: nn.DecoderBlock(4, 2, 6), lambda m: m(x(), arr((2, 5, 4)))),
         "TransformerClassifier": (lambda: TransformerClassifier(ClassifierConfig(
-            vocab_size=6, d_model=4, num_heads=2, num_layers=1, d_ff=6, max_len=4)),
+            vocab_size=6, d_model=4, num_heads=2, num_layers=1, d_ff=6, block_size=4)),
             lambda m: m(ids([[1, 2, 3], [4, 5, 0]]))),
         "CausalLM": (lambda: CausalLM(CausalLMConfig(vocab_size=6, block_size=4, d_model=4,
                                                      num_heads=2, num_layers=1, d_ff=6)),
                      lambda m: m(ids([[1, 2, 3]]))),
         "Seq2SeqTransformer": (lambda: Seq2SeqTransformer(Seq2SeqConfig(
             src_vocab_size=6, tgt_vocab_size=7, d_model=4, num_heads=2, num_encoder_layers=1,
-            num_decoder_layers=1, d_ff=6, max_len=4)),
+            num_decoder_layers=1, d_ff=6, block_size=4)),
             lambda m: m(ids([[1, 2, 3]]), ids([[2, 4]]))),
     }
 

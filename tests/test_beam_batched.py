@@ -67,7 +67,7 @@ def decoding_cases(draw):
                         d_model=4 * heads, num_heads=heads,
                         num_encoder_layers=draw(st.integers(1, 2)),
                         num_decoder_layers=draw(st.integers(1, 2)), d_ff=12,
-                        max_len=draw(st.sampled_from([8, 2, 5]) | st.integers(2, 8)),
+                        block_size=draw(st.sampled_from([8, 2, 5]) | st.integers(2, 8)),
                         dropout=0.1, activation="gelu",
                         norm_first=draw(st.booleans()),
                         positional=draw(st.sampled_from(["sinusoidal", "learned"])),
@@ -88,7 +88,7 @@ def decoding_cases(draw):
         params["out_proj.bias"][tied] = draw(st.floats(-1.0, 2.0))
 
     batch = draw(st.sampled_from([4, 1, 2, 6]) | st.integers(1, 6))
-    lengths = draw(st.lists(st.integers(1, cfg.max_len), min_size=batch, max_size=batch))
+    lengths = draw(st.lists(st.integers(1, cfg.block_size), min_size=batch, max_size=batch))
     src = np.full((len(lengths), max(lengths)), PAD, dtype=np.int64)
     for b, n in enumerate(lengths):
         src[b, :n] = rng.integers(4, SRC_VOCAB, size=n)
@@ -182,7 +182,7 @@ def test_same_search_when_sentences_end_at_different_steps(monkeypatch):
         rng = np.random.default_rng(0)
         cfg = Seq2SeqConfig(src_vocab_size=SRC_VOCAB, tgt_vocab_size=7, d_model=8,
                             num_heads=2, num_encoder_layers=2, num_decoder_layers=2, d_ff=12,
-                            max_len=8, pad_id=PAD, bos_id=BOS, eos_id=EOS)
+                            block_size=8, pad_id=PAD, bos_id=BOS, eos_id=EOS)
         shapes = {n: p.shape for n, p in Seq2SeqTransformer(cfg).named_parameters()}
         for _ in range(15):
             params = {name: rng.standard_normal(shape) * 0.8 for name, shape in shapes.items()}
@@ -205,7 +205,7 @@ def test_all_logits_equal_breaks_ties_by_lowest_hypothesis_then_token():
     with using_backend("numpy", "float64"):
         cfg = Seq2SeqConfig(src_vocab_size=SRC_VOCAB, tgt_vocab_size=7, d_model=8,
                             num_heads=2, num_encoder_layers=1, num_decoder_layers=1, d_ff=12,
-                            max_len=6, pad_id=PAD, bos_id=BOS, eos_id=EOS)
+                            block_size=6, pad_id=PAD, bos_id=BOS, eos_id=EOS)
         model = Seq2SeqTransformer(cfg)
         model.out_proj.weight.data = backend.asarray(np.zeros((8, 7)))
         model.out_proj.bias.data = backend.asarray(np.zeros(7))

@@ -145,9 +145,9 @@ def test_large_configs_are_the_issue_sizes():
     assert GPU_CONFIGS["imdb_large"] == dict(CONFIGS["imdb"], batch=256,
                                              preset=dict(CONFIGS["imdb"]["preset"],
                                                          batch_size=256),
-                                             total_updates=4 * 88)  # 4 epochs of 22,500/256
-    assert GPU_CONFIGS["lm_large"] == bench_config("lm", width=768, heads=12, layers=12,
-                                                   block=1024, batch_size=8)
+                                             max_iters=4 * 88)  # 4 epochs of 22,500/256
+    assert GPU_CONFIGS["lm_large"] == bench_config("lm", d_model=768, num_heads=12, layers=12,
+                                                   block_size=1024, batch_size=8)
     lm = GPU_CONFIGS["lm_large"]
     assert (lm["d_model"], lm["num_heads"], lm["num_layers"], lm["d_ff"], lm["seq_len"],
             lm["batch"], lm["vocab_size"]) == (768, 12, 12, 3072, 1024, 8, 65)
@@ -184,7 +184,7 @@ def test_configs_are_the_demos_default_models_and_updates():
                                                                          0.0)
     classifier = npformer_config(CONFIGS["imdb"])
     assert classifier == imdb.model_config(imdb.PRESETS["default"], 20_002, 0)
-    assert (classifier.dropout, classifier.max_len, CONFIGS["imdb"]["batch"]) == (0.1, 512, 32)
+    assert (classifier.dropout, classifier.block_size, CONFIGS["imdb"]["batch"]) == (0.1, 512, 32)
     seq2seq = npformer_config(CONFIGS["seq2seq"])
     assert (seq2seq.d_model, seq2seq.dropout, CONFIGS["seq2seq"]["batch"]) == (256, 0.1, 128)
     params = [Parameter(np.zeros((2, 2), dtype=np.float32))]

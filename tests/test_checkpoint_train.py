@@ -63,7 +63,7 @@ TRAJECTORY_RTOL = 1e-8
 def classifier(vocab=9, dropout=0.0, d_model=8, **kw):
     return TransformerClassifier(ClassifierConfig(
         vocab_size=vocab, num_classes=3, d_model=d_model, num_heads=2, num_layers=2, d_ff=12,
-        max_len=6, dropout=dropout, pad_id=PAD, **kw))
+        block_size=6, dropout=dropout, pad_id=PAD, **kw))
 
 
 def lm(vocab=9, dropout=0.0, tie=True, **kw):
@@ -75,7 +75,7 @@ def lm(vocab=9, dropout=0.0, tie=True, **kw):
 def seq2seq(dropout=0.0):
     return Seq2SeqTransformer(Seq2SeqConfig(
         src_vocab_size=9, tgt_vocab_size=10, d_model=8, num_heads=2, num_encoder_layers=1,
-        num_decoder_layers=1, d_ff=12, max_len=6, dropout=dropout, pad_id=PAD, bos_id=BOS,
+        num_decoder_layers=1, d_ff=12, block_size=6, dropout=dropout, pad_id=PAD, bos_id=BOS,
         eos_id=EOS))
 
 
@@ -191,9 +191,9 @@ def _resume_setup(seed_model: int):
     return model, opt
 
 
-def _trainer(model, opt, max_steps, path=None):
+def _trainer(model, opt, max_iters, path=None):
     return Trainer(model, opt, Classification(), classifier_batch,
-                   TrainConfig(max_steps=max_steps, grad_accum=2, clip_norm=0.5,
+                   TrainConfig(max_iters=max_iters, grad_accum=2, clip_norm=0.5,
                                checkpoint_path=path, progress=False), seed=5)
 
 
@@ -277,7 +277,7 @@ def test_wrong_kind_is_refused(tmp_path):
             build_model(checkpoint, expected_kind="causal_lm")
         model = lm()
         trainer = Trainer(model, optim.Adam(model.parameters()), LanguageModeling(), lm_batch,
-                          TrainConfig(max_steps=1, progress=False))
+                          TrainConfig(max_iters=1, progress=False))
         with pytest.raises(CheckpointError, match="classifier"):
             trainer.resume(path)
 
@@ -325,7 +325,7 @@ def test_missing_file(tmp_path):
     with using_backend("numpy", "float64"):
         model = lm()
         trainer = Trainer(model, optim.Adam(model.parameters()), LanguageModeling(), lm_batch,
-                          TrainConfig(max_steps=1, progress=False))
+                          TrainConfig(max_iters=1, progress=False))
         with pytest.raises(FileNotFoundError):
             trainer.resume(tmp_path / "nope.npz")
 
@@ -366,7 +366,7 @@ def test_nan_stops_training_without_update_or_checkpoint(tmp_path, task, named, 
         before = weights(model)
         opt = optim.Adam(model.parameters(), lr=1e-3)
         trainer = Trainer(model, opt, task, lm_batch,
-                          TrainConfig(max_steps=3, checkpoint_path=path, progress=False,
+                          TrainConfig(max_iters=3, checkpoint_path=path, progress=False,
                                       clip_norm=clip_norm))
         with pytest.raises(TrainingDiverged, match="update 1") as caught:
             trainer.fit()
@@ -383,7 +383,7 @@ def test_huge_learning_rate_diverges_cleanly(tmp_path):
         model = classifier()
         opt = optim.SGD(model.parameters(), lr=1e300)
         trainer = Trainer(model, opt, Classification(), classifier_batch,
-                          TrainConfig(max_steps=10, checkpoint_path=path, progress=False))
+                          TrainConfig(max_iters=10, checkpoint_path=path, progress=False))
         with np.errstate(all="ignore"):
             trainer.update()  # one finite update with an absurd step size
             after_first = weights(model)
@@ -409,7 +409,7 @@ def test_grad_accumulation_equals_one_big_batch(kind):
             feed = iter(batches)
             trainer = Trainer(model, optim.SGD(model.parameters(), lr=0.5, momentum=0.9),
                               task, lambda _rng: next(feed),
-                              TrainConfig(max_steps=1, grad_accum=accum, progress=False))
+                              TrainConfig(max_iters=1, grad_accum=accum, progress=False))
             loss = trainer.update()
             return loss, weights(model)
 
@@ -448,7 +448,7 @@ def test_trainer_adamw_with_clipping_matches_torch(torch):
         feed = iter(batches)
         trainer = Trainer(model, optim.AdamW(model.parameters(), lr=lr, weight_decay=wd),
                           LanguageModeling(), lambda _rng: next(feed),
-                          TrainConfig(max_steps=steps, clip_norm=clip, progress=False))
+                          TrainConfig(max_iters=steps, clip_norm=clip, progress=False))
         history = trainer.fit()
         F = torch.nn.functional
         theirs = []
@@ -473,7 +473,7 @@ def test_trainer_adamw_with_clipping_matches_torch(torch):
 def test_too_long_sequences_raise_naming_the_length():
     with using_backend("numpy", "float64"):
         too_long = np.ones((2, 7), dtype=np.int64)  # tables hold 6 positions
-        with pytest.raises(ValueError, match="7 is longer than max_len 6"):
+        with pytest.raises(ValueError, match="7 is longer than block_size 6"):
             classifier()(dev(too_long))
         with pytest.raises(ValueError, match="7 is longer than block_size 6"):
             lm()(dev(too_long))
@@ -554,7 +554,7 @@ def test_best_checkpoint_selection(tmp_path):
             return {"val_accuracy": value}
 
         Trainer(model, optim.Adam(model.parameters(), lr=1e-2), Classification(),
-                classifier_batch, TrainConfig(max_steps=4, eval_every=1, checkpoint_path=path,
+                classifier_batch, TrainConfig(max_iters=4, eval_every=1, checkpoint_path=path,
                                               select_metric="val_accuracy", progress=False),
                 eval_fn=eval_fn).fit()
         checkpoint = load_checkpoint(path)

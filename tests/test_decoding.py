@@ -56,10 +56,10 @@ def dev(host):
 
 
 def random_seq2seq(seed=0, norm_first=False, positional="sinusoidal", vocab=(9, 8),
-                   max_len=8):
+                   block_size=8):
     cfg = Seq2SeqConfig(src_vocab_size=vocab[0], tgt_vocab_size=vocab[1], d_model=8,
                         num_heads=2, num_encoder_layers=2, num_decoder_layers=2, d_ff=12,
-                        max_len=max_len, dropout=0.1, activation="gelu",
+                        block_size=block_size, dropout=0.1, activation="gelu",
                         norm_first=norm_first, positional=positional, pad_id=PAD,
                         bos_id=BOS, eos_id=EOS)
     model = Seq2SeqTransformer(cfg)
@@ -67,8 +67,8 @@ def random_seq2seq(seed=0, norm_first=False, positional="sinusoidal", vocab=(9, 
     return model
 
 
-def random_lm(seed=0, tie=True, norm_first=True, positional="learned", block=6):
-    cfg = CausalLMConfig(vocab_size=11, block_size=block, d_model=8, num_heads=2,
+def random_lm(seed=0, tie=True, norm_first=True, positional="learned", block_size=6):
+    cfg = CausalLMConfig(vocab_size=11, block_size=block_size, d_model=8, num_heads=2,
                          num_layers=2, d_ff=12, dropout=0.1, activation="gelu",
                          norm_first=norm_first, positional=positional, tie_weights=tie)
     model = CausalLM(cfg)
@@ -168,7 +168,7 @@ def test_lm_forward_cached_in_chunks_matches_full_forward(tie, norm_first, posit
 
 def test_cached_decoding_past_the_table_raises():
     with using_backend("numpy", "float64"):
-        model = random_lm(block=4)
+        model = random_lm(block_size=4)
         model.eval()
         with no_grad():
             cache = model.new_cache()
@@ -179,7 +179,7 @@ def test_cached_decoding_past_the_table_raises():
 
 def test_cached_decoding_needs_no_grad():
     with using_backend("numpy", "float64"):
-        model = random_lm(block=4)
+        model = random_lm(block_size=4)
         with pytest.raises(RuntimeError, match="forward_cached is for inference"):
             model.forward_cached(dev([[1, 2]]), model.new_cache())
 
@@ -220,7 +220,7 @@ def test_greedy_matches_full_recompute_reference():
 
 def test_greedy_stops_at_max_len_and_config_max_len():
     with using_backend("numpy", "float64"):
-        model = random_seq2seq(seed=1, max_len=5)
+        model = random_seq2seq(seed=1, block_size=5)
         # never emit <eos>: outputs run to the length limit
         bias = backend.to_numpy(model.out_proj.bias.data).copy()
         bias[EOS] = -1e3
@@ -252,7 +252,7 @@ def test_exhaustive_beam_finds_the_brute_force_optimum():
         rng = np.random.default_rng(8)
         compared = 0
         for seed in range(5):
-            model = random_seq2seq(seed=30 + seed, vocab=(9, vocab), max_len=6)
+            model = random_seq2seq(seed=30 + seed, vocab=(9, vocab), block_size=6)
             src, src_lens = padded(rng, [4, 2], 9)
             non_eos = [t for t in range(vocab) if t != EOS]
             for alpha in (0.0, 1.0):
@@ -305,7 +305,7 @@ def test_generate_greedy_matches_full_forward_beyond_block_size(prompt_len, monk
     slides: past block_size each prediction still sees block_size tokens)."""
     with using_backend("numpy", "float64"):
         for seed in range(3):
-            model = random_lm(seed=40 + seed, tie=bool(seed % 2), block=6)
+            model = random_lm(seed=40 + seed, tie=bool(seed % 2), block_size=6)
             block = model.config.block_size
             prompt = [int(t) for t in np.random.default_rng(seed).integers(0, 11, size=prompt_len)]
             n = 3 * block  # far past the positional table
@@ -329,7 +329,7 @@ def test_generate_greedy_matches_full_forward_beyond_block_size(prompt_len, monk
 
 def test_top_k_one_sampling_equals_greedy():
     with using_backend("numpy", "float64"):
-        model = random_lm(seed=50, block=5)
+        model = random_lm(seed=50, block_size=5)
         greedy = generate(model, [1, 2], 12, greedy=True)
         for temperature in (0.3, 1.0, 5.0):
             sampled = generate(model, [1, 2], 12, temperature=temperature, top_k=1,
@@ -339,7 +339,7 @@ def test_top_k_one_sampling_equals_greedy():
 
 def test_sampling_stays_in_top_k_and_is_reproducible():
     with using_backend("numpy", "float64"):
-        model = random_lm(seed=51, block=5)
+        model = random_lm(seed=51, block_size=5)
         a = generate(model, [3], 15, temperature=2.0, top_k=3, rng=np.random.default_rng(9))
         b = generate(model, [3], 15, temperature=2.0, top_k=3, rng=np.random.default_rng(9))
         assert a == b
@@ -361,7 +361,7 @@ def test_sampling_stays_in_top_k_and_is_reproducible():
 ])
 def test_generate_rejects_bad_arguments(kwargs, match):
     with using_backend("numpy", "float64"):
-        model = random_lm(block=5)
+        model = random_lm(block_size=5)
         with pytest.raises(ValueError, match=match):
             generate(model, **kwargs)
 
@@ -414,14 +414,14 @@ def reverser():
     with using_backend("numpy", "float64", seed=0):
         cfg = Seq2SeqConfig(src_vocab_size=TASK_VOCAB, tgt_vocab_size=TASK_VOCAB, d_model=32,
                             num_heads=4, num_encoder_layers=1, num_decoder_layers=1, d_ff=64,
-                            max_len=8, dropout=0.0, activation="relu", norm_first=True,
+                            block_size=8, dropout=0.0, activation="relu", norm_first=True,
                             pad_id=PAD, bos_id=BOS, eos_id=EOS)
         model = Seq2SeqTransformer(cfg)
         opt = optim.Adam(model.parameters(),
                          lr=optim.warmup_cosine(peak_lr=1e-2, warmup=30,
                                                 total_steps=STEPS, min_lr=1e-3))
         trainer = Trainer(model, opt, Translation(pad_id=PAD), reverse_batch,
-                          TrainConfig(max_steps=STEPS, clip_norm=1.0, progress=False), seed=1)
+                          TrainConfig(max_iters=STEPS, clip_norm=1.0, progress=False), seed=1)
         history = trainer.fit()
     return model, history
 
@@ -564,14 +564,14 @@ def test_an_empty_batch_decodes_to_an_empty_list(decode, src):
 ])
 def test_generate_rejects_bad_arguments_naming_them(kwargs, error, match):
     with using_backend("numpy", "float64"):
-        model = random_lm(block=5)
+        model = random_lm(block_size=5)
         with pytest.raises(error, match=match):
             generate(model, **kwargs)
 
 
 def test_generate_accepts_any_one_dimensional_prompt_and_zero_new_tokens():
     with using_backend("numpy", "float64"):
-        model = random_lm(seed=52, block=5)
+        model = random_lm(seed=52, block_size=5)
         expected = generate(model, [1, 2, 3], 4, greedy=True)
         for prompt in ((1, 2, 3), np.array([1, 2, 3]), dev([1, 2, 3]), np.array([1, 2, 3],
                                                                               np.int32)):

@@ -208,7 +208,7 @@ def test_imdb_ensemble_averages_the_members_probabilities():
 
 def test_resume_refuses_other_settings_naming_the_option(fast_smoke_runs):
     out = fast_smoke_runs["generate.py"][0]
-    for args, option in [(["--heads", "4"], "--heads"), (["--seed", "3"], "--seed"),
+    for args, option in [(["--num-heads", "4"], "--num-heads"), (["--seed", "3"], "--seed"),
                          (["--preset", "default"], "--preset")]:
         result = run_demo("generate.py", "--resume", "--out", str(out), *args)
         assert result.returncode == 2 and option in result.stderr, result.stderr
@@ -247,8 +247,8 @@ def test_checkpoint_from_another_demo_is_refused(fast_smoke_runs, data_dir):
 # =========================================================================== the command line
 def test_smoke_keeps_the_options_the_user_gave(data_dir, tmp_path):
     """`--smoke --heads 4 --width 16` trains a width-16, 4-head model (the options win)."""
-    smoke_run("generate.py", tmp_path, data_dir, "--heads", "4", "--width", "16",
-              "--iters", "2", "--no-progress")
+    smoke_run("generate.py", tmp_path, data_dir, "--num-heads", "4", "--d-model", "16",
+              "--max-iters", "2", "--no-progress")
     config = load_checkpoint(tmp_path / "model.npz").config
     assert (config["num_heads"], config["d_model"]) == (4, 16)
     assert json.loads((tmp_path / "metrics.json").read_text())["updates"] == 2
@@ -257,32 +257,33 @@ def test_smoke_keeps_the_options_the_user_gave(data_dir, tmp_path):
 COMMON_BAD = [("--replicas", "0"), ("--replicas", "-2"), ("--seed", "-1"),
               ("--stop-after", "0"), ("--dropout", "1"), ("--dropout", "-0.1"),
               ("--dropout", "nan"), ("--lr", "0"), ("--lr", "-1e-3"), ("--lr", "inf"),
-              ("--batch-size", "0"), ("--heads", "0"), ("--layers", "-1"),
+              ("--batch-size", "0"), ("--num-heads", "0"), ("--layers", "-1"),
               ("--backend", "tpu"), ("--engine", "slow"), ("--dtype", "float16"),
               ("--preset", "huge"), ("--seed", "x")]
 DEMO_BAD = {
     "imdb.py": [("--epochs", "0"), ("--epochs", "-1"), ("--max-minutes", "0"),
-                ("--max-minutes", "-5"), ("--d-model", "0"), ("--max-len", "0"),
+                ("--max-minutes", "-5"), ("--d-model", "0"), ("--block-size", "0"),
                 ("--head-tokens", "-1"), ("--vocab-size", "0"), ("--weight-decay", "-1"),
                 ("--warmup", "0"), ("--pooling", "sum"), ("--validation", "0"),
                 ("--train-reviews", "0"), ("--test-reviews", "-3"), ("--members", "0"),
                 ("--members", "-2")],
-    "translate.py": [("--steps", "0"), ("--max-minutes", "0"), ("--max-minutes", "-1"),
+    "translate.py": [("--max-iters", "0"), ("--max-minutes", "0"), ("--max-minutes", "-1"),
                      ("--beam-size", "0"), ("--max-tokens", "0"), ("--heldout", "0"),
                      ("--max-pairs", "0"), ("--warmup", "-5"), ("--d-ff", "0")],
-    "generate.py": [("--iters", "0"), ("--block", "0"), ("--length", "-1"),
+    "generate.py": [("--max-iters", "0"), ("--block-size", "0"), ("--length", "-1"),
                     ("--eval-every", "0"), ("--eval-batches", "0"), ("--temperature", "0"),
-                    ("--temperature", "-1"), ("--top-k", "0"), ("--width", "0")],
+                    ("--temperature", "-1"), ("--top-k", "0"), ("--d-model", "0")],
 }
 BAD_VALUES = [(script, option, value) for script in SCRIPTS
               for option, value in COMMON_BAD + DEMO_BAD[script]]
 # Values each valid alone, refused together (the error names both options).
 BAD_COMBINATIONS = [
     ("imdb.py", ["--smoke", "--preset", "large"], ["--smoke", "--preset"]),
-    ("imdb.py", ["--d-model", "30", "--heads", "4"], ["--d-model", "--heads"]),
-    ("imdb.py", ["--max-len", "50", "--head-tokens", "60"], ["--max-len", "--head-tokens"]),
-    ("translate.py", ["--smoke", "--d-model", "31"], ["--d-model", "--heads"]),
-    ("generate.py", ["--smoke", "--heads", "3", "--width", "16"], ["--width", "--heads"]),
+    ("imdb.py", ["--d-model", "30", "--num-heads", "4"], ["--d-model", "--num-heads"]),
+    ("imdb.py", ["--block-size", "50", "--head-tokens", "60"], ["--block-size", "--head-tokens"]),
+    ("translate.py", ["--smoke", "--d-model", "31"], ["--d-model", "--num-heads"]),
+    ("generate.py", ["--smoke", "--num-heads", "3", "--d-model", "16"],
+     ["--d-model", "--num-heads"]),
     ("generate.py", ["--sample-only", "--resume"], ["--resume", "--sample-only"]),
 ]
 
@@ -374,8 +375,8 @@ def test_corrupt_archive_gives_a_clear_error(tmp_path):
      ["unknown backend", "gpu"]),
     ("imdb.py", ["--smoke", "--out", "{tmp}"], {"NPFORMER_ENGINE": "slow"},
      ["NPFORMER_ENGINE", "slow"]),
-    ("generate.py", ["--smoke", "--block", "100000000", "--data", "{data}", "--out", "{tmp}"],
-     {}, ["too short", "--block"]),
+    ("generate.py", ["--smoke", "--block-size", "100000000", "--data", "{data}", "--out", "{tmp}"],
+     {}, ["too short", "--block-size"]),
     ("translate.py", ["--smoke", "--heldout", "100000000", "--data", "{data}", "--out",
                       "{tmp}"], {}, ["--heldout"]),
     ("imdb.py", ["--smoke", "--validation", "100000000", "--data", "{data}", "--out",

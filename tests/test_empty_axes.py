@@ -254,7 +254,7 @@ def test_cross_attention_over_an_empty_context_is_zero(xb, tier):
 # =========================================================================== models
 def classifier(pooling="mean"):
     return TransformerClassifier(ClassifierConfig(vocab_size=7, d_model=8, num_heads=2,
-                                                  num_layers=1, d_ff=16, max_len=6,
+                                                  num_layers=1, d_ff=16, block_size=6,
                                                   dropout=0.0, pooling=pooling))
 
 
@@ -266,7 +266,7 @@ def lm():
 def seq2seq():
     return Seq2SeqTransformer(Seq2SeqConfig(src_vocab_size=7, tgt_vocab_size=9, d_model=8,
                                             num_heads=2, num_encoder_layers=1,
-                                            num_decoder_layers=1, d_ff=16, max_len=6,
+                                            num_decoder_layers=1, d_ff=16, block_size=6,
                                             dropout=0.0))
 
 

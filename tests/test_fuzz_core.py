@@ -41,7 +41,7 @@ NEVER = (ZeroDivisionError, IndexError, AttributeError, KeyError)
 # Words an npformer message uses for the argument it refuses.
 ARGUMENT = re.compile(
     r"input|weight|bias|queries|keys|values|mask|logits|targets|token ids|ids|valid lengths|"
-    r"gradient|cache|axis|num_queries|num_keys|width|max_len|length|dropout|label_smoothing|"
+    r"gradient|cache|axis|num_queries|num_keys|width|max_len|block_size|length|dropout|label_smoothing|"
     r"probability|block_scores|features|d_model|d_ff|num_heads|head_dim|num_embeddings|"
     r"positions|sequence|argument|input \d|pooling|table|context|batch|float64|backward",
     re.IGNORECASE)
@@ -313,12 +313,12 @@ def make_model(kind, vocab):
     small = dict(d_model=4, num_heads=2, d_ff=6, dropout=0.0)
     if kind == "classifier":
         return TransformerClassifier(ClassifierConfig(vocab_size=vocab, num_layers=1,
-                                                      max_len=4, **small))
+                                                      block_size=4, **small))
     if kind == "lm":
         return CausalLM(CausalLMConfig(vocab_size=vocab, block_size=4, num_layers=1, **small))
     return Seq2SeqTransformer(Seq2SeqConfig(src_vocab_size=vocab, tgt_vocab_size=vocab + 1,
                                             num_encoder_layers=1, num_decoder_layers=1,
-                                            max_len=4, **small))
+                                            block_size=4, **small))
 
 
 def seen_shape(ids, drawn: tuple) -> tuple:

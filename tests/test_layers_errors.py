@@ -180,7 +180,7 @@ def test_token_ids_must_be_integers(xb):
 def test_sequence_longer_than_positional_table(xb, kind):
     cls = nn.LearnedPositionalEmbedding if kind == "learned" else nn.SinusoidalPositionalEncoding
     layer = cls(4, 3)
-    layer(arr((2, 4, 3)))  # exactly max_len is fine
+    layer(arr((2, 4, 3)))  # exactly block_size is fine
     with raises_naming(ValueError, "length 5", "positional table", "4 positions"):
         layer(arr((2, 5, 3)))
 
@@ -326,8 +326,8 @@ def test_unregistered_module_has_no_torch_rules(xb):
     (lambda: nn.Linear(3, -1), "out_features must be at least 1, got -1"),
     (lambda: nn.LayerNorm(0), "layer norm width must be at least 1, got 0"),
     (lambda: nn.Embedding(0, 4), "num_embeddings must be at least 1, got 0"),
-    (lambda: nn.LearnedPositionalEmbedding(0, 4), "max_len must be at least 1, got 0"),
-    (lambda: nn.SinusoidalPositionalEncoding(4, 0), "positional width must be at least 1, got 0"),
+    (lambda: nn.LearnedPositionalEmbedding(0, 4), "block_size must be at least 1, got 0"),
+    (lambda: nn.SinusoidalPositionalEncoding(4, 0), "d_model must be at least 1, got 0"),
     (lambda: nn.MultiHeadAttention(0, 1), "d_model must be at least 1, got 0"),
     (lambda: nn.MultiHeadAttention(4, 2, head_dim=0), "head_dim must be at least 1, got 0"),
     (lambda: nn.FeedForward(4, 0), "d_ff must be at least 1, got 0"),
@@ -380,12 +380,12 @@ def _models():
     )
     return {
         "classifier": TransformerClassifier(ClassifierConfig(
-            vocab_size=6, d_model=4, num_heads=2, num_layers=1, d_ff=6, max_len=4)),
+            vocab_size=6, d_model=4, num_heads=2, num_layers=1, d_ff=6, block_size=4)),
         "lm": CausalLM(CausalLMConfig(vocab_size=6, block_size=4, d_model=4, num_heads=2,
                                       num_layers=1, d_ff=6)),
         "seq2seq": Seq2SeqTransformer(Seq2SeqConfig(
             src_vocab_size=6, tgt_vocab_size=7, d_model=4, num_heads=2, num_encoder_layers=1,
-            num_decoder_layers=1, d_ff=6, max_len=4)),
+            num_decoder_layers=1, d_ff=6, block_size=4)),
     }
 
 

@@ -201,7 +201,7 @@ def test_embedding(torch, dtype):
 
 
 def test_learned_positions(torch, dtype):
-    """LearnedPositionalEmbedding is x + torch.nn.Embedding(max_len, D)(arange(T))."""
+    """LearnedPositionalEmbedding is x + torch.nn.Embedding(block_size, D)(arange(T))."""
     tm = prepare_torch(torch, torch.nn.Embedding(T + 2, D), dtype)
     layer = nn.LearnedPositionalEmbedding(T + 2, D)
     load_from_torch(layer, tm)

@@ -93,7 +93,7 @@ CLASSIFIER_CASES = [
 
 def make_classifier(pooling, norm_first, positional, activation, num_layers, seed=0):
     cfg = ClassifierConfig(vocab_size=7, num_classes=3, d_model=4, num_heads=2,
-                           num_layers=num_layers, d_ff=5, max_len=5, dropout=0.0,
+                           num_layers=num_layers, d_ff=5, block_size=5, dropout=0.0,
                            activation=activation, norm_first=norm_first,
                            positional=positional, pooling=pooling, pad_id=PAD)
     model = TransformerClassifier(cfg)
@@ -166,7 +166,7 @@ SEQ2SEQ_CASES = [
 def make_seq2seq(norm_first, positional, n_enc, n_dec, seed=0):
     cfg = Seq2SeqConfig(src_vocab_size=7, tgt_vocab_size=8, d_model=4, num_heads=2,
                         num_encoder_layers=n_enc, num_decoder_layers=n_dec, d_ff=5,
-                        max_len=5, dropout=0.0, activation="gelu", norm_first=norm_first,
+                        block_size=5, dropout=0.0, activation="gelu", norm_first=norm_first,
                         positional=positional, pad_id=PAD, bos_id=2, eos_id=3)
     model = Seq2SeqTransformer(cfg)
     randomize(model, seed)

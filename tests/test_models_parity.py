@@ -61,7 +61,7 @@ LABEL_SMOOTHING = 0.1
 def classifier_config(pooling="mean", norm_first=False, positional="learned",
                       activation="relu", num_layers=2):
     return ClassifierConfig(vocab_size=9, num_classes=3, d_model=8, num_heads=2,
-                            num_layers=num_layers, d_ff=12, max_len=7, dropout=0.0,
+                            num_layers=num_layers, d_ff=12, block_size=7, dropout=0.0,
                             activation=activation, norm_first=norm_first,
                             positional=positional, pooling=pooling, pad_id=PAD)
 
@@ -74,7 +74,7 @@ def lm_config(tie=True, norm_first=True, positional="learned", activation="gelu"
 
 def seq2seq_config(norm_first=False, positional="sinusoidal", activation="relu"):
     return Seq2SeqConfig(src_vocab_size=9, tgt_vocab_size=10, d_model=8, num_heads=2,
-                         num_encoder_layers=2, num_decoder_layers=2, d_ff=12, max_len=7,
+                         num_encoder_layers=2, num_decoder_layers=2, d_ff=12, block_size=7,
                          dropout=0.0, activation=activation, norm_first=norm_first,
                          positional=positional, pad_id=PAD, bos_id=BOS, eos_id=EOS)
 

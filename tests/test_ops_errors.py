@@ -190,8 +190,8 @@ def test_unknown_activation(name):
     (lambda: ops.causal_mask(-2), "num_queries must be at least 0, got -2"),
     (lambda: ops.causal_mask(2, -1), "num_keys must be at least 0, got -1"),
     (lambda: ops.padding_mask(ids([1, 2]), -3), "num_keys must be at least 0, got -3"),
-    (lambda: ops.sinusoidal_table(-1, 4), "max_len must be at least 0, got -1"),
-    (lambda: ops.sinusoidal_table(4, 0), "width must be at least 1, got 0"),
+    (lambda: ops.sinusoidal_table(-1, 4), "block_size must be at least 0, got -1"),
+    (lambda: ops.sinusoidal_table(4, 0), "d_model must be at least 1, got 0"),
 ])
 def test_negative_sizes_are_refused(xb, call, message):
     """causal_mask(-2) returned an empty (0, 0) mask (issue 10, item 2)."""

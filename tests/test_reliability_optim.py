@@ -136,7 +136,7 @@ CONFIGS = {
     ("classifier", "vocab_size", 0), ("lm", "vocab_size", -5), ("seq2seq", "src_vocab_size", 0),
     ("seq2seq", "tgt_vocab_size", 0), ("classifier", "num_layers", -1), ("lm", "num_layers", 0),
     ("seq2seq", "num_encoder_layers", -1), ("seq2seq", "num_decoder_layers", 0),
-    ("classifier", "max_len", 0), ("lm", "block_size", -3), ("seq2seq", "max_len", -1),
+    ("classifier", "block_size", 0), ("lm", "block_size", -3), ("seq2seq", "block_size", -1),
     ("classifier", "num_classes", 0), ("classifier", "d_model", 0), ("lm", "num_heads", 0),
     ("lm", "d_ff", -1), ("lm", "head_dim", 0), ("classifier", "vocab_size", 10.0),
     ("lm", "num_layers", True), ("classifier", "pad_id", 10), ("classifier", "pad_id", -1),

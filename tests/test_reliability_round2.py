@@ -71,11 +71,11 @@ from tests.test_demos import load_demo, one_error_line, run_demo  # noqa: E402
 data_dir = demo_tests.data_dir  # the demo tests' fixture, requested by name below
 
 
-@pytest.mark.parametrize("extra", [["--steps", "1"], ["--steps", "5"],
+@pytest.mark.parametrize("extra", [["--max-iters", "1"], ["--max-iters", "5"],
                                    ["--max-minutes", "1e-9"]])
 def test_case02_translate_after_a_short_training_writes_its_results(extra, data_dir, tmp_path):
     """Before: an untrained model's greedy translation runs to the length limit, and the
-    cross-attention plot fed <bos> + all of it (max_len + 1 positions): ValueError after
+    cross-attention plot fed <bos> + all of it (block_size + 1 positions): ValueError after
     training, no metrics.json."""
     out = tmp_path / "run"
     result = run_demo("translate.py", "--smoke", "--replicas", "1", "--no-progress",
@@ -97,7 +97,7 @@ def test_case02_a_failing_plot_is_a_warning_after_the_results_are_written(
     from tests.conftest import using_backend
 
     with using_backend("numpy", "float32"):
-        status = demo.main(["--smoke", "--iters", "2", "--replicas", "1", "--no-progress",
+        status = demo.main(["--smoke", "--max-iters", "2", "--replicas", "1", "--no-progress",
                             "--data", str(data_dir), "--out", str(out)])
     assert status == 0
     assert (out / "metrics.json").is_file() and (out / "model.npz").is_file()
@@ -112,7 +112,7 @@ def _classifier():
 
     with using_backend("numpy", "float64"):
         return TransformerClassifier(ClassifierConfig(vocab_size=12, d_model=8, num_heads=2,
-                                                      num_layers=1, d_ff=16, max_len=8,
+                                                      num_layers=1, d_ff=16, block_size=8,
                                                       dropout=0.0))
 
 
@@ -145,7 +145,7 @@ def test_case04_a_left_padded_source_is_refused_by_the_decoders():
     with using_backend("numpy", "float64"):
         model = Seq2SeqTransformer(Seq2SeqConfig(src_vocab_size=10, tgt_vocab_size=10,
                                                  d_model=8, num_heads=2, num_encoder_layers=1,
-                                                 num_decoder_layers=1, d_ff=16, max_len=8,
+                                                 num_decoder_layers=1, d_ff=16, block_size=8,
                                                  dropout=0.0, pad_id=0, bos_id=1, eos_id=2))
         for decode in (greedy_decode, beam_search):
             with pytest.raises(ValueError, match=r"src row 0 has padding \(pad_id 0\) at "
@@ -172,7 +172,7 @@ def test_case04_a_left_padded_source_is_refused_by_the_decoders():
      "select_metric='val_loss' keeps the best model by evaluation, but checkpoint_path is None"),
     (dict(clip_norm=0.0), ValueError, "clip_norm must be a finite number > 0 (None: no clipping)"),
     (dict(clip_norm=float("nan")), ValueError, "clip_norm must be a finite number"),
-    (dict(max_steps=-5), ValueError, "max_steps must be at least 0, got -5"),
+    (dict(max_iters=-5), ValueError, "max_iters must be at least 0, got -5"),
     (dict(grad_accum=2.0), TypeError, "grad_accum must be an integer, got 2.0"),
     (dict(eval_every=0), ValueError, "eval_every must be at least 1"),
     (dict(replicas=True), TypeError, "replicas must be an integer"),
@@ -183,7 +183,7 @@ def test_case05_settings_that_would_do_nothing_are_refused_naming_the_field(sett
                                                                              words):
     from npformer.train import TrainConfig
 
-    settings = {"max_steps": 3, **settings}
+    settings = {"max_iters": 3, **settings}
     with pytest.raises(error, match="TrainConfig." + _escaped(words)):
         TrainConfig(**settings)
 
@@ -206,7 +206,7 @@ def test_case05_an_optimizer_over_another_models_parameters_is_refused():
                                              r"\d+ of its \d+ parameters \(first: "
                                              r"optimizer.params\[0\]\) are not the model's"):
             Trainer(model, Adam(other.parameters()), Classification(), lambda rng: None,
-                    TrainConfig(max_steps=1, progress=False))
+                    TrainConfig(max_iters=1, progress=False))
 
 
 def test_case05_a_select_metric_the_evaluation_does_not_return_is_named(tmp_path):
@@ -220,7 +220,7 @@ def test_case05_a_select_metric_the_evaluation_does_not_return_is_named(tmp_path
     with using_backend("numpy", "float64"):
         trainer = Trainer(model, Adam(model.parameters()), Classification(),
                           lambda rng: (rows, np.array([3, 2]), np.array([0, 1])),
-                          TrainConfig(max_steps=2, eval_every=1, select_metric="val_acc",
+                          TrainConfig(max_iters=2, eval_every=1, select_metric="val_acc",
                                       checkpoint_path=tmp_path / "best.npz", progress=False),
                           eval_fn=lambda m: {"val_accuracy": 0.5, "val_loss": 1.0})
         with pytest.raises(ValueError, match=r"select_metric='val_acc' is not among the "
@@ -247,7 +247,7 @@ def test_case06_a_second_run_into_a_held_folder_is_refused_naming_the_holder(dat
     out = tmp_path / "run"
     holder = _holder_process(out)
     try:
-        result = run_demo("generate.py", "--smoke", "--iters", "2", "--no-progress",
+        result = run_demo("generate.py", "--smoke", "--max-iters", "2", "--no-progress",
                           "--data", str(data_dir), "--out", str(out))
         err = one_error_line(result)
         assert f"{out} is in use by another run (pid {holder.pid} on host " in err, err
@@ -279,24 +279,24 @@ def test_case06_a_killed_runs_lock_does_not_block_the_next_run(tmp_path):
 def test_case07_translate_refuses_a_sentence_longer_than_the_source_length(data_dir, tmp_path):
     """Before: the sentence was cut to its first 17 tokens and translated, silently."""
     out = tmp_path / "run"
-    trained = run_demo("translate.py", "--smoke", "--steps", "1", "--replicas", "1",
+    trained = run_demo("translate.py", "--smoke", "--max-iters", "1", "--replicas", "1",
                        "--no-progress", "--data", str(data_dir), "--out", str(out))
     assert trained.returncode == 0, trained.stderr[-3000:]
     long = " ".join(["i am home ."] * 6)  # 24 tokens
     err = one_error_line(run_demo("translate.py", "--out", str(out), "--translate", long))
     assert "has 24 tokens, more than the model's source length allows (16 tokens and <eos>, " \
-        "max_len 17)" in err, err
+        "block_size 17)" in err, err
     short = run_demo("translate.py", "--out", str(out), "--translate", "i am home .")
     assert short.returncode == 0, short.stderr
 
 
 # --------------------------------------------------------------------------- case 8
-def _block(heads: int = 2):
+def _block(num_heads: int = 2):
     from npformer.nn import EncoderBlock
     from tests.conftest import using_backend
 
     with using_backend("numpy", "float64"):
-        return EncoderBlock(8, heads, 16, 0.0, "relu", False, None)
+        return EncoderBlock(8, num_heads, 16, 0.0, "relu", False, None)
 
 
 def _spoiled(state: dict, name: str, how: str) -> dict:
@@ -326,9 +326,9 @@ KINDS = [("int32", TypeError, "holds int32 values: weights must be floating poin
 @pytest.mark.parametrize("loader", ["module", "torch", "safetensors", "checkpoint"])
 def test_case08_every_loader_refuses_weights_of_the_wrong_kind(loader, how, error, words,
                                                                tmp_path):
-    """One rule set (npformer.weights) in every loader: before, load_safetensors took
-    int32/bool/complex, Module.load_state_dict and load_torch_state_dict integers and
-    NaN/inf, and load_checkpoint integers (cast silently)."""
+    """One rule set (npformer.validation's weight rules) in every loader: before,
+    load_safetensors took int32/bool/complex, Module.load_state_dict and
+    load_torch_state_dict integers and NaN/inf, and load_checkpoint integers (cast silently)."""
     from npformer import checkpoint
     from npformer.torch_interop import load_safetensors, load_torch_state_dict, to_torch_state_dict
     from tests.conftest import using_backend
@@ -352,7 +352,7 @@ def test_case08_every_loader_refuses_weights_of_the_wrong_kind(loader, how, erro
             from npformer.models import ClassifierConfig, TransformerClassifier
 
             model = TransformerClassifier(ClassifierConfig(vocab_size=5, d_model=8, num_heads=2,
-                                                           num_layers=1, d_ff=16, max_len=4))
+                                                           num_layers=1, d_ff=16, block_size=4))
             path = checkpoint.save_checkpoint(tmp_path / "c.npz", model)
             with np.load(path) as archive:
                 contents = {k: archive[k] for k in archive.files}
@@ -394,7 +394,7 @@ def test_case09_a_torch_module_with_other_head_counts_is_refused():
     torch = pytest.importorskip("torch")
     from npformer.torch_interop import load_torch_state_dict
 
-    block = _block(heads=2)
+    block = _block(num_heads=2)
     layer = torch.nn.TransformerEncoderLayer(8, 4, 16, 0.0, batch_first=True)
     with pytest.raises(ValueError, match=r"self_attn: torch 4 heads, npformer 2"):
         load_torch_state_dict(block, layer)
@@ -424,7 +424,7 @@ def test_case10_torch_weights_of_the_wrong_shape_or_kind_name_the_mistake():
     torch = pytest.importorskip("torch")
     from npformer.torch_interop import load_torch_state_dict
 
-    block = _block(heads=2)
+    block = _block(num_heads=2)
     layer = torch.nn.TransformerEncoderLayer(8, 2, 16, 0.0, batch_first=True)
     state = layer.state_dict()
     rows = {**state, "self_attn.in_proj_weight": state["self_attn.in_proj_weight"][:20]}
@@ -455,7 +455,7 @@ def test_case10_a_bfloat16_safetensors_file_loads_as_float32_with_a_note(tmp_pat
 
     from npformer.torch_interop import load_safetensors
 
-    block = _block(heads=2)
+    block = _block(num_heads=2)
     layer = torch.nn.TransformerEncoderLayer(8, 2, 16, 0.0, batch_first=True)
     halves = {k: v.to(torch.bfloat16).contiguous() for k, v in layer.state_dict().items()}
     save_file(halves, str(tmp_path / "w.safetensors"))
@@ -512,7 +512,7 @@ def stopped_run(data_dir, tmp_path):
     from npformer import cli
 
     out = tmp_path / "run"
-    assert _run_generate(["--iters", "4", "--stop-after", "2", "--out", str(out)],
+    assert _run_generate(["--max-iters", "4", "--stop-after", "2", "--out", str(out)],
                          data_dir) == 130
     yield out, (out / "last.npz").read_bytes()
     for lock in cli._held_outputs.values():

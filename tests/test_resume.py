@@ -51,7 +51,7 @@ def make_trainer(tmp_path, init_seed=0, next_batch=None, **config) -> Trainer:
     backend.seed(init_seed)
     model = TransformerClassifier(ClassifierConfig(
         vocab_size=9, num_classes=3, d_model=8, num_heads=2, num_layers=1, d_ff=12,
-        max_len=6, dropout=0.3, pad_id=0))
+        block_size=6, dropout=0.3, pad_id=0))
     opt = optim.AdamW(model.parameters(), weight_decay=0.1,
                       lr=optim.warmup_cosine(peak_lr=3e-2, warmup=2, total_steps=TOTAL))
     x, lens, y = epoch_batches().make(np.arange(ROWS))
@@ -62,7 +62,7 @@ def make_trainer(tmp_path, init_seed=0, next_batch=None, **config) -> Trainer:
                                                 backend.asarray(y))
         return {"val_score": -backend.to_float(loss)}
 
-    cfg = dict(max_steps=TOTAL, replicas=2, clip_norm=0.5, eval_every=EVERY,
+    cfg = dict(max_iters=TOTAL, replicas=2, clip_norm=0.5, eval_every=EVERY,
                checkpoint_path=tmp_path / "best.npz", select_metric="val_score",
                last_path=tmp_path / "last.npz", progress=False)
     return Trainer(model, opt, Classification(), next_batch or epoch_batches(),

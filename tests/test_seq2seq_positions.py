@@ -20,7 +20,7 @@ def _model_and_batch(seed=0):
     rng = np.random.default_rng(seed)
     model = Seq2SeqTransformer(Seq2SeqConfig(src_vocab_size=9, tgt_vocab_size=11, d_model=4,
                                              num_heads=2, num_encoder_layers=1,
-                                             num_decoder_layers=1, d_ff=6, max_len=6,
+                                             num_decoder_layers=1, d_ff=6, block_size=6,
                                              dropout=0.0))
     src = rng.integers(4, 9, (3, 4))
     src[2, 2:] = 0

@@ -42,10 +42,10 @@ def option(default: Any, help: str, type: Callable[[str], Any] = positive_int,
     return field(default=default, metadata={"help": help, "type": type, "choices": choices})
 
 
-def check_divisible(preset: Any, width: str, heads: str) -> None:
+def check_divisible(preset: Any, d_model: str, num_heads: str) -> None:
     """Refuse a model width the number of heads does not divide, naming both options."""
-    check_heads_divide(getattr(preset, width), getattr(preset, heads), flag(width), flag(heads),
-                       hint="")
+    check_heads_divide(getattr(preset, d_model), getattr(preset, num_heads), flag(d_model),
+                       flag(num_heads), hint="")
 
 
 def _add_preset_options(parser: argparse.ArgumentParser, presets: dict) -> None:
@@ -57,14 +57,20 @@ def _add_preset_options(parser: argparse.ArgumentParser, presets: dict) -> None:
                        help="short for --preset smoke: a few seconds on a tiny subset, "
                             "checks the whole pipeline runs (CI)")
     base = presets["default"]
+    renamed = getattr(type(base), "old_field_names", {})  # old name -> field, one release
     for f in fields(base):
+        aliases = [flag(old) for old, new in renamed.items() if new == f.name]
         values = "; ".join([f"default: {getattr(base, f.name)}"] + [
             f"{name}: {getattr(p, f.name)}" for name, p in presets.items()
             if name != "default" and getattr(p, f.name) != getattr(base, f.name)])
+        was = f"; was {', '.join(aliases)}" if aliases else ""
         group.add_argument(flag(f.name), type=f.metadata["type"], default=None,
                            choices=f.metadata["choices"],
                            metavar=None if f.metadata["choices"] else f.name.upper(),
-                           help=f"{f.metadata['help']} ({values})".replace("%", "%%"))
+                           help=f"{f.metadata['help']} ({values}{was})".replace("%", "%%"))
+        for alias in aliases:  # the old name, still read for one release; --help hides it
+            group.add_argument(alias, dest=f.name, type=f.metadata["type"], default=None,
+                               choices=f.metadata["choices"], help=argparse.SUPPRESS)
 
 
 def resolve_preset(parser: argparse.ArgumentParser, args: argparse.Namespace, presets: dict) -> Any:

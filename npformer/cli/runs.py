@@ -28,6 +28,7 @@ from ..checkpoint import Checkpoint, CheckpointError, build_model, load_checkpoi
 from ..engine import engine_name, set_engine
 from ..launch import relaunch
 from ..nn import Module
+from ..validation import new_field_names
 from .demo import LAST_FILE, RUN_SETTINGS, Demo, DemoError
 from .lock import hold_output
 from .options import flag, resolve_preset
@@ -140,7 +141,8 @@ def _adopt_saved_run(parser: argparse.ArgumentParser, args: argparse.Namespace,
                      f"{saved['preset_name']} (leave --preset and --smoke out)")
     args.preset, args.smoke = saved["preset_name"], False
     known = {f.name for f in fields(presets["default"])}
-    values = {**{k: v for k, v in saved["preset"].items() if k in known}, **saved["settings"]}
+    preset = new_field_names(type(presets["default"]), saved["preset"])  # old names: new
+    values = {**{k: v for k, v in preset.items() if k in known}, **saved["settings"]}
     for name, value in values.items():
         given = getattr(args, name)
         if given is not None and given != value:

@@ -14,18 +14,19 @@ from dataclasses import dataclass
 from .. import engine, ops
 from ..backend import Array
 from ..nn import EncoderBlock, Linear, Module, Padding
-from ..validation import check_rank, check_valid_lengths
+from ..validation import check_rank, check_valid_lengths, renamed_fields
 from .common import TokenEmbedding, check_config, final_norm, model_input, padding_of
 
 
+@renamed_fields(max_len="block_size")  # the old name, for one release
 @dataclass
 class ClassifierConfig:
     """The shape of a :class:`TransformerClassifier` (saved with its checkpoints).
 
     vocab_size: token ids are in [0, vocab_size); num_classes: C, the labels (>= 2);
     d_model: width D; num_heads: H (D must be a multiple unless head_dim is set);
-    num_layers: encoder blocks; d_ff: feed-forward width; max_len: the longest
-    sequence (learned positions); dropout: probability in [0, 1); activation: "relu",
+    num_layers: encoder blocks; d_ff: feed-forward width; block_size: the longest
+    sequence (the positional table's length); dropout: probability in [0, 1); activation: "relu",
     "gelu" or "gelu_tanh"; norm_first: pre-norm blocks (a final layer norm) instead of
     post-norm; head_dim: per-head width E (default D / H); positional: "learned" or
     "sinusoidal"; pooling: how the valid positions become one vector (see
@@ -39,7 +40,7 @@ class ClassifierConfig:
     num_heads: int = 4
     num_layers: int = 2
     d_ff: int = 256
-    max_len: int = 256
+    block_size: int = 256
     dropout: float = 0.1
     activation: str = "relu"
     norm_first: bool = False
@@ -67,7 +68,7 @@ class TransformerClassifier(Module):
 
     def __init__(self, config: ClassifierConfig):
         self.config = c = config
-        self.embed = TokenEmbedding(c.vocab_size, c.d_model, c.max_len, c.positional,
+        self.embed = TokenEmbedding(c.vocab_size, c.d_model, c.block_size, c.positional,
                                     c.dropout, scale_by_sqrt_d=False)
         self.blocks = [EncoderBlock(c.d_model, c.num_heads, c.d_ff, c.dropout, c.activation,
                                     c.norm_first, c.head_dim) for _ in range(c.num_layers)]

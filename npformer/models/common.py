@@ -18,14 +18,30 @@ from ..nn import (
     Padding,
     SinusoidalPositionalEncoding,
 )
-from ..validation import POSITIONALS, check_config, check_rank, check_token_ids  # noqa: F401
+from ..validation import (  # noqa: F401 (POSITIONALS: re-exported)
+    POSITIONALS,
+    check_config,
+    check_rank,
+    check_token_ids,
+    new_field_names,
+)
 
 
 def config_to_dict(config: Any) -> dict:
     return asdict(config)
 
 
+def saved_config_values(cls: type, values: dict) -> dict:
+    """A config's values as saved (a checkpoint's ``config``), the old name of a renamed
+    field read as its new one (``max_len`` -> ``block_size``): the one place a saved
+    config is read, so a checkpoint written before a rename still loads."""
+    return new_field_names(cls, values)
+
+
 def config_from_dict(cls: type, values: dict) -> Any:
+    """``cls(**values)`` from a saved config (old field names read as the new ones); a
+    field ``cls`` does not have is refused by name."""
+    values = saved_config_values(cls, values)
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:
@@ -39,25 +55,23 @@ class TokenEmbedding(Module):
     scale is sqrt(D) where the paper scales embeddings (section 3.4), else 1.
     """
 
-    def __init__(self, vocab_size: int, d_model: int, max_len: int, positional: str,
-                 dropout: float, scale_by_sqrt_d: bool, init_std: float = 1.0,
-                 limit_name: str = "max_len"):
+    def __init__(self, vocab_size: int, d_model: int, block_size: int, positional: str,
+                 dropout: float, scale_by_sqrt_d: bool, init_std: float = 1.0):
         self.tokens = Embedding(vocab_size, d_model, init_std=init_std)
         if positional == "learned":
-            self.positions = LearnedPositionalEmbedding(max_len, d_model)
+            self.positions = LearnedPositionalEmbedding(block_size, d_model)
         else:
-            self.positions = SinusoidalPositionalEncoding(max_len, d_model)
+            self.positions = SinusoidalPositionalEncoding(block_size, d_model)
         self.dropout = Dropout(dropout)
         self.scale = math.sqrt(d_model) if scale_by_sqrt_d else 1.0
-        self.max_len = max_len
-        self.limit_name = limit_name  # the config field that sets max_len, for errors
+        self.block_size = block_size
 
     def check_inputs(self, ids: Array, offset: int = 0) -> None:
-        """ids (B, T) integers in [0, V), offset + T <= max_len: the door of every model."""
+        """ids (B, T) integers in [0, V), offset + T <= block_size: the door of every model."""
         check_rank(ids, 2, "token ids (batch, positions)")
-        if offset + ids.shape[1] > self.max_len:
+        if offset + ids.shape[1] > self.block_size:
             raise ValueError(f"sequence of length {offset + ids.shape[1]} is longer than "
-                             f"{self.limit_name} {self.max_len} (the positional table's "
+                             f"block_size {self.block_size} (the positional table's "
                              "length); raise it in the model's config")
         check_token_ids(ids, self.tokens.num_embeddings)
 

@@ -60,8 +60,7 @@ class CausalLM(Module):
     def __init__(self, config: CausalLMConfig):
         self.config = c = config
         self.embed = TokenEmbedding(c.vocab_size, c.d_model, c.block_size, c.positional,
-                                    c.dropout, scale_by_sqrt_d=False, init_std=0.02,
-                                    limit_name="block_size")
+                                    c.dropout, scale_by_sqrt_d=False, init_std=0.02)
         self.blocks = [EncoderBlock(c.d_model, c.num_heads, c.d_ff, c.dropout, c.activation,
                                     c.norm_first, c.head_dim) for _ in range(c.num_layers)]
         self.norm = final_norm(c)

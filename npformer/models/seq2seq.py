@@ -18,17 +18,18 @@ from dataclasses import dataclass
 from .. import backend, ops
 from ..backend import Array
 from ..nn import DecoderBlock, DecodingCache, EncoderBlock, Linear, Module, Padding
-from ..validation import check_rank
+from ..validation import check_rank, renamed_fields
 from .common import TokenEmbedding, check_config, final_norm, model_input, padding_of
 
 
+@renamed_fields(max_len="block_size")  # the old name, for one release
 @dataclass
 class Seq2SeqConfig:
     """The shape of a :class:`Seq2SeqTransformer` (saved with its checkpoints).
 
     src_vocab_size, tgt_vocab_size: the two vocabularies; d_model: width D; num_heads:
     H; num_encoder_layers, num_decoder_layers: blocks on each side; d_ff: feed-forward
-    width; max_len: the longest sequence on either side; dropout: probability in
+    width; block_size: the longest sequence on either side; dropout: probability in
     [0, 1); activation: "relu", "gelu" or "gelu_tanh"; norm_first: pre-norm blocks
     instead of post-norm; head_dim: per-head width E (default D / H); positional:
     "sinusoidal" or "learned"; scale_embeddings: multiply embeddings by sqrt(D);
@@ -43,7 +44,7 @@ class Seq2SeqConfig:
     num_encoder_layers: int = 2
     num_decoder_layers: int = 2
     d_ff: int = 1024
-    max_len: int = 64
+    block_size: int = 64
     dropout: float = 0.1
     activation: str = "relu"
     norm_first: bool = False
@@ -73,9 +74,9 @@ class Seq2SeqTransformer(Module):
 
     def __init__(self, config: Seq2SeqConfig):
         self.config = c = config
-        self.src_embed = TokenEmbedding(c.src_vocab_size, c.d_model, c.max_len, c.positional,
+        self.src_embed = TokenEmbedding(c.src_vocab_size, c.d_model, c.block_size, c.positional,
                                         c.dropout, c.scale_embeddings, init_std=c.d_model ** -0.5)
-        self.tgt_embed = TokenEmbedding(c.tgt_vocab_size, c.d_model, c.max_len, c.positional,
+        self.tgt_embed = TokenEmbedding(c.tgt_vocab_size, c.d_model, c.block_size, c.positional,
                                         c.dropout, c.scale_embeddings, init_std=c.d_model ** -0.5)
         self.encoder = [EncoderBlock(c.d_model, c.num_heads, c.d_ff, c.dropout, c.activation,
                                      c.norm_first, c.head_dim) for _ in range(c.num_encoder_layers)]

@@ -48,14 +48,17 @@ class Linear(Module):
 
 
 class LayerNorm(Module):
-    """Layer norm over the last axis, weight (gamma) 1 and bias (beta) 0 at init."""
+    """Layer norm over the last axis (of size ``normalized_shape``, PyTorch's name; an int
+    D here), weight (gamma) 1 and bias (beta) 0 at init."""
 
-    def __init__(self, width: int, eps: float = ops.layernorm.EPS):
-        check_size(width, "layer norm width", 1)
+    def __init__(self, normalized_shape: int, eps: float = ops.layernorm.EPS):
+        check_size(normalized_shape, "layer norm width", 1)
         xp, dtype, dev = backend.xp(), backend.default_float(), backend.device()
         self.eps = eps
-        self.weight = Parameter(xp.ones((width,), dtype=dtype, device=dev), decay=False)
-        self.bias = Parameter(xp.zeros((width,), dtype=dtype, device=dev), decay=False)
+        self.weight = Parameter(xp.ones((normalized_shape,), dtype=dtype, device=dev),
+                                decay=False)
+        self.bias = Parameter(xp.zeros((normalized_shape,), dtype=dtype, device=dev),
+                              decay=False)
 
     def forward(self, x: Array) -> Array:
         y, cache = engine.ops().layernorm_forward(x, self.weight.data, self.bias.data, self.eps)
@@ -72,12 +75,12 @@ class LayerNorm(Module):
 class Embedding(Module):
     """Token ids (...) -> vectors (..., D); weight N(0, init_std^2), PyTorch's std 1 by default."""
 
-    def __init__(self, num_embeddings: int, width: int, init_std: float = 1.0):
+    def __init__(self, num_embeddings: int, embedding_dim: int, init_std: float = 1.0):
         check_size(num_embeddings, "num_embeddings", 1)
-        check_size(width, "embedding width", 1)
-        self.num_embeddings, self.width = num_embeddings, width
-        self.weight = Parameter(backend.random_normal((num_embeddings, width), std=init_std),
-                                decay=False)
+        check_size(embedding_dim, "embedding_dim", 1)
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        self.weight = Parameter(backend.random_normal((num_embeddings, embedding_dim),
+                                                      std=init_std), decay=False)
 
     def forward(self, ids: Array) -> Array:
         y, cache = engine.ops().embedding_forward(ids, self.weight.data)
@@ -105,13 +108,13 @@ class Embedding(Module):
 
 
 class LearnedPositionalEmbedding(Module):
-    """x (B, T, D) -> x + P[:T], with a trainable table P (max_len, D)."""
+    """x (B, T, D) -> x + P[:T], with a trainable table P (block_size, D)."""
 
-    def __init__(self, max_len: int, width: int, init_std: float = 0.02):
-        check_size(max_len, "max_len", 1)
-        check_size(width, "positional width", 1)
-        self.max_len = max_len
-        self.weight = Parameter(backend.random_normal((max_len, width), std=init_std),
+    def __init__(self, block_size: int, d_model: int, init_std: float = 0.02):
+        check_size(block_size, "block_size", 1)
+        check_size(d_model, "d_model", 1)
+        self.block_size = block_size
+        self.weight = Parameter(backend.random_normal((block_size, d_model), std=init_std),
                                 decay=False)
 
     def forward(self, x: Array) -> Array:
@@ -128,11 +131,11 @@ class LearnedPositionalEmbedding(Module):
 class SinusoidalPositionalEncoding(Module):
     """x (B, T, D) -> x + PE[:T] with the paper's fixed sines and cosines (no parameters)."""
 
-    def __init__(self, max_len: int, width: int):
-        check_size(max_len, "max_len", 1)
-        check_size(width, "positional width", 1)
-        self.max_len = max_len
-        self._table = ops.sinusoidal_table(max_len, width)  # not a Parameter: never trained
+    def __init__(self, block_size: int, d_model: int):
+        check_size(block_size, "block_size", 1)
+        check_size(d_model, "d_model", 1)
+        self.block_size = block_size
+        self._table = ops.sinusoidal_table(block_size, d_model)  # not a Parameter: never trained
 
     def forward(self, x: Array) -> Array:
         check_float(x, "input to the positional encoding")  # before its dtype is read

@@ -46,8 +46,7 @@ from typing import Any
 
 from .. import backend
 from ..backend import Array
-from ..validation import check_upstream, run_trusted, trusted
-from ..weights import checked_weights, mismatch_report  # noqa: F401 (mismatch_report: re-exported)
+from ..validation import check_upstream, checked_weights, run_trusted, trusted
 
 _local = threading.local()  # each thread its own switch, as each has its own generator
 
@@ -342,7 +341,7 @@ class Module:
 
     def load_state_dict(self, state: dict) -> None:
         """Copy arrays into the parameters, checking names, shapes and values first
-        (:func:`npformer.weights.checked_weights`: floating point, finite, exactly the
+        (:func:`npformer.validation.checked_weights`: floating point, finite, exactly the
         parameters' names and shapes), each cast to its parameter's dtype.
 
         Every name and shape problem is reported at once, before anything is changed.

@@ -20,16 +20,16 @@ from ..validation import backward_op, checked_op, forward_op, positions_inputs, 
 
 
 @checked_op(sinusoidal_inputs)
-def sinusoidal_table(max_len: int, width: int, dtype: Any = None,
+def sinusoidal_table(block_size: int, d_model: int, dtype: Any = None,
                      like: Array | None = None) -> Array:
-    """(max_len, width) table of sines (even columns) and cosines (odd columns)."""
+    """(block_size, d_model) table of sines (even columns) and cosines (odd columns)."""
     xp = backend.xp() if like is None else backend.namespace_of(like)
     dev = backend.device() if like is None else backend.device_of(like)
     dtype = dtype or backend.default_float()
-    position = xp.astype(xp.arange(max_len, device=dev), xp.float64)[:, None]  # (L, 1)
-    column = xp.arange(width, device=dev)  # (D,)
+    position = xp.astype(xp.arange(block_size, device=dev), xp.float64)[:, None]  # (L, 1)
+    column = xp.arange(d_model, device=dev)  # (D,)
     pair_index = xp.astype(column - column % 2, xp.float64)  # 2i for columns 2i and 2i+1
-    angle = position / (10000.0 ** (pair_index / width))[None, :]  # (L, D)
+    angle = position / (10000.0 ** (pair_index / d_model))[None, :]  # (L, D)
     table = xp.where(column % 2 == 0, xp.sin(angle), xp.cos(angle))
     return xp.astype(table, dtype)
 
@@ -37,18 +37,18 @@ def sinusoidal_table(max_len: int, width: int, dtype: Any = None,
 @forward_op(positions_inputs)
 def add_positions_forward(x: Array, table: Array) -> tuple[Array, Any]:
     """x (B, T, D), table (L, D) with T <= L -> y (B, T, D), cache."""
-    seq_len, max_len = x.shape[1], table.shape[0]
+    seq_len, block_size = x.shape[1], table.shape[0]
     y = x + table[:seq_len, :][None, :, :]  # (B, T, D) + (1, T, D)
-    return y, (seq_len, max_len)
+    return y, (seq_len, block_size)
 
 
 @backward_op(add_positions_forward)
 def add_positions_backward(dy: Array, saved: Any) -> tuple[Array, Array]:
     """dy (B, T, D) -> dx (B, T, D), dtable (L, D) (used only when the table is learned)."""
-    seq_len, max_len = saved
+    seq_len, block_size = saved
     xp = backend.namespace_of(dy)
     dtable_used = xp.sum(dy, axis=0)  # (T, D)
-    unused = xp.zeros((max_len - seq_len, dy.shape[-1]), dtype=dy.dtype,
+    unused = xp.zeros((block_size - seq_len, dy.shape[-1]), dtype=dy.dtype,
                       device=backend.device_of(dy))  # (L - T, D)
     dtable = xp.concat([dtable_used, unused], axis=0)  # (L, D)
     return dy, dtable
