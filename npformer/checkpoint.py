@@ -8,10 +8,14 @@ Layout of the archive:
 * ``param/<name>``: every parameter, as NumPy arrays on the host;
 * ``optim/<key>``: the optimizer's :meth:`state_dict` (arrays and scalars).
 
-Format versions: 2 (this one) names the exact GELU "gelu" and the tanh form
-"gelu_tanh"; version 1 files called the tanh form "gelu", so reading one renames
-its config's ``activation`` "gelu" to "gelu_tanh": the model is rebuilt with the
-activation it was trained with.
+Format versions: 3 (this one) calls every config's context length ``block_size``;
+versions 1 and 2 called the classifier's and the seq2seq model's ``max_len``, and
+reading one maps it (``models.common.saved_config_values``, the one place a saved config
+is read).  Version 2 named the exact GELU "gelu" and the tanh form "gelu_tanh";
+version 1 files called the tanh form "gelu", so reading one renames its config's
+``activation`` "gelu" to "gelu_tanh": the model is rebuilt with the activation it was
+trained with.  An npformer that reads only older versions refuses a newer file by its
+version, not by a field it does not know.
 
 Files are written atomically: into a temporary file ``.<name>.<pid>.tmp`` beside the
 target, flushed to disk, then renamed over it, so an interrupted save never leaves a
@@ -45,7 +49,7 @@ if TYPE_CHECKING:  # annotations only: nn and optim are not imported here
     from .nn import Module
     from .optim import Optimizer
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 _RENAMED_IN_V2 = {"gelu": "gelu_tanh"}  # activation names of version 1 -> version 2
 
 

@@ -114,6 +114,7 @@ def _with_old_config_names(path, out):
         contents = {k: archive[k] for k in archive.files}
     meta = json.loads(str(contents["meta"]))
     meta["config"]["max_len"] = meta["config"].pop("block_size")
+    meta["version"] = 2  # the format before the rename
     contents["meta"] = np.array(json.dumps(meta))
     np.savez(out, **contents)
     return out

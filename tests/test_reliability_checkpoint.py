@@ -71,11 +71,11 @@ def test_version_1_gelu_means_the_tanh_form(tmp_path):
         np.testing.assert_array_equal(logits_of(rebuilt, batch), expected)
 
 
-def test_version_2_gelu_stays_exact(tmp_path):
+def test_gelu_stays_exact_since_version_2(tmp_path):
     with using_backend("numpy", "float64", seed=2):
         path = save_checkpoint(tmp_path / "m.npz", lm(activation="gelu"))
         checkpoint = load_checkpoint(path)
-    assert json.loads(str(np.load(path)["meta"]))["version"] == FORMAT_VERSION == 2
+    assert json.loads(str(np.load(path)["meta"]))["version"] == FORMAT_VERSION == 3
     assert checkpoint.config["activation"] == "gelu"
 
 
@@ -83,7 +83,7 @@ def test_a_newer_format_version_is_refused(tmp_path):
     with using_backend("numpy", "float64"):
         path = save_checkpoint(tmp_path / "m.npz", lm())
     newer = _rewrite(path, tmp_path / "newer.npz", lambda m: m.update(version=99))
-    with pytest.raises(CheckpointError, match="format version 99.*versions 1 to 2"):
+    with pytest.raises(CheckpointError, match="format version 99.*versions 1 to 3"):
         load_checkpoint(newer)
 
 
