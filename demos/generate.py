@@ -37,7 +37,6 @@ from npformer.cli import (
     demo_parser,
     extra_output,
     load_demo_model,
-    machine_description,
     nonnegative_int,
     option,
     plot_curves,
@@ -47,7 +46,7 @@ from npformer.cli import (
     run_demo,
     run_record,
     start_demo,
-    write_json,
+    write_metrics,
     write_text,
 )
 from npformer.data import CharVocab, lm_batch, load_shakespeare, read_text_file, split_90_10
@@ -210,13 +209,10 @@ def main(argv=None) -> int:
                       args.seed)
     print("-" * 60 + "\n" + text_out + "\n" + "-" * 60)
     write_text(out / "sample.txt", text_out)
-    write_json(out / "metrics.json", {
+    write_metrics(out, args, model.num_parameters(), {
         "val_loss": final["val_loss"], "train_loss": final["train_loss"],
         "updates": trainer.updates, "train_seconds": train_seconds,
-        "ms_per_update": 1000 * train_seconds / trainer.updates, "preset": args.preset,
-        "seed": args.seed, "engine": args.engine,
-        "machine": machine_description(args.replicas),
-        "parameters": model.num_parameters()})
+        "ms_per_update": 1000 * train_seconds / trainer.updates})
     extra_output("curves.png", plot_curves, out / "curves.png", history,
                  ["train_loss", "val_loss"], "tiny Shakespeare character LM")
     return 0

@@ -47,7 +47,6 @@ from npformer.cli import (
     demo_parser,
     extra_output,
     load_demo_model,
-    machine_description,
     map_batches,
     nonnegative_float,
     nonnegative_int,
@@ -59,7 +58,7 @@ from npformer.cli import (
     run_demo,
     run_record,
     start_demo,
-    write_json,
+    write_metrics,
 )
 from npformer.data import (
     Vocab,
@@ -362,17 +361,14 @@ def main(argv=None) -> int:
         print(f"no test file: validation {validation} on {len(val_ids)} reviews; "
               f"{total_seconds / 60:.1f} min in all")
 
-    write_json(out / "metrics.json", {
+    write_metrics(out, args, models[0].num_parameters(), {
         "test_accuracy": test_metrics["accuracy"], "test_loss": test_metrics["loss"],
         "val_accuracy": val_metrics["accuracy"], "members": len(models),
         "member_test_accuracy": member_test, "member_val_accuracy": member_val,
         "updates": sum(t.updates for t in trainers),
         "member_updates": [t.updates for t in trainers],
         "train_minutes": sum(t.train_seconds for t in trainers) / 60,
-        "total_minutes": total_seconds / 60,
-        "preset": args.preset, "seed": args.seed, "engine": args.engine,
-        "machine": machine_description(args.replicas),
-        "parameters": models[0].num_parameters()})
+        "total_minutes": total_seconds / 60})
     for member, trainer in enumerate(trainers, start=1):
         curves = "curves.png" if member == 1 else f"curves-{member}.png"
         extra_output(curves, plot_curves, out / curves, trainer.history,

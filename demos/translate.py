@@ -43,7 +43,6 @@ from npformer.cli import (
     demo_parser,
     extra_output,
     load_demo_model,
-    machine_description,
     map_batches,
     option,
     plot_attention,
@@ -53,7 +52,7 @@ from npformer.cli import (
     run_demo,
     run_record,
     start_demo,
-    write_json,
+    write_metrics,
 )
 from npformer.data import (
     Vocab,
@@ -314,16 +313,13 @@ def main(argv=None) -> int:
     for english_probe, french in zip(probe_sources, probes):
         print(f"  {english_probe} => {french}")
     total_seconds = clock.seconds()
-    write_json(out / "metrics.json", {
+    write_metrics(out, args, model.num_parameters(), {
         "bleu_greedy": bleu_greedy, "bleu_greedy_one_reference": bleu_greedy_one_ref,
         "bleu_beam": bleu_beam, "beam_size": preset.beam_size, "beam_seconds": beam_seconds,
         "updates": trainer.updates,
         "best_val_loss": trainer.best, "epochs": epochs,
         "train_minutes": trainer.train_seconds / 60, "total_minutes": total_seconds / 60,
-        "heldout_sentences": len(english), "probes": dict(zip(probe_sources, probes)),
-        "preset": args.preset, "seed": args.seed, "engine": args.engine,
-        "machine": machine_description(args.replicas),
-        "parameters": model.num_parameters()})
+        "heldout_sentences": len(english), "probes": dict(zip(probe_sources, probes))})
     extra_output("cross_attention.png", draw_cross_attention, model, src_vocab, tgt_vocab,
                  probe_sources[-1], out / "cross_attention.png")
     extra_output("curves.png", plot_curves, out / "curves.png", history, ["val_loss"],

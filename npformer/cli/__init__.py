@@ -37,7 +37,7 @@ from .demo import LAST_FILE, MODEL_FILE, Demo, DemoError
 from .errors import resume_command, run_demo
 from .lock import HOLDER_FILE, _held_outputs, hold_output
 from .options import check_divisible, demo_parser, option, resolve_preset
-from .output import Stopwatch, write_json, write_text
+from .output import Stopwatch, write_json, write_metrics, write_text
 from .plots import extra_output, plot_attention, plot_curves
 from .ranks import machine_description, map_batches
 from .runs import (

@@ -3,13 +3,14 @@ clock its reports are timed with, and its text and JSON files (written by rank 0
 the JSON atomically)."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
 import time
 from pathlib import Path
 
-from .ranks import is_main
+from .ranks import is_main, machine_description
 
 
 def say(line: str) -> None:
@@ -40,3 +41,12 @@ def write_json(path: Path, values: dict) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(values, indent=2))
     os.replace(tmp, path)
+
+
+def write_metrics(out: Path, args: argparse.Namespace, parameters: int, results: dict) -> None:
+    """``out/metrics.json``: the run's results, then what every demo records of how it was
+    made (preset, seed, engine, the machine and how the run spread over it, the model's
+    parameter count)."""
+    write_json(out / "metrics.json", {
+        **results, "preset": args.preset, "seed": args.seed, "engine": args.engine,
+        "machine": machine_description(args.replicas), "parameters": parameters})
