@@ -26,9 +26,15 @@ import numpy as np
 
 from . import backend, ops
 from .backend import Array
-from .models.common import valid_lengths_from
 from .nn import Module, evaluating
-from .validation import check_model_kind, check_real, check_size, check_token_ids, host_token_ids
+from .validation import (
+    check_model_kind,
+    check_real,
+    check_size,
+    check_token_ids,
+    host_token_ids,
+    source_ids,
+)
 
 
 def _last_log_probs(logits) -> np.ndarray:
@@ -47,35 +53,11 @@ def _strip(ids, eos_id: int) -> list[int]:
 
 
 def _source(model, src, src_lens):
-    """Checked source ids -> (src (B, S), src_lens (B,) or None) on the backend.
-
-    src: integer ids in [0, src_vocab_size), padding at the end; src_lens: the number
-    of real tokens of each row, in [1, S] (without it, the non-padding tokens are
-    counted).  Every source needs at least one token."""
+    """Checked source ids -> (src (B, S), src_lens (B,) or None) on the backend (the rule:
+    :func:`npformer.validation.source_ids`)."""
     c = model.config
-    host = host_token_ids(src, "src", 2, "a (batch, positions) array")
-    check_token_ids(host, c.src_vocab_size, "src")
-    batch, positions = host.shape
-    if src_lens is None:  # padding at the end only (refused elsewhere, naming where)
-        lengths, lens = valid_lengths_from(host, c.pad_id, "src"), None
-        where = "src row {row} is all padding"
-    else:
-        lengths = host_token_ids(src_lens, "src_lens", 1, "a (batch,) array")
-        if lengths.shape[0] != batch:
-            raise ValueError(f"src_lens has {lengths.shape[0]} lengths for a batch of {batch} "
-                             "source rows")
-        if lengths.size and lengths.max() > positions:
-            raise ValueError(f"src_lens holds length {lengths.max()}, longer than the "
-                             f"{positions} positions of src")
-        lens = backend.asarray(lengths)
-        where = "src_lens[{row}] is 0"
-    if batch and positions == 0:
-        raise ValueError("src has 0 positions (axis 1): every source needs at least one token")
-    empty = np.flatnonzero(lengths < 1)
-    if empty.size:
-        raise ValueError(where.format(row=int(empty[0])) + ": every source needs at least "
-                         "one token (lengths must be in [1, positions])")
-    return backend.asarray(host), lens
+    host, lengths = source_ids(src, src_lens, c.src_vocab_size, c.pad_id)
+    return backend.asarray(host), None if lengths is None else backend.asarray(lengths)
 
 
 # --------------------------------------------------------------------------- seq2seq

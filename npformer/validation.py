@@ -49,8 +49,9 @@ Also here: the configs' validation (:func:`check_config`) and the head-count rul
 types (:func:`positive_int` and its kin), held to the same rules as Python arguments;
 the old names of renamed fields (:func:`renamed_fields`, :func:`new_field_names`); the
 optimizers' arguments (:data:`HYPERPARAMETER_RANGES`, :func:`check_parameters`,
-:func:`check_gradients`); and the rules every weight loader applies
-(:func:`weight_array`, :func:`checked_weights`).
+:func:`check_gradients`); the rules every weight loader applies
+(:func:`weight_array`, :func:`checked_weights`); and the models' and decoders' token
+batches (:func:`model_input`, :func:`valid_lengths_from`, :func:`source_ids`).
 """
 from __future__ import annotations
 
@@ -967,3 +968,110 @@ def checked_weights(expected: Mapping[str, tuple], state: Mapping[str, Any], own
     if problems:
         raise ValueError(f"{what} does not fit {owner}: " + " | ".join(problems))
     return {name: weight_array(state[name], f"{what}[{name!r}]") for name in expected}
+
+
+# =========================================================================== token batches
+# The integer inputs of the models' and the decoders' public entries: ids and lengths
+# as arrays, padding only at the end of a row, a Padding that matches its ids, and the
+# decoders' source batch.
+def model_input(data: Any, what: str, rank: int = 2) -> Array:
+    """An integer argument (ids, lengths) of a model's public entry point (forward, predict)
+    as a backend array: integer arrays pass as they are; array-likes (nested lists or
+    tuples of numbers) are copied onto the backend, an empty one as int64 of the expected
+    ``rank`` (``[]`` is a batch of no sequences)."""
+    import array_api_compat  # here: validation is imported before the backends settle
+
+    if data is None:
+        return data
+    if array_api_compat.is_array_api_obj(data):
+        if not backend.is_integer_array(data):  # ids and lengths: integers
+            raise TypeError(f"{what} must be an integer array, got dtype {data.dtype}")
+        return data
+    try:
+        host = numpy.asarray(data)
+    except (ValueError, TypeError) as exc:  # ragged lists
+        raise ValueError(f"{what} must be an array or a rectangular nested list of numbers: "
+                         f"{exc}") from None
+    if host.dtype.kind not in "biuf":
+        raise TypeError(f"{what} must hold numbers, got {type(data).__name__} of dtype "
+                        f"{host.dtype}")
+    if host.size == 0:
+        host = host.astype(numpy.int64)
+        if host.ndim == 1 and rank == 2:
+            host = host.reshape(0, 0)
+    if host.dtype.kind not in "iu":
+        raise TypeError(f"{what} must be an integer array, got dtype {host.dtype}")
+    return backend.asarray(host)
+
+
+def valid_lengths_from(ids: Array, pad_id: int, what: str = "token ids") -> Array:
+    """ids (B, T) -> (B,) number of non-padding tokens per row, padding at the end only.
+
+    The layers read a row's valid positions as its first ``valid_lens[b]`` (the packing,
+    pooling, masks and positions): padding anywhere else, left padding or a pad between
+    tokens, would be read as tokens while the row's last tokens were dropped.  It is
+    refused, naming the row and the positions (move the padding to the end)."""
+    xp = backend.namespace_of(ids)
+    real = ids != pad_id  # (B, T)
+    lengths = xp.sum(xp.astype(real, xp.int64), axis=1)  # (B,)
+    if ids.shape[0] and ids.shape[1]:
+        positions = xp.arange(ids.shape[1], dtype=xp.int64, device=backend.device_of(ids))
+        if bool(xp.any(real != (positions[None, :] < lengths[:, None]))):
+            _refuse_padding_before_a_token(backend.to_numpy(real), pad_id, what)
+    return lengths
+
+
+def _refuse_padding_before_a_token(real: numpy.ndarray, pad_id: int, what: str) -> None:
+    """real (B, T) bools with a pad before a real token in some row: raise naming where."""
+    for row, tokens in enumerate(real):
+        pads = numpy.flatnonzero(~tokens)
+        later = numpy.flatnonzero(tokens[pads[0]:]) if pads.size else numpy.empty(0)
+        if later.size:
+            raise ValueError(
+                f"{what} row {row} has padding (pad_id {pad_id}) at position {pads[0]}, "
+                f"before a real token at position {pads[0] + later[0]}: padding must come "
+                "at the end of a row (right padding), where it is masked; padding elsewhere "
+                "would be read as tokens and the row's last tokens dropped. Move the "
+                "padding to the end of the row")
+
+
+def check_padding_matches(ids: Array, valid_lens: Array | None, padding: Any) -> None:
+    """A :class:`npformer.nn.Padding` handed with ids (B, T): no valid lengths beside it
+    (it holds them), and its batch and length are the ids'."""
+    if valid_lens is not None:
+        raise ValueError("pass the valid lengths or a padding, not both (the padding "
+                         "holds the valid lengths)")
+    if (padding.batch, padding.length) != tuple(ids.shape):
+        raise ValueError(f"padding describes a ({padding.batch}, {padding.length}) batch, "
+                         f"but the ids have shape {tuple(ids.shape)}")
+
+
+def source_ids(src: Any, src_lens: Any, vocab_size: int, pad_id: int) -> tuple[Any, Any]:
+    """A decoder's source batch, checked -> (src (B, S) int64, src_lens (B,) int64 or
+    None), on the host.
+
+    src: integer ids in [0, vocab_size), padding at the end; src_lens: the number of real
+    tokens of each row, in [1, S] (without it, the non-padding tokens are counted).  Every
+    source needs at least one token."""
+    host = host_token_ids(src, "src", 2, "a (batch, positions) array")
+    check_token_ids(host, vocab_size, "src")
+    batch, positions = host.shape
+    if src_lens is None:  # padding at the end only (refused elsewhere, naming where)
+        lengths, given = valid_lengths_from(host, pad_id, "src"), None
+        where = "src row {row} is all padding"
+    else:
+        lengths = given = host_token_ids(src_lens, "src_lens", 1, "a (batch,) array")
+        if lengths.shape[0] != batch:
+            raise ValueError(f"src_lens has {lengths.shape[0]} lengths for a batch of {batch} "
+                             "source rows")
+        if lengths.size and lengths.max() > positions:
+            raise ValueError(f"src_lens holds length {lengths.max()}, longer than the "
+                             f"{positions} positions of src")
+        where = "src_lens[{row}] is 0"
+    if batch and positions == 0:
+        raise ValueError("src has 0 positions (axis 1): every source needs at least one token")
+    empty = numpy.flatnonzero(lengths < 1)
+    if empty.size:
+        raise ValueError(where.format(row=int(empty[0])) + ": every source needs at least "
+                         "one token (lengths must be in [1, positions])")
+    return host, given
