@@ -69,7 +69,7 @@ def gelu_cases(rng):
 
     x = rng.standard_normal((768, 512)).astype(np.float32)
     dy = rng.standard_normal(x.shape).astype(np.float32)
-    _, phi = kernels.gelu_forward(x)
+    phi = np.float32(0.5) * scipy.special.erfc(-np.float32(np.sqrt(0.5)) * x)
     tx = torch.from_numpy(x).requires_grad_(True)
     ty = torch.nn.functional.gelu(tx)
     tdy = torch.from_numpy(dy)
@@ -85,7 +85,7 @@ def gelu_cases(rng):
 
     yield ("gelu forward (768, 512) f32", lambda: kernels.gelu_forward(x), numpy_forward,
            lambda: torch.nn.functional.gelu(tx.detach()))
-    yield ("gelu backward (768, 512) f32", lambda: kernels.gelu_backward(dy, x, phi),
+    yield ("gelu backward (768, 512) f32", lambda: kernels.gelu_backward(dy, x),
            numpy_backward, lambda: torch.autograd.grad(ty, tx, tdy, retain_graph=True))
 
 
@@ -154,7 +154,7 @@ from npformer.optim import adam_flat_update
 imported = time.perf_counter()
 for dtype in (np.float32, np.float64):
     x = np.ones((4, 8), dtype)
-    _, phi = kernels.gelu_forward(x); kernels.gelu_backward(x, x, phi)
+    kernels.gelu_forward(x); kernels.gelu_backward(x, x)
     _, xh, r = kernels.layernorm_forward(x, x[0], x[0], 1e-5)
     kernels.layernorm_backward(x, xh, r, x[0])
     f = x.reshape(-1)

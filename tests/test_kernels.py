@@ -160,9 +160,9 @@ def adam_case():
 
 BROKEN = {  # kernel: (its broken copy, the equality check that must catch it)
     "gelu_forward64": (lambda k: perturbed(k, 1), gelu_case),
-    "gelu_backward64": (lambda k: perturbed(k, 3), gelu_case),
+    "gelu_backward64": (lambda k: perturbed(k, 2), gelu_case),
     "gelu_forward32": (lambda k: perturbed(k, 1, 1e-5), gelu32_case),
-    "gelu_backward32": (lambda k: perturbed(k, 3, 1e-5), gelu32_case),
+    "gelu_backward32": (lambda k: perturbed(k, 2, 1e-5), gelu32_case),
     "_layernorm_forward": (lambda k: perturbed(k, 4), layernorm_case),
     "_layernorm_backward": (lambda k: perturbed(k, 4), layernorm_case),
     "adamw_flat": (lambda k: perturbed(k, 0), adam_case),
@@ -195,11 +195,11 @@ def test_float32_gelu_kernels_are_float32_accurate():
     for scale in (0.1, 1.0, 5.0, 40.0):
         x = (rng.standard_normal(5000) * scale).astype(np.float32)
         dy = rng.standard_normal(5000).astype(np.float32)
-        y32, phi32 = kernels.gelu_forward(x)
+        y32 = kernels.gelu_forward(x)
         y64, cache64 = ops.gelu_forward(x.astype(np.float64))
         assert y32.dtype == np.float32 and rel_diff(y32, y64) <= 3e-7
         dx64 = ops.gelu_backward(dy.astype(np.float64), cache64)
-        assert rel_diff(kernels.gelu_backward(dy, x, phi32), dx64) <= 3e-7
+        assert rel_diff(kernels.gelu_backward(dy, x), dx64) <= 3e-7
 
 
 # =========================================================================== flat buffer

@@ -320,62 +320,61 @@ def _erfc32(x):
 
 # =========================================================================== GELU
 @_jit
-def gelu_forward64(x: np.ndarray, y: np.ndarray, phi_cdf: np.ndarray) -> None:
-    """x (N,) -> y = x Phi(x) and Phi(x) = erfc(-x / sqrt 2) / 2, written into y and
-    phi_cdf (N,); computed in float64, rounded once to the arrays' dtype."""
+def gelu_forward64(x: np.ndarray, y: np.ndarray) -> None:
+    """x (N,) -> y = x Phi(x), Phi(x) = erfc(-x / sqrt 2) / 2, written into y (N,);
+    computed in float64, rounded once to y's dtype."""
     for i in range(x.size):
         xi = np.float64(x[i])
-        p = 0.5 * _erfc(-_SQRT1_2 * xi)
-        phi_cdf[i] = p
-        y[i] = xi * p
+        y[i] = xi * (0.5 * _erfc(-_SQRT1_2 * xi))
     return None
 
 
 @_jit
-def gelu_forward32(x: np.ndarray, y: np.ndarray, phi_cdf: np.ndarray) -> None:
+def gelu_forward32(x: np.ndarray, y: np.ndarray) -> None:
     """:func:`gelu_forward64` of float32 arrays, in float32 arithmetic."""
     for i in range(x.size):
         xi = x[i]
-        p = _HALF_F * _erfc32(-_SQRT1_2_F * xi)
-        phi_cdf[i] = p
-        y[i] = xi * p
+        y[i] = xi * (_HALF_F * _erfc32(-_SQRT1_2_F * xi))
     return None
 
 
 @_jit
-def gelu_backward32(dy: np.ndarray, x: np.ndarray, phi_cdf: np.ndarray, dx: np.ndarray) -> None:
+def gelu_backward32(dy: np.ndarray, x: np.ndarray, dx: np.ndarray) -> None:
     """:func:`gelu_backward64` of float32 arrays, in float32 arithmetic."""
     for i in range(x.size):
         xi = x[i]
+        p = _HALF_F * _erfc32(-_SQRT1_2_F * xi)
         pdf = _INV_SQRT_2PI_F * _exp32(-_HALF_F * xi * xi)
-        dx[i] = dy[i] * (phi_cdf[i] + xi * pdf)
+        dx[i] = dy[i] * (p + xi * pdf)
     return None
 
 
 @_jit
-def gelu_backward64(dy: np.ndarray, x: np.ndarray, phi_cdf: np.ndarray, dx: np.ndarray) -> None:
-    """dy, x, Phi(x) (N,) -> dx = dy (Phi(x) + x phi(x)), phi(x) = exp(-x^2/2)/sqrt(2 pi)."""
+def gelu_backward64(dy: np.ndarray, x: np.ndarray, dx: np.ndarray) -> None:
+    """dy, x (N,) -> dx = dy (Phi(x) + x phi(x)), phi(x) = exp(-x^2/2)/sqrt(2 pi), with
+    Phi(x) recomputed exactly as the forward computes it (so nothing but x is kept)."""
     for i in range(x.size):
         xi = np.float64(x[i])
+        p = 0.5 * _erfc(-_SQRT1_2 * xi)
         pdf = _INV_SQRT_2PI * _exp(-0.5 * xi * xi)
-        dx[i] = dy[i] * (phi_cdf[i] + xi * pdf)
+        dx[i] = dy[i] * (p + xi * pdf)
     return None
 
 
-def gelu_forward(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """x (...) -> y = x Phi(x), Phi(x) (...): the compiled kernel of x's dtype (x must
-    pass :func:`usable`)."""
-    y, phi_cdf = np.empty_like(x), np.empty_like(x)
+def gelu_forward(x: np.ndarray) -> np.ndarray:
+    """x (...) -> y = x Phi(x) (...): the compiled kernel of x's dtype (x must pass
+    :func:`usable`)."""
+    y = np.empty_like(x)
     kernel = gelu_forward32 if x.dtype == np.float32 else gelu_forward64
-    kernel(x.reshape(-1), y.reshape(-1), phi_cdf.reshape(-1))
-    return y, phi_cdf
+    kernel(x.reshape(-1), y.reshape(-1))
+    return y
 
 
-def gelu_backward(dy: np.ndarray, x: np.ndarray, phi_cdf: np.ndarray) -> np.ndarray:
-    """dy, x, Phi(x) (...) -> dx = dy (Phi(x) + x phi(x)) (...), compiled."""
+def gelu_backward(dy: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """dy, x (...) -> dx = dy (Phi(x) + x phi(x)) (...), compiled, Phi(x) recomputed."""
     dx = np.empty_like(dy)
     kernel = gelu_backward32 if x.dtype == np.float32 else gelu_backward64
-    kernel(dy.reshape(-1), x.reshape(-1), phi_cdf.reshape(-1), dx.reshape(-1))
+    kernel(dy.reshape(-1), x.reshape(-1), dx.reshape(-1))
     return dx
 
 
