@@ -154,6 +154,28 @@ def layernorm_case():
                            rng.standard_normal(7), rng.standard_normal((3, 7)))
 
 
+def attention_case(dtype="float64", tol=TOL):
+    """Blocked attention (causal and padding masks, a fully masked query row) through the
+    compiled softmax kernels, equal to the textbook's dense attention."""
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal(shape).astype(dtype)
+               for shape in ((2, 3, 5, 4), (2, 3, 6, 4), (2, 3, 6, 4)))
+    mask = np.tril(np.ones((5, 6), dtype=bool), k=1) & (np.arange(6) < np.array([[6], [4]]))[
+        :, None, None, :]  # (2, 1, 5, 6): causal with one key of lookahead, and padding
+    mask[1, 0, 2] = False  # a query with every key masked
+    dout = rng.standard_normal((2, 3, 5, 4)).astype(dtype)
+    out_f, cache_f = fast.attention_forward(q, k, v, mask, block_scores=40)  # several blocks
+    out_t, cache_t = ops.attention_forward(q, k, v, mask)
+    assert rel_diff(out_f, out_t) <= tol, "out"
+    for name, got, want in zip(("dq", "dk", "dv"), fast.attention_backward(dout, cache_f),
+                               ops.attention_backward(dout, cache_t)):
+        assert rel_diff(got, want) <= tol, name
+
+
+def attention32_case():
+    attention_case("float32", 1e-5)
+
+
 def adam_case():
     optimizer_equal(SHAPES, seed=3)
 
@@ -165,6 +187,12 @@ BROKEN = {  # kernel: (its broken copy, the equality check that must catch it)
     "gelu_backward32": (lambda k: perturbed(k, 2, 1e-5), gelu32_case),
     "_layernorm_forward": (lambda k: perturbed(k, 4), layernorm_case),
     "_layernorm_backward": (lambda k: perturbed(k, 4), layernorm_case),
+    "attention_softmax64": (lambda k: perturbed(k, 0), attention_case),
+    "attention_probabilities64": (lambda k: perturbed(k, 0), attention_case),
+    "attention_softmax_backward64": (lambda k: perturbed(k, 0), attention_case),
+    "attention_softmax32": (lambda k: perturbed(k, 0, 1e-3), attention32_case),
+    "attention_probabilities32": (lambda k: perturbed(k, 0, 1e-3), attention32_case),
+    "attention_softmax_backward32": (lambda k: perturbed(k, 0, 1e-3), attention32_case),
     "adamw_flat": (lambda k: perturbed(k, 0), adam_case),
     "sum_of_squares": (perturbed_sum, adam_case),
 }
@@ -183,7 +211,8 @@ def test_each_kernel_broken_on_purpose_fails_its_equality_check(monkeypatch, nam
 @needs_numba
 def test_every_kernel_has_a_broken_variant():
     """Every compiled loop (not the scalar helpers numba inlines into them) is in BROKEN."""
-    helpers = {"_exp", "_exp32", "_exp_minus_square", "_erfc", "_erfc32", "_row_sums"}
+    helpers = {"_exp", "_exp32", "_exp_minus_square", "_erfc", "_erfc32", "_row_sums",
+               "_sum4"}
     compiled = {name for name, value in vars(kernels).items() if hasattr(value, "py_func")}
     assert compiled - helpers == set(BROKEN)
 

@@ -63,6 +63,7 @@ from ..backend import Array
 from ..ops import activations as _textbook_gelu
 
 KERNELS = ("gelu_forward", "gelu_backward", "layernorm_forward", "layernorm_backward",
+           "attention_softmax", "attention_probabilities", "attention_softmax_backward",
            "adamw_flat", "sum_of_squares")
 
 
@@ -475,6 +476,146 @@ def _layernorm_backward(dy, x_hat, r, gamma, dx, dgamma, dbeta):
         dgamma[j] = dgamma_acc[j]
         dbeta[j] = dbeta_acc[j]
     return None
+
+
+# =========================================================================== attention
+# The masked softmax inside blocked attention (npformer.fast.attention), on a block of
+# scores (A, H, t, s) written in place, one row of s keys at a time (the row stays in
+# cache): the textbook's statements, each rounded to the scores' dtype as there, the row
+# sums accumulated in float64.  The mask's bias arrives broadcast to the scores' shape (a
+# strided view, no copy); ``has_bias`` False: no bias (the view is not read).
+def _attention_kernels(exp, dtype):
+    """(softmax_lse, probabilities, softmax_backward) kernels of one dtype's ``exp``."""
+    zero, neg_inf = dtype(0.0), dtype(-np.inf)
+
+    @_jit
+    def softmax_lse(scores, bias, has_bias, lse):
+        """scores (A, H, t, s) -> P = softmax(scores + bias) in place; lse (A, H, t) =
+        max + log(sum exp(. - max)); a row with every key masked: P = 0, lse = 0."""
+        na, nh, nt, ns = scores.shape
+        for a in range(na):
+            for h in range(nh):
+                for t in range(nt):
+                    row = scores[a, h, t]
+                    if has_bias:
+                        b = bias[a, h, t]
+                        for j in range(ns):
+                            row[j] = row[j] + b[j]
+                    m = neg_inf
+                    for j in range(ns):
+                        m = max(m, row[j])
+                    if m == neg_inf:  # every key masked: e = 0, total = 1 (textbook)
+                        for j in range(ns):
+                            row[j] = zero
+                        lse[a, h, t] = zero
+                        continue
+                    for j in range(ns):  # element-wise: vectorizes
+                        row[j] = exp(row[j] - m)
+                    total = dtype(_sum4(row, row, 0))
+                    for j in range(ns):
+                        row[j] = row[j] / total
+                    lse[a, h, t] = m + np.log(total)
+        return None
+
+    @_jit
+    def probabilities(scores, bias, has_bias, lse):
+        """scores (A, H, t, s) -> P = exp((scores + bias) - lse) in place, lse (A, H, t)
+        from the forward: the backward's recomputed probabilities."""
+        na, nh, nt, ns = scores.shape
+        for a in range(na):
+            for h in range(nh):
+                for t in range(nt):
+                    row = scores[a, h, t]
+                    shift = lse[a, h, t]
+                    if has_bias:
+                        b = bias[a, h, t]
+                        for j in range(ns):
+                            row[j] = exp((row[j] + b[j]) - shift)
+                    else:
+                        for j in range(ns):
+                            row[j] = exp(row[j] - shift)
+        return None
+
+    @_jit
+    def softmax_backward(dp, p):
+        """dp, p (A, H, t, s) -> dA = (dp - <dp, p>) p, in dp's buffer, row by row."""
+        na, nh, nt, ns = dp.shape
+        for a in range(na):
+            for h in range(nh):
+                for t in range(nt):
+                    row, prow = dp[a, h, t], p[a, h, t]
+                    inner = dtype(_sum4(row, prow, 1))
+                    for j in range(ns):
+                        row[j] = (row[j] - inner) * prow[j]
+        return None
+
+    return softmax_lse, probabilities, softmax_backward
+
+
+@_jit(inline="always")
+def _sum4(x, y, kind):
+    """sum x (kind 0) or sum x y (kind 1) over a row, in float64 as four running sums."""
+    n = x.size
+    s0 = 0.0
+    s1 = 0.0
+    s2 = 0.0
+    s3 = 0.0
+    j = 0
+    while j + 4 <= n:
+        if kind == 0:
+            s0 += np.float64(x[j])
+            s1 += np.float64(x[j + 1])
+            s2 += np.float64(x[j + 2])
+            s3 += np.float64(x[j + 3])
+        else:
+            s0 += np.float64(x[j] * y[j])
+            s1 += np.float64(x[j + 1] * y[j + 1])
+            s2 += np.float64(x[j + 2] * y[j + 2])
+            s3 += np.float64(x[j + 3] * y[j + 3])
+        j += 4
+    while j < n:
+        s0 += np.float64(x[j]) if kind == 0 else np.float64(x[j] * y[j])
+        j += 1
+    return (s0 + s1) + (s2 + s3)
+
+
+if COMPILED:
+    attention_softmax64, attention_probabilities64, attention_softmax_backward64 = \
+        _attention_kernels(_exp, np.float64)
+    attention_softmax32, attention_probabilities32, attention_softmax_backward32 = \
+        _attention_kernels(_exp32, np.float32)
+
+
+def _broadcast_bias(bias: np.ndarray | None, scores: np.ndarray) -> tuple[np.ndarray, bool]:
+    """(the bias as a view of the scores' shape, whether there is one)."""
+    if bias is None:
+        return np.broadcast_to(np.zeros((1,) * scores.ndim, dtype=scores.dtype),
+                               scores.shape), False
+    return np.broadcast_to(bias, scores.shape), True
+
+
+def attention_softmax(scores: np.ndarray, bias: np.ndarray | None, lse: np.ndarray) -> None:
+    """scores (A, H, t, s), C-contiguous -> P = softmax(scores + bias) in place (fully
+    masked rows 0), lse (A, H, t, 1) written: one compiled pass a row."""
+    view, has_bias = _broadcast_bias(bias, scores)
+    kernel = attention_softmax32 if scores.dtype == np.float32 else attention_softmax64
+    kernel(scores, view, has_bias, lse[..., 0])
+
+
+def attention_probabilities(scores: np.ndarray, bias: np.ndarray | None,
+                            lse: np.ndarray) -> None:
+    """scores (A, H, t, s) -> P = exp(scores + bias - lse) in place, lse (A, H, t, 1)."""
+    view, has_bias = _broadcast_bias(bias, scores)
+    kernel = (attention_probabilities32 if scores.dtype == np.float32
+              else attention_probabilities64)
+    kernel(scores, view, has_bias, lse[..., 0])
+
+
+def attention_softmax_backward(dp: np.ndarray, p: np.ndarray) -> None:
+    """dp, p (A, H, t, s) -> dA = (dp - <dp, p>) p, written into dp."""
+    kernel = (attention_softmax_backward32 if dp.dtype == np.float32
+              else attention_softmax_backward64)
+    kernel(dp, p)
 
 
 # =========================================================================== optimizer
