@@ -176,6 +176,25 @@ def attention32_case():
     attention_case("float32", 1e-5)
 
 
+def loss_case(dtype="float64", tol=TOL):
+    """The fused loss (label smoothing, ignored rows) through the compiled kernels, equal
+    to the textbook's log-softmax and NLL: the loss and dlogits."""
+    rng = np.random.default_rng(6)
+    logits = (rng.standard_normal((2, 5, 7)) * 3).astype(dtype)
+    targets = rng.integers(0, 7, size=(2, 5))
+    targets[0, 1] = targets[1, 4] = ops.IGNORE_INDEX
+    for smoothing in (0.0, 0.1):
+        loss_f, cache_f = fast.cross_entropy_forward(logits, targets, label_smoothing=smoothing)
+        loss_t, cache_t = ops.cross_entropy_forward(logits, targets, label_smoothing=smoothing)
+        assert rel_diff(loss_f, loss_t) <= tol, "loss"
+        assert rel_diff(fast.cross_entropy_backward(0.5, cache_f),
+                        ops.cross_entropy_backward(0.5, cache_t)) <= tol, "dlogits"
+
+
+def loss32_case():
+    loss_case("float32", 1e-6)
+
+
 def adam_case():
     optimizer_equal(SHAPES, seed=3)
 
@@ -193,6 +212,10 @@ BROKEN = {  # kernel: (its broken copy, the equality check that must catch it)
     "attention_softmax32": (lambda k: perturbed(k, 0, 1e-3), attention32_case),
     "attention_probabilities32": (lambda k: perturbed(k, 0, 1e-3), attention32_case),
     "attention_softmax_backward32": (lambda k: perturbed(k, 0, 1e-3), attention32_case),
+    "cross_entropy_rows64": (lambda k: perturbed(k, 3), loss_case),
+    "cross_entropy_grad64": (lambda k: perturbed(k, 5), loss_case),
+    "cross_entropy_rows32": (lambda k: perturbed(k, 3, 1e-3), loss32_case),
+    "cross_entropy_grad32": (lambda k: perturbed(k, 5, 1e-3), loss32_case),
     "adamw_flat": (lambda k: perturbed(k, 0), adam_case),
     "sum_of_squares": (perturbed_sum, adam_case),
 }
@@ -212,7 +235,7 @@ def test_each_kernel_broken_on_purpose_fails_its_equality_check(monkeypatch, nam
 def test_every_kernel_has_a_broken_variant():
     """Every compiled loop (not the scalar helpers numba inlines into them) is in BROKEN."""
     helpers = {"_exp", "_exp32", "_exp_minus_square", "_erfc", "_erfc32", "_row_sums",
-               "_sum4"}
+               "_sum4", "_max8"}
     compiled = {name for name, value in vars(kernels).items() if hasattr(value, "py_func")}
     assert compiled - helpers == set(BROKEN)
 
