@@ -110,7 +110,7 @@ def attention_backward(dout: Array, saved: Any) -> tuple[Array, Array, Array]:
             kernels.attention_softmax_backward(dp, p)  # dA, in dp
             dscores = dp
         else:
-            dscores = softmax_backward.unchecked(dp, (p, -1), overwrite_input=True)  # in dp
+            dscores = softmax_backward.unchecked(dp, (p, -1), overwrite_input=True)  # dA, in dp
         dq[rows] = (dscores @ k[keys]) * scale  # (.., t, s) @ (.., s, E)
         dk[keys] += dscores.mT @ q[rows]  # (.., s, t) @ (.., t, E)
     return dq, dk, dv

@@ -92,20 +92,21 @@ def _mean_over_counted(xp, per_row, counted, dtype):
     counted_f = xp.astype(counted, dtype)
     n_counted = xp.sum(counted_f)
     denom = xp.where(n_counted > 0, n_counted, xp.ones_like(n_counted))
-    return counted_f, denom, xp.sum(per_row * counted_f) / denom
+    loss = xp.sum(per_row * counted_f) / denom
+    return counted_f, denom, loss
 
 
 @backward_op(cross_entropy_forward, upstream=check_loss_gradient)
 def cross_entropy_backward(dloss: Array, saved: Any) -> Array:
     """dloss (scalar) -> dlogits (..., V) = dloss * (p - q) / N_counted on counted rows."""
     p, safe_t, counted_f, denom, label_smoothing, logits_shape = saved
-    weight = counted_f * (dloss / denom)  # w, (N,): 0 on ignored rows
     if isinstance(p, _FromLogits):  # the compiled pass: p recomputed from z and lse
-        dz = kernels.cross_entropy_grad(p.logits, p.lse, p.targets, weight,
+        dz = kernels.cross_entropy_grad(p.logits, p.lse, p.targets, counted_f * (dloss / denom),
                                         float(label_smoothing))  # w (p - q), (N, V)
         return dz.reshape(logits_shape)
     xp = backend.namespace_of(p)
     vocab = p.shape[-1]
+    weight = counted_f * (dloss / denom)  # w, (N,): 0 on ignored rows
     dz = p - label_smoothing / vocab  # p minus the eps / V that q spreads over every class
     dz = add_at_columns(dz, safe_t, -(1.0 - label_smoothing))  # p - q, (N, V)
     dz *= weight[:, None]  # w (p - q)
