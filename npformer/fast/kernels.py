@@ -540,13 +540,12 @@ def _attention_kernels(exp, dtype):
                 for t in range(nt):
                     row = scores[a, h, t]
                     shift = lse[a, h, t]
-                    if has_bias:
+                    if has_bias:  # (the bias is a strided view: its own loop)
                         b = bias[a, h, t]
                         for j in range(ns):
-                            row[j] = exp((row[j] + b[j]) - shift)
-                    else:
-                        for j in range(ns):
-                            row[j] = exp(row[j] - shift)
+                            row[j] = row[j] + b[j]
+                    for j in range(ns):  # contiguous, element-wise: vectorizes
+                        row[j] = exp(row[j] - shift)
         return None
 
     @_jit
