@@ -161,6 +161,13 @@ for dtype in (np.float32, np.float64):
     adam_flat_update(f, f.copy(), f.copy(), f.copy(), np.zeros((0, 2), np.int64), 1.0, 0.9,
                      0.999, 1e-8, 1e-3, 0.5)
     kernels.sum_of_squares(f)
+    scores = np.ones((1, 2, 3, 4), dtype)
+    kernels.attention_softmax(scores, None, np.ones((1, 2, 3, 1), dtype))
+    kernels.attention_softmax(scores, scores[0, 0], np.ones((1, 2, 3, 1), dtype))
+    kernels.attention_probabilities(scores, scores[0, 0], np.ones((1, 2, 3, 1), dtype))
+    kernels.attention_softmax_backward(scores, scores)
+    _, lse = kernels.cross_entropy_rows(x, np.zeros(4, np.int64), 0.1)
+    kernels.cross_entropy_grad(x, lse, np.zeros(4, np.int64), lse, 0.1)
 print(f"{imported - start:.2f} {time.perf_counter() - imported:.2f}")
 """
 
