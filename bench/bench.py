@@ -13,9 +13,11 @@ Every (configuration, side) runs in a fresh subprocess (``--worker``, JSON on
 stdout), one after the other, with the same environment (thread variables,
 ``GLIBC_TUNABLES``) on both sides.  The PyTorch side is a plain torch.nn model
 written here (nn.Embedding, nn.TransformerEncoderLayer / DecoderLayer with
-batch_first=True, norm_first=False, dropout 0, nn.Linear); it is built first, from
-``torch.manual_seed(seed)``, and its initial weights are handed to the npformer
-side (an .npz file, loaded with ``npformer.torch_interop.load_torch_state_dict``),
+batch_first=True, norm_first=False, dropout 0, nn.Linear); it is built first and
+given the demo's own initial weights (npformer's model as the demo builds it, from
+``seed``: ``bench.configs.demo_initial_state``; the lm's tied embedding N(0, 0.02^2),
+so its first loss is about ln 65, as in the demo), which it hands to the npformer and
+nanoGPT sides (an .npz file, loaded with ``npformer.torch_interop.load_torch_state_dict``),
 so both sides train the same model on the same batch and their first-step losses
 must agree.  The npformer worker never imports torch.  Before anything is measured,
 each worker runs one training step and one inference of a tiny model of the same

@@ -204,3 +204,23 @@ def npformer_model(cfg: dict, weights: str | None = None):
         with np.load(weights) as f:
             load_torch_state_dict(model, {k: f[k] for k in f.files})
     return model, task
+
+
+def demo_initial_state(cfg: dict, seed: int) -> dict:
+    """The demo's own initial weights of ``cfg`` as a PyTorch state dict of NumPy arrays:
+    npformer's model as the demo builds it (its init: e.g. the lm's tied embedding and
+    learned positions N(0, 0.02^2), nanoGPT's rule, so its first loss is about ln V),
+    float32, from ``seed`` on the NumPy backend (the backend and default float are
+    restored after, the generator reseeded with ``seed``)."""
+    from npformer import backend
+    from npformer.torch_interop import to_torch_state_dict
+
+    previous = backend.backend_name(), backend.default_float_name()
+    backend.set_backend("numpy", seed=seed)
+    backend.set_default_float("float32")
+    try:
+        model, _ = npformer_model(cfg)
+        return to_torch_state_dict(model)
+    finally:
+        backend.set_backend(previous[0], seed=seed)
+        backend.set_default_float(previous[1])

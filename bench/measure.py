@@ -17,6 +17,7 @@ from bench.configs import (
     SEED,
     WARMUP_CONFIGS,
     clip_norm,
+    demo_initial_state,
     label_smoothing,
     make_batch,
     npformer_config,
@@ -139,7 +140,9 @@ def torch_check_loss(model, loss_of):
 
 def prepare_pytorch(cfg: dict, seed: int, weights: str | None, rows: tuple | None = None,
                     wrap=None, device: str = "cpu") -> Prepared:
-    """The PyTorch side on the batch's ``rows`` (lo, hi) (all by default); ``wrap``:
+    """The PyTorch side on the batch's ``rows`` (lo, hi) (all by default), from the demo's
+    own initial weights (:func:`bench.configs.demo_initial_state`), which it writes to
+    ``weights`` for npformer and nanoGPT; ``wrap``:
     e.g. DistributedDataParallel around the model for training.  Model and batch live
     on ``device`` ("cpu", "cuda"); the model is built on the CPU first, so its initial
     weights are the same whatever the device."""
@@ -148,6 +151,8 @@ def prepare_pytorch(cfg: dict, seed: int, weights: str | None, rows: tuple | Non
 
     torch.manual_seed(seed)
     model = torch_reference(cfg).train()
+    initial = demo_initial_state(cfg, seed)  # the demo's own init, not torch's
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in initial.items()})
     if weights:
         np.savez(weights, **{k: v.detach().numpy() for k, v in model.state_dict().items()})
     model.to(device)

@@ -303,10 +303,33 @@ def test_layernorm_refuses_what_the_textbook_refuses():
         fast.layernorm_forward(x, np.ones(3), np.ones(2))
 
 
+# =========================================================================== dropout
+@given(seed=seeds, shape=st.lists(st.integers(0, 5), min_size=0, max_size=3),
+       p=st.sampled_from([0.0, 0.1, 0.5, 0.9]), training=st.booleans(),
+       dtype=st.sampled_from(["float64", "float32"]))
+def test_dropout(xb, seed, shape, p, training, dtype):
+    """The fast dropout (the keep mask cached as booleans) equals the textbook op drawn
+    from the same generator state: output and gradient bit for bit, in either dtype."""
+    rng = np.random.default_rng(seed)
+    x = backend.asarray(rng.standard_normal(tuple(shape)), dtype=dtype)
+    dy = backend.asarray(rng.standard_normal(tuple(shape)), dtype=dtype)
+    results = []
+    for tier in (fast, ops):
+        backend.seed(seed)
+        y, cache = tier.dropout_forward(x, p, training)
+        results.append((host(y), host(tier.dropout_backward(dy, cache)), cache.saved))
+    (y_f, dx_f, saved_f), (y_t, dx_t, _) = results
+    for name, got, want in (("y", y_f, y_t), ("dx", dx_f, dx_t)):
+        assert got.dtype == want.dtype, name
+        np.testing.assert_array_equal(got, want, err_msg=name)
+    if training and p > 0.0:
+        assert host(saved_f[0]).dtype == np.bool_  # one byte an element, not a float mask
+
+
 # =========================================================================== the tier's namespace
 def test_every_fast_op_is_tested_and_the_rest_are_the_textbook_ops():
     tested = {"attention", "softmax", "cross_entropy", "linear", "relu", "gelu", "layernorm",
-              "activation"}
+              "activation", "dropout"}
     assert {name.rsplit("_", 1)[0] for name in fast.FAST_OPS} == tested
     for name in fast.FAST_OPS:
         assert getattr(fast, name) is not getattr(ops, name), name

@@ -14,6 +14,7 @@ arguments, same results up to rounding, same gradients), tested equal to it in
 * :mod:`.layernorm`: layer norm forward and backward, one compiled kernel each;
 * :mod:`.kernels`: the numba kernels (GELU, layer norm, AdamW over one flat buffer),
   with NumPy statements as the fallback where numba is missing;
+* :mod:`.dropout`: the keep mask cached as booleans, not as a float array;
 * :mod:`.linear`: the rows flattened into one matrix product, the bias added in place;
 * :mod:`.packing`: the valid positions of a padded batch as rows (:class:`Packing`),
   which :class:`npformer.nn.Padding` uses in this tier;
@@ -25,6 +26,7 @@ function, so the two tiers can never drift apart, and go-to-definition finds it)
 from .. import ops as _textbook
 from .activations import activation, gelu_backward, gelu_forward, relu_backward, relu_forward
 from .attention import BLOCK_SCORES, attention_backward, attention_forward
+from .dropout import dropout_backward, dropout_forward
 from .layernorm import layernorm_backward, layernorm_forward
 from .linear import linear_backward, linear_forward
 from .losses import cross_entropy_backward, cross_entropy_forward
@@ -34,7 +36,8 @@ from .softmax import softmax_backward, softmax_forward
 FAST_OPS = ("attention_forward", "attention_backward", "linear_forward", "linear_backward",
             "cross_entropy_forward", "cross_entropy_backward", "softmax_forward",
             "softmax_backward", "relu_forward", "relu_backward", "gelu_forward", "gelu_backward",
-            "layernorm_forward", "layernorm_backward", "activation")
+            "layernorm_forward", "layernorm_backward", "activation", "dropout_forward",
+            "dropout_backward")
 
 # The textbook ops, the same functions in this tier.
 IGNORE_INDEX = _textbook.IGNORE_INDEX
@@ -43,8 +46,6 @@ add_positions_backward = _textbook.add_positions_backward
 add_positions_forward = _textbook.add_positions_forward
 attention_weights = _textbook.attention_weights
 causal_mask = _textbook.causal_mask
-dropout_backward = _textbook.dropout_backward
-dropout_forward = _textbook.dropout_forward
 embedding_backward = _textbook.embedding_backward
 embedding_forward = _textbook.embedding_forward
 log_softmax_backward = _textbook.log_softmax_backward

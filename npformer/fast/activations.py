@@ -12,8 +12,9 @@ ReLU, the textbook op (:mod:`npformer.ops.activations`) computed from its output
 The cache is y, which the next linear layer keeps anyway, and the product is taken in
 the buffer of sign(y): one new array, not two.
 
-GELU (exact): the same $y = x \Phi(x)$, $\Phi(x) = \text{erfc}(-x/\sqrt 2)/2$, the same
-cache (x, Phi(x)) and the same backward, each one compiled pass over the array: on
+GELU (exact): the same $y = x \Phi(x)$, $\Phi(x) = \text{erfc}(-x/\sqrt 2)/2$ and the
+same backward, each one compiled pass over the array, with only x cached (the backward
+computes Phi(x) again, as the forward did, in the same pass as its product): on
 NumPy arrays the numba kernels of :mod:`.kernels` (a branch-free, vectorized erfc; the
 backward fused); without numba, and on CuPy, erfc from the array library's own special
 functions (SciPy's, ``cupyx.scipy.special``'s), one pass for erfc instead of the
@@ -62,28 +63,39 @@ def _special_functions(x):
         return None
 
 
-@forward_op(activation_input("gelu"))
-def gelu_forward(x: Array) -> tuple[Array, Any]:
-    """x (...) -> y = x Phi(x) (...), cache (x, Phi(x)): the textbook op, erfc compiled."""
-    if kernels.usable(x):
-        y, phi_cdf = kernels.gelu_forward(x)            # one compiled pass: y and Phi(x)
-        return y, (x, phi_cdf)
-    special = _special_functions(x)
-    if special is None:
-        return _textbook.gelu_forward.unchecked(x)
+def _phi_cdf(x: Array, special) -> Array:
+    """Phi(x) = erfc(-x / sqrt 2) / 2 from the array library's erfc, in x's dtype."""
     phi_cdf = special.erfc(-_textbook.SQRT1_2 * x)     # 2 Phi(x), in x's dtype
     phi_cdf *= 0.5                                      # Phi(x), the normal CDF, in place
-    y = x * phi_cdf
-    return y, (x, phi_cdf)
+    return phi_cdf
+
+
+@forward_op(activation_input("gelu"))
+def gelu_forward(x: Array) -> tuple[Array, Any]:
+    """x (...) -> y = x Phi(x) (...), cache x: the textbook op, erfc compiled.  Only x is
+    kept (the textbook keeps (x, Phi(x))): the backward recomputes Phi(x) in its own pass,
+    so a GELU holds one hidden-width array for its backward instead of two."""
+    if kernels.usable(x):
+        return kernels.gelu_forward(x), x               # one compiled pass: y
+    special = _special_functions(x)
+    if special is None:
+        y, _ = _textbook.gelu_forward.unchecked(x)
+        return y, x
+    return x * _phi_cdf(x, special), x
 
 
 @backward_op(gelu_forward)
-def gelu_backward(dy: Array, saved: Any) -> Array:
-    """dy (...) -> dx = dy (Phi(x) + x phi(x)): the textbook op, fused into one compiled
-    pass (elsewhere the textbook statements, on the same saved (x, Phi(x)))."""
-    x, phi_cdf = saved
-    if kernels.usable(dy, x, phi_cdf):
-        return kernels.gelu_backward(dy, x, phi_cdf)
+def gelu_backward(dy: Array, x: Array) -> Array:
+    """dy (...) -> dx = dy (Phi(x) + x phi(x)): the textbook op, Phi(x) recomputed and
+    fused into one compiled pass (elsewhere the textbook statements, on (x, Phi(x)) with
+    Phi(x) computed again as the forward computed it)."""
+    if kernels.usable(dy, x):
+        return kernels.gelu_backward(dy, x)
+    special = _special_functions(x)
+    if special is None:
+        _, saved = _textbook.gelu_forward.unchecked(x)
+    else:
+        saved = (x, _phi_cdf(x, special))
     return _textbook.gelu_backward.unchecked(dy, saved)
 
 ACTIVATIONS = {**_textbook.ACTIVATIONS, "relu": (relu_forward, relu_backward),

@@ -40,6 +40,7 @@ from .. import backend
 from ..backend import Array
 from ..ops.softmax import mask_bias
 from ..validation import attention_inputs, backward_op, forward_op
+from . import kernels
 from .inplace import exp_into
 from .softmax import softmax_backward
 
@@ -72,6 +73,10 @@ def attention_forward(q: Array, k: Array, v: Array, mask: Array | None = None,
     extents = _key_extents(mask)  # host integers: the block walk never waits on the device
     for rows, keys, block_bias in _blocks(q, k, extents, bias, block_scores):
         scores = q[rows] @ k[keys].mT  # (.., t, E) @ (.., E, s)
+        if _compiled(scores):  # the masked softmax and lse: one compiled pass a row
+            kernels.attention_softmax(scores, block_bias, lse[rows])  # P, in place
+            out[rows] = scores @ v[keys]  # (.., t, s) @ (.., s, F) -> (.., t, F)
+            continue
         e, m, total = _stable_exp(scores, block_bias)  # (.., t, s), (.., t, 1) twice
         out[rows] = (e @ v[keys]) / total  # (.., t, s) @ (.., s, F) -> (.., t, F)
         lse[rows] = m + xp.log(total)
@@ -90,16 +95,31 @@ def attention_backward(dout: Array, saved: Any) -> tuple[Array, Array, Array]:
     dv = xp.zeros_like(v)
     for rows, keys, block_bias in _blocks(q, k, extents, bias, block_scores):
         scores = q[rows] @ k[keys].mT  # (.., t, s), recomputed
-        if block_bias is not None:
-            scores += block_bias
-        scores -= lse[rows]
-        p = exp_into(scores)  # P = exp(A - lse), (.., t, s)
+        compiled = _compiled(scores)
+        if compiled:
+            kernels.attention_probabilities(scores, block_bias, lse[rows])  # P, in place
+            p = scores
+        else:
+            if block_bias is not None:
+                scores += block_bias
+            scores -= lse[rows]
+            p = exp_into(scores)  # P = exp(A - lse), (.., t, s)
         dv[keys] += p.mT @ dout[rows]  # (.., s, t) @ (.., t, F)
         dp = dout[rows] @ v[keys].mT  # (.., t, F) @ (.., F, s)
-        dscores = softmax_backward.unchecked(dp, (p, -1), overwrite_input=True)  # dA, in dp
+        if compiled:
+            kernels.attention_softmax_backward(dp, p)  # dA, in dp
+            dscores = dp
+        else:
+            dscores = softmax_backward.unchecked(dp, (p, -1), overwrite_input=True)  # dA, in dp
         dq[rows] = (dscores @ k[keys]) * scale  # (.., t, s) @ (.., s, E)
         dk[keys] += dscores.mT @ q[rows]  # (.., s, t) @ (.., t, E)
     return dq, dk, dv
+
+
+def _compiled(scores) -> bool:
+    """Whether a block's scores (A, H, t, s) go to the compiled softmax kernels
+    (:mod:`.kernels`: NumPy, numba present; other ranks take the array statements)."""
+    return scores.ndim == 4 and kernels.usable(scores)
 
 
 def _empty(xp, shape, like):

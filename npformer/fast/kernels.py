@@ -12,8 +12,12 @@ compile.  Cython or a C extension would need a compiler on the user's machine (o
 per-platform wheels); Pythran and Taichi are further from NumPy's own arrays.
 ``fastmath=False``: no reassociation or multiply-add contraction, so each kernel does
 the textbook's operations in the textbook's order, and the tests can hold it to the
-textbook op within 1e-12 in float64.  Not ``parallel=True``: on the 2-core machines this
-was measured on, two thread replicas already keep both cores busy.
+textbook op within 1e-12 in float64.  One exception: the float32 GELU kernels let LLVM
+contract a * b + c into a fused multiply-add (``fastmath={"contract"}``: one rounding
+instead of two, no reassociation), which took the forward from 0.40 to 0.27 ms on a
+(768, 512) array (torch: 0.19 ms); they stay within float32's tolerance of the textbook
+op (1e-6) and within 3e-7 of float64 truth, as tested.  Not ``parallel=True``: on the
+2-core machines this was measured on, two thread replicas already keep both cores busy.
 
 The kernels (each an in-place routine over C-contiguous NumPy arrays, float32 or
 float64; the ops in :mod:`npformer.fast` call them and keep the array statements for
@@ -30,13 +34,22 @@ every other array):
   one chosen, one division, $e^{-y^2}$ with $y^2$ kept exact by Dekker's product; a few
   ulps, as the textbook's.  float32: float32 arithmetic (twice the vector lanes) and
   Numerical Recipes' erfcc, fractional error below 1.2e-7 (about 2 float32 ulps).
+  Only x is kept for the backward, which computes Phi(x) again in its own pass.
   Measured by ``python bench/kernels.py`` on a (768, 512) float32 array (AMD EPYC,
-  shared machine, two runs): forward 0.40-0.48 ms against torch's 0.18-0.21 ms (1.9x
-  to 2.6x), SciPy's path 5.4 ms; backward 0.16 ms against torch's 0.35 ms.
+  shared machine): forward 0.29 ms against torch's 0.18 ms (1.6x), SciPy's path 5.4 ms;
+  backward (Phi recomputed) 0.36 ms against torch's 0.36 ms.
 * :func:`layernorm_forward` / :func:`layernorm_backward`: row by row, the mean, the
   variance, then x-hat and y (the row stays in cache: one pass over memory); the
   backward's two row means in one loop, dx in a second, dgamma and dbeta accumulated
   on the way.
+* :func:`attention_softmax` / :func:`attention_probabilities` /
+  :func:`attention_softmax_backward`: the masked softmax inside blocked attention, on a
+  block of scores (A, H, t, s) in place, a row at a time: the bias added, the max, exp,
+  the sum and the division, and the row's log-sum-exp (the forward); P = exp(A + bias -
+  lse) (the backward's recomputed probabilities); dA = (dP - <dP, P>) P.
+* :func:`cross_entropy_rows` / :func:`cross_entropy_grad`: the fused loss (label
+  smoothing, ignored rows): per-row losses and log-sum-exps from two reads of each row,
+  nothing of size (N, V) written; the gradient w (p - q) in one pass.
 * :func:`adamw_flat`: Adam or AdamW over one flat buffer of every parameter
   (:class:`npformer.nn.FlatParameters`), the decay applied segment by segment to the
   decayed parameters only; :func:`sum_of_squares`: the gradient norm's one pass.
@@ -45,7 +58,9 @@ Cost (``python bench/kernels.py --compile``, AMD EPYC, 2 cores shared with other
 jobs): the first calls compile, about 38 s for every kernel in both dtypes with an empty
 cache, about 9 s for the float32 ones a demo uses; a later process loads them from the
 cache (about 1.3 s for the first, 0.02 s each after), and importing numba itself
-takes about 2 s.
+takes about 2 s.  Re-measured with the attention and loss kernels added (one run,
+2026-11-24, shared machine): every kernel's first call in both dtypes 9.0 s with an
+empty cache, 3.9 s loading them from a filled cache.
 
 Where numba is not installed, or ``NPFORMER_NO_NUMBA=1``, :data:`COMPILED` is False,
 the ops run their NumPy statements, and the first op that would have used a kernel
@@ -63,7 +78,8 @@ from ..backend import Array
 from ..ops import activations as _textbook_gelu
 
 KERNELS = ("gelu_forward", "gelu_backward", "layernorm_forward", "layernorm_backward",
-           "adamw_flat", "sum_of_squares")
+           "attention_softmax", "attention_probabilities", "attention_softmax_backward",
+           "cross_entropy_rows", "cross_entropy_grad", "adamw_flat", "sum_of_squares")
 
 
 def _load_numba():
@@ -101,17 +117,19 @@ def usable(*arrays: Array) -> bool:
     return all(a.flags.c_contiguous for a in arrays)
 
 
-def _jit(fn=None, inline: str = "never"):
+def _jit(fn=None, inline: str = "never", contract: bool = False):
     """numba's njit with the tier's options, or the function itself without numba.
     ``inline="always"``: a scalar helper inlined into its callers by numba, so LLVM sees
     one loop body and vectorizes it.  error_model="numpy": a division by zero gives inf
-    as in NumPy (no per-division check, which would stop vectorization)."""
+    as in NumPy (no per-division check, which would stop vectorization).
+    ``contract=True``: a * b + c may become one fused multiply-add (one rounding instead
+    of two; no reassociation): the float32 GELU kernels' polynomials only."""
     if fn is None:
-        return lambda f: _jit(f, inline)
+        return lambda f: _jit(f, inline, contract)
     if not COMPILED:
         return fn
-    return _numba.njit(cache=True, fastmath=False, nogil=True, error_model="numpy",
-                       inline=inline)(fn)
+    return _numba.njit(cache=True, fastmath={"contract"} if contract else False,
+                       nogil=True, error_model="numpy", inline=inline)(fn)
 
 
 def _bitcast(int_name: str, float_name: str, ir_float: str):
@@ -320,62 +338,61 @@ def _erfc32(x):
 
 # =========================================================================== GELU
 @_jit
-def gelu_forward64(x: np.ndarray, y: np.ndarray, phi_cdf: np.ndarray) -> None:
-    """x (N,) -> y = x Phi(x) and Phi(x) = erfc(-x / sqrt 2) / 2, written into y and
-    phi_cdf (N,); computed in float64, rounded once to the arrays' dtype."""
+def gelu_forward64(x: np.ndarray, y: np.ndarray) -> None:
+    """x (N,) -> y = x Phi(x), Phi(x) = erfc(-x / sqrt 2) / 2, written into y (N,);
+    computed in float64, rounded once to y's dtype."""
     for i in range(x.size):
         xi = np.float64(x[i])
-        p = 0.5 * _erfc(-_SQRT1_2 * xi)
-        phi_cdf[i] = p
-        y[i] = xi * p
+        y[i] = xi * (0.5 * _erfc(-_SQRT1_2 * xi))
     return None
 
 
-@_jit
-def gelu_forward32(x: np.ndarray, y: np.ndarray, phi_cdf: np.ndarray) -> None:
+@_jit(contract=True)
+def gelu_forward32(x: np.ndarray, y: np.ndarray) -> None:
     """:func:`gelu_forward64` of float32 arrays, in float32 arithmetic."""
     for i in range(x.size):
         xi = x[i]
-        p = _HALF_F * _erfc32(-_SQRT1_2_F * xi)
-        phi_cdf[i] = p
-        y[i] = xi * p
+        y[i] = xi * (_HALF_F * _erfc32(-_SQRT1_2_F * xi))
     return None
 
 
-@_jit
-def gelu_backward32(dy: np.ndarray, x: np.ndarray, phi_cdf: np.ndarray, dx: np.ndarray) -> None:
+@_jit(contract=True)
+def gelu_backward32(dy: np.ndarray, x: np.ndarray, dx: np.ndarray) -> None:
     """:func:`gelu_backward64` of float32 arrays, in float32 arithmetic."""
     for i in range(x.size):
         xi = x[i]
+        p = _HALF_F * _erfc32(-_SQRT1_2_F * xi)
         pdf = _INV_SQRT_2PI_F * _exp32(-_HALF_F * xi * xi)
-        dx[i] = dy[i] * (phi_cdf[i] + xi * pdf)
+        dx[i] = dy[i] * (p + xi * pdf)
     return None
 
 
 @_jit
-def gelu_backward64(dy: np.ndarray, x: np.ndarray, phi_cdf: np.ndarray, dx: np.ndarray) -> None:
-    """dy, x, Phi(x) (N,) -> dx = dy (Phi(x) + x phi(x)), phi(x) = exp(-x^2/2)/sqrt(2 pi)."""
+def gelu_backward64(dy: np.ndarray, x: np.ndarray, dx: np.ndarray) -> None:
+    """dy, x (N,) -> dx = dy (Phi(x) + x phi(x)), phi(x) = exp(-x^2/2)/sqrt(2 pi), with
+    Phi(x) recomputed exactly as the forward computes it (so nothing but x is kept)."""
     for i in range(x.size):
         xi = np.float64(x[i])
+        p = 0.5 * _erfc(-_SQRT1_2 * xi)
         pdf = _INV_SQRT_2PI * _exp(-0.5 * xi * xi)
-        dx[i] = dy[i] * (phi_cdf[i] + xi * pdf)
+        dx[i] = dy[i] * (p + xi * pdf)
     return None
 
 
-def gelu_forward(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """x (...) -> y = x Phi(x), Phi(x) (...): the compiled kernel of x's dtype (x must
-    pass :func:`usable`)."""
-    y, phi_cdf = np.empty_like(x), np.empty_like(x)
+def gelu_forward(x: np.ndarray) -> np.ndarray:
+    """x (...) -> y = x Phi(x) (...): the compiled kernel of x's dtype (x must pass
+    :func:`usable`)."""
+    y = np.empty_like(x)
     kernel = gelu_forward32 if x.dtype == np.float32 else gelu_forward64
-    kernel(x.reshape(-1), y.reshape(-1), phi_cdf.reshape(-1))
-    return y, phi_cdf
+    kernel(x.reshape(-1), y.reshape(-1))
+    return y
 
 
-def gelu_backward(dy: np.ndarray, x: np.ndarray, phi_cdf: np.ndarray) -> np.ndarray:
-    """dy, x, Phi(x) (...) -> dx = dy (Phi(x) + x phi(x)) (...), compiled."""
+def gelu_backward(dy: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """dy, x (...) -> dx = dy (Phi(x) + x phi(x)) (...), compiled, Phi(x) recomputed."""
     dx = np.empty_like(dy)
     kernel = gelu_backward32 if x.dtype == np.float32 else gelu_backward64
-    kernel(dy.reshape(-1), x.reshape(-1), phi_cdf.reshape(-1), dx.reshape(-1))
+    kernel(dy.reshape(-1), x.reshape(-1), dx.reshape(-1))
     return dx
 
 
@@ -476,6 +493,239 @@ def _layernorm_backward(dy, x_hat, r, gamma, dx, dgamma, dbeta):
         dgamma[j] = dgamma_acc[j]
         dbeta[j] = dbeta_acc[j]
     return None
+
+
+# =========================================================================== attention
+# The masked softmax inside blocked attention (npformer.fast.attention), on a block of
+# scores (A, H, t, s) written in place, one row of s keys at a time (the row stays in
+# cache): the textbook's statements, each rounded to the scores' dtype as there, the row
+# sums accumulated in float64.  The mask's bias arrives broadcast to the scores' shape (a
+# strided view, no copy); ``has_bias`` False: no bias (the view is not read).
+def _attention_kernels(exp, dtype):
+    """(softmax_lse, probabilities, softmax_backward) kernels of one dtype's ``exp``."""
+    zero, neg_inf = dtype(0.0), dtype(-np.inf)
+
+    @_jit
+    def softmax_lse(scores, bias, has_bias, lse):
+        """scores (A, H, t, s) -> P = softmax(scores + bias) in place; lse (A, H, t) =
+        max + log(sum exp(. - max)); a row with every key masked: P = 0, lse = 0."""
+        na, nh, nt, ns = scores.shape
+        for a in range(na):
+            for h in range(nh):
+                for t in range(nt):
+                    row = scores[a, h, t]
+                    if has_bias:
+                        b = bias[a, h, t]
+                        for j in range(ns):
+                            row[j] = row[j] + b[j]
+                    m = _max8(row, neg_inf)
+                    if m == neg_inf:  # every key masked: e = 0, total = 1 (textbook)
+                        for j in range(ns):
+                            row[j] = zero
+                        lse[a, h, t] = zero
+                        continue
+                    for j in range(ns):  # element-wise: vectorizes
+                        row[j] = exp(row[j] - m)
+                    total = dtype(_sum4(row, row, 0))
+                    for j in range(ns):
+                        row[j] = row[j] / total
+                    lse[a, h, t] = m + np.log(total)
+        return None
+
+    @_jit
+    def probabilities(scores, bias, has_bias, lse):
+        """scores (A, H, t, s) -> P = exp((scores + bias) - lse) in place, lse (A, H, t)
+        from the forward: the backward's recomputed probabilities."""
+        na, nh, nt, ns = scores.shape
+        for a in range(na):
+            for h in range(nh):
+                for t in range(nt):
+                    row = scores[a, h, t]
+                    shift = lse[a, h, t]
+                    if has_bias:  # (the bias is a strided view: its own loop)
+                        b = bias[a, h, t]
+                        for j in range(ns):
+                            row[j] = row[j] + b[j]
+                    for j in range(ns):  # contiguous, element-wise: vectorizes
+                        row[j] = exp(row[j] - shift)
+        return None
+
+    @_jit
+    def softmax_backward(dp, p):
+        """dp, p (A, H, t, s) -> dA = (dp - <dp, p>) p, in dp's buffer, row by row."""
+        na, nh, nt, ns = dp.shape
+        for a in range(na):
+            for h in range(nh):
+                for t in range(nt):
+                    row, prow = dp[a, h, t], p[a, h, t]
+                    inner = dtype(_sum4(row, prow, 1))
+                    for j in range(ns):
+                        row[j] = (row[j] - inner) * prow[j]
+        return None
+
+    return softmax_lse, probabilities, softmax_backward
+
+
+@_jit(inline="always")
+def _max8(x, start):
+    """max(start, max x) over a row, as eight running maxima (independent chains)."""
+    n = x.size
+    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = start
+    j = 0
+    while j + 8 <= n:
+        m0 = max(m0, x[j])
+        m1 = max(m1, x[j + 1])
+        m2 = max(m2, x[j + 2])
+        m3 = max(m3, x[j + 3])
+        m4 = max(m4, x[j + 4])
+        m5 = max(m5, x[j + 5])
+        m6 = max(m6, x[j + 6])
+        m7 = max(m7, x[j + 7])
+        j += 8
+    while j < n:
+        m0 = max(m0, x[j])
+        j += 1
+    return max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
+
+
+@_jit(inline="always")
+def _sum4(x, y, kind):
+    """sum x (kind 0) or sum x y (kind 1) over a row, in float64 as four running sums."""
+    n = x.size
+    s0 = 0.0
+    s1 = 0.0
+    s2 = 0.0
+    s3 = 0.0
+    j = 0
+    while j + 4 <= n:
+        if kind == 0:
+            s0 += np.float64(x[j])
+            s1 += np.float64(x[j + 1])
+            s2 += np.float64(x[j + 2])
+            s3 += np.float64(x[j + 3])
+        else:
+            s0 += np.float64(x[j] * y[j])
+            s1 += np.float64(x[j + 1] * y[j + 1])
+            s2 += np.float64(x[j + 2] * y[j + 2])
+            s3 += np.float64(x[j + 3] * y[j + 3])
+        j += 4
+    while j < n:
+        s0 += np.float64(x[j]) if kind == 0 else np.float64(x[j] * y[j])
+        j += 1
+    return (s0 + s1) + (s2 + s3)
+
+
+if COMPILED:
+    attention_softmax64, attention_probabilities64, attention_softmax_backward64 = \
+        _attention_kernels(_exp, np.float64)
+    attention_softmax32, attention_probabilities32, attention_softmax_backward32 = \
+        _attention_kernels(_exp32, np.float32)
+
+
+def _broadcast_bias(bias: np.ndarray | None, scores: np.ndarray) -> tuple[np.ndarray, bool]:
+    """(the bias as a view of the scores' shape, whether there is one)."""
+    if bias is None:
+        return np.broadcast_to(np.zeros((1,) * scores.ndim, dtype=scores.dtype),
+                               scores.shape), False
+    return np.broadcast_to(bias, scores.shape), True
+
+
+def attention_softmax(scores: np.ndarray, bias: np.ndarray | None, lse: np.ndarray) -> None:
+    """scores (A, H, t, s), C-contiguous -> P = softmax(scores + bias) in place (fully
+    masked rows 0), lse (A, H, t, 1) written: one compiled pass a row."""
+    view, has_bias = _broadcast_bias(bias, scores)
+    kernel = attention_softmax32 if scores.dtype == np.float32 else attention_softmax64
+    kernel(scores, view, has_bias, lse[..., 0])
+
+
+def attention_probabilities(scores: np.ndarray, bias: np.ndarray | None,
+                            lse: np.ndarray) -> None:
+    """scores (A, H, t, s) -> P = exp(scores + bias - lse) in place, lse (A, H, t, 1)."""
+    view, has_bias = _broadcast_bias(bias, scores)
+    kernel = (attention_probabilities32 if scores.dtype == np.float32
+              else attention_probabilities64)
+    kernel(scores, view, has_bias, lse[..., 0])
+
+
+def attention_softmax_backward(dp: np.ndarray, p: np.ndarray) -> None:
+    """dp, p (A, H, t, s) -> dA = (dp - <dp, p>) p, written into dp."""
+    kernel = (attention_softmax_backward32 if dp.dtype == np.float32
+              else attention_softmax_backward64)
+    kernel(dp, p)
+
+
+# =========================================================================== the loss
+# Cross-entropy with label smoothing and ignored rows (npformer.fast.losses), one row of
+# V logits at a time: the forward reads each row twice (its max; then exp into a row of
+# scratch and the sums) and writes nothing of size (N, V); the backward writes dz in one
+# pass, recomputing p = exp(z - lse).  Row sums in float64, results rounded to the
+# logits' dtype as the textbook rounds them.
+def _loss_kernels(exp, dtype):
+    """(cross_entropy_rows, cross_entropy_grad) kernels of one dtype's ``exp``."""
+    neg_inf = dtype(-np.inf)
+
+    @_jit
+    def cross_entropy_rows(z, targets, smoothing, per_row, lse):
+        """z (N, V), targets (N,) in [0, V) -> per_row (N,) = (1 - eps)(log Z - s_y)
+        + eps (log Z - mean s), s = z - max z, Z = sum exp(s); lse (N,) = max z + log Z."""
+        n, v = z.shape
+        e = np.empty(v, dtype=z.dtype)  # one row of exp(s), reused
+        for i in range(n):
+            row = z[i]
+            m = _max8(row, neg_inf)
+            for j in range(v):  # element-wise: vectorizes
+                e[j] = exp(row[j] - m)
+            log_total = np.log(dtype(_sum4(e, e, 0)))
+            picked = row[targets[i]] - m
+            loss = dtype(1.0 - smoothing) * (log_total - picked)
+            if smoothing > 0.0:
+                mean_shifted = dtype(_sum4(row, row, 0) / v) - m  # mean(z) - m = mean(s)
+                loss = loss + dtype(smoothing) * (log_total - mean_shifted)
+            per_row[i] = loss
+            lse[i] = m + log_total
+        return None
+
+    @_jit
+    def cross_entropy_grad(z, lse, targets, weight, smoothing, dz):
+        """z (N, V), lse, targets, weight (N,) -> dz (N, V) = w (p - q), p = exp(z - lse),
+        q = (1 - eps) onehot(y) + eps / V; rows of weight 0 (ignored) give 0."""
+        n, v = z.shape
+        spread = dtype(smoothing / v)
+        on_target = dtype(1.0 - smoothing)
+        for i in range(n):
+            row, out, shift, w = z[i], dz[i], lse[i], weight[i]
+            for j in range(v):  # element-wise: vectorizes
+                out[j] = (exp(row[j] - shift) - spread) * w
+            t = targets[i]
+            out[t] = ((exp(row[t] - shift) - spread) - on_target) * w
+        return None
+
+    return cross_entropy_rows, cross_entropy_grad
+
+
+if COMPILED:
+    cross_entropy_rows64, cross_entropy_grad64 = _loss_kernels(_exp, np.float64)
+    cross_entropy_rows32, cross_entropy_grad32 = _loss_kernels(_exp32, np.float32)
+
+
+def cross_entropy_rows(z: np.ndarray, targets: np.ndarray,
+                       smoothing: float) -> tuple[np.ndarray, np.ndarray]:
+    """z (N, V) C-contiguous, targets (N,) int64 in [0, V) -> per-row losses (N,) and each
+    row's log-sum-exp (N,), compiled; nothing of size (N, V) is written."""
+    per_row = np.empty(z.shape[0], dtype=z.dtype)
+    lse = np.empty(z.shape[0], dtype=z.dtype)
+    kernel = cross_entropy_rows32 if z.dtype == np.float32 else cross_entropy_rows64
+    kernel(z, targets, smoothing, per_row, lse)
+    return per_row, lse
+
+
+def cross_entropy_grad(z: np.ndarray, lse: np.ndarray, targets: np.ndarray,
+                       weight: np.ndarray, smoothing: float) -> np.ndarray:
+    """z (N, V), lse, targets, weight (N,) -> dz = weight (softmax(z) - q) (N, V), compiled."""
+    dz = np.empty_like(z)
+    kernel = cross_entropy_grad32 if z.dtype == np.float32 else cross_entropy_grad64
+    kernel(z, lse, targets, weight, smoothing, dz)
+    return dz
 
 
 # =========================================================================== optimizer

@@ -1,6 +1,13 @@
-r"""Cross-entropy, fast: log-softmax, the target pick and the backward fused, so only
-p = softmax(z) is stored and no one-hot or target distribution is built.  The same
-function as the textbook op (:mod:`npformer.ops.losses`), tested equal to it.
+r"""Cross-entropy, fast: log-softmax, the target pick and the backward fused, so no
+one-hot or target distribution is built.  The same function as the textbook op
+(:mod:`npformer.ops.losses`), tested equal to it.
+
+On NumPy arrays with numba (:func:`npformer.fast.kernels.cross_entropy_rows` and
+``cross_entropy_grad``): the forward reads each row of logits twice (its max, then the
+exps and sums) and keeps the logits and each row's log-sum-exp $\lambda_n = m_n + \log
+Z_n$, writing nothing of size (N, V); the backward writes $\bar z$ in one pass, with
+$p = \exp(z - \lambda)$ recomputed.  Elsewhere (no numba, CuPy, the strict namespace)
+the array statements below, which keep p = softmax(z) in s's buffer.
 
 Rows: N predictions over V classes (any leading shape flattens to N).
 Targets $y_n$; rows with $y_n$ = ignore_index do not count.  With smoothing
@@ -27,12 +34,13 @@ Backward (softmax and log cancel into one subtraction)
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import backend
 from ..backend import Array
 from ..ops.losses import IGNORE_INDEX
 from ..validation import backward_op, check_loss_gradient, cross_entropy_inputs, forward_op
+from . import kernels
 from .inplace import add_at_columns, exp_into
 
 
@@ -46,6 +54,12 @@ def cross_entropy_forward(logits: Array, targets: Array, ignore_index: int = IGN
     t = xp.reshape(targets, (-1,))  # (N,)
     counted = t != ignore_index  # (N,) bool
     safe_t = xp.where(counted, t, xp.zeros_like(t))  # ignored rows point at class 0
+    if kernels.usable(z):  # one compiled pass a row: per-row losses and lse, no (N, V) array
+        targets64 = xp.astype(safe_t, xp.int64)
+        per_row, lse = kernels.cross_entropy_rows(z, targets64, float(label_smoothing))
+        counted_f, denom, loss = _mean_over_counted(xp, per_row, counted, z.dtype)
+        return loss, (_FromLogits(z, lse, targets64), safe_t, counted_f, denom,
+                      label_smoothing, tuple(logits.shape))
     shifted = z - xp.max(z, axis=-1, keepdims=True)  # s = z - m, (N, V)
     picked = xp.take_along_axis(shifted, safe_t[:, None], axis=-1)[:, 0]  # s at targets, (N,)
     if label_smoothing > 0.0:
@@ -56,19 +70,40 @@ def cross_entropy_forward(logits: Array, targets: Array, ignore_index: int = IGN
     per_row = (1.0 - label_smoothing) * (log_total - picked)  # (1 - eps) * -log p_y
     if label_smoothing > 0.0:
         per_row = per_row + label_smoothing * (log_total - mean_shifted)  # eps * -mean log p
-    counted_f = xp.astype(counted, z.dtype)
-    n_counted = xp.sum(counted_f)
-    denom = xp.where(n_counted > 0, n_counted, xp.ones_like(n_counted))
-    loss = xp.sum(per_row * counted_f) / denom
+    counted_f, denom, loss = _mean_over_counted(xp, per_row, counted, z.dtype)
     p = e
     p /= total  # softmax, in place, (N, V)
     return loss, (p, safe_t, counted_f, denom, label_smoothing, tuple(logits.shape))
+
+
+class _FromLogits(NamedTuple):
+    """The compiled path's stand-in for p: the logits (N, V), each row's lse (N,) and the
+    targets (N,) as int64, from which the backward recomputes p = exp(z - lse) in its
+    one pass."""
+
+    logits: Array
+    lse: Array
+    targets: Array
+
+
+def _mean_over_counted(xp, per_row, counted, dtype):
+    """(counted as floats (N,), the divisor, the loss): the mean of the counted rows'
+    losses (0 if none counts)."""
+    counted_f = xp.astype(counted, dtype)
+    n_counted = xp.sum(counted_f)
+    denom = xp.where(n_counted > 0, n_counted, xp.ones_like(n_counted))
+    loss = xp.sum(per_row * counted_f) / denom
+    return counted_f, denom, loss
 
 
 @backward_op(cross_entropy_forward, upstream=check_loss_gradient)
 def cross_entropy_backward(dloss: Array, saved: Any) -> Array:
     """dloss (scalar) -> dlogits (..., V) = dloss * (p - q) / N_counted on counted rows."""
     p, safe_t, counted_f, denom, label_smoothing, logits_shape = saved
+    if isinstance(p, _FromLogits):  # the compiled pass: p recomputed from z and lse
+        dz = kernels.cross_entropy_grad(p.logits, p.lse, p.targets, counted_f * (dloss / denom),
+                                        float(label_smoothing))  # w (p - q), (N, V)
+        return dz.reshape(logits_shape)
     xp = backend.namespace_of(p)
     vocab = p.shape[-1]
     weight = counted_f * (dloss / denom)  # w, (N,): 0 on ignored rows

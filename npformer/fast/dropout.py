@@ -1,0 +1,43 @@
+r"""Inverted dropout, fast: the textbook op (:mod:`npformer.ops.dropout`) with the keep
+mask cached as booleans (one byte an element) instead of the scaled float mask (four
+or eight bytes): the same draws from the same generator, the same products.
+
+    forward  $y = x \odot (m\,s)$,  $s = 1 / (1 - p)$,  $m_i = [u_i \ge p]$
+    backward $\bar x = \bar y \odot (m\,s)$
+
+$m\,s$ is rebuilt from the booleans in each pass as the textbook builds it
+(``astype(m) * s``: exactly s or 0), so both products are the textbook's, bit for bit;
+the float mask lives only for the statement that uses it.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .. import backend
+from ..backend import Array
+from ..validation import backward_op, dropout_inputs, forward_op
+
+
+def _scaled(keep: Array, scale: float, dtype) -> Array:
+    """m s: the textbook's scaled mask, from the boolean keep mask."""
+    xp = backend.namespace_of(keep)
+    return xp.astype(keep, dtype) * scale
+
+
+@forward_op(dropout_inputs)
+def dropout_forward(x: Array, p: float, training: bool = True) -> tuple[Array, Any]:
+    """x (...) -> y (...), cache = (keep mask (bool), 1 / (1 - p)), or None (identity)."""
+    if not training or p == 0.0:
+        return x, None
+    keep = backend.random_uniform(x.shape, dtype=x.dtype) >= p  # P(keep) = 1 - p
+    scale = 1.0 / (1.0 - p)
+    return x * _scaled(keep, scale, x.dtype), (keep, scale)
+
+
+@backward_op(dropout_forward)
+def dropout_backward(dy: Array, saved: Any) -> Array:
+    """dy (...) -> dx = dy m / (1 - p) (...), or dy (the identity: no mask)."""
+    if saved is None:
+        return dy
+    keep, scale = saved
+    return dy * _scaled(keep, scale, dy.dtype)
