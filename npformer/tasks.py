@@ -46,7 +46,7 @@ def cross_entropy_and_backward(model: Module, logits: Array, targets: Array, gra
     """
     tier = engine.ops()
     loss, cache = tier.cross_entropy_forward(logits, backend.asarray(targets), **loss_kwargs)
-    del logits  # the (fast) cache holds softmax(logits), not the logits
+    del logits  # this frame's reference: what the loss's cache keeps it keeps, no more
     dlogits = tier.cross_entropy_backward(grad_scale, cache)
     del cache
     model.backward(dlogits)

@@ -27,7 +27,7 @@ def smoke_output():
     require_torch()
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench.py"), "--smoke"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), **nanogpt_env()})
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     return proc
 
 
@@ -53,7 +53,7 @@ def test_first_step_losses_agree(smoke_output, name):
 def test_lm_also_against_nanogpt_where_it_is_found(smoke_output):
     from bench.torch_models import nanogpt_folder
 
-    if not nanogpt_env() and nanogpt_folder(ROOT) is None:
+    if nanogpt_folder(ROOT) is None:
         pytest.skip("nanoGPT's model.py is not at ../shared/anchors/nanogpt")
     out = smoke_output.stdout
     assert re.search(r"^lm\s+nanogpt\s+[\d.]+ \(", out, re.MULTILINE), out
@@ -240,19 +240,7 @@ def test_pytorch_update_is_the_demos_update(name, tmp_path):
     assert decayed == sum(int(np.prod(p.shape)) for p in ours.model.parameters() if p.decay)
 
 
-SHARED_NANOGPT = Path("/work/shared/anchors/nanogpt")  # where the anchors live beside a worktree
-
-
-def nanogpt_env() -> dict:
-    """$NPFORMER_NANOGPT for a checkout whose ../shared is elsewhere ({} if not needed)."""
-    from bench.torch_models import nanogpt_folder
-
-    if nanogpt_folder(ROOT) is None and (SHARED_NANOGPT / "model.py").is_file():
-        return {"NPFORMER_NANOGPT": str(SHARED_NANOGPT)}
-    return {}
-
-
-def test_nanogpt_gpt_computes_the_reference_lm(tmp_path, monkeypatch):
+def test_nanogpt_gpt_computes_the_reference_lm(tmp_path):
     """nanoGPT's own GPT with the reference's weights mapped onto its names: the same
     first loss, and the same losses over 3 of the demo's updates."""
     require_torch()
@@ -262,8 +250,6 @@ def test_nanogpt_gpt_computes_the_reference_lm(tmp_path, monkeypatch):
     from bench.measure import prepare_nanogpt, prepare_pytorch
     from bench.torch_models import nanogpt_folder
 
-    for name, value in nanogpt_env().items():
-        monkeypatch.setenv(name, value)
     if nanogpt_folder(ROOT) is None:
         pytest.skip("nanoGPT's model.py is not at ../shared/anchors/nanogpt")
     weights = str(tmp_path / "init.npz")

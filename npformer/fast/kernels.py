@@ -54,13 +54,10 @@ every other array):
   (:class:`npformer.nn.FlatParameters`), the decay applied segment by segment to the
   decayed parameters only; :func:`sum_of_squares`: the gradient norm's one pass.
 
-Cost (``python bench/kernels.py --compile``, AMD EPYC, 2 cores shared with other
-jobs): the first calls compile, about 38 s for every kernel in both dtypes with an empty
-cache, about 9 s for the float32 ones a demo uses; a later process loads them from the
-cache (about 1.3 s for the first, 0.02 s each after), and importing numba itself
-takes about 2 s.  Re-measured with the attention and loss kernels added (one run,
-2026-11-24, shared machine): every kernel's first call in both dtypes 9.0 s with an
-empty cache, 3.9 s loading them from a filled cache.
+Cost (``python bench/kernels.py --compile``, AMD EPYC, 2 cores, 2026-11-24, idle): the
+first call of every kernel in both dtypes compiles them, 11.3 s with an empty cache; a
+later process loads them from the cache, 4.1 s for all of them (import 0.3 s).  A demo
+uses only its dtype's kernels, so it pays about half of either figure once.
 
 Where numba is not installed, or ``NPFORMER_NO_NUMBA=1``, :data:`COMPILED` is False,
 the ops run their NumPy statements, and the first op that would have used a kernel
