@@ -62,7 +62,7 @@ def _padded(rng, lengths, width: int, vocab: int, low: int):
 
 
 def demo_run(name: str):
-    """(model, optimizer, task, batch, clip) of one demo's default run, built through the
+    """(model, optimizer, task, batch) of one demo's default run, built through the
     API both this checkout and the one before the renames accept (``max_len``: the old
     name of ``block_size``, still read with a DeprecationWarning)."""
     import warnings
