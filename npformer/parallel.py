@@ -47,6 +47,7 @@ import numpy as np
 from . import backend
 from .distributed.context import SINGLE, join_if_launched
 from .nn import Module, Parameter, flat_parameters_of
+from .nn.module import flat_layout
 from .replicas import ThreadReplicas, parallel_map
 
 if TYPE_CHECKING:  # annotations only: importing these here would be circular
@@ -214,9 +215,8 @@ class PackedGradients:
     def __init__(self, params: Sequence[Parameter]):
         self.xp = _buffer_namespace()
         self.shapes = [tuple(p.shape) for p in params]
-        offsets = np.cumsum([0] + [int(np.prod(shape)) for shape in self.shapes])
-        self.slices = [(int(lo), int(hi)) for lo, hi in zip(offsets[:-1], offsets[1:])]
-        self.buffer = self.xp.zeros(int(offsets[-1]), dtype=params[0].data.dtype)  # (P,)
+        self.slices, total = flat_layout(self.shapes)  # as FlatParameters lays them out
+        self.buffer = self.xp.zeros(total, dtype=params[0].data.dtype)  # (P,)
 
     def pack(self, params: Sequence[Parameter]) -> Any:
         """The buffer, every gradient copied in."""

@@ -39,6 +39,7 @@ were assigned: a ``Parameter`` attribute ``weight`` of a child stored as
 from __future__ import annotations
 
 import functools
+import math
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -150,6 +151,18 @@ class Parameter:
         return f"Parameter(shape={self.shape}, dtype={self.data.dtype})"
 
 
+def flat_layout(shapes: Sequence[tuple[int, ...]]) -> tuple[list[tuple[int, int]], int]:
+    """Arrays of ``shapes`` laid end to end in one flat buffer: ([(lo, hi)] of each, the
+    buffer's length P).  The one layout of :class:`FlatParameters` and of the packed
+    gradients the all-reduce sends (:class:`npformer.parallel.PackedGradients`)."""
+    slices, offset = [], 0
+    for shape in shapes:
+        size = math.prod(shape)
+        slices.append((offset, offset + size))
+        offset += size
+    return slices, offset
+
+
 class FlatParameters:
     """The data of a list of parameters in one flat contiguous buffer, and their
     gradients in another, each parameter's ``data`` and ``grad`` a view of its slice
@@ -174,11 +187,9 @@ class FlatParameters:
         if not self.supports(self.params):
             raise ValueError("FlatParameters holds NumPy parameters of one floating dtype")
         dtype = self.params[0].data.dtype
-        sizes = [int(np.prod(p.shape)) for p in self.params]
-        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        self.slices = [(int(lo), int(hi)) for lo, hi in zip(offsets[:-1], offsets[1:])]
-        self.data = np.empty(int(offsets[-1]), dtype=dtype)  # (P,)
-        self.grad = np.zeros(int(offsets[-1]), dtype=dtype)  # (P,)
+        self.slices, total = flat_layout([p.shape for p in self.params])
+        self.data = np.empty(total, dtype=dtype)  # (P,)
+        self.grad = np.zeros(total, dtype=dtype)  # (P,)
         self.data_views, self.grad_views = [], []
         for i, (p, (lo, hi)) in enumerate(zip(self.params, self.slices)):
             data_view = self.data[lo:hi].reshape(p.shape)
