@@ -775,10 +775,6 @@ def probability(text: str) -> float:
     return _option_value(text, float, check_probability, "a probability in [0, 1)")
 
 
-# ###########################################################################################
-# Added for issue 17 (helper "names"): renamed fields, optimizer arguments, weights.
-# ###########################################################################################
-
 # =========================================================================== renamed fields
 # One name per idea, PyTorch's or nanoGPT's: d_model (model width), num_heads (head count),
 # block_size (context length), max_iters (updates in a run).  A class that renamed a field
