@@ -512,9 +512,7 @@ def _attention_kernels(exp, dtype):
                 for t in range(nt):
                     row = scores[a, h, t]
                     if has_bias:
-                        b = bias[a, h, t]
-                        for j in range(ns):
-                            row[j] = row[j] + b[j]
+                        _add_into(row, bias[a, h, t])
                     m = _max8(row, neg_inf)
                     if m == neg_inf:  # every key masked: e = 0, total = 1 (textbook)
                         for j in range(ns):
@@ -540,9 +538,7 @@ def _attention_kernels(exp, dtype):
                     row = scores[a, h, t]
                     shift = lse[a, h, t]
                     if has_bias:  # (the bias is a strided view: its own loop)
-                        b = bias[a, h, t]
-                        for j in range(ns):
-                            row[j] = row[j] + b[j]
+                        _add_into(row, bias[a, h, t])
                     for j in range(ns):  # contiguous, element-wise: vectorizes
                         row[j] = exp(row[j] - shift)
         return None
@@ -561,6 +557,13 @@ def _attention_kernels(exp, dtype):
         return None
 
     return softmax_lse, probabilities, softmax_backward
+
+
+@_jit(inline="always")
+def _add_into(row, bias):
+    """row += bias, element by element (the bias row may be a strided view)."""
+    for j in range(row.size):
+        row[j] = row[j] + bias[j]
 
 
 @_jit(inline="always")
