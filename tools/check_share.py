@@ -64,7 +64,9 @@ def _padded(rng, lengths, width: int, vocab: int, low: int):
 def demo_run(name: str):
     """(model, optimizer, task, batch) of one demo's default run, built through the
     API both this checkout and the one before the renames accept (``max_len``: the old
-    name of ``block_size``, still read with a DeprecationWarning)."""
+    name of ``block_size``, still read with a DeprecationWarning).  The batches are made
+    here, not by ``bench.configs``, which imports the demos and so runs only on today's
+    package."""
     import warnings
 
     from npformer.models import (
