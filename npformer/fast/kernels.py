@@ -16,8 +16,9 @@ textbook op within 1e-12 in float64.  One exception: the float32 GELU kernels le
 contract a * b + c into a fused multiply-add (``fastmath={"contract"}``: one rounding
 instead of two, no reassociation), which took the forward from 0.40 to 0.27 ms on a
 (768, 512) array (torch: 0.18 ms; the figures below); they stay within float32's
-tolerance of the textbook op (1e-6) and within 3e-7 of float64 truth, as tested.  Not ``parallel=True``: on the
-2-core machines this was measured on, two thread replicas already keep both cores busy.
+tolerance of the textbook op (1e-6) and within 3e-7 of float64 truth, as tested.  Not
+``parallel=True``: on the 2-core machines this was measured on, two thread replicas
+already keep both cores busy.
 
 The kernels (each an in-place routine over C-contiguous NumPy arrays, float32 or
 float64; the ops in :mod:`npformer.fast` call them and keep the array statements for
