@@ -24,9 +24,13 @@ each worker runs one training step and one inference of a tiny model of the same
 kind, so code loaded on first use (PyTorch imports ~800 modules, ~70 MiB, at its
 first Adam step) is neither timed nor counted.
 
-Memory: peak RSS growth during the measured steps, the same way on both sides:
-``ru_maxrss`` after the steps minus the current RSS (``/proc/self/statm``) taken
-right before the first step, once model and batch are built.  The optimizer is
+Memory: peak RSS growth during the measured steps, the same way on both sides: the
+peak RSS after the steps (``VmHWM``, reset to the current RSS at the baseline by
+writing 5 to ``/proc/self/clear_refs``; ``ru_maxrss``, the whole process's peak,
+where that is refused) minus the current RSS (``/proc/self/statm``) taken right
+before the first step, once model and batch are built.  (Without the reset the peak
+of building the model, or of the loss check before the steps, can exceed the steps'
+own and be counted as theirs.)  The optimizer is
 built after that baseline on both sides (npformer allocates Adam's moments in its
 constructor, PyTorch at its first step), so optimizer state is in the growth.
 
