@@ -68,21 +68,34 @@ def packs_positions() -> bool:
 
 
 def flat_parameters(params: Sequence[Parameter]) -> FlatParameters | None:
-    """The fast tier keeps an optimizer's parameters in one flat buffer
+    """The fast tier keeps a model's parameters, and an optimizer's, in one flat buffer
     (:class:`npformer.nn.FlatParameters`, which rebinds their data and gradients to
-    views of it); None in the textbook tier, or where they cannot share one (not
-    NumPy, or mixed dtypes)."""
+    views of it): the buffer that already holds exactly ``params`` (the models make
+    theirs when built), else a new one; None in the textbook tier, or where they cannot
+    share one (not NumPy, or mixed dtypes)."""
     from .nn.module import FlatParameters
 
+    params = list(params)
     if _current != "fast" or not FlatParameters.supports(params):
         return None
-    return FlatParameters(params)
+    held = params[0]._flat
+    return held if held is not None and held.holds(params) else FlatParameters(params)
 
 
 def fuses_kernels(*arrays: Array) -> bool:
     """Whether the fast tier runs these arrays' element-wise chains as one fused kernel
     (:mod:`npformer.fast.fused`: CuPy arrays)."""
     return _current == "fast" and _fused.fuses(*arrays)
+
+
+def loss_backward_over_logits(dloss: Array, cache: Any) -> Array:
+    """The cross-entropy backward for a caller that owns the logits and drops the cache
+    after: the fast tier writes the gradient over the (N, V) array its forward kept
+    (``overwrite_logits=True``), so no second (N, V) array is allocated; the textbook
+    op returns a new array."""
+    if _current == "fast":
+        return _fast.cross_entropy_backward(dloss, cache, overwrite_logits=True)
+    return _textbook.cross_entropy_backward(dloss, cache)
 
 
 # The fast tier's compiled pieces the optimizer uses (npformer.optim reaches them here).

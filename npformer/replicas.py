@@ -64,7 +64,7 @@ class ThreadReplicas:
         if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 1:
             raise ValueError(f"replicas must be an integer of at least 1, got {count!r}")
         self.model = model
-        self.models = [model] + [copy.deepcopy(model) for _ in range(int(count) - 1)]
+        self.models = [model] + [_replica_of(model) for _ in range(int(count) - 1)]
         self.pool = ThreadPoolExecutor(max_workers=len(self.models)) if count > 1 else None
         self._replica_flats: dict[int, FlatParameters] = {}
 
@@ -94,11 +94,13 @@ class ThreadReplicas:
 
     def _replica_flat(self, i: int) -> FlatParameters | None:
         """Replica i's own flat gradient buffer, where the model's gradients are flat
-        (made on first use): the replicas' gradients are then summed in one pass."""
+        (made on first use; its data stay the model's arrays): the replicas' gradients
+        are then summed in one pass."""
         if flat_parameters_of(self.model.parameters()) is None:
             return None
         if i not in self._replica_flats:
-            self._replica_flats[i] = FlatParameters(self.models[i].parameters())
+            self._replica_flats[i] = FlatParameters(self.models[i].parameters(),
+                                                    gradients_only=True)
         return self._replica_flats[i]
 
     def _share_parameters(self) -> None:
@@ -126,3 +128,10 @@ class ThreadReplicas:
                 continue
             for p, q in zip(own, replica.parameters()):
                 p.accumulate(q.grad)
+
+
+def _replica_of(model: Module) -> Module:
+    """A deep copy of ``model`` whose parameters' data are the model's own arrays (not
+    copies: every replica reads the same weights) and whose gradients are its own."""
+    shared = {id(p.data): p.data for p in model.parameters()}
+    return copy.deepcopy(model, memo=shared)

@@ -41,13 +41,14 @@ def cross_entropy_and_backward(model: Module, logits: Array, targets: Array, gra
     """Loss on ``logits``, then the backward pass of loss * grad_scale through ``model``.
 
     Callers pass the model's output straight in, unnamed, so that this frame holds the
-    only reference: the (N, V) logits, then the softmax the loss keeps, are freed as
-    soon as they are used, before the model's backward pass needs its own memory.
+    only reference: the fast tier writes the gradient over the logits' own buffer (one
+    (N, V) array for both), and the arrays are freed as soon as they are used, before
+    the model's backward pass needs its own memory.
     """
-    tier = engine.ops()
-    loss, cache = tier.cross_entropy_forward(logits, backend.asarray(targets), **loss_kwargs)
+    loss, cache = engine.ops().cross_entropy_forward(logits, backend.asarray(targets),
+                                                     **loss_kwargs)
     del logits  # this frame's reference: what the loss's cache keeps it keeps, no more
-    dlogits = tier.cross_entropy_backward(grad_scale, cache)
+    dlogits = engine.loss_backward_over_logits(grad_scale, cache)  # (N, V), in z's buffer
     del cache
     model.backward(dlogits)
     return backend.to_float(loss)

@@ -183,18 +183,26 @@ def test_softmax(xb, seed, shape, masked, overwrite, scale):
 @given(seed=seeds, lead=st.lists(st.integers(1, 4), min_size=1, max_size=2),
        vocab=st.integers(1, 7), smoothing=st.sampled_from([0.0, 0.1, 1.0]),
        ignored=st.floats(0.0, 1.0), ignore_index=st.sampled_from([-100, 0]),
-       dloss=st.sampled_from([1.0, 0.25]))
-def test_cross_entropy(xb, seed, lead, vocab, smoothing, ignored, ignore_index, dloss):
+       dloss=st.sampled_from([1.0, 0.25]), overwrite=st.booleans())
+def test_cross_entropy(xb, seed, lead, vocab, smoothing, ignored, ignore_index, dloss,
+                       overwrite):
+    """Loss and gradient equal the textbook op's; with ``overwrite_logits`` the gradient
+    is the same numbers, written over the fast forward's own (N, V) array."""
     rng = np.random.default_rng(seed)
     logits = randn(rng, lead + [vocab], scale=3.0)
     targets = rng.integers(0, vocab, size=lead)
     targets = np.where(rng.random(lead) < ignored, ignore_index, targets)  # some (or all) ignored
     targets = backend.asarray(targets)
+    logits_copy = backend.asarray(host(logits))  # the fast backward may overwrite its copy
     loss_t, cache_t = ops.cross_entropy_forward(logits, targets, ignore_index, smoothing)
-    loss_f, cache_f = fast.cross_entropy_forward(logits, targets, ignore_index, smoothing)
+    loss_f, cache_f = fast.cross_entropy_forward(logits_copy, targets, ignore_index, smoothing)
     assert_equal_arrays([loss_f], [loss_t], ["loss"])
-    assert_equal_arrays([fast.cross_entropy_backward(dloss, cache_f)],
-                        [ops.cross_entropy_backward(dloss, cache_t)], ["dlogits"])
+    kept = cache_f.saved[0]  # the (N, V) array the forward kept: the logits, or p
+    kept = getattr(kept, "logits", kept)
+    dz_f = fast.cross_entropy_backward(dloss, cache_f, overwrite_logits=overwrite)
+    assert_equal_arrays([dz_f], [ops.cross_entropy_backward(dloss, cache_t)], ["dlogits"])
+    if type(dz_f) is np.ndarray:  # NumPy: written over the kept buffer exactly when asked
+        assert np.shares_memory(dz_f, kept) == overwrite
 
 
 # =========================================================================== linear

@@ -5,8 +5,8 @@ recomputed in the backward.  The same function as the dense textbook op
 Shapes: B batch, H heads, T queries, S keys, E query/key width per head,
 F value width per head.  Any leading shape works in place of (B, H).
 
-Forward, with the scale $\alpha = 1/\sqrt{E}$ folded into the queries
-    $A = (\alpha Q) K^\top + M$                    scores, (..., T, S); M = 0 or -inf (mask)
+Forward, with the scale $\alpha = 1/\sqrt{E}$
+    $A = \alpha (Q K^\top) + M$                    scores, (..., T, S); M = 0 or -inf (mask)
     $m = \max_j A_{:j}$, $e = \exp(A - m)$, $l = \sum_j e_{:j}$   (stable softmax, §7)
     $O = (e V) / l$                              (..., T, F): $P V$ with $P = e / l$
     $\lambda = m + \log l$                         (..., T, 1): each row's log-sum-exp
@@ -15,7 +15,11 @@ Backward, from $\bar O$, recomputing $P = \exp(A - \lambda)$ instead of storing 
 (the memory-efficient backward of FlashAttention, Dao et al., 2022)
     $\bar V = P^\top \bar O$        $\bar P = \bar O V^\top$
     $\bar A = P \odot (\bar P - \text{rowsum}(\bar P \odot P))$   (softmax backward, §7)
-    $\bar Q = \alpha\, \bar A K$      $\bar K = \bar A^\top (\alpha Q)$
+    $\bar S = \alpha \bar A$                       (the gradient of the unscaled $S = Q K^\top$)
+    $\bar Q = \bar S K$      $\bar K = \bar S^\top Q$
+
+The scale is applied to the scores, never to a copy of Q: the compiled kernels scale
+each row on their way through it, so the cache keeps the queries the caller passed.
 
 Blocks.  The (T, S) score matrices are never held for the whole batch: both
 passes walk over blocks of about ``block_scores`` scores (an argument, default
@@ -63,7 +67,6 @@ def attention_forward(q: Array, k: Array, v: Array, mask: Array | None = None,
     xp = backend.namespace_of(q, k, v)
     block_scores = default_block_scores(q) if block_scores is None else block_scores
     scale = 1.0 / math.sqrt(q.shape[-1])
-    q = q * scale  # (..., T, E): the scale, folded into the queries once
     mask = _align(mask, q.ndim)
     bias = None if mask is None else mask_bias(mask, q.dtype)  # mask's shape: 0 or -inf
     out = _empty(xp, q.shape[:-1] + (v.shape[-1],), q)  # (..., T, F)
@@ -72,11 +75,12 @@ def attention_forward(q: Array, k: Array, v: Array, mask: Array | None = None,
         out, lse = xp.zeros_like(out), xp.zeros_like(lse)
     extents = _key_extents(mask)  # host integers: the block walk never waits on the device
     for rows, keys, block_bias in _blocks(q, k, extents, bias, block_scores):
-        scores = q[rows] @ k[keys].mT  # (.., t, E) @ (.., E, s)
-        if _compiled(scores):  # the masked softmax and lse: one compiled pass a row
-            kernels.attention_softmax(scores, block_bias, lse[rows])  # P, in place
+        scores = q[rows] @ k[keys].mT  # S = Q K^T: (.., t, E) @ (.., E, s)
+        if _compiled(scores):  # scale, masked softmax and lse: one compiled pass a row
+            kernels.attention_softmax(scores, block_bias, scale, lse[rows])  # P, in place
             out[rows] = scores @ v[keys]  # (.., t, s) @ (.., s, F) -> (.., t, F)
             continue
+        scores *= scale  # alpha S, in place
         e, m, total = _stable_exp(scores, block_bias)  # (.., t, s), (.., t, 1) twice
         out[rows] = (e @ v[keys]) / total  # (.., t, s) @ (.., s, F) -> (.., t, F)
         lse[rows] = m + xp.log(total)
@@ -86,7 +90,7 @@ def attention_forward(q: Array, k: Array, v: Array, mask: Array | None = None,
 @backward_op(attention_forward)
 def attention_backward(dout: Array, saved: Any) -> tuple[Array, Array, Array]:
     """dout (..., T, F) -> dq (..., T, E), dk (..., S, E), dv (..., S, F)."""
-    q, k, v, extents, bias, lse, scale, block_scores = saved  # q is already scaled by alpha
+    q, k, v, extents, bias, lse, scale, block_scores = saved
     xp = backend.namespace_of(dout, q)
     dq = _empty(xp, q.shape, q)  # every query row belongs to exactly one block
     if k.shape[-2] == 0:  # no keys (no blocks): zero gradients
@@ -94,12 +98,13 @@ def attention_backward(dout: Array, saved: Any) -> tuple[Array, Array, Array]:
     dk = xp.zeros_like(k)  # keys are shared by query blocks, and cut-off keys get 0
     dv = xp.zeros_like(v)
     for rows, keys, block_bias in _blocks(q, k, extents, bias, block_scores):
-        scores = q[rows] @ k[keys].mT  # (.., t, s), recomputed
+        scores = q[rows] @ k[keys].mT  # S = Q K^T (.., t, s), recomputed
         compiled = _compiled(scores)
         if compiled:
-            kernels.attention_probabilities(scores, block_bias, lse[rows])  # P, in place
+            kernels.attention_probabilities(scores, block_bias, scale, lse[rows])  # P
             p = scores
         else:
+            scores *= scale
             if block_bias is not None:
                 scores += block_bias
             scores -= lse[rows]
@@ -107,11 +112,12 @@ def attention_backward(dout: Array, saved: Any) -> tuple[Array, Array, Array]:
         dv[keys] += p.mT @ dout[rows]  # (.., s, t) @ (.., t, F)
         dp = dout[rows] @ v[keys].mT  # (.., t, F) @ (.., F, s)
         if compiled:
-            kernels.attention_softmax_backward(dp, p)  # dA, in dp
+            kernels.attention_softmax_backward(dp, p, scale)  # alpha dA, in dp
             dscores = dp
         else:
             dscores = softmax_backward.unchecked(dp, (p, -1), overwrite_input=True)  # dA, in dp
-        dq[rows] = (dscores @ k[keys]) * scale  # (.., t, s) @ (.., s, E)
+            dscores *= scale  # alpha dA
+        dq[rows] = dscores @ k[keys]  # (.., t, s) @ (.., s, E)
         dk[keys] += dscores.mT @ q[rows]  # (.., s, t) @ (.., t, E)
     return dq, dk, dv
 

@@ -497,23 +497,24 @@ def _layernorm_backward(dy, x_hat, r, gamma, dx, dgamma, dbeta):
 # The masked softmax inside blocked attention (npformer.fast.attention), on a block of
 # scores (A, H, t, s) written in place, one row of s keys at a time (the row stays in
 # cache): the textbook's statements, each rounded to the scores' dtype as there, the row
-# sums accumulated in float64.  The mask's bias arrives broadcast to the scores' shape (a
-# strided view, no copy); ``has_bias`` False: no bias (the view is not read).
+# sums accumulated in float64.  The scores arrive as Q K^T, unscaled: the kernels apply
+# the scale alpha on their way through a row (no scaled copy of Q is made).  The mask's
+# bias arrives broadcast to the scores' shape (a strided view, no copy); ``has_bias``
+# False: no bias (the view is not read).
 def _attention_kernels(exp, dtype):
     """(softmax_lse, probabilities, softmax_backward) kernels of one dtype's ``exp``."""
     zero, neg_inf = dtype(0.0), dtype(-np.inf)
 
     @_jit
-    def softmax_lse(scores, bias, has_bias, lse):
-        """scores (A, H, t, s) -> P = softmax(scores + bias) in place; lse (A, H, t) =
-        max + log(sum exp(. - max)); a row with every key masked: P = 0, lse = 0."""
+    def softmax_lse(scores, bias, has_bias, scale, lse):
+        """scores (A, H, t, s) -> P = softmax(scale scores + bias) in place; lse (A, H, t)
+        = max + log(sum exp(. - max)); a row with every key masked: P = 0, lse = 0."""
         na, nh, nt, ns = scores.shape
         for a in range(na):
             for h in range(nh):
                 for t in range(nt):
                     row = scores[a, h, t]
-                    if has_bias:
-                        _add_into(row, bias[a, h, t])
+                    _scale_add_into(row, scale, bias[a, h, t], has_bias)
                     m = _max8(row, neg_inf)
                     if m == neg_inf:  # every key masked: e = 0, total = 1 (textbook)
                         for j in range(ns):
@@ -529,24 +530,24 @@ def _attention_kernels(exp, dtype):
         return None
 
     @_jit
-    def probabilities(scores, bias, has_bias, lse):
-        """scores (A, H, t, s) -> P = exp((scores + bias) - lse) in place, lse (A, H, t)
-        from the forward: the backward's recomputed probabilities."""
+    def probabilities(scores, bias, has_bias, scale, lse):
+        """scores (A, H, t, s) -> P = exp((scale scores + bias) - lse) in place, lse
+        (A, H, t) from the forward: the backward's recomputed probabilities."""
         na, nh, nt, ns = scores.shape
         for a in range(na):
             for h in range(nh):
                 for t in range(nt):
                     row = scores[a, h, t]
                     shift = lse[a, h, t]
-                    if has_bias:  # (the bias is a strided view: its own loop)
-                        _add_into(row, bias[a, h, t])
+                    _scale_add_into(row, scale, bias[a, h, t], has_bias)
                     for j in range(ns):  # contiguous, element-wise: vectorizes
                         row[j] = exp(row[j] - shift)
         return None
 
     @_jit
-    def softmax_backward(dp, p):
-        """dp, p (A, H, t, s) -> dA = (dp - <dp, p>) p, in dp's buffer, row by row."""
+    def softmax_backward(dp, p, scale):
+        """dp, p (A, H, t, s) -> scale dA, dA = (dp - <dp, p>) p, in dp's buffer, row by
+        row: the gradient of the unscaled scores Q K^T."""
         na, nh, nt, ns = dp.shape
         for a in range(na):
             for h in range(nh):
@@ -554,17 +555,22 @@ def _attention_kernels(exp, dtype):
                     row, prow = dp[a, h, t], p[a, h, t]
                     inner = dtype(_sum4(row, prow, 1))
                     for j in range(ns):
-                        row[j] = (row[j] - inner) * prow[j]
+                        row[j] = ((row[j] - inner) * prow[j]) * scale
         return None
 
     return softmax_lse, probabilities, softmax_backward
 
 
 @_jit(inline="always")
-def _add_into(row, bias):
-    """row += bias, element by element (the bias row may be a strided view)."""
-    for j in range(row.size):
-        row[j] = row[j] + bias[j]
+def _scale_add_into(row, scale, bias, has_bias):
+    """row = scale row (+ bias where has_bias), element by element (the bias row may be
+    a strided view)."""
+    if has_bias:
+        for j in range(row.size):
+            row[j] = row[j] * scale + bias[j]
+    else:
+        for j in range(row.size):
+            row[j] = row[j] * scale
 
 
 @_jit(inline="always")
@@ -631,28 +637,30 @@ def _broadcast_bias(bias: np.ndarray | None, scores: np.ndarray) -> tuple[np.nda
     return np.broadcast_to(bias, scores.shape), True
 
 
-def attention_softmax(scores: np.ndarray, bias: np.ndarray | None, lse: np.ndarray) -> None:
-    """scores (A, H, t, s), C-contiguous -> P = softmax(scores + bias) in place (fully
-    masked rows 0), lse (A, H, t, 1) written: one compiled pass a row."""
+def attention_softmax(scores: np.ndarray, bias: np.ndarray | None, scale: float,
+                      lse: np.ndarray) -> None:
+    """scores Q K^T (A, H, t, s), C-contiguous -> P = softmax(scale scores + bias) in
+    place (fully masked rows 0), lse (A, H, t, 1) written: one compiled pass a row."""
     view, has_bias = _broadcast_bias(bias, scores)
     kernel = attention_softmax32 if scores.dtype == np.float32 else attention_softmax64
-    kernel(scores, view, has_bias, lse[..., 0])
+    kernel(scores, view, has_bias, scores.dtype.type(scale), lse[..., 0])
 
 
-def attention_probabilities(scores: np.ndarray, bias: np.ndarray | None,
+def attention_probabilities(scores: np.ndarray, bias: np.ndarray | None, scale: float,
                             lse: np.ndarray) -> None:
-    """scores (A, H, t, s) -> P = exp(scores + bias - lse) in place, lse (A, H, t, 1)."""
+    """scores Q K^T (A, H, t, s) -> P = exp(scale scores + bias - lse) in place, lse
+    (A, H, t, 1)."""
     view, has_bias = _broadcast_bias(bias, scores)
     kernel = (attention_probabilities32 if scores.dtype == np.float32
               else attention_probabilities64)
-    kernel(scores, view, has_bias, lse[..., 0])
+    kernel(scores, view, has_bias, scores.dtype.type(scale), lse[..., 0])
 
 
-def attention_softmax_backward(dp: np.ndarray, p: np.ndarray) -> None:
-    """dp, p (A, H, t, s) -> dA = (dp - <dp, p>) p, written into dp."""
+def attention_softmax_backward(dp: np.ndarray, p: np.ndarray, scale: float) -> None:
+    """dp, p (A, H, t, s) -> scale dA, dA = (dp - <dp, p>) p, written into dp."""
     kernel = (attention_softmax_backward32 if dp.dtype == np.float32
               else attention_softmax_backward64)
-    kernel(dp, p)
+    kernel(dp, p, dp.dtype.type(scale))
 
 
 # =========================================================================== the loss
@@ -689,16 +697,18 @@ def _loss_kernels(exp, dtype):
     @_jit
     def cross_entropy_grad(z, lse, targets, weight, smoothing, dz):
         """z (N, V), lse, targets, weight (N,) -> dz (N, V) = w (p - q), p = exp(z - lse),
-        q = (1 - eps) onehot(y) + eps / V; rows of weight 0 (ignored) give 0."""
+        q = (1 - eps) onehot(y) + eps / V; rows of weight 0 (ignored) give 0.  dz may be
+        z itself: each row's target logit is read before the row is written."""
         n, v = z.shape
         spread = dtype(smoothing / v)
         on_target = dtype(1.0 - smoothing)
         for i in range(n):
             row, out, shift, w = z[i], dz[i], lse[i], weight[i]
+            t = targets[i]
+            p_target = exp(row[t] - shift)
             for j in range(v):  # element-wise: vectorizes
                 out[j] = (exp(row[j] - shift) - spread) * w
-            t = targets[i]
-            out[t] = ((exp(row[t] - shift) - spread) - on_target) * w
+            out[t] = ((p_target - spread) - on_target) * w
         return None
 
     return cross_entropy_rows, cross_entropy_grad
@@ -721,9 +731,11 @@ def cross_entropy_rows(z: np.ndarray, targets: np.ndarray,
 
 
 def cross_entropy_grad(z: np.ndarray, lse: np.ndarray, targets: np.ndarray,
-                       weight: np.ndarray, smoothing: float) -> np.ndarray:
-    """z (N, V), lse, targets, weight (N,) -> dz = weight (softmax(z) - q) (N, V), compiled."""
-    dz = np.empty_like(z)
+                       weight: np.ndarray, smoothing: float,
+                       out: np.ndarray | None = None) -> np.ndarray:
+    """z (N, V), lse, targets, weight (N,) -> dz = weight (softmax(z) - q) (N, V), compiled;
+    written into ``out`` when given (z itself: the logits' buffer reused)."""
+    dz = np.empty_like(z) if out is None else out
     kernel = cross_entropy_grad32 if z.dtype == np.float32 else cross_entropy_grad64
     kernel(z, lse, targets, weight, smoothing, dz)
     return dz

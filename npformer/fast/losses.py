@@ -97,17 +97,27 @@ def _mean_over_counted(xp, per_row, counted, dtype):
 
 
 @backward_op(cross_entropy_forward, upstream=check_loss_gradient)
-def cross_entropy_backward(dloss: Array, saved: Any) -> Array:
-    """dloss (scalar) -> dlogits (..., V) = dloss * (p - q) / N_counted on counted rows."""
+def cross_entropy_backward(dloss: Array, saved: Any, overwrite_logits: bool = False) -> Array:
+    """dloss (scalar) -> dlogits (..., V) = dloss * (p - q) / N_counted on counted rows.
+
+    ``overwrite_logits=True``: dlogits is written over the (N, V) array the forward kept
+    (the logits on the compiled path, the softmax otherwise), for a caller that owns the
+    logits and will not run this backward again: no second (N, V) array.
+    """
     p, safe_t, counted_f, denom, label_smoothing, logits_shape = saved
     if isinstance(p, _FromLogits):  # the compiled pass: p recomputed from z and lse
         dz = kernels.cross_entropy_grad(p.logits, p.lse, p.targets, counted_f * (dloss / denom),
-                                        float(label_smoothing))  # w (p - q), (N, V)
-        return dz.reshape(logits_shape)
+                                        float(label_smoothing),
+                                        out=p.logits if overwrite_logits else None)
+        return dz.reshape(logits_shape)  # w (p - q), (N, V)
     xp = backend.namespace_of(p)
     vocab = p.shape[-1]
     weight = counted_f * (dloss / denom)  # w, (N,): 0 on ignored rows
-    dz = p - label_smoothing / vocab  # p minus the eps / V that q spreads over every class
+    if overwrite_logits:
+        dz = p
+        dz -= label_smoothing / vocab
+    else:
+        dz = p - label_smoothing / vocab  # p minus the eps / V that q spreads over every class
     dz = add_at_columns(dz, safe_t, -(1.0 - label_smoothing))  # p - q, (N, V)
     dz *= weight[:, None]  # w (p - q)
     return xp.reshape(dz, logits_shape)

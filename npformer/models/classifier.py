@@ -15,7 +15,14 @@ from .. import engine, ops
 from ..backend import Array
 from ..nn import EncoderBlock, Linear, Module, Padding
 from ..validation import check_rank, check_valid_lengths, renamed_fields
-from .common import TokenEmbedding, check_config, final_norm, model_input, padding_of
+from .common import (
+    TokenEmbedding,
+    check_config,
+    final_norm,
+    model_input,
+    padding_of,
+    weights_in_one_buffer,
+)
 
 
 @renamed_fields(max_len="block_size")  # the old name, for one release
@@ -74,6 +81,7 @@ class TransformerClassifier(Module):
                                     c.norm_first, c.head_dim) for _ in range(c.num_layers)]
         self.norm = final_norm(c)
         self.head = Linear(c.d_model, c.num_classes)
+        weights_in_one_buffer(self)
 
     def check_inputs(self, ids: Array, valid_lens: Array | None = None,
                      padding: Padding | None = None) -> None:

@@ -5,7 +5,7 @@ import math
 from dataclasses import asdict, fields
 from typing import Any
 
-from .. import backend
+from .. import backend, engine
 from ..backend import Array
 from ..nn import (
     Dropout,
@@ -97,6 +97,14 @@ class TokenEmbedding(Module):
         """dx (B, T, D) -> None (token ids are not differentiable)."""
         dx = self.positions.backward(self.dropout.backward(dx))
         return self.tokens.backward(dx * self.scale)
+
+
+def weights_in_one_buffer(model: Module) -> None:
+    """The fast tier moves a model's weights into one flat buffer as soon as it is built
+    (:func:`npformer.engine.flat_parameters`; the textbook tier leaves them as they
+    are): the optimizer adopts that buffer instead of copying the weights into one of
+    its own, so training never holds the weights twice."""
+    engine.flat_parameters(model.parameters())
 
 
 def final_norm(config: Any) -> LayerNorm | None:

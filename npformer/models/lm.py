@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from .. import ops
 from ..backend import Array
 from ..nn import DecodingCache, EncoderBlock, Linear, Module
-from .common import TokenEmbedding, check_config, final_norm, model_input
+from .common import TokenEmbedding, check_config, final_norm, model_input, weights_in_one_buffer
 
 
 @dataclass
@@ -65,6 +65,7 @@ class CausalLM(Module):
                                     c.norm_first, c.head_dim) for _ in range(c.num_layers)]
         self.norm = final_norm(c)
         self.lm_head = None if c.tie_weights else Linear(c.d_model, c.vocab_size, bias=False)
+        weights_in_one_buffer(self)
 
     def check_inputs(self, ids: Array) -> None:
         self.embed.check_inputs(model_input(ids, "token ids"))

@@ -19,7 +19,14 @@ from .. import backend, ops
 from ..backend import Array
 from ..nn import DecoderBlock, DecodingCache, EncoderBlock, Linear, Module, Padding
 from ..validation import check_rank, renamed_fields
-from .common import TokenEmbedding, check_config, final_norm, model_input, padding_of
+from .common import (
+    TokenEmbedding,
+    check_config,
+    final_norm,
+    model_input,
+    padding_of,
+    weights_in_one_buffer,
+)
 
 
 @renamed_fields(max_len="block_size")  # the old name, for one release
@@ -85,6 +92,7 @@ class Seq2SeqTransformer(Module):
                                      c.norm_first, c.head_dim) for _ in range(c.num_decoder_layers)]
         self.decoder_norm = final_norm(c)
         self.out_proj = Linear(c.d_model, c.tgt_vocab_size)
+        weights_in_one_buffer(self)
 
     # ------------------------------------------------------------------ training
     def encode(self, src: Array, src_lens: Array | None = None,

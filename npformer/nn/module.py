@@ -140,7 +140,7 @@ class Parameter:
         """Make ``value`` this parameter's data: copied into its flat view where it has
         one (so the flat buffer stays whole), else bound."""
         flat = self._flat
-        if flat is not None and tuple(value.shape) == self.shape:
+        if flat is not None and flat.data is not None and tuple(value.shape) == self.shape:
             view = flat.data_views[self._index]
             view[...] = value
             self.data = view
@@ -178,9 +178,13 @@ class FlatParameters:
     does not break the buffer: :meth:`sync` copies such an array into the view and
     binds the view again (the optimizer calls it before each update).  A deep copy of
     a model is not flat (its parameters own their arrays).
+
+    ``gradients_only=True``: only the gradients are flat (``data`` is None, the
+    parameters' data stay bound as they are): a thread replica's, whose data are the
+    model's own arrays.
     """
 
-    def __init__(self, params: Sequence[Parameter]):
+    def __init__(self, params: Sequence[Parameter], gradients_only: bool = False):
         import numpy as np
 
         self.params = list(params)
@@ -188,18 +192,20 @@ class FlatParameters:
             raise ValueError("FlatParameters holds NumPy parameters of one floating dtype")
         dtype = self.params[0].data.dtype
         self.slices, total = flat_layout([p.shape for p in self.params])
-        self.data = np.empty(total, dtype=dtype)  # (P,)
+        self.data = None if gradients_only else np.empty(total, dtype=dtype)  # (P,)
         self.grad = np.zeros(total, dtype=dtype)  # (P,)
         self.data_views, self.grad_views = [], []
         for i, (p, (lo, hi)) in enumerate(zip(self.params, self.slices)):
-            data_view = self.data[lo:hi].reshape(p.shape)
             grad_view = self.grad[lo:hi].reshape(p.shape)
-            data_view[...] = p.data
             if p.grad is not None:
                 grad_view[...] = p.grad
-            self.data_views.append(data_view)
             self.grad_views.append(grad_view)
-            p.data, p.grad, p._flat, p._index = data_view, grad_view, self, i
+            p.grad, p._flat, p._index = grad_view, self, i
+            if self.data is not None:
+                data_view = self.data[lo:hi].reshape(p.shape)
+                data_view[...] = p.data
+                self.data_views.append(data_view)
+                p.data = data_view
         decayed = [s for p, s in zip(self.params, self.slices) if p.decay and s[1] > s[0]]
         self.decay_segments = np.array(decayed, dtype=np.int64).reshape(-1, 2)  # (K, 2)
 
@@ -216,8 +222,9 @@ class FlatParameters:
     def sync(self) -> None:
         """Every parameter's data and gradient back in its view (copied in where code
         rebound them; a different shape is refused, naming the parameter)."""
+        flat = (("data", self.data_views),) if self.data is not None else ()
         for i, p in enumerate(self.params):
-            for name, views in (("data", self.data_views), ("grad", self.grad_views)):
+            for name, views in flat + (("grad", self.grad_views),):
                 value, view = getattr(p, name), views[i]
                 if value is view:
                     continue
@@ -235,6 +242,12 @@ class FlatParameters:
         return len(params) == len(self.params) and all(
             p is q and p.grad is view
             for p, q, view in zip(params, self.params, self.grad_views))
+
+    def holds(self, params: Sequence[Parameter]) -> bool:
+        """Whether ``params`` are exactly this buffer's parameters, in order, with their
+        data and gradients both still its views (nothing rebound since)."""
+        return self.data is not None and self.grads_intact(params) and all(
+            p.data is view for p, view in zip(params, self.data_views))
 
     def zero_grad(self) -> None:
         """Every gradient zero: one fill of the flat buffer, the views bound."""
