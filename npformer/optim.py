@@ -136,16 +136,12 @@ class Optimizer:
     def flat_state(self) -> tuple[FlatParameters, dict[str, Array]] | None:
         """``(flat, {state name: buffer (P,)})`` where this optimizer keeps its parameters
         in the :class:`~npformer.nn.FlatParameters` ``flat`` and each state array
-        ``state[name][i]`` is the view of ``buffer`` at ``flat.slices[i]``: the buffers
-        themselves, not copies.  None otherwise, and while a state array that
-        :meth:`load_state_dict` rebound is not yet back in its buffer (the next update
-        puts it there)."""
+        ``state[name][i]`` as the view of ``buffer`` at ``flat.slices[i]``: the buffers
+        themselves, not copies, with the arrays :meth:`load_state_dict` bound put back in
+        them first (as the next update would); None for an optimizer that is not flat."""
         if self._flat is None:
             return None
-        views = self._state_views
-        if any(self.state[name][i] is not view
-               for name in self._state_names for i, view in enumerate(views[name])):
-            return None
+        self._sync_flat_state()
         return self._flat, dict(self._flat_state)
 
     def _update(self, p: Parameter, g, state: tuple, t: int):  # pragma: no cover - abstract

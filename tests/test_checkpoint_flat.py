@@ -11,9 +11,11 @@ buffer and its optimizer's moment buffers as they are, one array each.
   updates give bit-identical losses and weights to N + M updates in one run; without
   the saved moments they do not (the test is sharp);
 * the per-tensor layout where the buffer does not hold the model as it is: the textbook
-  tier, an optimizer over some of the parameters, a rebound parameter; an optimizer
-  whose moments a loader rebound is written per tensor beside a flat ``flat/param``,
-  and that mixed file loads the same;
+  tier, an optimizer over some of the parameters, a rebound parameter; moments that
+  a loader bound are put back in their buffers (a run resumed and saved at once writes
+  the same layout and values as the run it resumed); a flat model with a per-tensor
+  optimizer (Adam's L2 decay) writes ``flat/param`` and ``optim/m.<i>``, and loads the
+  same;
 * a malformed flat layout (overlapping, gapped or too-short offsets, a shape that does
   not match its slice, a buffer of the wrong dtype, rank or length, no layout, an
   unknown buffer, an entry held twice) is a CheckpointError naming the problem;
@@ -220,17 +222,36 @@ def test_a_rebound_parameter_is_written_per_tensor(tmp_path):
     np.testing.assert_array_equal(loaded.params["embed.tokens.weight"], weight.data)
 
 
-def test_moments_a_loader_rebound_are_written_per_tensor_and_load_the_same(tmp_path):
+def test_moments_a_loader_bound_go_back_into_their_buffers(tmp_path):
+    """A resumed run that saves before its first update (a finished run resumed) writes
+    the layout the uninterrupted run wrote, with the loaded moments."""
     with using_engine("fast"), using_backend("numpy", "float64"):
         model, opt, _ = _trained()
         first = load_checkpoint(save_checkpoint(tmp_path / "a.npz", model, opt))
-        opt.load_state_dict(first.optimizer)  # rebinds the moments until the next update
-        assert opt.flat_state() is None
-        path = save_checkpoint(tmp_path / "mixed.npz", model, opt)
-        members = _members(path)
-        assert "flat/param" in members and "optim/m.0" in members
-        assert not {m for m in members if m.startswith("flat/optim/")}
+        resumed_model, resumed_opt, _ = _trained(seed=123, steps=0)
+        restore(resumed_model, first, resumed_opt)  # binds fresh moment arrays
+        flat_m = resumed_opt._flat_state["m"]  # the premise: the loader bound other arrays
+        assert not np.shares_memory(resumed_opt.state["m"][0], flat_m)
+        path = save_checkpoint(tmp_path / "again.npz", resumed_model, resumed_opt)
+        assert _members(path) == _members(tmp_path / "a.npz")
         _assert_same_checkpoint(load_checkpoint(path), first)
+
+
+def test_a_flat_model_with_a_per_tensor_optimizer_writes_both_layouts(tmp_path):
+    with using_engine("fast"), using_backend("numpy", "float64"):
+        model, _, _ = _trained()  # its AdamW made the parameters one buffer's views
+        l2_adam = optim.Adam(model.parameters(), lr=1e-2, weight_decay=0.1)  # per tensor
+        rng = np.random.default_rng(0)  # moments to tell apart (its update would rebind
+        for name in ("m", "v"):         # the parameters, so that the model is not flat)
+            l2_adam.state[name] = [rng.random(p.shape) for p in l2_adam.params]
+        assert l2_adam.flat_state() is None
+        path = save_checkpoint(tmp_path / "mixed.npz", model, l2_adam)
+        model_copy, opt_copy = copy.deepcopy((model, l2_adam))
+        tensors = save_checkpoint(tmp_path / "tensors.npz", model_copy, opt_copy)
+    members = _members(path)
+    assert "flat/param" in members and "optim/m.0" in members
+    assert not {m for m in members if m.startswith(("param/", "flat/optim/"))}
+    _assert_same_checkpoint(load_checkpoint(path), load_checkpoint(tensors))
 
 
 # =========================================================================== old versions
