@@ -28,10 +28,10 @@ Format versions: 4 (this one) added the flat layout; version 1 to 3 files hold o
 the per-tensor one.  Since version 3 every config calls its context length
 ``block_size``; versions 1 and 2 called the classifier's and the seq2seq model's
 ``max_len``, and reading one maps it (``models.common.saved_config_values``, the one
-place a saved config is read).  Version 2 named the exact GELU "gelu" and the tanh form "gelu_tanh";
-version 1 files called the tanh form "gelu", so reading one renames its config's
-``activation`` "gelu" to "gelu_tanh": the model is rebuilt with the activation it was
-trained with.  An npformer that reads only older versions refuses a newer file by its
+place a saved config is read).  Version 2 named the exact GELU "gelu" and the tanh form
+"gelu_tanh"; version 1 files called the tanh form "gelu", so reading one renames its
+config's ``activation`` "gelu" to "gelu_tanh": the model is rebuilt with the activation
+it was trained with.  An npformer that reads only older versions refuses a newer file by its
 version, not by a field it does not know.
 
 Files are written atomically: into a temporary file ``.<name>.<pid>.tmp`` beside the
@@ -85,7 +85,8 @@ class CheckpointWriteError(CheckpointError, OSError):
 @dataclass
 class Checkpoint:
     """A loaded checkpoint: the model ``kind`` and ``config`` (to rebuild it), its
-    parameter arrays ``params`` by dotted name, the ``optimizer`` state, the update
+    parameter arrays ``params`` by dotted name (views of one array, read from a flat
+    buffer), the ``optimizer`` state (its :meth:`state_dict` keys), the update
     ``step``, the random generators' ``rng_state`` and the caller's ``extra`` values
     (vocabularies, label names, the trainer's state)."""
 
@@ -220,11 +221,9 @@ def _optimizer_arrays(optimizer: Optimizer, flat: FlatParameters | None) -> dict
     buffers as they are, where its state is flat over ``flat``'s parameters, and
     ``optim/<key>`` for every other entry of its :meth:`state_dict`."""
     flat_state = optimizer.flat_state() if flat is not None else None
-    if flat_state is not None and (flat_state[0] is not flat or len(optimizer.params) !=
-                                   len(flat.params) or any(
-                                       p is not q for p, q in zip(optimizer.params, flat.params))):
-        flat_state = None  # flat over other parameters than the model's buffer
-    buffers = flat_state[1] if flat_state is not None else {}
+    over_the_models_buffer = (flat_state is not None and flat_state[0] is flat
+                              and _same_parameters(optimizer.params, flat.params))
+    buffers = flat_state[1] if over_the_models_buffer else {}
     arrays = {f"flat/optim/{name}": buffer for name, buffer in buffers.items()}  # (P,) each
     for key, value in optimizer.state_dict().items():
         if key.partition(".")[0] in buffers:  # "m.3": a view of flat/optim/m
@@ -232,6 +231,10 @@ def _optimizer_arrays(optimizer: Optimizer, flat: FlatParameters | None) -> dict
         arrays[f"optim/{key}"] = (np.array(value) if isinstance(value, (str, int, float))
                                   else backend.to_numpy(value))
     return arrays
+
+
+def _same_parameters(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(p is q for p, q in zip(a, b))
 
 
 # --------------------------------------------------------------------------- loading

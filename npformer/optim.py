@@ -139,7 +139,7 @@ class Optimizer:
         ``state[name][i]`` as the view of ``buffer`` at ``flat.slices[i]``: the buffers
         themselves, not copies, with the arrays :meth:`load_state_dict` bound put back in
         them first (as the next update would); None for an optimizer that is not flat."""
-        if self._flat is None:
+        if self._flat is None or getattr(self, "_flat_state", None) is None:
             return None
         self._sync_flat_state()
         return self._flat, dict(self._flat_state)
