@@ -6,7 +6,8 @@ buffer and its optimizer's moment buffers as they are, one array each.
   ``flat/optim/v`` and no ``param/`` or ``optim/m.<i>`` entry;
 * the same checkpoint: a flat file and the per-tensor file of the same model and AdamW
   (a deep copy, which is not flat) load to equal parameters, moments, step and lr, and
-  the flat file rebuilds a model (also in the textbook tier) with the same logits;
+  the flat file rebuilds a model (also in the textbook tier) with the same logits, and
+  on the strict array-API backend with the same weights;
 * exact resume: N updates, save, a fresh model and AdamW restored from the file, M
   updates give bit-identical losses and weights to N + M updates in one run; without
   the saved moments they do not (the test is sharp);
@@ -167,6 +168,19 @@ def test_a_flat_file_rebuilds_the_model(tmp_path, tier):
         with using_engine(tier):  # the same tier's logits: the tiers round differently
             rebuilt = build_model(load_checkpoint(path), expected_kind="causal_lm")
             np.testing.assert_array_equal(logits_of(rebuilt, batch), logits_of(model, batch))
+
+
+def test_a_flat_file_loads_on_the_strict_backend(tmp_path):
+    with using_engine("fast"), using_backend("numpy", "float64"):
+        model, opt, _ = _trained()
+        path = save_checkpoint(tmp_path / "flat.npz", model, opt)
+        expected = weights(model)
+    assert FLAT_MEMBERS <= _members(path)
+    with using_backend("strict", "float64"):
+        rebuilt = build_model(load_checkpoint(path))
+        assert type(rebuilt.embed.tokens.weight.data).__module__.startswith("array_api_strict")
+        got = weights(rebuilt)
+    assert all(np.array_equal(got[k], v) for k, v in expected.items())
 
 
 # =========================================================================== resume
