@@ -5,16 +5,33 @@ Layout of the archive:
 * ``meta``: a 0-d unicode array holding JSON: format version, the model kind
   and config, the step, the random generators' states, and ``extra`` (vocabularies,
   metrics: anything JSON-able the caller adds);
-* ``param/<name>``: every parameter, as NumPy arrays on the host;
-* ``optim/<key>``: the optimizer's :meth:`state_dict` (arrays and scalars).
+* the parameters, as NumPy arrays on the host, in one of two layouts:
 
-Format versions: 3 (this one) calls every config's context length ``block_size``;
-versions 1 and 2 called the classifier's and the seq2seq model's ``max_len``, and
-reading one maps it (``models.common.saved_config_values``, the one place a saved config
-is read).  Version 2 named the exact GELU "gelu" and the tanh form "gelu_tanh";
-version 1 files called the tanh form "gelu", so reading one renames its config's
-``activation`` "gelu" to "gelu_tanh": the model is rebuilt with the activation it was
-trained with.  An npformer that reads only older versions refuses a newer file by its
+  - ``flat/param`` (P,): where the model's parameters are the views of one flat buffer
+    (the fast tier's :class:`~npformer.nn.FlatParameters`, laid out as llm.c lays out
+    its parameters), that buffer written as it is, one array and no copy per tensor;
+    ``meta["flat_layout"]`` says which slice is which parameter: ``names`` (in
+    ``named_parameters`` order), ``shapes`` and ``offsets`` ([lo, hi) of each, end to
+    end from 0 to P);
+  - ``param/<name>``: otherwise (the textbook tier, CuPy, a model whose parameters are
+    not one buffer's), every parameter as its own array;
+
+* ``optim/<key>``: the optimizer's :meth:`state_dict` (arrays and scalars), except
+  that an optimizer keeping its state flat over the same buffer (Adam, AdamW in the
+  fast tier) writes each state buffer as it is, ``flat/optim/<state>`` (P,), in the
+  same layout, in place of its ``optim/<state>.<i>`` arrays.
+
+Loading reads either layout into the same :class:`Checkpoint`: a flat buffer becomes
+its views, under the names (``param/<name>``, ``"<state>.<i>"``) the other layout uses.
+
+Format versions: 4 (this one) added the flat layout; version 1 to 3 files hold only
+the per-tensor one.  Since version 3 every config calls its context length
+``block_size``; versions 1 and 2 called the classifier's and the seq2seq model's
+``max_len``, and reading one maps it (``models.common.saved_config_values``, the one
+place a saved config is read).  Version 2 named the exact GELU "gelu" and the tanh form
+"gelu_tanh"; version 1 files called the tanh form "gelu", so reading one renames its
+config's ``activation`` "gelu" to "gelu_tanh": the model is rebuilt with the activation
+it was trained with.  An npformer that reads only older versions refuses a newer file by its
 version, not by a field it does not know.
 
 Files are written atomically: into a temporary file ``.<name>.<pid>.tmp`` beside the
@@ -26,11 +43,13 @@ less the umask, like any file a program writes (0644 under the usual umask 022).
 
 Loading works on any backend, and refuses (:class:`CheckpointError`, naming the
 problem) a file that is not a readable checkpoint: truncated or corrupt, from a newer
-format, with a malformed ``meta``, or whose weights or optimizer state hold NaN or inf.
+format, with a malformed ``meta`` or flat layout, or whose weights or optimizer state
+hold NaN or inf.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import struct
@@ -46,10 +65,10 @@ from . import backend
 from .validation import weight_array
 
 if TYPE_CHECKING:  # annotations only: nn and optim are not imported here
-    from .nn import Module
+    from .nn import FlatParameters, Module
     from .optim import Optimizer
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 _RENAMED_IN_V2 = {"gelu": "gelu_tanh"}  # activation names of version 1 -> version 2
 
 
@@ -66,7 +85,8 @@ class CheckpointWriteError(CheckpointError, OSError):
 @dataclass
 class Checkpoint:
     """A loaded checkpoint: the model ``kind`` and ``config`` (to rebuild it), its
-    parameter arrays ``params`` by dotted name, the ``optimizer`` state, the update
+    parameter arrays ``params`` by dotted name (views of one array, read from a flat
+    buffer), the ``optimizer`` state (its :meth:`state_dict` keys), the update
     ``step``, the random generators' ``rng_state`` and the caller's ``extra`` values
     (vocabularies, label names, the trainer's state)."""
 
@@ -133,7 +153,9 @@ def _check_destination(path: Path) -> None:
 def save_checkpoint(path: str | os.PathLike, model: Module, optimizer: Optimizer | None = None,
                     step: int = 0, extra: dict | None = None,
                     rng_state: dict | None = None) -> Path:
-    """Write ``model`` (and optionally ``optimizer``) to ``path`` atomically."""
+    """Write ``model`` (and optionally ``optimizer``) to ``path`` atomically: a model
+    whose parameters are one flat buffer's views as that buffer (see the module
+    docstring), any other tensor by tensor."""
     from .models.common import config_to_dict
 
     path = Path(path)
@@ -147,13 +169,19 @@ def save_checkpoint(path: str | os.PathLike, model: Module, optimizer: Optimizer
         "rng_state": rng_state,
         "extra": extra or {},
     }
-    arrays = {"meta": np.array(json.dumps(meta))}
-    for name, p in model.named_parameters():
-        arrays[f"param/{name}"] = backend.to_numpy(p.data)
+    named = list(model.named_parameters())
+    flat = _flat_buffer_of(named)
+    arrays = {}
+    if flat is not None:
+        meta["flat_layout"] = {"names": [name for name, _ in named],
+                               "shapes": [list(p.shape) for _, p in named],
+                               "offsets": [list(lo_hi) for lo_hi in flat.slices]}
+        arrays["flat/param"] = flat.data  # (P,) as it is
+    else:
+        arrays.update({f"param/{name}": backend.to_numpy(p.data) for name, p in named})
     if optimizer is not None:
-        for key, value in optimizer.state_dict().items():
-            arrays[f"optim/{key}"] = (np.array(value) if isinstance(value, (str, int, float))
-                                      else backend.to_numpy(value))
+        arrays.update(_optimizer_arrays(optimizer, flat))
+    arrays["meta"] = np.array(json.dumps(meta))
     tmp = _temporary_name(path, os.getpid())
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -174,6 +202,39 @@ def save_checkpoint(path: str | os.PathLike, model: Module, optimizer: Optimizer
                                   f"{exc.strerror or exc} ({previous})") from None
         raise
     return path
+
+
+def _flat_buffer_of(named: list) -> FlatParameters | None:
+    """The FlatParameters whose buffer holds exactly these parameters, in this order, each
+    one's data still its view (so the buffer is up to date); None if there is none."""
+    from .nn.module import flat_parameters_of
+
+    params = [p for _, p in named]
+    flat = flat_parameters_of(params)
+    if flat is None or any(p.data is not view for p, view in zip(params, flat.data_views)):
+        return None
+    return flat
+
+
+def _optimizer_arrays(optimizer: Optimizer, flat: FlatParameters | None) -> dict:
+    """The archive entries of the optimizer's state: ``flat/optim/<state>`` (P,), the
+    buffers as they are, where its state is flat over ``flat``'s parameters, and
+    ``optim/<key>`` for every other entry of its :meth:`state_dict`."""
+    flat_state = optimizer.flat_state() if flat is not None else None
+    over_the_models_buffer = (flat_state is not None and flat_state[0] is flat
+                              and _same_parameters(optimizer.params, flat.params))
+    buffers = flat_state[1] if over_the_models_buffer else {}
+    arrays = {f"flat/optim/{name}": buffer for name, buffer in buffers.items()}  # (P,) each
+    for key, value in optimizer.state_dict().items():
+        if key.partition(".")[0] in buffers:  # "m.3": a view of flat/optim/m
+            continue
+        arrays[f"optim/{key}"] = (np.array(value) if isinstance(value, (str, int, float))
+                                  else backend.to_numpy(value))
+    return arrays
+
+
+def _same_parameters(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(p is q for p, q in zip(a, b))
 
 
 # --------------------------------------------------------------------------- loading
@@ -202,8 +263,11 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
         raise CheckpointError(f"{path} is not a readable npformer checkpoint (truncated or "
                               f"corrupt?): {type(exc).__name__}: {exc}") from exc
     meta = _read_meta(path, contents)
-    params = {k[len("param/"):]: v for k, v in contents.items() if k.startswith("param/")}
-    optim = {k[len("optim/"):]: _unwrap(v) for k, v in contents.items() if k.startswith("optim/")}
+    flat_params, flat_optim = _unflattened(path, meta, contents)
+    params = _merged(path, "param/", {k[len("param/"):]: v for k, v in contents.items()
+                                      if k.startswith("param/")}, flat_params)
+    optim = _merged(path, "optim/", {k[len("optim/"):]: _unwrap(v) for k, v in contents.items()
+                                     if k.startswith("optim/")}, flat_optim)
     for name, value in params.items():  # the rules every weight loader applies
         try:
             weight_array(value, f"param/{name}")
@@ -268,6 +332,105 @@ def _read_meta(path: Path, contents: dict) -> dict:
         if activation in _RENAMED_IN_V2:  # "gelu" meant the tanh form before version 2
             meta["config"]["activation"] = _RENAMED_IN_V2[activation]
     return meta
+
+
+def _unflattened(path: Path, meta: dict, contents: dict) -> tuple[dict, dict]:
+    """The flat buffers' views: ``({name: parameter}, {"<state>.<i>": state array})``,
+    each buffer checked against ``meta["flat_layout"]`` (both empty in a file without
+    ``flat/`` entries)."""
+    buffers = {k[len("flat/"):]: v for k, v in contents.items() if k.startswith("flat/")}
+    if not buffers:
+        return {}, {}
+    if "flat_layout" not in meta:
+        raise CheckpointError(f"{path} holds flat/{sorted(buffers)[0]} but its 'meta' has no "
+                              "'flat_layout' to say which slice is which parameter")
+    names, shapes, offsets = _read_layout(path, meta["flat_layout"])
+    params, optim = {}, {}
+    for key, buffer in buffers.items():
+        if key != "param" and not re.fullmatch(r"optim/\w+", key):
+            raise CheckpointError(f"{path} holds an unknown flat buffer flat/{key} (expected "
+                                  "flat/param or flat/optim/<state>)")
+        _check_flat_buffer(path, f"flat/{key}", buffer, names, offsets)
+        views = [buffer[lo:hi].reshape(shape) for shape, (lo, hi) in zip(shapes, offsets)]
+        if key == "param":
+            params.update(zip(names, views))
+        else:
+            state = key[len("optim/"):]
+            optim.update({f"{state}.{i}": view for i, view in enumerate(views)})
+    return params, optim
+
+
+def _merged(path: Path, prefix: str, own: dict, from_flat: dict) -> dict:
+    """The entries saved one by one and those cut from a flat buffer, none in both."""
+    both = sorted(set(own) & set(from_flat))
+    if both:
+        raise CheckpointError(f"{path} holds {prefix}{both[0]} twice: as its own array and in "
+                              "a flat buffer (corrupt checkpoint)")
+    return {**own, **from_flat}
+
+
+def _read_layout(path: Path, layout) -> tuple[list[str], list[tuple[int, ...]],
+                                              list[tuple[int, int]]]:
+    """The checked ``flat_layout``: names, shapes and [lo, hi) offsets, one per parameter,
+    laid end to end from 0 with no overlap and no gap, each slice as long as its shape."""
+    where = f"{path} has a malformed 'flat_layout' in its 'meta'"
+    if not isinstance(layout, dict) or set(layout) != {"names", "shapes", "offsets"}:
+        raise CheckpointError(f"{where}: it should hold exactly 'names', 'shapes' and "
+                              f"'offsets', got {layout!r:.80}")
+    names, shapes, offsets = layout["names"], layout["shapes"], layout["offsets"]
+    if not all(isinstance(x, list) for x in (names, shapes, offsets)):
+        raise CheckpointError(f"{where}: 'names', 'shapes' and 'offsets' should be lists")
+    if not len(names) == len(shapes) == len(offsets):
+        raise CheckpointError(f"{where}: 'names', 'shapes' and 'offsets' should hold one entry "
+                              f"per parameter, got {len(names)}, {len(shapes)} and "
+                              f"{len(offsets)}")
+    if not all(isinstance(n, str) for n in names) or len(set(names)) != len(names):
+        raise CheckpointError(f"{where}: 'names' should be distinct strings")
+    end = 0
+    for i, (name, shape, lo_hi) in enumerate(zip(names, shapes, offsets)):
+        if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+            raise CheckpointError(f"{where}: the shape of {name!r} is {shape!r}, not a list "
+                                  "of sizes >= 0")
+        if not (isinstance(lo_hi, list) and len(lo_hi) == 2 and all(map(_is_count, lo_hi))
+                and lo_hi[0] <= lo_hi[1]):
+            raise CheckpointError(f"{where}: the offsets of {name!r} are {lo_hi!r}, not "
+                                  "[lo, hi] with 0 <= lo <= hi")
+        lo, hi = lo_hi
+        if lo < end:
+            raise CheckpointError(f"{where}: {name!r} at [{lo}, {hi}) overlaps {names[i - 1]!r}"
+                                  f", which ends at {end}")
+        if lo > end:
+            raise CheckpointError(f"{where}: {name!r} starts at {lo}, leaving [{end}, {lo}) "
+                                  "of the buffer to no parameter")
+        if hi - lo != math.prod(shape):
+            raise CheckpointError(f"{where}: {name!r} has shape {tuple(shape)} "
+                                  f"({math.prod(shape)} values) but offsets [{lo}, {hi}) "
+                                  f"({hi - lo} values)")
+        end = hi
+    return names, [tuple(s) for s in shapes], [tuple(o) for o in offsets]
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_flat_buffer(path: Path, key: str, buffer: np.ndarray, names: list[str],
+                       offsets: list[tuple[int, int]]) -> None:
+    """A flat buffer is one floating-point array (P,) that the layout covers exactly."""
+    if buffer.ndim != 1:
+        raise CheckpointError(f"{path}: {key} should be one flat array (P,), got shape "
+                              f"{buffer.shape}")
+    if buffer.dtype.kind != "f":
+        raise CheckpointError(f"{path}: {key} has dtype {buffer.dtype}, not a floating-point "
+                              "type (corrupt or not an npformer checkpoint)")
+    for name, (_, hi) in zip(names, offsets):
+        if hi > buffer.size:
+            raise CheckpointError(f"{path}: the flat layout runs past the end of {key}: "
+                                  f"{name!r} ends at {hi}, the buffer holds {buffer.size} values")
+    size = offsets[-1][1] if offsets else 0  # the layout is end to end from 0
+    if size < buffer.size:
+        raise CheckpointError(f"{path}: {key} holds {buffer.size} values but the flat layout "
+                              f"covers {size} (corrupt checkpoint)")
 
 
 def _check_arrays(path: Path, prefix: str, arrays: dict) -> None:

@@ -48,7 +48,7 @@ from typing import Any
 
 from . import backend, engine
 from .backend import Array
-from .nn.module import Parameter, flat_parameters_of
+from .nn.module import FlatParameters, Parameter, flat_parameters_of
 from .validation import (
     HYPERPARAMETER_RANGES,
     check_gradients,
@@ -132,6 +132,17 @@ class Optimizer:
             for name, value in zip(self._state_names, new):
                 self.state[name][i] = value
         self.step_count = t
+
+    def flat_state(self) -> tuple[FlatParameters, dict[str, Array]] | None:
+        """``(flat, {state name: buffer (P,)})`` where this optimizer keeps its parameters
+        in the :class:`~npformer.nn.FlatParameters` ``flat`` and each state array
+        ``state[name][i]`` as the view of ``buffer`` at ``flat.slices[i]``: the buffers
+        themselves, not copies, with the arrays :meth:`load_state_dict` bound put back in
+        them first (as the next update would); None for an optimizer that is not flat."""
+        if self._flat is None or getattr(self, "_flat_state", None) is None:
+            return None
+        self._sync_flat_state()
+        return self._flat, dict(self._flat_state)
 
     def _update(self, p: Parameter, g, state: tuple, t: int):  # pragma: no cover - abstract
         """Return ``(new p.data, new state arrays)`` for update ``t`` with gradient ``g``."""

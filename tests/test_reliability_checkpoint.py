@@ -4,7 +4,8 @@ saves killed mid-write, and the permissions of what is written.
 * a version-1 checkpoint (before the exact GELU) that says "gelu" is rebuilt with the
   tanh form it was trained with: same logits as the model that saved it;
 * a checkpoint whose weights (or optimizer moments) hold NaN or inf is refused, naming
-  the tensor; one from a newer format version is refused, naming the version;
+  the tensor, in either layout (the fast tier's flat buffers, the textbook tier's tensor
+  by tensor); one from a newer format version is refused, naming the version;
 * saving under a path whose parent is a file, or to a folder, is a clear error;
 * a save killed with SIGKILL mid-write leaves ``.<name>.<pid>.tmp``; the next save or
   load removes it, and never a temporary of a process that still runs;
@@ -75,7 +76,7 @@ def test_gelu_stays_exact_since_version_2(tmp_path):
     with using_backend("numpy", "float64", seed=2):
         path = save_checkpoint(tmp_path / "m.npz", lm(activation="gelu"))
         checkpoint = load_checkpoint(path)
-    assert json.loads(str(np.load(path)["meta"]))["version"] == FORMAT_VERSION == 3
+    assert json.loads(str(np.load(path)["meta"]))["version"] == FORMAT_VERSION == 4
     assert checkpoint.config["activation"] == "gelu"
 
 
@@ -83,33 +84,53 @@ def test_a_newer_format_version_is_refused(tmp_path):
     with using_backend("numpy", "float64"):
         path = save_checkpoint(tmp_path / "m.npz", lm())
     newer = _rewrite(path, tmp_path / "newer.npz", lambda m: m.update(version=99))
-    with pytest.raises(CheckpointError, match="format version 99.*versions 1 to 3"):
+    with pytest.raises(CheckpointError, match="format version 99.*versions 1 to 4"):
         load_checkpoint(newer)
 
 
 # =========================================================================== poisoned weights
+def _poisoned(path: Path, out: Path, key: str, index: int, bad: float) -> Path:
+    """A copy of the checkpoint at ``path`` with value ``index`` (flat) of the tensor
+    ``key`` ("param/<name>" or "optim/<state>.<i>") set to ``bad``, in whichever layout
+    the file holds it: its own array, or its slice of a flat buffer."""
+    with np.load(path) as archive:
+        meta = json.loads(str(archive["meta"]))
+        if key in archive.files:
+            array = archive[key].copy()
+            array.reshape(-1)[index] = bad
+            return _rewrite(path, out, arrays_update={key: array})
+        layout = meta["flat_layout"]
+        kind, _, name = key.partition("/")
+        if kind == "param":
+            buffer_key, position = "flat/param", layout["names"].index(name)
+        else:
+            state, _, i = name.partition(".")
+            buffer_key, position = f"flat/optim/{state}", int(i)
+        buffer = archive[buffer_key].copy()
+    buffer[layout["offsets"][position][0] + index] = bad
+    return _rewrite(path, out, arrays_update={buffer_key: buffer})
+
+
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
-def test_non_finite_weights_are_refused_naming_the_tensor(tmp_path, bad):
+def test_non_finite_weights_are_refused_naming_the_tensor(tmp_path, bad, tier):
     with using_backend("numpy", "float64"):
-        path = save_checkpoint(tmp_path / "m.npz", lm())
-        with np.load(path) as archive:
-            weight = archive["param/blocks.1.ffn.linear1.weight"].copy()
-        weight[1, 2] = bad
-        poisoned = _rewrite(path, tmp_path / "bad.npz",
-                            arrays_update={"param/blocks.1.ffn.linear1.weight": weight})
+        model = lm()
+        path = save_checkpoint(tmp_path / "m.npz", model, optim.AdamW(model.parameters()))
+        assert ("flat/param" in np.load(path).files) == (tier == "fast")
+        poisoned = _poisoned(path, tmp_path / "bad.npz", "param/blocks.1.ffn.linear1.weight",
+                             7, bad)
         with pytest.raises(CheckpointError,
                            match=r"param/blocks\.1\.ffn\.linear1\.weight holds 1 NaN or inf"):
             load_checkpoint(poisoned)
 
 
-def test_non_finite_optimizer_state_is_refused(tmp_path):
+def test_non_finite_optimizer_state_is_refused(tmp_path, tier):
     with using_backend("numpy", "float64"):
         model = lm()
         path = save_checkpoint(tmp_path / "m.npz", model, optim.Adam(model.parameters()))
-        poisoned = _rewrite(path, tmp_path / "bad.npz",
-                            arrays_update={"optim/v.0": np.full_like(np.load(path)["optim/v.0"],
-                                                                     np.nan)})
-        with pytest.raises(CheckpointError, match=r"optim/v\.0 holds \d+ NaN"):
+        assert ("flat/optim/v" in np.load(path).files) == (tier == "fast")
+        poisoned = _poisoned(path, tmp_path / "bad.npz", "optim/v.3", 0, np.nan)
+        with pytest.raises(CheckpointError, match=r"optim/v\.3 holds 1 NaN"):
             load_checkpoint(poisoned)
 
 
