@@ -351,9 +351,12 @@ def test_case08_every_loader_refuses_weights_of_the_wrong_kind(loader, how, erro
         else:
             from npformer.models import ClassifierConfig, TransformerClassifier
 
-            model = TransformerClassifier(ClassifierConfig(vocab_size=5, d_model=8, num_heads=2,
-                                                           num_layers=1, d_ff=16, block_size=4))
-            path = checkpoint.save_checkpoint(tmp_path / "c.npz", model)
+            from tests.helpers import using_engine
+
+            with using_engine("textbook"):  # per-tensor entries (flat files: test_checkpoint_flat)
+                model = TransformerClassifier(ClassifierConfig(
+                    vocab_size=5, d_model=8, num_heads=2, num_layers=1, d_ff=16, block_size=4))
+                path = checkpoint.save_checkpoint(tmp_path / "c.npz", model)
             with np.load(path) as archive:
                 contents = {k: archive[k] for k in archive.files}
             contents["param/head.weight"] = _spoiled(contents, "param/head.weight", how)[
