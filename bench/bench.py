@@ -28,9 +28,12 @@ Memory: peak RSS growth during the measured steps, the same way on both sides: t
 peak RSS after the steps (``VmHWM``, reset to the current RSS at the baseline by
 writing 5 to ``/proc/self/clear_refs``; ``ru_maxrss``, the whole process's peak,
 where that is refused) minus the current RSS (``/proc/self/statm``) taken right
-before the first step, once model and batch are built.  (Without the reset the peak
-of building the model, or of the loss check before the steps, can exceed the steps'
-own and be counted as theirs.)  The optimizer is
+before the first step, once model and batch are built and the heap's free pages are
+handed back to the OS (glibc's ``malloc_trim(0)``).  Without the reset, the peak of
+building the model or of the loss check before the steps can exceed the steps' own
+and be counted as theirs; without the trim, memory those freed stays resident, the
+steps reuse it, and it does not show as growth (PyTorch's loss check, run with
+gradients on, frees a whole forward's saved activations just before the baseline).  The optimizer is
 built after that baseline on both sides (npformer allocates Adam's moments in its
 constructor, PyTorch at its first step), so optimizer state is in the growth.
 

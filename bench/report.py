@@ -195,7 +195,8 @@ def print_header(args, first: dict):
     print(LOSS_NOTE)
     print("memory:    peak RSS growth = peak RSS over the training steps (VmHWM, reset at the "
           "baseline via /proc/self/clear_refs) - current RSS "
-          "(/proc/self/statm) before the first step, model and batch built (optimizer state "
+          "(/proc/self/statm) before the first step, model and batch built, free heap pages "
+          "returned by malloc_trim(0) first (optimizer state "
           "is in the growth); each (config, side) in a fresh subprocess that first runs one "
           "step of a tiny model so lazily loaded library code is not counted; same method "
           "both sides")

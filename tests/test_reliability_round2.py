@@ -350,7 +350,6 @@ def test_case08_every_loader_refuses_weights_of_the_wrong_kind(loader, how, erro
                 load = lambda: load_safetensors(block, path)  # noqa: E731
         else:
             from npformer.models import ClassifierConfig, TransformerClassifier
-
             from tests.helpers import using_engine
 
             with using_engine("textbook"):  # per-tensor entries (flat files: test_checkpoint_flat)
