@@ -695,10 +695,11 @@ def _loss_kernels(exp, dtype):
         return None
 
     @_jit
-    def cross_entropy_grad(z, lse, targets, weight, smoothing, dz):
+    def cross_entropy_grad(z, lse, targets, weight, smoothing, in_place, dz):
         """z (N, V), lse, targets, weight (N,) -> dz (N, V) = w (p - q), p = exp(z - lse),
-        q = (1 - eps) onehot(y) + eps / V; rows of weight 0 (ignored) give 0.  dz may be
-        z itself: each row's target logit is read before the row is written."""
+        q = (1 - eps) onehot(y) + eps / V; rows of weight 0 (ignored) give 0.
+        ``in_place``: dz is z itself (each row's target logit is read before the row is
+        written)."""
         n, v = z.shape
         spread = dtype(smoothing / v)
         on_target = dtype(1.0 - smoothing)
@@ -706,8 +707,12 @@ def _loss_kernels(exp, dtype):
             row, out, shift, w = z[i], dz[i], lse[i], weight[i]
             t = targets[i]
             p_target = exp(row[t] - shift)
-            for j in range(v):  # element-wise: vectorizes
-                out[j] = (exp(row[j] - shift) - spread) * w
+            if in_place:  # one name for the one array: the loop vectorizes (under two
+                for j in range(v):  # names the compiler's overlap check finds them equal
+                    row[j] = (exp(row[j] - shift) - spread) * w  # and runs scalar code)
+            else:
+                for j in range(v):  # element-wise: vectorizes
+                    out[j] = (exp(row[j] - shift) - spread) * w
             out[t] = ((p_target - spread) - on_target) * w
         return None
 
@@ -735,9 +740,10 @@ def cross_entropy_grad(z: np.ndarray, lse: np.ndarray, targets: np.ndarray,
                        out: np.ndarray | None = None) -> np.ndarray:
     """z (N, V), lse, targets, weight (N,) -> dz = weight (softmax(z) - q) (N, V), compiled;
     written into ``out`` when given (z itself: the logits' buffer reused)."""
+    in_place = out is z
     dz = np.empty_like(z) if out is None else out
     kernel = cross_entropy_grad32 if z.dtype == np.float32 else cross_entropy_grad64
-    kernel(z, lse, targets, weight, smoothing, dz)
+    kernel(z, lse, targets, weight, smoothing, in_place, dz)
     return dz
 
 
