@@ -78,9 +78,10 @@ def release_free_heap() -> bool:
 
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.malloc_trim(0) or True)
+        libc.malloc_trim(0)
     except (OSError, AttributeError):
         return False
+    return True
 
 
 def measure_training(make_optimizer, step, warmup: int, steps: int) -> dict:

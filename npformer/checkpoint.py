@@ -169,8 +169,10 @@ def save_checkpoint(path: str | os.PathLike, model: Module, optimizer: Optimizer
         "rng_state": rng_state,
         "extra": extra or {},
     }
+    from .nn.module import flat_buffer_holding
+
     named = list(model.named_parameters())
-    flat = _flat_buffer_of(named)
+    flat = flat_buffer_holding(p for _, p in named)  # None: not one buffer's, or rebound
     arrays = {}
     if flat is not None:
         meta["flat_layout"] = {"names": [name for name, _ in named],
@@ -204,25 +206,14 @@ def save_checkpoint(path: str | os.PathLike, model: Module, optimizer: Optimizer
     return path
 
 
-def _flat_buffer_of(named: list) -> FlatParameters | None:
-    """The FlatParameters whose buffer holds exactly these parameters, in this order, each
-    one's data still its view (so the buffer is up to date); None if there is none."""
-    from .nn.module import flat_parameters_of
-
-    params = [p for _, p in named]
-    flat = flat_parameters_of(params)
-    if flat is None or any(p.data is not view for p, view in zip(params, flat.data_views)):
-        return None
-    return flat
-
-
 def _optimizer_arrays(optimizer: Optimizer, flat: FlatParameters | None) -> dict:
     """The archive entries of the optimizer's state: ``flat/optim/<state>`` (P,), the
     buffers as they are, where its state is flat over ``flat``'s parameters, and
     ``optim/<key>`` for every other entry of its :meth:`state_dict`."""
     flat_state = optimizer.flat_state() if flat is not None else None
-    over_the_models_buffer = (flat_state is not None and flat_state[0] is flat
-                              and _same_parameters(optimizer.params, flat.params))
+    # an optimizer flat over this very buffer made or adopted it from its own parameters,
+    # so they are the model's, in order (engine.flat_parameters)
+    over_the_models_buffer = flat_state is not None and flat_state[0] is flat
     buffers = flat_state[1] if over_the_models_buffer else {}
     arrays = {f"flat/optim/{name}": buffer for name, buffer in buffers.items()}  # (P,) each
     for key, value in optimizer.state_dict().items():
@@ -231,10 +222,6 @@ def _optimizer_arrays(optimizer: Optimizer, flat: FlatParameters | None) -> dict
         arrays[f"optim/{key}"] = (np.array(value) if isinstance(value, (str, int, float))
                                   else backend.to_numpy(value))
     return arrays
-
-
-def _same_parameters(a: list, b: list) -> bool:
-    return len(a) == len(b) and all(p is q for p, q in zip(a, b))
 
 
 # --------------------------------------------------------------------------- loading

@@ -73,13 +73,12 @@ def flat_parameters(params: Sequence[Parameter]) -> FlatParameters | None:
     views of it): the buffer that already holds exactly ``params`` (the models make
     theirs when built), else a new one; None in the textbook tier, or where they cannot
     share one (not NumPy, or mixed dtypes)."""
-    from .nn.module import FlatParameters
+    from .nn.module import FlatParameters, flat_buffer_holding
 
     params = list(params)
     if _current != "fast" or not FlatParameters.supports(params):
         return None
-    held = params[0]._flat
-    return held if held is not None and held.holds(params) else FlatParameters(params)
+    return flat_buffer_holding(params) or FlatParameters(params)
 
 
 def fuses_kernels(*arrays: Array) -> bool:

@@ -9,7 +9,7 @@ import pytest
 from npformer import backend, engine
 from npformer.models import CausalLM, CausalLMConfig
 from npformer.nn.module import flat_parameters_of
-from npformer.optim import SGD, Adam, AdamW
+from npformer.optim import Adam, AdamW
 from npformer.replicas import ThreadReplicas
 from npformer.tasks import LanguageModeling
 
@@ -65,11 +65,9 @@ def test_a_rebound_weight_makes_the_optimizer_build_a_new_buffer():
         born = flat_parameters_of(model.parameters())
         first = model.parameters()[0]
         first.data = first.data * 0 + 0.5  # a new array, bound
-        optimizer = SGD(model.parameters(), lr=0.1)
         assert not born.holds(model.parameters())
         AdamW(model.parameters(), lr=1e-2)  # flattens anew, copying the bound array
         assert np.all(first.data == 0.5) and flat_parameters_of(model.parameters()) is not born
-        del optimizer
 
 
 def test_thread_replicas_share_the_models_weights_and_keep_gradients_only():
@@ -109,3 +107,20 @@ def test_the_training_steps_loss_gradient_is_written_over_the_logits():
         LanguageModeling().loss_and_grad(model, batch())
         if engine.compiled(received["logits"]):
             assert np.shares_memory(received["dlogits"], received["logits"])
+
+
+def test_a_replica_whose_gradients_only_are_flat_is_saved_tensor_by_tensor(tmp_path):
+    """A thread replica's buffer holds gradients only (its data are the model's arrays):
+    a checkpoint of it must not take that buffer for the weights."""
+    from npformer.checkpoint import load_checkpoint, save_checkpoint
+
+    with using_engine("fast"):
+        model = lm()
+        replicas = ThreadReplicas(model, 2)
+        replica = replicas.models[1]
+        replicas._replica_flat(1)
+        path = save_checkpoint(tmp_path / "replica.npz", replica)
+    assert "flat/param" not in np.load(path).files
+    loaded = load_checkpoint(path)
+    for name, p in replica.named_parameters():
+        np.testing.assert_array_equal(loaded.params[name], p.data)

@@ -222,9 +222,10 @@ class FlatParameters:
     def sync(self) -> None:
         """Every parameter's data and gradient back in its view (copied in where code
         rebound them; a different shape is refused, naming the parameter)."""
-        flat = (("data", self.data_views),) if self.data is not None else ()
+        kept = (("data", self.data_views),) if self.data is not None else ()
+        kept += (("grad", self.grad_views),)
         for i, p in enumerate(self.params):
-            for name, views in flat + (("grad", self.grad_views),):
+            for name, views in kept:
                 value, view = getattr(p, name), views[i]
                 if value is view:
                     continue
@@ -265,6 +266,14 @@ def flat_parameters_of(params: Iterable[Parameter]) -> FlatParameters | None:
     params = list(params)
     flat = params[0]._flat if params and isinstance(params[0], Parameter) else None
     return flat if flat is not None and flat.grads_intact(params) else None
+
+
+def flat_buffer_holding(params: Iterable[Parameter]) -> FlatParameters | None:
+    """The :class:`FlatParameters` that holds exactly ``params`` (same parameters, same
+    order, data and gradients still its views: :meth:`FlatParameters.holds`), or None."""
+    params = list(params)
+    flat = flat_parameters_of(params)
+    return flat if flat is not None and flat.holds(params) else None
 
 
 class Module:
