@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """npformer against a plain PyTorch reference: training step, inference, memory.
 
-    python bench/bench.py                       # imdb, lm, seq2seq; 10 steps after 2 warmup
+    python bench/bench.py                       # imdb, lm, seq2seq; 3 rounds of 10 steps
+                                                # after 2 warmup, the sides taking turns
     python bench/bench.py --sweeps              # + sequence-length and batch-size sweeps (imdb)
     python bench/bench.py --smoke               # tiny sizes, 1 step: a CI check that it all runs
     python bench/bench.py --markdown            # + README-ready tables
@@ -10,7 +11,10 @@
     python bench/bench.py --processes --smoke   # the same, tiny: a CI check that it all runs
 
 Every (configuration, side) runs in a fresh subprocess (``--worker``, JSON on
-stdout), one after the other, with the same environment (thread variables,
+stdout), one after the other, ``--rounds`` times with the sides taking turns (the
+figures pool every round's steps: these machines' speed drifts by tens of percent
+within minutes, and a side that ran alone in a slow minute would take the blame), with
+the same environment (thread variables,
 ``GLIBC_TUNABLES``) on both sides.  The PyTorch side is a plain torch.nn model
 written here (nn.Embedding, nn.TransformerEncoderLayer / DecoderLayer with
 batch_first=True, norm_first=False, dropout 0, nn.Linear); it is built first and
@@ -96,7 +100,8 @@ def engine_side(engine: str) -> str:
 
 def run_pair(cfg: dict, args, engines=("fast",)) -> dict:
     """Every side of one configuration, PyTorch first (it writes the initial weights),
-    npformer once per tier in ``engines``, nanoGPT's GPT on lm."""
+    npformer once per tier in ``engines``, nanoGPT's GPT on lm; ``args.rounds`` times
+    in turn, pooled (:func:`bench.runner.pooled_rounds`)."""
     tiers = {engine_side(e): e for e in engines}
 
     def run_side(side, weights):
@@ -104,7 +109,8 @@ def run_pair(cfg: dict, args, engines=("fast",)) -> dict:
             return run_worker("npformer", cfg, args, weights, engine=tiers[side])
         return run_worker(side, cfg, args, weights)
 
-    return runner.run_sides(cfg, run_side, list(tiers))
+    return runner.pooled_rounds([runner.run_sides(cfg, run_side, list(tiers))
+                                 for _ in range(args.rounds)])
 
 
 def tier_results(results: dict, engine: str) -> dict:
@@ -121,6 +127,9 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=None, help="timed steps (default 10; smoke 1)")
     p.add_argument("--warmup", type=int, default=None,
                    help="untimed steps first (default 2; smoke 0)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="times every side runs, the sides taking turns; the figures pool "
+                        "the rounds' steps (default 3; smoke 1)")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
                    help="threads for both sides (default: all usable cores)")
     p.add_argument("--sweeps", action="store_true",
@@ -146,8 +155,10 @@ def parse_args(argv=None):
         args.steps = 1 if args.smoke else 10
     if args.warmup is None:
         args.warmup = 0 if args.smoke else 2
-    if args.steps < 1 or args.warmup < 0 or args.threads < 1:
-        p.error("--steps and --threads must be at least 1, --warmup at least 0")
+    if args.rounds is None:
+        args.rounds = 1 if args.smoke else 3
+    if args.steps < 1 or args.rounds < 1 or args.warmup < 0 or args.threads < 1:
+        p.error("--steps, --rounds and --threads must be at least 1, --warmup at least 0")
     args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     if not args.engines or any(e not in ("fast", "textbook") for e in args.engines):
         p.error(f"--engines must list fast and/or textbook, got {args.engines}")

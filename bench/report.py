@@ -190,7 +190,10 @@ def print_header(args, first: dict):
         print("allocator: GLIBC_TUNABLES not set: glibc default, allocations above the dynamic "
               "mmap threshold (up to 32 MiB) go back to the OS when freed (same environment for "
               "both sides; see --allocator)")
-    print(f"timing:    median (min-max) of {args.steps} steps after {args.warmup} warmup; "
+    rounds = npf.get("rounds", 1)
+    print(f"timing:    median (min-max) of {args.steps} steps after {args.warmup} warmup"
+          + (f", in each of {rounds} rounds with the sides taking turns, pooled" if rounds > 1
+             else "") + "; "
           f"{TRAIN_TIMING}")
     print(LOSS_NOTE)
     print("memory:    peak RSS growth = peak RSS over the training steps (VmHWM, reset at the "

@@ -45,6 +45,29 @@ def run_worker(script: Path, spec: dict, env: dict) -> dict:
     return worker_result(proc, spec["side"])
 
 
+def pooled_rounds(rounds: list[dict]) -> dict:
+    """{side: result} of several rounds of :func:`run_sides` as one: each side's step times
+    of every round together (their median is the figure), its memory growth the median of
+    the rounds', the rest (losses, versions) from the first round.  The sides take turns
+    within each round, so a machine whose speed drifts during the run slows every side
+    alike instead of the one that happened to run then."""
+    import statistics
+
+    pooled = {}
+    for side, first in rounds[0].items():
+        results = [r[side] for r in rounds if side in r]
+        if any("error" in r for r in results):
+            pooled[side] = next(r for r in results if "error" in r)
+            continue
+        pooled[side] = dict(first, rounds=len(results))
+        for key in ("train_times", "infer_times"):
+            if key in first:
+                pooled[side][key] = [t for r in results for t in r[key]]
+        if "mem_growth" in first:
+            pooled[side]["mem_growth"] = statistics.median(r["mem_growth"] for r in results)
+    return pooled
+
+
 def run_sides(cfg: dict, run_side: Callable[[str, str], dict], npformer_sides,
               nanogpt: bool = True) -> dict:
     """{side: result} of one configuration: ``run_side(side, weights_path)`` for PyTorch

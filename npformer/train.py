@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from . import backend
+from .allocator import keep_freed_memory
 from .backend import Array
 from .checkpoint import load_checkpoint, restore, save_checkpoint
 from .nn import Module
@@ -204,6 +205,7 @@ class Trainer:
         if config.select_metric is not None and eval_fn is None:
             raise ValueError(f"TrainConfig.select_metric={config.select_metric!r} needs an "
                              "eval_fn returning it: give the Trainer one")
+        keep_freed_memory()  # every step's arrays reused, not page-faulted in again
         self.model, self.optimizer, self.task = model, optimizer, task
         self.next_batch, self.config, self.eval_fn = next_batch, config, eval_fn
         self.checkpoint_extra = checkpoint_extra or {}

@@ -286,6 +286,26 @@ def test_timed_synchronizes_around_every_call():
     assert events == ["sync", "call", "sync"] * 5
 
 
+def test_rounds_pool_every_rounds_steps_and_keep_a_failed_side_failed():
+    from bench.runner import pooled_rounds
+
+    one = {"pytorch": dict(train_times=[1.0, 2.0], infer_times=[0.5], mem_growth=10,
+                           losses=[4.0], version="a"),
+           "npformer": dict(train_times=[3.0], infer_times=[0.1], mem_growth=7, losses=[4.0])}
+    two = {"pytorch": dict(train_times=[5.0], infer_times=[0.7], mem_growth=30, losses=[9.0],
+                           version="b"),
+           "npformer": {"side": "npformer", "error": "boom"}}
+    three = {"pytorch": dict(train_times=[6.0], infer_times=[0.2], mem_growth=20, losses=[1.0],
+                             version="c"),
+             "npformer": dict(train_times=[3.5], infer_times=[0.3], mem_growth=8, losses=[4.0])}
+    pooled = pooled_rounds([one, two, three])
+    assert pooled["pytorch"]["train_times"] == [1.0, 2.0, 5.0, 6.0]
+    assert pooled["pytorch"]["infer_times"] == [0.5, 0.7, 0.2]
+    assert pooled["pytorch"]["mem_growth"] == 20 and pooled["pytorch"]["rounds"] == 3
+    assert pooled["pytorch"]["losses"] == [4.0] and pooled["pytorch"]["version"] == "a"
+    assert pooled["npformer"] == {"side": "npformer", "error": "boom"}
+
+
 def test_npformer_on_another_backend_takes_one_replica():
     from bench.configs import SMOKE
     from bench.measure import prepare_npformer

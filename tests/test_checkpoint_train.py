@@ -569,3 +569,42 @@ def test_accuracy_and_perplexity():
     assert accuracy(logits, [1, 0, 0, 1]) == 0.5
     assert perplexity(0.0) == 1.0
     assert perplexity(math.log(7.0)) == pytest.approx(7.0, rel=1e-12)
+
+
+# =========================================================================== the allocator
+def test_a_trainer_keeps_freed_memory_in_the_process(monkeypatch):
+    """Training allocates the same arrays every step: the Trainer tells glibc to keep
+    them (npformer.allocator) rather than page-fault them back in every step."""
+    import npformer.train
+
+    calls = []
+    monkeypatch.setattr(npformer.train, "keep_freed_memory", lambda: calls.append(1) or True)
+    with using_backend("numpy", "float64"):
+        model, opt = _resume_setup(0)
+        _trainer(model, opt, max_iters=1)
+    assert calls == [1]
+
+
+def test_keep_freed_memory_sets_glibcs_thresholds(monkeypatch):
+    """keep_freed_memory sets glibc's mmap and trim thresholds through mallopt (and says
+    False, changing nothing, where there is no glibc)."""
+    import ctypes
+
+    from npformer import allocator
+
+    class FakeLibc:
+        def __init__(self):
+            self.mallopt = self.calls = []
+            self.mallopt = lambda option, value: self.calls.append((option, value)) or 1
+
+    fake = FakeLibc()
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: fake)
+    assert allocator.keep_freed_memory() is True
+    assert {option for option, _ in fake.calls} == {-3, -1}  # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
+    assert all(value >= 2**30 for _, value in fake.calls)
+
+    def no_libc(name):
+        raise OSError(name)
+
+    monkeypatch.setattr(ctypes, "CDLL", no_libc)
+    assert allocator.keep_freed_memory() is False

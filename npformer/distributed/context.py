@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from ..allocator import keep_freed_memory
 from ..replicas import parallel_map
 from . import fingerprint, transports
-from .allocator import keep_freed_memory
 from .failure import abort_all_on_uncaught_exception, join_timeout, stop_unless_joined_within
 from .launcher import launched_by_mpi, refuse_a_lone_rank
 from .placement import select_gpu, share_cores
@@ -129,7 +129,7 @@ def setup(*, quiet_workers: bool = True, keep_memory: bool = True,
       (mpi4py is not even imported).
     * ``quiet_workers``: standard output of ranks other than 0 goes to /dev/null, so
       the program's prints come once (errors, on standard error, still come from all).
-    * ``keep_memory``: :func:`~.allocator.keep_freed_memory` (freed activations stay in
+    * ``keep_memory``: :func:`npformer.allocator.keep_freed_memory` (freed activations stay in
       the process).
     * ``abort_on_error``: an exception that ends this rank prints its traceback with
       the rank's number to standard error and aborts every rank (``MPI_Abort``):
