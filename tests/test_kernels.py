@@ -211,6 +211,17 @@ def test_the_loss_gradient_written_over_the_logits_is_the_same_bits(dtype):
     np.testing.assert_array_equal(written, fresh)
 
 
+def embedding_case():
+    """The fast embedding backward (one compiled scatter-add) against the textbook's
+    np.add.at: bit for bit, repeated ids included."""
+    rng = np.random.default_rng(8)
+    ids = rng.integers(0, 4, size=(3, 5))
+    _, cache = ops.embedding_forward(ids, rng.standard_normal((4, 6)))
+    dy = rng.standard_normal((3, 5, 6))
+    np.testing.assert_array_equal(fast.embedding_backward(dy, cache),
+                                  ops.embedding_backward(dy, cache))
+
+
 def adam_case():
     optimizer_equal(SHAPES, seed=3)
 
@@ -234,6 +245,7 @@ BROKEN = {  # kernel: (its broken copy, the equality check that must catch it)
     "cross_entropy_grad32": (lambda k: perturbed(k, 6, 1e-3), loss32_case),
     "adamw_flat": (lambda k: perturbed(k, 0), adam_case),
     "sum_of_squares": (perturbed_sum, adam_case),
+    "scatter_add_rows": (lambda k: perturbed(k, 2), embedding_case),
 }
 
 

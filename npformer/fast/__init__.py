@@ -15,6 +15,8 @@ arguments, same results up to rounding, same gradients), tested equal to it in
 * :mod:`.kernels`: the numba kernels (GELU, layer norm, AdamW over one flat buffer),
   with NumPy statements as the fallback where numba is missing;
 * :mod:`.dropout`: the keep mask cached as booleans, not as a float array;
+* :mod:`.embedding`: the backward's scatter-add as one compiled loop (the forward is
+  the textbook's gather);
 * :mod:`.linear`: the rows flattened into one matrix product, the bias added in place;
 * :mod:`.packing`: the valid positions of a padded batch as rows (:class:`Packing`),
   which :class:`npformer.nn.Padding` uses in this tier;
@@ -27,6 +29,7 @@ from .. import ops as _textbook
 from .activations import activation, gelu_backward, gelu_forward, relu_backward, relu_forward
 from .attention import BLOCK_SCORES, attention_backward, attention_forward
 from .dropout import dropout_backward, dropout_forward
+from .embedding import embedding_backward
 from .layernorm import layernorm_backward, layernorm_forward
 from .linear import linear_backward, linear_forward
 from .losses import cross_entropy_backward, cross_entropy_forward
@@ -37,7 +40,7 @@ FAST_OPS = ("attention_forward", "attention_backward", "linear_forward", "linear
             "cross_entropy_forward", "cross_entropy_backward", "softmax_forward",
             "softmax_backward", "relu_forward", "relu_backward", "gelu_forward", "gelu_backward",
             "layernorm_forward", "layernorm_backward", "activation", "dropout_forward",
-            "dropout_backward")
+            "dropout_backward", "embedding_backward")
 
 # The textbook ops, the same functions in this tier.
 IGNORE_INDEX = _textbook.IGNORE_INDEX
@@ -46,7 +49,6 @@ add_positions_backward = _textbook.add_positions_backward
 add_positions_forward = _textbook.add_positions_forward
 attention_weights = _textbook.attention_weights
 causal_mask = _textbook.causal_mask
-embedding_backward = _textbook.embedding_backward
 embedding_forward = _textbook.embedding_forward
 log_softmax_backward = _textbook.log_softmax_backward
 log_softmax_forward = _textbook.log_softmax_forward

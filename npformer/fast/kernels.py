@@ -54,6 +54,10 @@ every other array):
 * :func:`adamw_flat`: Adam or AdamW over one flat buffer of every parameter
   (:class:`npformer.nn.FlatParameters`), the decay applied segment by segment to the
   decayed parameters only; :func:`sum_of_squares`: the gradient norm's one pass.
+* :func:`scatter_add_rows`: the embedding's backward, each position's gradient added
+  into its token's row, in order (``np.add.at``, NumPy's general scatter, took 0.44 ms
+  for the lm demo's 384 rows of 128 and 5.3 ms for the imdb demo's 8,192 rows of 64;
+  this loop 0.005 and 0.15 ms, AMD EPYC, 2026-11-24; bit-identical).
 
 Cost (``python bench/kernels.py --compile``, AMD EPYC, 2 cores, 2026-11-24, idle): the
 first call of every kernel in both dtypes compiles them, 11.3 s with an empty cache; a
@@ -77,7 +81,8 @@ from ..ops import activations as _textbook_gelu
 
 KERNELS = ("gelu_forward", "gelu_backward", "layernorm_forward", "layernorm_backward",
            "attention_softmax", "attention_probabilities", "attention_softmax_backward",
-           "cross_entropy_rows", "cross_entropy_grad", "adamw_flat", "sum_of_squares")
+           "cross_entropy_rows", "cross_entropy_grad", "adamw_flat", "sum_of_squares",
+           "scatter_add_rows")
 
 
 def _load_numba():
@@ -775,8 +780,39 @@ def adamw_flat(data: np.ndarray, grad: np.ndarray, m: np.ndarray, v: np.ndarray,
 
 @_jit
 def sum_of_squares(g: np.ndarray) -> float:
-    """sum(g^2) over a flat array (N,), accumulated in float64."""
-    total = 0.0
-    for i in range(g.size):
-        total += np.float64(g[i]) * np.float64(g[i])
-    return total
+    """sum(g^2) over a flat array (N,), accumulated in float64 as eight running sums
+    (independent chains, which LLVM packs into one vector register: 3x one chain)."""
+    n = g.size
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
+    i = 0
+    while i + 8 <= n:
+        a0, a1 = np.float64(g[i]), np.float64(g[i + 1])
+        a2, a3 = np.float64(g[i + 2]), np.float64(g[i + 3])
+        a4, a5 = np.float64(g[i + 4]), np.float64(g[i + 5])
+        a6, a7 = np.float64(g[i + 6]), np.float64(g[i + 7])
+        s0 += a0 * a0
+        s1 += a1 * a1
+        s2 += a2 * a2
+        s3 += a3 * a3
+        s4 += a4 * a4
+        s5 += a5 * a5
+        s6 += a6 * a6
+        s7 += a7 * a7
+        i += 8
+    while i < n:
+        s0 += np.float64(g[i]) * np.float64(g[i])
+        i += 1
+    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+
+
+# =========================================================================== embedding
+@_jit
+def scatter_add_rows(index: np.ndarray, values: np.ndarray, out: np.ndarray) -> None:
+    """out[index[n], :] += values[n, :] for n = 0, 1, ... in order (repeated indices
+    accumulate, in the order ``np.add.at`` adds them): index (N,), values (N, D), out
+    (V, D)."""
+    for n in range(index.size):
+        row, value = out[index[n]], values[n]
+        for j in range(value.size):  # contiguous, element-wise: vectorizes
+            row[j] += value[j]
+    return None

@@ -1,0 +1,35 @@
+r"""Token embedding, fast: the textbook op (:mod:`npformer.ops.embedding`) with its
+backward's scatter-add as one compiled loop over the positions.
+
+Backward
+    $\bar W_v = \sum_{n : \text{ids}_n = v} \bar y_n$: each position's gradient is added
+    into its token's row, in order, repeated ids accumulating, exactly as the
+    textbook's ``np.add.at`` adds them (bit for bit).  NumPy's ``add.at`` is a
+    general scatter that pays per element; this is the forward's gather run
+    backwards (:func:`npformer.fast.kernels.scatter_add_rows`).
+
+The forward is the textbook's (a gather, one ``take``), and so is the backward
+wherever the kernel does not apply (no numba, CuPy, the strict namespace).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .. import backend
+from ..backend import Array
+from ..ops import embedding as _textbook
+from ..validation import backward_op
+from . import kernels
+
+
+@backward_op(_textbook.embedding_forward)
+def embedding_backward(dy: Array, saved: Any) -> Array:
+    """dy (..., D) -> dtable (V, D).  (Integer ids have no gradient.)"""
+    flat_ids, vocab_size = saved
+    xp = backend.namespace_of(dy)
+    dy_rows = xp.reshape(dy, (-1, dy.shape[-1]))  # (N, D)
+    if not kernels.usable(dy_rows):
+        return _textbook.embedding_backward.unchecked(dy, saved)
+    dtable = xp.zeros((vocab_size, dy.shape[-1]), dtype=dy.dtype)  # (V, D)
+    kernels.scatter_add_rows(flat_ids, dy_rows, dtable)  # dtable[ids[n]] += dy[n], in order
+    return dtable
