@@ -226,7 +226,9 @@ def main_processes(args, table: dict, started: float) -> int:
     def thread_mode(side, cfg, threads, weights):
         return run_worker(side, cfg, args, weights, threads=threads)
 
-    results = {name: processes.run_modes(table[name], args, thread_mode) for name in args.names}
+    results = {name: runner.pooled_rounds([processes.run_modes(table[name], args, thread_mode)
+                                           for _ in range(args.rounds)])
+               for name in args.names}
     sweep = processes.run_allreduce_sweep(args)
     first = next(iter(results.values()), {})
     print_header(args, {"pytorch": first.get("PyTorch 2 threads", {}),

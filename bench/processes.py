@@ -8,16 +8,18 @@ by two processes instead of two threads, side by side for each configuration:
   half of the batch (DDP averages the two halves' gradients);
 * ``PyTorch 2 threads``: one process, ``torch.set_num_threads(2)``;
 
-then the scaling efficiency of npformer from 1 to 2 ranks at a fixed per-rank batch
-(1 process on half the batch against 2 ranks on all of it), the share of a 2-rank
-step spent in the Allreduce, ``Allreduce`` time against message size at 2 and 4 ranks
-with an alpha-beta fit, and the projection of step time and efficiency at 8 to 64
-ranks for a stated interconnect (method in bench/README.md).
+``--rounds`` times, the modes taking turns and their steps pooled; then the scaling
+efficiency of npformer from 1 to 2 ranks at a fixed per-rank batch (1 process on half
+the batch against 2 ranks on all of it), the share of a 2-rank step spent in the
+Allreduce, ``Allreduce`` time against message size at 2 and 4 ranks with an alpha-beta
+fit, and the projection of step time and efficiency at 8 to 64 ranks for a stated
+interconnect (method in bench/README.md).
 
 Every rank runs ``bench.py --rank-worker``, ``--ddp-worker`` or ``--allreduce-worker``;
-rank 0 prints one JSON result line.  npformer's ranks keep freed memory in the process
-(``distributed.setup()`` calls ``keep_freed_memory``: glibc's mallopt, the same effect as
-the GLIBC_TUNABLES the thread modes get from --allocator).
+rank 0 prints one JSON result line.  npformer keeps freed memory in the process in
+every mode (its ``Trainer`` and ``distributed.setup()`` call ``keep_freed_memory``:
+glibc's mallopt, the same effect as the GLIBC_TUNABLES PyTorch's modes get from
+--allocator).
 """
 from __future__ import annotations
 
