@@ -60,8 +60,8 @@ every other array):
   this loop 0.005 and 0.15 ms, AMD EPYC, 2026-11-24; bit-identical).
 
 Cost (``python bench/kernels.py --compile``, AMD EPYC, 2 cores, 2026-11-24, idle): the
-first call of every kernel in both dtypes compiles them, 11.3 s with an empty cache; a
-later process loads them from the cache, 4.1 s for all of them (import 0.3 s).  A demo
+first call of every kernel in both dtypes compiles them, 9.2 s with an empty cache; a
+later process loads them from the cache, 4.2 s for all of them (import 0.2 s).  A demo
 uses only its dtype's kernels, so it pays about half of either figure once.
 
 Where numba is not installed, or ``NPFORMER_NO_NUMBA=1``, :data:`COMPILED` is False,
