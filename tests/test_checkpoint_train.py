@@ -594,7 +594,7 @@ def test_keep_freed_memory_sets_glibcs_thresholds(monkeypatch):
 
     class FakeLibc:
         def __init__(self):
-            self.mallopt = self.calls = []
+            self.calls = []
             self.mallopt = lambda option, value: self.calls.append((option, value)) or 1
 
     fake = FakeLibc()
