@@ -5,17 +5,19 @@ timings in ms of:
 
 * ``kernel``: the numba kernel as the fast tier calls it;
 * ``numpy``: the NumPy statements it replaced (the fast tier's SciPy-erfc GELU, the
-  textbook layer norm, AdamW parameter by parameter);
+  textbook layer norm, the textbook's ``np.add.at``, AdamW parameter by parameter);
 * ``torch``: PyTorch's op on the same data (``torch.nn.functional``, ``torch.optim.AdamW``
   with its default implementation),
 
 and the ratios kernel/numpy and kernel/torch.  Sizes are the lm demo's
 (``demos/generate.py``: B 12, T 64, D 128, MLP 512, 4 layers): GELU on (768, 512), layer
-norm on (768, 128), AdamW over the model's parameters.  ``--compile`` also times the
+norm on (768, 128), the embedding's backward (and on the imdb demo's 8,192 positions of
+64), AdamW over the model's parameters.  ``--compile`` also times the
 first call of every kernel in a fresh process with an empty numba cache (the compile)
 and again with that cache filled (the load).
 
     python bench/kernels.py [--repeat 50] [--compile]
+    python bench/kernels.py --ops     # where one rank's lm update goes, op by op
 
 Prints the CPU model and NumPy's BLAS first.  On a shared machine, compare ratios taken
 in one run, not absolute times across runs.
@@ -111,6 +113,31 @@ def layernorm_cases(rng):
         lambda: torch.autograd.grad(ty, (tx, tg, tb), tdy, retain_graph=True))
 
 
+def embedding_cases(rng):
+    """The embedding's backward on the lm demo's batch (768 positions of 128, 65 tokens)
+    and the imdb demo's (8,192 positions of 64, 20,002 words): the compiled scatter-add,
+    the textbook's ``np.add.at``, and torch's ``index_add_``."""
+    import torch
+
+    from npformer import ops
+    from npformer.fast import kernels
+
+    for rows, width, vocab in ((768, 128, 65), (8192, 64, 20_002)):
+        ids = rng.integers(0, vocab, size=rows)
+        dy = rng.standard_normal((rows, width)).astype(np.float32)
+        _, cache = ops.embedding_forward(ids, np.zeros((vocab, width), np.float32))
+        tids, tdy = torch.from_numpy(ids), torch.from_numpy(dy)
+
+        def compiled(ids=ids, dy=dy, vocab=vocab, width=width):
+            kernels.scatter_add_rows(ids, dy, np.zeros((vocab, width), np.float32))
+
+        def with_torch(tids=tids, tdy=tdy, vocab=vocab, width=width):
+            torch.zeros(vocab, width).index_add_(0, tids, tdy)
+
+        yield (f"embedding backward ({rows}, {width}) V {vocab}", compiled,
+               lambda dy=dy, cache=cache: ops.embedding_backward(dy, cache), with_torch)
+
+
 def adamw_cases(rng):
     import torch
 
@@ -168,6 +195,7 @@ for dtype in (np.float32, np.float64):
     kernels.attention_softmax_backward(scores, scores, 0.5)
     _, lse = kernels.cross_entropy_rows(x, np.zeros(4, np.int64), 0.1)
     kernels.cross_entropy_grad(x, lse, np.zeros(4, np.int64), lse, 0.1)
+    kernels.scatter_add_rows(np.zeros(4, np.int64), x, np.zeros((2, 8), dtype))
 print(f"{imported - start:.2f} {time.perf_counter() - imported:.2f}")
 """
 
@@ -208,12 +236,76 @@ def lm_step_ms(replicas: int, steps: int) -> float:
     return 1e3 * float(np.median(times[3:]))
 
 
+def op_times(steps: int) -> tuple[float, dict]:
+    """(median ms of a step, {op: mean ms a step}) of the lm demo's update on one rank's
+    share of its batch (B 6: the demo runs 2 ranks), one thread: the demo's own
+    ``Trainer.update()`` (bench.measure), every op of the fast tier and the optimizer's
+    kernels timed where the layers call them (an op inside another counts as its
+    caller's)."""
+    import collections
+
+    from bench.configs import CONFIGS
+    from bench.measure import prepare_npformer
+    from npformer import engine, fast
+
+    spent, depth = collections.Counter(), [0]
+
+    def timed_op(module, name):
+        op = getattr(module, name)
+
+        def wrapper(*args, **kwargs):
+            depth[0] += 1
+            start = time.perf_counter()
+            try:
+                return op(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+                if depth[0] == 0:
+                    spent[name] += time.perf_counter() - start
+        return wrapper
+
+    names = [(fast, n) for n in dir(fast) if n.endswith(("_forward", "_backward"))]
+    names += [(engine, n) for n in ("loss_backward_over_logits", "adamw_flat",
+                                    "sum_of_squares")]
+    originals = [(module, name, getattr(module, name)) for module, name in names]
+    for module, name in names:
+        setattr(module, name, timed_op(module, name))
+    try:
+        run = prepare_npformer(dict(CONFIGS["lm"], batch=CONFIGS["lm"]["batch"] // 2), 0, None)
+        trainer = run.make_optimizer()
+        for _ in range(3):
+            run.step(trainer)
+        spent.clear()
+        times = []
+        for _ in range(steps):
+            start = time.perf_counter()
+            run.step(trainer)
+            times.append(time.perf_counter() - start)
+    finally:
+        for module, name, op in originals:
+            setattr(module, name, op)
+    return 1e3 * float(np.median(times)), {name: 1e3 * t / steps for name, t in spent.items()}
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeat", type=int, default=50, help="timings per op (best kept)")
     parser.add_argument("--compile", action="store_true", help="also time the compile")
     parser.add_argument("--step", action="store_true", help="time the lm demo's update")
+    parser.add_argument("--ops", action="store_true",
+                        help="where one rank's lm update goes, op by op")
     args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error(f"--repeat must be at least 1, got {args.repeat}")
+    if args.ops:
+        step, ops = op_times(args.repeat)
+        print(f"CPU: {cpu_model()}; BLAS {blas_name()}; one thread; the lm demo's update on "
+              f"one rank's half batch (B 6, T 64): {step:.2f} ms (median of {args.repeat})")
+        for name, ms in sorted(ops.items(), key=lambda item: -item[1]):
+            print(f"  {name:<28} {ms:7.3f} ms")
+        print(f"  {'the rest (layers, Python)':<28} {step - sum(ops.values()):7.3f} ms "
+              "(against the median step)")
+        return
     if args.step:
         import npformer
 
@@ -229,7 +321,8 @@ def main(argv=None) -> None:
     print(f"CPU: {cpu_model()}; NumPy {np.__version__} with BLAS {blas_name()}; "
           f"numba {numba.__version__}; torch {torch.__version__}; one thread")
     rng = np.random.default_rng(0)
-    report([*gelu_cases(rng), *layernorm_cases(rng), *adamw_cases(rng)], args.repeat)
+    report([*gelu_cases(rng), *layernorm_cases(rng), *embedding_cases(rng), *adamw_cases(rng)],
+           args.repeat)
     if args.compile:
         compile_times()
 

@@ -286,6 +286,23 @@ def test_timed_synchronizes_around_every_call():
     assert events == ["sync", "call", "sync"] * 5
 
 
+def test_kernels_ops_names_where_one_ranks_lm_update_goes():
+    """``bench/kernels.py --ops``: the step, each op of the fast tier that ran, and the
+    rest; a --repeat below 1 is refused naming it."""
+    script = [sys.executable, str(Path(__file__).resolve().parents[1] / "bench" / "kernels.py")]
+    proc = subprocess.run(script + ["--ops", "--repeat", "2"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert re.search(r"CPU: .*one rank's half batch \(B 6, T 64\): [\d.]+ ms", lines[0])
+    ops = {line.split()[0] for line in lines[1:-1]}
+    assert {"linear_forward", "linear_backward", "attention_forward", "attention_backward",
+            "adamw_flat", "embedding_backward"} <= ops
+    assert lines[-1].lstrip().startswith("the rest (layers, Python)")
+    refused = subprocess.run(script + ["--ops", "--repeat", "0"], capture_output=True,
+                             text=True)
+    assert refused.returncode == 2 and "--repeat must be at least 1, got 0" in refused.stderr
+
+
 def test_rounds_pool_every_rounds_steps_and_keep_a_failed_side_failed():
     from bench.runner import pooled_rounds
 
