@@ -6,7 +6,8 @@ frees and re-allocates its activations then page-faults them back in, every step
 those faults do not scale across cores (two ranks side by side: 49 and 70 ms against
 41 ms alone for the lm step; with this setting 35 and 29 ms, see ``bench/README.md``).
 Thread replicas suffer too: the lm step as 2 thread replicas of one process took
-53-59 ms without it and 43-47 ms with it (3 runs each, AMD EPYC, 2026-11-24).
+53-59 ms without it and 43-47 ms with it (3 runs each, AMD EPYC, 2026-11-24; a
+one-off script, its method in ``bench/README.md``).
 
 :class:`npformer.train.Trainer` and :func:`npformer.distributed.setup` call
 :func:`keep_freed_memory`: a training process allocates the same arrays every step, so
