@@ -65,6 +65,9 @@ class ThreadReplicas:
             raise ValueError(f"replicas must be an integer of at least 1, got {count!r}")
         self.model = model
         self.models = [model] + [_replica_of(model) for _ in range(int(count) - 1)]
+        # Each model's parameters, listed once: the replicas are copies of the model as it
+        # was here, so the lists stay paired (a walk of the modules costs ~0.1 ms a call).
+        self.parameter_lists = [m.parameters() for m in self.models]
         self.pool = ThreadPoolExecutor(max_workers=len(self.models)) if count > 1 else None
         self._replica_flats: dict[int, FlatParameters] = {}
 
@@ -89,6 +92,8 @@ class ThreadReplicas:
 
     def _run_on(self, k: int, task: Task, job: tuple[tuple, float, int]) -> float:
         shard, grad_scale, seed = job
+        if k > 0:  # a replica's own state, set up in its own thread (the model's is the caller's)
+            self._reset_replica(k)
         with backend.thread_generator(seed):
             return task.loss_and_grad(self.models[k], shard, grad_scale)
 
@@ -96,37 +101,39 @@ class ThreadReplicas:
         """Replica i's own flat gradient buffer, where the model's gradients are flat
         (made on first use; its data stay the model's arrays): the replicas' gradients
         are then summed in one pass."""
-        if flat_parameters_of(self.model.parameters()) is None:
+        if flat_parameters_of(self.parameter_lists[0]) is None:
             return None
         if i not in self._replica_flats:
-            self._replica_flats[i] = FlatParameters(self.models[i].parameters(),
-                                                    gradients_only=True)
+            self._replica_flats[i] = FlatParameters(self.parameter_lists[i], gradients_only=True)
         return self._replica_flats[i]
 
     def _share_parameters(self) -> None:
-        """Point every replica's parameters at the model's current arrays; zero their grads."""
-        own = self.model.parameters()
-        for i, replica in enumerate(self.models[1:], start=1):
-            flat = self._replica_flat(i)
-            for p, q in zip(own, replica.parameters()):
+        """Point every replica's parameters at the model's current arrays."""
+        own = self.parameter_lists[0]
+        for theirs in self.parameter_lists[1:]:
+            for p, q in zip(own, theirs):
                 q.data = p.data
-                if flat is None:
-                    q.zero_grad()
-            if flat is not None:
-                flat.zero_grad()  # one fill of the replica's gradient buffer
-            replica.train(self.model.training)
+
+    def _reset_replica(self, k: int) -> None:
+        """Replica k's gradients zero and its mode the model's (run in replica k's thread,
+        beside the other replicas' work)."""
+        replica, flat = self.models[k], self._replica_flat(k)
+        if flat is not None:
+            flat.zero_grad()  # one fill of the replica's gradient buffer
+        else:
+            replica.zero_grad()
+        replica.train(self.model.training)
 
     def _sum_gradients(self, used: int) -> None:
         """The model's gradients += those of replicas 1 .. used - 1."""
-        own = self.model.parameters()
+        own = self.parameter_lists[0]
         flat = flat_parameters_of(own)
-        for i, replica in enumerate(self.models[1:used], start=1):
-            theirs = self._replica_flats.get(i)
-            if flat is not None and theirs is not None \
-                    and theirs.grads_intact(replica.parameters()):
-                flat.grad += theirs.grad  # every parameter's share in one pass
+        for i in range(1, used):
+            theirs, their_flat = self.parameter_lists[i], self._replica_flats.get(i)
+            if flat is not None and their_flat is not None and their_flat.grads_intact(theirs):
+                flat.grad += their_flat.grad  # every parameter's share in one pass
                 continue
-            for p, q in zip(own, replica.parameters()):
+            for p, q in zip(own, theirs):
                 p.accumulate(q.grad)
 
 
