@@ -236,19 +236,31 @@ def lm_step_ms(replicas: int, steps: int) -> float:
     return 1e3 * float(np.median(times[3:]))
 
 
-def op_times(steps: int) -> tuple[float, dict]:
-    """(median ms of a step, {op: mean ms a step}) of the lm demo's update on one rank's
-    share of its batch (B 6: the demo runs 2 ranks), one thread: the demo's own
-    ``Trainer.update()`` (bench.measure), every op of the fast tier and the optimizer's
-    kernels timed where the layers call them (an op inside another counts as its
-    caller's)."""
+def linear_flops(name: str, args: tuple) -> int:
+    """Floating-point operations of the matrix products of one linear op call: forward
+    x (N, D_in) @ w (D_in, D_out), 2 N D_in D_out; backward twice that (dx and dw)."""
+    if name == "linear_forward":
+        x, w = args[0], args[1]
+        return 2 * x.size * w.shape[1]
+    if name == "linear_backward":
+        x, w = args[1].saved[0], args[1].saved[1]
+        return 4 * x.size * w.shape[1]
+    return 0
+
+
+def op_times(steps: int) -> tuple[float, dict, int]:
+    """(median ms of a step, {op: mean ms a step}, the linear layers' products' floating-
+    point operations a step) of the lm demo's update on one rank's share of its batch
+    (B 6: the demo runs 2 ranks), one thread: the demo's own ``Trainer.update()``
+    (bench.measure), every op of the fast tier and the optimizer's kernels timed where
+    the layers call them (an op inside another counts as its caller's)."""
     import collections
 
     from bench.configs import CONFIGS
     from bench.measure import prepare_npformer
     from npformer import engine, fast
 
-    spent, depth = collections.Counter(), [0]
+    spent, depth, flops = collections.Counter(), [0], collections.Counter()
 
     def timed_op(module, name):
         op = getattr(module, name)
@@ -262,6 +274,7 @@ def op_times(steps: int) -> tuple[float, dict]:
                 depth[0] -= 1
                 if depth[0] == 0:
                     spent[name] += time.perf_counter() - start
+                    flops["linear"] += linear_flops(name, args)
         return wrapper
 
     names = [(fast, n) for n in dir(fast) if n.endswith(("_forward", "_backward"))]
@@ -276,6 +289,7 @@ def op_times(steps: int) -> tuple[float, dict]:
         for _ in range(3):
             run.step(trainer)
         spent.clear()
+        flops.clear()
         times = []
         for _ in range(steps):
             start = time.perf_counter()
@@ -284,7 +298,18 @@ def op_times(steps: int) -> tuple[float, dict]:
     finally:
         for module, name, op in originals:
             setattr(module, name, op)
-    return 1e3 * float(np.median(times)), {name: 1e3 * t / steps for name, t in spent.items()}
+    return (1e3 * float(np.median(times)), {name: 1e3 * t / steps for name, t in spent.items()},
+            flops["linear"] // steps)
+
+
+def gemm_gflops(repeat: int) -> float:
+    """GFLOP/s of one bare (384, 128) @ (128, 512) float32 product (the lm demo's first
+    feed-forward layer on one rank's half batch), best of ``repeat``: the rate the
+    linear layers' products can reach on this core."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((384, 128), dtype=np.float32)
+    b = rng.standard_normal((128, 512), dtype=np.float32)
+    return 2 * 384 * 128 * 512 / best_ms(lambda: a @ b, max(repeat, 20)) / 1e6
 
 
 def main(argv=None) -> None:
@@ -298,13 +323,17 @@ def main(argv=None) -> None:
     if args.repeat < 1:
         parser.error(f"--repeat must be at least 1, got {args.repeat}")
     if args.ops:
-        step, ops = op_times(args.repeat)
+        step, ops, flops = op_times(args.repeat)
         print(f"CPU: {cpu_model()}; BLAS {blas_name()}; one thread; the lm demo's update on "
               f"one rank's half batch (B 6, T 64): {step:.2f} ms (median of {args.repeat})")
         for name, ms in sorted(ops.items(), key=lambda item: -item[1]):
             print(f"  {name:<28} {ms:7.3f} ms")
         print(f"  {'the rest (layers, Python)':<28} {step - sum(ops.values()):7.3f} ms "
               "(against the median step)")
+        linear_ms = ops.get("linear_forward", 0.0) + ops.get("linear_backward", 0.0)
+        print(f"linear layers: {flops / 1e9:.3f} GFLOP a step in their products, "
+              f"{flops / linear_ms / 1e6:.1f} GFLOP/s with the ops' own work; one bare "
+              f"(384, 128) @ (128, 512) product: {gemm_gflops(args.repeat):.1f} GFLOP/s")
         return
     if args.step:
         import npformer

@@ -294,10 +294,16 @@ def test_kernels_ops_names_where_one_ranks_lm_update_goes():
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert re.search(r"CPU: .*one rank's half batch \(B 6, T 64\): [\d.]+ ms", lines[0])
-    ops = {line.split()[0] for line in lines[1:-1]}
+    ops = {line.split()[0] for line in lines[1:-2]}
     assert {"linear_forward", "linear_backward", "attention_forward", "attention_backward",
             "adamw_flat", "embedding_backward"} <= ops
-    assert lines[-1].lstrip().startswith("the rest (layers, Python)")
+    assert lines[-2].lstrip().startswith("the rest (layers, Python)")
+    # the lm demo's linear products on 384 rows: 4 layers of (128->128) x 4 and 128->512
+    # and 512->128, and the 128->65 head; forward 2 N D_in D_out, backward twice that
+    per_step = 6 * 384 * (4 * (4 * 128 * 128 + 2 * 128 * 512) + 128 * 65)
+    assert re.fullmatch(rf"linear layers: {per_step / 1e9:.3f} GFLOP a step in their products, "
+                        r"[\d.]+ GFLOP/s with the ops' own work; one bare \(384, 128\) @ "
+                        r"\(128, 512\) product: [\d.]+ GFLOP/s", lines[-1]), lines[-1]
     refused = subprocess.run(script + ["--ops", "--repeat", "0"], capture_output=True,
                              text=True)
     assert refused.returncode == 2 and "--repeat must be at least 1, got 0" in refused.stderr
