@@ -304,8 +304,8 @@ def op_times(steps: int) -> tuple[float, dict, int]:
 
 def gemm_gflops(repeat: int) -> float:
     """GFLOP/s of one bare (384, 128) @ (128, 512) float32 product (the lm demo's first
-    feed-forward layer on one rank's half batch), best of ``repeat``: the rate the
-    linear layers' products can reach on this core."""
+    feed-forward layer on one rank's half batch), best of ``repeat`` timings (at least
+    20): the rate the linear layers' products can reach on this core."""
     rng = np.random.default_rng(0)
     a = rng.standard_normal((384, 128), dtype=np.float32)
     b = rng.standard_normal((128, 512), dtype=np.float32)

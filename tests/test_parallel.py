@@ -7,7 +7,7 @@ import pytest
 
 from npformer.parallel import DataParallel, shard_bounds, split_batch
 from tests.conftest import using_backend
-from tests.helpers import rel_diff
+from tests.helpers import rel_diff, using_engine
 from tests.parallel_cases import build, train
 
 
@@ -32,26 +32,19 @@ def test_sharded_gradients_equal_the_whole_batch(kind, replicas):
 def test_every_batch_starts_each_replica_from_zero_gradients(tier):
     """A replica's gradients from an earlier batch never leak into a later one, also when
     it sat out a batch in between (a batch of fewer rows than replicas)."""
-    from npformer import engine
-
-    before = engine.engine_name()
-    try:
-        engine.set_engine(tier)
-        with using_backend("numpy", "float64"):
-            model, task, batch = build("lm", rows=5)
-            parallel = DataParallel(model, 3)
-            for rows in (5, 1, 4):
-                shard = tuple(a[:rows] for a in batch)
-                model.zero_grad()
-                task.loss_and_grad(model, shard, 1.0)
-                expected = [p.grad.copy() for p in model.parameters()]
-                model.zero_grad()
-                parallel.loss_and_grad(task, shard, 1.0, seed=0)
-                scale = max(float(np.max(np.abs(g))) for g in expected)
-                for (name, p), g in zip(model.named_parameters(), expected):
-                    assert float(np.max(np.abs(p.grad - g))) <= 1e-12 * scale, (rows, name)
-    finally:
-        engine.set_engine(before)
+    with using_engine(tier), using_backend("numpy", "float64"):
+        model, task, batch = build("lm", rows=5)
+        parallel = DataParallel(model, 3)
+        for rows in (5, 1, 4):
+            shard = tuple(a[:rows] for a in batch)
+            model.zero_grad()
+            task.loss_and_grad(model, shard, 1.0)
+            expected = [p.grad.copy() for p in model.parameters()]
+            model.zero_grad()
+            parallel.loss_and_grad(task, shard, 1.0, seed=0)
+            scale = max(float(np.max(np.abs(g))) for g in expected)
+            for (name, p), g in zip(model.named_parameters(), expected):
+                assert float(np.max(np.abs(p.grad - g))) <= 1e-12 * scale, (rows, name)
 
 
 def test_split_batch_covers_every_row_once():
