@@ -98,10 +98,12 @@ class Optimizer:
         self.schedule: Schedule | None = lr if callable(lr) else None
         self.lr: float = check_hyperparameter(lr(1) if callable(lr) else lr, "lr")
         # state[name][i] is the state array `name` of params[i]
-        self.state: dict[str, list[Any]] = {
-            name: [backend.namespace_of(p.data).zeros_like(p.data) for p in self.params]
-            for name in self._state_names
-        }
+        self.state: dict[str, list[Any]] = self._zero_state()
+
+    def _zero_state(self) -> dict[str, list[Any]]:
+        """{state name: [zeros like params[i].data]}: the state before the first update."""
+        return {name: [backend.namespace_of(p.data).zeros_like(p.data) for p in self.params]
+                for name in self._state_names}
 
     def set_lr(self, lr: float) -> None:
         """Use ``lr`` from the next update on (a schedule, if any, overrides it again)."""
@@ -259,8 +261,6 @@ class Adam(Optimizer):
         self.eps = check_hyperparameter(eps, "eps")
         self.weight_decay = check_hyperparameter(weight_decay, "weight_decay")
         super().__init__(params, lr)
-        if self._decoupled or self.weight_decay == 0:  # L2 decay changes g: per tensor
-            self._flatten()
 
     _decoupled = False  # AdamW's decay shrinks the weights; Adam's joins the gradient
 
@@ -268,19 +268,22 @@ class Adam(Optimizer):
     def betas(self) -> tuple[float, float]:
         return (self.beta1, self.beta2)
 
-    def _flatten(self) -> None:
-        """In the fast tier: the parameters into one flat buffer, the moments flat too
-        (``state[name][i]`` a view of ``_flat_state[name]``)."""
+    def _zero_state(self) -> dict[str, list[Any]]:
+        """In the fast tier: the parameters into one flat buffer and the moments made flat
+        (``state[name][i]`` a view of ``_flat_state[name]``), never per parameter first:
+        the moments are twice the model's size.  L2 decay changes g tensor by tensor, so
+        Adam with it keeps per-parameter moments."""
+        if not (self._decoupled or self.weight_decay == 0):
+            return super()._zero_state()
         self._flat = engine.flat_parameters(self.params)
         if self._flat is None:
-            return
+            return super()._zero_state()
         xp = backend.namespace_of(self._flat.data)
         self._flat_state = {name: xp.zeros_like(self._flat.data) for name in self._state_names}
         self._state_views = {name: [self._flat_state[name][lo:hi].reshape(p.shape)
                                     for p, (lo, hi) in zip(self.params, self._flat.slices)]
                              for name in self._state_names}
-        for name in self._state_names:
-            self.state[name] = list(self._state_views[name])
+        return {name: list(views) for name, views in self._state_views.items()}
 
     def _sync_flat_state(self) -> None:
         """Moments rebound by a loader copied back into their flat views."""
