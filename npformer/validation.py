@@ -185,6 +185,19 @@ def backward_op(forward: ForwardOp,
     return decorate
 
 
+def forward_input(saved: tuple, x: Any) -> tuple:
+    """``saved`` = (input, ...) of a forward that may not have kept its input (None
+    there): the tuple with the input the backward's caller passed in its place.  Exactly
+    one of the two must be given (it is the forward's input, recomputed by the caller)."""
+    kept = saved[0]
+    if kept is None and x is None:
+        raise RuntimeError("the forward did not keep its input (keep_input=False): pass "
+                           "it to the backward as x")
+    if kept is not None and x is not None:
+        raise RuntimeError("the forward kept its input: the backward takes no x")
+    return (x if kept is None else kept,) + tuple(saved[1:])
+
+
 def refuse_cache(cache: Any, backward: str, forward: Callable) -> None:
     """The error for a cache that is not ``forward``'s (raised; never returns)."""
     made_by = forward.op_name
@@ -408,7 +421,7 @@ def check_loss_gradient(dloss: Any, cache: Cache, what: str) -> None:
 # Each takes its op's arguments (same names, same defaults).  Shape letters as in
 # npformer.ops: B batch, T queries, S keys, E query/key width, F value width,
 # D width, V vocabulary, L table length.
-def linear_inputs(x: Array, w: Array, b: Array | None = None) -> None:
+def linear_inputs(x: Array, w: Array, b: Array | None = None, keep_input: bool = True) -> None:
     """x (..., D_in) floats, W (D_in, D_out) floats with D_in, D_out >= 1, b None or
     (D_out,), all of one dtype."""
     check_float(x, "linear input")

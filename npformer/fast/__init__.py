@@ -26,7 +26,14 @@ Every op without a fast version is the textbook op itself, bound by name below (
 function, so the two tiers can never drift apart, and go-to-definition finds it).
 """
 from .. import ops as _textbook
-from .activations import activation, gelu_backward, gelu_forward, relu_backward, relu_forward
+from .activations import (
+    activation,
+    activation_output,
+    gelu_backward,
+    gelu_forward,
+    relu_backward,
+    relu_forward,
+)
 from .attention import BLOCK_SCORES, attention_backward, attention_forward
 from .dropout import dropout_backward, dropout_forward
 from .embedding import embedding_backward
@@ -39,7 +46,8 @@ from .softmax import softmax_backward, softmax_forward
 FAST_OPS = ("attention_forward", "attention_backward", "linear_forward", "linear_backward",
             "cross_entropy_forward", "cross_entropy_backward", "softmax_forward",
             "softmax_backward", "relu_forward", "relu_backward", "gelu_forward", "gelu_backward",
-            "layernorm_forward", "layernorm_backward", "activation", "dropout_forward",
+            "layernorm_forward", "layernorm_backward", "activation", "activation_output",
+            "dropout_forward",
             "dropout_backward", "embedding_backward")
 
 # The textbook ops, the same functions in this tier.
@@ -50,6 +58,7 @@ add_positions_forward = _textbook.add_positions_forward
 attention_weights = _textbook.attention_weights
 causal_mask = _textbook.causal_mask
 embedding_forward = _textbook.embedding_forward
+layernorm_output = _textbook.layernorm_output  # gamma x_hat + beta: one NumPy statement
 log_softmax_backward = _textbook.log_softmax_backward
 log_softmax_forward = _textbook.log_softmax_forward
 padding_mask = _textbook.padding_mask

@@ -21,24 +21,29 @@ from typing import Any
 
 from .. import backend
 from ..backend import Array
-from ..validation import backward_op, forward_op, linear_inputs
+from ..validation import backward_op, forward_input, forward_op, linear_inputs
 
 
 @forward_op(linear_inputs)
-def linear_forward(x: Array, w: Array, b: Array | None = None) -> tuple[Array, Any]:
-    """x (..., D_in), w (D_in, D_out), b (D_out,) or None -> y (..., D_out), cache."""
+def linear_forward(x: Array, w: Array, b: Array | None = None,
+                   keep_input: bool = True) -> tuple[Array, Any]:
+    """x (..., D_in), w (D_in, D_out), b (D_out,) or None -> y (..., D_out), cache
+    (x, or None with keep_input=False: the backward is then given x again)."""
     xp = backend.namespace_of(x, w)
     x_rows = xp.reshape(x, (-1, w.shape[0]))  # (N, D_in): one matrix product, not one per row
     y = x_rows @ w  # (N, D_in) @ (D_in, D_out) -> (N, D_out)
     if b is not None:
         y += b  # (N, D_out) + (D_out,), in place: y is fresh
-    return xp.reshape(y, tuple(x.shape[:-1]) + (w.shape[1],)), (x, w, b is not None)
+    y = xp.reshape(y, tuple(x.shape[:-1]) + (w.shape[1],))
+    return y, (x if keep_input else None, w, b is not None)
 
 
 @backward_op(linear_forward)
-def linear_backward(dy: Array, saved: Any) -> tuple[Array, Array, Array | None]:
-    """dy (..., D_out) -> dx (..., D_in), dw (D_in, D_out), db (D_out,) or None."""
-    x, w, has_bias = saved
+def linear_backward(dy: Array, saved: Any, x: Array | None = None
+                    ) -> tuple[Array, Array, Array | None]:
+    """dy (..., D_out) -> dx (..., D_in), dw (D_in, D_out), db (D_out,) or None; ``x``
+    the forward's input, passed again where the forward did not keep it."""
+    x, w, has_bias = forward_input(saved, x)
     xp = backend.namespace_of(dy, w)
     d_in, d_out = w.shape
     x_rows = xp.reshape(x, (-1, d_in))  # (N, D_in)

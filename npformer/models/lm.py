@@ -78,25 +78,33 @@ class CausalLM(Module):
         mask = ops.causal_mask(ids.shape[1], like=x)  # (T, T)
         for block in self.blocks:
             x = block(x, mask=mask)
-        if self.norm is not None:
-            x = self.norm(x)
-        return self._logits(x)
+        if self.norm is None:
+            return self._logits(x)
+        return self._logits(self.norm(x), keep_input=False)  # recomputed by the backward
 
     def backward(self, dlogits: Array) -> None:
         """dlogits (B, T, V) -> None (token ids are not differentiable)."""
-        if self.lm_head is None:
-            dx = self.embed.tokens.project_backward(dlogits)  # tied: E's second share
-        else:
-            dx = self.lm_head.backward(dlogits)
+        dx = self._logits_backward(dlogits)
         if self.norm is not None:
             dx = self.norm.backward(dx)
         for block in reversed(self.blocks):
             dx = block.backward(dx)
         return self.embed.backward(dx)
 
-    def _logits(self, h):
-        """h (B, T, D) -> logits (B, T, V): h E^T when tied, else the head."""
-        return self.embed.tokens.project(h) if self.lm_head is None else self.lm_head(h)
+    def _logits(self, h, keep_input: bool = True):
+        """h (B, T, D) -> logits (B, T, V): h E^T when tied, else the head; h kept for the
+        backward or not."""
+        if self.lm_head is None:
+            return self.embed.tokens.project(h, keep_input)
+        return self.lm_head(h, keep_input)
+
+    def _logits_backward(self, dlogits):
+        """dlogits (B, T, V) -> dh (B, T, D).  With a final norm, the head's input h was not
+        kept: the norm computes it again (a temporary, for the head's backward only)."""
+        h = None if self.norm is None else self.norm.output_again()  # (B, T, D)
+        if self.lm_head is None:
+            return self.embed.tokens.project_backward(dlogits, h)  # tied: E's second share
+        return self.lm_head.backward(dlogits, h)
 
     # ------------------------------------------------------------------ cached inference
     def new_cache(self) -> DecodingCache:

@@ -112,7 +112,8 @@ class MultiHeadAttention(Module):
         self.last_attention = None  # (B, H, T, S) when keep_attention
 
     def check_inputs(self, x: Array, context: Array | None = None, mask: Array | None = None,
-                     padding: Padding | None = None, need_weights: bool = False) -> None:
+                     padding: Padding | None = None, need_weights: bool = False,
+                     keep_input: bool = True) -> None:
         """x (B, T, D) or rows (N, D) of ``padding``, context (B, S, D), floats of the
         weights' dtype; mask boolean, broadcasting to the scores (B, H, T, S)."""
         layout = UNPADDED if padding is None else padding
@@ -133,8 +134,8 @@ class MultiHeadAttention(Module):
             check_mask(mask, (batch, self.num_heads, length, keys), "attention mask")
 
     def forward(self, x: Array, context: Array | None = None, mask: Array | None = None,
-                padding: Padding | None = None,
-                need_weights: bool = False) -> Array | tuple[Array, Array]:
+                padding: Padding | None = None, need_weights: bool = False,
+                keep_input: bool = True) -> Array | tuple[Array, Array]:
         """x (B, T, D), context (B, S, D) or None (self-attention), mask bool
         broadcasting to (B, H, T, S), True = may attend -> (B, T, D).
 
@@ -144,14 +145,17 @@ class MultiHeadAttention(Module):
         ``need_weights=True``: returns ``(y, weights)``, weights the (B, H, T, S)
         attention probabilities of every head (PyTorch's ``need_weights=True,
         average_attn_weights=False``; average over axis 1 for its default).
+
+        ``keep_input=False``: x is not kept for the backward (the caller passes it to
+        :meth:`backward` again); a context always is.
         """
         layout = UNPADDED if padding is None else padding
         is_self = context is None
         h = self.num_heads
-        q = split_heads(layout.unrows(self.q_proj(x)), h)  # (B, T, H*E) -> (B, H, T, E)
+        q = split_heads(layout.unrows(self.q_proj(x, keep_input)), h)  # (B, T, H*E) -> (B, H, T, E)
         if is_self:
-            k = split_heads(layout.unrows(self.k_proj(x)), h)  # (B, H, T, E)
-            v = split_heads(layout.unrows(self.v_proj(x)), h)
+            k = split_heads(layout.unrows(self.k_proj(x, keep_input)), h)  # (B, H, T, E)
+            v = split_heads(layout.unrows(self.v_proj(x, keep_input)), h)
         else:
             k = split_heads(self.k_proj(context), h)  # (B, S, H*E) -> (B, H, S, E)
             v = split_heads(self.v_proj(context), h)
@@ -165,20 +169,21 @@ class MultiHeadAttention(Module):
             return y, weights
         return y
 
-    def backward(self, dy: Array) -> Array | tuple[Array, Array]:
+    def backward(self, dy: Array, x: Array | None = None) -> Array | tuple[Array, Array]:
         """dy -> dx for self-attention, (dx, dcontext) for cross-attention (dcontext
-        (B, S, D)); dy and dx in the form of forward's x.  ``rows`` and ``unrows`` swap
-        roles: each is the other's transpose."""
+        (B, S, D)); dy and dx in the form of forward's x; ``x``: the forward's input,
+        where it was not kept.  ``rows`` and ``unrows`` swap roles: each is the other's
+        transpose."""
         attn_cache, is_self, layout = self._pop_saved()
         h = self.num_heads
         dmerged = layout.unrows(self.out_proj.backward(dy))  # (B, T, H*E)
         dq, dk, dv = engine.ops().attention_backward(split_heads(dmerged, h), attn_cache)
-        dx = self.q_proj.backward(layout.rows(merge_heads(dq)))
+        dx = self.q_proj.backward(layout.rows(merge_heads(dq)), x)
         if not is_self:
             return dx, (self.k_proj.backward(merge_heads(dk))
                         + self.v_proj.backward(merge_heads(dv)))  # dcontext (B, S, D)
-        dk_x = self.k_proj.backward(layout.rows(merge_heads(dk)))
-        return dx + dk_x + self.v_proj.backward(layout.rows(merge_heads(dv)))  # x fed q, k, v
+        dk_x = self.k_proj.backward(layout.rows(merge_heads(dk)), x)
+        return dx + dk_x + self.v_proj.backward(layout.rows(merge_heads(dv)), x)  # x fed q, k, v
 
     def forward_cached(self, x: Array, cache: KVCache, context: Array | None = None,
                        mask: Array | None = None) -> Array:

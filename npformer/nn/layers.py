@@ -33,14 +33,17 @@ class Linear(Module):
         self.weight = Parameter(_uniform((in_features, out_features), bound))
         self.bias = Parameter(_uniform((out_features,), bound), decay=False) if bias else None
 
-    def forward(self, x: Array) -> Array:
+    def forward(self, x: Array, keep_input: bool = True) -> Array:
+        """x (..., in) -> (..., out).  ``keep_input=False``: x is not kept for the backward
+        (the caller recomputes it and passes it to :meth:`backward`)."""
         bias = None if self.bias is None else self.bias.data
-        y, cache = engine.ops().linear_forward(x, self.weight.data, bias)  # (..., in) -> (..., out)
+        y, cache = engine.ops().linear_forward(x, self.weight.data, bias, keep_input)
         self._save(cache)
         return y
 
-    def backward(self, dy: Array) -> Array:
-        dx, dw, db = engine.ops().linear_backward(dy, self._pop_saved())
+    def backward(self, dy: Array, x: Array | None = None) -> Array:
+        """dy (..., out) -> dx (..., in); ``x``: the forward's input, where it was not kept."""
+        dx, dw, db = engine.ops().linear_backward(dy, self._pop_saved(), x)
         self.weight.accumulate(dw)
         if self.bias is not None:
             self.bias.accumulate(db)
@@ -71,6 +74,11 @@ class LayerNorm(Module):
         self.bias.accumulate(dbeta)
         return dx
 
+    def output_again(self) -> Array:
+        """The last forward's output, computed again from its cache (which stays for the
+        backward): for a next layer that did not keep it."""
+        return engine.ops().layernorm_output(self._peek_saved().saved, self.bias.data)
+
 
 class Embedding(Module):
     """Token ids (...) -> vectors (..., D); weight N(0, init_std^2), PyTorch's std 1 by default."""
@@ -92,17 +100,19 @@ class Embedding(Module):
         self.weight.accumulate(engine.ops().embedding_backward(dy, self._pop_saved()))
         return None
 
-    def project(self, h: Array) -> Array:
+    def project(self, h: Array, keep_input: bool = True) -> Array:
         """The tied output projection (Press & Wolf, 2017): h (..., D) -> logits (..., V)
-        = h W^T with W this embedding's table, so W gets gradient from both uses."""
-        logits, cache = engine.ops().linear_forward(h, self.weight.data.mT)
+        = h W^T with W this embedding's table, so W gets gradient from both uses.
+        ``keep_input=False``: h is not kept (:meth:`project_backward` is given it again)."""
+        logits, cache = engine.ops().linear_forward(h, self.weight.data.mT, None, keep_input)
         self._save(cache, slot="_project_cache")
         return logits
 
-    def project_backward(self, dlogits: Array) -> Array:
-        """dlogits (..., V) -> dh (..., D); W^T's gradient is added into the one table."""
+    def project_backward(self, dlogits: Array, h: Array | None = None) -> Array:
+        """dlogits (..., V) -> dh (..., D); W^T's gradient is added into the one table.
+        ``h``: the projection's input, where it was not kept."""
         dh, dtable_t, _ = engine.ops().linear_backward(dlogits,
-                                                        self._pop_saved("_project_cache"))
+                                                        self._pop_saved("_project_cache"), h)
         self.weight.accumulate(dtable_t.mT)
         return dh
 
@@ -166,6 +176,12 @@ class Dropout(Module):
     def backward(self, dy: Array) -> Array:
         return engine.ops().dropout_backward(dy, self._pop_saved())
 
+    def again(self, x: Array) -> Array:
+        """x through the last forward's dropout again: the same kept positions and scale
+        (the cache stays for the backward).  Dropout multiplies by m / (1 - p) both ways,
+        so the backward op is what applies it."""
+        return engine.ops().dropout_backward(x, self._peek_saved())
+
 
 class Activation(Module):
     """ReLU or GELU (exact or tanh form) as a layer."""
@@ -181,4 +197,9 @@ class Activation(Module):
 
     def backward(self, dy: Array) -> Array:
         return engine.ops().activation(self.name)[1](dy, self._pop_saved())
+
+    def output_again(self) -> Array:
+        """The last forward's output, computed again from its cache (which stays for the
+        backward): for a next layer that did not keep it."""
+        return engine.ops().activation_output(self.name)(self._peek_saved().saved)
 

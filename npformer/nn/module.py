@@ -361,10 +361,15 @@ class Module:
 
     def _pop_saved(self, slot: str = "_cache"):
         """The cache of the last forward (released), or a clear error if there is none."""
+        cache = self._peek_saved(slot)
+        setattr(self, slot, None)
+        return cache
+
+    def _peek_saved(self, slot: str = "_cache"):
+        """The cache of the last forward (kept for the backward), or a clear error."""
         cache = getattr(self, slot, None)
         if cache is None:
             raise RuntimeError(_no_forward_message(self))
-        setattr(self, slot, None)
         return cache
 
     # ------------------------------------------------------------ state

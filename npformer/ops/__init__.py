@@ -16,11 +16,18 @@ Shape letters used throughout: B batch, T query (target) positions, S key
 (source) positions, H heads, E per-head query/key width, F per-head value
 width, D model width, V vocabulary, N flattened rows.
 """
-from .activations import activation, gelu_backward, gelu_forward, relu_backward, relu_forward
+from .activations import (
+    activation,
+    activation_output,
+    gelu_backward,
+    gelu_forward,
+    relu_backward,
+    relu_forward,
+)
 from .attention import attention_backward, attention_forward, attention_weights
 from .dropout import dropout_backward, dropout_forward
 from .embedding import embedding_backward, embedding_forward
-from .layernorm import layernorm_backward, layernorm_forward
+from .layernorm import layernorm_backward, layernorm_forward, layernorm_output
 from .linear import linear_backward, linear_forward
 from .losses import IGNORE_INDEX, cross_entropy_backward, cross_entropy_forward
 from .masks import causal_mask, padding_mask
