@@ -139,6 +139,10 @@ class ThreadReplicas:
 
 def _replica_of(model: Module) -> Module:
     """A deep copy of ``model`` whose parameters' data are the model's own arrays (not
-    copies: every replica reads the same weights) and whose gradients are its own."""
-    shared = {id(p.data): p.data for p in model.parameters()}
-    return copy.deepcopy(model, memo=shared)
+    copies: every replica reads the same weights) and whose gradients are its own, made
+    before its first shard (its flat buffer, or zeros): not copies of the model's, which
+    would be freed at once and stay resident (the model's size, in the step's peak)."""
+    params = model.parameters()
+    memo = {id(p.data): p.data for p in params}
+    memo.update({id(p.grad): None for p in params if p.grad is not None})
+    return copy.deepcopy(model, memo=memo)

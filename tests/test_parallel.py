@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from npformer.parallel import DataParallel, shard_bounds, split_batch
+from npformer.replicas import ThreadReplicas
 from tests.conftest import using_backend
 from tests.helpers import rel_diff, using_engine
 from tests.parallel_cases import build, train
@@ -45,6 +46,16 @@ def test_every_batch_starts_each_replica_from_zero_gradients(tier):
             scale = max(float(np.max(np.abs(g))) for g in expected)
             for (name, p), g in zip(model.named_parameters(), expected):
                 assert float(np.max(np.abs(p.grad - g))) <= 1e-12 * scale, (rows, name)
+
+
+def test_a_replica_shares_the_models_weights_and_copies_none_of_its_gradients():
+    """The replicas read the model's weight arrays, and make their own gradients before
+    their first shard: a copy of the model's would be memory freed at once."""
+    model, _, _ = build("lm")
+    replicas = ThreadReplicas(model, 2)
+    for p, q in zip(*replicas.parameter_lists):
+        assert q.data is p.data
+        assert q.grad is None
 
 
 def test_split_batch_covers_every_row_once():
