@@ -108,7 +108,7 @@ def _paths(q, k, mask, block_scores):
     bias = fast_attention._align(bias, q.ndim)
     seen = set()
     extents = fast_attention._key_extents(mask)
-    for rows, keys, block_bias in fast_attention._blocks(q, k, extents, bias, block_scores):
+    for rows, keys, block_bias, _ in fast_attention._blocks(q, k, extents, bias, block_scores):
         row, query = rows[0], rows[-2]
         queries = query.stop - query.start
         if queries == 1 and q.shape[-2] > 1:

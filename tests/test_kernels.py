@@ -155,15 +155,17 @@ def layernorm_case():
 
 def attention_case(dtype="float64", tol=TOL):
     """Blocked attention (causal and padding masks, a fully masked query row) through the
-    compiled softmax kernels, equal to the textbook's dense attention."""
+    compiled softmax kernels, equal to the textbook's dense attention.  21 keys: the
+    kernels' per-row cut (8, 16 or all 21 keys computed) takes effect."""
     rng = np.random.default_rng(5)
     q, k, v = (rng.standard_normal(shape).astype(dtype)
-               for shape in ((2, 3, 5, 4), (2, 3, 6, 4), (2, 3, 6, 4)))
-    mask = np.tril(np.ones((5, 6), dtype=bool), k=1) & (np.arange(6) < np.array([[6], [4]]))[
-        :, None, None, :]  # (2, 1, 5, 6): causal with one key of lookahead, and padding
+               for shape in ((2, 3, 13, 4), (2, 3, 21, 4), (2, 3, 21, 4)))
+    mask = np.tril(np.ones((13, 21), dtype=bool), k=1) & (
+        np.arange(21) < np.array([[21], [11]]))[:, None, None, :]
+    # (2, 1, 13, 21): causal with one key of lookahead, and padding
     mask[1, 0, 2] = False  # a query with every key masked
-    dout = rng.standard_normal((2, 3, 5, 4)).astype(dtype)
-    out_f, cache_f = fast.attention_forward(q, k, v, mask, block_scores=40)  # several blocks
+    dout = rng.standard_normal((2, 3, 13, 4)).astype(dtype)
+    out_f, cache_f = fast.attention_forward(q, k, v, mask, block_scores=300)  # several blocks
     out_t, cache_t = ops.attention_forward(q, k, v, mask)
     assert rel_diff(out_f, out_t) <= tol, "out"
     for name, got, want in zip(("dq", "dk", "dv"), fast.attention_backward(dout, cache_f),
@@ -192,6 +194,35 @@ def loss_case(dtype="float64", tol=TOL):
 
 def loss32_case():
     loss_case("float32", 1e-6)
+
+
+@needs_numba
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@given(seed=st.integers(0, 2**16), length=st.integers(1, 70), block_scores=st.sampled_from(
+    [64, 1000, fast.BLOCK_SCORES]))
+def test_the_attention_kernels_cut_rows_without_changing_a_bit(dtype, seed, length,
+                                                               block_scores):
+    """Each row's masked tail (the causal future, padding), cut off by the kernels, gives
+    the same output and gradients, bit for bit, as the whole rows (row_keys None): the
+    cut, a multiple of 8, leaves every running max and sum its elements in their order."""
+    from npformer.fast import attention as fast_attention
+
+    rng = np.random.default_rng(seed)
+    q, k, v, dout = (rng.standard_normal((2, 3, length, 5)).astype(dtype) for _ in range(4))
+    valid = rng.integers(0, length + 1, size=2)  # 0: a sequence with every key masked
+    mask = ops.causal_mask(length, like=q) & ops.padding_mask(valid, length)
+
+    def attention():
+        out, cache = fast.attention_forward(q, k, v, mask, block_scores=block_scores)
+        return (out, *fast.attention_backward(dout, cache))
+
+    cut = attention()
+    whole_rows = pytest.MonkeyPatch.context()
+    with whole_rows as patch:
+        patch.setattr(fast_attention, "_row_keys", lambda *args: None)
+        whole = attention()
+    for name, got, want in zip(("out", "dq", "dk", "dv"), cut, whole):
+        np.testing.assert_array_equal(got, want, err_msg=name)
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])

@@ -74,10 +74,10 @@ def attention_forward(q: Array, k: Array, v: Array, mask: Array | None = None,
     if k.shape[-2] == 0:  # no keys (no blocks): zero output, as for fully masked queries
         out, lse = xp.zeros_like(out), xp.zeros_like(lse)
     extents = _key_extents(mask)  # host integers: the block walk never waits on the device
-    for rows, keys, block_bias in _blocks(q, k, extents, bias, block_scores):
+    for rows, keys, block_bias, row_keys in _blocks(q, k, extents, bias, block_scores):
         scores = q[rows] @ k[keys].mT  # S = Q K^T: (.., t, E) @ (.., E, s)
         if _compiled(scores):  # scale, masked softmax and lse: one compiled pass a row
-            kernels.attention_softmax(scores, block_bias, scale, lse[rows])  # P, in place
+            kernels.attention_softmax(scores, block_bias, scale, lse[rows], row_keys)  # P
             out[rows] = scores @ v[keys]  # (.., t, s) @ (.., s, F) -> (.., t, F)
             continue
         scores *= scale  # alpha S, in place
@@ -97,11 +97,11 @@ def attention_backward(dout: Array, saved: Any) -> tuple[Array, Array, Array]:
         dq = xp.zeros_like(q)
     dk = xp.zeros_like(k)  # keys are shared by query blocks, and cut-off keys get 0
     dv = xp.zeros_like(v)
-    for rows, keys, block_bias in _blocks(q, k, extents, bias, block_scores):
+    for rows, keys, block_bias, row_keys in _blocks(q, k, extents, bias, block_scores):
         scores = q[rows] @ k[keys].mT  # S = Q K^T (.., t, s), recomputed
         compiled = _compiled(scores)
         if compiled:
-            kernels.attention_probabilities(scores, block_bias, scale, lse[rows])  # P
+            kernels.attention_probabilities(scores, block_bias, scale, lse[rows], row_keys)
             p = scores
         else:
             scores *= scale
@@ -112,7 +112,7 @@ def attention_backward(dout: Array, saved: Any) -> tuple[Array, Array, Array]:
         dv[keys] += p.mT @ dout[rows]  # (.., s, t) @ (.., t, F)
         dp = dout[rows] @ v[keys].mT  # (.., t, F) @ (.., F, s)
         if compiled:
-            kernels.attention_softmax_backward(dp, p, scale)  # alpha dA, in dp
+            kernels.attention_softmax_backward(dp, p, scale, row_keys)  # alpha dA, in dp
             dscores = dp
         else:
             dscores = softmax_backward.unchecked(dp, (p, -1), overwrite_input=True)  # dA, in dp
@@ -162,8 +162,10 @@ def _stable_exp(scores, bias):
 
 
 def _blocks(q, k, extents, bias, block_scores: int):
-    """Yield (rows, keys, block_bias): index tuples into q (and out, lse) and into k, v,
-    and the bias block, covering the scores (..., T, S) in blocks of about block_scores.
+    """Yield (rows, keys, block_bias, row_keys): index tuples into q (and out, lse) and
+    into k, v, the bias block, and the compiled kernels' per-row key counts
+    (:func:`_row_keys`, or None: all of the block's), covering the scores (..., T, S) in
+    blocks of about block_scores.
 
     A block is a range of axis-0 rows (several batch rows if one fits) or, when one
     row's (..., T, S) scores are too many, a range of its queries.
@@ -181,15 +183,16 @@ def _blocks(q, k, extents, bias, block_scores: int):
         row = slice(r, min(r + rows_per_block, num_rows))
         for t in range(0, num_queries, queries):
             query = slice(t, min(t + queries, num_queries))
-            seen, block_bias = num_keys, None
+            seen, block_bias, row_keys = num_keys, None, None
             if extents is not None:
                 seen, all_allowed = _visible_keys(extents, row, query, num_keys)
                 if not all_allowed:
                     block_bias = bias[_mask_index(bias, row, query, slice(0, seen))]
+                    row_keys = _row_keys(extents, row, query, seen)
             key = slice(0, seen)
             rows = (row, Ellipsis, query, all_) if q.ndim > 2 else (query, all_)
             keys = (row, Ellipsis, key, all_) if q.ndim > 2 else (key, all_)
-            yield rows, keys, block_bias
+            yield rows, keys, block_bias, row_keys
 
 
 def _mask_index(mask, row, query, key):
@@ -224,6 +227,24 @@ def _key_extents(mask):
         last, prefix = xp.max(last, axis=middle), xp.min(prefix, axis=middle)
     last, prefix = backend.to_numpy(xp.stack([last, prefix]))  # (R, T_m) each: the one copy
     return last, prefix, width
+
+
+def _row_keys(extents, row, query, seen: int):
+    """-> the leading keys each (row, query) of a block computes, host int64 broadcasting
+    to the block's (rows, queries), or None (the mask broadcasts along the keys).
+
+    1 + the last key any head of the row may see for that query, rounded up to a
+    multiple of 8 (or the block's ``seen``): every key from there on is masked, and the
+    compiled kernels' running maxima and sums (8 and 4 lanes) then add the same elements
+    in the same order as over the whole row.  A causal row of T keys computes about
+    T / 2 of them.
+    """
+    last, _, width = extents
+    if width == 1:
+        return None
+    pick = lambda size, s: s if size > 1 else slice(None)  # noqa: E731  (broadcast axes)
+    block_last = last[pick(last.shape[0], row), pick(last.shape[1], query)]  # (r, t)
+    return ((block_last + 7) // 8 * 8).clip(max=seen).astype("int64", copy=False)  # host
 
 
 def _visible_keys(extents, row, query, num_keys: int) -> tuple[int, bool]:

@@ -47,7 +47,8 @@ every other array):
   :func:`attention_softmax_backward`: the masked softmax inside blocked attention, on a
   block of scores (A, H, t, s) in place, a row at a time: the bias added, the max, exp,
   the sum and the division, and the row's log-sum-exp (the forward); P = exp(A + bias -
-  lse) (the backward's recomputed probabilities); dA = (dP - <dP, P>) P.
+  lse) (the backward's recomputed probabilities); dA = (dP - <dP, P>) P.  Each row stops
+  where its masked tail begins (the causal future: about half of a causal block).
 * :func:`cross_entropy_rows` / :func:`cross_entropy_grad`: the fused loss (label
   smoothing, ignored rows): per-row losses and log-sum-exps from two reads of each row,
   nothing of size (N, V) written; the gradient w (p - q) in one pass.
@@ -508,60 +509,74 @@ def _layernorm_backward(dy, x_hat, r, gamma, dx, dgamma, dbeta):
 # the scale alpha on their way through a row (no scaled copy of Q is made).  The mask's
 # bias arrives broadcast to the scores' shape (a strided view, no copy); ``has_bias``
 # False: no bias (the view is not read).
+#
+# ``keys`` (A, t), a broadcast view of host integers: row (a, ., t) is computed over its
+# first keys[a, t] keys only, and the rest are written 0 (their probability and gradient).
+# The caller makes every key from there on masked for every head (the causal future,
+# padding) and keys[a, t] a multiple of 8 or s: each running max and sum then takes the
+# same elements in the same order as over the whole row (the cut-off elements would add
+# exact zeros), so the results are the same bits, with the masked half of a causal row
+# never exponentiated.
 def _attention_kernels(exp, dtype):
     """(softmax_lse, probabilities, softmax_backward) kernels of one dtype's ``exp``."""
     zero, neg_inf = dtype(0.0), dtype(-np.inf)
 
     @_jit
-    def softmax_lse(scores, bias, has_bias, scale, lse):
+    def softmax_lse(scores, bias, has_bias, scale, lse, keys):
         """scores (A, H, t, s) -> P = softmax(scale scores + bias) in place; lse (A, H, t)
         = max + log(sum exp(. - max)); a row with every key masked: P = 0, lse = 0."""
         na, nh, nt, ns = scores.shape
         for a in range(na):
             for h in range(nh):
                 for t in range(nt):
-                    row = scores[a, h, t]
-                    _scale_add_into(row, scale, bias[a, h, t], has_bias)
+                    n = keys[a, t]
+                    row = scores[a, h, t, :n]
+                    scores[a, h, t, n:] = zero  # masked: probability 0
+                    _scale_add_into(row, scale, bias[a, h, t, :n], has_bias)
                     m = _max8(row, neg_inf)
                     if m == neg_inf:  # every key masked: e = 0, total = 1 (textbook)
-                        for j in range(ns):
+                        for j in range(n):
                             row[j] = zero
                         lse[a, h, t] = zero
                         continue
-                    for j in range(ns):  # element-wise: vectorizes
+                    for j in range(n):  # element-wise: vectorizes
                         row[j] = exp(row[j] - m)
                     total = dtype(_sum4(row, row, 0))
-                    for j in range(ns):
+                    for j in range(n):
                         row[j] = row[j] / total
                     lse[a, h, t] = m + np.log(total)
         return None
 
     @_jit
-    def probabilities(scores, bias, has_bias, scale, lse):
+    def probabilities(scores, bias, has_bias, scale, lse, keys):
         """scores (A, H, t, s) -> P = exp((scale scores + bias) - lse) in place, lse
         (A, H, t) from the forward: the backward's recomputed probabilities."""
         na, nh, nt, ns = scores.shape
         for a in range(na):
             for h in range(nh):
                 for t in range(nt):
-                    row = scores[a, h, t]
+                    n = keys[a, t]
+                    row = scores[a, h, t, :n]
+                    scores[a, h, t, n:] = zero
                     shift = lse[a, h, t]
-                    _scale_add_into(row, scale, bias[a, h, t], has_bias)
-                    for j in range(ns):  # contiguous, element-wise: vectorizes
+                    _scale_add_into(row, scale, bias[a, h, t, :n], has_bias)
+                    for j in range(n):  # contiguous, element-wise: vectorizes
                         row[j] = exp(row[j] - shift)
         return None
 
     @_jit
-    def softmax_backward(dp, p, scale):
+    def softmax_backward(dp, p, scale, keys):
         """dp, p (A, H, t, s) -> scale dA, dA = (dp - <dp, p>) p, in dp's buffer, row by
-        row: the gradient of the unscaled scores Q K^T."""
+        row: the gradient of the unscaled scores Q K^T (0 where p was cut off to 0)."""
         na, nh, nt, ns = dp.shape
         for a in range(na):
             for h in range(nh):
                 for t in range(nt):
-                    row, prow = dp[a, h, t], p[a, h, t]
+                    n = keys[a, t]
+                    row, prow = dp[a, h, t, :n], p[a, h, t, :n]
+                    dp[a, h, t, n:] = zero
                     inner = dtype(_sum4(row, prow, 1))
-                    for j in range(ns):
+                    for j in range(n):
                         row[j] = ((row[j] - inner) * prow[j]) * scale
         return None
 
@@ -644,30 +659,43 @@ def _broadcast_bias(bias: np.ndarray | None, scores: np.ndarray) -> tuple[np.nda
     return np.broadcast_to(bias, scores.shape), True
 
 
+def _all_keys(keys: np.ndarray | None, scores: np.ndarray) -> np.ndarray:
+    """The kernels' per-row key counts as an (A, t) view: ``keys`` broadcast, or every
+    key s of the block where None."""
+    counts = np.full((1, 1), scores.shape[-1], dtype=np.int64) if keys is None else keys
+    return np.broadcast_to(counts, (scores.shape[0], scores.shape[2]))
+
+
 def attention_softmax(scores: np.ndarray, bias: np.ndarray | None, scale: float,
-                      lse: np.ndarray) -> None:
+                      lse: np.ndarray, keys: np.ndarray | None = None) -> None:
     """scores Q K^T (A, H, t, s), C-contiguous -> P = softmax(scale scores + bias) in
-    place (fully masked rows 0), lse (A, H, t, 1) written: one compiled pass a row."""
+    place (fully masked rows 0), lse (A, H, t, 1) written: one compiled pass a row.
+    ``keys``: int64, broadcasting to (A, t), how many leading keys each row computes
+    (see the kernels' comment: every later key masked, a multiple of 8 or s); None: all."""
     view, has_bias = _broadcast_bias(bias, scores)
     kernel = attention_softmax32 if scores.dtype == np.float32 else attention_softmax64
-    kernel(scores, view, has_bias, scores.dtype.type(scale), lse[..., 0])
+    kernel(scores, view, has_bias, scores.dtype.type(scale), lse[..., 0],
+           _all_keys(keys, scores))
 
 
 def attention_probabilities(scores: np.ndarray, bias: np.ndarray | None, scale: float,
-                            lse: np.ndarray) -> None:
+                            lse: np.ndarray, keys: np.ndarray | None = None) -> None:
     """scores Q K^T (A, H, t, s) -> P = exp(scale scores + bias - lse) in place, lse
-    (A, H, t, 1)."""
+    (A, H, t, 1); ``keys`` as for :func:`attention_softmax`."""
     view, has_bias = _broadcast_bias(bias, scores)
     kernel = (attention_probabilities32 if scores.dtype == np.float32
               else attention_probabilities64)
-    kernel(scores, view, has_bias, scores.dtype.type(scale), lse[..., 0])
+    kernel(scores, view, has_bias, scores.dtype.type(scale), lse[..., 0],
+           _all_keys(keys, scores))
 
 
-def attention_softmax_backward(dp: np.ndarray, p: np.ndarray, scale: float) -> None:
-    """dp, p (A, H, t, s) -> scale dA, dA = (dp - <dp, p>) p, written into dp."""
+def attention_softmax_backward(dp: np.ndarray, p: np.ndarray, scale: float,
+                               keys: np.ndarray | None = None) -> None:
+    """dp, p (A, H, t, s) -> scale dA, dA = (dp - <dp, p>) p, written into dp; ``keys``
+    as for :func:`attention_softmax` (0 from there on)."""
     kernel = (attention_softmax_backward32 if dp.dtype == np.float32
               else attention_softmax_backward64)
-    kernel(dp, p, dp.dtype.type(scale))
+    kernel(dp, p, dp.dtype.type(scale), _all_keys(keys, dp))
 
 
 # =========================================================================== the loss
