@@ -5,14 +5,17 @@ timings in ms of:
 
 * ``kernel``: the numba kernel as the fast tier calls it;
 * ``numpy``: the NumPy statements it replaced (the fast tier's SciPy-erfc GELU, the
-  textbook layer norm, the textbook's ``np.add.at``, AdamW parameter by parameter);
+  textbook layer norm, the blocked attention's uncompiled softmax statements, the
+  textbook's ``np.add.at``, AdamW parameter by parameter);
 * ``torch``: PyTorch's op on the same data (``torch.nn.functional``, ``torch.optim.AdamW``
   with its default implementation),
 
 and the ratios kernel/numpy and kernel/torch.  Sizes are the lm demo's
 (``demos/generate.py``: B 12, T 64, D 128, MLP 512, 4 layers): GELU on (768, 512), layer
-norm on (768, 128), the embedding's backward (and on the imdb demo's 8,192 positions of
-64), AdamW over the model's parameters.  ``--compile`` also times the
+norm on (768, 128), the causal attention's masked softmax on one replica's half batch
+of scores (6, 4, 64, 64), with each row cut where its masked keys begin and over whole
+rows, the embedding's backward (and on the imdb demo's 8,192 positions of 64), AdamW
+over the model's parameters.  ``--compile`` also times the
 first call of every kernel in a fresh process with an empty numba cache (the compile)
 and again with that cache filled (the load).
 
@@ -136,6 +139,44 @@ def embedding_cases(rng):
 
         yield (f"embedding backward ({rows}, {width}) V {vocab}", compiled,
                lambda dy=dy, cache=cache: ops.embedding_backward(dy, cache), with_torch)
+
+
+def attention_cases(rng):
+    """The masked softmax of the lm demo's causal attention, on one replica's half batch
+    of scores (6, 4, 64, 64): the compiled kernel with each row cut where its masked
+    keys begin (as the fast tier calls it), the same kernel over whole rows, the NumPy
+    statements of the tier's uncompiled path, and torch's softmax of the masked scores."""
+    import torch
+
+    from npformer import ops
+    from npformer.fast import attention as fast_attention
+    from npformer.fast import kernels
+
+    q = rng.standard_normal((6, 4, 64, 32)).astype(np.float32)
+    mask = fast_attention._align(ops.causal_mask(64, like=q[0, 0]), 4)
+    bias = ops.softmax.mask_bias(mask, np.float32)
+    extents = fast_attention._key_extents(mask)
+    (_, _, block_bias, row_keys), = fast_attention._blocks(q, q, extents, bias, 1 << 19)
+    scores = q @ q.mT
+    work, lse = scores.copy(), np.empty((6, 4, 64, 1), np.float32)
+    scale = np.float32(1 / np.sqrt(32))
+    tscores, tbias = torch.from_numpy(scores), torch.from_numpy(bias)
+
+    def compiled(keys):
+        work[...] = scores
+        kernels.attention_softmax(work, block_bias, scale, lse, keys)
+
+    def numpy_statements():
+        work[...] = scores
+        np.multiply(work, scale, out=work)
+        e, _, total = fast_attention._stable_exp(work, block_bias)
+        return e / total
+
+    label = "attn softmax (6,4,64,64) f32"
+    yield (label, lambda: compiled(row_keys), numpy_statements,
+           lambda: torch.softmax(tscores * scale + tbias, dim=-1))
+    yield (f"{label} whole rows", lambda: compiled(None), numpy_statements,
+           lambda: torch.softmax(tscores * scale + tbias, dim=-1))
 
 
 def adamw_cases(rng):
@@ -350,7 +391,8 @@ def main(argv=None) -> None:
     print(f"CPU: {cpu_model()}; NumPy {np.__version__} with BLAS {blas_name()}; "
           f"numba {numba.__version__}; torch {torch.__version__}; one thread")
     rng = np.random.default_rng(0)
-    report([*gelu_cases(rng), *layernorm_cases(rng), *embedding_cases(rng), *adamw_cases(rng)],
+    report([*gelu_cases(rng), *layernorm_cases(rng), *attention_cases(rng),
+            *embedding_cases(rng), *adamw_cases(rng)],
            args.repeat)
     if args.compile:
         compile_times()

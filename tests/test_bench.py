@@ -309,6 +309,22 @@ def test_kernels_ops_names_where_one_ranks_lm_update_goes():
     assert refused.returncode == 2 and "--repeat must be at least 1, got 0" in refused.stderr
 
 
+def test_kernels_table_times_every_kernel_against_numpy_and_torch():
+    """``bench/kernels.py``: one row per case, the causal softmax with its rows cut and over
+    whole rows among them, each with three positive times and their two ratios."""
+    require_torch()
+    script = [sys.executable, str(Path(__file__).resolve().parents[1] / "bench" / "kernels.py")]
+    proc = subprocess.run(script + ["--repeat", "1"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    rows = proc.stdout.splitlines()[2:]
+    names = [re.split(r"\s{2,}", row)[0] for row in rows]
+    assert {"gelu forward (768, 512) f32", "layernorm backward (768, 128) f32",
+            "attn softmax (6,4,64,64) f32", "attn softmax (6,4,64,64) f32 whole rows"} <= set(names)
+    for row in rows:
+        times = [float(x) for x in row.split()[-5:]]
+        assert len(times) == 5 and all(t > 0 for t in times), row
+
+
 def test_rounds_pool_every_rounds_steps_and_keep_a_failed_side_failed():
     from bench.runner import pooled_rounds
 
