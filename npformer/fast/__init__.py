@@ -47,8 +47,7 @@ FAST_OPS = ("attention_forward", "attention_backward", "linear_forward", "linear
             "cross_entropy_forward", "cross_entropy_backward", "softmax_forward",
             "softmax_backward", "relu_forward", "relu_backward", "gelu_forward", "gelu_backward",
             "layernorm_forward", "layernorm_backward", "activation", "activation_output",
-            "dropout_forward",
-            "dropout_backward", "embedding_backward")
+            "dropout_forward", "dropout_backward", "embedding_backward")
 
 # The textbook ops, the same functions in this tier.
 IGNORE_INDEX = _textbook.IGNORE_INDEX
