@@ -242,9 +242,16 @@ def _row_keys(extents, row, query, seen: int):
     last, _, width = extents
     if width == 1:
         return None
-    pick = lambda size, s: s if size > 1 else slice(None)  # noqa: E731  (broadcast axes)
-    block_last = last[pick(last.shape[0], row), pick(last.shape[1], query)]  # (r, t)
+    block_last = last[_extents_index(extents, row, query)]  # (r or 1, t or 1)
     return ((block_last + 7) // 8 * 8).clip(max=seen).astype("int64", copy=False)  # host
+
+
+def _extents_index(extents, row, query) -> tuple:
+    """Index of a block's rows and queries in the (R, T_m) tables of :func:`_key_extents`:
+    slice only axes of full size (an axis of 1 broadcasts)."""
+    last = extents[0]
+    pick = lambda size, s: s if size > 1 else slice(None)  # noqa: E731
+    return (pick(last.shape[0], row), pick(last.shape[1], query))
 
 
 def _visible_keys(extents, row, query, num_keys: int) -> tuple[int, bool]:
@@ -255,8 +262,7 @@ def _visible_keys(extents, row, query, num_keys: int) -> tuple[int, bool]:
     (a padding mask on a block of one sequence).
     """
     last, prefix, width = extents
-    pick = lambda size, s: s if size > 1 else slice(None)  # noqa: E731  (broadcast axes)
-    block = (pick(last.shape[0], row), pick(last.shape[1], query))
+    block = _extents_index(extents, row, query)
     if width == 1:  # the mask broadcasts along the keys: nothing to cut
         return num_keys, int(prefix[block].min()) >= 1
     seen = max(1, int(last[block].max()))

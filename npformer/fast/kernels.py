@@ -525,7 +525,7 @@ def _attention_kernels(exp, dtype):
     def softmax_lse(scores, bias, has_bias, scale, lse, keys):
         """scores (A, H, t, s) -> P = softmax(scale scores + bias) in place; lse (A, H, t)
         = max + log(sum exp(. - max)); a row with every key masked: P = 0, lse = 0."""
-        na, nh, nt, ns = scores.shape
+        na, nh, nt, _ = scores.shape
         for a in range(na):
             for h in range(nh):
                 for t in range(nt):
@@ -551,7 +551,7 @@ def _attention_kernels(exp, dtype):
     def probabilities(scores, bias, has_bias, scale, lse, keys):
         """scores (A, H, t, s) -> P = exp((scale scores + bias) - lse) in place, lse
         (A, H, t) from the forward: the backward's recomputed probabilities."""
-        na, nh, nt, ns = scores.shape
+        na, nh, nt, _ = scores.shape
         for a in range(na):
             for h in range(nh):
                 for t in range(nt):
@@ -568,7 +568,7 @@ def _attention_kernels(exp, dtype):
     def softmax_backward(dp, p, scale, keys):
         """dp, p (A, H, t, s) -> scale dA, dA = (dp - <dp, p>) p, in dp's buffer, row by
         row: the gradient of the unscaled scores Q K^T (0 where p was cut off to 0)."""
-        na, nh, nt, ns = dp.shape
+        na, nh, nt, _ = dp.shape
         for a in range(na):
             for h in range(nh):
                 for t in range(nt):
