@@ -421,9 +421,16 @@ def check_loss_gradient(dloss: Any, cache: Cache, what: str) -> None:
 # Each takes its op's arguments (same names, same defaults).  Shape letters as in
 # npformer.ops: B batch, T queries, S keys, E query/key width, F value width,
 # D width, V vocabulary, L table length.
+def check_keep_input(keep_input: Any) -> None:
+    """``keep_input`` (whether a forward keeps its input for the backward): True or False."""
+    if not isinstance(keep_input, bool):
+        raise TypeError(f"keep_input must be True or False, got {keep_input!r}")
+
+
 def linear_inputs(x: Array, w: Array, b: Array | None = None, keep_input: bool = True) -> None:
     """x (..., D_in) floats, W (D_in, D_out) floats with D_in, D_out >= 1, b None or
-    (D_out,), all of one dtype."""
+    (D_out,), all of one dtype; keep_input True or False."""
+    check_keep_input(keep_input)
     check_float(x, "linear input")
     check_float(w, "linear weight")
     check_rank(w, 2, "linear weight (in_features, out_features)")

@@ -125,6 +125,25 @@ def test_a_post_norm_block_keeps_its_sublayers_inputs(tier):
 
 
 @pytest.mark.parametrize("tier", TIERS)
+def test_keep_input_other_than_true_or_false_is_refused_naming_it(tier):
+    """Every layer that takes keep_input refuses anything but a bool at the door (a
+    truthy string would otherwise keep the input silently)."""
+    from npformer.nn import Embedding, Linear, MultiHeadAttention
+
+    with using_backend("numpy", "float64"), using_engine(tier):
+        x = _random((2, 3, 4), 0)
+        calls = [lambda k: Linear(4, 5)(x, k), lambda k: FeedForward(4, 8)(x, k),
+                 lambda k: MultiHeadAttention(4, 2)(x, keep_input=k),
+                 lambda k: Embedding(7, 4).project(x, k),
+                 lambda k: engine.ops().linear_forward(x, _random((4, 5), 1), None, k)]
+        for call in calls:
+            for bad in ("no", 0, None):
+                with raises_naming(TypeError, "keep_input", repr(bad)):
+                    call(bad)
+            call(False)  # a bool is taken
+
+
+@pytest.mark.parametrize("tier", TIERS)
 def test_the_linear_backward_needs_the_input_exactly_once(tier):
     with using_backend("numpy", "float64"), using_engine(tier):
         tier_ops = engine.ops()

@@ -30,6 +30,7 @@ from ..backend import Array
 from ..validation import (
     check_float,
     check_heads_divide,
+    check_keep_input,
     check_mask,
     check_same_dtype,
     check_sequence_input,
@@ -115,7 +116,9 @@ class MultiHeadAttention(Module):
                      padding: Padding | None = None, need_weights: bool = False,
                      keep_input: bool = True) -> None:
         """x (B, T, D) or rows (N, D) of ``padding``, context (B, S, D), floats of the
-        weights' dtype; mask boolean, broadcasting to the scores (B, H, T, S)."""
+        weights' dtype; mask boolean, broadcasting to the scores (B, H, T, S); keep_input
+        True or False."""
+        check_keep_input(keep_input)
         layout = UNPADDED if padding is None else padding
         check_float(x, "attention input")
         layout.check_rows(x, self.d_model, "attention input")

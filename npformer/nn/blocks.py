@@ -49,7 +49,7 @@ class FeedForward(Module):
     def check_inputs(self, x: Array, keep_input: bool = True) -> None:
         """x (..., D), the first linear map's input."""
         bias = None if self.linear1.bias is None else self.linear1.bias.data
-        linear_inputs(x, self.linear1.weight.data, bias)
+        linear_inputs(x, self.linear1.weight.data, bias, keep_input)
 
     def forward(self, x: Array, keep_input: bool = True) -> Array:
         """x (B, T, D) -> (B, T, D); ``keep_input=False``: x is not kept (the caller
