@@ -20,17 +20,18 @@ def to_host(x) -> np.ndarray:
     return backend.to_numpy(x)
 
 
-def rel_diff(actual, expected) -> float:
+def rel_diff(actual, expected, at_least: float = 0.0) -> float:
     """max |actual - expected| / max |expected| (norm-wise relative difference).
 
     Element-wise relative error is meaningless for entries near zero, so the
-    difference is measured against the size of the whole expected tensor.
+    difference is measured against the size of the whole expected tensor, or
+    ``at_least`` where that is larger.
     Either side may be an array of any backend or a torch tensor on any device.
     """
     a = np.asarray(to_host(actual), dtype=np.float64)
     e = np.asarray(to_host(expected), dtype=np.float64)
     assert a.shape == e.shape, f"shape {a.shape} != expected {e.shape}"
-    scale = float(np.max(np.abs(e), initial=0.0))
+    scale = max(float(np.max(np.abs(e), initial=0.0)), at_least)
     diff = float(np.max(np.abs(a - e), initial=0.0))
     return diff if scale == 0.0 else diff / scale
 

@@ -53,13 +53,8 @@ def terms_diff(actual, expected, terms, floor: float = 0.0) -> float:
     this precision, the textbook's included, is closer to the truth than the terms'
     rounding (e.g. dk of a softmax row [2.8e-5, 0.99997]: the textbook op is 3.2e-12
     from a long-double reference, the fast one 1.2e-12)."""
-    a = np.asarray(host(actual), dtype=np.float64)
-    e = np.asarray(host(expected), dtype=np.float64)
-    assert a.shape == e.shape, f"shape {a.shape} != expected {e.shape}"
-    scale = max(float(np.max(np.asarray(terms, dtype=np.float64), initial=0.0)),
-                float(np.max(np.abs(e), initial=0.0)), floor)
-    diff = float(np.max(np.abs(a - e), initial=0.0))
-    return diff if scale == 0.0 else diff / scale
+    largest_term = float(np.max(np.asarray(terms, dtype=np.float64), initial=0.0))
+    return rel_diff(actual, expected, at_least=max(largest_term, floor))
 
 
 def assert_equal_to_terms(names, fast_values, textbook_values, terms, tol=TOL):
