@@ -71,6 +71,22 @@ def test_header_names_machine_versions_threads_and_allocator(smoke_output):
     assert re.search(r"torch \S+ \((?!\?)", libraries), libraries
 
 
+# --------------------------------------------------------------------------- inference bound
+def test_inference_bound_runs_and_its_compiled_forward_is_the_models():
+    """``bench/inference_bound.py --smoke``: the three sides run, and the compiled forward
+    it times computes the model's logits (it exits 1 when they differ by 1e-4)."""
+    require_torch()
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "inference_bound.py"),
+                           "--smoke"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    match = re.search(r"model's forward within ([\d.e+-]+)", proc.stdout)
+    assert match and float(match.group(1)) < 1e-5, proc.stdout
+    for side in ("pytorch", "npformer", "compiled"):
+        assert re.search(rf"^  {side}\s+[\d.]+ ms\s+[\d.]+x PyTorch$", proc.stdout,
+                         re.MULTILINE), proc.stdout
+
+
 # --------------------------------------------------------------------------- process modes
 @pytest.fixture(scope="module")
 def processes_output():
