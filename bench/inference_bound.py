@@ -54,7 +54,7 @@ THREADS = 2
 
 # =========================================================================== the kernels
 def compiled_kernels():
-    """(block, final_norm): one pre-norm GELU block's forward and the final layer norm,
+    """(block, norm): one pre-norm GELU block's forward and the layer norm (the final one),
     compiled without the GIL."""
     import numba
 
@@ -211,16 +211,23 @@ def worker(spec: dict) -> int:
 # =========================================================================== the runs
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=None, help="rounds (default 5; smoke 1)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="timed forwards per side and round (default 20; smoke 1)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="untimed forwards before them (default 3; smoke 0)")
     p.add_argument("--smoke", action="store_true", help="the lm smoke preset, 1 round of 1")
     p.add_argument("--worker", metavar="JSON", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         return worker(json.loads(args.worker))
+    defaults = (1, 1, 0) if args.smoke else (5, 20, 3)
+    rounds, steps, warmup = (default if given is None else given for given, default in
+                             zip((args.rounds, args.steps, args.warmup), defaults))
+    if rounds < 1 or steps < 1 or warmup < 0:
+        p.error(f"--rounds and --steps must be at least 1 and --warmup at least 0, got "
+                f"{rounds}, {steps} and {warmup}")
     cfg = SMOKE["lm"] if args.smoke else CONFIGS["lm"]
-    rounds, steps, warmup = (1, 1, 0) if args.smoke else (args.rounds, args.steps, args.warmup)
     env = runner.worker_env(THREADS)
     times = {side: [] for side in SIDES}
     difference = None
