@@ -5,27 +5,20 @@ Layout of the archive:
 * ``meta``: a 0-d unicode array holding JSON: format version, the model kind
   and config, the step, the random generators' states, and ``extra`` (vocabularies,
   metrics: anything JSON-able the caller adds);
-* the parameters, as NumPy arrays on the host, in one of two layouts:
+* ``param/<name>``: every parameter, a NumPy array on the host, under its
+  :meth:`~npformer.nn.Module.state_dict` name;
+* ``optim/<key>``: the optimizer's :meth:`~npformer.optim.Optimizer.state_dict` (arrays
+  and scalars), under its keys (``optim/m.3``, ``optim/lr``).
 
-  - ``flat/param`` (P,): where the model's parameters are the views of one flat buffer
-    (the fast tier's :class:`~npformer.nn.FlatParameters`, laid out as llm.c lays out
-    its parameters), that buffer written as it is, one array and no copy per tensor;
-    ``meta["flat_layout"]`` says which slice is which parameter: ``names`` (in
-    ``named_parameters`` order), ``shapes`` and ``offsets`` ([lo, hi) of each, end to
-    end from 0 to P);
-  - ``param/<name>``: otherwise (the textbook tier, CuPy, a model whose parameters are
-    not one buffer's), every parameter as its own array;
+Both tiers write the same file: what a model and an optimizer mean (their state dicts)
+does not depend on how the fast tier lays them out in memory.  Files written by
+npformer releases between 2026-11-19 and 2026-11-25 may instead hold a model's
+parameters and an optimizer's moments as flat buffers (``flat/param``, and
+``flat/optim/<state>``, with ``meta["flat_layout"]`` naming which slice is which
+parameter): they still load, each buffer cut into the same names.
 
-* ``optim/<key>``: the optimizer's :meth:`state_dict` (arrays and scalars), except
-  that an optimizer keeping its state flat over the same buffer (Adam, AdamW in the
-  fast tier) writes each state buffer as it is, ``flat/optim/<state>`` (P,), in the
-  same layout, in place of its ``optim/<state>.<i>`` arrays.
-
-Loading reads either layout into the same :class:`Checkpoint`: a flat buffer becomes
-its views, under the names (``param/<name>``, ``"<state>.<i>"``) the other layout uses.
-
-Format versions: 4 (this one) added the flat layout; version 1 to 3 files hold only
-the per-tensor one.  Since version 3 every config calls its context length
+Format versions: 4 (this one; a version-4 file may hold the flat buffers above); version
+1 to 3 files hold the per-tensor layout only.  Since version 3 every config calls its context length
 ``block_size``; versions 1 and 2 called the classifier's and the seq2seq model's
 ``max_len``, and reading one maps it (``models.common.saved_config_values``, the one
 place a saved config is read).  Version 2 named the exact GELU "gelu" and the tanh form
@@ -65,7 +58,7 @@ from . import backend
 from .validation import weight_array
 
 if TYPE_CHECKING:  # annotations only: nn and optim are not imported here
-    from .nn import FlatParameters, Module
+    from .nn import Module
     from .optim import Optimizer
 
 FORMAT_VERSION = 4
@@ -153,13 +146,15 @@ def _check_destination(path: Path) -> None:
 def save_checkpoint(path: str | os.PathLike, model: Module, optimizer: Optimizer | None = None,
                     step: int = 0, extra: dict | None = None,
                     rng_state: dict | None = None) -> Path:
-    """Write ``model`` (and optionally ``optimizer``) to ``path`` atomically: a model
-    whose parameters are one flat buffer's views as that buffer (see the module
-    docstring), any other tensor by tensor."""
+    """Write ``model`` (and optionally ``optimizer``, which must update exactly the model's
+    parameters) to ``path`` atomically, every array under its state-dict name."""
     from .models.common import config_to_dict
+    from .optim import check_optimizer_of
 
     path = Path(path)
     _check_destination(path)
+    if optimizer is not None:
+        check_optimizer_of(optimizer, model, "save_checkpoint")
     meta = {
         "format": "npformer-checkpoint",
         "version": FORMAT_VERSION,
@@ -169,20 +164,11 @@ def save_checkpoint(path: str | os.PathLike, model: Module, optimizer: Optimizer
         "rng_state": rng_state,
         "extra": extra or {},
     }
-    from .nn.module import flat_buffer_holding
-
-    named = list(model.named_parameters())
-    flat = flat_buffer_holding(p for _, p in named)  # None: not one buffer's, or rebound
-    arrays = {}
-    if flat is not None:
-        meta["flat_layout"] = {"names": [name for name, _ in named],
-                               "shapes": [list(p.shape) for _, p in named],
-                               "offsets": [list(lo_hi) for lo_hi in flat.slices]}
-        arrays["flat/param"] = flat.data  # (P,) as it is
-    else:
-        arrays.update({f"param/{name}": backend.to_numpy(p.data) for name, p in named})
+    arrays = {f"param/{name}": backend.to_numpy(p.data) for name, p in model.named_parameters()}
     if optimizer is not None:
-        arrays.update(_optimizer_arrays(optimizer, flat))
+        arrays.update({f"optim/{key}": (np.array(value) if isinstance(value, (str, int, float))
+                                        else backend.to_numpy(value))
+                       for key, value in optimizer.state_dict().items()})
     arrays["meta"] = np.array(json.dumps(meta))
     tmp = _temporary_name(path, os.getpid())
     try:
@@ -204,24 +190,6 @@ def save_checkpoint(path: str | os.PathLike, model: Module, optimizer: Optimizer
                                   f"{exc.strerror or exc} ({previous})") from None
         raise
     return path
-
-
-def _optimizer_arrays(optimizer: Optimizer, flat: FlatParameters | None) -> dict:
-    """The archive entries of the optimizer's state: ``flat/optim/<state>`` (P,), the
-    buffers as they are, where its state is flat over ``flat``'s parameters, and
-    ``optim/<key>`` for every other entry of its :meth:`state_dict`."""
-    flat_state = optimizer.flat_state() if flat is not None else None
-    # an optimizer flat over this very buffer made or adopted it from its own parameters,
-    # so they are the model's, in order (engine.flat_parameters)
-    over_the_models_buffer = flat_state is not None and flat_state[0] is flat
-    buffers = flat_state[1] if over_the_models_buffer else {}
-    arrays = {f"flat/optim/{name}": buffer for name, buffer in buffers.items()}  # (P,) each
-    for key, value in optimizer.state_dict().items():
-        if key.partition(".")[0] in buffers:  # "m.3": a view of flat/optim/m
-            continue
-        arrays[f"optim/{key}"] = (np.array(value) if isinstance(value, (str, int, float))
-                                  else backend.to_numpy(value))
-    return arrays
 
 
 # --------------------------------------------------------------------------- loading
@@ -306,7 +274,8 @@ def _read_meta(path: Path, contents: dict) -> dict:
     if not isinstance(meta, dict) or meta.get("format") != "npformer-checkpoint":
         raise CheckpointError(f"{path} is not an npformer checkpoint")
     version = meta.get("version", 1)
-    if not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
+    if isinstance(version, bool) or not isinstance(version, int) \
+            or not 1 <= version <= FORMAT_VERSION:
         raise CheckpointError(f"{path} has checkpoint format version {version!r}; this "
                               f"npformer reads versions 1 to {FORMAT_VERSION} (is it from a "
                               "newer npformer?)")
@@ -466,7 +435,10 @@ def restore(model: Module, checkpoint: Checkpoint,
     """Load a checkpoint into an existing model (and optimizer), checking that it was
     saved from the same architecture: kind, then every config field, then shapes."""
     from .models.common import config_to_dict, saved_config_values
+    from .optim import check_optimizer_of
 
+    if optimizer is not None:
+        check_optimizer_of(optimizer, model, "restore")
     if checkpoint.kind != model.kind:
         raise CheckpointError(f"the checkpoint holds a {checkpoint.kind!r} model, but this is "
                               f"a {model.kind!r} model")

@@ -26,13 +26,9 @@ same convention: ``schedule(t)`` is the learning rate of update ``t``.  Give a
 schedule as ``lr`` and the optimizer calls it itself before every update; or give
 a float and assign ``opt.lr`` / call :meth:`Optimizer.set_lr` from the training loop.
 
-One flat buffer (the fast tier, NumPy parameters of one dtype): :class:`Adam` and
-:class:`AdamW` put their parameters in a :class:`~npformer.nn.FlatParameters` (each
-parameter's data and gradient a view of one flat buffer, the moments flat too) and
-update them all in one pass (:func:`npformer.fast.kernels.adamw_flat`, or the same
-array statements over the flat buffers without numba), with the same numbers as the
-update parameter by parameter; :func:`clip_grad_norm` then takes the norm and scales
-in one pass each.  ``state_dict`` is unchanged (``"m.3"`` is a view of the flat moment).
+The fast tier (:mod:`npformer.fast.optim`) runs the same algorithms over one flat
+buffer of every parameter (one compiled pass per update) and, on CuPy, as one fused
+kernel per parameter; it is tested equal to this file, update for update.
 
 Layout of this file: the base class, then one class per optimizer whose
 ``_update`` is the whole algorithm, clipping, schedules, and at the end the checks
@@ -48,7 +44,7 @@ from typing import Any
 
 from . import backend, engine
 from .backend import Array
-from .nn.module import FlatParameters, Parameter, flat_parameters_of
+from .nn.module import Parameter
 from .validation import (
     HYPERPARAMETER_RANGES,
     check_gradients,
@@ -90,7 +86,15 @@ class Optimizer:
 
     _state_names: tuple[str, ...] = ()
     _hyper_names: tuple[str, ...] = ()
-    _flat = None  # the FlatParameters of an optimizer that updates them in one pass
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Optimizer:
+        """An instance of the current tier's implementation of ``cls``
+        (:func:`npformer.engine.implementation`): ``cls`` itself in the textbook tier."""
+        return object.__new__(engine.implementation(cls))
+
+    def __reduce_ex__(self, protocol: int):
+        """Copies and pickles keep this object's own class, whatever the tier is then."""
+        return (_new_instance, (type(self),), self.__dict__)
 
     def __init__(self, params: Iterable[Parameter], lr: float | Schedule):
         self.params: list[Parameter] = check_parameters(params, type(self).__name__)
@@ -111,9 +115,6 @@ class Optimizer:
 
     def zero_grad(self) -> None:
         """Reset every parameter's gradient to zeros (the layers *add* into ``p.grad``)."""
-        if self._flat is not None:
-            self._flat.zero_grad()  # one fill of the flat gradient buffer
-            return
         for p in self.params:
             p.zero_grad()
 
@@ -122,11 +123,6 @@ class Optimizer:
         t = self.step_count + 1
         if self.schedule is not None:
             self.lr = check_hyperparameter(self.schedule(t), "lr")
-        if self._flat is not None:  # every parameter in one pass over the flat buffers
-            check_gradients(self.params)
-            self._flat_step(t)
-            self.step_count = t
-            return
         check_gradients(self.params)  # all checks first: no half-done update
         for i, p in enumerate(self.params):
             old = tuple(self.state[name][i] for name in self._state_names)
@@ -135,22 +131,8 @@ class Optimizer:
                 self.state[name][i] = value
         self.step_count = t
 
-    def flat_state(self) -> tuple[FlatParameters, dict[str, Array]] | None:
-        """``(flat, {state name: buffer (P,)})`` where this optimizer keeps its parameters
-        in the :class:`~npformer.nn.FlatParameters` ``flat`` and each state array
-        ``state[name][i]`` as the view of ``buffer`` at ``flat.slices[i]``: the buffers
-        themselves, not copies, with the arrays :meth:`load_state_dict` bound put back in
-        them first (as the next update would); None for an optimizer that is not flat."""
-        if self._flat is None or getattr(self, "_flat_state", None) is None:
-            return None
-        self._sync_flat_state()
-        return self._flat, dict(self._flat_state)
-
     def _update(self, p: Parameter, g, state: tuple, t: int):  # pragma: no cover - abstract
         """Return ``(new p.data, new state arrays)`` for update ``t`` with gradient ``g``."""
-        raise NotImplementedError
-
-    def _flat_step(self, t: int) -> None:  # pragma: no cover - only flat optimizers
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, Any]:
@@ -160,15 +142,15 @@ class Optimizer:
         ``"params"`` (how many parameters), ``"lr"`` and the hyperparameters
         (``"beta1"``, ``"eps"``, ...) as Python numbers, and ``"<state>.<i>"``
         (``"m.3"``, ``"v.3"``, ``"momentum.3"``) for parameter ``i``, as backend arrays:
-        the arrays themselves, not copies, and Adam's moments are updated in place by
-        later steps (as ``torch.optim``'s state is), so copy them to keep a snapshot;
-        :func:`npformer.checkpoint.save_checkpoint` writes them out at once.
+        copies, a snapshot that later updates do not change (``torch.optim`` returns
+        references), as :meth:`npformer.nn.Module.state_dict` does.
         """
         d: dict[str, Any] = {"optimizer": type(self).__name__, "step": self.step_count,
                              "lr": self.lr, "params": len(self.params)}
         d.update({name: getattr(self, name) for name in self._hyper_names})
         for name in self._state_names:
-            d.update({f"{name}.{i}": value for i, value in enumerate(self.state[name])})
+            d.update({f"{name}.{i}": backend.copy_like(value, value)
+                      for i, value in enumerate(self.state[name])})
         return d
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
@@ -268,44 +250,6 @@ class Adam(Optimizer):
     def betas(self) -> tuple[float, float]:
         return (self.beta1, self.beta2)
 
-    def _zero_state(self) -> dict[str, list[Any]]:
-        """In the fast tier: the parameters into one flat buffer and the moments made flat
-        (``state[name][i]`` a view of ``_flat_state[name]``), never per parameter first:
-        the moments are twice the model's size.  L2 decay changes g tensor by tensor, so
-        Adam with it keeps per-parameter moments."""
-        if not (self._decoupled or self.weight_decay == 0):
-            return super()._zero_state()
-        self._flat = engine.flat_parameters(self.params)
-        if self._flat is None:
-            return super()._zero_state()
-        xp = backend.namespace_of(self._flat.data)
-        self._flat_state = {name: xp.zeros_like(self._flat.data) for name in self._state_names}
-        self._state_views = {name: [self._flat_state[name][lo:hi].reshape(p.shape)
-                                    for p, (lo, hi) in zip(self.params, self._flat.slices)]
-                             for name in self._state_names}
-        return {name: list(views) for name, views in self._state_views.items()}
-
-    def _sync_flat_state(self) -> None:
-        """Moments rebound by a loader copied back into their flat views."""
-        for name in self._state_names:
-            for i, view in enumerate(self._state_views[name]):
-                value = self.state[name][i]
-                if value is not view:
-                    view[...] = backend.to_numpy(value)
-                    self.state[name][i] = view
-
-    def _flat_step(self, t: int) -> None:
-        """Update ``t`` of every parameter in one pass over the flat buffers."""
-        self._flat.sync()
-        self._sync_flat_state()
-        b1, b2 = self.beta1, self.beta2
-        decay = self._decoupled and self.weight_decay != 0
-        adam_flat_update(self._flat.data, self._flat.grad, self._flat_state["m"],
-                         self._flat_state["v"],
-                         self._flat.decay_segments if decay else self._flat.decay_segments[:0],
-                         1 - self.lr * self.weight_decay, b1, b2, self.eps,
-                         self.lr / (1 - b1**t), 1 - b2**t)
-
     def _decay(self, p, g):
         """L2 decay: the gradient of (lambda/2) ||p||^2 joins g. Returns (data, g)."""
         if self.weight_decay != 0 and p.decay:
@@ -316,9 +260,6 @@ class Adam(Optimizer):
         xp = backend.namespace_of(p.data)
         (m, v), b1, b2 = state, self.beta1, self.beta2
         data, g = self._decay(p, g)
-        if engine.fuses_kernels(data, g, m, v):  # one GPU kernel
-            return engine.fused_adam_update(data, g, m, v, b1, b2, self.eps, self.lr / (1 - b1**t),
-                                     1 - b2**t), (m, v)
         delta = g - m
         delta *= 1 - b1
         m += delta                                        # m_t = m + (1-beta1)(g - m)
@@ -361,43 +302,6 @@ class AdamW(Adam):
         return p.data, g
 
 
-def adam_flat_update(data: Array, grad: Array, m: Array, v: Array,
-                     decay_segments: Sequence[tuple[int, int]], decay_factor: float, beta1: float,
-                     beta2: float, eps: float, step_size: float, bias_correction2: float) -> None:
-    """One Adam(W) update over flat buffers data, grad, m, v (P,), in place.
-
-    ``decay_segments`` (K, 2): the [lo, hi) ranges whose data first shrinks by
-    ``decay_factor`` = 1 - lr lambda (AdamW; K = 0 for none).  Then the statements of
-    :meth:`Adam._update`, element by element, in their order; the coefficients rounded
-    to the buffers' dtype first, as NumPy rounds a Python float meeting the array.
-    Compiled (:func:`npformer.fast.kernels.adamw_flat`) on NumPy with numba, else the
-    same statements as array operations over the buffers.
-    """
-    cast = data.dtype.type
-    coefficients = (cast(decay_factor), cast(1 - beta1), cast(1 - beta2), cast(beta2),
-                    cast(bias_correction2**0.5), cast(eps), cast(step_size))
-    if engine.compiled(data, grad, m, v):
-        engine.adamw_flat(data, grad, m, v, decay_segments, *coefficients)
-        return
-    decay, one_minus_beta1, one_minus_beta2, beta2_, sqrt_bc2, eps_, step = coefficients
-    for lo, hi in decay_segments:
-        data[lo:hi] *= decay                              # p <- p (1 - lr lambda)
-    delta = grad - m
-    delta *= one_minus_beta1
-    m += delta                                            # m_t = m + (1-beta1)(g - m)
-    g_sq = grad * grad
-    g_sq *= one_minus_beta2
-    v *= beta2_
-    v += g_sq                                             # v_t = beta2 v + (1-beta2) g^2
-    xp = backend.namespace_of(data)
-    denom = xp.sqrt(v)
-    denom /= sqrt_bc2
-    denom += eps_                                         # sqrt(v)/sqrt(bc2) + eps
-    update = m / denom
-    update *= step
-    data -= update                                        # p <- p - step m / denom
-
-
 # =========================================================================== clipping
 class NonFiniteGradientError(ValueError):
     """A gradient holds NaN or inf (raised by the norm functions; the message names it)."""
@@ -416,13 +320,6 @@ def global_grad_norm(params: ParamsOrNamed, error_if_nonfinite: bool = False) ->
     parameter whose gradient holds NaN or inf.
     """
     named = _named(params)
-    flat = flat_parameters_of(p for _, p in named)
-    if flat is not None:  # every gradient in one buffer: one pass
-        total = math.sqrt(engine.sum_of_squares(flat.grad) if engine.compiled(flat.grad)
-                          else float(flat.grad @ flat.grad))
-        if error_if_nonfinite and not math.isfinite(total):
-            raise NonFiniteGradientError(_nonfinite_report(named, total))
-        return total
     total_sq = None
     for _, p in named:
         xp = backend.namespace_of(p.grad)
@@ -455,25 +352,12 @@ def clip_grad_norm(params: ParamsOrNamed, max_norm: float,
     """
     max_norm = check_real(max_norm, "max_norm", 0.0, inclusive=False)
     named = _named(params)
-    flat = flat_parameters_of(p for _, p in named)
-    if flat is not None:
-        return _clip_flat(flat, named, max_norm, error_if_nonfinite)
     total = global_grad_norm(named, error_if_nonfinite)
     if not math.isfinite(total):
         return total
     coef = min(max_norm / (total + 1e-6), 1.0)
     for _, p in named:
         p.grad = p.grad * coef
-    return total
-
-
-def _clip_flat(flat, named, max_norm: float, error_if_nonfinite: bool) -> float:
-    """:func:`clip_grad_norm` of gradients that all live in ``flat.grad``: the norm in one
-    pass, every gradient scaled in place in one more."""
-    total = global_grad_norm(named, error_if_nonfinite)
-    if not math.isfinite(total):
-        return total
-    flat.grad *= min(max_norm / (total + 1e-6), 1.0)
     return total
 
 
@@ -613,6 +497,23 @@ def _check_betas(betas: Any) -> tuple[float, float]:
     return check_hyperparameter(beta1, "beta1"), check_hyperparameter(beta2, "beta2")
 
 
+# =========================================================================== whose parameters
+def check_optimizer_of(optimizer: Any, model: Any, what: str) -> None:
+    """``optimizer`` must be an npformer optimizer updating ``model``'s parameters (the same
+    objects): one over another model's copy would train, save or restore nothing of this
+    one, silently.  ``what`` names the caller in the message."""
+    params = getattr(optimizer, "params", None)
+    if not isinstance(optimizer, Optimizer) or params is None:
+        raise TypeError(f"{what}: optimizer must be an npformer optimizer (with .params), got "
+                        f"{type(optimizer).__name__}")
+    mine = {id(p) for p in model.parameters()}
+    foreign = [i for i, p in enumerate(params) if id(p) not in mine]
+    if foreign:
+        raise ValueError(f"{what}: the optimizer does not update this model: {len(foreign)} of "
+                         f"its {len(params)} parameters (first: optimizer.params[{foreign[0]}]) "
+                         "are not the model's. Build it from model.parameters() of this model")
+
+
 # =========================================================================== saved state checks
 def _checked_state(opt: Optimizer, d: dict) -> tuple[int, float, dict[str, float]]:
     """Check a state dict against ``opt``: every problem in one ValueError, nothing
@@ -713,3 +614,8 @@ def _scalar(value, key: str = "value"):
 def _key_order(key: str):
     name, _, idx = key.rpartition(".")
     return (name, int(idx)) if idx.isdigit() else (key, -1)
+
+
+def _new_instance(cls: type) -> Optimizer:
+    """A bare instance of exactly ``cls`` (what a copy is filled into)."""
+    return object.__new__(cls)

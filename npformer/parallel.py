@@ -16,8 +16,9 @@ ranks; a process alone is rank 0 of 1), W = size * replicas, worker g = rank * r
    the *sum* of the workers' gradients is the one-process gradient of the global batch
    (every worker holds the global batch, so n is known everywhere without a message);
 4. **sum**: one all-reduce per optimizer step, of one flat gradient buffer: the model's
-   own where its parameters live in one (:class:`npformer.nn.FlatParameters`, the fast
-   tier), sent as it is, else every gradient packed into one (:class:`PackedGradients`);
+   own where its parameters live in one (the fast tier's
+   :class:`npformer.fast.flat.FlatParameters`), sent as it is, else every gradient packed
+   into one (:class:`PackedGradients`);
 5. **update**: clipping and the optimizer step then run identically everywhere, so the
    parameters stay equal without being sent again.
 
@@ -46,7 +47,8 @@ import numpy as np
 
 from . import backend
 from .distributed.context import SINGLE, join_if_launched
-from .nn import Module, Parameter, flat_parameters_of
+from .fast.flat import flat_buffer_of
+from .nn import Module, Parameter
 from .nn.module import flat_layout
 from .replicas import ThreadReplicas, parallel_map
 
@@ -137,7 +139,7 @@ class DataParallel:
         if self.ranks.size == 1:
             return loss_share
         params = self.model.parameters()
-        flat = flat_parameters_of(params)
+        flat = flat_buffer_of(params)
         if flat is not None:                                            # 4. sum, ranks
             self.allreduce(flat.grad)  # the model's flat gradient buffer, as it is: no copy
         else:
@@ -197,7 +199,7 @@ def broadcast_parameters(model: Module, ranks: Communicator) -> None:
     params = model.parameters()
     values = ranks.from_main([backend.to_numpy(p.data) for p in params])
     for p, value in zip(params, values):
-        p.assign(backend.asarray(value, dtype=p.data.dtype))  # into a flat view, if any
+        p.data = backend.asarray(value, dtype=p.data.dtype)  # a flat buffer takes it at its sync
 
 
 class PackedGradients:

@@ -21,7 +21,8 @@ from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 from . import backend
-from .nn import FlatParameters, Module, flat_parameters_of, grad_enabled, set_grad_enabled
+from .fast.flat import FlatParameters, flat_buffer_of
+from .nn import Module, grad_enabled, set_grad_enabled
 
 if TYPE_CHECKING:  # annotations only: importing these here would be circular
     from .tasks import Task
@@ -101,7 +102,7 @@ class ThreadReplicas:
         """Replica i's own flat gradient buffer, where the model's gradients are flat
         (made on first use; its data stay the model's arrays): the replicas' gradients
         are then summed in one pass."""
-        if flat_parameters_of(self.parameter_lists[0]) is None:
+        if flat_buffer_of(self.parameter_lists[0]) is None:
             return None
         if i not in self._replica_flats:
             self._replica_flats[i] = FlatParameters(self.parameter_lists[i], gradients_only=True)
@@ -127,10 +128,11 @@ class ThreadReplicas:
     def _sum_gradients(self, used: int) -> None:
         """The model's gradients += those of replicas 1 .. used - 1."""
         own = self.parameter_lists[0]
-        flat = flat_parameters_of(own)
+        flat = flat_buffer_of(own)
         for i in range(1, used):
             theirs, their_flat = self.parameter_lists[i], self._replica_flats.get(i)
-            if flat is not None and their_flat is not None and their_flat.grads_intact(theirs):
+            if flat is not None and their_flat is not None:
+                their_flat.sync()
                 flat.grad += their_flat.grad  # every parameter's share in one pass
                 continue
             for p, q in zip(own, theirs):

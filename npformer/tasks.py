@@ -21,7 +21,7 @@ import numpy as np
 
 from . import backend, engine
 from .backend import Array
-from .nn import Module, Padding
+from .nn import Module
 
 
 class Task(ABC):
@@ -40,16 +40,14 @@ def cross_entropy_and_backward(model: Module, logits: Array, targets: Array, gra
                                **loss_kwargs: Any) -> float:
     """Loss on ``logits``, then the backward pass of loss * grad_scale through ``model``.
 
-    Callers pass the model's output straight in, unnamed, so that this frame holds the
-    only reference: the fast tier writes the gradient over the logits' own buffer (one
-    (N, V) array for both), and the arrays are freed as soon as they are used, before
-    the model's backward pass needs its own memory.
+    The loss is the current tier's (:func:`npformer.engine.ops`).  Callers pass the
+    model's output straight in, unnamed, so that this frame holds the only reference to
+    the logits: the fast tier writes their gradient over them, and they are freed as soon
+    as the model's backward pass has read the gradient.
     """
-    loss, cache = engine.ops().cross_entropy_forward(logits, backend.asarray(targets),
-                                                     **loss_kwargs)
-    del logits  # this frame's reference: what the loss's cache keeps it keeps, no more
-    dlogits = engine.loss_backward_over_logits(grad_scale, cache)  # (N, V), in z's buffer
-    del cache
+    loss, dlogits = engine.ops().cross_entropy_with_gradient(
+        logits, backend.asarray(targets), grad_scale, **loss_kwargs)  # dlogits: (..., V)
+    del logits  # this frame's reference: the gradient may live in the same buffer
     model.backward(dlogits)
     return backend.to_float(loss)
 
@@ -62,8 +60,7 @@ class Classification(Task):
 
     def loss_and_grad(self, model: Module, batch: tuple, grad_scale: float = 1.0) -> float:
         ids, valid_lens, labels = batch
-        padding = Padding.of(valid_lens, ids.shape[1], min_length=1)  # described once; pooled
-        logits = model(backend.asarray(ids), padding=padding)  # (B, C), small
+        logits = model(backend.asarray(ids), backend.asarray(valid_lens))  # (B, C), small
         return cross_entropy_and_backward(model, logits, labels, grad_scale)
 
 
@@ -80,10 +77,9 @@ class LanguageModeling(Task):
 
 
 class Translation(Task):
-    """batch = (src, src_lens, tgt_in, tgt_out, tgt_lens); padding targets are ignored and
-    the loss averages over the real target tokens.  The target padding, built once,
-    says where logits are needed: the model computes them in its layout and the
-    targets are taken in the same layout (fast tier: the valid positions only)."""
+    """batch = (src, src_lens, tgt_in, tgt_out, tgt_lens); padding targets do not count:
+    the model gives the logits at the valid target positions only (``valid_only``), and
+    the loss averages over those real target tokens."""
 
     def __init__(self, label_smoothing: float = 0.0, pad_id: int = 0):
         self.label_smoothing, self.pad_id = label_smoothing, pad_id
@@ -93,10 +89,9 @@ class Translation(Task):
 
     def loss_and_grad(self, model: Module, batch: tuple, grad_scale: float = 1.0) -> float:
         src, src_lens, tgt_in, tgt_out, tgt_lens = batch
-        src_padding = Padding.of(src_lens, src.shape[1])
-        tgt_padding = Padding.of(tgt_lens, tgt_in.shape[1])
-        targets = tgt_padding.targets(backend.asarray(tgt_out))  # (N,) or (B, T)
+        valid = np.arange(tgt_out.shape[1])[None, :] < np.asarray(tgt_lens)[:, None]  # (B, T)
+        targets = np.asarray(tgt_out)[valid]  # (N,): the valid positions, in row order
         return cross_entropy_and_backward(
-            model, model(backend.asarray(src), backend.asarray(tgt_in),
-                         src_padding=src_padding, tgt_padding=tgt_padding),
+            model, model(backend.asarray(src), backend.asarray(tgt_in), backend.asarray(src_lens),
+                         backend.asarray(tgt_lens), valid_only=True),
             targets, grad_scale, label_smoothing=self.label_smoothing)

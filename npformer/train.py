@@ -28,12 +28,18 @@ from pathlib import Path
 
 import numpy as np
 
-from . import backend
+from . import backend, engine
 from .allocator import keep_freed_memory
 from .backend import Array
 from .checkpoint import load_checkpoint, restore, save_checkpoint
 from .nn import Module
-from .optim import NonFiniteGradientError, Optimizer, clip_grad_norm, global_grad_norm
+from .optim import (
+    NonFiniteGradientError,
+    Optimizer,
+    check_optimizer_of,
+    clip_grad_norm,
+    global_grad_norm,
+)
 from .parallel import Engine, data_parallel
 from .tasks import Task
 from .validation import check_choice, check_real, check_size, renamed_fields
@@ -201,7 +207,7 @@ class Trainer:
                  checkpoint_extra: dict | None = None, seed: int = 0):
         if not isinstance(config, TrainConfig):
             raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
-        _check_optimizer_trains(model, optimizer)
+        check_optimizer_of(optimizer, model, "Trainer")
         if config.select_metric is not None and eval_fn is None:
             raise ValueError(f"TrainConfig.select_metric={config.select_metric!r} needs an "
                              "eval_fn returning it: give the Trainer one")
@@ -245,9 +251,9 @@ class Trainer:
         named = self._named_parameters  # so that a non-finite gradient is named
         try:
             if self.config.clip_norm:  # clips, and raises on a NaN or inf gradient
-                clip_grad_norm(named, self.config.clip_norm)
+                engine.implementation(clip_grad_norm)(named, self.config.clip_norm)
             else:  # only the check for a NaN or inf gradient
-                global_grad_norm(named, error_if_nonfinite=True)
+                engine.implementation(global_grad_norm)(named, error_if_nonfinite=True)
         except NonFiniteGradientError as exc:
             raise TrainingDiverged(self._diverged(str(exc))) from exc
         self.optimizer.step()
@@ -391,22 +397,6 @@ class Trainer:
             self.data_rng.bit_generator.state = checkpoint.rng_state["data"]
         if "trainer" in checkpoint.extra:
             self.load_state_dict(checkpoint.extra["trainer"])
-
-
-def _check_optimizer_trains(model, optimizer) -> None:
-    """The optimizer must update this model's parameters (the same objects): one over
-    another model's copy would train nothing, silently."""
-    params = getattr(optimizer, "params", None)
-    if params is None:
-        raise TypeError(f"optimizer must be an npformer optimizer (with .params), got "
-                        f"{type(optimizer).__name__}")
-    mine = {id(p) for p in model.parameters()}
-    foreign = [i for i, p in enumerate(params) if id(p) not in mine]
-    if foreign:
-        raise ValueError(f"the optimizer does not update this model: {len(foreign)} of its "
-                         f"{len(params)} parameters (first: optimizer.params[{foreign[0]}]) are "
-                         "not the model's. Build it from model.parameters() of the model the "
-                         "Trainer trains")
 
 
 # --------------------------------------------------------------------------- around the loop

@@ -421,10 +421,15 @@ def check_loss_gradient(dloss: Any, cache: Cache, what: str) -> None:
 # Each takes its op's arguments (same names, same defaults).  Shape letters as in
 # npformer.ops: B batch, T queries, S keys, E query/key width, F value width,
 # D width, V vocabulary, L table length.
+def check_flag(value: Any, what: str) -> None:
+    """A switch: True or False (Python's or NumPy's bool), never a truthy string or number."""
+    if not isinstance(value, (bool, numpy.bool_)):
+        raise TypeError(f"{what} must be True or False, got {value!r}")
+
+
 def check_keep_input(keep_input: Any) -> None:
     """``keep_input`` (whether a forward keeps its input for the backward): True or False."""
-    if not isinstance(keep_input, bool):
-        raise TypeError(f"keep_input must be True or False, got {keep_input!r}")
+    check_flag(keep_input, "keep_input")
 
 
 def linear_inputs(x: Array, w: Array, b: Array | None = None, keep_input: bool = True) -> None:
@@ -580,6 +585,18 @@ def pool_inputs(h: Array, valid_lens: Array, how: str = "mean") -> None:
     if low < 1 or high > length:
         raise ValueError(f"valid lengths must be in [1, {length}] (every sequence needs at "
                          f"least one token), got values in [{low}, {high}]")
+
+
+def valid_rows_inputs(h: Array, valid_lens: Array) -> None:
+    """h (B, T, ...) floats, valid_lens (B,) integers in [0, T]."""
+    check_float(h, "input to valid_rows")
+    check_min_rank(h, 2, "input to valid_rows", "(batch, positions, ...)")
+    check_rank(valid_lens, 1, "valid lengths")
+    if not backend.is_integer_array(valid_lens):
+        raise TypeError(f"valid lengths must be integers, got dtype {valid_lens.dtype}")
+    if valid_lens.shape[0] != h.shape[0]:
+        raise ValueError(f"{valid_lens.shape[0]} valid lengths for a batch of {h.shape[0]}")
+    check_valid_lengths(valid_lens, h.shape[1])
 
 
 def cross_entropy_inputs(logits: Array, targets: Array, ignore_index: int = -100,

@@ -334,8 +334,9 @@ def test_resume_needs_optimizer_state(tmp_path):
     with using_backend("numpy", "float64"):
         model = lm()
         path = save_checkpoint(tmp_path / "m.npz", model)  # weights only
+        fresh = lm()
         with pytest.raises(CheckpointError, match="optimizer"):
-            restore(lm(), load_checkpoint(path), optim.Adam(model.parameters()))
+            restore(fresh, load_checkpoint(path), optim.Adam(fresh.parameters()))
 
 
 # =========================================================================== divergence

@@ -36,7 +36,8 @@ from hypothesis import strategies as st
 
 from npformer import backend, distributed, parallel
 from npformer.distributed import Context, batch_fingerprint, keep_freed_memory, launched_by_mpi
-from npformer.nn import Linear, flat_parameters_of
+from npformer.fast.flat import flat_buffer_of
+from npformer.nn import Linear
 from npformer.optim import AdamW
 from npformer.parallel import DataParallel, PackedGradients
 from npformer.tasks import Task
@@ -384,7 +385,7 @@ def test_the_flat_gradient_buffer_is_all_reduced_as_it_is(monkeypatch):
     with using_backend("numpy", "float64"), using_engine("fast"):
         model, task, batch = cases.build("lm", 5)
         optimizer = AdamW(model.parameters())
-        flat = flat_parameters_of(model.parameters())
+        flat = flat_buffer_of(model.parameters())
         assert flat is optimizer._flat is not None
         ranks = EqualRanks(rank=0, size=2)
         engine = DataParallel(model, 1, ranks)
@@ -394,7 +395,7 @@ def test_the_flat_gradient_buffer_is_all_reduced_as_it_is(monkeypatch):
         assert engine.reduce_step(share) == 2 * share
         assert len(ranks.summed) == 1 and ranks.summed[0] is flat.grad
         assert np.array_equal(flat.grad, 2 * before)  # summed where the views look
-        assert flat_parameters_of(model.parameters()) is flat
+        assert flat_buffer_of(model.parameters()) is flat
 
 
 def test_separate_gradients_are_packed_into_one_buffer_and_come_back_as_views():

@@ -31,6 +31,8 @@ from npformer.models import (
     TransformerClassifier,
 )
 
+from .helpers import using_engine
+
 TIERS = {"textbook": ops, "fast": fast}
 
 
@@ -232,13 +234,15 @@ def test_attention_and_blocks(xb, tier, b, t, norm_first):
 
 
 @pytest.mark.parametrize("b,t", EMPTY)
-def test_blocks_on_a_padding(xb, tier, b, t):
-    """With a Padding (packed rows in the fast tier): empty batches and lengths."""
-    padding = nn.Padding.of(np.full(b, t, np.int64), t)
-    x = padding.rows(arr((b, t, 8)))
-    block = nn.EncoderBlock(8, 2, 16)
-    y = block(x, mask=padding.key_mask, padding=padding)
-    assert_shape(padding.unrows(y), (b, t, 8))
+def test_fast_blocks_on_packed_rows(xb, b, t):
+    """The fast block on packed rows (npformer.fast.Packing): empty batches and lengths."""
+    with using_engine("fast"):
+        block = nn.EncoderBlock(8, 2, 16)
+    packing = fast.Packing.from_lengths(backend.asarray(np.full(b, t, np.int64)), t)
+    x = packing.pack(arr((b, t, 8)))
+    mask = ops.padding_mask(backend.asarray(np.full(b, t, np.int64)), t)
+    y = block(x, mask=mask, packing=packing)
+    assert_shape(packing.unpack(y), (b, t, 8))
     assert_shape(block.backward(arr(tuple(y.shape))), tuple(x.shape))
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from npformer import backend, nn
+from npformer import backend, nn, ops
 from npformer.ops import causal_mask, padding_mask
 from npformer.torch_interop import load_torch_state_dict, to_torch_state_dict
 
@@ -346,15 +346,17 @@ def test_layer_sizes_must_be_integers(xb):
 
 
 @pytest.mark.parametrize("valid,length", [([0, 5], 4), ([-1, 2], 4)])
-def test_padding_valid_lengths_out_of_range(xb, valid, length):
+def test_valid_lengths_out_of_range(xb, valid, length):
     with raises_naming(ValueError, "valid lengths", f"[0, {length}]",
                        f"[{min(valid)}, {max(valid)}]"):
-        nn.Padding.of(np.array(valid), length)
+        ops.valid_rows_forward(backend.asarray(np.zeros((2, length, 3))),
+                               backend.asarray(np.array(valid)))
 
 
-def test_padding_length_must_be_a_size(xb):
-    with pytest.raises(ValueError, match="length must be at least 0, got -1"):
-        nn.Padding.of(np.array([0]), -1)
+def test_valid_lengths_must_be_one_per_row(xb):
+    with raises_naming(ValueError, "3 valid lengths", "batch of 2"):
+        ops.valid_rows_forward(backend.asarray(np.zeros((2, 4, 3))),
+                               backend.asarray(np.array([1, 2, 3])))
 
 
 @pytest.mark.parametrize("layer,args", [

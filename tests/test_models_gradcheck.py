@@ -26,7 +26,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from npformer import backend, fast, ops
+from npformer import backend, engine, fast, ops
+from npformer.fast import layers as fast_layers
 from npformer.gradcheck import check_module
 from npformer.models import (
     CausalLM,
@@ -244,30 +245,35 @@ def test_gradcheck_catches_missing_tied_gradient(monkeypatch):
         model = make_lm(True, True, "learned", 1)
         ids = np.random.default_rng(5).integers(0, 6, size=(2, 4))
         table = model.embed.tokens.weight
-        original = type(table).accumulate
         calls = []
 
-        def first_use_only(self, grad):
-            if self is table:
-                calls.append(1)
-                if len(calls) == 1:  # the tied head's share arrives first: drop it
-                    return
-            original(self, grad)
+        def first_use_only(add):
+            def accumulate(p, grad):
+                if p is table:
+                    calls.append(1)
+                    if len(calls) == 1:  # the tied head's share arrives first: drop it
+                        return
+                add(p, grad)
+            return accumulate
 
-        monkeypatch.setattr(type(table), "accumulate", first_use_only)
+        # the textbook layers add through Parameter.accumulate, the fast ones through
+        # npformer.fast.flat.accumulate (in place): both are made to drop that share
+        monkeypatch.setattr(type(table), "accumulate", first_use_only(type(table).accumulate))
+        monkeypatch.setattr(fast_layers, "accumulate", first_use_only(fast_layers.accumulate))
         result = check_module(model, [dev(ids)])
         assert result.errors["embed.tokens.weight"] > 1e-3
 
 
 def test_gradcheck_catches_lost_memory_gradient(monkeypatch):
     """seq2seq: a decoder block that halves the gradient of the encoder memory must fail."""
-    original = DecoderBlock.backward
+    block_class = engine.implementation(DecoderBlock)  # the tier's
+    original = block_class.backward
 
     def halved(self, dy):
         dx, dmemory = original(self, dy)
         return dx, dmemory * 0.5
 
-    monkeypatch.setattr(DecoderBlock, "backward", halved)
+    monkeypatch.setattr(block_class, "backward", halved)
     with using_backend("numpy"):
         rng = np.random.default_rng(17)
         model = make_seq2seq(False, "sinusoidal", 1, 1)
@@ -278,7 +284,8 @@ def test_gradcheck_catches_lost_memory_gradient(monkeypatch):
 
 
 def test_gradcheck_catches_wrong_block_backward(monkeypatch):
-    monkeypatch.setattr(EncoderBlock, "backward", _scaled(EncoderBlock.backward, 0.99))
+    block_class = engine.implementation(EncoderBlock)  # the tier's
+    monkeypatch.setattr(block_class, "backward", _scaled(block_class.backward, 0.99))
     with using_backend("numpy"):
         model = make_lm(False, False, "learned", 2)
         ids = np.random.default_rng(5).integers(0, 6, size=(2, 4))

@@ -5,13 +5,13 @@
 Checked here, on NumPy and on the strict namespace, in float64:
 
 * pack and unpack pass gradient checks (lengths include 0 and the full length);
-* an EncoderBlock on packed rows (a ``nn.Padding`` that packs) gives, at every valid
-  position, the output and the input gradient of the same block on the padded batch,
-  and the same gradient for every parameter; and it passes a gradient check itself;
+* the fast EncoderBlock on packed rows (``packing=``) gives, at every valid position, the
+  output and the input gradient of the same block on the padded batch, and the same
+  gradient for every parameter; and it passes a gradient check itself;
 * packed input of the wrong shape, and a context of another batch size, are refused.
 
-The classifier runs packed; its gradient checks and PyTorch parity (test_models_*)
-cover the whole model.
+The fast classifier and seq2seq model run packed; their gradient checks, PyTorch parity
+(test_models_*) and equality with the textbook models (test_fast_layers) cover them.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from npformer import backend, fast, nn
+from npformer import backend, fast, ops
 from npformer.gradcheck import check_module, check_op
 
 from .helpers import GRADCHECK_TOL
@@ -60,7 +60,8 @@ def test_pack_picks_the_valid_positions_in_order(xb):
 
 
 def _block(rng, norm_first):
-    block = nn.EncoderBlock(6, 3, 7, dropout=0.0, activation="gelu", norm_first=norm_first)
+    block = fast.blocks.EncoderBlock(6, 3, 7, dropout=0.0, activation="gelu",
+                                     norm_first=norm_first)
     for _, p in block.named_parameters():
         p.data = backend.asarray(rng.standard_normal(p.shape) * 0.7, dtype="float64")
     return block
@@ -72,8 +73,7 @@ def _block(rng, norm_first):
 def test_packed_encoder_block_equals_padded(xb, norm_first, seed, batch, length):
     rng = np.random.default_rng(seed)
     lens = _lengths(rng, batch, length)
-    padding = nn.Padding(lens, length, pack=True)
-    packing, mask = padding.packing, padding.key_mask
+    packing, mask = fast.Packing.from_lengths(lens, length), ops.padding_mask(lens, length)
     valid = backend.to_numpy(packing.unpack(backend.asarray(
         np.ones((int(packing.index.shape[0]), 1)), dtype="float64")))[..., 0] > 0  # (B, T)
     block = _block(rng, norm_first)
@@ -87,7 +87,7 @@ def test_packed_encoder_block_equals_padded(xb, norm_first, seed, batch, length)
 
     block.zero_grad()
     rows = packing.pack(backend.asarray(x, dtype="float64"))
-    y_rows = block(rows, mask=mask, padding=padding)
+    y_rows = block(rows, mask=mask, packing=packing)
     dx_rows = block.backward(packing.pack(backend.asarray(dy, dtype="float64")))
 
     np.testing.assert_allclose(backend.to_numpy(packing.unpack(y_rows))[valid],
@@ -104,24 +104,23 @@ def test_packed_encoder_block_equals_padded(xb, norm_first, seed, batch, length)
 def test_packed_encoder_block_gradcheck(xb, seed):
     rng = np.random.default_rng(seed)
     lens = _lengths(rng, 2, 3)
-    padding = nn.Padding(lens, 3, pack=True)
+    packing = fast.Packing.from_lengths(lens, 3)
     block = _block(rng, norm_first=False)
-    rows = backend.asarray(rng.standard_normal((int(padding.packing.index.shape[0]), 6)),
+    rows = backend.asarray(rng.standard_normal((int(packing.index.shape[0]), 6)),
                            dtype="float64")
-    result = check_module(block, [rows], kwargs={"mask": padding.key_mask,
-                                                 "padding": padding}, seed=seed)
+    result = check_module(block, [rows], kwargs={"mask": ops.padding_mask(lens, 3),
+                                                 "packing": packing}, seed=seed)
     assert result.errors and result.worst_error < GRADCHECK_TOL, result
 
 
 def test_packed_input_errors(xb):
-    padding = nn.Padding(backend.asarray(np.array([1, 2])), 2, pack=True)
-    attention = nn.MultiHeadAttention(4, 2)
-    with pytest.raises(ValueError, match=r"attention input must be \(N, D\), the valid "
-                                         r"positions of the batch as rows = \(3, 4\)"):
-        attention(backend.asarray(np.zeros((2, 2, 4))), padding=padding)
+    packing = fast.Packing.from_lengths(backend.asarray(np.array([1, 2])), 2)
+    attention = fast.blocks.MultiHeadAttention(4, 2)
+    with pytest.raises(ValueError, match=r"attention input must be the packed rows \(N, D\) = "
+                                         r"\(3, 4\), got shape \(2, 2, 4\)"):
+        attention(backend.asarray(np.zeros((2, 2, 4))), packing=packing)
     with pytest.raises(ValueError, match="context has batch 3 but the queries have batch 2"):
         attention(backend.asarray(np.zeros((3, 4))), context=backend.asarray(np.zeros((3, 2, 4))),
-                  padding=padding)
-    unpacked = nn.Padding(backend.asarray(np.array([1, 2])), 2, pack=False)
-    with pytest.raises(ValueError, match=r"attention input must be \(B, T, D\) = \(2, 2, 4\)"):
-        attention(backend.asarray(np.zeros((3, 4))), padding=unpacked)
+                  packing=packing)
+    with pytest.raises(ValueError, match=r"attention input \(batch, positions, width\)"):
+        attention(backend.asarray(np.zeros((3, 4))))  # rows, but no packing: (B, T, D) expected

@@ -2,11 +2,13 @@
 
 The feed-forward network does not keep its second linear map's input, and a pre-norm
 block does not keep its sublayers' input LN(x): the backward computes each again from
-what other layers keep anyway.  These tests hold (1) that each recomputation is the
-forward's own output bit for bit, in both tiers and every activation, so no gradient
-changes (the gradient checks and PyTorch parity tests hold the gradients themselves);
-(2) that the forward really does not keep those arrays; (3) the linear op's contract
-for an input it did not keep.
+what other layers keep anyway.  This is the fast tier's (npformer.fast.layers and
+.blocks); the textbook layers keep what their backward needs.  These tests hold (1) that
+each recomputation is the forward's own output bit for bit, for every activation, so no
+gradient changes (the gradient checks, tests/test_fast_layers.py and the PyTorch parity
+tests hold the gradients themselves); (2) that the fast forward really does not keep
+those arrays, and the textbook one does; (3) the fast linear op's contract for an input
+it did not keep.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from npformer.nn import Activation, Dropout, EncoderBlock, FeedForward, LayerNor
 from tests.conftest import using_backend
 from tests.helpers import raises_naming, using_engine
 
-TIERS = ["textbook", "fast"]
+TIERS = ["fast"]  # the recomputation is the fast tier's
 FLOATS = ["float32", "float64"]
 ACTIVATIONS = ["relu", "gelu", "gelu_tanh"]
 
@@ -110,6 +112,19 @@ def test_a_pre_norm_step_keeps_no_normed_input_and_no_hidden_layer(tier):
                 assert linear._cache.saved[0] is None
             assert attn.out_proj._cache.saved[0] is not None  # the heads: no one else keeps them
         assert model.embed.tokens._project_cache.saved[0] is None
+
+
+def test_the_textbook_layers_keep_every_input_their_backward_reads():
+    with using_backend("numpy", "float32"), using_engine("textbook"):
+        model = CausalLM(CausalLMConfig(vocab_size=11, block_size=8, d_model=16, num_heads=2,
+                                        num_layers=2, d_ff=32))
+        model(np.arange(16).reshape(2, 8) % 11)
+        for block in model.blocks:
+            attn = block.self_attn
+            for linear in (attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj,
+                           block.ffn.linear1, block.ffn.linear2):
+                assert linear._cache.saved[0] is not None
+        assert model.embed.tokens._project_cache.saved[0] is not None
 
 
 @pytest.mark.parametrize("tier", TIERS)

@@ -102,28 +102,7 @@ ACTIVATIONS = {**_textbook.ACTIVATIONS, "relu": (relu_forward, relu_backward),
                "gelu": (gelu_forward, gelu_backward)}
 
 
-def relu_output(y: Array) -> Array:
-    """saved y -> y: this tier's ReLU keeps its output."""
-    return y
-
-
-def gelu_output(x: Array) -> Array:
-    """saved x -> y = x Phi(x), by the forward itself (one compiled pass)."""
-    y, _ = gelu_forward.unchecked(x)
-    return y
-
-
-OUTPUTS = {**_textbook.OUTPUTS, "relu": relu_output, "gelu": gelu_output}
-
-
 @checked_op(activation_choice)
 def activation(name: str) -> tuple[Callable, Callable]:
     """(forward, backward) of the activation called ``name``, this tier's ReLU."""
     return ACTIVATIONS[name]
-
-
-@checked_op(activation_choice)
-def activation_output(name: str) -> Callable:
-    """The function ``saved -> y`` of the activation called ``name`` (see the textbook's
-    :func:`npformer.ops.activation_output`), this tier's GELU and ReLU."""
-    return OUTPUTS[name]

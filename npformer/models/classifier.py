@@ -3,25 +3,24 @@
     ids (B, T) -> embeddings + positions -> N encoder blocks (padding masked)
                -> pool over the valid positions -> linear head -> logits (B, C)
 
-The batch's :class:`npformer.nn.Padding` gives the blocks their layout: the padded
-(B, T, D) arrays (textbook tier) or the valid positions packed as rows (fast tier);
-padding changes no valid position's value, so skipping it changes no result, only the work.
+Padding is hidden from attention by the key mask (B, 1, 1, T) and from pooling by the
+valid lengths, so it changes no valid position's value.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import engine, ops
+from .. import ops
 from ..backend import Array
-from ..nn import EncoderBlock, Linear, Module, Padding
+from ..nn import EncoderBlock, Linear, Module, evaluating
 from ..validation import check_rank, check_valid_lengths, renamed_fields
 from .common import (
     TokenEmbedding,
     check_config,
+    check_lengths,
     final_norm,
     model_input,
-    padding_of,
-    weights_in_one_buffer,
+    valid_lengths,
 )
 
 
@@ -81,60 +80,51 @@ class TransformerClassifier(Module):
                                     c.norm_first, c.head_dim) for _ in range(c.num_layers)]
         self.norm = final_norm(c)
         self.head = Linear(c.d_model, c.num_classes)
-        weights_in_one_buffer(self)
 
-    def check_inputs(self, ids: Array, valid_lens: Array | None = None,
-                     padding: Padding | None = None) -> None:
+    def check_inputs(self, ids: Array, valid_lens: Array | None = None) -> None:
         ids = model_input(ids, "token ids")
-        model_input(valid_lens, "valid_lens", rank=1)
+        valid_lens = model_input(valid_lens, "valid_lens", rank=1)
         check_rank(ids, 2, "token ids (batch, positions)")
         if ids.shape[0] > 0 and ids.shape[1] == 0:
             raise ValueError(f"{type(self).__name__} needs at least one position per "
                              f"sequence, got token ids of shape {tuple(ids.shape)} (axis 1, "
                              "the positions, is empty)")
         self.embed.check_inputs(ids)
-        if padding is not None and padding.min_length < 1:  # pooling needs a token a row
-            check_valid_lengths(padding.valid_lens, padding.length, 1)
+        check_lengths(ids, valid_lens, "valid_lens", minimum=1)  # pooling needs a token a row
 
-    def forward(self, ids: Array, valid_lens: Array | None = None,
-                padding: Padding | None = None) -> Array:
-        """ids (B, T) token ids -> logits (B, C).  The padding: ``padding`` (built once by
-        the task), or built from ``valid_lens`` (B,) (default: the count of non-pad ids).
+    def forward(self, ids: Array, valid_lens: Array | None = None) -> Array:
+        """ids (B, T) token ids, valid_lens (B,) (default: the count of non-pad ids, padding
+        at the end of each row) -> logits (B, C).
 
         ids and valid_lens may be arrays or nested lists.  An empty batch (B = 0) gives
         the empty logits (0, C); sequences without positions (T = 0, B > 0) are refused
         (ValueError): pooling is not defined over no positions."""
         ids = model_input(ids, "token ids")
-        valid_lens = model_input(valid_lens, "valid_lens", rank=1)
-        padding = padding_of(ids, valid_lens, self.config.pad_id, padding,
-                             min_length=1)  # pooling needs a token a row
-        x = padding.rows(self.embed(ids))  # (B, T, D) -> the layers' form
+        valid_lens = valid_lengths(ids, model_input(valid_lens, "valid_lens", rank=1),
+                                   self.config.pad_id)  # (B,)
+        check_valid_lengths(valid_lens, ids.shape[1], 1)  # pooling needs a token a row
+        mask = ops.padding_mask(valid_lens, ids.shape[1])  # (B, 1, 1, T): padding keys hidden
+        x = self.embed(ids)  # (B, T, D)
         for block in self.blocks:
-            x = block(x, mask=padding.key_mask, padding=padding)  # padding keys hidden
+            x = block(x, mask)
         if self.norm is not None:
             x = self.norm(x)
-        x = padding.unrows(x)  # (B, T, D) (pooling reads the valid positions only)
-        pooled, pool_cache = engine.ops().pool_forward(x, padding.valid_lens,
-                                                       self.config.pooling)  # (B, D)
-        self._save((pool_cache, padding))
+        pooled, pool_cache = ops.pool_forward(x, valid_lens, self.config.pooling)  # (B, D)
+        self._save(pool_cache)
         return self.head(pooled)  # (B, C)
 
     def backward(self, dlogits: Array) -> None:
         """dlogits (B, C) -> None (token ids are not differentiable)."""
-        pool_cache, padding = self._pop_saved()
-        dx = engine.ops().pool_backward(self.head.backward(dlogits), pool_cache)  # (B, T, D)
-        dx = padding.rows(dx)  # the backward of unrows
+        dx = ops.pool_backward(self.head.backward(dlogits), self._pop_saved())  # (B, T, D)
         if self.norm is not None:
             dx = self.norm.backward(dx)
         for block in reversed(self.blocks):
             dx = block.backward(dx)
-        return self.embed.backward(padding.unrows(dx))  # the backward of rows
+        return self.embed.backward(dx)
 
     def predict(self, ids: Array, valid_lens: Array | None = None) -> Array:
         """Class probabilities (B, C), without keeping anything for a backward (the
         arguments and empty axes as in :meth:`forward`: B = 0 gives (0, C))."""
-        from ..nn import evaluating
-
         with evaluating(self):
             probs, _ = ops.softmax_forward(self.forward(ids, valid_lens), axis=-1)
         return probs

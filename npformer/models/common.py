@@ -5,7 +5,7 @@ import math
 from dataclasses import asdict, fields
 from typing import Any
 
-from .. import backend, engine
+from .. import backend
 from ..backend import Array
 from ..nn import (
     Dropout,
@@ -13,15 +13,15 @@ from ..nn import (
     LayerNorm,
     LearnedPositionalEmbedding,
     Module,
-    Padding,
     SinusoidalPositionalEncoding,
+    grad_enabled,
 )
 from ..validation import (  # noqa: F401 (POSITIONALS, model_input: re-exported)
     POSITIONALS,
     check_config,
-    check_padding_matches,
     check_rank,
     check_token_ids,
+    check_valid_lengths,
     model_input,
     new_field_names,
     valid_lengths_from,
@@ -99,12 +99,11 @@ class TokenEmbedding(Module):
         return self.tokens.backward(dx * self.scale)
 
 
-def weights_in_one_buffer(model: Module) -> None:
-    """The fast tier moves a model's weights into one flat buffer as soon as it is built
-    (:func:`npformer.engine.flat_parameters`; the textbook tier leaves them as they
-    are): the optimizer adopts that buffer instead of copying the weights into one of
-    its own, so training never holds the weights twice."""
-    engine.flat_parameters(model.parameters())
+def inference_only(what: str) -> None:
+    """Cached decoding keeps nothing for a backward: it runs under no_grad only."""
+    if grad_enabled():
+        raise RuntimeError(f"{what} is for inference: call it under npformer.no_grad() (it "
+                           "keeps nothing for a backward)")
 
 
 def final_norm(config: Any) -> LayerNorm | None:
@@ -112,15 +111,21 @@ def final_norm(config: Any) -> LayerNorm | None:
     return LayerNorm(config.d_model) if config.norm_first else None
 
 
-def padding_of(ids: Array, valid_lens: Array, pad_id: int, padding: Padding | None,
-               pack: bool | None = None, what: str = "token ids",
-               min_length: int = 0) -> Padding:
-    """The batch's :class:`Padding`: ``padding`` if given (checked against ids), else built
-    from ``valid_lens`` (default: the count of non-pad ids per row, padding at the end:
-    :func:`valid_lengths_from`)."""
-    if padding is None:
-        if valid_lens is None:
-            valid_lens = valid_lengths_from(ids, pad_id, what)
-        return Padding(valid_lens, ids.shape[1], pack, min_length)
-    check_padding_matches(ids, valid_lens, padding)
-    return padding
+def valid_lengths(ids: Array, valid_lens: Array | None, pad_id: int,
+                  what: str = "token ids") -> Array:
+    """valid_lens (B,) as given, or counted from ids (B, T): the non-pad ids of each row,
+    padding at the end only (:func:`valid_lengths_from`)."""
+    return valid_lengths_from(ids, pad_id, what) if valid_lens is None else valid_lens
+
+
+def check_lengths(ids: Array, valid_lens: Array | None, what: str, minimum: int = 0) -> None:
+    """valid_lens (B,) integers in [minimum, T] for ids (B, T), when given."""
+    if valid_lens is None:
+        return
+    check_rank(valid_lens, 1, f"{what} (batch,)")
+    if not backend.is_integer_array(valid_lens):
+        raise TypeError(f"{what} must be integers, got dtype {valid_lens.dtype}")
+    if valid_lens.shape[0] != ids.shape[0]:
+        raise ValueError(f"{what} holds {valid_lens.shape[0]} lengths for a batch of "
+                         f"{ids.shape[0]} rows")
+    check_valid_lengths(valid_lens, ids.shape[1], minimum)

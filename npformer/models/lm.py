@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from .. import ops
 from ..backend import Array
 from ..nn import DecodingCache, EncoderBlock, Linear, Module
-from .common import TokenEmbedding, check_config, final_norm, model_input, weights_in_one_buffer
+from .common import TokenEmbedding, check_config, final_norm, inference_only, model_input
 
 
 @dataclass
@@ -65,7 +65,6 @@ class CausalLM(Module):
                                     c.norm_first, c.head_dim) for _ in range(c.num_layers)]
         self.norm = final_norm(c)
         self.lm_head = None if c.tie_weights else Linear(c.d_model, c.vocab_size, bias=False)
-        weights_in_one_buffer(self)
 
     def check_inputs(self, ids: Array) -> None:
         self.embed.check_inputs(model_input(ids, "token ids"))
@@ -75,36 +74,31 @@ class CausalLM(Module):
         list.  An empty batch or T = 0 gives the empty logits (0, T, V) or (B, 0, V)."""
         ids = model_input(ids, "token ids")
         x = self.embed(ids)  # (B, T, D)
-        mask = ops.causal_mask(ids.shape[1], like=x)  # (T, T)
+        mask = ops.causal_mask(ids.shape[1], like=x)  # (T, T): no position sees a later one
         for block in self.blocks:
-            x = block(x, mask=mask)
-        if self.norm is None:
-            return self._logits(x)
-        return self._logits(self.norm(x), keep_input=False)  # recomputed by the backward
+            x = block(x, mask)
+        if self.norm is not None:
+            x = self.norm(x)
+        return self._logits(x)  # (B, T, V)
 
     def backward(self, dlogits: Array) -> None:
         """dlogits (B, T, V) -> None (token ids are not differentiable)."""
-        dx = self._logits_backward(dlogits)
+        dx = self._logits_backward(dlogits)  # (B, T, D)
         if self.norm is not None:
             dx = self.norm.backward(dx)
         for block in reversed(self.blocks):
             dx = block.backward(dx)
         return self.embed.backward(dx)
 
-    def _logits(self, h, keep_input: bool = True):
-        """h (B, T, D) -> logits (B, T, V): h E^T when tied, else the head; h kept for the
-        backward or not."""
-        if self.lm_head is None:
-            return self.embed.tokens.project(h, keep_input)
-        return self.lm_head(h, keep_input)
+    def _logits(self, h: Array) -> Array:
+        """h (B, T, D) -> logits (B, T, V): h E^T when tied, else the head."""
+        return self.embed.tokens.project(h) if self.lm_head is None else self.lm_head(h)
 
-    def _logits_backward(self, dlogits):
-        """dlogits (B, T, V) -> dh (B, T, D).  With a final norm, the head's input h was not
-        kept: the norm computes it again (a temporary, for the head's backward only)."""
-        h = None if self.norm is None else self.norm.output_again()  # (B, T, D)
+    def _logits_backward(self, dlogits: Array) -> Array:
+        """dlogits (B, T, V) -> dh (B, T, D) (tied: E's second share of gradient)."""
         if self.lm_head is None:
-            return self.embed.tokens.project_backward(dlogits, h)  # tied: E's second share
-        return self.lm_head.backward(dlogits, h)
+            return self.embed.tokens.project_backward(dlogits)
+        return self.lm_head.backward(dlogits)
 
     # ------------------------------------------------------------------ cached inference
     def new_cache(self) -> DecodingCache:
@@ -114,11 +108,12 @@ class CausalLM(Module):
     def forward_cached(self, ids: Array, cache: DecodingCache) -> Array:
         """Inference (under ``no_grad``): ids (B, T_new) are the positions after the
         ``cache.length`` already decoded -> logits (B, T_new, V); the cache grows by T_new."""
+        inference_only("forward_cached")
         offset = cache.length
-        x = self.embed(ids, offset=offset)
+        x = self.embed(ids, offset=offset)  # (B, T_new, D)
         mask = ops.causal_mask(ids.shape[1], offset + ids.shape[1], like=x)  # (T_new, S)
         for block, block_cache in zip(self.blocks, cache.blocks):
-            x = block.forward_cached(x, block_cache, mask=mask)
+            x = block(x, mask, cache=block_cache)
         if self.norm is not None:
             x = self.norm(x)
         return self._logits(x)

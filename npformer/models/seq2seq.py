@@ -5,11 +5,11 @@
                          (causal + padding self-attention, cross-attention to memory)
                       -> linear -> logits (B, T, V_tgt)
 
-Each side's :class:`npformer.nn.Padding` gives its layers their layout (padded
-(B, T, D) arrays in the textbook tier, the valid positions as rows in the fast
-tier).  Training builds the target padding once (:class:`npformer.tasks.Translation`)
-and gets the logits in its layout: in the fast tier only at the valid target
-positions, (N, V_tgt), computed directly on the packed rows.
+Padding is hidden by the masks: source padding keys from the encoder's self-attention
+and from cross-attention, target padding keys (and every later position) from the
+decoder's self-attention.  Training asks for the logits at the valid target positions
+only (``valid_only=True``, :class:`npformer.tasks.Translation`): (N, V_tgt), the rows a
+loss over real tokens reads.
 """
 from __future__ import annotations
 
@@ -17,15 +17,16 @@ from dataclasses import dataclass
 
 from .. import backend, ops
 from ..backend import Array
-from ..nn import DecoderBlock, DecodingCache, EncoderBlock, Linear, Module, Padding
-from ..validation import check_rank, renamed_fields
+from ..nn import DecoderBlock, DecodingCache, EncoderBlock, Linear, Module
+from ..validation import check_flag, check_rank, renamed_fields
 from .common import (
     TokenEmbedding,
     check_config,
+    check_lengths,
     final_norm,
+    inference_only,
     model_input,
-    padding_of,
-    weights_in_one_buffer,
+    valid_lengths,
 )
 
 
@@ -92,28 +93,27 @@ class Seq2SeqTransformer(Module):
                                      c.norm_first, c.head_dim) for _ in range(c.num_decoder_layers)]
         self.decoder_norm = final_norm(c)
         self.out_proj = Linear(c.d_model, c.tgt_vocab_size)
-        weights_in_one_buffer(self)
 
     # ------------------------------------------------------------------ training
-    def encode(self, src: Array, src_lens: Array | None = None,
-               src_padding: Padding | None = None) -> tuple[Array, Array]:
-        """src (B, S) -> memory (B, S, D), memory mask (B, 1, 1, S)."""
+    def encode(self, src: Array, src_lens: Array | None = None) -> tuple[Array, Array]:
+        """src (B, S), src_lens (B,) (default: the non-pad ids of each row) -> memory
+        (B, S, D), memory mask (B, 1, 1, S) (True at the source's tokens)."""
         src, src_lens = model_input(src, "source ids"), model_input(src_lens, "src_lens", rank=1)
         check_rank(src, 2, "source ids (batch, positions)")
-        padding = padding_of(src, src_lens, self.config.pad_id, src_padding, what="src")
-        x = padding.rows(self.src_embed(src))  # (B, S, D) -> the layers' form
+        src_lens = valid_lengths(src, src_lens, self.config.pad_id, "src")  # (B,)
+        mask = ops.padding_mask(src_lens, src.shape[1])  # (B, 1, 1, S): padding keys hidden
+        x = self.src_embed(src)  # (B, S, D)
         for block in self.encoder:
-            x = block(x, mask=padding.key_mask, padding=padding)
+            x = block(x, mask)
         if self.encoder_norm is not None:
             x = self.encoder_norm(x)
-        self._save(padding, slot="_encode_cache")
-        return padding.unrows(x), padding.key_mask  # (B, S, D): cross-attention's context
+        return x, mask  # (B, S, D): cross-attention's context
 
     def check_inputs(self, src: Array, tgt_in: Array, src_lens: Array | None = None,
-                     tgt_lens: Array | None = None, *, src_padding: Padding | None = None,
-                     tgt_padding: Padding | None = None) -> None:
+                     tgt_lens: Array | None = None, *, valid_only: bool = False) -> None:
         src, tgt_in = model_input(src, "source ids"), model_input(tgt_in, "target ids")
-        model_input(src_lens, "src_lens", rank=1), model_input(tgt_lens, "tgt_lens", rank=1)
+        src_lens = model_input(src_lens, "src_lens", rank=1)
+        tgt_lens = model_input(tgt_lens, "tgt_lens", rank=1)
         check_rank(src, 2, "source ids (batch, positions)")
         check_rank(tgt_in, 2, "target ids (batch, positions)")
         if tgt_in.shape[0] != src.shape[0]:
@@ -121,60 +121,70 @@ class Seq2SeqTransformer(Module):
                              f"the source batch of {src.shape[0]}")
         self.src_embed.check_inputs(src)
         self.tgt_embed.check_inputs(tgt_in)
+        check_lengths(src, src_lens, "src_lens")
+        check_lengths(tgt_in, tgt_lens, "tgt_lens")
+        check_flag(valid_only, "valid_only")
 
     def forward(self, src: Array, tgt_in: Array, src_lens: Array | None = None,
-                tgt_lens: Array | None = None, *, src_padding: Padding | None = None,
-                tgt_padding: Padding | None = None) -> Array:
-        """src (B, S), tgt_in (B, T) (target shifted right, starting with <bos>) -> logits.
+                tgt_lens: Array | None = None, *, valid_only: bool = False) -> Array:
+        """src (B, S), tgt_in (B, T) (target shifted right, starting with <bos>) -> logits
+        (B, T, V_tgt).  src_lens (default: the non-pad ids of each row) and tgt_lens
+        (default: every target position is a token) give each row's valid positions.
 
-        Without ``tgt_padding`` (inference, evaluation): logits (B, T, V_tgt) at every
-        target position.  With the paddings the task built (training): the logits in
-        ``tgt_padding``'s layout (fast tier: only at the valid target positions, (N,
-        V_tgt); textbook: (B, T, V_tgt)), matching ``tgt_padding.targets(tgt_out)``.
+        ``valid_only=True``: the logits at the valid target positions only, (N, V_tgt) with
+        N = sum(tgt_lens), in row order (b, then t): what a loss over real tokens reads.
 
         Ids and lengths may be arrays or nested lists.  Empty axes: B = 0 or T = 0 give
         the empty logits; a source without positions (S = 0) is, like an all-padding
         source, nothing to attend to: cross-attention gives zero, as for masked keys."""
         src, tgt_in = model_input(src, "source ids"), model_input(tgt_in, "target ids")
-        tgt_lens = model_input(tgt_lens, "tgt_lens", rank=1)
-        memory, memory_mask = self.encode(src, src_lens, src_padding)
-        if tgt_lens is None and tgt_padding is None:  # every target position is a token:
-            # the decoder may emit pad_id itself, and under the causal mask padding at the
-            # end changes no earlier position, so none is inferred (or dropped) here
-            xp = backend.namespace_of(tgt_in)
-            tgt_lens = xp.full((tgt_in.shape[0],), tgt_in.shape[1], dtype=xp.int64,
-                               device=backend.device_of(tgt_in))
-        padding = padding_of(tgt_in, tgt_lens, self.config.pad_id, tgt_padding,
-                             pack=None if tgt_padding is not None else False)
+        tgt_lens = self._target_lengths(tgt_in, model_input(tgt_lens, "tgt_lens", rank=1))
+        memory, memory_mask = self.encode(src, src_lens)  # (B, S, D), (B, 1, 1, S)
         length = tgt_in.shape[1]
         self_mask = ops.causal_mask(length, like=memory)[None, None, :, :] \
-            & padding.key_mask  # (B, 1, T, T)
-        y = padding.rows(self.tgt_embed(tgt_in))  # (B, T, D) -> the layers' form
+            & ops.padding_mask(tgt_lens, length)  # (B, 1, T, T)
+        y = self.tgt_embed(tgt_in)  # (B, T, D)
         for block in self.decoder:
-            y = block(y, memory, self_mask=self_mask, memory_mask=memory_mask, padding=padding)
+            y = block(y, memory, self_mask, memory_mask)
         if self.decoder_norm is not None:
             y = self.decoder_norm(y)
-        self._save(padding)
-        return self.out_proj(y)  # (B, T, V_tgt), or rows (N, V_tgt) when packed
+        logits = self.out_proj(y)  # (B, T, V_tgt)
+        rows_cache = None
+        if valid_only:
+            logits, rows_cache = ops.valid_rows_forward(logits, tgt_lens)  # (N, V_tgt)
+        self._save((rows_cache,))
+        return logits
+
+    @staticmethod
+    def _target_lengths(tgt_in: Array, tgt_lens: Array | None) -> Array:
+        """tgt_lens, or (B,) of T: every target position a token (the decoder may emit
+        pad_id itself, and under the causal mask a padding at the end changes no earlier
+        position, so none is inferred)."""
+        if tgt_lens is not None:
+            return tgt_lens
+        xp = backend.namespace_of(tgt_in)
+        return xp.full((tgt_in.shape[0],), tgt_in.shape[1], dtype=xp.int64,
+                       device=backend.device_of(tgt_in))
 
     def backward(self, dlogits: Array) -> None:
         """dlogits in the form forward returned -> None (ids are not differentiable)."""
-        padding = self._pop_saved()
-        dy = self.out_proj.backward(dlogits)
+        (rows_cache,) = self._pop_saved()
+        if rows_cache is not None:
+            dlogits = ops.valid_rows_backward(dlogits, rows_cache)  # (N, V) -> (B, T, V)
+        dy = self.out_proj.backward(dlogits)  # (B, T, D)
         if self.decoder_norm is not None:
             dy = self.decoder_norm.backward(dy)
         dmemory = None
         for block in reversed(self.decoder):
             dy, dmem = block.backward(dy)
             dmemory = dmem if dmemory is None else dmemory + dmem  # memory feeds every block
-        self.tgt_embed.backward(padding.unrows(dy))  # the backward of rows
-        src_padding = self._pop_saved("_encode_cache")
-        dx = src_padding.rows(dmemory)  # the backward of unrows
+        self.tgt_embed.backward(dy)
+        dx = dmemory  # (B, S, D)
         if self.encoder_norm is not None:
             dx = self.encoder_norm.backward(dx)
         for block in reversed(self.encoder):
             dx = block.backward(dx)
-        return self.src_embed.backward(src_padding.unrows(dx))
+        return self.src_embed.backward(dx)
 
     # ------------------------------------------------------------------ cached inference
     def new_cache(self) -> DecodingCache:
@@ -186,12 +196,12 @@ class Seq2SeqTransformer(Module):
         """Inference (under ``no_grad``): tgt_ids (B, T_new) are the target positions after
         the ``cache.length`` already decoded -> logits (B, T_new, V); self-attention keys
         and values are cached, cross-attention ones computed once from ``memory``."""
+        inference_only("forward_cached")
         offset = cache.length
-        y = self.tgt_embed(tgt_ids, offset=offset)
+        y = self.tgt_embed(tgt_ids, offset=offset)  # (B, T_new, D)
         self_mask = ops.causal_mask(tgt_ids.shape[1], offset + tgt_ids.shape[1], like=y)
         for block, block_cache in zip(self.decoder, cache.blocks):
-            y = block.forward_cached(y, memory, block_cache, self_mask=self_mask,
-                                     memory_mask=memory_mask)
+            y = block(y, memory, self_mask, memory_mask, cache=block_cache)
         if self.decoder_norm is not None:
             y = self.decoder_norm(y)
         return self.out_proj(y)

@@ -24,15 +24,12 @@ from .layers import (
                         SinusoidalPositionalEncoding,
 )
 from .module import (
-                        FlatParameters,
                         Module,
                         Parameter,
                         evaluating,
-                        flat_parameters_of,
                         grad_enabled,
                         no_grad,
                         set_grad_enabled,
 )
-from .padding import Padding
 
 __all__ = [name for name in dir() if not name.startswith("_")]

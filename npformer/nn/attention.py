@@ -10,9 +10,9 @@ W^Q, W^K, W^V are (D, H*E) and W^O is (H*E, D); column block h of W^Q is head h.
 
 Self-attention: ``forward(x, mask=mask)``; cross-attention:
 ``forward(x, context=memory, mask=mask)``, keys and values from ``memory``.
-With a :class:`npformer.nn.Padding`, x is that batch in the position-wise layers'
-form (packed rows in the fast tier); the projections run in that form and the
-attention itself on (B, H, T, E).
+Decoding (under ``no_grad``) passes a :class:`npformer.nn.KVCache`: self-attention
+appends the new positions' keys and values to it, cross-attention fills it from the
+memory once.
 
 The attention weights (the probabilities P = softmax(Q K^T / sqrt(E) + mask), one
 (T, S) matrix per head): ``forward(..., need_weights=True)`` returns them beside the
@@ -25,12 +25,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
-from .. import backend, engine, ops
+from .. import backend, ops
 from ..backend import Array
 from ..validation import (
+    check_flag,
     check_float,
     check_heads_divide,
-    check_keep_input,
     check_mask,
     check_same_dtype,
     check_sequence_input,
@@ -39,7 +39,6 @@ from ..validation import (
 from .cache import KVCache
 from .layers import Linear
 from .module import Module, grad_enabled
-from .padding import Padding
 
 
 def split_heads(x: Array, num_heads: int) -> Array:
@@ -58,23 +57,6 @@ def merge_heads(x: Array) -> Array:
     return xp.reshape(x, (batch, length, heads * width))  # (B, T, H*E)
 
 
-class _Unpadded:
-    """The layout of a batch without a Padding: (B, T, D) throughout."""
-
-    @staticmethod
-    def rows(x):
-        return x
-
-    unrows = rows
-
-    @staticmethod
-    def check_rows(x, width: int, what: str) -> None:
-        check_sequence_input(x, width, what)
-
-
-UNPADDED = _Unpadded()
-
-
 class MultiHeadAttention(Module):
     """Multi-head scaled dot-product attention: ``H`` heads of width ``E`` (default
     ``d_model // num_heads``) over projections of the queries ``x`` (B, T, D) and the
@@ -86,8 +68,7 @@ class MultiHeadAttention(Module):
             :mod:`npformer.torch_interop`).
         keep_attention: set True to keep every forward's attention weights in
             ``last_attention`` (as :func:`record_attention` does for a whole model).
-        last_attention: the (B, H, T, S) probabilities of the last forward (or the
-            new positions' of the last :meth:`forward_cached`) while
+        last_attention: the (B, H, T, S) probabilities of the last forward while
             ``keep_attention`` is set, else None.
 
     The weights of one call: ``y, weights = attention(x, mask=mask, need_weights=True)``,
@@ -113,17 +94,14 @@ class MultiHeadAttention(Module):
         self.last_attention = None  # (B, H, T, S) when keep_attention
 
     def check_inputs(self, x: Array, context: Array | None = None, mask: Array | None = None,
-                     padding: Padding | None = None, need_weights: bool = False,
-                     keep_input: bool = True) -> None:
-        """x (B, T, D) or rows (N, D) of ``padding``, context (B, S, D), floats of the
-        weights' dtype; mask boolean, broadcasting to the scores (B, H, T, S); keep_input
-        True or False."""
-        check_keep_input(keep_input)
-        layout = UNPADDED if padding is None else padding
+                     need_weights: bool = False, cache: KVCache | None = None) -> None:
+        """x (B, T, D), context (B, S, D), floats of the weights' dtype; mask boolean,
+        broadcasting to the scores (B, H, T, S); need_weights True or False; a cache only
+        under ``no_grad``."""
+        check_flag(need_weights, "need_weights")
         check_float(x, "attention input")
-        layout.check_rows(x, self.d_model, "attention input")
-        batch, length = (x.shape[0], x.shape[1]) if padding is None else (padding.batch,
-                                                                            padding.length)
+        check_sequence_input(x, self.d_model, "attention input")
+        batch, length = x.shape[0], x.shape[1]
         keys = length
         if context is not None:
             check_float(context, "attention context")
@@ -133,85 +111,66 @@ class MultiHeadAttention(Module):
                                  f"queries have batch {batch}")
             keys = context.shape[1]
         check_same_dtype("attention", input=x, context=context, weight=self.q_proj.weight.data)
+        if cache is not None:
+            if grad_enabled():
+                raise RuntimeError("a KVCache is for inference: call the attention under "
+                                   "npformer.no_grad() (it keeps nothing for a backward)")
+            keys = cache.length + length if context is None else keys
         if mask is not None:
             check_mask(mask, (batch, self.num_heads, length, keys), "attention mask")
 
     def forward(self, x: Array, context: Array | None = None, mask: Array | None = None,
-                padding: Padding | None = None, need_weights: bool = False,
-                keep_input: bool = True) -> Array | tuple[Array, Array]:
+                need_weights: bool = False, cache: KVCache | None = None
+                ) -> Array | tuple[Array, Array]:
         """x (B, T, D), context (B, S, D) or None (self-attention), mask bool
         broadcasting to (B, H, T, S), True = may attend -> (B, T, D).
-
-        ``padding``: x (and the output) are that batch in the position-wise layers'
-        form (rows (N, D) in the fast tier); a context stays (B, S, D).
 
         ``need_weights=True``: returns ``(y, weights)``, weights the (B, H, T, S)
         attention probabilities of every head (PyTorch's ``need_weights=True,
         average_attn_weights=False``; average over axis 1 for its default).
 
-        ``keep_input=False``: x is not kept for the backward (the caller passes it to
-        :meth:`backward` again); a context always is.
+        ``cache`` (decoding, under ``no_grad``): self-attention appends the keys and
+        values of x's T positions to it and attends over all S cached ones; cross-attention
+        fills it from the context on the first call and reuses it after.
         """
-        layout = UNPADDED if padding is None else padding
-        is_self = context is None
         h = self.num_heads
-        q = split_heads(layout.unrows(self.q_proj(x, keep_input)), h)  # (B, T, H*E) -> (B, H, T, E)
+        q = split_heads(self.q_proj(x), h)  # (B, T, D) -> (B, T, H*E) -> (B, H, T, E)
+        k, v = self._keys_and_values(x if context is None else context, cache,
+                                     is_self=context is None)  # (B, H, S, E) each
+        heads, attn_cache = ops.attention_forward(q, k, v, mask)  # (B, H, T, E)
+        y = self.out_proj(merge_heads(heads))  # (B, T, H*E) -> (B, T, D)
+        self._save((attn_cache, context is None))
+        weights = ops.attention_weights(q, k, mask) if need_weights or self.keep_attention \
+            else None  # (B, H, T, S)
+        self.last_attention = weights if self.keep_attention else None
+        return (y, weights) if need_weights else y
+
+    def _keys_and_values(self, source: Array, cache: KVCache | None,
+                         is_self: bool) -> tuple[Array, Array]:
+        """K and V (B, H, S, E) of ``source`` (B, S, D), through the cache where there is one."""
+        h = self.num_heads
+        if cache is not None and not is_self and cache.length > 0:
+            return cache.keys, cache.values  # the memory's, computed on the first call
+        k = split_heads(self.k_proj(source), h)  # (B, S, D) -> (B, H, S, E)
+        v = split_heads(self.v_proj(source), h)
+        if cache is None:
+            return k, v
+        cache.append(k, v)
+        return cache.keys, cache.values
+
+    def backward(self, dy: Array) -> Array | tuple[Array, Array]:
+        """dy (B, T, D) -> dx for self-attention, (dx, dcontext) for cross-attention
+        (dcontext (B, S, D))."""
+        attn_cache, is_self = self._pop_saved()
+        h = self.num_heads
+        dheads = split_heads(self.out_proj.backward(dy), h)  # (B, T, D) -> (B, H, T, E)
+        dq, dk, dv = ops.attention_backward(dheads, attn_cache)  # (B, H, T|S, E) each
+        dx = self.q_proj.backward(merge_heads(dq))  # (B, T, D)
+        dsource = (self.k_proj.backward(merge_heads(dk))
+                   + self.v_proj.backward(merge_heads(dv)))  # (B, S, D): keys and values' input
         if is_self:
-            k = split_heads(layout.unrows(self.k_proj(x, keep_input)), h)  # (B, H, T, E)
-            v = split_heads(layout.unrows(self.v_proj(x, keep_input)), h)
-        else:
-            k = split_heads(self.k_proj(context), h)  # (B, S, H*E) -> (B, H, S, E)
-            v = split_heads(self.v_proj(context), h)
-        heads, attn_cache = engine.ops().attention_forward(q, k, v, mask)  # (B, H, T, E)
-        y = self.out_proj(layout.rows(merge_heads(heads)))  # (B, T, D) or rows (N, D)
-        self._save((attn_cache, is_self, layout))
-        self.last_attention = ops.attention_weights(q, k, mask) if self.keep_attention else None
-        if need_weights:
-            weights = self.last_attention if self.keep_attention else \
-                ops.attention_weights(q, k, mask)  # (B, H, T, S)
-            return y, weights
-        return y
-
-    def backward(self, dy: Array, x: Array | None = None) -> Array | tuple[Array, Array]:
-        """dy -> dx for self-attention, (dx, dcontext) for cross-attention (dcontext
-        (B, S, D)); dy and dx in the form of forward's x; ``x``: the forward's input,
-        where it was not kept.  ``rows`` and ``unrows`` swap roles: each is the other's
-        transpose."""
-        attn_cache, is_self, layout = self._pop_saved()
-        h = self.num_heads
-        dmerged = layout.unrows(self.out_proj.backward(dy))  # (B, T, H*E)
-        dq, dk, dv = engine.ops().attention_backward(split_heads(dmerged, h), attn_cache)
-        dx = self.q_proj.backward(layout.rows(merge_heads(dq)), x)
-        if not is_self:
-            return dx, (self.k_proj.backward(merge_heads(dk))
-                        + self.v_proj.backward(merge_heads(dv)))  # dcontext (B, S, D)
-        dk_x = self.k_proj.backward(layout.rows(merge_heads(dk)), x)
-        return dx + dk_x + self.v_proj.backward(layout.rows(merge_heads(dv)), x)  # x fed q, k, v
-
-    def forward_cached(self, x: Array, cache: KVCache, context: Array | None = None,
-                       mask: Array | None = None) -> Array:
-        """Cached decoding (inference, under ``no_grad``): x (B, T_new, D) -> (B, T_new, D).
-
-        Self-attention (context None): the keys and values of the new positions are
-        appended to ``cache``, so earlier positions are never recomputed.
-        Cross-attention: the context's keys and values fill the cache on the first
-        call and are reused after.  ``mask`` broadcasts to (B, H, T_new, S) with S the
-        cached length after the update.
-        """
-        if grad_enabled():
-            raise RuntimeError("forward_cached is for inference: call it under "
-                               "npformer.no_grad() (it keeps nothing for a backward)")
-        h = self.num_heads
-        q = split_heads(self.q_proj(x), h)  # (B, H, T_new, E)
-        if context is None:
-            cache.append(split_heads(self.k_proj(x), h), split_heads(self.v_proj(x), h))
-        elif cache.length == 0:
-            cache.append(split_heads(self.k_proj(context), h),
-                         split_heads(self.v_proj(context), h))  # (B, H, S, E), once
-        heads, _ = engine.ops().attention_forward(q, cache.keys, cache.values, mask)
-        if self.keep_attention:  # (B, H, T_new, S)
-            self.last_attention = ops.attention_weights(q, cache.keys, mask)
-        return self.out_proj(merge_heads(heads))  # (B, T_new, D)
+            return dx + dsource  # x fed the queries, the keys and the values
+        return dx, dsource
 
 
 # --------------------------------------------------------------------------- recording

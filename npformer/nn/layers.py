@@ -1,7 +1,8 @@
 """The basic layers: each wraps one op and owns its parameters.
 
-Every op is reached through :func:`npformer.engine.ops`, the current tier's ops
-(textbook or fast, the same functions): the one seam between layers and tiers.
+Each forward calls its op in :mod:`npformer.ops` and keeps the op's cache; each backward
+hands that cache back and adds the parameters' gradients.  (The fast tier's layers,
+:mod:`npformer.fast.layers`, are subclasses that call the fast ops.)
 
 Parameters are created in the backend's default float dtype
 (:func:`npformer.backend.default_float`); initialisations follow PyTorch's.
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from .. import backend, engine, ops
+from .. import backend, ops
 from ..backend import Array
 from ..validation import check_float, check_probability, check_size
 from .module import Module, Parameter
@@ -33,17 +34,16 @@ class Linear(Module):
         self.weight = Parameter(_uniform((in_features, out_features), bound))
         self.bias = Parameter(_uniform((out_features,), bound), decay=False) if bias else None
 
-    def forward(self, x: Array, keep_input: bool = True) -> Array:
-        """x (..., in) -> (..., out).  ``keep_input=False``: x is not kept for the backward
-        (the caller recomputes it and passes it to :meth:`backward`)."""
+    def forward(self, x: Array) -> Array:
+        """x (..., in) -> (..., out)."""
         bias = None if self.bias is None else self.bias.data
-        y, cache = engine.ops().linear_forward(x, self.weight.data, bias, keep_input)
+        y, cache = ops.linear_forward(x, self.weight.data, bias)
         self._save(cache)
         return y
 
-    def backward(self, dy: Array, x: Array | None = None) -> Array:
-        """dy (..., out) -> dx (..., in); ``x``: the forward's input, where it was not kept."""
-        dx, dw, db = engine.ops().linear_backward(dy, self._pop_saved(), x)
+    def backward(self, dy: Array) -> Array:
+        """dy (..., out) -> dx (..., in)."""
+        dx, dw, db = ops.linear_backward(dy, self._pop_saved())
         self.weight.accumulate(dw)
         if self.bias is not None:
             self.bias.accumulate(db)
@@ -64,20 +64,15 @@ class LayerNorm(Module):
                               decay=False)
 
     def forward(self, x: Array) -> Array:
-        y, cache = engine.ops().layernorm_forward(x, self.weight.data, self.bias.data, self.eps)
+        y, cache = ops.layernorm_forward(x, self.weight.data, self.bias.data, self.eps)
         self._save(cache)
         return y
 
     def backward(self, dy: Array) -> Array:
-        dx, dgamma, dbeta = engine.ops().layernorm_backward(dy, self._pop_saved())
+        dx, dgamma, dbeta = ops.layernorm_backward(dy, self._pop_saved())
         self.weight.accumulate(dgamma)
         self.bias.accumulate(dbeta)
         return dx
-
-    def output_again(self) -> Array:
-        """The last forward's output, computed again from its cache (which stays for the
-        backward): for a next layer that did not keep it."""
-        return engine.ops().layernorm_output(self._peek_saved().saved, self.bias.data)
 
 
 class Embedding(Module):
@@ -91,28 +86,25 @@ class Embedding(Module):
                                                       std=init_std), decay=False)
 
     def forward(self, ids: Array) -> Array:
-        y, cache = engine.ops().embedding_forward(ids, self.weight.data)
+        y, cache = ops.embedding_forward(ids, self.weight.data)
         self._save(cache)
         return y
 
     def backward(self, dy: Array) -> None:
         """dy (..., D) -> None: integer ids are not differentiable."""
-        self.weight.accumulate(engine.ops().embedding_backward(dy, self._pop_saved()))
+        self.weight.accumulate(ops.embedding_backward(dy, self._pop_saved()))
         return None
 
-    def project(self, h: Array, keep_input: bool = True) -> Array:
+    def project(self, h: Array) -> Array:
         """The tied output projection (Press & Wolf, 2017): h (..., D) -> logits (..., V)
-        = h W^T with W this embedding's table, so W gets gradient from both uses.
-        ``keep_input=False``: h is not kept (:meth:`project_backward` is given it again)."""
-        logits, cache = engine.ops().linear_forward(h, self.weight.data.mT, None, keep_input)
+        = h W^T with W this embedding's table, so W gets gradient from both uses."""
+        logits, cache = ops.linear_forward(h, self.weight.data.mT)
         self._save(cache, slot="_project_cache")
         return logits
 
-    def project_backward(self, dlogits: Array, h: Array | None = None) -> Array:
-        """dlogits (..., V) -> dh (..., D); W^T's gradient is added into the one table.
-        ``h``: the projection's input, where it was not kept."""
-        dh, dtable_t, _ = engine.ops().linear_backward(dlogits,
-                                                        self._pop_saved("_project_cache"), h)
+    def project_backward(self, dlogits: Array) -> Array:
+        """dlogits (..., V) -> dh (..., D); W^T's gradient is added into the one table."""
+        dh, dtable_t, _ = ops.linear_backward(dlogits, self._pop_saved("_project_cache"))
         self.weight.accumulate(dtable_t.mT)
         return dh
 
@@ -128,12 +120,12 @@ class LearnedPositionalEmbedding(Module):
                                 decay=False)
 
     def forward(self, x: Array) -> Array:
-        y, cache = engine.ops().add_positions_forward(x, self.weight.data)
+        y, cache = ops.add_positions_forward(x, self.weight.data)
         self._save(cache)
         return y
 
     def backward(self, dy: Array) -> Array:
-        dx, dtable = engine.ops().add_positions_backward(dy, self._pop_saved())
+        dx, dtable = ops.add_positions_backward(dy, self._pop_saved())
         self.weight.accumulate(dtable)
         return dx
 
@@ -152,12 +144,12 @@ class SinusoidalPositionalEncoding(Module):
         table = self._table
         if table.dtype != x.dtype:
             table = backend.namespace_of(x).astype(table, x.dtype)
-        y, cache = engine.ops().add_positions_forward(x, table)
+        y, cache = ops.add_positions_forward(x, table)
         self._save(cache)
         return y
 
     def backward(self, dy: Array) -> Array:
-        dx, _ = engine.ops().add_positions_backward(dy, self._pop_saved())
+        dx, _ = ops.add_positions_backward(dy, self._pop_saved())
         return dx
 
 
@@ -169,18 +161,12 @@ class Dropout(Module):
         self.p = p
 
     def forward(self, x: Array) -> Array:
-        y, cache = engine.ops().dropout_forward(x, self.p, self.training)
+        y, cache = ops.dropout_forward(x, self.p, self.training)
         self._save(cache)
         return y
 
     def backward(self, dy: Array) -> Array:
-        return engine.ops().dropout_backward(dy, self._pop_saved())
-
-    def again(self, x: Array) -> Array:
-        """x through the last forward's dropout again: the same kept positions and scale
-        (the cache stays for the backward).  Dropout multiplies by m / (1 - p) both ways,
-        so the backward op is what applies it."""
-        return engine.ops().dropout_backward(x, self._peek_saved())
+        return ops.dropout_backward(dy, self._pop_saved())
 
 
 class Activation(Module):
@@ -191,15 +177,10 @@ class Activation(Module):
         ops.activation(name)  # an unknown name fails here, with the choices
 
     def forward(self, x: Array) -> Array:
-        y, cache = engine.ops().activation(self.name)[0](x)
+        y, cache = ops.activation(self.name)[0](x)
         self._save(cache)
         return y
 
     def backward(self, dy: Array) -> Array:
-        return engine.ops().activation(self.name)[1](dy, self._pop_saved())
-
-    def output_again(self) -> Array:
-        """The last forward's output, computed again from its cache (which stays for the
-        backward): for a next layer that did not keep it."""
-        return engine.ops().activation_output(self.name)(self._peek_saved().saved)
+        return ops.activation(self.name)[1](dy, self._pop_saved())
 

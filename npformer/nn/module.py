@@ -45,7 +45,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
-from .. import backend
+from .. import backend, engine
 from ..backend import Array
 from ..validation import check_upstream, checked_weights, run_trusted, trusted
 
@@ -88,64 +88,29 @@ def evaluating(model: Module) -> Iterator[Module]:
 class Parameter:
     """A trainable array and the gradient accumulated for it.
 
-    ``data`` and ``grad`` are rebound, never mutated through views, so the same
-    code works on namespaces without in-place writes; except where the parameter
-    lives in a :class:`FlatParameters` buffer (the fast tier's optimizers put it
-    there): then ``data`` and ``grad`` are views of the flat buffers, gradients are
-    accumulated and zeroed in place, and :meth:`assign` copies into the view.
-    ``decay`` tells AdamW whether weight decay applies (False for biases, norms and
-    embeddings).
+    ``data`` and ``grad`` are rebound, never written through, so the same code works on
+    namespaces without in-place writes (the strict array API).  ``decay`` tells AdamW
+    whether weight decay applies (False for biases, norms and embeddings).
     """
 
-    __slots__ = ("data", "grad", "decay", "_flat", "_index")
+    __slots__ = ("data", "grad", "decay")
 
     def __init__(self, data: Array, decay: bool = True):
         self.data = data
         self.grad = None
         self.decay = decay
-        self._flat = None  # the FlatParameters holding this parameter, and its index there
-        self._index = -1
         self.zero_grad()
 
     @property
     def shape(self) -> tuple[int, ...]:
         return tuple(self.data.shape)
 
-    def _grad_view(self):
-        """The flat gradient view, if this parameter's gradient still is that view."""
-        flat = self._flat
-        if flat is None:
-            return None
-        view = flat.grad_views[self._index]
-        return view if self.grad is view else None
-
     def zero_grad(self) -> None:
-        if self._flat is not None:  # in the flat buffer: zeroed in place, the view bound
-            view = self._flat.grad_views[self._index]
-            view[...] = 0
-            self.grad = view
-            return
-        xp = backend.namespace_of(self.data)
-        self.grad = xp.zeros_like(self.data)
+        self.grad = backend.namespace_of(self.data).zeros_like(self.data)
 
     def accumulate(self, grad: Array) -> None:
         """``grad`` += the gradient of one use of this parameter."""
-        view = self._grad_view()
-        if view is not None and tuple(grad.shape) == self.shape:
-            view += grad  # into the flat gradient buffer
-        else:
-            self.grad = self.grad + grad
-
-    def assign(self, value: Array) -> None:
-        """Make ``value`` this parameter's data: copied into its flat view where it has
-        one (so the flat buffer stays whole), else bound."""
-        flat = self._flat
-        if flat is not None and flat.data is not None and tuple(value.shape) == self.shape:
-            view = flat.data_views[self._index]
-            view[...] = value
-            self.data = view
-        else:
-            self.data = value
+        self.grad = self.grad + grad
 
     def __repr__(self) -> str:
         return f"Parameter(shape={self.shape}, dtype={self.data.dtype})"
@@ -153,8 +118,8 @@ class Parameter:
 
 def flat_layout(shapes: Sequence[tuple[int, ...]]) -> tuple[list[tuple[int, int]], int]:
     """Arrays of ``shapes`` laid end to end in one flat buffer: ([(lo, hi)] of each, the
-    buffer's length P).  The one layout of :class:`FlatParameters` and of the packed
-    gradients the all-reduce sends (:class:`npformer.parallel.PackedGradients`)."""
+    buffer's length P).  The one layout of every flat buffer of parameters or gradients
+    (the all-reduce's, the fast tier's)."""
     slices, offset = [], 0
     for shape in shapes:
         size = math.prod(shape)
@@ -163,124 +128,20 @@ def flat_layout(shapes: Sequence[tuple[int, ...]]) -> tuple[list[tuple[int, int]
     return slices, offset
 
 
-class FlatParameters:
-    """The data of a list of parameters in one flat contiguous buffer, and their
-    gradients in another, each parameter's ``data`` and ``grad`` a view of its slice
-    (as llm.c lays out its parameters): an optimizer updates them all in one pass,
-    the gradient norm is one pass, and an all-reduce sends ``grad`` as it is.
-
-    ``data`` (P,), ``grad`` (P,): the buffers, P = the parameters' total size, in the
-    list's order; ``slices[i]`` = (lo, hi) of parameter i; ``decay_segments`` (K, 2):
-    the (lo, hi) of the parameters with ``decay`` (AdamW's weight decay).  NumPy arrays
-    of one floating dtype only (:meth:`supports`).
-
-    Code that rebinds a parameter's ``data`` or ``grad`` (a test, an older loader)
-    does not break the buffer: :meth:`sync` copies such an array into the view and
-    binds the view again (the optimizer calls it before each update).  A deep copy of
-    a model is not flat (its parameters own their arrays).
-
-    ``gradients_only=True``: only the gradients are flat (``data`` is None, the
-    parameters' data stay bound as they are): a thread replica's, whose data are the
-    model's own arrays.
-    """
-
-    def __init__(self, params: Sequence[Parameter], gradients_only: bool = False):
-        import numpy as np
-
-        self.params = list(params)
-        if not self.supports(self.params):
-            raise ValueError("FlatParameters holds NumPy parameters of one floating dtype")
-        dtype = self.params[0].data.dtype
-        self.slices, total = flat_layout([p.shape for p in self.params])
-        self.data = None if gradients_only else np.empty(total, dtype=dtype)  # (P,)
-        self.grad = np.zeros(total, dtype=dtype)  # (P,)
-        self.data_views, self.grad_views = [], []
-        for i, (p, (lo, hi)) in enumerate(zip(self.params, self.slices)):
-            grad_view = self.grad[lo:hi].reshape(p.shape)
-            if p.grad is not None:
-                grad_view[...] = p.grad
-            self.grad_views.append(grad_view)
-            p.grad, p._flat, p._index = grad_view, self, i
-            if self.data is not None:
-                data_view = self.data[lo:hi].reshape(p.shape)
-                data_view[...] = p.data
-                self.data_views.append(data_view)
-                p.data = data_view
-        decayed = [s for p, s in zip(self.params, self.slices) if p.decay and s[1] > s[0]]
-        self.decay_segments = np.array(decayed, dtype=np.int64).reshape(-1, 2)  # (K, 2)
-
-    @staticmethod
-    def supports(params: Sequence[Parameter]) -> bool:
-        """Whether ``params`` can share flat buffers: NumPy arrays of one floating dtype."""
-        import numpy as np
-
-        params = list(params)
-        return bool(params) and all(
-            type(p.data) is np.ndarray and p.data.dtype == params[0].data.dtype
-            and p.data.dtype in (np.float32, np.float64) for p in params)
-
-    def sync(self) -> None:
-        """Every parameter's data and gradient back in its view (copied in where code
-        rebound them; a different shape is refused, naming the parameter)."""
-        kept = (("data", self.data_views),) if self.data is not None else ()
-        kept += (("grad", self.grad_views),)
-        for i, p in enumerate(self.params):
-            for name, views in kept:
-                value, view = getattr(p, name), views[i]
-                if value is view:
-                    continue
-                if value is None or tuple(value.shape) != view.shape:
-                    got = None if value is None else tuple(value.shape)
-                    raise RuntimeError(f"params[{i}]: {name} of shape {got} cannot go back "
-                                       f"into the flat buffer (shape {view.shape})")
-                view[...] = backend.to_numpy(value)
-                setattr(p, name, view)
-            p._flat, p._index = self, i
-
-    def grads_intact(self, params: Sequence[Parameter]) -> bool:
-        """Whether ``params`` are exactly this buffer's parameters, in order, with their
-        gradients still the views (so ``grad`` holds every gradient as it is)."""
-        return len(params) == len(self.params) and all(
-            p is q and p.grad is view
-            for p, q, view in zip(params, self.params, self.grad_views))
-
-    def holds(self, params: Sequence[Parameter]) -> bool:
-        """Whether ``params`` are exactly this buffer's parameters, in order, with their
-        data and gradients both still its views (nothing rebound since)."""
-        return self.data is not None and self.grads_intact(params) and all(
-            p.data is view for p, view in zip(params, self.data_views))
-
-    def zero_grad(self) -> None:
-        """Every gradient zero: one fill of the flat buffer, the views bound."""
-        self.grad[...] = 0
-        for p, view in zip(self.params, self.grad_views):
-            p.grad, p._flat = view, self
-
-    def __deepcopy__(self, memo):
-        return None  # a copied parameter owns its arrays (see the class docstring)
-
-
-def flat_parameters_of(params: Iterable[Parameter]) -> FlatParameters | None:
-    """The :class:`FlatParameters` whose gradient buffer holds exactly the gradients of
-    ``params`` (same parameters, same order, gradients still its views), or None."""
-    params = list(params)
-    flat = params[0]._flat if params and isinstance(params[0], Parameter) else None
-    return flat if flat is not None and flat.grads_intact(params) else None
-
-
-def flat_buffer_holding(params: Iterable[Parameter]) -> FlatParameters | None:
-    """The :class:`FlatParameters` that holds exactly ``params`` (same parameters, same
-    order, data and gradients still its views: :meth:`FlatParameters.holds`), or None."""
-    params = list(params)
-    flat = flat_parameters_of(params)
-    return flat if flat is not None and flat.holds(params) else None
-
-
 class Module:
     """Base class of every layer and model."""
 
     training: bool = True
     check_inputs = None  # a module of several layers: its forward's contract (see above)
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Module:
+        """An instance of the current tier's implementation of ``cls``
+        (:func:`npformer.engine.implementation`): ``cls`` itself in the textbook tier."""
+        return object.__new__(engine.implementation(cls))
+
+    def __reduce_ex__(self, protocol: int):
+        """Copies and pickles keep this object's own class, whatever the tier is then."""
+        return (_new_instance, (type(self),), self.__dict__)
 
     def __init_subclass__(cls, **kwargs):
         """A subclass's own forward records its output's shape, and its own backward checks
@@ -374,8 +235,10 @@ class Module:
 
     # ------------------------------------------------------------ state
     def state_dict(self) -> dict:
-        """{dotted name: array} of every parameter (the arrays themselves, not copies)."""
-        return {name: p.data for name, p in self.named_parameters()}
+        """{dotted name: array} of every parameter: copies, a snapshot that later training
+        does not change (``best = model.state_dict()`` keeps the weights of that moment,
+        in either tier; unlike ``torch.nn.Module.state_dict``, which returns references)."""
+        return {name: backend.copy_like(p.data, p.data) for name, p in self.named_parameters()}
 
     def load_state_dict(self, state: dict) -> None:
         """Copy arrays into the parameters, checking names, shapes and values first
@@ -388,8 +251,13 @@ class Module:
         host = checked_weights({name: p.shape for name, p in own.items()}, state,
                                type(self).__name__)
         for name, p in own.items():
-            p.assign(backend.copy_like(host[name], p.data))  # into a flat view, if any
+            p.data = backend.copy_like(host[name], p.data)
             p.zero_grad()
+
+
+def _new_instance(cls: type) -> Module:
+    """A bare instance of exactly ``cls`` (what a copy is filled into)."""
+    return object.__new__(cls)
 
 
 _ANY_SHAPE = "any"  # a forward whose output is not one array: backward checks no shape

@@ -18,7 +18,6 @@ width, D model width, V vocabulary, N flattened rows.
 """
 from .activations import (
     activation,
-    activation_output,
     gelu_backward,
     gelu_forward,
     relu_backward,
@@ -27,11 +26,22 @@ from .activations import (
 from .attention import attention_backward, attention_forward, attention_weights
 from .dropout import dropout_backward, dropout_forward
 from .embedding import embedding_backward, embedding_forward
-from .layernorm import layernorm_backward, layernorm_forward, layernorm_output
+from .layernorm import layernorm_backward, layernorm_forward
 from .linear import linear_backward, linear_forward
-from .losses import IGNORE_INDEX, cross_entropy_backward, cross_entropy_forward
+from .losses import (
+    IGNORE_INDEX,
+    cross_entropy_backward,
+    cross_entropy_forward,
+    cross_entropy_with_gradient,
+)
 from .masks import causal_mask, padding_mask
-from .pooling import POOLINGS, pool_backward, pool_forward
+from .pooling import (
+    POOLINGS,
+    pool_backward,
+    pool_forward,
+    valid_rows_backward,
+    valid_rows_forward,
+)
 from .positional import add_positions_backward, add_positions_forward, sinusoidal_table
 from .softmax import log_softmax_backward, log_softmax_forward, softmax_backward, softmax_forward
 

@@ -206,41 +206,8 @@ ACTIVATIONS = {
 }
 
 
-# =========================================================================== outputs again
-# Each forward's y from what its cache saved, by the forward's own statements (so bit for
-# bit the same): a layer that did not keep y computes it again for its backward
-# (:class:`npformer.nn.FeedForward`).
-def relu_output(x: Array) -> Array:
-    """saved x -> y = max(x, 0)."""
-    y, _ = relu_forward.unchecked(x)
-    return y
-
-
-def gelu_output(saved: Any) -> Array:
-    """saved (x, Phi(x)) -> y = x Phi(x)."""
-    x, phi_cdf = saved
-    return x * phi_cdf
-
-
-def gelu_tanh_output(saved: Any) -> Array:
-    """saved (x, t) -> y = x (1 + t) / 2."""
-    x, t = saved
-    return 0.5 * x * (1.0 + t)
-
-
-OUTPUTS = {"relu": relu_output, "gelu": gelu_output, "gelu_tanh": gelu_tanh_output}
-
-
 @checked_op(activation_choice)
 def activation(name: str, activations: dict = ACTIVATIONS) -> tuple[Callable, Callable]:
     """(forward, backward) of the activation called ``name``: "relu", "gelu" (exact, erf)
     or "gelu_tanh" (the tanh approximation); ``activations``: the tier's table."""
     return activations[name]
-
-
-@checked_op(activation_choice)
-def activation_output(name: str, outputs: dict = OUTPUTS) -> Callable:
-    """The function ``saved -> y`` of the activation called ``name``: its forward's output
-    again, from the ``saved`` of the cache that forward returned (``outputs``: the
-    tier's table)."""
-    return outputs[name]

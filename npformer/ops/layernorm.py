@@ -52,11 +52,3 @@ def layernorm_backward(dy: Array, saved: Any) -> tuple[Array, Array, Array]:
     mean_g_xhat = xp.mean(g * x_hat, axis=-1, keepdims=True)  # (..., 1)
     dx = r * (g - mean_g - x_hat * mean_g_xhat)  # (..., D)
     return dx, dgamma, dbeta
-
-
-def layernorm_output(saved: Any, beta: Array) -> Array:
-    """y = gamma x_hat + beta again, from the forward's saved (x_hat, r, gamma) and its
-    beta (the forward's statement, so the same numbers): for a next layer that did not
-    keep y (a pre-norm block's sublayer)."""
-    x_hat, _, gamma = saved
-    return x_hat * gamma + beta  # (..., D)

@@ -11,10 +11,7 @@ Backward, for an upstream gradient $\bar y = \partial L / \partial y$
 
 W is stored (D_in, D_out), the orientation of the math; PyTorch stores the
 transpose, which :mod:`npformer.torch_interop` converts.
-
-$\bar W$ needs x, so the cache keeps it; with ``keep_input=False`` it does not, and the
-caller passes x to the backward (recomputed from what other layers keep: activation
-memory traded for a cheap recomputation, see :class:`npformer.nn.FeedForward`).
+$\bar W$ needs x, so the cache keeps it.
 """
 from __future__ import annotations
 
@@ -22,26 +19,22 @@ from typing import Any
 
 from .. import backend
 from ..backend import Array
-from ..validation import backward_op, forward_input, forward_op, linear_inputs
+from ..validation import backward_op, forward_op, linear_inputs
 
 
 @forward_op(linear_inputs)
-def linear_forward(x: Array, w: Array, b: Array | None = None,
-                   keep_input: bool = True) -> tuple[Array, Any]:
-    """x (..., D_in), w (D_in, D_out), b (D_out,) or None -> y (..., D_out), cache
-    (x, or None with keep_input=False)."""
+def linear_forward(x: Array, w: Array, b: Array | None = None) -> tuple[Array, Any]:
+    """x (..., D_in), w (D_in, D_out), b (D_out,) or None -> y (..., D_out), cache (x, w, b?)."""
     y = x @ w  # (..., D_in) @ (D_in, D_out) -> (..., D_out)
     if b is not None:
         y = y + b  # (..., D_out) + (D_out,)
-    return y, (x if keep_input else None, w, b is not None)
+    return y, (x, w, b is not None)
 
 
 @backward_op(linear_forward)
-def linear_backward(dy: Array, saved: Any, x: Array | None = None
-                    ) -> tuple[Array, Array, Array | None]:
-    """dy (..., D_out) -> dx (..., D_in), dw (D_in, D_out), db (D_out,) or None; ``x``
-    the forward's input, passed again where the forward did not keep it."""
-    x, w, has_bias = forward_input(saved, x)
+def linear_backward(dy: Array, saved: Any) -> tuple[Array, Array, Array | None]:
+    """dy (..., D_out) -> dx (..., D_in), dw (D_in, D_out), db (D_out,) or None."""
+    x, w, has_bias = saved
     xp = backend.namespace_of(dy, w)
     d_in, d_out = w.shape
     dx = dy @ w.mT  # (..., D_out) @ (D_out, D_in)

@@ -69,3 +69,12 @@ def target_distribution(targets: Array, vocab: int, ignore_index: int, label_smo
     onehot = xp.astype(classes[None, :] == safe[:, None], dtype)  # (N, V)
     return (1.0 - label_smoothing) * onehot + label_smoothing / vocab
 
+
+
+def cross_entropy_with_gradient(logits: Array, targets: Array, dloss: float = 1.0,
+                                ignore_index: int = IGNORE_INDEX,
+                                label_smoothing: float = 0.0) -> tuple[Array, Array]:
+    """A training step's end: the loss (0-d array) and ``dloss`` times its gradient over
+    the logits (..., V), the forward and the backward above run one after the other."""
+    loss, cache = cross_entropy_forward(logits, targets, ignore_index, label_smoothing)
+    return loss, cross_entropy_backward(dloss, cache)

@@ -13,9 +13,15 @@ Max (per feature, over valid positions)
     backward $\bar h_{b,t,d} = \bar y_{b,d}\,[t = t^*_{b,d}]$
 First token
     forward  $y_b = h_{b,0}$;  backward $\bar h_{b,0} = \bar y_b$, 0 elsewhere
+
+Valid rows (every valid position kept, as rows: what a loss over real tokens reads)
+    forward  $R = (h_{b,t})_{t < n_b}$, the $N = \sum_b n_b$ valid positions in order
+             (b, then t), an (N, D) array
+    backward $\bar h_{b,t} = \bar R_{\text{row of } (b, t)}$ at valid positions, 0 at padding
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .. import backend
@@ -25,6 +31,7 @@ from ..validation import (
     backward_op,
     forward_op,
     pool_inputs,
+    valid_rows_inputs,
 )
 
 
@@ -74,3 +81,30 @@ def pool_backward(dy: Array, saved: Any) -> Array:
     positions = xp.arange(length, dtype=winner.dtype, device=backend.device_of(dy))
     chosen = xp.astype(positions[None, :, None] == winner[:, None, :], dy.dtype)  # (B, T, D)
     return chosen * dy[:, None, :]
+
+
+def _valid_index(valid_lens: Array, length: int) -> Array:
+    """(N,) the flat positions b * T + t of the valid positions, in order."""
+    xp = backend.namespace_of(valid_lens)
+    valid = _valid_positions(valid_lens, length, xp.bool)[:, :, 0]  # (B, T)
+    return xp.nonzero(xp.reshape(valid, (-1,)))[0]  # (N,)
+
+
+@forward_op(valid_rows_inputs)
+def valid_rows_forward(h: Array, valid_lens: Array) -> tuple[Array, Any]:
+    """h (B, T, ...), valid_lens (B,) integers in [0, T] -> rows (N, ...), cache."""
+    xp = backend.namespace_of(h, valid_lens)
+    batch, length = h.shape[0], h.shape[1]
+    index = _valid_index(valid_lens, length)  # (N,)
+    flat = xp.reshape(h, (batch * length,) + tuple(h.shape[2:]))  # (B*T, ...)
+    return xp.take(flat, index, axis=0), (index, tuple(h.shape))
+
+
+@backward_op(valid_rows_forward)
+def valid_rows_backward(drows: Array, saved: Any) -> Array:
+    """drows (N, ...) -> dh (B, T, ...), zeros at padding."""
+    index, shape = saved
+    xp = backend.namespace_of(drows)
+    width = math.prod(shape[2:])
+    flat = backend.scatter_add_rows(index, xp.reshape(drows, (-1, width)), shape[0] * shape[1])
+    return xp.reshape(flat, shape)  # (B*T, ...) -> (B, T, ...)

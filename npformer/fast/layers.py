@@ -1,0 +1,121 @@
+"""The basic layers of the fast tier: the textbook layers (:mod:`npformer.nn.layers`) on
+the fast ops, with what the blocks need to recompute instead of keep.
+
+Each is a subclass of its textbook layer (the same parameters, names and
+initialisation) whose forward and backward call the fast op of the same name.  Gradients
+are added in place (:func:`npformer.fast.flat.accumulate`), into the flat buffer's views.
+What each adds:
+
+* :class:`Linear` and :meth:`Embedding.project`: ``keep_input=False`` keeps no input; the
+  caller recomputes it and passes it to the backward.
+* :class:`LayerNorm`, :class:`Activation`: :meth:`output_again`, the last forward's output
+  computed again from the cache its backward keeps anyway.
+* :class:`Dropout`: :meth:`again`, an array through the last forward's mask again.
+
+Tested equal to the textbook layers in ``tests/test_fast_layers.py``.
+"""
+from __future__ import annotations
+
+from .. import nn
+from ..backend import Array
+from . import activations, dropout, embedding, layernorm, linear
+from .flat import accumulate
+from .recompute import activation_output, layernorm_output
+
+
+class Linear(nn.Linear):
+    __doc__ = nn.Linear.__doc__
+
+    def forward(self, x: Array, keep_input: bool = True) -> Array:
+        """x (..., in) -> (..., out).  ``keep_input=False``: x is not kept for the backward
+        (the caller recomputes it and passes it to :meth:`backward`)."""
+        bias = None if self.bias is None else self.bias.data
+        y, cache = linear.linear_forward(x, self.weight.data, bias, keep_input)
+        self._save(cache)
+        return y
+
+    def backward(self, dy: Array, x: Array | None = None) -> Array:
+        """dy (..., out) -> dx (..., in); ``x``: the forward's input, where it was not kept."""
+        dx, dw, db = linear.linear_backward(dy, self._pop_saved(), x)
+        accumulate(self.weight, dw)
+        if self.bias is not None:
+            accumulate(self.bias, db)
+        return dx
+
+
+class LayerNorm(nn.LayerNorm):
+    __doc__ = nn.LayerNorm.__doc__
+
+    def forward(self, x: Array) -> Array:
+        y, cache = layernorm.layernorm_forward(x, self.weight.data, self.bias.data, self.eps)
+        self._save(cache)
+        return y
+
+    def backward(self, dy: Array) -> Array:
+        dx, dgamma, dbeta = layernorm.layernorm_backward(dy, self._pop_saved())
+        accumulate(self.weight, dgamma)
+        accumulate(self.bias, dbeta)
+        return dx
+
+    def output_again(self) -> Array:
+        """The last forward's output, computed again from its cache (which stays for the
+        backward): for a next layer that did not keep it."""
+        return layernorm_output(self._peek_saved().saved, self.bias.data)
+
+
+class Embedding(nn.Embedding):
+    __doc__ = nn.Embedding.__doc__
+
+    def backward(self, dy: Array) -> None:
+        """dy (..., D) -> None: integer ids are not differentiable."""
+        accumulate(self.weight, embedding.embedding_backward(dy, self._pop_saved()))
+        return None
+
+    def project(self, h: Array, keep_input: bool = True) -> Array:
+        """The tied output projection h (..., D) -> logits (..., V) = h W^T.
+        ``keep_input=False``: h is not kept (:meth:`project_backward` is given it again)."""
+        logits, cache = linear.linear_forward(h, self.weight.data.mT, None, keep_input)
+        self._save(cache, slot="_project_cache")
+        return logits
+
+    def project_backward(self, dlogits: Array, h: Array | None = None) -> Array:
+        """dlogits (..., V) -> dh (..., D); W^T's gradient is added into the one table.
+        ``h``: the projection's input, where it was not kept."""
+        dh, dtable_t, _ = linear.linear_backward(dlogits, self._pop_saved("_project_cache"), h)
+        accumulate(self.weight, dtable_t.mT)
+        return dh
+
+
+class Dropout(nn.Dropout):
+    __doc__ = nn.Dropout.__doc__
+
+    def forward(self, x: Array) -> Array:
+        y, cache = dropout.dropout_forward(x, self.p, self.training)
+        self._save(cache)
+        return y
+
+    def backward(self, dy: Array) -> Array:
+        return dropout.dropout_backward(dy, self._pop_saved())
+
+    def again(self, x: Array) -> Array:
+        """x through the last forward's dropout again: the same kept positions and scale
+        (the cache stays for the backward).  Dropout multiplies by m / (1 - p) both ways,
+        so the backward op is what applies it."""
+        return dropout.dropout_backward(x, self._peek_saved())
+
+
+class Activation(nn.Activation):
+    __doc__ = nn.Activation.__doc__
+
+    def forward(self, x: Array) -> Array:
+        y, cache = activations.activation(self.name)[0](x)
+        self._save(cache)
+        return y
+
+    def backward(self, dy: Array) -> Array:
+        return activations.activation(self.name)[1](dy, self._pop_saved())
+
+    def output_again(self) -> Array:
+        """The last forward's output, computed again from its cache (which stays for the
+        backward): for a next layer that did not keep it."""
+        return activation_output(self.name)(self._peek_saved().saved)

@@ -1,0 +1,171 @@
+"""The three models of the fast tier.
+
+Each is a subclass of its textbook model (:mod:`npformer.models`): the same
+configuration, parameters, names and initial weights (its layers are the fast tier's,
+built by the textbook constructor), the same outputs and gradients.  What each adds:
+
+* its weights in one flat buffer as soon as it is built (:mod:`npformer.fast.flat`), which
+  the optimizer adopts (so training never holds them twice) and the all-reduce sends;
+* :class:`TransformerClassifier`, :class:`Seq2SeqTransformer`: the valid positions of a
+  padded batch packed as rows once (:class:`npformer.fast.Packing`), the blocks run on
+  them, unpacked where positions are read (pooling, cross-attention's memory); with
+  ``valid_only`` the seq2seq model computes logits at the valid target positions only;
+* :class:`CausalLM`: the final norm's output, the head's input, computed again in the
+  backward rather than kept.
+
+One difference is visible, and nothing of the models reads it: :meth:`encode`'s memory
+holds zeros at the source's padding positions, where the textbook encoder computes
+values that every mask then hides.
+
+Tested equal to the textbook models in ``tests/test_fast_layers.py``.
+"""
+from __future__ import annotations
+
+from .. import models, ops
+from ..backend import Array
+from ..models.common import model_input, valid_lengths
+from ..validation import check_valid_lengths
+from .flat import flat_buffer
+from .packing import Packing
+
+
+class _FlatWeights:
+    """A fast model's weights in one flat buffer from the start (:mod:`npformer.fast.flat`)."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self._flat = flat_buffer(self.parameters())
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        if self._flat is not None:
+            self._flat.sync()  # the loaded arrays copied into the buffer at once
+
+
+class TransformerClassifier(_FlatWeights, models.TransformerClassifier):
+    __doc__ = models.TransformerClassifier.__doc__
+
+    def forward(self, ids: Array, valid_lens: Array | None = None) -> Array:
+        ids = model_input(ids, "token ids")
+        valid_lens = valid_lengths(ids, model_input(valid_lens, "valid_lens", rank=1),
+                                   self.config.pad_id)  # (B,)
+        check_valid_lengths(valid_lens, ids.shape[1], 1)  # pooling needs a token a row
+        packing = Packing.from_lengths(valid_lens, ids.shape[1])
+        mask = ops.padding_mask(valid_lens, ids.shape[1])  # (B, 1, 1, T)
+        x = packing.pack(self.embed(ids))  # (B, T, D) -> rows (N, D)
+        for block in self.blocks:
+            x = block(x, mask, packing=packing)
+        if self.norm is not None:
+            x = self.norm(x)
+        x = packing.unpack(x)  # (B, T, D): pooling reads the valid positions only
+        pooled, pool_cache = ops.pool_forward(x, valid_lens, self.config.pooling)  # (B, D)
+        self._save((pool_cache, packing))
+        return self.head(pooled)  # (B, C)
+
+    forward.__doc__ = models.TransformerClassifier.forward.__doc__
+
+    def backward(self, dlogits: Array) -> None:
+        pool_cache, packing = self._pop_saved()
+        dx = ops.pool_backward(self.head.backward(dlogits), pool_cache)  # (B, T, D)
+        dx = packing.pack(dx)  # the backward of unpack
+        if self.norm is not None:
+            dx = self.norm.backward(dx)
+        for block in reversed(self.blocks):
+            dx = block.backward(dx)
+        return self.embed.backward(packing.unpack(dx))  # the backward of pack
+
+
+class CausalLM(_FlatWeights, models.CausalLM):
+    __doc__ = models.CausalLM.__doc__
+
+    def forward(self, ids: Array) -> Array:
+        ids = model_input(ids, "token ids")
+        x = self.embed(ids)  # (B, T, D)
+        mask = ops.causal_mask(ids.shape[1], like=x)  # (T, T)
+        for block in self.blocks:
+            x = block(x, mask)
+        if self.norm is None:
+            return self._logits(x)
+        return self._logits(self.norm(x), keep_input=False)  # recomputed by the backward
+
+    forward.__doc__ = models.CausalLM.forward.__doc__
+
+    def backward(self, dlogits: Array) -> None:
+        dx = self._logits_backward(dlogits)
+        if self.norm is not None:
+            dx = self.norm.backward(dx)
+        for block in reversed(self.blocks):
+            dx = block.backward(dx)
+        return self.embed.backward(dx)
+
+    def _logits(self, h: Array, keep_input: bool = True) -> Array:
+        """h (B, T, D) -> logits (B, T, V); h kept for the backward or not."""
+        if self.lm_head is None:
+            return self.embed.tokens.project(h, keep_input)
+        return self.lm_head(h, keep_input)
+
+    def _logits_backward(self, dlogits: Array) -> Array:
+        """dlogits (B, T, V) -> dh (B, T, D).  With a final norm, the head's input h was not
+        kept: the norm computes it again (a temporary, for the head's backward only)."""
+        h = None if self.norm is None else self.norm.output_again()  # (B, T, D)
+        if self.lm_head is None:
+            return self.embed.tokens.project_backward(dlogits, h)
+        return self.lm_head.backward(dlogits, h)
+
+
+class Seq2SeqTransformer(_FlatWeights, models.Seq2SeqTransformer):
+    __doc__ = models.Seq2SeqTransformer.__doc__
+
+    def encode(self, src: Array, src_lens: Array | None = None) -> tuple[Array, Array]:
+        """As :meth:`npformer.models.Seq2SeqTransformer.encode`, the encoder on the source's
+        valid positions packed as rows; the memory holds zeros at padding positions."""
+        src, src_lens = model_input(src, "source ids"), model_input(src_lens, "src_lens", rank=1)
+        src_lens = valid_lengths(src, src_lens, self.config.pad_id, "src")  # (B,)
+        packing = Packing.from_lengths(src_lens, src.shape[1])
+        mask = ops.padding_mask(src_lens, src.shape[1])  # (B, 1, 1, S)
+        x = packing.pack(self.src_embed(src))  # (B, S, D) -> rows (N_src, D)
+        for block in self.encoder:
+            x = block(x, mask, packing=packing)
+        if self.encoder_norm is not None:
+            x = self.encoder_norm(x)
+        self._save(packing, slot="_encode_cache")
+        return packing.unpack(x), mask  # (B, S, D): cross-attention's context
+
+    def forward(self, src: Array, tgt_in: Array, src_lens: Array | None = None,
+                tgt_lens: Array | None = None, *, valid_only: bool = False) -> Array:
+        src, tgt_in = model_input(src, "source ids"), model_input(tgt_in, "target ids")
+        tgt_lens = self._target_lengths(tgt_in, model_input(tgt_lens, "tgt_lens", rank=1))
+        memory, memory_mask = self.encode(src, src_lens)  # (B, S, D), (B, 1, 1, S)
+        length = tgt_in.shape[1]
+        self_mask = ops.causal_mask(length, like=memory)[None, None, :, :] \
+            & ops.padding_mask(tgt_lens, length)  # (B, 1, T, T)
+        packing = Packing.from_lengths(tgt_lens, length) if valid_only else None
+        y = self.tgt_embed(tgt_in)  # (B, T, D)
+        if packing is not None:
+            y = packing.pack(y)  # rows (N, D): only the valid targets get logits
+        for block in self.decoder:
+            y = block(y, memory, self_mask, memory_mask, packing=packing)
+        if self.decoder_norm is not None:
+            y = self.decoder_norm(y)
+        self._save((packing,))
+        return self.out_proj(y)  # (B, T, V_tgt), or rows (N, V_tgt) with valid_only
+
+    forward.__doc__ = models.Seq2SeqTransformer.forward.__doc__
+
+    def backward(self, dlogits: Array) -> None:
+        (packing,) = self._pop_saved()
+        dy = self.out_proj.backward(dlogits)
+        if self.decoder_norm is not None:
+            dy = self.decoder_norm.backward(dy)
+        dmemory = None
+        for block in reversed(self.decoder):
+            dy, dmem = block.backward(dy)
+            dmemory = dmem if dmemory is None else dmemory + dmem  # memory feeds every block
+        self.tgt_embed.backward(dy if packing is None else packing.unpack(dy))
+        src_packing = self._pop_saved("_encode_cache")
+        dx = src_packing.pack(dmemory)  # the backward of unpack
+        if self.encoder_norm is not None:
+            dx = self.encoder_norm.backward(dx)
+        for block in reversed(self.encoder):
+            dx = block.backward(dx)
+        return self.src_embed.backward(src_packing.unpack(dx))

@@ -1,0 +1,174 @@
+"""The optimizers of the fast tier: the textbook update rules (:mod:`npformer.optim`) over
+one flat buffer, and the gradient norm over it in one pass.
+
+* :class:`Adam`, :class:`AdamW`: with NumPy parameters of one floating dtype, the
+  parameters live in one :class:`~npformer.fast.flat.FlatParameters` (the model's, which
+  the fast models make when built, or a new one) and the moments in two more flat
+  buffers; one update is one pass over them (:func:`adamw_flat_update`), the statements
+  of :meth:`npformer.optim.Adam._update` element by element in their order.  On CuPy,
+  each parameter's update is one fused kernel.  Adam with L2 decay (``weight_decay`` on
+  the gradient) keeps the textbook's per-parameter update.
+* :func:`clip_grad_norm`, :func:`global_grad_norm`: one pass over the flat gradient
+  buffer where the parameters are one buffer's, else the textbook functions.
+
+``state_dict`` and ``load_state_dict`` mean what the textbook's mean (``"m.3"`` is
+parameter 3's first moment, a copy); a loaded state is copied into the flat buffers.
+Tested equal to the textbook optimizers, update for update, in ``tests/test_optim.py``.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from .. import backend, optim
+from ..backend import Array
+from ..optim import NonFiniteGradientError, ParamsOrNamed, _named, _nonfinite_report
+from ..validation import check_gradients, check_hyperparameter, check_real
+from . import fused, kernels
+from .flat import FlatParameters, flat_buffer, flat_buffer_of
+
+
+class _FlatAdam:
+    """What :class:`Adam` and :class:`AdamW` of this tier add to their textbook classes."""
+
+    _flat: FlatParameters | None = None
+
+    def _zero_state(self) -> dict[str, list[Any]]:
+        """The parameters into one flat buffer and the moments made flat (``state[name][i]``
+        a view of ``_flat_state[name]``), never per parameter first: the moments are twice
+        the model's size.  L2 decay changes g tensor by tensor: Adam with it stays per
+        parameter, as does anything but NumPy floats of one dtype."""
+        if not (self._decoupled or self.weight_decay == 0):
+            return super()._zero_state()
+        self._flat = flat_buffer(self.params)
+        if self._flat is None:
+            return super()._zero_state()
+        self._flat_state = {name: backend.namespace_of(self._flat.data).zeros_like(self._flat.data)
+                            for name in self._state_names}  # (P,) each
+        self._state_views = {name: [buffer[lo:hi].reshape(p.shape)
+                                    for p, (lo, hi) in zip(self.params, self._flat.slices)]
+                             for name, buffer in self._flat_state.items()}
+        return {name: list(views) for name, views in self._state_views.items()}
+
+    def zero_grad(self) -> None:
+        if self._flat is None:
+            return super().zero_grad()
+        self._flat.sync()  # parameters rebound since (a loader) go back into the buffer
+        self._flat.zero_grad()  # one fill of the flat gradient buffer
+
+    def step(self) -> None:
+        if self._flat is None:
+            return super().step()
+        t = self.step_count + 1
+        if self.schedule is not None:
+            self.lr = check_hyperparameter(self.schedule(t), "lr")
+        check_gradients(self.params)  # all checks first: no half-done update
+        self._flat.sync()
+        self._sync_flat_state()
+        b1, b2 = self.beta1, self.beta2
+        decay = self._decoupled and self.weight_decay != 0
+        segments = self._flat.decay_segments if decay else self._flat.decay_segments[:0]
+        adamw_flat_update(self._flat.data, self._flat.grad, self._flat_state["m"],
+                          self._flat_state["v"], segments, 1 - self.lr * self.weight_decay,
+                          b1, b2, self.eps, self.lr / (1 - b1**t), 1 - b2**t)
+        self.step_count = t
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        super().load_state_dict(d)
+        if self._flat is not None:
+            self._sync_flat_state()
+
+    def _sync_flat_state(self) -> None:
+        """Moments rebound by a loader copied back into their flat views."""
+        for name in self._state_names:
+            for i, view in enumerate(self._state_views[name]):
+                value = self.state[name][i]
+                if value is not view:
+                    view[...] = backend.to_numpy(value)
+                    self.state[name][i] = view
+
+    def _update(self, p, g, state, t):
+        """One parameter's update (parameters that are not one buffer's): on CuPy one fused
+        kernel (the textbook statements, bit for bit), else the textbook's."""
+        (m, v), b1 = state, self.beta1
+        if not fused.fuses(p.data, g, m, v):
+            return super()._update(p, g, state, t)
+        data, g = self._decay(p, g)
+        return fused.adam_update(data, g, m, v, b1, self.beta2, self.eps,
+                                 self.lr / (1 - b1**t), 1 - self.beta2**t), (m, v)
+
+
+class Adam(_FlatAdam, optim.Adam):
+    __doc__ = optim.Adam.__doc__
+
+
+class AdamW(_FlatAdam, optim.AdamW):
+    __doc__ = optim.AdamW.__doc__
+
+
+def adamw_flat_update(data: Array, grad: Array, m: Array, v: Array,
+                      decay_segments: Sequence[tuple[int, int]], decay_factor: float, beta1: float,
+                      beta2: float, eps: float, step_size: float, bias_correction2: float) -> None:
+    """One Adam(W) update over flat buffers data, grad, m, v (P,), in place.
+
+    ``decay_segments`` (K, 2): the [lo, hi) ranges whose data first shrinks by
+    ``decay_factor`` = 1 - lr lambda (AdamW; K = 0 for none).  Then the statements of
+    :meth:`npformer.optim.Adam._update`, element by element, in their order; the
+    coefficients rounded to the buffers' dtype first, as NumPy rounds a Python float
+    meeting the array.  Compiled on NumPy with numba, else the same statements as array
+    operations over the buffers.
+    """
+    cast = data.dtype.type
+    coefficients = (cast(decay_factor), cast(1 - beta1), cast(1 - beta2), cast(beta2),
+                    cast(bias_correction2**0.5), cast(eps), cast(step_size))
+    if kernels.usable(data, grad, m, v):
+        kernels.adamw_flat(data, grad, m, v, decay_segments, *coefficients)
+        return
+    decay, one_minus_beta1, one_minus_beta2, beta2_, sqrt_bc2, eps_, step = coefficients
+    for lo, hi in decay_segments:
+        data[lo:hi] *= decay                              # p <- p (1 - lr lambda)
+    delta = grad - m
+    delta *= one_minus_beta1
+    m += delta                                            # m_t = m + (1-beta1)(g - m)
+    g_sq = grad * grad
+    g_sq *= one_minus_beta2
+    v *= beta2_
+    v += g_sq                                             # v_t = beta2 v + (1-beta2) g^2
+    xp = backend.namespace_of(data)
+    denom = xp.sqrt(v)
+    denom /= sqrt_bc2
+    denom += eps_                                         # sqrt(v)/sqrt(bc2) + eps
+    update = m / denom
+    update *= step
+    data -= update                                        # p <- p - step m / denom
+
+
+# =========================================================================== clipping
+def global_grad_norm(params: ParamsOrNamed, error_if_nonfinite: bool = False) -> float:
+    """:func:`npformer.optim.global_grad_norm`, in one pass where every gradient lives in
+    one flat buffer."""
+    named = _named(params)
+    flat = flat_buffer_of(p for _, p in named)
+    if flat is None:
+        return optim.global_grad_norm(named, error_if_nonfinite)
+    total = math.sqrt(kernels.sum_of_squares(flat.grad) if kernels.usable(flat.grad)
+                      else float(flat.grad @ flat.grad))
+    if error_if_nonfinite and not math.isfinite(total):
+        raise NonFiniteGradientError(_nonfinite_report(named, total))
+    return total
+
+
+def clip_grad_norm(params: ParamsOrNamed, max_norm: float,
+                   error_if_nonfinite: bool = True) -> float:
+    """:func:`npformer.optim.clip_grad_norm`: where every gradient lives in one flat buffer,
+    the norm in one pass and every gradient scaled in place in one more."""
+    max_norm = check_real(max_norm, "max_norm", 0.0, inclusive=False)
+    named = _named(params)
+    flat = flat_buffer_of(p for _, p in named)
+    if flat is None:
+        return optim.clip_grad_norm(named, max_norm, error_if_nonfinite)
+    total = global_grad_norm(named, error_if_nonfinite)
+    if math.isfinite(total):
+        flat.grad *= min(max_norm / (total + 1e-6), 1.0)
+    return total

@@ -1,0 +1,48 @@
+"""Outputs computed again from a forward's cache, for a next layer that did not keep them.
+
+A fast block keeps no copy of a layer norm's or an activation's output: the layer after
+it (a linear map, the feed-forward's second linear) keeps no input (``keep_input=False``)
+and is handed the output again in its backward, recomputed here from the cache the norm
+or the activation keeps for its own backward anyway.  Each function runs the forward's
+own statement on that cache, so the numbers are the forward's, bit for bit.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..backend import Array
+from ..validation import activation_choice, checked_op
+from .activations import gelu_forward
+
+
+def layernorm_output(saved: Any, beta: Array) -> Array:
+    """The layer norm's y = gamma x_hat + beta, from its cache (x_hat, r, gamma) and beta."""
+    x_hat, _, gamma = saved
+    return x_hat * gamma + beta  # (..., D)
+
+
+def _relu_output(y: Array) -> Array:
+    """The fast ReLU keeps its output y."""
+    return y
+
+
+def _gelu_output(x: Array) -> Array:
+    """The fast GELU keeps x: y = x Phi(x), by the forward itself (one compiled pass)."""
+    y, _ = gelu_forward.unchecked(x)
+    return y
+
+
+def _gelu_tanh_output(saved: Any) -> Array:
+    """The tanh GELU keeps (x, t): y = x (1 + t) / 2, as its forward computes it."""
+    x, t = saved
+    return 0.5 * x * (1.0 + t)
+
+
+OUTPUTS = {"relu": _relu_output, "gelu": _gelu_output, "gelu_tanh": _gelu_tanh_output}
+
+
+@checked_op(activation_choice)
+def activation_output(name: str) -> Callable[[Any], Array]:
+    """The function ``saved -> y`` of the fast activation called ``name``."""
+    return OUTPUTS[name]
