@@ -307,11 +307,15 @@ def add_user_data_options(parser) -> None:
 
 
 def check_user_data_options(parser, args) -> None:
-    """--validation-data and --test-data go with --data FILE of the user's own."""
+    """--validation-data and --test-data go with --data FILE of the user's own; the text
+    and the label are two columns."""
     for name in ("validation_data", "test_data"):
         if getattr(args, name) is not None and not is_user_data(args.data):
             parser.error(f"--{name.replace('_', '-')} goes with --data FILE.csv (.tsv, "
                          f".jsonl, .json): your own training examples")
+    if args.text_column == args.label_column:
+        parser.error(f"--text-column and --label-column both name {args.text_column!r}: "
+                     "every text would be its own label")
 
 
 def main(argv=None) -> int:
