@@ -49,11 +49,12 @@ from npformer.cli import (
     write_metrics,
     write_text,
 )
+from npformer.cli.schedule import cosine_schedule
 from npformer.data import CharVocab, lm_batch, load_shakespeare, read_text_file, split_90_10
 from npformer.decoding import generate
 from npformer.models import CausalLM, CausalLMConfig
 from npformer.nn import evaluating
-from npformer.optim import AdamW, warmup_cosine
+from npformer.optim import AdamW
 from npformer.tasks import LanguageModeling
 from npformer.train import TrainConfig, Trainer
 from npformer.validation import renamed_fields
@@ -148,8 +149,8 @@ def model_config(preset: Preset, vocab_size: int) -> CausalLMConfig:
 def make_optimizer(params, preset: Preset) -> AdamW:
     """nanoGPT's: AdamW, warmup over a twentieth of the run, cosine decay to a tenth."""
     warmup = max(1, preset.max_iters // 20)
-    return AdamW(params, lr=warmup_cosine(preset.lr, warmup, preset.max_iters,
-                                          min_lr=preset.lr / 10),
+    return AdamW(params, lr=cosine_schedule(preset.lr, warmup, preset.max_iters,
+                                            min_lr=preset.lr / 10),
                  betas=(0.9, 0.99), weight_decay=0.1)
 
 

@@ -60,6 +60,7 @@ from npformer.cli import (
     start_demo,
     write_metrics,
 )
+from npformer.cli.schedule import cosine_schedule
 from npformer.data import (
     Vocab,
     is_user_data,
@@ -72,7 +73,7 @@ from npformer.data import (
 )
 from npformer.models import ClassifierConfig, TransformerClassifier
 from npformer.nn import evaluating, record_attention
-from npformer.optim import AdamW, warmup_cosine
+from npformer.optim import AdamW
 from npformer.tasks import Classification
 from npformer.train import EpochBatches, TrainConfig, Trainer, TrainingInterrupted
 from npformer.validation import renamed_fields
@@ -275,7 +276,7 @@ def model_config(preset: Preset, vocab_size: int, pad_id: int,
 def make_optimizer(params, preset: Preset, total_updates: int) -> AdamW:
     """AdamW, warmup (at most a tenth of the run), then cosine decay."""
     warmup = min(preset.warmup, max(1, total_updates // 10))
-    return AdamW(params, lr=warmup_cosine(preset.lr, warmup, total_updates),
+    return AdamW(params, lr=cosine_schedule(preset.lr, warmup, total_updates),
                  weight_decay=preset.weight_decay)
 
 
