@@ -23,6 +23,7 @@ from . import fingerprint, transports
 from .failure import abort_all_on_uncaught_exception, join_timeout, stop_unless_joined_within
 from .launcher import launched_by_mpi, refuse_a_lone_rank
 from .placement import select_gpu, share_cores
+from .shards import shard_bounds
 
 
 class RanksDiffer(RuntimeError):
@@ -90,8 +91,6 @@ class Context:
         blocks, rank order) and, inside each rank, across ``replicas`` threads; every rank
         gets the whole list back, in order (evaluation, decoding).  ``fn``'s results are
         pickled across ranks: return small host values (scores, token lists)."""
-        from ..parallel import shard_bounds  # (lazy: npformer.parallel imports this module)
-
         items = list(items)
         lo, hi = shard_bounds(len(items), self.size)[self.rank]
         mine = parallel_map(fn, items[lo:hi], replicas)
