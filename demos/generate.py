@@ -49,6 +49,7 @@ from npformer.cli import (
     write_metrics,
     write_text,
 )
+from npformer.cli.memory import check_training_fits
 from npformer.cli.schedule import cosine_schedule
 from npformer.data import CharVocab, lm_batch, load_shakespeare, read_text_file, split_90_10
 from npformer.decoding import generate
@@ -176,7 +177,10 @@ def main(argv=None) -> int:
     vocab = CharVocab.from_text(text)
     check_prompt(args.prompt, vocab)  # before training, not after
     train_ids, val_ids = split_text(text, vocab, preset.block_size)
-    model = CausalLM(model_config(preset, len(vocab)))
+    config = model_config(preset, len(vocab))
+    check_training_fits(config, preset.batch_size, preset.block_size, preset,
+                        PRESETS["default"], args.dtype)  # before a weight is made
+    model = CausalLM(config)
     optimizer = make_optimizer(model.parameters(), preset)
     print(f"{len(train_ids):,} train / {len(val_ids):,} validation characters, vocabulary "
           f"{len(vocab)}; model {model.num_parameters():,} parameters")

@@ -60,6 +60,7 @@ from npformer.cli import (
     start_demo,
     write_metrics,
 )
+from npformer.cli.memory import check_training_fits
 from npformer.cli.schedule import cosine_schedule
 from npformer.data import (
     Vocab,
@@ -337,6 +338,8 @@ def main(argv=None) -> int:
           f"{clock.seconds():.0f} s")
 
     config = model_config(preset, len(vocab), vocab.pad_id, num_classes=len(labels))
+    check_training_fits(config, preset.batch_size, max(map(len, train_ids)), preset,
+                        PRESETS["default"], args.dtype)  # before a weight is made
     trainers, updates_before = [], 0
     for member in range(1, preset.members + 1):
         stop_after = None if args.stop_after is None else args.stop_after - updates_before

@@ -54,6 +54,7 @@ from npformer.cli import (
     start_demo,
     write_metrics,
 )
+from npformer.cli.memory import check_training_fits
 from npformer.data import (
     Vocab,
     filter_by_length,
@@ -270,7 +271,10 @@ def main(argv=None) -> int:
           f"({sum(len(r) for r in heldout.values()):,} pairs); vocabularies {len(src_vocab):,} "
           f"/ {len(tgt_vocab):,}; data ready in {clock.seconds():.0f} s")
 
-    model = Seq2SeqTransformer(model_config(preset, src_vocab, tgt_vocab))
+    config = model_config(preset, src_vocab, tgt_vocab)
+    check_training_fits(config, preset.batch_size, config.block_size, preset,
+                        PRESETS["default"], args.dtype)  # before a weight is made
+    model = Seq2SeqTransformer(config)
     optimizer = make_optimizer(model.parameters(), preset)
     print(f"model: {model.num_parameters():,} parameters")
     pad, bos = tgt_vocab.pad_id, tgt_vocab.bos_id
