@@ -531,9 +531,10 @@ def _quoted_sizes() -> list[tuple[str, str, tuple]]:
         ("the lm batch", "B {} windows of T {} characters, so $N = {}$ positions; D {}, "
                          "$D_{ff} = {}D = {}$, {} pre-norm blocks",
          (lm_preset.batch_size, lm_cfg.block_size, n, width, hidden / width, hidden, blocks)),
-        ("the hidden layer", "| the hidden layer $h' = h$ | $(N, D_{ff})$ | {} MiB | {} MiB |",
+        ("the hidden layer", "| the hidden layer, the second linear map's input | $(N, D_{ff})$ | "
+                             "{} MiB | {} MiB |",
          (hidden_mib, blocks * hidden_mib)),
-        ("GELU's Phi", r"| GELU's $\Phi(u)$ | $(N, D_{ff})$ | {} MiB | {} MiB |",
+        ("GELU's Phi", r"| GELU's $\Phi(x)$ | $(N, D_{ff})$ | {} MiB | {} MiB |",
          (hidden_mib, blocks * hidden_mib)),
         ("the normed inputs", r"| the two sublayer inputs $\text{LN}(x)$ | $2 \times (N, D)$ | "
                               r"{} KiB | {} MiB |", (normed_kib, blocks * normed_kib / KIB)),
