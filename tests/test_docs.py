@@ -518,7 +518,8 @@ def _quoted_sizes() -> list[tuple[str, str, tuple]]:
                        r"French vocabulary of V {} words) each $(N, V)$ float32 array is up to "
                        r"{} MiB",
          (seq2seq["batch"], seq2seq["seq_len"], n_rows, vocab, logits)),
-        ("the loss's peak", "array ({} MiB at most, at the translation benchmark's step)",
+        ("the loss's peak", "instead of two (at most {} MiB less, at the translation benchmark's "
+                            "step)",
          (logits,)),
     ]
     # the language model demo's batch: what the fast layers do not keep
