@@ -43,6 +43,7 @@ from npformer.cli import (
     positive_float,
     positive_int,
     probability,
+    resume_run,
     run_demo,
     run_record,
     start_demo,
@@ -203,7 +204,7 @@ def main(argv=None) -> int:
                                         "run": run_record(args, preset)},
                       seed=args.seed)
     if args.resume:
-        trainer.resume(out / LAST_FILE)
+        resume_run(trainer, out / LAST_FILE)
     history = trainer.fit()
     train_seconds = trainer.train_seconds
     final = history.evals[-1]

@@ -55,6 +55,7 @@ from npformer.cli import (
     plot_curves,
     positive_float,
     probability,
+    resume_run,
     run_demo,
     run_record,
     start_demo,
@@ -344,10 +345,16 @@ def main(argv=None) -> int:
     for member in range(1, preset.members + 1):
         stop_after = None if args.stop_after is None else args.stop_after - updates_before
         if stop_after is not None and stop_after <= 0:  # counted over all members' updates
-            raise TrainingInterrupted(trainers[-1].updates, f"stop_after={args.stop_after}",
+            raise TrainingInterrupted(updates_before, f"stop_after={args.stop_after}",
                                       member_files(out, member - 1)[1])
-        trainers.append(train_member(member, args, preset, config, vocab, labels, stop_after,
-                                     (train_ids, train_y), (val_ids, val_y)))
+        try:
+            trainers.append(train_member(member, args, preset, config, vocab, labels,
+                                         stop_after, (train_ids, train_y), (val_ids, val_y)))
+        except TrainingInterrupted as stopped:  # said in all members' updates, as typed
+            reason = (f"stop_after={args.stop_after}" if stopped.reason.startswith("stop_after")
+                      else stopped.reason)
+            raise TrainingInterrupted(updates_before + stopped.updates, reason,
+                                      stopped.path) from None
         updates_before += trainers[-1].updates
 
     models = [load_demo_model(member_files(out, k)[0], DEMO)[0]
@@ -446,7 +453,7 @@ def train_member(member: int, args, preset: Preset, config: ClassifierConfig, vo
                           "run": run_record(args, preset)},
         seed=seed)
     if args.resume and last_path.is_file():
-        trainer.resume(last_path)
+        resume_run(trainer, last_path)
     trainer.fit()
     return trainer
 

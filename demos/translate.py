@@ -49,6 +49,7 @@ from npformer.cli import (
     plot_curves,
     positive_float,
     probability,
+    resume_run,
     run_demo,
     run_record,
     start_demo,
@@ -293,7 +294,7 @@ def main(argv=None) -> int:
                           "tgt_vocab": tgt_vocab.to_json(), "run": run_record(args, preset)},
         seed=args.seed)
     if args.resume:
-        trainer.resume(out / LAST_FILE)
+        resume_run(trainer, out / LAST_FILE)
     history = trainer.fit()
     epochs = trainer.updates * preset.batch_size / len(train_pairs)
 

@@ -313,4 +313,4 @@ def test_start_demo_ends_with_the_relaunched_ranks_status(tmp_path, monkeypatch)
     with pytest.raises(SystemExit) as exit_info:
         start(["--out", str(tmp_path / "run")], monkeypatch, relaunched=130)
     assert exit_info.value.code == 130
-    assert not (tmp_path / "run").exists()  # the ranks set the run up, not this process
+    assert (tmp_path / "run" / cli.HOLDER_FILE).is_file()  # held by the ranks' launcher

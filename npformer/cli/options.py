@@ -152,5 +152,8 @@ def demo_parser(demo: Demo, doc: str, presets: dict) -> argparse.ArgumentParser:
     parser.add_argument("--stop-after", type=positive_int, default=None, metavar="UPDATES",
                         help=f"stop after this many updates as if interrupted (the run is saved "
                              f"in OUT/{LAST_FILE}: continue it with --resume)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="start a new run in OUT even though it holds another run: every "
+                             "file of that run is removed first")
     _add_preset_options(parser, presets)
     return parser
