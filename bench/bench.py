@@ -60,17 +60,8 @@ if str(ROOT) not in sys.path[:1]:  # `python bench/bench.py`: the bench package,
     sys.path.insert(0, str(ROOT))
 
 from bench import processes, runner  # noqa: E402
-from bench.configs import (  # noqa: E402
-    CONFIGS,
-    SEED,
-    SMOKE,
-    SMOKE_SWEEP_BATCHES,
-    SMOKE_SWEEP_LENGTHS,
-    SMOKE_SWEEP_TOKENS,
-    SWEEP_BATCHES,
-    SWEEP_LENGTHS,
-    SWEEP_TOKENS,
-)
+from bench.configs import CONFIGS, SEED, SMOKE  # noqa: E402
+from bench.configs import sweeps as imdb_sweeps  # noqa: E402
 from bench.measure import worker_main  # noqa: E402
 from bench.report import (  # noqa: E402
     describe,
@@ -187,18 +178,8 @@ def main(argv=None) -> int:
     for name in args.names:
         cfgs[name] = table[name]
         results[name] = run_pair(table[name], args, args.engines)
-    sweeps = []
-    if args.sweeps:
-        base = table["imdb"]
-        tokens = SMOKE_SWEEP_TOKENS if args.smoke else SWEEP_TOKENS
-        lengths = SMOKE_SWEEP_LENGTHS if args.smoke else SWEEP_LENGTHS
-        batches = SMOKE_SWEEP_BATCHES if args.smoke else SWEEP_BATCHES
-        length_rows = [dict(base, seq_len=T, batch=tokens // T) for T in lengths]
-        batch_rows = [dict(base, batch=B) for B in batches]
-        sweeps = [(f"imdb sweep: sequence length at {tokens} tokens per batch (B = {tokens}/T)",
-                   [(c, run_pair(c, args)) for c in length_rows]),
-                  (f"imdb sweep: batch size at length {base['seq_len']}",
-                   [(c, run_pair(c, args)) for c in batch_rows])]
+    sweeps = [(title, [(c, run_pair(c, args)) for c in rows])
+              for title, rows in (imdb_sweeps(args.smoke) if args.sweeps else [])]
     first = next(iter(results.values()), None) or (sweeps[0][1][0][1] if sweeps else {})
     print_header(args, first)
     if args.smoke:

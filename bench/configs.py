@@ -95,12 +95,37 @@ SMOKE_LARGE = {
 GPU_CONFIGS = {**CONFIGS, **LARGE}
 GPU_SMOKE = {**SMOKE, **SMOKE_LARGE}
 WARMUP_CONFIGS = {c["kind"]: c for c in SMOKE.values()}  # library warm-up, per model kind
+# The imdb sweeps (--sweeps): sequence length at a fixed number of tokens a batch, and
+# batch size at the configuration's length.  The smoke sweep ends at the same longest
+# length (at one sequence a batch), so that a smoke run meets what the full sweep meets.
 SWEEP_TOKENS = 8192
 SWEEP_LENGTHS = (64, 128, 256, 512, 1024)
 SWEEP_BATCHES = (8, 16, 32, 64)
-SMOKE_SWEEP_TOKENS = 64
-SMOKE_SWEEP_LENGTHS = (8, 16)
+SMOKE_SWEEP_TOKENS = 1024
+SMOKE_SWEEP_LENGTHS = (16, 1024)
 SMOKE_SWEEP_BATCHES = (2, 4)
+
+
+def sweeps(smoke: bool = False) -> list[tuple[str, list[dict]]]:
+    """[(title, configurations)] of the imdb sweeps, in the order they run.
+
+    The length sweep's model is built for the longest length it times (its preset's
+    block_size is that length: the demo's 512 would refuse 1024), each row at
+    ``tokens // T`` sequences a batch; the batch sweep's is the configuration's own.
+    """
+    tokens, lengths, batch_sizes = ((SMOKE_SWEEP_TOKENS, SMOKE_SWEEP_LENGTHS,
+                                     SMOKE_SWEEP_BATCHES) if smoke
+                                    else (SWEEP_TOKENS, SWEEP_LENGTHS, SWEEP_BATCHES))
+    if tokens < max(lengths):
+        raise ValueError(f"{tokens} tokens a batch hold no sequence of length {max(lengths)}")
+    sizes = dict(vocab=200, length=16) if smoke else {}
+    preset = "smoke" if smoke else "default"
+    longest = bench_config("imdb", preset, block_size=max(lengths), **sizes)
+    base = bench_config("imdb", preset, **sizes)
+    return [(f"imdb sweep: sequence length at {tokens} tokens per batch (B = {tokens}/T)",
+             [dict(longest, seq_len=T, batch=tokens // T) for T in lengths]),
+            (f"imdb sweep: batch size at length {base['seq_len']}",
+             [dict(base, batch=B) for B in batch_sizes])]
 
 SIDES = ("pytorch", "npformer")  # PyTorch first: it writes the shared initial weights
 

@@ -43,17 +43,20 @@ from npformer.cli import (
     positive_float,
     positive_int,
     probability,
+    resume_run,
     run_demo,
     run_record,
     start_demo,
     write_metrics,
     write_text,
 )
+from npformer.cli.memory import check_training_fits
+from npformer.cli.schedule import cosine_schedule
 from npformer.data import CharVocab, lm_batch, load_shakespeare, read_text_file, split_90_10
 from npformer.decoding import generate
 from npformer.models import CausalLM, CausalLMConfig
 from npformer.nn import evaluating
-from npformer.optim import AdamW, warmup_cosine
+from npformer.optim import AdamW
 from npformer.tasks import LanguageModeling
 from npformer.train import TrainConfig, Trainer
 from npformer.validation import renamed_fields
@@ -148,8 +151,8 @@ def model_config(preset: Preset, vocab_size: int) -> CausalLMConfig:
 def make_optimizer(params, preset: Preset) -> AdamW:
     """nanoGPT's: AdamW, warmup over a twentieth of the run, cosine decay to a tenth."""
     warmup = max(1, preset.max_iters // 20)
-    return AdamW(params, lr=warmup_cosine(preset.lr, warmup, preset.max_iters,
-                                          min_lr=preset.lr / 10),
+    return AdamW(params, lr=cosine_schedule(preset.lr, warmup, preset.max_iters,
+                                            min_lr=preset.lr / 10),
                  betas=(0.9, 0.99), weight_decay=0.1)
 
 
@@ -175,7 +178,10 @@ def main(argv=None) -> int:
     vocab = CharVocab.from_text(text)
     check_prompt(args.prompt, vocab)  # before training, not after
     train_ids, val_ids = split_text(text, vocab, preset.block_size)
-    model = CausalLM(model_config(preset, len(vocab)))
+    config = model_config(preset, len(vocab))
+    check_training_fits(config, preset.batch_size, preset.block_size, preset,
+                        PRESETS["default"], args.dtype)  # before a weight is made
+    model = CausalLM(config)
     optimizer = make_optimizer(model.parameters(), preset)
     print(f"{len(train_ids):,} train / {len(val_ids):,} validation characters, vocabulary "
           f"{len(vocab)}; model {model.num_parameters():,} parameters")
@@ -198,7 +204,7 @@ def main(argv=None) -> int:
                                         "run": run_record(args, preset)},
                       seed=args.seed)
     if args.resume:
-        trainer.resume(out / LAST_FILE)
+        resume_run(trainer, out / LAST_FILE)
     history = trainer.fit()
     train_seconds = trainer.train_seconds
     final = history.evals[-1]

@@ -55,11 +55,14 @@ from npformer.cli import (
     plot_curves,
     positive_float,
     probability,
+    resume_run,
     run_demo,
     run_record,
     start_demo,
     write_metrics,
 )
+from npformer.cli.memory import check_training_fits
+from npformer.cli.schedule import cosine_schedule
 from npformer.data import (
     Vocab,
     is_user_data,
@@ -72,7 +75,7 @@ from npformer.data import (
 )
 from npformer.models import ClassifierConfig, TransformerClassifier
 from npformer.nn import evaluating, record_attention
-from npformer.optim import AdamW, warmup_cosine
+from npformer.optim import AdamW
 from npformer.tasks import Classification
 from npformer.train import EpochBatches, TrainConfig, Trainer, TrainingInterrupted
 from npformer.validation import renamed_fields
@@ -275,7 +278,7 @@ def model_config(preset: Preset, vocab_size: int, pad_id: int,
 def make_optimizer(params, preset: Preset, total_updates: int) -> AdamW:
     """AdamW, warmup (at most a tenth of the run), then cosine decay."""
     warmup = min(preset.warmup, max(1, total_updates // 10))
-    return AdamW(params, lr=warmup_cosine(preset.lr, warmup, total_updates),
+    return AdamW(params, lr=cosine_schedule(preset.lr, warmup, total_updates),
                  weight_decay=preset.weight_decay)
 
 
@@ -307,11 +310,15 @@ def add_user_data_options(parser) -> None:
 
 
 def check_user_data_options(parser, args) -> None:
-    """--validation-data and --test-data go with --data FILE of the user's own."""
+    """--validation-data and --test-data go with --data FILE of the user's own; the text
+    and the label are two columns."""
     for name in ("validation_data", "test_data"):
         if getattr(args, name) is not None and not is_user_data(args.data):
             parser.error(f"--{name.replace('_', '-')} goes with --data FILE.csv (.tsv, "
                          f".jsonl, .json): your own training examples")
+    if args.text_column == args.label_column:
+        parser.error(f"--text-column and --label-column both name {args.text_column!r}: "
+                     "every text would be its own label")
 
 
 def main(argv=None) -> int:
@@ -332,14 +339,22 @@ def main(argv=None) -> int:
           f"{clock.seconds():.0f} s")
 
     config = model_config(preset, len(vocab), vocab.pad_id, num_classes=len(labels))
+    check_training_fits(config, preset.batch_size, max(map(len, train_ids)), preset,
+                        PRESETS["default"], args.dtype)  # before a weight is made
     trainers, updates_before = [], 0
     for member in range(1, preset.members + 1):
         stop_after = None if args.stop_after is None else args.stop_after - updates_before
         if stop_after is not None and stop_after <= 0:  # counted over all members' updates
-            raise TrainingInterrupted(trainers[-1].updates, f"stop_after={args.stop_after}",
+            raise TrainingInterrupted(updates_before, f"stop_after={args.stop_after}",
                                       member_files(out, member - 1)[1])
-        trainers.append(train_member(member, args, preset, config, vocab, labels, stop_after,
-                                     (train_ids, train_y), (val_ids, val_y)))
+        try:
+            trainers.append(train_member(member, args, preset, config, vocab, labels,
+                                         stop_after, (train_ids, train_y), (val_ids, val_y)))
+        except TrainingInterrupted as stopped:  # said in all members' updates, as typed
+            reason = (f"stop_after={args.stop_after}" if stopped.reason.startswith("stop_after")
+                      else stopped.reason)
+            raise TrainingInterrupted(updates_before + stopped.updates, reason,
+                                      stopped.path) from None
         updates_before += trainers[-1].updates
 
     models = [load_demo_model(member_files(out, k)[0], DEMO)[0]
@@ -438,7 +453,7 @@ def train_member(member: int, args, preset: Preset, config: ClassifierConfig, vo
                           "run": run_record(args, preset)},
         seed=seed)
     if args.resume and last_path.is_file():
-        trainer.resume(last_path)
+        resume_run(trainer, last_path)
     trainer.fit()
     return trainer
 

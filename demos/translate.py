@@ -49,11 +49,13 @@ from npformer.cli import (
     plot_curves,
     positive_float,
     probability,
+    resume_run,
     run_demo,
     run_record,
     start_demo,
     write_metrics,
 )
+from npformer.cli.memory import check_training_fits
 from npformer.data import (
     Vocab,
     filter_by_length,
@@ -270,7 +272,10 @@ def main(argv=None) -> int:
           f"({sum(len(r) for r in heldout.values()):,} pairs); vocabularies {len(src_vocab):,} "
           f"/ {len(tgt_vocab):,}; data ready in {clock.seconds():.0f} s")
 
-    model = Seq2SeqTransformer(model_config(preset, src_vocab, tgt_vocab))
+    config = model_config(preset, src_vocab, tgt_vocab)
+    check_training_fits(config, preset.batch_size, config.block_size, preset,
+                        PRESETS["default"], args.dtype)  # before a weight is made
+    model = Seq2SeqTransformer(config)
     optimizer = make_optimizer(model.parameters(), preset)
     print(f"model: {model.num_parameters():,} parameters")
     pad, bos = tgt_vocab.pad_id, tgt_vocab.bos_id
@@ -289,7 +294,7 @@ def main(argv=None) -> int:
                           "tgt_vocab": tgt_vocab.to_json(), "run": run_record(args, preset)},
         seed=args.seed)
     if args.resume:
-        trainer.resume(out / LAST_FILE)
+        resume_run(trainer, out / LAST_FILE)
     history = trainer.fit()
     epochs = trainer.updates * preset.batch_size / len(train_pairs)
 

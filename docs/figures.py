@@ -7,6 +7,8 @@ attention_graph.svg  the attention forward (§9) as a computation graph, with th
                      gradients flowing the other way
 block_tiling.svg     the score matrix of a padded, causal batch cut into blocks of query rows,
                      with each block's cut-off keys (§18)
+packing.svg          a padded batch's valid positions gathered as rows and scattered back,
+                     zeros at padding (§22)
 """
 from __future__ import annotations
 
@@ -139,12 +141,69 @@ def block_tiling(path: Path) -> None:
     plt.close(fig)
 
 
+def packing(path: Path) -> None:
+    """A padded batch (B = 3, T = 6, valid lengths 4, 2, 5), flattened to its BT = 18 positions:
+    pack gathers the N = 11 valid ones, in order of their flat position bT + t, as rows; unpack
+    scatters the rows back, zeros at padding."""
+    lengths, T = (4, 2, 5), 6
+    index = [b * T + t for b, n in enumerate(lengths) for t in range(n)]  # flat positions
+    fig, ax = plt.subplots(figsize=(11.0, 4.6))
+    ax.set_xlim(-0.2, 25.0)
+    ax.set_ylim(-1.2, 8.6)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    top, middle, bottom = 6.0, 3.0, 0.0  # y of the three strips' lower edges
+    shift = (len(lengths) * T - len(index)) / 2  # centre the packed rows under the batch
+
+    def strip(y, label, zeros):
+        for flat in range(len(lengths) * T):
+            b, t = divmod(flat, T)
+            valid = t < lengths[b]
+            ax.add_patch(Rectangle((flat, y), 1, 1, ec="#555555", lw=0.6,
+                                   fc="#5b8cc8" if valid else ("white" if zeros else "#dddddd"),
+                                   hatch=None if valid or zeros else "//"))
+            text = f"{flat}" if valid else ("0" if zeros else "pad")
+            ax.text(flat + 0.5, y + 0.5, text, ha="center", va="center", fontsize=7.5,
+                    color="white" if valid else "#555555")
+        for b in range(1, len(lengths)):  # where one sequence ends and the next begins
+            ax.plot([b * T, b * T], [y - 0.15, y + 1.15], color="black", lw=1.6)
+        ax.text(len(lengths) * T + 0.4, y + 0.5, label, va="center", fontsize=9)
+
+    strip(top, "X: the padded batch, flattened\n(BT, D)", zeros=False)
+    for b, n in enumerate(lengths):
+        ax.text(b * T + T / 2, top + 1.35, f"sequence b = {b}, $T_b$ = {n}", ha="center",
+                fontsize=8.5)
+    strip(bottom, "unpack(R) = $G^\\top R$\n(BT, D), 0 at padding", zeros=True)
+    for n, flat in enumerate(index):
+        x = shift + n
+        ax.add_patch(Rectangle((x, middle), 1, 1, fc="#5b8cc8", ec="#555555", lw=0.6))
+        ax.text(x + 0.5, middle + 0.5, f"{flat}", ha="center", va="center", fontsize=7.5,
+                color="white")
+        for start, end in (((flat + 0.5, top), (x + 0.5, middle + 1.0)),
+                           ((x + 0.5, middle), (flat + 0.5, bottom + 1.0))):
+            ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=7, lw=0.6,
+                                         color="#888888", shrinkA=1, shrinkB=1))
+    right = len(lengths) * T + 0.4  # the labels' column, clear of the arrows
+    ax.text(right, middle + 0.5, "R = pack(X) = GX: the valid rows\n(N, D), N = 11", va="center",
+            fontsize=9)
+    ax.text(right, (top + middle + 1) / 2, "pack: gather the rows at index\n(its backward: unpack)",
+            ha="left", va="center", fontsize=8.5, color="#c0392b")
+    ax.text(right, (middle + bottom + 1) / 2, "unpack: scatter them back\n(its backward: pack)",
+            ha="left", va="center", fontsize=8.5, color="#c0392b")
+    ax.text(0, -0.9, "each number is a position's flat index bT + t; index lists the valid ones in "
+            "increasing order, and row n of R is position index[n]", fontsize=8.5, color="#555555")
+    fig.savefig(path, format="svg", metadata={"Date": None}, bbox_inches="tight")
+    plt.close(fig)
+
+
 def main(out_dir: Path = FIGURES) -> list[Path]:
     _deterministic()
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / "attention_graph.svg", out_dir / "block_tiling.svg"]
+    paths = [out_dir / "attention_graph.svg", out_dir / "block_tiling.svg",
+             out_dir / "packing.svg"]
     attention_graph(paths[0])
     block_tiling(paths[1])
+    packing(paths[2])
     return paths
 
 

@@ -87,11 +87,29 @@ _current: _Backend = _make_backend(os.environ.get("NPFORMER_BACKEND", "numpy").l
 
 # --------------------------------------------------------------------------- selection
 def set_backend(name: str, seed: int | None = 0) -> None:
-    """Switch every later computation to backend ``name`` ("numpy", "cupy" or "strict")."""
+    """Switch every later computation to backend ``name`` ("numpy", "cupy" or "strict"),
+    its generator seeded with ``seed`` (an integer >= 0; None: from the OS's entropy).
+
+    Raises:
+        TypeError: ``name`` is not a string, or ``seed`` not an integer or None.
+        ValueError: an unknown backend, or a negative seed.
+        RuntimeError: the backend's library (or a GPU) is missing.
+    """
     global _current
+    if not isinstance(name, str):
+        raise TypeError(f"the backend must be named by a string, one of {BACKENDS}; got "
+                        f"{name!r}")
+    seed = _checked_seed(seed)
     default_float = _current.default_float
     _current = _make_backend(name.lower(), seed)
     _current.default_float = default_float
+
+
+def _checked_seed(value: Any) -> int | None:
+    """A generator's seed: an integer >= 0 (Python's or NumPy's, not a bool), or None."""
+    from .validation import check_size  # validation imports this module
+
+    return check_size(value, "seed", 0, optional=True)
 
 
 def backend_name() -> str:
@@ -293,7 +311,9 @@ def thread_generator(seed_value: int) -> Iterator[None]:
 
 
 def seed(value: int) -> None:
-    """Reseed the backend's generator: dropout masks and initialisations repeat exactly."""
+    """Reseed the backend's generator: dropout masks and initialisations repeat exactly.
+    ``value``: an integer >= 0 (None: from the OS's entropy)."""
+    value = _checked_seed(value)
     if _current.name == "cupy":
         import cupy
 

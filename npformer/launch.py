@@ -15,40 +15,62 @@ when all of these hold: the demo was started from the command line (not called a
 function), it trains, it runs on the CPU (NumPy backend), no launcher started it
 already, ``--replicas`` was not given without ``--procs`` (thread replicas asked for),
 more than one process is asked for (``--procs``, default: the usable cores; with
-``--resume``, the ranks the saved run was on, so every batch is sharded as before and the
-figures are those of the uninterrupted run), and mpi4py and an ``mpiexec`` are
-installed.  Otherwise the demo runs in this process.
+``--resume``, the ranks the saved run was on), and mpi4py and an ``mpiexec`` are
+installed.  Otherwise the demo runs in this process (saying so where ranks were asked
+for, or where the resumed run was on ranks).
+
+*The launcher owns its ranks.*  The process the user started (the launcher) starts
+``mpiexec`` in a session of its own, so a terminal's Ctrl-C, ``timeout`` or ``kill``
+reach the launcher alone, whether they signal it or its process group.  It forwards each
+signal it can catch (:data:`FORWARDED_SIGNALS`: SIGINT, SIGTERM, SIGHUP, SIGQUIT) once
+to every rank, which stops as one process stops (:mod:`npformer.cli.errors`: in
+training, after the current update, the run saved).  A rank names itself to the
+launcher as it starts (:func:`announce_rank`: its pid, a file in the launch's folder),
+so a signal that came before it had started reaches it then.  The launcher returns only
+once ``mpiexec`` and every rank have ended, with their exit status: 0, 2 for a user error
+(the failing rank's message, once), 130 for a stop (the "training stopped ... continue
+it with" lines, once).
 
 The children get glibc's allocator tunables from their first allocation
 (:data:`KEEP_MEMORY_TUNABLES`; ``npformer.distributed`` sets the same with ``mallopt``
 once it is imported): two ranks side by side otherwise page-fault their freed
 activations back in every step, and those faults do not scale across cores
 (../shared/ANCHORS.md, "Where CPU time goes": 49 and 70 ms a step against 35 and 29).
-The launcher's exit status is the demo's: 0, 2 for a user error (the failing rank's
-message on standard error), 130 for an interruption (Ctrl-C reaches every rank, which
-saves its run for --resume; the parent only waits).
 """
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
+from .distributed.failure import join_timeout
 from .distributed.launcher import RANK_VARIABLES, SIZE_VARIABLES
 from .validation import positive_int
 
-LAUNCHED_MARK = "NPFORMER_LAUNCHED"  # set in the children: they never re-launch
+# Set in the children (they never re-launch) to the launch's folder, where each names
+# itself (announce_rank) and reads what its launcher started (LAUNCH_FILE).
+LAUNCHED_MARK = "NPFORMER_LAUNCHED"
+LAUNCH_FILE = "launch.json"  # {"ranks": N, "mpiexec": path}
 KEEP_BYTES = 4294967296  # 4 GiB: no activation is ever mmap'ed, nor the heap trimmed
 KEEP_MEMORY_TUNABLES = (f"glibc.malloc.mmap_threshold={KEEP_BYTES}:"
                         f"glibc.malloc.trim_threshold={KEEP_BYTES}")
 # Variables an MPI or batch launcher sets in the processes it starts (npformer.distributed
 # reads the same ones), and NPFORMER_MPI, the user's own choice of MPI or not.
 LAUNCHER_VARIABLES = (*SIZE_VARIABLES, *RANK_VARIABLES, "SLURM_STEP_ID", "NPFORMER_MPI")
+# The signals that ask a process to end and can be caught: the launcher forwards them.
+FORWARDED_SIGNALS = tuple(getattr(signal, name) for name in
+                          ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, name))
+POLL_SECONDS = 0.05  # how often the launcher forwards what it received, and looks at its ranks
 
 
 def add_procs_option(parser: argparse.ArgumentParser) -> None:
@@ -89,16 +111,13 @@ def planned_procs(args: argparse.Namespace, training: bool,
     if backend != "numpy":
         return 1  # one GPU: one process (several GPUs: start the ranks with mpiexec)
     procs = getattr(args, "procs", None)
+    if procs is not None:
+        return procs  # a resumed run too: its thread replicas keep its workers (cli.runs)
     if getattr(args, "resume", False):
-        saved = saved_procs(Path(args.out))
-        # the saved run's ranks (they and its replicas shard every batch: the same figures);
-        # another count given is refused by the demo itself, once, in this process
-        return saved if procs in (None, saved) else 1
-    if procs is None:
-        if getattr(args, "replicas", None) is not None:
-            return 1  # thread replicas asked for by name
-        procs = usable_cores()
-    return procs
+        return saved_procs(Path(args.out))  # the saved run's ranks
+    if getattr(args, "replicas", None) is not None:
+        return 1  # thread replicas asked for by name
+    return usable_cores()
 
 
 def saved_procs(out: Path) -> int:
@@ -113,8 +132,14 @@ def saved_procs(out: Path) -> int:
         return 1
 
 
-def child_environment(environ: Mapping[str, str] = os.environ) -> dict:
-    env = dict(environ, **{LAUNCHED_MARK: "1"})
+def check_environment() -> None:
+    """What the ranks will read from the environment, checked before they are started
+    (a ValueError naming the variable), so that its error is printed once."""
+    join_timeout()
+
+
+def child_environment(folder: str | Path, environ: Mapping[str, str] = os.environ) -> dict:
+    env = dict(environ, **{LAUNCHED_MARK: str(folder)})
     env.setdefault("GLIBC_TUNABLES", KEEP_MEMORY_TUNABLES)  # a user's own setting is kept
     return env
 
@@ -128,7 +153,8 @@ def relaunch(args: argparse.Namespace, argv: list[str] | None, training: bool = 
 
     ``args``: the demo's parsed options; ``argv``: what ``main`` was given (None: the
     command line, the only case that re-launches); ``training``: False for the modes
-    that only use a saved model (sampling, prediction, translation)."""
+    that only use a saved model (sampling, prediction, translation).  Raises ValueError
+    for an environment variable the ranks would refuse (before starting them)."""
     if argv is not None:
         return None
     procs = planned_procs(args, training)
@@ -136,50 +162,157 @@ def relaunch(args: argparse.Namespace, argv: list[str] | None, training: bool = 
         return None
     mpiexec = find_mpiexec()
     if mpiexec is None or importlib.util.find_spec("mpi4py") is None:
-        if getattr(args, "procs", None) is not None:
-            print(f"note: --procs {procs} needs mpi4py and an mpiexec (pip install "
-                  "'npformer[mpi]'); running in one process with thread replicas",
-                  file=sys.stderr)
+        asked = (f"--procs {procs}" if getattr(args, "procs", None) is not None else
+                 f"the saved run's {procs} MPI ranks" if getattr(args, "resume", False)
+                 else None)
+        if asked is not None:
+            print(f"note: {asked} need mpi4py and an mpiexec (pip install 'npformer[mpi]'); "
+                  "running in one process with thread replicas", file=sys.stderr)
         return None
-    command = launch_command(mpiexec, procs, sys.argv[1:])
+    check_environment()
     print(f"running on {procs} MPI ranks, one per core ({Path(mpiexec).name} -n {procs}; "
           "--procs 1 runs in one process)", flush=True)
-    return run_children(command, child_environment())
+    folder = Path(tempfile.mkdtemp(prefix="npformer-launch-"))
+    try:
+        (folder / LAUNCH_FILE).write_text(json.dumps({"ranks": procs, "mpiexec": mpiexec}))
+        return run_children(launch_command(mpiexec, procs, sys.argv[1:]),
+                            child_environment(folder), folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
+# --------------------------------------------------------------------------- in a rank
+def launch_record(environ: Mapping[str, str] = os.environ) -> dict | None:
+    """In a rank this module's launcher started: what it started (``{"ranks": N,
+    "mpiexec": path}``); None elsewhere."""
+    folder = environ.get(LAUNCHED_MARK)
+    try:
+        return json.loads((Path(folder) / LAUNCH_FILE).read_text()) if folder else None
+    except (OSError, ValueError):  # a mark without a launch (set by hand)
+        return None
+
+
+def announce_rank(environ: Mapping[str, str] = os.environ) -> None:
+    """In a rank this module's launcher started: name this process to the launcher, which
+    from then on forwards to it the signals it receives.  Call it once the process
+    handles them (:func:`npformer.cli.errors.run_demo`)."""
+    if launch_record(environ) is None:
+        return
+    folder, pid = Path(environ[LAUNCHED_MARK]), os.getpid()
+    partial = folder / f".{pid}"
+    partial.write_text(_started(pid) or "")
+    os.replace(partial, folder / str(pid))  # whole, or not there: the launcher reads it
+
+
+# --------------------------------------------------------------------------- the launcher
 # One-line messages every rank prints alike (cli.run_demo): shown once.
 RANK_ALIKE_PREFIXES = ("error: ", "training stopped", "continue it with: ", "interrupted")
 
 
 def shown_once(lines: Iterable[str], seen: set) -> Iterator[str]:
     """The children's standard-error lines, less repeats of a rank-alike message and, once
-    an ``error:`` line was shown, the launcher's ``Abort(N) ... MPI_Abort`` notes (the
-    ranks end that way after a user error); anything else (tracebacks) passes."""
+    an ``error:`` or ``interrupted`` line was shown, the launcher's ``Abort(N) ...
+    MPI_Abort`` notes (the ranks end that way then); anything else (tracebacks) passes."""
     for line in lines:
         if line.startswith(RANK_ALIKE_PREFIXES):
             if line.rstrip("\n") in seen:
                 continue
             seen.add(line.rstrip("\n"))
         elif line.startswith("Abort(") and "MPI_Abort" in line and any(
-                text.startswith("error: ") for text in seen):
+                text.startswith(("error: ", "interrupted")) for text in seen):
             continue
         yield line
 
 
-def run_children(command: list[str], env: dict) -> int:
-    """Run ``command`` and return its exit status (128 + N for a signal N).  Ctrl-C
-    reaches the children from the terminal (one process group); here it only keeps
-    waiting for them while they save their run."""
-    child = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True, bufsize=1)
-    seen: set = set()
-    lines = shown_once(child.stderr, seen)
-    while True:
-        try:
-            for line in lines:
-                sys.stderr.write(line)
-                sys.stderr.flush()
-            code = child.wait()
-            break
-        except KeyboardInterrupt:  # the generator ended with it: a new one reads on
-            lines = shown_once(child.stderr, seen)
+def run_children(command: list[str], env: dict, folder: Path) -> int:
+    """Run ``command`` (mpiexec) in a session of its own and return its exit status (128
+    + N for a signal N), once it and every rank named in ``folder`` have ended; the
+    signals this process receives meanwhile are forwarded to the ranks
+    (:class:`LaunchedRanks`), the children's standard error copied (:func:`shown_once`)."""
+    ranks = LaunchedRanks(folder)
+    previous = {s: signal.signal(s, ranks.receive) for s in FORWARDED_SIGNALS
+                if signal.getsignal(s) is not signal.SIG_IGN}  # nohup's stays ignored
+    try:
+        child = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE, text=True, errors="replace",
+                                 bufsize=1, start_new_session=True)
+        copying = threading.Thread(target=_copy_lines, args=(child.stderr,), daemon=True)
+        copying.start()
+        while child.poll() is None or ranks.alive():
+            ranks.forward()
+            time.sleep(POLL_SECONDS)
+        copying.join(timeout=10.0)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    code = child.returncode
     return 128 - code if code < 0 else code
+
+
+class LaunchedRanks:
+    """The ranks of one launch, as each names itself in the launch's folder (a file named
+    by its pid, holding its start time), and the signals the launcher received: each
+    signal goes once to every rank, to one that names itself later too.  The handler
+    only records; :meth:`forward`, called from the launcher's loop, sends."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.received: list[int] = []
+        self.forwarded: dict[int, int] = {}  # pid -> how many of `received` it was sent
+
+    def receive(self, signum: int, frame) -> None:
+        self.received.append(signum)
+
+    def forward(self) -> None:
+        count = len(self.received)  # a signal received while this runs goes next time
+        for pid, started in self.ranks().items():
+            for signum in self.received[self.forwarded.get(pid, 0):count]:
+                if _is_running(pid, started):
+                    os.kill(pid, signum)
+            self.forwarded[pid] = count
+
+    def ranks(self) -> dict[int, str]:
+        """{pid: start time} of the ranks that have named themselves."""
+        try:
+            entries = [p for p in self.folder.iterdir() if p.name.isdigit()]
+            return {int(p.name): p.read_text() for p in entries}
+        except OSError:
+            return {}
+
+    def alive(self) -> bool:
+        return any(_is_running(pid, started) for pid, started in self.ranks().items())
+
+
+def _copy_lines(stream) -> None:
+    """The children's standard error onto this process's, each rank-alike line once; a
+    failed write (a closed terminal) does not stop the reading."""
+    seen: set = set()
+    for line in shown_once(stream, seen):
+        try:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def _started(pid: int) -> str | None:
+    """The start time of process ``pid`` (clock ticks since boot, Linux's /proc; None
+    elsewhere): with the pid, it names one process, never a later one given its pid."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _is_running(pid: int, started: str) -> bool:
+    """Whether the rank ``pid`` that started at ``started`` still runs (not a zombie, not
+    another process given its pid since)."""
+    try:
+        os.kill(pid, 0)
+    except OSError:  # gone, or another user's process has its pid now
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True  # no /proc (not Linux): it exists
+    return state != "Z" and (not started or _started(pid) == started)

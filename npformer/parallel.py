@@ -47,6 +47,7 @@ import numpy as np
 
 from . import backend
 from .distributed.context import SINGLE, join_if_launched
+from .distributed.shards import shard_bounds
 from .fast.flat import flat_buffer_of
 from .nn import Module, Parameter
 from .nn.module import flat_layout
@@ -160,15 +161,6 @@ def data_parallel(model: Module, replicas: int = 1, **same: Any) -> Engine:
 
 
 # --------------------------------------------------------------------------- its steps
-def shard_bounds(rows: int, parts: int) -> list[tuple[int, int]]:
-    """[(lo, hi)] of ``parts`` contiguous shards covering ``range(rows)``, sizes differing
-    by at most one (the later shards are the larger); shards are empty when rows < parts."""
-    if parts < 1:
-        raise ValueError(f"parts must be at least 1, got {parts}")
-    bounds = np.linspace(0, rows, parts + 1).astype(int)
-    return [(int(lo), int(hi)) for lo, hi in zip(bounds[:-1], bounds[1:])]
-
-
 def split_batch(batch: tuple, parts: int, keep_empty: bool = False) -> list[tuple]:
     """Every array of a batch tuple split along its first axis into the ``parts`` shards
     of :func:`shard_bounds` (without the empty ones, unless ``keep_empty``)."""

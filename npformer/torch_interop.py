@@ -401,8 +401,9 @@ _TORCH_EQUIVALENTS = ("TransformerClassifier, CausalLM, Seq2SeqTransformer, Enco
 
 def to_torch(module: Any, device: Any = None) -> Any:
     """The ``torch.nn.Module`` equivalent of an npformer model or layer, holding the same
-    weights: same outputs for the same inputs (in eval mode; torch also drops attention
-    probabilities in training, npformer does not).
+    weights: same outputs for the same inputs (in training too, up to the dropout masks
+    drawn: the torch layers' attention dropout is set to 0, as npformer drops no
+    attention probabilities).
 
     * ``models.TransformerClassifier`` -> ``torch_reference.torch_models()["classifier"]``,
       called as ``forward(ids, valid_lens=None)``; ``models.CausalLM`` -> ``["causal_lm"]``,
@@ -410,7 +411,9 @@ def to_torch(module: Any, device: Any = None) -> Any:
       ``forward(src, tgt_in, src_lens=None, tgt_lens=None)`` (lengths default to the
       count of non-pad ids, as in npformer);
     * ``nn.EncoderBlock`` / ``nn.DecoderBlock`` -> ``nn.TransformerEncoderLayer`` /
-      ``nn.TransformerDecoderLayer`` (batch_first; the same norm_first, activation, dropout);
+      ``nn.TransformerDecoderLayer`` (batch_first; the same norm_first, activation, dropout,
+      none on the attention probabilities: ``self_attn.dropout`` and
+      ``multihead_attn.dropout`` are 0);
     * ``nn.MultiHeadAttention`` -> ``nn.MultiheadAttention(batch_first=True)``;
     * ``nn.Linear``, ``nn.LayerNorm``, ``nn.Embedding`` -> the torch layer of that name;
       ``nn.LearnedPositionalEmbedding`` -> ``nn.Embedding(max_len, d_model)``.
@@ -436,7 +439,7 @@ def to_torch(module: Any, device: Any = None) -> Any:
 def _torch_twin(m: Any, torch: Any, dtype: Any) -> Any:
     """An empty torch module shaped like the npformer module ``m``."""
     from .models import MODELS
-    from .torch_reference import torch_activation, torch_models
+    from .torch_reference import _without_attention_dropout, torch_activation, torch_models
 
     tnn = torch.nn
     kind = getattr(type(m), "kind", None)
@@ -445,10 +448,11 @@ def _torch_twin(m: Any, torch: Any, dtype: Any) -> Any:
     if isinstance(m, (EncoderBlock, DecoderBlock)):
         layer = tnn.TransformerEncoderLayer if isinstance(m, EncoderBlock) else \
             tnn.TransformerDecoderLayer
-        return layer(m.self_attn.d_model, m.self_attn.num_heads, m.ffn.linear1.out_features,
-                     dropout=m.ffn.dropout.p, activation=torch_activation(m.ffn.activation.name),
-                     layer_norm_eps=m.ffn_residual.norm.eps, batch_first=True,
-                     norm_first=m.norm_first, dtype=dtype)
+        return _without_attention_dropout(layer(
+            m.self_attn.d_model, m.self_attn.num_heads, m.ffn.linear1.out_features,
+            dropout=m.ffn.dropout.p, activation=torch_activation(m.ffn.activation.name),
+            layer_norm_eps=m.ffn_residual.norm.eps, batch_first=True, norm_first=m.norm_first,
+            dtype=dtype))
     if isinstance(m, MultiHeadAttention):
         return tnn.MultiheadAttention(m.d_model, m.num_heads, bias=m.q_proj.bias is not None,
                                       batch_first=True, dtype=dtype)
@@ -469,16 +473,24 @@ def from_torch(torch_module: Any) -> Any:
     Accepts the reference models of :mod:`npformer.torch_reference` (as :func:`to_torch`
     returns them; their npformer config is ``.c``), ``nn.TransformerEncoderLayer`` and
     ``nn.TransformerDecoderLayer`` (any norm_first, activation "relu", "gelu" or tanh
-    GELU, layer_norm_eps 1e-5, with biases), ``nn.MultiheadAttention`` (equal q/k/v
-    widths, no bias_k/bias_v or zero attention), ``nn.Linear``, ``nn.LayerNorm`` (over
-    the last axis, with weight and bias) and ``nn.Embedding``.  npformer layers are
-    batch-first whatever ``batch_first`` says.  The npformer module is made on the
-    current backend in the torch module's dtype (float32 or float64).
+    GELU, layer_norm_eps 1e-5, with biases, attention dropout 0), ``nn.MultiheadAttention``
+    (equal q/k/v widths, no bias_k/bias_v or zero attention, dropout 0), ``nn.Linear``,
+    ``nn.LayerNorm`` (over the last axis, with weight and bias) and ``nn.Embedding``
+    (without padding_idx, max_norm, scale_grad_by_freq or sparse).  An option npformer's
+    layer does not implement is refused by name, never dropped: the two modules would
+    compute, or train, differently.  A torch Transformer layer built with dropout p
+    drops its attention probabilities too: set its ``self_attn.dropout`` (and
+    ``multihead_attn.dropout``) to 0.0 to convert it (its residual and feed-forward
+    dropout p become the npformer block's).  npformer layers are batch-first whatever
+    ``batch_first`` says.  The npformer module is made on the current backend in the
+    torch module's dtype (float32 or float64).
     """
     import torch
 
     params = list(torch_module.parameters())
     dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in params})
+    if not params:  # LayerNorm(elementwise_affine=False): refused by what it lacks, if so
+        _npformer_twin(torch_module, torch)
     if len(dtypes) != 1 or dtypes[0] not in backend.FLOAT_DTYPES:
         raise TypeError(f"from_torch needs parameters of one float dtype "
                         f"{backend.FLOAT_DTYPES}, got {dtypes or 'none'} in "
@@ -507,11 +519,14 @@ def _npformer_twin(t: Any, torch: Any) -> Any:
             return MODELS[kind](t.c)
     name = type(t).__name__
     if isinstance(t, (tnn.TransformerEncoderLayer, tnn.TransformerDecoderLayer)):
-        _check_torch_attention(t.self_attn, name + ".self_attn")
+        attentions = [n for n in ("self_attn", "multihead_attn") if hasattr(t, n)]
+        for attention in attentions:
+            _check_torch_attention(getattr(t, attention), f"{name}.{attention}", in_layer=True)
         if t.linear1.bias is None or t.norm1.bias is None or t.self_attn.in_proj_bias is None:
             raise ValueError(f"{name} with bias=False has no npformer equivalent (npformer's "
                              "blocks have biases)")
-        if t.norm1.eps != ops.layernorm.EPS:
+        norms = [getattr(t, n) for n in ("norm1", "norm2", "norm3") if hasattr(t, n)]
+        if any(norm.eps != ops.layernorm.EPS for norm in norms):
             raise ValueError(f"{name} has layer_norm_eps {t.norm1.eps}; npformer's blocks "
                              f"use {ops.layernorm.EPS}")
         block = EncoderBlock if isinstance(t, tnn.TransformerEncoderLayer) else DecoderBlock
@@ -531,6 +546,7 @@ def _npformer_twin(t: Any, torch: Any) -> Any:
                              "weight and bias)")
         return LayerNorm(t.normalized_shape[0], eps=t.eps)
     if isinstance(t, tnn.Embedding):
+        _check_torch_embedding(t)
         return Embedding(t.num_embeddings, t.embedding_dim)
     raise TypeError(f"from_torch has no npformer module for {name}; it converts "
                     "npformer.torch_reference's models, nn.TransformerEncoderLayer, "
@@ -538,8 +554,10 @@ def _npformer_twin(t: Any, torch: Any) -> Any:
                     "nn.LayerNorm and nn.Embedding")
 
 
-def _check_torch_attention(attn: Any, name: str) -> None:
-    """What npformer's MultiHeadAttention cannot hold: other key/value widths, bias_k/v."""
+def _check_torch_attention(attn: Any, name: str, in_layer: bool = False) -> None:
+    """What npformer's MultiHeadAttention cannot hold: other key/value widths, bias_k/v,
+    a zero attention row, dropout of the attention probabilities (npformer drops none:
+    its blocks drop the residual branches and the feed-forward's hidden layer only)."""
     if not attn._qkv_same_embed_dim:
         raise ValueError(f"{name} has kdim {attn.kdim} / vdim {attn.vdim} other than "
                          f"embed_dim {attn.embed_dim}: npformer's attention has no "
@@ -547,6 +565,25 @@ def _check_torch_attention(attn: Any, name: str) -> None:
     if attn.bias_k is not None or attn.add_zero_attn:
         raise ValueError(f"{name} has add_bias_kv or add_zero_attn: npformer's attention "
                          "has no equivalent")
+    if attn.dropout:
+        owner = f"layer.{name.rsplit('.', 1)[-1]}" if in_layer else "attention"
+        raise ValueError(f"{name} has dropout={attn.dropout}: it drops attention "
+                         "probabilities in training, which npformer's attention never does; "
+                         f"set {owner}.dropout = 0.0 to convert it")
+
+
+def _check_torch_embedding(embedding: Any) -> None:
+    """What npformer's Embedding does not do: torch's padding_idx (that row gets no
+    gradient), max_norm (rows renormalized in the forward), scale_grad_by_freq, sparse."""
+    given = {option: getattr(embedding, option) for option, unset in
+             (("padding_idx", None), ("max_norm", None), ("scale_grad_by_freq", False),
+              ("sparse", False)) if getattr(embedding, option) != unset}
+    if given:
+        listed = ", ".join(f"{option}={value!r}" for option, value in given.items())
+        raise ValueError(f"Embedding with {listed} has no npformer equivalent: npformer's "
+                         "Embedding is a plain lookup table (every row looked up gets its "
+                         "gradient, no row is renormalized, gradients are dense); build the "
+                         "torch Embedding without " + ", ".join(given))
 
 
 def _activation_name(fn: Any, torch: Any, name: str) -> str:

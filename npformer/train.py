@@ -303,6 +303,7 @@ class Trainer:
         self.save_last()
         if cfg.checkpoint_path and not cfg.select_metric:
             self.save(cfg.checkpoint_path)
+        self.parallel.from_main(None)  # MPI: no rank returns before rank 0's files are written
         return self.history
 
     def _train_one_update(self, cfg: TrainConfig) -> None:

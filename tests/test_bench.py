@@ -71,6 +71,31 @@ def test_header_names_machine_versions_threads_and_allocator(smoke_output):
     assert re.search(r"torch \S+ \((?!\?)", libraries), libraries
 
 
+# --------------------------------------------------------------------------- the sweeps
+def test_every_sweep_point_fits_the_model_it_is_timed_on():
+    """Issue 37, case 36: `bench.py --sweeps` timed length 1024 on the demo's model of
+    block_size 512 ("sequence of length 1024 is longer than block_size 512")."""
+    from bench.configs import SWEEP_LENGTHS, npformer_config, sweeps
+
+    for smoke in (False, True):
+        (_, lengths), (_, batches) = sweeps(smoke)
+        assert lengths[-1]["seq_len"] == max(SWEEP_LENGTHS) == 1024  # smoke: the same end
+        for cfg in lengths + batches:
+            assert npformer_config(cfg).block_size >= cfg["seq_len"] >= 1 and cfg["batch"] >= 1
+        assert {npformer_config(cfg).block_size for cfg in lengths} == {1024}  # one model
+
+
+def test_the_sweeps_largest_point_runs_in_its_smoke_form():
+    require_torch()
+    from bench import bench
+    from bench.configs import sweeps
+
+    (_, lengths), _ = sweeps(smoke=True)
+    pair = bench.run_pair(lengths[-1], bench.parse_args(["--smoke", "--configs", ""]))
+    assert set(pair) == {"pytorch", "npformer"}
+    assert not any("error" in result for result in pair.values()), pair
+
+
 # --------------------------------------------------------------------------- inference bound
 def test_inference_bound_runs_and_its_compiled_forward_is_the_models():
     """``bench/inference_bound.py --smoke``: the three sides run, and the compiled forward

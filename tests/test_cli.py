@@ -89,6 +89,68 @@ def test_help_lists_every_preset_value(capsys):
     assert "--how {mean,max} how (default: mean)" in out
 
 
+@validation.renamed_fields(size="width", breadth="width", count="heads")
+@dataclass(frozen=True)
+class Renamed:
+    width: int = cli.option(8, "width")
+    heads: int = cli.option(2, "heads")
+
+
+RENAMED = {"default": Renamed(), "smoke": Renamed(width=4)}
+
+
+def parse_renamed(*argv):
+    parser = cli.demo_parser(DEMO, "Toy.\n\nEpilog.", RENAMED)
+    return cli.resolve_preset(parser, parser.parse_args(list(argv)), RENAMED)
+
+
+@pytest.mark.parametrize("argv, value", [
+    (["--size", "16"], 16), (["--width", "16"], 16),
+    (["--size", "16", "--width", "16"], 16), (["--width=16", "--size", "16"], 16),
+    (["--width", "16", "--width", "32"], 32),  # one name repeated: argparse's last wins
+    (["--smoke", "--breadth", "12"], 12),
+])
+def test_an_old_option_name_sets_its_setting(argv, value):
+    assert parse_renamed(*argv).width == value
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--size", "48", "--width", "16"], "--size 48 and --width 16 set the same setting: --size "
+                                        "is the old name of --width; give --width once"),
+    (["--width=16", "--size=48"], "--width 16 and --size 48 set the same setting: --size is "
+                                  "the old name of --width; give --width once"),
+    (["--size", "4", "--breadth", "8"], "--size 4 and --breadth 8 set the same setting: --size "
+                                        "and --breadth are old names of --width"),
+    (["--count", "1", "--heads", "2"], "--count 1 and --heads 2 set the same setting"),
+])
+def test_an_old_and_a_new_option_name_with_different_values_are_refused(argv, message, capsys):
+    """Issue 37, case 19: the last one won silently."""
+    with pytest.raises(SystemExit) as exit_info:
+        parse_renamed(*argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("script, argv, names", [
+    ("generate.py", ["--width", "48", "--d-model", "16"], "--width 48 and --d-model 16"),
+    ("generate.py", ["--max-iters", "5", "--iters", "3"], "--max-iters 5 and --iters 3"),
+    ("translate.py", ["--max-iters", "5", "--steps", "3"], "--max-iters 5 and --steps 3"),
+    ("imdb.py", ["--max-len", "256", "--block-size", "128"],
+     "--max-len 256 and --block-size 128"),
+])
+def test_the_demos_refuse_an_old_and_a_new_name_with_different_values(script, argv, names,
+                                                                     capsys):
+    from tests.test_demos import load_demo
+
+    demo = load_demo(script)
+    parser = demo.build_parser()
+    with pytest.raises(SystemExit):
+        cli.resolve_preset(parser, parser.parse_args(argv), demo.PRESETS)
+    assert f"{names} set the same setting" in capsys.readouterr().err
+    same = parser.parse_args(argv[:2] + [argv[2], argv[1]])  # the same value twice is fine
+    assert cli.resolve_preset(parser, same, demo.PRESETS) is not None
+
+
 def test_resume_command_drops_stop_after_and_adds_resume():
     command = cli.resume_command(["--smoke", "--stop-after", "5", "--out", "my runs",
                                   "--stop-after=7", "--resume"])
@@ -251,4 +313,4 @@ def test_start_demo_ends_with_the_relaunched_ranks_status(tmp_path, monkeypatch)
     with pytest.raises(SystemExit) as exit_info:
         start(["--out", str(tmp_path / "run")], monkeypatch, relaunched=130)
     assert exit_info.value.code == 130
-    assert not (tmp_path / "run").exists()  # the ranks set the run up, not this process
+    assert (tmp_path / "run" / cli.HOLDER_FILE).is_file()  # held by the ranks' launcher

@@ -444,6 +444,32 @@ def test_pad_batch_pads_and_truncates():
     assert ids.shape == (0, 0) and valid.shape == (0,)
 
 
+def test_pad_batch_takes_numpy_ids():
+    ids, valid = pad_batch([np.array([5, 6], dtype=np.int32), np.arange(3, dtype=np.uint8)],
+                           pad_id=np.int64(0), max_len=np.int64(2))
+    np.testing.assert_array_equal(ids, [[5, 6], [0, 1]])
+    np.testing.assert_array_equal(valid, [2, 2])
+
+
+@pytest.mark.parametrize("seqs, kwargs, error, message", [
+    # issue 37, case 23: 1.5 became 1 silently
+    ([[1.5, 2], [3]], {}, TypeError, r"sequence 0 must hold integer token ids, got 1\.5 \(float\)"),
+    ([[1], [2.0]], {}, TypeError, r"sequence 1 must hold integer token ids, got 2\.0 \(float\)"),
+    ([np.array([1.5])], {}, TypeError, r"sequence 0 must hold integer token ids, got 1\.5"),
+    ([["a", "b"]], {}, TypeError, r"sequence 0 must hold integer token ids, got 'a' \(str\)"),
+    ([[True, False]], {}, TypeError, r"got True \(bool\)"),
+    ([[1, [2, 3]]], {}, TypeError, r"sequence 0 must be a flat sequence of integer token ids"),
+    ([[[1, 2]]], {}, TypeError, r"sequence 0 must be a flat sequence .* shape \(1, 2\)"),
+    ([[2**70]], {}, ValueError, r"sequence 0 holds token ids beyond int64"),
+    ([[1]], {"pad_id": 0.5}, TypeError, r"pad_id must be an integer, got 0\.5"),
+    ([[1]], {"max_len": 2.5}, TypeError, r"max_len must be an integer or None, got 2\.5"),
+    ([[1]], {"max_len": -1}, ValueError, r"max_len must be at least 0, got -1"),
+])
+def test_pad_batch_refuses_what_is_not_integer_ids(seqs, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        pad_batch(seqs, **{"pad_id": 0, **kwargs})
+
+
 @settings(max_examples=80, deadline=None)
 @given(seqs=st.lists(st.lists(st.integers(1, 50), max_size=12), min_size=1, max_size=8),
        max_len=st.one_of(st.none(), st.integers(0, 12)))

@@ -230,6 +230,24 @@ def test_a_failing_rank_ends_every_rank_with_its_message(tmp_path):
     assert elapsed < FAIL_TIMEOUT
 
 
+@pytest.mark.mpi
+def test_a_rank_whose_peers_never_join_stops_after_the_join_timeout():
+    """Its peer is no npformer program (it never calls MPI_Init): the rank says whom it
+    waited for, and for how long, and stops (NPFORMER_MPI_TIMEOUT seconds)."""
+    join = "from npformer import distributed; distributed.setup(); print('joined')"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NPFORMER_MPI_TIMEOUT": "3"}
+    for name in ("NPFORMER_MPI", "PMI_SIZE", "PMI_RANK"):
+        env.pop(name, None)
+    started = time.perf_counter()
+    proc = subprocess.run([mpiexec(), "-n", "1", sys.executable, "-c", join, ":", "-n", "1",
+                           sys.executable, "-c", "import time; time.sleep(60)"], env=env,
+                          cwd=ROOT, capture_output=True, text=True, timeout=FAIL_TIMEOUT)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "joined" not in output, output
+    assert "npformer: rank 0 waited 3 s for the other MPI ranks to join" in output, output
+    assert time.perf_counter() - started < 30
+
+
 # --------------------------------------------------------------------------- GPU
 @pytest.mark.mpi
 @pytest.mark.gpu

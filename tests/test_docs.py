@@ -3,11 +3,18 @@ code block (and every code cell of its tables) must still appear, line for line,
 source file named just before it, inside one of the functions (or classes, or module-level
 names) that label names.  A change to an op that forgets the derivation fails here.
 
-The doc's worked examples are recomputed with the real ops, and the script that draws its
-figures must run."""
+The doc's worked examples are recomputed with the real ops, the optimizer and the beam
+search's stop rule, and the script that draws its figures must run.  Every size the doc
+quotes (bytes of an array, packing ratios, block counts) is recomputed from the demos'
+presets and the benchmark's configurations (bench/configs.py), and a size the doc quotes
+with no such check fails; the doc quotes no timing and no date.  No Markdown file of
+docs/ (nor README.md) holds a control character, and every link to a section of the doc
+leads to one of its headings."""
 from __future__ import annotations
 
 import ast
+import functools
+import math
 import re
 from pathlib import Path
 
@@ -135,9 +142,13 @@ def test_each_part_quotes_its_own_tier():
 
 
 # ------------------------------------------------------------------ worked examples
-def _worked_examples() -> dict[str, dict[str, list[float]]]:
-    """{op: {row name: numbers}} from each '<!-- worked example OP: name, ... -->' marker
-    and the table under it (the names give the table's rows, in order)."""
+NONE = "–"  # a worked example's cell that holds no number (no such hypothesis)
+
+
+def _example_tables() -> dict[str, dict[str, list[str]]]:
+    """{op: {row name: the cells as printed}} from each '<!-- worked example OP: name, ... -->'
+    marker and the table under it (the names give the table's rows, in order; the first
+    column, the row's label for the reader, is left out)."""
     lines = DOC.read_text().splitlines()
     examples = {}
     for i, line in enumerate(lines):
@@ -147,17 +158,31 @@ def _worked_examples() -> dict[str, dict[str, list[float]]]:
         names = [n.strip() for n in match.group(2).split(",")]
         rows = [row for row in lines[i + 1:i + 3 + len(names)] if row.startswith("|")][2:]
         assert len(rows) == len(names), f"the {match.group(1)} example's table has {len(rows)} rows"
-        examples[match.group(1)] = {
-            name: [float(cell) for cell in row.strip("|").split("|")[1:]]
-            for name, row in zip(names, rows)}
+        examples[match.group(1)] = {name: [cell.strip() for cell in row.strip("|").split("|")[1:]]
+                                    for name, row in zip(names, rows)}
     return examples
 
 
-def _assert_printed(doc_numbers: dict, computed: dict) -> None:
-    """Each number of the doc is the computed one rounded to 4 decimals."""
-    for name, values in doc_numbers.items():
-        np.testing.assert_allclose(values, computed[name], rtol=0, atol=0.5e-4 + 1e-12,
-                                   err_msg=f"row {name!r} of the worked example")
+def _worked_examples() -> dict[str, dict[str, np.ndarray]]:
+    """{op: {row name: the numbers}}; a cell printed as NONE is NaN."""
+    return {op: {name: np.array([np.nan if c == NONE else float(c) for c in cells])
+                 for name, cells in rows.items()}
+            for op, rows in _example_tables().items()}
+
+
+def _assert_printed(op: str, computed: dict) -> None:
+    """Each number of example ``op`` is the computed one rounded to the decimals printed
+    (an integer exactly); a NONE cell stands for no number and is not compared."""
+    for name, cells in _example_tables()[op].items():
+        want = np.broadcast_to(np.asarray(computed[name], dtype=np.float64), (len(cells),))
+        for cell, value in zip(cells, want):
+            if cell == NONE:
+                continue
+            printed = float(cell)
+            decimals = len(cell.split(".")[1]) if "." in cell else 0
+            half_unit = 0.5 * 10.0 ** -decimals if decimals else 0.0
+            assert printed == value or abs(printed - value) <= half_unit + 1e-12, (
+                f"{op} example, row {name!r}: printed {cell}, computed {value!r}")
 
 
 def test_the_softmax_worked_example_is_what_the_ops_compute():
@@ -166,8 +191,8 @@ def test_the_softmax_worked_example_is_what_the_ops_compute():
     x, dp = np.array(doc["x"]), np.array(doc["dp"])
     p, cache = ops.softmax_forward(backend.asarray(x))
     dx = ops.softmax_backward(backend.asarray(dp), cache)
-    _assert_printed(doc, {"x": x, "exp": np.exp(x), "p": backend.to_numpy(p), "dp": dp,
-                          "dx": backend.to_numpy(dx)})
+    _assert_printed("softmax", {"x": x, "exp": np.exp(x), "p": backend.to_numpy(p), "dp": dp,
+                                "dx": backend.to_numpy(dx)})
 
 
 def test_the_layernorm_worked_example_is_what_the_ops_compute():
@@ -177,9 +202,9 @@ def test_the_layernorm_worked_example_is_what_the_ops_compute():
     ones, zeros = backend.asarray(np.ones(3)), backend.asarray(np.zeros(3))
     _, cache = ops.layernorm_forward(backend.asarray(x), ones, zeros)
     dx, _, _ = ops.layernorm_backward(backend.asarray(dy), cache)
-    _assert_printed(doc, {"x": x, "centred": x - x.mean(),
-                          "x_hat": backend.to_numpy(cache.saved[0]),
-                          "dy": dy, "dx": backend.to_numpy(dx)})
+    _assert_printed("layernorm", {"x": x, "centred": x - x.mean(),
+                                  "x_hat": backend.to_numpy(cache.saved[0]),
+                                  "dy": dy, "dx": backend.to_numpy(dx)})
 
 
 def _rows(prefix: str, array) -> dict[str, np.ndarray]:
@@ -218,13 +243,13 @@ def test_the_attention_worked_example_is_what_the_ops_compute(tier):
     _, softmax_cache = ops.softmax_forward(as_(q @ k.T * scale), axis=-1, mask=as_(mask))
     da = backend.to_numpy(ops.softmax_backward(as_(dp), softmax_cache))
     log_p = backend.to_numpy(ops.log_softmax_forward(as_(a))[0])
-    _assert_printed(rows, {**_rows("q", q), **_rows("k", k), **_rows("v", v), **_rows("o", out),
-                           **_rows("do", dout)})
-    _assert_printed(examples["attention_gradients"],
+    _assert_printed("attention_rows", {**_rows("q", q), **_rows("k", k), **_rows("v", v),
+                                       **_rows("o", out), **_rows("do", dout)})
+    _assert_printed("attention_gradients",
                     {**_rows("dq", dq), **_rows("dk", dk), **_rows("dv", dv)})
-    _assert_printed(scores, {**_rows("a", a), **_rows("p", p), **_rows("dp", dp),
-                             **_rows("da", da)})
-    _assert_printed(examples["attention_rowsums"],
+    _assert_printed("attention_scores", {**_rows("a", a), **_rows("p", p), **_rows("dp", dp),
+                                         **_rows("da", da)})
+    _assert_printed("attention_rowsums",
                     {"rowsum_dp_p": np.sum(dp * p, axis=-1),
                      "rowsum_do_o": np.sum(dout * out, axis=-1),
                      "lse": a[:, 0] - log_p[:, 0]})  # lse = A - log P at any allowed key
@@ -256,12 +281,341 @@ def test_the_cross_entropy_worked_example_is_what_the_ops_compute(tier):
                 **{f"l{i}": r for i, r in enumerate(log_p)},
                 **{f"rho{i}": r for i, r in enumerate(rho)},
                 **{f"dz{i}": r for i, r in enumerate(dz)}}
-    _assert_printed(rows, computed)
-    _assert_printed(per_row, {"tau": targets, "chi": (~ignored).astype(float), "w": weight,
-                              "loss_n": -np.sum(rho * log_p, axis=-1)})
-    _assert_printed(examples["cross_entropy_total"],
+    _assert_printed("cross_entropy_rows", computed)
+    _assert_printed("cross_entropy_per_row", {"tau": targets, "chi": (~ignored).astype(float),
+                                              "w": weight,
+                                              "loss_n": -np.sum(rho * log_p, axis=-1)})
+    _assert_printed("cross_entropy_total",
                     {"n_counted": [float((~ignored).sum())],
                      "loss": [float(backend.to_numpy(loss))]})
+
+
+@pytest.mark.parametrize("tier", ["textbook", "fast"])
+def test_the_gelu_worked_example_is_what_the_ops_compute(tier):
+    """§4's example: Phi, phi, y and the derivative (upstream 1) at the printed inputs, by
+    both tiers' exact GELU; Phi and phi from math.erfc and math.exp."""
+    from npformer import backend
+    x = _worked_examples()["gelu"]["x"]
+    forward, backward = dict(_tiers())[tier].activation("gelu")
+    y, cache = forward(backend.asarray(x))
+    dx = backward(backend.asarray(np.ones_like(x)), cache)
+    cdf = np.array([0.5 * math.erfc(-v / math.sqrt(2.0)) for v in x])
+    pdf = np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+    _assert_printed("gelu", {"x": x, "cdf": cdf, "pdf": pdf, "y": backend.to_numpy(y),
+                             "dx": backend.to_numpy(dx)})
+
+
+def test_the_two_gelu_forms_differ_as_the_doc_says():
+    """§4: the exact and the tanh GELU differ by at most the printed amount, where printed."""
+    from npformer.ops import activations
+    match = re.search(r"differ by at most about \$([\d.]+)\\times10\^\{(-\d+)\}\$ in \$y\$ "
+                      r"\(near \$\|x\| \\approx ([\d.]+)\$\)", _prose())
+    assert match, "§4 no longer states how far apart the two GELU forms are"
+    x = np.linspace(-10.0, 10.0, 2_000_001)
+    gap = np.abs(activations.gelu_forward(x)[0] - activations.gelu_tanh_forward(x)[0])
+    assert _rounds_to(match.group(1), gap.max() / 10.0 ** int(match.group(2)))
+    assert _rounds_to(match.group(3), abs(x[gap.argmax()]))
+
+
+@pytest.mark.parametrize("tier", ["textbook", "fast"])
+def test_the_adam_worked_example_is_adams_first_step(tier):
+    """§17's example: one step of npformer.optim.Adam from the printed parameter and
+    gradient, with the learning rate the text states and the default betas and eps (the
+    text states those too), gives the printed moments and parameter; the corrected
+    moments are the gradient and its square, as the text derives."""
+    from npformer import backend, optim
+    from npformer.nn import Parameter
+
+    from .helpers import using_engine
+    doc = _worked_examples()["adam"]
+    stated = re.search(r"\$\\eta_1 = ([\d.]+)\$, \$\\beta_1 = ([\d.]+)\$, \$\\beta_2 = ([\d.]+)\$, "
+                       r"\$\\epsilon = 10\^\{(-\d+)\}\$, no weight decay", _prose())
+    assert stated, "§17's Adam example no longer states its hyperparameters"
+    lr = float(stated.group(1))
+    with using_engine(tier):
+        p = Parameter(backend.asarray(doc["theta0"]), decay=False)
+        opt = optim.Adam([p], lr=lr)
+        assert (opt.beta1, opt.beta2, opt.eps) == (float(stated.group(2)), float(stated.group(3)),
+                                                   10.0 ** int(stated.group(4)))
+        opt.zero_grad()
+        p.accumulate(backend.asarray(doc["g"]))
+        opt.step()
+        state = opt.state_dict()
+        m, v, after = (backend.to_numpy(a).copy() for a in (state["m.0"], state["v.0"], p.data))
+    before, g = doc["theta0"], doc["g"]
+    m_hat, v_hat = m / (1.0 - opt.beta1), v / (1.0 - opt.beta2)
+    np.testing.assert_allclose(m_hat, g, rtol=1e-12)  # the corrected moments at u = 1
+    np.testing.assert_allclose(v_hat, g * g, rtol=1e-12)
+    _assert_printed("adam", {"theta0": before, "g": g, "m1": m, "v1": v, "m_hat": m_hat,
+                             "v_hat": v_hat, "step": before - after, "theta1": after,
+                             "sgd_step": lr * g})
+    uncorrected = re.search(r"\\approx ([\d.]+)\\,\\eta_1\\,\\text\{sign\}", _prose())
+    assert uncorrected and _rounds_to(uncorrected.group(1),
+                                      (1.0 - opt.beta1) / math.sqrt(1.0 - opt.beta2))
+
+
+def test_the_beam_stop_worked_example_is_what_the_search_decides():
+    """§25's example: for each search state of the table, the printed best scores and
+    bounds are those of ``length_penalty`` at the alpha and limit the text states, and the
+    printed decision is ``_search_done``'s."""
+    from npformer.decoding import _Beam, _search_done, length_penalty
+    text = _prose()
+    stated = re.search(r"Two searches with \$\\alpha_\{\\text\{lp\}\} = ([\d.]+)\$ and "
+                       r"\$\\text\{limit\} = (\d+)\$", text)
+    assert stated, "§25's example no longer states its alpha and limit"
+    alpha, limit = float(stated.group(1)), int(stated.group(2))
+    penalties = re.findall(r"\\text\{lp\}\((\d+)\) = \((\d+)/6\)\^\{([\d.]+)\} = ([\d.]+)", text)
+    assert len(penalties) == 4, penalties
+    for length, five_plus, power, value in penalties:
+        assert int(five_plus) == 5 + int(length) and float(power) == alpha
+        assert _rounds_to(value, length_penalty(int(length), alpha))
+    doc = _worked_examples()["beam_stop"]
+    computed = {name: [] for name in ("best_ended", "bound_limit", "bound_length", "stops")}
+    for c in range(len(doc["k"])):
+        k, length, best_open = int(doc["k"][c]), int(doc["length"][c]), doc["best_open"][c]
+        finished = [(doc[f"ended{i}_total"][c] / length_penalty(int(doc[f"ended{i}_tokens"][c]),
+                                                                 alpha),
+                     [0] * int(doc[f"ended{i}_tokens"][c]))
+                    for i in (1, 2) if not np.isnan(doc[f"ended{i}_total"][c])]
+        open_beams = [_Beam([0] * length, best_open), _Beam([1] * length, best_open - 1.0)]
+        computed["best_ended"].append(max(score for score, _ in finished))
+        computed["bound_limit"].append(best_open / length_penalty(limit, alpha))
+        computed["bound_length"].append(best_open / length_penalty(length, alpha))
+        computed["stops"].append(float(_search_done(finished, open_beams, k, length, limit,
+                                                    alpha)))
+    stops = computed["stops"]
+    assert 0.0 in stops and 1.0 in stops, "the example shows a search going on and one stopping"
+    _assert_printed("beam_stop", {**{name: doc[name] for name in doc}, **computed})
+
+
+# ------------------------------------------------------------------ sizes
+KIB, MIB = 2**10, 2**20
+FLOAT32 = 4  # bytes
+SIZE = re.compile(r"\d[\d,.]*\s*(?:MiB|KiB|GiB|MB|kB|KB|GB|bytes)\b")
+TIME = re.compile(r"\b\d[\d,.]*\s*(?:ns|µs|us|ms|s|seconds|minutes|hours)\b")
+DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+
+
+def _prose() -> str:
+    """The doc without its code blocks (quotes of the source, checked above), each run of
+    whitespace as one space, so a phrase may be found across the doc's line breaks."""
+    kept, in_block = [], False
+    for line in DOC.read_text().splitlines():
+        if line.startswith("```"):
+            in_block = not in_block
+        elif not in_block:
+            kept.append(line)
+    return re.sub(r"\s+", " ", " ".join(kept))
+
+
+def _rounds_to(printed: str, value: float) -> bool:
+    """Whether ``printed`` (thousands separated by commas) is ``value`` rounded to the
+    decimals printed."""
+    decimals = len(printed.split(".")[1]) if "." in printed else 0
+    half_unit = 0.5 * 10.0 ** -decimals
+    return abs(float(printed.replace(",", "")) - value) <= half_unit + 1e-9 * abs(value)
+
+
+def _mean_of_largest(low: int, high: int, count: int) -> float:
+    """E[max] of ``count`` independent uniform integers in [low, high]:
+    high - sum over j in [low, high) of P(max <= j)."""
+    n = high - low + 1
+    return high - sum(((j - low + 1) / n) ** count for j in range(low, high))
+
+
+def _blocks_of(shape, block_scores: int) -> list:
+    """The blocks (rows, keys, ...) the fast attention walks for queries and keys of
+    ``shape`` (B, H, T, E), unmasked (a view of one zero: no memory)."""
+    from npformer.fast import attention as fast_attention
+    q = np.broadcast_to(np.zeros((), np.float32), shape)
+    return list(fast_attention._blocks(q, q, None, None, block_scores))
+
+
+NUMBER = r"(\d(?:[\d.,]*\d)?(?:\{,\}\d+)*)"  # 2, 0.625, 8,388,608, or LaTeX's 49{,}152
+
+
+def _phrase(template: str) -> str:
+    """The pattern of a phrase of the doc: the text as _prose gives it, each number in it
+    replaced by {} (one group each)."""
+    return NUMBER.join(re.escape(part) for part in template.split("{}"))
+
+
+@functools.cache
+def _quoted_sizes() -> list[tuple[str, str, tuple]]:
+    """(what, phrase, values): every size the doc quotes, found by the stable phrase around
+    it (:func:`_phrase`), and its values computed from the demos' presets as the benchmark
+    configures them (bench/configs.py)."""
+    from bench import configs
+    from npformer import fast
+
+    imdb, seq2seq, lm_large = (configs.CONFIGS["imdb"], configs.CONFIGS["seq2seq"],
+                               configs.LARGE["lm_large"])
+    lm = configs.demo_module("generate")
+    lm_preset = lm.PRESETS["default"]
+    lm_cfg = lm.model_config(lm_preset, configs.SHAKESPEARE_VOCAB)
+    assert lm_cfg.norm_first and lm_cfg.activation == "gelu" and lm_cfg.dropout == 0.0
+
+    # the imdb benchmark's step: a padding mask over (B, H, T, T) scores
+    b, h, t, d, d_ff = (imdb[k] for k in ("batch", "num_heads", "seq_len", "d_model", "d_ff"))
+    scores = b * h * t * t
+    low = t // 4  # the shortest valid length configs.make_batch draws (tested below)
+    mean_length = (low + t) / 2
+    rows = _blocks_of((b, h, t, d // h), fast.BLOCK_SCORES)[0][0][0]
+    sequences = rows.stop - rows.start  # per block
+    mean_seen = _mean_of_largest(low, t, sequences)
+    fraction = mean_length / t
+    positionwise = 4 * d * d + 2 * d * d_ff  # four projections (HE = D), two FFN maps
+    packed = fraction * positionwise
+    attention = 2 * mean_seen * d  # QK^T and PV over a block's kept keys, per query row
+    step = (3 * packed + 3.5 * attention) / (3 * positionwise + 3.5 * attention)
+    imdb_sizes = [
+        ("imdb's P", "the demo's batch of B {} reviews and its H {} heads, the batch padded to "
+                     "T = S = {}) that is {} numbers, {} MiB in float32",
+         (b, h, t, scores, scores * FLOAT32 / MIB)),
+        ("P in §18's opening", "keeps it for the backward ({} MiB in float32 at the imdb",
+         (scores * FLOAT32 / MIB,)),
+        ("the blocked cache", r"(B {}, H {}, T = S = {}, a padding mask $(B, 1, 1, S)$, "
+                              r"float32) that is {} KiB of $\text{lse}$, {} KiB of bias and two "
+                              r"tables of {} integers, against {} MiB for $P$",
+         (b, h, t, b * h * t * FLOAT32 / KIB, b * t * FLOAT32 / KIB, b, scores * FLOAT32 / MIB)),
+        ("imdb's shapes in §22", "the demo's B {}, D {} = HE with H {}, $D_{ff}$ {}, the batch "
+                                 "padded to T {}", (b, d, h, d_ff, t)),
+        ("imdb's lengths", r"uniform integers in $[T/4, T] = [{}, {}]$, so $\mathbb E[T_b] = {}$ "
+                           r"and $N/(BT) \approx {}/{} = {}$",
+         (low, t, mean_length, mean_length, t, fraction)),
+        ("position-wise products", r"$4 \cdot {}^2 + 2 \cdot {} \cdot {} = {}$ multiply-adds per "
+                                   r"position and block in the forward, and packing cuts them to "
+                                   r"${} \times {} = {}$",
+         (d, d, d_ff, positionwise, fraction, positionwise, packed)),
+        ("sequences per block", "`BLOCK_SCORES`$/(H T S) = {}$ sequences here", (sequences,)),
+        ("kept keys", r"\mathbb E[S_{\text{seen}}] \approx {}$ (the larger of two uniform lengths "
+                      r"lies about two thirds of the way from {} to {})", (mean_seen, low, t)),
+        ("attention's products", r"2\,\mathbb E[S_{\text{seen}}]\,HE \approx {}$ multiply-adds",
+         (attention,)),
+        ("the forward's ratio", r"$({} + {})/({} + {}) \approx {}$ of the padded run's",
+         (packed, attention, positionwise, attention,
+          (packed + attention) / (positionwise + attention))),
+        ("the step's ratio", r"$(3 \cdot {} + 3.5 \cdot {})/(3 \cdot {} + 3.5 \cdot {}) "
+                             r"\approx {}$", (packed, attention, positionwise, attention, step)),
+    ]
+    # the block sizes, and the GPU benchmark's large language model
+    gpu_scores = fast.attention.GPU_BLOCK_SCORES
+    big = (lm_large["batch"], lm_large["num_heads"], lm_large["seq_len"],
+           lm_large["d_model"] // lm_large["num_heads"])
+    block_sizes = [
+        ("BLOCK_SCORES", "`BLOCK_SCORES`, is $2^{{}}$ scores, {} MiB in float32",
+         (math.log2(fast.BLOCK_SCORES), fast.BLOCK_SCORES * FLOAT32 / MIB)),
+        ("GPU_BLOCK_SCORES", "`GPU_BLOCK_SCORES`, is {} times larger ({} MiB in float32)",
+         (gpu_scores / fast.BLOCK_SCORES, gpu_scores * FLOAT32 / MIB)),
+        ("lm_large's blocks", "`lm_large`: B {}, H {}, T = S = {}) walks {} blocks instead of {}",
+         (*big[:3], len(_blocks_of(big, gpu_scores)), len(_blocks_of(big, fast.BLOCK_SCORES)))),
+    ]
+    # the translation benchmark's logits
+    n_rows, vocab = seq2seq["batch"] * seq2seq["seq_len"], seq2seq["tgt_vocab_size"]
+    logits = n_rows * vocab * FLOAT32 / MIB
+    loss_sizes = [
+        ("the logits", r"B {} sentences padded to T {}, so $N \le$ {} target positions, and a "
+                       r"French vocabulary of V {} words) each $(N, V)$ float32 array is up to "
+                       r"{} MiB",
+         (seq2seq["batch"], seq2seq["seq_len"], n_rows, vocab, logits)),
+        ("the loss's peak", "instead of two (at most {} MiB less, at the translation benchmark's "
+                            "step)",
+         (logits,)),
+    ]
+    # the language model demo's batch: what the fast layers do not keep
+    n, blocks = lm_preset.batch_size * lm_cfg.block_size, lm_cfg.num_layers
+    width, hidden = lm_cfg.d_model, lm_cfg.d_ff
+    hidden_mib = n * hidden * FLOAT32 / MIB
+    normed_kib = 2 * n * width * FLOAT32 / KIB
+    p_kib = lm_preset.batch_size * lm_cfg.num_heads * lm_cfg.block_size ** 2 * FLOAT32 / KIB
+    recompute_sizes = [
+        ("the lm batch", "B {} windows of T {} characters, so $N = {}$ positions; D {}, "
+                         "$D_{ff} = {}D = {}$, {} pre-norm blocks",
+         (lm_preset.batch_size, lm_cfg.block_size, n, width, hidden / width, hidden, blocks)),
+        ("the hidden layer", "| the hidden layer, the second linear map's input | $(N, D_{ff})$ | "
+                             "{} MiB | {} MiB |",
+         (hidden_mib, blocks * hidden_mib)),
+        ("GELU's Phi", r"| GELU's $\Phi(x)$ | $(N, D_{ff})$ | {} MiB | {} MiB |",
+         (hidden_mib, blocks * hidden_mib)),
+        ("the normed inputs", r"| the two sublayer inputs $\text{LN}(x)$ | $2 \times (N, D)$ | "
+                              r"{} KiB | {} MiB |", (normed_kib, blocks * normed_kib / KIB)),
+        ("attention's P", r"| attention's $P$, for $\text{lse}$ ({} KiB a block) | $(B, H, T, T)$ "
+                          r"| {} KiB | {} MiB |",
+         (n * lm_cfg.num_heads * FLOAT32 / KIB, p_kib, blocks * p_kib / KIB)),
+        ("the head's input", "the head's input, $(N, D)$, {} KiB once",
+         (n * width * FLOAT32 / KIB,)),
+    ]
+    return [(what, _phrase(template), values) for what, template, values
+            in imdb_sizes + block_sizes + loss_sizes + recompute_sizes]
+
+
+def test_the_imdb_benchmarks_lengths_are_as_the_doc_says():
+    """The valid lengths §22's arithmetic assumes: uniform integers in [T/4, T]."""
+    from bench import configs
+    imdb = configs.CONFIGS["imdb"]
+    t = imdb["seq_len"]
+    lengths = np.concatenate([configs.make_batch(imdb, seed)[1] for seed in range(40)])
+    assert lengths.min() == t // 4 and lengths.max() == t
+    counts = np.bincount(lengths - t // 4, minlength=t - t // 4 + 1)
+    assert counts.min() > 0 and len(counts) == t - t // 4 + 1  # every length in the range drawn
+
+
+@pytest.mark.parametrize("what", [what for what, _, _ in _quoted_sizes()])
+def test_each_quoted_size_is_what_the_presets_give(what):
+    phrase, values = next((p, v) for w, p, v in _quoted_sizes() if w == what)
+    matches = list(re.finditer(phrase, _prose()))
+    assert len(matches) == 1, f"{what}: the phrase is found {len(matches)} times, not once"
+    printed = [g.replace("{,}", ",") for g in matches[0].groups()]
+    assert len(printed) == len(values), what
+    wrong = [(p, v) for p, v in zip(printed, values) if not _rounds_to(p, v)]
+    assert not wrong, f"{what}: the doc prints {wrong[0][0]}, the presets give {wrong[0][1]!r}"
+
+
+def test_every_size_the_doc_quotes_is_checked():
+    """A size (a number of bytes, KiB, MiB, ...) outside every phrase _quoted_sizes finds is
+    a size nobody recomputes: it fails here, naming it."""
+    text = _prose()
+    covered = [m.span() for _, phrase, _ in _quoted_sizes() for m in re.finditer(phrase, text)]
+    unchecked = [f"{m.group()!r} in ...{text[max(0, m.start() - 60):m.end()]}"
+                 for m in SIZE.finditer(text)
+                 if not any(start <= m.start() and m.end() <= end for start, end in covered)]
+    assert not unchecked, "sizes the doc quotes with no test:\n" + "\n".join(unchecked)
+
+
+def test_the_doc_quotes_no_timing_and_no_date():
+    """Timings and the dates they were measured on live in bench/README.md, with their
+    commands; the derivations hold what the tests hold."""
+    text = _prose()
+    found = [m.group() for m in TIME.finditer(text)] + [m.group() for m in DATE.finditer(text)]
+    assert not found, f"docs/derivations.md quotes timings or dates: {found}"
+
+
+# ------------------------------------------------------------------ the Markdown itself
+def _markdown_files() -> list[Path]:
+    return sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md"]
+
+
+def test_no_markdown_file_holds_a_control_character():
+    """Below 0x20 only the newline belongs in Markdown: a tab or a backspace inside LaTeX is a
+    swallowed backslash (\\t of \\text, \\b of \\beta), which renders as nonsense."""
+    found = []
+    for path in _markdown_files():
+        for number, line in enumerate(path.read_text().split("\n"), 1):
+            found += [f"{path.relative_to(ROOT)}:{number}:{column}: {char!r}"
+                      for column, char in enumerate(line, 1) if ord(char) < 0x20]
+    assert not found, "control characters:\n" + "\n".join(found)
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_link_to_a_section_leads_to_a_heading():
+    text = DOC.read_text()
+    anchors = {_slug(h) for h in re.findall(r"^#+ (.+)$", text, flags=re.MULTILINE)}
+    broken = sorted(set(re.findall(r"\]\(#([^)]+)\)", text)) - anchors)
+    assert not broken, f"links to no heading: {broken}"
 
 
 # ------------------------------------------------------------------ figures

@@ -13,12 +13,13 @@ DatasetWarning naming the file, the count and the line numbers.
 """
 from __future__ import annotations
 
+import re
 import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from npformer import optim
@@ -158,3 +159,45 @@ def test_well_formed_fra_eng_gives_no_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert len(parse_fra_eng("Go.\tVa !\n\nHi.\tSalut !\n")) == 2  # blank line: silent
+
+
+# =========================================================================== labelled rows
+# Issue 37, case 9: a delimiter inside a text must never shift a column.  Rows written by
+# csv's own writer (quoting what needs it) load exactly; rows joined by hand with the
+# delimiter either load exactly (no delimiter inside a field) or are refused naming the
+# file and the line, never returned with a text cut or a label taken from a text.
+texts = st.text(st.characters(codec="utf-8", exclude_characters="\r\n\x00\ufeff"),
+                min_size=1, max_size=12).filter(lambda t: t.strip() == t and t.strip())
+rows = st.lists(st.tuples(texts, st.sampled_from(["pos", "neg", "a,b", "x\ty"])),
+                min_size=1, max_size=6)
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=rows, tab=st.booleans(), by_hand=st.booleans())
+def test_a_delimiter_in_a_field_never_shifts_a_column(tmp_path, rows, tab, by_hand):
+    import csv
+    import io
+
+    from npformer.data import read_labelled_texts
+
+    delimiter = "\t" if tab else ","
+    # a quote written by hand into a CSV field is CSV's quoting, not a text's character
+    assume(tab or not by_hand or not any('"' in text for text, _ in rows))
+    path = tmp_path / ("rows.tsv" if tab else "rows.csv")
+    if by_hand or tab:  # TSV has no quoting: always by hand
+        lines = [f"text{delimiter}label"] + [f"{t}{delimiter}{label}" for t, label in rows]
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    else:
+        buffer = io.StringIO(newline="")
+        csv.writer(buffer, lineterminator="\n").writerows([("text", "label"), *rows])
+        path.write_text(buffer.getvalue(), encoding="utf-8")
+    fields_clean = all(delimiter not in text + label for text, label in rows)
+    try:
+        records = read_labelled_texts(path)
+    except DatasetFormatError as exc:
+        assert (by_hand or tab) and not fields_clean, exc
+        _assert_names_the_file(exc, path)
+        assert re.search(r", line \d+: ", str(exc)), exc
+        return
+    assert [(text, label) for text, label, _ in records] == rows

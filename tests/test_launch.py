@@ -47,11 +47,11 @@ def test_planned_procs(given, training, environ, expected):
 @pytest.mark.parametrize("given, saved, expected", [
     ({}, 2, 2), ({}, 1, 1),                      # the saved run's ranks, even with --replicas
     ({"replicas": 2}, 2, 2), ({"procs": 2}, 2, 2),
-    ({"procs": 3}, 2, 1),                        # another count: the demo refuses it, once
-])
-def test_resume_takes_the_saved_runs_ranks(given, saved, expected, monkeypatch):
-    """A resumed run shards every batch as before (ranks x replicas), so its figures are
-    the uninterrupted run's."""
+    ({"procs": 3}, 2, 3), ({"procs": 1}, 2, 1),  # the count asked for (cli.runs keeps the
+])                                               # workers with the replicas of each)
+def test_resume_takes_the_saved_runs_ranks_unless_told(given, saved, expected, monkeypatch):
+    """A resumed run is on the saved run's ranks, or on the number asked for (issue 37 case
+    31: --procs 1 was refused, while the README says a run resumes on any number)."""
     monkeypatch.setattr(launch, "saved_procs", lambda out: saved)
     assert launch.planned_procs(options(resume=True, **given), True, {}) == expected
 
@@ -62,11 +62,11 @@ def test_called_as_a_function_never_relaunches():
 
 
 def test_children_get_the_allocator_tunables_and_the_mark():
-    env = launch.child_environment({"PATH": "/bin"})
-    assert env[launch.LAUNCHED_MARK] == "1"
+    env = launch.child_environment("/tmp/launch", {"PATH": "/bin"})
+    assert env[launch.LAUNCHED_MARK] == "/tmp/launch"  # the launch's folder
     assert "mmap_threshold=4294967296" in env["GLIBC_TUNABLES"]
     assert "trim_threshold=4294967296" in env["GLIBC_TUNABLES"]
-    mine = launch.child_environment({"GLIBC_TUNABLES": "glibc.malloc.arena_max=1"})
+    mine = launch.child_environment("/tmp/launch", {"GLIBC_TUNABLES": "glibc.malloc.arena_max=1"})
     assert mine["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=1"  # the user's own is kept
 
 

@@ -127,8 +127,10 @@ def test_a_single_label_is_refused(tmp_path):
     ("r.csv", "review,label\nhi,a\n",
      r"r\.csv, line 1: no column 'text' in the header \(its columns: 'review', 'label'\)"
      r".*--text-column"),
-    ("r.csv", "text,label\nhi,a\nalone\n", r"r\.csv, line 3: 1 field\(s\), but the column "
-                                             r"'label' is field 2"),
+    ("r.csv", "text,label\nhi,a\nalone\n", r"r\.csv, line 3: expected 2 fields, as in the "
+                                             r"header, saw 1"),
+    ("r.csv", "text,text,label\nhi,ho,a\n", r"r\.csv, line 1: the header names 2 columns "
+                                             r"'text' \(fields 1, 2\)"),
     ("r.csv", "text,label\nhi,\n", r"r\.csv, line 2, column 'label': the label is empty"),
     ("r.csv", "text,label\n", r"r\.csv has a header but no examples"),
     ("r.csv", "", r"r\.csv is empty"),
@@ -155,6 +157,79 @@ def test_a_single_label_is_refused(tmp_path):
 def test_malformed_labelled_files_name_file_line_and_column(tmp_path, name, content, message):
     with format_error(message):
         read_labelled_texts(write(tmp_path, name, content))
+
+
+# Issue 37, case 9: a delimiter inside a text made two fields of it, and the rest of the
+# row shifted: the text was cut at the comma and its next piece became the label.
+@pytest.mark.parametrize("name, content, line, saw", [
+    ("r.csv", "text,label\nfine,pos\nI liked it, a lot,pos\nbad,neg\n", 3, 3),
+    ("r.csv", "id,text,label\n1,fine,pos\n2,bad,neg,\n", 3, 4),  # a stray delimiter
+    ("r.csv", 'text,label\n"two\nlines",pos\nok, fine,neg\n', 4, 3),  # after a quoted newline
+    ("r.tsv", "text\tlabel\nfine\tpos\nI liked it\ta lot\tpos\n", 3, 3),
+    ("r.tsv", "label\ttext\tid\npos\tfine\n", 2, 2),  # one too few
+])
+def test_a_row_of_another_field_count_than_the_header_is_refused(tmp_path, name, content, line,
+                                                                 saw):
+    fields = len(content.split("\n")[0].split("\t" if name.endswith("tsv") else ","))
+    with format_error(rf"r\.[ct]sv, line {line}: expected {fields} fields, as in the header, "
+                      rf"saw {saw}"):
+        read_labelled_texts(write(tmp_path, name, content))
+
+
+def test_the_field_count_message_says_how_to_write_the_text(tmp_path):
+    with format_error(r'within double quotes: "I liked it, a lot"'):
+        read_labelled_texts(write(tmp_path, "r.csv", "text,label\nI liked it, a lot,pos\n"))
+    with format_error("TSV has no quoting"):
+        read_labelled_texts(write(tmp_path, "r.tsv", "text\tlabel\na\tb\tpos\n"))
+
+
+# Issue 37, case 10: one column named for both made every text its own label.
+def test_the_text_and_the_label_column_must_differ(tmp_path):
+    for name, content in (("r.csv", "review,label\nfine,pos\nbad,neg\n"),
+                          ("r.jsonl", '{"review": "fine"}\n')):
+        with pytest.raises(ValueError, match="text_column and label_column both name 'review'"):
+            read_labelled_texts(write(tmp_path, name, content), text_column="review",
+                                label_column="review")
+    train = write(tmp_path, "t.csv", "review,label\nfine,pos\nbad,neg\n")
+    with pytest.raises(ValueError, match="both name 'review'"):
+        load_text_classification(train, text_column="review", label_column="review")
+    with pytest.raises(TypeError, match="label_column must name a column"):
+        read_labelled_texts(train, label_column=None)
+
+
+# Issue 37, case 12: JSON's integer labels and CSV's text labels are compared by one rule.
+def test_labels_are_compared_by_their_text_across_formats(tmp_path):
+    train = write(tmp_path, "train.jsonl", '{"text": "good", "label": 1}\n'
+                                           '{"text": "bad", "label": 0}\n')
+    val = write(tmp_path, "val.csv", "text,label\nfine,1\nawful,0\n")
+    test = write(tmp_path, "test.tsv", "text\tlabel\nok\t 1\n")
+    data = load_text_classification(train, val, test)
+    assert data.labels == (0, 1)
+    assert data.validation == [("fine", 1), ("awful", 0)] and data.test == [("ok", 1)]
+    # the other way round, and a label whose text differs ("01" is not 1) stays refused
+    back = load_text_classification(val, train)
+    assert back.labels == ("0", "1") and back.validation == [("good", 1), ("bad", 0)]
+    other = write(tmp_path, "other.csv", "text,label\nfine,01\n")
+    with format_error(r"other\.csv, line 2: the label '01' is not in the training file"):
+        load_text_classification(train, other)
+
+
+# Issue 37, case 13: csv's default field limit (128 KiB) refused a valid long review.
+@pytest.mark.parametrize("name, delimiter", [("r.csv", ","), ("r.tsv", "\t")])
+def test_a_long_field_loads_whole(tmp_path, name, delimiter):
+    import csv
+
+    long_text = "a long review, " * 20_000  # 300 KB, commas and all
+    if name.endswith(".tsv"):
+        long_text = long_text.replace(",", "")
+    quoted = f'"{long_text}"' if name.endswith(".csv") else long_text
+    path = write(tmp_path, name, f"text{delimiter}label\n{quoted}{delimiter}pos\n"
+                                 f"short{delimiter}neg\n")
+    previous = csv.field_size_limit(128 * 1024)  # csv's default (an earlier test may raise it)
+    try:
+        assert read_labelled_texts(path) == [(long_text, "pos", 2), ("short", "neg", 3)]
+    finally:
+        csv.field_size_limit(max(previous, csv.field_size_limit()))
 
 
 def test_a_missing_file_is_not_found(tmp_path):
@@ -278,6 +353,29 @@ def test_imdb_demo_names_a_users_malformed_file(user_files, tmp_path):
     assert "error: " in result.stderr and "Traceback" not in result.stderr
     assert "train.csv, line 1: no column 'text'" in result.stderr
     assert "aclImdb" not in result.stderr
+
+
+def test_imdb_demo_refuses_a_row_cut_by_an_unquoted_comma(tmp_path):
+    """Issue 37, case 9: the demo trained a classifier whose labels were ['neg', 'really']."""
+    rows = ["text,label"] + [f"review {i},{'pos' if i % 2 else 'neg'}" for i in range(40)]
+    rows[7] = "I liked it, really,pos"
+    data = write(tmp_path, "mine.csv", "\n".join(rows) + "\n")
+    result = run_demo("imdb.py", *SMOKE, "--data", str(data), "--out", str(tmp_path / "run"))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: {data}, line 8: expected 2 fields, as in the header, saw 3 (a comma inside a "
+        'text must be within double quotes: "I liked it, a lot")')
+    assert not (tmp_path / "run" / "model.npz").exists()
+
+
+def test_imdb_demo_refuses_one_column_for_the_text_and_the_label(tmp_path):
+    """Issue 37, case 10: every text became its own label."""
+    result = run_demo("imdb.py", "--smoke", "--data", "mine.csv", "--text-column", "review",
+                      "--label-column", "review", "--out", str(tmp_path))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].endswith(
+        "error: --text-column and --label-column both name 'review': every text would be its "
+        "own label")
 
 
 def test_imdb_demo_refuses_a_validation_file_without_a_users_training_file(tmp_path):

@@ -36,7 +36,8 @@ JOIN = ("from npformer import distributed; ctx = distributed.setup(); ctx.barrie
 def test_case01_a_rank_with_mpi_turned_off_stops_every_rank_with_a_message():
     """mpiexec -n 1 env NPFORMER_MPI=0 python ... : -n 1 python ...: before, rank 0 ran
     alone and rank 1 waited in MPI_Init for ever.  Now rank 0 refuses (it is one of 2
-    ranks) and rank 1 stops after NPFORMER_MPI_TIMEOUT seconds, each with a message."""
+    ranks) with a message, and ends rank 1 at once (issue 37 case 8, tests/test_runs.py;
+    it stopped after NPFORMER_MPI_TIMEOUT seconds before)."""
     from tests.test_distributed import mpiexec
 
     started = time.perf_counter()
@@ -48,7 +49,6 @@ def test_case01_a_rank_with_mpi_turned_off_stops_every_rank_with_a_message():
     assert proc.returncode != 0, output
     assert "NPFORMER_MPI=0 turns MPI off, but an MPI launcher started this process as one " \
         "of 2 ranks (PMI_SIZE=2)" in output, output
-    assert "rank 1 waited 5 s for the other MPI ranks to join" in output, output
     assert "joined" not in output
     assert time.perf_counter() - started < 60
 

@@ -233,8 +233,8 @@ def test_from_torch_reads_each_way_torch_names_an_activation(torch):
     for given, name in [("relu", "relu"), ("gelu", "gelu"), (torch.nn.ReLU(), "relu"),
                         (torch.nn.GELU(approximate="tanh"), "gelu_tanh"),
                         (functools.partial(F.gelu, approximate="tanh"), "gelu_tanh")]:
-        layer = torch.nn.TransformerEncoderLayer(D, H, D_FF, activation=given, batch_first=True,
-                                                 dtype=torch.float64)
+        layer = torch.nn.TransformerEncoderLayer(D, H, D_FF, dropout=0.0, activation=given,
+                                                 batch_first=True, dtype=torch.float64)
         assert from_torch(layer).ffn.activation.name == name, given
 
 
@@ -250,15 +250,59 @@ def test_what_has_no_equivalent_is_refused(torch):
         with pytest.raises(TypeError, match="Conv1d"):
             from_torch(torch.nn.Conv1d(2, 2, 3))
         with pytest.raises(ValueError, match="layer_norm_eps 1e-06"):
-            from_torch(torch.nn.TransformerEncoderLayer(D, H, D_FF, layer_norm_eps=1e-6))
+            from_torch(torch.nn.TransformerEncoderLayer(D, H, D_FF, 0.0, layer_norm_eps=1e-6))
         with pytest.raises(ValueError, match="activation"):
-            from_torch(torch.nn.TransformerEncoderLayer(D, H, D_FF, activation=torch.nn.SiLU()))
+            from_torch(torch.nn.TransformerEncoderLayer(D, H, D_FF, 0.0,
+                                                   activation=torch.nn.SiLU()))
         with pytest.raises(ValueError, match="bias=False"):
-            from_torch(torch.nn.TransformerEncoderLayer(D, H, D_FF, bias=False))
+            from_torch(torch.nn.TransformerEncoderLayer(D, H, D_FF, 0.0, bias=False))
         with pytest.raises(ValueError, match="kdim"):
             from_torch(torch.nn.MultiheadAttention(D, H, kdim=3, vdim=3))
         with pytest.raises(TypeError, match="float16"):
             from_torch(torch.nn.Linear(3, 2, dtype=torch.float16))
+
+
+@pytest.mark.parametrize("make, message", [
+    # issue 37, case 18: max_norm and padding_idx were dropped (row 0 then got a gradient)
+    (lambda t: t.nn.Embedding(7, D, max_norm=0.5), r"Embedding with max_norm=0\.5 has no "
+                                                   r"npformer equivalent"),
+    (lambda t: t.nn.Embedding(7, D, padding_idx=0), r"Embedding with padding_idx=0 has no "
+                                                    r"npformer equivalent.*without padding_idx"),
+    (lambda t: t.nn.Embedding(7, D, scale_grad_by_freq=True, sparse=True),
+     r"scale_grad_by_freq=True, sparse=True .*without scale_grad_by_freq, sparse"),
+    (lambda t: t.nn.MultiheadAttention(D, H, dropout=0.1), r"MultiheadAttention has "
+                                                           r"dropout=0\.1: it drops attention "
+                                                           r"probabilities.*attention\.dropout"),
+    (lambda t: t.nn.MultiheadAttention(D, H, add_zero_attn=True), "add_zero_attn"),
+    (lambda t: t.nn.MultiheadAttention(D, H, add_bias_kv=True), "add_bias_kv"),
+    (lambda t: t.nn.TransformerEncoderLayer(D, H, D_FF), r"TransformerEncoderLayer\.self_attn "
+                                                         r"has dropout=0\.1.*layer\.self_attn"
+                                                         r"\.dropout = 0\.0"),
+    (lambda t: _no_self_attention_dropout(t.nn.TransformerDecoderLayer(D, H, D_FF)),
+     r"TransformerDecoderLayer\.multihead_attn has dropout=0\.1"),
+    (lambda t: t.nn.TransformerDecoderLayer(D, H, D_FF, dropout=0.0, bias=False), "bias=False"),
+    (lambda t: t.nn.LayerNorm(D, elementwise_affine=False), "elementwise_affine=False"),
+    (lambda t: t.nn.LayerNorm(D, bias=False), "bias=False"),
+])
+def test_an_option_npformer_does_not_implement_is_refused_by_name(make, message, torch):
+    with using_backend("numpy", "float32"), pytest.raises(ValueError, match=message):
+        from_torch(make(torch))
+
+
+def _no_self_attention_dropout(layer):
+    layer.self_attn.dropout = 0.0
+    return layer
+
+
+def test_a_layer_with_its_attention_dropout_turned_off_converts_with_its_dropout(torch):
+    layer = torch.nn.TransformerDecoderLayer(D, H, D_FF, dropout=0.2, batch_first=True)
+    layer.self_attn.dropout = layer.multihead_attn.dropout = 0.0
+    with using_backend("numpy", "float32"):
+        block = from_torch(layer)
+        assert block.ffn.dropout.p == 0.2
+        back = to_torch(block)  # and back: npformer's block drops no attention probabilities
+    assert (back.self_attn.dropout, back.multihead_attn.dropout, back.dropout.p) == (0.0, 0.0,
+                                                                                     0.2)
 
 
 def test_interop_does_not_import_torch():

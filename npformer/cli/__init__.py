@@ -9,8 +9,8 @@ One module per job:
 * :mod:`.demo`     the :class:`Demo` record, the run's file names, :class:`DemoError`
 * :mod:`.options`  the shared options and the presets (``option``, ``resolve_preset``);
   the option values' types are :mod:`npformer.validation`'s converters (``positive_int``...)
-* :mod:`.runs`     the start-up, settings and resuming, the output folder's guard, reading
-  a demo's checkpoints
+* :mod:`.runs`     the start-up, settings and resuming (the data among them), the output
+  folder's guard and --overwrite, reading a demo's checkpoints
 * :mod:`.lock`     one run at a time in an output folder
 * :mod:`.errors`   the error boundary: one ``error: ...`` line for a user's mistake
 * :mod:`.ranks`    the processes a run spans: rank 0, shared evaluation, the machine
@@ -44,8 +44,9 @@ from .runs import (
     DemoRun,
     guard_output,
     load_demo_model,
-    prepare,
     read_demo_checkpoint,
+    remove_run_files,
+    resume_run,
     run_record,
     start_demo,
 )

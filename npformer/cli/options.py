@@ -65,12 +65,37 @@ def _add_preset_options(parser: argparse.ArgumentParser, presets: dict) -> None:
             if name != "default" and getattr(p, f.name) != getattr(base, f.name)])
         was = f"; was {', '.join(aliases)}" if aliases else ""
         group.add_argument(flag(f.name), type=f.metadata["type"], default=None,
-                           choices=f.metadata["choices"],
+                           choices=f.metadata["choices"], action=_OneSetting,
                            metavar=None if f.metadata["choices"] else f.name.upper(),
                            help=f"{f.metadata['help']} ({values}{was})".replace("%", "%%"))
         for alias in aliases:  # the old name, still read for one release; --help hides it
             group.add_argument(alias, dest=f.name, type=f.metadata["type"], default=None,
-                               choices=f.metadata["choices"], help=argparse.SUPPRESS)
+                               choices=f.metadata["choices"], action=_OneSetting,
+                               help=argparse.SUPPRESS)
+
+
+class _OneSetting(argparse.Action):
+    """A preset field's option, under its name or an old one (``--d-model``, ``--width``):
+    the names set one setting, so two of them with different values are refused, naming
+    both (which one would win is not the user's intent to guess); the same value twice,
+    or one name repeated, is accepted (argparse's rule: the last one wins)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 value: Any, option_string: str | None = None) -> None:
+        given = getattr(namespace, _GIVEN_AS, {})
+        earlier = given.get(self.dest)
+        if earlier is not None and earlier[0] != option_string and earlier[1] != value:
+            name = flag(self.dest)
+            old = [o for o in (earlier[0], option_string) if o != name]
+            is_old = "is the old name" if len(old) == 1 else "are old names"
+            parser.error(f"{earlier[0]} {earlier[1]} and {option_string} {value} set the same "
+                         f"setting: {' and '.join(old)} {is_old} of {name}; give {name} once")
+        given[self.dest] = (option_string, value)
+        setattr(namespace, _GIVEN_AS, given)
+        setattr(namespace, self.dest, value)
+
+
+_GIVEN_AS = "_preset_options_given_as"  # {field: (option string, value)} while parsing
 
 
 def resolve_preset(parser: argparse.ArgumentParser, args: argparse.Namespace, presets: dict) -> Any:
@@ -127,5 +152,8 @@ def demo_parser(demo: Demo, doc: str, presets: dict) -> argparse.ArgumentParser:
     parser.add_argument("--stop-after", type=positive_int, default=None, metavar="UPDATES",
                         help=f"stop after this many updates as if interrupted (the run is saved "
                              f"in OUT/{LAST_FILE}: continue it with --resume)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="start a new run in OUT even though it holds another run: every "
+                             "file of that run is removed first")
     _add_preset_options(parser, presets)
     return parser

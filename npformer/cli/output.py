@@ -15,9 +15,13 @@ from .ranks import is_main, machine_description
 
 def say(line: str) -> None:
     """One line to standard error in one write: MPI ranks' lines then never interleave
-    (``print`` writes the text and the newline apart)."""
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()
+    (``print`` writes the text and the newline apart).  A terminal that is gone (the
+    hang-up that stopped the run) loses the line, not the exit status."""
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
 
 
 class Stopwatch:

@@ -1,37 +1,48 @@
 """A demo's run: its start-up, its settings, its output folder and the checkpoints in it.
 
 *Start-up.*  Every demo's ``main`` begins with :func:`start_demo`: parse the command
-line, re-launch as MPI ranks when training on the CPU (:mod:`npformer.launch`), settle
-the settings (a resumed run's saved ones, the preset with the options given), apply
-them (backend, dtype, engine, seed, MPI), and create and hold the output folder.
+line, settle the settings (a resumed run's saved ones, the preset with the options
+given), take the output folder (hold it, refuse to mix two runs in it), then re-launch as
+MPI ranks when training on the CPU (:mod:`npformer.launch`), and apply the settings
+(backend, dtype, engine, seed, MPI).  Everything a user can get wrong on the command line
+is checked before the ranks start, so its error is printed once.
 
 *Resuming.*  Training saves the whole run to ``OUT/last.npz`` (after every evaluation,
-on Ctrl-C / SIGTERM, and at the end) together with its settings (:func:`run_record`);
-``--resume`` continues it with those settings, and an option given again must match them.
+on a stop, and at the end) together with its settings (:func:`run_record`), the data it
+trains on among them (each file by its path and the sha256 of its content); ``--resume``
+continues it with those settings, an option given again must match them, and other data
+is refused, naming both.  A run resumes on any number of MPI ranks: the thread replicas
+of each are then set so that every batch is still shared among as many workers (ranks x
+replicas) as before, which gives the uninterrupted run's figures (what changed is said
+in one note).
 
-*Guards.*  A new run refuses a folder holding another demo's checkpoint or a run that
-``--resume`` could still continue (:func:`guard_output`), and a folder another run is
-writing into (:func:`npformer.cli.lock.hold_output`).
+*The folder.*  A new run refuses a folder holding another demo's checkpoint, a run that
+``--resume`` could still continue, or a finished run of other settings
+(:func:`guard_output`); ``--overwrite`` removes every file of that run first
+(:func:`remove_run_files`).  A folder another run is writing into is refused too
+(:func:`npformer.cli.lock.hold_output`).
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
-import re
 from collections.abc import Callable
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from .. import backend, distributed
+from .. import backend, distributed, launch
 from ..checkpoint import Checkpoint, CheckpointError, build_model, load_checkpoint
 from ..engine import engine_name, set_engine
 from ..launch import relaunch
 from ..nn import Module
 from ..validation import new_field_names
-from .demo import LAST_FILE, RUN_SETTINGS, Demo, DemoError
+from .demo import DATA_FILES, DATA_SETTINGS, LAST_FILE, RUN_FILES, RUN_SETTINGS, Demo, DemoError
 from .lock import hold_output
 from .options import flag, resolve_preset
+from .output import say
+from .ranks import is_main
 
 
 # --------------------------------------------------------------------------- start-up
@@ -51,10 +62,12 @@ def start_demo(demo: Demo, parser: argparse.ArgumentParser, presets: dict,
 
     Parses ``argv`` (None: the command line) with ``parser`` (:func:`demo_parser` and the
     demo's own options), checks the rules between the demo's own options
-    (``check_options(parser, args)``, which calls ``parser.error``), and re-launches the
-    demo as MPI ranks when it trains on the CPU (:func:`npformer.launch.relaunch`): this
-    process then ends with their exit status (``SystemExit``, as argparse ends on a bad
-    option).  Otherwise the run is set up here (:func:`prepare`).
+    (``check_options(parser, args)``, which calls ``parser.error``), settles the settings
+    (:func:`settle`) and, when it trains, takes the output folder (:func:`take_output`):
+    all of it before re-launching the demo as MPI ranks when it trains on the CPU
+    (:func:`npformer.launch.relaunch`), so an error is printed once.  This process then
+    ends with the ranks' exit status (``SystemExit``, as argparse ends on a bad option).
+    Otherwise the run is set up here (:func:`setup`).
 
     ``use_saved`` names the option (its destination, e.g. ``"predict"``) with which the
     demo uses a saved model instead of training: given, nothing is trained, so nothing is
@@ -64,55 +77,81 @@ def start_demo(demo: Demo, parser: argparse.ArgumentParser, presets: dict,
         check_options(parser, args)
     given = getattr(args, use_saved) if use_saved else None
     use_only = flag(use_saved) if given is not None and given is not False else None
-    if (code := relaunch(args, argv, training=use_only is None)) is not None:
+    preset = settle(parser, args, demo, presets, use_only)
+    started_by_a_launcher = launch.under_launcher()
+    if use_only is None and not started_by_a_launcher:  # one process, or the ranks' launcher
+        take_output(args, preset, demo)
+    try:
+        code = relaunch(args, argv, training=use_only is None)
+    except ValueError as exc:  # an environment variable the ranks would refuse
+        raise DemoError(str(exc)) from None
+    if code is not None:
         raise SystemExit(code)  # the run, on one MPI rank per core, has ended
-    preset = prepare(parser, args, demo, presets, use_only)
+    setup(args)
+    if use_only is None and started_by_a_launcher and launch.launch_record() is None:
+        take_output(args, preset, demo)  # ranks started by hand: rank 0 holds the folder
     return DemoRun(args, preset, Path(args.out))
 
 
-def prepare(parser: argparse.ArgumentParser, args: argparse.Namespace, demo: Demo, presets: dict,
-            use_only: str | None = None) -> Any:
-    """Settle the run's settings and set it up; returns the preset.
-
-    ``use_only`` names the option (e.g. ``"--predict"``) when the demo only uses a saved
-    model.  Training: with ``--resume`` the saved run's settings are taken (an option given
-    again must match them); without it, a folder holding another demo's checkpoint or a
-    run that can still be resumed is refused."""
+def settle(parser: argparse.ArgumentParser, args: argparse.Namespace, demo: Demo,
+           presets: dict, use_only: str | None = None) -> Any:
+    """The run's settings, with nothing applied yet; returns the preset.  With ``--resume``
+    the saved run's settings are taken (an option given again must match them, the data
+    must be the data it was started on); the defaults of --seed, --dtype and --engine are
+    filled in, and the content of every data file is hashed (``args.data_sha256``)."""
     out = Path(args.out)
+    overwrite = getattr(args, "overwrite", False)
     if use_only and args.resume:
         parser.error(f"--resume continues training: it cannot be combined with {use_only}")
+    if use_only and overwrite:
+        parser.error(f"--overwrite starts a new run: it cannot be combined with {use_only}")
+    if args.resume and overwrite:
+        parser.error("--resume continues the saved run and --overwrite removes it: give one")
+    args.data_sha256 = data_hashes(args)
     if args.resume:
         _adopt_saved_run(parser, args, read_demo_checkpoint(out / LAST_FILE, demo), presets)
     preset = resolve_preset(parser, args, presets)
-    setup(args)
-    if not use_only:
-        hold_output(out)  # before looking at its files: one run at a time in a folder
-        if not args.resume:
-            guard_output(out, demo)
+    args.seed = 0 if args.seed is None else args.seed
+    args.dtype = args.dtype or "float32"
+    args.engine = args.engine or engine_name()
     return preset
 
 
+def take_output(args: argparse.Namespace, preset: Any, demo: Demo) -> None:
+    """Hold the output folder for this run (rank 0 under MPI) and, for a new run, guard it
+    (:func:`guard_output`) or, with ``--overwrite``, remove the run it holds."""
+    out = _folder(args)
+    hold_output(out)  # before looking at its files: one run at a time in a folder
+    if args.resume:
+        return
+    if getattr(args, "overwrite", False):
+        if is_main():
+            remove_run_files(out)
+        return
+    guard_output(out, demo, run_record(args, preset))
+
+
 def setup(args: argparse.Namespace) -> Path:
-    """Apply --backend, --dtype, --engine and --seed (filling in the defaults of those not
-    given); join the MPI ranks when started by mpiexec (before any array is made: a rank
-    picks its GPU there); create and return the output folder."""
+    """Apply the settled --backend, --dtype, --engine and --seed (:func:`settle`); join
+    the MPI ranks when started by mpiexec (before any array is made: a rank picks its GPU
+    there); choose the thread replicas; create and return the output folder."""
     try:
         distributed.setup()
-    except RuntimeError as exc:  # MPI turned off in one rank of several, no mpi4py
-        raise DemoError(str(exc)) from None
-    args.seed = 0 if args.seed is None else args.seed
+    except (RuntimeError, ValueError) as exc:  # MPI off in one rank of several, no mpi4py,
+        raise DemoError(str(exc)) from None  # another MPI's mpiexec, NPFORMER_MPI_TIMEOUT
+    _check_launched_ranks()
     try:
         backend.set_backend(args.backend or backend.backend_name(), seed=args.seed)
     except (RuntimeError, ValueError) as exc:  # no CuPy, no GPU
         raise DemoError(str(exc)) from None
-    args.dtype = args.dtype or "float32"
     backend.set_default_float(args.dtype)
-    args.engine = args.engine or engine_name()
     set_engine(args.engine)
-    args.procs = distributed.current().size  # the ranks this run is on
-    if args.replicas is None:  # the cores, shared among the MPI ranks on this machine
-        cores = (os.cpu_count() or 1) // distributed.current().local_size
-        args.replicas = max(1, cores) if backend.backend_name() == "numpy" else 1
+    _choose_workers(args)
+    return _folder(args)
+
+
+def _folder(args: argparse.Namespace) -> Path:
+    """--out, created; refused (naming the problem) when it is a file or cannot be made."""
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise DemoError(f"--out {out} is a file, not a folder: choose a folder for the run")
@@ -123,11 +162,111 @@ def setup(args: argparse.Namespace) -> Path:
     return out
 
 
+def _check_launched_ranks() -> None:
+    """A rank the demo's launcher started must be one of as many as it started: copies
+    that each run alone come from an mpiexec of another MPI than mpi4py's."""
+    started = launch.launch_record()
+    ranks = distributed.current().size
+    if started is not None and ranks != started["ranks"]:
+        raise DemoError(
+            f"{started['mpiexec']} was asked for {started['ranks']} MPI ranks, but this "
+            f"process runs as one of {ranks}: that mpiexec belongs to another MPI than the "
+            "one mpi4py was built with. Put mpi4py's own mpiexec first on PATH (pip "
+            "install 'npformer[mpi]' brings both), or run in one process with --procs 1")
+
+
+def _choose_workers(args: argparse.Namespace) -> None:
+    """``args.procs``: the ranks this run is on; ``args.replicas`` (unless given): the
+    thread replicas of each, the machine's cores shared among its ranks, or for a resumed
+    run as many as keep its workers (ranks x replicas).  A resumed run says what changed."""
+    ctx = distributed.current()
+    args.procs = ctx.size
+    saved = getattr(args, "saved_layout", None)  # (procs, replicas) of a resumed run
+    if args.replicas is None:
+        if saved is not None and (saved[0] * saved[1]) % ctx.size == 0:
+            args.replicas = saved[0] * saved[1] // ctx.size
+        elif backend.backend_name() == "numpy":
+            args.replicas = max(1, (os.cpu_count() or 1) // ctx.local_size)
+        else:
+            args.replicas = 1
+    now = (args.procs, args.replicas)
+    if saved is not None and now != saved and is_main():
+        workers, before = now[0] * now[1], saved[0] * saved[1]
+        outcome = (f"the same {workers} workers, so every batch is shared out as before"
+                   if workers == before else
+                   f"{workers} workers instead of {before}: every batch is shared out "
+                   "otherwise, so the figures will differ from the uninterrupted run's (in "
+                   "rounding, and in the dropout masks)")
+        say(f"note: the run was on {_layout(*saved)}; it continues on {_layout(*now)}: "
+            f"{outcome}")
+
+
+def _layout(procs: int, replicas: int) -> str:
+    ranks = f"{procs} MPI ranks" if procs > 1 else "1 process"
+    return f"{ranks} x {replicas} replica{'' if replicas == 1 else 's'}"
+
+
+# --------------------------------------------------------------------------- the data
+def data_hashes(args: argparse.Namespace) -> dict[str, str]:
+    """{option: sha256 of its file's content} for the data options naming a file (a
+    folder, or the default download, is known by its path alone)."""
+    return {name: file_sha256(getattr(args, name)) for name in DATA_FILES
+            if getattr(args, name, None) is not None and Path(getattr(args, name)).is_file()}
+
+
+def file_sha256(path: str | Path) -> str:
+    try:
+        with open(path, "rb") as file:
+            return hashlib.file_digest(file, "sha256").hexdigest()
+    except OSError as exc:
+        raise DemoError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def _absolute(path: str | None) -> str | None:
+    return None if path is None else str(Path(path).resolve())
+
+
+def _check_same_data(parser: argparse.ArgumentParser, args: argparse.Namespace, name: str,
+                     saved_path: str | None, saved_hash: str | None) -> None:
+    """--resume: the data option ``name`` must give the data the run was started on (by
+    content where it was a file, else by path); not given, it is taken back."""
+    given = getattr(args, name)
+    option = flag(name)
+    started = f"{option} {saved_path}" if saved_path else f"no {option} (the default data)"
+    if saved_hash is None:
+        if given is not None and _absolute(given) != saved_path:
+            parser.error(f"--resume continues the saved run on the data it was started on: "
+                         f"{started}, not {option} {given} (leave {option} out)")
+        setattr(args, name, saved_path)
+        return
+    path = given if given is not None else saved_path
+    if not Path(path).is_file():
+        gone = (f"{path} is not there any more: give that file with {option}" if given is None
+                else f"{option} {given} is not a file: give that file, or leave {option} out")
+        raise DemoError(f"--resume continues the saved run on the data it was started on, "
+                        f"{started} (sha256 {saved_hash[:16]}), but {gone}")
+    current = args.data_sha256.get(name) if given is not None else file_sha256(path)
+    if current != saved_hash:
+        now = "has changed since" if _absolute(path) == saved_path else "holds other data"
+        raise DemoError(f"--resume continues the saved run on the data it was started on, "
+                        f"{started} (sha256 {saved_hash[:16]}), but {path} {now} (sha256 "
+                        f"{current[:16]}): resume with that data, or start a new run")
+    setattr(args, name, path)
+    args.data_sha256[name] = current
+
+
 # --------------------------------------------------------------------------- resuming
 def run_record(args: argparse.Namespace, preset: Any) -> dict:
-    """The settings a resumed run takes back (saved in every checkpoint's extra["run"])."""
-    return {"preset_name": args.preset, "preset": asdict(preset),
-            "settings": {name: getattr(args, name) for name in RUN_SETTINGS}}
+    """The settings a resumed run takes back (saved in every checkpoint's extra["run"]):
+    the preset, :data:`RUN_SETTINGS`, the demo's :data:`DATA_SETTINGS` (files by their
+    absolute path) and the sha256 of each data file."""
+    settings = {name: getattr(args, name) for name in RUN_SETTINGS}
+    for name in DATA_SETTINGS:
+        if hasattr(args, name):
+            value = getattr(args, name)
+            settings[name] = _absolute(value) if name in DATA_FILES else value
+    return {"preset_name": args.preset, "preset": asdict(preset), "settings": settings,
+            "data_sha256": dict(getattr(args, "data_sha256", {}))}
 
 
 def _adopt_saved_run(parser: argparse.ArgumentParser, args: argparse.Namespace,
@@ -142,10 +281,20 @@ def _adopt_saved_run(parser: argparse.ArgumentParser, args: argparse.Namespace,
     args.preset, args.smoke = saved["preset_name"], False
     known = {f.name for f in fields(presets["default"])}
     preset = new_field_names(type(presets["default"]), saved["preset"])  # old names: new
-    values = {**{k: v for k, v in preset.items() if k in known}, **saved["settings"]}
+    settings = dict(saved["settings"])
+    layout = settings.pop("procs", None) or 1, settings.pop("replicas", None) or 1
+    args.saved_layout = layout  # the workers it ran on: kept by _choose_workers
+    hashes = saved.get("data_sha256", {})
+    for name in DATA_FILES:
+        if name in settings and hasattr(args, name):
+            _check_same_data(parser, args, name, settings.pop(name), hashes.get(name))
+    values = {**{k: v for k, v in preset.items() if k in known}, **settings}
     for name, value in values.items():
+        if not hasattr(args, name):
+            continue
         given = getattr(args, name)
-        if given is not None and given != value:
+        if given is not None and given != value and not (
+                name in DATA_SETTINGS and given == parser.get_default(name)):
             parser.error(f"--resume continues the saved run with its settings: it used "
                          f"{flag(name)} {value}, not {given} (leave {flag(name)} out)")
         setattr(args, name, value)
@@ -168,9 +317,28 @@ def read_demo_checkpoint(path: str | Path, demo: Demo) -> Checkpoint:
 
 
 def load_demo_model(path: str | Path, demo: Demo) -> tuple[Module, Checkpoint]:
-    """-> (model, checkpoint) from a checkpoint ``demo`` saved."""
+    """-> (model, checkpoint) from a checkpoint ``demo`` saved; a checkpoint that does not
+    make the model (a missing or misshapen parameter...) is one error naming the file."""
     checkpoint = read_demo_checkpoint(path, demo)
-    return build_model(checkpoint, expected_kind=demo.model_kind), checkpoint
+    try:
+        return build_model(checkpoint, expected_kind=demo.model_kind), checkpoint
+    except ValueError as exc:  # CheckpointError among them
+        raise CheckpointError(_naming(path, exc)) from None
+
+
+def resume_run(trainer: Any, path: str | Path) -> None:
+    """``trainer.resume(path)``, a checkpoint that cannot continue this run (a missing
+    parameter, negative Adam moments, another architecture...) one error naming the file."""
+    try:
+        trainer.resume(path)
+    except (ValueError, KeyError) as exc:  # CheckpointError among them
+        raise CheckpointError(_naming(path, exc, "cannot be resumed")) from None
+
+
+def _naming(path: str | Path, exc: Exception, what: str = "cannot be used") -> str:
+    """``exc``'s message, led by the file it is about (unless it names it already)."""
+    text = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+    return text if str(path) in text else f"{path} {what}: {text}"
 
 
 def checkpoint_files(out: Path) -> list[Path]:
@@ -179,20 +347,62 @@ def checkpoint_files(out: Path) -> list[Path]:
     if not out.is_dir():
         return []
     return sorted(p for p in out.iterdir()
-                  if p.is_file() and re.fullmatch(r"(model|last)(-\d+)?\.npz", p.name))
+                  if p.is_file() and p.suffix == ".npz" and RUN_FILES.fullmatch(p.name))
 
 
-def guard_output(out: Path, demo: Demo) -> None:
+def guard_output(out: Path, demo: Demo, record: dict | None = None) -> None:
     """Before a new run writes its checkpoints into ``out``: refuse to overwrite another
-    demo's checkpoint, or a run that ``--resume`` could still continue."""
+    demo's checkpoint, a run that ``--resume`` could still continue or, given the new
+    run's ``record`` (:func:`run_record`), a finished run of other settings."""
+    overwrite = "--overwrite (which removes every file of that run)"
     for path in checkpoint_files(out):
         try:
             checkpoint = read_demo_checkpoint(path, demo)
         except CheckpointError as exc:
-            raise DemoError(f"{exc}; choose another --out, or delete it to reuse the "
-                            "folder") from None
+            raise DemoError(f"{exc}; choose another --out, or start over with "
+                            f"{overwrite}") from None
         trainer = checkpoint.extra.get("trainer")
         if path.name.startswith("last") and trainer is not None and not trainer["finished"]:
             raise DemoError(f"{path} holds an unfinished run (stopped after update "
-                            f"{checkpoint.step}): continue it with --resume, or delete that "
-                            "file to start over")
+                            f"{checkpoint.step}): continue it with --resume, or start over "
+                            f"with {overwrite}")
+        differ = _differences(checkpoint.extra.get("run"), record) if record else []
+        if differ:
+            raise DemoError(f"{out} holds a finished run of other settings ({'; '.join(differ)}"
+                            f"): replace it with {overwrite}, continue it with --resume, or "
+                            "choose another --out")
+
+
+def _differences(saved: dict | None, new: dict) -> list[str]:
+    """What differs between a saved run's record and a new one's (at most three, by
+    option name), leaving out how they run (ranks, replicas)."""
+    if saved is None:
+        return ["it records no settings"]
+
+    def flat(record: dict) -> dict:
+        settings = {k: v for k, v in record["settings"].items() if k not in ("procs", "replicas")}
+        return {"preset": record["preset_name"], **record["preset"], **settings,
+                **{f"{k} content": v for k, v in record.get("data_sha256", {}).items()}}
+
+    old, now = flat(saved), flat(new)
+    names = [k for k in now if old.get(k, now[k]) != now[k]]
+    shown = [f"{flag(k) if ' ' not in k else flag(k.split()[0]) + ' content'} "
+             f"{_short(old[k])}, not {_short(now[k])}" for k in names[:3]]
+    return shown + ([f"{len(names) - 3} more"] if len(names) > 3 else [])
+
+
+def _short(value: Any) -> str:
+    text = str(value)
+    return text[:12] if len(text) == 64 and all(c in "0123456789abcdef" for c in text) else text
+
+
+def remove_run_files(out: Path) -> list[Path]:
+    """--overwrite: delete every file a demo's run wrote into ``out`` (:data:`RUN_FILES`:
+    checkpoints of every member, figures, sample, metrics, leftover temporaries); any other
+    file of the folder stays.  Returns what was deleted."""
+    removed = []
+    for path in sorted(out.iterdir()) if out.is_dir() else []:
+        if path.is_file() and RUN_FILES.fullmatch(path.name):
+            path.unlink()
+            removed.append(path)
+    return removed

@@ -15,9 +15,12 @@ reproduces a run.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterator, Sequence
 
 import numpy as np
+
+from ..validation import check_size
 
 __all__ = ["pad_batch", "batches", "length_bucketed_batches", "lm_batch"]
 
@@ -30,15 +33,42 @@ def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int,
         ``ids``: int64 ``(B, T)`` with ``T`` the longest (truncated) length, the
         positions past each sequence's end holding ``pad_id``;
         ``valid_lens``: int64 ``(B,)``, the number of real tokens in each row.
+
+    Raises:
+        TypeError: a sequence holds something other than integers (a float id would
+            be cut to an integer, silently), or ``pad_id`` / ``max_len`` is not one.
+        ValueError: ``max_len`` is negative.
     """
-    if max_len is not None and max_len < 0:
-        raise ValueError(f"max_len must be >= 0, got {max_len}")
-    lengths = [len(s) if max_len is None else min(len(s), max_len) for s in seqs]
+    check_size(pad_id, "pad_id", minimum=-2**63)
+    max_len = check_size(max_len, "max_len", optional=True)
+    rows = [_token_ids(seq, row) for row, seq in enumerate(seqs)]
+    lengths = [len(r) if max_len is None else min(len(r), max_len) for r in rows]
     valid_lens = np.asarray(lengths, dtype=np.int64).reshape(len(lengths))      # (B,)
     ids = np.full((len(lengths), max(lengths, default=0)), pad_id, dtype=np.int64)  # (B, T)
-    for row, (seq, n) in enumerate(zip(seqs, lengths)):
+    for row, (seq, n) in enumerate(zip(rows, lengths)):
         ids[row, :n] = seq[:n]
     return ids, valid_lens
+
+
+def _token_ids(seq: Sequence[int], row: int) -> np.ndarray:
+    """One sequence of ``pad_batch`` as an int64 (T,) array, refused unless it holds
+    integers (Python's or NumPy's; not bools, floats or strings)."""
+    try:
+        host = np.asarray(seq)
+    except (TypeError, ValueError) as exc:  # ragged nesting, objects
+        raise TypeError(f"sequence {row} must be a flat sequence of integer token ids: "
+                        f"{exc}") from None
+    if host.ndim != 1:
+        raise TypeError(f"sequence {row} must be a flat sequence of integer token ids, got "
+                        f"an array of shape {host.shape}")
+    if host.size and host.dtype.kind not in "iu":
+        first = next((x for x in host.tolist()
+                      if isinstance(x, bool) or not isinstance(x, numbers.Integral)), None)
+        if first is None:  # Python integers beyond int64
+            raise ValueError(f"sequence {row} holds token ids beyond int64")
+        raise TypeError(f"sequence {row} must hold integer token ids, got {first!r} "
+                        f"({type(first).__name__})")
+    return host.astype(np.int64, copy=False)
 
 
 def batches(n: int, batch_size: int, shuffle: bool = False,

@@ -22,8 +22,11 @@ Three kinds of file, one per model:
 
 Every file must be UTF-8 (a byte-order mark is allowed).  A malformed file is
 refused with a :class:`~npformer.data.DatasetFormatError` naming the file, the
-line and, where it helps, the column: a missing column, an empty file, a bad
-JSON line, bytes that are not UTF-8, a label the training file lacks.
+line and, where it helps, the column: a missing column, a row whose number of
+fields is not the header's (an unquoted comma in a CSV text, a tab in a TSV text: the
+columns would shift), an empty file, a bad JSON line, bytes that are not UTF-8, a label
+the training file lacks.  A label is compared by its text across formats (a JSON
+``1`` is a CSV ``"1"``).
 
 The demos take these files for ``--data`` (see :func:`is_user_data`)::
 
@@ -42,6 +45,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .download import DatasetFormatError, DatasetNotFoundError
 from .fra_eng import tokenize_fra_eng
@@ -53,6 +57,7 @@ __all__ = [
     "is_user_data",
     "read_labelled_texts",
     "sorted_labels",
+    "label_text",
     "load_text_classification",
     "read_sentence_pairs",
     "read_text_file",
@@ -121,10 +126,14 @@ def read_labelled_texts(path: str | os.PathLike, text_column: str = "text",
 
     Raises:
         DatasetFormatError: an unknown extension, an empty file, non-UTF-8 bytes, a
-            missing column, a row with too few fields, a bad JSON line, a text that is
-            not a string, a label that is empty or neither a string nor an integer.
+            missing column or one the header names twice, a row whose number of fields
+            is not the header's, a bad JSON line, a text that is not a string, a label
+            that is empty or neither a string nor an integer.
+        TypeError, ValueError: ``text_column`` or ``label_column`` is not a non-empty
+            string, or both name the same column.
     """
     path = Path(path)
+    _check_columns(text_column, label_column)
     suffix = path.suffix.lower()
     if suffix not in LABELLED_SUFFIXES:
         raise DatasetFormatError(
@@ -136,9 +145,22 @@ def read_labelled_texts(path: str | os.PathLike, text_column: str = "text",
     return _read_json(text, path, text_column, label_column)
 
 
+def _check_columns(text_column: Any, label_column: Any) -> None:
+    """Two column names, each a non-empty string, and not the same one (every text would
+    be its own label)."""
+    for name, value in (("text_column", text_column), ("label_column", label_column)):
+        if not isinstance(value, str) or not value.strip():
+            raise TypeError(f"{name} must name a column (a non-empty string), got {value!r}")
+    if text_column == label_column:
+        raise ValueError(f"text_column and label_column both name {text_column!r}: every "
+                         f"text would be its own label; name the label's own column "
+                         f"(the demo: --text-column, --label-column)")
+
+
 def _read_delimited(text: str, path: Path, tab: bool, text_column: str,
                     label_column: str) -> list[Record]:
     dialect = dict(delimiter="\t", quoting=csv.QUOTE_NONE) if tab else dict(delimiter=",")
+    _allow_fields_of(len(text))
     reader = csv.reader(io.StringIO(text, newline=""), strict=True, **dialect)
     try:
         header = next(reader)
@@ -147,10 +169,7 @@ def _read_delimited(text: str, path: Path, tab: bool, text_column: str,
         records, line = [], reader.line_num + 1
         for row in reader:
             if row:  # a blank line
-                if len(row) <= max(columns):
-                    raise DatasetFormatError(
-                        f"{path}, line {line}: {len(row)} field(s), but the column "
-                        f"{header[max(columns)]!r} is field {max(columns) + 1} of the header")
+                _check_field_count(row, header, path, line, tab)
                 label = row[columns[1]].strip()
                 if not label:
                     raise DatasetFormatError(f"{path}, line {line}, column {label_column!r}: "
@@ -165,6 +184,28 @@ def _read_delimited(text: str, path: Path, tab: bool, text_column: str,
     return records
 
 
+def _allow_fields_of(length: int) -> None:
+    """Let csv read a field as long as the whole text (its default limit, 128 KiB, would
+    refuse a valid long review).  The limit is the process's: it is only ever raised."""
+    if csv.field_size_limit() < length:
+        csv.field_size_limit(min(length, 2**31 - 1))  # a C long on every platform
+
+
+def _check_field_count(row: list[str], header: list[str], path: Path, line: int,
+                       tab: bool) -> None:
+    """Every row has the header's number of fields: one more or one fewer means a
+    delimiter inside a text (or one missing), and reading on would shift the columns."""
+    if len(row) == len(header):
+        return
+    if tab:
+        hint = ("TSV has no quoting, so a text cannot hold a tab: remove it, or save the "
+                "file as CSV with the text in double quotes")
+    else:
+        hint = 'a comma inside a text must be within double quotes: "I liked it, a lot"'
+    raise DatasetFormatError(f"{path}, line {line}: expected {len(header)} fields, as in the "
+                             f"header, saw {len(row)} ({hint})")
+
+
 def _column_index(header: list[str], name: str, what: str, path: Path) -> int:
     names = [column.strip() for column in header]
     if name not in names:
@@ -172,7 +213,12 @@ def _column_index(header: list[str], name: str, what: str, path: Path) -> int:
             f"{path}, line 1: no column {name!r} in the header (its columns: "
             f"{', '.join(map(repr, names))}); name the {what} column with "
             f"--{what}-column (the library: {what}_column=)")
-    return names.index(name)
+    found = [number for number, column in enumerate(names, start=1) if column == name]
+    if len(found) > 1:
+        raise DatasetFormatError(
+            f"{path}, line 1: the header names {len(found)} columns {name!r} (fields "
+            f"{', '.join(map(str, found))}): rename all but the {what} column")
+    return found[0] - 1
 
 
 def _read_json(text: str, path: Path, text_column: str, label_column: str) -> list[Record]:
@@ -249,6 +295,16 @@ def sorted_labels(labels: Iterable[Label]) -> tuple[Label, ...]:
     return tuple(sorted(distinct, key=key))
 
 
+def label_text(label: Label) -> str:
+    """The one rule labels are compared by, in every format: their text.  A JSON file's
+    integer 1 and a CSV file's "1" are the same label; "01" is another.
+
+    >>> label_text(1) == label_text("1")
+    True
+    """
+    return str(label)
+
+
 @dataclass(frozen=True)
 class TextClassificationData:
     """Labelled texts read by :func:`load_text_classification`.
@@ -273,7 +329,8 @@ def load_text_classification(train: str | os.PathLike,
 
     The label set is the training file's (:func:`sorted_labels`); a label of the
     validation or test file that the training file lacks is an error naming it and
-    its line.  Files of different formats may be mixed.
+    its line.  Files of different formats may be mixed: labels are compared by their
+    text (:func:`label_text`), so a JSON file's integer ``1`` is a CSV file's ``"1"``.
 
     A ``tiny.csv`` holding ``text,label`` / ``good,pos`` / ``bad,neg`` gives::
 
@@ -287,15 +344,15 @@ def load_text_classification(train: str | os.PathLike,
     if len(labels) < 2:
         raise DatasetFormatError(f"{train}: every example has the label {labels[0]!r}; a "
                                  f"classifier needs at least two labels")
-    index = {label: i for i, label in enumerate(labels)}
+    index = {label_text(label): i for i, label in enumerate(labels)}
 
     def indexed(records: Sequence[Record], path) -> list[tuple[str, int]]:
         for _, label, line in records:
-            if label not in index:
+            if label_text(label) not in index:
                 raise DatasetFormatError(
                     f"{path}, line {line}: the label {label!r} is not in the training file "
                     f"{train} (its labels: {', '.join(map(repr, labels))})")
-        return [(text, index[label]) for text, label, _ in records]
+        return [(text, index[label_text(label)]) for text, label, _ in records]
 
     return TextClassificationData(
         train=indexed(train_records, train),

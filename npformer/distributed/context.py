@@ -8,11 +8,15 @@ several ranks.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import os
+import signal
 import sys
-from collections.abc import Callable, Sequence
+import threading
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,9 +24,15 @@ import numpy as np
 from ..allocator import keep_freed_memory
 from ..replicas import parallel_map
 from . import fingerprint, transports
-from .failure import abort_all_on_uncaught_exception, join_timeout, stop_unless_joined_within
-from .launcher import launched_by_mpi, refuse_a_lone_rank
+from .failure import (
+    abort_all_on_uncaught_exception,
+    end_the_launch,
+    join_timeout,
+    stop_unless_joined_within,
+)
+from .launcher import LoneRank, launched_by_mpi, refuse_a_lone_rank, refuse_another_mpi
 from .placement import select_gpu, share_cores
+from .shards import shard_bounds
 
 
 class RanksDiffer(RuntimeError):
@@ -90,8 +100,6 @@ class Context:
         blocks, rank order) and, inside each rank, across ``replicas`` threads; every rank
         gets the whole list back, in order (evaluation, decoding).  ``fn``'s results are
         pickled across ranks: return small host values (scores, token lists)."""
-        from ..parallel import shard_bounds  # (lazy: npformer.parallel imports this module)
-
         items = list(items)
         lo, hi = shard_bounds(len(items), self.size)[self.rank]
         mine = parallel_map(fn, items[lo:hi], replicas)
@@ -137,16 +145,20 @@ def setup(*, quiet_workers: bool = True, keep_memory: bool = True,
     * CuPy installed with GPUs: this rank uses GPU ``local_rank % device_count``
       (call ``setup()`` before ``backend.set_backend("cupy")``).
     * Never a wait for ever: ``NPFORMER_MPI=0`` in a process a launcher started as one of
-      several ranks is refused (:func:`~.launcher.refuse_a_lone_rank`), and a rank whose
-      peers have not all joined within ``NPFORMER_MPI_TIMEOUT`` seconds (default 300)
-      says so and stops (the launcher then ends the others).
+      several ranks is refused (:func:`~.launcher.refuse_a_lone_rank`) and ends every rank
+      at once (:func:`~.failure.end_the_launch`), and a rank whose peers have not all
+      joined within ``NPFORMER_MPI_TIMEOUT`` seconds (default 300) says so and stops (the
+      launcher then ends the others).
+    * One MPI: ranks that each see themselves alone although the launcher started several
+      (an mpiexec of another MPI than mpi4py's) are refused, naming both
+      (:func:`~.launcher.refuse_another_mpi`).
     """
     global _context
     if _context is not None:
         return _context
     if keep_memory:
         keep_freed_memory()
-    refuse_a_lone_rank()
+    _join_or_end_the_launch()
     if not launched_by_mpi():
         _context = SINGLE
         return _context
@@ -156,11 +168,15 @@ def setup(*, quiet_workers: bool = True, keep_memory: bool = True,
             "not installed: pip install 'npformer[mpi]' (mpi4py and an MPICH wheel), or "
             "pip install mpi4py built against your cluster's MPI, or start one process "
             "without mpiexec")
-    with stop_unless_joined_within(join_timeout()):
+    with stop_unless_joined_within(join_timeout()), warnings.catch_warnings(), \
+            python_signal_handlers_kept():
+        # mpi4py's own warning on another MPI's launcher: refuse_another_mpi says more
+        warnings.filterwarnings("ignore", "suspicious MPI execution environment")
         from mpi4py import MPI  # MPI_Init: waits for every rank of the launch
 
         comm = MPI.COMM_WORLD
         comm.Barrier()  # every rank has reached setup()
+    refuse_another_mpi(comm.Get_size(), " ".join(MPI.Get_library_version().split("\n")[0].split()))
     machine = comm.Split_type(MPI.COMM_TYPE_SHARED)  # the ranks on this machine
     ctx = Context(comm=comm, rank=comm.Get_rank(), size=comm.Get_size(),
                   local_rank=machine.Get_rank(), local_size=machine.Get_size())
@@ -174,11 +190,37 @@ def setup(*, quiet_workers: bool = True, keep_memory: bool = True,
     return ctx
 
 
+@contextlib.contextmanager
+def python_signal_handlers_kept() -> Iterator[None]:
+    """Joining MPI leaves the program's signal handlers as they were.  ``MPI_Init``
+    (MPICH's) installs a C handler of its own for SIGHUP, under Python's: a Python handler
+    set before (a demo's, which stops and saves the run) would never run.  Each handler
+    Python holds is set again after the block."""
+    held = {s: signal.getsignal(s) for s in signal.Signals}
+    try:
+        yield
+    finally:
+        if threading.current_thread() is threading.main_thread():  # (else none is Python's)
+            for s, handler in held.items():
+                if callable(handler):
+                    signal.signal(s, handler)
+
+
 def join_if_launched() -> Context:
     """The ranks a trainer runs on: those :func:`setup` joined; else, when an MPI launcher
     started this process as one of several, they are joined now; else this process
     alone (its allocator left as it is)."""
     if _context is not None:
         return _context
-    refuse_a_lone_rank()
+    _join_or_end_the_launch()
     return setup() if launched_by_mpi() else SINGLE
+
+
+def _join_or_end_the_launch() -> None:
+    """A process with MPI turned off that a launcher started as one of several ranks
+    refuses (:class:`~.launcher.LoneRank`), and ends the launch: its peers would wait."""
+    try:
+        refuse_a_lone_rank()
+    except LoneRank as refused:
+        end_the_launch(str(refused))
+        raise

@@ -6,6 +6,9 @@
 * Failing: an exception that ends a rank prints its traceback with the rank's number
   and aborts every rank (:func:`abort_all_on_uncaught_exception`), after waiting until
   the launcher has read the message (:func:`wait_until_read`), so it is not lost.
+* Refusing to join (``NPFORMER_MPI=0`` in one rank of several): the process says why and
+  ends every rank of the launch at once (:func:`end_the_launch`); its peers, waiting for
+  it in ``MPI_Init``, would otherwise wait out their join timeout.
 """
 from __future__ import annotations
 
@@ -19,6 +22,8 @@ import traceback
 from typing import Any
 
 from .launcher import launcher_rank
+
+ABORTED = 2  # the exit status of every rank of a launch one rank refused to join
 
 JOIN_TIMEOUT = 300.0  # seconds the ranks wait for each other to start (NPFORMER_MPI_TIMEOUT)
 
@@ -120,3 +125,27 @@ def wait_until_read(stream: Any, timeout: float = 5.0) -> None:
             time.sleep(0.01)
     except (ImportError, OSError, ValueError, AttributeError):  # not POSIX, no descriptor
         return
+
+
+def end_the_launch(message: str) -> None:
+    """A process an MPI launcher started as one of several ranks, which will not train
+    among them: print ``message`` (``error: ...``) and end every rank of the launch now.
+
+    Its peers wait for it in ``MPI_Init``, and a launcher (MPICH's Hydra) ends them when a
+    rank aborts or dies of a signal, not when one exits before joining.  So this process
+    joins only to call ``MPI_Abort`` (within the join timeout).  Without mpi4py it
+    returns: the peers then stop after their join timeout."""
+    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.flush()
+    wait_until_read(sys.stderr)
+    import importlib.util
+
+    if importlib.util.find_spec("mpi4py") is None:
+        return
+    try:
+        seconds = join_timeout()
+    except ValueError:  # said by its peers
+        seconds = JOIN_TIMEOUT
+    with stop_unless_joined_within(seconds):
+        from mpi4py import MPI
+    MPI.COMM_WORLD.Abort(ABORTED)

@@ -1,0 +1,33 @@
+"""The demos' learning-rate schedule, legal for a run of any length.
+
+:class:`npformer.optim.warmup_cosine` peaks at update ``warmup`` and reaches ``min_lr``
+at update ``total_steps``, so it needs ``warmup < total_steps``.  A demo derives both
+from its options (a warmup of at least one update, at most a tenth or a twentieth of
+the run), and a run of one update (``--max-iters 1``, ``--epochs 0.01`` on a small
+file) would ask for ``warmup_cosine(lr, 1, 1)``: refused.  :func:`cosine_schedule` is
+the one place that makes such a run legal.
+"""
+from __future__ import annotations
+
+from ..optim import warmup_cosine
+from ..validation import check_size
+
+__all__ = ["cosine_schedule"]
+
+
+def cosine_schedule(peak_lr: float, warmup: int, total_updates: int,
+                    min_lr: float = 0.0) -> warmup_cosine:
+    """Linear warmup over ``warmup`` updates (at least 1), then cosine decay to
+    ``min_lr`` at update ``total_updates`` (at least 1).
+
+    A run that ends before its warmup is over (``total_updates <= warmup``) never
+    decays: its schedule is the warmup's line, continued to ``warmup + 1`` updates, so
+    a one-update run with a warmup of one takes its update at ``peak_lr``.  Every
+    longer run gets exactly ``warmup_cosine(peak_lr, warmup, total_updates, min_lr)``.
+
+    >>> [cosine_schedule(1e-3, 1, 1)(1)]
+    [0.001]
+    """
+    warmup = check_size(warmup, "warmup", 1)
+    total_updates = check_size(total_updates, "total_updates", 1)
+    return warmup_cosine(peak_lr, warmup, max(total_updates, warmup + 1), min_lr=min_lr)

@@ -1,0 +1,107 @@
+"""The models' configs take what users write (issue 37, cases 20 and 21).
+
+* ``dataclasses.replace(cfg, max_len=32)``, an old field name given to replace, sets
+  the new field (it failed with "got both 'max_len' and 'block_size'": replace passes
+  every field besides the change); the old and the new name both given with different
+  values stay refused.
+* NumPy integers, floats and bools are accepted where Python's are
+  (``vocab_size=ids.max() + 1``), stored as Python's (so the config equals one built
+  from Python numbers and saves to JSON), and a refused one reads as its value and type.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+from npformer.checkpoint import load_checkpoint, save_checkpoint
+from npformer.models import (
+    CausalLM,
+    CausalLMConfig,
+    ClassifierConfig,
+    Seq2SeqConfig,
+)
+from npformer.train import TrainConfig
+
+from .conftest import using_backend
+from .test_demos import load_demo
+
+
+# =========================================================================== case 20
+@pytest.mark.parametrize("config, old, new, value", [
+    (ClassifierConfig(vocab_size=10), "max_len", "block_size", 32),
+    (Seq2SeqConfig(10, 11), "max_len", "block_size", 32),
+    (TrainConfig(max_iters=3), "max_steps", "max_iters", 7),
+    (load_demo("generate.py").PRESETS["smoke"], "width", "d_model", 64),  # frozen
+])
+def test_replace_with_an_old_field_name_sets_the_new_field(config, old, new, value):
+    with pytest.warns(DeprecationWarning, match=f"{old}.*'{new}'") as caught:
+        changed = dataclasses.replace(config, **{old: value})
+    assert getattr(changed, new) == value
+    assert changed == dataclasses.replace(config, **{new: value})
+    assert caught[0].filename == __file__  # points at the user's line, not at replace
+
+
+def test_replace_with_both_names_and_different_values_is_refused():
+    config = ClassifierConfig(vocab_size=10, block_size=16)
+    with pytest.raises(TypeError, match="got both 'max_len' and 'block_size'"):
+        dataclasses.replace(config, max_len=32, block_size=64)
+    with pytest.raises(TypeError, match="got both 'max_len' and 'block_size'"):
+        ClassifierConfig(vocab_size=10, max_len=32, block_size=16)
+
+
+def test_replace_without_an_old_name_is_untouched():
+    config = CausalLMConfig(vocab_size=10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert dataclasses.replace(config, block_size=8).block_size == 8
+
+
+# =========================================================================== case 21
+def test_numpy_numbers_are_accepted_and_stored_as_pythons():
+    ids = np.array([[3, 17], [0, 5]])
+    config = ClassifierConfig(vocab_size=ids.max() + 1, num_classes=np.int32(3),
+                              d_model=np.int64(8), num_heads=np.int16(2), num_layers=np.uint8(1),
+                              d_ff=np.int64(16), block_size=np.int64(4),
+                              dropout=np.float32(0.25), norm_first=np.bool_(True),
+                              head_dim=np.int64(4), pad_id=np.int64(0))
+    python = ClassifierConfig(vocab_size=18, num_classes=3, d_model=8, num_heads=2,
+                              num_layers=1, d_ff=16, block_size=4, dropout=0.25,
+                              norm_first=True, head_dim=4, pad_id=0)
+    assert config == python
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        assert type(value) is type(getattr(python, field.name)), field.name
+    seq2seq = Seq2SeqConfig(np.int64(10), np.int64(12), bos_id=np.int64(1), eos_id=np.int64(2),
+                            scale_embeddings=np.bool_(False), dropout=np.float64(0.0))
+    assert json.dumps(dataclasses.asdict(seq2seq))  # a checkpoint's config
+
+
+def test_a_config_of_numpy_numbers_saves_and_loads(tmp_path):
+    with using_backend("numpy", "float32"):
+        model = CausalLM(CausalLMConfig(vocab_size=np.int64(7), block_size=np.int64(4),
+                                        d_model=np.int64(8), num_heads=np.int64(2),
+                                        num_layers=np.int64(1), d_ff=np.int64(8),
+                                        tie_weights=np.bool_(False)))
+        save_checkpoint(tmp_path / "m.npz", model)  # json.dumps refused np.int64
+        assert load_checkpoint(tmp_path / "m.npz").config["vocab_size"] == 7
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("vocab_size", np.int64(0), "vocab_size must be a positive integer, got 0 (int64)"),
+    ("d_model", np.float64(8.0), "d_model must be a positive integer, got 8.0 (float64)"),
+    ("dropout", np.float32(1.5), "dropout must be in [0, 1), got 1.5 (float32)"),
+    ("dropout", np.bool_(False), "dropout must be in [0, 1), got False (bool)"),
+    ("norm_first", np.int64(1), "norm_first must be True or False, got 1 (int64)"),
+    ("pad_id", np.int64(-1), "pad_id must be a token id in [0, 10) (vocab_size=10), got -1 "
+                             "(int64)"),
+    ("head_dim", np.int64(0), "head_dim must be None or a positive integer, got 0 (int64)"),
+])
+def test_a_refused_numpy_value_reads_as_its_value_and_type(field, value, message):
+    with pytest.raises(ValueError) as error:
+        ClassifierConfig(**{"vocab_size": 10, field: value})
+    assert str(error.value) == f"ClassifierConfig.{message}"
+    assert "np." not in str(error.value)
