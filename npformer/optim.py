@@ -43,7 +43,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import backend, engine
-from .backend import Array
 from .nn.module import Parameter
 from .validation import (
     HYPERPARAMETER_RANGES,

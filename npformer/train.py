@@ -234,31 +234,37 @@ class Trainer:
 
     # ----------------------------------------------------------------- one update
     def update(self) -> float:
-        """One optimizer update over ``grad_accum`` batches; returns the mean loss."""
+        """One optimizer update: forward, loss and backward of ``grad_accum`` batches (each
+        shared among the data-parallel workers), the gradients' all-reduce, clipping, and
+        the optimizer's step.  Returns the update's mean loss."""
         self.model.train()
         self.optimizer.zero_grad()
-        scale = 1.0 / self.config.grad_accum
-        losses, items = [], 0
-        for _ in range(self.config.grad_accum):
+        shares, self._items = [], 0
+        for _ in range(self.config.grad_accum):  # forward, loss and backward of each batch
             batch = self.next_batch(self.data_rng)
             seed = int(self.data_rng.integers(2**31))  # the dropout streams of this batch
-            loss, count = self.parallel.loss_and_grad(self.task, batch, scale, seed)
-            losses.append(loss)
-            items += count
-        loss = self.parallel.reduce_step(float(np.mean(losses)))  # MPI: the all-reduce
+            share, count = self.parallel.loss_and_grad(self.task, batch,
+                                                       1.0 / self.config.grad_accum, seed)
+            shares.append(share)
+            self._items += count
+        loss = self.parallel.reduce_step(float(np.mean(shares)))  # the all-reduce (MPI)
         if not math.isfinite(loss):
             raise TrainingDiverged(self._diverged(f"loss {loss}"))
-        named = self._named_parameters  # so that a non-finite gradient is named
+        self._clip_gradients()  # a NaN or inf gradient stops the run here
+        self.optimizer.step()
+        return loss
+
+    def _clip_gradients(self) -> None:
+        """Clip to ``clip_norm`` (or only check that every gradient is finite), with the
+        tier's gradient norm; a non-finite gradient is TrainingDiverged, naming it."""
+        named = self._named_parameters
         try:
-            if self.config.clip_norm:  # clips, and raises on a NaN or inf gradient
+            if self.config.clip_norm:
                 engine.implementation(clip_grad_norm)(named, self.config.clip_norm)
-            else:  # only the check for a NaN or inf gradient
+            else:
                 engine.implementation(global_grad_norm)(named, error_if_nonfinite=True)
         except NonFiniteGradientError as exc:
             raise TrainingDiverged(self._diverged(str(exc))) from exc
-        self.optimizer.step()
-        self._items = items
-        return loss
 
     def _diverged(self, what: str) -> str:
         return (f"training diverged at update {self.updates + 1}: {what} (learning rate "

@@ -33,6 +33,9 @@ from .conftest import using_backend
 from .helpers import PARITY_RTOL, assert_close, load_from_torch, to_torch
 from .test_layers_parity import B, D, H, S, T, host, masks_for, prepare_torch, torch_mask
 
+# A behaviour test: it runs in both tiers (npformer.engine), which must behave the same.
+pytestmark = pytest.mark.usefixtures("tier")
+
 MASK_KINDS = ["none", "padding", "causal", "causal_padding", "random_heads"]
 
 

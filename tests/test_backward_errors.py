@@ -25,6 +25,9 @@ from npformer.models import (
 
 from .helpers import raises_naming
 
+# A behaviour test: it runs in both tiers (npformer.engine), which must behave the same.
+pytestmark = pytest.mark.usefixtures("tier")
+
 TIERS = {"textbook": ops, "fast": fast}
 
 

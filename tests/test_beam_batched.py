@@ -40,6 +40,7 @@ first instead was tried and not detected, nor could it change an output.)
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -49,6 +50,9 @@ from npformer.models import Seq2SeqConfig, Seq2SeqTransformer
 from tests.beam_reference import _beam_search_reference
 
 from .conftest import using_backend
+
+# A behaviour test: it runs in both tiers (npformer.engine), which must behave the same.
+pytestmark = pytest.mark.usefixtures("tier")
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 SRC_VOCAB = 9

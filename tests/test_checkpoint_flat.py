@@ -1,37 +1,39 @@
-"""Checkpoints of flat buffers (format version 4): the fast tier writes its parameter
-buffer and its optimizer's moment buffers as they are, one array each.
+"""Checkpoints in both tiers (format version 4): one file, whatever the tier keeps in memory.
 
-* as it is: the arrays handed to ``np.savez`` are the buffers themselves (no copy, no
-  ``to_numpy`` per tensor), and the archive holds ``flat/param``, ``flat/optim/m``,
-  ``flat/optim/v`` and no ``param/`` or ``optim/m.<i>`` entry;
-* the same checkpoint: a flat file and the per-tensor file of the same model and AdamW
-  (a deep copy, which is not flat) load to equal parameters, moments, step and lr, and
-  the flat file rebuilds a model (also in the textbook tier) with the same logits, and
-  on the strict array-API backend with the same weights;
-* exact resume: N updates, save, a fresh model and AdamW restored from the file, M
-  updates give bit-identical losses and weights to N + M updates in one run; without
-  the saved moments they do not (the test is sharp);
-* the per-tensor layout where the buffer does not hold the model as it is: the textbook
-  tier, an optimizer over some of the parameters, a rebound parameter; moments that
-  a loader bound are put back in their buffers (a run resumed and saved at once writes
-  the same layout and values as the run it resumed); a flat model with a per-tensor
-  optimizer (Adam's L2 decay) writes ``flat/param`` and ``optim/m.<i>``, and loads the
-  same;
+* one format: the fast tier (weights in one flat buffer, AdamW's moments in two more) and
+  the textbook tier write the same file for the same model and optimizer state: the same
+  members, ``param/<name>`` and ``optim/<key>`` per tensor, the same values, dtypes and
+  ``meta``; no ``flat/`` entry and no ``meta["flat_layout"]``; the values are the live
+  model's and optimizer's (a rebound parameter's bound value, moments a loader bound);
+* the previous release's flat files (``flat/param``, ``flat/optim/<state>``, written here
+  by :func:`tests.legacy_checkpoints.save_flat_checkpoint`, which writes what that
+  release's writer wrote) load to the same parameters, optimizer state, step and config
+  as the per-tensor file of the same run, and rebuild a model (both tiers, and on the
+  strict backend) with the same logits;
+* exact resume: N updates, save, a fresh model and optimizer restored from the file, M
+  updates give bit-identical losses and weights to N + M updates in one run, in both
+  tiers, from either layout; without the saved moments they do not (the test is sharp);
 * a malformed flat layout (overlapping, gapped or too-short offsets, a shape that does
   not match its slice, a buffer of the wrong dtype, rank or length, no layout, an
   unknown buffer, an entry held twice) is a CheckpointError naming the problem;
 * version 3 files (per tensor) still load.
+
+How these tests fail (checked by breaking the code under test, then restoring it): a
+writer that reads the fast model's buffer (``model._flat.data``) rather than each
+parameter's ``data`` fails the rebound-parameter test; a fast ``load_state_dict`` that
+leaves the loaded moments out of the flat buffers (no ``_sync_flat_state``) fails the
+loader-bound and resume tests; ``_unflattened`` cutting the views in another order fails
+the flat-file tests.
 """
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from npformer import backend, checkpoint, optim
+from npformer import backend, checkpoint, engine, fast, models, optim
 from npformer.checkpoint import (
     CheckpointError,
     build_model,
@@ -39,23 +41,34 @@ from npformer.checkpoint import (
     restore,
     save_checkpoint,
 )
+from npformer.fast.flat import flat_buffer_of
 from npformer.tasks import LanguageModeling
 
 from .conftest import using_backend
 from .helpers import using_engine
+from .legacy_checkpoints import save_flat_checkpoint
 from .test_checkpoint_train import lm, lm_batch, logits_of, weights
 
+TIERS = ["fast", "textbook"]
+SAVE = {"per tensor": save_checkpoint, "flat": save_flat_checkpoint}  # this release, the last
 FLAT_MEMBERS = {"meta", "flat/param", "flat/optim/m", "flat/optim/v"}
 
+OPTIMIZERS = {  # params -> an optimizer; each tier makes its own implementation
+    "AdamW": lambda ps: optim.AdamW(ps, lr=1e-2, weight_decay=0.1),
+    "Adam L2": lambda ps: optim.Adam(ps, lr=1e-2, weight_decay=0.1),  # per tensor in both
+    "SGD momentum": lambda ps: optim.SGD(ps, lr=1e-2, momentum=0.9),
+    "AdamW over some": lambda ps: optim.AdamW(list(ps)[1:], lr=1e-2),  # not the whole buffer
+}
 
-def _trained(seed: int = 0, steps: int = 3):
-    """A causal LM and its AdamW after ``steps`` updates (moments non-zero), with the
-    losses of those updates."""
+
+def _trained(tier: str, seed: int = 0, steps: int = 3, make=OPTIMIZERS["AdamW"]):
+    """A causal LM of ``tier`` and its optimizer after ``steps`` updates (moments
+    non-zero), with those updates' losses.  Call inside the tier's using_engine."""
+    assert engine.engine_name() == tier
     backend.seed(seed)
     model = lm()
-    opt = optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
-    losses = _train(model, opt, _batches(steps))
-    return model, opt, losses
+    opt = make(model.parameters())
+    return model, opt, _train(model, opt, _batches(steps))
 
 
 def _batches(count: int, seed: int = 7) -> list:
@@ -64,18 +77,47 @@ def _batches(count: int, seed: int = 7) -> list:
 
 
 def _train(model, opt, batches) -> list[float]:
+    clip = engine.implementation(optim.clip_grad_norm)
     losses = []
     for batch in batches:
         opt.zero_grad()
         losses.append(LanguageModeling().loss_and_grad(model, batch))
-        optim.clip_grad_norm(model.named_parameters(), 1.0)
+        clip(model.named_parameters(), 1.0)
         opt.step()
     return losses
 
 
-def _members(path: Path) -> set[str]:
+def _in_textbook_tier(model, opt, make):
+    """A textbook model and optimizer (over the same parameters, by position) holding
+    ``model``'s weights and ``opt``'s state."""
+    with using_engine("textbook"):
+        twin = lm()
+        by_id = {id(p): i for i, p in enumerate(model.parameters())}
+        chosen = [twin.parameters()[by_id[id(p)]] for p in opt.params]
+        twin_opt = make(twin.parameters())
+        assert [id(p) for p in twin_opt.params] == [id(p) for p in chosen]
+    assert type(twin) is models.CausalLM and type(twin_opt) in (optim.AdamW, optim.Adam, optim.SGD)
+    twin.load_state_dict(model.state_dict())
+    twin_opt.load_state_dict(opt.state_dict())
+    return twin, twin_opt
+
+
+def _contents(path: Path) -> dict[str, np.ndarray]:
     with np.load(path) as archive:
-        return set(archive.files)
+        return {key: archive[key] for key in archive.files}
+
+
+def _meta(path: Path) -> dict:
+    return json.loads(str(_contents(path)["meta"]))
+
+
+def _assert_same_file(a: Path, b: Path) -> None:
+    """The same members, each with the same dtype, shape and values (meta: the same text)."""
+    x, y = _contents(a), _contents(b)
+    assert x.keys() == y.keys(), sorted(set(x) ^ set(y))
+    for key in x:
+        assert (x[key].dtype, x[key].shape) == (y[key].dtype, y[key].shape), key
+        np.testing.assert_array_equal(x[key], y[key], err_msg=key)
 
 
 def _assert_same_checkpoint(a: checkpoint.Checkpoint, b: checkpoint.Checkpoint) -> None:
@@ -90,114 +132,182 @@ def _assert_same_checkpoint(a: checkpoint.Checkpoint, b: checkpoint.Checkpoint) 
             np.testing.assert_array_equal(value, b.optimizer[key], err_msg=key)
         else:
             assert value == b.optimizer[key], key
-    assert (a.kind, a.config, a.step, a.extra) == (b.kind, b.config, b.step, b.extra)
+    assert (a.kind, a.config, a.step, a.rng_state, a.extra) == \
+        (b.kind, b.config, b.step, b.rng_state, b.extra)
 
 
-# =========================================================================== as it is
+def _assert_holds_the_live_state(loaded: checkpoint.Checkpoint, model, opt) -> None:
+    """The checkpoint's weights and optimizer state are the model's and optimizer's now."""
+    live = weights(model)
+    assert loaded.params.keys() == live.keys()
+    for name, value in live.items():
+        np.testing.assert_array_equal(loaded.params[name], value, err_msg=name)
+    for name in opt._state_names:
+        for i, value in enumerate(opt.state[name]):
+            np.testing.assert_array_equal(loaded.optimizer[f"{name}.{i}"],
+                                          backend.to_numpy(value), err_msg=f"{name}.{i}")
+    assert (loaded.optimizer["step"], loaded.optimizer["lr"]) == (opt.step_count, opt.lr)
+
+
+# =========================================================================== one format
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_the_flat_buffers_are_written_as_they_are(tmp_path, monkeypatch, dtype):
-    written, to_numpy_calls = {}, []
-    real_savez, real_to_numpy = np.savez, backend.to_numpy
-
-    def recording_savez(handle, **arrays):
-        written.update(arrays)
-        real_savez(handle, **arrays)
-
-    def counting_to_numpy(x):
-        to_numpy_calls.append(x)
-        return real_to_numpy(x)
-
-    with using_engine("fast"), using_backend("numpy", dtype):
-        model, opt, _ = _trained()
-        flat, moments = opt.flat_state()
-        monkeypatch.setattr(np, "savez", recording_savez)
-        monkeypatch.setattr(checkpoint.backend, "to_numpy", counting_to_numpy)
-        path = save_checkpoint(tmp_path / "flat.npz", model, opt, step=3)
-        monkeypatch.undo()
-    assert written["flat/param"] is flat.data  # the buffer itself, not a copy
-    assert written["flat/optim/m"] is moments["m"] and written["flat/optim/v"] is moments["v"]
-    assert not [x for x in to_numpy_calls if isinstance(x, np.ndarray) and x.size > 1]
-    members = _members(path)
-    assert FLAT_MEMBERS <= members
-    assert not {m for m in members - FLAT_MEMBERS if not m.startswith("optim/")}
-    assert not {m for m in members if m.startswith(("optim/m.", "optim/v."))}
-    loaded = load_checkpoint(path)
+@pytest.mark.parametrize("kind", list(OPTIMIZERS) + ["no optimizer"])
+def test_both_tiers_write_the_same_file(tmp_path, dtype, kind):
+    make = OPTIMIZERS.get(kind, OPTIMIZERS["AdamW"])
+    saved = {"step": 3, "extra": {"note": "x"}, "rng_state": {"seed": 1}}
+    with using_backend("numpy", dtype):
+        with using_engine("fast"):
+            model, opt, _ = _trained("fast", make=make)
+        assert type(model) is fast.models.CausalLM and model._flat is not None  # premises
+        twin, twin_opt = _in_textbook_tier(model, opt, make)
+        keep = kind != "no optimizer"
+        fast_path = save_checkpoint(tmp_path / "fast.npz", model, opt if keep else None, **saved)
+        textbook_path = save_checkpoint(tmp_path / "textbook.npz", twin,
+                                        twin_opt if keep else None, **saved)
+        loaded = load_checkpoint(fast_path)
+        if keep:
+            _assert_holds_the_live_state(loaded, model, opt)
+        else:
+            assert loaded.optimizer == {}
+            assert all(np.array_equal(loaded.params[k], v) for k, v in weights(model).items())
+    _assert_same_file(fast_path, textbook_path)
+    members = set(_contents(fast_path))
+    expected = {"meta"} | {f"param/{name}" for name, _ in model.named_parameters()}
+    if keep:
+        expected |= {f"optim/{key}" for key in opt.state_dict()}
+    assert members == expected  # per tensor: no flat/ entry
+    assert "flat_layout" not in _meta(fast_path)
+    assert _meta(fast_path)["version"] == checkpoint.FORMAT_VERSION == 4
     assert loaded.params["embed.tokens.weight"].dtype == np.dtype(dtype)
-    layout = json.loads(str(np.load(path)["meta"]))["flat_layout"]
-    assert layout["names"] == [name for name, _ in model.named_parameters()]
-    assert layout["offsets"] == [list(s) for s in flat.slices]
+    if keep:
+        assert any(np.any(v != 0) for k, v in loaded.optimizer.items() if "." in k)
 
 
-def test_the_textbook_tier_writes_tensor_by_tensor(tmp_path):
-    with using_engine("textbook"), using_backend("numpy", "float64"):
-        model, opt, _ = _trained()
-        path = save_checkpoint(tmp_path / "t.npz", model, opt)
-    members = _members(path)
-    assert not {m for m in members if m.startswith("flat/")}
-    assert {f"param/{name}" for name, _ in model.named_parameters()} <= members
-    assert {f"optim/m.{i}" for i in range(len(opt.params))} <= members
-    assert "flat_layout" not in json.loads(str(np.load(path)["meta"]))
-
-
-# =========================================================================== same checkpoint
-def test_flat_and_per_tensor_files_load_the_same(tmp_path):
+def test_a_rebound_parameter_is_saved_with_its_bound_value(tmp_path):
+    """A parameter rebound by any code (``p.data = ...``) is no longer its view of the
+    fast model's buffer, which holds the old value until something syncs it: the file
+    holds the value the parameter has."""
     with using_engine("fast"), using_backend("numpy", "float64"):
-        model, opt, _ = _trained()
-        flat_path = save_checkpoint(tmp_path / "flat.npz", model, opt, step=3,
-                                    extra={"note": "x"})
-        model_copy, opt_copy = copy.deepcopy((model, opt))  # owns its arrays: not flat
-        tensor_path = save_checkpoint(tmp_path / "tensors.npz", model_copy, opt_copy, step=3,
-                                      extra={"note": "x"})
-    assert "flat/param" in _members(flat_path)
-    assert not {m for m in _members(tensor_path) if m.startswith("flat/")}
-    flat, tensors = load_checkpoint(flat_path), load_checkpoint(tensor_path)
-    _assert_same_checkpoint(flat, tensors)
-    assert any(np.any(v != 0) for k, v in flat.optimizer.items() if k.startswith("m."))
-    assert flat.optimizer["step"] == 3 and flat.optimizer["lr"] == opt.lr
+        model, opt, _ = _trained("fast")
+        weight = model.embed.tokens.weight
+        stale = model._flat.data.copy()
+        weight.data = weight.data + 1.0  # a new array, bound
+        assert np.array_equal(model._flat.data, stale)  # the premise: the buffer is stale
+        loaded = load_checkpoint(save_checkpoint(tmp_path / "rebound.npz", model, opt))
+    np.testing.assert_array_equal(loaded.params["embed.tokens.weight"], weight.data)
+    _assert_holds_the_live_state(loaded, model, opt)
 
 
-@pytest.mark.parametrize("tier", ["fast", "textbook"])
-def test_a_flat_file_rebuilds_the_model(tmp_path, tier):
+def test_moments_a_loader_bound_go_back_into_their_buffers(tmp_path):
+    """A fast AdamW restored from a file keeps the loaded moments in its flat buffers
+    (where its one-pass update reads them), and a run resumed and saved at once writes
+    the file of the run it resumed."""
+    with using_engine("fast"), using_backend("numpy", "float64"):
+        model, opt, _ = _trained("fast")
+        first = save_checkpoint(tmp_path / "a.npz", model, opt, step=3)
+        resumed_model, resumed_opt, _ = _trained("fast", seed=123, steps=0)
+        restore(resumed_model, load_checkpoint(first), resumed_opt)
+        assert resumed_opt._flat is resumed_model._flat is flat_buffer_of(
+            resumed_model.parameters())
+        for name in ("m", "v"):
+            buffer = resumed_opt._flat_state[name]  # (P,)
+            for i, (lo, hi) in enumerate(resumed_opt._flat.slices):
+                value = resumed_opt.state[name][i]
+                assert np.shares_memory(value, buffer), f"{name}.{i} is not in the buffer"
+                np.testing.assert_array_equal(buffer[lo:hi].reshape(value.shape),
+                                              opt.state[name][i], err_msg=f"{name}.{i}")
+        again = save_checkpoint(tmp_path / "again.npz", resumed_model, resumed_opt, step=3)
+    _assert_same_file(again, first)
+
+
+def test_a_moment_bound_by_hand_is_saved_and_updated(tmp_path):
+    """``opt.state["m"][i] = array`` binds an array outside the flat buffer: the file holds
+    it, and the next update starts from it (as the textbook AdamW's does)."""
+    make = OPTIMIZERS["AdamW"]
     with using_backend("numpy", "float64"):
         with using_engine("fast"):
-            model, _, _ = _trained()
-            opt = optim.AdamW(model.parameters())
-            path = save_checkpoint(tmp_path / "flat.npz", model, opt)
-        assert "flat/param" in _members(path)
-        batch = lm_batch(np.random.default_rng(3))
-        with using_engine(tier):  # the same tier's logits: the tiers round differently
-            rebuilt = build_model(load_checkpoint(path), expected_kind="causal_lm")
-            np.testing.assert_array_equal(logits_of(rebuilt, batch), logits_of(model, batch))
+            model, opt, _ = _trained("fast")
+        twin, twin_opt = _in_textbook_tier(model, opt, make)
+        bound = np.full(opt.params[2].shape, 0.25)
+        opt.state["m"][2], twin_opt.state["m"][2] = bound, bound.copy()
+        loaded = load_checkpoint(save_checkpoint(tmp_path / "m.npz", model, opt))
+        np.testing.assert_array_equal(loaded.optimizer["m.2"], bound)
+        with using_engine("fast"):
+            _train(model, opt, _batches(1, seed=8))
+        assert np.shares_memory(opt.state["m"][2], opt._flat_state["m"])  # back in the buffer
+        for p, q in zip(model.parameters(), twin.parameters()):  # the same gradients: the
+            q.grad = p.grad.copy()                              # tiers' backwards round
+        twin_opt.step()                                         # differently
+    assert all(np.array_equal(a, b) for a, b in zip(opt.state["m"], twin_opt.state["m"]))
+    assert all(np.array_equal(p.data, q.data)
+               for p, q in zip(model.parameters(), twin.parameters()))
 
 
-def test_a_flat_file_loads_on_the_strict_backend(tmp_path):
+# =========================================================================== flat files
+@pytest.mark.parametrize("tier", TIERS)
+@pytest.mark.parametrize("kind", ["AdamW", "Adam L2"])
+def test_a_flat_file_loads_as_the_per_tensor_file_of_the_same_run(tmp_path, tier, kind):
+    """AdamW's moments in flat/optim/<state>; Adam with L2 decay (per tensor in the
+    previous release too) wrote flat/param beside optim/m.<i>."""
+    flat_moments = kind == "AdamW"
+    saved = {"step": 3, "extra": {"note": "x"}, "rng_state": {"seed": 1}}
+    with using_engine(tier), using_backend("numpy", "float64"):
+        model, opt, _ = _trained(tier, make=OPTIMIZERS[kind])
+        flat_path = save_flat_checkpoint(tmp_path / "flat.npz", model, opt,
+                                         flat_moments=flat_moments, **saved)
+        tensor_path = save_checkpoint(tmp_path / "tensors.npz", model, opt, **saved)
+    members = set(_contents(flat_path))
+    assert ({"flat/param", "flat/optim/m"} <= members) == flat_moments  # the premises
+    assert ("optim/m.0" in members) != flat_moments and "param/norm.bias" not in members
+    flat, tensors = load_checkpoint(flat_path), load_checkpoint(tensor_path)
+    _assert_same_checkpoint(flat, tensors)
+    _assert_holds_the_live_state(flat, model, opt)
+    assert (flat.step, flat.config["d_model"]) == (3, 8)
+
+
+@pytest.mark.parametrize("tier", TIERS)
+@pytest.mark.parametrize("backend_name", ["numpy", "strict"])
+def test_a_flat_file_rebuilds_the_model(tmp_path, tier, backend_name):
     with using_engine("fast"), using_backend("numpy", "float64"):
-        model, opt, _ = _trained()
-        path = save_checkpoint(tmp_path / "flat.npz", model, opt)
-        expected = weights(model)
-    assert FLAT_MEMBERS <= _members(path)
-    with using_backend("strict", "float64"):
-        rebuilt = build_model(load_checkpoint(path))
-        assert type(rebuilt.embed.tokens.weight.data).__module__.startswith("array_api_strict")
+        model, opt, _ = _trained("fast")
+        trained = weights(model)
+        flat_path = save_flat_checkpoint(tmp_path / "flat.npz", model, opt)
+        tensor_path = save_checkpoint(tmp_path / "tensors.npz", model, opt)
+    assert FLAT_MEMBERS <= set(_contents(flat_path))
+    batch = lm_batch(np.random.default_rng(3))
+    with using_engine(tier), using_backend(backend_name, "float64"):
+        rebuilt = build_model(load_checkpoint(flat_path), expected_kind="causal_lm")
+        reference = build_model(load_checkpoint(tensor_path))  # the same tier's rounding
+        assert type(rebuilt) is engine.implementation(models.CausalLM)
+        data = rebuilt.embed.tokens.weight.data
+        assert type(data).__module__.startswith(
+            "array_api_strict" if backend_name == "strict" else "numpy")
+        np.testing.assert_array_equal(logits_of(rebuilt, batch), logits_of(reference, batch))
         got = weights(rebuilt)
-    assert all(np.array_equal(got[k], v) for k, v in expected.items())
+    assert got.keys() == trained.keys()
+    assert all(np.array_equal(got[k], v) for k, v in trained.items())
+    if tier == "fast" and backend_name == "numpy":  # into its own flat buffer
+        assert flat_buffer_of(rebuilt.parameters()) is rebuilt._flat is not None
+        assert np.shares_memory(rebuilt.embed.tokens.weight.data, rebuilt._flat.data)
 
 
 # =========================================================================== resume
-def test_resume_from_a_flat_file_gives_the_same_losses(tmp_path):
+@pytest.mark.parametrize("tier", TIERS)
+@pytest.mark.parametrize("layout", list(SAVE))
+def test_resume_gives_the_same_losses(tmp_path, tier, layout):
     N, M = 3, 4
     batches = _batches(N + M)
-    with using_engine("fast"), using_backend("numpy", "float64"):
-        model, opt, straight = _trained(steps=0)
+    with using_engine(tier), using_backend("numpy", "float64"):
+        model, opt, _ = _trained(tier, steps=0)
         straight = _train(model, opt, batches)
         straight_weights = weights(model)
 
-        model, opt, _ = _trained(steps=0)
+        model, opt, _ = _trained(tier, steps=0)
         _train(model, opt, batches[:N])
-        path = save_checkpoint(tmp_path / "flat.npz", model, opt, step=N)
-        assert FLAT_MEMBERS <= _members(path)
+        path = SAVE[layout](tmp_path / "run.npz", model, opt, step=N)
+        assert ("flat/optim/m" in _contents(path)) == (layout == "flat")
 
-        resumed_model, resumed_opt, _ = _trained(seed=123, steps=0)  # other weights
+        resumed_model, resumed_opt, _ = _trained(tier, seed=123, steps=0)  # other weights
         restore(resumed_model, load_checkpoint(path), resumed_opt)
         assert resumed_opt.step_count == N
         resumed = _train(resumed_model, resumed_opt, batches[N:])
@@ -205,90 +315,28 @@ def test_resume_from_a_flat_file_gives_the_same_losses(tmp_path):
         assert all(np.array_equal(v, straight_weights[k])
                    for k, v in weights(resumed_model).items())
 
-        fresh_model, fresh_opt, _ = _trained(seed=123, steps=0)  # control: no moments
+        fresh_model, fresh_opt, _ = _trained(tier, seed=123, steps=0)  # control: no moments
         fresh_model.load_state_dict(load_checkpoint(path).params)
         fresh_opt.step_count = N
         assert _train(fresh_model, fresh_opt, batches[N:]) != straight[N:]
 
 
-# =========================================================================== fallbacks
-def test_an_optimizer_over_some_parameters_writes_its_moments_per_tensor(tmp_path):
-    with using_engine("fast"), using_backend("numpy", "float64"):
-        backend.seed(0)
-        model = lm()
-        opt = optim.AdamW(list(model.parameters())[1:])  # not the model's whole buffer
-        _train(model, opt, _batches(2))
-        path = save_checkpoint(tmp_path / "some.npz", model, opt)
-        loaded = load_checkpoint(path)
-        expected = weights(model)
-    members = _members(path)
-    assert not {m for m in members if m.startswith("flat/optim/")}
-    assert {f"optim/m.{i}" for i in range(len(opt.params))} <= members
-    assert all(np.array_equal(loaded.params[k], v) for k, v in expected.items())
-    assert all(np.array_equal(loaded.optimizer[f"v.{i}"], v) for i, v in enumerate(opt.state["v"]))
-
-
-def test_a_rebound_parameter_is_written_per_tensor(tmp_path):
-    with using_engine("fast"), using_backend("numpy", "float64"):
-        model, opt, _ = _trained()
-        weight = model.embed.tokens.weight
-        weight.data = weight.data + 1.0  # no longer the buffer's view: the buffer is stale
-        path = save_checkpoint(tmp_path / "rebound.npz", model, opt)
-        loaded = load_checkpoint(path)
-    assert not {m for m in _members(path) if m.startswith("flat/")}
-    np.testing.assert_array_equal(loaded.params["embed.tokens.weight"], weight.data)
-
-
-def test_moments_a_loader_bound_go_back_into_their_buffers(tmp_path):
-    """A resumed run that saves before its first update (a finished run resumed) writes
-    the layout the uninterrupted run wrote, with the loaded moments."""
-    with using_engine("fast"), using_backend("numpy", "float64"):
-        model, opt, _ = _trained()
-        first = load_checkpoint(save_checkpoint(tmp_path / "a.npz", model, opt))
-        resumed_model, resumed_opt, _ = _trained(seed=123, steps=0)
-        restore(resumed_model, first, resumed_opt)  # binds fresh moment arrays
-        flat_m = resumed_opt._flat_state["m"]  # the premise: the loader bound other arrays
-        assert not np.shares_memory(resumed_opt.state["m"][0], flat_m)
-        path = save_checkpoint(tmp_path / "again.npz", resumed_model, resumed_opt)
-        assert _members(path) == _members(tmp_path / "a.npz")
-        _assert_same_checkpoint(load_checkpoint(path), first)
-
-
-def test_a_flat_model_with_a_per_tensor_optimizer_writes_both_layouts(tmp_path):
-    with using_engine("fast"), using_backend("numpy", "float64"):
-        model, _, _ = _trained()  # its AdamW made the parameters one buffer's views
-        l2_adam = optim.Adam(model.parameters(), lr=1e-2, weight_decay=0.1)  # per tensor
-        rng = np.random.default_rng(0)  # moments to tell apart (its update would rebind
-        for name in ("m", "v"):         # the parameters, so that the model is not flat)
-            l2_adam.state[name] = [rng.random(p.shape) for p in l2_adam.params]
-        assert l2_adam.flat_state() is None
-        path = save_checkpoint(tmp_path / "mixed.npz", model, l2_adam)
-        model_copy, opt_copy = copy.deepcopy((model, l2_adam))
-        tensors = save_checkpoint(tmp_path / "tensors.npz", model_copy, opt_copy)
-    members = _members(path)
-    assert "flat/param" in members and "optim/m.0" in members
-    assert not {m for m in members if m.startswith(("param/", "flat/optim/"))}
-    _assert_same_checkpoint(load_checkpoint(path), load_checkpoint(tensors))
-
-
 # =========================================================================== old versions
-def test_a_version_3_file_loads_the_same(tmp_path):
-    with using_backend("numpy", "float64"):
-        with using_engine("fast"):
-            model, opt, _ = _trained()
-            flat = load_checkpoint(save_checkpoint(tmp_path / "flat.npz", model, opt))
-        with using_engine("textbook"):
-            model_copy, opt_copy = copy.deepcopy((model, opt))
-            tensors = save_checkpoint(tmp_path / "t.npz", model_copy, opt_copy)
+@pytest.mark.parametrize("layout", list(SAVE))
+def test_a_version_3_file_loads_the_same(tmp_path, layout):
+    with using_engine("fast"), using_backend("numpy", "float64"):
+        model, opt, _ = _trained("fast")
+        tensors = save_checkpoint(tmp_path / "t.npz", model, opt)
+        this_release = load_checkpoint(SAVE[layout](tmp_path / "v4.npz", model, opt))
     old = _rewritten(tensors, tmp_path / "v3.npz", lambda meta, arrays: meta.update(version=3))
-    _assert_same_checkpoint(load_checkpoint(old), flat)
+    assert _meta(old)["version"] == 3
+    _assert_same_checkpoint(load_checkpoint(old), this_release)
 
 
 # =========================================================================== malformed
 def _rewritten(path: Path, out: Path, change) -> Path:
     """A copy of the checkpoint at ``path`` after ``change(meta, arrays)``."""
-    with np.load(path) as archive:
-        arrays = {k: archive[k] for k in archive.files}
+    arrays = _contents(path)
     meta = json.loads(str(arrays["meta"]))
     change(meta, arrays)
     arrays["meta"] = np.array(json.dumps(meta))
@@ -351,16 +399,23 @@ MALFORMED = {
 }
 
 
-@pytest.mark.parametrize("case", list(MALFORMED))
-def test_a_malformed_flat_layout_is_refused_naming_the_problem(tmp_path, case):
-    change, message = MALFORMED[case]
+@pytest.fixture(scope="module")
+def flat_file(tmp_path_factory) -> Path:
+    """A flat file of the previous release (one update of a fast LM and its AdamW)."""
     with using_engine("fast"), using_backend("numpy", "float64"):
-        model, opt, _ = _trained(steps=1)
-        path = save_checkpoint(tmp_path / "flat.npz", model, opt)
-    layout = json.loads(str(np.load(path)["meta"]))["flat_layout"]
+        model, opt, _ = _trained("fast", steps=1)
+        path = save_flat_checkpoint(tmp_path_factory.mktemp("flat") / "flat.npz", model, opt)
+    load_checkpoint(path)  # the premise: unchanged, it loads
+    layout = _meta(path)["flat_layout"]
     assert layout["names"][:2] == ["embed.tokens.weight", "embed.positions.weight"]  # the
     assert layout["offsets"][:2] == [[0, 72], [72, 120]]                  # cases' premises
     assert layout["names"][-1] == "norm.bias"
-    bad = _rewritten(path, tmp_path / "bad.npz", change)
+    return path
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_a_malformed_flat_layout_is_refused_naming_the_problem(tmp_path, flat_file, case):
+    change, message = MALFORMED[case]
+    bad = _rewritten(flat_file, tmp_path / "bad.npz", change)
     with pytest.raises(CheckpointError, match=message):
         load_checkpoint(bad)

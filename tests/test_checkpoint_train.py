@@ -55,6 +55,9 @@ from npformer.train import TrainConfig, Trainer, TrainingDiverged, accuracy, per
 from .conftest import using_backend
 from .helpers import rel_diff
 
+# A behaviour test: it runs in both tiers (npformer.engine), which must behave the same.
+pytestmark = pytest.mark.usefixtures("tier")
+
 PAD, BOS, EOS = 0, 2, 3
 TRAJECTORY_RTOL = 1e-8
 

@@ -40,6 +40,9 @@ from npformer.train import TrainConfig, Trainer
 from .conftest import using_backend
 from .helpers import rel_diff
 
+# A behaviour test: it runs in both tiers (npformer.engine), which must behave the same.
+pytestmark = pytest.mark.usefixtures("tier")
+
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 CACHE_RTOL = 1e-10
 

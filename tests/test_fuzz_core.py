@@ -35,6 +35,9 @@ from npformer.models import (
 )
 from npformer.validation import TokenIdError
 
+# A behaviour test: it runs in both tiers (npformer.engine), which must behave the same.
+pytestmark = pytest.mark.usefixtures("tier")
+
 PACKAGE = str(Path(npformer.__file__).resolve().parent)
 DOCUMENTED = (ValueError, TypeError, RuntimeError)
 NEVER = (ZeroDivisionError, IndexError, AttributeError, KeyError)

@@ -21,6 +21,9 @@ from npformer.torch_interop import load_torch_state_dict, to_torch_state_dict
 
 from .helpers import raises_naming
 
+# A behaviour test: it runs in both tiers (npformer.engine), which must behave the same.
+pytestmark = pytest.mark.usefixtures("tier")
+
 
 def arr(shape, dtype="float64", seed=0):
     return backend.asarray(np.random.default_rng(seed).standard_normal(shape), dtype=dtype)

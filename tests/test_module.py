@@ -30,6 +30,9 @@ from npformer.ops import causal_mask
 from .conftest import using_backend
 from .helpers import assert_close
 
+# A behaviour test: it runs in both tiers (npformer.engine), which must behave the same.
+pytestmark = pytest.mark.usefixtures("tier")
+
 D, H, F = 4, 2, 6
 
 ATTN_NAMES = [f"{proj}.{kind}" for proj in ("q_proj", "k_proj", "v_proj", "out_proj")

@@ -28,6 +28,9 @@ from hypothesis import strategies as st
 from npformer import backend, optim
 from npformer.nn.module import Parameter
 
+# A behaviour test: it runs in both tiers (npformer.engine), which must behave the same.
+pytestmark = pytest.mark.usefixtures("tier")
+
 SETTINGS = settings(max_examples=25, deadline=None)
 STEPS = 12
 REL = {"float64": 1e-12, "float32": 1e-6}

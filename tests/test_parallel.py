@@ -11,6 +11,9 @@ from tests.conftest import using_backend
 from tests.helpers import rel_diff, using_engine
 from tests.parallel_cases import build, train
 
+# A behaviour test: it runs in both tiers (npformer.engine), which must behave the same.
+pytestmark = pytest.mark.usefixtures("tier")
+
 
 @pytest.mark.parametrize("kind", ["classifier", "lm", "seq2seq"])
 @pytest.mark.parametrize("replicas", [2, 3])

@@ -37,6 +37,9 @@ from npformer.checkpoint import (
 from .conftest import using_backend
 from .test_checkpoint_train import lm, lm_batch, logits_of
 
+# A behaviour test: it runs in both tiers (npformer.engine), which must behave the same.
+pytestmark = pytest.mark.usefixtures("tier")
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

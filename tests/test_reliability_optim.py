@@ -29,6 +29,9 @@ from npformer.nn.module import Parameter
 
 from .conftest import using_backend
 
+# A behaviour test: it runs in both tiers (npformer.engine), which must behave the same.
+pytestmark = pytest.mark.usefixtures("tier")
+
 BAD_NUMBERS = [math.nan, math.inf, -math.inf, -1e-3]
 
 

@@ -32,8 +32,8 @@ from ..validation import (
     check_same_dtype,
     check_sequence_input,
 )
-from .attention import attention_forward as blocked_attention_forward
 from .attention import attention_backward as blocked_attention_backward
+from .attention import attention_forward as blocked_attention_forward
 from .packing import Packing
 
 

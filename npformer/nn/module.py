@@ -41,7 +41,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
