@@ -55,11 +55,11 @@ from npformer.cli.schedule import cosine_schedule
 from npformer.data import CharVocab, lm_batch, load_shakespeare, read_text_file, split_90_10
 from npformer.decoding import generate
 from npformer.models import CausalLM, CausalLMConfig
+from npformer.models.configs import renamed_fields
 from npformer.nn import evaluating
 from npformer.optim import AdamW
 from npformer.tasks import LanguageModeling
 from npformer.train import TrainConfig, Trainer
-from npformer.validation import renamed_fields
 
 DEMO = Demo(tag="shakespeare", title="Shakespeare", model_kind="causal_lm",
             script="demos/generate.py", out="runs/shakespeare")

@@ -74,11 +74,11 @@ from npformer.data import (
     tokenize_imdb,
 )
 from npformer.models import ClassifierConfig, TransformerClassifier
+from npformer.models.configs import renamed_fields
 from npformer.nn import evaluating, record_attention
 from npformer.optim import AdamW
 from npformer.tasks import Classification
 from npformer.train import EpochBatches, TrainConfig, Trainer, TrainingInterrupted
-from npformer.validation import renamed_fields
 
 DEMO = Demo(tag="imdb", title="IMDB", model_kind="classifier", script="demos/imdb.py",
             out="runs/imdb")

@@ -69,11 +69,11 @@ from npformer.data import (
 )
 from npformer.decoding import beam_search, greedy_decode
 from npformer.models import Seq2SeqConfig, Seq2SeqTransformer
+from npformer.models.configs import renamed_fields
 from npformer.nn import evaluating, record_attention
 from npformer.optim import Adam, warmup_inverse_sqrt
 from npformer.tasks import Translation
 from npformer.train import EpochBatches, TrainConfig, Trainer
-from npformer.validation import renamed_fields
 
 DEMO = Demo(tag="translate", title="translation", model_kind="seq2seq",
             script="demos/translate.py", out="runs/translate")

@@ -22,6 +22,7 @@ the dtype of what they are given.
 """
 from __future__ import annotations
 
+import numbers
 import os
 import threading
 from collections.abc import Iterator
@@ -107,9 +108,14 @@ def set_backend(name: str, seed: int | None = 0) -> None:
 
 def _checked_seed(value: Any) -> int | None:
     """A generator's seed: an integer >= 0 (Python's or NumPy's, not a bool), or None."""
-    from .validation import check_size  # validation imports this module
-
-    return check_size(value, "seed", 0, optional=True)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"seed must be an integer or None, got {value!r} "
+                        f"({type(value).__name__})")
+    if value < 0:
+        raise ValueError(f"seed must be at least 0, got {value}")
+    return int(value)
 
 
 def backend_name() -> str:

@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import backend
-from .validation import weight_array
+from .nn.state import weight_array
 
 if TYPE_CHECKING:  # annotations only: nn and optim are not imported here
     from .nn import Module

@@ -21,20 +21,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from . import backend, ops
 from .backend import Array
+from .models.common import valid_lengths_from
 from .nn import Module, evaluating
-from .validation import (
-    check_model_kind,
-    check_real,
-    check_size,
-    check_token_ids,
-    host_token_ids,
-    source_ids,
-)
+from .ops.contracts import check_real, check_size, check_token_ids
 
 
 def _last_log_probs(logits) -> np.ndarray:
@@ -54,7 +49,7 @@ def _strip(ids, eos_id: int) -> list[int]:
 
 def _source(model, src, src_lens):
     """Checked source ids -> (src (B, S), src_lens (B,) or None) on the backend (the rule:
-    :func:`npformer.validation.source_ids`)."""
+    :func:`source_ids`)."""
     c = model.config
     host, lengths = source_ids(src, src_lens, c.src_vocab_size, c.pad_id)
     return backend.asarray(host), None if lengths is None else backend.asarray(lengths)
@@ -301,3 +296,64 @@ def _sample(log_p: np.ndarray, temperature: float, top_k: int | None,
     probs = np.exp(scaled - scaled.max())
     probs /= probs.sum()
     return int(rng.choice(probs.size, p=probs))
+
+
+# --------------------------------------------------------------------------- decoding
+def check_model_kind(model: Any, kind: str, function: str) -> None:
+    """The model ``function`` decodes with must be of ``kind`` (seq2seq or lm)."""
+    given = getattr(model, "kind", None)
+    if given != kind:
+        what = f"a {given!r} model" if given else f"a {type(model).__name__}"
+        use = {"seq2seq": "greedy_decode or beam_search", "causal_lm": "generate"}.get(given)
+        raise TypeError(f"{function} decodes with a {kind!r} model "
+                        f"({'Seq2SeqTransformer' if kind == 'seq2seq' else 'CausalLM'}), got "
+                        f"{what}" + (f" (use {use} for it)" if use else ""))
+
+
+def host_token_ids(ids: Any, name: str, rank: int, shape_words: str) -> np.ndarray:
+    """``ids`` (an array of any backend, a NumPy array, nested lists) as a host int64 array
+    of rank ``rank``; refused naming ``name`` if ragged, of another rank or not integers."""
+    try:
+        host = backend.to_numpy(ids)
+        host = np.asarray(host)
+    except (ValueError, TypeError) as exc:  # ragged lists, objects
+        raise ValueError(f"{name} must be {shape_words} of integer token ids: {exc}") from None
+    if host.ndim == 1 and host.size == 0 and rank == 2:  # [] : a batch of no sequences
+        host = host.reshape(0, 0)
+    if host.ndim != rank:
+        raise ValueError(f"{name} must be {shape_words} of integer token ids, got an array of "
+                         f"shape {host.shape}")
+    if host.size and host.dtype.kind not in "iu":  # an empty list arrives as float64
+        raise TypeError(f"{name} must hold integer token ids, got dtype {host.dtype}")
+    return host.astype(np.int64)
+
+
+def source_ids(src: Any, src_lens: Any, vocab_size: int, pad_id: int) -> tuple[Any, Any]:
+    """A decoder's source batch, checked -> (src (B, S) int64, src_lens (B,) int64 or
+    None), on the host.
+
+    src: integer ids in [0, vocab_size), padding at the end; src_lens: the number of real
+    tokens of each row, in [1, S] (without it, the non-padding tokens are counted).  Every
+    source needs at least one token."""
+    host = host_token_ids(src, "src", 2, "a (batch, positions) array")
+    check_token_ids(host, vocab_size, "src")
+    batch, positions = host.shape
+    if src_lens is None:  # padding at the end only (refused elsewhere, naming where)
+        lengths, given = valid_lengths_from(host, pad_id, "src"), None
+        where = "src row {row} is all padding"
+    else:
+        lengths = given = host_token_ids(src_lens, "src_lens", 1, "a (batch,) array")
+        if lengths.shape[0] != batch:
+            raise ValueError(f"src_lens has {lengths.shape[0]} lengths for a batch of {batch} "
+                             "source rows")
+        if lengths.size and lengths.max() > positions:
+            raise ValueError(f"src_lens holds length {lengths.max()}, longer than the "
+                             f"{positions} positions of src")
+        where = "src_lens[{row}] is 0"
+    if batch and positions == 0:
+        raise ValueError("src has 0 positions (axis 1): every source needs at least one token")
+    empty = np.flatnonzero(lengths < 1)
+    if empty.size:
+        raise ValueError(where.format(row=int(empty[0])) + ": every source needs at least "
+                         "one token (lengths must be in [1, positions])")
+    return host, given

@@ -55,7 +55,6 @@ from pathlib import Path
 
 from .distributed.failure import join_timeout
 from .distributed.launcher import RANK_VARIABLES, SIZE_VARIABLES
-from .validation import positive_int
 
 # Set in the children (they never re-launch) to the launch's folder, where each names
 # itself (announce_rank) and reads what its launcher started (LAUNCH_FILE).
@@ -71,15 +70,6 @@ LAUNCHER_VARIABLES = (*SIZE_VARIABLES, *RANK_VARIABLES, "SLURM_STEP_ID", "NPFORM
 FORWARDED_SIGNALS = tuple(getattr(signal, name) for name in
                           ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, name))
 POLL_SECONDS = 0.05  # how often the launcher forwards what it received, and looks at its ranks
-
-
-def add_procs_option(parser: argparse.ArgumentParser) -> None:
-    """``--procs N`` on a demo's command line."""
-    parser.add_argument(
-        "--procs", type=positive_int, default=None, metavar="N",
-        help="processes to train in: the demo re-launches itself as N MPI ranks (one "
-             "process per core by default, when mpi4py and mpiexec are installed; the "
-             "results are one process's, up to rounding); --procs 1 runs in this process")
 
 
 def usable_cores() -> int:

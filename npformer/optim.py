@@ -31,9 +31,9 @@ buffer of every parameter (one compiled pass per update) and, on CuPy, as one fu
 kernel per parameter; it is tested equal to this file, update for update.
 
 Layout of this file: the base class, then one class per optimizer whose
-``_update`` is the whole algorithm, clipping, schedules, and at the end the checks
-of a saved state (the argument rules, each hyperparameter's range included, are
-:mod:`npformer.validation`'s).
+``_update`` is the whole algorithm, clipping, schedules, and at the end the rules of
+the optimizers' arguments (each hyperparameter's range, written once) and the checks
+of a saved state.
 """
 from __future__ import annotations
 
@@ -44,17 +44,8 @@ from typing import Any
 
 from . import backend, engine
 from .nn.module import Parameter
-from .validation import (
-    HYPERPARAMETER_RANGES,
-    check_gradients,
-    check_hyperparameter,
-    check_parameters,
-    check_real,
-    check_size,
-    check_update_number,
-    mismatch_report,
-    weight_array,
-)
+from .nn.state import mismatch_report, weight_array
+from .ops.contracts import check_real, check_size
 
 Schedule = Callable[[int], float]
 
@@ -618,3 +609,58 @@ def _key_order(key: str):
 def _new_instance(cls: type) -> Optimizer:
     """A bare instance of exactly ``cls`` (what a copy is filled into)."""
     return object.__new__(cls)
+
+
+# =========================================================================== optimizers
+# The range of each optimizer hyperparameter, written once: the constructors, set_lr, the
+# schedules and Optimizer.load_state_dict all check by it.  (low, high, high included)
+HYPERPARAMETER_RANGES = {"lr": (0.0, math.inf, False), "beta1": (0.0, 1.0, False),
+                         "beta2": (0.0, 1.0, False), "eps": (0.0, math.inf, False),
+                         "weight_decay": (0.0, math.inf, False),
+                         "momentum": (0.0, 1.0, True)}
+
+
+def check_hyperparameter(value: Any, kind: str, what: str | None = None) -> float:
+    """``value`` (named ``what``, default ``kind``) in the range of hyperparameter ``kind``
+    (:data:`HYPERPARAMETER_RANGES`); returned as a float."""
+    low, high, high_included = HYPERPARAMETER_RANGES[kind]
+    return check_real(value, what or kind, low, maximum=high, max_inclusive=high_included)
+
+
+def check_update_number(t: Any) -> int:
+    """A schedule's update number: an integer from 1 (the first update is 1)."""
+    return check_size(t, "the update number t (schedules count updates from 1)", 1)
+
+
+def check_parameters(params: Any, owner: str) -> list:
+    """``params``: a non-empty iterable of distinct :class:`~npformer.nn.Parameter`\\ s (what
+    ``owner``, an optimizer, updates); returned as a list."""
+    try:
+        params = list(params)
+    except TypeError:
+        raise TypeError(f"{owner}: params must be an iterable of Parameters "
+                        f"(model.parameters()), got {type(params).__name__}") from None
+    if not params:
+        raise ValueError(f"{owner} got an empty parameter list")
+    for i, p in enumerate(params):
+        if not isinstance(p, Parameter):
+            raise TypeError(f"{owner}: params[{i}] is a {type(p).__name__}, "
+                            "not a Parameter (pass model.parameters())")
+    if len({id(p) for p in params}) != len(params):
+        raise ValueError(f"{owner}: a parameter appears more than once")
+    return params
+
+
+def check_gradients(params: Sequence) -> None:
+    """Every parameter has a gradient of its own shape, dtype and array library (checked
+    before an update changes anything: no half-done update)."""
+    for i, p in enumerate(params):
+        if p.grad is None:
+            raise RuntimeError(f"params[{i}] has no gradient (grad is None)")
+        backend.namespace_of(p.data, p.grad)  # one array library (TypeError naming both)
+        if tuple(p.grad.shape) != p.shape:
+            raise RuntimeError(f"params[{i}]: gradient shape {tuple(p.grad.shape)} != "
+                               f"parameter shape {p.shape}")
+        if p.grad.dtype != p.data.dtype:
+            raise RuntimeError(f"params[{i}]: gradient dtype {p.grad.dtype} != "
+                               f"parameter dtype {p.data.dtype}")

@@ -55,7 +55,7 @@ from .nn import (
     Module,
     MultiHeadAttention,
 )
-from .validation import checked_weights
+from .nn.state import checked_weights
 
 
 @dataclass(frozen=True)
@@ -231,7 +231,7 @@ def _check_head_counts(module, torch_module, rules: list[Rule]) -> None:
 
 def load_torch_state_dict(module: Module, torch_state: Mapping[str, Any]) -> None:
     """Load a PyTorch state dict (tensors or arrays) into ``module``, checking every key,
-    shape and value (:func:`npformer.validation.checked_weights`: floating point, finite;
+    shape and value (:func:`npformer.nn.state.checked_weights`: floating point, finite;
     tensors that require grad are detached, bfloat16 ones converted to float32 with a
     warning) before anything changes.
 

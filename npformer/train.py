@@ -32,7 +32,9 @@ from . import backend, engine
 from .allocator import keep_freed_memory
 from .backend import Array
 from .checkpoint import load_checkpoint, restore, save_checkpoint
+from .models.configs import renamed_fields
 from .nn import Module
+from .ops.contracts import check_choice, check_real, check_size
 from .optim import (
     NonFiniteGradientError,
     Optimizer,
@@ -42,7 +44,6 @@ from .optim import (
 )
 from .parallel import Engine, data_parallel
 from .tasks import Task
-from .validation import check_choice, check_real, check_size, renamed_fields
 
 
 class TrainingDiverged(RuntimeError):

@@ -10,10 +10,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from npformer import cli, validation
+from npformer import cli
 from npformer.checkpoint import save_checkpoint
-from npformer.cli import runs
+from npformer.cli import options, runs
 from npformer.models import CausalLM, CausalLMConfig
+from npformer.models.configs import renamed_fields
+from npformer.ops import contracts
 from npformer.train import TrainingDiverged, TrainingInterrupted
 
 from .conftest import using_backend
@@ -89,7 +91,7 @@ def test_help_lists_every_preset_value(capsys):
     assert "--how {mean,max} how (default: mean)" in out
 
 
-@validation.renamed_fields(size="width", breadth="width", count="heads")
+@renamed_fields(size="width", breadth="width", count="heads")
 @dataclass(frozen=True)
 class Renamed:
     width: int = cli.option(8, "width")
@@ -217,16 +219,16 @@ NUMBERS = [-2, -1, 0, 1, 7, -0.5, 0.0, 0.5, 0.999, 1.0, 1.5, 1e-3, float("nan"),
 
 
 @pytest.mark.parametrize("converter, check", [
-    (validation.positive_int, lambda v: validation.check_size(v, "n", 1)),
-    (validation.nonnegative_int, lambda v: validation.check_size(v, "n", 0)),
-    (validation.positive_float, lambda v: validation.check_real(v, "x", 0, inclusive=False)),
-    (validation.nonnegative_float, lambda v: validation.check_real(v, "x", 0)),
-    (validation.probability, validation.check_probability),
+    (options.positive_int, lambda v: contracts.check_size(v, "n", 1)),
+    (options.nonnegative_int, lambda v: contracts.check_size(v, "n", 0)),
+    (options.positive_float, lambda v: contracts.check_real(v, "x", 0, inclusive=False)),
+    (options.nonnegative_float, lambda v: contracts.check_real(v, "x", 0)),
+    (options.probability, contracts.check_probability),
 ])
 def test_a_command_line_value_meets_the_rule_of_a_python_argument(converter, check):
-    """The option types live in npformer.validation and accept exactly the numbers the
+    """The option types live in npformer.cli.options and accept exactly the numbers the
     Python-side check of the same kind accepts (ints: only the integers among them)."""
-    integers = converter in (validation.positive_int, validation.nonnegative_int)
+    integers = converter in (options.positive_int, options.nonnegative_int)
     for number in NUMBERS:
         if integers and not (isinstance(number, int) or number.is_integer()):
             continue

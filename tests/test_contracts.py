@@ -19,8 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from npformer import backend, fast, nn, ops, validation
+from npformer import backend, fast, nn, ops
 from npformer.models import CausalLM, CausalLMConfig
+from npformer.ops import contracts
 
 from .helpers import using_engine
 
@@ -97,12 +98,12 @@ def test_a_textbook_op_bound_in_the_fast_tier_is_one_function():
 # =========================================================================== checked once
 def count_calls(monkeypatch, name: str) -> list:
     calls = []
-    original = getattr(validation, name)
+    original = getattr(contracts, name)
 
     def counting(*args, **kwargs):
         calls.append(args[-1] if args else None)
         return original(*args, **kwargs)
-    monkeypatch.setattr(validation, name, counting)
+    monkeypatch.setattr(contracts, name, counting)
     return calls
 
 

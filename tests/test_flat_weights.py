@@ -1,22 +1,37 @@
 """Where the fast tier keeps the weights: in one flat buffer from the moment a model is
-built, adopted (not copied) by the optimizer, shared (not copied) by thread replicas;
-and the training step's loss gradient written over the logits' own buffer."""
+built (:func:`npformer.fast.flat.flat_buffer_of` finds it), adopted (not copied) by the
+optimizer, kept in step with parameters rebound by any code, shared (not copied) by
+thread replicas; the textbook tier's models keep their own arrays.  And the training
+step's loss gradient, which the fast tier writes over the logits' own buffer.
+
+How these tests fail (checked by breaking the code under test in memory, then restoring
+it): a fast AdamW whose step does not sync its buffer first (no ``self._flat.sync()``)
+fails the rebound-weight test; the fast loss computed without ``overwrite_logits`` fails
+the logits tests.
+"""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from npformer import backend, engine
+from npformer import backend, engine, fast, models, ops, optim
+from npformer.checkpoint import load_checkpoint, save_checkpoint
+from npformer.fast import kernels
+from npformer.fast.flat import flat_buffer_of
 from npformer.models import CausalLM, CausalLMConfig
-from npformer.nn.module import flat_parameters_of
-from npformer.optim import Adam, AdamW
 from npformer.replicas import ThreadReplicas
 from npformer.tasks import LanguageModeling
 
-from .helpers import using_engine
+from .conftest import using_backend
+from .helpers import rel_diff, using_engine
+from .test_checkpoint_train import classifier, seq2seq
 
 CONFIG = CausalLMConfig(vocab_size=11, block_size=8, d_model=8, num_heads=2, num_layers=2,
                         d_ff=16, dropout=0.0)
+BUILDERS = {"causal_lm": lambda: CausalLM(CONFIG), "classifier": classifier, "seq2seq": seq2seq}
+COMPILED_ONLY = pytest.mark.skipif(
+    not kernels.COMPILED, reason="without numba the fast loss writes its gradient over its "
+    "own softmax buffer, not the logits'")
 
 
 def lm(seed: int = 0) -> CausalLM:
@@ -25,102 +40,199 @@ def lm(seed: int = 0) -> CausalLM:
 
 
 def batch(seed: int = 1):
-    tokens = np.random.default_rng(seed).integers(0, CONFIG.vocab_size, size=(3, 7))
-    return tokens[:, :-1], tokens[:, 1:]
+    tokens = np.random.default_rng(seed).integers(0, CONFIG.vocab_size, size=(3, 9))
+    return tokens[:, :-1], tokens[:, 1:]  # (3, 8) each
 
 
-def test_a_fast_model_is_born_with_its_weights_in_one_buffer():
+def _no_two_share_memory(arrays) -> bool:
+    arrays = list(arrays)
+    return not any(np.shares_memory(a, b) for i, a in enumerate(arrays) for b in arrays[i + 1:])
+
+
+# =========================================================================== born flat
+@pytest.mark.parametrize("kind", list(BUILDERS))
+def test_a_fast_model_is_born_with_its_weights_in_one_buffer(kind):
     with using_engine("fast"):
-        model = lm()
+        backend.set_backend("numpy", seed=0)
+        model = BUILDERS[kind]()
+    assert type(model) is engine.implementation(models.MODELS[kind])
     params = model.parameters()
-    flat = flat_parameters_of(params)
-    assert flat is not None and flat.holds(params)
+    flat = flat_buffer_of(params)
+    assert flat is not None and flat is model._flat and flat.holds(params)
+    assert flat.slices[0][0] == 0 and flat.slices[-1][1] == flat.data.size == flat.grad.size
     for p, (lo, hi) in zip(params, flat.slices):
-        assert np.shares_memory(p.data, flat.data[lo:hi]) and p.data.base is not None
+        assert p.data.base is not None and np.shares_memory(p.data, flat.data[lo:hi])
+        assert np.shares_memory(p.grad, flat.grad[lo:hi])
 
 
 def test_a_textbook_model_keeps_its_own_arrays():
     with using_engine("textbook"):
         model = lm()
-        assert flat_parameters_of(model.parameters()) is None
-        assert AdamW(model.parameters(), lr=1e-3)._flat is None
+        opt = optim.AdamW(model.parameters(), lr=1e-2)
+        assert type(model) is models.CausalLM and type(opt) is optim.AdamW
+        assert getattr(model, "_flat", None) is None and getattr(opt, "_flat", None) is None
+        assert flat_buffer_of(model.parameters()) is None
+        assert _no_two_share_memory(p.data for p in model.parameters())
+        opt.zero_grad()
+        LanguageModeling().loss_and_grad(model, batch())
+        opt.step()
+        assert flat_buffer_of(model.parameters()) is None
+        assert _no_two_share_memory(p.data for p in model.parameters())
+        assert _no_two_share_memory(opt.state["m"] + opt.state["v"])
 
 
-@pytest.mark.parametrize("make", [lambda ps: AdamW(ps, lr=1e-2, weight_decay=0.1),
-                                  lambda ps: Adam(ps, lr=1e-2)])
+# =========================================================================== the optimizer
+@pytest.mark.parametrize("make", [lambda ps: optim.AdamW(ps, lr=1e-2, weight_decay=0.1),
+                                  lambda ps: optim.Adam(ps, lr=1e-2)], ids=["AdamW", "Adam"])
 def test_the_optimizer_adopts_the_models_buffer_instead_of_copying(make):
     with using_engine("fast"):
         model = lm()
-        born = flat_parameters_of(model.parameters())
+        born = model._flat
         buffer = born.data
-        optimizer = make(model.parameters())
-        assert optimizer._flat is born and born.data is buffer  # the same memory, no copy
+        opt = make(model.parameters())
+    assert opt._flat is model._flat is born and born.data is buffer  # the same memory
+    for name in ("m", "v"):
+        assert opt._flat_state[name].shape == buffer.shape
+        assert all(np.shares_memory(s, opt._flat_state[name]) for s in opt.state[name])
 
 
-def test_a_rebound_weight_makes_the_optimizer_build_a_new_buffer():
-    """A loader that binds new arrays (not copies into the views) leaves the born buffer
-    stale: the optimizer must not adopt it, or its update would run on the old values."""
+def test_adam_with_l2_decay_stays_per_tensor_and_leaves_the_buffer_alone():
     with using_engine("fast"):
         model = lm()
-        born = flat_parameters_of(model.parameters())
+        buffer = model._flat.data
+        opt = optim.Adam(model.parameters(), lr=1e-2, weight_decay=0.1)
+    assert opt._flat is None and model._flat.data is buffer
+    assert not any(np.shares_memory(s, buffer) for s in opt.state["m"] + opt.state["v"])
+
+
+def test_a_weight_rebound_before_the_optimizer_is_made_goes_into_the_buffer():
+    """A loader that binds new arrays (not copies into the views) leaves the born buffer
+    stale until it is synced: the optimizer adopts it synced, with the bound values."""
+    with using_engine("fast"):
+        model = lm()
         first = model.parameters()[0]
         first.data = first.data * 0 + 0.5  # a new array, bound
-        assert not born.holds(model.parameters())
-        AdamW(model.parameters(), lr=1e-2)  # flattens anew, copying the bound array
-        assert np.all(first.data == 0.5) and flat_parameters_of(model.parameters()) is not born
+        assert not np.shares_memory(first.data, model._flat.data)  # the premise
+        opt = optim.AdamW(model.parameters(), lr=1e-2)
+    assert opt._flat is model._flat
+    assert np.shares_memory(first.data, model._flat.data) and np.all(first.data == 0.5)
+    lo, hi = model._flat.slices[0]
+    assert np.all(model._flat.data[lo:hi] == 0.5)
 
 
-def test_thread_replicas_share_the_models_weights_and_keep_gradients_only():
+def test_a_rebound_weight_is_synced_before_the_step_and_every_parameter_is_updated():
+    """Between the backward and the step: a weight rebound (``p.data = ...``) and every
+    gradient rebound (the textbook clip, ``p.grad = p.grad * c``).  The fast AdamW's step
+    starts from the bound values, as the textbook AdamW's does, update for update, and
+    leaves every parameter a view of its buffer again."""
     with using_engine("fast"):
         model = lm()
-        AdamW(model.parameters(), lr=1e-2)
+        opt = optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+        opt.zero_grad()
+        LanguageModeling().loss_and_grad(model, batch())
+    with using_engine("textbook"):
+        twin = CausalLM(CONFIG)
+        twin_opt = optim.AdamW(twin.parameters(), lr=1e-2, weight_decay=0.1)
+    twin.load_state_dict(model.state_dict())
+    first = model.parameters()[0]
+    first.data = first.data * 0 + 0.5  # a new array, bound
+    optim.clip_grad_norm(model.named_parameters(), 0.1)  # the textbook's: rebinds the grads
+    assert not np.shares_memory(first.data, model._flat.data)  # the premises
+    assert not any(np.shares_memory(p.grad, model._flat.grad) for p in model.parameters())
+    for p, q in zip(model.parameters(), twin.parameters()):
+        q.data, q.grad = p.data.copy(), p.grad.copy()
+    before = [p.data.copy() for p in model.parameters()]
+    opt.step()
+    twin_opt.step()
+    for (name, p), q, old in zip(model.named_parameters(), twin.parameters(), before):
+        np.testing.assert_array_equal(p.data, q.data, err_msg=name)
+        assert not np.array_equal(p.data, old), f"{name} was not updated"
+        assert np.shares_memory(p.data, model._flat.data), name
+    lo, hi = model._flat.slices[0]
+    np.testing.assert_array_equal(model._flat.data[lo:hi].reshape(first.shape), first.data)
+
+
+# =========================================================================== thread replicas
+def test_thread_replicas_share_the_models_weights_and_keep_gradients_only():
+    x, y = batch()
+    with using_engine("fast"), using_backend("numpy", "float64"):
+        alone = lm()
+        LanguageModeling().loss_and_grad(alone, (x, y))  # the whole batch's gradient
+        model = lm()
+        optim.AdamW(model.parameters(), lr=1e-2)
+        replicas = ThreadReplicas(model, 2)
+        replicas.run(LanguageModeling(), [((x[:2], y[:2]), 2 / 3, 1),
+                                          ((x[2:], y[2:]), 1 / 3, 2)])
+    replica = replicas.models[1]
+    flat = replicas._replica_flats[1]
+    assert flat.data is None  # gradients only: its data are the model's
+    assert replica._flat is None and flat_buffer_of(replica.parameters()) is None
+    assert flat_buffer_of(model.parameters()) is model._flat
+    for p, q in zip(model.parameters(), replica.parameters()):
+        assert q.data is p.data and np.shares_memory(p.data, model._flat.data)  # not a copy
+        assert np.shares_memory(q.grad, flat.grad)  # its own gradient, in its buffer
+        assert not np.shares_memory(q.grad, model._flat.grad)
+    assert model._flat.data.dtype == np.float64
+    summed, whole = flat_buffer_of(model.parameters()), flat_buffer_of(alone.parameters())
+    assert rel_diff(summed.grad, whole.grad) < 1e-12  # the shards' gradients, summed
+
+
+def test_a_replica_is_saved_with_the_models_weights(tmp_path):
+    """A thread replica's buffer holds gradients only: its checkpoint holds the weights
+    (the model's arrays), not that buffer."""
+    with using_engine("fast"):
+        model = lm()
         replicas = ThreadReplicas(model, 2)
         replica = replicas.models[1]
-        for p, q in zip(model.parameters(), replica.parameters()):
-            assert q.data is p.data  # the same array, not a copy
-            assert not np.shares_memory(q.grad, p.grad)  # its own gradient
-        x, y = batch()
-        replicas.run(LanguageModeling(), [((x[:2], y[:2]), 0.5, 1), ((x[2:], y[2:]), 0.5, 2)])
-        flat = replicas._replica_flats[1]
-        assert flat.data is None and flat.grads_intact(replica.parameters())
+        replicas._replica_flat(1).grad[...] = 7.0  # a buffer to tell apart from the weights
+        path = save_checkpoint(tmp_path / "replica.npz", replica)
+    loaded = load_checkpoint(path)
+    for name, p in model.named_parameters():
+        np.testing.assert_array_equal(loaded.params[name], p.data, err_msg=name)
 
 
-def test_the_training_steps_loss_gradient_is_written_over_the_logits():
-    """The fast tier hands the loss's backward the logits to overwrite: the gradient the
-    model's backward receives is the logits' own buffer."""
-    with using_engine("fast"):
+# =========================================================================== the logits
+@COMPILED_ONLY
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_fast_loss_writes_its_gradient_over_the_logits(dtype):
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(2, 5, 7)).astype(dtype)  # (B, T, V)
+    targets = rng.integers(0, 7, size=(2, 5))
+    kept = logits.copy()
+    loss, dlogits = fast.cross_entropy_with_gradient(logits, targets, 0.5)
+    assert np.shares_memory(dlogits, logits) and dlogits.shape == logits.shape
+    loss_ref, dlogits_ref = ops.cross_entropy_with_gradient(kept.copy(), targets, 0.5)
+    tolerance = 1e-6 if dtype == np.float32 else 1e-14
+    assert rel_diff(loss, loss_ref) < tolerance and rel_diff(dlogits, dlogits_ref) < tolerance
+
+
+def test_the_textbook_loss_leaves_the_logits_alone():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(2, 5, 7))
+    kept = logits.copy()
+    _, dlogits = ops.cross_entropy_with_gradient(logits, rng.integers(0, 7, size=(2, 5)))
+    assert not np.shares_memory(dlogits, logits)
+    np.testing.assert_array_equal(logits, kept)
+
+
+@pytest.mark.parametrize("tier", [pytest.param("fast", marks=COMPILED_ONLY), "textbook"])
+def test_the_training_steps_loss_gradient_is_written_over_the_logits_in_the_fast_tier(tier):
+    """The task hands the tier's loss the model's logits: the gradient the model's
+    backward receives is the logits' own buffer in the fast tier, its own array in the
+    textbook tier."""
+    with using_engine(tier):
         model = lm()
         received = {}
-        backward = model.backward
-
-        def spy_backward(dlogits):
-            received["dlogits"] = dlogits
-            return backward(dlogits)
-
-        forward = model.forward
+        forward, backward = model.forward, model.backward
 
         def spy_forward(*args, **kwargs):
             received["logits"] = forward(*args, **kwargs)
             return received["logits"]
 
-        model.backward, model.forward = spy_backward, spy_forward
+        def spy_backward(dlogits):
+            received["dlogits"] = dlogits
+            return backward(dlogits)
+
+        model.forward, model.backward = spy_forward, spy_backward
         LanguageModeling().loss_and_grad(model, batch())
-        if engine.compiled(received["logits"]):
-            assert np.shares_memory(received["dlogits"], received["logits"])
-
-
-def test_a_replica_whose_gradients_only_are_flat_is_saved_tensor_by_tensor(tmp_path):
-    """A thread replica's buffer holds gradients only (its data are the model's arrays):
-    a checkpoint of it must not take that buffer for the weights."""
-    from npformer.checkpoint import load_checkpoint, save_checkpoint
-
-    with using_engine("fast"):
-        model = lm()
-        replicas = ThreadReplicas(model, 2)
-        replica = replicas.models[1]
-        replicas._replica_flat(1)
-        path = save_checkpoint(tmp_path / "replica.npz", replica)
-    assert "flat/param" not in np.load(path).files
-    loaded = load_checkpoint(path)
-    for name, p in replica.named_parameters():
-        np.testing.assert_array_equal(loaded.params[name], p.data)
+    assert np.shares_memory(received["dlogits"], received["logits"]) == (tier == "fast")

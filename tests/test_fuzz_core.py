@@ -6,7 +6,7 @@ NaN/inf values, wrong ranks, masks of wrong shapes and Python lists.
 The contract: every call either returns results of the documented shape (finite, for
 finite floating inputs), or raises one of the library's documented exceptions (ValueError,
 TypeError, RuntimeError for backward without forward; a token id outside the vocabulary is
-:class:`npformer.validation.TokenIdError`, an IndexError and a ValueError) raised by
+:class:`npformer.ops.contracts.TokenIdError`, an IndexError and a ValueError) raised by
 npformer's own code (the innermost frame is in the package, not in NumPy or the array
 library) with a message naming an npformer argument.  Never ZeroDivisionError,
 IndexError, AttributeError, KeyError or an error from inside the array library.
@@ -33,7 +33,7 @@ from npformer.models import (
     Seq2SeqTransformer,
     TransformerClassifier,
 )
-from npformer.validation import TokenIdError
+from npformer.ops.contracts import TokenIdError
 
 # A behaviour test: it runs in both tiers (npformer.engine), which must behave the same.
 pytestmark = pytest.mark.usefixtures("tier")

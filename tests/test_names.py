@@ -4,7 +4,7 @@
   of a run ``max_iters``: no model config, ``TrainConfig`` or demo preset spells one of
   them another way;
 * the old names still work for one release, through one helper
-  (:func:`npformer.validation.renamed_fields`): the old keyword with a DeprecationWarning
+  (:func:`npformer.models.configs.renamed_fields`): the old keyword with a DeprecationWarning
   naming the new one, a checkpoint saved with the old config names loads and restores,
   a demo's run record with the old preset names reads as the new ones;
 * the demos' ``--help`` shows the new option names; the old option names still parse,
@@ -29,9 +29,9 @@ from npformer.models import (
     TransformerClassifier,
 )
 from npformer.models.common import config_from_dict
+from npformer.models.configs import new_field_names
 from npformer.nn import no_grad
 from npformer.train import TrainConfig
-from npformer.validation import new_field_names
 
 from .conftest import using_backend
 from .test_demos import data_dir, load_demo, run_demo  # noqa: F401 (data_dir: a fixture)

@@ -348,7 +348,7 @@ def test_schedules_reject_bad_arguments(make, match):
 
 
 def test_schedules_reject_a_count_that_is_not_an_integer():
-    """A count of updates of the wrong kind is a TypeError naming it (validation.check_size)."""
+    """A count of updates of the wrong kind is a TypeError naming it (contracts.check_size)."""
     with pytest.raises(TypeError, match="warmup must be an integer"):
         optim.warmup_cosine(peak_lr=1e-3, warmup=2.5, total_steps=10)
     with pytest.raises(TypeError, match="update number"):

@@ -326,7 +326,7 @@ KINDS = [("int32", TypeError, "holds int32 values: weights must be floating poin
 @pytest.mark.parametrize("loader", ["module", "torch", "safetensors", "checkpoint"])
 def test_case08_every_loader_refuses_weights_of_the_wrong_kind(loader, how, error, words,
                                                                tmp_path):
-    """One rule set (npformer.validation's weight rules) in every loader: before,
+    """One rule set (npformer.nn.state's weight rules) in every loader: before,
     load_safetensors took int32/bool/complex, Module.load_state_dict and
     load_torch_state_dict integers and NaN/inf, and load_checkpoint integers (cast silently)."""
     from npformer import checkpoint

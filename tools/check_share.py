@@ -8,10 +8,11 @@ argument checks, and the update's time without the profiler.
     PYTHONPATH=/path/to/an/older/checkout python tools/check_share.py   # the same, before
 
 A *check* is a function whose name starts with ``check`` or ``_check`` (``check_size``,
-``_check_lr``, ``check_inputs``), or any function defined in the validation module
-(``npformer/validation.py``) or in the former per-family check modules
-(``npformer/ops/_checks.py``); not the door's wrappers (``checked``, ``run_trusted``, ...),
-which run the op inside them, and not the array libraries' own checks.
+``_check_lr``, ``check_inputs``), or any function defined in the contracts module
+(``npformer/ops/contracts.py``; ``npformer/validation.py`` before it, and the former
+per-family check modules ``npformer/ops/_checks.py``); not the door's wrappers
+(``checked``, ``run_trusted``, ...), which run the op inside them, and not the array
+libraries' own checks.
 Its time is counted once, at the outermost check (a check called by another check is
 not counted twice): the cumulative time on every call edge from a non-check caller.
 The profile is cProfile's, so both figures carry its overhead; the ratio is the claim.
@@ -26,7 +27,7 @@ import time
 
 import numpy as np
 
-CHECK_FILES = ("npformer/validation.py", "npformer/ops/_checks.py")
+CHECK_FILES = ("npformer/ops/contracts.py", "npformer/validation.py", "npformer/ops/_checks.py")
 # the door's wrappers run the op (or the layer) itself inside them: not checks
 DOOR_WRAPPERS = ("op", "checked", "recorded", "run_trusted", "trusted")
 

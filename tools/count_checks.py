@@ -9,7 +9,8 @@ The rule, statement by statement (an AST walk; docstrings are not counted):
 * a **check** is an ``assert``, a ``raise``, an ``if`` whose branches raise (the ``if``
   and every statement under it), a ``try`` whose handler raises (the handler), or a
   call (alone, or as an assignment's value) to a function named ``check_*`` or
-  reached through the validation module (``validation.x(...)``, ``_checks.x(...)``);
+  reached through the contracts module (``contracts.x(...)``; ``validation.x(...)``,
+  ``_checks.x(...)`` in older layouts);
 * every other simple statement is **math** (assignments, returns, calls, loops'
   headers and ``if`` tests count one each; a compound statement counts its header and
   then its children, each by the same rule).
@@ -17,7 +18,7 @@ The rule, statement by statement (an AST walk; docstrings are not counted):
 Each function is counted on its own (a nested function's statements are its own, not
 its parent's).  The script prints the counts per file and the totals, lists every
 function holding a check, and exits 1 if any does: contracts are declared on the
-op's decorator and checked by :mod:`npformer.validation`, never inside the body.
+op's decorator and checked by :mod:`npformer.ops.contracts`, never inside the body.
 """
 from __future__ import annotations
 
@@ -28,13 +29,15 @@ from pathlib import Path
 FOLDERS = ("ops", "fast")
 # The fast tier's classes (layers, blocks, models, optimizers and their buffers) are not
 # ops: their contracts sit in their check_inputs, as the textbook layers' do in npformer/nn.
-NOT_OPS = {"fast": ("layers.py", "blocks.py", "models.py", "optim.py", "flat.py",
+# The contracts module holds the checks themselves, not ops.
+NOT_OPS = {"ops": ("contracts.py",),
+           "fast": ("layers.py", "blocks.py", "models.py", "optim.py", "flat.py",
                     "packing.py", "recompute.py")}
-VALIDATION_MODULES = ("validation", "_checks")
+VALIDATION_MODULES = ("contracts", "validation", "_checks")
 
 
 def is_check_call(node) -> bool:
-    """A call to check_*(...), or to anything reached through the validation module."""
+    """A call to check_*(...), or to anything reached through the contracts module."""
     if not isinstance(node, ast.Call):
         return False
     func = node.func

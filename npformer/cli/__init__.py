@@ -8,7 +8,7 @@ One module per job:
 
 * :mod:`.demo`     the :class:`Demo` record, the run's file names, :class:`DemoError`
 * :mod:`.options`  the shared options and the presets (``option``, ``resolve_preset``);
-  the option values' types are :mod:`npformer.validation`'s converters (``positive_int``...)
+  the option values' types are :mod:`npformer.cli.options`'s converters (``positive_int``...)
 * :mod:`.runs`     the start-up, settings and resuming (the data among them), the output
   folder's guard and --overwrite, reading a demo's checkpoints
 * :mod:`.lock`     one run at a time in an output folder
@@ -26,17 +26,20 @@ decoding are shared out across the ranks; only rank 0 prints and writes files.
 from __future__ import annotations
 
 from ..checkpoint import CheckpointError
-from ..validation import (
-    nonnegative_float,
-    nonnegative_int,
-    positive_float,
-    positive_int,
-    probability,
-)
 from .demo import LAST_FILE, MODEL_FILE, Demo, DemoError
 from .errors import resume_command, run_demo
 from .lock import HOLDER_FILE, _held_outputs, hold_output
-from .options import check_divisible, demo_parser, option, resolve_preset
+from .options import (
+    check_divisible,
+    demo_parser,
+    nonnegative_float,
+    nonnegative_int,
+    option,
+    positive_float,
+    positive_int,
+    probability,
+    resolve_preset,
+)
 from .output import Stopwatch, write_json, write_metrics, write_text
 from .plots import extra_output, plot_attention, plot_curves
 from .ranks import machine_description, map_batches

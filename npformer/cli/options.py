@@ -5,7 +5,7 @@
 ``"default"`` and ``"smoke"``; ``--smoke`` is short for ``--preset smoke``).  Every field
 is also a command-line option (``d_model`` -> ``--d-model``); an option the user gives
 wins over the preset's value (:func:`resolve_preset`).  An option's value is checked by
-its type, a converter of :mod:`npformer.validation` (``positive_int``, ``probability``...),
+its type, a converter below (``positive_int``, ``probability``...),
 the rule a Python argument of the same kind meets; a refused value ends the parse with
 exit status 2 and argparse's message naming the option.
 """
@@ -17,8 +17,7 @@ from dataclasses import Field, field, fields, replace
 from typing import Any
 
 from ..engine import ENGINES
-from ..launch import add_procs_option
-from ..validation import check_heads_divide, nonnegative_int, positive_int
+from ..ops.contracts import check_heads_divide, check_probability, check_real, check_size
 from .demo import LAST_FILE, Demo
 
 MPI_EPILOG = """
@@ -33,6 +32,50 @@ run resumes on any number of ranks.  Only rank 0 prints and writes files."""
 def flag(name: str) -> str:
     """A preset field's command-line option: ``d_model`` -> ``--d-model``."""
     return "--" + name.replace("_", "-")
+
+
+# =========================================================================== command-line values
+# The demos' option types (argparse's ``type=``): the text read as a number, then held to
+# the rule a Python argument of that kind meets (check_size, check_real, check_probability).
+# argparse puts the option before the message: "argument --lr: expected a positive number,
+# got '0'" (exit status 2).
+def _option_value(text: str, read: Callable[[str], Any], check: Callable[[Any], Any],
+                  expected: str) -> Any:
+    """``read(text)``, refused unless ``check`` passes it, naming ``expected`` and the text."""
+    import argparse  # only where a command line is parsed
+
+    try:
+        value = read(text)
+        check(value)
+    except (TypeError, ValueError):  # not a number, or outside the rule
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An option's integer >= 1 (a count, a size)."""
+    return _option_value(text, int, lambda v: check_size(v, "value", 1), "a positive integer")
+
+
+def nonnegative_int(text: str) -> int:
+    """An option's integer >= 0."""
+    return _option_value(text, int, lambda v: check_size(v, "value", 0), "an integer >= 0")
+
+
+def positive_float(text: str) -> float:
+    """An option's finite number > 0 (a learning rate, a temperature)."""
+    return _option_value(text, float, lambda v: check_real(v, "value", 0, inclusive=False),
+                         "a positive number")
+
+
+def nonnegative_float(text: str) -> float:
+    """An option's finite number >= 0."""
+    return _option_value(text, float, lambda v: check_real(v, "value", 0), "a number >= 0")
+
+
+def probability(text: str) -> float:
+    """An option's probability in [0, 1) (a dropout rate)."""
+    return _option_value(text, float, check_probability, "a probability in [0, 1)")
 
 
 # --------------------------------------------------------------------------- presets
@@ -157,3 +200,12 @@ def demo_parser(demo: Demo, doc: str, presets: dict) -> argparse.ArgumentParser:
                              "file of that run is removed first")
     _add_preset_options(parser, presets)
     return parser
+
+
+def add_procs_option(parser: argparse.ArgumentParser) -> None:
+    """``--procs N`` on a demo's command line."""
+    parser.add_argument(
+        "--procs", type=positive_int, default=None, metavar="N",
+        help="processes to train in: the demo re-launches itself as N MPI ranks (one "
+             "process per core by default, when mpi4py and mpiexec are installed; the "
+             "results are one process's, up to rounding); --procs 1 runs in this process")

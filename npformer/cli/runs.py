@@ -36,8 +36,8 @@ from .. import backend, distributed, launch
 from ..checkpoint import Checkpoint, CheckpointError, build_model, load_checkpoint
 from ..engine import engine_name, set_engine
 from ..launch import relaunch
+from ..models.configs import new_field_names
 from ..nn import Module
-from ..validation import new_field_names
 from .demo import DATA_FILES, DATA_SETTINGS, LAST_FILE, RUN_FILES, RUN_SETTINGS, Demo, DemoError
 from .lock import hold_output
 from .options import flag, resolve_preset

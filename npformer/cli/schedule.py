@@ -9,8 +9,8 @@ the one place that makes such a run legal.
 """
 from __future__ import annotations
 
+from ..ops.contracts import check_size
 from ..optim import warmup_cosine
-from ..validation import check_size
 
 __all__ = ["cosine_schedule"]
 

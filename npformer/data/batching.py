@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from ..validation import check_size
+from ..ops.contracts import check_size
 
 __all__ = ["pad_batch", "batches", "length_bucketed_batches", "lm_batch"]
 

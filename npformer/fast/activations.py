@@ -31,7 +31,7 @@ from typing import Any
 from .. import backend
 from ..backend import Array
 from ..ops import activations as _textbook
-from ..validation import activation_choice, activation_input, backward_op, checked_op, forward_op
+from ..ops.contracts import activation_choice, activation_input, backward_op, checked_op, forward_op
 from . import kernels
 
 

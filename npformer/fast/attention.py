@@ -42,8 +42,8 @@ from typing import Any
 
 from .. import backend
 from ..backend import Array
+from ..ops.contracts import attention_inputs, backward_op, forward_op
 from ..ops.softmax import mask_bias
-from ..validation import attention_inputs, backward_op, forward_op
 from . import kernels
 from .inplace import exp_into
 from .softmax import softmax_backward

@@ -25,7 +25,7 @@ from .. import nn, ops
 from ..backend import Array
 from ..nn.attention import merge_heads, split_heads
 from ..nn.cache import BlockCache, KVCache
-from ..validation import (
+from ..ops.contracts import (
     check_float,
     check_keep_input,
     check_mask,

@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import backend
 from ..backend import Array
-from ..validation import backward_op, dropout_inputs, forward_op
+from ..ops.contracts import backward_op, dropout_inputs, forward_op
 
 
 def _scaled(keep: Array, scale: float, dtype) -> Array:

@@ -18,7 +18,7 @@ from typing import Any
 from .. import backend
 from ..backend import Array
 from ..ops import embedding as _textbook
-from ..validation import backward_op
+from ..ops.contracts import backward_op
 from . import kernels
 
 

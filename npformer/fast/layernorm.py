@@ -17,7 +17,7 @@ from typing import Any
 
 from ..backend import Array
 from ..ops import layernorm as _textbook
-from ..validation import backward_op, forward_op, layernorm_inputs
+from ..ops.contracts import backward_op, forward_op, layernorm_inputs
 from . import kernels
 
 EPS = _textbook.EPS

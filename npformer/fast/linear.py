@@ -21,7 +21,7 @@ from typing import Any
 
 from .. import backend
 from ..backend import Array
-from ..validation import backward_op, forward_input, forward_op, linear_inputs
+from ..ops.contracts import backward_op, forward_input, forward_op, linear_inputs
 
 
 @forward_op(linear_inputs)

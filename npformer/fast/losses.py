@@ -38,8 +38,8 @@ from typing import Any, NamedTuple
 
 from .. import backend
 from ..backend import Array
+from ..ops.contracts import backward_op, check_loss_gradient, cross_entropy_inputs, forward_op
 from ..ops.losses import IGNORE_INDEX
-from ..validation import backward_op, check_loss_gradient, cross_entropy_inputs, forward_op
 from . import kernels
 from .inplace import add_at_columns, exp_into
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from .. import models, ops
 from ..backend import Array
 from ..models.common import model_input, valid_lengths
-from ..validation import check_valid_lengths
+from ..ops.contracts import check_valid_lengths
 from .flat import flat_buffer
 from .packing import Packing
 

@@ -23,8 +23,15 @@ from typing import Any
 
 from .. import backend, optim
 from ..backend import Array
-from ..optim import NonFiniteGradientError, ParamsOrNamed, _named, _nonfinite_report
-from ..validation import check_gradients, check_hyperparameter, check_real
+from ..ops.contracts import check_real
+from ..optim import (
+    NonFiniteGradientError,
+    ParamsOrNamed,
+    _named,
+    _nonfinite_report,
+    check_gradients,
+    check_hyperparameter,
+)
 from . import fused, kernels
 from .flat import FlatParameters, flat_buffer, flat_buffer_of
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..backend import Array
-from ..validation import activation_choice, checked_op
+from ..ops.contracts import activation_choice, checked_op
 from .activations import gelu_forward
 
 

@@ -17,8 +17,8 @@ from typing import Any
 
 from .. import backend
 from ..backend import Array
+from ..ops.contracts import backward_op, forward_op, softmax_inputs
 from ..ops.softmax import empty_like_input, mask_bias
-from ..validation import backward_op, forward_op, softmax_inputs
 from .inplace import exp_into
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from .. import ops
 from ..backend import Array
 from ..nn import EncoderBlock, Linear, Module, evaluating
-from ..validation import check_rank, check_valid_lengths, renamed_fields
+from ..ops.contracts import check_rank, check_valid_lengths
 from .common import (
     TokenEmbedding,
     check_config,
@@ -22,6 +22,7 @@ from .common import (
     model_input,
     valid_lengths,
 )
+from .configs import renamed_fields
 
 
 @renamed_fields(max_len="block_size")  # the old name, for one release

@@ -5,6 +5,8 @@ import math
 from dataclasses import asdict, fields
 from typing import Any
 
+import numpy
+
 from .. import backend
 from ..backend import Array
 from ..nn import (
@@ -16,16 +18,8 @@ from ..nn import (
     SinusoidalPositionalEncoding,
     grad_enabled,
 )
-from ..validation import (  # noqa: F401 (POSITIONALS, model_input: re-exported)
-    POSITIONALS,
-    check_config,
-    check_rank,
-    check_token_ids,
-    check_valid_lengths,
-    model_input,
-    new_field_names,
-    valid_lengths_from,
-)
+from ..ops.contracts import check_rank, check_token_ids, check_valid_lengths  # noqa: F401 (POSITIONALS, model_input: re-exported)
+from .configs import POSITIONALS, check_config, new_field_names  # noqa: F401 (POSITIONALS, model_input: re-exported)
 
 
 def config_to_dict(config: Any) -> dict:
@@ -129,3 +123,71 @@ def check_lengths(ids: Array, valid_lens: Array | None, what: str, minimum: int 
         raise ValueError(f"{what} holds {valid_lens.shape[0]} lengths for a batch of "
                          f"{ids.shape[0]} rows")
     check_valid_lengths(valid_lens, ids.shape[1], minimum)
+
+
+# --------------------------------------------------------------------------- token batches
+# The integer inputs of the models' public entries: ids and lengths as arrays, padding
+# only at the end of a row.
+# =========================================================================== token batches
+# The integer inputs of the models' and the decoders' public entries: ids and lengths
+# as arrays, padding only at the end of a row, a Padding that matches its ids, and the
+# decoders' source batch.
+def model_input(data: Any, what: str, rank: int = 2) -> Array:
+    """An integer argument (ids, lengths) of a model's public entry point (forward, predict)
+    as a backend array: integer arrays pass as they are; array-likes (nested lists or
+    tuples of numbers) are copied onto the backend, an empty one as int64 of the expected
+    ``rank`` (``[]`` is a batch of no sequences)."""
+    import array_api_compat  # here: validation is imported before the backends settle
+
+    if data is None:
+        return data
+    if array_api_compat.is_array_api_obj(data):
+        if not backend.is_integer_array(data):  # ids and lengths: integers
+            raise TypeError(f"{what} must be an integer array, got dtype {data.dtype}")
+        return data
+    try:
+        host = numpy.asarray(data)
+    except (ValueError, TypeError) as exc:  # ragged lists
+        raise ValueError(f"{what} must be an array or a rectangular nested list of numbers: "
+                         f"{exc}") from None
+    if host.dtype.kind not in "biuf":
+        raise TypeError(f"{what} must hold numbers, got {type(data).__name__} of dtype "
+                        f"{host.dtype}")
+    if host.size == 0:
+        host = host.astype(numpy.int64)
+        if host.ndim == 1 and rank == 2:
+            host = host.reshape(0, 0)
+    if host.dtype.kind not in "iu":
+        raise TypeError(f"{what} must be an integer array, got dtype {host.dtype}")
+    return backend.asarray(host)
+
+
+def valid_lengths_from(ids: Array, pad_id: int, what: str = "token ids") -> Array:
+    """ids (B, T) -> (B,) number of non-padding tokens per row, padding at the end only.
+
+    The layers read a row's valid positions as its first ``valid_lens[b]`` (the packing,
+    pooling, masks and positions): padding anywhere else, left padding or a pad between
+    tokens, would be read as tokens while the row's last tokens were dropped.  It is
+    refused, naming the row and the positions (move the padding to the end)."""
+    xp = backend.namespace_of(ids)
+    real = ids != pad_id  # (B, T)
+    lengths = xp.sum(xp.astype(real, xp.int64), axis=1)  # (B,)
+    if ids.shape[0] and ids.shape[1]:
+        positions = xp.arange(ids.shape[1], dtype=xp.int64, device=backend.device_of(ids))
+        if bool(xp.any(real != (positions[None, :] < lengths[:, None]))):
+            _refuse_padding_before_a_token(backend.to_numpy(real), pad_id, what)
+    return lengths
+
+
+def _refuse_padding_before_a_token(real: numpy.ndarray, pad_id: int, what: str) -> None:
+    """real (B, T) bools with a pad before a real token in some row: raise naming where."""
+    for row, tokens in enumerate(real):
+        pads = numpy.flatnonzero(~tokens)
+        later = numpy.flatnonzero(tokens[pads[0]:]) if pads.size else numpy.empty(0)
+        if later.size:
+            raise ValueError(
+                f"{what} row {row} has padding (pad_id {pad_id}) at position {pads[0]}, "
+                f"before a real token at position {pads[0] + later[0]}: padding must come "
+                "at the end of a row (right padding), where it is masked; padding elsewhere "
+                "would be read as tokens and the row's last tokens dropped. Move the "
+                "padding to the end of the row")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from .. import backend, ops
 from ..backend import Array
 from ..nn import DecoderBlock, DecodingCache, EncoderBlock, Linear, Module
-from ..validation import check_flag, check_rank, renamed_fields
+from ..ops.contracts import check_flag, check_rank
 from .common import (
     TokenEmbedding,
     check_config,
@@ -28,6 +28,7 @@ from .common import (
     model_input,
     valid_lengths,
 )
+from .configs import renamed_fields
 
 
 @renamed_fields(max_len="block_size")  # the old name, for one release

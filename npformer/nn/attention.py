@@ -27,7 +27,7 @@ from contextlib import contextmanager
 
 from .. import backend, ops
 from ..backend import Array
-from ..validation import (
+from ..ops.contracts import (
     check_flag,
     check_float,
     check_heads_divide,

@@ -24,7 +24,7 @@ feed-forward width.  Every layer keeps what its own backward needs.
 from __future__ import annotations
 
 from ..backend import Array
-from ..validation import check_size
+from ..ops.contracts import check_size
 from .attention import MultiHeadAttention
 from .cache import BlockCache
 from .layers import Activation, Dropout, LayerNorm, Linear

@@ -13,7 +13,7 @@ import math
 
 from .. import backend, ops
 from ..backend import Array
-from ..validation import check_float, check_probability, check_size
+from ..ops.contracts import check_float, check_probability, check_size
 from .module import Module, Parameter
 
 

@@ -24,7 +24,7 @@ TypeError for a non-array or another dtype), and refuses a backward with no forw
 differentiate (RuntimeError).  Subclasses get this by defining ``forward`` and
 ``backward``: the wrapping happens in :meth:`Module.__init_subclass__`.
 
-Checked once, at the door (:mod:`npformer.validation`): the outermost module called
+Checked once, at the door (:mod:`npformer.ops.contracts`): the outermost module called
 checks its inputs and runs everything inside it trusted, so the modules and ops it calls
 do not check again.  A module whose forward feeds its inputs to one op (a leaf layer)
 needs nothing more: that op's contract is the door.  A module of several layers (a
@@ -47,7 +47,8 @@ from typing import Any
 
 from .. import backend, engine
 from ..backend import Array
-from ..validation import check_upstream, checked_weights, run_trusted, trusted
+from ..ops.contracts import check_upstream, run_trusted, trusted
+from .state import checked_weights
 
 _local = threading.local()  # each thread its own switch, as each has its own generator
 
@@ -242,7 +243,7 @@ class Module:
 
     def load_state_dict(self, state: dict) -> None:
         """Copy arrays into the parameters, checking names, shapes and values first
-        (:func:`npformer.validation.checked_weights`: floating point, finite, exactly the
+        (:func:`npformer.nn.state.checked_weights`: floating point, finite, exactly the
         parameters' names and shapes), each cast to its parameter's dtype.
 
         Every name and shape problem is reported at once, before anything is changed.

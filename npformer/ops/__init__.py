@@ -6,7 +6,7 @@ cache exactly what the backward needs.  Each module's docstring holds the
 derivation; ``docs/derivations.md`` walks through them line by line.  An op's body is
 that derivation only: its contract (shapes, dtypes, masks, token ids, the upstream
 gradient, whose cache it takes) is named on its decorator and checked once, at the
-door, by :mod:`npformer.validation` (``tools/count_checks.py`` keeps it so).
+door, by :mod:`npformer.ops.contracts` (``tools/count_checks.py`` keeps it so).
 
 Nothing here exists only for speed: the fast tier (:mod:`npformer.fast`) holds
 the blocked, fused and in-place versions, each tested equal to its op here, and

@@ -48,7 +48,7 @@ from typing import Any
 
 from .. import backend
 from ..backend import Array
-from ..validation import activation_choice, activation_input, backward_op, checked_op, forward_op
+from .contracts import activation_choice, activation_input, backward_op, checked_op, forward_op
 
 GELU_C = math.sqrt(2.0 / math.pi)  # Python floats keep float32 arrays float32
 GELU_A = 0.044715

@@ -32,7 +32,7 @@ import math
 from typing import Any
 
 from ..backend import Array
-from ..validation import (
+from .contracts import (
     attention_inputs,
     attention_weights_inputs,
     backward_op,

@@ -16,7 +16,7 @@ from typing import Any
 
 from .. import backend
 from ..backend import Array
-from ..validation import backward_op, dropout_inputs, forward_op
+from .contracts import backward_op, dropout_inputs, forward_op
 
 
 @forward_op(dropout_inputs)

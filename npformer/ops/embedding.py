@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import backend
 from ..backend import Array
-from ..validation import backward_op, embedding_inputs, forward_op
+from .contracts import backward_op, embedding_inputs, forward_op
 
 
 @forward_op(embedding_inputs)

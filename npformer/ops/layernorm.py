@@ -20,7 +20,7 @@ from typing import Any
 
 from .. import backend
 from ..backend import Array
-from ..validation import backward_op, forward_op, layernorm_inputs
+from .contracts import backward_op, forward_op, layernorm_inputs
 
 EPS = 1e-5
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from .. import backend
 from ..backend import Array
-from ..validation import backward_op, forward_op, linear_inputs
+from .contracts import backward_op, forward_op, linear_inputs
 
 
 @forward_op(linear_inputs)

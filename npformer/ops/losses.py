@@ -26,7 +26,7 @@ from typing import Any
 
 from .. import backend
 from ..backend import Array
-from ..validation import backward_op, check_loss_gradient, cross_entropy_inputs, forward_op
+from .contracts import backward_op, check_loss_gradient, cross_entropy_inputs, forward_op
 from .softmax import log_softmax_backward, log_softmax_forward
 
 IGNORE_INDEX = -100  # PyTorch's default

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .. import backend
 from ..backend import Array
-from ..validation import causal_mask_inputs, checked_op, padding_mask_inputs
+from .contracts import causal_mask_inputs, checked_op, padding_mask_inputs
 
 
 @checked_op(padding_mask_inputs)

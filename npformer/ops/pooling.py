@@ -26,7 +26,7 @@ from typing import Any
 
 from .. import backend
 from ..backend import Array
-from ..validation import (
+from .contracts import (
     POOLINGS,  # noqa: F401  (ops.POOLINGS: the poolings there are)
     backward_op,
     forward_op,

@@ -16,7 +16,7 @@ from typing import Any
 
 from .. import backend
 from ..backend import Array
-from ..validation import backward_op, checked_op, forward_op, positions_inputs, sinusoidal_inputs
+from .contracts import backward_op, checked_op, forward_op, positions_inputs, sinusoidal_inputs
 
 
 @checked_op(sinusoidal_inputs)

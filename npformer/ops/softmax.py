@@ -23,7 +23,7 @@ from typing import Any
 
 from .. import backend
 from ..backend import Array
-from ..validation import backward_op, forward_op, log_softmax_inputs, softmax_inputs
+from .contracts import backward_op, forward_op, log_softmax_inputs, softmax_inputs
 
 
 @forward_op(softmax_inputs)

@@ -1,4 +1,4 @@
-"""Validation: every contract of the package, declared once and checked at the door.
+"""The contracts of the ops, declared once and checked at the door.
 
 An op in :mod:`npformer.ops` or :mod:`npformer.fast` is its derivation and nothing
 else.  Its contract (what its arguments must be) is named on the decorator beside its
@@ -14,9 +14,8 @@ signature and written here, once, for both tiers:
   for its backward in a :class:`Cache` that says which op and which tier made it, with
   the output's shape and dtype.
 * :func:`backward_op` refuses a cache that is not its forward's (None, another op's, the
-  other tier's: switching engines between a forward and its backward), checks the
-  upstream gradient against the output's shape and dtype, and hands the body the saved
-  values.
+  other tier's), checks the upstream gradient against the output's shape and dtype, and
+  hands the body the saved values.
 * :func:`checked_op`: an op without a backward (masks, tables), its contract checked.
 
 Checked once, at the door.  The first public entry a call passes (an op called by a
@@ -28,14 +27,12 @@ module whose inputs are more than one op's (a block, a model) declares
 on every backward (an O(1) comparison): it is what a module cannot know.
 
 Why a named contract per op and not shape annotations checked at run time (jaxtyping
-with beartype).  The annotations would document the shapes well, but checking them costs
-about 22 us a call against about 1 us for the bare op (measured for ANCHORS), and a
-training step of the lm makes hundreds of op calls: milliseconds a step, where the
-contract here costs one attribute read inside the door.  jaxtyping also names the
-axes only: the errors the suite requires (which argument, which axis, the sizes, the
-token id out of range and the vocabulary, the mask and the scores it must broadcast to)
-need the checks below anyway.  So each op names its contract on its decorator, and the
-shapes are the comments of the contract and of the body.
+with beartype): the annotations would document the shapes well, but checking them at
+every op of a training step would cost milliseconds a step (``../shared/ANCHORS.md``
+measures the cost of one checked call), where the contract here costs one attribute read
+inside the door; and the errors the suite requires (which argument, which axis, the
+sizes, the token id out of range and the vocabulary, the mask and the scores it must
+broadcast to) need the checks below anyway.
 
 The documented exceptions: TypeError for something of the wrong kind (not an array,
 wrong dtype, not this op's cache), ValueError for a wrong shape or value (an upstream
@@ -44,35 +41,34 @@ RuntimeError for a backward with no forward to differentiate, and :class:`TokenI
 (an IndexError and a ValueError) for a token id outside the vocabulary.  Every check is
 O(1) except the token-id range scan, one per door.
 
-Also here: the configs' validation (:func:`check_config`) and the head-count rule
-(:func:`check_heads_divide`), shared by the models and the layers; the demos' option
-types (:func:`positive_int` and its kin), held to the same rules as Python arguments;
-the old names of renamed fields (:func:`renamed_fields`, :func:`new_field_names`); the
-optimizers' arguments (:data:`HYPERPARAMETER_RANGES`, :func:`check_parameters`,
-:func:`check_gradients`); the rules every weight loader applies
-(:func:`weight_array`, :func:`checked_weights`); and the models' and decoders' token
-batches (:func:`model_input`, :func:`valid_lengths_from`, :func:`source_ids`).
+This module imports only :mod:`npformer.backend`: every other module may use its checks
+(``check_size``, ``check_real``, ``check_choice``...), and none of its rules is written
+twice.  The rules of other owners live with them: the configs' in
+:mod:`npformer.models.configs`, the optimizers' in :mod:`npformer.optim`, the weight
+loaders' in :mod:`npformer.nn.state`, the models' token batches in
+:mod:`npformer.models.common`, the decoders' in :mod:`npformer.decoding`, the command
+line's in :mod:`npformer.cli.options`.
 """
 from __future__ import annotations
 
 import functools
 import math
 import numbers
-import sys
 import threading
-import warnings
-from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Callable, Collection
+from typing import Any, NamedTuple
 
 import numpy
 
-from . import backend
-from .backend import Array
+from .. import backend
+from ..backend import Array
 
-if TYPE_CHECKING:  # annotations only: importing these here would be circular
-    from .nn import Module
+ACTIVATION_NAMES = ("relu", "gelu", "gelu_tanh")  # every tier's table has exactly these
+
 
 FLOAT_DTYPES = ("float32", "float64")  # what the ops compute in
+
+
 POOLINGS = ("mean", "max", "first")
 
 
@@ -118,7 +114,11 @@ class Cache(NamedTuple):
 # The decorators' types: a forward's body returns (output, saved), the op made of it
 # returns (output, Cache); a backward's body reads ``saved``, the op made of it a Cache.
 ForwardBody = Callable[..., tuple[Array, Any]]
+
+
 ForwardOp = Callable[..., tuple[Array, Cache]]
+
+
 UpstreamCheck = Callable[[Any, Cache, str], None]  # upstream(dy, cache, what) raises if wrong
 
 
@@ -516,11 +516,9 @@ def activation_input(name: str) -> Callable[[Any], None]:
     return contract
 
 
-def activation_choice(name: str, activations: dict | None = None) -> None:
-    """``name`` is in the tier's table of activations (default: the textbook's)."""
-    if activations is None:
-        from .ops.activations import ACTIVATIONS as activations
-    check_choice(name, activations, "activation")
+def activation_choice(name: str, activations: Collection | None = None) -> None:
+    """``name`` is in the tier's table of activations (default: every tier's names)."""
+    check_choice(name, ACTIVATION_NAMES if activations is None else activations, "activation")
 
 
 def dropout_inputs(x: Array, p: float, training: bool = True) -> None:
@@ -677,494 +675,3 @@ def check_sequence_input(x: Array, width: int, what: str) -> None:
     if x.shape[-1] != width:
         raise ValueError(f"{what} has width {x.shape[-1]}, but the layer was built for "
                          f"width {width}; got shape {tuple(x.shape)}")
-
-
-# Every field with a range, wherever a config has it (the three configs share names).
-_POSITIVE_INT_FIELDS = ("vocab_size", "src_vocab_size", "tgt_vocab_size", "num_classes",
-                        "d_model", "num_heads", "d_ff", "num_layers", "num_encoder_layers",
-                        "num_decoder_layers", "block_size")
-_BOOL_FIELDS = ("norm_first", "tie_weights", "scale_embeddings")
-# token id field -> the vocabulary sizes it must index
-_TOKEN_ID_FIELDS = {"pad_id": ("vocab_size", "src_vocab_size", "tgt_vocab_size"),
-                    "bos_id": ("tgt_vocab_size",), "eos_id": ("tgt_vocab_size",)}
-POSITIONALS = ("learned", "sinusoidal")
-
-
-def _is_int(value) -> bool:
-    """An integer, Python's or NumPy's (``ids.max() + 1``), not a bool."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, numpy.bool_))
-
-
-def _shown(value: Any) -> str:
-    """A refused config value as a message shows it: a NumPy scalar as its Python value
-    and type (``-1 (int64)``, not ``np.int64(-1)``)."""
-    if isinstance(value, numpy.generic):
-        return f"{value.item()!r} ({type(value).__name__})"
-    return repr(value)
-
-
-def _set_field(config: Any, field: str, value: Any) -> None:
-    """Store a checked value back as Python's own type (a NumPy int64 as int), so the
-    config compares, prints and saves to JSON as one built from Python numbers."""
-    if type(getattr(config, field)) is not type(value):
-        object.__setattr__(config, field, value)  # frozen or not
-
-
-def check_config(config: Any) -> None:
-    """Validate the fields every model config shares, with messages that name the field:
-    sizes and counts are positive integers, token ids index every vocabulary they are
-    used in, dropout is in [0, 1), and the names are among the known ones.  NumPy
-    integers, floats and bools are accepted where Python's are, and stored as Python's."""
-    from .ops.activations import ACTIVATIONS as activations
-
-    name = type(config).__name__
-    for field in _POSITIVE_INT_FIELDS:
-        value = getattr(config, field, 1)
-        if not _is_int(value) or value < 1:
-            raise ValueError(f"{name}.{field} must be a positive integer, got {_shown(value)}")
-        if hasattr(config, field):
-            _set_field(config, field, int(value))
-    head_dim = getattr(config, "head_dim", None)
-    if head_dim is not None:
-        if not _is_int(head_dim) or head_dim < 1:
-            raise ValueError(f"{name}.head_dim must be None or a positive integer, got "
-                             f"{_shown(head_dim)}")
-        _set_field(config, "head_dim", int(head_dim))
-    if head_dim is None:
-        check_heads_divide(config.d_model, config.num_heads)
-    for field, vocabularies in _TOKEN_ID_FIELDS.items():
-        if not hasattr(config, field):
-            continue
-        value = getattr(config, field)
-        limit = min(getattr(config, v) for v in vocabularies if hasattr(config, v))
-        if not _is_int(value) or not 0 <= value < limit:
-            sizes = ", ".join(f"{v}={getattr(config, v)}" for v in vocabularies
-                              if hasattr(config, v))
-            raise ValueError(f"{name}.{field} must be a token id in [0, {limit}) ({sizes}), "
-                             f"got {_shown(value)}")
-        _set_field(config, field, int(value))
-    for field in _BOOL_FIELDS:
-        if not hasattr(config, field):
-            continue
-        value = getattr(config, field)
-        if not isinstance(value, (bool, numpy.bool_)):
-            raise ValueError(f"{name}.{field} must be True or False, got {_shown(value)}")
-        _set_field(config, field, bool(value))
-    if getattr(config, "positional", "learned") not in POSITIONALS:
-        raise ValueError(f"{name}.positional must be one of {POSITIONALS}, got "
-                         f"{_shown(config.positional)}")
-    activation = getattr(config, "activation", "relu")
-    if not isinstance(activation, str) or activation not in activations:
-        raise ValueError(f"{name}.activation must be one of {sorted(activations)}, got "
-                         f"{_shown(config.activation)}")
-    dropout = config.dropout
-    if isinstance(dropout, (bool, numpy.bool_)) or not isinstance(dropout, numbers.Real) or not (
-            0.0 <= dropout < 1.0):
-        raise ValueError(f"{name}.dropout must be in [0, 1), got {_shown(dropout)}")
-    _set_field(config, "dropout", float(dropout))
-    if hasattr(config, "pooling") and config.pooling not in POOLINGS:
-        raise ValueError(f"{name}.pooling must be one of {POOLINGS}, got "
-                         f"{_shown(config.pooling)}")
-    if getattr(config, "num_classes", 2) < 2:
-        raise ValueError(f"{name}.num_classes must be at least 2, got {config.num_classes}")
-
-
-# --------------------------------------------------------------------------- decoding
-def check_model_kind(model: Module, kind: str, function: str) -> None:
-    """The model ``function`` decodes with must be of ``kind`` (seq2seq or lm)."""
-    given = getattr(model, "kind", None)
-    if given != kind:
-        what = f"a {given!r} model" if given else f"a {type(model).__name__}"
-        use = {"seq2seq": "greedy_decode or beam_search", "causal_lm": "generate"}.get(given)
-        raise TypeError(f"{function} decodes with a {kind!r} model "
-                        f"({'Seq2SeqTransformer' if kind == 'seq2seq' else 'CausalLM'}), got "
-                        f"{what}" + (f" (use {use} for it)" if use else ""))
-
-
-def host_token_ids(ids: Any, name: str, rank: int, shape_words: str) -> numpy.ndarray:
-    """``ids`` (an array of any backend, a NumPy array, nested lists) as a host int64 array
-    of rank ``rank``; refused naming ``name`` if ragged, of another rank or not integers."""
-    try:
-        host = backend.to_numpy(ids)
-        host = numpy.asarray(host)
-    except (ValueError, TypeError) as exc:  # ragged lists, objects
-        raise ValueError(f"{name} must be {shape_words} of integer token ids: {exc}") from None
-    if host.ndim == 1 and host.size == 0 and rank == 2:  # [] : a batch of no sequences
-        host = host.reshape(0, 0)
-    if host.ndim != rank:
-        raise ValueError(f"{name} must be {shape_words} of integer token ids, got an array of "
-                         f"shape {host.shape}")
-    if host.size and host.dtype.kind not in "iu":  # an empty list arrives as float64
-        raise TypeError(f"{name} must hold integer token ids, got dtype {host.dtype}")
-    return host.astype(numpy.int64)
-
-
-# =========================================================================== command-line values
-# The demos' option types (argparse's ``type=``): the text read as a number, then held to
-# the rule a Python argument of that kind meets (check_size, check_real, check_probability).
-# argparse puts the option before the message: "argument --lr: expected a positive number,
-# got '0'" (exit status 2).
-def _option_value(text: str, read: Callable[[str], Any], check: Callable[[Any], Any],
-                  expected: str) -> Any:
-    """``read(text)``, refused unless ``check`` passes it, naming ``expected`` and the text."""
-    import argparse  # only where a command line is parsed
-
-    try:
-        value = read(text)
-        check(value)
-    except (TypeError, ValueError):  # not a number, or outside the rule
-        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
-    return value
-
-
-def positive_int(text: str) -> int:
-    """An option's integer >= 1 (a count, a size)."""
-    return _option_value(text, int, lambda v: check_size(v, "value", 1), "a positive integer")
-
-
-def nonnegative_int(text: str) -> int:
-    """An option's integer >= 0."""
-    return _option_value(text, int, lambda v: check_size(v, "value", 0), "an integer >= 0")
-
-
-def positive_float(text: str) -> float:
-    """An option's finite number > 0 (a learning rate, a temperature)."""
-    return _option_value(text, float, lambda v: check_real(v, "value", 0, inclusive=False),
-                         "a positive number")
-
-
-def nonnegative_float(text: str) -> float:
-    """An option's finite number >= 0."""
-    return _option_value(text, float, lambda v: check_real(v, "value", 0), "a number >= 0")
-
-
-def probability(text: str) -> float:
-    """An option's probability in [0, 1) (a dropout rate)."""
-    return _option_value(text, float, check_probability, "a probability in [0, 1)")
-
-
-# =========================================================================== renamed fields
-# One name per idea, PyTorch's or nanoGPT's: d_model (model width), num_heads (head count),
-# block_size (context length), max_iters (updates in a run).  A class that renamed a field
-# declares its old names with @renamed_fields(old="new"); the old keyword still works for
-# one release (with a DeprecationWarning naming the new one), and a saved record of its
-# values (a checkpoint's config, a demo's run record) is read with :func:`new_field_names`.
-def new_field_names(cls: type, values: Mapping[str, Any], warn: bool = False,
-                    stacklevel: int = 3) -> dict[str, Any]:
-    """``values`` ({field: value}) with each old field name of ``cls`` replaced by its new
-    one (``cls.old_field_names``: {old: new}); given both, a TypeError names the two.
-    ``warn``: a DeprecationWarning for each old name (the Python API, not saved records),
-    pointing ``stacklevel`` frames up (3: the caller of the function calling this one)."""
-    renamed = getattr(cls, "old_field_names", {})
-    values = dict(values)
-    for old, new in renamed.items():
-        if old not in values:
-            continue
-        if new in values:
-            raise TypeError(f"{cls.__name__} got both {old!r} and {new!r}: {old} is the old "
-                            f"name of {new}; give {new} only")
-        if warn:
-            warnings.warn(f"{cls.__name__}({old}=...) is deprecated: the field is now called "
-                          f"{new!r}", DeprecationWarning, stacklevel=stacklevel)
-        values[new] = values.pop(old)
-    return values
-
-
-def renamed_fields(**old_to_new: str) -> Callable[[type], type]:
-    """Class decorator (above ``@dataclass``): the constructor also takes each old keyword
-    (``old="new"``), with a DeprecationWarning naming the new one.
-
-    ``dataclasses.replace(config, old=value)`` works too: replace passes every field
-    of ``config`` besides the change, the new name's current value among them, and that
-    value gives way to the old name's (given both with another value, replace is refused
-    like the constructor)."""
-    def decorate(cls: type) -> type:
-        init = cls.__init__
-
-        @functools.wraps(init)
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            source = _instance_being_replaced(sys._getframe(1))
-            if source is not None:
-                kwargs = _without_filled_in_names(cls, kwargs, source)
-            init(self, *args, **new_field_names(cls, kwargs, warn=True,
-                                                stacklevel=3 if source is None else 4))
-        cls.__init__ = __init__
-        cls.old_field_names = {**getattr(cls, "old_field_names", {}), **old_to_new}
-        return cls
-    return decorate
-
-
-def _instance_being_replaced(caller: Any) -> Any:
-    """The instance ``dataclasses.replace`` copies when the frame ``caller`` (the one
-    calling a constructor) is replace's own, else None.  replace calls ``cls(**changes)``
-    with every field filled in; its argument is ``obj`` (Python 3.11, 3.12) or ``self``
-    (3.13's ``_replace``)."""
-    if caller.f_globals.get("__name__") != "dataclasses":
-        return None
-    return caller.f_locals.get("obj", caller.f_locals.get("self"))
-
-
-def _without_filled_in_names(cls: type, kwargs: dict, source: Any) -> dict:
-    """replace's keywords less each new name that only carries ``source``'s value beside
-    its old name: the old name is the change the user asked for."""
-    kwargs = dict(kwargs)
-    for old, new in getattr(cls, "old_field_names", {}).items():
-        if old in kwargs and new in kwargs and kwargs[new] == getattr(source, new, object()):
-            del kwargs[new]
-    return kwargs
-
-
-# =========================================================================== optimizers
-# The range of each optimizer hyperparameter, written once: the constructors, set_lr, the
-# schedules and Optimizer.load_state_dict all check by it.  (low, high, high included)
-HYPERPARAMETER_RANGES = {"lr": (0.0, math.inf, False), "beta1": (0.0, 1.0, False),
-                         "beta2": (0.0, 1.0, False), "eps": (0.0, math.inf, False),
-                         "weight_decay": (0.0, math.inf, False),
-                         "momentum": (0.0, 1.0, True)}
-
-
-def check_hyperparameter(value: Any, kind: str, what: str | None = None) -> float:
-    """``value`` (named ``what``, default ``kind``) in the range of hyperparameter ``kind``
-    (:data:`HYPERPARAMETER_RANGES`); returned as a float."""
-    low, high, high_included = HYPERPARAMETER_RANGES[kind]
-    return check_real(value, what or kind, low, maximum=high, max_inclusive=high_included)
-
-
-def check_update_number(t: Any) -> int:
-    """A schedule's update number: an integer from 1 (the first update is 1)."""
-    return check_size(t, "the update number t (schedules count updates from 1)", 1)
-
-
-def check_parameters(params: Any, owner: str) -> list:
-    """``params``: a non-empty iterable of distinct :class:`~npformer.nn.Parameter`\\ s (what
-    ``owner``, an optimizer, updates); returned as a list."""
-    from .nn.module import Parameter  # the layers import this module: imported when used
-
-    try:
-        params = list(params)
-    except TypeError:
-        raise TypeError(f"{owner}: params must be an iterable of Parameters "
-                        f"(model.parameters()), got {type(params).__name__}") from None
-    if not params:
-        raise ValueError(f"{owner} got an empty parameter list")
-    for i, p in enumerate(params):
-        if not isinstance(p, Parameter):
-            raise TypeError(f"{owner}: params[{i}] is a {type(p).__name__}, "
-                            "not a Parameter (pass model.parameters())")
-    if len({id(p) for p in params}) != len(params):
-        raise ValueError(f"{owner}: a parameter appears more than once")
-    return params
-
-
-def check_gradients(params: Sequence) -> None:
-    """Every parameter has a gradient of its own shape, dtype and array library (checked
-    before an update changes anything: no half-done update)."""
-    for i, p in enumerate(params):
-        if p.grad is None:
-            raise RuntimeError(f"params[{i}] has no gradient (grad is None)")
-        backend.namespace_of(p.data, p.grad)  # one array library (TypeError naming both)
-        if tuple(p.grad.shape) != p.shape:
-            raise RuntimeError(f"params[{i}]: gradient shape {tuple(p.grad.shape)} != "
-                               f"parameter shape {p.shape}")
-        if p.grad.dtype != p.data.dtype:
-            raise RuntimeError(f"params[{i}]: gradient dtype {p.grad.dtype} != "
-                               f"parameter dtype {p.data.dtype}")
-
-
-# =========================================================================== weights
-# The one set of rules every weight loader applies (``Module.load_state_dict``, a
-# checkpoint, ``load_torch_state_dict``, ``load_safetensors``, ``Optimizer.load_state_dict``).
-# A weight array must be:
-#
-# * floating point: an integer, boolean or complex array is refused (cast it on purpose,
-#   ``.astype(np.float32)``, if it really holds weights); a float array of another width is
-#   cast to the parameter's dtype on purpose, as PyTorch's ``load_state_dict`` copies into
-#   the parameter's dtype;
-# * finite: NaN or inf would make every prediction NaN;
-# * named and shaped exactly as the parameters are: every name, no other, each shape.
-#
-# PyTorch tensors are read as what they hold: a tensor that requires grad is detached (the
-# values are what is loaded), a bfloat16 tensor (NumPy has no bfloat16) is converted to
-# float32 with a warning saying so.  Nothing here imports torch.
-def _is_torch_tensor(value: Any) -> bool:
-    return type(value).__module__.split(".")[0] == "torch"
-
-
-def _host_weight(value: Any, name: str) -> numpy.ndarray:
-    """A weight of any kind (NumPy or backend array, torch tensor, nested list) on the host."""
-    if _is_torch_tensor(value):
-        value = value.detach()  # requires_grad or not: the values are what is loaded
-        if str(value.dtype) == "torch.bfloat16":
-            warnings.warn(f"{name} is a bfloat16 tensor (NumPy has no bfloat16): converted "
-                          "to float32 to load it", UserWarning, stacklevel=4)
-            value = value.float()
-        return value.cpu().numpy()
-    try:
-        return numpy.asarray(backend.to_numpy(value))
-    except (TypeError, ValueError) as exc:  # ragged lists, objects
-        raise TypeError(f"{name} is not an array of numbers: {exc}") from None
-
-
-def _shape_of(value: Any) -> tuple:
-    shape = getattr(value, "shape", None)
-    if shape is None:
-        try:
-            return tuple(numpy.shape(value))
-        except ValueError:  # a ragged list: its values are refused by name later
-            return ()
-    return tuple(int(n) for n in shape)
-
-
-def weight_array(value: Any, name: str) -> numpy.ndarray:
-    """``value`` as a host floating-point array of finite numbers; refused naming ``name``
-    (TypeError for the kind of number, ValueError for NaN/inf)."""
-    host = _host_weight(value, name)
-    if host.dtype.kind != "f":
-        kind = "bfloat16" if "bfloat16" in str(host.dtype) else str(host.dtype)
-        raise TypeError(f"{name} holds {kind} values: weights must be floating point "
-                        "(cast it on purpose, e.g. .astype(np.float32), if it holds weights)")
-    finite = numpy.isfinite(host)
-    if not finite.all():
-        bad = int(host.size - numpy.count_nonzero(finite))
-        raise ValueError(f"{name} holds {bad} NaN or infinite values; refusing to load "
-                         "weights that would predict NaN (saved after training diverged?)")
-    return host
-
-
-def mismatch_report(missing: list, extra: list, wrong_shapes: list[str]) -> list[str]:
-    """The ways a saved state does not fit, one phrase each (empty when it fits)."""
-    problems = []
-    if missing:
-        problems.append(f"missing keys: {missing}")
-    if extra:
-        problems.append(f"unexpected keys: {extra}")
-    if wrong_shapes:
-        problems.append("wrong shapes: " + "; ".join(wrong_shapes))
-    return problems
-
-
-def checked_weights(expected: Mapping[str, tuple], state: Mapping[str, Any], owner: str,
-                    what: str = "state_dict") -> dict[str, numpy.ndarray]:
-    """``state`` ({name: array}) checked against ``expected`` ({name: shape}): a dict,
-    exactly the expected names, each of its shape, every array floating point and
-    finite.  Every name and shape problem is reported at once ("<what> does not fit
-    <owner>: ..."), before any value is looked at; returns {name: host float array}."""
-    if not isinstance(state, Mapping):
-        raise TypeError(f"{what} for {owner} must be a dict of name -> array (as "
-                        f"state_dict() returns), got {type(state).__name__}")
-    missing = sorted(set(expected) - set(state))
-    extra = sorted(set(state) - set(expected))
-    wrong = [f"{name}: expected {tuple(shape)}, got {_shape_of(state[name])}"
-             for name, shape in expected.items()
-             if name in state and _shape_of(state[name]) != tuple(shape)]
-    problems = mismatch_report(missing, extra, wrong)
-    if problems:
-        raise ValueError(f"{what} does not fit {owner}: " + " | ".join(problems))
-    return {name: weight_array(state[name], f"{what}[{name!r}]") for name in expected}
-
-
-# =========================================================================== token batches
-# The integer inputs of the models' and the decoders' public entries: ids and lengths
-# as arrays, padding only at the end of a row, a Padding that matches its ids, and the
-# decoders' source batch.
-def model_input(data: Any, what: str, rank: int = 2) -> Array:
-    """An integer argument (ids, lengths) of a model's public entry point (forward, predict)
-    as a backend array: integer arrays pass as they are; array-likes (nested lists or
-    tuples of numbers) are copied onto the backend, an empty one as int64 of the expected
-    ``rank`` (``[]`` is a batch of no sequences)."""
-    import array_api_compat  # here: validation is imported before the backends settle
-
-    if data is None:
-        return data
-    if array_api_compat.is_array_api_obj(data):
-        if not backend.is_integer_array(data):  # ids and lengths: integers
-            raise TypeError(f"{what} must be an integer array, got dtype {data.dtype}")
-        return data
-    try:
-        host = numpy.asarray(data)
-    except (ValueError, TypeError) as exc:  # ragged lists
-        raise ValueError(f"{what} must be an array or a rectangular nested list of numbers: "
-                         f"{exc}") from None
-    if host.dtype.kind not in "biuf":
-        raise TypeError(f"{what} must hold numbers, got {type(data).__name__} of dtype "
-                        f"{host.dtype}")
-    if host.size == 0:
-        host = host.astype(numpy.int64)
-        if host.ndim == 1 and rank == 2:
-            host = host.reshape(0, 0)
-    if host.dtype.kind not in "iu":
-        raise TypeError(f"{what} must be an integer array, got dtype {host.dtype}")
-    return backend.asarray(host)
-
-
-def valid_lengths_from(ids: Array, pad_id: int, what: str = "token ids") -> Array:
-    """ids (B, T) -> (B,) number of non-padding tokens per row, padding at the end only.
-
-    The layers read a row's valid positions as its first ``valid_lens[b]`` (the packing,
-    pooling, masks and positions): padding anywhere else, left padding or a pad between
-    tokens, would be read as tokens while the row's last tokens were dropped.  It is
-    refused, naming the row and the positions (move the padding to the end)."""
-    xp = backend.namespace_of(ids)
-    real = ids != pad_id  # (B, T)
-    lengths = xp.sum(xp.astype(real, xp.int64), axis=1)  # (B,)
-    if ids.shape[0] and ids.shape[1]:
-        positions = xp.arange(ids.shape[1], dtype=xp.int64, device=backend.device_of(ids))
-        if bool(xp.any(real != (positions[None, :] < lengths[:, None]))):
-            _refuse_padding_before_a_token(backend.to_numpy(real), pad_id, what)
-    return lengths
-
-
-def _refuse_padding_before_a_token(real: numpy.ndarray, pad_id: int, what: str) -> None:
-    """real (B, T) bools with a pad before a real token in some row: raise naming where."""
-    for row, tokens in enumerate(real):
-        pads = numpy.flatnonzero(~tokens)
-        later = numpy.flatnonzero(tokens[pads[0]:]) if pads.size else numpy.empty(0)
-        if later.size:
-            raise ValueError(
-                f"{what} row {row} has padding (pad_id {pad_id}) at position {pads[0]}, "
-                f"before a real token at position {pads[0] + later[0]}: padding must come "
-                "at the end of a row (right padding), where it is masked; padding elsewhere "
-                "would be read as tokens and the row's last tokens dropped. Move the "
-                "padding to the end of the row")
-
-
-def check_padding_matches(ids: Array, valid_lens: Array | None, padding: Any) -> None:
-    """A :class:`npformer.nn.Padding` handed with ids (B, T): no valid lengths beside it
-    (it holds them), and its batch and length are the ids'."""
-    if valid_lens is not None:
-        raise ValueError("pass the valid lengths or a padding, not both (the padding "
-                         "holds the valid lengths)")
-    if (padding.batch, padding.length) != tuple(ids.shape):
-        raise ValueError(f"padding describes a ({padding.batch}, {padding.length}) batch, "
-                         f"but the ids have shape {tuple(ids.shape)}")
-
-
-def source_ids(src: Any, src_lens: Any, vocab_size: int, pad_id: int) -> tuple[Any, Any]:
-    """A decoder's source batch, checked -> (src (B, S) int64, src_lens (B,) int64 or
-    None), on the host.
-
-    src: integer ids in [0, vocab_size), padding at the end; src_lens: the number of real
-    tokens of each row, in [1, S] (without it, the non-padding tokens are counted).  Every
-    source needs at least one token."""
-    host = host_token_ids(src, "src", 2, "a (batch, positions) array")
-    check_token_ids(host, vocab_size, "src")
-    batch, positions = host.shape
-    if src_lens is None:  # padding at the end only (refused elsewhere, naming where)
-        lengths, given = valid_lengths_from(host, pad_id, "src"), None
-        where = "src row {row} is all padding"
-    else:
-        lengths = given = host_token_ids(src_lens, "src_lens", 1, "a (batch,) array")
-        if lengths.shape[0] != batch:
-            raise ValueError(f"src_lens has {lengths.shape[0]} lengths for a batch of {batch} "
-                             "source rows")
-        if lengths.size and lengths.max() > positions:
-            raise ValueError(f"src_lens holds length {lengths.max()}, longer than the "
-                             f"{positions} positions of src")
-        where = "src_lens[{row}] is 0"
-    if batch and positions == 0:
-        raise ValueError("src has 0 positions (axis 1): every source needs at least one token")
-    empty = numpy.flatnonzero(lengths < 1)
-    if empty.size:
-        raise ValueError(where.format(row=int(empty[0])) + ": every source needs at least "
-                         "one token (lengths must be in [1, positions])")
-    return host, given

@@ -1,0 +1,184 @@
+"""The rules of the models' configurations, and of renamed fields.
+
+:func:`check_config` checks the fields the three configs share (each config's
+``__post_init__`` calls it), naming the field in every message; :func:`renamed_fields`
+and :func:`new_field_names` keep old field names working for one release (configs,
+the trainer's config, the demos' presets, and every saved record of them).
+"""
+from __future__ import annotations
+
+import functools
+import numbers
+import sys
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy
+
+from ..ops.contracts import ACTIVATION_NAMES, POOLINGS, check_heads_divide
+
+# Every field with a range, wherever a config has it (the three configs share names).
+_POSITIVE_INT_FIELDS = ("vocab_size", "src_vocab_size", "tgt_vocab_size", "num_classes",
+                        "d_model", "num_heads", "d_ff", "num_layers", "num_encoder_layers",
+                        "num_decoder_layers", "block_size")
+
+
+_BOOL_FIELDS = ("norm_first", "tie_weights", "scale_embeddings")
+
+
+# token id field -> the vocabulary sizes it must index
+_TOKEN_ID_FIELDS = {"pad_id": ("vocab_size", "src_vocab_size", "tgt_vocab_size"),
+                    "bos_id": ("tgt_vocab_size",), "eos_id": ("tgt_vocab_size",)}
+
+
+POSITIONALS = ("learned", "sinusoidal")
+
+
+def _is_int(value) -> bool:
+    """An integer, Python's or NumPy's (``ids.max() + 1``), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, numpy.bool_))
+
+
+def _shown(value: Any) -> str:
+    """A refused config value as a message shows it: a NumPy scalar as its Python value
+    and type (``-1 (int64)``, not ``np.int64(-1)``)."""
+    if isinstance(value, numpy.generic):
+        return f"{value.item()!r} ({type(value).__name__})"
+    return repr(value)
+
+
+def _set_field(config: Any, field: str, value: Any) -> None:
+    """Store a checked value back as Python's own type (a NumPy int64 as int), so the
+    config compares, prints and saves to JSON as one built from Python numbers."""
+    if type(getattr(config, field)) is not type(value):
+        object.__setattr__(config, field, value)  # frozen or not
+
+
+def check_config(config: Any) -> None:
+    """Validate the fields every model config shares, with messages that name the field:
+    sizes and counts are positive integers, token ids index every vocabulary they are
+    used in, dropout is in [0, 1), and the names are among the known ones.  NumPy
+    integers, floats and bools are accepted where Python's are, and stored as Python's."""
+    activations = ACTIVATION_NAMES
+    name = type(config).__name__
+    for field in _POSITIVE_INT_FIELDS:
+        value = getattr(config, field, 1)
+        if not _is_int(value) or value < 1:
+            raise ValueError(f"{name}.{field} must be a positive integer, got {_shown(value)}")
+        if hasattr(config, field):
+            _set_field(config, field, int(value))
+    head_dim = getattr(config, "head_dim", None)
+    if head_dim is not None:
+        if not _is_int(head_dim) or head_dim < 1:
+            raise ValueError(f"{name}.head_dim must be None or a positive integer, got "
+                             f"{_shown(head_dim)}")
+        _set_field(config, "head_dim", int(head_dim))
+    if head_dim is None:
+        check_heads_divide(config.d_model, config.num_heads)
+    for field, vocabularies in _TOKEN_ID_FIELDS.items():
+        if not hasattr(config, field):
+            continue
+        value = getattr(config, field)
+        limit = min(getattr(config, v) for v in vocabularies if hasattr(config, v))
+        if not _is_int(value) or not 0 <= value < limit:
+            sizes = ", ".join(f"{v}={getattr(config, v)}" for v in vocabularies
+                              if hasattr(config, v))
+            raise ValueError(f"{name}.{field} must be a token id in [0, {limit}) ({sizes}), "
+                             f"got {_shown(value)}")
+        _set_field(config, field, int(value))
+    for field in _BOOL_FIELDS:
+        if not hasattr(config, field):
+            continue
+        value = getattr(config, field)
+        if not isinstance(value, (bool, numpy.bool_)):
+            raise ValueError(f"{name}.{field} must be True or False, got {_shown(value)}")
+        _set_field(config, field, bool(value))
+    if getattr(config, "positional", "learned") not in POSITIONALS:
+        raise ValueError(f"{name}.positional must be one of {POSITIONALS}, got "
+                         f"{_shown(config.positional)}")
+    activation = getattr(config, "activation", "relu")
+    if not isinstance(activation, str) or activation not in activations:
+        raise ValueError(f"{name}.activation must be one of {sorted(activations)}, got "
+                         f"{_shown(config.activation)}")
+    dropout = config.dropout
+    if isinstance(dropout, (bool, numpy.bool_)) or not isinstance(dropout, numbers.Real) or not (
+            0.0 <= dropout < 1.0):
+        raise ValueError(f"{name}.dropout must be in [0, 1), got {_shown(dropout)}")
+    _set_field(config, "dropout", float(dropout))
+    if hasattr(config, "pooling") and config.pooling not in POOLINGS:
+        raise ValueError(f"{name}.pooling must be one of {POOLINGS}, got "
+                         f"{_shown(config.pooling)}")
+    if getattr(config, "num_classes", 2) < 2:
+        raise ValueError(f"{name}.num_classes must be at least 2, got {config.num_classes}")
+
+
+# =========================================================================== renamed fields
+# One name per idea, PyTorch's or nanoGPT's: d_model (model width), num_heads (head count),
+# block_size (context length), max_iters (updates in a run).  A class that renamed a field
+# declares its old names with @renamed_fields(old="new"); the old keyword still works for
+# one release (with a DeprecationWarning naming the new one), and a saved record of its
+# values (a checkpoint's config, a demo's run record) is read with :func:`new_field_names`.
+def new_field_names(cls: type, values: Mapping[str, Any], warn: bool = False,
+                    stacklevel: int = 3) -> dict[str, Any]:
+    """``values`` ({field: value}) with each old field name of ``cls`` replaced by its new
+    one (``cls.old_field_names``: {old: new}); given both, a TypeError names the two.
+    ``warn``: a DeprecationWarning for each old name (the Python API, not saved records),
+    pointing ``stacklevel`` frames up (3: the caller of the function calling this one)."""
+    renamed = getattr(cls, "old_field_names", {})
+    values = dict(values)
+    for old, new in renamed.items():
+        if old not in values:
+            continue
+        if new in values:
+            raise TypeError(f"{cls.__name__} got both {old!r} and {new!r}: {old} is the old "
+                            f"name of {new}; give {new} only")
+        if warn:
+            warnings.warn(f"{cls.__name__}({old}=...) is deprecated: the field is now called "
+                          f"{new!r}", DeprecationWarning, stacklevel=stacklevel)
+        values[new] = values.pop(old)
+    return values
+
+
+def renamed_fields(**old_to_new: str) -> Callable[[type], type]:
+    """Class decorator (above ``@dataclass``): the constructor also takes each old keyword
+    (``old="new"``), with a DeprecationWarning naming the new one.
+
+    ``dataclasses.replace(config, old=value)`` works too: replace passes every field
+    of ``config`` besides the change, the new name's current value among them, and that
+    value gives way to the old name's (given both with another value, replace is refused
+    like the constructor)."""
+    def decorate(cls: type) -> type:
+        init = cls.__init__
+
+        @functools.wraps(init)
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            source = _instance_being_replaced(sys._getframe(1))
+            if source is not None:
+                kwargs = _without_filled_in_names(cls, kwargs, source)
+            init(self, *args, **new_field_names(cls, kwargs, warn=True,
+                                                stacklevel=3 if source is None else 4))
+        cls.__init__ = __init__
+        cls.old_field_names = {**getattr(cls, "old_field_names", {}), **old_to_new}
+        return cls
+    return decorate
+
+
+def _instance_being_replaced(caller: Any) -> Any:
+    """The instance ``dataclasses.replace`` copies when the frame ``caller`` (the one
+    calling a constructor) is replace's own, else None.  replace calls ``cls(**changes)``
+    with every field filled in; its argument is ``obj`` (Python 3.11, 3.12) or ``self``
+    (3.13's ``_replace``)."""
+    if caller.f_globals.get("__name__") != "dataclasses":
+        return None
+    return caller.f_locals.get("obj", caller.f_locals.get("self"))
+
+
+def _without_filled_in_names(cls: type, kwargs: dict, source: Any) -> dict:
+    """replace's keywords less each new name that only carries ``source``'s value beside
+    its old name: the old name is the change the user asked for."""
+    kwargs = dict(kwargs)
+    for old, new in getattr(cls, "old_field_names", {}).items():
+        if old in kwargs and new in kwargs and kwargs[new] == getattr(source, new, object()):
+            del kwargs[new]
+    return kwargs
