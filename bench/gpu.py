@@ -231,7 +231,7 @@ def missing_for_gpu(need_torch: bool = True) -> str | None:
             missing.append("CuPy finds no GPU")
     except ImportError:
         missing.append("cupy is not installed (pip install -e \".[gpu-cuda13]\" or "
-                       "\".[gpu-cuda12]\": README.md, \"On a GPU: install\", says which)")
+                       "\".[gpu-cuda12]\": docs/guide.md, \"On a GPU: install\", says which)")
     except Exception as exc:  # noqa: BLE001 - a CUDA driver/runtime error: report it
         missing.append(f"CuPy finds no usable GPU ({' '.join(str(exc).split())})")
     if need_torch:

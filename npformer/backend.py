@@ -62,7 +62,7 @@ def _make_backend(name: str, seed: int | None) -> _Backend:
             raise RuntimeError(
                 "backend 'cupy' needs CuPy: install the extra of your CUDA driver, "
                 "`pip install -e \".[gpu-cuda13]\"` (cupy-cuda13x) or `.[gpu-cuda12]` "
-                "(cupy-cuda12x); README.md, \"On a GPU: install\", says which"
+                "(cupy-cuda12x); docs/guide.md, \"On a GPU: install\", says which"
             ) from exc
         try:
             n_gpus = cupy.cuda.runtime.getDeviceCount()

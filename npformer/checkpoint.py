@@ -146,8 +146,8 @@ def _check_destination(path: Path) -> None:
 def save_checkpoint(path: str | os.PathLike, model: Module, optimizer: Optimizer | None = None,
                     step: int = 0, extra: dict | None = None,
                     rng_state: dict | None = None) -> Path:
-    """Write ``model`` (and optionally ``optimizer``, which must update exactly the model's
-    parameters) to ``path`` atomically, every array under its state-dict name."""
+    """Write ``model`` (and optionally ``optimizer``, whose parameters must be the model's)
+    to ``path`` atomically, every array under its state-dict name."""
     from .models.common import config_to_dict
     from .optim import check_optimizer_of
 

@@ -489,9 +489,10 @@ def _check_betas(betas: Any) -> tuple[float, float]:
 
 # =========================================================================== whose parameters
 def check_optimizer_of(optimizer: Any, model: Any, what: str) -> None:
-    """``optimizer`` must be an npformer optimizer updating ``model``'s parameters (the same
-    objects): one over another model's copy would train, save or restore nothing of this
-    one, silently.  ``what`` names the caller in the message."""
+    """``optimizer`` must be an npformer optimizer whose parameters are all ``model``'s (the
+    same objects; some of them, for a model partly frozen): one over another model's copy
+    would train, save or restore nothing of this one, silently.  ``what`` names the
+    caller in the message."""
     params = getattr(optimizer, "params", None)
     if not isinstance(optimizer, Optimizer) or params is None:
         raise TypeError(f"{what}: optimizer must be an npformer optimizer (with .params), got "

@@ -18,12 +18,16 @@
   unknown buffer, an entry held twice) is a CheckpointError naming the problem;
 * version 3 files (per tensor) still load.
 
-How these tests fail (checked by breaking the code under test, then restoring it): a
-writer that reads the fast model's buffer (``model._flat.data``) rather than each
-parameter's ``data`` fails the rebound-parameter test; a fast ``load_state_dict`` that
-leaves the loaded moments out of the flat buffers (no ``_sync_flat_state``) fails the
-loader-bound and resume tests; ``_unflattened`` cutting the views in another order fails
-the flat-file tests.
+How these tests fail (each checked by breaking the code under test in memory, in a
+scratch pytest plugin, not in these files): a writer that reads the fast model's buffer
+rather than each parameter's ``data`` fails the rebound-parameter test and the
+same-file test of every optimizer that moves the parameters out of that buffer (Adam
+L2, SGD, AdamW over some); the fast tier writing the old flat layout fails every
+same-file case; a fast ``load_state_dict`` that leaves the loaded moments outside the
+flat buffers fails the loader-bound test, and with the step's sync gone too, the
+bound-by-hand and fast resume tests; a loader that swaps ``flat/optim/m`` and ``v``
+fails the flat-file, flat resume and version-3 tests; a restore that drops the moments
+fails every resume test.
 """
 from __future__ import annotations
 

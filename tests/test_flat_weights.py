@@ -4,10 +4,12 @@ optimizer, kept in step with parameters rebound by any code, shared (not copied)
 thread replicas; the textbook tier's models keep their own arrays.  And the training
 step's loss gradient, which the fast tier writes over the logits' own buffer.
 
-How these tests fail (checked by breaking the code under test in memory, then restoring
-it): a fast AdamW whose step does not sync its buffer first (no ``self._flat.sync()``)
-fails the rebound-weight test; the fast loss computed without ``overwrite_logits`` fails
-the logits tests.
+How these tests fail (each checked by breaking the code under test in memory, in a
+scratch pytest plugin): a fast AdamW step that does not sync its buffer first fails the
+rebound-weight test; an optimizer that copies the parameters into a buffer of its own
+fails the adoption, rebound and replica tests; replicas given copies of the weights fail
+the replica test; the fast loss computed without ``overwrite_logits`` fails the
+fast-tier logits tests.
 """
 from __future__ import annotations
 

@@ -341,6 +341,14 @@ def test_layer_sizes_must_be_positive(xb, make, message):
         make()
 
 
+@pytest.mark.parametrize("eps,error", [(-1.0, ValueError), (0.0, ValueError),
+                                       (float("nan"), ValueError), ("1e-5", TypeError)])
+def test_layer_norm_eps_must_be_a_positive_number(xb, eps, error):
+    """Issue 37 case 17: eps=-1.0 was taken and gave NaN rows; "1e-5" reached numba."""
+    with raises_naming(error, "layer norm eps", repr(eps) if error is TypeError else ""):
+        nn.LayerNorm(4, eps=eps)
+
+
 def test_layer_sizes_must_be_integers(xb):
     with raises_naming(TypeError, "num_heads", "integer", "2.0"):
         nn.MultiHeadAttention(4, 2.0)

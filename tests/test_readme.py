@@ -1,7 +1,7 @@
 """The README as a user follows it: every Python block runs as written, and the install
 commands agree with setup.cfg, .ci/run and the messages that point at them.
 
-* every ```python block of README.md and demos/README.md runs in a fresh interpreter
+* every ```python block of README.md, docs/guide.md and demos/README.md runs in a fresh interpreter
   in a temporary directory (so a block's files and global settings stay there); a block
   with the comment "needs a GPU" runs only where CuPy sees a GPU;
 * the extras the README, the CuPy error message and bench/gpu.py name exist in
@@ -27,7 +27,8 @@ import pytest
 from .conftest import GPU, require_torch
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ("README.md", "demos/README.md")
+DOCS = ("README.md", "docs/guide.md", "demos/README.md")
+GUIDE = "docs/guide.md"  # the README's details: GPUs and backends, own data, PyTorch, MPI
 GPU_MARK = "needs a GPU"
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 
@@ -59,8 +60,9 @@ def _block_params():
 
 def test_the_readme_has_its_python_blocks():
     """The extraction finds the blocks (a fence typo would silently test nothing)."""
-    assert len(python_blocks("README.md")) >= 7
-    assert sum(GPU_MARK in code for _, code in python_blocks("README.md")) == 1
+    assert len(python_blocks("README.md")) >= 2
+    assert len(python_blocks(GUIDE)) >= 6
+    assert sum(GPU_MARK in code for _, code in python_blocks(GUIDE)) == 1
 
 
 @pytest.mark.parametrize("code", _block_params())
@@ -107,7 +109,8 @@ def test_every_extra_named_exists_in_setup_cfg():
         named = _named_extras((ROOT / relative).read_text(encoding="utf-8"))
         assert named <= extras, f"{relative} names extras {sorted(named - extras)} that " \
                                 f"setup.cfg does not define ({sorted(extras)})"
-    assert _named_extras((ROOT / "README.md").read_text(encoding="utf-8")) >= {
+    assert _named_extras((ROOT / "README.md").read_text(encoding="utf-8")
+                         + (ROOT / GUIDE).read_text(encoding="utf-8")) >= {
         "demos", "test", "mpi", "gpu-cuda12", "gpu-cuda13"}
 
 
@@ -118,15 +121,16 @@ def test_the_gpu_extras_install_the_cupy_of_their_cuda():
     for name in gpu:
         version = name.removeprefix("gpu-cuda")
         assert [r.split(">")[0] for r in extras[name]] == [f"cupy-cuda{version}x"], name
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    guide = (ROOT / GUIDE).read_text(encoding="utf-8")
     for version in ("12", "13"):
-        row = re.search(rf"^\| CUDA Version {version}\.x .*$", readme, re.M)
+        row = re.search(rf"^\| CUDA Version {version}\.x .*$", guide, re.M)
         assert row and f'.[gpu-cuda{version}]' in row.group(0) \
-            and f"cupy-cuda{version}x" in row.group(0), f"README's row for CUDA {version}"
+            and f"cupy-cuda{version}x" in row.group(0), f"the guide's row for CUDA {version}"
     for relative in ("npformer/backend.py", "bench/gpu.py"):
         text = (ROOT / relative).read_text(encoding="utf-8")
-        assert "On a GPU: install" in text, f"{relative}'s CuPy message points to the README"
-    assert "### On a GPU: install" in readme
+        assert "On a GPU: install" in text, f"{relative}'s CuPy message points to the guide"
+    assert "## On a GPU: install" in guide
+    assert "docs/guide.md#on-a-gpu-install" in (ROOT / "README.md").read_text(encoding="utf-8")
 
 
 def test_the_setup_commands_fit_setup_cfg_and_ci():

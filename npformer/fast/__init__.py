@@ -83,8 +83,8 @@ def cross_entropy_with_gradient(logits: Array, targets: Array, dloss: float = 1.
                                 ignore_index: int = IGNORE_INDEX,
                                 label_smoothing: float = 0.0) -> tuple[Array, Array]:
     """:func:`npformer.ops.cross_entropy_with_gradient`, the gradient written over the
-    logits' own buffer (the caller hands over logits it no longer reads): one (N, V)
-    array for both."""
+    (N, V) array the forward kept (the caller hands over logits it no longer reads): the
+    logits themselves where the compiled kernels run, the forward's softmax elsewhere."""
     loss, cache = cross_entropy_forward(logits, targets, ignore_index, label_smoothing)
     return loss, cross_entropy_backward(dloss, cache, overwrite_logits=True)
 
@@ -93,6 +93,7 @@ IMPLEMENTATIONS = {  # textbook -> this tier's: what npformer.engine.implementat
     _textbook: _sys.modules[__name__],
     _nn.Linear: layers.Linear, _nn.LayerNorm: layers.LayerNorm,
     _nn.Embedding: layers.Embedding, _nn.Dropout: layers.Dropout,
+    _nn.LearnedPositionalEmbedding: layers.LearnedPositionalEmbedding,
     _nn.Activation: layers.Activation,
     _nn.MultiHeadAttention: blocks.MultiHeadAttention, _nn.FeedForward: blocks.FeedForward,
     _nn.EncoderBlock: blocks.EncoderBlock, _nn.DecoderBlock: blocks.DecoderBlock,

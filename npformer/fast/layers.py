@@ -11,12 +11,13 @@ What each adds:
 * :class:`LayerNorm`, :class:`Activation`: :meth:`output_again`, the last forward's output
   computed again from the cache its backward keeps anyway.
 * :class:`Dropout`: :meth:`again`, an array through the last forward's mask again.
+* :class:`LearnedPositionalEmbedding`: the textbook's, its gradient added in place.
 
 Tested equal to the textbook layers in ``tests/test_fast_layers.py``.
 """
 from __future__ import annotations
 
-from .. import nn
+from .. import nn, ops
 from ..backend import Array
 from . import activations, dropout, embedding, layernorm, linear
 from .flat import accumulate
@@ -84,6 +85,15 @@ class Embedding(nn.Embedding):
         dh, dtable_t, _ = linear.linear_backward(dlogits, self._pop_saved("_project_cache"), h)
         accumulate(self.weight, dtable_t.mT)
         return dh
+
+
+class LearnedPositionalEmbedding(nn.LearnedPositionalEmbedding):
+    __doc__ = nn.LearnedPositionalEmbedding.__doc__
+
+    def backward(self, dy: Array) -> Array:
+        dx, dtable = ops.add_positions_backward(dy, self._pop_saved())
+        accumulate(self.weight, dtable)
+        return dx
 
 
 class Dropout(nn.Dropout):

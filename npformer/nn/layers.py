@@ -13,7 +13,7 @@ import math
 
 from .. import backend, ops
 from ..backend import Array
-from ..ops.contracts import check_float, check_probability, check_size
+from ..ops.contracts import check_float, check_probability, check_real, check_size
 from .module import Module, Parameter
 
 
@@ -52,12 +52,12 @@ class Linear(Module):
 
 class LayerNorm(Module):
     """Layer norm over the last axis (of size ``normalized_shape``, PyTorch's name; an int
-    D here), weight (gamma) 1 and bias (beta) 0 at init."""
+    D here), weight (gamma) 1 and bias (beta) 0 at init; ``eps`` a positive number."""
 
     def __init__(self, normalized_shape: int, eps: float = ops.layernorm.EPS):
         check_size(normalized_shape, "layer norm width", 1)
         xp, dtype, dev = backend.xp(), backend.default_float(), backend.device()
-        self.eps = eps
+        self.eps = check_real(eps, "layer norm eps", 0.0, inclusive=False)
         self.weight = Parameter(xp.ones((normalized_shape,), dtype=dtype, device=dev),
                                 decay=False)
         self.bias = Parameter(xp.zeros((normalized_shape,), dtype=dtype, device=dev),
