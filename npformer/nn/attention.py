@@ -165,12 +165,12 @@ class MultiHeadAttention(Module):
         h = self.num_heads
         dheads = split_heads(self.out_proj.backward(dy), h)  # (B, T, D) -> (B, H, T, E)
         dq, dk, dv = ops.attention_backward(dheads, attn_cache)  # (B, H, T|S, E) each
-        dx = self.q_proj.backward(merge_heads(dq))  # (B, T, D)
-        dsource = (self.k_proj.backward(merge_heads(dk))
-                   + self.v_proj.backward(merge_heads(dv)))  # (B, S, D): keys and values' input
+        dx = self.q_proj.backward(merge_heads(dq))  # (B, T, D): the queries' input
+        dx_keys = self.k_proj.backward(merge_heads(dk))  # (B, S, D): the keys' input
+        dx_values = self.v_proj.backward(merge_heads(dv))  # (B, S, D): the values' input
         if is_self:
-            return dx + dsource  # x fed the queries, the keys and the values
-        return dx, dsource
+            return dx + dx_keys + dx_values  # x fed the queries, the keys and the values
+        return dx, dx_keys + dx_values  # the context fed the keys and the values
 
 
 # --------------------------------------------------------------------------- recording
