@@ -6,8 +6,8 @@ how many it has made.  A :class:`npformer.tasks.Task` runs the forward pass, the
 and the backward pass for one batch (host NumPy arrays in, gradients accumulated into
 the parameters) and says how many items its mean loss covers.  :class:`Trainer` adds
 everything around it: gradient accumulation, clipping, the learning-rate schedule (through the
-optimizer), NaN/inf detection, progress (a tqdm bar on a terminal, a plain line now
-and then elsewhere), periodic evaluation, best-model selection, and atomic checkpoints
+optimizer), NaN/inf detection, progress (a tqdm bar on a terminal, elsewhere a line
+every 30 s or less), periodic evaluation, best-model selection, and atomic checkpoints
 that resume exactly: the model, the optimizer (so the schedule), the random streams,
 the position in the data order (:class:`EpochBatches`), the history, the best metric
 so far and the time already spent.  Ctrl-C or SIGTERM stops after the current update,
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -43,6 +42,7 @@ from .optim import (
     global_grad_norm,
 )
 from .parallel import Engine, data_parallel
+from .progress import Progress, write_line
 from .tasks import Task
 
 
@@ -226,7 +226,7 @@ class Trainer:
         names = {id(p): name for name, p in model.named_parameters()}
         self._named_parameters = [(names.get(id(p), f"params[{i}]"), p)
                                   for i, p in enumerate(optimizer.params)]
-        self._progress = _Progress(None, 0, "", enabled=False)
+        self._progress: Progress | None = None  # the run's, while fit() runs
 
     @property
     def updates(self) -> int:
@@ -279,8 +279,9 @@ class Trainer:
         Raises :class:`TrainingInterrupted` (after saving to ``last_path``) on Ctrl-C,
         SIGTERM or ``stop_after``; a second Ctrl-C interrupts at once."""
         cfg = self.config
-        self._progress = _Progress(cfg.max_iters, self.updates, cfg.desc,
-                                   cfg.progress and self.parallel.is_main)
+        self._progress = Progress(cfg.max_iters, cfg.desc, done=self.updates,
+                                  elapsed=self.train_seconds, budget=cfg.max_seconds,
+                                  lines_per_run=10, enabled=cfg.progress and self.parallel.is_main)
         seconds_before, started = self.train_seconds, time.perf_counter()
         self.finished = False
         try:
@@ -314,13 +315,11 @@ class Trainer:
         return self.history
 
     def _train_one_update(self, cfg: TrainConfig) -> None:
-        started = time.perf_counter()
         loss = self.update()
-        elapsed = time.perf_counter() - started
         self.history.updates.append(self.updates)
         self.history.losses.append(loss)
         self.history.lrs.append(self.optimizer.lr)
-        self._progress.update(self.updates, loss, self.optimizer.lr, self._items / elapsed)
+        self._progress.update(items=self._items, loss=loss, lr=self.optimizer.lr)
         if cfg.eval_every and (self.updates % cfg.eval_every == 0
                                or self.updates == cfg.max_iters):
             self.evaluate()
@@ -338,7 +337,7 @@ class Trainer:
 
     def _log(self, line: str) -> None:
         if self.parallel.is_main:  # MPI: rank 0 speaks for all
-            self._progress.write(line)
+            write_line(line)
 
     def evaluate(self) -> dict:
         """Run ``eval_fn``, record its metrics, and save the model if it is the best yet."""
@@ -429,38 +428,3 @@ def _stop_requests():
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-
-
-class _Progress:
-    """A tqdm bar when stderr is a terminal; elsewhere (logs, CI) one plain line every
-    tenth of the run.  Log lines go through :meth:`write`, so they never cut a bar."""
-
-    def __init__(self, total: int | None, done: int, desc: str, enabled: bool):
-        self.total, self.desc, self.bar, self.every = total, desc, None, None
-        if enabled and sys.stderr.isatty():
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=total, initial=done, desc=desc, dynamic_ncols=True)
-        elif enabled:
-            self.every = max(1, (total or 1) // 10)
-        self.smoothed = None
-
-    def update(self, updates: int, loss: float, lr: float, items_per_s: float) -> None:
-        self.smoothed = loss if self.smoothed is None else 0.9 * self.smoothed + 0.1 * loss
-        if self.bar is not None:
-            self.bar.update(1)
-            self.bar.set_postfix(loss=f"{self.smoothed:.4f}", lr=f"{lr:.2e}",
-                                 items_per_s=f"{items_per_s:,.0f}")
-        elif self.every and updates % self.every == 0:
-            print(f"{self.desc}: update {updates}/{self.total}, loss {self.smoothed:.4f}, "
-                  f"lr {lr:.2e}, {items_per_s:,.0f} items/s", flush=True)
-
-    def write(self, line: str) -> None:
-        if self.bar is not None:
-            self.bar.write(line)
-        else:
-            print(line, flush=True)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()

@@ -31,7 +31,7 @@ LAYERS = [
     ["npformer.data.*", "npformer.gradcheck", "npformer.torch_reference"],
     ["npformer.tasks", "npformer.decoding", "npformer.checkpoint", "npformer.torch_interop"],
     ["npformer.replicas", "npformer.distributed.*", "npformer.parallel"],
-    ["npformer.train", "npformer.launch"],
+    ["npformer.train", "npformer.launch", "npformer.progress"],
     ["npformer.cli.*"],
     ["npformer"],                               # the package: imports what it offers
 ]

@@ -7,7 +7,8 @@ import os
 import platform
 from collections.abc import Callable, Sequence
 
-from .. import backend, distributed
+from .. import backend, distributed, progress
+from ..distributed.shards import shard_bounds
 
 
 def is_main() -> bool:
@@ -15,10 +16,17 @@ def is_main() -> bool:
     return distributed.current().is_main
 
 
-def map_batches(fn: Callable, items: Sequence, replicas: int) -> list:
+def map_batches(fn: Callable, items: Sequence, replicas: int, phase: str | None = None) -> list:
     """[fn(item) for item in items] for evaluation and decoding: across ``replicas``
-    threads, and across the MPI ranks when there are several (every rank gets all)."""
-    return distributed.current().shard_map(fn, items, replicas)
+    threads, and across the MPI ranks when there are several (every rank gets all).
+    ``phase`` names the pass in the progress shown (:func:`npformer.progress.phase`, a
+    step per item: rank 0 shows its own share, the ranks' shares being alike)."""
+    ranks, items = distributed.current(), list(items)
+    if phase is None:
+        return ranks.shard_map(fn, items, replicas)
+    lo, hi = shard_bounds(len(items), ranks.size)[ranks.rank]
+    with progress.phase(phase, hi - lo) as shown:
+        return ranks.shard_map(progress.counted(shown, fn), items, replicas)
 
 
 def machine_description(replicas: int | None = None) -> str:

@@ -32,7 +32,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from .. import backend, distributed, launch
+from .. import backend, distributed, launch, progress
 from ..checkpoint import Checkpoint, CheckpointError, build_model, load_checkpoint
 from ..engine import engine_name, set_engine
 from ..launch import relaunch
@@ -132,9 +132,10 @@ def take_output(args: argparse.Namespace, preset: Any, demo: Demo) -> None:
 
 
 def setup(args: argparse.Namespace) -> Path:
-    """Apply the settled --backend, --dtype, --engine and --seed (:func:`settle`); join
-    the MPI ranks when started by mpiexec (before any array is made: a rank picks its GPU
-    there); choose the thread replicas; create and return the output folder."""
+    """Apply the settled --backend, --dtype, --engine and --seed (:func:`settle`), and
+    --no-progress; join the MPI ranks when started by mpiexec (before any array is made: a
+    rank picks its GPU there); choose the thread replicas; create and return the output
+    folder."""
     try:
         distributed.setup()
     except (RuntimeError, ValueError) as exc:  # MPI off in one rank of several, no mpi4py,
@@ -146,6 +147,7 @@ def setup(args: argparse.Namespace) -> Path:
         raise DemoError(str(exc)) from None
     backend.set_default_float(args.dtype)
     set_engine(args.engine)
+    progress.set_enabled(not args.no_progress)  # evaluation's and decoding's too
     _choose_workers(args)
     return _folder(args)
 
