@@ -27,7 +27,7 @@ except (ValueError, RuntimeError) as exc:
 
 import numpy as np
 
-from npformer import backend, ops
+from npformer import backend, ops, progress
 from npformer.cli import (
     LAST_FILE,
     MODEL_FILE,
@@ -93,15 +93,17 @@ PRESETS = {
 
 
 def estimate_loss(model, data: np.ndarray, block_size: int, batch: int, batches: int,
-                  seed: int) -> float:
-    """Mean loss over ``batches`` random windows (nanoGPT's estimate_loss)."""
+                  seed: int, phase: str = "loss estimate") -> float:
+    """Mean loss over ``batches`` random batches of ``batch`` windows (nanoGPT's
+    estimate_loss); ``phase`` names the pass in the progress shown."""
     rng = np.random.default_rng(seed)
     losses = []
-    with evaluating(model):
+    with evaluating(model), progress.phase(phase, batches) as shown:
         for _ in range(batches):
             x, y = lm_batch(data, block_size, batch, rng)
             loss, _ = ops.cross_entropy_forward(model(backend.asarray(x)), backend.asarray(y))
             losses.append(backend.to_float(loss))
+            shown.update(items=batch)
     return float(np.mean(losses))
 
 
@@ -188,9 +190,9 @@ def main(argv=None) -> int:
 
     def eval_fn(m):
         return {"train_loss": estimate_loss(m, train_ids, preset.block_size, preset.batch_size,
-                                            preset.eval_batches, seed=1),
+                                            preset.eval_batches, seed=1, phase="training loss"),
                 "val_loss": estimate_loss(m, val_ids, preset.block_size, preset.batch_size,
-                                          preset.eval_batches, seed=2)}
+                                          preset.eval_batches, seed=2, phase="validation")}
 
     trainer = Trainer(model, optimizer, LanguageModeling(),
                       lambda rng: lm_batch(train_ids, preset.block_size, preset.batch_size, rng),

@@ -36,7 +36,7 @@ except (ValueError, RuntimeError) as exc:
 
 import numpy as np
 
-from npformer import backend, ops
+from npformer import backend, ops, progress
 from npformer.cli import (
     LAST_FILE,
     MODEL_FILE,
@@ -155,9 +155,11 @@ def make_batches(ids, labels, order, pad_id: int):
     return padded, lens, labels[order]
 
 
-def log_probabilities(model, ids, batch_size: int, pad_id: int, replicas: int = 1):
+def log_probabilities(model, ids, batch_size: int, pad_id: int, replicas: int = 1,
+                      phase: str | None = None):
     """(N, C) log class probabilities (float64) of every review, in the order of ``ids``;
-    batches sorted by length (little padding), spread over ``replicas`` threads."""
+    batches sorted by length (little padding), spread over ``replicas`` threads; ``phase``
+    names the pass in the progress shown ("validation")."""
     order = np.argsort([len(x) for x in ids], kind="stable")
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
 
@@ -167,7 +169,7 @@ def log_probabilities(model, ids, batch_size: int, pad_id: int, replicas: int = 
         return ops.log_softmax_forward(logits.astype(np.float64))[0]  # on the host
 
     with evaluating(model):
-        results = map_batches(score, batches, replicas)
+        results = map_batches(score, batches, replicas, phase)
     out = np.empty((len(ids), results[0].shape[-1]))
     for rows, log_p in zip(batches, results):
         out[rows] = log_p
@@ -188,9 +190,10 @@ def scores(log_probs, labels) -> dict:
             "loss": float(-np.mean(log_probs[rows, labels]))}
 
 
-def evaluate(model, ids, labels, batch_size: int, pad_id: int, replicas: int = 1) -> dict:
+def evaluate(model, ids, labels, batch_size: int, pad_id: int, replicas: int = 1,
+             phase: str | None = None) -> dict:
     """Accuracy and mean loss of one model over a whole split."""
-    return scores(log_probabilities(model, ids, batch_size, pad_id, replicas), labels)
+    return scores(log_probabilities(model, ids, batch_size, pad_id, replicas, phase), labels)
 
 
 def batch_stream(ids, labels, batch_size: int, pad_id: int) -> EpochBatches:
@@ -359,9 +362,10 @@ def main(argv=None) -> int:
 
     models = [load_demo_model(member_files(out, k)[0], DEMO)[0]
               for k in range(1, preset.members + 1)]
-    val_metrics, member_val = score_split(models, val_ids, val_y, vocab.pad_id, args.replicas)
+    val_metrics, member_val = score_split(models, val_ids, val_y, vocab.pad_id, args.replicas,
+                                          "validation")
     test_metrics, member_test = (score_split(models, test_ids, test_y, vocab.pad_id,
-                                             args.replicas) if test_ids
+                                             args.replicas, "test") if test_ids
                                  else ({"accuracy": None, "loss": None}, []))
     total_seconds = clock.seconds()
     listed = lambda values: ", ".join(f"{v:.4f}" for v in values)  # noqa: E731
@@ -402,11 +406,20 @@ def written_files(members: int) -> list[str]:
     return checkpoints + curves + ["attention.png", "metrics.json"]
 
 
-def score_split(models, ids, labels, pad_id: int, replicas: int):
-    """-> the ensemble's {"accuracy", "loss"} on one split, and each member's accuracy."""
-    log_probs = [log_probabilities(m, ids, 64, pad_id, replicas) for m in models]
+def score_split(models, ids, labels, pad_id: int, replicas: int, phase: str):
+    """-> the ensemble's {"accuracy", "loss"} on one split, and each member's accuracy;
+    ``phase`` names the split in the progress shown (with the member: "member 2/3, test")."""
+    log_probs = []
+    for member, model in enumerate(models, start=1):
+        with progress.context(member_label(member, len(models))):
+            log_probs.append(log_probabilities(model, ids, 64, pad_id, replicas, phase))
     return scores(ensemble(log_probs), labels), [scores(p, labels)["accuracy"]
                                                  for p in log_probs]
+
+
+def member_label(member: int, members: int) -> str | None:
+    """What an ensemble member's lines begin with ("member 2/3"); None for a lone model."""
+    return f"member {member}/{members}" if members > 1 else None
 
 
 def member_files(out: Path, member: int) -> tuple[Path, Path]:
@@ -446,7 +459,8 @@ def train_member(member: int, args, preset: Preset, config: ClassifierConfig, vo
                     progress=not args.no_progress,
                     desc="imdb" if preset.members == 1 else f"imdb-{member}/{preset.members}"),
         eval_fn=lambda m: {f"val_{k}": v for k, v in
-                           evaluate(m, val_ids, val_y, 64, vocab.pad_id, args.replicas).items()},
+                           evaluate(m, val_ids, val_y, 64, vocab.pad_id, args.replicas,
+                                    "validation").items()},
         checkpoint_extra={"demo": DEMO.tag, "vocab": vocab.to_json(),
                           "head_tokens": preset.head_tokens, "members": preset.members,
                           "labels": list(labels),
@@ -454,7 +468,8 @@ def train_member(member: int, args, preset: Preset, config: ClassifierConfig, vo
         seed=seed)
     if args.resume and last_path.is_file():
         resume_run(trainer, last_path)
-    trainer.fit()
+    with progress.context(member_label(member, preset.members)):  # its evaluation lines
+        trainer.fit()
     return trainer
 
 

@@ -149,15 +149,18 @@ def validation_loss(model, src, tgt, batch_size: int, pad_id: int, bos_id: int,
 
     with evaluating(model):
         results = map_batches(score, [np.arange(i, min(i + batch_size, len(src)))
-                                       for i in range(0, len(src), batch_size)], replicas)
+                                       for i in range(0, len(src), batch_size)], replicas,
+                              "validation")
     return sum(loss for loss, _ in results) / max(sum(n for _, n in results), 1)
 
 
 # --------------------------------------------------------------------------- translation
 def translate(model, src_vocab: Vocab, tgt_vocab: Vocab, sentences: list[str],
-              beam_size: int = 1, batch_size: int = 64, replicas: int = 1) -> list[str]:
+              beam_size: int = 1, batch_size: int = 64, replicas: int = 1,
+              phase: str | None = None) -> list[str]:
     """English sentences (d2l-preprocessed strings) -> French strings (space-joined tokens),
-    batches decoded on ``replicas`` threads."""
+    batches decoded on ``replicas`` threads; ``phase`` names the pass in the progress
+    shown ("beam search")."""
     encoded = [src_vocab.encode(tokenize_fra_eng(s)) + [src_vocab.eos_id] for s in sentences]
     max_src = model.config.block_size
     for sentence, ids in zip(sentences, encoded):
@@ -175,7 +178,7 @@ def translate(model, src_vocab: Vocab, tgt_vocab: Vocab, sentences: list[str],
 
     chunks = [encoded[i:i + batch_size] for i in range(0, len(encoded), batch_size)]
     with evaluating(model):  # set once, outside the threads: they must not toggle it
-        decoded = map_batches(decode, chunks, replicas)
+        decoded = map_batches(decode, chunks, replicas, phase)
     return [" ".join(tgt_vocab.decode(row)) for rows in decoded for row in rows]
 
 
@@ -302,12 +305,12 @@ def main(argv=None) -> int:
     english = list(heldout)
     references = [heldout[e] for e in english]
     greedy = translate(model, src_vocab, tgt_vocab, english, beam_size=1,
-                       replicas=args.replicas)
+                       replicas=args.replicas, phase="greedy decoding")
     bleu_greedy = corpus_bleu(greedy, references)
     bleu_greedy_one_ref = corpus_bleu(greedy, [r[:1] for r in references])
     beam_clock = Stopwatch()
     beam = translate(model, src_vocab, tgt_vocab, english, beam_size=preset.beam_size,
-                     replicas=args.replicas)
+                     replicas=args.replicas, phase="beam search")
     beam_seconds = beam_clock.seconds()
     bleu_beam = corpus_bleu(beam, references)
     print(f"held-out BLEU: greedy {bleu_greedy:.1f} (one reference: {bleu_greedy_one_ref:.1f}), "
