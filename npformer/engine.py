@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 from . import fast as _fast
 from . import ops as _textbook
 from .backend import Array
-from .fast import fused as _fused
-from .fast import kernels as _kernels
+from .fast import adamw as _adamw
+from .fast import compiler as _compiler
 
 if TYPE_CHECKING:  # annotations only: importing these here would be circular
     from .nn import FlatParameters, Parameter
@@ -83,8 +83,8 @@ def flat_parameters(params: Sequence[Parameter]) -> FlatParameters | None:
 
 def fuses_kernels(*arrays: Array) -> bool:
     """Whether the fast tier runs these arrays' element-wise chains as one fused kernel
-    (:mod:`npformer.fast.fused`: CuPy arrays)."""
-    return _current == "fast" and _fused.fuses(*arrays)
+    (:mod:`npformer.fast.adamw`: CuPy arrays)."""
+    return _current == "fast" and _adamw.fuses(*arrays)
 
 
 def loss_backward_over_logits(dloss: Array, cache: Any) -> Array:
@@ -100,21 +100,21 @@ def loss_backward_over_logits(dloss: Array, cache: Any) -> Array:
 # The fast tier's compiled pieces the optimizer uses (npformer.optim reaches them here).
 # (looked up at each call, so the module they live in stays the one place to patch or read)
 def fused_adam_update(*args: Any) -> Array:
-    """Adam's statements as one CuPy kernel (:func:`npformer.fast.fused.adam_update`)."""
-    return _fused.adam_update(*args)
+    """Adam's statements as one CuPy kernel (:func:`npformer.fast.adamw.adam_update_cupy`)."""
+    return _adamw.adam_update_cupy(*args)
 
 
 def adamw_flat(*args: Any) -> None:
-    """One AdamW pass over flat NumPy buffers (:func:`npformer.fast.kernels.adamw_flat`)."""
-    _kernels.adamw_flat(*args)
+    """One AdamW pass over flat NumPy buffers (:func:`npformer.fast.adamw.adamw_flat`)."""
+    _adamw.adamw_flat(*args)
 
 
 def sum_of_squares(flat: Array) -> float:
-    """The squared norm of a flat buffer (:func:`npformer.fast.kernels.sum_of_squares`)."""
-    return _kernels.sum_of_squares(flat)
+    """The squared norm of a flat buffer (:func:`npformer.fast.adamw.sum_of_squares`)."""
+    return _adamw.sum_of_squares(flat)
 
 
 def compiled(*arrays: Array) -> bool:
     """Whether the fast tier's compiled CPU kernels take these arrays (numba present,
     C-contiguous NumPy float arrays of one dtype)."""
-    return _kernels.usable(*arrays)
+    return _compiler.usable(*arrays)
