@@ -436,7 +436,11 @@ def all_finite(*arrays: Array) -> bool:
     (they skip masked keys, or combine terms in another order) runs the textbook's
     statements instead: they are the definition."""
     for a in arrays:
-        xp = backend.namespace_of(a)
-        if not bool(backend.to_numpy(xp.all(xp.isfinite(a)))):
+        if type(a) is np.ndarray:  # NumPy's own call: no namespace look-up, no transfer
+            finite = bool(np.isfinite(a).all())
+        else:
+            xp = backend.namespace_of(a)
+            finite = bool(backend.to_numpy(xp.all(xp.isfinite(a))))
+        if not finite:
             return False
     return True
