@@ -58,13 +58,14 @@ def compiled_kernels():
     compiled without the GIL."""
     import numba
 
-    from npformer.fast import kernels
+    from npformer.fast import activations, compiler, numerics
+    from npformer.fast import layernorm as fast_layernorm
 
-    if kernels._numba is None:
+    if not compiler.COMPILED:
         raise SystemExit("inference_bound.py needs numba (the fast tier's compiler)")
-    layernorm = kernels._layernorm_forward  # (x, gamma, beta, eps, y, x_hat, r), in place
-    gelu, exp, max8, sum4 = (kernels.gelu_forward32, kernels._exp32, kernels._max8,
-                             kernels._sum4)
+    layernorm = fast_layernorm._layernorm_forward  # (x, gamma, beta, eps, y, x_hat, r), in place
+    gelu, exp, max8, sum4 = (activations.gelu_forward32, numerics.exp32, numerics.max8,
+                             numerics.sum4)
     jit = numba.njit(nogil=True, cache=False, fastmath={"contract"})
 
     @jit

@@ -1,26 +1,35 @@
-"""Per-op micro-benchmark of the fast tier's compiled kernels (npformer.fast.kernels).
+"""Each compiled kernel of the fast tier checked against its textbook op and timed.
 
-For each op, on one thread (BLAS and torch limited to one), the best of ``--repeat``
-timings in ms of:
+One row per case, on one thread (BLAS and torch limited to one):
 
-* ``kernel``: the numba kernel as the fast tier calls it;
-* ``numpy``: the NumPy statements it replaced (the fast tier's SciPy-erfc GELU, the
-  textbook layer norm, the blocked attention's uncompiled softmax statements, the
-  textbook's ``np.add.at``, AdamW parameter by parameter);
-* ``torch``: PyTorch's op on the same data (``torch.nn.functional``, ``torch.optim.AdamW``
-  with its default implementation),
+* ``error``: the fast op's result against the textbook op's on the case's inputs, by the
+  rule its test in tests/ uses (tests/test_fast_equals_textbook.py, tests/test_kernels.py):
+  the largest difference relative to the size of the terms the formula adds (GELU,
+  layer norm, attention) or to the largest element (the loss), at the float32
+  tolerance of that test; 0 where the test asks for the same bits (the embedding's
+  backward, AdamW).  The script exits 1 if any case exceeds its tolerance, naming it
+  on stderr;
+* the best of ``--repeat`` timings in ms of ``kernel`` (the numba kernel as the fast
+  tier calls it), ``numpy`` (the NumPy statements it replaced: the fast tier's
+  SciPy-erfc GELU, the textbook layer norm, loss and ``np.add.at``, the blocked
+  attention's uncompiled softmax statements, AdamW parameter by parameter) and
+  ``torch`` (PyTorch's op on the same data: ``torch.nn.functional``, ``index_add_``,
+  ``torch.optim.AdamW`` with its default implementation), and the ratios kernel/numpy
+  and kernel/torch.
 
-and the ratios kernel/numpy and kernel/torch.  Sizes are the lm demo's
-(``demos/generate.py``: B 12, T 64, D 128, MLP 512, 4 layers): GELU on (768, 512), layer
-norm on (768, 128), the causal attention's masked softmax on one replica's half batch
-of scores (6, 4, 64, 64), with each row cut where its masked keys begin and over whole
-rows, the embedding's backward (and on the imdb demo's 8,192 positions of 64), AdamW
-over the model's parameters.  ``--compile`` also times the
-first call of every kernel in a fresh process with an empty numba cache (the compile)
-and again with that cache filled (the load).
+Sizes are the lm demo's (``demos/generate.py``: B 12, T 64, D 128, MLP 512, 4 layers,
+vocabulary 65): GELU on (768, 512), layer norm on (768, 128), the causal attention's
+masked softmax on one replica's half batch of scores (6, 4, 64, 64), with each row cut
+where its masked keys begin and over whole rows, the loss on (768, 65) logits, the
+embedding's backward (and on the imdb demo's 8,192 positions of 64), AdamW over the
+model's parameters.  ``--compile`` also times the first call of every kernel in a fresh
+process with an empty numba cache (the compile) and again with that cache filled (the
+load).
 
     python bench/kernels.py [--repeat 50] [--compile]
-    python bench/kernels.py --ops     # where one rank's lm update goes, op by op
+    python bench/kernels.py --op layernorm   # one op: gelu, layernorm, attention,
+                                             # cross_entropy, embedding, adamw
+    python bench/kernels.py --ops            # where one rank's lm update goes, op by op
 
 Prints the CPU model and NumPy's BLAS first.  On a shared machine, compare ratios taken
 in one run, not absolute times across runs.
@@ -33,6 +42,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from typing import NamedTuple
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -66,11 +77,38 @@ def best_ms(fn, repeat: int) -> float:
     return 1e3 * min(times)
 
 
+class Case(NamedTuple):
+    """One row: what is timed, and the fast op checked against the textbook op."""
+
+    name: str
+    kernel: Callable
+    numpy: Callable
+    torch: Callable
+    check: Callable[[], float]  # -> the error by the tests' rule
+    tolerance: float  # the tests' float32 tolerance (0: the same bits)
+
+
+def against_terms(tolerance, fast_values, textbook_values, terms) -> float:
+    """The largest of tests.test_fast_equals_textbook.terms_diff over the outputs, with the
+    floor that test's assert_equal_to_terms uses at ``tolerance``."""
+    from tests.test_fast_equals_textbook import terms_diff
+
+    return max(terms_diff(a, b, t, floor=float(np.finfo(b.dtype).tiny) / tolerance)
+               for a, b, t in zip(fast_values, textbook_values, terms))
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> float:
+    """0 where a and b are the same bits (NaN included), else their largest difference."""
+    return 0.0 if np.array_equal(a, b, equal_nan=True) else float(np.max(np.abs(a - b)))
+
+
 def gelu_cases(rng):
     import scipy.special
     import torch
 
-    from npformer.fast import kernels
+    from npformer import fast, ops
+    from npformer.fast.activations import gelu_backward_kernel, gelu_kernel
+    from tests.test_fast_equals_textbook import gelu_terms
 
     x = rng.standard_normal((768, 512)).astype(np.float32)
     dy = rng.standard_normal(x.shape).astype(np.float32)
@@ -79,7 +117,7 @@ def gelu_cases(rng):
     ty = torch.nn.functional.gelu(tx)
     tdy = torch.from_numpy(dy)
 
-    def numpy_forward():  # the fast tier before: SciPy's erfc, then the product
+    def numpy_forward():  # the fast tier without numba: SciPy's erfc, then the product
         p = scipy.special.erfc(-np.float32(np.sqrt(0.5)) * x)
         p *= 0.5
         return x * p
@@ -88,71 +126,66 @@ def gelu_cases(rng):
         pdf = np.float32(1 / np.sqrt(2 * np.pi)) * np.exp(-0.5 * x * x)
         return dy * (phi + x * pdf)
 
-    yield ("gelu forward (768, 512) f32", lambda: kernels.gelu_forward(x), numpy_forward,
-           lambda: torch.nn.functional.gelu(tx.detach()))
-    yield ("gelu backward (768, 512) f32", lambda: kernels.gelu_backward(dy, x),
-           numpy_backward, lambda: torch.autograd.grad(ty, tx, tdy, retain_graph=True))
+    def check():
+        (y_f, c_f), (y_t, c_t) = fast.gelu_forward(x), ops.gelu_forward(x)
+        return against_terms(1e-6, [y_f, fast.gelu_backward(dy, c_f)],
+                             [y_t, ops.gelu_backward(dy, c_t)], gelu_terms(x, dy))
+
+    yield Case("gelu forward (768, 512) f32", lambda: gelu_kernel(x), numpy_forward,
+               lambda: torch.nn.functional.gelu(tx.detach()), check, 1e-6)
+    yield Case("gelu backward (768, 512) f32", lambda: gelu_backward_kernel(dy, x),
+               numpy_backward, lambda: torch.autograd.grad(ty, tx, tdy, retain_graph=True),
+               check, 1e-6)
 
 
 def layernorm_cases(rng):
     import torch
 
-    from npformer import ops
-    from npformer.fast import kernels
+    from npformer import fast, ops
+    from npformer.fast.layernorm import layernorm_backward_kernel, layernorm_kernel
+    from tests.test_fast_equals_textbook import layernorm_terms
 
     x = rng.standard_normal((768, 128)).astype(np.float32)
     gamma, beta = (rng.standard_normal(128).astype(np.float32) for _ in range(2))
     dy = rng.standard_normal(x.shape).astype(np.float32)
-    _, x_hat, r = kernels.layernorm_forward(x, gamma, beta, 1e-5)
+    _, x_hat, r = layernorm_kernel(x, gamma, beta, 1e-5)
     _, cache = ops.layernorm_forward(x, gamma, beta)
     tx, tg, tb = (torch.from_numpy(a).requires_grad_(True) for a in (x, gamma, beta))
     ty = torch.nn.functional.layer_norm(tx, (128,), tg, tb)
     tdy = torch.from_numpy(dy)
-    yield ("layernorm forward (768, 128) f32", lambda: kernels.layernorm_forward(
-        x, gamma, beta, 1e-5), lambda: ops.layernorm_forward(x, gamma, beta),
-        lambda: torch.nn.functional.layer_norm(tx.detach(), (128,), tg.detach(), tb.detach()))
-    yield ("layernorm backward (768, 128) f32", lambda: kernels.layernorm_backward(
-        dy, x_hat, r, gamma), lambda: ops.layernorm_backward(dy, cache),
-        lambda: torch.autograd.grad(ty, (tx, tg, tb), tdy, retain_graph=True))
 
+    def check():
+        (y_f, c_f), (y_t, c_t) = (tier.layernorm_forward(x, gamma, beta) for tier in (fast, ops))
+        return against_terms(1e-5, [y_f, *fast.layernorm_backward(dy, c_f)],
+                             [y_t, *ops.layernorm_backward(dy, c_t)],
+                             layernorm_terms(x, gamma, beta, dy))
 
-def embedding_cases(rng):
-    """The embedding's backward on the lm demo's batch (768 positions of 128, 65 tokens)
-    and the imdb demo's (8,192 positions of 64, 20,002 words): the compiled scatter-add,
-    the textbook's ``np.add.at``, and torch's ``index_add_``."""
-    import torch
-
-    from npformer import ops
-    from npformer.fast import kernels
-
-    for rows, width, vocab in ((768, 128, 65), (8192, 64, 20_002)):
-        ids = rng.integers(0, vocab, size=rows)
-        dy = rng.standard_normal((rows, width)).astype(np.float32)
-        _, cache = ops.embedding_forward(ids, np.zeros((vocab, width), np.float32))
-        tids, tdy = torch.from_numpy(ids), torch.from_numpy(dy)
-
-        def compiled(ids=ids, dy=dy, vocab=vocab, width=width):
-            kernels.scatter_add_rows(ids, dy, np.zeros((vocab, width), np.float32))
-
-        def with_torch(tids=tids, tdy=tdy, vocab=vocab, width=width):
-            torch.zeros(vocab, width).index_add_(0, tids, tdy)
-
-        yield (f"embedding backward ({rows}, {width}) V {vocab}", compiled,
-               lambda dy=dy, cache=cache: ops.embedding_backward(dy, cache), with_torch)
+    yield Case("layernorm forward (768, 128) f32",
+               lambda: layernorm_kernel(x, gamma, beta, 1e-5),
+               lambda: ops.layernorm_forward(x, gamma, beta),
+               lambda: torch.nn.functional.layer_norm(tx.detach(), (128,), tg.detach(),
+                                                      tb.detach()), check, 1e-5)
+    yield Case("layernorm backward (768, 128) f32",
+               lambda: layernorm_backward_kernel(dy, x_hat, r, gamma),
+               lambda: ops.layernorm_backward(dy, cache),
+               lambda: torch.autograd.grad(ty, (tx, tg, tb), tdy, retain_graph=True), check,
+               1e-5)
 
 
 def attention_cases(rng):
     """The masked softmax of the lm demo's causal attention, on one replica's half batch
     of scores (6, 4, 64, 64): the compiled kernel with each row cut where its masked
     keys begin (as the fast tier calls it), the same kernel over whole rows, the NumPy
-    statements of the tier's uncompiled path, and torch's softmax of the masked scores."""
+    statements of the tier's uncompiled path, and torch's softmax of the masked scores.
+    Checked: the fast attention op (forward and backward) against the textbook's."""
     import torch
 
-    from npformer import ops
+    from npformer import fast, ops
     from npformer.fast import attention as fast_attention
-    from npformer.fast import kernels
+    from tests.test_fast_equals_textbook import attention_terms
 
     q = rng.standard_normal((6, 4, 64, 32)).astype(np.float32)
+    k, v, dout = (rng.standard_normal(q.shape).astype(np.float32) for _ in range(3))
     mask = fast_attention._align(ops.causal_mask(64, like=q[0, 0]), 4)
     bias = ops.softmax.mask_bias(mask, np.float32)
     extents = fast_attention._key_extents(mask)
@@ -164,7 +197,7 @@ def attention_cases(rng):
 
     def compiled(keys):
         work[...] = scores
-        kernels.attention_softmax(work, block_bias, scale, lse, keys)
+        fast_attention.attention_softmax(work, block_bias, scale, lse, keys)
 
     def numpy_statements():
         work[...] = scores
@@ -172,11 +205,81 @@ def attention_cases(rng):
         e, _, total = fast_attention._stable_exp(work, block_bias)
         return e / total
 
+    def check():
+        (out_f, c_f), (out_t, c_t) = (tier.attention_forward(q, k, v, mask)
+                                      for tier in (fast, ops))
+        return against_terms(1e-5, [out_f, *fast.attention_backward(dout, c_f)],
+                             [out_t, *ops.attention_backward(dout, c_t)],
+                             attention_terms(q, k, v, mask, dout))
+
     label = "attn softmax (6,4,64,64) f32"
-    yield (label, lambda: compiled(row_keys), numpy_statements,
-           lambda: torch.softmax(tscores * scale + tbias, dim=-1))
-    yield (f"{label} whole rows", lambda: compiled(None), numpy_statements,
-           lambda: torch.softmax(tscores * scale + tbias, dim=-1))
+    yield Case(label, lambda: compiled(row_keys), numpy_statements,
+               lambda: torch.softmax(tscores * scale + tbias, dim=-1), check, 1e-5)
+    yield Case(f"{label} whole rows", lambda: compiled(None), numpy_statements,
+               lambda: torch.softmax(tscores * scale + tbias, dim=-1), check, 1e-5)
+
+
+def cross_entropy_cases(rng):
+    """The loss on the lm demo's (768, 65) logits: the compiled rows (forward) and
+    gradient (backward) against the textbook op and torch's cross_entropy."""
+    import torch
+
+    from npformer import fast, ops
+    from npformer.fast.losses import cross_entropy_grad, cross_entropy_rows
+    from tests.helpers import rel_diff
+
+    z = (rng.standard_normal((768, 65)) * 3).astype(np.float32)
+    targets = rng.integers(0, 65, size=768)
+    targets64 = targets.astype(np.int64)
+    _, lse = cross_entropy_rows(z, targets64, 0.0)
+    weight = np.full(768, 1 / 768, np.float32)
+    _, cache = ops.cross_entropy_forward(z, targets)
+    tz, tt = torch.from_numpy(z).requires_grad_(True), torch.from_numpy(targets)
+    tloss = torch.nn.functional.cross_entropy(tz, tt)
+
+    def check():
+        (loss_f, c_f), (loss_t, c_t) = (tier.cross_entropy_forward(z, targets)
+                                        for tier in (fast, ops))
+        return max(rel_diff(loss_f, loss_t), rel_diff(fast.cross_entropy_backward(1.0, c_f),
+                                                      ops.cross_entropy_backward(1.0, c_t)))
+
+    yield Case("cross-entropy forward (768, 65) f32",
+               lambda: cross_entropy_rows(z, targets64, 0.0),
+               lambda: ops.cross_entropy_forward(z, targets),
+               lambda: torch.nn.functional.cross_entropy(tz.detach(), tt), check, 1e-6)
+    yield Case("cross-entropy backward (768, 65) f32",
+               lambda: cross_entropy_grad(z, lse, targets64, weight, 0.0),
+               lambda: ops.cross_entropy_backward(1.0, cache),
+               lambda: torch.autograd.grad(tloss, tz, retain_graph=True), check, 1e-6)
+
+
+def embedding_cases(rng):
+    """The embedding's backward on the lm demo's batch (768 positions of 128, 65 tokens)
+    and the imdb demo's (8,192 positions of 64, 20,002 words): the compiled scatter-add,
+    the textbook's ``np.add.at``, and torch's ``index_add_``."""
+    import torch
+
+    from npformer import fast, ops
+    from npformer.fast.embedding import scatter_add_rows
+
+    for rows, width, vocab in ((768, 128, 65), (8192, 64, 20_002)):
+        ids = rng.integers(0, vocab, size=rows)
+        dy = rng.standard_normal((rows, width)).astype(np.float32)
+        _, cache = ops.embedding_forward(ids, np.zeros((vocab, width), np.float32))
+        tids, tdy = torch.from_numpy(ids), torch.from_numpy(dy)
+
+        def compiled(ids=ids, dy=dy, vocab=vocab, width=width):
+            scatter_add_rows(ids, dy, np.zeros((vocab, width), np.float32))
+
+        def with_torch(tids=tids, tdy=tdy, vocab=vocab, width=width):
+            torch.zeros(vocab, width).index_add_(0, tids, tdy)
+
+        def check(dy=dy, cache=cache):
+            return same_bits(fast.embedding_backward(dy, cache), ops.embedding_backward(dy, cache))
+
+        yield Case(f"embedding backward ({rows}, {width}) V {vocab}", compiled,
+                   lambda dy=dy, cache=cache: ops.embedding_backward(dy, cache), with_torch,
+                   check, 0.0)
 
 
 def adamw_cases(rng):
@@ -184,6 +287,7 @@ def adamw_cases(rng):
 
     from npformer import engine
     from npformer.models import CausalLM, CausalLMConfig
+    from npformer.nn import Parameter
     from npformer.optim import AdamW
 
     def model():
@@ -203,40 +307,73 @@ def adamw_cases(rng):
         t.grad = torch.randn_like(t)
     topt = torch.optim.AdamW(tparams, lr=1e-3, weight_decay=0.1)
     count = sum(p.data.size for p in optimizers["fast"].params)
-    yield (f"adamw, {len(tparams)} tensors, {count} values", optimizers["fast"].step,
-           optimizers["textbook"].step, topt.step)
+
+    def check():  # three steps from the same weights and gradients, one buffer and per tensor
+        runs = []
+        for tier in ("fast", "textbook"):
+            engine.set_engine(tier)
+            params = [Parameter(p.data.copy(), decay=p.decay) for p in optimizers["fast"].params]
+            opt = AdamW(params, lr=1e-3, weight_decay=0.1)
+            for step in range(3):
+                for p, source in zip(params, optimizers["fast"].params):
+                    p.grad = source.grad * (step + 1)
+                opt.step()
+            runs.append(np.concatenate([p.data.reshape(-1) for p in params]))
+        engine.set_engine("fast")
+        return same_bits(*runs)
+
+    yield Case(f"adamw, {len(tparams)} tensors, {count} values", optimizers["fast"].step,
+               optimizers["textbook"].step, topt.step, check, 0.0)
 
 
-def report(cases, repeat: int) -> None:
-    print(f"{'op':<40} {'kernel':>8} {'numpy':>8} {'torch':>8} {'k/numpy':>8} {'k/torch':>8}")
-    for name, kernel, numpy_version, torch_version in cases:
-        k, n, t = (best_ms(fn, repeat) for fn in (kernel, numpy_version, torch_version))
-        print(f"{name:<40} {k:8.3f} {n:8.3f} {t:8.3f} {k / n:8.2f} {k / t:8.2f}")
+OPS = {"gelu": gelu_cases, "layernorm": layernorm_cases, "attention": attention_cases,
+       "cross_entropy": cross_entropy_cases, "embedding": embedding_cases,
+       "adamw": adamw_cases}
+
+
+def report(cases, repeat: int) -> list[str]:
+    """Print one row per case; -> the cases whose error exceeds their tolerance."""
+    print(f"{'op':<40} {'error':>9} {'kernel':>8} {'numpy':>8} {'torch':>8} {'k/numpy':>8} "
+          f"{'k/torch':>8}")
+    failed = []
+    for case in cases:
+        error = case.check()
+        if not error <= case.tolerance:  # NaN fails too
+            failed.append(f"{case.name}: error {error:.2e} exceeds {case.tolerance:.0e}")
+        k, n, t = (best_ms(fn, repeat) for fn in (case.kernel, case.numpy, case.torch))
+        print(f"{case.name:<40} {error:9.2e} {k:8.3f} {n:8.3f} {t:8.3f} {k / n:8.2f} "
+              f"{k / t:8.2f}")
+    return failed
 
 
 FIRST_CALLS = """
 import time, numpy as np
 start = time.perf_counter()
-from npformer.fast import kernels
-from npformer.optim import adam_flat_update
+from npformer.fast.activations import gelu_backward_kernel, gelu_kernel
+from npformer.fast.adamw import adamw_flat_update, sum_of_squares
+from npformer.fast.attention import (attention_probabilities, attention_softmax,
+                                     attention_softmax_backward)
+from npformer.fast.embedding import scatter_add_rows
+from npformer.fast.layernorm import layernorm_backward_kernel, layernorm_kernel
+from npformer.fast.losses import cross_entropy_grad, cross_entropy_rows
 imported = time.perf_counter()
 for dtype in (np.float32, np.float64):
     x = np.ones((4, 8), dtype)
-    kernels.gelu_forward(x); kernels.gelu_backward(x, x)
-    _, xh, r = kernels.layernorm_forward(x, x[0], x[0], 1e-5)
-    kernels.layernorm_backward(x, xh, r, x[0])
+    gelu_kernel(x); gelu_backward_kernel(x, x)
+    _, xh, r = layernorm_kernel(x, x[0], x[0], 1e-5)
+    layernorm_backward_kernel(x, xh, r, x[0])
     f = x.reshape(-1)
-    adam_flat_update(f, f.copy(), f.copy(), f.copy(), np.zeros((0, 2), np.int64), 1.0, 0.9,
-                     0.999, 1e-8, 1e-3, 0.5)
-    kernels.sum_of_squares(f)
+    adamw_flat_update(f, f.copy(), f.copy(), f.copy(), np.zeros((0, 2), np.int64), 1.0, 0.9,
+                      0.999, 1e-8, 1e-3, 0.5)
+    sum_of_squares(f)
     scores = np.ones((1, 2, 3, 4), dtype)
-    kernels.attention_softmax(scores, None, 0.5, np.ones((1, 2, 3, 1), dtype))
-    kernels.attention_softmax(scores, scores[0, 0], 0.5, np.ones((1, 2, 3, 1), dtype))
-    kernels.attention_probabilities(scores, scores[0, 0], 0.5, np.ones((1, 2, 3, 1), dtype))
-    kernels.attention_softmax_backward(scores, scores, 0.5)
-    _, lse = kernels.cross_entropy_rows(x, np.zeros(4, np.int64), 0.1)
-    kernels.cross_entropy_grad(x, lse, np.zeros(4, np.int64), lse, 0.1)
-    kernels.scatter_add_rows(np.zeros(4, np.int64), x, np.zeros((2, 8), dtype))
+    attention_softmax(scores, None, 0.5, np.ones((1, 2, 3, 1), dtype))
+    attention_softmax(scores, scores[0, 0], 0.5, np.ones((1, 2, 3, 1), dtype))
+    attention_probabilities(scores, scores[0, 0], 0.5, np.ones((1, 2, 3, 1), dtype))
+    attention_softmax_backward(scores, scores, 0.5)
+    _, lse = cross_entropy_rows(x, np.zeros(4, np.int64), 0.1)
+    cross_entropy_grad(x, lse, np.zeros(4, np.int64), lse, 0.1)
+    scatter_add_rows(np.zeros(4, np.int64), x, np.zeros((2, 8), dtype))
 print(f"{imported - start:.2f} {time.perf_counter() - imported:.2f}")
 """
 
@@ -299,12 +436,12 @@ def op_times(steps: int) -> tuple[float, dict, int]:
 
     from bench.configs import CONFIGS
     from bench.measure import prepare_npformer
-    from npformer import engine, fast
+    from npformer import fast
 
     spent, depth, flops = collections.Counter(), [0], collections.Counter()
 
-    def timed_op(module, name):
-        op = getattr(module, name)
+    def timed_op(module, name, op=None):
+        op = getattr(module, name) if op is None else op
 
         def wrapper(*args, **kwargs):
             depth[0] += 1
@@ -318,12 +455,21 @@ def op_times(steps: int) -> tuple[float, dict, int]:
                     flops["linear"] += linear_flops(name, args)
         return wrapper
 
-    names = [(fast, n) for n in dir(fast) if n.endswith(("_forward", "_backward"))]
-    names += [(engine, n) for n in ("loss_backward_over_logits", "adamw_flat",
-                                    "sum_of_squares")]
+    # each op where the fast layers look it up: in the module that defines it (the layers
+    # call fast.linear.linear_forward ...), the optimizer's pass in fast.optim's namespace
+    op_modules = (fast.activations, fast.attention, fast.dropout, fast.embedding,
+                  fast.layernorm, fast.linear, fast.losses, fast.softmax)
+    names = [(module, n) for module in op_modules for n in dir(module)
+             if n.endswith(("_forward", "_backward")) and callable(getattr(module, n))]
+    names += [(fast, "cross_entropy_with_gradient"), (fast.optim, "adamw_flat_update"),
+              (fast.optim, "sum_of_squares")]
     originals = [(module, name, getattr(module, name)) for module, name in names]
     for module, name in names:
         setattr(module, name, timed_op(module, name))
+    table = fast.activations.ACTIVATIONS  # the layers reach ReLU and GELU through it
+    saved_table = dict(table)
+    table.update({key: tuple(timed_op(None, op.__name__, op) for op in pair)
+                  for key, pair in saved_table.items()})
     try:
         run = prepare_npformer(dict(CONFIGS["lm"], batch=CONFIGS["lm"]["batch"] // 2), 0, None)
         trainer = run.make_optimizer()
@@ -339,6 +485,7 @@ def op_times(steps: int) -> tuple[float, dict, int]:
     finally:
         for module, name, op in originals:
             setattr(module, name, op)
+        table.update(saved_table)
     return (1e3 * float(np.median(times)), {name: 1e3 * t / steps for name, t in spent.items()},
             flops["linear"] // steps)
 
@@ -360,6 +507,8 @@ def main(argv=None) -> None:
     parser.add_argument("--step", action="store_true", help="time the lm demo's update")
     parser.add_argument("--ops", action="store_true",
                         help="where one rank's lm update goes, op by op")
+    parser.add_argument("--op", choices=sorted(OPS),
+                        help="check and time this op's kernels only")
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error(f"--repeat must be at least 1, got {args.repeat}")
@@ -391,11 +540,14 @@ def main(argv=None) -> None:
     print(f"CPU: {cpu_model()}; NumPy {np.__version__} with BLAS {blas_name()}; "
           f"numba {numba.__version__}; torch {torch.__version__}; one thread")
     rng = np.random.default_rng(0)
-    report([*gelu_cases(rng), *layernorm_cases(rng), *attention_cases(rng),
-            *embedding_cases(rng), *adamw_cases(rng)],
-           args.repeat)
+    chosen = [OPS[args.op]] if args.op else list(OPS.values())
+    failed = report([case for cases in chosen for case in cases(rng)], args.repeat)
     if args.compile:
         compile_times()
+    for line in failed:
+        print(f"error: {line}", file=sys.stderr)
+    if failed:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
-"""The fast tier's compiled kernels (npformer.fast.kernels) and the flat parameter buffer.
+"""The fast tier's compiled kernels (each beside its op in npformer/fast/) and the flat
+parameter buffer.
 
 * Every kernel is caught when broken on purpose: each is replaced by a copy that
-  perturbs one element of its result by 1e-9 (relative), and the equality check its
-  op is tested with (tests/test_fast_equals_textbook.py, or the optimizer check here)
-  must fail: a kernel that was not on the tested path, or a check too loose to see
-  it, fails this test.
+  perturbs one element of its result by 1e-9 (relative; in float32 by more than the
+  float32 tolerance), and the equality check its op is tested with
+  (tests/test_fast_equals_textbook.py, or the optimizer check here) must fail: a kernel
+  that was not on the tested path, or a check too loose to see it, fails this test.
+  Every kernel :func:`npformer.fast.compiler.jit` compiled is in the list.
 * AdamW over one flat buffer equals the textbook per-tensor update (float64, 1e-12)
   over several steps, with decayed and undecayed parameters, clipping, a schedule.
 * The flat buffer: views of one buffer, gradients accumulated and zeroed in place,
@@ -25,15 +27,25 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from npformer import backend, engine, fast, ops
-from npformer.fast import kernels
-from npformer.nn import FlatParameters, Linear, Parameter
+from npformer.fast import activations as fast_activations
+from npformer.fast import adamw, compiler
+from npformer.fast import attention as fast_attention
+from npformer.fast import embedding as fast_embedding
+from npformer.fast import layernorm as fast_layernorm
+from npformer.fast import losses as fast_losses
+from npformer.fast.flat import FlatParameters
+from npformer.nn import Linear, Parameter
 from npformer.optim import SGD, Adam, AdamW, clip_grad_norm, global_grad_norm, warmup_cosine
 
 from .conftest import using_backend
 from .helpers import rel_diff
-from .test_fast_equals_textbook import assert_layernorm_equal
+from .test_fast_equals_textbook import (
+    assert_equal_to_terms,
+    assert_layernorm_equal,
+    attention_terms,
+)
 
-needs_numba = pytest.mark.skipif(not kernels.COMPILED, reason="numba is not installed")
+needs_numba = pytest.mark.skipif(not compiler.COMPILED, reason="numba is not installed")
 TOL = 1e-12
 seeds = st.integers(0, 2**32 - 1)
 
@@ -234,10 +246,10 @@ def test_the_loss_gradient_written_over_the_logits_is_the_same_bits(dtype):
     z = (rng.standard_normal((6, 37)) * 3).astype(dtype)
     targets = rng.integers(0, 37, size=6).astype(np.int64)
     weight = rng.random(6).astype(dtype)
-    _, lse = kernels.cross_entropy_rows(z, targets, 0.1)
-    fresh = kernels.cross_entropy_grad(z, lse, targets, weight, 0.1)
+    _, lse = fast_losses.cross_entropy_rows(z, targets, 0.1)
+    fresh = fast_losses.cross_entropy_grad(z, lse, targets, weight, 0.1)
     own = z.copy()
-    written = kernels.cross_entropy_grad(own, lse, targets, weight, 0.1, out=own)
+    written = fast_losses.cross_entropy_grad(own, lse, targets, weight, 0.1, out=own)
     assert written is own
     np.testing.assert_array_equal(written, fresh)
 
@@ -257,60 +269,63 @@ def adam_case():
     optimizer_equal(SHAPES, seed=3)
 
 
-BROKEN = {  # kernel: (its broken copy, the equality check that must catch it)
-    "gelu_forward64": (lambda k: perturbed(k, 1), gelu_case),
-    "gelu_backward64": (lambda k: perturbed(k, 2), gelu_case),
-    "gelu_forward32": (lambda k: perturbed(k, 1, 1e-5), gelu32_case),
-    "gelu_backward32": (lambda k: perturbed(k, 2, 1e-5), gelu32_case),
-    "_layernorm_forward": (lambda k: perturbed(k, 4), layernorm_case),
-    "_layernorm_backward": (lambda k: perturbed(k, 4), layernorm_case),
-    "attention_softmax64": (lambda k: perturbed(k, 0), attention_case),
-    "attention_probabilities64": (lambda k: perturbed(k, 0), attention_case),
-    "attention_softmax_backward64": (lambda k: perturbed(k, 0), attention_case),
-    "attention_softmax32": (lambda k: perturbed(k, 0, 1e-3), attention32_case),
-    "attention_probabilities32": (lambda k: perturbed(k, 0, 1e-3), attention32_case),
-    "attention_softmax_backward32": (lambda k: perturbed(k, 0, 1e-3), attention32_case),
-    "cross_entropy_rows64": (lambda k: perturbed(k, 3), loss_case),
-    "cross_entropy_grad64": (lambda k: perturbed(k, 6), loss_case),
-    "cross_entropy_rows32": (lambda k: perturbed(k, 3, 1e-3), loss32_case),
-    "cross_entropy_grad32": (lambda k: perturbed(k, 6, 1e-3), loss32_case),
-    "adamw_flat": (lambda k: perturbed(k, 0), adam_case),
-    "sum_of_squares": (perturbed_sum, adam_case),
-    "scatter_add_rows": (lambda k: perturbed(k, 2), embedding_case),
+BROKEN = {  # kernel (its module, its name): [(its broken copy, the check that must catch it)]
+    (fast_activations, "gelu_forward64"): [(lambda k: perturbed(k, 1), gelu_case)],
+    (fast_activations, "gelu_backward64"): [(lambda k: perturbed(k, 2), gelu_case)],
+    (fast_activations, "gelu_forward32"): [(lambda k: perturbed(k, 1, 1e-5), gelu32_case)],
+    (fast_activations, "gelu_backward32"): [(lambda k: perturbed(k, 2, 1e-5), gelu32_case)],
+    (fast_layernorm, "_layernorm_forward"): [(lambda k: perturbed(k, 4), layernorm_case)],
+    (fast_layernorm, "_layernorm_backward"): [(lambda k: perturbed(k, 4), layernorm_case)],
+    (fast_attention, "_softmax_lse"): [(lambda k: perturbed(k, 0), attention_case),
+                                       (lambda k: perturbed(k, 0, 1e-3), attention32_case)],
+    (fast_attention, "_probabilities"): [(lambda k: perturbed(k, 0), attention_case),
+                                         (lambda k: perturbed(k, 0, 1e-3), attention32_case)],
+    (fast_attention, "_softmax_backward"): [(lambda k: perturbed(k, 0), attention_case),
+                                            (lambda k: perturbed(k, 0, 1e-3),
+                                             attention32_case)],
+    (fast_losses, "_cross_entropy_rows"): [(lambda k: perturbed(k, 3), loss_case),
+                                           (lambda k: perturbed(k, 3, 1e-3), loss32_case)],
+    (fast_losses, "_cross_entropy_grad"): [(lambda k: perturbed(k, 6), loss_case),
+                                           (lambda k: perturbed(k, 6, 1e-3), loss32_case)],
+    (adamw, "adamw_flat"): [(lambda k: perturbed(k, 0), adam_case)],
+    (adamw, "_sum_of_squares"): [(perturbed_sum, adam_case)],
+    (fast_embedding, "_scatter_add_rows"): [(lambda k: perturbed(k, 2), embedding_case)],
 }
+BROKEN_CASES = [(module, name, breaker, check) for (module, name), pairs in BROKEN.items()
+                for breaker, check in pairs]
 
 
 @needs_numba
-@pytest.mark.parametrize("name", sorted(BROKEN))
-def test_each_kernel_broken_on_purpose_fails_its_equality_check(monkeypatch, name):
-    breaker, check = BROKEN[name]
+@pytest.mark.parametrize("module,name,breaker,check", BROKEN_CASES,
+                         ids=[f"{c[1]}-{c[3].__name__}" for c in BROKEN_CASES])
+def test_each_kernel_broken_on_purpose_fails_its_equality_check(monkeypatch, module, name,
+                                                                breaker, check):
     check()  # passes with the real kernel
-    monkeypatch.setattr(kernels, name, breaker(getattr(kernels, name)))
+    monkeypatch.setattr(module, name, breaker(getattr(module, name)))
     with pytest.raises(AssertionError):
         check()
 
 
 @needs_numba
 def test_every_kernel_has_a_broken_variant():
-    """Every compiled loop (not the scalar helpers numba inlines into them) is in BROKEN."""
-    helpers = {"_exp", "_exp32", "_exp_minus_square", "_erfc", "_erfc32", "_row_sums",
-               "_sum4", "_max8", "_scale_add_into"}
-    compiled = {name for name, value in vars(kernels).items() if hasattr(value, "py_func")}
-    assert compiled - helpers == set(BROKEN)
+    """Every compiled loop (each kernel npformer.fast.compiler.jit compiled, not the
+    scalar helpers numba inlines into them) is in BROKEN."""
+    assert set(compiler.KERNELS) == {(module.__name__, name) for module, name in BROKEN}
 
 
 @needs_numba
 def test_float32_gelu_kernels_are_float32_accurate():
-    """The float32 kernels (their own erfc, float32 arithmetic) against float64 truth."""
+    """The float32 kernels (their own erfc, float32 arithmetic) against float64 truth.
+    (Per element: tests/test_numerics.py.)"""
     rng = np.random.default_rng(4)
     for scale in (0.1, 1.0, 5.0, 40.0):
         x = (rng.standard_normal(5000) * scale).astype(np.float32)
         dy = rng.standard_normal(5000).astype(np.float32)
-        y32 = kernels.gelu_forward(x)
+        y32 = fast_activations.gelu_kernel(x)
         y64, cache64 = ops.gelu_forward(x.astype(np.float64))
         assert y32.dtype == np.float32 and rel_diff(y32, y64) <= 3e-7
         dx64 = ops.gelu_backward(dy.astype(np.float64), cache64)
-        assert rel_diff(kernels.gelu_backward(dy, x), dx64) <= 3e-7
+        assert rel_diff(fast_activations.gelu_backward_kernel(dy, x), dx64) <= 3e-7
 
 
 # =========================================================================== flat buffer
@@ -392,8 +407,8 @@ def test_what_cannot_be_flat_stays_per_tensor():
 
 # =========================================================================== without numba
 def test_without_numba_the_tier_runs_its_numpy_statements_and_warns_once(monkeypatch):
-    monkeypatch.setattr(kernels, "COMPILED", False)
-    monkeypatch.setattr(kernels, "_warned", False)
+    monkeypatch.setattr(compiler, "COMPILED", False)
+    monkeypatch.setattr(compiler, "_warned", False)
     with pytest.warns(RuntimeWarning, match="gelu_forward.*layernorm_forward.*adamw_flat"):
         gelu_case()
     with warnings.catch_warnings():
@@ -405,8 +420,8 @@ def test_without_numba_the_tier_runs_its_numpy_statements_and_warns_once(monkeyp
 
 def test_npformer_no_numba_falls_back_in_a_fresh_process():
     code = ("import warnings, numpy as np; warnings.simplefilter('always');"
-            "from npformer import fast; from npformer.fast import kernels;"
-            "assert not kernels.COMPILED;"
+            "from npformer import fast; from npformer.fast import compiler;"
+            "assert not compiler.COMPILED;"
             "import warnings as w\n"
             "with w.catch_warnings(record=True) as seen:\n"
             "    w.simplefilter('always'); fast.gelu_forward(np.ones(3));"
@@ -422,9 +437,126 @@ def test_strict_arrays_never_reach_a_kernel():
     import array_api_strict as xps
 
     x = xps.asarray(np.linspace(-3, 3, 7))
-    assert not kernels.usable(x)
+    assert not compiler.usable(x)
     y, _ = fast.gelu_forward(x)
     assert rel_diff(backend.to_numpy(y), ops.gelu_forward(np.linspace(-3, 3, 7))[0]) <= TOL
+
+
+@pytest.mark.parametrize("value,off", [("1", True), ("TRUE", True), (" yes ", True),
+                                       ("on", True), ("0", False), ("false", False),
+                                       ("No", False), ("off", False), ("", False)])
+def test_npformer_no_numba_is_read_as_a_boolean(value, off):
+    assert compiler.numba_switched_off(value) is off
+
+
+@pytest.mark.parametrize("value", ["maybe", "2", "disable"])
+def test_npformer_no_numba_refuses_what_is_not_a_boolean(value):
+    """Anything else stops the import with one error naming the variable, the value and
+    the accepted ones (it used to turn numba off: every value but "" and "0" did)."""
+    env = {**os.environ, "NPFORMER_NO_NUMBA": value}
+    proc = subprocess.run([sys.executable, "-c", "import npformer.fast"], env=env,
+                          capture_output=True, text=True)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("ValueError: NPFORMER_NO_NUMBA") and repr(value) in last
+    assert all(word in last for word in ("1", "true", "yes", "on", "0", "false", "no", "off"))
+
+
+# =========================================================================== odd inputs
+def read_only(a):
+    a = np.array(a)
+    a.flags.writeable = False
+    return a
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("layout", ["read-only", "broadcast", "strided"])
+def test_every_fast_op_takes_read_only_and_strided_input(dtype, layout):
+    """Read-only arrays (``flags.writeable = False``), broadcast views (read-only and
+    strided) and strided slices: every op equals its textbook op (numba's TypingError
+    reached the caller of the loss's backward on read-only logits), and the loss's
+    backward asked to write over read-only logits leaves them alone."""
+    rng = np.random.default_rng(11)
+
+    def arrange(a):
+        a = np.asarray(a, dtype=dtype)
+        if layout == "read-only":
+            return read_only(a)
+        if layout == "broadcast":
+            return np.broadcast_to(a[:1], a.shape)  # every batch row the first
+        return np.repeat(a, 2, axis=-1)[..., ::2]  # every other column of a wider array
+
+    x, dy = arrange(rng.standard_normal((3, 5, 8))), arrange(rng.standard_normal((3, 5, 8)))
+    gamma, beta = (arrange(rng.standard_normal((2, 8)))[0] for _ in range(2))
+    tol = 1e-12 if dtype == "float64" else 1e-5
+    for tier_pair in (("gelu_forward", "gelu_backward"), ("relu_forward", "relu_backward")):
+        (y_f, c_f), (y_t, c_t) = (getattr(t, tier_pair[0])(x) for t in (fast, ops))
+        assert rel_diff(y_f, y_t) <= tol
+        assert rel_diff(getattr(fast, tier_pair[1])(dy, c_f),
+                        getattr(ops, tier_pair[1])(dy, c_t)) <= tol
+    assert_layernorm_equal(x, gamma, beta, dy, tol)
+    before = x.copy()
+    targets = rng.integers(0, 8, size=(3, 5))
+    (loss_f, c_f), (loss_t, c_t) = (t.cross_entropy_forward(x, targets) for t in (fast, ops))
+    assert rel_diff(loss_f, loss_t) <= tol
+    dz = fast.cross_entropy_backward(0.5, c_f, overwrite_logits=True)
+    assert rel_diff(dz, ops.cross_entropy_backward(0.5, c_t)) <= tol
+    if not x.flags.writeable:
+        np.testing.assert_array_equal(x, before)  # not written over
+    q, mask = x[None], ops.causal_mask(5, like=x)  # (1, 3, 5, 8)
+    (out_f, c_f), (out_t, c_t) = (t.attention_forward(q, q, q, mask) for t in (fast, ops))
+    terms = attention_terms(q, q, q, mask, dy[None])
+    assert_equal_to_terms(["out"], [out_f], [out_t], terms[:1], tol)
+    assert_equal_to_terms(["dq", "dk", "dv"], fast.attention_backward(dy[None], c_f),
+                          ops.attention_backward(dy[None], c_t), terms[1:], tol)
+    _, cache = ops.embedding_forward(rng.integers(0, 4, size=(3, 5)), np.zeros((4, 8), dtype))
+    np.testing.assert_allclose(fast.embedding_backward(dy, cache),
+                               ops.embedding_backward(dy, cache), rtol=0, atol=tol)
+
+
+@needs_numba
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_every_kernel_entry_takes_read_only_and_strided_input(dtype):
+    """The kernels' own entries (the ops call them; so do the benchmarks) give the same
+    numbers on read-only and strided inputs as on contiguous ones."""
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((6, 8)).astype(dtype)
+    gamma = rng.standard_normal(8).astype(dtype)
+    strided = np.repeat(x, 2, axis=-1)[:, ::2]
+    targets = rng.integers(0, 8, size=6)
+    weight = rng.random(6).astype(dtype)
+    runs = {
+        "gelu": lambda a: fast_activations.gelu_kernel(a),
+        "gelu backward": lambda a: fast_activations.gelu_backward_kernel(a, a),
+        "layer norm": lambda a: fast_layernorm.layernorm_kernel(a, gamma, gamma, 1e-5)[0],
+        "layer norm backward": lambda a: fast_layernorm.layernorm_backward_kernel(
+            a, a, np.ones((6, 1), dtype), read_only(gamma))[0],
+        "loss rows": lambda a: fast_losses.cross_entropy_rows(a, targets, 0.1)[0],
+        "loss grad": lambda a: fast_losses.cross_entropy_grad(
+            a, read_only(np.ones(6, dtype)), read_only(targets), read_only(weight), 0.1, out=a),
+        "scatter": lambda a: _scattered(a, targets),
+    }
+    for name, run in runs.items():
+        want = run(x.copy())
+        for odd in (read_only(x), strided):
+            np.testing.assert_array_equal(run(odd), want, err_msg=name)
+
+
+def _scattered(values, index):
+    out = np.zeros((8, values.shape[1]), values.dtype)
+    fast_embedding.scatter_add_rows(read_only(index), values, out)
+    return out
+
+
+@pytest.mark.parametrize("tier", [fast, ops])
+@pytest.mark.parametrize("eps,error", [("1e-5", TypeError), (True, TypeError),
+                                       (None, TypeError), (-1e-5, ValueError),
+                                       (float("nan"), ValueError), (float("inf"), ValueError)])
+def test_layer_norm_refuses_an_eps_that_is_not_a_real_number(tier, eps, error):
+    """A string eps reached the compiled kernel, whose TypingError the caller saw; the
+    op's contract refuses it (and a negative or non-finite one) naming eps."""
+    with pytest.raises(error, match="layer norm eps"):
+        tier.layernorm_forward(np.ones((2, 3)), np.ones(3), np.ones(3), eps)
 
 
 @pytest.mark.parametrize("replicas", [2, 3])

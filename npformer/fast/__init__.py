@@ -13,7 +13,13 @@ The ops (the same names and arguments as :mod:`npformer.ops`, tested equal in
 * :mod:`.embedding`: the backward's scatter-add as one compiled loop;
 * :mod:`.linear`: the rows flattened into one matrix product, the bias added in place;
   ``keep_input=False`` keeps no input (the caller passes it to the backward again);
-* :mod:`.kernels`: the numba kernels, with NumPy statements where numba is missing.
+* :mod:`.adamw`: Adam(W)'s update over one flat buffer in one compiled pass, and on CuPy
+  as one fused kernel per parameter.
+
+Each op's numba kernels sit in its own module, beside the textbook op it must equal
+(``python bench/kernels.py --op NAME`` checks one against it and times it); the numba
+set-up is :mod:`.compiler` (NumPy statements run where numba is missing) and the shared
+numerics (exp, erfc) :mod:`.numerics`.
 
 The classes (subclasses of the textbook's, the same parameters and initialisation,
 tested equal in ``tests/test_fast_layers.py``):

@@ -34,18 +34,35 @@ bias is skipped.
 Masks as in the textbook op: boolean, True where a query may attend to a key,
 broadcasting to (B, H, T, S).  A query whose keys are all masked gets a zero
 output and zero gradients.
+
+NaN and inf: inputs that hold one (q, k or v in the forward, the upstream gradient in
+the backward) get the textbook op's dense statements, which define what they give (a
+NaN key, even masked, makes every query that shares its batch row and head NaN, as
+NaN + -inf is NaN).  The blocked path would skip the keys a block cannot see and the
+masked tail of each row, and so would lose them.
+
+The kernels, at the end of this file: the masked softmax inside the blocks, on a block
+of scores (A, H, t, s) in place, a row at a time (the row stays in cache): the scale
+and bias applied, the max, exp, the sum and the division, and the row's log-sum-exp
+(the forward); P = exp(A + bias - lse) (the backward's recomputed probabilities);
+dA = (dP - <dP, P>) P.  One kernel each for both dtypes (numba compiles each dtype
+once; :func:`.numerics.exp` is the exp of the scores' precision).
 """
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from .. import backend
 from ..backend import Array
+from ..ops import attention as _textbook
 from ..ops.contracts import attention_inputs, backward_op, forward_op
 from ..ops.softmax import mask_bias
-from . import kernels
+from .compiler import jit, usable
 from .inplace import exp_into
+from .numerics import all_finite, exp, max8, sum4
 from .softmax import softmax_backward
 
 BLOCK_SCORES = 1 << 19  # scores per block: 2 MiB in float32, about a CPU core's L2 cache
@@ -64,6 +81,9 @@ def attention_forward(q: Array, k: Array, v: Array, mask: Array | None = None,
     """q (..., T, E), k (..., S, E), v (..., S, F), mask (bool, broadcasts to (..., T, S))
     -> out (..., T, F), cache.  ``block_scores``: scores per block (the backward uses
     the same blocks); None: :func:`default_block_scores`."""
+    if not all_finite(q, k, v):  # NaN or inf: what the textbook's dense statements give
+        out, saved = _textbook.attention_forward.unchecked(q, k, v, mask)
+        return out, _Dense(saved)
     xp = backend.namespace_of(q, k, v)
     block_scores = default_block_scores(q) if block_scores is None else block_scores
     scale = 1.0 / math.sqrt(q.shape[-1])
@@ -77,20 +97,31 @@ def attention_forward(q: Array, k: Array, v: Array, mask: Array | None = None,
     for rows, keys, block_bias, row_keys in _blocks(q, k, extents, bias, block_scores):
         scores = q[rows] @ k[keys].mT  # S = Q K^T: (.., t, E) @ (.., E, s)
         if _compiled(scores):  # scale, masked softmax and lse: one compiled pass a row
-            kernels.attention_softmax(scores, block_bias, scale, lse[rows], row_keys)  # P
+            attention_softmax(scores, block_bias, scale, lse[rows], row_keys)  # P
             out[rows] = scores @ v[keys]  # (.., t, s) @ (.., s, F) -> (.., t, F)
             continue
         scores *= scale  # alpha S, in place
         e, m, total = _stable_exp(scores, block_bias)  # (.., t, s), (.., t, 1) twice
         out[rows] = (e @ v[keys]) / total  # (.., t, s) @ (.., s, F) -> (.., t, F)
         lse[rows] = m + xp.log(total)
-    return out, (q, k, v, extents, bias, lse, scale, block_scores)
+    return out, (q, k, v, mask, extents, bias, lse, scale, block_scores)
+
+
+class _Dense(NamedTuple):
+    """The cache of a forward whose inputs held NaN or inf: the textbook op's own."""
+
+    saved: Any
 
 
 @backward_op(attention_forward)
 def attention_backward(dout: Array, saved: Any) -> tuple[Array, Array, Array]:
     """dout (..., T, F) -> dq (..., T, E), dk (..., S, E), dv (..., S, F)."""
-    q, k, v, extents, bias, lse, scale, block_scores = saved
+    if isinstance(saved, _Dense):
+        return _textbook.attention_backward.unchecked(dout, saved.saved)
+    q, k, v, mask, extents, bias, lse, scale, block_scores = saved
+    if not all_finite(dout):  # NaN or inf: the textbook's dense statements, P formed again
+        _, dense = _textbook.attention_forward.unchecked(q, k, v, mask)
+        return _textbook.attention_backward.unchecked(dout, dense)
     xp = backend.namespace_of(dout, q)
     dq = _empty(xp, q.shape, q)  # every query row belongs to exactly one block
     if k.shape[-2] == 0:  # no keys (no blocks): zero gradients
@@ -101,7 +132,7 @@ def attention_backward(dout: Array, saved: Any) -> tuple[Array, Array, Array]:
         scores = q[rows] @ k[keys].mT  # S = Q K^T (.., t, s), recomputed
         compiled = _compiled(scores)
         if compiled:
-            kernels.attention_probabilities(scores, block_bias, scale, lse[rows], row_keys)
+            attention_probabilities(scores, block_bias, scale, lse[rows], row_keys)
             p = scores
         else:
             scores *= scale
@@ -112,7 +143,7 @@ def attention_backward(dout: Array, saved: Any) -> tuple[Array, Array, Array]:
         dv[keys] += p.mT @ dout[rows]  # (.., s, t) @ (.., t, F)
         dp = dout[rows] @ v[keys].mT  # (.., t, F) @ (.., F, s)
         if compiled:
-            kernels.attention_softmax_backward(dp, p, scale, row_keys)  # alpha dA, in dp
+            attention_softmax_backward(dp, p, scale, row_keys)  # alpha dA, in dp
             dscores = dp
         else:
             dscores = softmax_backward.unchecked(dp, (p, -1), overwrite_input=True)  # dA, in dp
@@ -123,9 +154,9 @@ def attention_backward(dout: Array, saved: Any) -> tuple[Array, Array, Array]:
 
 
 def _compiled(scores) -> bool:
-    """Whether a block's scores (A, H, t, s) go to the compiled softmax kernels
-    (:mod:`.kernels`: NumPy, numba present; other ranks take the array statements)."""
-    return scores.ndim == 4 and kernels.usable(scores)
+    """Whether a block's scores (A, H, t, s) go to the compiled softmax kernels (NumPy,
+    numba present; other ranks take the array statements)."""
+    return scores.ndim == 4 and usable(scores)
 
 
 def _empty(xp, shape, like):
@@ -267,3 +298,138 @@ def _visible_keys(extents, row, query, num_keys: int) -> tuple[int, bool]:
         return num_keys, int(prefix[block].min()) >= 1
     seen = max(1, int(last[block].max()))
     return seen, int(prefix[block].min()) >= seen
+
+
+# =========================================================================== the kernels
+# The masked softmax of a block of scores (A, H, t, s), written in place, one row of s keys
+# at a time: the textbook's statements, each rounded to the scores' dtype as there, the
+# row sums accumulated in float64.  The scores arrive as Q K^T, unscaled: the kernels
+# apply the scale alpha on their way through a row (no scaled copy of Q is made).  The
+# mask's bias arrives broadcast to the scores' shape (a strided view, no copy);
+# ``has_bias`` False: no bias (the view is not read).
+#
+# ``keys`` (A, t), a broadcast view of host integers: row (a, ., t) is computed over its
+# first keys[a, t] keys only, and the rest are written 0 (their probability and gradient).
+# The caller makes every key from there on masked for every head (the causal future,
+# padding) and keys[a, t] a multiple of 8 or s: each running max and sum then takes the
+# same elements in the same order as over the whole row (the cut-off elements would add
+# exact zeros), so the results are the same bits, with the masked half of a causal row
+# never exponentiated.
+@jit(inline="always")
+def _scale_add_into(row, scale, bias, has_bias):
+    """row = scale row (+ bias where has_bias), element by element (the bias row may be
+    a strided view)."""
+    if has_bias:
+        for j in range(row.size):
+            row[j] = row[j] * scale + bias[j]
+    else:
+        for j in range(row.size):
+            row[j] = row[j] * scale
+
+
+@jit
+def _softmax_lse(scores, bias, has_bias, scale, lse, keys):
+    """scores (A, H, t, s) -> P = softmax(scale scores + bias) in place; lse (A, H, t)
+    = max + log(sum exp(. - max)); a row with every key masked: P = 0, lse = 0."""
+    zero, neg_inf = scores.dtype.type(0.0), scores.dtype.type(-np.inf)
+    na, nh, nt, _ = scores.shape
+    for a in range(na):
+        for h in range(nh):
+            for t in range(nt):
+                n = keys[a, t]
+                row = scores[a, h, t, :n]
+                scores[a, h, t, n:] = zero  # masked: probability 0
+                _scale_add_into(row, scale, bias[a, h, t, :n], has_bias)
+                m = max8(row, neg_inf)
+                if m == neg_inf:  # every key masked: e = 0, total = 1 (textbook)
+                    for j in range(n):
+                        row[j] = zero
+                    lse[a, h, t] = zero
+                    continue
+                for j in range(n):  # element-wise: vectorizes
+                    row[j] = exp(row[j] - m)
+                total = scores.dtype.type(sum4(row, row, 0))
+                for j in range(n):
+                    row[j] = row[j] / total
+                lse[a, h, t] = m + np.log(total)
+    return None
+
+
+@jit
+def _probabilities(scores, bias, has_bias, scale, lse, keys):
+    """scores (A, H, t, s) -> P = exp((scale scores + bias) - lse) in place, lse
+    (A, H, t) from the forward: the backward's recomputed probabilities."""
+    zero = scores.dtype.type(0.0)
+    na, nh, nt, _ = scores.shape
+    for a in range(na):
+        for h in range(nh):
+            for t in range(nt):
+                n = keys[a, t]
+                row = scores[a, h, t, :n]
+                scores[a, h, t, n:] = zero
+                shift = lse[a, h, t]
+                _scale_add_into(row, scale, bias[a, h, t, :n], has_bias)
+                for j in range(n):  # contiguous, element-wise: vectorizes
+                    row[j] = exp(row[j] - shift)
+    return None
+
+
+@jit
+def _softmax_backward(dp, p, scale, keys):
+    """dp, p (A, H, t, s) -> scale dA, dA = (dp - <dp, p>) p, in dp's buffer, row by
+    row: the gradient of the unscaled scores Q K^T (0 where p was cut off to 0)."""
+    zero = dp.dtype.type(0.0)
+    na, nh, nt, _ = dp.shape
+    for a in range(na):
+        for h in range(nh):
+            for t in range(nt):
+                n = keys[a, t]
+                row, prow = dp[a, h, t, :n], p[a, h, t, :n]
+                dp[a, h, t, n:] = zero
+                inner = dp.dtype.type(sum4(row, prow, 1))
+                for j in range(n):
+                    row[j] = ((row[j] - inner) * prow[j]) * scale
+    return None
+
+
+def _broadcast_bias(bias: np.ndarray | None, scores: np.ndarray) -> tuple[np.ndarray, bool]:
+    """(the bias as a view of the scores' shape, whether there is one)."""
+    if bias is None:
+        return np.broadcast_to(np.zeros((1,) * scores.ndim, dtype=scores.dtype),
+                               scores.shape), False
+    return np.broadcast_to(bias, scores.shape), True
+
+
+def _all_keys(keys: np.ndarray | None, scores: np.ndarray) -> np.ndarray:
+    """The kernels' per-row key counts as an (A, t) view: ``keys`` broadcast, or every
+    key s of the block where None."""
+    counts = np.full((1, 1), scores.shape[-1], dtype=np.int64) if keys is None else keys
+    return np.broadcast_to(counts, (scores.shape[0], scores.shape[2]))
+
+
+def attention_softmax(scores: np.ndarray, bias: np.ndarray | None, scale: float,
+                      lse: np.ndarray, keys: np.ndarray | None = None) -> None:
+    """scores Q K^T (A, H, t, s), C-contiguous and writable -> P = softmax(scale scores +
+    bias) in place (fully masked rows 0), lse (A, H, t, 1) written: one compiled pass a
+    row.  ``keys``: int64, broadcasting to (A, t), how many leading keys each row
+    computes (see the kernels' comment: every later key masked, a multiple of 8 or s);
+    None: all."""
+    view, has_bias = _broadcast_bias(bias, scores)
+    _softmax_lse(scores, view, has_bias, scores.dtype.type(scale), lse[..., 0],
+                 _all_keys(keys, scores))
+
+
+def attention_probabilities(scores: np.ndarray, bias: np.ndarray | None, scale: float,
+                            lse: np.ndarray, keys: np.ndarray | None = None) -> None:
+    """scores Q K^T (A, H, t, s) -> P = exp(scale scores + bias - lse) in place, lse
+    (A, H, t, 1); ``keys`` as for :func:`attention_softmax`."""
+    view, has_bias = _broadcast_bias(bias, scores)
+    _probabilities(scores, view, has_bias, scores.dtype.type(scale), lse[..., 0],
+                   _all_keys(keys, scores))
+
+
+def attention_softmax_backward(dp: np.ndarray, p: np.ndarray, scale: float,
+                               keys: np.ndarray | None = None) -> None:
+    """dp, p (A, H, t, s) -> scale dA, dA = (dp - <dp, p>) p, written into dp; ``keys``
+    as for :func:`attention_softmax` (0 from there on)."""
+    _softmax_backward(dp, p, dp.dtype.type(scale), _all_keys(keys, dp))

@@ -32,8 +32,7 @@ from ..ops.contracts import (
     check_same_dtype,
     check_sequence_input,
 )
-from .attention import attention_backward as blocked_attention_backward
-from .attention import attention_forward as blocked_attention_forward
+from . import attention
 from .packing import Packing
 
 
@@ -98,7 +97,7 @@ class MultiHeadAttention(nn.MultiHeadAttention):
         else:
             k, v = self.k_proj(context), self.v_proj(context)  # (B, S, H*E)
         k, v = self._cached(k, v, cache)  # (B, H, S, E) each
-        heads, attn_cache = blocked_attention_forward(q, k, v, mask)  # (B, H, T, E)
+        heads, attn_cache = attention.attention_forward(q, k, v, mask)  # (B, H, T, E)
         y = self.out_proj(layout.pack(merge_heads(heads)))  # (B, T, D) or rows (N, D)
         self._save((attn_cache, context is None, layout))
         weights = ops.attention_weights(q, k, mask) if need_weights or self.keep_attention \
@@ -124,7 +123,7 @@ class MultiHeadAttention(nn.MultiHeadAttention):
         attn_cache, is_self, layout = self._pop_saved()
         h = self.num_heads
         dmerged = layout.unpack(self.out_proj.backward(dy))  # (B, T, H*E)
-        dq, dk, dv = blocked_attention_backward(split_heads(dmerged, h), attn_cache)
+        dq, dk, dv = attention.attention_backward(split_heads(dmerged, h), attn_cache)
         dx = self.q_proj.backward(layout.pack(merge_heads(dq)), x)
         if not is_self:
             return dx, (self.k_proj.backward(merge_heads(dk))

@@ -6,7 +6,8 @@ Backward
     into its token's row, in order, repeated ids accumulating, exactly as the
     textbook's ``np.add.at`` adds them (bit for bit).  NumPy's ``add.at`` is a
     general scatter that pays per element; this is the forward's gather run
-    backwards (:func:`npformer.fast.kernels.scatter_add_rows`).
+    backwards (:func:`scatter_add_rows`, the kernel at the end of this file).  The same
+    additions in the same order: NaN and inf add up as they do there.
 
 The forward is the textbook's (a gather, one ``take``), and so is the backward
 wherever the kernel does not apply (no numba, CuPy, the strict namespace).
@@ -15,11 +16,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from .. import backend
 from ..backend import Array
 from ..ops import embedding as _textbook
 from ..ops.contracts import backward_op
-from . import kernels
+from .compiler import jit, usable
 
 
 @backward_op(_textbook.embedding_forward)
@@ -28,8 +31,29 @@ def embedding_backward(dy: Array, saved: Any) -> Array:
     flat_ids, vocab_size = saved
     xp = backend.namespace_of(dy)
     dy_rows = xp.reshape(dy, (-1, dy.shape[-1]))  # (N, D)
-    if not kernels.usable(dy_rows):
+    if not usable(dy_rows):
         return _textbook.embedding_backward.unchecked(dy, saved)
     dtable = xp.zeros((vocab_size, dy.shape[-1]), dtype=dy.dtype)  # (V, D)
-    kernels.scatter_add_rows(flat_ids, dy_rows, dtable)  # dtable[ids[n]] += dy[n], in order
+    scatter_add_rows(flat_ids, dy_rows, dtable)  # dtable[ids[n]] += dy[n], in order
     return dtable
+
+
+# =========================================================================== the kernel
+@jit
+def _scatter_add_rows(index, values, out):
+    """out[index[n], :] += values[n, :] for n = 0, 1, ... in order: index (N,), values
+    (N, D), out (V, D)."""
+    for n in range(index.size):
+        row, value = out[index[n]], values[n]
+        for j in range(value.size):  # contiguous, element-wise: vectorizes
+            row[j] += value[j]
+    return None
+
+
+def scatter_add_rows(index: np.ndarray, values: np.ndarray, out: np.ndarray) -> None:
+    """out[index[n], :] += values[n, :] for n = 0, 1, ... in order (repeated indices
+    accumulate, in the order ``np.add.at`` adds them): index (N,) integers in [0, V),
+    values (N, D) floats (any layout: a strided one is copied first), out (V, D) of
+    values' dtype, C-contiguous and writable (written in place)."""
+    _scatter_add_rows(np.ascontiguousarray(index, dtype=np.int64),
+                      np.ascontiguousarray(values), out)

@@ -1,13 +1,16 @@
 r"""Layer normalisation, fast: the textbook op (:mod:`npformer.ops.layernorm`) as one
-compiled kernel each way (:mod:`.kernels`) on NumPy arrays.
+compiled kernel each way on NumPy arrays, the kernels below.
 
-Forward: per row, one pass for the mean and one for the variance, x-hat and y
-(the textbook makes five passes over (N, D) and three temporaries).  Backward: per
-row, one pass for the two means of g = dy gamma and g x-hat, with dgamma and dbeta
-accumulated on the way, and one pass for dx (the textbook: eight passes and five
-temporaries).  The same cache (x_hat, r, gamma) and the same formulas in the same
-order; the row sums are accumulated in float64.  Without numba, or on other arrays
-(CuPy, the strict namespace), it is the textbook op.
+Forward, row by row (the row stays in cache): one pass for the mean, one for the
+variance, one for x-hat and y (the textbook makes five passes over (N, D) and three
+temporaries).  Backward, row by row: one pass accumulating dgamma and dbeta, one for
+the mean of g = dy gamma, one for the mean of g x-hat, one for dx (the textbook: eight
+passes over (N, D) and five temporaries; one pass for dgamma, dbeta and both means was
+tried, and was slower).  The same cache (x_hat, r, gamma) and the same formulas in the
+same order; the row sums are accumulated in float64 (four running sums each: one chain
+of additions would be bound by the adder's latency), and mu, the variance, r and the
+two means rounded to the row's dtype as the textbook rounds them.  Without numba, or on
+other arrays (CuPy, the strict namespace), it is the textbook op.
 
 The derivation is the textbook one.
 """
@@ -15,10 +18,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from ..backend import Array
 from ..ops import layernorm as _textbook
 from ..ops.contracts import backward_op, forward_op, layernorm_inputs
-from . import kernels
+from .compiler import jit, usable
+from .numerics import sum4
 
 EPS = _textbook.EPS
 
@@ -26,9 +32,9 @@ EPS = _textbook.EPS
 @forward_op(layernorm_inputs)
 def layernorm_forward(x: Array, gamma: Array, beta: Array, eps: float = EPS) -> tuple[Array, Any]:
     """x (..., D), gamma (D,), beta (D,) -> y (..., D), cache (x_hat, r, gamma)."""
-    if not kernels.usable(x, gamma, beta):
+    if not usable(x, gamma, beta):
         return _textbook.layernorm_forward.unchecked(x, gamma, beta, eps)
-    y, x_hat, r = kernels.layernorm_forward(x, gamma, beta, eps)  # (..., D), (..., D), (..., 1)
+    y, x_hat, r = layernorm_kernel(x, gamma, beta, eps)  # (..., D), (..., D), (..., 1)
     return y, (x_hat, r, gamma)
 
 
@@ -36,6 +42,123 @@ def layernorm_forward(x: Array, gamma: Array, beta: Array, eps: float = EPS) -> 
 def layernorm_backward(dy: Array, saved: Any) -> tuple[Array, Array, Array]:
     """dy (..., D) -> dx (..., D), dgamma (D,), dbeta (D,)."""
     x_hat, r, gamma = saved
-    if not kernels.usable(dy, x_hat, r, gamma):
+    if not usable(dy, x_hat, r, gamma):
         return _textbook.layernorm_backward.unchecked(dy, saved)
-    return kernels.layernorm_backward(dy, x_hat, r, gamma)
+    return layernorm_backward_kernel(dy, x_hat, r, gamma)
+
+
+# =========================================================================== the kernels
+def layernorm_kernel(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray,
+                     eps: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x (..., D), gamma, beta (D,) NumPy float arrays of one dtype (any layout: a strided
+    one is copied first), eps a real number -> y, x_hat (..., D), r (..., 1), compiled."""
+    x, gamma, beta = (np.ascontiguousarray(a) for a in (x, gamma, beta))
+    y, x_hat = np.empty_like(x), np.empty_like(x)
+    r = np.empty(x.shape[:-1] + (1,), dtype=x.dtype)
+    d = x.shape[-1]
+    _layernorm_forward(x.reshape(-1, d), gamma, beta, float(eps), y.reshape(-1, d),
+                       x_hat.reshape(-1, d), r.reshape(-1, 1))
+    return y, x_hat, r
+
+
+def layernorm_backward_kernel(dy: np.ndarray, x_hat: np.ndarray, r: np.ndarray,
+                              gamma: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """dy, x_hat (..., D), r (..., 1), gamma (D,) -> dx (..., D), dgamma, dbeta (D,)."""
+    dy, x_hat, r, gamma = (np.ascontiguousarray(a) for a in (dy, x_hat, r, gamma))
+    dx = np.empty_like(dy)
+    dgamma, dbeta = np.empty_like(gamma), np.empty_like(gamma)
+    d = dy.shape[-1]
+    _layernorm_backward(dy.reshape(-1, d), x_hat.reshape(-1, d), r.reshape(-1, 1), gamma,
+                        dx.reshape(-1, d), dgamma, dbeta)
+    return dx, dgamma, dbeta
+
+
+@jit(inline="always")
+def _sum_of_squares_about(x, mu):
+    """sum (x - mu)^2 over a row, in float64 as four running sums."""
+    d = x.size
+    s0 = 0.0
+    s1 = 0.0
+    s2 = 0.0
+    s3 = 0.0
+    j = 0
+    while j + 4 <= d:
+        c0, c1, c2, c3 = x[j] - mu, x[j + 1] - mu, x[j + 2] - mu, x[j + 3] - mu
+        s0 += np.float64(c0 * c0)
+        s1 += np.float64(c1 * c1)
+        s2 += np.float64(c2 * c2)
+        s3 += np.float64(c3 * c3)
+        j += 4
+    while j < d:
+        c = x[j] - mu
+        s0 += np.float64(c * c)
+        j += 1
+    return (s0 + s1) + (s2 + s3)
+
+
+@jit
+def _layernorm_forward(x, gamma, beta, eps, y, x_hat, r):
+    """x (N, D), gamma, beta (D,), eps -> y, x_hat (N, D), r (N, 1), written in place;
+    eps rounded to x's dtype, as NumPy rounds a Python float that meets the array."""
+    n, d = x.shape
+    for i in range(n):
+        row = x[i]
+        mu = x.dtype.type(sum4(row, row, 0) / d)
+        var = x.dtype.type(_sum_of_squares_about(row, mu) / d)
+        ri = x.dtype.type(1.0) / np.sqrt(var + x.dtype.type(eps))
+        r[i, 0] = ri
+        for j in range(d):
+            h = (x[i, j] - mu) * ri
+            x_hat[i, j] = h
+            y[i, j] = h * gamma[j] + beta[j]
+    return None
+
+
+@jit(inline="always")
+def _row_sum_of_g(dy, gamma, x_hat, times_x_hat):
+    """sum g (or, ``times_x_hat``, sum g x_hat) over a row, g = dy gamma, in float64 as
+    four running sums."""
+    d = dy.size
+    s0 = 0.0
+    s1 = 0.0
+    s2 = 0.0
+    s3 = 0.0
+    j = 0
+    while j + 4 <= d:
+        g0, g1 = dy[j] * gamma[j], dy[j + 1] * gamma[j + 1]
+        g2, g3 = dy[j + 2] * gamma[j + 2], dy[j + 3] * gamma[j + 3]
+        if times_x_hat:
+            g0, g1, g2, g3 = g0 * x_hat[j], g1 * x_hat[j + 1], g2 * x_hat[j + 2], g3 * x_hat[j + 3]
+        s0 += np.float64(g0)
+        s1 += np.float64(g1)
+        s2 += np.float64(g2)
+        s3 += np.float64(g3)
+        j += 4
+    while j < d:
+        g = dy[j] * gamma[j]
+        s0 += np.float64(g * x_hat[j] if times_x_hat else g)
+        j += 1
+    return (s0 + s1) + (s2 + s3)
+
+
+@jit
+def _layernorm_backward(dy, x_hat, r, gamma, dx, dgamma, dbeta):
+    """dy, x_hat (N, D), r (N, 1), gamma (D,) -> dx (N, D), dgamma, dbeta (D,), in place:
+    dx = r (g - mean(g) - x_hat mean(g x_hat)), g = dy gamma."""
+    n, d = dy.shape
+    dgamma_acc = np.zeros(d)
+    dbeta_acc = np.zeros(d)
+    for i in range(n):
+        for j in range(d):  # independent across j: vectorizes
+            dgamma_acc[j] += dy[i, j] * x_hat[i, j]
+            dbeta_acc[j] += dy[i, j]
+        mean_g = dy.dtype.type(_row_sum_of_g(dy[i], gamma, x_hat[i], False) / d)
+        mean_gx = dy.dtype.type(_row_sum_of_g(dy[i], gamma, x_hat[i], True) / d)
+        ri = r[i, 0]
+        for j in range(d):
+            g = dy[i, j] * gamma[j]
+            dx[i, j] = ri * (g - mean_g - x_hat[i, j] * mean_gx)
+    for j in range(d):
+        dgamma[j] = dgamma_acc[j]
+        dbeta[j] = dbeta_acc[j]
+    return None

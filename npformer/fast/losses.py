@@ -2,12 +2,16 @@ r"""Cross-entropy, fast: log-softmax, the target pick and the backward fused, so
 one-hot or target distribution is built.  The same function as the textbook op
 (:mod:`npformer.ops.losses`), tested equal to it.
 
-On NumPy arrays with numba (:func:`npformer.fast.kernels.cross_entropy_rows` and
-``cross_entropy_grad``): the forward reads each row of logits twice (its max, then the
-exps and sums) and keeps the logits and each row's log-sum-exp $\lambda_n = m_n + \log
-Z_n$, writing nothing of size (N, V); the backward writes $\bar z$ in one pass, with
-$p = \exp(z - \lambda)$ recomputed.  Elsewhere (no numba, CuPy, the strict namespace)
-the array statements below, which keep p = softmax(z) in s's buffer.
+On NumPy arrays with numba (the kernels at the end of this file,
+:func:`cross_entropy_rows` and :func:`cross_entropy_grad`): the forward reads each row of
+logits twice (its max, then the exps and sums) and keeps the logits and each row's
+log-sum-exp $\lambda_n = m_n + \log Z_n$, writing nothing of size (N, V); the backward
+writes $\bar z$ in one pass, with $p = \exp(z - \lambda)$ recomputed.  Row sums in
+float64, results rounded to the logits' dtype as the textbook rounds them.  Elsewhere (no
+numba, CuPy, the strict namespace) the array statements below, which keep p = softmax(z)
+in s's buffer.  Both compute the loss as the textbook does, the two terms apart (so a
+class of logit -inf that q does not weight adds nothing), and NaN and inf propagate as
+there: a NaN logit makes its row's loss and gradient NaN.
 
 Rows: N predictions over V classes (any leading shape flattens to N).
 Targets $y_n$; rows with $y_n$ = ignore_index do not count.  With smoothing
@@ -34,14 +38,20 @@ Backward (softmax and log cancel into one subtraction)
 """
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any, NamedTuple
+
+import numpy as np
 
 from .. import backend
 from ..backend import Array
+from ..ops import losses as _textbook
 from ..ops.contracts import backward_op, check_loss_gradient, cross_entropy_inputs, forward_op
 from ..ops.losses import IGNORE_INDEX
-from . import kernels
+from .compiler import jit, usable
 from .inplace import add_at_columns, exp_into
+from .numerics import all_finite, exp, max8, sum4
 
 
 @forward_op(cross_entropy_inputs)
@@ -54,9 +64,9 @@ def cross_entropy_forward(logits: Array, targets: Array, ignore_index: int = IGN
     t = xp.reshape(targets, (-1,))  # (N,)
     counted = t != ignore_index  # (N,) bool
     safe_t = xp.where(counted, t, xp.zeros_like(t))  # ignored rows point at class 0
-    if kernels.usable(z):  # one compiled pass a row: per-row losses and lse, no (N, V) array
+    if usable(z):  # one compiled pass a row: per-row losses and lse, no (N, V) array
         targets64 = xp.astype(safe_t, xp.int64)
-        per_row, lse = kernels.cross_entropy_rows(z, targets64, float(label_smoothing))
+        per_row, lse = cross_entropy_rows(z, targets64, float(label_smoothing))
         counted_f, denom, loss = _mean_over_counted(xp, per_row, counted, z.dtype)
         return loss, (_FromLogits(z, lse, targets64), safe_t, counted_f, denom,
                       label_smoothing, tuple(logits.shape))
@@ -102,13 +112,17 @@ def cross_entropy_backward(dloss: Array, saved: Any, overwrite_logits: bool = Fa
 
     ``overwrite_logits=True``: dlogits is written over the (N, V) array the forward kept
     (the logits on the compiled path, the softmax otherwise), for a caller that owns the
-    logits and will not run this backward again: no second (N, V) array.
+    logits and will not run this backward again: no second (N, V) array (read-only
+    logits are not written: the gradient is then a new array).
     """
     p, safe_t, counted_f, denom, label_smoothing, logits_shape = saved
+    finite = math.isfinite(dloss) if isinstance(dloss, numbers.Real) else all_finite(dloss)
+    if not finite:  # a NaN or infinite upstream gradient: what the textbook gives
+        return _textbook_backward(dloss, saved)
     if isinstance(p, _FromLogits):  # the compiled pass: p recomputed from z and lse
-        dz = kernels.cross_entropy_grad(p.logits, p.lse, p.targets, counted_f * (dloss / denom),
-                                        float(label_smoothing),
-                                        out=p.logits if overwrite_logits else None)
+        dz = cross_entropy_grad(p.logits, p.lse, p.targets, counted_f * (dloss / denom),
+                                float(label_smoothing),
+                                out=p.logits if overwrite_logits else None)
         return dz.reshape(logits_shape)  # w (p - q), (N, V)
     xp = backend.namespace_of(p)
     vocab = p.shape[-1]
@@ -121,3 +135,103 @@ def cross_entropy_backward(dloss: Array, saved: Any, overwrite_logits: bool = Fa
     dz = add_at_columns(dz, safe_t, -(1.0 - label_smoothing))  # p - q, (N, V)
     dz *= weight[:, None]  # w (p - q)
     return xp.reshape(dz, logits_shape)
+
+
+def _textbook_backward(dloss: Array, saved: Any) -> Array:
+    """The textbook op's backward (:func:`npformer.ops.cross_entropy_backward`), from the
+    textbook's forward run again on the logits (the compiled path keeps them) or on
+    log p, whose softmax is p."""
+    p, safe_t, counted_f, denom, label_smoothing, logits_shape = saved
+    xp = backend.namespace_of(safe_t)
+    if isinstance(p, _FromLogits):
+        logits = p.logits
+    else:
+        with np.errstate(divide="ignore"):  # log 0 = -inf: softmax gives that p = 0 again
+            logits = xp.log(p)
+    targets = xp.where(counted_f > 0, safe_t, xp.full_like(safe_t, IGNORE_INDEX))
+    _, textbook_saved = _textbook.cross_entropy_forward.unchecked(logits, targets, IGNORE_INDEX,
+                                                                   label_smoothing)
+    dz = _textbook.cross_entropy_backward.unchecked(dloss, textbook_saved)
+    return xp.reshape(dz, logits_shape)
+
+
+# =========================================================================== the kernels
+# One row of V logits at a time: the forward reads each row twice (its max; then exp into
+# a row of scratch and the sums) and writes nothing of size (N, V); the backward writes dz
+# in one pass, recomputing p = exp(z - lse).  One kernel each for both dtypes.
+@jit
+def _cross_entropy_rows(z, targets, smoothing, per_row, lse):
+    """z (N, V), targets (N,) in [0, V) -> per_row (N,) = (1 - eps)(log Z - s_y)
+    + eps (log Z - mean s), s = z - max z, Z = sum exp(s); lse (N,) = max z + log Z."""
+    dtype = z.dtype.type
+    n, v = z.shape
+    e = np.empty(v, dtype=z.dtype)  # one row of exp(s), reused
+    for i in range(n):
+        row = z[i]
+        m = max8(row, dtype(-np.inf))
+        for j in range(v):  # element-wise: vectorizes
+            e[j] = exp(row[j] - m)
+        log_total = np.log(dtype(sum4(e, e, 0)))
+        picked = row[targets[i]] - m
+        loss = dtype(1.0 - smoothing) * (log_total - picked)
+        if smoothing > 0.0:
+            mean_shifted = dtype(sum4(row, row, 0) / v) - m  # mean(z) - m = mean(s)
+            loss = loss + dtype(smoothing) * (log_total - mean_shifted)
+        per_row[i] = loss
+        lse[i] = m + log_total
+    return None
+
+
+@jit
+def _cross_entropy_grad(z, lse, targets, weight, smoothing, in_place, dz):
+    """z (N, V), lse, targets, weight (N,) -> dz (N, V) = w (p - q), p = exp(z - lse),
+    q = (1 - eps) onehot(y) + eps / V; rows of weight 0 (ignored) give 0.
+    ``in_place``: dz is z itself, and the loop reads and writes it under the one name
+    dz (under two names the compiler's overlap check finds them equal and runs scalar
+    code; and z is never written, so it may be read-only); each row's target logit is
+    read before the row is written."""
+    dtype = z.dtype.type
+    n, v = z.shape
+    spread = dtype(smoothing / v)
+    on_target = dtype(1.0 - smoothing)
+    for i in range(n):
+        row, out, shift, w = z[i], dz[i], lse[i], weight[i]
+        t = targets[i]
+        p_target = exp(row[t] - shift)
+        if in_place:
+            for j in range(v):  # one array: vectorizes
+                out[j] = (exp(out[j] - shift) - spread) * w
+        else:
+            for j in range(v):  # element-wise: vectorizes
+                out[j] = (exp(row[j] - shift) - spread) * w
+        out[t] = ((p_target - spread) - on_target) * w
+    return None
+
+
+def cross_entropy_rows(z: np.ndarray, targets: np.ndarray,
+                       smoothing: float) -> tuple[np.ndarray, np.ndarray]:
+    """z (N, V) NumPy floats (any layout: a strided one is copied first), targets (N,)
+    integers in [0, V) -> per-row losses (N,) and each row's log-sum-exp (N,),
+    compiled; nothing of size (N, V) is written."""
+    z = np.ascontiguousarray(z)
+    per_row = np.empty(z.shape[0], dtype=z.dtype)
+    lse = np.empty(z.shape[0], dtype=z.dtype)
+    _cross_entropy_rows(z, np.ascontiguousarray(targets, dtype=np.int64), float(smoothing),
+                        per_row, lse)
+    return per_row, lse
+
+
+def cross_entropy_grad(z: np.ndarray, lse: np.ndarray, targets: np.ndarray,
+                       weight: np.ndarray, smoothing: float,
+                       out: np.ndarray | None = None) -> np.ndarray:
+    """z (N, V), lse, targets, weight (N,) -> dz = weight (softmax(z) - q) (N, V), compiled;
+    written into ``out`` when it is z itself, C-contiguous and writable (the logits'
+    buffer reused), else into a new array."""
+    in_place = out is z and z.flags.c_contiguous and z.flags.writeable
+    z = np.ascontiguousarray(z)
+    dz = z if in_place else np.empty_like(z)
+    _cross_entropy_grad(z, np.ascontiguousarray(lse, dtype=z.dtype),
+                        np.ascontiguousarray(targets, dtype=np.int64),
+                        np.ascontiguousarray(weight, dtype=z.dtype), float(smoothing),
+                        in_place, dz)
+    return dz

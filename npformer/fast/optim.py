@@ -4,7 +4,8 @@ one flat buffer, and the gradient norm over it in one pass.
 * :class:`Adam`, :class:`AdamW`: with NumPy parameters of one floating dtype, the
   parameters live in one :class:`~npformer.fast.flat.FlatParameters` (the model's, which
   the fast models make when built, or a new one) and the moments in two more flat
-  buffers; one update is one pass over them (:func:`adamw_flat_update`), the statements
+  buffers; one update is one pass over them (:func:`npformer.fast.adamw.adamw_flat_update`),
+  the statements
   of :meth:`npformer.optim.Adam._update` element by element in their order.  On CuPy,
   each parameter's update is one fused kernel.  Adam with L2 decay (``weight_decay`` on
   the gradient) keeps the textbook's per-parameter update.
@@ -18,11 +19,9 @@ Tested equal to the textbook optimizers, update for update, in ``tests/test_opti
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any
 
 from .. import backend, optim
-from ..backend import Array
 from ..ops.contracts import check_real
 from ..optim import (
     NonFiniteGradientError,
@@ -32,7 +31,7 @@ from ..optim import (
     check_gradients,
     check_hyperparameter,
 )
-from . import fused, kernels
+from .adamw import adam_update_cupy, adamw_flat_update, fuses, sum_of_squares
 from .flat import FlatParameters, flat_buffer, flat_buffer_of
 
 
@@ -99,11 +98,11 @@ class _FlatAdam:
         """One parameter's update (parameters that are not one buffer's): on CuPy one fused
         kernel (the textbook statements, bit for bit), else the textbook's."""
         (m, v), b1 = state, self.beta1
-        if not fused.fuses(p.data, g, m, v):
+        if not fuses(p.data, g, m, v):
             return super()._update(p, g, state, t)
         data, g = self._decay(p, g)
-        return fused.adam_update(data, g, m, v, b1, self.beta2, self.eps,
-                                 self.lr / (1 - b1**t), 1 - self.beta2**t), (m, v)
+        return adam_update_cupy(data, g, m, v, b1, self.beta2, self.eps,
+                                self.lr / (1 - b1**t), 1 - self.beta2**t), (m, v)
 
 
 class Adam(_FlatAdam, optim.Adam):
@@ -114,43 +113,6 @@ class AdamW(_FlatAdam, optim.AdamW):
     __doc__ = optim.AdamW.__doc__
 
 
-def adamw_flat_update(data: Array, grad: Array, m: Array, v: Array,
-                      decay_segments: Sequence[tuple[int, int]], decay_factor: float, beta1: float,
-                      beta2: float, eps: float, step_size: float, bias_correction2: float) -> None:
-    """One Adam(W) update over flat buffers data, grad, m, v (P,), in place.
-
-    ``decay_segments`` (K, 2): the [lo, hi) ranges whose data first shrinks by
-    ``decay_factor`` = 1 - lr lambda (AdamW; K = 0 for none).  Then the statements of
-    :meth:`npformer.optim.Adam._update`, element by element, in their order; the
-    coefficients rounded to the buffers' dtype first, as NumPy rounds a Python float
-    meeting the array.  Compiled on NumPy with numba, else the same statements as array
-    operations over the buffers.
-    """
-    cast = data.dtype.type
-    coefficients = (cast(decay_factor), cast(1 - beta1), cast(1 - beta2), cast(beta2),
-                    cast(bias_correction2**0.5), cast(eps), cast(step_size))
-    if kernels.usable(data, grad, m, v):
-        kernels.adamw_flat(data, grad, m, v, decay_segments, *coefficients)
-        return
-    decay, one_minus_beta1, one_minus_beta2, beta2_, sqrt_bc2, eps_, step = coefficients
-    for lo, hi in decay_segments:
-        data[lo:hi] *= decay                              # p <- p (1 - lr lambda)
-    delta = grad - m
-    delta *= one_minus_beta1
-    m += delta                                            # m_t = m + (1-beta1)(g - m)
-    g_sq = grad * grad
-    g_sq *= one_minus_beta2
-    v *= beta2_
-    v += g_sq                                             # v_t = beta2 v + (1-beta2) g^2
-    xp = backend.namespace_of(data)
-    denom = xp.sqrt(v)
-    denom /= sqrt_bc2
-    denom += eps_                                         # sqrt(v)/sqrt(bc2) + eps
-    update = m / denom
-    update *= step
-    data -= update                                        # p <- p - step m / denom
-
-
 # =========================================================================== clipping
 def global_grad_norm(params: ParamsOrNamed, error_if_nonfinite: bool = False) -> float:
     """:func:`npformer.optim.global_grad_norm`, in one pass where every gradient lives in
@@ -159,8 +121,7 @@ def global_grad_norm(params: ParamsOrNamed, error_if_nonfinite: bool = False) ->
     flat = flat_buffer_of(p for _, p in named)
     if flat is None:
         return optim.global_grad_norm(named, error_if_nonfinite)
-    total = math.sqrt(kernels.sum_of_squares(flat.grad) if kernels.usable(flat.grad)
-                      else float(flat.grad @ flat.grad))
+    total = math.sqrt(sum_of_squares(flat.grad))
     if error_if_nonfinite and not math.isfinite(total):
         raise NonFiniteGradientError(_nonfinite_report(named, total))
     return total

@@ -4,8 +4,10 @@ ReLU
     forward  $y = \max(x, 0)$: x where x > 0, else 0 (NaN stays NaN)
     backward $\bar x = \bar y \cdot [x > 0]$
              (the derivative is 1 where x > 0, else 0, the kink x = 0 included, as in
-             PyTorch).  The fast tier (:mod:`npformer.fast.activations`) computes the same
-             from y alone, as $\bar y \cdot \text{sign}(y)$.
+             PyTorch; NaN where x is NaN: a NaN input propagates both ways.  PyTorch's
+             backward passes $\bar y$ through there instead).  The fast tier
+             (:mod:`npformer.fast.activations`) computes the same from y alone, as
+             $\bar y \cdot \text{sign}(y)$.
 
 GELU, exact (``"gelu"``: ``torch.nn.GELU()``, ``activation="gelu"`` in PyTorch's
 Transformer layers, BERT, nanoGPT's MLP)
@@ -67,9 +69,11 @@ def relu_forward(x: Array) -> tuple[Array, Any]:
 
 @backward_op(relu_forward)
 def relu_backward(dy: Array, x: Array) -> Array:
-    """dy (...) -> dx = dy [x > 0] (...)."""
+    """dy (...) -> dx = dy [x > 0] (...), NaN where x is NaN."""
     xp = backend.namespace_of(dy, x)
-    return dy * xp.astype(x > 0, dy.dtype)  # [x > 0]: 1 where x > 0, else 0
+    step = xp.astype(x > 0, dy.dtype)  # [x > 0]: 1 where x > 0, else 0
+    step = xp.where(xp.isnan(x), x, step)  # NaN where x is NaN (the derivative of NaN)
+    return dy * step
 
 
 # =========================================================================== erf, erfc

@@ -453,7 +453,9 @@ def linear_inputs(x: Array, w: Array, b: Array | None = None, keep_input: bool =
 
 
 def layernorm_inputs(x: Array, gamma: Array, beta: Array, eps: float = 1e-5) -> None:
-    """x (..., D), gamma (D,), beta (D,) with D >= 1, floats of one dtype."""
+    """x (..., D), gamma (D,), beta (D,) with D >= 1, floats of one dtype; eps a finite
+    real number >= 0."""
+    check_real(eps, "layer norm eps", minimum=0.0)
     check_array(x, "layer norm input")
     for name, parameter in (("layer norm weight", gamma), ("layer norm bias", beta)):
         check_float(parameter, name)

@@ -8,7 +8,11 @@ and the loss is averaged over the $N_v$ counted rows:
 
 Forward
     $\ell = \log\text{softmax}(z)$                      (N, V), along the classes (§8)
-    $L_n = -\sum_v q_{n,v}\, \ell_{n,v}$                 (without smoothing: $-\ell_{n,y_n}$)
+    $L_n = -\sum_v q_{n,v}\, \ell_{n,v}
+         = -(1 - \varepsilon)\,\ell_{n,y_n} - \varepsilon\,\text{mean}_v\, \ell_{n,v}$
+         (summed as these two terms, the second only for $\varepsilon > 0$, as PyTorch
+         sums it: a class that q does not weight adds nothing, also where its logit is
+         $-\infty$, where $q\,\ell$ would be $0 \cdot (-\infty)$ = NaN)
     $L = \sum_n w_n L_n$, with $w_n = [n \text{ counted}] / N_v$   (0 if no row counts)
 
 Backward
@@ -45,7 +49,11 @@ def cross_entropy_forward(logits: Array, targets: Array, ignore_index: int = IGN
     counted = xp.astype(t != ignore_index, z.dtype)  # (N,) 1 or 0
     n_counted = xp.sum(counted)
     weight = counted / xp.where(n_counted > 0, n_counted, xp.ones_like(n_counted))  # w, (N,)
-    per_row = -xp.sum(q * log_p, axis=-1)  # L_n, (N,)
+    safe = xp.where(t != ignore_index, t, xp.zeros_like(t))  # ignored rows: class 0
+    picked = xp.take_along_axis(log_p, safe[:, None], axis=-1)[:, 0]  # l at the targets, (N,)
+    per_row = -(1.0 - label_smoothing) * picked  # L_n, (N,), as its two terms
+    if label_smoothing > 0.0:
+        per_row = per_row - label_smoothing * xp.mean(log_p, axis=-1)
     loss = xp.sum(weight * per_row)
     return loss, (q, weight, log_softmax_cache, tuple(logits.shape))
 

@@ -1,0 +1,161 @@
+r"""The fast tier's compiler: numba, whether it is usable here, and the one decorator
+every kernel is compiled with.
+
+Why numba.  It is the NumPy ecosystem's just-in-time compiler: it compiles a Python
+loop over NumPy arrays into machine code with LLVM, with no C toolchain at install
+time and no build step (a wheel, like NumPy's).  Its kernels release the GIL
+(``nogil=True``), so the thread replicas of :class:`npformer.parallel.DataParallel`
+run their element-wise work side by side instead of waiting for each other between
+NumPy calls.  Cython or a C extension would need a compiler on the user's machine (or
+per-platform wheels); Pythran and Taichi are further from NumPy's own arrays.
+
+The options every kernel shares (:func:`jit`):
+
+* ``fastmath=False``: no reassociation or multiply-add contraction, so each kernel does
+  the textbook's operations in the textbook's order, and the tests can hold it to the
+  textbook op within 1e-12 in float64.  One exception, asked for by name
+  (``contract=True``): the float32 GELU kernels let LLVM contract a * b + c into one
+  fused multiply-add (one rounding instead of two, no reassociation).
+* ``error_model="numpy"``: a division by zero gives inf, as in NumPy (no check per
+  division, which would stop LLVM vectorizing the loop).
+* ``nogil=True``; not ``parallel=True``: on the 2-core machines this was measured on,
+  two thread replicas already keep both cores busy.
+* ``cache=True``: the machine code is kept on disk (next to the kernel's file in
+  ``__pycache__``, or under ``NUMBA_CACHE_DIR``, or the user's cache directory where the
+  package is installed read-only), so a kernel compiles once per machine and version
+  and a later process loads it.  Two rules keep that true.  Every kernel is a
+  module-level function: numba keys a closure's cache entry on its captured values
+  pickled, which differ in every process, so a kernel built inside a function was
+  compiled again, and its cache grew by one file, in every new process.  And numba
+  stamps an entry with the contents of the kernel's own file only, while every kernel
+  inlines the shared numerics of :mod:`.numerics` (and this file's options): the
+  stamp here also covers those two files (:data:`SHARED_SOURCES`), so an edit to the
+  exp makes every kernel compile again instead of loading stale code.
+
+``NPFORMER_NO_NUMBA`` is read as a boolean: "1", "true", "yes", "on" (any case) turn numba
+off, "0", "false", "no", "off" or empty leave it on; anything else is refused when the
+fast tier is imported.  Without numba (not installed, or turned off) :data:`COMPILED`
+is False, :func:`jit` returns the Python function itself, the ops run their NumPy
+statements, and the first op that would have used a kernel warns once, naming the
+kernels (:func:`usable`).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..backend import Array
+
+SWITCH = "NPFORMER_NO_NUMBA"
+SWITCH_OFF = ("1", "true", "yes", "on")  # numba off
+SWITCH_ON = ("0", "false", "no", "off", "")  # numba on (the default: unset)
+
+
+def numba_switched_off(value: str) -> bool | None:
+    """The value of ``NPFORMER_NO_NUMBA`` read as a boolean: True (numba off), False (on),
+    or None where it is neither (case and surrounding spaces ignored)."""
+    word = value.strip().lower()
+    return True if word in SWITCH_OFF else False if word in SWITCH_ON else None
+
+
+_switched_off = numba_switched_off(os.environ.get(SWITCH, ""))
+if _switched_off is None:
+    raise ValueError(f"{SWITCH}={os.environ[SWITCH]!r} is not a boolean: use one of "
+                     f"{', '.join(SWITCH_OFF)} to turn numba off, or one of "
+                     f"{', '.join(repr(w) for w in SWITCH_ON)} to leave it on")
+
+
+def _load_numba() -> tuple[Any, str]:
+    """numba, or None with the reason (switched off, or not installed)."""
+    if _switched_off:
+        return None, f"{SWITCH} is set"
+    try:
+        import numba
+    except ImportError:
+        return None, "numba is not installed (pip install numba)"
+    return numba, ""
+
+
+numba, WHY_NOT_COMPILED = _load_numba()
+COMPILED = numba is not None
+KERNELS: list[tuple[str, str]] = []  # (module, name) of every kernel, as :func:`jit` meets it
+_warned = False
+
+
+def usable(*arrays: Array) -> bool:
+    """Whether the compiled kernels take these arrays: numba present, and every array a
+    C-contiguous NumPy float32/float64 array of one dtype.  Warns once per process
+    (naming the kernels) when NumPy arrays could have used them but numba is missing."""
+    global _warned
+    for a in arrays:
+        if type(a) is not np.ndarray or a.dtype not in (np.float32, np.float64) \
+                or a.dtype != arrays[0].dtype:
+            return False
+    if not COMPILED:
+        if not _warned:
+            _warned = True
+            names = ", ".join(f"{module.rsplit('.', 1)[-1]}.{name}" for module, name in KERNELS)
+            warnings.warn(f"npformer's fast tier runs without its compiled kernels "
+                          f"({WHY_NOT_COMPILED}): {names} fall back to NumPy statements "
+                          "(same results, slower)", RuntimeWarning, stacklevel=3)
+        return False
+    return all(a.flags.c_contiguous for a in arrays)
+
+
+# =========================================================================== the decorator
+HERE = Path(__file__).resolve().parent
+SHARED_SOURCES = (HERE / "compiler.py", HERE / "numerics.py")  # inlined into every kernel
+
+
+def _shared_sources_stamp() -> str:
+    """A hash of the shared sources' contents: part of every kernel's cache stamp."""
+    digest = hashlib.sha256()
+    for path in SHARED_SOURCES:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _kernel_cache_class() -> type:
+    """numba's on-disk function cache, with each entry's freshness stamp (numba's: the
+    kernel's own file's contents) extended by :func:`_shared_sources_stamp`."""
+    from numba.core.caching import CompileResultCacheImpl, FunctionCache
+
+    shared = _shared_sources_stamp()
+
+    class SharedSourcesImpl(CompileResultCacheImpl):
+        def __init__(self, py_func: Callable) -> None:
+            super().__init__(py_func)
+            own_stamp = self.locator.get_source_stamp
+            self.locator.get_source_stamp = lambda: (own_stamp(), shared)
+
+    class KernelCache(FunctionCache):
+        _impl_class = SharedSourcesImpl
+
+    return KernelCache
+
+
+_KernelCache = _kernel_cache_class() if COMPILED else None
+
+
+def jit(fn: Callable | None = None, inline: str = "never", contract: bool = False) -> Any:
+    """numba's njit with the tier's options (see the module's docstring), or the function
+    itself without numba.  ``inline="always"``: a scalar helper that numba inlines into
+    its callers, so LLVM sees one loop body and vectorizes it (not cached on its own,
+    not a kernel).  ``contract=True``: a * b + c may become one fused multiply-add."""
+    if fn is None:
+        return lambda f: jit(f, inline, contract)
+    if inline == "never":
+        KERNELS.append((fn.__module__, fn.__name__))
+    if not COMPILED:
+        return fn
+    dispatcher = numba.njit(fastmath={"contract"} if contract else False, nogil=True,
+                            error_model="numpy", inline=inline)(fn)
+    if inline == "never":
+        dispatcher._cache = _KernelCache(dispatcher.py_func)  # numba's cache=True, stamped
+    return dispatcher
