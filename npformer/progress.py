@@ -6,8 +6,9 @@ the MPI ranks' rank 0) it is a plain line on standard output at least every
 :data:`LINE_SECONDS` seconds of wall time (training: also at least every tenth of the
 run).  Either way it says how far the phase is (``update 400/20000``), the time it has
 taken, the time it has left and its rate in items per second.  The rate and the time left
-come from the last :data:`WINDOW` steps, not from the start: batches of varying lengths
-give a steady rate, and a phase that speeds up or slows down shows it soon.
+come from the last :data:`WINDOW` steps, not from the start (nor from the first step, which
+carries the start-up: compiling, the first checks): batches of varying lengths give a
+steady rate, and a phase that speeds up or slows down shows it soon.
 
 Phases nest: one opened while another is open (the validation pass inside training) is
 shown under it (a transient bar, or lines), shares its clock and its lines' rhythm (a line
@@ -80,7 +81,8 @@ class Progress:
         self.started = self._last_step = self.clock()
         self.rhythm = self.outer.rhythm if self.outer else _Rhythm(self.started)
         self.steps: deque[tuple[int, int | None, float]] = deque(maxlen=WINDOW)  # (steps,
-        #                                                   items, seconds) of the last ones
+        #                       items, seconds) of the last ones, but the phase's first step:
+        self.first_step_done = False  # it carries the start-up (compiling, first checks)
         self.loss: float | None = None  # smoothed
         self.lr: float | None = None
         self.bar = None
@@ -104,25 +106,27 @@ class Progress:
         with _lock:
             now = self.clock()
             self.done += steps
-            self.steps.append((steps, items, now - self._last_step))
-            self._last_step = now
+            seconds, self._last_step = now - self._last_step, now
+            if self.first_step_done:
+                self.steps.append((steps, items, seconds))
+            self.first_step_done = True
             if loss is not None:
                 self.loss = loss if self.loss is None else 0.9 * self.loss + 0.1 * loss
             self.lr = lr if lr is not None else self.lr
             if self.bar is not None:
                 self.bar.set_postfix_str(self.status(now), refresh=False)
                 self.bar.update(steps)
-            elif self._line_due(now):
+            elif self._line_due(now, seconds):
                 self._print(f"{self.name}: {self.unit} {self.done}/{self.total}, "
                             f"{self.status(now)}", now)
 
-    def _line_due(self, now: float) -> bool:
+    def _line_due(self, now: float, last_step: float) -> bool:
         """Every ``every`` steps and at the end; and now if waiting for the next step
         (as long as the longest recent one) would leave more than LINE_SECONDS
         without a line."""
         if self.every and (self.done % self.every == 0 or self.done == self.total):
             return True
-        longest = max(seconds for _, _, seconds in self.steps)
+        longest = max((seconds for _, _, seconds in self.steps), default=last_step)
         return now + longest - self.rhythm.last >= LINE_SECONDS
 
     def _print(self, line: str, now: float) -> None:

@@ -7,8 +7,8 @@ to an outer one whose clock the reporters opened inside share), so the times are
   within the first 30 s, whether the steps are steady (the default translation run's
   pace: before, its first line came after 2,000 updates) or vary;
 * the rate is averaged over a window: steady when fast and slow steps alternate, and the
-  time left follows the recent pace, not the pace since the start; on a constant rate the
-  time left is exact, and a time budget caps it;
+  time left follows the recent pace, not the pace since the start nor the first step's
+  start-up; on a constant rate the time left is exact, and a time budget caps it;
 * a phase opened inside another (a validation pass in training) is counted apart: its
   time is not in the outer phase's rate; map_batches counts each batch of a phase;
 * the trainer's evaluation lines (and the phases) say which ensemble member they belong
@@ -152,6 +152,20 @@ def test_time_left_follows_the_recent_pace_not_the_pace_since_the_start():
         run_steps(clock, shown, [10.0] * 100 + [1.0] * progress.WINDOW)
         assert shown.seconds_left(clock.now) == pytest.approx(1000 - 100 - progress.WINDOW)
         assert shown.rate() == pytest.approx(100.0)
+
+
+def test_the_first_step_start_up_is_left_out_of_the_rate(capsys):
+    """A first update of 60 s (compiling, the first checks), then 1 s each: the rate
+    and the time left are the steady pace's from the second update on."""
+    clock = FakeClock()
+    with Progress(1000, "train", lines_per_run=100, clock=clock) as shown:
+        run_steps(clock, shown, [60.0])
+        assert shown.rate() is None and shown.seconds_left(clock.now) is None
+        run_steps(clock, shown, [1.0] * 9)
+        assert shown.rate() == pytest.approx(100.0)
+        assert shown.seconds_left(clock.now) == pytest.approx(990.0)
+    first = capsys.readouterr().out.splitlines()[0]  # due: the next may take 60 s too
+    assert first.endswith("? items/s, 1:00 elapsed, ? left"), first
 
 
 def test_a_phase_inside_is_not_counted_in_the_outer_rate(capsys):
