@@ -250,7 +250,7 @@ class LaunchedRanks:
         self.received: list[int] = []
         self.forwarded: dict[int, int] = {}  # pid -> how many of `received` it was sent
 
-    def receive(self, signum: int, frame) -> None:
+    def receive(self, signum: int, frame: object) -> None:
         self.received.append(signum)
 
     def forward(self) -> None:

@@ -1,5 +1,5 @@
 """Training on your own data: the loaders of npformer.data.files, the demos' --data
-FILE, and the README's "Train on your own data" block.
+FILE, and the guide's "Train on your own data" block (docs/guide.md).
 
 * Labelled texts: CSV (quoted commas and newlines), TSV (no quoting), JSON Lines and
   JSON arrays; named columns; any labels (strings, integers), sorted, from the
@@ -10,7 +10,7 @@ FILE, and the README's "Train on your own data" block.
 * Each demo's --smoke on a tiny generated file of the user's (CSV classifier with its
   own column and label names, TSV pairs, a text file), then --predict printing the
   user's label name, --translate and --sample-only.
-* The README block runs as written and trains.
+* The guide's block runs as written and trains.
 """
 from __future__ import annotations
 
@@ -415,9 +415,10 @@ def test_machine_description_names_ranks_and_replicas(monkeypatch):
     assert cli.machine_description(1).endswith(", 2 MPI ranks, 1 replica each")
 
 
-# =========================================================================== the README
+# =========================================================================== the guide
 def readme_block(heading: str) -> str:
-    text = (ROOT / "README.md").read_text()
+    """The one python block under ``heading`` in docs/guide.md (the README points there)."""
+    text = (ROOT / "docs" / "guide.md").read_text()
     section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
     assert len(blocks) == 1, f"expected one python block under {heading!r}"
@@ -429,7 +430,7 @@ def test_readme_trains_on_your_own_data_as_written(tmp_path, monkeypatch):
     namespace: dict = {}
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        exec(compile(readme_block("Train on your own data"), "README.md", "exec"), namespace)
+        exec(compile(readme_block("Train on your own data"), "docs/guide.md", "exec"), namespace)
     assert (tmp_path / "reviews.csv").is_file()
     assert printed.getvalue() == "good\n"
     # it trained: every training review is now classified right
