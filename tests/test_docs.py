@@ -8,12 +8,14 @@ search's stop rule, and the script that draws its figures must run.  Every size 
 quotes (bytes of an array, packing ratios, block counts) is recomputed from the demos'
 presets and the benchmark's configurations (bench/configs.py), and a size the doc quotes
 with no such check fails; the doc quotes no timing and no date.  No Markdown file of
-docs/ (nor README.md) holds a control character, and every link to a section of the doc
-leads to one of its headings."""
+docs/ (nor README.md) holds a control character, every link to a section of the doc
+leads to one of its headings, every file of the repository the doc names exists, and
+every ``npformer.`` name it writes out resolves."""
 from __future__ import annotations
 
 import ast
 import functools
+import importlib
 import math
 import re
 from pathlib import Path
@@ -25,6 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "derivations.md"
 PATH = re.compile(r"`(npformer/[\w/]+\.py)`")
 NAME = re.compile(r"`([A-Za-z_][\w.]*)`")
+FILE = re.compile(r"`((?:npformer|tests|bench|tools|demos|docs)/[\w/.*]*)`")  # path, folder, glob
+DOTTED = re.compile(r"`(npformer(?:\.\w+)+)`")  # npformer.ops, npformer.engine.set_engine
 
 
 def _stripped_lines(path: str) -> list[str]:
@@ -631,3 +635,38 @@ def test_the_figure_script_draws_every_figure_the_doc_shows(tmp_path):
     for name in drawn:
         assert (tmp_path / name).read_text().startswith("<?xml")
         assert (ROOT / "docs" / "figures" / name).exists(), f"docs/figures/{name} is not committed"
+
+
+# ------------------------------------------------------------------ names in the prose
+def _is_module(parts: list[str]) -> bool:
+    """Whether this checkout has the module ``parts`` (a file or a package): asked of the
+    files, not of the import system, which an installed copy elsewhere may answer."""
+    path = ROOT.joinpath(*parts)
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether ``dotted`` is a module of npformer, or a name (a chain of attributes) in one."""
+    parts = dotted.split(".")
+    for split in range(len(parts), 0, -1):
+        if not _is_module(parts[:split]):
+            continue
+        found = importlib.import_module(".".join(parts[:split]))
+        for name in parts[split:]:
+            if not hasattr(found, name):
+                return False
+            found = getattr(found, name)
+        return True
+    return False
+
+
+def test_every_file_and_module_the_doc_names_exists():
+    """The prose's file paths (`npformer/ops/contracts.py`, a folder as `npformer/fast/`, a
+    glob as `docs/figures/*.svg`) and its dotted names (`npformer.engine.set_engine`) are
+    checked as the quotes are: a file moved or a module removed fails here, naming it."""
+    text = DOC.read_text()
+    missing = [f"no file {path}" for path in sorted(set(FILE.findall(text)))
+               if not any(ROOT.glob(path.rstrip("/")))]
+    missing += [f"no module or name {name}" for name in sorted(set(DOTTED.findall(text)))
+                if not _resolves(name)]
+    assert not missing, "docs/derivations.md names what does not exist:\n" + "\n".join(missing)
