@@ -133,6 +133,70 @@ PRESETS = {
 }
 
 
+# --------------------------------------------------------------------------- model, update
+# (bench/ times these too: bench/configs.py imports them)
+CLIP_NORM = 1.0  # the gradients' global norm is clipped to this
+
+
+def model_config(preset: Preset, vocab_size: int, pad_id: int,
+                 num_classes: int = 2) -> ClassifierConfig:
+    return ClassifierConfig(vocab_size=vocab_size, num_classes=num_classes,
+                            d_model=preset.d_model,
+                            num_heads=preset.num_heads, num_layers=preset.layers,
+                            d_ff=preset.d_ff, block_size=preset.block_size, dropout=preset.dropout,
+                            pooling=preset.pooling, pad_id=pad_id)
+
+
+def make_optimizer(params, preset: Preset, total_updates: int) -> AdamW:
+    """AdamW, warmup (at most a tenth of the run), then cosine decay."""
+    warmup = min(preset.warmup, max(1, total_updates // 10))
+    return AdamW(params, lr=cosine_schedule(preset.lr, warmup, total_updates),
+                 weight_decay=preset.weight_decay)
+
+
+def train_member(member: int, args, preset: Preset, config: ClassifierConfig, vocab: Vocab,
+                 labels, stop_after: int | None, train_split, val_split) -> Trainer:
+    """Train member ``member`` (1-based) from seed ``args.seed + member - 1`` (its initial
+    weights, dropout masks and batch order), or continue it from its last checkpoint
+    under --resume (a member that had finished returns at once).  Each member gets an
+    equal share of the time budget and keeps its best checkpoint by validation accuracy."""
+    (train_ids, train_y), (val_ids, val_y) = train_split, val_split
+    best_path, last_path = member_files(Path(args.out), member)
+    seed = args.seed + member - 1
+    backend.seed(seed)
+    model = TransformerClassifier(config)
+    updates_per_epoch = int(np.ceil(len(train_ids) / preset.batch_size))
+    total_updates = max(1, int(preset.epochs * updates_per_epoch))
+    optimizer = make_optimizer(model.parameters(), preset, total_updates)
+    print(f"member {member} of {preset.members} (seed {seed}): {model.num_parameters():,} "
+          f"parameters; {total_updates} updates ({preset.epochs} epochs of "
+          f"{updates_per_epoch})")
+    trainer = Trainer(
+        model, optimizer, Classification(),
+        batch_stream(train_ids, train_y, preset.batch_size, vocab.pad_id),
+        TrainConfig(max_iters=total_updates,
+                    max_seconds=preset.max_minutes * 60 / preset.members,
+                    replicas=args.replicas, clip_norm=CLIP_NORM,
+                    eval_every=max(1, updates_per_epoch // 2),
+                    checkpoint_path=best_path, select_metric="val_accuracy",
+                    last_path=last_path, stop_after=stop_after,
+                    progress=not args.no_progress,
+                    desc="imdb" if preset.members == 1 else f"imdb-{member}/{preset.members}"),
+        eval_fn=lambda m: {f"val_{k}": v for k, v in
+                           evaluate(m, val_ids, val_y, 64, vocab.pad_id, args.replicas,
+                                    "validation").items()},
+        checkpoint_extra={"demo": DEMO.tag, "vocab": vocab.to_json(),
+                          "head_tokens": preset.head_tokens, "members": preset.members,
+                          "labels": list(labels),
+                          "run": run_record(args, preset)},
+        seed=seed)
+    if args.resume and last_path.is_file():
+        resume_run(trainer, last_path)
+    with progress.context(member_label(member, preset.members)):  # its evaluation lines
+        trainer.fit()
+    return trainer
+
+
 # --------------------------------------------------------------------------- data
 def truncate(tokens: list, block_size: int, head: int) -> list:
     """At most block_size tokens: all of a short review; else its first ``head`` tokens and
@@ -262,27 +326,6 @@ def predict(args) -> int:
     names = checkpoint.extra.get("labels", LABELS)  # the user's own, for a model trained on them
     print(f"{names[label]} (p = {probs[label]:.3f})")
     return 0
-
-
-# --------------------------------------------------------------------------- model, update
-# (bench/ times these too: bench/configs.py imports them)
-CLIP_NORM = 1.0  # the gradients' global norm is clipped to this
-
-
-def model_config(preset: Preset, vocab_size: int, pad_id: int,
-                 num_classes: int = 2) -> ClassifierConfig:
-    return ClassifierConfig(vocab_size=vocab_size, num_classes=num_classes,
-                            d_model=preset.d_model,
-                            num_heads=preset.num_heads, num_layers=preset.layers,
-                            d_ff=preset.d_ff, block_size=preset.block_size, dropout=preset.dropout,
-                            pooling=preset.pooling, pad_id=pad_id)
-
-
-def make_optimizer(params, preset: Preset, total_updates: int) -> AdamW:
-    """AdamW, warmup (at most a tenth of the run), then cosine decay."""
-    warmup = min(preset.warmup, max(1, total_updates // 10))
-    return AdamW(params, lr=cosine_schedule(preset.lr, warmup, total_updates),
-                 weight_decay=preset.weight_decay)
 
 
 # --------------------------------------------------------------------------- train
@@ -428,49 +471,6 @@ def member_files(out: Path, member: int) -> tuple[Path, Path]:
     if member == 1:
         return out / MODEL_FILE, out / LAST_FILE
     return out / f"model-{member}.npz", out / f"last-{member}.npz"
-
-
-def train_member(member: int, args, preset: Preset, config: ClassifierConfig, vocab: Vocab,
-                 labels, stop_after: int | None, train_split, val_split) -> Trainer:
-    """Train member ``member`` (1-based) from seed ``args.seed + member - 1`` (its initial
-    weights, dropout masks and batch order), or continue it from its last checkpoint
-    under --resume (a member that had finished returns at once).  Each member gets an
-    equal share of the time budget and keeps its best checkpoint by validation accuracy."""
-    (train_ids, train_y), (val_ids, val_y) = train_split, val_split
-    best_path, last_path = member_files(Path(args.out), member)
-    seed = args.seed + member - 1
-    backend.seed(seed)
-    model = TransformerClassifier(config)
-    updates_per_epoch = int(np.ceil(len(train_ids) / preset.batch_size))
-    total_updates = max(1, int(preset.epochs * updates_per_epoch))
-    optimizer = make_optimizer(model.parameters(), preset, total_updates)
-    print(f"member {member} of {preset.members} (seed {seed}): {model.num_parameters():,} "
-          f"parameters; {total_updates} updates ({preset.epochs} epochs of "
-          f"{updates_per_epoch})")
-    trainer = Trainer(
-        model, optimizer, Classification(),
-        batch_stream(train_ids, train_y, preset.batch_size, vocab.pad_id),
-        TrainConfig(max_iters=total_updates,
-                    max_seconds=preset.max_minutes * 60 / preset.members,
-                    replicas=args.replicas, clip_norm=CLIP_NORM,
-                    eval_every=max(1, updates_per_epoch // 2),
-                    checkpoint_path=best_path, select_metric="val_accuracy",
-                    last_path=last_path, stop_after=stop_after,
-                    progress=not args.no_progress,
-                    desc="imdb" if preset.members == 1 else f"imdb-{member}/{preset.members}"),
-        eval_fn=lambda m: {f"val_{k}": v for k, v in
-                           evaluate(m, val_ids, val_y, 64, vocab.pad_id, args.replicas,
-                                    "validation").items()},
-        checkpoint_extra={"demo": DEMO.tag, "vocab": vocab.to_json(),
-                          "head_tokens": preset.head_tokens, "members": preset.members,
-                          "labels": list(labels),
-                          "run": run_record(args, preset)},
-        seed=seed)
-    if args.resume and last_path.is_file():
-        resume_run(trainer, last_path)
-    with progress.context(member_label(member, preset.members)):  # its evaluation lines
-        trainer.fit()
-    return trainer
 
 
 def draw_attention(model, vocab: Vocab, ids, path) -> None:

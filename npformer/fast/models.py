@@ -29,6 +29,24 @@ from .flat import flat_buffer
 from .packing import Packing
 
 
+def packed_blocks(x: Array, blocks: list, norm, mask: Array, packing: Packing) -> Array:
+    """x (B, T, D) -> the blocks, then the final norm (if any), on its valid positions:
+    rows (N, D)."""
+    x = packing.pack(x)  # (B, T, D) -> rows (N, D)
+    for block in blocks:
+        x = block(x, mask, packing=packing)
+    return x if norm is None else norm(x)
+
+
+def packed_blocks_backward(dx: Array, blocks: list, norm, packing: Packing) -> Array:
+    """The backward of :func:`packed_blocks`: rows (N, D) -> dx (B, T, D), zeros at padding."""
+    if norm is not None:
+        dx = norm.backward(dx)
+    for block in reversed(blocks):
+        dx = block.backward(dx)
+    return packing.unpack(dx)  # the backward of pack
+
+
 class _FlatWeights:
     """A fast model's weights in one flat buffer from the start (:mod:`npformer.fast.flat`)."""
 
@@ -52,11 +70,7 @@ class TransformerClassifier(_FlatWeights, models.TransformerClassifier):
         check_valid_lengths(valid_lens, ids.shape[1], 1)  # pooling needs a token a row
         packing = Packing.from_lengths(valid_lens, ids.shape[1])
         mask = ops.padding_mask(valid_lens, ids.shape[1])  # (B, 1, 1, T)
-        x = packing.pack(self.embed(ids))  # (B, T, D) -> rows (N, D)
-        for block in self.blocks:
-            x = block(x, mask, packing=packing)
-        if self.norm is not None:
-            x = self.norm(x)
+        x = packed_blocks(self.embed(ids), self.blocks, self.norm, mask, packing)  # (N, D)
         x = packing.unpack(x)  # (B, T, D): pooling reads the valid positions only
         pooled, pool_cache = ops.pool_forward(x, valid_lens, self.config.pooling)  # (B, D)
         self._save((pool_cache, packing))
@@ -68,11 +82,7 @@ class TransformerClassifier(_FlatWeights, models.TransformerClassifier):
         pool_cache, packing = self._pop_saved()
         dx = ops.pool_backward(self.head.backward(dlogits), pool_cache)  # (B, T, D)
         dx = packing.pack(dx)  # the backward of unpack
-        if self.norm is not None:
-            dx = self.norm.backward(dx)
-        for block in reversed(self.blocks):
-            dx = block.backward(dx)
-        return self.embed.backward(packing.unpack(dx))  # the backward of pack
+        return self.embed.backward(packed_blocks_backward(dx, self.blocks, self.norm, packing))
 
 
 class CausalLM(_FlatWeights, models.CausalLM):
@@ -123,11 +133,8 @@ class Seq2SeqTransformer(_FlatWeights, models.Seq2SeqTransformer):
         src_lens = valid_lengths(src, src_lens, self.config.pad_id, "src")  # (B,)
         packing = Packing.from_lengths(src_lens, src.shape[1])
         mask = ops.padding_mask(src_lens, src.shape[1])  # (B, 1, 1, S)
-        x = packing.pack(self.src_embed(src))  # (B, S, D) -> rows (N_src, D)
-        for block in self.encoder:
-            x = block(x, mask, packing=packing)
-        if self.encoder_norm is not None:
-            x = self.encoder_norm(x)
+        x = packed_blocks(self.src_embed(src), self.encoder, self.encoder_norm, mask,
+                          packing)  # rows (N_src, D)
         self._save(packing, slot="_encode_cache")
         return packing.unpack(x), mask  # (B, S, D): cross-attention's context
 
@@ -164,8 +171,5 @@ class Seq2SeqTransformer(_FlatWeights, models.Seq2SeqTransformer):
         self.tgt_embed.backward(dy if packing is None else packing.unpack(dy))
         src_packing = self._pop_saved("_encode_cache")
         dx = src_packing.pack(dmemory)  # the backward of unpack
-        if self.encoder_norm is not None:
-            dx = self.encoder_norm.backward(dx)
-        for block in reversed(self.encoder):
-            dx = block.backward(dx)
-        return self.src_embed.backward(src_packing.unpack(dx))
+        return self.src_embed.backward(packed_blocks_backward(dx, self.encoder,
+                                                              self.encoder_norm, src_packing))

@@ -18,8 +18,8 @@ transpose), so each one's backward is the other:
     unpack backward:  $\bar R = \text{pack}(\bar X)$
 
 Attention is the one layer that mixes positions: it unpacks its queries, keys
-and values to (B, T, ...) and packs its output again (:mod:`npformer.nn.attention`,
-through :class:`npformer.nn.Padding`, which holds a batch's packing).
+and values to (B, T, ...) and packs its output again (:class:`npformer.fast.blocks.
+MultiHeadAttention`; the fast models make one packing per padded batch).
 Nothing about a valid position changes: its keys are the same valid positions,
 the padding keys being masked either way, so packed and padded runs give the
 same outputs at every valid position and the same gradients.
@@ -45,7 +45,7 @@ class Packing:
     @classmethod
     def from_lengths(cls, valid_lens: Array, length: int) -> Packing:
         """valid_lens (B,): the first valid_lens[b] positions of sequence b are real tokens."""
-        xp = backend.namespace_of(valid_lens)  # (B,): checked by Padding, the door
+        xp = backend.namespace_of(valid_lens)  # (B,): checked by the model, the door
         positions = xp.arange(length, dtype=valid_lens.dtype, device=backend.device_of(valid_lens))
         valid = positions[None, :] < valid_lens[:, None]  # (B, T)
         index = xp.nonzero(xp.reshape(valid, (-1,)))[0]  # (N,) flat positions

@@ -3,8 +3,9 @@
 A layer is a :class:`Module` that owns :class:`Parameter` objects (and other
 modules).  Its ``forward`` keeps, in ``self._cache``, exactly what its
 ``backward`` needs.  Nothing here does array math beyond zero-filling: the math
-is in the ops (:mod:`npformer.ops`, or :mod:`npformer.fast` through
-:mod:`npformer.engine`).
+is in the ops (:mod:`npformer.ops`; the fast tier's subclasses call :mod:`npformer.fast`'s).
+Making a module makes the current tier's implementation of its class
+(:meth:`Module.__new__`, :mod:`npformer.engine`).
 
 The layer contract: ``backward(dout)`` takes the gradient of forward's output and
 
@@ -14,8 +15,8 @@ The layer contract: ``backward(dout)`` takes the gradient of forward's output an
   forward takes them: the array itself when there is one (``dx``), a tuple when there
   are several (cross-attention ``(dx, dcontext)``, a decoder block ``(dx, dmemory)``),
   and None when there is none (an embedding and the models take integer ids, which
-  are not differentiable).  Masks and :class:`npformer.nn.Padding` objects are
-  descriptions of the batch, not inputs to differentiate.
+  are not differentiable).  Masks, valid lengths and caches are descriptions of the
+  batch, not inputs to differentiate.
 
 ``dout`` must be a floating-point array of exactly the shape and dtype forward returned:
 every module's forward records its output's shape and dtype, and its backward checks
