@@ -338,7 +338,7 @@ def test_kernels_ops_names_where_one_ranks_lm_update_goes():
     assert re.search(r"CPU: .*one rank's half batch \(B 6, T 64\): [\d.]+ ms", lines[0])
     ops = {line.split()[0] for line in lines[1:-2]}
     assert {"linear_forward", "linear_backward", "attention_forward", "attention_backward",
-            "adamw_flat", "embedding_backward"} <= ops
+            "adamw_flat_update", "embedding_backward"} <= ops
     assert lines[-2].lstrip().startswith("the rest (layers, Python)")
     # the lm demo's linear products on 384 rows: 4 layers of (128->128) x 4 and 128->512
     # and 512->128, and the 128->65 head; forward 2 N D_in D_out, backward twice that

@@ -18,7 +18,7 @@ import pytest
 
 from npformer import backend, engine, fast, models, ops, optim
 from npformer.checkpoint import load_checkpoint, save_checkpoint
-from npformer.fast import kernels
+from npformer.fast import compiler
 from npformer.fast.flat import flat_buffer_of
 from npformer.models import CausalLM, CausalLMConfig
 from npformer.replicas import ThreadReplicas
@@ -32,7 +32,7 @@ CONFIG = CausalLMConfig(vocab_size=11, block_size=8, d_model=8, num_heads=2, num
                         d_ff=16, dropout=0.0)
 BUILDERS = {"causal_lm": lambda: CausalLM(CONFIG), "classifier": classifier, "seq2seq": seq2seq}
 COMPILED_ONLY = pytest.mark.skipif(
-    not kernels.COMPILED, reason="without numba the fast loss writes its gradient over its "
+    not compiler.COMPILED, reason="without numba the fast loss writes its gradient over its "
     "own softmax buffer, not the logits'")
 
 
