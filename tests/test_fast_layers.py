@@ -6,6 +6,9 @@ both are run on the same inputs, and the outputs and every gradient (each parame
 each input's) must agree within ``RTOL`` of the textbook's size in float64
 (``rel_diff``), over Hypothesis-drawn shapes, masks and valid lengths.
 
+Every test runs twice: with the fast tier's compiled kernels, and with its NumPy statements
+(numba missing or turned off).
+
 Packed rows: a fast block given a ``Packing`` computes only the valid positions, as
 rows (N, D); it is compared with the textbook block at those positions, with the
 upstream gradient zero at padding (what the models give it: nothing reads padding).
@@ -21,6 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from npformer import backend, engine, fast, nn, ops, optim
+from npformer.fast import compiler
 from npformer.models import (
     CausalLM,
     CausalLMConfig,
@@ -89,8 +93,13 @@ def assert_close(actual, expected, what: str) -> None:
     assert d <= RTOL, f"{what} differs by {d:.2e}"
 
 
-@pytest.fixture(autouse=True)
-def float64_numpy():
+@pytest.fixture(autouse=True, params=["compiled", "numpy"])
+def float64_numpy(request, monkeypatch):
+    """Every test in float64 on NumPy, with the fast tier's compiled kernels and without
+    them (its NumPy statements: what runs where numba is missing)."""
+    if request.param == "numpy":
+        monkeypatch.setattr(compiler, "COMPILED", False)
+        monkeypatch.setattr(compiler, "_warned", True)  # the fallback's one warning: not here
     with using_backend("numpy", "float64"):
         yield
 
@@ -426,3 +435,45 @@ def test_optimizer_updates(name, weight_decay):
             assert_close(got[key], value, f"state {key}")
         else:
             assert got[key] == value, key
+
+
+def test_the_textbook_tier_never_runs_the_fast_tier():
+    """With the engine on "textbook", a model's training step, an optimizer's update and
+    cached decoding never execute a line of npformer/fast/ (a profiler records every
+    function called)."""
+    import sys
+    from pathlib import Path
+
+    from npformer.decoding import generate
+    from npformer.tasks import LanguageModeling
+
+    fast_folder = str(Path(fast.__file__).parent)
+    entered = set()
+
+    def record(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(fast_folder):
+            entered.add(f"{frame.f_code.co_filename}:{frame.f_code.co_name}")
+
+    with using_engine("textbook"):
+        config = CausalLMConfig(vocab_size=9, block_size=8, d_model=8, num_heads=2,
+                                num_layers=2, d_ff=16, dropout=0.1)
+        sys.setprofile(record)
+        try:
+            model = CausalLM(config)
+            opt = optim.AdamW(model.parameters(), lr=1e-3)
+            ids = np.arange(12).reshape(2, 6) % 9
+            LanguageModeling().loss_and_grad(model, (ids[:, :-1], ids[:, 1:]))
+            engine.implementation(optim.clip_grad_norm)(model.named_parameters(), 1.0)
+            opt.step()
+            generate(model, [1, 2, 3], max_new_tokens=3, greedy=True)
+        finally:
+            sys.setprofile(None)
+    assert not entered, sorted(entered)
+    with using_engine("fast"):  # the recorder is sharp: the fast tier's step enters it
+        model = CausalLM(config)
+        sys.setprofile(record)
+        try:
+            LanguageModeling().loss_and_grad(model, (ids[:, :-1], ids[:, 1:]))
+        finally:
+            sys.setprofile(None)
+    assert entered

@@ -365,3 +365,35 @@ def test_decay_flags(xb):
     assert nn.Embedding(4, 3).weight.decay is False
     assert nn.LearnedPositionalEmbedding(4, 3).weight.decay is False
     assert nn.Parameter(backend.asarray(np.zeros(2))).decay is True  # the default
+
+
+def test_a_state_dict_is_a_snapshot_training_does_not_change():
+    """Issue 37 case 14: ``best = model.state_dict()``, train on, ``load_state_dict(best)``
+    restores the weights of that moment, in both tiers (the fast tier's optimizer updates
+    the flat buffer in place: a state dict of views would have moved with it)."""
+    from npformer.models import CausalLM, CausalLMConfig
+    from npformer.optim import AdamW
+    from npformer.tasks import LanguageModeling
+
+    with using_backend("numpy", "float32"):
+        model = CausalLM(CausalLMConfig(vocab_size=11, block_size=8, d_model=8, num_heads=2,
+                                        num_layers=1, d_ff=16))
+        opt = AdamW(model.parameters(), lr=1e-2)
+        batch = np.arange(14).reshape(2, 7) % 11
+        best = model.state_dict()
+        kept = {name: value.copy() for name, value in best.items()}
+        for _ in range(3):
+            opt.zero_grad()
+            LanguageModeling().loss_and_grad(model, (batch[:, :-1], batch[:, 1:]))
+            opt.step()
+        assert any(not np.array_equal(p.data, kept[n]) for n, p in model.named_parameters())
+        for name, value in best.items():  # the snapshot itself did not move
+            np.testing.assert_array_equal(value, kept[name], err_msg=name)
+        model.load_state_dict(best)
+        for name, p in model.named_parameters():
+            np.testing.assert_array_equal(backend.to_numpy(p.data), kept[name], err_msg=name)
+        optimizer_state = opt.state_dict()
+        opt.zero_grad()
+        LanguageModeling().loss_and_grad(model, (batch[:, :-1], batch[:, 1:]))
+        opt.step()
+        assert not np.array_equal(optimizer_state["m.0"], opt.state_dict()["m.0"])
