@@ -438,3 +438,12 @@ def test_models_refuse_ids_outside_the_vocabulary(xb, kind):
     with pytest.raises(ValueError, match=r"token ids out of range: found id 6, but the "
                                          r"vocabulary has 6 entries"):
         _call(kind, model, [[1, 6]], [[1, 2]])
+
+
+@pytest.mark.parametrize("bad", ["no", 0, None])
+def test_need_weights_must_be_true_or_false(xb, bad):
+    """Issue 37 case 22: need_weights="no" returned the weights (a truthy string)."""
+    layer = nn.MultiHeadAttention(4, 2)
+    x = backend.asarray(np.zeros((1, 3, 4)), dtype="float64")
+    with raises_naming(TypeError, "need_weights", repr(bad)):
+        layer(x, need_weights=bad)

@@ -31,6 +31,7 @@ from npformer.checkpoint import (
     build_model,
     load_checkpoint,
     remove_stale_temporaries,
+    restore,
     save_checkpoint,
 )
 
@@ -236,3 +237,32 @@ def test_a_bare_npy_file_is_refused(tmp_path):
     with pytest.raises(CheckpointError, match="single NumPy array"):
         load_checkpoint(tmp_path / "array.npy")
 
+
+
+@pytest.mark.parametrize("version", [True, 1.0, "4", 0, 5])
+def test_a_version_that_is_not_a_known_integer_is_refused(tmp_path, version):
+    """Issue 37 case 24: "version": true was read as version 1 (and rebuilt gelu as the
+    tanh form); a version must be an integer from 1 to this npformer's."""
+    with using_backend("numpy", "float64"):
+        path = save_checkpoint(tmp_path / "m.npz", lm())
+    with np.load(path) as saved:
+        arrays = {name: saved[name] for name in saved.files}
+    meta = json.loads(str(arrays["meta"]))
+    meta["version"] = version
+    arrays["meta"] = np.array(json.dumps(meta))
+    np.savez(tmp_path / "bad.npz", **arrays)
+    with pytest.raises(CheckpointError, match=r"format version"):
+        load_checkpoint(tmp_path / "bad.npz")
+
+
+def test_save_and_restore_refuse_an_optimizer_of_another_model(tmp_path):
+    """Issue 37 case 25: an optimizer over another model's parameters was saved with the
+    model (and restored into it) silently; the Trainer already refused it."""
+    with using_backend("numpy", "float64"):
+        model, other = lm(), lm()
+        foreign = optim.AdamW(other.parameters())
+        with pytest.raises(ValueError, match="save_checkpoint: the optimizer does not update"):
+            save_checkpoint(tmp_path / "m.npz", model, foreign)
+        path = save_checkpoint(tmp_path / "m.npz", model, optim.AdamW(model.parameters()))
+        with pytest.raises(ValueError, match="restore: the optimizer does not update"):
+            restore(model, load_checkpoint(path), foreign)
