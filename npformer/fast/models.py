@@ -23,13 +23,15 @@ from __future__ import annotations
 
 from .. import models, ops
 from ..backend import Array
+from ..nn import LayerNorm
 from ..models.common import model_input, valid_lengths
 from ..ops.contracts import check_valid_lengths
 from .flat import flat_buffer
 from .packing import Packing
 
 
-def packed_blocks(x: Array, blocks: list, norm, mask: Array, packing: Packing) -> Array:
+def packed_blocks(x: Array, blocks: list, norm: LayerNorm | None, mask: Array,
+                  packing: Packing) -> Array:
     """x (B, T, D) -> the blocks, then the final norm (if any), on its valid positions:
     rows (N, D)."""
     x = packing.pack(x)  # (B, T, D) -> rows (N, D)
@@ -38,7 +40,8 @@ def packed_blocks(x: Array, blocks: list, norm, mask: Array, packing: Packing) -
     return x if norm is None else norm(x)
 
 
-def packed_blocks_backward(dx: Array, blocks: list, norm, packing: Packing) -> Array:
+def packed_blocks_backward(dx: Array, blocks: list, norm: LayerNorm | None,
+                           packing: Packing) -> Array:
     """The backward of :func:`packed_blocks`: rows (N, D) -> dx (B, T, D), zeros at padding."""
     if norm is not None:
         dx = norm.backward(dx)
