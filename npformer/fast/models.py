@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from .. import models, ops
 from ..backend import Array
-from ..nn import LayerNorm
 from ..models.common import model_input, valid_lengths
+from ..nn import LayerNorm
 from ..ops.contracts import check_valid_lengths
 from .flat import flat_buffer
 from .packing import Packing
