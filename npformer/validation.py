@@ -661,14 +661,27 @@ def check_valid_lengths(valid_lens: Array, length: int, minimum: int = 0) -> Non
 def check_heads_divide(d_model: int, num_heads: int, d_model_name: str = "d_model",
                        num_heads_name: str = "num_heads",
                        hint: str = "or set head_dim explicitly") -> None:
-    """Narrow heads split the width: num_heads must divide d_model (one place for the rule;
-    ``d_model_name`` and ``num_heads_name`` name the two values as the caller's user knows
-    them, e.g. the demos' options ``--d-model`` and ``--num-heads``)."""
+    """Heads of width D / H split the width: num_heads must divide d_model (one place for
+    the rule; ``d_model_name`` and ``num_heads_name`` name the two values as the caller's
+    user knows them, e.g. the demos' options ``--d-model`` and ``--num-heads``)."""
     if d_model % num_heads != 0:
         raise ValueError(
             f"{d_model_name} {d_model} is not divisible by {num_heads_name} {num_heads}: each "
             f"head gets {d_model_name} / {num_heads_name} columns; choose a head count that "
             "divides the width" + (f", {hint}" if hint else ""))
+
+
+def check_narrow_heads(d_model: int, num_heads: int, head_dim: int | None = None,
+                       owner: str = "") -> None:
+    """Narrow heads (Bloem's ``SelfAttentionNarrow``) cut the width into the heads' slices:
+    num_heads must divide d_model, and a head_dim given must be that slice's width."""
+    prefix = f"{owner}." if owner else ""
+    check_heads_divide(d_model, num_heads, f"{prefix}d_model", f"{prefix}num_heads",
+                       hint="" if not owner else "or turn narrow_heads off")
+    if head_dim is not None and head_dim * num_heads != d_model:
+        raise ValueError(f"narrow heads are the {num_heads} slices of width "
+                         f"{d_model // num_heads} of d_model {d_model}: {prefix}head_dim must "
+                         f"be None or {d_model // num_heads}, got {head_dim}")
 
 
 def check_sequence_input(x: Array, width: int, what: str) -> None:
@@ -683,7 +696,8 @@ def check_sequence_input(x: Array, width: int, what: str) -> None:
 _POSITIVE_INT_FIELDS = ("vocab_size", "src_vocab_size", "tgt_vocab_size", "num_classes",
                         "d_model", "num_heads", "d_ff", "num_layers", "num_encoder_layers",
                         "num_decoder_layers", "block_size")
-_BOOL_FIELDS = ("norm_first", "tie_weights", "scale_embeddings")
+_BOOL_FIELDS = ("norm_first", "tie_weights", "scale_embeddings", "narrow_heads",
+                "kqnorm")
 # token id field -> the vocabulary sizes it must index
 _TOKEN_ID_FIELDS = {"pad_id": ("vocab_size", "src_vocab_size", "tgt_vocab_size"),
                     "bos_id": ("tgt_vocab_size",), "eos_id": ("tgt_vocab_size",)}
@@ -750,6 +764,15 @@ def check_config(config: Any) -> None:
         if not isinstance(value, (bool, numpy.bool_)):
             raise ValueError(f"{name}.{field} must be True or False, got {_shown(value)}")
         _set_field(config, field, bool(value))
+    if getattr(config, "narrow_heads", False):
+        check_narrow_heads(config.d_model, config.num_heads, head_dim, name)
+    if hasattr(config, "layer_norm_eps"):
+        eps = config.layer_norm_eps
+        if isinstance(eps, (bool, numpy.bool_)) or not isinstance(eps, numbers.Real) \
+                or not (math.isfinite(eps) and eps > 0):
+            raise ValueError(f"{name}.layer_norm_eps must be a finite number > 0, got "
+                             f"{_shown(eps)}")
+        _set_field(config, "layer_norm_eps", float(eps))
     if getattr(config, "positional", "learned") not in POSITIONALS:
         raise ValueError(f"{name}.positional must be one of {POSITIONALS}, got "
                          f"{_shown(config.positional)}")
@@ -1095,6 +1118,67 @@ def model_input(data: Any, what: str, rank: int = 2) -> Array:
     if host.dtype.kind not in "iu":
         raise TypeError(f"{what} must be an integer array, got dtype {host.dtype}")
     return backend.asarray(host)
+
+
+def attention_mask_input(mask: Any, shape: tuple[int, int],
+                         what: str = "attention_mask") -> Array:
+    """A causal LM's ``attention_mask`` as Hugging Face passes it, (B, S): 1 (or True) at
+    every token, 0 (False) at padding, anywhere in a row -> a backend bool array (True at
+    the tokens).  An array of any backend, a NumPy array or nested lists; refused naming
+    ``what`` if of another shape, or not of 0s and 1s."""
+    import array_api_compat  # here: validation is imported before the backends settle
+
+    if array_api_compat.is_array_api_obj(mask):
+        given = mask
+    else:
+        try:
+            host = numpy.asarray(mask)
+        except (ValueError, TypeError) as exc:  # ragged lists
+            raise ValueError(f"{what} must be an array or a rectangular nested list of 0s "
+                             f"and 1s: {exc}") from None
+        given = backend.asarray(host.astype(numpy.int64) if host.size == 0 else host)
+    xp = backend.namespace_of(given)
+    if given.dtype != xp.bool and not backend.is_integer_array(given):
+        raise TypeError(f"{what} must hold 0 and 1 (integers or booleans), got dtype "
+                        f"{given.dtype}")
+    if tuple(given.shape) != tuple(shape):
+        raise ValueError(f"{what} must have shape {tuple(shape)} (batch, positions), got "
+                         f"{tuple(given.shape)}")
+    if given.dtype == xp.bool:
+        return given
+    if math.prod(given.shape):
+        low, high = backend.host_range(given)
+        if low < 0 or high > 1:
+            raise ValueError(f"{what} must hold 0 (padding) and 1 (a token) only, found "
+                             f"{low if low < 0 else high}")
+    return given != 0
+
+
+def position_ids_input(position_ids: Any, shape: tuple[int, int], block_size: int,
+                       what: str = "position_ids") -> Array:
+    """A causal LM's ``position_ids``: integers in [0, block_size), (B, T), or (T,) or
+    (1, T) for every row -> a backend integer array (B, T)."""
+    ids = model_input(position_ids, what)
+    if ids.ndim == 1:
+        ids = backend.namespace_of(ids).reshape(ids, (1, ids.shape[0]))
+    if ids.ndim != 2 or ids.shape[1] != shape[1] or ids.shape[0] not in (1, shape[0]):
+        raise ValueError(f"{what} must have shape {tuple(shape)} (batch, positions), or "
+                         f"({shape[1]},) for every row, got {tuple(ids.shape)}")
+    check_positions(ids, block_size, what)
+    return backend.namespace_of(ids).broadcast_to(ids, tuple(shape))
+
+
+def check_positions(position_ids: Array, block_size: int, what: str = "position_ids") -> None:
+    """Positions must index the positional table: integers in [0, block_size)."""
+    if not math.prod(position_ids.shape):
+        return
+    low, high = backend.host_range(position_ids)
+    if low < 0:
+        raise ValueError(f"{what} hold position {low}: positions count from 0")
+    if high >= block_size:
+        raise ValueError(f"{what} reach position {high}, but the positional table has "
+                         f"{block_size} rows (block_size {block_size}): a sequence of more "
+                         f"than {block_size} tokens is longer than the model's context")
 
 
 def valid_lengths_from(ids: Array, pad_id: int, what: str = "token ids") -> Array:

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, fields
+from dataclasses import MISSING, asdict, fields
 from typing import Any
 
-from .. import backend
+from .. import backend, ops
 from ..backend import Array
 from ..nn import (
     Dropout,
@@ -19,6 +19,7 @@ from ..nn import (
 from ..validation import (  # noqa: F401 (POSITIONALS, model_input: re-exported)
     POSITIONALS,
     check_config,
+    check_positions,
     check_rank,
     check_token_ids,
     check_valid_lengths,
@@ -34,9 +35,14 @@ def config_to_dict(config: Any) -> dict:
 
 def saved_config_values(cls: type, values: dict) -> dict:
     """A config's values as saved (a checkpoint's ``config``), the old name of a renamed
-    field read as its new one (``max_len`` -> ``block_size``): the one place a saved
-    config is read, so a checkpoint written before a rename still loads."""
-    return new_field_names(cls, values)
+    field read as its new one (``max_len`` -> ``block_size``), and a field added since
+    (``layer_norm_eps``, ``narrow_heads``, ``kqnorm``) at its default, the value every
+    model had before it existed: the one place a saved config is read, so a checkpoint
+    written before a rename or an addition still loads."""
+    values = new_field_names(cls, values)
+    added = {f.name: f.default for f in fields(cls)
+             if f.name not in values and f.default is not MISSING}
+    return {**values, **added}
 
 
 def config_from_dict(cls: type, values: dict) -> Any:
@@ -67,22 +73,29 @@ class TokenEmbedding(Module):
         self.scale = math.sqrt(d_model) if scale_by_sqrt_d else 1.0
         self.block_size = block_size
 
-    def check_inputs(self, ids: Array, offset: int = 0) -> None:
-        """ids (B, T) integers in [0, V), offset + T <= block_size: the door of every model."""
+    def check_inputs(self, ids: Array, offset: int = 0,
+                     position_ids: Array | None = None) -> None:
+        """ids (B, T) integers in [0, V), offset + T <= block_size (or position_ids (B, T)
+        in [0, block_size)): the door of every model."""
         check_rank(ids, 2, "token ids (batch, positions)")
-        if offset + ids.shape[1] > self.block_size:
+        if position_ids is not None:
+            check_positions(position_ids, self.block_size)
+        elif offset + ids.shape[1] > self.block_size:
             raise ValueError(f"sequence of length {offset + ids.shape[1]} is longer than "
                              f"block_size {self.block_size} (the positional table's "
                              "length); raise it in the model's config")
         check_token_ids(ids, self.tokens.num_embeddings)
 
-    def forward(self, ids: Array, offset: int = 0) -> Array:
-        """ids (B, T) integers; ``offset``: position of ids[:, 0] (cached decoding)."""
+    def forward(self, ids: Array, offset: int = 0, position_ids: Array | None = None) -> Array:
+        """ids (B, T) integers; ``offset``: position of ids[:, 0] (cached decoding);
+        ``position_ids`` (B, T): each token's own position instead (a padded batch)."""
         x = self.tokens(ids) * self.scale  # (B, T, D)
-        if offset:
+        if position_ids is not None:
+            x = self.positions(x, position_ids)  # x + P[position_ids]
+        elif offset:
             x = self._add_positions_at(x, offset)
         else:
-            x = self.positions(x)
+            x = self.positions(x)  # x + P[:T]
         return self.dropout(x)
 
     def _add_positions_at(self, x, offset: int):
@@ -108,7 +121,15 @@ def inference_only(what: str) -> None:
 
 def final_norm(config: Any) -> LayerNorm | None:
     """Pre-norm stacks end with a layer norm (GPT-2); post-norm ones already end normed."""
-    return LayerNorm(config.d_model) if config.norm_first else None
+    eps = getattr(config, "layer_norm_eps", ops.layernorm.EPS)
+    return LayerNorm(config.d_model, eps) if config.norm_first else None
+
+
+def block_options(config: Any) -> dict:
+    """The blocks' keyword options a config sets: the attention's kind (narrow heads,
+    kqnorm) and the layer norms' epsilon."""
+    return {"narrow": config.narrow_heads, "kqnorm": config.kqnorm,
+            "norm_eps": getattr(config, "layer_norm_eps", ops.layernorm.EPS)}
 
 
 def valid_lengths(ids: Array, valid_lens: Array | None, pad_id: int,
