@@ -261,6 +261,23 @@ def test_batched_greedy_generation_equals_hf_generate(folders, variant):
         assert generate(ours, ids, new, greedy=True, eos_id=eos, attention_mask=mask) == got
 
 
+def test_on_the_strict_namespace_as_on_numpy(folders):
+    """The strict array-API namespace (arrays on a pretend device, no NumPy calls: as on
+    CuPy) loads, runs a padded batch and decodes it as NumPy does."""
+    rng = np.random.default_rng(12)
+    prompts = [rng.integers(1, 50, n).tolist() for n in (5, 2, 7)]
+    ids, mask = left_padded(prompts)
+    results = {}
+    for name in ("numpy", "strict"):
+        with using_backend(name, "float64"):
+            model = CausalLM.from_pretrained(folders["gpt2"])
+            with no_grad():
+                logits = to_host(model(backend.asarray(ids), backend.asarray(mask)))
+            results[name] = logits, generate(model, prompts, 6, greedy=True)
+    assert rel_diff(results["strict"][0], results["numpy"][0]) <= 1e-12
+    assert results["strict"][1] == results["numpy"][1]
+
+
 # --------------------------------------------------------------------------- saving
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_save_pretrained_round_trips_through_hf(folders, variant, tmp_path):
