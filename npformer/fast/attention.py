@@ -38,6 +38,7 @@ output and zero gradients.
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from typing import Any
 
 from .. import backend
@@ -74,16 +75,17 @@ def attention_forward(q: Array, k: Array, v: Array, mask: Array | None = None,
     if k.shape[-2] == 0:  # no keys (no blocks): zero output, as for fully masked queries
         out, lse = xp.zeros_like(out), xp.zeros_like(lse)
     extents = _key_extents(mask)  # host integers: the block walk never waits on the device
-    for rows, keys, block_bias, row_keys in _blocks(q, k, extents, bias, block_scores):
-        scores = q[rows] @ k[keys].mT  # S = Q K^T: (.., t, E) @ (.., E, s)
-        if _compiled(scores):  # scale, masked softmax and lse: one compiled pass a row
-            kernels.attention_softmax(scores, block_bias, scale, lse[rows], row_keys)  # P
-            out[rows] = scores @ v[keys]  # (.., t, s) @ (.., s, F) -> (.., t, F)
-            continue
-        scores *= scale  # alpha S, in place
-        e, m, total = _stable_exp(scores, block_bias)  # (.., t, s), (.., t, 1) twice
-        out[rows] = (e @ v[keys]) / total  # (.., t, s) @ (.., s, F) -> (.., t, F)
-        lse[rows] = m + xp.log(total)
+    with one_blas_thread(q):  # the blocks' small products: see one_blas_thread
+        for rows, keys, block_bias, row_keys in _blocks(q, k, extents, bias, block_scores):
+            scores = q[rows] @ k[keys].mT  # S = Q K^T: (.., t, E) @ (.., E, s)
+            if _compiled(scores):  # scale, masked softmax and lse: one compiled pass a row
+                kernels.attention_softmax(scores, block_bias, scale, lse[rows], row_keys)  # P
+                out[rows] = scores @ v[keys]  # (.., t, s) @ (.., s, F) -> (.., t, F)
+                continue
+            scores *= scale  # alpha S, in place
+            e, m, total = _stable_exp(scores, block_bias)  # (.., t, s), (.., t, 1) twice
+            out[rows] = (e @ v[keys]) / total  # (.., t, s) @ (.., s, F) -> (.., t, F)
+            lse[rows] = m + xp.log(total)
     return out, (q, k, v, extents, bias, lse, scale, block_scores)
 
 
@@ -97,29 +99,52 @@ def attention_backward(dout: Array, saved: Any) -> tuple[Array, Array, Array]:
         dq = xp.zeros_like(q)
     dk = xp.zeros_like(k)  # keys are shared by query blocks, and cut-off keys get 0
     dv = xp.zeros_like(v)
-    for rows, keys, block_bias, row_keys in _blocks(q, k, extents, bias, block_scores):
-        scores = q[rows] @ k[keys].mT  # S = Q K^T (.., t, s), recomputed
-        compiled = _compiled(scores)
-        if compiled:
-            kernels.attention_probabilities(scores, block_bias, scale, lse[rows], row_keys)
-            p = scores
-        else:
-            scores *= scale
-            if block_bias is not None:
-                scores += block_bias
-            scores -= lse[rows]
-            p = exp_into(scores)  # P = exp(A - lse), (.., t, s)
-        dv[keys] += p.mT @ dout[rows]  # (.., s, t) @ (.., t, F)
-        dp = dout[rows] @ v[keys].mT  # (.., t, F) @ (.., F, s)
-        if compiled:
-            kernels.attention_softmax_backward(dp, p, scale, row_keys)  # alpha dA, in dp
-            dscores = dp
-        else:
-            dscores = softmax_backward.unchecked(dp, (p, -1), overwrite_input=True)  # dA, in dp
-            dscores *= scale  # alpha dA
-        dq[rows] = dscores @ k[keys]  # (.., t, s) @ (.., s, E)
-        dk[keys] += dscores.mT @ q[rows]  # (.., s, t) @ (.., t, E)
+    with one_blas_thread(q):  # the blocks' small products: see one_blas_thread
+        for rows, keys, block_bias, row_keys in _blocks(q, k, extents, bias, block_scores):
+            scores = q[rows] @ k[keys].mT  # S = Q K^T (.., t, s), recomputed
+            compiled = _compiled(scores)
+            if compiled:
+                kernels.attention_probabilities(scores, block_bias, scale, lse[rows], row_keys)
+                p = scores
+            else:
+                scores *= scale
+                if block_bias is not None:
+                    scores += block_bias
+                scores -= lse[rows]
+                p = exp_into(scores)  # P = exp(A - lse), (.., t, s)
+            dv[keys] += p.mT @ dout[rows]  # (.., s, t) @ (.., t, F)
+            dp = dout[rows] @ v[keys].mT  # (.., t, F) @ (.., F, s)
+            if compiled:
+                kernels.attention_softmax_backward(dp, p, scale, row_keys)  # alpha dA, in dp
+                dscores = dp
+            else:
+                dscores = softmax_backward.unchecked(dp, (p, -1), overwrite_input=True)  # dA, in dp
+                dscores *= scale  # alpha dA
+            dq[rows] = dscores @ k[keys]  # (.., t, s) @ (.., s, E)
+            dk[keys] += dscores.mT @ q[rows]  # (.., s, t) @ (.., t, E)
     return dq, dk, dv
+
+
+_blas = None  # threadpoolctl's controller of the loaded BLAS: found once (it reads /proc)
+
+
+def one_blas_thread(like: Array) -> Any:
+    """A context in which NumPy's BLAS runs on one thread, for arrays like ``like``.
+
+    A block's products are small (per head, a block of queries times its keys), and a
+    multi-threaded BLAS makes its threads meet at every one of them: on 2 cores that
+    costs more than it saves, and far more when other processes share the cores (a
+    thread then waits for one that is not running).  A GPU library has no such threads."""
+    global _blas
+    if type(like).__module__.split(".")[0] != "numpy":
+        return nullcontext()
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:  # pragma: no cover - threadpoolctl is a dependency
+        return nullcontext()
+    if _blas is None:
+        _blas = ThreadpoolController()
+    return _blas.limit(limits=1, user_api="blas")
 
 
 def _compiled(scores) -> bool:
