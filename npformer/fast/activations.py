@@ -19,8 +19,11 @@ NumPy arrays the numba kernels of :mod:`.kernels` (a branch-free, vectorized erf
 backward fused); without numba, and on CuPy, erfc from the array library's own special
 functions (SciPy's, ``cupyx.scipy.special``'s), one pass for erfc instead of the
 dozens of the textbook's array-API rational approximation (all accurate to a few
-ulps).  Elsewhere (the strict namespace) it is the textbook op.  Every other
-activation is the textbook one.
+ulps).  Elsewhere (the strict namespace) it is the textbook op.
+
+GELU (tanh form, GPT-2's): the textbook's statements, $y = x (1 + t)/2$ with
+$t = \tanh(c (x + a x^3))$, and its cache (x, t), in one compiled pass each way on
+NumPy arrays (the textbook's ten array passes elsewhere).
 """
 from __future__ import annotations
 
@@ -98,8 +101,29 @@ def gelu_backward(dy: Array, x: Array) -> Array:
         saved = (x, _phi_cdf(x, special))
     return _textbook.gelu_backward.unchecked(dy, saved)
 
+@forward_op(activation_input("gelu_tanh"))
+def gelu_tanh_forward(x: Array) -> tuple[Array, Any]:
+    """x (...) -> y (...), cache (x, t), t = tanh(c (x + a x^3)): the textbook op, one
+    compiled pass on NumPy arrays (:func:`.kernels.gelu_tanh_forward`; its statements
+    elsewhere)."""
+    if kernels.usable(x):
+        y, t = kernels.gelu_tanh_forward(x)
+        return y, (x, t)
+    return _textbook.gelu_tanh_forward.unchecked(x)
+
+
+@backward_op(gelu_tanh_forward)
+def gelu_tanh_backward(dy: Array, saved: Any) -> Array:
+    """dy (...) -> dx (...): the textbook op, one compiled pass on NumPy arrays."""
+    x, t = saved
+    if kernels.usable(dy, x, t):
+        return kernels.gelu_tanh_backward(dy, x, t)
+    return _textbook.gelu_tanh_backward.unchecked(dy, saved)
+
+
 ACTIVATIONS = {**_textbook.ACTIVATIONS, "relu": (relu_forward, relu_backward),
-               "gelu": (gelu_forward, gelu_backward)}
+               "gelu": (gelu_forward, gelu_backward),
+               "gelu_tanh": (gelu_tanh_forward, gelu_tanh_backward)}
 
 
 @checked_op(activation_choice)
