@@ -20,6 +20,8 @@ last.npz (the run, for --resume), sample.txt and metrics.json to --out.
 """
 from __future__ import annotations
 
+import argparse
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +40,7 @@ from npformer.cli import (
     Demo,
     DemoError,
     demo_parser,
+    nonnegative_float,
     nonnegative_int,
     option,
     positive_float,
@@ -73,7 +76,7 @@ class Preset:
     batch_size: int = option(4, "windows per update")
     lr: float = option(3e-5, "learning rate (constant, nanoGPT's fine-tuning rate)",
                        positive_float)
-    weight_decay: float = option(0.1, "AdamW's decoupled weight decay", positive_float)
+    weight_decay: float = option(0.1, "AdamW's decoupled weight decay", nonnegative_float)
     dropout: float = option(0.0, "dropout probability", probability)
     eval_every: int = option(25, "estimate the validation loss every this many updates")
     eval_batches: int = option(8, "batches per loss estimate")
@@ -99,11 +102,23 @@ def build_parser():
                         help="sampling temperature (default: %(default)s)")
     parser.add_argument("--top-k", type=positive_int, default=200,
                         help="sample among the k likeliest tokens (default: %(default)s)")
-    parser.add_argument("--top-p", type=probability, default=None,
-                        help="sample from the nucleus of this probability (default: off)")
+    parser.add_argument("--top-p", type=nucleus, default=None,
+                        help="sample from the nucleus of this probability, in (0, 1] "
+                             "(default: off)")
     parser.add_argument("--sample-only", action="store_true",
                         help="sample from --model without training")
     return parser
+
+
+def nucleus(text: str) -> float:
+    """--top-p: a probability in (0, 1] (the nucleus keeps at least the likeliest token)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a probability in (0, 1], got {text!r}")
+    return value
 
 
 def load_model(source: str, dtype: str, dropout: float):

@@ -1,4 +1,5 @@
-"""Decoding: greedy and beam search for the seq2seq model, sampling for the language model.
+"""Decoding: greedy and beam search for the seq2seq model; the language model's batched
+generation (greedy, or sampling with temperature, top-k and top-p).
 
 All of it runs under :func:`npformer.no_grad` with key/value caches: each step
 feeds only the newest token; decoder self-attention appends one key/value per
@@ -9,7 +10,9 @@ Beam search decodes a whole batch at once: the open hypotheses of every sentence
 are rows of one decoder batch, so each position costs one ``forward_cached`` call for all
 of them, and a sentence whose search is over leaves the batch (its rows of the
 caches and of the encoder memory are dropped), so the batch shrinks as sentences
-finish.  Every row selection goes through :func:`_reorder_states`.
+finish.  The language model's :func:`generate` decodes its prompts together likewise
+(left-padded, the padding masked), a row leaving the batch at its end-of-text token.
+Every row selection goes through :func:`_reorder_states`.
 
 Arguments are checked before any work: token ids (arrays of any backend, NumPy
 arrays or nested lists) must be integers inside the vocabulary, counts integers
@@ -300,16 +303,14 @@ def generate(model: Module, prompt_ids: Array | Sequence, max_new_tokens: int,
         for _ in range(max_new_tokens):
             if not live:
                 break
-            if states is None or keep.shape[1] + 1 > block_size:  # (re)start the window
-                states, pending, keep = model.new_cache(), *_left_padded(
-                    [rows[b][-block_size:] for b in live])  # (R, W) each
+            if states is None or keep.shape[1] + 1 > block_size:  # (re)start the window:
+                pending, keep = _left_padded([rows[b][-block_size:] for b in live])  # (R, W)
+                states = model.new_cache()  # each row's last block_size tokens, encoded
             else:
                 pending = np.array([[rows[b][-1]] for b in live], dtype=np.int64)  # (R, 1)
                 keep = np.concatenate([keep, np.ones((len(live), 1), dtype=bool)], axis=1)
-            padded = None if keep.all() else backend.asarray(keep)  # no padding: no mask
-            logits = model.forward_cached(backend.asarray(pending), states,
-                                          **({} if padded is None else
-                                             {"attention_mask": padded}))
+            mask = None if keep.all() else backend.asarray(keep)  # (R, S); no padding: none
+            logits = model.forward_cached(backend.asarray(pending), states, attention_mask=mask)
             log_p = _last_log_probs(logits)  # (R, V)
             if greedy:
                 next_ids = np.argmax(log_p, axis=-1)  # (R,)
@@ -319,7 +320,7 @@ def generate(model: Module, prompt_ids: Array | Sequence, max_new_tokens: int,
                 rows[b].append(int(token))
             going = [i for i, b in enumerate(live) if rows[b][-1] != eos_id]
             if len(going) < len(live):  # rows that ended leave the batch and the caches
-                states.select(backend.asarray(np.array(going, dtype=np.int64)))
+                _reorder_states(states, backend.asarray(np.array(going, dtype=np.int64)))
                 keep, live = keep[going], [live[i] for i in going]
     return rows[0] if single else rows
 

@@ -307,8 +307,8 @@ def reference_generate(model, prompt, n):
 
 def _recording(forward_cached, seen: list):
     """``forward_cached`` that also appends each call's last-position logits to ``seen``."""
-    def recording(ids, cache):
-        logits = forward_cached(ids, cache)
+    def recording(ids, cache, **kwargs):
+        logits = forward_cached(ids, cache, **kwargs)
         seen.append(backend.to_numpy(logits)[0, -1])
         return logits
     return recording

@@ -135,3 +135,12 @@ def test_mistakes_are_one_error_line(checkpoint, text_file, tmp_path, extra, mes
     assert lines[-1].startswith("error: ") and message.format(**names) in lines[-1], lines[-1]
     assert "Traceback" not in result.stderr
     assert not os.path.exists(tmp_path / "out" / "gpt2")
+
+
+@pytest.mark.parametrize("option,value", [("--top-p", "0"), ("--top-p", "1.5"),
+                                          ("--temperature", "0"), ("--max-iters", "0"),
+                                          ("--weight-decay", "-1")])
+def test_bad_option_values_are_refused_by_the_parser(option, value, tmp_path):
+    result = run_demo("finetune.py", "--smoke", "--out", str(tmp_path), option, value)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert f"argument {option}: expected" in result.stderr and "Traceback" not in result.stderr
