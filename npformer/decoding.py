@@ -1,4 +1,5 @@
-"""Decoding: greedy and beam search for the seq2seq model, sampling for the language model.
+"""Decoding: greedy and beam search for the seq2seq model; the language model's batched
+generation (greedy, or sampling with temperature, top-k and top-p).
 
 All of it runs under :func:`npformer.no_grad` with key/value caches: each step
 feeds only the newest token; decoder self-attention appends one key/value per
@@ -9,7 +10,9 @@ Beam search decodes a whole batch at once: the open hypotheses of every sentence
 are rows of one decoder batch, so each position costs one ``forward_cached`` call for all
 of them, and a sentence whose search is over leaves the batch (its rows of the
 caches and of the encoder memory are dropped), so the batch shrinks as sentences
-finish.  Every row selection goes through :func:`_reorder_states`.
+finish.  The language model's :func:`generate` decodes its prompts together likewise
+(left-padded, the padding masked), a row leaving the batch at its end-of-text token.
+Every row selection goes through :func:`_reorder_states`.
 
 Arguments are checked before any work: token ids (arrays of any backend, NumPy
 arrays or nested lists) must be integers inside the vocabulary, counts integers
@@ -27,7 +30,7 @@ import numpy as np
 
 from . import backend, ops
 from .backend import Array
-from .models.common import valid_lengths_from
+from .models.common import attention_mask_input, valid_lengths_from
 from .nn import Module, evaluating
 from .ops.contracts import check_real, check_size, check_token_ids
 
@@ -244,58 +247,161 @@ def _search_done(finished, open_beams, k: int, length: int, max_length: int,
 
 
 # --------------------------------------------------------------------------- language model
-def generate(model: Module, prompt_ids: Array | Sequence[int], max_new_tokens: int,
+def generate(model: Module, prompt_ids: Array | Sequence, max_new_tokens: int,
              temperature: float = 1.0, top_k: int | None = None, greedy: bool = False,
-             rng: np.random.Generator | None = None) -> list[int]:
-    """Continue ``prompt_ids`` (one sequence of at least one id: a list, a 1-D array) by
-    ``max_new_tokens`` tokens (0 returns the prompt) -> prompt + continuation, a list.
+             rng: np.random.Generator | None = None, top_p: float | None = None,
+             eos_id: int | None = None, attention_mask: Array | Sequence | None = None
+             ) -> list[int] | list[list[int]]:
+    """Continue a prompt, or a batch of prompts together, by up to ``max_new_tokens``
+    tokens each -> prompt + continuation: a list for one prompt, a list of such lists
+    for a batch (each row's prompt without its padding).
 
-    Each step samples from softmax(logits / temperature), restricted to the ``top_k``
-    most likely tokens if given, or takes the argmax when ``greedy`` (which ignores
-    ``temperature`` and ``top_k``).  Past the model's block size the context is the last
-    block_size tokens (re-encoded).
+    ``prompt_ids``: one sequence of at least one id (a list, a 1-D array), or a batch:
+    a list of sequences of any lengths, or a (B, T) array whose padding
+    ``attention_mask`` (B, T) marks with 0 (left padding, as Hugging Face passes it; a
+    row's tokens are those marked 1).  The rows are left-padded and decoded together,
+    one cached step for all of them per new token (:meth:`CausalLM.forward_cached`, the
+    padding masked, positions counted over each row's tokens), so each row gets the
+    tokens that its prompt alone would give.
+
+    Each step a row takes the argmax when ``greedy``, else a sample from
+    :func:`sampling_distribution` (softmax(logits / temperature), restricted to the
+    ``top_k`` most likely tokens, then to the nucleus of probability ``top_p``), drawn
+    with ``rng`` (default ``np.random.default_rng(0)``: the same generator state gives
+    the same tokens).  A row that produces ``eos_id`` ends there (the eos id is its last
+    token) and leaves the batch.  Past the model's block size a row's context is its last
+    block_size tokens (re-encoded), as is a longer prompt's.
     """
     check_model_kind(model, "causal_lm", "generate")
-    host = host_token_ids(prompt_ids, "prompt_ids", 1, "one sequence (a list or 1-D array)")
-    if host.size == 0:
-        raise ValueError("generation needs a prompt of at least one token (prompt_ids is empty)")
-    check_token_ids(host, model.config.vocab_size, "prompt_ids")
+    vocab_size, block_size = model.config.vocab_size, model.config.block_size
+    prompts, single = _prompt_rows(prompt_ids, attention_mask, vocab_size)
     max_new_tokens = check_size(max_new_tokens, "max_new_tokens", 0)
     if not greedy:
         temperature = check_real(temperature, "temperature", 0.0, inclusive=False)
     if top_k is not None:
         top_k = check_size(top_k, "top_k", 1)
+    if top_p is not None:
+        top_p = check_real(top_p, "top_p", 0.0, inclusive=False)
+        if top_p > 1.0:
+            raise ValueError(f"top_p must be a probability in (0, 1], got {top_p}")
+    if eos_id is not None:
+        eos_id = check_size(eos_id, "eos_id", 0)
+        if eos_id >= vocab_size:
+            raise ValueError(f"eos_id {eos_id} is outside the vocabulary of {vocab_size}")
     rng = rng or np.random.default_rng(0)
-    block_size = model.config.block_size
-    ids = host.tolist()
+    rows = [list(prompt) for prompt in prompts]  # each row's tokens: prompt, then new ones
+    live = list(range(len(rows)))  # the rows still decoding, in the batch's order
     with evaluating(model):
-        states, offset = model.new_cache(), 0
-        pending = ids[-block_size:]
+        states, keep = None, None  # the cache and its (R, S) mask: True at tokens
         for _ in range(max_new_tokens):
-            if offset + len(pending) > block_size:  # window full: restart the cache on the tail
-                states, offset, pending = model.new_cache(), 0, ids[-block_size:]
-            pending_ids = backend.asarray(np.array([pending], dtype=np.int64))  # (1, T)
-            logits = model.forward_cached(pending_ids, states)
-            offset += len(pending)
-            log_p = _last_log_probs(logits)[0]  # (V,)
-            next_id = int(np.argmax(log_p)) if greedy else _sample(log_p, temperature, top_k, rng)
-            ids.append(next_id)
-            pending = [next_id]
-    return ids
+            if not live:
+                break
+            if states is None or keep.shape[1] + 1 > block_size:  # (re)start the window:
+                pending, keep = _left_padded([rows[b][-block_size:] for b in live])  # (R, W)
+                states = model.new_cache()  # each row's last block_size tokens, encoded
+            else:
+                pending = np.array([[rows[b][-1]] for b in live], dtype=np.int64)  # (R, 1)
+                keep = np.concatenate([keep, np.ones((len(live), 1), dtype=bool)], axis=1)
+            mask = None if keep.all() else backend.asarray(keep)  # (R, S); no padding: none
+            logits = model.forward_cached(backend.asarray(pending), states, attention_mask=mask)
+            log_p = _last_log_probs(logits)  # (R, V)
+            if greedy:
+                next_ids = np.argmax(log_p, axis=-1)  # (R,)
+            else:
+                next_ids = sample(sampling_distribution(log_p, temperature, top_k, top_p), rng)
+            for b, token in zip(live, next_ids.tolist()):
+                rows[b].append(int(token))
+            going = [i for i, b in enumerate(live) if rows[b][-1] != eos_id]
+            if len(going) < len(live):  # rows that ended leave the batch and the caches
+                _reorder_states(states, backend.asarray(np.array(going, dtype=np.int64)))
+                keep, live = keep[going], [live[i] for i in going]
+    return rows[0] if single else rows
 
 
-def _sample(log_p: np.ndarray, temperature: float, top_k: int | None,
-            rng: np.random.Generator) -> int:
+def _prompt_rows(prompt_ids: Any, attention_mask: Any, vocab_size: int
+                 ) -> tuple[list[list[int]], bool]:
+    """-> (each prompt's tokens, at least one each; whether one prompt was given, not a
+    batch): one sequence, a list of sequences, or a (B, T) array with its mask."""
+    if isinstance(prompt_ids, (list, tuple)) and prompt_ids and all(
+            isinstance(row, (list, tuple)) or getattr(row, "ndim", 0) == 1
+            for row in prompt_ids):  # a list of sequences: a batch of any lengths
+        if attention_mask is not None:
+            raise ValueError("attention_mask marks the padding of a (batch, positions) array "
+                             "of prompts; a list of prompts of their own lengths has none")
+        prompts = [host_token_ids(row, f"prompt_ids[{b}]", 1, "one sequence")
+                   for b, row in enumerate(prompt_ids)]
+        single = False
+    else:
+        single = getattr(prompt_ids, "ndim", 1) != 2
+        host = host_token_ids(prompt_ids, "prompt_ids", 1 if single else 2,
+                              "one sequence (a list or 1-D array) or a batch (a list of "
+                              "sequences, or a 2-D array with its attention_mask)")
+        if single and attention_mask is not None:
+            raise ValueError("attention_mask marks the padding of a (batch, positions) array "
+                             "of prompts, not of one sequence")
+        keep = np.ones(host.shape, dtype=bool) if single or attention_mask is None else \
+            backend.to_numpy(attention_mask_input(attention_mask, host.shape))
+        prompts = [host] if single else [row[kept] for row, kept in zip(host, keep)]
+    for b, prompt in enumerate(prompts):
+        what = "prompt_ids" if single else f"prompt_ids row {b}"
+        if prompt.size == 0:
+            raise ValueError(f"generation needs a prompt of at least one token ({what} is "
+                             "empty)")
+        check_token_ids(prompt, vocab_size, what)
+    return [prompt.tolist() for prompt in prompts], single
+
+
+def _left_padded(contexts: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of different lengths -> ids (R, W) and keep (R, W) (True at tokens), each row
+    at the right end (left padding; the padding id 0 is masked, never read)."""
+    width = max(len(row) for row in contexts)
+    ids = np.zeros((len(contexts), width), dtype=np.int64)
+    keep = np.zeros((len(contexts), width), dtype=bool)
+    for r, row in enumerate(contexts):
+        ids[r, width - len(row):], keep[r, width - len(row):] = row, True
+    return ids, keep
+
+
+def sampling_distribution(log_p: np.ndarray, temperature: float = 1.0,
+                          top_k: int | None = None, top_p: float | None = None) -> np.ndarray:
+    """log-probabilities (or logits) (R, V) -> the distributions (R, V) sampling draws
+    from, each row summing to 1:
+
+    * temperature: p proportional to exp(log_p / temperature);
+    * top_k: only the k largest stay (ties with the k-th stay too), renormalized;
+    * top_p (nucleus, Holtzman et al., 2020): of those, the most likely tokens, in order,
+      until their total reaches top_p: a token stays when the tokens before it hold less
+      than top_p (so at least one stays), renormalized.
+
+    The order is Hugging Face's (temperature, then top-k, then top-p)."""
     # Shifted by the max before dividing: a tiny temperature sends the others to -inf
     # and the best to exactly 0 (the argmax, its limit), never to NaN.
+    log_p = np.asarray(log_p, dtype=np.float64)
     with np.errstate(over="ignore"):  # overflowing to -inf is that limit
-        scaled = (log_p - log_p.max()) / temperature
-    if top_k is not None and top_k < scaled.size:
-        cutoff = np.sort(scaled)[-top_k]
+        scaled = (log_p - log_p.max(axis=-1, keepdims=True)) / temperature  # (R, V)
+    if top_k is not None and top_k < scaled.shape[-1]:
+        cutoff = -np.sort(-scaled, axis=-1)[:, top_k - 1:top_k]  # (R, 1): the k-th largest
         scaled = np.where(scaled < cutoff, -math.inf, scaled)
-    probs = np.exp(scaled - scaled.max())
-    probs /= probs.sum()
-    return int(rng.choice(probs.size, p=probs))
+    probs = np.exp(scaled - scaled.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)
+    if top_p is not None and top_p < 1.0:
+        order = np.argsort(-probs, axis=-1, kind="stable")  # most likely first
+        ranked = np.take_along_axis(probs, order, axis=-1)
+        before = np.cumsum(ranked, axis=-1) - ranked  # the mass ranked above each token
+        kept = np.zeros_like(probs, dtype=bool)
+        np.put_along_axis(kept, order, before < top_p, axis=-1)
+        probs = np.where(kept, probs, 0.0)
+        probs /= probs.sum(axis=-1, keepdims=True)
+    return probs
+
+
+def sample(probs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """One token per row of ``probs`` (R, V), drawn with one uniform number per row
+    (inverse transform: the first token whose cumulative probability exceeds it)."""
+    cumulative = np.cumsum(probs, axis=-1)
+    cumulative /= cumulative[:, -1:]  # the last is 1 exactly: every draw lands on a token
+    u = rng.random((probs.shape[0], 1))  # (R, 1) in [0, 1)
+    return np.sum(cumulative <= u, axis=-1)  # (R,): the first index with cumulative > u
 
 
 # --------------------------------------------------------------------------- decoding

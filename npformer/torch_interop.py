@@ -113,6 +113,12 @@ def _embedding(m, t, n):
 
 @register(MultiHeadAttention)
 def _mha(m, t, n):
+    if m.narrow or m.kqnorm:
+        options = " and ".join(o for o, on in (("narrow heads", m.narrow),
+                                                ("kqnorm", m.kqnorm)) if on)
+        raise ValueError(f"torch.nn.MultiheadAttention has no {options}: this attention "
+                         "layer has no PyTorch equivalent (npformer.torch_reference."
+                         "TorchAttention computes it in torch)")
     if m.num_heads * m.head_dim != m.d_model:
         raise ValueError(
             f"torch.nn.MultiheadAttention needs num_heads * head_dim == embed_dim, but this "
@@ -283,6 +289,13 @@ def load_safetensors(module: Module, path: str | Path) -> None:
     (as :func:`save_safetensors` or ``safetensors.torch.save_file`` write it), through
     :func:`load_torch_state_dict`'s checks.  bfloat16 tensors (NumPy has no bfloat16) are
     converted to float32, with a warning saying so."""
+    load_torch_state_dict(module, read_safetensors(path, stacklevel=3))
+
+
+def read_safetensors(path: str | Path, stacklevel: int = 2) -> dict[str, np.ndarray]:
+    """Every tensor of a safetensors file, as NumPy arrays by name; bfloat16 ones (NumPy
+    has no bfloat16) converted to float32, with a warning saying so.  A missing or
+    unreadable file is refused naming it."""
     from safetensors.numpy import load_file
 
     if not os.path.isfile(path):
@@ -297,8 +310,9 @@ def load_safetensors(module: Module, path: str | Path) -> None:
                          f"{type(exc).__name__}: {exc}") from exc
     if bfloat16:
         warnings.warn(f"{path} holds bfloat16 tensors ({', '.join(bfloat16)}): NumPy has no "
-                      "bfloat16, converted to float32 to load them", UserWarning, stacklevel=2)
-    load_torch_state_dict(module, state)
+                      "bfloat16, converted to float32 to load them", UserWarning,
+                      stacklevel=stacklevel)
+    return state
 
 
 def _safetensors_header(path) -> dict:

@@ -20,6 +20,10 @@ residual branches and the feed-forward's hidden layer, and none on the attention
 probabilities (torch's layers drop those too; here their attention dropout is set to 0).
 In eval mode no dropout applies, and the outputs are npformer's.
 
+:func:`torch_attention` is npformer's attention layer with its options (Bloem's narrow
+heads, kqnorm) written in torch the way Bloem's ``former`` writes them, for the parity
+tests of those options (``torch.nn.MultiheadAttention`` has neither).
+
 The parity tests, the benchmark (``bench/``) and :func:`npformer.torch_interop.to_torch`
 build these.  torch is imported when :func:`torch_models` is first called, never when
 npformer is imported; the classes are made once and the same ones returned afterwards.
@@ -65,6 +69,11 @@ def _add_positions(module: Any, prefix: str, x: Any) -> Any:
     return x + getattr(module, prefix + "pe")[:length][None]
 
 
+def _eps(config: Any) -> float:
+    """The layer norms' epsilon of a model config (PyTorch's 1e-5 where it sets none)."""
+    return getattr(config, "layer_norm_eps", ops.layernorm.EPS)
+
+
 def _without_attention_dropout(layer: Any) -> Any:
     """A torch Transformer layer built with dropout p drops its attention probabilities
     too; npformer drops only the residual branches, the FFN's hidden layer and the
@@ -88,7 +97,7 @@ def torch_models() -> dict[str, type]:
     def encoder_layer(c: Any, dtype: Any) -> Any:
         return _without_attention_dropout(tnn.TransformerEncoderLayer(
             c.d_model, c.num_heads, c.d_ff, dropout=c.dropout,
-            activation=torch_activation(c.activation), layer_norm_eps=ops.layernorm.EPS,
+            activation=torch_activation(c.activation), layer_norm_eps=_eps(c),
             batch_first=True, norm_first=c.norm_first, dtype=dtype))
 
     def ignored(ids: Any, valid_lens: Any, pad_id: int) -> tuple[Any, Any]:
@@ -141,7 +150,7 @@ def torch_models() -> dict[str, type]:
             self.drop = tnn.Dropout(c.dropout)  # npformer's embedding dropout
             self.layers = tnn.ModuleList(encoder_layer(c, dtype) for _ in range(c.num_layers))
             if c.norm_first:
-                self.norm = tnn.LayerNorm(c.d_model, eps=ops.layernorm.EPS, dtype=dtype)
+                self.norm = tnn.LayerNorm(c.d_model, eps=_eps(c), dtype=dtype)
             if not c.tie_weights:
                 self.lm_head = tnn.Linear(c.d_model, c.vocab_size, bias=False, dtype=dtype)
 
@@ -211,3 +220,63 @@ def torch_models() -> dict[str, type]:
             return self.out_proj(y)
 
     return {"classifier": TorchClassifier, "causal_lm": TorchLM, "seq2seq": TorchSeq2Seq}
+
+
+@functools.cache
+def torch_attention() -> type:
+    """``TorchAttention(d_model, num_heads, narrow=False, kqnorm=False, bias=True,
+    dtype=torch.float32)``: :class:`npformer.nn.MultiHeadAttention` with its options,
+    written in torch as Bloem's ``former`` writes ``SelfAttention`` (with ``kqnorm``) and
+    ``SelfAttentionNarrow``: ``toqueries``, ``tokeys``, ``tovalues`` (D -> D, or one E -> E
+    map applied to every head's slice when narrow), ``qln`` and ``kln`` (layer norms over
+    a head's E features, with kqnorm), ``unifyheads`` (D -> D).  npformer's layer differs
+    from ``former``'s in two ways, and this reference follows npformer: the scores are
+    scaled by 1 / sqrt(E), the paper's (``former`` divides by sqrt(D)), and the narrow
+    heads keep the output projection (``former``'s narrow layer drops it).
+
+    ``forward(x, context=None, mask=None)``: x (B, T, D), context (B, S, D) (keys and
+    values; default x), mask bool broadcasting to (B, H, T, S), True = may attend."""
+    import torch
+
+    tnn, F = torch.nn, torch.nn.functional
+
+    class TorchAttention(tnn.Module):
+        def __init__(self, d_model: int, num_heads: int, narrow: bool = False,
+                     kqnorm: bool = False, bias: bool = True, dtype: Any = torch.float32):
+            super().__init__()
+            self.heads, self.narrow, self.kqnorm = num_heads, narrow, kqnorm
+            s = d_model // num_heads
+            width = s if narrow else d_model  # a slice, or the whole vector
+            self.toqueries = tnn.Linear(width, width, bias=bias, dtype=dtype)
+            self.tokeys = tnn.Linear(width, width, bias=bias, dtype=dtype)
+            self.tovalues = tnn.Linear(width, width, bias=bias, dtype=dtype)
+            if kqnorm:
+                self.qln = tnn.LayerNorm([s], dtype=dtype)
+                self.kln = tnn.LayerNorm([s], dtype=dtype)
+            self.unifyheads = tnn.Linear(d_model, d_model, bias=bias, dtype=dtype)
+
+        def project(self, linear: Any, x: Any) -> Any:
+            """(b, t, e) -> (b, t, h, s): narrow heads cut x first, the others after."""
+            b, t, e = x.size()
+            h = self.heads
+            if self.narrow:
+                return linear(x.view(b, t, h, e // h))
+            return linear(x).view(b, t, h, e // h)
+
+        def forward(self, x: Any, context: Any = None, mask: Any = None) -> Any:
+            context = x if context is None else context
+            b, t, e = x.size()
+            h, s = self.heads, e // self.heads
+            queries = self.project(self.toqueries, x)  # (b, t, h, s)
+            keys = self.project(self.tokeys, context)  # (b, t_kv, h, s)
+            values = self.project(self.tovalues, context)
+            if self.kqnorm:
+                keys, queries = self.kln(keys), self.qln(queries)
+            queries, keys, values = (z.transpose(1, 2) for z in (queries, keys, values))
+            dot = queries @ keys.transpose(-1, -2) / math.sqrt(s)  # (b, h, t, t_kv)
+            if mask is not None:
+                dot = dot.masked_fill(~mask, float("-inf"))
+            out = F.softmax(dot, dim=-1) @ values  # (b, h, t, s)
+            return self.unifyheads(out.transpose(1, 2).contiguous().view(b, t, h * s))
+
+    return TorchAttention

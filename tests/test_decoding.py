@@ -14,6 +14,12 @@
   forwards over the last block_size tokens, also far beyond block_size
   (sliding window); ``top_k=1`` sampling equals greedy, sampled tokens always
   lie in the reference top-k, and the rng makes sampling reproducible;
+* ``generate`` on a batch of prompts of different lengths (a list, or a left-padded
+  array with its attention mask) gives each row what its prompt alone gives (greedy,
+  far past block_size too); a row ends at ``eos_id``; sampling follows
+  ``sampling_distribution``, which is temperature, top-k and top-p as defined (checked
+  against each definition written out), draws follow it in frequency, and the
+  generator's seed reproduces them;
 * bad arguments raise ValueError or TypeError with a message naming the argument (counts,
   length penalty, temperature, top_k; token ids outside the vocabulary, of another rank,
   ragged or not integers; sources with no tokens), lists and host arrays are accepted
@@ -31,7 +37,14 @@ import numpy as np
 import pytest
 
 from npformer import backend, optim
-from npformer.decoding import beam_search, generate, greedy_decode, length_penalty
+from npformer.decoding import (
+    beam_search,
+    generate,
+    greedy_decode,
+    length_penalty,
+    sample,
+    sampling_distribution,
+)
 from npformer.models import CausalLM, CausalLMConfig, Seq2SeqConfig, Seq2SeqTransformer
 from npformer.nn import no_grad
 from npformer.tasks import Translation
@@ -294,8 +307,8 @@ def reference_generate(model, prompt, n):
 
 def _recording(forward_cached, seen: list):
     """``forward_cached`` that also appends each call's last-position logits to ``seen``."""
-    def recording(ids, cache):
-        logits = forward_cached(ids, cache)
+    def recording(ids, cache, **kwargs):
+        logits = forward_cached(ids, cache, **kwargs)
         seen.append(backend.to_numpy(logits)[0, -1])
         return logits
     return recording
@@ -559,8 +572,8 @@ def test_an_empty_batch_decodes_to_an_empty_list(decode, src):
     (dict(prompt_ids=[1, 11], max_new_tokens=3), ValueError,
      r"prompt_ids out of range: found id 11, .*vocabulary has 11 entries"),
     (dict(prompt_ids=[-1], max_new_tokens=3), ValueError, "prompt_ids out of range: found id -1"),
-    (dict(prompt_ids=[[1, 2]], max_new_tokens=3), ValueError,
-     r"prompt_ids must be one sequence .* shape \(1, 2\)"),
+    (dict(prompt_ids=np.ones((1, 1, 2), np.int64), max_new_tokens=3), ValueError,
+     r"prompt_ids must be one sequence .* or a batch .* shape \(1, 1, 2\)"),
     (dict(prompt_ids=[1.5], max_new_tokens=3), TypeError, "prompt_ids must hold integer"),
     (dict(prompt_ids=np.zeros(0, np.int64), max_new_tokens=3), ValueError,
      "prompt of at least one token"),
@@ -581,3 +594,137 @@ def test_generate_accepts_any_one_dimensional_prompt_and_zero_new_tokens():
             assert generate(model, prompt, 4, greedy=True) == expected
         assert generate(model, np.array([4, 5]), 0) == [4, 5]
         assert generate(model, [4, 5], 0, greedy=True) == [4, 5]
+
+
+# =========================================================================== batched generation
+def test_batched_greedy_rows_equal_each_prompt_alone_beyond_block_size():
+    """Prompts of different lengths (one longer than the context) decoded together, far
+    past block_size (the window slides): each row is what its prompt alone gives, with
+    the rows given as a list or as a left-padded array with its attention mask."""
+    with using_backend("numpy", "float64"):
+        model = random_lm(seed=60, block_size=6)
+        rng = np.random.default_rng(8)
+        prompts = [rng.integers(0, 11, n).tolist() for n in (1, 4, 6, 9, 2)]
+        batch = generate(model, prompts, 14, greedy=True)
+        assert batch == [generate(model, p, 14, greedy=True) for p in prompts]
+        assert batch[3] == reference_generate(model, prompts[3], 14)
+        width = max(map(len, prompts))
+        ids = np.zeros((len(prompts), width), np.int64)
+        mask = np.zeros((len(prompts), width), np.int64)
+        for row, p in enumerate(prompts):
+            ids[row, width - len(p):], mask[row, width - len(p):] = p, 1
+        assert generate(model, ids, 14, greedy=True, attention_mask=mask) == batch
+        assert generate(model, dev(ids), 14, greedy=True, attention_mask=dev(mask)) == batch
+
+
+def test_a_row_ends_at_the_end_of_text_id_and_leaves_the_batch():
+    with using_backend("numpy", "float64"):
+        model = random_lm(seed=61, block_size=8)
+        prompts = [[1, 2, 3], [4], [5, 6]]
+        free = generate(model, prompts, 6, greedy=True)
+        eos = free[0][3]  # row 0's first new token
+        got = generate(model, prompts, 6, greedy=True, eos_id=eos)
+        assert got[0] == prompts[0] + [eos]
+        for row, (p, f) in enumerate(zip(prompts, free)):
+            tail = f[len(p):]
+            end = tail.index(eos) + 1 if eos in tail else len(tail)
+            assert got[row] == p + tail[:end], row
+
+
+def test_sampling_is_reproducible_with_the_seed_and_varies_without_it():
+    with using_backend("numpy", "float64"):
+        model = random_lm(seed=62, block_size=8)
+        prompts = [[1], [2, 3, 4]]
+        a = generate(model, prompts, 10, temperature=1.5, rng=np.random.default_rng(3))
+        b = generate(model, prompts, 10, temperature=1.5, rng=np.random.default_rng(3))
+        c = generate(model, prompts, 10, temperature=1.5, rng=np.random.default_rng(4))
+        assert a == b and a != c
+
+
+def brute_force_nucleus(probs: np.ndarray, top_p: float) -> set[int]:
+    """The smallest set of most likely tokens whose total reaches top_p (ties: lowest id)."""
+    order = sorted(range(len(probs)), key=lambda i: (-probs[i], i))
+    kept, total = set(), 0.0
+    for i in order:
+        kept.add(i)
+        total += probs[i]
+        if total >= top_p:
+            break
+    return kept
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 3.0])
+@pytest.mark.parametrize("top_k", [None, 1, 4])
+@pytest.mark.parametrize("top_p", [None, 0.3, 0.9, 1.0])
+def test_the_sampling_distribution_is_its_definition(temperature, top_k, top_p):
+    """temperature, then the top_k largest, then the nucleus of mass top_p, renormalized
+    (HF's order), against each definition written out."""
+    rng = np.random.default_rng(9)
+    logits = rng.standard_normal((5, 12)) * 2
+    got = sampling_distribution(logits, temperature, top_k, top_p)
+    for row, z in enumerate(logits):
+        p = np.exp(z / temperature - np.max(z / temperature))
+        if top_k is not None:
+            p[np.argsort(-z)[top_k:]] = 0.0
+        p /= p.sum()
+        if top_p is not None:
+            keep = brute_force_nucleus(p, top_p)
+            p = np.array([p[i] if i in keep else 0.0 for i in range(len(p))])
+            p /= p.sum()
+        np.testing.assert_allclose(got[row], p, rtol=1e-12, atol=1e-15)
+        assert (got[row] > 0).sum() >= 1
+
+
+def test_draws_follow_the_distribution():
+    """sample() over many rows of one distribution: each token's frequency within five
+    standard deviations of its probability; zero-probability tokens never drawn."""
+    probs = np.array([0.5, 0.0, 0.2, 0.25, 0.0, 0.05])
+    n = 40000
+    draws = sample(np.tile(probs, (n, 1)), np.random.default_rng(10))
+    frequency = np.bincount(draws, minlength=probs.size) / n
+    sigma = np.sqrt(probs * (1 - probs) / n)
+    assert np.all(np.abs(frequency - probs) <= 5 * sigma + 1e-12), frequency
+    assert frequency[1] == frequency[4] == 0.0
+
+
+def test_generate_samples_from_the_models_distribution():
+    """One new token for 6000 copies of one prompt (one batch): its frequencies follow the
+    model's next-token distribution under temperature, top-k and top-p."""
+    with using_backend("numpy", "float64"):
+        model = random_lm(seed=63, block_size=8)
+        prompt = [3, 1, 4]
+        model.eval()
+        with no_grad():
+            logits = backend.to_numpy(model(dev([prompt])))[0, -1]
+        model.train()
+        expected = sampling_distribution(logits[None], 0.8, 6, 0.85)[0]
+        n = 6000
+        rows = generate(model, [prompt] * n, 1, temperature=0.8, top_k=6, top_p=0.85,
+                        rng=np.random.default_rng(11))
+        frequency = np.bincount([row[-1] for row in rows], minlength=expected.size) / n
+        sigma = np.sqrt(expected * (1 - expected) / n)
+        assert np.all(np.abs(frequency - expected) <= 5 * sigma + 1e-12)
+        assert np.all(frequency[expected == 0] == 0)
+        assert (expected > 0).sum() > 1
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(top_p=0.0), ValueError, "top_p must be a finite number > 0, got 0.0"),
+    (dict(top_p=1.5), ValueError, "top_p must be a probability in \\(0, 1\\], got 1.5"),
+    (dict(top_p=float("nan")), ValueError, "top_p must be a finite number > 0, got nan"),
+    (dict(eos_id=11), ValueError, "eos_id 11 is outside the vocabulary of 11"),
+    (dict(eos_id=-1), ValueError, "eos_id must be at least 0"),
+    (dict(prompt_ids=[[1, 2], []]), ValueError, "prompt_ids row 1 is empty"),
+    (dict(prompt_ids=[[1, 2], [3, 11]]), ValueError, "prompt_ids row 1 out of range"),
+    (dict(prompt_ids=[[1, 2], [3]], attention_mask=[[1, 1], [0, 1]]), ValueError,
+     "a list of prompts of their own lengths has none"),
+    (dict(prompt_ids=np.ones((2, 3), np.int64), attention_mask=[[1, 1, 1]]), ValueError,
+     "attention_mask must have shape \\(2, 3\\)"),
+    (dict(prompt_ids=[1, 2], attention_mask=[1, 1]), ValueError, "not of one sequence"),
+])
+def test_batched_generation_rejects_bad_arguments_naming_them(kwargs, error, match):
+    with using_backend("numpy", "float64"):
+        model = random_lm(block_size=5)
+        kwargs = {"prompt_ids": [[1, 2], [3]], "max_new_tokens": 2, **kwargs}
+        with pytest.raises(error, match=match):
+            generate(model, **kwargs)

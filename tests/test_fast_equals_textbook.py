@@ -312,7 +312,10 @@ def test_each_tier_has_its_relu_and_gelu():
     assert fast.activation("relu") == (fast.relu_forward, fast.relu_backward)
     assert ops.activation("relu") == (ops.relu_forward, ops.relu_backward)
     assert fast.activation("gelu") == (fast.gelu_forward, fast.gelu_backward)
-    assert fast.activation("gelu_tanh") == ops.activation("gelu_tanh")
+    assert fast.activation("gelu_tanh") == (fast.activations.gelu_tanh_forward,
+                                            fast.activations.gelu_tanh_backward)
+    assert ops.activation("gelu_tanh") == (ops.activations.gelu_tanh_forward,
+                                           ops.activations.gelu_tanh_backward)
 
 
 # =========================================================================== gelu (exact)
@@ -354,6 +357,39 @@ def gelu_terms(x, dy) -> tuple:
     cdf_terms = cdf + tail * exponent
     return (np.abs(x_) * cdf_terms,
             np.abs(dy_) * (cdf_terms + np.abs(x_) * pdf * (1.0 + exponent)))
+
+
+# =========================================================================== gelu (tanh form)
+@given(seed=seeds, shape=st.lists(st.integers(0, 5), min_size=0, max_size=3),
+       scale=st.sampled_from([1e-6, 1e-3, 1.0, 4.0, 40.0]),
+       dtype=st.sampled_from(["float64", "float32"]))
+def test_gelu_tanh(xb, seed, shape, scale, dtype):
+    """The fast tanh GELU (one compiled pass each way on NumPy, tanh from its exp) equals
+    the textbook op (NumPy's tanh): y, its cache's t and dx within 1e-12 in float64 (1e-6
+    in float32) of their terms' magnitude, over tiny, ordinary and large inputs (both
+    tails: t = -1 and 1) and exact zeros; the recomputed output is the forward's, bit for
+    bit."""
+    from npformer.fast.recompute import activation_output
+
+    rng = np.random.default_rng(seed)
+    x_host = np.asarray(scale * rng.standard_normal(tuple(shape)))
+    x_host[rng.random(tuple(shape)) < 0.1] = 0.0
+    x = backend.asarray(x_host, dtype=dtype)
+    (f_fwd, f_bwd), (t_fwd, t_bwd) = fast.activation("gelu_tanh"), ops.activation("gelu_tanh")
+    (y_f, cache_f), (y_t, cache_t) = f_fwd(x), t_fwd(x)
+    dy = backend.asarray(rng.standard_normal(tuple(shape)), dtype=dtype)
+    tol = 1e-12 if dtype == "float64" else 1e-6
+    dx_f, dx_t = f_bwd(dy, cache_f), t_bwd(dy, cache_t)
+    assert y_f.dtype == y_t.dtype and dx_f.dtype == dx_t.dtype
+    x_, dy_ = (np.abs(np.asarray(host(a), dtype=np.float64)) for a in (x, dy))
+    t_ = np.abs(np.asarray(host(cache_t.saved[1]), dtype=np.float64))
+    c, a = ops.activations.GELU_C, ops.activations.GELU_A
+    terms = (0.5 * x_ * (1 + t_), np.ones_like(t_),  # y; t (its absolute error: of 1)
+             dy_ * (0.5 * (1 + t_) + 0.5 * x_ * (1 + t_ * t_) * c * (1 + 3 * a * x_ * x_)))
+    assert_equal_to_terms(["y", "t", "dx"], [y_f, cache_f.saved[1], dx_f],
+                          [y_t, cache_t.saved[1], dx_t], terms, tol)
+    np.testing.assert_array_equal(host(activation_output("gelu_tanh")(cache_f.saved)),
+                                  host(y_f))
 
 
 # =========================================================================== layer norm

@@ -15,6 +15,9 @@ upstream gradient zero at padding (what the models give it: nothing reads paddin
 Dropout masks are drawn per array shape, so a packed run draws other masks than the
 padded one: those comparisons run without dropout; unpacked ones run with it, from the
 same seed.
+
+The attention layer and the blocks run with Bloem's narrow heads and kqnorm too, and the
+causal LM with an attention mask (left padding, padding anywhere) or given positions.
 """
 from __future__ import annotations
 
@@ -239,18 +242,25 @@ def run_pair(textbook, quick, case, args, quick_kwargs, width):
     assert_equal_grads(textbook, quick, type(textbook).__name__, *grads_textbook)
 
 
-@given(case=batches())
-def test_self_attention(case):
+# Bloem's narrow heads and kqnorm (nn.MultiHeadAttention's options), off and on.
+OPTIONS = st.sampled_from([{}, {"narrow": True}, {"kqnorm": True},
+                           {"narrow": True, "kqnorm": True}])
+
+
+@given(case=batches(), options=OPTIONS)
+def test_self_attention(case, options):
     width = case["heads"] * case["head_width"]
-    textbook, quick = pair(case["seed"], lambda: nn.MultiHeadAttention(width, case["heads"]))
+    textbook, quick = pair(case["seed"],
+                           lambda: nn.MultiHeadAttention(width, case["heads"], **options))
     packing, mask = packing_of(case), self_mask(case)
     run_pair(textbook, quick, case, (None, mask), {"packing": packing}, width)
 
 
-@given(case=batches(cross=True))
-def test_cross_attention(case):
+@given(case=batches(cross=True), options=OPTIONS)
+def test_cross_attention(case, options):
     width = case["heads"] * case["head_width"]
-    textbook, quick = pair(case["seed"], lambda: nn.MultiHeadAttention(width, case["heads"]))
+    textbook, quick = pair(case["seed"],
+                           lambda: nn.MultiHeadAttention(width, case["heads"], **options))
     rng = np.random.default_rng(case["seed"] + 1)
     memory = host(rng, case["batch"], case["memory"], width)
     mask = ops.padding_mask(backend.asarray(case["memory_lens"]), case["memory"]) \
@@ -276,24 +286,24 @@ def test_feed_forward(case, d_ff, dropout):
     assert_equal_grads(textbook, quick, "FeedForward", dx)
 
 
-@given(case=batches(), dropout=st.sampled_from([0.0, 0.3]))
-def test_encoder_block(case, dropout):
+@given(case=batches(), dropout=st.sampled_from([0.0, 0.3]), options=OPTIONS)
+def test_encoder_block(case, dropout, options):
     width = case["heads"] * case["head_width"]
     dropout = 0.0 if case["pack"] else dropout  # packed rows draw other masks
     make = lambda: nn.EncoderBlock(width, case["heads"], 2 * width, dropout,  # noqa: E731
-                                   case["activation"], case["norm_first"])
+                                   case["activation"], case["norm_first"], **options)
     textbook, quick = pair(case["seed"], make)
     run_pair(_Seeded(textbook, case["seed"]), _Seeded(quick, case["seed"]), case,
              (self_mask(case),), {"packing": packing_of(case)}, width)
 
 
-@given(case=batches(cross=True), dropout=st.sampled_from([0.0, 0.3]))
-def test_decoder_block(case, dropout):
+@given(case=batches(cross=True), dropout=st.sampled_from([0.0, 0.3]), options=OPTIONS)
+def test_decoder_block(case, dropout, options):
     width = case["heads"] * case["head_width"]
     case = dict(case, kind="causal_padding", memory_lens=case["memory_lens"])
     dropout = 0.0 if case["pack"] else dropout
     make = lambda: nn.DecoderBlock(width, case["heads"], 2 * width, dropout,  # noqa: E731
-                                   case["activation"], case["norm_first"])
+                                   case["activation"], case["norm_first"], **options)
     textbook, quick = pair(case["seed"], make)
     rng = np.random.default_rng(case["seed"] + 2)
     memory = host(rng, case["batch"], case["memory"], width)
@@ -347,18 +357,32 @@ def test_classifier(seed, batch, length, pooling, norm_first, data):
 
 
 @given(seed=SEEDS, batch=st.integers(1, 3), length=st.integers(1, 6), tie=st.booleans(),
-       norm_first=st.booleans(), dropout=st.sampled_from([0.0, 0.2]))
-def test_causal_lm(seed, batch, length, tie, norm_first, dropout):
+       norm_first=st.booleans(), dropout=st.sampled_from([0.0, 0.2]),
+       padding=st.sampled_from(["none", "left", "anywhere", "positions"]),
+       options=st.sampled_from([{}, {"narrow_heads": True, "kqnorm": True,
+                                     "layer_norm_eps": 1e-3}]))
+def test_causal_lm(seed, batch, length, tie, norm_first, dropout, padding, options):
+    """Also with an attention mask (left padding, or padding anywhere, whole rows of it
+    included) and given position ids: the models' own mask and position handling."""
     config = CausalLMConfig(vocab_size=9, block_size=8, d_model=8, num_heads=2, num_layers=2,
-                            d_ff=16, dropout=dropout, norm_first=norm_first, tie_weights=tie)
+                            d_ff=16, dropout=dropout, norm_first=norm_first, tie_weights=tie,
+                            **options)
     textbook, quick = pair(seed, lambda: CausalLM(config))
     rng = np.random.default_rng(seed)
     ids = backend.asarray(rng.integers(0, 9, (batch, length)))
     dlogits = host(rng, batch, length, 9)
+    kwargs = {}
+    if padding == "left":
+        starts = rng.integers(0, length + 1, batch)  # a row of padding only, sometimes
+        kwargs["attention_mask"] = np.arange(length)[None, :] >= starts[:, None]
+    elif padding == "anywhere":
+        kwargs["attention_mask"] = rng.integers(0, 2, (batch, length))
+    elif padding == "positions":
+        kwargs["position_ids"] = rng.integers(0, 8, (batch, length))
     backend.seed(seed + 3)
-    expected = textbook(ids)
+    expected = textbook(ids, **kwargs)
     backend.seed(seed + 3)
-    assert_close(quick(ids), expected, "logits")
+    assert_close(quick(ids, **kwargs), expected, "logits")
     textbook.backward(dlogits), quick.backward(dlogits)
     assert_equal_grads(textbook, quick, "CausalLM")
 
@@ -383,18 +407,24 @@ def test_seq2seq(seed, batch, src_len, tgt_len, norm_first, valid_only, data):
     assert_equal_grads(textbook, quick, "Seq2SeqTransformer")
 
 
-def test_cached_decoding_is_the_textbook_s():
-    """forward_cached (the KV cache) of the fast models gives the textbook's logits."""
+@pytest.mark.parametrize("options", [{}, {"narrow_heads": True, "kqnorm": True}])
+@pytest.mark.parametrize("padded", [False, True])
+def test_cached_decoding_is_the_textbook_s(options, padded):
+    """forward_cached (the KV cache) of the fast models gives the textbook's logits, with
+    and without a left-padded batch's attention mask."""
     config = CausalLMConfig(vocab_size=9, block_size=8, d_model=8, num_heads=2, num_layers=2,
-                            d_ff=16)
+                            d_ff=16, **options)
     textbook, quick = pair(3, lambda: CausalLM(config))
     ids = backend.asarray(np.random.default_rng(0).integers(0, 9, (2, 5)))
+    keep = np.ones((2, 5), dtype=bool)
+    keep[0, :2] = not padded
     with nn.no_grad():
         caches = textbook.new_cache(), quick.new_cache()
         for start, stop in ((0, 3), (3, 4), (4, 5)):
-            step = ids[:, start:stop]
-            assert_close(quick.forward_cached(step, caches[1]),
-                         textbook.forward_cached(step, caches[0]), f"positions {start}:{stop}")
+            step, mask = ids[:, start:stop], backend.asarray(keep[:, :stop])
+            assert_close(quick.forward_cached(step, caches[1], attention_mask=mask),
+                         textbook.forward_cached(step, caches[0], attention_mask=mask),
+                         f"positions {start}:{stop}")
 
 
 # --------------------------------------------------------------------------- the optimizers

@@ -10,7 +10,7 @@ Covered: Linear (with/without bias, any leading shape), LayerNorm, Embedding
 (repeated ids), learned and sinusoidal positions, Dropout (p > 0, training:
 the backend is reseeded before every forward so the numerical forwards see the
 same mask), ReLU/GELU, MultiHeadAttention self and cross in three head
-layouts (narrow d_model/H with odd width 6 / 3 heads, wide head_dim=d_model,
+layouts (heads of width d_model/H with odd width 6 / 3 heads, wide head_dim=d_model,
 odd head_dim=5) under six mask kinds (none, key padding with lengths down to
 1, causal, causal & padding, random boolean, fully masked query rows),
 FeedForward (relu/gelu, with dropout), EncoderBlock and DecoderBlock in post-
@@ -39,8 +39,9 @@ from .helpers import GRADCHECK_TOL
 
 SEEDS = st.integers(0, 2**32 - 1)
 MASK_KINDS = ["none", "padding", "causal", "causal_padding", "random", "fully_masked"]
-# (d_model, num_heads, head_dim): narrow heads of odd model width, wide heads, odd head width
-LAYOUTS = {"narrow_6x3": (6, 3, None), "wide": (4, 2, 4), "head_dim_5": (4, 2, 5)}
+# (d_model, num_heads, head_dim): heads of width d_model / H (an odd model width), wide heads,
+# an odd head width.  (Bloem's narrow heads and kqnorm: tests/test_attention_options.py.)
+LAYOUTS = {"split_6x3": (6, 3, None), "wide": (4, 2, 4), "head_dim_5": (4, 2, 5)}
 RELU_MARGIN = 1e-3  # |pre-activation| below this: a +-h step could cross the kink
 
 
@@ -364,7 +365,7 @@ def _block_ids(cases):
 @settings(max_examples=3)
 @given(data=st.data())
 def test_encoder_block(xb, mask_kind, norm_first, data):
-    layout = data.draw(st.sampled_from(["narrow", "wide"]), label="layout")
+    layout = data.draw(st.sampled_from(["split", "wide"]), label="layout")
     d_model, heads, head_dim, d_ff, activation = _block_dims(data, layout)
     case = data.draw(attention_case(mask_kind, cross=False), label="case")
     rng = np.random.default_rng(case["seed"])
@@ -386,7 +387,7 @@ def test_encoder_block(xb, mask_kind, norm_first, data):
 @settings(max_examples=3)
 @given(data=st.data())
 def test_decoder_block(xb, mask_kind, norm_first, data):
-    layout = data.draw(st.sampled_from(["narrow", "wide"]), label="layout")
+    layout = data.draw(st.sampled_from(["split", "wide"]), label="layout")
     d_model, heads, head_dim, d_ff, activation = _block_dims(data, layout)
     # self-attention masks on (T, T); the memory mask of the same kind on (T, S)
     case = data.draw(attention_case(mask_kind, cross=True), label="case")

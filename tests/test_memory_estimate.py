@@ -41,7 +41,7 @@ shapes = st.fixed_dictionaries({
     "d_model": st.sampled_from([4, 6, 8]), "num_heads": st.sampled_from([1, 2]),
     "d_ff": st.integers(1, 9), "block_size": st.integers(1, 9),
     "norm_first": st.booleans(), "positional": st.sampled_from(["learned", "sinusoidal"]),
-    "head_dim": st.sampled_from([None, 3])})
+    "head_dim": st.sampled_from([None, 3]), "kqnorm": st.booleans()})
 
 
 @settings(max_examples=40, deadline=None)

@@ -45,21 +45,26 @@ class TrainingMemory:
 
 
 # --------------------------------------------------------------------------- the count
-def _attention(d: int, inner: int) -> int:
-    """MultiHeadAttention: q, k, v projections D -> H*E and the output H*E -> D, biased."""
-    return 3 * (d * inner + inner) + inner * d + d
+def _attention(d: int, inner: int, config: Any) -> int:
+    """MultiHeadAttention: q, k, v projections D -> H*E (one shared E -> E map each with
+    narrow heads) and the output H*E -> D, biased; kqnorm's two layer norms over E."""
+    width = inner // config.num_heads  # E
+    projection = width * width + width if config.narrow_heads else d * inner + inner
+    norms = 2 * (2 * width) if config.kqnorm else 0
+    return 3 * projection + inner * d + d + norms
 
 
 def _feed_forward(d: int, d_ff: int) -> int:
     return d * d_ff + d_ff + d_ff * d + d
 
 
-def _encoder_block(d: int, inner: int, d_ff: int) -> int:
-    return _attention(d, inner) + _feed_forward(d, d_ff) + 2 * (2 * d)  # + 2 layer norms
+def _encoder_block(d: int, inner: int, d_ff: int, config: Any) -> int:
+    return _attention(d, inner, config) + _feed_forward(d, d_ff) + 2 * (2 * d)  # + 2 norms
 
 
-def _decoder_block(d: int, inner: int, d_ff: int) -> int:
-    return 2 * _attention(d, inner) + _feed_forward(d, d_ff) + 3 * (2 * d)  # + 3 layer norms
+def _decoder_block(d: int, inner: int, d_ff: int, config: Any) -> int:
+    return (2 * _attention(d, inner, config) + _feed_forward(d, d_ff)
+            + 3 * (2 * d))  # + 3 layer norms
 
 
 def _embedding(config: Any, vocab_size: int) -> int:
@@ -79,17 +84,17 @@ def parameter_count(config: Any) -> int:
     final_norm = 2 * d if config.norm_first else 0
     if isinstance(config, ClassifierConfig):
         return (_embedding(config, config.vocab_size)
-                + config.num_layers * _encoder_block(d, inner, config.d_ff) + final_norm
+                + config.num_layers * _encoder_block(d, inner, config.d_ff, config) + final_norm
                 + d * config.num_classes + config.num_classes)
     if isinstance(config, CausalLMConfig):
         return (_embedding(config, config.vocab_size)
-                + config.num_layers * _encoder_block(d, inner, config.d_ff) + final_norm
+                + config.num_layers * _encoder_block(d, inner, config.d_ff, config) + final_norm
                 + (0 if config.tie_weights else d * config.vocab_size))
     if isinstance(config, Seq2SeqConfig):
         return (_embedding(config, config.src_vocab_size)
                 + _embedding(config, config.tgt_vocab_size)
-                + config.num_encoder_layers * _encoder_block(d, inner, config.d_ff)
-                + config.num_decoder_layers * _decoder_block(d, inner, config.d_ff)
+                + config.num_encoder_layers * _encoder_block(d, inner, config.d_ff, config)
+                + config.num_decoder_layers * _decoder_block(d, inner, config.d_ff, config)
                 + 2 * final_norm + d * config.tgt_vocab_size + config.tgt_vocab_size)
     raise TypeError(f"parameter_count counts a ClassifierConfig, CausalLMConfig or "
                     f"Seq2SeqConfig, got {type(config).__name__}")

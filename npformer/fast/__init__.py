@@ -7,7 +7,7 @@ The ops (the same names and arguments as :mod:`npformer.ops`, tested equal in
 * :mod:`.attention`: blocked attention with the stored log-sum-exp and recomputed P;
 * :mod:`.losses`: softmax and cross-entropy fused (no one-hot, no log-probabilities);
 * :mod:`.softmax`: in-place variants (``overwrite_input``);
-* :mod:`.activations`: ReLU's backward from its output; the exact GELU as compiled kernels;
+* :mod:`.activations`: ReLU's backward from its output; both GELUs as compiled kernels;
 * :mod:`.layernorm`: layer norm forward and backward, one compiled kernel each;
 * :mod:`.dropout`: the keep mask cached as booleans, not as a float array;
 * :mod:`.embedding`: the backward's scatter-add as one compiled loop;

@@ -1,5 +1,5 @@
-r"""Activations, fast: ReLU computed from its output, and the exact GELU as one compiled
-pass each way, its numba kernels below.
+r"""Activations, fast: ReLU computed from its output, and the exact GELU and GPT-2's tanh
+GELU as one compiled pass each way, their numba kernels below.
 
 ReLU, the textbook op (:mod:`npformer.ops.activations`) computed from its output:
 
@@ -25,8 +25,7 @@ kernels may contract a * b + c into one fused multiply-add (``contract=True``).
 Without numba, and on CuPy, erfc from the array library's own special functions
 (SciPy's, ``cupyx.scipy.special``'s), one pass for erfc instead of the dozens of the
 textbook's array-API rational approximation (all accurate to a few ulps).  Elsewhere
-(the strict namespace) it is the textbook op.  Every other activation is the textbook
-one.
+(the strict namespace) it is the textbook op.
 
 The kernels' accuracy, element by element (tests/test_numerics.py holds these bounds):
 float32 against float64 references, $|y - y_{ref}| \le 10 \cdot 2^{-24} |y_{ref}|$ and
@@ -39,6 +38,13 @@ mpmath, y and dx within $5 \cdot 2^{-53}$ of their terms, which count the expone
 rounding at the size of $x^2/2$ (both tiers round $-x/\sqrt 2$ before the exp):
 $|x|(\Phi(x) + \Phi(-|x|)\,x^2/2)$ and $\Phi(x) + \Phi(-|x|)\,x^2/2 + |x| \varphi(x)(1 +
 x^2/2)$; measured 3.7 and 2.0.
+
+GELU (tanh form, GPT-2's): the textbook's statements, $y = x (1 + t)/2$ with
+$t = \tanh(c (x + a x^3))$, and its cache (x, t), in one compiled pass each way on
+NumPy arrays (the textbook's ten array passes elsewhere), in its order:
+$\tanh u = \text{sign}(u) (1 - e)/(1 + e)$ with $e = e^{-2|u|} \le 1$ from the exp of
+:mod:`.numerics` (no overflow; an absolute error of a few ulps of 1, which is what
+$1 + t$ and $1 - t^2$ read; NaN stays NaN).  Every other activation is the textbook one.
 """
 from __future__ import annotations
 
@@ -54,7 +60,7 @@ from ..backend import Array
 from ..ops import activations as _textbook
 from ..ops.contracts import activation_choice, activation_input, backward_op, checked_op, forward_op
 from .compiler import jit, usable
-from .numerics import erfc64, exp64, normal_cdf32, normal_cdf32_given, normal_exp32
+from .numerics import erfc64, exp32, exp64, normal_cdf32, normal_cdf32_given, normal_exp32
 
 
 @forward_op(activation_input("relu"))
@@ -120,8 +126,29 @@ def gelu_backward(dy: Array, x: Array) -> Array:
         saved = (x, _phi_cdf(x, special))
     return _textbook.gelu_backward.unchecked(dy, saved)
 
+
+@forward_op(activation_input("gelu_tanh"))
+def gelu_tanh_forward(x: Array) -> tuple[Array, Any]:
+    """x (...) -> y (...), cache (x, t), t = tanh(c (x + a x^3)): the textbook op, one
+    compiled pass on NumPy arrays (:func:`gelu_tanh_kernel`; its statements elsewhere)."""
+    if usable(x):
+        y, t = gelu_tanh_kernel(x)
+        return y, (x, t)
+    return _textbook.gelu_tanh_forward.unchecked(x)
+
+
+@backward_op(gelu_tanh_forward)
+def gelu_tanh_backward(dy: Array, saved: Any) -> Array:
+    """dy (...) -> dx (...): the textbook op, one compiled pass on NumPy arrays."""
+    x, t = saved
+    if usable(dy, x, t):
+        return gelu_tanh_backward_kernel(dy, x, t)
+    return _textbook.gelu_tanh_backward.unchecked(dy, saved)
+
+
 ACTIVATIONS = {**_textbook.ACTIVATIONS, "relu": (relu_forward, relu_backward),
-               "gelu": (gelu_forward, gelu_backward)}
+               "gelu": (gelu_forward, gelu_backward),
+               "gelu_tanh": (gelu_tanh_forward, gelu_tanh_backward)}
 
 
 @checked_op(activation_choice)
@@ -192,4 +219,92 @@ def gelu_backward_kernel(dy: np.ndarray, x: np.ndarray) -> np.ndarray:
     dx = np.empty_like(dy)
     kernel = gelu_backward32 if x.dtype == np.float32 else gelu_backward64
     kernel(dy.reshape(-1), x.reshape(-1), dx.reshape(-1))
+    return dx
+
+
+# =========================================================================== tanh GELU kernels
+_GELU_C, _GELU_A = _textbook.GELU_C, _textbook.GELU_A
+_GELU_C_F, _GELU_A_F = np.float32(_GELU_C), np.float32(_GELU_A)
+_HALF_F, _ONE_F, _TWO_F, _THREE_F, _ZERO_F = (np.float32(v) for v in (0.5, 1.0, 2.0, 3.0, 0.0))
+
+
+@jit(inline="always")
+def _tanh64(u: float) -> float:
+    """tanh(u) = sign(u) (1 - e) / (1 + e), e = exp(-2|u|) <= 1: no overflow, and an
+    absolute error of a few ulps of 1.  NaN stays NaN (exp64 keeps it)."""
+    e = exp64(-2.0 * abs(u))
+    t = (1.0 - e) / (1.0 + e)
+    return t if u >= 0.0 else -t
+
+
+@jit(inline="always")
+def _tanh32(u: float) -> float:
+    """:func:`_tanh64` in float32 arithmetic."""
+    e = exp32(-_TWO_F * abs(u))
+    t = (_ONE_F - e) / (_ONE_F + e)
+    return t if u >= _ZERO_F else -t
+
+
+@jit
+def gelu_tanh_forward64(x: np.ndarray, y: np.ndarray, t: np.ndarray) -> None:
+    """x (N,) -> t = tanh(c (x + a x^3)) and y = x (1 + t) / 2, written into t and y (N,):
+    the textbook's statements (:func:`npformer.ops.activations.gelu_tanh_forward`) in its
+    order, one pass."""
+    for i in range(x.size):
+        xi = x[i]
+        ti = _tanh64(_GELU_C * (xi + _GELU_A * xi * xi * xi))
+        t[i] = ti
+        y[i] = 0.5 * xi * (1.0 + ti)
+    return None
+
+
+@jit
+def gelu_tanh_forward32(x: np.ndarray, y: np.ndarray, t: np.ndarray) -> None:
+    """:func:`gelu_tanh_forward64` of float32 arrays, in float32 arithmetic."""
+    for i in range(x.size):
+        xi = x[i]
+        ti = _tanh32(_GELU_C_F * (xi + _GELU_A_F * xi * xi * xi))
+        t[i] = ti
+        y[i] = _HALF_F * xi * (_ONE_F + ti)
+    return None
+
+
+@jit
+def gelu_tanh_backward64(dy: np.ndarray, x: np.ndarray, t: np.ndarray,
+                         dx: np.ndarray) -> None:
+    """dy, x, t (N,) -> dx = dy ((1 + t) / 2 + x (1 - t^2) c (1 + 3 a x^2) / 2), one pass."""
+    for i in range(x.size):
+        xi, ti = x[i], t[i]
+        dx[i] = dy[i] * (0.5 * (1.0 + ti) + 0.5 * xi * (1.0 - ti * ti) * _GELU_C
+                         * (1.0 + 3.0 * _GELU_A * xi * xi))
+    return None
+
+
+@jit
+def gelu_tanh_backward32(dy: np.ndarray, x: np.ndarray, t: np.ndarray,
+                         dx: np.ndarray) -> None:
+    """:func:`gelu_tanh_backward64` of float32 arrays, in float32 arithmetic."""
+    for i in range(x.size):
+        xi, ti = x[i], t[i]
+        dx[i] = dy[i] * (_HALF_F * (_ONE_F + ti) + _HALF_F * xi * (_ONE_F - ti * ti)
+                         * _GELU_C_F * (_ONE_F + _THREE_F * _GELU_A_F * xi * xi))
+    return None
+
+
+def gelu_tanh_kernel(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x (...) -> y, t (...) of the tanh GELU, by the compiled kernel of x's dtype (a NumPy
+    float array of any layout: a strided one is copied first)."""
+    x = np.require(x, requirements="C")
+    y, t = np.empty_like(x), np.empty_like(x)
+    kernel = gelu_tanh_forward32 if x.dtype == np.float32 else gelu_tanh_forward64
+    kernel(x.reshape(-1), y.reshape(-1), t.reshape(-1))
+    return y, t
+
+
+def gelu_tanh_backward_kernel(dy: np.ndarray, x: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """dy, x, t (...) -> dx (...) of the tanh GELU, compiled."""
+    dy, x, t = (np.require(a, requirements="C") for a in (dy, x, t))
+    dx = np.empty_like(dy)
+    kernel = gelu_tanh_backward32 if x.dtype == np.float32 else gelu_tanh_backward64
+    kernel(dy.reshape(-1), x.reshape(-1), t.reshape(-1), dx.reshape(-1))
     return dx

@@ -23,7 +23,14 @@ from __future__ import annotations
 
 from .. import nn, ops
 from ..backend import Array
-from ..nn.attention import merge_heads, split_heads
+from ..nn.attention import (
+    merge_heads,
+    slices,
+    split_heads,
+    through_norm,
+    through_norm_backward,
+    unslice,
+)
 from ..nn.cache import BlockCache, KVCache
 from ..ops.contracts import (
     check_float,
@@ -88,14 +95,16 @@ class MultiHeadAttention(nn.MultiHeadAttention):
         not kept (the caller passes it to :meth:`backward` again); a context always is."""
         layout = UNPACKED if packing is None else packing
         h = self.num_heads
-        q = split_heads(layout.unpack(self.q_proj(x, keep_input)), h)  # (B, H, T, E)
+        q = split_heads(layout.unpack(self._project(self.q_proj, x, keep_input)), h)
+        q = through_norm(self.q_norm, q)  # (B, H, T, E)
         if context is None:
-            k = layout.unpack(self.k_proj(x, keep_input))  # (B, T, H*E)
-            v = layout.unpack(self.v_proj(x, keep_input))
+            k = layout.unpack(self._project(self.k_proj, x, keep_input))  # (B, T, H*E)
+            v = layout.unpack(self._project(self.v_proj, x, keep_input))
         elif cache is not None and cache.length > 0:
             k = v = None  # the memory's keys and values, cached on the first call
         else:
-            k, v = self.k_proj(context), self.v_proj(context)  # (B, S, H*E)
+            k = self._project(self.k_proj, context)  # (B, S, H*E)
+            v = self._project(self.v_proj, context)
         k, v = self._cached(k, v, cache)  # (B, H, S, E) each
         heads, attn_cache = attention.attention_forward(q, k, v, mask)  # (B, H, T, E)
         y = self.out_proj(layout.pack(merge_heads(heads)))  # (B, T, D) or rows (N, D)
@@ -105,12 +114,29 @@ class MultiHeadAttention(nn.MultiHeadAttention):
         self.last_attention = weights if self.keep_attention else None
         return (y, weights) if need_weights else y
 
+    def _project(self, projection: nn.Linear, x: Array, keep_input: bool = True) -> Array:
+        """x (..., D) -> (..., H*E), column block h head h's: the standard heads project
+        the whole width; narrow heads cut it into the heads' slices and project each with
+        the one shared map (the textbook's :meth:`_heads`, before the split)."""
+        if not self.narrow:
+            return projection(x, keep_input)
+        return unslice(projection(slices(x, self.num_heads), keep_input))  # (..., H, E) ->
+
+    def _project_backward(self, projection: nn.Linear, dy: Array,
+                          x: Array | None = None) -> Array:
+        """dy (..., H*E) -> dx (..., D): :meth:`_project` in reverse; ``x``: its input,
+        where it was not kept."""
+        if not self.narrow:
+            return projection.backward(dy, x)
+        sliced = None if x is None else slices(x, self.num_heads)
+        return unslice(projection.backward(slices(dy, self.num_heads), sliced))  # sums heads
+
     def _cached(self, k: Array | None, v: Array | None, cache: KVCache | None):
         """(B, S, H*E) keys and values -> (B, H, S, E), through the cache where there is one
-        (None, None: the cache's)."""
+        (None, None: the cache's); the keys normed with kqnorm."""
         h = self.num_heads
         if k is not None:
-            k, v = split_heads(k, h), split_heads(v, h)
+            k, v = through_norm(self.k_norm, split_heads(k, h)), split_heads(v, h)
             if cache is None:
                 return k, v
             cache.append(k, v)
@@ -124,12 +150,14 @@ class MultiHeadAttention(nn.MultiHeadAttention):
         h = self.num_heads
         dmerged = layout.unpack(self.out_proj.backward(dy))  # (B, T, H*E)
         dq, dk, dv = attention.attention_backward(split_heads(dmerged, h), attn_cache)
-        dx = self.q_proj.backward(layout.pack(merge_heads(dq)), x)
+        dq, dk = through_norm_backward(self.q_norm, dq), through_norm_backward(self.k_norm, dk)
+        dx = self._project_backward(self.q_proj, layout.pack(merge_heads(dq)), x)
         if not is_self:
-            return dx, (self.k_proj.backward(merge_heads(dk))
-                        + self.v_proj.backward(merge_heads(dv)))  # dcontext (B, S, D)
-        dk_x = self.k_proj.backward(layout.pack(merge_heads(dk)), x)
-        return dx + dk_x + self.v_proj.backward(layout.pack(merge_heads(dv)), x)  # x fed q, k, v
+            return dx, (self._project_backward(self.k_proj, merge_heads(dk))
+                        + self._project_backward(self.v_proj, merge_heads(dv)))  # (B, S, D)
+        dk_x = self._project_backward(self.k_proj, layout.pack(merge_heads(dk)), x)
+        dv_x = self._project_backward(self.v_proj, layout.pack(merge_heads(dv)), x)
+        return dx + dk_x + dv_x  # x fed q, k, v
 
 
 class FeedForward(nn.FeedForward):

@@ -91,10 +91,10 @@ class TransformerClassifier(_FlatWeights, models.TransformerClassifier):
 class CausalLM(_FlatWeights, models.CausalLM):
     __doc__ = models.CausalLM.__doc__
 
-    def forward(self, ids: Array) -> Array:
+    def forward(self, ids: Array, attention_mask: Array | None = None,
+                position_ids: Array | None = None) -> Array:
         ids = model_input(ids, "token ids")
-        x = self.embed(ids)  # (B, T, D)
-        mask = ops.causal_mask(ids.shape[1], like=x)  # (T, T)
+        x, mask = self._embedded(ids, attention_mask, position_ids)  # (B, T, D), causal mask
         for block in self.blocks:
             x = block(x, mask)
         if self.norm is None:

@@ -16,6 +16,7 @@ from ..nn import EncoderBlock, Linear, Module, evaluating
 from ..ops.contracts import check_rank, check_valid_lengths
 from .common import (
     TokenEmbedding,
+    block_options,
     check_config,
     check_lengths,
     final_norm,
@@ -38,7 +39,9 @@ class ClassifierConfig:
     post-norm; head_dim: per-head width E (default D / H); positional: "learned" or
     "sinusoidal"; pooling: how the valid positions become one vector (see
     ``npformer.ops.POOLINGS``); pad_id: the padding token, ignored by attention and
-    pooling.  Invalid values raise ValueError naming the field.
+    pooling; narrow_heads, kqnorm: the attention's options
+    (:class:`npformer.nn.MultiHeadAttention`).  Invalid values raise ValueError naming
+    the field.
     """
 
     vocab_size: int
@@ -55,6 +58,8 @@ class ClassifierConfig:
     positional: str = "learned"
     pooling: str = "mean"
     pad_id: int = 0
+    narrow_heads: bool = False
+    kqnorm: bool = False
 
     def __post_init__(self):
         check_config(self)
@@ -78,7 +83,8 @@ class TransformerClassifier(Module):
         self.embed = TokenEmbedding(c.vocab_size, c.d_model, c.block_size, c.positional,
                                     c.dropout, scale_by_sqrt_d=False)
         self.blocks = [EncoderBlock(c.d_model, c.num_heads, c.d_ff, c.dropout, c.activation,
-                                    c.norm_first, c.head_dim) for _ in range(c.num_layers)]
+                                    c.norm_first, c.head_dim, **block_options(c))
+                       for _ in range(c.num_layers)]
         self.norm = final_norm(c)
         self.head = Linear(c.d_model, c.num_classes)
 

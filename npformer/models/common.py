@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, fields
+from dataclasses import MISSING, asdict, fields
 from typing import Any
 
 import numpy
 
-from .. import backend
+from .. import backend, ops
 from ..backend import Array
 from ..nn import (
     Dropout,
@@ -28,9 +28,14 @@ def config_to_dict(config: Any) -> dict:
 
 def saved_config_values(cls: type, values: dict) -> dict:
     """A config's values as saved (a checkpoint's ``config``), the old name of a renamed
-    field read as its new one (``max_len`` -> ``block_size``): the one place a saved
-    config is read, so a checkpoint written before a rename still loads."""
-    return new_field_names(cls, values)
+    field read as its new one (``max_len`` -> ``block_size``), and a field added since
+    (``layer_norm_eps``, ``narrow_heads``, ``kqnorm``) at its default, the value every
+    model had before it existed: the one place a saved config is read, so a checkpoint
+    written before a rename or an addition still loads."""
+    values = new_field_names(cls, values)
+    added = {f.name: f.default for f in fields(cls)
+             if f.name not in values and f.default is not MISSING}
+    return {**values, **added}
 
 
 def config_from_dict(cls: type, values: dict) -> Any:
@@ -61,22 +66,29 @@ class TokenEmbedding(Module):
         self.scale = math.sqrt(d_model) if scale_by_sqrt_d else 1.0
         self.block_size = block_size
 
-    def check_inputs(self, ids: Array, offset: int = 0) -> None:
-        """ids (B, T) integers in [0, V), offset + T <= block_size: the door of every model."""
+    def check_inputs(self, ids: Array, offset: int = 0,
+                     position_ids: Array | None = None) -> None:
+        """ids (B, T) integers in [0, V), offset + T <= block_size (or position_ids (B, T)
+        in [0, block_size)): the door of every model."""
         check_rank(ids, 2, "token ids (batch, positions)")
-        if offset + ids.shape[1] > self.block_size:
+        if position_ids is not None:
+            check_positions(position_ids, self.block_size)
+        elif offset + ids.shape[1] > self.block_size:
             raise ValueError(f"sequence of length {offset + ids.shape[1]} is longer than "
                              f"block_size {self.block_size} (the positional table's "
                              "length); raise it in the model's config")
         check_token_ids(ids, self.tokens.num_embeddings)
 
-    def forward(self, ids: Array, offset: int = 0) -> Array:
-        """ids (B, T) integers; ``offset``: position of ids[:, 0] (cached decoding)."""
+    def forward(self, ids: Array, offset: int = 0, position_ids: Array | None = None) -> Array:
+        """ids (B, T) integers; ``offset``: position of ids[:, 0] (cached decoding);
+        ``position_ids`` (B, T): each token's own position instead (a padded batch)."""
         x = self.tokens(ids) * self.scale  # (B, T, D)
-        if offset:
+        if position_ids is not None:
+            x = self.positions(x, position_ids)  # x + P[position_ids]
+        elif offset:
             x = self._add_positions_at(x, offset)
         else:
-            x = self.positions(x)
+            x = self.positions(x)  # x + P[:T]
         return self.dropout(x)
 
     def _add_positions_at(self, x, offset: int):
@@ -102,7 +114,15 @@ def inference_only(what: str) -> None:
 
 def final_norm(config: Any) -> LayerNorm | None:
     """Pre-norm stacks end with a layer norm (GPT-2); post-norm ones already end normed."""
-    return LayerNorm(config.d_model) if config.norm_first else None
+    eps = getattr(config, "layer_norm_eps", ops.layernorm.EPS)
+    return LayerNorm(config.d_model, eps) if config.norm_first else None
+
+
+def block_options(config: Any) -> dict:
+    """The blocks' keyword options a config sets: the attention's kind (narrow heads,
+    kqnorm) and the layer norms' epsilon."""
+    return {"narrow": config.narrow_heads, "kqnorm": config.kqnorm,
+            "norm_eps": getattr(config, "layer_norm_eps", ops.layernorm.EPS)}
 
 
 def valid_lengths(ids: Array, valid_lens: Array | None, pad_id: int,
@@ -160,6 +180,67 @@ def model_input(data: Any, what: str, rank: int = 2) -> Array:
     if host.dtype.kind not in "iu":
         raise TypeError(f"{what} must be an integer array, got dtype {host.dtype}")
     return backend.asarray(host)
+
+
+def attention_mask_input(mask: Any, shape: tuple[int, int],
+                         what: str = "attention_mask") -> Array:
+    """A causal LM's ``attention_mask`` as Hugging Face passes it, (B, S): 1 (or True) at
+    every token, 0 (False) at padding, anywhere in a row -> a backend bool array (True at
+    the tokens).  An array of any backend, a NumPy array or nested lists; refused naming
+    ``what`` if of another shape, or not of 0s and 1s."""
+    import array_api_compat  # here: imported before the backends settle
+
+    if array_api_compat.is_array_api_obj(mask):
+        given = mask
+    else:
+        try:
+            host = numpy.asarray(mask)
+        except (ValueError, TypeError) as exc:  # ragged lists
+            raise ValueError(f"{what} must be an array or a rectangular nested list of 0s "
+                             f"and 1s: {exc}") from None
+        given = backend.asarray(host.astype(numpy.int64) if host.size == 0 else host)
+    xp = backend.namespace_of(given)
+    if given.dtype != xp.bool and not backend.is_integer_array(given):
+        raise TypeError(f"{what} must hold 0 and 1 (integers or booleans), got dtype "
+                        f"{given.dtype}")
+    if tuple(given.shape) != tuple(shape):
+        raise ValueError(f"{what} must have shape {tuple(shape)} (batch, positions), got "
+                         f"{tuple(given.shape)}")
+    if given.dtype == xp.bool:
+        return given
+    if math.prod(given.shape):
+        low, high = backend.host_range(given)
+        if low < 0 or high > 1:
+            raise ValueError(f"{what} must hold 0 (padding) and 1 (a token) only, found "
+                             f"{low if low < 0 else high}")
+    return given != 0
+
+
+def position_ids_input(position_ids: Any, shape: tuple[int, int], block_size: int,
+                       what: str = "position_ids") -> Array:
+    """A causal LM's ``position_ids``: integers in [0, block_size), (B, T), or (T,) or
+    (1, T) for every row -> a backend integer array (B, T)."""
+    ids = model_input(position_ids, what)
+    if ids.ndim == 1:
+        ids = backend.namespace_of(ids).reshape(ids, (1, ids.shape[0]))
+    if ids.ndim != 2 or ids.shape[1] != shape[1] or ids.shape[0] not in (1, shape[0]):
+        raise ValueError(f"{what} must have shape {tuple(shape)} (batch, positions), or "
+                         f"({shape[1]},) for every row, got {tuple(ids.shape)}")
+    check_positions(ids, block_size, what)
+    return backend.namespace_of(ids).broadcast_to(ids, tuple(shape))
+
+
+def check_positions(position_ids: Array, block_size: int, what: str = "position_ids") -> None:
+    """Positions must index the positional table: integers in [0, block_size)."""
+    if not math.prod(position_ids.shape):
+        return
+    low, high = backend.host_range(position_ids)
+    if low < 0:
+        raise ValueError(f"{what} hold position {low}: positions count from 0")
+    if high >= block_size:
+        raise ValueError(f"{what} reach position {high}, but the positional table has "
+                         f"{block_size} rows (block_size {block_size}): a sequence of more "
+                         f"than {block_size} tokens is longer than the model's context")
 
 
 def valid_lengths_from(ids: Array, pad_id: int, what: str = "token ids") -> Array:

@@ -8,6 +8,7 @@ the trainer's config, the demos' presets, and every saved record of them).
 from __future__ import annotations
 
 import functools
+import math
 import numbers
 import sys
 import warnings
@@ -16,7 +17,7 @@ from typing import Any
 
 import numpy
 
-from ..ops.contracts import ACTIVATION_NAMES, POOLINGS, check_heads_divide
+from ..ops.contracts import ACTIVATION_NAMES, POOLINGS, check_heads_divide, check_narrow_heads
 
 # Every field with a range, wherever a config has it (the three configs share names).
 _POSITIVE_INT_FIELDS = ("vocab_size", "src_vocab_size", "tgt_vocab_size", "num_classes",
@@ -24,7 +25,8 @@ _POSITIVE_INT_FIELDS = ("vocab_size", "src_vocab_size", "tgt_vocab_size", "num_c
                         "num_decoder_layers", "block_size")
 
 
-_BOOL_FIELDS = ("norm_first", "tie_weights", "scale_embeddings")
+_BOOL_FIELDS = ("norm_first", "tie_weights", "scale_embeddings", "narrow_heads",
+                "kqnorm")
 
 
 # token id field -> the vocabulary sizes it must index
@@ -94,6 +96,15 @@ def check_config(config: Any) -> None:
         if not isinstance(value, (bool, numpy.bool_)):
             raise ValueError(f"{name}.{field} must be True or False, got {_shown(value)}")
         _set_field(config, field, bool(value))
+    if getattr(config, "narrow_heads", False):
+        check_narrow_heads(config.d_model, config.num_heads, head_dim, name)
+    if hasattr(config, "layer_norm_eps"):
+        eps = config.layer_norm_eps
+        if isinstance(eps, (bool, numpy.bool_)) or not isinstance(eps, numbers.Real) \
+                or not (math.isfinite(eps) and eps > 0):
+            raise ValueError(f"{name}.layer_norm_eps must be a finite number > 0, got "
+                             f"{_shown(eps)}")
+        _set_field(config, "layer_norm_eps", float(eps))
     if getattr(config, "positional", "learned") not in POSITIONALS:
         raise ValueError(f"{name}.positional must be one of {POSITIONALS}, got "
                          f"{_shown(config.positional)}")

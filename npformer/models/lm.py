@@ -5,15 +5,38 @@
 
 With ``tie_weights`` the output projection is the token embedding transposed,
 logits = h E^T (``Embedding.project``), so E receives gradient from both ends.
+
+Padding, as Hugging Face passes it: ``attention_mask`` (B, T) holds 1 at the tokens
+and 0 at padding, anywhere in a row (a batch of prompts is left-padded for
+generation).  Position t of row b may attend to position s when s <= t (causal) and
+s is a token; positions count each row's tokens from 0 (``position_ids``, by default
+the tokens before each one, as Hugging Face's ``generate`` derives them), so a row's
+tokens get the logits they get alone.  A padding position's logits are computed and
+mean nothing; a row of padding only gives finite ones (a query with no key to attend
+to gets a zero attention output).
+
+Hugging Face GPT-2 folders: :meth:`CausalLM.from_pretrained` and
+:meth:`CausalLM.save_pretrained` (:mod:`npformer.gpt2`).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from typing import Any
 
-from .. import ops
+from .. import backend, ops
 from ..backend import Array
 from ..nn import DecodingCache, EncoderBlock, Linear, Module
-from .common import TokenEmbedding, check_config, final_norm, inference_only, model_input
+from .common import (
+    TokenEmbedding,
+    attention_mask_input,
+    block_options,
+    check_config,
+    final_norm,
+    inference_only,
+    model_input,
+    position_ids_input,
+)
 
 
 @dataclass
@@ -25,7 +48,11 @@ class CausalLMConfig:
     activation: "relu", "gelu" or "gelu_tanh"; norm_first: pre-norm blocks and a final
     layer norm (GPT-2) instead of post-norm; head_dim: per-head width E (default
     D / H); positional: "learned" or "sinusoidal"; tie_weights: the output projection
-    is the token embedding transposed.  Invalid values raise ValueError naming the field.
+    is the token embedding transposed; layer_norm_eps: every layer norm's epsilon
+    (GPT-2's 1e-5); narrow_heads: Bloem's narrow heads, one shared (E, E) map of each
+    kind applied to every head's slice of the input; kqnorm: a layer norm over each
+    head's queries and keys (see :class:`npformer.nn.MultiHeadAttention`).  Invalid
+    values raise ValueError naming the field.
     """
 
     vocab_size: int
@@ -40,6 +67,9 @@ class CausalLMConfig:
     head_dim: int | None = None
     positional: str = "learned"
     tie_weights: bool = True
+    layer_norm_eps: float = ops.layernorm.EPS
+    narrow_heads: bool = False
+    kqnorm: bool = False
 
     def __post_init__(self):
         check_config(self)
@@ -62,24 +92,61 @@ class CausalLM(Module):
         self.embed = TokenEmbedding(c.vocab_size, c.d_model, c.block_size, c.positional,
                                     c.dropout, scale_by_sqrt_d=False, init_std=0.02)
         self.blocks = [EncoderBlock(c.d_model, c.num_heads, c.d_ff, c.dropout, c.activation,
-                                    c.norm_first, c.head_dim) for _ in range(c.num_layers)]
+                                    c.norm_first, c.head_dim, **block_options(c))
+                       for _ in range(c.num_layers)]
         self.norm = final_norm(c)
         self.lm_head = None if c.tie_weights else Linear(c.d_model, c.vocab_size, bias=False)
 
-    def check_inputs(self, ids: Array) -> None:
-        self.embed.check_inputs(model_input(ids, "token ids"))
-
-    def forward(self, ids: Array) -> Array:
-        """ids (B, T) with T <= block_size -> logits (B, T, V); ids an array or a nested
-        list.  An empty batch or T = 0 gives the empty logits (0, T, V) or (B, 0, V)."""
+    def check_inputs(self, ids: Array, attention_mask: Array | None = None,
+                     position_ids: Array | None = None) -> None:
         ids = model_input(ids, "token ids")
-        x = self.embed(ids)  # (B, T, D)
-        mask = ops.causal_mask(ids.shape[1], like=x)  # (T, T): no position sees a later one
+        _, positions = self._keys_and_positions(ids, attention_mask, position_ids)
+        self.embed.check_inputs(ids, position_ids=positions)
+
+    def forward(self, ids: Array, attention_mask: Array | None = None,
+                position_ids: Array | None = None) -> Array:
+        """ids (B, T) with T <= block_size -> logits (B, T, V); ids an array or a nested
+        list.  An empty batch or T = 0 gives the empty logits (0, T, V) or (B, 0, V).
+
+        ``attention_mask`` (B, T): 1 at tokens, 0 at padding (anywhere); ``position_ids``
+        (B, T), or (T,) for every row: each token's position, by default counted over the
+        row's tokens (see the module docstring)."""
+        ids = model_input(ids, "token ids")
+        x, mask = self._embedded(ids, attention_mask, position_ids)  # (B, T, D), mask
         for block in self.blocks:
             x = block(x, mask)
         if self.norm is not None:
             x = self.norm(x)
         return self._logits(x)  # (B, T, V)
+
+    def _embedded(self, ids: Array, attention_mask: Array | None, position_ids: Array | None,
+                  offset: int = 0) -> tuple[Array, Array]:
+        """ids (B, T) after ``offset`` positions -> their embeddings (B, T, D) and the
+        blocks' mask: causal (T, S) without an attention mask, else causal and the keys'
+        padding, (B, 1, T, S); S = offset + T."""
+        keep, positions = self._keys_and_positions(ids, attention_mask, position_ids, offset)
+        x = self.embed(ids, offset=offset, position_ids=positions)  # (B, T, D)
+        length, keys = ids.shape[1], offset + ids.shape[1]
+        mask = ops.causal_mask(length, keys, like=x)  # (T, S): no position sees a later one
+        if keep is not None:
+            mask = mask[None, None, :, :] & keep[:, None, None, :]  # and no padding: (B, 1, T, S)
+        return x, mask
+
+    def _keys_and_positions(self, ids: Array, attention_mask: Array | None,
+                            position_ids: Array | None,
+                            offset: int = 0) -> tuple[Array | None, Array | None]:
+        """The attention mask as booleans (B, S) (None: no padding) and the positions of
+        ids (B, T) (None: offset, offset + 1, ...).  With a mask and no position_ids, the
+        positions count each row's tokens (:func:`positions_of`)."""
+        batch, length = ids.shape
+        keep = None if attention_mask is None else \
+            attention_mask_input(attention_mask, (batch, offset + length))
+        if position_ids is not None:
+            return keep, position_ids_input(position_ids, (batch, length),
+                                            self.config.block_size)
+        if keep is None:
+            return None, None
+        return keep, positions_of(keep)[:, offset:]
 
     def backward(self, dlogits: Array) -> None:
         """dlogits (B, T, V) -> None (token ids are not differentiable)."""
@@ -105,15 +172,48 @@ class CausalLM(Module):
         """An empty key/value cache for :meth:`forward_cached`."""
         return DecodingCache(len(self.blocks))
 
-    def forward_cached(self, ids: Array, cache: DecodingCache) -> Array:
+    def forward_cached(self, ids: Array, cache: DecodingCache,
+                       attention_mask: Array | None = None,
+                       position_ids: Array | None = None) -> Array:
         """Inference (under ``no_grad``): ids (B, T_new) are the positions after the
-        ``cache.length`` already decoded -> logits (B, T_new, V); the cache grows by T_new."""
+        ``cache.length`` already decoded -> logits (B, T_new, V); the cache grows by T_new.
+
+        ``attention_mask`` (B, cache.length + T_new) covers the cached positions and the
+        new ones (as Hugging Face passes it); ``position_ids`` (B, T_new) the new ones."""
         inference_only("forward_cached")
-        offset = cache.length
-        x = self.embed(ids, offset=offset)  # (B, T_new, D)
-        mask = ops.causal_mask(ids.shape[1], offset + ids.shape[1], like=x)  # (T_new, S)
+        ids = model_input(ids, "token ids")
+        x, mask = self._embedded(ids, attention_mask, position_ids, cache.length)  # (B, T_new, D)
         for block, block_cache in zip(self.blocks, cache.blocks):
             x = block(x, mask, cache=block_cache)
         if self.norm is not None:
             x = self.norm(x)
         return self._logits(x)
+
+    # ------------------------------------------------------------------ Hugging Face
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | os.PathLike, dtype: str | None = None,
+                        dropout: float = 0.0, **kwargs: Any) -> CausalLM:
+        """A GPT-2 checkpoint in Hugging Face's format: a folder (``config.json``,
+        ``model.safetensors``), or a name on the Hugging Face Hub (``"gpt2"``), downloaded
+        into the user's cache.  See :func:`npformer.gpt2.from_pretrained`."""
+        from ..gpt2 import from_pretrained
+
+        return from_pretrained(name_or_path, dtype=dtype, dropout=dropout, **kwargs)
+
+    def save_pretrained(self, path: str | os.PathLike, tokenizer: Any = None) -> None:
+        """Write this model as a Hugging Face GPT-2 folder (``config.json``,
+        ``model.safetensors``; ``tokenizer.json`` given a tokenizer), which
+        ``transformers.GPT2LMHeadModel.from_pretrained`` loads.  See
+        :func:`npformer.gpt2.save_pretrained`."""
+        from ..gpt2 import save_pretrained
+
+        save_pretrained(self, path, tokenizer=tokenizer)
+
+
+def positions_of(keep: Array) -> Array:
+    """keep (B, S) booleans, True at tokens -> (B, S) positions: the number of tokens
+    before each one (cumulative sum minus 1), 0 where none is (left padding) — the
+    positions Hugging Face's ``generate`` gives a padded batch."""
+    xp = backend.namespace_of(keep)
+    counts = xp.cumulative_sum(xp.astype(keep, xp.int64), axis=1)  # (B, S)
+    return xp.maximum(counts - 1, xp.zeros_like(counts))

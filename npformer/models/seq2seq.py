@@ -21,6 +21,7 @@ from ..nn import DecoderBlock, DecodingCache, EncoderBlock, Linear, Module
 from ..ops.contracts import check_flag, check_rank
 from .common import (
     TokenEmbedding,
+    block_options,
     check_config,
     check_lengths,
     final_norm,
@@ -42,7 +43,8 @@ class Seq2SeqConfig:
     [0, 1); activation: "relu", "gelu" or "gelu_tanh"; norm_first: pre-norm blocks
     instead of post-norm; head_dim: per-head width E (default D / H); positional:
     "sinusoidal" or "learned"; scale_embeddings: multiply embeddings by sqrt(D);
-    pad_id, bos_id, eos_id: the special target ids (padding, start, end) decoding uses.
+    pad_id, bos_id, eos_id: the special target ids (padding, start, end) decoding uses;
+    narrow_heads, kqnorm: the attention's options (:class:`npformer.nn.MultiHeadAttention`).
     Invalid values raise ValueError naming the field.
     """
 
@@ -63,6 +65,8 @@ class Seq2SeqConfig:
     pad_id: int = 0
     bos_id: int = 2
     eos_id: int = 3
+    narrow_heads: bool = False
+    kqnorm: bool = False
 
     def __post_init__(self):
         check_config(self)
@@ -88,10 +92,12 @@ class Seq2SeqTransformer(Module):
         self.tgt_embed = TokenEmbedding(c.tgt_vocab_size, c.d_model, c.block_size, c.positional,
                                         c.dropout, c.scale_embeddings, init_std=c.d_model ** -0.5)
         self.encoder = [EncoderBlock(c.d_model, c.num_heads, c.d_ff, c.dropout, c.activation,
-                                     c.norm_first, c.head_dim) for _ in range(c.num_encoder_layers)]
+                                     c.norm_first, c.head_dim, **block_options(c))
+                        for _ in range(c.num_encoder_layers)]
         self.encoder_norm = final_norm(c)
         self.decoder = [DecoderBlock(c.d_model, c.num_heads, c.d_ff, c.dropout, c.activation,
-                                     c.norm_first, c.head_dim) for _ in range(c.num_decoder_layers)]
+                                     c.norm_first, c.head_dim, **block_options(c))
+                        for _ in range(c.num_decoder_layers)]
         self.decoder_norm = final_norm(c)
         self.out_proj = Linear(c.d_model, c.tgt_vocab_size)
 

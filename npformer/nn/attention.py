@@ -4,9 +4,37 @@ r"""Multi-head attention (Vaswani et al., 2017, section 3.2.2).
     $\text{MHA} = \text{Concat}(\text{head}_1, \dots, \text{head}_H)\, W^O$
 
 Shapes: B batch, T query positions, S key positions, D model width, H heads,
-E per-head width.  The paper's narrow heads have E = D / H (the default);
-Bloem's "wide" heads have E = D (pass ``head_dim=d_model``).  The projections
-W^Q, W^K, W^V are (D, H*E) and W^O is (H*E, D); column block h of W^Q is head h.
+E per-head width.  The paper's heads have E = D / H (the default); Bloem's "wide"
+heads have E = D (pass ``head_dim=d_model``).  The projections W^Q, W^K, W^V are
+(D, H*E) and W^O is (H*E, D); column block h of W^Q is head h.
+
+Narrow heads (``narrow=True``; Bloem's ``former``, ``SelfAttentionNarrow``).  The
+input is cut into H slices of width E = D / H, and one set of (E, E) maps, shared by
+all heads, is applied to every slice:
+
+    $X = [X_1, \dots, X_H]$ (column blocks of width E)
+    $\text{head}_h = \text{Attention}(X_{q,h} W^Q, X_{kv,h} W^K, X_{kv,h} W^V)$
+
+The standard layer projects, then cuts the result into heads; the narrow one cuts,
+then projects each slice: the same two steps in the other order (:meth:`_heads`).
+Its backward sums the gradient of the shared map over the heads, as for any weight
+used several times: $\bar W^Q = \sum_h X_{q,h}^\top \bar Q_h$, and
+$\bar X_{q,h} = \bar Q_h (W^Q)^\top$ is slice h of $\bar X_q$.  Three (E, E) maps
+instead of three (D, D) ones: H^2 times fewer parameters in them, and no mixing of
+the slices before the output projection W^O (kept here; ``former`` drops it too).
+
+Query-key normalization (``kqnorm=True``; ``former``'s ``kqnorm``): a layer norm over
+each head's E features of the queries and of the keys (one norm for the queries and
+one for the keys, shared by the heads), before the scores:
+
+    $\hat Q_h = \text{LN}_q(Q_h)$,  $\hat K_h = \text{LN}_k(K_h)$,
+    $\text{head}_h = \text{softmax}(\hat Q_h \hat K_h^\top / \sqrt{E} + M)\, V_h$
+
+so the scores no longer grow with the size of the queries and keys (each normalized
+vector has length $\sqrt{E}$ before the norm's $\gamma$ and $\beta$).  Backward: the layer
+norm's (:mod:`npformer.ops.layernorm`) after the attention's, $\bar Q_h =
+\text{LN}_q'(\bar{\hat Q}_h)$.  (``former`` scales its scores by $1/\sqrt{D}$ in
+every attention; npformer keeps the paper's $1/\sqrt{E}$.)
 
 Self-attention: ``forward(x, mask=mask)``; cross-attention:
 ``forward(x, context=memory, mask=mask)``, keys and values from ``memory``.
@@ -32,12 +60,13 @@ from ..ops.contracts import (
     check_float,
     check_heads_divide,
     check_mask,
+    check_narrow_heads,
     check_same_dtype,
     check_sequence_input,
     check_size,
 )
 from .cache import KVCache
-from .layers import Linear
+from .layers import LayerNorm, Linear
 from .module import Module, grad_enabled
 
 
@@ -57,15 +86,45 @@ def merge_heads(x: Array) -> Array:
     return xp.reshape(x, (batch, length, heads * width))  # (B, T, H*E)
 
 
+# Narrow heads: the input cut into the heads' slices before the projection (split_heads,
+# the two steps below, cuts after it).
+def slices(x: Array, num_heads: int) -> Array:
+    """(..., H*E) -> (..., H, E): the last axis cut into H column blocks."""
+    xp = backend.namespace_of(x)
+    return xp.reshape(x, tuple(x.shape[:-1]) + (num_heads, x.shape[-1] // num_heads))
+
+
+def unslice(x: Array) -> Array:
+    """(..., H, E) -> (..., H*E), the inverse of :func:`slices`."""
+    xp = backend.namespace_of(x)
+    return xp.reshape(x, tuple(x.shape[:-2]) + (x.shape[-2] * x.shape[-1],))
+
+
+def heads_first(x: Array) -> Array:
+    """(B, T, H, E) -> (B, H, T, E)."""
+    return backend.namespace_of(x).permute_dims(x, (0, 2, 1, 3))
+
+
+def positions_first(x: Array) -> Array:
+    """(B, H, T, E) -> (B, T, H, E), the inverse of :func:`heads_first`."""
+    return backend.namespace_of(x).permute_dims(x, (0, 2, 1, 3))
+
+
 class MultiHeadAttention(Module):
     """Multi-head scaled dot-product attention: ``H`` heads of width ``E`` (default
     ``d_model // num_heads``) over projections of the queries ``x`` (B, T, D) and the
     keys and values (``x`` itself, or ``context`` (B, S, D)).
 
+    Options (see the module docstring): ``narrow=True`` cuts the input into the heads'
+    slices and applies one shared (E, E) map of each kind to every slice (E = D / H);
+    ``kqnorm=True`` normalizes each head's queries and keys with a layer norm over
+    their E features.
+
     Attributes:
-        q_proj, k_proj, v_proj (:class:`Linear`, D -> H*E) and out_proj (H*E -> D):
-            the weights, laid out as PyTorch's ``MultiheadAttention`` (see
-            :mod:`npformer.torch_interop`).
+        q_proj, k_proj, v_proj (:class:`Linear`, D -> H*E, or E -> E when narrow) and
+            out_proj (H*E -> D): the weights, laid out as PyTorch's
+            ``MultiheadAttention`` (see :mod:`npformer.torch_interop`).
+        q_norm, k_norm (:class:`LayerNorm` over E, with ``kqnorm``; else None).
         keep_attention: set True to keep every forward's attention weights in
             ``last_attention`` (as :func:`record_attention` does for a whole model).
         last_attention: the (B, H, T, S) probabilities of the last forward while
@@ -76,20 +135,29 @@ class MultiHeadAttention(Module):
     """
 
     def __init__(self, d_model: int, num_heads: int, head_dim: int | None = None,
-                 bias: bool = True):
+                 bias: bool = True, narrow: bool = False, kqnorm: bool = False):
         check_size(d_model, "d_model", 1)
         check_size(num_heads, "num_heads", 1)
+        check_flag(narrow, "narrow")
+        check_flag(kqnorm, "kqnorm")
         if head_dim is not None:
             check_size(head_dim, "head_dim", 1)
+        if narrow:
+            check_narrow_heads(d_model, num_heads, head_dim)
         if head_dim is None:
             check_heads_divide(d_model, num_heads)
             head_dim = d_model // num_heads
         self.d_model, self.num_heads, self.head_dim = d_model, num_heads, head_dim
+        self.narrow, self.kqnorm = narrow, kqnorm
         inner = num_heads * head_dim
-        self.q_proj = Linear(d_model, inner, bias)
-        self.k_proj = Linear(d_model, inner, bias)
-        self.v_proj = Linear(d_model, inner, bias)
+        # one projection reads a slice and writes one head's (narrow), or reads x, writes all
+        width_in, width_out = (head_dim, head_dim) if narrow else (d_model, inner)
+        self.q_proj = Linear(width_in, width_out, bias)
+        self.k_proj = Linear(width_in, width_out, bias)
+        self.v_proj = Linear(width_in, width_out, bias)
         self.out_proj = Linear(inner, d_model, bias)
+        self.q_norm = LayerNorm(head_dim) if kqnorm else None
+        self.k_norm = LayerNorm(head_dim) if kqnorm else None
         self.keep_attention = False  # set True to keep the last probabilities (documented above)
         self.last_attention = None  # (B, H, T, S) when keep_attention
 
@@ -133,8 +201,7 @@ class MultiHeadAttention(Module):
         values of x's T positions to it and attends over all S cached ones; cross-attention
         fills it from the context on the first call and reuses it after.
         """
-        h = self.num_heads
-        q = split_heads(self.q_proj(x), h)  # (B, T, D) -> (B, T, H*E) -> (B, H, T, E)
+        q = through_norm(self.q_norm, self._heads(self.q_proj, x))  # (B, T, D) -> (B, H, T, E)
         k, v = self._keys_and_values(x if context is None else context, cache,
                                      is_self=context is None)  # (B, H, S, E) each
         heads, attn_cache = ops.attention_forward(q, k, v, mask)  # (B, H, T, E)
@@ -145,14 +212,27 @@ class MultiHeadAttention(Module):
         self.last_attention = weights if self.keep_attention else None
         return (y, weights) if need_weights else y
 
+    def _heads(self, projection: Linear, source: Array) -> Array:
+        """source (B, S, D) -> (B, H, S, E) through ``projection``: the standard heads
+        project the whole width, then cut the result into heads; narrow heads cut the
+        width into the heads' slices, then project each with the one shared map."""
+        if self.narrow:
+            return heads_first(projection(slices(source, self.num_heads)))  # (B, S, H, E) ->
+        return split_heads(projection(source), self.num_heads)  # (B, S, H*E) -> (B, H, S, E)
+
+    def _heads_backward(self, projection: Linear, dheads: Array) -> Array:
+        """dheads (B, H, S, E) -> dsource (B, S, D): :meth:`_heads` in reverse."""
+        if self.narrow:
+            return unslice(projection.backward(positions_first(dheads)))  # sums over heads
+        return projection.backward(merge_heads(dheads))
+
     def _keys_and_values(self, source: Array, cache: KVCache | None,
                          is_self: bool) -> tuple[Array, Array]:
         """K and V (B, H, S, E) of ``source`` (B, S, D), through the cache where there is one."""
-        h = self.num_heads
         if cache is not None and not is_self and cache.length > 0:
             return cache.keys, cache.values  # the memory's, computed on the first call
-        k = split_heads(self.k_proj(source), h)  # (B, S, D) -> (B, H, S, E)
-        v = split_heads(self.v_proj(source), h)
+        k = through_norm(self.k_norm, self._heads(self.k_proj, source))  # (B, S, D) -> (B, H, S, E)
+        v = self._heads(self.v_proj, source)
         if cache is None:
             return k, v
         cache.append(k, v)
@@ -162,15 +242,23 @@ class MultiHeadAttention(Module):
         """dy (B, T, D) -> dx for self-attention, (dx, dcontext) for cross-attention
         (dcontext (B, S, D))."""
         attn_cache, is_self = self._pop_saved()
-        h = self.num_heads
-        dheads = split_heads(self.out_proj.backward(dy), h)  # (B, T, D) -> (B, H, T, E)
+        dheads = split_heads(self.out_proj.backward(dy), self.num_heads)  # (B, H, T, E)
         dq, dk, dv = ops.attention_backward(dheads, attn_cache)  # (B, H, T|S, E) each
-        dx = self.q_proj.backward(merge_heads(dq))  # (B, T, D): the queries' input
-        dx_keys = self.k_proj.backward(merge_heads(dk))  # (B, S, D): the keys' input
-        dx_values = self.v_proj.backward(merge_heads(dv))  # (B, S, D): the values' input
+        dx = self._heads_backward(self.q_proj, through_norm_backward(self.q_norm, dq))  # (B, T, D)
+        dx_keys = self._heads_backward(self.k_proj, through_norm_backward(self.k_norm, dk))
+        dx_values = self._heads_backward(self.v_proj, dv)  # (B, S, D) each: keys', values' input
         if is_self:
             return dx + dx_keys + dx_values  # x fed the queries, the keys and the values
         return dx, dx_keys + dx_values  # the context fed the keys and the values
+
+
+def through_norm(norm: LayerNorm | None, heads: Array) -> Array:
+    """kqnorm: each head's E features through the layer norm (none: as they are)."""
+    return heads if norm is None else norm(heads)
+
+
+def through_norm_backward(norm: LayerNorm | None, dheads: Array) -> Array:
+    return dheads if norm is None else norm.backward(dheads)
 
 
 # --------------------------------------------------------------------------- recording

@@ -18,11 +18,15 @@ dropout to the attention probabilities.  Each residual connection's layer norm
 and dropout live in a :class:`ResidualNorm` named after its sublayer
 (``attn_residual.norm`` ...): the parameter names checkpoints use.
 
+Options passed to the attention layers: ``narrow`` and ``kqnorm``
+(:class:`npformer.nn.MultiHeadAttention`); ``norm_eps``: every layer norm's epsilon.
+
 Shapes: B batch, T positions, S memory (source) positions, D width, D_ff the
 feed-forward width.  Every layer keeps what its own backward needs.
 """
 from __future__ import annotations
 
+from .. import ops
 from ..backend import Array
 from ..ops.contracts import check_size
 from .attention import MultiHeadAttention
@@ -57,8 +61,8 @@ class ResidualNorm(Module):
     """The layer norm and the dropout of one residual connection (the block writes the
     sum itself); a container, so the parameters keep their names (``.norm.weight``)."""
 
-    def __init__(self, d_model: int, dropout: float = 0.0):
-        self.norm = LayerNorm(d_model)
+    def __init__(self, d_model: int, dropout: float = 0.0, eps: float = ops.layernorm.EPS):
+        self.norm = LayerNorm(d_model, eps)
         self.dropout = Dropout(dropout)
 
 
@@ -76,12 +80,14 @@ class EncoderBlock(Module):
 
     def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1,
                  activation: str = "relu", norm_first: bool = False,
-                 head_dim: int | None = None):
+                 head_dim: int | None = None, *, norm_eps: float = ops.layernorm.EPS,
+                 narrow: bool = False, kqnorm: bool = False):
         self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(d_model, num_heads, head_dim)
-        self.attn_residual = ResidualNorm(d_model, dropout)
+        self.self_attn = MultiHeadAttention(d_model, num_heads, head_dim, narrow=narrow,
+                                            kqnorm=kqnorm)
+        self.attn_residual = ResidualNorm(d_model, dropout, norm_eps)
         self.ffn = FeedForward(d_model, d_ff, activation, dropout)
-        self.ffn_residual = ResidualNorm(d_model, dropout)
+        self.ffn_residual = ResidualNorm(d_model, dropout, norm_eps)
 
     def check_inputs(self, x: Array, mask: Array | None = None,
                      cache: BlockCache | None = None) -> None:
@@ -116,14 +122,17 @@ class DecoderBlock(Module):
 
     def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1,
                  activation: str = "relu", norm_first: bool = False,
-                 head_dim: int | None = None):
+                 head_dim: int | None = None, *, norm_eps: float = ops.layernorm.EPS,
+                 narrow: bool = False, kqnorm: bool = False):
         self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(d_model, num_heads, head_dim)
-        self.self_attn_residual = ResidualNorm(d_model, dropout)
-        self.cross_attn = MultiHeadAttention(d_model, num_heads, head_dim)
-        self.cross_attn_residual = ResidualNorm(d_model, dropout)
+        self.self_attn = MultiHeadAttention(d_model, num_heads, head_dim, narrow=narrow,
+                                            kqnorm=kqnorm)
+        self.self_attn_residual = ResidualNorm(d_model, dropout, norm_eps)
+        self.cross_attn = MultiHeadAttention(d_model, num_heads, head_dim, narrow=narrow,
+                                             kqnorm=kqnorm)
+        self.cross_attn_residual = ResidualNorm(d_model, dropout, norm_eps)
         self.ffn = FeedForward(d_model, d_ff, activation, dropout)
-        self.ffn_residual = ResidualNorm(d_model, dropout)
+        self.ffn_residual = ResidualNorm(d_model, dropout, norm_eps)
 
     def check_inputs(self, x: Array, memory: Array, self_mask: Array | None = None,
                      memory_mask: Array | None = None, cache: BlockCache | None = None) -> None:

@@ -110,7 +110,9 @@ class Embedding(Module):
 
 
 class LearnedPositionalEmbedding(Module):
-    """x (B, T, D) -> x + P[:T], with a trainable table P (block_size, D)."""
+    """x (B, T, D) -> x + P[:T], with a trainable table P (block_size, D); or, given
+    ``position_ids`` (B, T), x + P[position_ids]: each token's own row (a left-padded
+    batch counts each row's positions from its first token)."""
 
     def __init__(self, block_size: int, d_model: int, init_std: float = 0.02):
         check_size(block_size, "block_size", 1)
@@ -119,13 +121,23 @@ class LearnedPositionalEmbedding(Module):
         self.weight = Parameter(backend.random_normal((block_size, d_model), std=init_std),
                                 decay=False)
 
-    def forward(self, x: Array) -> Array:
-        y, cache = ops.add_positions_forward(x, self.weight.data)
+    def forward(self, x: Array, position_ids: Array | None = None) -> Array:
+        """x (B, T, D), position_ids (B, T) integers in [0, block_size) or None -> (B, T, D)."""
+        if position_ids is None:
+            y, cache = ops.add_positions_forward(x, self.weight.data)  # x + P[:T]
+        else:
+            rows, cache = ops.embedding_forward(position_ids, self.weight.data)  # P[ids]
+            y = x + rows  # (B, T, D)
         self._save(cache)
         return y
 
     def backward(self, dy: Array) -> Array:
-        dx, dtable = ops.add_positions_backward(dy, self._pop_saved())
+        """dy (B, T, D) -> dx = dy; the table's gradient is added (every position's row)."""
+        cache = self._pop_saved()
+        if cache.op == "embedding_forward":  # the rows P[position_ids], looked up
+            self.weight.accumulate(ops.embedding_backward(dy, cache))
+            return dy
+        dx, dtable = ops.add_positions_backward(dy, cache)
         self.weight.accumulate(dtable)
         return dx
 
@@ -139,18 +151,24 @@ class SinusoidalPositionalEncoding(Module):
         self.block_size = block_size
         self._table = ops.sinusoidal_table(block_size, d_model)  # not a Parameter: never trained
 
-    def forward(self, x: Array) -> Array:
+    def forward(self, x: Array, position_ids: Array | None = None) -> Array:
+        """x (B, T, D) -> x + PE[:T], or x + PE[position_ids] with position_ids (B, T)."""
         check_float(x, "input to the positional encoding")  # before its dtype is read
         table = self._table
         if table.dtype != x.dtype:
             table = backend.namespace_of(x).astype(table, x.dtype)
-        y, cache = ops.add_positions_forward(x, table)
+        if position_ids is None:
+            y, cache = ops.add_positions_forward(x, table)
+        else:
+            rows, cache = ops.embedding_forward(position_ids, table)  # PE[ids], (B, T, D)
+            y = x + rows
         self._save(cache)
         return y
 
     def backward(self, dy: Array) -> Array:
-        dx, _ = ops.add_positions_backward(dy, self._pop_saved())
-        return dx
+        """dy (B, T, D) -> dx = dy: a fixed table is added (nothing to train)."""
+        self._pop_saved()
+        return dy
 
 
 class Dropout(Module):

@@ -661,14 +661,27 @@ def check_valid_lengths(valid_lens: Array, length: int, minimum: int = 0) -> Non
 def check_heads_divide(d_model: int, num_heads: int, d_model_name: str = "d_model",
                        num_heads_name: str = "num_heads",
                        hint: str = "or set head_dim explicitly") -> None:
-    """Narrow heads split the width: num_heads must divide d_model (one place for the rule;
-    ``d_model_name`` and ``num_heads_name`` name the two values as the caller's user knows
-    them, e.g. the demos' options ``--d-model`` and ``--num-heads``)."""
+    """Heads of width D / H split the width: num_heads must divide d_model (one place for
+    the rule; ``d_model_name`` and ``num_heads_name`` name the two values as the caller's
+    user knows them, e.g. the demos' options ``--d-model`` and ``--num-heads``)."""
     if d_model % num_heads != 0:
         raise ValueError(
             f"{d_model_name} {d_model} is not divisible by {num_heads_name} {num_heads}: each "
             f"head gets {d_model_name} / {num_heads_name} columns; choose a head count that "
             "divides the width" + (f", {hint}" if hint else ""))
+
+
+def check_narrow_heads(d_model: int, num_heads: int, head_dim: int | None = None,
+                       owner: str = "") -> None:
+    """Narrow heads (Bloem's ``SelfAttentionNarrow``) cut the width into the heads' slices:
+    num_heads must divide d_model, and a head_dim given must be that slice's width."""
+    prefix = f"{owner}." if owner else ""
+    check_heads_divide(d_model, num_heads, f"{prefix}d_model", f"{prefix}num_heads",
+                       hint="" if not owner else "or turn narrow_heads off")
+    if head_dim is not None and head_dim * num_heads != d_model:
+        raise ValueError(f"narrow heads are the {num_heads} slices of width "
+                         f"{d_model // num_heads} of d_model {d_model}: {prefix}head_dim must "
+                         f"be None or {d_model // num_heads}, got {head_dim}")
 
 
 def check_sequence_input(x: Array, width: int, what: str) -> None:

@@ -1,0 +1,280 @@
+#!/usr/bin/env python
+"""GPT-2 small's shape against Hugging Face's PyTorch model on the CPU (issue 34, item 7).
+
+    python bench/gpt2.py                  # 124M parameters, random weights; 5 rounds
+    python bench/gpt2.py --rounds 9       # more rounds (the figures are each side's minimum)
+    python bench/gpt2.py --smoke          # a tiny GPT-2, one round: a CI check that it runs
+    python bench/gpt2.py --folder-only D  # write the 124M random-weights GPT-2 folder to D
+                                          # (what demos/finetune.py --model D fine-tunes)
+
+One GPT-2 folder with random weights (``transformers.GPT2LMHeadModel(GPT2Config())``,
+float32, written by ``save_pretrained``; dropout 0) is loaded by both sides, each in a
+fresh process with the same thread settings: npformer (``CausalLM.from_pretrained``,
+the fast tier, the NumPy backend; it never imports torch) and transformers'
+``GPT2LMHeadModel`` (its default attention).  Each side times, after one untimed
+warm-up of each:
+
+* ``forward``: the logits of a (4, 256) batch under no_grad / npformer.no_grad;
+* ``train step``: forward, next-token cross-entropy, backward, global-norm clipping to 1
+  and an AdamW update (lr 3e-4, weight decay 0.1) on the same (4, 256) batch;
+* ``generate 64``: 64 new tokens, greedy, with the KV cache, after a 16-token prompt
+  (batch 1; transformers' ``generate(do_sample=False)``, npformer's ``generate``).
+
+Both sides are loaded once, in two processes that stay alive, and take turns run by
+run: the runner asks one side for one timed run, then the other, ``--rounds`` times
+for each measurement (training last: its updates change the weights), so both sample
+the same minutes of a machine whose speed drifts as other work comes and goes.  A
+figure is the minimum over a side's runs (other processes share the cores: the
+minimum is the least disturbed).  The sides must agree: the first training step's loss
+to 1e-4, and the greedy tokens (reported: float32 rounding can break a near tie
+differently).  Prints a table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULT = "GPT2_BENCH "
+SMALL = dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)
+SMOKE = dict(vocab_size=300, n_positions=64, n_embd=32, n_layer=2, n_head=4)
+BATCH, LENGTH, PROMPT, NEW = (4, 256), 256, 16, 64
+SMOKE_SIZES = (2, 16), 16, 4, 8
+LR, WEIGHT_DECAY, CLIP = 3e-4, 0.1, 1.0
+
+
+def write_folder(folder: Path, sizes: dict, vocab_text: str | None = None) -> Path:
+    """A GPT-2 folder of random weights (seed 0, float32, dropout 0) and a byte-level BPE
+    tokenizer trained on ``vocab_text`` (any tokenizer fits: its vocabulary is at most
+    the model's), so demos/finetune.py can load it."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(**sizes, resid_pdrop=0.0, embd_pdrop=0.0,
+                                     attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    transformers.GPT2LMHeadModel(config).save_pretrained(folder)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=min(sizes["vocab_size"], 8000),
+                                  special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator([vocab_text or (ROOT / "README.md").read_text()], trainer)
+    tok.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+def batch_of(vocab: int, shape: tuple[int, int], length: int, prompt: int):
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, vocab, (shape[0], length + 1))
+    return ids[:, :-1], ids[:, 1:], ids[0, :prompt]
+
+
+# --------------------------------------------------------------------------- the sides
+def npformer_side(folder: Path, sizes: tuple) -> dict:
+    """{measurement: a function running it once} for npformer, and what the checks read."""
+    from npformer import backend, engine, no_grad
+    from npformer.decoding import generate
+    from npformer.models import CausalLM
+    from npformer.optim import AdamW, clip_grad_norm
+
+    shape, length, prompt_len, new = sizes
+    model = CausalLM.from_pretrained(folder)
+    x, y, prompt = batch_of(model.config.vocab_size, shape, length, prompt_len)
+    optimizer = engine.implementation(AdamW)(model.parameters(), lr=LR,
+                                             weight_decay=WEIGHT_DECAY)
+    clip = engine.implementation(clip_grad_norm)
+    seen = {"side": f"npformer, {engine.engine_name()} tier, numpy backend"}
+
+    def forward():
+        model.eval()
+        with no_grad():
+            model(backend.asarray(x))
+        model.train()
+
+    def train_step():
+        optimizer.zero_grad()
+        loss, dlogits = engine.ops().cross_entropy_with_gradient(model(backend.asarray(x)),
+                                                                 backend.asarray(y))
+        model.backward(dlogits)
+        clip(model.named_parameters(), CLIP)
+        optimizer.step()
+        seen.setdefault("first_loss", backend.to_float(loss))
+
+    def decode():
+        seen["tokens"] = generate(model, prompt.tolist(), new, greedy=True)[prompt_len:]
+
+    return {"forward": forward, "generate": decode, "train_step": train_step}, seen
+
+
+def torch_side(folder: Path, sizes: tuple) -> dict:
+    import torch
+    import transformers
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    shape, length, prompt_len, new = sizes
+    model = transformers.GPT2LMHeadModel.from_pretrained(folder, dtype=torch.float32)
+    x, y, prompt = (torch.tensor(a) for a in batch_of(model.config.vocab_size, shape,
+                                                      length, prompt_len))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+    seen = {"side": f"transformers {transformers.__version__} "
+                    f"({model.config._attn_implementation} attention), torch "
+                    f"{torch.__version__}, {torch.get_num_threads()} threads"}
+
+    def forward():
+        model.eval()
+        with torch.no_grad():
+            model(x)
+        model.train()
+
+    def train_step():
+        optimizer.zero_grad()
+        logits = model(x).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 y.reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        optimizer.step()
+        seen.setdefault("first_loss", loss.item())
+
+    def decode():
+        model.eval()
+        with torch.no_grad():
+            out = model.generate(prompt[None], max_new_tokens=new, min_new_tokens=new,
+                                 do_sample=False, pad_token_id=0,
+                                 attention_mask=torch.ones(1, prompt_len, dtype=torch.long))
+        model.train()
+        seen["tokens"] = out[0, prompt_len:].tolist()
+
+    return {"forward": forward, "generate": decode, "train_step": train_step}, seen
+
+
+def worker(side: str, folder: Path, sizes: tuple) -> None:
+    """Load the side, warm each measurement up once (training's warm-up is its first
+    step), say ready, then run one timed measurement per line of standard input."""
+    runs, seen = (npformer_side if side == "npformer" else torch_side)(folder, sizes)
+    runs["forward"](), runs["generate"]()
+    print(RESULT + json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        name = line.strip()
+        if name == "quit":
+            break
+        start = time.perf_counter()
+        runs[name]()
+        seconds = time.perf_counter() - start
+        print(RESULT + json.dumps({"name": name, "seconds": seconds, **seen}), flush=True)
+
+
+# --------------------------------------------------------------------------- the runner
+class Side:
+    """A worker process kept alive for the whole run."""
+
+    def __init__(self, side: str, folder: Path, smoke: bool):
+        command = [sys.executable, str(Path(__file__).resolve()), "--worker", side,
+                   "--folder", str(folder)] + (["--smoke"] if smoke else [])
+        self.name = side
+        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, cwd=ROOT,
+                                     env={**os.environ, "PYTHONPATH": str(ROOT)})
+        self.read()  # ready
+
+    def read(self) -> dict:
+        for line in self.proc.stdout:
+            if line.startswith(RESULT):
+                return json.loads(line[len(RESULT):])
+        raise SystemExit(f"error: the {self.name} worker ended (status {self.proc.wait()})")
+
+    def run(self, name: str) -> dict:
+        self.proc.stdin.write(name + "\n")
+        self.proc.stdin.flush()
+        return self.read()
+
+    def close(self) -> None:
+        self.proc.stdin.write("quit\n")
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def report(times: dict, seen: dict, args) -> str:
+    names = {"forward": f"forward {BATCH if not args.smoke else SMOKE_SIZES[0]}",
+             "train_step": "train step (forward, backward, clip, AdamW)",
+             "generate": f"generate {NEW if not args.smoke else SMOKE_SIZES[3]} tokens "
+                         "(greedy, KV cache)"}
+    lines = ["| measurement | npformer s | PyTorch (HF) s | ratio |", "|---|---:|---:|---:|"]
+    for key, name in names.items():
+        ours, theirs = min(times["npformer"][key]), min(times["torch"][key])
+        lines.append(f"| {name} | {ours:.3f} | {theirs:.3f} | {ours / theirs:.2f}x |")
+    ours, theirs = seen["npformer"], seen["torch"]
+    same = sum(a == b for a, b in zip(ours["tokens"], theirs["tokens"]))
+    lines += ["", f"first-step loss: npformer {ours['first_loss']:.6f}, PyTorch "
+              f"{theirs['first_loss']:.6f}; greedy tokens equal: {same} of "
+              f"{len(theirs['tokens'])}", f"npformer: {ours['side']}",
+              f"PyTorch: {theirs['side']}", f"CPU: {cpu_name()}, {os.cpu_count()} cores; "
+              f"the minimum of {args.rounds} runs a side, the sides taking turns"]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--folder", type=Path, default=None)
+    parser.add_argument("--folder-only", type=Path, default=None, metavar="FOLDER")
+    parser.add_argument("--worker", choices=["npformer", "torch"], default=None)
+    args = parser.parse_args(argv)
+    sizes = SMOKE_SIZES if args.smoke else (BATCH, LENGTH, PROMPT, NEW)
+    if args.worker:
+        worker(args.worker, args.folder, sizes)
+        return 0
+    if args.folder_only:
+        write_folder(args.folder_only, SMALL)
+        print(f"wrote {args.folder_only}")
+        return 0
+    args.rounds = 1 if args.smoke else args.rounds
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = args.folder or write_folder(Path(tmp) / "gpt2", SMOKE if args.smoke else SMALL)
+        sides = [Side(name, folder, args.smoke) for name in ("npformer", "torch")]
+        times = {side.name: {"forward": [], "generate": [], "train_step": []} for side in sides}
+        seen = {}
+        for name in ("forward", "generate", "train_step"):  # training last: it moves weights
+            for round_ in range(args.rounds):
+                for side in sides if round_ % 2 == 0 else sides[::-1]:
+                    result = side.run(name)
+                    times[side.name][name].append(result["seconds"])
+                    seen[side.name] = result
+                    print(f"{name} round {round_}: {side.name} {result['seconds']:.3f} s",
+                          flush=True)
+        for side in sides:
+            side.close()
+    ours, theirs = seen["npformer"]["first_loss"], seen["torch"]["first_loss"]
+    if abs(ours - theirs) > 1e-4 * abs(theirs):
+        raise SystemExit(f"error: the first-step losses differ: npformer {ours}, PyTorch "
+                         f"{theirs}: the sides do not compute the same model")
+    print(report(times, seen, args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,242 @@
+"""Fine-tune a GPT-2 checkpoint on a text file, with npformer's hand-written backward.
+
+    python demos/finetune.py                        # GPT-2 small ("gpt2") on tiny Shakespeare
+    python demos/finetune.py --model path/to/gpt2-folder --data notes.txt
+    python demos/finetune.py --sample-only --model runs/finetune/gpt2 --prompt "ROMEO:"
+    python demos/finetune.py --smoke --model FOLDER # seconds (CI, on a small folder)
+    python demos/finetune.py --resume               # continue an interrupted run exactly
+
+--model is a Hugging Face GPT-2 folder (config.json, model.safetensors,
+tokenizer.json: what GPT2LMHeadModel.save_pretrained writes), or a name on the
+Hugging Face Hub ("gpt2", "gpt2-medium"), downloaded once into the user's cache
+(pip install "npformer[hf]").  The text (--data: any UTF-8 file; default tiny
+Shakespeare) is tokenized with the checkpoint's tokenizer; the first 90% trains, the
+last 10% validates.  Settings follow nanoGPT's finetune_shakespeare.py for a CPU:
+AdamW at a constant learning rate of 3e-5, weight decay 0.1, betas (0.9, 0.95),
+gradients clipped to norm 1, no dropout, random windows of --block-size tokens.
+Prints the validation loss before and after, and a sample; writes the fine-tuned
+model as a GPT-2 folder (OUT/gpt2, which transformers loads too), model.npz and
+last.npz (the run, for --resume), sample.txt and metrics.json to --out.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+try:
+    import npformer  # noqa: F401  (reads $NPFORMER_BACKEND and $NPFORMER_ENGINE)
+except (ValueError, RuntimeError) as exc:
+    sys.exit(f"error: {exc}")
+
+import numpy as np
+
+from npformer import backend, gpt2, ops
+from npformer.cli import (
+    LAST_FILE,
+    MODEL_FILE,
+    Demo,
+    DemoError,
+    demo_parser,
+    nonnegative_float,
+    nonnegative_int,
+    option,
+    positive_float,
+    positive_int,
+    probability,
+    read_demo_checkpoint,
+    resume_run,
+    run_demo,
+    run_record,
+    start_demo,
+    write_metrics,
+    write_text,
+)
+from npformer.cli.memory import check_training_fits
+from npformer.cli.ranks import is_main
+from npformer.data import lm_batch, load_shakespeare, read_text_file, split_90_10
+from npformer.decoding import generate
+from npformer.nn import evaluating
+from npformer.optim import AdamW
+from npformer.tasks import LanguageModeling
+from npformer.train import TrainConfig, Trainer
+
+DEMO = Demo(tag="finetune", title="fine-tuning", model_kind="causal_lm",
+            script="demos/finetune.py", out="runs/finetune")
+DEFAULT_MODEL = "gpt2"  # GPT-2 small on the Hugging Face Hub (124M parameters)
+GPT2_FOLDER = "gpt2"  # OUT/gpt2: the fine-tuned model, as a Hugging Face folder
+
+
+@dataclass(frozen=True)
+class Preset:
+    max_iters: int = option(50, "updates")
+    block_size: int = option(256, "tokens per training window (at most the model's context)")
+    batch_size: int = option(4, "windows per update")
+    lr: float = option(3e-5, "learning rate (constant, nanoGPT's fine-tuning rate)",
+                       positive_float)
+    weight_decay: float = option(0.1, "AdamW's decoupled weight decay", nonnegative_float)
+    dropout: float = option(0.0, "dropout probability", probability)
+    eval_every: int = option(25, "estimate the validation loss every this many updates")
+    eval_batches: int = option(8, "batches per loss estimate")
+    length: int = option(100, "tokens to sample", nonnegative_int)
+
+
+PRESETS = {
+    "default": Preset(),
+    "smoke": Preset(max_iters=4, block_size=16, batch_size=2, eval_every=2, eval_batches=2,
+                    length=12),
+}
+CLIP_NORM = 1.0  # the gradients' global norm is clipped to this
+
+
+def build_parser():
+    parser = demo_parser(DEMO, __doc__, PRESETS)
+    parser.add_argument("--model", default=None,
+                        help=f"a GPT-2 folder or Hugging Face Hub name (default: "
+                             f"{DEFAULT_MODEL}; --resume: the run's)")
+    parser.add_argument("--prompt", default="\n",
+                        help="text the sample continues (default: a newline)")
+    parser.add_argument("--temperature", type=positive_float, default=0.8,
+                        help="sampling temperature (default: %(default)s)")
+    parser.add_argument("--top-k", type=positive_int, default=200,
+                        help="sample among the k likeliest tokens (default: %(default)s)")
+    parser.add_argument("--top-p", type=nucleus, default=None,
+                        help="sample from the nucleus of this probability, in (0, 1] "
+                             "(default: off)")
+    parser.add_argument("--sample-only", action="store_true",
+                        help="sample from --model without training")
+    return parser
+
+
+def nucleus(text: str) -> float:
+    """--top-p: a probability in (0, 1] (the nucleus keeps at least the likeliest token)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a probability in (0, 1], got {text!r}")
+    return value
+
+
+def load_model(source: str, dtype: str, dropout: float):
+    """The checkpoint's model and tokenizer; a problem with them is one error line."""
+    try:
+        return gpt2.load(source, dtype=dtype, dropout=dropout)
+    except (OSError, ValueError) as exc:  # PretrainedError, FileNotFoundError
+        raise DemoError(f"--model {source}: {exc}") from None
+
+
+def encode_text(data, tokenizer) -> np.ndarray:
+    """--data (any text file, else tiny Shakespeare) as the tokenizer's ids."""
+    text = read_text_file(data) if data is not None and Path(data).is_file() \
+        else load_shakespeare(data)
+    return np.array(tokenizer.encode(text), dtype=np.int64)
+
+
+def estimate_loss(model, ids: np.ndarray, preset: Preset, seed: int) -> float:
+    """Mean next-token loss over ``eval_batches`` random windows (nanoGPT's estimate_loss)."""
+    rng = np.random.default_rng(seed)
+    losses = []
+    with evaluating(model):
+        for _ in range(preset.eval_batches):
+            x, y = lm_batch(ids, preset.block_size, preset.batch_size, rng)
+            loss, _ = ops.cross_entropy_forward(model(backend.asarray(x)), backend.asarray(y))
+            losses.append(backend.to_float(loss))
+    return float(np.mean(losses))
+
+
+def prompt_ids(prompt: str, tokenizer, context: int) -> list[int]:
+    """--prompt's tokens (the end-of-text token for an empty prompt), refused when longer
+    than the model's context."""
+    ids = tokenizer.encode(prompt) if prompt else [tokenizer.eos_id or 0]
+    if len(ids) > context:
+        raise DemoError(f"--prompt holds {len(ids)} tokens, more than the model's context of "
+                        f"{context}: shorten it")
+    return ids
+
+
+def sample(model, tokenizer, prompt: list[int], args, length: int) -> str:
+    ids = generate(model, prompt, length, temperature=args.temperature, top_k=args.top_k,
+                   top_p=args.top_p, eos_id=tokenizer.eos_id,
+                   rng=np.random.default_rng(args.seed))
+    return tokenizer.decode(ids)
+
+
+def base_model(args, out: Path) -> str:
+    """--model, or with --resume the run's (a different one is refused)."""
+    if not args.resume:
+        return args.model or DEFAULT_MODEL
+    saved = read_demo_checkpoint(out / LAST_FILE, DEMO).extra["base_model"]
+    if args.model is not None and args.model != saved:
+        raise DemoError(f"--resume continues the saved run, which fine-tunes --model "
+                        f"{saved}, not {args.model} (leave --model out)")
+    return saved
+
+
+def main(argv=None) -> int:
+    args, preset, out = start_demo(DEMO, build_parser(), PRESETS, argv, use_saved="sample_only")
+    source = base_model(args, out)
+    model, tokenizer = load_model(source, args.dtype, preset.dropout)
+    context = model.config.block_size
+    prompt = prompt_ids(args.prompt, tokenizer, context)
+    if args.sample_only:
+        print(sample(model, tokenizer, prompt, args, preset.length))
+        return 0
+    if preset.block_size > context:
+        raise DemoError(f"--block-size {preset.block_size} is longer than the model's context "
+                        f"of {context} tokens: lower --block-size")
+    train_ids, val_ids = split_90_10(encode_text(args.data, tokenizer))
+    if len(val_ids) <= preset.block_size:
+        raise DemoError(f"the text is too short for --block-size {preset.block_size}: its "
+                        f"validation tenth holds {len(val_ids)} tokens, and a window needs "
+                        f"{preset.block_size + 1}")
+    check_training_fits(model.config, preset.batch_size, preset.block_size, preset,
+                        PRESETS["default"], args.dtype)
+    optimizer = AdamW(model.parameters(), lr=preset.lr, betas=(0.9, 0.95),
+                      weight_decay=preset.weight_decay)
+    print(f"{source}: {model.num_parameters():,} parameters; {len(train_ids):,} train / "
+          f"{len(val_ids):,} validation tokens")
+    before = (read_demo_checkpoint(out / LAST_FILE, DEMO).extra["val_loss_before"]
+              if args.resume else estimate_loss(model, val_ids, preset, seed=2))
+    print(f"validation loss before fine-tuning: {before:.4f}")
+
+    def eval_fn(m):
+        return {"val_loss": estimate_loss(m, val_ids, preset, seed=2)}
+
+    trainer = Trainer(model, optimizer, LanguageModeling(),
+                      lambda rng: lm_batch(train_ids, preset.block_size, preset.batch_size, rng),
+                      TrainConfig(max_iters=preset.max_iters, clip_norm=CLIP_NORM,
+                                  replicas=args.replicas, eval_every=preset.eval_every,
+                                  checkpoint_path=out / MODEL_FILE, last_path=out / LAST_FILE,
+                                  stop_after=args.stop_after, progress=not args.no_progress,
+                                  desc="finetune"),
+                      eval_fn=eval_fn,
+                      checkpoint_extra={"demo": DEMO.tag, "base_model": source,
+                                        "val_loss_before": before,
+                                        "run": run_record(args, preset)},
+                      seed=args.seed)
+    if args.resume:
+        resume_run(trainer, out / LAST_FILE)
+    history = trainer.fit()
+    after = history.evals[-1]["val_loss"]
+    seconds = trainer.train_seconds
+    print(f"validation loss after {trainer.updates} updates: {after:.4f} (before {before:.4f}; "
+          f"{seconds:.0f} s, {seconds / trainer.updates:.1f} s/update)")
+    text = sample(model, tokenizer, prompt, args, preset.length)
+    print("-" * 60 + "\n" + text + "\n" + "-" * 60)
+    if is_main():
+        model.save_pretrained(out / GPT2_FOLDER, tokenizer=tokenizer)
+        print(f"the fine-tuned model: {out / GPT2_FOLDER} (CausalLM.from_pretrained, or "
+              "transformers' GPT2LMHeadModel.from_pretrained)")
+    write_text(out / "sample.txt", text)
+    write_metrics(out, args, model.num_parameters(), {
+        "val_loss_before": before, "val_loss": after, "updates": trainer.updates,
+        "train_seconds": seconds, "seconds_per_update": seconds / trainer.updates})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_demo(main))

@@ -1,0 +1,463 @@
+"""GPT-2 checkpoints in Hugging Face's format: load one into a :class:`CausalLM`, save one.
+
+A GPT-2 folder is what ``transformers.GPT2LMHeadModel.save_pretrained`` writes (and
+what the Hub's ``gpt2``, ``gpt2-medium`` ... hold):
+
+* ``config.json``: the sizes (``vocab_size``, ``n_positions``, ``n_embd``, ``n_layer``,
+  ``n_head``, ``n_inner``), ``activation_function``, ``layer_norm_epsilon``,
+  ``tie_word_embeddings``;
+* ``model.safetensors`` (or shards named by ``model.safetensors.index.json``): the
+  weights, under ``GPT2LMHeadModel``'s names (``transformer.h.0.attn.c_attn.weight``) or
+  ``GPT2Model``'s (without ``transformer.``, as the Hub's ``gpt2`` holds them);
+* ``tokenizer.json``: GPT-2's byte-level BPE, read with the ``tokenizers`` library
+  (:class:`Tokenizer`).
+
+The weights map one to one onto npformer's :class:`npformer.models.CausalLM` (pre-norm,
+learned positions, the tied head):
+
+| Hugging Face (``transformer.`` dropped) | npformer (``blocks.i.`` as ``b.``)          |
+|-----------------------------------------|---------------------------------------------|
+| ``wte.weight`` (V, D)                   | ``embed.tokens.weight``                     |
+| ``wpe.weight`` (T, D)                   | ``embed.positions.weight``                  |
+| ``h.i.ln_1``, ``h.i.ln_2``              | ``b.attn_residual.norm``, ``b.ffn_residual.norm`` |
+| ``h.i.attn.c_attn.weight`` (D, 3D)      | ``b.self_attn.{q,k,v}_proj.weight``: columns |
+| ``h.i.attn.c_attn.bias`` (3D,)          | ``b.self_attn.{q,k,v}_proj.bias``           |
+| ``h.i.attn.c_proj``                     | ``b.self_attn.out_proj``                    |
+| ``h.i.mlp.c_fc``, ``h.i.mlp.c_proj``    | ``b.ffn.linear1``, ``b.ffn.linear2``        |
+| ``ln_f``                                | ``norm``                                    |
+| ``lm_head.weight`` (V, D), untied only  | ``lm_head.weight`` (D, V): transposed       |
+
+GPT-2's ``Conv1D`` layers hold their weights as (in, out), npformer's :class:`Linear`
+layout, so only the untied head (a ``torch.nn.Linear``) is transposed.  Heads are the
+same column blocks on both sides.  The causal-mask buffers of older checkpoints
+(``attn.bias``, ``attn.masked_bias``) are not weights and are skipped.
+
+What npformer cannot express is refused by name, never approximated: another
+``model_type`` or architecture, cross-attention (``add_cross_attention``),
+``scale_attn_by_inverse_layer_idx``, unscaled scores (``scale_attn_weights`` false), an
+activation other than ReLU and the exact or tanh GELU.  (``reorder_and_upcast_attn``
+only changes float16 arithmetic, which npformer does not use.)  Hugging Face's dropout
+probabilities are training settings, not weights, and npformer drops elsewhere (no
+attention-probability dropout): they are not read; pass ``dropout=`` to fine-tune with
+dropout.
+
+A name that is not a folder (``"gpt2"``) is downloaded from the Hugging Face Hub with
+``huggingface_hub`` into the user's cache (``~/.cache/huggingface``) where the network
+allows.  ``tokenizers`` and ``huggingface_hub`` are the ``hf`` extra
+(``pip install "npformer[hf]"``), imported only when used.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import backend
+from .models import CausalLM, CausalLMConfig
+from .ops.contracts import check_heads_divide
+from .torch_interop import read_safetensors
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+WEIGHTS_INDEX = "model.safetensors.index.json"  # sharded weights: {"weight_map": {name: file}}
+TOKENIZER_FILE = "tokenizer.json"
+HUB_FILES = [CONFIG_FILE, WEIGHTS_FILE, WEIGHTS_INDEX, "model-*.safetensors", TOKENIZER_FILE]
+
+# Hugging Face's activation_function -> npformer's (the same function); save writes the
+# first name of each.
+ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+               "gelu_fast": "gelu_tanh", "gelu": "gelu", "gelu_python": "gelu",
+               "relu": "relu"}
+ACTIVATION_NAMES = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+ARCHITECTURES = ("GPT2LMHeadModel", "GPT2Model")  # the language model, or its body alone
+BUFFERS = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)")  # causal masks, not weights
+REFUSED_OPTIONS = {  # config.json key: (the value npformer computes, what it means)
+    "add_cross_attention": (False, "cross-attention over an encoder's output"),
+    "scale_attn_by_inverse_layer_idx": (False, "scores scaled by 1 / (layer index + 1)"),
+    "scale_attn_weights": (True, "unscaled attention scores (no 1 / sqrt(head width))"),
+}
+
+
+class PretrainedError(ValueError):
+    """A folder, config, weights file or tokenizer that is not a GPT-2 checkpoint npformer
+    can load, or a model that GPT-2's format cannot hold: the message names it."""
+
+
+# --------------------------------------------------------------------------- the folder
+def resolve(name_or_path: str | os.PathLike) -> Path:
+    """The folder of a checkpoint: ``name_or_path`` itself when it is a folder, else a
+    Hub name (``"gpt2"``, ``"openai-community/gpt2"``) downloaded into the user's cache."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise PretrainedError(f"{path} is a file: a GPT-2 checkpoint is a folder holding "
+                              f"{CONFIG_FILE} and {WEIGHTS_FILE}")
+    name = str(name_or_path)
+    if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name) or name.startswith((".", "-")):
+        raise FileNotFoundError(f"no folder at {name} (and it is not a Hugging Face Hub "
+                                "name such as 'gpt2')")
+    return _download(name)
+
+
+def _download(name: str) -> Path:
+    """The Hub repository ``name``'s GPT-2 files, fetched into the user's cache."""
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise PretrainedError(f"{name!r} is not a folder here, and downloading it from the "
+                              "Hugging Face Hub needs huggingface_hub: pip install "
+                              "\"npformer[hf]\" (or give the path of a GPT-2 folder)") from None
+    try:
+        return Path(snapshot_download(repo_id=name, allow_patterns=HUB_FILES))
+    except Exception as exc:  # no network, an unknown repository, a refused download
+        raise PretrainedError(f"could not download {name!r} from the Hugging Face Hub "
+                              f"({type(exc).__name__}: {exc}); without the network, give the "
+                              "path of a GPT-2 folder") from None
+
+
+def read_config(folder: Path) -> dict:
+    """config.json of a GPT-2 folder, refused naming the folder if missing or not JSON."""
+    path = folder / CONFIG_FILE
+    if not path.is_file():
+        raise PretrainedError(f"{folder} has no {CONFIG_FILE}: a GPT-2 folder holds "
+                              f"{CONFIG_FILE} and {WEIGHTS_FILE} (as "
+                              "GPT2LMHeadModel.save_pretrained writes them)")
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PretrainedError(f"{path} is not readable JSON: {exc}") from None
+    if not isinstance(values, dict):
+        raise PretrainedError(f"{path} holds a JSON {type(values).__name__}, not an object")
+    return values
+
+
+# --------------------------------------------------------------------------- the config
+def config_from_hf(values: dict, dropout: float = 0.0, where: str = CONFIG_FILE
+                   ) -> CausalLMConfig:
+    """The :class:`CausalLMConfig` of a GPT-2 config.json's ``values``; what npformer
+    cannot compute is refused naming the key (see the module docstring)."""
+    model_type = values.get("model_type")
+    if model_type != "gpt2":
+        raise PretrainedError(f"{where} describes a {model_type!r} model (model_type): "
+                              "npformer loads GPT-2 checkpoints (model_type 'gpt2')")
+    architectures = values.get("architectures") or ["GPT2LMHeadModel"]
+    other = [a for a in architectures if a not in ARCHITECTURES]
+    if other:
+        raise PretrainedError(f"{where} holds a {', '.join(other)} (architectures): npformer "
+                              f"loads GPT-2's language model ({', '.join(ARCHITECTURES)})")
+    for key, (computed, meaning) in REFUSED_OPTIONS.items():
+        if key in values and values[key] != computed:
+            raise PretrainedError(f"{where} sets {key} = {values[key]!r} ({meaning}): "
+                                  "npformer's CausalLM has no equivalent")
+    activation = values.get("activation_function", "gelu_new")
+    if activation not in ACTIVATIONS:
+        raise PretrainedError(f"{where} sets activation_function = {activation!r}: npformer "
+                              f"computes {sorted(ACTIVATIONS)}")
+    sizes = {}
+    for key in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
+        if key not in values:
+            raise PretrainedError(f"{where} has no {key!r}")
+        sizes[key] = values[key]
+    d_model = sizes["n_embd"]
+    d_ff = values.get("n_inner") or (4 * d_model if isinstance(d_model, int) else d_model)
+    try:
+        if isinstance(d_model, int) and isinstance(sizes["n_head"], int) and sizes["n_head"]:
+            check_heads_divide(d_model, sizes["n_head"], "n_embd", "n_head", hint="")
+        return CausalLMConfig(vocab_size=sizes["vocab_size"], block_size=sizes["n_positions"],
+                              d_model=d_model, num_heads=sizes["n_head"],
+                              num_layers=sizes["n_layer"], d_ff=d_ff, dropout=dropout,
+                              activation=ACTIVATIONS[activation], norm_first=True,
+                              positional="learned",
+                              tie_weights=bool(values.get("tie_word_embeddings", True)),
+                              layer_norm_eps=values.get("layer_norm_epsilon", 1e-5))
+    except ValueError as exc:
+        raise PretrainedError(f"{where} does not make a model: {exc}") from None
+
+
+def config_to_hf(config: CausalLMConfig) -> dict:
+    """The GPT-2 config.json of a :class:`CausalLMConfig`; a model GPT-2 cannot be (post-norm,
+    sinusoidal positions, heads of another width, narrow heads, kqnorm) is refused by
+    name."""
+    c = config
+    cannot = [what for what, yes in (
+        ("post-norm blocks (norm_first=False)", not c.norm_first),
+        ("sinusoidal positions", c.positional != "learned"),
+        (f"heads of width {c.head_dim} (GPT-2's are n_embd / n_head)",
+         c.head_dim not in (None, c.d_model // c.num_heads)
+         or c.d_model % c.num_heads != 0),
+        ("narrow heads", c.narrow_heads), ("kqnorm", c.kqnorm)) if yes]
+    if cannot:
+        raise PretrainedError(f"GPT-2's format cannot hold a model with {', '.join(cannot)}")
+    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+            "vocab_size": c.vocab_size, "n_positions": c.block_size, "n_embd": c.d_model,
+            "n_layer": c.num_layers, "n_head": c.num_heads, "n_inner": c.d_ff,
+            "activation_function": ACTIVATION_NAMES[c.activation],
+            "layer_norm_epsilon": c.layer_norm_eps, "tie_word_embeddings": c.tie_weights,
+            "resid_pdrop": c.dropout, "embd_pdrop": c.dropout, "attn_pdrop": 0.0,
+            "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
+            "add_cross_attention": False, "use_cache": True}
+
+
+# --------------------------------------------------------------------------- the weights
+def weight_map(config: CausalLMConfig) -> list[tuple[str, tuple, tuple[str, ...], str]]:
+    """(Hugging Face name, its shape, npformer names, kind) of every GPT-2 weight: kind
+    "copy" (the same array), "columns" (the npformer arrays are the Hugging Face one's
+    column blocks: q, k, v) or "transpose" (the untied head, a torch Linear)."""
+    v, t, d, f = config.vocab_size, config.block_size, config.d_model, config.d_ff
+    rows = [("transformer.wte.weight", (v, d), ("embed.tokens.weight",), "copy"),
+            ("transformer.wpe.weight", (t, d), ("embed.positions.weight",), "copy")]
+    for i in range(config.num_layers):
+        h, n = f"transformer.h.{i}.", f"blocks.{i}."
+        qkv = tuple(f"{n}self_attn.{p}_proj." for p in "qkv")
+        rows += [
+            (h + "ln_1.weight", (d,), (n + "attn_residual.norm.weight",), "copy"),
+            (h + "ln_1.bias", (d,), (n + "attn_residual.norm.bias",), "copy"),
+            (h + "attn.c_attn.weight", (d, 3 * d), tuple(p + "weight" for p in qkv), "columns"),
+            (h + "attn.c_attn.bias", (3 * d,), tuple(p + "bias" for p in qkv), "columns"),
+            (h + "attn.c_proj.weight", (d, d), (n + "self_attn.out_proj.weight",), "copy"),
+            (h + "attn.c_proj.bias", (d,), (n + "self_attn.out_proj.bias",), "copy"),
+            (h + "ln_2.weight", (d,), (n + "ffn_residual.norm.weight",), "copy"),
+            (h + "ln_2.bias", (d,), (n + "ffn_residual.norm.bias",), "copy"),
+            (h + "mlp.c_fc.weight", (d, f), (n + "ffn.linear1.weight",), "copy"),
+            (h + "mlp.c_fc.bias", (f,), (n + "ffn.linear1.bias",), "copy"),
+            (h + "mlp.c_proj.weight", (f, d), (n + "ffn.linear2.weight",), "copy"),
+            (h + "mlp.c_proj.bias", (d,), (n + "ffn.linear2.bias",), "copy")]
+    rows += [("transformer.ln_f.weight", (d,), ("norm.weight",), "copy"),
+             ("transformer.ln_f.bias", (d,), ("norm.bias",), "copy")]
+    if not config.tie_weights:
+        rows.append(("lm_head.weight", (v, d), ("lm_head.weight",), "transpose"))
+    return rows
+
+
+def _first(names: list[str], shown: int = 3) -> list[str]:
+    """The first few of a long list of problems, and how many more there are."""
+    return names if len(names) <= shown else names[:shown] + [f"and {len(names) - shown} more"]
+
+
+def to_hf(arrays: dict[str, np.ndarray], config: CausalLMConfig) -> dict[str, np.ndarray]:
+    """npformer's arrays by parameter name (the weights, or their gradients) -> GPT-2's
+    by Hugging Face name (GPT2LMHeadModel's), C-contiguous."""
+    out = {}
+    for hf_name, _, names, kind in weight_map(config):
+        parts = [np.asarray(arrays[n]) for n in names]
+        joined = np.concatenate(parts, axis=-1) if kind == "columns" else \
+            parts[0].T if kind == "transpose" else parts[0]
+        out[hf_name] = np.ascontiguousarray(joined)
+    return out
+
+
+def from_hf(state: dict[str, np.ndarray], config: CausalLMConfig, where: str = WEIGHTS_FILE
+            ) -> dict[str, np.ndarray]:
+    """GPT-2's arrays by Hugging Face name (with or without ``transformer.``) ->
+    npformer's by parameter name.  Every name and shape is checked against the config
+    first; a missing or unexpected weight, or one of another shape, is refused naming it."""
+    state = {name if name.startswith(("transformer.", "lm_head.")) else "transformer." + name:
+             array for name, array in state.items()}
+    for name in [n for n in state if BUFFERS.fullmatch(n.removeprefix("transformer."))]:
+        del state[name]  # the causal mask of older checkpoints: computed, not loaded
+    if config.tie_weights and "lm_head.weight" in state:  # the tied head, saved twice
+        if not np.array_equal(state["lm_head.weight"], state["transformer.wte.weight"]):
+            raise PretrainedError(f"{where} holds an lm_head.weight other than wte.weight, "
+                                  "but config.json ties them (tie_word_embeddings): set "
+                                  "tie_word_embeddings to false to load the head apart")
+        del state["lm_head.weight"]
+    expected = {hf_name: shape for hf_name, shape, _, _ in weight_map(config)}
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    wrong = [f"{n} {tuple(state[n].shape)} (config.json's sizes give {expected[n]})"
+             for n in sorted(set(expected) & set(state)) if tuple(state[n].shape) != expected[n]]
+    if missing or unexpected or wrong:
+        problems = ([f"missing {_first(missing)}"] if missing else []) + \
+                   ([f"unexpected {_first(unexpected)}"] if unexpected else []) + \
+                   ([f"shapes: {'; '.join(_first(wrong))}"] if wrong else [])
+        raise PretrainedError(f"{where} does not hold the GPT-2 weights config.json "
+                              f"describes: {' | '.join(problems)}")
+    out = {}
+    for hf_name, _, names, kind in weight_map(config):
+        array = state[hf_name]
+        if kind == "copy":
+            out[names[0]] = array
+        elif kind == "transpose":
+            out[names[0]] = array.T
+        else:
+            out.update(zip(names, np.split(array, len(names), axis=-1)))
+    return out
+
+
+# --------------------------------------------------------------------------- load and save
+def from_pretrained(name_or_path: str | os.PathLike, dtype: str | None = None,
+                    dropout: float = 0.0) -> CausalLM:
+    """A :class:`CausalLM` holding a GPT-2 checkpoint: a Hugging Face folder
+    (``config.json``, ``model.safetensors``) or a Hub name (``"gpt2"``), downloaded
+    into the user's cache.  ``dtype``: "float32" or "float64" (default: the backend's
+    default float); ``dropout``: npformer's dropout for fine-tuning (Hugging Face's
+    probabilities are not read; see the module docstring).  The model is built in the
+    current tier (:mod:`npformer.engine`), on the current backend, in training mode."""
+    folder = resolve(name_or_path)
+    config = config_from_hf(read_config(folder), dropout, str(folder / CONFIG_FILE))
+    state = from_hf(_read_weights(folder), config, str(folder / WEIGHTS_FILE))
+    previous = backend.default_float_name()
+    backend.set_default_float(dtype or previous)
+    try:
+        model = CausalLM(config)
+    finally:
+        backend.set_default_float(previous)
+    model.load_state_dict(state)
+    return model
+
+
+def _read_weights(folder: Path) -> dict[str, np.ndarray]:
+    """Every tensor of the folder's model.safetensors, or of the shards its index names."""
+    index = folder / WEIGHTS_INDEX
+    if not (folder / WEIGHTS_FILE).is_file() and index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+                                .values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise PretrainedError(f"{index} is not a readable safetensors index: "
+                                  f"{type(exc).__name__}: {exc}") from None
+        state = {}
+        for shard in shards:
+            state.update(_read_file(folder / shard))
+        return state
+    if not (folder / WEIGHTS_FILE).is_file():
+        others = [name for name in ("pytorch_model.bin", "tf_model.h5", "flax_model.msgpack")
+                  if (folder / name).is_file()]
+        hint = (f"; it holds {others[0]}, which npformer does not read (no pickles): "
+                "convert it with transformers (GPT2LMHeadModel.from_pretrained(folder)"
+                ".save_pretrained(folder) writes model.safetensors)") if others else ""
+        raise PretrainedError(f"{folder} has no {WEIGHTS_FILE}{hint}")
+    return _read_file(folder / WEIGHTS_FILE)
+
+
+def _read_file(path: Path) -> dict[str, np.ndarray]:
+    try:
+        return read_safetensors(path, stacklevel=5)
+    except (FileNotFoundError, ValueError) as exc:
+        raise PretrainedError(str(exc)) from None
+
+
+def save_pretrained(model: CausalLM, path: str | os.PathLike, tokenizer: Tokenizer | None = None
+                    ) -> Path:
+    """Write ``model`` as a Hugging Face GPT-2 folder at ``path`` (created if needed):
+    ``config.json`` and ``model.safetensors`` (and ``tokenizer.json`` given a
+    :class:`Tokenizer`), which ``transformers.GPT2LMHeadModel.from_pretrained(path)``
+    loads with the same logits.  The weights keep the model's dtype."""
+    from safetensors.numpy import save_file
+
+    if getattr(model, "kind", None) != "causal_lm":
+        raise TypeError(f"save_pretrained writes a CausalLM, got {type(model).__name__}")
+    hf_config = config_to_hf(model.config)
+    if tokenizer is not None:
+        check_tokenizer(tokenizer, model)
+    weights = to_hf({name: backend.to_numpy(p.data) for name, p in model.named_parameters()},
+                    model.config)
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    hf_config["torch_dtype"] = next(iter(weights.values())).dtype.name
+    if tokenizer is not None and tokenizer.eos_id is not None:
+        hf_config["bos_token_id"] = hf_config["eos_token_id"] = tokenizer.eos_id
+    (folder / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n", encoding="utf-8")
+    save_file(weights, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
+    if tokenizer is not None:
+        tokenizer.save(folder / TOKENIZER_FILE)
+    return folder
+
+
+def load(name_or_path: str | os.PathLike, dtype: str | None = None,
+         dropout: float = 0.0) -> tuple[CausalLM, Tokenizer]:
+    """The model and the tokenizer of a GPT-2 folder or Hub name (:func:`from_pretrained`,
+    :meth:`Tokenizer.from_pretrained`), the tokenizer checked against the model."""
+    folder = resolve(name_or_path)
+    tokenizer = Tokenizer.from_pretrained(folder)
+    model = from_pretrained(folder, dtype=dtype, dropout=dropout)
+    check_tokenizer(tokenizer, model)
+    return model, tokenizer
+
+
+# --------------------------------------------------------------------------- the tokenizer
+class Tokenizer:
+    """A Hugging Face ``tokenizer.json`` (GPT-2's byte-level BPE) through the ``tokenizers``
+    library: ``encode(text) -> ids``, ``decode(ids) -> text``; ``eos_id``, the end of a
+    text (config.json's ``eos_token_id``, else the ``<|endoftext|>`` token, else None)."""
+
+    def __init__(self, tokenizer: Any, eos_id: int | None = None):
+        self._tokenizer = tokenizer
+        self.eos_id = eos_id
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike, eos_id: int | None = None) -> Tokenizer:
+        """A tokenizer.json file; ``eos_id`` (default: its ``<|endoftext|>`` token)."""
+        Tokenizers = _tokenizers()
+        path = Path(path)
+        if not path.is_file():
+            raise PretrainedError(f"no {TOKENIZER_FILE} at {path}")
+        try:
+            inner = Tokenizers.from_file(str(path))
+        except Exception as exc:  # tokenizers raises its own Exception subclasses
+            raise PretrainedError(f"{path} is not a readable tokenizer.json: {exc}") from None
+        if eos_id is None:
+            eos_id = inner.token_to_id("<|endoftext|>")
+        return cls(inner, eos_id)
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | os.PathLike) -> Tokenizer:
+        """The tokenizer.json of a GPT-2 folder or Hub name, its end-of-text id from
+        config.json where it sets one."""
+        folder = resolve(name_or_path)
+        if not (folder / TOKENIZER_FILE).is_file():
+            raise PretrainedError(f"{folder} has no {TOKENIZER_FILE} (the tokenizer): "
+                                  "tokenize the text yourself, or add the checkpoint's "
+                                  "tokenizer.json")
+        eos = read_config(folder).get("eos_token_id") if (folder / CONFIG_FILE).is_file() \
+            else None
+        return cls.from_file(folder / TOKENIZER_FILE, eos if isinstance(eos, int) else None)
+
+    @property
+    def vocab_size(self) -> int:
+        """The number of ids, special tokens included: every id is below it."""
+        return int(self._tokenizer.get_vocab_size(with_added_tokens=True))
+
+    def encode(self, text: str) -> list[int]:
+        if not isinstance(text, str):
+            raise TypeError(f"encode takes a str, got {type(text).__name__}")
+        return list(self._tokenizer.encode(text).ids)
+
+    def decode(self, ids: Any) -> str:
+        return self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def save(self, path: str | os.PathLike) -> None:
+        self._tokenizer.save(str(path))
+
+
+def check_tokenizer(tokenizer: Tokenizer, model: CausalLM) -> None:
+    """Every id the tokenizer gives must be one of the model's: its vocabulary must fit
+    in the model's (a model may have more rows, as GPT-2 models padded to 50304 do)."""
+    vocab = model.config.vocab_size
+    if tokenizer.vocab_size > vocab:
+        raise PretrainedError(f"the tokenizer's vocabulary ({tokenizer.vocab_size} tokens) is "
+                              f"not the model's ({vocab} token embeddings): its ids up to "
+                              f"{tokenizer.vocab_size - 1} would have no embedding; use the "
+                              "tokenizer the model was trained with")
+    if tokenizer.eos_id is not None and not 0 <= tokenizer.eos_id < vocab:
+        raise PretrainedError(f"the end-of-text id {tokenizer.eos_id} is outside the model's "
+                              f"vocabulary of {vocab}")
+
+
+def _tokenizers() -> Any:
+    try:
+        from tokenizers import Tokenizer as Tokenizers
+    except ImportError:
+        raise PretrainedError("reading tokenizer.json needs the tokenizers library: pip "
+                              "install \"npformer[hf]\"") from None
+    return Tokenizers
+
+
+__all__ = ["from_pretrained", "save_pretrained", "load", "Tokenizer", "check_tokenizer",
+           "config_from_hf", "config_to_hf", "from_hf", "to_hf", "weight_map", "resolve",
+           "read_config", "PretrainedError"]

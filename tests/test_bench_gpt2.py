@@ -1,0 +1,29 @@
+"""``bench/gpt2.py --smoke`` runs end to end (issue 34, item 7): a tiny GPT-2 folder written
+with transformers, both sides loaded and timed in turn, the first-step losses agreeing,
+the greedy tokens compared, the table printed.  (The timings of a smoke run mean nothing.)
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from .test_gpt2 import required
+
+ROOT = Path(__file__).resolve().parents[1]
+required("transformers")
+required("tokenizers")
+
+
+def test_the_gpt2_benchmark_smoke_runs():
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpt2.py"), "--smoke"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for row in ("forward (2, 16)", "train step", "generate 8 tokens"):
+        assert re.search(rf"^\| {re.escape(row)}.*\| [\d.]+x \|$", proc.stdout, re.M), row
+    assert "greedy tokens equal: 8 of 8" in proc.stdout
+    losses = re.search(r"first-step loss: npformer ([\d.]+), PyTorch ([\d.]+)", proc.stdout)
+    assert losses and abs(float(losses[1]) - float(losses[2])) < 1e-4

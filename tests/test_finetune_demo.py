@@ -1,0 +1,146 @@
+"""demos/finetune.py (issue 34, item 4), run as a user runs it, on a GPT-2 folder made here.
+
+* ``--smoke`` loads the folder (written by transformers, its tokenizer trained here),
+  reports the validation loss before and after, samples, and writes the fine-tuned model
+  as a GPT-2 folder that transformers and npformer both load with the same logits;
+  ``--sample-only`` samples from that folder;
+* an interrupted run resumed with ``--resume`` ends with the uninterrupted run's
+  metrics and weights;
+* a user's mistakes are one ``error:`` line, exit status 2: a missing folder, a folder of
+  another architecture, a prompt longer than the context, windows longer than it.
+
+Nothing downloads: --model is always a folder here.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from .test_demos import run_demo
+from .test_gpt2 import TEXT, hf_model, required, train_tokenizer, write_folder
+
+required("transformers")
+required("tokenizers")
+
+SMOKE = ("--smoke", "--replicas", "2", "--no-progress")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    return write_folder(tmp_path_factory.mktemp("gpt2"), train_tokenizer(), scale=0.05)
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("text") / "notes.txt"
+    path.write_text(TEXT, encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def smoke(checkpoint, text_file, tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    result = run_demo("finetune.py", *SMOKE, "--model", str(checkpoint), "--data",
+                      str(text_file), "--out", str(out), env_extra={"HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return out, result
+
+
+def test_the_smoke_run_fine_tunes_reports_and_samples(smoke):
+    out, result = smoke
+    assert "validation loss before fine-tuning:" in result.stdout
+    assert "validation loss after 4 updates:" in result.stdout
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert np.isfinite(metrics["val_loss_before"]) and np.isfinite(metrics["val_loss"])
+    assert metrics["updates"] == 4
+    for name in ("model.npz", "last.npz", "sample.txt", "gpt2/config.json",
+                 "gpt2/model.safetensors", "gpt2/tokenizer.json"):
+        assert (out / name).is_file(), name
+
+
+def test_the_fine_tuned_folder_loads_in_transformers_and_npformer(smoke):
+    import torch
+
+    from npformer import no_grad
+    from npformer.models import CausalLM
+
+    from .conftest import using_backend
+    from .helpers import rel_diff
+
+    out, _ = smoke
+    with using_backend("numpy", "float32"):
+        ours = CausalLM.from_pretrained(out / "gpt2")
+        theirs = hf_model(out / "gpt2", "float32")
+        ids = np.random.default_rng(0).integers(0, ours.config.vocab_size, (2, 10))
+        with torch.no_grad():
+            expected = theirs(torch.tensor(ids)).logits
+        with no_grad():
+            assert rel_diff(ours(ids), expected) <= 1e-5
+
+
+def test_sample_only_samples_from_a_folder(smoke):
+    out, _ = smoke
+    result = run_demo("finetune.py", "--sample-only", "--model", str(out / "gpt2"),
+                      "--prompt", "npformer", "--length", "5", "--out", str(out / "sampled"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith("npformer")
+
+
+def test_a_resumed_run_ends_as_the_uninterrupted_one(smoke, checkpoint, text_file, tmp_path):
+    straight, _ = smoke
+    args = (*SMOKE, "--model", str(checkpoint), "--data", str(text_file), "--out",
+            str(tmp_path))
+    stopped = run_demo("finetune.py", *args, "--stop-after", "3")
+    assert stopped.returncode == 130, stopped.stderr[-3000:]
+    resumed = run_demo("finetune.py", "--resume", "--out", str(tmp_path), "--no-progress")
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    a, b = (json.loads((out / "metrics.json").read_text()) for out in (straight, tmp_path))
+    for key in ("val_loss_before", "val_loss", "updates"):
+        assert a[key] == b[key], key
+    with np.load(straight / "model.npz") as x, np.load(tmp_path / "model.npz") as y:
+        for key in x.files:
+            if key != "meta":
+                np.testing.assert_array_equal(x[key], y[key], err_msg=key)
+    assert (straight / "sample.txt").read_text() == (tmp_path / "sample.txt").read_text()
+
+
+def other_architecture(checkpoint: Path, folder: Path) -> Path:
+    folder.mkdir()
+    for path in checkpoint.iterdir():
+        (folder / path.name).write_bytes(path.read_bytes())
+    config = json.loads((checkpoint / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "gpt_neo"}))
+    return folder
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--model", "{tmp}/nowhere"], "error: --model {tmp}/nowhere: no folder at"),
+    (["--model", "{other}"], "describes a 'gpt_neo' model (model_type)"),
+    (["--model", "{gpt2}", "--prompt", "x" * 200], "--prompt holds"),
+    (["--model", "{gpt2}", "--block-size", "25"], "--block-size 25 is longer than the "
+                                                  "model's context of 24 tokens"),
+])
+def test_mistakes_are_one_error_line(checkpoint, text_file, tmp_path, extra, message):
+    names = {"tmp": str(tmp_path), "gpt2": str(checkpoint),
+             "other": str(other_architecture(checkpoint, tmp_path / "other"))}
+    extra = [e.format(**names) for e in extra]
+    result = run_demo("finetune.py", *SMOKE, "--data", str(text_file), "--out",
+                      str(tmp_path / "out"), *extra, env_extra={"HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    lines = (result.stdout + result.stderr).strip().splitlines()
+    assert lines[-1].startswith("error: ") and message.format(**names) in lines[-1], lines[-1]
+    assert "Traceback" not in result.stderr
+    assert not os.path.exists(tmp_path / "out" / "gpt2")
+
+
+@pytest.mark.parametrize("option,value", [("--top-p", "0"), ("--top-p", "1.5"),
+                                          ("--temperature", "0"), ("--max-iters", "0"),
+                                          ("--weight-decay", "-1")])
+def test_bad_option_values_are_refused_by_the_parser(option, value, tmp_path):
+    result = run_demo("finetune.py", "--smoke", "--out", str(tmp_path), option, value)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert f"argument {option}: expected" in result.stderr and "Traceback" not in result.stderr
