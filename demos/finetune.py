@@ -33,7 +33,7 @@ except (ValueError, RuntimeError) as exc:
 
 import numpy as np
 
-from npformer import backend, gpt2, ops
+from npformer import backend, ops
 from npformer.cli import (
     LAST_FILE,
     MODEL_FILE,
@@ -58,6 +58,7 @@ from npformer.cli.memory import check_training_fits
 from npformer.cli.ranks import is_main
 from npformer.data import lm_batch, load_shakespeare, read_text_file, split_90_10
 from npformer.decoding import generate
+from npformer.models import CausalLM, gpt2
 from npformer.nn import evaluating
 from npformer.optim import AdamW
 from npformer.tasks import LanguageModeling
@@ -124,7 +125,7 @@ def nucleus(text: str) -> float:
 def load_model(source: str, dtype: str, dropout: float):
     """The checkpoint's model and tokenizer; a problem with them is one error line."""
     try:
-        return gpt2.load(source, dtype=dtype, dropout=dropout)
+        return gpt2.load(CausalLM, source, dtype=dtype, dropout=dropout)
     except (OSError, ValueError) as exc:  # PretrainedError, FileNotFoundError
         raise DemoError(f"--model {source}: {exc}") from None
 

@@ -32,10 +32,7 @@ into a module, checking every key and shape first.
 """
 from __future__ import annotations
 
-import json
 import os
-import struct
-import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +52,7 @@ from .nn import (
     Module,
     MultiHeadAttention,
 )
-from .nn.state import checked_weights
+from .nn.state import checked_weights, read_safetensors
 
 
 @dataclass(frozen=True)
@@ -290,61 +287,6 @@ def load_safetensors(module: Module, path: str | Path) -> None:
     :func:`load_torch_state_dict`'s checks.  bfloat16 tensors (NumPy has no bfloat16) are
     converted to float32, with a warning saying so."""
     load_torch_state_dict(module, read_safetensors(path, stacklevel=3))
-
-
-def read_safetensors(path: str | Path, stacklevel: int = 2) -> dict[str, np.ndarray]:
-    """Every tensor of a safetensors file, as NumPy arrays by name; bfloat16 ones (NumPy
-    has no bfloat16) converted to float32, with a warning saying so.  A missing or
-    unreadable file is refused naming it."""
-    from safetensors.numpy import load_file
-
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"no safetensors file at {path}")
-    try:
-        header = _safetensors_header(path)
-        bfloat16 = sorted(k for k, v in header.items()
-                          if isinstance(v, dict) and v.get("dtype") == "BF16")
-        state = _read_bfloat16_as_float32(path, header) if bfloat16 else load_file(str(path))
-    except Exception as exc:  # SafetensorError, or a header that is not JSON
-        raise ValueError(f"{path} is not a readable safetensors file: "
-                         f"{type(exc).__name__}: {exc}") from exc
-    if bfloat16:
-        warnings.warn(f"{path} holds bfloat16 tensors ({', '.join(bfloat16)}): NumPy has no "
-                      "bfloat16, converted to float32 to load them", UserWarning,
-                      stacklevel=stacklevel)
-    return state
-
-
-def _safetensors_header(path) -> dict:
-    """The JSON header of a safetensors file: {name: {dtype, shape, data_offsets}}."""
-    with open(path, "rb") as f:
-        size = struct.unpack("<Q", f.read(8))[0]
-        if size > os.path.getsize(path) - 8:
-            raise ValueError(f"header of {size} bytes is longer than the file")
-        return json.loads(f.read(size))
-
-
-def _read_bfloat16_as_float32(path, header: dict) -> dict[str, np.ndarray]:
-    """Every tensor of a safetensors file that holds bfloat16 ones: bfloat16 is the top
-    half of a float32, so each becomes exact float32 (the others are read as they are)."""
-    from safetensors.numpy import _TYPES  # safetensors dtype name -> NumPy dtype
-
-    with open(path, "rb") as f:
-        size = struct.unpack("<Q", f.read(8))[0]
-        data = f.read()[size:]
-    state = {}
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        start, end = entry["data_offsets"]
-        raw = data[start:end]
-        if entry["dtype"] == "BF16":
-            half = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
-            array = half.view(np.float32)
-        else:
-            array = np.frombuffer(raw, dtype=np.dtype(_TYPES[entry["dtype"]]).newbyteorder("<"))
-        state[name] = array.reshape(entry["shape"]).copy()
-    return state
 
 
 # --------------------------------------------------------------------------- models

@@ -21,7 +21,7 @@ in both tiers:
 * bad input is refused naming it: a folder missing a file, a config of another
   architecture or option, weights that do not fit, a tokenizer whose vocabulary is not
   the model's, a prompt longer than the context;
-* ``import npformer`` (and ``npformer.gpt2``) imports none of torch, transformers,
+* ``import npformer`` (and ``npformer.models.gpt2``) imports none of torch, transformers,
   tokenizers, huggingface_hub.
 """
 from __future__ import annotations
@@ -36,10 +36,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from npformer import backend, gpt2, no_grad, ops
+from npformer import backend, no_grad, ops
 from npformer.decoding import generate
-from npformer.gpt2 import PretrainedError, Tokenizer
-from npformer.models import CausalLM
+from npformer.models import CausalLM, gpt2
+from npformer.models.gpt2 import PretrainedError, Tokenizer
 
 from .conftest import using_backend
 from .helpers import rel_diff, to_host
@@ -284,7 +284,7 @@ def test_save_pretrained_round_trips_through_hf(folders, variant, tmp_path):
     import torch
 
     with using_backend("numpy", "float64"):
-        model, tokenizer = gpt2.load(folders[variant], dtype="float64")
+        model, tokenizer = gpt2.load(CausalLM, folders[variant], dtype="float64")
         rng = np.random.default_rng(6)
         for _, p in model.named_parameters():  # weights of npformer's own, not HF's
             p.data = p.data + backend.asarray(rng.standard_normal(p.shape) * 0.05)
@@ -298,11 +298,34 @@ def test_save_pretrained_round_trips_through_hf(folders, variant, tmp_path):
         model.eval()
         with no_grad():
             assert rel_diff(model(ids), expected) <= 1e-12
-        again, tokenizer_again = gpt2.load(tmp_path / "saved", dtype="float64")
+        again, tokenizer_again = gpt2.load(CausalLM, tmp_path / "saved", dtype="float64")
         assert again.config == model.config
         for (name, p), (_, q) in zip(model.named_parameters(), again.named_parameters()):
             np.testing.assert_array_equal(to_host(p.data), to_host(q.data), err_msg=name)
         assert tokenizer_again.encode("round trip") == tokenizer.encode("round trip")
+
+
+def test_a_save_stopped_halfway_leaves_the_previous_folder_whole(folders, tmp_path,
+                                                                  monkeypatch):
+    """Each file is written at a temporary name and then replaces the old one: a save that
+    fails while writing the weights leaves the previous weights and config, and no
+    temporary file behind."""
+    import safetensors.numpy
+
+    model, tokenizer = gpt2.load(CausalLM, folders["gpt2"], dtype="float64")
+    saved = model.save_pretrained(tmp_path / "saved", tokenizer=tokenizer) or tmp_path / "saved"
+    before = {p.name: p.read_bytes() for p in saved.iterdir()}
+
+    def fails_halfway(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"half a file")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(safetensors.numpy, "save_file", fails_halfway)
+    for _, p in model.named_parameters():
+        p.data = p.data + 1.0
+    with pytest.raises(OSError, match="disk full"):
+        model.save_pretrained(saved, tokenizer=tokenizer)
+    assert {p.name: p.read_bytes() for p in saved.iterdir()} == before
 
 
 def test_the_hubs_original_layout_loads(folders, tmp_path):
@@ -388,7 +411,7 @@ def test_pickled_weights_are_named_and_not_read(folders, tmp_path):
 def test_a_missing_tokenizer_and_a_missing_folder_are_refused(folders, tmp_path):
     folder = copy_folder(folders["gpt2"], tmp_path / "f", drop="tokenizer.json")
     with pytest.raises(PretrainedError, match="has no tokenizer.json"):
-        gpt2.load(folder)
+        gpt2.load(CausalLM, folder)
     with pytest.raises(FileNotFoundError, match="no folder at ./nowhere"):
         CausalLM.from_pretrained("./nowhere")
 
@@ -430,7 +453,7 @@ def test_a_tokenizer_whose_vocabulary_is_not_the_models_is_refused(folders, tmp_
     train_tokenizer(vocab_size=400).save(str(folder / "tokenizer.json"))
     with pytest.raises(PretrainedError, match="vocabulary \\(400 tokens\\) is not the "
                                               "model's \\(300 token embeddings\\)"):
-        gpt2.load(folder)
+        gpt2.load(CausalLM, folder)
 
 
 def test_a_prompt_longer_than_the_context_is_refused_naming_it(folders):
@@ -468,7 +491,7 @@ def test_the_tokenizer_encodes_and_decodes(folders):
 
 
 def test_importing_npformer_imports_no_hugging_face_library():
-    code = ("import sys, npformer, npformer.gpt2, npformer.decoding\n"
+    code = ("import sys, npformer, npformer.models.gpt2, npformer.decoding\n"
             "heavy = [m for m in ('torch', 'transformers', 'tokenizers', 'huggingface_hub')"
             " if m in sys.modules]\n"
             "assert not heavy, heavy\n")

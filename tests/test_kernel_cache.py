@@ -32,7 +32,7 @@ RUN_KERNELS = """
 import json, sys, warnings
 import numpy as np
 from npformer import fast, ops
-from npformer.fast import adamw, compiler
+from npformer.fast import activations, adamw, compiler
 from npformer.nn import Parameter
 from npformer.optim import AdamW
 
@@ -43,6 +43,8 @@ for dtype in (("float32",) if sys.argv[1] == "gelu" else ("float32", "float64"))
     fast.gelu_backward(x, c)
     if sys.argv[1] == "gelu":
         continue
+    y, c = activations.gelu_tanh_forward(x)
+    activations.gelu_tanh_backward(x, c)
     y, c = fast.layernorm_forward(x, x[0], x[0])
     fast.layernorm_backward(x, c)
     q = rng.standard_normal((2, 2, 9, 4)).astype(dtype)

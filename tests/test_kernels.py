@@ -160,6 +160,27 @@ def gelu32_case():
     gelu_equal(x, dy, tol=1e-6)  # test_fast_equals_textbook.test_gelu's float32 tolerance
 
 
+def gelu_tanh_equal(x, dy, tol=TOL):
+    """GPT-2's tanh GELU, fast (one compiled pass each way) against the textbook's
+    statements."""
+    (y_f, c_f), (y_t, c_t) = fast_activations.gelu_tanh_forward(x), ops.activations.gelu_tanh_forward(x)
+    assert rel_diff(y_f, y_t) <= tol, "y"
+    assert rel_diff(fast_activations.gelu_tanh_backward(dy, c_f),
+                    ops.activations.gelu_tanh_backward(dy, c_t)) <= tol, "dx"
+
+
+def gelu_tanh_case():
+    rng = np.random.default_rng(1)
+    gelu_tanh_equal(rng.standard_normal((4, 6)) * 3, rng.standard_normal((4, 6)))
+
+
+def gelu_tanh32_case():
+    rng = np.random.default_rng(1)
+    x, dy = (rng.standard_normal((2, 4, 6)) * 3).astype(np.float32), rng.standard_normal(
+        (2, 4, 6)).astype(np.float32)
+    gelu_tanh_equal(x, dy, tol=1e-6)
+
+
 def layernorm_case():
     rng = np.random.default_rng(2)
     assert_layernorm_equal(rng.standard_normal((3, 7)), rng.standard_normal(7),
@@ -275,6 +296,12 @@ BROKEN = {  # kernel (its module, its name): [(its broken copy, the check that m
     (fast_activations, "gelu_backward64"): [(lambda k: perturbed(k, 2), gelu_case)],
     (fast_activations, "gelu_forward32"): [(lambda k: perturbed(k, 1, 1e-5), gelu32_case)],
     (fast_activations, "gelu_backward32"): [(lambda k: perturbed(k, 2, 1e-5), gelu32_case)],
+    (fast_activations, "gelu_tanh_forward64"): [(lambda k: perturbed(k, 1), gelu_tanh_case)],
+    (fast_activations, "gelu_tanh_backward64"): [(lambda k: perturbed(k, 3), gelu_tanh_case)],
+    (fast_activations, "gelu_tanh_forward32"): [(lambda k: perturbed(k, 1, 1e-5),
+                                                 gelu_tanh32_case)],
+    (fast_activations, "gelu_tanh_backward32"): [(lambda k: perturbed(k, 3, 1e-5),
+                                                  gelu_tanh32_case)],
     (fast_layernorm, "_layernorm_forward"): [(lambda k: perturbed(k, 4), layernorm_case)],
     (fast_layernorm, "_layernorm_backward"): [(lambda k: perturbed(k, 4), layernorm_case)],
     (fast_attention, "_softmax_lse"): [(lambda k: perturbed(k, 0), attention_case),

@@ -91,7 +91,12 @@ class LearnedPositionalEmbedding(nn.LearnedPositionalEmbedding):
     __doc__ = nn.LearnedPositionalEmbedding.__doc__
 
     def backward(self, dy: Array) -> Array:
-        dx, dtable = ops.add_positions_backward(dy, self._pop_saved())
+        """As the textbook's, the table's gradient added into the flat buffer in place."""
+        cache = self._pop_saved()
+        if cache.op == "embedding_forward":  # the rows P[position_ids], looked up
+            accumulate(self.weight, ops.embedding_backward(dy, cache))
+            return dy
+        dx, dtable = ops.add_positions_backward(dy, cache)
         accumulate(self.weight, dtable)
         return dx
 

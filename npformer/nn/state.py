@@ -1,12 +1,17 @@
-"""The rules every weight loader applies, written once.
+"""The rules every weight loader applies, written once, and the reader of safetensors files.
 
 Used by :meth:`npformer.nn.Module.load_state_dict`, :mod:`npformer.checkpoint`,
-:mod:`npformer.torch_interop` and :meth:`npformer.optim.Optimizer.load_state_dict`.
+:mod:`npformer.torch_interop`, :mod:`npformer.models.gpt2` and
+:meth:`npformer.optim.Optimizer.load_state_dict`.
 """
 from __future__ import annotations
 
+import json
+import os
+import struct
 import warnings
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy
@@ -104,3 +109,60 @@ def checked_weights(expected: Mapping[str, tuple], state: Mapping[str, Any], own
     if problems:
         raise ValueError(f"{what} does not fit {owner}: " + " | ".join(problems))
     return {name: weight_array(state[name], f"{what}[{name!r}]") for name in expected}
+
+
+# =========================================================================== safetensors files
+def read_safetensors(path: str | Path, stacklevel: int = 2) -> dict[str, numpy.ndarray]:
+    """Every tensor of a safetensors file, as NumPy arrays by name; bfloat16 ones (NumPy
+    has no bfloat16) converted to float32, with a warning saying so.  A missing or
+    unreadable file is refused naming it."""
+    from safetensors.numpy import load_file
+
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no safetensors file at {path}")
+    try:
+        header = _safetensors_header(path)
+        bfloat16 = sorted(k for k, v in header.items()
+                          if isinstance(v, dict) and v.get("dtype") == "BF16")
+        state = _read_bfloat16_as_float32(path, header) if bfloat16 else load_file(str(path))
+    except Exception as exc:  # SafetensorError, or a header that is not JSON
+        raise ValueError(f"{path} is not a readable safetensors file: "
+                         f"{type(exc).__name__}: {exc}") from exc
+    if bfloat16:
+        warnings.warn(f"{path} holds bfloat16 tensors ({', '.join(bfloat16)}): NumPy has no "
+                      "bfloat16, converted to float32 to load them", UserWarning,
+                      stacklevel=stacklevel)
+    return state
+
+
+def _safetensors_header(path) -> dict:
+    """The JSON header of a safetensors file: {name: {dtype, shape, data_offsets}}."""
+    with open(path, "rb") as f:
+        size = struct.unpack("<Q", f.read(8))[0]
+        if size > os.path.getsize(path) - 8:
+            raise ValueError(f"header of {size} bytes is longer than the file")
+        return json.loads(f.read(size))
+
+
+def _read_bfloat16_as_float32(path, header: dict) -> dict[str, numpy.ndarray]:
+    """Every tensor of a safetensors file that holds bfloat16 ones: bfloat16 is the top
+    half of a float32, so each becomes exact float32 (the others are read as they are)."""
+    from safetensors.numpy import _TYPES  # safetensors dtype name -> NumPy dtype
+
+    with open(path, "rb") as f:
+        size = struct.unpack("<Q", f.read(8))[0]
+        data = f.read()[size:]
+    state = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = entry["data_offsets"]
+        raw = data[start:end]
+        if entry["dtype"] == "BF16":
+            half = numpy.frombuffer(raw, dtype="<u2").astype(numpy.uint32) << 16
+            array = half.view(numpy.float32)
+        else:
+            dtype = numpy.dtype(_TYPES[entry["dtype"]]).newbyteorder("<")
+            array = numpy.frombuffer(raw, dtype=dtype)
+        state[name] = array.reshape(entry["shape"]).copy()
+    return state

@@ -45,21 +45,26 @@ A name that is not a folder (``"gpt2"``) is downloaded from the Hugging Face Hub
 ``huggingface_hub`` into the user's cache (``~/.cache/huggingface``) where the network
 allows.  ``tokenizers`` and ``huggingface_hub`` are the ``hf`` extra
 (``pip install "npformer[hf]"``), imported only when used.
+
+:meth:`CausalLM.from_pretrained` and :meth:`CausalLM.save_pretrained` are the entries;
+they pass their class to the functions here (this module does not import
+:mod:`npformer.models.lm`, which imports it).
 """
 from __future__ import annotations
 
 import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from . import backend
-from .models import CausalLM, CausalLMConfig
-from .ops.contracts import check_heads_divide
-from .torch_interop import read_safetensors
+from .. import backend
+from ..nn import Module
+from ..nn.state import read_safetensors
+from ..ops.contracts import check_heads_divide
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -137,10 +142,10 @@ def read_config(folder: Path) -> dict:
 
 
 # --------------------------------------------------------------------------- the config
-def config_from_hf(values: dict, dropout: float = 0.0, where: str = CONFIG_FILE
-                   ) -> CausalLMConfig:
-    """The :class:`CausalLMConfig` of a GPT-2 config.json's ``values``; what npformer
-    cannot compute is refused naming the key (see the module docstring)."""
+def config_from_hf(values: dict, config_class: type, dropout: float = 0.0,
+                   where: str = CONFIG_FILE) -> Any:
+    """The ``config_class`` (:class:`CausalLMConfig`) of a GPT-2 config.json's ``values``;
+    what npformer cannot compute is refused naming the key (see the module docstring)."""
     model_type = values.get("model_type")
     if model_type != "gpt2":
         raise PretrainedError(f"{where} describes a {model_type!r} model (model_type): "
@@ -168,7 +173,7 @@ def config_from_hf(values: dict, dropout: float = 0.0, where: str = CONFIG_FILE
     try:
         if isinstance(d_model, int) and isinstance(sizes["n_head"], int) and sizes["n_head"]:
             check_heads_divide(d_model, sizes["n_head"], "n_embd", "n_head", hint="")
-        return CausalLMConfig(vocab_size=sizes["vocab_size"], block_size=sizes["n_positions"],
+        return config_class(vocab_size=sizes["vocab_size"], block_size=sizes["n_positions"],
                               d_model=d_model, num_heads=sizes["n_head"],
                               num_layers=sizes["n_layer"], d_ff=d_ff, dropout=dropout,
                               activation=ACTIVATIONS[activation], norm_first=True,
@@ -179,7 +184,7 @@ def config_from_hf(values: dict, dropout: float = 0.0, where: str = CONFIG_FILE
         raise PretrainedError(f"{where} does not make a model: {exc}") from None
 
 
-def config_to_hf(config: CausalLMConfig) -> dict:
+def config_to_hf(config: Any) -> dict:
     """The GPT-2 config.json of a :class:`CausalLMConfig`; a model GPT-2 cannot be (post-norm,
     sinusoidal positions, heads of another width, narrow heads, kqnorm) is refused by
     name."""
@@ -204,7 +209,7 @@ def config_to_hf(config: CausalLMConfig) -> dict:
 
 
 # --------------------------------------------------------------------------- the weights
-def weight_map(config: CausalLMConfig) -> list[tuple[str, tuple, tuple[str, ...], str]]:
+def weight_map(config: Any) -> list[tuple[str, tuple, tuple[str, ...], str]]:
     """(Hugging Face name, its shape, npformer names, kind) of every GPT-2 weight: kind
     "copy" (the same array), "columns" (the npformer arrays are the Hugging Face one's
     column blocks: q, k, v) or "transpose" (the untied head, a torch Linear)."""
@@ -239,7 +244,7 @@ def _first(names: list[str], shown: int = 3) -> list[str]:
     return names if len(names) <= shown else names[:shown] + [f"and {len(names) - shown} more"]
 
 
-def to_hf(arrays: dict[str, np.ndarray], config: CausalLMConfig) -> dict[str, np.ndarray]:
+def to_hf(arrays: dict[str, np.ndarray], config: Any) -> dict[str, np.ndarray]:
     """npformer's arrays by parameter name (the weights, or their gradients) -> GPT-2's
     by Hugging Face name (GPT2LMHeadModel's), C-contiguous."""
     out = {}
@@ -251,7 +256,7 @@ def to_hf(arrays: dict[str, np.ndarray], config: CausalLMConfig) -> dict[str, np
     return out
 
 
-def from_hf(state: dict[str, np.ndarray], config: CausalLMConfig, where: str = WEIGHTS_FILE
+def from_hf(state: dict[str, np.ndarray], config: Any, where: str = WEIGHTS_FILE
             ) -> dict[str, np.ndarray]:
     """GPT-2's arrays by Hugging Face name (with or without ``transformer.``) ->
     npformer's by parameter name.  Every name and shape is checked against the config
@@ -290,21 +295,22 @@ def from_hf(state: dict[str, np.ndarray], config: CausalLMConfig, where: str = W
 
 
 # --------------------------------------------------------------------------- load and save
-def from_pretrained(name_or_path: str | os.PathLike, dtype: str | None = None,
-                    dropout: float = 0.0) -> CausalLM:
-    """A :class:`CausalLM` holding a GPT-2 checkpoint: a Hugging Face folder
+def from_pretrained(model_class: type, name_or_path: str | os.PathLike,
+                    dtype: str | None = None, dropout: float = 0.0) -> Module:
+    """A ``model_class`` (:class:`CausalLM`) holding a GPT-2 checkpoint: a Hugging Face folder
     (``config.json``, ``model.safetensors``) or a Hub name (``"gpt2"``), downloaded
     into the user's cache.  ``dtype``: "float32" or "float64" (default: the backend's
     default float); ``dropout``: npformer's dropout for fine-tuning (Hugging Face's
     probabilities are not read; see the module docstring).  The model is built in the
     current tier (:mod:`npformer.engine`), on the current backend, in training mode."""
     folder = resolve(name_or_path)
-    config = config_from_hf(read_config(folder), dropout, str(folder / CONFIG_FILE))
+    config = config_from_hf(read_config(folder), model_class.config_class, dropout,
+                            str(folder / CONFIG_FILE))
     state = from_hf(_read_weights(folder), config, str(folder / WEIGHTS_FILE))
     previous = backend.default_float_name()
     backend.set_default_float(dtype or previous)
     try:
-        model = CausalLM(config)
+        model = model_class(config)
     finally:
         backend.set_default_float(previous)
     model.load_state_dict(state)
@@ -342,7 +348,7 @@ def _read_file(path: Path) -> dict[str, np.ndarray]:
         raise PretrainedError(str(exc)) from None
 
 
-def save_pretrained(model: CausalLM, path: str | os.PathLike, tokenizer: Tokenizer | None = None
+def save_pretrained(model: Module, path: str | os.PathLike, tokenizer: Tokenizer | None = None
                     ) -> Path:
     """Write ``model`` as a Hugging Face GPT-2 folder at ``path`` (created if needed):
     ``config.json`` and ``model.safetensors`` (and ``tokenizer.json`` given a
@@ -362,20 +368,34 @@ def save_pretrained(model: CausalLM, path: str | os.PathLike, tokenizer: Tokeniz
     hf_config["torch_dtype"] = next(iter(weights.values())).dtype.name
     if tokenizer is not None and tokenizer.eos_id is not None:
         hf_config["bos_token_id"] = hf_config["eos_token_id"] = tokenizer.eos_id
-    (folder / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n", encoding="utf-8")
-    save_file(weights, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
+    # each file whole or not at all (a stopped save leaves the previous file), the config last
+    _write_whole(folder / WEIGHTS_FILE,
+                 lambda tmp: save_file(weights, str(tmp), metadata={"format": "pt"}))
     if tokenizer is not None:
-        tokenizer.save(folder / TOKENIZER_FILE)
+        _write_whole(folder / TOKENIZER_FILE, tokenizer.save)
+    _write_whole(folder / CONFIG_FILE, lambda tmp: tmp.write_text(
+        json.dumps(hf_config, indent=2) + "\n", encoding="utf-8"))
     return folder
 
 
-def load(name_or_path: str | os.PathLike, dtype: str | None = None,
-         dropout: float = 0.0) -> tuple[CausalLM, Tokenizer]:
+def _write_whole(path: Path, write: Callable[[Path], Any]) -> None:
+    """``write(tmp)`` writes the file at a temporary name beside ``path``, which then
+    replaces ``path`` in one step: a reader sees the old file or the new one, never half."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def load(model_class: type, name_or_path: str | os.PathLike, dtype: str | None = None,
+         dropout: float = 0.0) -> tuple[Module, Tokenizer]:
     """The model and the tokenizer of a GPT-2 folder or Hub name (:func:`from_pretrained`,
     :meth:`Tokenizer.from_pretrained`), the tokenizer checked against the model."""
     folder = resolve(name_or_path)
     tokenizer = Tokenizer.from_pretrained(folder)
-    model = from_pretrained(folder, dtype=dtype, dropout=dropout)
+    model = from_pretrained(model_class, folder, dtype=dtype, dropout=dropout)
     check_tokenizer(tokenizer, model)
     return model, tokenizer
 
@@ -435,7 +455,7 @@ class Tokenizer:
         self._tokenizer.save(str(path))
 
 
-def check_tokenizer(tokenizer: Tokenizer, model: CausalLM) -> None:
+def check_tokenizer(tokenizer: Tokenizer, model: Module) -> None:
     """Every id the tokenizer gives must be one of the model's: its vocabulary must fit
     in the model's (a model may have more rows, as GPT-2 models padded to 50304 do)."""
     vocab = model.config.vocab_size
