@@ -51,7 +51,8 @@ def start_training(out: Path, data: Path, *extra: str) -> subprocess.Popen:
         [sys.executable, str(GENERATE), "--smoke", "--procs", "2", "--max-iters", "100000",
          "--eval-every", "3", "--no-progress", "--out", str(out), *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-        env=demo_environment(data), cwd=ROOT, start_new_session=True)
+        env=demo_environment(data), cwd=ROOT, start_new_session=True,
+        preexec_fn=default_signal_dispositions)
     deadline = time.monotonic() + 120
     for line in proc.stdout:
         if re.match(r"update \d+: train_loss", line):
@@ -60,6 +61,15 @@ def start_training(out: Path, data: Path, *extra: str) -> subprocess.Popen:
             break
     proc.kill()
     raise AssertionError(f"the demo did not start training: {proc.stderr.read()[-3000:]}")
+
+
+def default_signal_dispositions() -> None:
+    """In the demo's process, before it starts: the four signals at their defaults, as at a
+    terminal, whatever the test runner inherited (a background job of a non-interactive
+    shell, or nohup, starts with some of them ignored, and an ignored signal stays ignored
+    in the demo: that is nohup's meaning, not what these tests send)."""
+    for signum in SIGNALS:
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def descendants(pid: int) -> set[int]:
