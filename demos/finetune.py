@@ -20,8 +20,6 @@ last.npz (the run, for --resume), sample.txt and metrics.json to --out.
 """
 from __future__ import annotations
 
-import argparse
-import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +40,7 @@ from npformer.cli import (
     demo_parser,
     nonnegative_float,
     nonnegative_int,
+    nucleus,
     option,
     positive_float,
     positive_int,
@@ -109,17 +108,6 @@ def build_parser():
     parser.add_argument("--sample-only", action="store_true",
                         help="sample from --model without training")
     return parser
-
-
-def nucleus(text: str) -> float:
-    """--top-p: a probability in (0, 1] (the nucleus keeps at least the likeliest token)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0.0 < value <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a probability in (0, 1], got {text!r}")
-    return value
 
 
 def load_model(source: str, dtype: str, dropout: float):

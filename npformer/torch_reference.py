@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from . import backend, ops
+from .models.common import layer_norm_eps
 
 
 def torch_activation(name: str) -> str | Callable:
@@ -69,11 +70,6 @@ def _add_positions(module: Any, prefix: str, x: Any) -> Any:
     return x + getattr(module, prefix + "pe")[:length][None]
 
 
-def _eps(config: Any) -> float:
-    """The layer norms' epsilon of a model config (PyTorch's 1e-5 where it sets none)."""
-    return getattr(config, "layer_norm_eps", ops.layernorm.EPS)
-
-
 def _without_attention_dropout(layer: Any) -> Any:
     """A torch Transformer layer built with dropout p drops its attention probabilities
     too; npformer drops only the residual branches, the FFN's hidden layer and the
@@ -97,7 +93,7 @@ def torch_models() -> dict[str, type]:
     def encoder_layer(c: Any, dtype: Any) -> Any:
         return _without_attention_dropout(tnn.TransformerEncoderLayer(
             c.d_model, c.num_heads, c.d_ff, dropout=c.dropout,
-            activation=torch_activation(c.activation), layer_norm_eps=_eps(c),
+            activation=torch_activation(c.activation), layer_norm_eps=layer_norm_eps(c),
             batch_first=True, norm_first=c.norm_first, dtype=dtype))
 
     def ignored(ids: Any, valid_lens: Any, pad_id: int) -> tuple[Any, Any]:
@@ -119,7 +115,7 @@ def torch_models() -> dict[str, type]:
             self.drop = tnn.Dropout(c.dropout)  # npformer's embedding dropout
             self.layers = tnn.ModuleList(encoder_layer(c, dtype) for _ in range(c.num_layers))
             if c.norm_first:
-                self.norm = tnn.LayerNorm(c.d_model, eps=ops.layernorm.EPS, dtype=dtype)
+                self.norm = tnn.LayerNorm(c.d_model, eps=layer_norm_eps(c), dtype=dtype)
             self.head = tnn.Linear(c.d_model, c.num_classes, dtype=dtype)
 
         def forward(self, ids: Any, valid_lens: Any = None) -> Any:
@@ -150,7 +146,7 @@ def torch_models() -> dict[str, type]:
             self.drop = tnn.Dropout(c.dropout)  # npformer's embedding dropout
             self.layers = tnn.ModuleList(encoder_layer(c, dtype) for _ in range(c.num_layers))
             if c.norm_first:
-                self.norm = tnn.LayerNorm(c.d_model, eps=_eps(c), dtype=dtype)
+                self.norm = tnn.LayerNorm(c.d_model, eps=layer_norm_eps(c), dtype=dtype)
             if not c.tie_weights:
                 self.lm_head = tnn.Linear(c.d_model, c.vocab_size, bias=False, dtype=dtype)
 
@@ -188,14 +184,14 @@ def torch_models() -> dict[str, type]:
             self.drop = tnn.Dropout(c.dropout)  # npformer's embedding dropout (each side)
 
             def norm() -> Any:
-                return (tnn.LayerNorm(c.d_model, eps=ops.layernorm.EPS, dtype=dtype)
+                return (tnn.LayerNorm(c.d_model, eps=layer_norm_eps(c), dtype=dtype)
                         if c.norm_first else None)
 
             self.encoder = Stack([encoder_layer(c, dtype) for _ in range(c.num_encoder_layers)],
                                  norm())
             self.decoder = Stack([_without_attention_dropout(tnn.TransformerDecoderLayer(
                 c.d_model, c.num_heads, c.d_ff, dropout=c.dropout,
-                activation=torch_activation(c.activation), layer_norm_eps=ops.layernorm.EPS,
+                activation=torch_activation(c.activation), layer_norm_eps=layer_norm_eps(c),
                 batch_first=True, norm_first=c.norm_first, dtype=dtype))
                 for _ in range(c.num_decoder_layers)], norm())
             self.out_proj = tnn.Linear(c.d_model, c.tgt_vocab_size, dtype=dtype)

@@ -34,6 +34,7 @@ from .options import (
     demo_parser,
     nonnegative_float,
     nonnegative_int,
+    nucleus,
     option,
     positive_float,
     positive_int,

@@ -78,6 +78,14 @@ def probability(text: str) -> float:
     return _option_value(text, float, check_probability, "a probability in [0, 1)")
 
 
+def nucleus(text: str) -> float:
+    """An option's probability in (0, 1] (top-p sampling's nucleus: it keeps at least the
+    likeliest token)."""
+    return _option_value(text, float, lambda v: check_real(v, "value", 0, inclusive=False,
+                                                           maximum=1, max_inclusive=True),
+                         "a probability in (0, 1]")
+
+
 # --------------------------------------------------------------------------- presets
 def option(default: Any, help: str, type: Callable[[str], Any] = positive_int,
            choices: Collection | None = None) -> Field:

@@ -112,17 +112,22 @@ def inference_only(what: str) -> None:
                            "keeps nothing for a backward)")
 
 
+def layer_norm_eps(config: Any) -> float:
+    """The layer norms' epsilon a config sets (a causal LM's ``layer_norm_eps``), else the
+    layer norm's default (PyTorch's 1e-5)."""
+    return getattr(config, "layer_norm_eps", ops.layernorm.EPS)
+
+
 def final_norm(config: Any) -> LayerNorm | None:
     """Pre-norm stacks end with a layer norm (GPT-2); post-norm ones already end normed."""
-    eps = getattr(config, "layer_norm_eps", ops.layernorm.EPS)
-    return LayerNorm(config.d_model, eps) if config.norm_first else None
+    return LayerNorm(config.d_model, layer_norm_eps(config)) if config.norm_first else None
 
 
 def block_options(config: Any) -> dict:
     """The blocks' keyword options a config sets: the attention's kind (narrow heads,
     kqnorm) and the layer norms' epsilon."""
     return {"narrow": config.narrow_heads, "kqnorm": config.kqnorm,
-            "norm_eps": getattr(config, "layer_norm_eps", ops.layernorm.EPS)}
+            "norm_eps": layer_norm_eps(config)}
 
 
 def valid_lengths(ids: Array, valid_lens: Array | None, pad_id: int,
