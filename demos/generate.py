@@ -1,14 +1,20 @@
 """A character-level language model on tiny Shakespeare (nanoGPT's CPU "baby GPT").
 
-    python demos/generate.py                  # nanoGPT's settings: 2,000 iterations
+    python demos/generate.py                  # about 90 s on 2 CPU cores
+    python demos/generate.py --preset nanogpt # nanoGPT's "baby GPT" settings, for comparison
     python demos/generate.py --sample-only --prompt "ROMEO:"
     python demos/generate.py --smoke          # seconds (CI)
     python demos/generate.py --resume         # continue an interrupted run exactly
 
-Defaults follow nanoGPT's README for CPU: block size 64, batch 12, 4 layers, 4 heads,
-d_model 128, dropout 0, learning rate 1e-3 with warmup and cosine decay over
-2,000 iterations, validation loss estimated on 20 batches; the first 90% of the
-text trains, the last 10% validates.  Writes model.npz, last.npz (the run, for
+The default run beats nanoGPT's CPU "baby GPT" (its README: block size 64, batch 12,
+4 layers, 4 heads, d_model 128, dropout 0, learning rate 1e-3 with warmup and
+cosine decay over 2,000 iterations; ``--preset nanogpt``) in loss and in time with
+the same context and depth: a narrower model (d_model 96) that sees more text per
+update (batch 16) at a higher learning rate (3e-3) for 1,800 updates.  For the same
+compute a smaller model trained on more characters learns more (the compute-optimal
+trade of "Training Compute-Optimal Large Language Models", Hoffmann et al. 2022).
+Validation loss is estimated on 20 batches; the first 90% of the text trains, the
+last 10% validates.  Writes model.npz, last.npz (the run, for
 --resume), curves.png, sample.txt and metrics.json to --out.  Settings come from
 a preset (--preset, --smoke); an option given overrides the preset's value.
 
@@ -86,7 +92,8 @@ class Preset:
 
 
 PRESETS = {
-    "default": Preset(),
+    "default": Preset(max_iters=1800, batch_size=16, d_model=96, lr=3e-3),
+    "nanogpt": Preset(),  # nanoGPT's README's CPU settings (what bench/ times)
     "smoke": Preset(max_iters=20, eval_every=10, eval_batches=2, length=50, layers=1,
                     d_model=32, num_heads=2, block_size=32),
 }

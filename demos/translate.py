@@ -10,7 +10,10 @@ user cache), d2l's preprocessing, at most 15 tokens a side.  2,000 distinct
 English sentences are held out (with all their translations, which serve as
 the references), so no held-out sentence is ever trained on.  Reports corpus
 BLEU (sacrebleu, 13a) on them with greedy and beam search, and translates d2l's
-probe sentences.  Writes model.npz, last.npz (the run, for --resume),
+probe sentences.  Training is time-budgeted (--max-minutes): the learning rate warms
+up, then decays by a cosine to zero at the end of the budget, whose length in updates
+the Trainer measures as it goes (``TrainConfig.schedule_for``), so a slow machine's run
+ends decayed as a fast one's does.  Writes model.npz, last.npz (the run, for --resume),
 curves.png, cross_attention.png and metrics.json to --out.  Settings come from
 a preset (--preset, --smoke); an option given overrides the preset's value.
 
@@ -71,7 +74,8 @@ from npformer.decoding import beam_search, greedy_decode
 from npformer.models import Seq2SeqConfig, Seq2SeqTransformer
 from npformer.models.configs import renamed_fields
 from npformer.nn import evaluating, record_attention
-from npformer.optim import Adam, warmup_inverse_sqrt
+from npformer.cli.schedule import CosineOfLength
+from npformer.optim import Adam
 from npformer.tasks import Translation
 from npformer.train import EpochBatches, TrainConfig, Trainer
 
@@ -94,11 +98,12 @@ class Preset:
     d_ff: int = option(1024, "feed-forward width")
     dropout: float = option(0.1, "dropout probability", probability)
     batch_size: int = option(128, "sentence pairs per update")
-    lr: float = option(1e-3, "peak learning rate (warmup, then inverse square root)",
-                       positive_float)
+    lr: float = option(2e-3, "peak learning rate (warmup, then cosine decay to zero at the "
+                             "end of the time budget)", positive_float)
     warmup: int = option(300, "warmup updates")
     max_iters: int = option(20000, "at most this many updates")
-    max_minutes: float = option(15.0, "training time budget, in minutes", positive_float)
+    max_minutes: float = option(18.0, "training time budget, in minutes (the schedule "
+                                      "decays over the updates it holds)", positive_float)
     beam_size: int = option(4, "beam width of the beam-search evaluation and of --translate")
 
     def __post_init__(self):
@@ -244,10 +249,16 @@ def model_config(preset: Preset, src_vocab, tgt_vocab) -> Seq2SeqConfig:
                          bos_id=tgt_vocab.bos_id, eos_id=tgt_vocab.eos_id)
 
 
+def schedule_for(preset: Preset) -> CosineOfLength:
+    """updates -> the schedule of a run of that many: warmup, then cosine decay to zero
+    (the Trainer measures how many updates the time budget holds)."""
+    return CosineOfLength(preset.lr, preset.warmup)
+
+
 def make_optimizer(params, preset: Preset) -> Adam:
-    """Adam with the Transformer paper's betas and eps, warmup then inverse square root."""
-    return Adam(params, lr=warmup_inverse_sqrt(warmup=preset.warmup, peak_lr=preset.lr),
-                betas=(0.9, 0.98), eps=1e-9)
+    """Adam with the Transformer paper's betas and eps; the schedule of a run of
+    max_iters updates until the Trainer fits it to the time budget."""
+    return Adam(params, lr=schedule_for(preset)(preset.max_iters), betas=(0.9, 0.98), eps=1e-9)
 
 
 # --------------------------------------------------------------------------- main
@@ -286,7 +297,7 @@ def main(argv=None) -> int:
         model, optimizer, Translation(label_smoothing=LABEL_SMOOTHING, pad_id=pad),
         batch_stream(src, tgt, preset.batch_size, pad, bos),
         TrainConfig(max_iters=preset.max_iters, max_seconds=preset.max_minutes * 60,
-                    clip_norm=CLIP_NORM, replicas=args.replicas,
+                    schedule_for=schedule_for(preset), clip_norm=CLIP_NORM, replicas=args.replicas,
                     eval_every=max(1, min(500, preset.max_iters // 4)),
                     checkpoint_path=out / MODEL_FILE, select_metric="val_loss",
                     select_mode="min", last_path=out / LAST_FILE, stop_after=args.stop_after,

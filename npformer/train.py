@@ -121,6 +121,9 @@ class TrainConfig:
 
     max_iters: int  # optimizer updates in the whole run (the schedule's length)
     max_seconds: float | None = None  # stop early once training has taken this long in all
+    schedule_for: Callable | None = None  # with max_seconds: schedule_for(n) is the learning-
+    #   rate schedule of a run of n updates, n being the updates the budget holds, measured
+    #   as the run goes (Trainer.planned_updates); the run ends there
     grad_accum: int = 1
     replicas: int = 1  # data-parallel replicas in threads, each on a shard of every batch
     clip_norm: float | None = None
@@ -145,6 +148,14 @@ class TrainConfig:
                    hint=" (None: no clipping)")
         check_size(self.eval_every, "TrainConfig.eval_every", 1, optional=True)
         check_size(self.stop_after, "TrainConfig.stop_after", 1, optional=True)
+        if self.schedule_for is not None:
+            if not callable(self.schedule_for):
+                raise TypeError("TrainConfig.schedule_for must be a function of the run's "
+                                f"length in updates, got {self.schedule_for!r}")
+            if self.max_seconds is None:
+                raise ValueError("TrainConfig.schedule_for fits the schedule to the time "
+                                 "budget, but max_seconds is None: give the budget, or pass "
+                                 "the schedule to the optimizer yourself")
         check_choice(self.select_mode, ("max", "min"), "TrainConfig.select_mode")
         if self.select_metric is not None:
             if not isinstance(self.select_metric, str) or not self.select_metric:
@@ -227,6 +238,10 @@ class Trainer:
         self._named_parameters = [(names.get(id(p), f"params[{i}]"), p)
                                   for i, p in enumerate(optimizer.params)]
         self._progress: Progress | None = None  # the run's, while fit() runs
+        self.planned_updates = config.max_iters  # where the run ends (schedule_for: measured)
+        self._pace_marks: list[tuple[int, float]] = []  # (updates, seconds) this session
+        if config.schedule_for is not None:
+            self._plan(config.max_iters)
 
     @property
     def updates(self) -> int:
@@ -282,13 +297,13 @@ class Trainer:
         self._progress = Progress(cfg.max_iters, cfg.desc, done=self.updates,
                                   elapsed=self.train_seconds, budget=cfg.max_seconds,
                                   lines_per_run=10, enabled=cfg.progress and self.parallel.is_main)
-        seconds_before, started = self.train_seconds, time.perf_counter()
-        self.finished = False
+        self._seconds_before, self._started = self.train_seconds, time.perf_counter()
+        self.finished, self._pace_marks = False, []
         try:
             with _stop_requests() as requests:
                 while not self.finished:
-                    self.train_seconds = seconds_before + time.perf_counter() - started
-                    if self.updates >= cfg.max_iters:
+                    self.train_seconds = self._train_seconds_now()
+                    if self.updates >= self.planned_updates:
                         self.finished = True
                     elif cfg.max_seconds is not None and self.parallel.from_main(
                             self.train_seconds > cfg.max_seconds):  # rank 0 decides for all
@@ -302,6 +317,7 @@ class Trainer:
                         reason = self.parallel.from_main(  # every rank stops at the same update
                             requests[0] if requests else self._stop_after_reached())
                         if reason:
+                            self.train_seconds = self._train_seconds_now()  # with this update
                             self.save_last()
                             raise TrainingInterrupted(self.updates, reason,
                                                       Path(cfg.last_path) if cfg.last_path
@@ -320,15 +336,51 @@ class Trainer:
         self.history.losses.append(loss)
         self.history.lrs.append(self.optimizer.lr)
         self._progress.update(items=self._items, loss=loss, lr=self.optimizer.lr)
+        if cfg.schedule_for is not None:
+            self._measure_pace(cfg)
         if cfg.eval_every and (self.updates % cfg.eval_every == 0
-                               or self.updates == cfg.max_iters):
+                               or self.updates == self.planned_updates):
             self.evaluate()
-            if self.updates < cfg.max_iters:
+            if self.updates < self.planned_updates:
                 self.save_last()
+
+    # ----------------------------------------------------------------- the budget's length
+    # With schedule_for, the schedule is fitted to the time budget: the updates still to
+    # come are the seconds left over the seconds an update has taken lately (over the
+    # second half of this session at least, evaluations included), measured again every
+    # REPLAN_EVERY updates, so a slower or faster machine, or one that slows down, gets a
+    # shorter or longer schedule that still decays fully within the budget.
+    REPLAN_EVERY = 10  # updates between two measurements of the pace
+
+    def _measure_pace(self, cfg: TrainConfig) -> None:
+        now, marks = self._train_seconds_now(), self._pace_marks
+        if not marks:  # the session's first update (compiling, warming up) is not counted
+            marks.append((self.updates, now))
+            return
+        done = self.updates - marks[0][0]
+        if done % self.REPLAN_EVERY and done != 1:  # a first guess from one update
+            return
+        middle = (marks[0][0] + self.updates) / 2
+        since_update, since_seconds = max(m for m in marks if m[0] <= middle)
+        seconds_each = (now - since_seconds) / (self.updates - since_update)
+        left = max(0.0, cfg.max_seconds - now)
+        self._plan(min(cfg.max_iters, self.updates + int(left / seconds_each)))
+        marks.append((self.updates, now))
+
+    def _plan(self, updates: int) -> None:
+        """End the run after ``updates`` (rank 0's count, on every rank), with the schedule
+        ``schedule_for(updates)``."""
+        self.planned_updates = int(self.parallel.from_main(max(updates, self.updates)))
+        self.optimizer.schedule = self.config.schedule_for(self.planned_updates)
+
+    def _train_seconds_now(self) -> float:
+        """Seconds spent in training so far, this instant (``train_seconds`` is updated
+        once per update, before it)."""
+        return self._seconds_before + time.perf_counter() - self._started
 
     def _stop_after_reached(self) -> str | None:
         stop = self.config.stop_after
-        if stop is not None and self.updates >= stop and self.updates < self.config.max_iters:
+        if stop is not None and self.updates >= stop and self.updates < self.planned_updates:
             return f"stop_after={stop}"
         return None
 
@@ -368,6 +420,7 @@ class Trainer:
         batches = getattr(self.next_batch, "state_dict", None)
         return {"history": asdict(self.history), "best": self.best,
                 "train_seconds": self.train_seconds, "finished": self.finished,
+                "planned_updates": self.planned_updates,
                 "batches": batches() if batches else None}
 
     def load_state_dict(self, state: dict) -> None:
@@ -375,6 +428,8 @@ class Trainer:
         again from the counters (so a run may also be resumed with more updates)."""
         self.history = History(**state["history"])
         self.best, self.train_seconds = state["best"], state["train_seconds"]
+        if self.config.schedule_for is not None and "planned_updates" in state:
+            self._plan(state["planned_updates"])  # the schedule as it was; measured again
         if state["batches"] is not None:
             self.next_batch.load_state_dict(state["batches"])
 

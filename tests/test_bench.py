@@ -187,7 +187,7 @@ def test_large_configs_are_the_issue_sizes():
                                              preset=dict(CONFIGS["imdb"]["preset"],
                                                          batch_size=256),
                                              max_iters=4 * 88)  # 4 epochs of 22,500/256
-    assert GPU_CONFIGS["lm_large"] == bench_config("lm", d_model=768, num_heads=12, layers=12,
+    assert GPU_CONFIGS["lm_large"] == bench_config("lm", "nanogpt", d_model=768, num_heads=12, layers=12,
                                                    block_size=1024, batch_size=8)
     lm = GPU_CONFIGS["lm_large"]
     assert (lm["d_model"], lm["num_heads"], lm["num_layers"], lm["d_ff"], lm["seq_len"],
@@ -220,7 +220,8 @@ def test_configs_are_the_demos_default_models_and_updates():
 
     generate, imdb, translate = (demo_module(n) for n in ("generate", "imdb", "translate"))
     lm = npformer_config(CONFIGS["lm"])
-    assert lm == generate.model_config(generate.PRESETS["default"], 65)
+    assert lm == generate.model_config(generate.PRESETS["nanogpt"], 65)  # nanoGPT's shape
+    assert (lm.d_model, lm.num_layers, CONFIGS["lm"]["batch"]) == (128, 4, 12)
     assert (lm.norm_first, lm.activation, lm.tie_weights, lm.dropout) == (True, "gelu", True,
                                                                          0.0)
     classifier = npformer_config(CONFIGS["imdb"])

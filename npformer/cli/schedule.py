@@ -9,10 +9,12 @@ the one place that makes such a run legal.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..ops.contracts import check_size
 from ..optim import warmup_cosine
 
-__all__ = ["cosine_schedule"]
+__all__ = ["cosine_schedule", "CosineOfLength"]
 
 
 def cosine_schedule(peak_lr: float, warmup: int, total_updates: int,
@@ -31,3 +33,22 @@ def cosine_schedule(peak_lr: float, warmup: int, total_updates: int,
     warmup = check_size(warmup, "warmup", 1)
     total_updates = check_size(total_updates, "total_updates", 1)
     return warmup_cosine(peak_lr, warmup, max(total_updates, warmup + 1), min_lr=min_lr)
+
+
+@dataclass(frozen=True)
+class CosineOfLength:
+    """updates -> :func:`cosine_schedule` ``(peak_lr, warmup, updates, min_lr)``: the
+    schedule of a run of any length, for ``TrainConfig.schedule_for``, which fits the
+    length to the time budget.  A dataclass (not a lambda), so that the ranks of an MPI
+    run can compare it (their configurations must agree).
+
+    >>> CosineOfLength(1e-3, 10)(100)(100)
+    0.0
+    """
+
+    peak_lr: float
+    warmup: int
+    min_lr: float = 0.0
+
+    def __call__(self, updates: int) -> warmup_cosine:
+        return cosine_schedule(self.peak_lr, self.warmup, updates, self.min_lr)
