@@ -59,6 +59,7 @@ from npformer.cli import (
     write_metrics,
 )
 from npformer.cli.memory import check_training_fits
+from npformer.cli.schedule import CosineOfLength
 from npformer.data import (
     Vocab,
     filter_by_length,
@@ -74,7 +75,6 @@ from npformer.decoding import beam_search, greedy_decode
 from npformer.models import Seq2SeqConfig, Seq2SeqTransformer
 from npformer.models.configs import renamed_fields
 from npformer.nn import evaluating, record_attention
-from npformer.cli.schedule import CosineOfLength
 from npformer.optim import Adam
 from npformer.tasks import Translation
 from npformer.train import EpochBatches, TrainConfig, Trainer

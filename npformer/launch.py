@@ -194,6 +194,22 @@ def announce_rank(environ: Mapping[str, str] = os.environ) -> None:
     os.replace(partial, folder / str(pid))  # whole, or not there: the launcher reads it
 
 
+def record_last_words(line: str, environ: Mapping[str, str] = os.environ) -> None:
+    """In a rank this module's launcher started, about to end every rank (``MPI_Abort``)
+    after printing ``line``: leave the line in the launch's folder too, for the launcher
+    to show should ``mpiexec`` not have forwarded it before the abort (it may drop a
+    rank's pending output then, and the user would see an exit status and no reason)."""
+    if launch_record(environ) is None:
+        return
+    folder, pid = Path(environ[LAUNCHED_MARK]), os.getpid()
+    partial = folder / f".{pid}.said"
+    try:
+        partial.write_text(line + "\n")
+        os.replace(partial, folder / f"{pid}.said")
+    except OSError:  # the line was printed already; nothing more to do
+        pass
+
+
 # --------------------------------------------------------------------------- the launcher
 # One-line messages every rank prints alike (cli.run_demo): shown once.
 RANK_ALIKE_PREFIXES = ("error: ", "training stopped", "continue it with: ", "interrupted")
@@ -219,19 +235,20 @@ def run_children(command: list[str], env: dict, folder: Path) -> int:
     + N for a signal N), once it and every rank named in ``folder`` have ended; the
     signals this process receives meanwhile are forwarded to the ranks
     (:class:`LaunchedRanks`), the children's standard error copied (:func:`shown_once`)."""
-    ranks = LaunchedRanks(folder)
+    ranks, seen = LaunchedRanks(folder), set()
     previous = {s: signal.signal(s, ranks.receive) for s in FORWARDED_SIGNALS
                 if signal.getsignal(s) is not signal.SIG_IGN}  # nohup's stays ignored
     try:
         child = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
                                  stderr=subprocess.PIPE, text=True, errors="replace",
                                  bufsize=1, start_new_session=True)
-        copying = threading.Thread(target=_copy_lines, args=(child.stderr,), daemon=True)
+        copying = threading.Thread(target=_copy_lines, args=(child.stderr, seen), daemon=True)
         copying.start()
         while child.poll() is None or ranks.alive():
             ranks.forward()
             time.sleep(POLL_SECONDS)
         copying.join(timeout=10.0)
+        _write_lines(shown_once(_last_words(folder), seen))  # those mpiexec did not forward
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -273,16 +290,28 @@ class LaunchedRanks:
         return any(_is_running(pid, started) for pid, started in self.ranks().items())
 
 
-def _copy_lines(stream) -> None:
-    """The children's standard error onto this process's, each rank-alike line once; a
-    failed write (a closed terminal) does not stop the reading."""
-    seen: set = set()
-    for line in shown_once(stream, seen):
+def _copy_lines(stream, seen: set) -> None:
+    """The children's standard error onto this process's, each rank-alike line once (in
+    ``seen``); a failed write (a closed terminal) does not stop the reading."""
+    _write_lines(shown_once(stream, seen))
+
+
+def _write_lines(lines: Iterable[str]) -> None:
+    for line in lines:
         try:
             sys.stderr.write(line)
             sys.stderr.flush()
         except (OSError, ValueError):
             pass
+
+
+def _last_words(folder: Path) -> list[str]:
+    """The lines the ranks left with :func:`record_last_words`, in rank-file order."""
+    try:
+        return [line for path in sorted(folder.glob("*.said"))
+                for line in path.read_text().splitlines(keepends=True)]
+    except OSError:
+        return []
 
 
 def _started(pid: int) -> str | None:

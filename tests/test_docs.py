@@ -455,7 +455,7 @@ def _quoted_sizes() -> list[tuple[str, str, tuple]]:
     imdb, seq2seq, lm_large = (configs.CONFIGS["imdb"], configs.CONFIGS["seq2seq"],
                                configs.LARGE["lm_large"])
     lm = configs.demo_module("generate")
-    lm_preset = lm.PRESETS["default"]
+    lm_preset = configs.demo_preset(configs.CONFIGS["lm"])  # nanoGPT's shape, as bench/ times it
     lm_cfg = lm.model_config(lm_preset, configs.SHAKESPEARE_VOCAB)
     assert lm_cfg.norm_first and lm_cfg.activation == "gelu" and lm_cfg.dropout == 0.0
 

@@ -25,7 +25,7 @@ from typing import Any
 from .. import distributed
 from ..checkpoint import CheckpointError
 from ..data import DatasetFormatError, DatasetNotFoundError
-from ..launch import FORWARDED_SIGNALS, announce_rank
+from ..launch import FORWARDED_SIGNALS, announce_rank, record_last_words
 from ..train import TrainingDiverged, TrainingInterrupted
 from .demo import DemoError
 from .output import say
@@ -65,14 +65,22 @@ def run_demo(main: Callable[[list[str] | None], Any], argv: list[str] | None = N
             say(f"continue it with: {resume_command(sys.argv[1:] if argv is None else argv)}")
         return STOPPED
     except KeyboardInterrupt as exc:
-        say(f"interrupted ({exc.name})" if isinstance(exc, Stopped) else "interrupted")
-        distributed.current().abort_others(STOPPED)  # MPI: no rank is left waiting
+        _say_and_abort(f"interrupted ({exc.name})" if isinstance(exc, Stopped)
+                       else "interrupted", STOPPED)
         return STOPPED
     except (*USER_ERRORS, OSError) as exc:
         message = str(exc) if isinstance(exc, USER_ERRORS) else _file_system_error(exc)
-        say(f"error: {message}")
-        distributed.current().abort_others(2)  # MPI: no rank is left waiting for this one
+        _say_and_abort(f"error: {message}", 2)
         return 2
+
+
+def _say_and_abort(line: str, code: int) -> None:
+    """Say ``line``, then end every MPI rank (none is left waiting for this one); the
+    line is also left for a self-launched run's launcher, which shows it should mpiexec
+    drop it in the abort."""
+    say(line)
+    record_last_words(line)
+    distributed.current().abort_others(code)
 
 
 @contextmanager
