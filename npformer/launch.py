@@ -186,12 +186,8 @@ def announce_rank(environ: Mapping[str, str] = os.environ) -> None:
     """In a rank this module's launcher started: name this process to the launcher, which
     from then on forwards to it the signals it receives.  Call it once the process
     handles them (:func:`npformer.cli.errors.run_demo`)."""
-    if launch_record(environ) is None:
-        return
-    folder, pid = Path(environ[LAUNCHED_MARK]), os.getpid()
-    partial = folder / f".{pid}"
-    partial.write_text(_started(pid) or "")
-    os.replace(partial, folder / str(pid))  # whole, or not there: the launcher reads it
+    pid = os.getpid()
+    _leave_in_launch_folder(str(pid), _started(pid) or "", environ)
 
 
 def record_last_words(line: str, environ: Mapping[str, str] = os.environ) -> None:
@@ -199,15 +195,21 @@ def record_last_words(line: str, environ: Mapping[str, str] = os.environ) -> Non
     after printing ``line``: leave the line in the launch's folder too, for the launcher
     to show should ``mpiexec`` not have forwarded it before the abort (it may drop a
     rank's pending output then, and the user would see an exit status and no reason)."""
-    if launch_record(environ) is None:
-        return
-    folder, pid = Path(environ[LAUNCHED_MARK]), os.getpid()
-    partial = folder / f".{pid}.said"
     try:
-        partial.write_text(line + "\n")
-        os.replace(partial, folder / f"{pid}.said")
+        _leave_in_launch_folder(f"{os.getpid()}.said", line + "\n", environ)
     except OSError:  # the line was printed already; nothing more to do
         pass
+
+
+def _leave_in_launch_folder(name: str, text: str, environ: Mapping[str, str]) -> None:
+    """In a rank this module's launcher started: write ``text`` to the file ``name`` of
+    the launch's folder, whole or not at all (the launcher reads it meanwhile)."""
+    if launch_record(environ) is None:
+        return
+    folder = Path(environ[LAUNCHED_MARK])
+    partial = folder / f".{name}"
+    partial.write_text(text)
+    os.replace(partial, folder / name)
 
 
 # --------------------------------------------------------------------------- the launcher

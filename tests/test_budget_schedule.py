@@ -122,6 +122,15 @@ def test_a_schedule_for_that_cannot_work_is_refused(config, error, words):
                                     "schedule_for": CosineOfLength(PEAK, WARMUP), **config})
 
 
+@pytest.mark.parametrize("args, error, words", [
+    ((-1e-3, 10), ValueError, "peak_lr"), ((1e-3, 0), ValueError, "warmup"),
+    ((1e-3, "10"), TypeError, "warmup"), ((1e-3, 10, 2e-3), ValueError, "min_lr"),
+])
+def test_a_cosine_of_length_with_bad_values_is_refused_when_made(args, error, words):
+    with pytest.raises(error, match=words):
+        CosineOfLength(*args)
+
+
 def test_every_rank_sees_the_same_schedule_for():
     """The ranks compare their configurations by hash: a lambda's repr holds its address,
     which differs from process to process; CosineOfLength's holds its numbers."""

@@ -50,5 +50,9 @@ class CosineOfLength:
     warmup: int
     min_lr: float = 0.0
 
+    def __post_init__(self):
+        """Bad values refused when made, by cosine_schedule's checks, naming the value."""
+        cosine_schedule(self.peak_lr, self.warmup, 1, self.min_lr)
+
     def __call__(self, updates: int) -> warmup_cosine:
         return cosine_schedule(self.peak_lr, self.warmup, updates, self.min_lr)
