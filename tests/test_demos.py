@@ -269,6 +269,7 @@ DEMO_BAD = {
                 ("--members", "-2")],
     "translate.py": [("--max-iters", "0"), ("--max-minutes", "0"), ("--max-minutes", "-1"),
                      ("--beam-size", "0"), ("--max-tokens", "0"), ("--heldout", "0"),
+                     ("--validation", "0"),
                      ("--max-pairs", "0"), ("--warmup", "-5"), ("--d-ff", "0")],
     "generate.py": [("--max-iters", "0"), ("--block-size", "0"), ("--length", "-1"),
                     ("--eval-every", "0"), ("--eval-batches", "0"), ("--temperature", "0"),
@@ -379,6 +380,8 @@ def test_corrupt_archive_gives_a_clear_error(tmp_path):
      {}, ["too short", "--block-size"]),
     ("translate.py", ["--smoke", "--heldout", "100000000", "--data", "{data}", "--out",
                       "{tmp}"], {}, ["--heldout"]),
+    ("translate.py", ["--smoke", "--validation", "100000000", "--data", "{data}", "--out",
+                      "{tmp}"], {}, ["--validation"]),
     ("imdb.py", ["--smoke", "--validation", "100000000", "--data", "{data}", "--out",
                  "{tmp}"], {}, ["--validation"]),
 ])
@@ -387,6 +390,23 @@ def test_user_errors_are_one_line(script, args, env, words, data_dir, tmp_path):
     err = one_error_line(run_demo(script, *args, env_extra=env))
     for word in words:
         assert word in err, err
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_translation_chooses_its_model_without_reading_the_test_set(seed, data_dir):
+    """Training, validation (which selects the checkpoint) and the BLEU test set hold
+    disjoint English sentences, each source with all its translations, every pair used once."""
+    demo = load_demo("translate.py")
+    preset = demo.PRESETS["smoke"]
+    train, validation, test = demo.split_pairs(preset, data_dir, seed)
+    trained = {" ".join(english) for english, _ in train}
+    assert trained.isdisjoint(validation) and trained.isdisjoint(test)
+    assert set(validation).isdisjoint(test)
+    assert (len(validation), len(test)) == (preset.validation, preset.heldout)
+    everything = demo.load_fra_eng(data_dir, max_len=preset.max_tokens)[:preset.max_pairs]
+    held = sum(len(translations) for part in (validation, test) for translations in part.values())
+    assert len(train) + held == len(everything)
+    assert len(demo.as_pairs(validation)) == sum(map(len, validation.values()))
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
