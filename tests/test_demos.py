@@ -269,7 +269,7 @@ DEMO_BAD = {
                 ("--members", "-2")],
     "translate.py": [("--max-iters", "0"), ("--max-minutes", "0"), ("--max-minutes", "-1"),
                      ("--beam-size", "0"), ("--max-tokens", "0"), ("--heldout", "0"),
-                     ("--validation", "0"),
+                     ("--validation", "0"), ("--target-min-count", "0"),
                      ("--max-pairs", "0"), ("--warmup", "-5"), ("--d-ff", "0")],
     "generate.py": [("--max-iters", "0"), ("--block-size", "0"), ("--length", "-1"),
                     ("--eval-every", "0"), ("--eval-batches", "0"), ("--temperature", "0"),
