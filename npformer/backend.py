@@ -233,6 +233,28 @@ def is_float_array(x: Array) -> bool:
 
 
 # --------------------------------------------------------------------------- host <-> device
+class HostReadError(RuntimeError):
+    """A copy between host and device where none may happen (:func:`device_only`)."""
+
+
+_host_reads = threading.local()  # .forbidden: why no device array may be read now
+
+
+@contextmanager
+def device_only(reason: str) -> Iterator[None]:
+    """Within the block, a copy of a device array to the host (:func:`to_numpy`, and so
+    :func:`host_range` and :func:`to_float`), or of host data to the device
+    (:func:`asarray`), raises :class:`HostReadError` naming ``reason``: a step captured as
+    a CUDA graph must never wait for the device, nor bake host values into the graph
+    (:mod:`npformer.cuda_graph`); the tests prove that on any backend."""
+    previous = getattr(_host_reads, "forbidden", None)
+    _host_reads.forbidden = reason
+    try:
+        yield
+    finally:
+        _host_reads.forbidden = previous
+
+
 def asarray(data: Any, dtype: Any = None) -> Array:
     """Copy host data (NumPy array, list, scalar) onto the current backend.
 
@@ -243,6 +265,10 @@ def asarray(data: Any, dtype: Any = None) -> Array:
         dtype = getattr(xp_, dtype)
     if _library_of(data) == _LIBRARY[_current.name]:  # already on the backend: no copy
         return data if dtype is None else xp_.astype(data, dtype)
+    reason = getattr(_host_reads, "forbidden", None)
+    if reason is not None and _current.name != "numpy":
+        raise HostReadError(f"{reason}: host data of type {type(data).__name__} was to be "
+                            "copied to the device")
     if _current.name == "strict":
         host = np.asarray(data)
         arr = xp_.asarray(host)  # built on the CPU device, then moved like a real transfer
@@ -258,6 +284,10 @@ def to_numpy(x: Array) -> np.ndarray:
     """Copy a backend array (of any backend) to a NumPy array on the host."""
     if isinstance(x, np.ndarray):
         return x
+    reason = getattr(_host_reads, "forbidden", None)
+    if reason is not None:
+        raise HostReadError(f"{reason}: a {type(x).__module__.split('.')[0]} array of shape "
+                            f"{tuple(x.shape)} was to be copied to the host")
     module = type(x).__module__
     if module.startswith("cupy"):
         return x.get()

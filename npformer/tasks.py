@@ -8,6 +8,9 @@ A :class:`Task` knows, for one kind of batch (host NumPy arrays), two things:
 * ``loss_and_grad(model, batch, grad_scale)``: the forward pass, the loss, and the
   backward pass of ``loss * grad_scale`` through the model (gradients accumulate into
   the parameters); returns the batch's mean loss as a Python float.
+* ``loss_and_grad_on_device(model, batch, grad_scale)`` (the three tasks): the same, the
+  mean loss left on the device as a 0-d array, so that nothing waits for the device:
+  the step a CUDA graph captures (:mod:`npformer.cuda_graph`).
 
 The three tasks of the demos: :class:`Classification` (IMDB), :class:`LanguageModeling`
 (tiny Shakespeare) and :class:`Translation` (English-French).
@@ -19,9 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from . import backend, engine
+from . import backend, engine, ops
 from .backend import Array
 from .nn import Module
+from .ops.contracts import check_token_ids
 
 
 class Task(ABC):
@@ -35,10 +39,30 @@ class Task(ABC):
     def loss_and_grad(self, model: Module, batch: tuple, grad_scale: float = 1.0) -> float:
         """Forward, loss and backward of ``loss * grad_scale``; returns the mean loss."""
 
+    def loss_and_grad_on_device(self, model: Module, batch: tuple,
+                                grad_scale: float = 1.0) -> Array:
+        """As :meth:`loss_and_grad`, the mean loss a 0-d array on the device (the batch's
+        arrays may already be there).  A task that does not define it trains eagerly."""
+        raise NotImplementedError(f"{type(self).__name__} has no loss_and_grad_on_device")
+
+    def check_batch(self, model: Module, batch: tuple) -> None:
+        """On the host batch, what :meth:`loss_and_grad_on_device`'s model and loss would
+        check: the door of a step that checks nothing itself (a CUDA graph's)."""
+        raise NotImplementedError(f"{type(self).__name__} has no check_batch")
+
+
+def reads_its_loss_on_device(task: Task) -> bool:
+    """Whether ``task``'s :meth:`Task.loss_and_grad` is its on-device one read back (a
+    subclass that overrides loss_and_grad alone keeps its own)."""
+    cls = type(task)
+    owner = next(c for c in cls.__mro__ if "loss_and_grad" in vars(c))
+    return "loss_and_grad_on_device" in vars(owner) and owner is not Task
+
 
 def cross_entropy_and_backward(model: Module, logits: Array, targets: Array, grad_scale: float,
-                               **loss_kwargs: Any) -> float:
-    """Loss on ``logits``, then the backward pass of loss * grad_scale through ``model``.
+                               **loss_kwargs: Any) -> Array:
+    """Loss on ``logits``, then the backward pass of loss * grad_scale through ``model``;
+    returns the mean loss, a 0-d array on the device.
 
     The loss is the current tier's (:func:`npformer.engine.ops`).  Callers pass the
     model's output straight in, unnamed, so that this frame holds the only reference to
@@ -49,7 +73,7 @@ def cross_entropy_and_backward(model: Module, logits: Array, targets: Array, gra
         logits, backend.asarray(targets), grad_scale, **loss_kwargs)  # dlogits: (..., V)
     del logits  # this frame's reference: the gradient may live in the same buffer
     model.backward(dlogits)
-    return backend.to_float(loss)
+    return loss
 
 
 class Classification(Task):
@@ -59,9 +83,18 @@ class Classification(Task):
         return batch[0].shape[0]
 
     def loss_and_grad(self, model: Module, batch: tuple, grad_scale: float = 1.0) -> float:
+        return backend.to_float(self.loss_and_grad_on_device(model, batch, grad_scale))
+
+    def loss_and_grad_on_device(self, model: Module, batch: tuple,
+                                grad_scale: float = 1.0) -> Array:
         ids, valid_lens, labels = batch
         logits = model(backend.asarray(ids), backend.asarray(valid_lens))  # (B, C), small
         return cross_entropy_and_backward(model, logits, labels, grad_scale)
+
+    def check_batch(self, model: Module, batch: tuple) -> None:
+        ids, valid_lens, labels = batch
+        model.check_inputs(ids, valid_lens)
+        check_targets(labels, tuple(ids.shape[:1]), model.config.num_classes, "labels")
 
 
 class LanguageModeling(Task):
@@ -71,9 +104,25 @@ class LanguageModeling(Task):
         return batch[0].size
 
     def loss_and_grad(self, model: Module, batch: tuple, grad_scale: float = 1.0) -> float:
+        return backend.to_float(self.loss_and_grad_on_device(model, batch, grad_scale))
+
+    def loss_and_grad_on_device(self, model: Module, batch: tuple,
+                                grad_scale: float = 1.0) -> Array:
         x, y = batch
         return cross_entropy_and_backward(model, model(backend.asarray(x)), y,
                                           grad_scale)  # (B, T, V) logits
+
+    def check_batch(self, model: Module, batch: tuple) -> None:
+        x, y = batch
+        model.check_inputs(x)
+        check_targets(y, tuple(x.shape), model.config.vocab_size, "next-token targets")
+
+
+def check_targets(targets: Any, shape: tuple, num_classes: int, what: str) -> None:
+    """Targets of ``shape``, integers in [0, num_classes) (or the loss's ignore index)."""
+    if tuple(np.shape(targets)) != shape:
+        raise ValueError(f"{what} must have shape {shape}, got {tuple(np.shape(targets))}")
+    check_token_ids(targets, num_classes, what, allowed_extra=ops.IGNORE_INDEX)
 
 
 class Translation(Task):
@@ -87,11 +136,32 @@ class Translation(Task):
     def count(self, batch: tuple) -> int:
         return int(np.sum(batch[3] != self.pad_id))
 
+    def loss_and_grad_on_device(self, model: Module, batch: tuple,
+                                grad_scale: float = 1.0) -> Array:
+        """The logits of every target position, padding's ignored by the loss (the same
+        mean over real tokens: ``valid_only`` would count them on the host)."""
+        src, src_lens, tgt_in, tgt_out, tgt_lens = (backend.asarray(a) for a in batch)
+        xp = backend.namespace_of(tgt_out)
+        positions = xp.arange(tgt_out.shape[1], dtype=tgt_lens.dtype,
+                              device=backend.device_of(tgt_out))  # (T,)
+        targets = xp.where(positions[None, :] < tgt_lens[:, None], tgt_out,
+                           xp.full_like(tgt_out, ops.IGNORE_INDEX))  # (B, T)
+        return cross_entropy_and_backward(
+            model, model(src, tgt_in, src_lens, tgt_lens), targets, grad_scale,
+            label_smoothing=self.label_smoothing)  # (B, T, V) logits
+
+    def check_batch(self, model: Module, batch: tuple) -> None:
+        src, src_lens, tgt_in, tgt_out, tgt_lens = batch
+        model.check_inputs(src, tgt_in, src_lens, tgt_lens)
+        valid = np.arange(tgt_out.shape[1])[None, :] < np.asarray(tgt_lens)[:, None]  # (B, T)
+        check_targets(np.where(valid, tgt_out, ops.IGNORE_INDEX), tuple(np.shape(tgt_in)),
+                      model.config.tgt_vocab_size, "target ids (tgt_out)")
+
     def loss_and_grad(self, model: Module, batch: tuple, grad_scale: float = 1.0) -> float:
         src, src_lens, tgt_in, tgt_out, tgt_lens = batch
         valid = np.arange(tgt_out.shape[1])[None, :] < np.asarray(tgt_lens)[:, None]  # (B, T)
         targets = np.asarray(tgt_out)[valid]  # (N,): the valid positions, in row order
-        return cross_entropy_and_backward(
+        return backend.to_float(cross_entropy_and_backward(
             model, model(backend.asarray(src), backend.asarray(tgt_in), backend.asarray(src_lens),
                          backend.asarray(tgt_lens), valid_only=True),
-            targets, grad_scale, label_smoothing=self.label_smoothing)
+            targets, grad_scale, label_smoothing=self.label_smoothing))

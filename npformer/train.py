@@ -16,6 +16,7 @@ saves the run and raises :class:`TrainingInterrupted`.
 from __future__ import annotations
 
 import math
+import os
 import signal
 import threading
 import time
@@ -31,12 +32,14 @@ from . import backend, engine
 from .allocator import keep_freed_memory
 from .backend import Array
 from .checkpoint import load_checkpoint, restore, save_checkpoint
+from .cuda_graph import CaptureFailed, StepGraphs, unsupported
 from .models.configs import renamed_fields
 from .nn import Module
 from .ops.contracts import check_choice, check_real, check_size
 from .optim import (
     NonFiniteGradientError,
     Optimizer,
+    _nonfinite_report,
     check_optimizer_of,
     clip_grad_norm,
     global_grad_norm,
@@ -134,6 +137,8 @@ class TrainConfig:
     last_path: str | Path | None = None  # the resumable run: after every evaluation, on
     #                                      Ctrl-C / SIGTERM, and at the end
     stop_after: int | None = None  # stop as if interrupted after this many updates
+    cuda_graph: bool | None = None  # CuPy: each update replayed as a CUDA graph
+    #   (npformer.cuda_graph); None: the environment variable NPFORMER_CUDA_GRAPH (1 = on)
     progress: bool = True
     desc: str = "train"
 
@@ -170,6 +175,9 @@ class TrainConfig:
                                  "be evaluated or kept. Set them, or leave select_metric out")
         if not isinstance(self.progress, bool):
             raise TypeError(f"TrainConfig.progress must be True or False, got {self.progress!r}")
+        if self.cuda_graph is not None and not isinstance(self.cuda_graph, bool):
+            raise TypeError("TrainConfig.cuda_graph must be True, False or None (the "
+                            f"environment's NPFORMER_CUDA_GRAPH), got {self.cuda_graph!r}")
 
 
 @dataclass
@@ -238,6 +246,7 @@ class Trainer:
         self._named_parameters = [(names.get(id(p), f"params[{i}]"), p)
                                   for i, p in enumerate(optimizer.params)]
         self._progress: Progress | None = None  # the run's, while fit() runs
+        self._graphs: StepGraphs | bool | None = None  # None: not decided; False: eager
         self.planned_updates = config.max_iters  # where the run ends (schedule_for: measured)
         self._pace_marks: list[tuple[int, float]] = []  # (updates, seconds) this session
         if config.schedule_for is not None:
@@ -252,13 +261,58 @@ class Trainer:
     def update(self) -> float:
         """One optimizer update: forward, loss and backward of ``grad_accum`` batches (each
         shared among the data-parallel workers), the gradients' all-reduce, clipping, and
-        the optimizer's step.  Returns the update's mean loss."""
+        the optimizer's step.  Returns the update's mean loss.  With ``cuda_graph`` on
+        CuPy the update is replayed as a CUDA graph (:mod:`npformer.cuda_graph`)."""
         self.model.train()
+        graphs = self._step_graphs()
+        if graphs is None:
+            return self._eager_update()
+        batch = self.next_batch(self.data_rng)
+        seed = int(self.data_rng.integers(2**31))  # drawn as eagerly: the same data order
+        try:
+            results = graphs.update(batch)
+        except CaptureFailed as exc:
+            self._graphs = False
+            self._log(f"CUDA graph: off ({exc}); training eagerly")
+            return self._eager_update(first=(batch, seed))
+        self._items = self.task.count(batch)
+        loss, norm, finite = (float(x) for x in results)
+        if not math.isfinite(loss):
+            raise TrainingDiverged(self._diverged(f"loss {loss}"))
+        if finite != 1.0:  # the gradient: named as the eager check names it
+            raise TrainingDiverged(self._diverged(_nonfinite_report(self._named_parameters,
+                                                                    norm)))
+        return loss
+
+    def _step_graphs(self) -> StepGraphs | None:
+        """The run's CUDA graphs, made at the first update where the config (or
+        NPFORMER_CUDA_GRAPH) asks for them; None where they are off or cannot apply (the
+        reason logged once)."""
+        if self._graphs is None:
+            wanted = self.config.cuda_graph
+            if wanted is None:
+                wanted = os.environ.get("NPFORMER_CUDA_GRAPH", "0").strip() not in ("", "0")
+            reason = unsupported(self.optimizer, self.task, self.config.replicas,
+                                 self.config.grad_accum) if wanted else "off"
+            if reason is None and getattr(getattr(self.parallel, "ranks", None), "size", 1) > 1:
+                reason = "several MPI ranks all-reduce between backward and update"
+            if reason not in (None, "off"):
+                self._log(f"CUDA graph: off ({reason}); training eagerly")
+            self._graphs = StepGraphs(self.model, self.optimizer, self.task,
+                                      self.config.clip_norm) if reason is None else False
+        return self._graphs or None
+
+    def _eager_update(self, first: tuple | None = None) -> float:
+        """The update of :meth:`update`, op by op (``first``: its first (batch, seed),
+        already drawn)."""
         self.optimizer.zero_grad()
         shares, self._items = [], 0
-        for _ in range(self.config.grad_accum):  # forward, loss and backward of each batch
-            batch = self.next_batch(self.data_rng)
-            seed = int(self.data_rng.integers(2**31))  # the dropout streams of this batch
+        for i in range(self.config.grad_accum):  # forward, loss and backward of each batch
+            if i == 0 and first is not None:
+                batch, seed = first
+            else:
+                batch = self.next_batch(self.data_rng)
+                seed = int(self.data_rng.integers(2**31))  # the dropout streams of this batch
             share, count = self.parallel.loss_and_grad(self.task, batch,
                                                        1.0 / self.config.grad_accum, seed)
             shares.append(share)

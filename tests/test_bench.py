@@ -484,7 +484,7 @@ def test_gpu_config_table_without_memory_or_with_a_failed_side():
     failed = {"pytorch": fake_result(10, 4, [2.0]),
               "npformer": dict(side="npformer", error="worker exited 1: out of memory")}
     text = "\n".join(gpu.config_lines("lm", LM, failed))
-    assert "  npformer  FAILED: worker exited 1: out of memory" in text
+    assert "  npformer        FAILED: worker exited 1: out of memory" in text
     assert re.search(r"^ratio lm\s+train n/a .*a side failed\)  \| loss not compared", text,
                      re.MULTILINE), text
 

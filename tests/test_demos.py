@@ -448,3 +448,12 @@ def test_demo_under_mpiexec_equals_one_process(script, data_dir, fast_smoke_runs
     assert ours[METRIC[script]] == pytest.approx(single[METRIC[script]], rel=1e-4, abs=1e-6)
     assert result.stdout.count("wrote") <= 1 and "Traceback" not in result.stderr
     assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*.tmp"))
+
+
+def test_cuda_graph_option_off_a_gpu_says_why_and_trains_eagerly(data_dir, tmp_path):
+    """--cuda-graph asks the Trainer for CUDA graphs (NPFORMER_CUDA_GRAPH=1); on NumPy it
+    says in one line why there are none, and the run trains as without the option."""
+    result = smoke_run("generate.py", tmp_path, data_dir, "--cuda-graph")
+    assert ("CUDA graph: off (CUDA graphs need the cupy backend (this run is on numpy)); "
+            "training eagerly") in result.stdout
+    check_smoke_outputs("generate.py", tmp_path, result, "fast")

@@ -30,7 +30,7 @@ LAYERS = [
     ["npformer.fast.*"],                        # the fast tier: whole implementations
     ["npformer.data.*", "npformer.gradcheck", "npformer.torch_reference"],
     ["npformer.tasks", "npformer.decoding", "npformer.checkpoint", "npformer.torch_interop"],
-    ["npformer.replicas", "npformer.distributed.*", "npformer.parallel"],
+    ["npformer.replicas", "npformer.distributed.*", "npformer.parallel", "npformer.cuda_graph"],
     ["npformer.train", "npformer.launch", "npformer.progress"],
     ["npformer.cli.*"],
     ["npformer"],                               # the package: imports what it offers

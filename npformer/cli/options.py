@@ -188,6 +188,11 @@ def demo_parser(demo: Demo, doc: str, presets: dict) -> argparse.ArgumentParser:
                         help="tier of ops: fast (the default, or $NPFORMER_ENGINE) or textbook "
                              "(the plain derivations); both give the same numbers up to "
                              "rounding")
+    parser.add_argument("--cuda-graph", action="store_true",
+                        help="with --backend cupy: each training update captured once as a "
+                             "CUDA graph and replayed (npformer.cuda_graph; the same as "
+                             "NPFORMER_CUDA_GRAPH=1); where it cannot apply the run says why "
+                             "and trains eagerly")
     parser.add_argument("--replicas", type=positive_int, default=None,
                         help="data-parallel replicas, one thread each with single-threaded "
                              "BLAS, for training and evaluation (default: one per CPU core "

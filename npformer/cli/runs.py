@@ -147,6 +147,8 @@ def setup(args: argparse.Namespace) -> Path:
         raise DemoError(str(exc)) from None
     backend.set_default_float(args.dtype)
     set_engine(args.engine)
+    if getattr(args, "cuda_graph", False):  # the Trainer reads it (TrainConfig.cuda_graph)
+        os.environ["NPFORMER_CUDA_GRAPH"] = "1"
     progress.set_enabled(not args.no_progress)  # evaluation's and decoding's too
     _choose_workers(args)
     return _folder(args)

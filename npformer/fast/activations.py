@@ -75,6 +75,10 @@ def relu_forward(x: Array) -> tuple[Array, Any]:
 def relu_backward(dy: Array, y: Array) -> Array:
     """dy (...) -> dx = dy sign(y) (...)."""
     xp = backend.namespace_of(dy)
+    if type(y).__module__.startswith("cupy"):  # array_api_compat's sign for CuPy writes
+        # NaN through a boolean mask, which waits for the device: the same values as
+        # sign(y) dy for y = max(x, 0) >= 0 or NaN (0 dy is 0, or NaN for an infinite dy)
+        return xp.where(y > 0, dy, y * dy)
     dx = xp.sign(y)  # [x > 0]
     dx *= dy  # in place: one new array, not two
     return dx

@@ -20,10 +20,12 @@ from typing import Any
 
 import numpy as np
 
+from .. import backend
 from ..backend import Array
 from ..ops import layernorm as _textbook
 from ..ops.contracts import backward_op, forward_op, layernorm_inputs
 from .compiler import jit, usable
+from .gemm import column_sum, routed
 from .numerics import sum4
 
 EPS = _textbook.EPS
@@ -42,9 +44,26 @@ def layernorm_forward(x: Array, gamma: Array, beta: Array, eps: float = EPS) -> 
 def layernorm_backward(dy: Array, saved: Any) -> tuple[Array, Array, Array]:
     """dy (..., D) -> dx (..., D), dgamma (D,), dbeta (D,)."""
     x_hat, r, gamma = saved
+    if routed():  # a step captured as a CUDA graph: the column sums through cuBLAS
+        return _routed_backward(dy, x_hat, r, gamma)
     if not usable(dy, x_hat, r, gamma):
         return _textbook.layernorm_backward.unchecked(dy, saved)
     return layernorm_backward_kernel(dy, x_hat, r, gamma)
+
+
+def _routed_backward(dy: Array, x_hat: Array, r: Array, gamma: Array
+                     ) -> tuple[Array, Array, Array]:
+    """The textbook backward's statements, dgamma and dbeta as :func:`.gemm.column_sum`."""
+    xp = backend.namespace_of(dy, x_hat)
+    d = x_hat.shape[-1]
+    dy_rows = xp.reshape(dy, (-1, d))  # (N, D)
+    dgamma = column_sum(dy_rows * xp.reshape(x_hat, (-1, d)))  # (D,)
+    dbeta = column_sum(dy_rows)  # (D,)
+    g = dy * gamma  # (..., D) gradient w.r.t. x_hat
+    mean_g = xp.mean(g, axis=-1, keepdims=True)  # (..., 1)
+    mean_g_xhat = xp.mean(g * x_hat, axis=-1, keepdims=True)  # (..., 1)
+    dx = r * (g - mean_g - x_hat * mean_g_xhat)  # (..., D)
+    return dx, dgamma, dbeta
 
 
 # =========================================================================== the kernels

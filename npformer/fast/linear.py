@@ -13,7 +13,8 @@ Backward, for an upstream gradient $\bar y = \partial L / \partial y$
     $\bar b = \sum_n \bar y_n$                      (b is added to every row)
 
 W is stored (D_in, D_out), the orientation of the math; PyTorch stores the
-transpose, which :mod:`npformer.torch_interop` converts.
+transpose, which :mod:`npformer.torch_interop` converts.  ``matmul`` is ``@``, except
+on CuPy while a step is captured as a CUDA graph (:mod:`npformer.fast.gemm`).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from typing import Any
 from .. import backend
 from ..backend import Array
 from ..ops.contracts import backward_op, forward_input, forward_op, linear_inputs
+from .gemm import column_sum, matmul
 
 
 @forward_op(linear_inputs)
@@ -31,7 +33,7 @@ def linear_forward(x: Array, w: Array, b: Array | None = None,
     (x, or None with keep_input=False: the backward is then given x again)."""
     xp = backend.namespace_of(x, w)
     x_rows = xp.reshape(x, (-1, w.shape[0]))  # (N, D_in): one matrix product, not one per row
-    y = x_rows @ w  # (N, D_in) @ (D_in, D_out) -> (N, D_out)
+    y = matmul(x_rows, w)  # (N, D_in) @ (D_in, D_out) -> (N, D_out)
     if b is not None:
         y += b  # (N, D_out) + (D_out,), in place: y is fresh
     y = xp.reshape(y, tuple(x.shape[:-1]) + (w.shape[1],))
@@ -48,7 +50,7 @@ def linear_backward(dy: Array, saved: Any, x: Array | None = None
     d_in, d_out = w.shape
     x_rows = xp.reshape(x, (-1, d_in))  # (N, D_in)
     dy_rows = xp.reshape(dy, (-1, d_out))  # (N, D_out)
-    dx = dy_rows @ w.mT  # (N, D_out) @ (D_out, D_in) -> (N, D_in)
-    dw = x_rows.mT @ dy_rows  # (D_in, N) @ (N, D_out)
-    db = xp.sum(dy_rows, axis=0) if has_bias else None  # (D_out,)
+    dx = matmul(dy_rows, w.mT)  # (N, D_out) @ (D_out, D_in) -> (N, D_in)
+    dw = matmul(x_rows.mT, dy_rows)  # (D_in, N) @ (N, D_out)
+    db = column_sum(dy_rows) if has_bias else None  # (D_out,): sum over the rows
     return xp.reshape(dx, tuple(x.shape)), dw, db

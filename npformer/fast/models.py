@@ -27,6 +27,7 @@ from ..models.common import model_input, valid_lengths
 from ..nn import LayerNorm
 from ..ops.contracts import check_valid_lengths
 from .flat import flat_buffer
+from .gemm import routed
 from .packing import Packing
 
 
@@ -50,6 +51,22 @@ def packed_blocks_backward(dx: Array, blocks: list, norm: LayerNorm | None,
     return packing.unpack(dx)  # the backward of pack
 
 
+def _textbook_forward(model, forward, *args, **kwargs) -> Array:
+    """The textbook model's forward (its blocks this tier's, on padded rows), marked for
+    the backward: what a step captured as a CUDA graph runs (:func:`.gemm.routed`), as the
+    packing of valid positions counts them on the host."""
+    model._save(True, slot="_textbook_cache")
+    return forward(*args, **kwargs)
+
+
+def _ran_textbook_forward(model) -> bool:
+    """Whether the last forward was :func:`_textbook_forward` (its mark taken)."""
+    if getattr(model, "_textbook_cache", None) is None:
+        return False
+    model._pop_saved("_textbook_cache")
+    return True
+
+
 class _FlatWeights:
     """A fast model's weights in one flat buffer from the start (:mod:`npformer.fast.flat`)."""
 
@@ -67,10 +84,12 @@ class TransformerClassifier(_FlatWeights, models.TransformerClassifier):
     __doc__ = models.TransformerClassifier.__doc__
 
     def forward(self, ids: Array, valid_lens: Array | None = None) -> Array:
-        ids = model_input(ids, "token ids")
-        valid_lens = valid_lengths(ids, model_input(valid_lens, "valid_lens", rank=1),
-                                   self.config.pad_id)  # (B,)
-        check_valid_lengths(valid_lens, ids.shape[1], 1)  # pooling needs a token a row
+        if routed():  # a step captured as a CUDA graph: the padded rows, as the textbook's
+            return _textbook_forward(self, super().forward, ids, valid_lens)
+        ids, given = model_input(ids, "token ids"), model_input(valid_lens, "valid_lens", rank=1)
+        valid_lens = valid_lengths(ids, given, self.config.pad_id)  # (B,)
+        if given is None:  # counted here (lengths given were checked at the door)
+            check_valid_lengths(valid_lens, ids.shape[1], 1)  # pooling needs a token a row
         packing = Packing.from_lengths(valid_lens, ids.shape[1])
         mask = ops.padding_mask(valid_lens, ids.shape[1])  # (B, 1, 1, T)
         x = packed_blocks(self.embed(ids), self.blocks, self.norm, mask, packing)  # (N, D)
@@ -82,6 +101,8 @@ class TransformerClassifier(_FlatWeights, models.TransformerClassifier):
     forward.__doc__ = models.TransformerClassifier.forward.__doc__
 
     def backward(self, dlogits: Array) -> None:
+        if _ran_textbook_forward(self):
+            return super().backward(dlogits)
         pool_cache, packing = self._pop_saved()
         dx = ops.pool_backward(self.head.backward(dlogits), pool_cache)  # (B, T, D)
         dx = packing.pack(dx)  # the backward of unpack
@@ -132,6 +153,8 @@ class Seq2SeqTransformer(_FlatWeights, models.Seq2SeqTransformer):
     def encode(self, src: Array, src_lens: Array | None = None) -> tuple[Array, Array]:
         """As :meth:`npformer.models.Seq2SeqTransformer.encode`, the encoder on the source's
         valid positions packed as rows; the memory holds zeros at padding positions."""
+        if routed():  # a step captured as a CUDA graph: the textbook's, on padded rows
+            return super().encode(src, src_lens)
         src, src_lens = model_input(src, "source ids"), model_input(src_lens, "src_lens", rank=1)
         src_lens = valid_lengths(src, src_lens, self.config.pad_id, "src")  # (B,)
         packing = Packing.from_lengths(src_lens, src.shape[1])
@@ -143,6 +166,9 @@ class Seq2SeqTransformer(_FlatWeights, models.Seq2SeqTransformer):
 
     def forward(self, src: Array, tgt_in: Array, src_lens: Array | None = None,
                 tgt_lens: Array | None = None, *, valid_only: bool = False) -> Array:
+        if routed():  # a step captured as a CUDA graph: the padded rows, as the textbook's
+            return _textbook_forward(self, super().forward, src, tgt_in, src_lens, tgt_lens,
+                                     valid_only=valid_only)
         src, tgt_in = model_input(src, "source ids"), model_input(tgt_in, "target ids")
         tgt_lens = self._target_lengths(tgt_in, model_input(tgt_lens, "tgt_lens", rank=1))
         memory, memory_mask = self.encode(src, src_lens)  # (B, S, D), (B, 1, 1, S)
@@ -163,6 +189,8 @@ class Seq2SeqTransformer(_FlatWeights, models.Seq2SeqTransformer):
     forward.__doc__ = models.Seq2SeqTransformer.forward.__doc__
 
     def backward(self, dlogits: Array) -> None:
+        if _ran_textbook_forward(self):
+            return super().backward(dlogits)
         (packing,) = self._pop_saved()
         dy = self.out_proj.backward(dlogits)
         if self.decoder_norm is not None:

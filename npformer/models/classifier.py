@@ -106,10 +106,10 @@ class TransformerClassifier(Module):
         ids and valid_lens may be arrays or nested lists.  An empty batch (B = 0) gives
         the empty logits (0, C); sequences without positions (T = 0, B > 0) are refused
         (ValueError): pooling is not defined over no positions."""
-        ids = model_input(ids, "token ids")
-        valid_lens = valid_lengths(ids, model_input(valid_lens, "valid_lens", rank=1),
-                                   self.config.pad_id)  # (B,)
-        check_valid_lengths(valid_lens, ids.shape[1], 1)  # pooling needs a token a row
+        ids, given = model_input(ids, "token ids"), model_input(valid_lens, "valid_lens", rank=1)
+        valid_lens = valid_lengths(ids, given, self.config.pad_id)  # (B,)
+        if given is None:  # counted here (lengths given were checked at the door)
+            check_valid_lengths(valid_lens, ids.shape[1], 1)  # pooling needs a token a row
         mask = ops.padding_mask(valid_lens, ids.shape[1])  # (B, 1, 1, T): padding keys hidden
         x = self.embed(ids)  # (B, T, D)
         for block in self.blocks:
