@@ -9,7 +9,10 @@
     python bench/gpu.py --smoke --device cpu    # the same orchestration on the CPU (tests)
 
 The same models and updates as bench/bench.py (the demos' own), float32, the same
-batch, on one GPU.  Every (configuration, side) runs in a fresh subprocess (``--worker``, one JSON
+batch, on one GPU.  npformer is timed twice on a GPU: eagerly ("npformer"), and with each
+update replayed as a CUDA graph ("npformer-graph": NPFORMER_CUDA_GRAPH=1, the Trainer's
+graph mode, npformer/cuda_graph.py; where it cannot capture it says so and runs eagerly).
+Every (configuration, side) runs in a fresh subprocess (``--worker``, one JSON
 line on stdout), PyTorch first: it writes its initial weights to an .npz that the
 npformer side loads, so the first-step losses must agree.
 
@@ -67,6 +70,8 @@ from bench.report import (  # noqa: E402
 )
 
 MEMORY_STEPS = 3  # training steps of the memory pass, after the timed ones
+GRAPH_SIDE = "npformer-graph"  # npformer with each update replayed as a CUDA graph
+GPU_SIDES = SIDES + (GRAPH_SIDE,)
 PROFILE_STEPS = 10
 PROFILE_TOP = 25
 TF32_VARIABLES = ("CUPY_TF32", "NVIDIA_TF32_OVERRIDE")
@@ -167,10 +172,11 @@ def pytorch_side(device: str) -> Side:
     return Side(prepare, torch.cuda.synchronize, TorchPeak(torch), info)
 
 
-def npformer_side(device: str) -> Side:
+def npformer_side(device: str, graph: bool = False) -> Side:
     import numpy as np
 
     backend_name = "numpy" if device == "cpu" else "cupy"
+    os.environ["NPFORMER_CUDA_GRAPH"] = "1" if graph else "0"  # the Trainer reads it
 
     def prepare(cfg, seed, weights):
         return prepare_npformer(cfg, seed, weights, threads=1, backend_name=backend_name)
@@ -189,7 +195,19 @@ def npformer_side(device: str) -> Side:
 
 
 def make_side(name: str, device: str) -> Side:
-    return (pytorch_side if name == "pytorch" else npformer_side)(device)
+    if name == "pytorch":
+        return pytorch_side(device)
+    return npformer_side(device, graph=name == GRAPH_SIDE)
+
+
+def graph_pool_bytes(graphs) -> int:
+    """The bytes the CUDA graphs' own memory pools hold (0 without graphs): every replay
+    reuses them, so they stay in use for the graphs' life, outside the default pool that
+    the memory pass watches."""
+    if not graphs:
+        return 0
+    return sum(shape.pool.total_bytes() for shape in graphs.shapes.values()
+               if shape.pool is not None)
 
 
 def run_device_side(spec: dict) -> dict:
@@ -212,11 +230,17 @@ def run_device_side(spec: dict) -> dict:
     for _ in range(spec["memory_steps"]):
         train_step()
     peak_bytes = side.memory.stop()
+    graph_pools = graph_pool_bytes(getattr(optimizer, "_graphs", None))
+    if graph_pools:
+        rest_bytes, peak_bytes = rest_bytes + graph_pools, peak_bytes + graph_pools
     run.model.eval()  # npformer: no dropout masks; PyTorch: eval mode (may take fast paths)
     infer_times = timed(run.infer, spec["warmup"], spec["steps"], side.sync)
+    graphs = getattr(optimizer, "_graphs", None)  # the Trainer's CUDA graphs, if any
+    graph = (dict(captures=graphs.captures, capture_seconds=graphs.capture_seconds)
+             if graphs else None)
     return dict(side.info, train_times=train_times, infer_times=infer_times, losses=losses,
                 rest_bytes=rest_bytes, peak_bytes=peak_bytes, weights_loaded=loaded,
-                check_loss=check_loss)
+                check_loss=check_loss, graph=graph)
 
 
 # =========================================================================== parent side
@@ -257,8 +281,9 @@ def run_worker(side: str, cfg: dict, args, weights: str) -> dict:
 def run_pair(cfg: dict, args) -> dict:
     """Both sides of one configuration, PyTorch first (it writes the initial weights);
     nanoGPT's GPT is bench/bench.py's (CPU) only."""
+    sides = ["npformer", GRAPH_SIDE] if args.device == "cuda" else ["npformer"]
     return runner.run_sides(cfg, lambda side, weights: run_worker(side, cfg, args, weights),
-                            ["npformer"], nanogpt=False)
+                            sides, nanogpt=False)
 
 
 # --------------------------------------------------------------------------- formatting
@@ -266,7 +291,7 @@ def mib_cell(value: float | None) -> str:
     return "" if value is None else f"{value:,.1f}"
 
 
-COLUMNS = (("side", 10), ("train ms (min-max)", 24), ("infer ms (min-max)", 24),
+COLUMNS = (("side", 16), ("train ms (min-max)", 24), ("infer ms (min-max)", 24),
            ("tokens/s", 12), ("at rest MiB", 13), ("peak MiB", 11), ("first loss", 12),
            ("final loss", 12))
 
@@ -280,7 +305,7 @@ def table_row(cells) -> str:
 def side_row(side: str, res: dict, cfg: dict) -> str:
     s = summary(res, cfg)
     if s is None:
-        return f"  {side:<10}FAILED: {res['error']}"
+        return f"  {side:<16}FAILED: {res['error']}"
     return table_row((side, spread(res["train_times"]), spread(res["infer_times"]),
                       f"{s['tok_s']:,.0f}", mib_cell(s["rest"]), mib_cell(s["mem"]),
                       f"{s['loss']:.5f}", f"{s['final_loss']:.5f}"))
@@ -291,8 +316,24 @@ def config_lines(name: str, cfg: dict, pair: dict) -> list[str]:
     first-step loss check (and a WARNING line when the losses disagree)."""
     lines = ["", describe(name, cfg), table_row([c for c, _ in COLUMNS]),
              "  " + "-" * sum(w for _, w in COLUMNS)]
-    lines += [side_row(side, pair[side], cfg) for side in SIDES]
-    return lines + ratio_line(name, pair, cfg, memory="peak memory").split("\n")
+    lines += [side_row(side, pair[side], cfg) for side in GPU_SIDES if side in pair]
+    lines += ratio_line(name, pair, cfg, memory="peak memory").split("\n")
+    if GRAPH_SIDE in pair:
+        graph_pair = {**pair, "npformer": pair[GRAPH_SIDE]}
+        lines += ratio_line(f"{name} graph", graph_pair, cfg, memory="peak memory").split("\n")
+        lines.append("  " + graph_line(pair[GRAPH_SIDE]))
+    return lines
+
+
+def graph_line(res: dict) -> str:
+    """How the graph side trained: its captures and their cost, or that it ran eagerly."""
+    graph = res.get("graph")
+    if "error" in res:
+        return "graph mode: failed"
+    if not graph or not graph["captures"]:
+        return "graph mode: NOT captured (the update ran eagerly; the worker's log says why)"
+    return (f"graph mode: {graph['captures']} capture(s), {graph['capture_seconds'] * 1e3:.0f} "
+            "ms in all (untimed: the warmup steps)")
 
 
 def tf32_line(py: dict, npf: dict) -> str:
@@ -349,7 +390,8 @@ def header_lines(args, pair: dict) -> list[str]:
             "reset_peak_memory_stats(); CuPy the peak of the default memory pool's "
             "used_bytes() (a tracking allocator). The peak includes what is in use at rest, "
             "before the pass (\"at rest\": parameters, gradients, Adam state, the batch); "
-            "free blocks cached by either allocator are not counted", LOSS_NOTE,
+            "free blocks cached by either allocator are not counted; npformer-graph adds "
+            "its graphs' own memory pools (held for the graphs' life) to both", LOSS_NOTE,
             tokens]
 
 
@@ -358,7 +400,7 @@ def json_report(args, results: dict, cfgs: dict) -> dict:
                 memory_steps=MEMORY_STEPS, smoke=args.smoke,
                 configs={name: dict(config=cfgs[name], **pair,
                                     summary={side: summary(pair[side], cfgs[name])
-                                             for side in SIDES})
+                                             for side in GPU_SIDES if side in pair})
                          for name, pair in results.items()})
 
 
