@@ -285,22 +285,27 @@ class Trainer:
         return loss
 
     def _step_graphs(self) -> StepGraphs | None:
-        """The run's CUDA graphs, made at the first update where the config (or
-        NPFORMER_CUDA_GRAPH) asks for them; None where they are off or cannot apply (the
-        reason logged once)."""
+        """The run's CUDA graphs, decided at the first update; None where they are off."""
         if self._graphs is None:
-            wanted = self.config.cuda_graph
-            if wanted is None:
-                wanted = os.environ.get("NPFORMER_CUDA_GRAPH", "0").strip() not in ("", "0")
-            reason = unsupported(self.optimizer, self.task, self.config.replicas,
-                                 self.config.grad_accum) if wanted else "off"
-            if reason is None and getattr(getattr(self.parallel, "ranks", None), "size", 1) > 1:
-                reason = "several MPI ranks all-reduce between backward and update"
-            if reason not in (None, "off"):
-                self._log(f"CUDA graph: off ({reason}); training eagerly")
-            self._graphs = StepGraphs(self.model, self.optimizer, self.task,
-                                      self.config.clip_norm) if reason is None else False
+            self._graphs = self._new_step_graphs() or False
         return self._graphs or None
+
+    def _new_step_graphs(self) -> StepGraphs | None:
+        """CUDA graphs for this run, where the config (or NPFORMER_CUDA_GRAPH) asks for
+        them and they apply; else None, the reason logged where they were asked for."""
+        wanted = self.config.cuda_graph
+        if wanted is None:
+            wanted = os.environ.get("NPFORMER_CUDA_GRAPH", "0").strip() not in ("", "0")
+        if not wanted:
+            return None
+        reason = unsupported(self.optimizer, self.task, self.config.replicas,
+                             self.config.grad_accum)
+        if reason is None and getattr(getattr(self.parallel, "ranks", None), "size", 1) > 1:
+            reason = "several MPI ranks all-reduce between backward and update"
+        if reason is not None:
+            self._log(f"CUDA graph: off ({reason}); training eagerly")
+            return None
+        return StepGraphs(self.model, self.optimizer, self.task, self.config.clip_norm)
 
     def _eager_update(self, first: tuple | None = None) -> float:
         """The update of :meth:`update`, op by op (``first``: its first (batch, seed),
