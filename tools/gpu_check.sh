@@ -6,8 +6,10 @@
 #   bench  bench/gpu.py on the configurations in $CONFIGS (default all five), eager and graph
 #   kernels  bench/gpu_kernels.py: the replayed update's kernels by device time ($KERNEL_CONFIGS)
 #   suite  every test marked gpu (python -m pytest -m gpu)
-# Packages the machine lacks travel as wheels in .whl/ (see ../.library/device/README.md):
-# array-api-compat, array-api-strict, pooch, platformdirs.  Logs go to $OUT when it is set.
+# On a machine that cannot reach a package index, the packages it lacks travel as wheels
+# in .whl/ (array-api-compat, array-api-strict, pooch, platformdirs were missing on the
+# H200 lent on 2026-11-26); they are installed into /tmp/site.  Logs go to $OUT (default
+# /tmp/gpu_check).
 set -uo pipefail
 STAGES=${1:-env,graph,bench}
 OUT=${OUT:-/tmp/gpu_check}
