@@ -136,23 +136,13 @@ def device_update(model: Any, task: Task, optimizer: optim.Adam, clip_norm: floa
             g[...] = p.grad
             p.grad = g
     xp = backend.namespace_of(loss)
-    norm = gradient_norm(scalars.grads)  # (), in the gradients' dtype
+    norm = optim.grad_norm_on_device(scalars.grads)  # (), in the gradients' dtype
     finite = xp.isfinite(norm) & xp.isfinite(loss)  # (), bool
     if clip_norm is not None:
         clip_gradients(scalars.grads, norm, finite, clip_norm)
     adam_update(optimizer, scalars, finite)
     return xp.stack([xp.astype(loss, xp.float64), xp.astype(norm, xp.float64),
                      xp.astype(finite, xp.float64)])
-
-
-def gradient_norm(grads: Sequence[Array]) -> Array:
-    """sqrt(sum_i ||g_i||^2), a 0-d device array (``optim.global_grad_norm``'s sums)."""
-    xp = backend.namespace_of(grads[0])
-    total_sq = None
-    for g in grads:
-        sq = xp.sum(g * g)  # ||g_i||^2, 0-d
-        total_sq = sq if total_sq is None else total_sq + sq
-    return xp.sqrt(total_sq)
 
 
 def clip_gradients(grads: Sequence[Array], norm: Array, finite: Array, max_norm: float) -> None:
@@ -180,9 +170,10 @@ def adam_update(optimizer: optim.Adam, scalars: DeviceScalars, finite: Array) ->
     ]), dtype)  # (3,)
     scalars.t[...] = xp.where(finite, t, scalars.t)  # t counts the updates made
     ok = xp.reshape(finite, (1,))
+    constants = _constants(optimizer, dtype)
     for i, p in enumerate(optimizer.params):
         _adam_in_place(p.data, scalars.grads[i], optimizer.state["m"][i],
-                       optimizer.state["v"][i], coefficients, ok, optimizer,
+                       optimizer.state["v"][i], coefficients, ok, constants,
                        decaying and p.decay)
 
 
@@ -195,8 +186,8 @@ def _constants(optimizer: optim.Adam, dtype) -> tuple:
 
 
 def _adam_in_place(p: Array, g: Array, m: Array, v: Array, coefficients: Array, ok: Array,
-                   optimizer: optim.Adam, decay: bool) -> None:
-    one_minus_beta1, one_minus_beta2, beta2, eps = _constants(optimizer, p.dtype)
+                   constants: tuple, decay: bool) -> None:
+    one_minus_beta1, one_minus_beta2, beta2, eps = constants  # (:func:`_constants`)
     if type(p).__module__.startswith("cupy"):
         cast = p.dtype.type
         _adam_kernel()(g, coefficients, ok, cast(one_minus_beta1), cast(one_minus_beta2),

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import backend, engine
+from .backend import Array
 from .nn.module import Parameter
 from .nn.state import mismatch_report, weight_array
 from .ops.contracts import check_real, check_size
@@ -310,17 +311,23 @@ def global_grad_norm(params: ParamsOrNamed, error_if_nonfinite: bool = False) ->
     parameter whose gradient holds NaN or inf.
     """
     named = _named(params)
-    total_sq = None
-    for _, p in named:
-        xp = backend.namespace_of(p.grad)
-        sq = xp.sum(p.grad * p.grad)                      # ||g_i||^2, a 0-d array
-        total_sq = sq if total_sq is None else total_sq + sq
-    if total_sq is None:
+    if not named:
         return 0.0
-    total = backend.to_float(backend.namespace_of(total_sq).sqrt(total_sq))
+    total = backend.to_float(grad_norm_on_device([p.grad for _, p in named]))
     if error_if_nonfinite and not math.isfinite(total):
         raise NonFiniteGradientError(_nonfinite_report(named, total))
     return total
+
+
+def grad_norm_on_device(grads: Sequence[Array]) -> Array:
+    """sqrt(sum over the arrays of sum(g^2)), a 0-d array on their device, in their dtype
+    (nothing read back: :func:`global_grad_norm` reads it, a CUDA graph keeps it)."""
+    total_sq = None
+    for g in grads:
+        xp = backend.namespace_of(g)
+        sq = xp.sum(g * g)                                # ||g_i||^2, a 0-d array
+        total_sq = sq if total_sq is None else total_sq + sq
+    return backend.namespace_of(total_sq).sqrt(total_sq)
 
 
 def clip_grad_norm(params: ParamsOrNamed, max_norm: float,
