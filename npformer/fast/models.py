@@ -25,7 +25,6 @@ from .. import models, ops
 from ..backend import Array
 from ..models.common import model_input, valid_lengths
 from ..nn import LayerNorm
-from ..ops.contracts import check_valid_lengths
 from .flat import flat_buffer
 from .gemm import routed
 from .packing import Packing
@@ -86,10 +85,7 @@ class TransformerClassifier(_FlatWeights, models.TransformerClassifier):
     def forward(self, ids: Array, valid_lens: Array | None = None) -> Array:
         if routed():  # a step captured as a CUDA graph: the padded rows, as the textbook's
             return _textbook_forward(self, super().forward, ids, valid_lens)
-        ids, given = model_input(ids, "token ids"), model_input(valid_lens, "valid_lens", rank=1)
-        valid_lens = valid_lengths(ids, given, self.config.pad_id)  # (B,)
-        if given is None:  # counted here (lengths given were checked at the door)
-            check_valid_lengths(valid_lens, ids.shape[1], 1)  # pooling needs a token a row
+        ids, valid_lens = self._ids_and_lengths(ids, valid_lens)  # (B, T), (B,)
         packing = Packing.from_lengths(valid_lens, ids.shape[1])
         mask = ops.padding_mask(valid_lens, ids.shape[1])  # (B, 1, 1, T)
         x = packed_blocks(self.embed(ids), self.blocks, self.norm, mask, packing)  # (N, D)

@@ -106,10 +106,7 @@ class TransformerClassifier(Module):
         ids and valid_lens may be arrays or nested lists.  An empty batch (B = 0) gives
         the empty logits (0, C); sequences without positions (T = 0, B > 0) are refused
         (ValueError): pooling is not defined over no positions."""
-        ids, given = model_input(ids, "token ids"), model_input(valid_lens, "valid_lens", rank=1)
-        valid_lens = valid_lengths(ids, given, self.config.pad_id)  # (B,)
-        if given is None:  # counted here (lengths given were checked at the door)
-            check_valid_lengths(valid_lens, ids.shape[1], 1)  # pooling needs a token a row
+        ids, valid_lens = self._ids_and_lengths(ids, valid_lens)  # (B, T), (B,)
         mask = ops.padding_mask(valid_lens, ids.shape[1])  # (B, 1, 1, T): padding keys hidden
         x = self.embed(ids)  # (B, T, D)
         for block in self.blocks:
@@ -119,6 +116,16 @@ class TransformerClassifier(Module):
         pooled, pool_cache = ops.pool_forward(x, valid_lens, self.config.pooling)  # (B, D)
         self._save(pool_cache)
         return self.head(pooled)  # (B, C)
+
+    def _ids_and_lengths(self, ids: Array, valid_lens: Array | None) -> tuple[Array, Array]:
+        """forward's ids (B, T) and valid lengths (B,) as backend arrays: lengths given were
+        checked at the door (check_inputs); lengths counted from the ids are checked here
+        (pooling needs a token a row)."""
+        ids, given = model_input(ids, "token ids"), model_input(valid_lens, "valid_lens", rank=1)
+        valid_lens = valid_lengths(ids, given, self.config.pad_id)  # (B,)
+        if given is None:
+            check_valid_lengths(valid_lens, ids.shape[1], 1)
+        return ids, valid_lens
 
     def backward(self, dlogits: Array) -> None:
         """dlogits (B, C) -> None (token ids are not differentiable)."""
