@@ -125,6 +125,14 @@ def check_targets(targets: Any, shape: tuple, num_classes: int, what: str) -> No
     check_token_ids(targets, num_classes, what, allowed_extra=ops.IGNORE_INDEX)
 
 
+def real_positions(lengths: Array, length: int) -> Array:
+    """(B, T) booleans, True at the first ``lengths[b]`` positions of row b: the real
+    tokens of a padded batch (``lengths`` (B,): a NumPy array or the backend's)."""
+    xp = backend.namespace_of(lengths)
+    positions = xp.arange(length, dtype=lengths.dtype, device=backend.device_of(lengths))
+    return positions[None, :] < lengths[:, None]  # (B, T)
+
+
 class Translation(Task):
     """batch = (src, src_lens, tgt_in, tgt_out, tgt_lens); padding targets do not count:
     the model gives the logits at the valid target positions only (``valid_only``), and
@@ -142,9 +150,7 @@ class Translation(Task):
         mean over real tokens: ``valid_only`` would count them on the host)."""
         src, src_lens, tgt_in, tgt_out, tgt_lens = (backend.asarray(a) for a in batch)
         xp = backend.namespace_of(tgt_out)
-        positions = xp.arange(tgt_out.shape[1], dtype=tgt_lens.dtype,
-                              device=backend.device_of(tgt_out))  # (T,)
-        targets = xp.where(positions[None, :] < tgt_lens[:, None], tgt_out,
+        targets = xp.where(real_positions(tgt_lens, tgt_out.shape[1]), tgt_out,
                            xp.full_like(tgt_out, ops.IGNORE_INDEX))  # (B, T)
         return cross_entropy_and_backward(
             model, model(src, tgt_in, src_lens, tgt_lens), targets, grad_scale,
@@ -153,13 +159,13 @@ class Translation(Task):
     def check_batch(self, model: Module, batch: tuple) -> None:
         src, src_lens, tgt_in, tgt_out, tgt_lens = batch
         model.check_inputs(src, tgt_in, src_lens, tgt_lens)
-        valid = np.arange(tgt_out.shape[1])[None, :] < np.asarray(tgt_lens)[:, None]  # (B, T)
+        valid = real_positions(np.asarray(tgt_lens), tgt_out.shape[1])  # (B, T)
         check_targets(np.where(valid, tgt_out, ops.IGNORE_INDEX), tuple(np.shape(tgt_in)),
                       model.config.tgt_vocab_size, "target ids (tgt_out)")
 
     def loss_and_grad(self, model: Module, batch: tuple, grad_scale: float = 1.0) -> float:
         src, src_lens, tgt_in, tgt_out, tgt_lens = batch
-        valid = np.arange(tgt_out.shape[1])[None, :] < np.asarray(tgt_lens)[:, None]  # (B, T)
+        valid = real_positions(np.asarray(tgt_lens), tgt_out.shape[1])  # (B, T)
         targets = np.asarray(tgt_out)[valid]  # (N,): the valid positions, in row order
         return backend.to_float(cross_entropy_and_backward(
             model, model(backend.asarray(src), backend.asarray(tgt_in), backend.asarray(src_lens),
