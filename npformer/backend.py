@@ -86,6 +86,33 @@ def _make_backend(name: str, seed: int | None) -> _Backend:
 _current: _Backend = _make_backend(os.environ.get("NPFORMER_BACKEND", "numpy").lower(), 0)
 
 
+# --------------------------------------------------------------------------- switches
+TRUE_WORDS = ("1", "true", "yes", "on")  # an environment switch set (any case)
+FALSE_WORDS = ("0", "false", "no", "off")
+
+
+def boolean_word(value: str) -> bool | None:
+    """An environment switch's value read as a boolean (case and surrounding spaces
+    ignored): True, False, or None where it is neither ("" is False)."""
+    word = value.strip().lower()
+    return True if word in TRUE_WORDS else False if word in FALSE_WORDS + ("",) else None
+
+
+def env_flag(name: str, meaning: str, default: bool = False) -> bool:
+    """The environment switch ``name`` (``default`` where unset or empty); a value that is
+    not a boolean is a ValueError naming it, the value, the accepted words and what the
+    switch does (``meaning``, e.g. "turn numba off")."""
+    value = os.environ.get(name, "")
+    if not value.strip():
+        return default
+    flag = boolean_word(value)
+    if flag is None:
+        raise ValueError(f"{name}={value!r} is not a boolean: use one of "
+                         f"{', '.join(TRUE_WORDS)} to {meaning}, or one of "
+                         f"{', '.join(repr(w) for w in FALSE_WORDS + ('',))} not to")
+    return flag
+
+
 # --------------------------------------------------------------------------- selection
 def set_backend(name: str, seed: int | None = 0) -> None:
     """Switch every later computation to backend ``name`` ("numpy", "cupy" or "strict"),

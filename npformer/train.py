@@ -16,7 +16,6 @@ saves the run and raises :class:`TrainingInterrupted`.
 from __future__ import annotations
 
 import math
-import os
 import signal
 import threading
 import time
@@ -32,7 +31,7 @@ from . import backend, engine
 from .allocator import keep_freed_memory
 from .backend import Array
 from .checkpoint import load_checkpoint, restore, save_checkpoint
-from .cuda_graph import CaptureFailed, StepGraphs, unsupported
+from .cuda_graph import CaptureFailed, StepGraphs, unsupported, wanted_by_environment
 from .models.configs import renamed_fields
 from .nn import Module
 from .ops.contracts import check_choice, check_real, check_size
@@ -247,6 +246,8 @@ class Trainer:
                                   for i, p in enumerate(optimizer.params)]
         self._progress: Progress | None = None  # the run's, while fit() runs
         self._graphs: StepGraphs | bool | None = None  # None: not decided; False: eager
+        self._graphs_wanted = config.cuda_graph if config.cuda_graph is not None else \
+            wanted_by_environment()
         self.planned_updates = config.max_iters  # where the run ends (schedule_for: measured)
         self._pace_marks: list[tuple[int, float]] = []  # (updates, seconds) this session
         if config.schedule_for is not None:
@@ -293,10 +294,7 @@ class Trainer:
     def _new_step_graphs(self) -> StepGraphs | None:
         """CUDA graphs for this run, where the config (or NPFORMER_CUDA_GRAPH) asks for
         them and they apply; else None, the reason logged where they were asked for."""
-        wanted = self.config.cuda_graph
-        if wanted is None:
-            wanted = os.environ.get("NPFORMER_CUDA_GRAPH", "0").strip() not in ("", "0")
-        if not wanted:
+        if not self._graphs_wanted:
             return None
         reason = unsupported(self.optimizer, self.task, self.config.replicas,
                              self.config.grad_accum)

@@ -457,3 +457,9 @@ def test_cuda_graph_option_off_a_gpu_says_why_and_trains_eagerly(data_dir, tmp_p
     assert ("CUDA graph: off (CUDA graphs need the cupy backend (this run is on numpy)); "
             "training eagerly") in result.stdout
     check_smoke_outputs("generate.py", tmp_path, result, "fast")
+
+
+def test_a_cuda_graph_switch_that_is_not_a_boolean_is_one_line(data_dir, tmp_path):
+    result = run_demo("generate.py", *SMOKE, "--data", str(data_dir), "--out", str(tmp_path),
+                      env_extra={"NPFORMER_CUDA_GRAPH": "maybe"})
+    assert "NPFORMER_CUDA_GRAPH='maybe' is not a boolean" in one_error_line(result)

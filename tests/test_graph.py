@@ -493,3 +493,31 @@ def test_the_column_sums_equal_sum(dtype, rtol):
     with graph_safe():
         got = gemm.column_sum(x)
     np.testing.assert_allclose(got.get(), x.sum(axis=0).get(), rtol=rtol, atol=rtol * 30)
+
+
+@pytest.mark.parametrize("value,wanted", [("1", True), (" Yes ", True), ("on", True),
+                                          ("0", False), ("off", False), ("", False)])
+def test_npformer_cuda_graph_is_read_as_a_boolean(value, wanted, monkeypatch):
+    monkeypatch.setenv("NPFORMER_CUDA_GRAPH", value)
+    with using_backend("numpy", "float64"):
+        model, optimizer, task, batches = make_run("lm")
+        assert trainer_of(model, optimizer, task, batches)._graphs_wanted is wanted
+        assert trainer_of(model, optimizer, task, batches, cuda_graph=not wanted
+                          )._graphs_wanted is (not wanted)  # the config wins
+
+
+@pytest.mark.parametrize("name", ["NPFORMER_CUDA_GRAPH", "NPFORMER_GPU_FUSED"])
+def test_the_gpu_switches_refuse_what_is_not_a_boolean(name):
+    """Anything but the boolean words stops at once, naming the variable and its value
+    ("false" must not mean on: every value but "" and "0" once did)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import npformer.train, npformer.cuda_graph as g; "
+            "g.wanted_by_environment()")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, name: "maybe"})
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"ValueError: {name}='maybe' is not a boolean")

@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 
 from .. import backend, distributed, launch, progress
 from ..checkpoint import Checkpoint, CheckpointError, build_model, load_checkpoint
+from ..cuda_graph import wanted_by_environment
 from ..engine import engine_name, set_engine
 from ..launch import relaunch
 from ..models.configs import new_field_names
@@ -149,6 +150,10 @@ def setup(args: argparse.Namespace) -> Path:
     set_engine(args.engine)
     if getattr(args, "cuda_graph", False):  # the Trainer reads it (TrainConfig.cuda_graph)
         os.environ["NPFORMER_CUDA_GRAPH"] = "1"
+    try:
+        wanted_by_environment()  # a value that is not a boolean: refused here, in one line
+    except ValueError as exc:
+        raise DemoError(str(exc)) from None
     progress.set_enabled(not args.no_progress)  # evaluation's and decoding's too
     _choose_workers(args)
     return _folder(args)

@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -309,14 +308,14 @@ __global__ void softmax_backward(T* dp, const T* p, long long keys, T scale) {
 }
 """
 _THREADS = 256  # a block per row of scores: 8 warps sweep it
+FUSED = backend.env_flag("NPFORMER_GPU_FUSED", "run these kernels", default=True)
 
 
 def fuses_softmax(q: Array, mask: Array | None) -> bool:
     """Whether attention's softmax runs as the CuPy kernels: CuPy arrays of 4 axes
-    (B, H, T, E), a mask of 4 axes or none, NPFORMER_GPU_FUSED not 0."""
-    return (type(q).__module__.startswith("cupy") and q.ndim == 4
-            and (mask is None or mask.ndim == 4)
-            and os.environ.get("NPFORMER_GPU_FUSED", "1").strip() != "0")
+    (B, H, T, E), a mask of 4 axes or none, NPFORMER_GPU_FUSED not off."""
+    return (FUSED and type(q).__module__.startswith("cupy") and q.ndim == 4
+            and (mask is None or mask.ndim == 4))
 
 
 @functools.cache

@@ -42,7 +42,6 @@ kernels (:func:`usable`).
 from __future__ import annotations
 
 import hashlib
-import os
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -50,25 +49,11 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import Array
+from ..backend import Array, boolean_word, env_flag
 
 SWITCH = "NPFORMER_NO_NUMBA"
-SWITCH_OFF = ("1", "true", "yes", "on")  # numba off
-SWITCH_ON = ("0", "false", "no", "off", "")  # numba on (the default: unset)
-
-
-def numba_switched_off(value: str) -> bool | None:
-    """The value of ``NPFORMER_NO_NUMBA`` read as a boolean: True (numba off), False (on),
-    or None where it is neither (case and surrounding spaces ignored)."""
-    word = value.strip().lower()
-    return True if word in SWITCH_OFF else False if word in SWITCH_ON else None
-
-
-_switched_off = numba_switched_off(os.environ.get(SWITCH, ""))
-if _switched_off is None:
-    raise ValueError(f"{SWITCH}={os.environ[SWITCH]!r} is not a boolean: use one of "
-                     f"{', '.join(SWITCH_OFF)} to turn numba off, or one of "
-                     f"{', '.join(repr(w) for w in SWITCH_ON)} to leave it on")
+numba_switched_off = boolean_word  # a value of NPFORMER_NO_NUMBA: True (numba off), False, None
+_switched_off = env_flag(SWITCH, "turn numba off")
 
 
 def _load_numba() -> tuple[Any, str]:
