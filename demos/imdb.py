@@ -96,11 +96,13 @@ class Preset:
     head_tokens: int = option(128, "of those, taken from the review's start (the rest from its "
                                   "end)", nonnegative_int)
     vocab_size: int = option(20000, "at most this many words in the vocabulary")
+    bigram_buckets: int = option(131072, "word pairs hashed into this many embedding rows, "
+                                         "added to the words' (0: none)", nonnegative_int)
     batch_size: int = option(32, "reviews per update")
     lr: float = option(1e-3, "peak learning rate (warmup, then cosine decay)", positive_float)
     weight_decay: float = option(0.01, "AdamW's decoupled weight decay", nonnegative_float)
     warmup: int = option(300, "warmup updates (at most a tenth of the run)")
-    epochs: float = option(4.0, "passes over the training reviews, each member",
+    epochs: float = option(2.5, "passes over the training reviews, each member",
                            positive_float)
     members: int = option(3, "models trained one after another from their own seeds, "
                              "their probabilities averaged (an ensemble)")
@@ -125,9 +127,10 @@ class Preset:
 PRESETS = {
     "default": Preset(),
     # Ensembles paid where a larger model did not (demos/README.md): six members, longer.
-    "large": Preset(epochs=5.0, members=6, max_minutes=45.0),
+    "large": Preset(epochs=3.0, members=6, max_minutes=45.0),
     "smoke": Preset(d_model=16, num_heads=2, layers=1, d_ff=32, block_size=64, head_tokens=16,
-                    vocab_size=2000, batch_size=16, warmup=5, epochs=1.0, members=2,
+                    vocab_size=2000, bigram_buckets=512, batch_size=16, warmup=5, epochs=1.0,
+                    members=2,
                     max_minutes=2.0,
                     validation=64, train_reviews=256, test_reviews=128),
 }
@@ -144,7 +147,8 @@ def model_config(preset: Preset, vocab_size: int, pad_id: int,
                             d_model=preset.d_model,
                             num_heads=preset.num_heads, num_layers=preset.layers,
                             d_ff=preset.d_ff, block_size=preset.block_size, dropout=preset.dropout,
-                            pooling=preset.pooling, pad_id=pad_id)
+                            pooling=preset.pooling, pad_id=pad_id,
+                            bigram_buckets=preset.bigram_buckets)
 
 
 def make_optimizer(params, preset: Preset, total_updates: int) -> AdamW:

@@ -292,7 +292,8 @@ def load_safetensors(module: Module, path: str | Path) -> None:
 # --------------------------------------------------------------------------- models
 # The PyTorch reference of each model is a plain torch.nn module with these
 # attribute names (the tests assemble exactly that):
-#   classifier: tok_emb, pos_emb (learned positions only), layers.<i> (TransformerEncoderLayer),
+#   classifier: tok_emb, pos_emb (learned positions only), bigram_emb (with bigram_buckets),
+#               layers.<i> (TransformerEncoderLayer),
 #               norm (pre-norm only), head
 #   causal LM:  tok_emb, pos_emb, layers.<i>, norm (pre-norm only), lm_head (untied only)
 #   seq2seq:    src_tok_emb, tgt_tok_emb, src_pos_emb/tgt_pos_emb (learned only),
@@ -315,6 +316,8 @@ def _register_models():
     @register(TransformerClassifier)
     def _classifier(m, t, n):
         yield from _token_embedding(m.embed, t + "tok_emb.", t + "pos_emb.", n + "embed.")
+        if m.bigrams is not None:
+            yield from _embedding(m.bigrams, t + "bigram_emb.", n + "bigrams.")
         yield from _stack(m.blocks, _encoder_block, t + "layers.", n + "blocks.")
         if m.norm is not None:
             yield from _layernorm(m.norm, t + "norm.", n + "norm.")

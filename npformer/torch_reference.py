@@ -3,7 +3,8 @@
 Each is a plain ``torch.nn.Module`` built from an npformer model configuration, with
 the attribute names :mod:`npformer.torch_interop` converts weights under:
 
-* classifier: ``tok_emb``, ``pos_emb`` (learned positions only), ``layers.<i>``
+* classifier: ``tok_emb``, ``pos_emb`` (learned positions only), ``bigram_emb`` (with
+  ``bigram_buckets``), ``layers.<i>``
   (``nn.TransformerEncoderLayer(batch_first=True)``), ``norm`` (pre-norm only), ``head``;
 * causal LM: ``tok_emb``, ``pos_emb``, ``layers.<i>``, ``norm`` (pre-norm only),
   ``lm_head`` (untied only; tied, the logits are ``h @ tok_emb.weight.T``);
@@ -113,6 +114,8 @@ def torch_models() -> dict[str, type]:
             self.tok_emb = tnn.Embedding(c.vocab_size, c.d_model, dtype=dtype)
             _positions(torch, self, "", c.positional, c.block_size, c.d_model, dtype)
             self.drop = tnn.Dropout(c.dropout)  # npformer's embedding dropout
+            if c.bigram_buckets:
+                self.bigram_emb = tnn.Embedding(c.bigram_buckets, c.d_model, dtype=dtype)
             self.layers = tnn.ModuleList(encoder_layer(c, dtype) for _ in range(c.num_layers))
             if c.norm_first:
                 self.norm = tnn.LayerNorm(c.d_model, eps=layer_norm_eps(c), dtype=dtype)
@@ -122,6 +125,10 @@ def torch_models() -> dict[str, type]:
             """ids (B, T), valid_lens (B,) or None -> logits (B, C)."""
             ignore, valid_lens = ignored(ids, valid_lens, self.c.pad_id)  # (B, T)
             x = self.drop(_add_positions(self, "", self.tok_emb(ids)))
+            if self.c.bigram_buckets:  # fastText's hashed pairs (ops.hashed_bigrams' formula)
+                previous = torch.nn.functional.pad(ids[:, :-1], (1, 0), value=-1)
+                p1, p2 = 1_000_003, 998_244_353
+                x = x + self.bigram_emb(((previous + 1) * p1 + ids * p2) % self.c.bigram_buckets)
             for layer in self.layers:
                 x = layer(x, src_key_padding_mask=ignore)
             if self.c.norm_first:

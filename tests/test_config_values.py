@@ -99,6 +99,8 @@ def test_a_config_of_numpy_numbers_saves_and_loads(tmp_path):
     ("pad_id", np.int64(-1), "pad_id must be a token id in [0, 10) (vocab_size=10), got -1 "
                              "(int64)"),
     ("head_dim", np.int64(0), "head_dim must be None or a positive integer, got 0 (int64)"),
+    ("bigram_buckets", np.int64(-1), "bigram_buckets must be an integer >= 0, got -1 (int64)"),
+    ("bigram_buckets", 2.5, "bigram_buckets must be an integer >= 0, got 2.5"),
 ])
 def test_a_refused_numpy_value_reads_as_its_value_and_type(field, value, message):
     with pytest.raises(ValueError) as error:

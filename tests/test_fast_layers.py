@@ -340,14 +340,18 @@ def padded_ids(rng, lens, length, vocab, pad_id=0):
 
 @given(seed=SEEDS, batch=st.integers(1, 3), length=st.integers(1, 6),
        pooling=st.sampled_from(["mean", "max", "first"]), norm_first=st.booleans(),
-       data=st.data())
-def test_classifier(seed, batch, length, pooling, norm_first, data):
+       bigram_buckets=st.sampled_from([0, 4]), data=st.data())
+def test_classifier(seed, batch, length, pooling, norm_first, bigram_buckets, data):
     lens = data.draw(st.lists(st.integers(1, length), min_size=batch, max_size=batch))
     config = ClassifierConfig(vocab_size=11, num_classes=3, d_model=8, num_heads=2,
                               num_layers=2, d_ff=12, block_size=8, dropout=0.0,
-                              norm_first=norm_first, pooling=pooling)
+                              norm_first=norm_first, pooling=pooling,
+                              bigram_buckets=bigram_buckets)
     textbook, quick = pair(seed, lambda: TransformerClassifier(config))
     rng = np.random.default_rng(seed)
+    if bigram_buckets:  # the pairs' table starts at zero: give both models the same values
+        textbook.bigrams.weight.data = host(rng, bigram_buckets, 8)
+        quick.load_state_dict(textbook.state_dict())
     ids = backend.asarray(padded_ids(rng, lens, length, 11))
     valid = backend.asarray(np.array(lens))
     dlogits = host(rng, batch, 3)

@@ -46,12 +46,14 @@ shapes = st.fixed_dictionaries({
 
 @settings(max_examples=40, deadline=None)
 @given(shape=shapes, layers=st.integers(1, 3), decoder_layers=st.integers(1, 2),
-       vocab=st.integers(2, 20), classes=st.integers(2, 5), tie=st.booleans())
-def test_the_count_is_the_built_models(shape, layers, decoder_layers, vocab, classes, tie):
+       vocab=st.integers(2, 20), classes=st.integers(2, 5), tie=st.booleans(),
+       bigrams=st.sampled_from([0, 7]))
+def test_the_count_is_the_built_models(shape, layers, decoder_layers, vocab, classes, tie,
+                                       bigrams):
     with using_backend("numpy", "float32"):
         for config, model in [
-            (ClassifierConfig(vocab_size=vocab, num_classes=classes, num_layers=layers, **shape),
-             TransformerClassifier),
+            (ClassifierConfig(vocab_size=vocab, num_classes=classes, num_layers=layers,
+                              bigram_buckets=bigrams, **shape), TransformerClassifier),
             (CausalLMConfig(vocab_size=vocab, num_layers=layers, tie_weights=tie, **shape),
              CausalLM),
             (Seq2SeqConfig(vocab, vocab + 3, num_encoder_layers=layers,

@@ -82,33 +82,38 @@ def assert_gradcheck(model, inputs, **kw):
 
 # =========================================================================== configs
 # (pooling, norm_first, positional, activation, num_layers, explicit valid_lens)
+# the last field: hashed word-pair rows (0: none; 3 rows for up to 16 pairs: shared rows)
 CLASSIFIER_CASES = [
-    ("mean", False, "learned", "gelu", 1, False),
-    ("mean", True, "sinusoidal", "relu", 2, True),
-    ("max", False, "sinusoidal", "gelu", 2, False),
-    ("max", True, "learned", "gelu", 1, True),
-    ("first", False, "learned", "relu", 1, False),
-    ("first", True, "sinusoidal", "gelu", 2, False),
+    ("mean", False, "learned", "gelu", 1, False, 0),
+    ("mean", True, "sinusoidal", "relu", 2, True, 3),
+    ("max", False, "sinusoidal", "gelu", 2, False, 0),
+    ("max", True, "learned", "gelu", 1, True, 0),
+    ("first", False, "learned", "relu", 1, False, 3),
+    ("first", True, "sinusoidal", "gelu", 2, False, 0),
+    ("mean", False, "learned", "relu", 1, True, 5),
 ]
 
 
-def make_classifier(pooling, norm_first, positional, activation, num_layers, seed=0):
+def make_classifier(pooling, norm_first, positional, activation, num_layers, seed=0,
+                    bigram_buckets=0):
     cfg = ClassifierConfig(vocab_size=7, num_classes=3, d_model=4, num_heads=2,
                            num_layers=num_layers, d_ff=5, block_size=5, dropout=0.0,
                            activation=activation, norm_first=norm_first,
-                           positional=positional, pooling=pooling, pad_id=PAD)
+                           positional=positional, pooling=pooling, pad_id=PAD,
+                           bigram_buckets=bigram_buckets)
     model = TransformerClassifier(cfg)
     randomize(model, seed)
     return model
 
 
-@pytest.mark.parametrize("pooling,norm_first,positional,activation,num_layers,explicit",
-                         CLASSIFIER_CASES)
+@pytest.mark.parametrize("pooling,norm_first,positional,activation,num_layers,explicit,"
+                         "bigram_buckets", CLASSIFIER_CASES)
 def test_classifier_gradcheck(pooling, norm_first, positional, activation, num_layers,
-                              explicit):
+                              explicit, bigram_buckets):
     with using_backend("numpy"):
         rng = np.random.default_rng(11)
-        model = make_classifier(pooling, norm_first, positional, activation, num_layers)
+        model = make_classifier(pooling, norm_first, positional, activation, num_layers,
+                                bigram_buckets=bigram_buckets)
         ids = padded_ids(rng, [4, 2], 4, 7)  # second sequence padded
         inputs = [dev(ids)]
         if explicit:

@@ -60,11 +60,12 @@ LABEL_SMOOTHING = 0.1
 
 # =========================================================================== configs and data
 def classifier_config(pooling="mean", norm_first=False, positional="learned",
-                      activation="relu", num_layers=2):
+                      activation="relu", num_layers=2, bigram_buckets=0):
     return ClassifierConfig(vocab_size=9, num_classes=3, d_model=8, num_heads=2,
                             num_layers=num_layers, d_ff=12, block_size=7, dropout=0.0,
                             activation=activation, norm_first=norm_first,
-                            positional=positional, pooling=pooling, pad_id=PAD)
+                            positional=positional, pooling=pooling, pad_id=PAD,
+                            bigram_buckets=bigram_buckets)
 
 
 def lm_config(tie=True, norm_first=True, positional="learned", activation="gelu"):
@@ -205,6 +206,7 @@ PARITY_CASES = [
                         activation="gelu")),
     ("classifier", dict(pooling="first", norm_first=False, positional="sinusoidal",
                         num_layers=1)),
+    ("classifier", dict(pooling="mean", norm_first=True, bigram_buckets=5)),
     ("causal_lm", dict(tie=True)),
     ("causal_lm", dict(tie=False, norm_first=False, positional="sinusoidal",
                        activation="relu")),

@@ -383,6 +383,28 @@ def test_embedding(xb, on_device, seed, vocab, b, t, d, rank):
                                rtol=1e-12, atol=1e-12)
 
 
+@given(seed=seeds, vocab=st.integers(1, 30_000), b=batch, t=length,
+       buckets=st.sampled_from([1, 2, 7, 131_072]))
+def test_hashed_bigrams_follow_the_formula(xb, on_device, seed, vocab, b, t, buckets):
+    """Each position's pair id is the docstring's formula of (previous id, id), the row's
+    first with previous id -1, computed here one position at a time in Python's integers."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, vocab, size=(b, t))
+    pairs = host(ops.hashed_bigrams(on_device(ids), buckets))
+    p1, p2 = ops.embedding.BIGRAM_PRIMES
+    expected = [[((int(ids[r, i - 1]) if i else -1) + 1) * p1 + int(ids[r, i]) * p2
+                 for i in range(t)] for r in range(b)]
+    np.testing.assert_array_equal(pairs, np.array(expected, dtype=object) % buckets)
+    assert pairs.shape == (b, t) and 0 <= pairs.min() and pairs.max() < buckets
+
+
+def test_hashed_bigrams_tell_word_order_apart(xb, on_device):
+    """The pairs depend on order and on the start: "not good" and "good not" differ, and so
+    do a word first in its row and the same word after another."""
+    pairs = host(ops.hashed_bigrams(on_device(np.array([[5, 9], [9, 5]])), 131_072))
+    assert pairs[0, 1] != pairs[1, 1] and pairs[0, 0] != pairs[1, 1] and pairs[0, 0] != pairs[0, 1]
+
+
 # =========================================================================== positions
 @given(seed=seeds, b=batch, t=length, d=width, extra=st.integers(0, 3))
 def test_add_positions_sinusoidal(xb, on_device, seed, b, t, d, extra):

@@ -25,7 +25,7 @@ __all__ = ["TrainingMemory", "parameter_count", "training_memory", "machine_memo
 
 # The preset fields that make a model (or its batch) large, wherever a demo has them.
 SIZE_OPTIONS = ("d_model", "block_size", "max_tokens", "layers", "d_ff", "vocab_size",
-                "batch_size")
+                "bigram_buckets", "batch_size")
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ def parameter_count(config: Any) -> int:
     inner = config.num_heads * (config.head_dim or d // config.num_heads)
     final_norm = 2 * d if config.norm_first else 0
     if isinstance(config, ClassifierConfig):
-        return (_embedding(config, config.vocab_size)
+        return (_embedding(config, config.vocab_size) + config.bigram_buckets * d
                 + config.num_layers * _encoder_block(d, inner, config.d_ff, config) + final_norm
                 + d * config.num_classes + config.num_classes)
     if isinstance(config, CausalLMConfig):

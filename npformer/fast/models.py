@@ -88,7 +88,7 @@ class TransformerClassifier(_FlatWeights, models.TransformerClassifier):
         ids, valid_lens = self._ids_and_lengths(ids, valid_lens)  # (B, T), (B,)
         packing = Packing.from_lengths(valid_lens, ids.shape[1])
         mask = ops.padding_mask(valid_lens, ids.shape[1])  # (B, 1, 1, T)
-        x = packed_blocks(self.embed(ids), self.blocks, self.norm, mask, packing)  # (N, D)
+        x = packed_blocks(self._embedded(ids), self.blocks, self.norm, mask, packing)  # (N, D)
         x = packing.unpack(x)  # (B, T, D): pooling reads the valid positions only
         pooled, pool_cache = ops.pool_forward(x, valid_lens, self.config.pooling)  # (B, D)
         self._save((pool_cache, packing))
@@ -102,7 +102,8 @@ class TransformerClassifier(_FlatWeights, models.TransformerClassifier):
         pool_cache, packing = self._pop_saved()
         dx = ops.pool_backward(self.head.backward(dlogits), pool_cache)  # (B, T, D)
         dx = packing.pack(dx)  # the backward of unpack
-        return self.embed.backward(packed_blocks_backward(dx, self.blocks, self.norm, packing))
+        return self._embedded_backward(packed_blocks_backward(dx, self.blocks, self.norm,
+                                                              packing))
 
 
 class CausalLM(_FlatWeights, models.CausalLM):

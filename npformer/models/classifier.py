@@ -1,6 +1,6 @@
 """Sequence classifier (Bloem, "Transformers from scratch"): the IMDB sentiment model.
 
-    ids (B, T) -> embeddings + positions -> N encoder blocks (padding masked)
+    ids (B, T) -> embeddings + positions (+ hashed word pairs) -> N encoder blocks (padding masked)
                -> pool over the valid positions -> linear head -> logits (B, C)
 
 Padding is hidden from attention by the key mask (B, 1, 1, T) and from pooling by the
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from .. import ops
 from ..backend import Array
-from ..nn import EncoderBlock, Linear, Module, evaluating
+from ..nn import Embedding, EncoderBlock, Linear, Module, evaluating
 from ..ops.contracts import check_rank, check_valid_lengths
 from .common import (
     TokenEmbedding,
@@ -40,8 +40,10 @@ class ClassifierConfig:
     "sinusoidal"; pooling: how the valid positions become one vector (see
     ``npformer.ops.POOLINGS``); pad_id: the padding token, ignored by attention and
     pooling; narrow_heads, kqnorm: the attention's options
-    (:class:`npformer.nn.MultiHeadAttention`).  Invalid values raise ValueError naming
-    the field.
+    (:class:`npformer.nn.MultiHeadAttention`); bigram_buckets: 0, or K > 0 to add to each
+    position the embedding of its word pair (previous id, id) hashed into K rows
+    (:func:`npformer.ops.hashed_bigrams`; fastText's bigrams), a table that starts at
+    zero.  Invalid values raise ValueError naming the field.
     """
 
     vocab_size: int
@@ -60,6 +62,7 @@ class ClassifierConfig:
     pad_id: int = 0
     narrow_heads: bool = False
     kqnorm: bool = False
+    bigram_buckets: int = 0
 
     def __post_init__(self):
         check_config(self)
@@ -82,6 +85,9 @@ class TransformerClassifier(Module):
         self.config = c = config
         self.embed = TokenEmbedding(c.vocab_size, c.d_model, c.block_size, c.positional,
                                     c.dropout, scale_by_sqrt_d=False)
+        # zero at the start: the pairs add nothing until training finds a use for them
+        self.bigrams = Embedding(c.bigram_buckets, c.d_model, init_std=0.0) \
+            if c.bigram_buckets else None
         self.blocks = [EncoderBlock(c.d_model, c.num_heads, c.d_ff, c.dropout, c.activation,
                                     c.norm_first, c.head_dim, **block_options(c))
                        for _ in range(c.num_layers)]
@@ -108,7 +114,7 @@ class TransformerClassifier(Module):
         (ValueError): pooling is not defined over no positions."""
         ids, valid_lens = self._ids_and_lengths(ids, valid_lens)  # (B, T), (B,)
         mask = ops.padding_mask(valid_lens, ids.shape[1])  # (B, 1, 1, T): padding keys hidden
-        x = self.embed(ids)  # (B, T, D)
+        x = self._embedded(ids)  # (B, T, D)
         for block in self.blocks:
             x = block(x, mask)
         if self.norm is not None:
@@ -127,6 +133,20 @@ class TransformerClassifier(Module):
             check_valid_lengths(valid_lens, ids.shape[1], 1)
         return ids, valid_lens
 
+    def _embedded(self, ids: Array) -> Array:
+        """ids (B, T) -> the blocks' input (B, T, D): token and position embeddings, plus
+        the embeddings of the hashed word pairs where the config asks for them."""
+        x = self.embed(ids)  # (B, T, D)
+        if self.bigrams is not None:
+            x = x + self.bigrams(ops.hashed_bigrams(ids, self.config.bigram_buckets))
+        return x
+
+    def _embedded_backward(self, dx: Array) -> None:
+        """dx (B, T, D) -> None: the sum's gradient reaches both tables unchanged."""
+        if self.bigrams is not None:
+            self.bigrams.backward(dx)
+        return self.embed.backward(dx)
+
     def backward(self, dlogits: Array) -> None:
         """dlogits (B, C) -> None (token ids are not differentiable)."""
         dx = ops.pool_backward(self.head.backward(dlogits), self._pop_saved())  # (B, T, D)
@@ -134,7 +154,7 @@ class TransformerClassifier(Module):
             dx = self.norm.backward(dx)
         for block in reversed(self.blocks):
             dx = block.backward(dx)
-        return self.embed.backward(dx)
+        return self._embedded_backward(dx)
 
     def predict(self, ids: Array, valid_lens: Array | None = None) -> Array:
         """Class probabilities (B, C), without keeping anything for a backward (the

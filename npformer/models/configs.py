@@ -25,6 +25,10 @@ _POSITIVE_INT_FIELDS = ("vocab_size", "src_vocab_size", "tgt_vocab_size", "num_c
                         "num_decoder_layers", "block_size")
 
 
+# counts that may be 0 (the feature off)
+_NONNEGATIVE_INT_FIELDS = ("bigram_buckets",)
+
+
 _BOOL_FIELDS = ("norm_first", "tie_weights", "scale_embeddings", "narrow_heads",
                 "kqnorm")
 
@@ -68,6 +72,12 @@ def check_config(config: Any) -> None:
         value = getattr(config, field, 1)
         if not _is_int(value) or value < 1:
             raise ValueError(f"{name}.{field} must be a positive integer, got {_shown(value)}")
+        if hasattr(config, field):
+            _set_field(config, field, int(value))
+    for field in _NONNEGATIVE_INT_FIELDS:
+        value = getattr(config, field, 0)
+        if not _is_int(value) or value < 0:
+            raise ValueError(f"{name}.{field} must be an integer >= 0, got {_shown(value)}")
         if hasattr(config, field):
             _set_field(config, field, int(value))
     head_dim = getattr(config, "head_dim", None)

@@ -25,7 +25,7 @@ from .activations import (
 )
 from .attention import attention_backward, attention_forward, attention_weights
 from .dropout import dropout_backward, dropout_forward
-from .embedding import embedding_backward, embedding_forward
+from .embedding import embedding_backward, embedding_forward, hashed_bigrams
 from .layernorm import layernorm_backward, layernorm_forward
 from .linear import linear_backward, linear_forward
 from .losses import (

@@ -8,6 +8,13 @@ Backward
     that looked it up:  $\bar W_v = \sum_{n : \text{ids}_n = v} \bar y_n$.
     A plain ``dW[ids] += dy`` would keep only one of several repeated ids, so the
     backend's scatter-add (which accumulates repeats) does it.
+
+Hashed word pairs (fastText's bigrams; Joulin et al., 2017, section 2.2)
+    Position t's pair (ids[t-1], ids[t]) becomes one id in [0, K):
+    $b_t = ((\text{ids}_{t-1} + 1) \cdot p_1 + \text{ids}_t \cdot p_2) \bmod K$, with
+    ids[-1] taken as -1 (the row's start) and p1, p2 two large primes.  Distinct pairs
+    may share an id (K is far fewer than V^2 pairs); a table of K rows looked up at the
+    b_t is then an embedding of the pairs, with the gradient above.
 """
 from __future__ import annotations
 
@@ -27,6 +34,23 @@ def embedding_forward(ids: Array, table: Array) -> tuple[Array, Any]:
     rows = xp.take(table, flat_ids, axis=0)  # (N, D)
     y = xp.reshape(rows, tuple(ids.shape) + (width,))  # (..., D)
     return y, (flat_ids, vocab_size)
+
+
+# The two multipliers of hashed_bigrams: primes, so that neither id's low bits alone decide
+# the bucket.  (V + 1) * p1 + V * p2 stays far below 2**63 for any vocabulary under 2**31.
+BIGRAM_PRIMES = (1_000_003, 998_244_353)
+
+
+def hashed_bigrams(ids: Array, buckets: int) -> Array:
+    """ids (B, T) integers in [0, V) -> pair ids (B, T) in [0, buckets): position t's
+    (ids[t-1], ids[t]) hashed (the module docstring), position 0's previous id -1.
+    Integers in, integers out: nothing to differentiate."""
+    xp = backend.namespace_of(ids)
+    current = xp.astype(ids, xp.int64)  # (B, T): the products overflow 32 bits
+    start = xp.full((current.shape[0], 1), -1, dtype=xp.int64, device=backend.device_of(ids))
+    previous = xp.concat([start, current[:, :-1]], axis=1)  # (B, T): ids shifted right
+    p1, p2 = BIGRAM_PRIMES
+    return ((previous + 1) * p1 + current * p2) % buckets  # (B, T)
 
 
 @backward_op(embedding_forward)
