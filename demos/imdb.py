@@ -8,7 +8,8 @@
 
 Reads aclImdb_v1.tar.gz in place (--data, $NPFORMER_DATA, or the user cache;
 downloads it if missing).  Holds out 2,500 training reviews for validation and
-trains --members models one after another, each from its own seed (its own
+trains --members models one after another (each reads words and word pairs: the
+pairs hashed into --bigram-buckets embedding rows), each from its own seed (its own
 initial weights, dropout and order), keeping each member's checkpoint with the
 best validation accuracy; the prediction is the members' mean probability (an
 ensemble).  Scores all 25,000 test reviews once, at the end.  Writes model.npz

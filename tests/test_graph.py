@@ -69,7 +69,7 @@ def make_run(kind: str, dropout: float = 0.0, seed: int = 0):
     else:
         model = TransformerClassifier(ClassifierConfig(
             vocab_size=VOCAB, num_classes=CLASSES, d_model=8, num_heads=2, num_layers=2,
-            d_ff=16, block_size=8, dropout=dropout))
+            d_ff=16, block_size=8, dropout=dropout, bigram_buckets=16))  # as the IMDB demo's
         rng = np.random.default_rng(2)
         batches = []
         for _ in range(UPDATES + 2):
