@@ -82,7 +82,11 @@ def test_gradient_check(xb, narrow, kqnorm, kind, cross, seed, batch, t, heads, 
     mask = mask_of(kind, batch, t, s, rng)
     out = layer(*inputs, mask=mask)
     assert np.all(np.isfinite(to_host(out)))
-    result = check_module(layer, inputs, kwargs={"mask": mask}, seed=seed)
+    # h 1e-6, not the default 1e-5: the layer norm of a 1- or 2-wide head (kqnorm) curves
+    # sharply, and central differences err by O(h^2): one draw (seed 52, B 2, T 3, 2 heads
+    # of 2, causal) read 1.8e-4, 1.8e-6 and 1.8e-8 at h = 1e-4, 1e-5, 1e-6 against the same
+    # analytic gradient.  The smaller step makes the numerical side sharper, not the test looser.
+    result = check_module(layer, inputs, kwargs={"mask": mask}, seed=seed, h=1e-6)
     assert result.errors and all(np.isfinite(e) for e in result.errors.values())
     assert result.worst_error < GRADCHECK_TOL, str(result)
     assert len(result.errors) == len(inputs) + len(layer.parameters())
