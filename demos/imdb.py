@@ -1,7 +1,7 @@
 """Sentiment classification of IMDB movie reviews with a Transformer trained from scratch.
 
     python demos/imdb.py                      # default run: <= 15 minutes on 2 CPU cores
-    python demos/imdb.py --preset large       # a larger ensemble, longer (~30 minutes)
+    python demos/imdb.py --preset large       # six models, longer (~30 minutes)
     python demos/imdb.py --predict "A wonderful, moving film."
     python demos/imdb.py --smoke              # seconds, tiny subset (CI)
     python demos/imdb.py --resume             # continue an interrupted run exactly
