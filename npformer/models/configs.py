@@ -25,8 +25,8 @@ _POSITIVE_INT_FIELDS = ("vocab_size", "src_vocab_size", "tgt_vocab_size", "num_c
                         "num_decoder_layers", "block_size")
 
 
-# counts that may be 0 (the feature off)
-_NONNEGATIVE_INT_FIELDS = ("bigram_buckets",)
+# Every integer field with its least value: sizes and counts 1; a feature's count 0 (off).
+_INT_FIELD_MINIMUMS = {**dict.fromkeys(_POSITIVE_INT_FIELDS, 1), "bigram_buckets": 0}
 
 
 _BOOL_FIELDS = ("norm_first", "tie_weights", "scale_embeddings", "narrow_heads",
@@ -68,16 +68,11 @@ def check_config(config: Any) -> None:
     integers, floats and bools are accepted where Python's are, and stored as Python's."""
     activations = ACTIVATION_NAMES
     name = type(config).__name__
-    for field in _POSITIVE_INT_FIELDS:
-        value = getattr(config, field, 1)
-        if not _is_int(value) or value < 1:
-            raise ValueError(f"{name}.{field} must be a positive integer, got {_shown(value)}")
-        if hasattr(config, field):
-            _set_field(config, field, int(value))
-    for field in _NONNEGATIVE_INT_FIELDS:
-        value = getattr(config, field, 0)
-        if not _is_int(value) or value < 0:
-            raise ValueError(f"{name}.{field} must be an integer >= 0, got {_shown(value)}")
+    for field, least in _INT_FIELD_MINIMUMS.items():
+        value = getattr(config, field, least)
+        if not _is_int(value) or value < least:
+            wanted = "a positive integer" if least == 1 else f"an integer >= {least}"
+            raise ValueError(f"{name}.{field} must be {wanted}, got {_shown(value)}")
         if hasattr(config, field):
             _set_field(config, field, int(value))
     head_dim = getattr(config, "head_dim", None)
