@@ -26,6 +26,7 @@ from . import backend, engine, ops
 from .backend import Array
 from .nn import Module
 from .ops.contracts import check_token_ids
+from .ops.masks import real_positions
 
 
 class Task(ABC):
@@ -123,14 +124,6 @@ def check_targets(targets: Any, shape: tuple, num_classes: int, what: str) -> No
     if tuple(np.shape(targets)) != shape:
         raise ValueError(f"{what} must have shape {shape}, got {tuple(np.shape(targets))}")
     check_token_ids(targets, num_classes, what, allowed_extra=ops.IGNORE_INDEX)
-
-
-def real_positions(lengths: Array, length: int) -> Array:
-    """(B, T) booleans, True at the first ``lengths[b]`` positions of row b: the real
-    tokens of a padded batch (``lengths`` (B,): a NumPy array or the backend's)."""
-    xp = backend.namespace_of(lengths)
-    positions = xp.arange(length, dtype=lengths.dtype, device=backend.device_of(lengths))
-    return positions[None, :] < lengths[:, None]  # (B, T)
 
 
 class Translation(Task):

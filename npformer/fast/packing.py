@@ -31,6 +31,7 @@ from typing import Any
 
 from .. import backend
 from ..backend import Array
+from ..ops.masks import real_positions
 from .inplace import scatter_rows
 
 
@@ -46,8 +47,7 @@ class Packing:
     def from_lengths(cls, valid_lens: Array, length: int) -> Packing:
         """valid_lens (B,): the first valid_lens[b] positions of sequence b are real tokens."""
         xp = backend.namespace_of(valid_lens)  # (B,): checked by the model, the door
-        positions = xp.arange(length, dtype=valid_lens.dtype, device=backend.device_of(valid_lens))
-        valid = positions[None, :] < valid_lens[:, None]  # (B, T)
+        valid = real_positions(valid_lens, length)  # (B, T)
         index = xp.nonzero(xp.reshape(valid, (-1,)))[0]  # (N,) flat positions
         return cls(index, int(valid_lens.shape[0]), length)
 

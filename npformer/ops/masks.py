@@ -1,4 +1,5 @@
-"""The two attention masks: boolean, True where a query may attend to a key."""
+"""The two attention masks: boolean, True where a query may attend to a key; and the
+real positions of a padded batch, which the padding mask, pooling and the losses read."""
 from __future__ import annotations
 
 from .. import backend
@@ -6,12 +7,19 @@ from ..backend import Array
 from .contracts import causal_mask_inputs, checked_op, padding_mask_inputs
 
 
+def real_positions(lengths: Array, length: int) -> Array:
+    """lengths (B,) integers -> (B, T) bool, True at the first lengths[b] positions of row
+    b: the real tokens of a padded batch.  Unchecked (its callers check their lengths),
+    and it reads nothing back to the host, so a captured CUDA graph may run it."""
+    xp = backend.namespace_of(lengths)
+    positions = xp.arange(length, dtype=lengths.dtype, device=backend.device_of(lengths))
+    return positions[None, :] < lengths[:, None]  # (B, T)
+
+
 @checked_op(padding_mask_inputs)
 def padding_mask(valid_lens: Array, num_keys: int) -> Array:
     """valid_lens (B,) integers -> (B, 1, 1, S) bool, True at the first valid_lens[b] keys."""
-    xp = backend.namespace_of(valid_lens)
-    positions = xp.arange(num_keys, dtype=valid_lens.dtype, device=backend.device_of(valid_lens))
-    keep = positions[None, :] < valid_lens[:, None]  # (B, S)
+    keep = real_positions(valid_lens, num_keys)  # (B, S)
     return keep[:, None, None, :]  # (B, 1, 1, S)
 
 

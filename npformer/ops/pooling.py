@@ -33,13 +33,13 @@ from .contracts import (
     pool_inputs,
     valid_rows_inputs,
 )
+from .masks import real_positions
 
 
 def _valid_positions(valid_lens, length: int, dtype):
     """(B, T, 1) float: 1 at valid positions, 0 at padding."""
     xp = backend.namespace_of(valid_lens)
-    positions = xp.arange(length, dtype=valid_lens.dtype, device=backend.device_of(valid_lens))
-    return xp.astype(positions[None, :] < valid_lens[:, None], dtype)[:, :, None]
+    return xp.astype(real_positions(valid_lens, length), dtype)[:, :, None]
 
 
 @forward_op(pool_inputs)
@@ -86,7 +86,7 @@ def pool_backward(dy: Array, saved: Any) -> Array:
 def _valid_index(valid_lens: Array, length: int) -> Array:
     """(N,) the flat positions b * T + t of the valid positions, in order."""
     xp = backend.namespace_of(valid_lens)
-    valid = _valid_positions(valid_lens, length, xp.bool)[:, :, 0]  # (B, T)
+    valid = real_positions(valid_lens, length)  # (B, T)
     return xp.nonzero(xp.reshape(valid, (-1,)))[0]  # (N,)
 
 
