@@ -476,7 +476,7 @@ def test_strict_arrays_never_reach_a_kernel():
                                        ("on", True), ("0", False), ("false", False),
                                        ("No", False), ("off", False), ("", False)])
 def test_npformer_no_numba_is_read_as_a_boolean(value, off):
-    assert compiler.numba_switched_off(value) is off
+    assert backend.boolean_word(value) is off  # how env_flag reads NPFORMER_NO_NUMBA
 
 
 @pytest.mark.parametrize("value", ["maybe", "2", "disable"])

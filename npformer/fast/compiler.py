@@ -49,10 +49,9 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import Array, boolean_word, env_flag
+from ..backend import Array, env_flag
 
 SWITCH = "NPFORMER_NO_NUMBA"
-numba_switched_off = boolean_word  # a value of NPFORMER_NO_NUMBA: True (numba off), False, None
 _switched_off = env_flag(SWITCH, "turn numba off")
 
 
