@@ -298,7 +298,8 @@ def load_safetensors(module: Module, path: str | Path) -> None:
 #   causal LM:  tok_emb, pos_emb, layers.<i>, norm (pre-norm only), lm_head (untied only)
 #   seq2seq:    src_tok_emb, tgt_tok_emb, src_pos_emb/tgt_pos_emb (learned only),
 #               encoder.layers.<i>, encoder.norm (pre-norm only), decoder.layers.<i>,
-#               decoder.norm (pre-norm only), out_proj   (torch.nn.Transformer's names)
+#               decoder.norm (pre-norm only), out_proj (untied only)
+#               (torch.nn.Transformer's names)
 def _token_embedding(m, t_tok, t_pos, n):
     yield from _embedding(m.tokens, t_tok, n + "tokens.")
     if isinstance(m.positions, LearnedPositionalEmbedding):
@@ -344,7 +345,8 @@ def _register_models():
         yield from _stack(m.decoder, _decoder_block, t + "decoder.layers.", n + "decoder.")
         if m.decoder_norm is not None:
             yield from _layernorm(m.decoder_norm, t + "decoder.norm.", n + "decoder_norm.")
-        yield from _linear(m.out_proj, t + "out_proj.", n + "out_proj.")
+        if m.out_proj is not None:
+            yield from _linear(m.out_proj, t + "out_proj.", n + "out_proj.")
 
 
 _register_models()

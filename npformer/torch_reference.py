@@ -10,7 +10,8 @@ the attribute names :mod:`npformer.torch_interop` converts weights under:
   ``lm_head`` (untied only; tied, the logits are ``h @ tok_emb.weight.T``);
 * seq2seq: ``src_tok_emb``, ``tgt_tok_emb``, ``src_pos_emb``/``tgt_pos_emb`` (learned
   only), ``encoder.layers.<i>``, ``encoder.norm`` (pre-norm only), ``decoder.layers.<i>``
-  (``nn.TransformerDecoderLayer``), ``decoder.norm`` (pre-norm only), ``out_proj``.
+  (``nn.TransformerDecoderLayer``), ``decoder.norm`` (pre-norm only), ``out_proj``
+  (untied only; tied, the logits are ``y @ tgt_tok_emb.weight.T``).
 
 They compute what the npformer model computes: the same norm_first and activation
 (npformer's "gelu" is torch's exact ``F.gelu``, "gelu_tanh" is ``approximate="tanh"``),
@@ -201,7 +202,8 @@ def torch_models() -> dict[str, type]:
                 activation=torch_activation(c.activation), layer_norm_eps=layer_norm_eps(c),
                 batch_first=True, norm_first=c.norm_first, dtype=dtype))
                 for _ in range(c.num_decoder_layers)], norm())
-            self.out_proj = tnn.Linear(c.d_model, c.tgt_vocab_size, dtype=dtype)
+            if not c.tie_weights:
+                self.out_proj = tnn.Linear(c.d_model, c.tgt_vocab_size, dtype=dtype)
 
         def forward(self, src: Any, tgt_in: Any, src_lens: Any = None, tgt_lens: Any = None) -> Any:
             scale = math.sqrt(self.c.d_model) if self.c.scale_embeddings else 1.0
@@ -220,6 +222,8 @@ def torch_models() -> dict[str, type]:
                           memory_key_padding_mask=src_ignore)
             if self.c.norm_first:
                 y = self.decoder.norm(y)
+            if self.c.tie_weights:
+                return y @ self.tgt_tok_emb.weight.T
             return self.out_proj(y)
 
     return {"classifier": TorchClassifier, "causal_lm": TorchLM, "seq2seq": TorchSeq2Seq}

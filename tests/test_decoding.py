@@ -72,12 +72,12 @@ def dev(host):
 
 
 def random_seq2seq(seed=0, norm_first=False, positional="sinusoidal", vocab=(9, 8),
-                   block_size=8):
+                   block_size=8, tie=False):
     cfg = Seq2SeqConfig(src_vocab_size=vocab[0], tgt_vocab_size=vocab[1], d_model=8,
                         num_heads=2, num_encoder_layers=2, num_decoder_layers=2, d_ff=12,
                         block_size=block_size, dropout=0.1, activation="gelu",
-                        norm_first=norm_first, positional=positional, pad_id=PAD,
-                        bos_id=BOS, eos_id=EOS)
+                        norm_first=norm_first, positional=positional, tie_weights=tie,
+                        pad_id=PAD, bos_id=BOS, eos_id=EOS)
     model = Seq2SeqTransformer(cfg)
     randomize(model, seed)
     return model
@@ -137,12 +137,14 @@ def hypothesis_score(model, src_row, src_len, hyp, steps, alpha):
 
 
 # =========================================================================== cached steps
-@pytest.mark.parametrize("norm_first,positional", [(False, "sinusoidal"), (True, "learned")])
+@pytest.mark.parametrize("norm_first,positional,tie", [(False, "sinusoidal", False),
+                                                       (True, "learned", False),
+                                                       (False, "sinusoidal", True)])
 @pytest.mark.parametrize("chunks", [[1] * 6, [2, 1, 3], [6]])
-def test_forward_cached_matches_full_forward(norm_first, positional, chunks):
+def test_forward_cached_matches_full_forward(norm_first, positional, tie, chunks):
     with using_backend("numpy", "float64"):
         rng = np.random.default_rng(1)
-        model = random_seq2seq(seed=2, norm_first=norm_first, positional=positional)
+        model = random_seq2seq(seed=2, norm_first=norm_first, positional=positional, tie=tie)
         src, src_lens = padded(rng, [7, 3, 5], 9)
         tgt = np.concatenate([np.full((3, 1), BOS), rng.integers(4, 8, size=(3, 5))], axis=1)
         expected = full_logits(model, src, src_lens, tgt)  # (B, 6, V)

@@ -392,13 +392,13 @@ def test_causal_lm(seed, batch, length, tie, norm_first, dropout, padding, optio
 
 
 @given(seed=SEEDS, batch=st.integers(1, 3), src_len=st.integers(1, 5), tgt_len=st.integers(1, 5),
-       norm_first=st.booleans(), valid_only=st.booleans(), data=st.data())
-def test_seq2seq(seed, batch, src_len, tgt_len, norm_first, valid_only, data):
+       norm_first=st.booleans(), valid_only=st.booleans(), tie=st.booleans(), data=st.data())
+def test_seq2seq(seed, batch, src_len, tgt_len, norm_first, valid_only, tie, data):
     src_lens = data.draw(st.lists(st.integers(1, src_len), min_size=batch, max_size=batch))
     tgt_lens = data.draw(st.lists(st.integers(1, tgt_len), min_size=batch, max_size=batch))
     config = Seq2SeqConfig(src_vocab_size=10, tgt_vocab_size=12, d_model=8, num_heads=2,
                            num_encoder_layers=2, num_decoder_layers=2, d_ff=12, block_size=8,
-                           dropout=0.0, norm_first=norm_first)
+                           dropout=0.0, norm_first=norm_first, tie_weights=tie)
     textbook, quick = pair(seed, lambda: Seq2SeqTransformer(config))
     rng = np.random.default_rng(seed)
     src = backend.asarray(padded_ids(rng, src_lens, src_len, 10))

@@ -57,7 +57,8 @@ def test_the_count_is_the_built_models(shape, layers, decoder_layers, vocab, cla
             (CausalLMConfig(vocab_size=vocab, num_layers=layers, tie_weights=tie, **shape),
              CausalLM),
             (Seq2SeqConfig(vocab, vocab + 3, num_encoder_layers=layers,
-                           num_decoder_layers=decoder_layers, **shape), Seq2SeqTransformer),
+                           num_decoder_layers=decoder_layers, tie_weights=tie, **shape),
+             Seq2SeqTransformer),
         ]:
             assert parameter_count(config) == model(config).num_parameters(), config
 

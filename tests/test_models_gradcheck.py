@@ -161,32 +161,36 @@ def test_lm_gradcheck(tie, norm_first, positional, num_layers):
         assert ("lm_head.weight" in names) == (not tie)
 
 
-# (norm_first, positional, encoder layers, decoder layers)
+# (norm_first, positional, encoder layers, decoder layers, tie_weights)
 SEQ2SEQ_CASES = [
-    (False, "sinusoidal", 1, 1),
-    (True, "sinusoidal", 2, 1),
-    (False, "learned", 1, 2),
+    (False, "sinusoidal", 1, 1, False),
+    (True, "sinusoidal", 2, 1, False),
+    (False, "learned", 1, 2, False),
+    (False, "sinusoidal", 1, 2, True),
+    (True, "learned", 1, 1, True),
 ]
 
 
-def make_seq2seq(norm_first, positional, n_enc, n_dec, seed=0):
+def make_seq2seq(norm_first, positional, n_enc, n_dec, seed=0, tie=False):
     cfg = Seq2SeqConfig(src_vocab_size=7, tgt_vocab_size=8, d_model=4, num_heads=2,
                         num_encoder_layers=n_enc, num_decoder_layers=n_dec, d_ff=5,
                         block_size=5, dropout=0.0, activation="gelu", norm_first=norm_first,
-                        positional=positional, pad_id=PAD, bos_id=2, eos_id=3)
+                        positional=positional, tie_weights=tie, pad_id=PAD, bos_id=2, eos_id=3)
     model = Seq2SeqTransformer(cfg)
     randomize(model, seed)
     return model
 
 
-@pytest.mark.parametrize("norm_first,positional,n_enc,n_dec", SEQ2SEQ_CASES)
-def test_seq2seq_gradcheck(norm_first, positional, n_enc, n_dec):
+@pytest.mark.parametrize("norm_first,positional,n_enc,n_dec,tie", SEQ2SEQ_CASES)
+def test_seq2seq_gradcheck(norm_first, positional, n_enc, n_dec, tie):
     with using_backend("numpy"):
         rng = np.random.default_rng(17)
-        model = make_seq2seq(norm_first, positional, n_enc, n_dec)
+        model = make_seq2seq(norm_first, positional, n_enc, n_dec, tie=tie)
         src = padded_ids(rng, [4, 2], 4, 7)  # padded source
         tgt = padded_ids(rng, [3, 1], 3, 8)  # padded target (T = 3, S = 4)
         assert_gradcheck(model, [dev(src), dev(tgt)])
+        names = {name for name, _ in model.named_parameters()}
+        assert ("out_proj.weight" in names) == (not tie)
 
 
 def test_seq2seq_gradcheck_explicit_lengths():

@@ -74,11 +74,12 @@ def lm_config(tie=True, norm_first=True, positional="learned", activation="gelu"
                           positional=positional, tie_weights=tie)
 
 
-def seq2seq_config(norm_first=False, positional="sinusoidal", activation="relu"):
+def seq2seq_config(norm_first=False, positional="sinusoidal", activation="relu", tie=False):
     return Seq2SeqConfig(src_vocab_size=9, tgt_vocab_size=10, d_model=8, num_heads=2,
                          num_encoder_layers=2, num_decoder_layers=2, d_ff=12, block_size=7,
                          dropout=0.0, activation=activation, norm_first=norm_first,
-                         positional=positional, pad_id=PAD, bos_id=BOS, eos_id=EOS)
+                         positional=positional, tie_weights=tie, pad_id=PAD, bos_id=BOS,
+                         eos_id=EOS)
 
 
 def _padded(rng, lengths, width, vocab, low=1):
@@ -212,6 +213,7 @@ PARITY_CASES = [
                        activation="relu")),
     ("seq2seq", dict()),
     ("seq2seq", dict(norm_first=True, positional="learned", activation="gelu")),
+    ("seq2seq", dict(tie=True)),
 ]
 CONFIGS = {"classifier": classifier_config, "causal_lm": lm_config, "seq2seq": seq2seq_config}
 
@@ -293,6 +295,7 @@ ADAM_CASES = [
                         activation="gelu")),
     ("causal_lm", dict(tie=True)),
     ("seq2seq", dict()),
+    ("seq2seq", dict(tie=True)),
 ]
 
 

@@ -95,7 +95,8 @@ def parameter_count(config: Any) -> int:
                 + _embedding(config, config.tgt_vocab_size)
                 + config.num_encoder_layers * _encoder_block(d, inner, config.d_ff, config)
                 + config.num_decoder_layers * _decoder_block(d, inner, config.d_ff, config)
-                + 2 * final_norm + d * config.tgt_vocab_size + config.tgt_vocab_size)
+                + 2 * final_norm
+                + (0 if config.tie_weights else (d + 1) * config.tgt_vocab_size))
     raise TypeError(f"parameter_count counts a ClassifierConfig, CausalLMConfig or "
                     f"Seq2SeqConfig, got {type(config).__name__}")
 

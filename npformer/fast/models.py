@@ -181,7 +181,7 @@ class Seq2SeqTransformer(_FlatWeights, models.Seq2SeqTransformer):
         if self.decoder_norm is not None:
             y = self.decoder_norm(y)
         self._save((packing,))
-        return self.out_proj(y)  # (B, T, V_tgt), or rows (N, V_tgt) with valid_only
+        return self._logits(y)  # (B, T, V_tgt), or rows (N, V_tgt) with valid_only
 
     forward.__doc__ = models.Seq2SeqTransformer.forward.__doc__
 
@@ -189,7 +189,7 @@ class Seq2SeqTransformer(_FlatWeights, models.Seq2SeqTransformer):
         if _ran_textbook_forward(self):
             return super().backward(dlogits)
         (packing,) = self._pop_saved()
-        dy = self.out_proj.backward(dlogits)
+        dy = self._logits_backward(dlogits)
         if self.decoder_norm is not None:
             dy = self.decoder_norm.backward(dy)
         dmemory = None

@@ -5,6 +5,10 @@
                          (causal + padding self-attention, cross-attention to memory)
                       -> linear -> logits (B, T, V_tgt)
 
+With ``tie_weights`` the output projection is the target embedding transposed (the
+Transformer paper's sharing, Press & Wolf 2017): logits = y E_tgt^T, no bias, so the
+target table E_tgt receives gradient from both ends (``Embedding.project``).
+
 Padding is hidden by the masks: source padding keys from the encoder's self-attention
 and from cross-attention, target padding keys (and every later position) from the
 decoder's self-attention.  Training asks for the logits at the valid target positions
@@ -43,6 +47,7 @@ class Seq2SeqConfig:
     [0, 1); activation: "relu", "gelu" or "gelu_tanh"; norm_first: pre-norm blocks
     instead of post-norm; head_dim: per-head width E (default D / H); positional:
     "sinusoidal" or "learned"; scale_embeddings: multiply embeddings by sqrt(D);
+    tie_weights: the output projection is the target embedding transposed (no bias);
     pad_id, bos_id, eos_id: the special target ids (padding, start, end) decoding uses;
     narrow_heads, kqnorm: the attention's options (:class:`npformer.nn.MultiHeadAttention`).
     Invalid values raise ValueError naming the field.
@@ -62,6 +67,7 @@ class Seq2SeqConfig:
     head_dim: int | None = None
     positional: str = "sinusoidal"
     scale_embeddings: bool = True
+    tie_weights: bool = False
     pad_id: int = 0
     bos_id: int = 2
     eos_id: int = 3
@@ -99,7 +105,7 @@ class Seq2SeqTransformer(Module):
                                      c.norm_first, c.head_dim, **block_options(c))
                         for _ in range(c.num_decoder_layers)]
         self.decoder_norm = final_norm(c)
-        self.out_proj = Linear(c.d_model, c.tgt_vocab_size)
+        self.out_proj = None if c.tie_weights else Linear(c.d_model, c.tgt_vocab_size)
 
     # ------------------------------------------------------------------ training
     def encode(self, src: Array, src_lens: Array | None = None) -> tuple[Array, Array]:
@@ -155,7 +161,7 @@ class Seq2SeqTransformer(Module):
             y = block(y, memory, self_mask, memory_mask)
         if self.decoder_norm is not None:
             y = self.decoder_norm(y)
-        logits = self.out_proj(y)  # (B, T, V_tgt)
+        logits = self._logits(y)  # (B, T, V_tgt)
         rows_cache = None
         if valid_only:
             logits, rows_cache = ops.valid_rows_forward(logits, tgt_lens)  # (N, V_tgt)
@@ -178,7 +184,7 @@ class Seq2SeqTransformer(Module):
         (rows_cache,) = self._pop_saved()
         if rows_cache is not None:
             dlogits = ops.valid_rows_backward(dlogits, rows_cache)  # (N, V) -> (B, T, V)
-        dy = self.out_proj.backward(dlogits)  # (B, T, D)
+        dy = self._logits_backward(dlogits)  # (B, T, D)
         if self.decoder_norm is not None:
             dy = self.decoder_norm.backward(dy)
         dmemory = None
@@ -192,6 +198,18 @@ class Seq2SeqTransformer(Module):
         for block in reversed(self.encoder):
             dx = block.backward(dx)
         return self.src_embed.backward(dx)
+
+    def _logits(self, y: Array) -> Array:
+        """y (..., D) -> logits (..., V_tgt): y E_tgt^T when tied, else the projection."""
+        if self.out_proj is None:
+            return self.tgt_embed.tokens.project(y)
+        return self.out_proj(y)
+
+    def _logits_backward(self, dlogits: Array) -> Array:
+        """dlogits (..., V_tgt) -> dy (..., D) (tied: E_tgt's second share of gradient)."""
+        if self.out_proj is None:
+            return self.tgt_embed.tokens.project_backward(dlogits)
+        return self.out_proj.backward(dlogits)
 
     # ------------------------------------------------------------------ cached inference
     def new_cache(self) -> DecodingCache:
@@ -211,4 +229,4 @@ class Seq2SeqTransformer(Module):
             y = block(y, memory, self_mask, memory_mask, cache=block_cache)
         if self.decoder_norm is not None:
             y = self.decoder_norm(y)
-        return self.out_proj(y)
+        return self._logits(y)
