@@ -228,7 +228,7 @@ def test_configs_are_the_demos_default_models_and_updates():
     assert classifier == imdb.model_config(imdb.PRESETS["default"], 20_002, 0)
     assert (classifier.dropout, classifier.block_size, CONFIGS["imdb"]["batch"]) == (0.1, 512, 32)
     seq2seq = npformer_config(CONFIGS["seq2seq"])
-    assert (seq2seq.d_model, seq2seq.dropout, CONFIGS["seq2seq"]["batch"]) == (256, 0.0, 128)
+    assert (seq2seq.d_model, seq2seq.dropout, CONFIGS["seq2seq"]["batch"]) == (256, 0.0, 512)
     params = [Parameter(np.zeros((2, 2), dtype=np.float32))]
     adamw = npformer_optimizer(CONFIGS["lm"], params)
     assert isinstance(adamw, optim.AdamW) and adamw.betas == (0.9, 0.99)  # of either tier

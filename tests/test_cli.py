@@ -27,6 +27,7 @@ from .conftest import using_backend
     (cli.positive_float, ["1e-3", "4", "0.5"], ["0", "-1e-3", "nan", "inf", "-inf", "x"]),
     (cli.nonnegative_float, ["0", "0.01"], ["-0.1", "nan", "inf"]),
     (cli.probability, ["0", "0.1", "0.999"], ["1", "1.5", "-0.1", "nan"]),
+    (cli.yes_no, ["yes", "No", " true ", "off", "1", "0"], ["", "maybe", "2", "y"]),
 ])
 def test_validators(validator, good, bad):
     for text in good:
@@ -34,6 +35,10 @@ def test_validators(validator, good, bad):
     for text in bad:
         with pytest.raises(argparse.ArgumentTypeError, match="expected .*got " + repr(text)):
             validator(text)
+
+
+def test_a_switch_reads_yes_and_no():
+    assert [cli.yes_no(w) for w in ("yes", "NO", " 1 ", "off")] == [True, False, True, False]
 
 
 @dataclass(frozen=True)

@@ -254,6 +254,18 @@ def test_smoke_keeps_the_options_the_user_gave(data_dir, tmp_path):
     assert json.loads((tmp_path / "metrics.json").read_text())["updates"] == 2
 
 
+def test_translation_ties_its_output_layer_when_asked(data_dir, tmp_path):
+    """`--tie-weights yes`: the French table is the output layer (no out_proj is saved),
+    and the saved model translates."""
+    smoke_run("translate.py", tmp_path, data_dir, "--tie-weights", "yes", "--max-iters", "2",
+              "--no-progress")
+    checkpoint = load_checkpoint(tmp_path / "model.npz")
+    assert checkpoint.config["tie_weights"] is True
+    assert not any(name.startswith("out_proj") for name in checkpoint.params)
+    translated = run_demo("translate.py", "--out", str(tmp_path), "--translate", "go .")
+    assert translated.returncode == 0, translated.stderr
+
+
 COMMON_BAD = [("--replicas", "0"), ("--replicas", "-2"), ("--seed", "-1"),
               ("--stop-after", "0"), ("--dropout", "1"), ("--dropout", "-0.1"),
               ("--dropout", "nan"), ("--lr", "0"), ("--lr", "-1e-3"), ("--lr", "inf"),
@@ -270,7 +282,8 @@ DEMO_BAD = {
     "translate.py": [("--max-iters", "0"), ("--max-minutes", "0"), ("--max-minutes", "-1"),
                      ("--beam-size", "0"), ("--max-tokens", "0"), ("--heldout", "0"),
                      ("--validation", "0"), ("--target-min-count", "0"),
-                     ("--max-pairs", "0"), ("--warmup", "-5"), ("--d-ff", "0")],
+                     ("--max-pairs", "0"), ("--warmup", "-5"), ("--d-ff", "0"),
+                     ("--tie-weights", "maybe")],
     "generate.py": [("--max-iters", "0"), ("--block-size", "0"), ("--length", "-1"),
                     ("--eval-every", "0"), ("--eval-batches", "0"), ("--temperature", "0"),
                     ("--temperature", "-1"), ("--top-k", "0"), ("--d-model", "0")],

@@ -40,6 +40,7 @@ from .options import (
     positive_int,
     probability,
     resolve_preset,
+    yes_no,
 )
 from .output import Stopwatch, write_json, write_metrics, write_text
 from .plots import extra_output, plot_attention, plot_curves

@@ -16,6 +16,7 @@ from collections.abc import Callable, Collection
 from dataclasses import Field, field, fields, replace
 from typing import Any
 
+from ..backend import boolean_word
 from ..engine import ENGINES
 from ..ops.contracts import check_heads_divide, check_probability, check_real, check_size
 from .demo import LAST_FILE, Demo
@@ -84,6 +85,16 @@ def nucleus(text: str) -> float:
     return _option_value(text, float, lambda v: check_real(v, "value", 0, inclusive=False,
                                                            maximum=1, max_inclusive=True),
                          "a probability in (0, 1]")
+
+
+def yes_no(text: str) -> bool:
+    """An option's switch: yes or no (or the other words an environment switch takes,
+    ``backend.boolean_word``: true/false, on/off, 1/0; any case) -> True or False."""
+    def is_a_switch(value: bool | None) -> None:
+        if value is None or not text.strip():
+            raise ValueError(text)
+
+    return _option_value(text, boolean_word, is_a_switch, "yes or no")
 
 
 # --------------------------------------------------------------------------- presets
