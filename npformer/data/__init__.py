@@ -6,6 +6,9 @@ Three real datasets, each read from its canonical download without unpacking:
 - English-French pairs (d2l's ``fra-eng.zip``): :func:`load_fra_eng`, :func:`split_by_source`;
 - tiny Shakespeare (``tinyshakespeare/input.txt``): :func:`load_shakespeare`, :class:`CharVocab`.
 
+Subword pieces: :class:`BPE` learns byte-pair merges from word lists and splits
+words into pieces a :class:`Vocab` holds (no word is then ``<unk>``).
+
 Your own files (:mod:`npformer.data.files`): labelled texts in CSV, TSV or JSON
 Lines for the classifier (:func:`load_text_classification`), ``source<TAB>target``
 pairs for translation (:func:`read_sentence_pairs`), any UTF-8 text for the
@@ -17,6 +20,7 @@ downloading there if needed (see :mod:`npformer.data.download`).
 """
 
 from .batching import batches, length_bucketed_batches, lm_batch, pad_batch
+from .bpe import BPE
 from .download import (
     FRA_ENG,
     IMDB,
@@ -59,7 +63,7 @@ __all__ = [
     "DatasetNotFoundError", "DatasetFormatError", "ChecksumError", "DatasetWarning",
     "cache_dir", "locate", "locate_dataset", "fetch",
     # vocabularies
-    "Vocab", "CharVocab",
+    "Vocab", "CharVocab", "BPE",
     # IMDB
     "read_imdb_archive", "load_imdb", "load_imdb_splits", "tokenize_imdb", "split_validation",
     # English-French
