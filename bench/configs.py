@@ -25,10 +25,10 @@ IMDB_TRAIN_REVIEWS = 22_500  # 25,000 less 2,500 validation: sets the schedule's
 IMDB_LENGTH = 256            # the padded width of the demo's length-bucketed batches:
 #                              mean 258 (reviews: mean 253 tokens, median 208, at most 512)
 SHAKESPEARE_VOCAB = 65       # tiny Shakespeare's characters
-FRA_ENG_VOCABS = (9_633, 12_888)  # English words seen twice, French 3 times (+ 4 specials;
-#                                   seed 0's split, 2026-11-26)
-FRA_ENG_LENGTH = 9           # the padded width of the length-bucketed batches: mean 8.94
-#                              (sentences: mean 8.1 / 8.4 tokens with <eos>, at most 16)
+FRA_ENG_VOCABS = (5_568, 7_210)  # subword pieces of 10,000 byte-pair merges (+ 4 specials;
+#                                  seed 0's split, 2026-11-26)
+FRA_ENG_LENGTH = 10          # the padded width of the length-bucketed batches: mean 9.85
+#                              (sentences: mean 8.45 / 9.13 pieces with <eos>, at most 28)
 
 
 @functools.cache
@@ -70,7 +70,7 @@ def bench_config(name: str, preset: str = "default", vocab=None, length: int | N
                     d_model=p.d_model, num_heads=p.num_heads, num_layers=p.layers,
                     d_ff=4 * p.d_model, seq_len=p.block_size, batch=p.batch_size)
     src_vocab, tgt_vocab = vocab or FRA_ENG_VOCABS
-    seq_len = min(length or FRA_ENG_LENGTH, p.max_tokens + 1)  # + <eos>
+    seq_len = min(length or FRA_ENG_LENGTH, demo_module(script).max_length(p) + 1)  # + <eos>
     return dict(common, kind="seq2seq", src_vocab_size=src_vocab, tgt_vocab_size=tgt_vocab,
                 d_model=p.d_model, num_heads=p.num_heads, num_encoder_layers=p.layers,
                 num_decoder_layers=p.layers, d_ff=p.d_ff, src_len=seq_len, seq_len=seq_len,

@@ -18,9 +18,12 @@ measures as it goes (``TrainConfig.schedule_for``), so a slow machine's run ends
 as a fast one's does.  The budget holds under three epochs, with the validation loss still
 falling at its end, so there is no dropout; an update reads 512 pairs (on 2 cores a
 larger batch reads more pairs a second, and scored better than 128 and 256 on
-validation: demos/README.md); and the French vocabulary keeps the words seen at least 3
-times (12,888 words against 17,180 at twice): the output layer is most of an update's
-cost, and the smaller one fits a quarter more updates in the budget.
+validation: demos/README.md).  The vocabularies hold subword pieces (``npformer.data.BPE``,
+10,000 merges learned on both sides of the training pairs: 5,568 English and 7,210 French
+pieces, 1.06 and 1.10 a word), so no word of a held-out sentence or reference is <unk>,
+where a French vocabulary of the words seen 3 times (12,888) misses 2.3% of the
+references' words; the smaller output layer, most of an update's cost, fits a fifth more
+updates in the budget.  --bpe-merges 0 reads whole words.
 Writes model.npz, last.npz (the run, for --resume), curves.png, cross_attention.png and
 metrics.json to --out.  Settings come from a preset (--preset, --smoke); an option given
 overrides the preset's value.
@@ -55,6 +58,7 @@ from npformer.cli import (
     extra_output,
     load_demo_model,
     map_batches,
+    nonnegative_int,
     option,
     plot_attention,
     plot_curves,
@@ -70,6 +74,7 @@ from npformer.cli import (
 from npformer.cli.memory import check_training_fits
 from npformer.cli.schedule import CosineOfLength
 from npformer.data import (
+    BPE,
     Vocab,
     filter_by_length,
     length_bucketed_batches,
@@ -103,9 +108,13 @@ class Preset:
                                   "their translations) for the validation loss that selects "
                                   "the model; never scored for BLEU")
     max_pairs: int | None = option(None, "use only the first this many pairs (None: all)")
-    target_min_count: int = option(3, "a target word enters the vocabulary once it occurs "
-                                       "this often in the training pairs (rarer ones are "
-                                       "<unk>): the output layer is most of an update's cost")
+    target_min_count: int = option(3, "with whole words (--bpe-merges 0): a French word "
+                                       "enters the vocabulary once it occurs this often in "
+                                       "the training pairs (rarer ones are <unk>)")
+    bpe_merges: int = option(10000, "the vocabularies hold subword pieces of this many "
+                                    "byte-pair merges, learned on both sides of the training "
+                                    "pairs (no word is <unk>); 0: whole words",
+                             nonnegative_int)
     tie_weights: bool = option(False, "yes: the output layer is the French embedding "
                                       "transposed (the Transformer paper's sharing); it "
                                       "measured no better here", yes_no)
@@ -132,16 +141,53 @@ PRESETS = {
     "default": Preset(),
     # Dropout stays on in the smoke run, so that the tests' exact resumes and the
     # ranks' agreement cover its random streams.
-    "smoke": Preset(max_pairs=3000, heldout=40, validation=20, d_model=32, num_heads=2,
-                    layers=1, d_ff=64, dropout=0.1, batch_size=32, warmup=10, max_iters=30),
+    "smoke": Preset(max_pairs=3000, bpe_merges=500, heldout=40, validation=20, d_model=32,
+                    num_heads=2, layers=1, d_ff=64, dropout=0.1, batch_size=32, warmup=10,
+                    max_iters=30),
 }
 
 
 # --------------------------------------------------------------------------- data
-def encode_pairs(pairs, src_vocab: Vocab, tgt_vocab: Vocab):
+def pieces(words: list[str], bpe: BPE | None) -> list[str]:
+    """The tokens a vocabulary holds: the words, or their subword pieces."""
+    if bpe is None:
+        return words
+    try:
+        return bpe.encode(words)
+    except ValueError as exc:  # a word holding the pieces' mark "@@"
+        raise unencodable(exc) from None
+
+
+def unencodable(exc: ValueError) -> DemoError:
+    return DemoError(f"{exc}; use --bpe-merges 0 (whole words) for such text")
+
+
+def words_of(tokens: list[str], bpe: BPE | None) -> list[str]:
+    """Decoded tokens -> words (pieces marked @@ join the next)."""
+    return tokens if bpe is None else bpe.decode(tokens)
+
+
+def build_vocabs(train_pairs, preset: Preset):
+    """-> (BPE or None, English vocabulary, French vocabulary) of the training pairs."""
+    if not preset.bpe_merges:
+        return (None,
+                Vocab.build([e for e, _ in train_pairs], min_freq=2, bos=True, eos=True),
+                Vocab.build([f for _, f in train_pairs], min_freq=preset.target_min_count,
+                            bos=True, eos=True))
+    try:
+        bpe = BPE.learn([e for e, _ in train_pairs] + [f for _, f in train_pairs],
+                        preset.bpe_merges)
+    except ValueError as exc:  # a word holding the pieces' mark "@@"
+        raise unencodable(exc) from None
+    return (bpe,
+            Vocab.build([bpe.encode(e) for e, _ in train_pairs], bos=True, eos=True),
+            Vocab.build([bpe.encode(f) for _, f in train_pairs], bos=True, eos=True))
+
+
+def encode_pairs(pairs, src_vocab: Vocab, tgt_vocab: Vocab, bpe: BPE | None):
     """-> source id lists (+<eos>), target id lists (+<eos>)."""
-    src = [src_vocab.encode(e) + [src_vocab.eos_id] for e, _ in pairs]
-    tgt = [tgt_vocab.encode(f) + [tgt_vocab.eos_id] for _, f in pairs]
+    src = [src_vocab.encode(pieces(e, bpe)) + [src_vocab.eos_id] for e, _ in pairs]
+    tgt = [tgt_vocab.encode(pieces(f, bpe)) + [tgt_vocab.eos_id] for _, f in pairs]
     return src, tgt
 
 
@@ -180,17 +226,19 @@ def validation_loss(model, src, tgt, batch_size: int, pad_id: int, bos_id: int,
 
 
 # --------------------------------------------------------------------------- translation
-def translate(model, src_vocab: Vocab, tgt_vocab: Vocab, sentences: list[str],
-              beam_size: int = 1, batch_size: int = 64, replicas: int = 1,
+def translate(model, src_vocab: Vocab, tgt_vocab: Vocab, bpe: BPE | None,
+              sentences: list[str], beam_size: int = 1, batch_size: int = 64, replicas: int = 1,
               phase: str | None = None) -> list[str]:
     """English sentences (d2l-preprocessed strings) -> French strings (space-joined tokens),
     batches decoded on ``replicas`` threads; ``phase`` names the pass in the progress
     shown ("beam search")."""
-    encoded = [src_vocab.encode(tokenize_fra_eng(s)) + [src_vocab.eos_id] for s in sentences]
+    encoded = [src_vocab.encode(pieces(tokenize_fra_eng(s), bpe)) + [src_vocab.eos_id]
+               for s in sentences]
     max_src = model.config.block_size
     for sentence, ids in zip(sentences, encoded):
         if len(ids) > max_src:  # never cut silently: the translation would be of a part
-            raise DemoError(f"the sentence {sentence!r} has {len(ids) - 1} tokens, more than "
+            raise DemoError(f"the sentence {sentence!r} has {len(ids) - 1} "
+                            f"{'tokens' if bpe is None else 'subword pieces'}, more than "
                             f"the model's source length allows ({max_src - 1} tokens and "
                             f"<eos>, block_size {max_src}): shorten or split it")
 
@@ -204,7 +252,7 @@ def translate(model, src_vocab: Vocab, tgt_vocab: Vocab, sentences: list[str],
     chunks = [encoded[i:i + batch_size] for i in range(0, len(encoded), batch_size)]
     with evaluating(model):  # set once, outside the threads: they must not toggle it
         decoded = map_batches(decode, chunks, replicas, phase)
-    return [" ".join(tgt_vocab.decode(row)) for rows in decoded for row in rows]
+    return [" ".join(words_of(tgt_vocab.decode(row), bpe)) for rows in decoded for row in rows]
 
 
 def corpus_bleu(hypotheses: list[str], references: list[list[str]]) -> float:
@@ -219,9 +267,12 @@ def corpus_bleu(hypotheses: list[str], references: list[list[str]]) -> float:
 
 
 def load_for_translation(path):
+    """-> the model, its English and French vocabularies, and its BPE (None: words)."""
     model, checkpoint = load_demo_model(path, DEMO)
+    bpe = checkpoint.extra.get("bpe")
     return (model, Vocab.from_json(checkpoint.extra["src_vocab"]),
-            Vocab.from_json(checkpoint.extra["tgt_vocab"]))
+            Vocab.from_json(checkpoint.extra["tgt_vocab"]),
+            None if bpe is None else BPE.from_json(bpe))
 
 
 def split_pairs(preset: Preset, data, seed: int):
@@ -269,12 +320,19 @@ CLIP_NORM = 1.0  # the gradients' global norm is clipped to this
 LABEL_SMOOTHING = 0.1
 
 
+def max_length(preset: Preset) -> int:
+    """The most tokens a side the model reads (before <bos> / <eos>): max_tokens words,
+    and room for twice as many pieces with a BPE (its pieces are 1.1 to the word on this
+    data, 27 at most for 15 words; the sinusoidal positions cost nothing unused)."""
+    return preset.max_tokens * (2 if preset.bpe_merges else 1)
+
+
 def model_config(preset: Preset, src_vocab, tgt_vocab) -> Seq2SeqConfig:
     """The vocabularies: anything with len() and pad_id, bos_id, eos_id (a Vocab)."""
     return Seq2SeqConfig(src_vocab_size=len(src_vocab), tgt_vocab_size=len(tgt_vocab),
                          d_model=preset.d_model, num_heads=preset.num_heads,
                          num_encoder_layers=preset.layers, num_decoder_layers=preset.layers,
-                         d_ff=preset.d_ff, block_size=preset.max_tokens + 2,
+                         d_ff=preset.d_ff, block_size=max_length(preset) + 2,
                          dropout=preset.dropout, tie_weights=preset.tie_weights,
                          pad_id=tgt_vocab.pad_id,
                          bos_id=tgt_vocab.bos_id, eos_id=tgt_vocab.eos_id)
@@ -308,11 +366,9 @@ def main(argv=None) -> int:
     clock = Stopwatch()
     train_pairs, validation, heldout = split_pairs(preset, args.data, args.seed)
     val_pairs = as_pairs(validation)
-    src_vocab = Vocab.build([e for e, _ in train_pairs], min_freq=2, bos=True, eos=True)
-    tgt_vocab = Vocab.build([f for _, f in train_pairs], min_freq=preset.target_min_count,
-                            bos=True, eos=True)
-    src, tgt = encode_pairs(train_pairs, src_vocab, tgt_vocab)
-    val_src, val_tgt = encode_pairs(val_pairs, src_vocab, tgt_vocab)
+    bpe, src_vocab, tgt_vocab = build_vocabs(train_pairs, preset)
+    src, tgt = encode_pairs(train_pairs, src_vocab, tgt_vocab, bpe)
+    val_src, val_tgt = encode_pairs(val_pairs, src_vocab, tgt_vocab, bpe)
     print(f"{len(train_pairs):,} training pairs, {len(val_pairs):,} validation pairs, "
           f"{len(heldout):,} held-out English sentences "
           f"({sum(len(r) for r in heldout.values()):,} pairs); vocabularies {len(src_vocab):,} "
@@ -337,25 +393,26 @@ def main(argv=None) -> int:
         eval_fn=lambda m: {"val_loss": validation_loss(m, val_src, val_tgt, 128, pad, bos,
                                                        args.replicas)},
         checkpoint_extra={"demo": DEMO.tag, "src_vocab": src_vocab.to_json(),
-                          "tgt_vocab": tgt_vocab.to_json(), "run": run_record(args, preset)},
+                          "tgt_vocab": tgt_vocab.to_json(), "run": run_record(args, preset),
+                          **({} if bpe is None else {"bpe": bpe.to_json()})},
         seed=args.seed)
     if args.resume:
         resume_run(trainer, out / LAST_FILE)
     history = trainer.fit()
     epochs = trainer.updates * preset.batch_size / len(train_pairs)
 
-    model, src_vocab, tgt_vocab = load_for_translation(out / MODEL_FILE)
-    validation_greedy = translate(model, src_vocab, tgt_vocab, list(validation), beam_size=1,
+    model, src_vocab, tgt_vocab, bpe = load_for_translation(out / MODEL_FILE)
+    validation_greedy = translate(model, src_vocab, tgt_vocab, bpe, list(validation), beam_size=1,
                                   replicas=args.replicas, phase="validation decoding")
     bleu_validation = corpus_bleu(validation_greedy, list(validation.values()))
     english = list(heldout)
     references = [heldout[e] for e in english]
-    greedy = translate(model, src_vocab, tgt_vocab, english, beam_size=1,
+    greedy = translate(model, src_vocab, tgt_vocab, bpe, english, beam_size=1,
                        replicas=args.replicas, phase="greedy decoding")
     bleu_greedy = corpus_bleu(greedy, references)
     bleu_greedy_one_ref = corpus_bleu(greedy, [r[:1] for r in references])
     beam_clock = Stopwatch()
-    beam = translate(model, src_vocab, tgt_vocab, english, beam_size=preset.beam_size,
+    beam = translate(model, src_vocab, tgt_vocab, bpe, english, beam_size=preset.beam_size,
                      replicas=args.replicas, phase="beam search")
     beam_seconds = beam_clock.seconds()
     bleu_beam = corpus_bleu(beam, references)
@@ -364,7 +421,7 @@ def main(argv=None) -> int:
           f"beam {preset.beam_size}: {bleu_beam:.1f} (decoded in {beam_seconds:.0f} s); "
           f"{trainer.updates} updates = {epochs:.2f} epochs")
     probe_sources = probe_sentences(args.data, heldout)
-    probes = translate(model, src_vocab, tgt_vocab, probe_sources, beam_size=preset.beam_size)
+    probes = translate(model, src_vocab, tgt_vocab, bpe, probe_sources, beam_size=preset.beam_size)
     for english_probe, french in zip(probe_sources, probes):
         print(f"  {english_probe} => {french}")
     total_seconds = clock.seconds()
@@ -376,7 +433,7 @@ def main(argv=None) -> int:
         "best_val_loss": trainer.best, "epochs": epochs,
         "train_minutes": trainer.train_seconds / 60, "total_minutes": total_seconds / 60,
         "heldout_sentences": len(english), "probes": dict(zip(probe_sources, probes))})
-    extra_output("cross_attention.png", draw_cross_attention, model, src_vocab, tgt_vocab,
+    extra_output("cross_attention.png", draw_cross_attention, model, src_vocab, tgt_vocab, bpe,
                  probe_sources[-1], out / "cross_attention.png")
     extra_output("curves.png", plot_curves, out / "curves.png", history, ["val_loss"],
                  "English-French Transformer")
@@ -385,11 +442,12 @@ def main(argv=None) -> int:
     return 0
 
 
-def draw_cross_attention(model, src_vocab, tgt_vocab, sentence: str, path) -> None:
+def draw_cross_attention(model, src_vocab, tgt_vocab, bpe, sentence: str, path) -> None:
     """Last decoder layer's cross-attention (mean over heads) while translating ``sentence``:
     one row per decoder input, <bos> and the tokens fed back (a translation cut at the
-    length limit feeds back all but its last token: at most config.block_size inputs)."""
-    src_ids = src_vocab.encode(tokenize_fra_eng(sentence)) + [src_vocab.eos_id]
+    length limit feeds back all but its last token: at most config.block_size inputs),
+    labelled with the tokens the model reads (subword pieces with a BPE)."""
+    src_ids = src_vocab.encode(pieces(tokenize_fra_eng(sentence), bpe)) + [src_vocab.eos_id]
     with evaluating(model):
         french_ids = greedy_decode(model, np.array([src_ids]), max_len=model.config.block_size)[0]
     tgt_in = ([tgt_vocab.bos_id] + french_ids)[:model.config.block_size]
@@ -406,8 +464,8 @@ def translate_only(args, preset: Preset, out: Path) -> int:
     sentence = preprocess_fra_eng(args.translate).strip()
     if not sentence:
         raise DemoError("--translate needs a sentence, got an empty string")
-    model, src_vocab, tgt_vocab = load_for_translation(out / MODEL_FILE)
-    print(translate(model, src_vocab, tgt_vocab, [sentence], beam_size=preset.beam_size)[0])
+    model, src_vocab, tgt_vocab, bpe = load_for_translation(out / MODEL_FILE)
+    print(translate(model, src_vocab, tgt_vocab, bpe, [sentence], beam_size=preset.beam_size)[0])
     return 0
 
 

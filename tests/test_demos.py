@@ -20,6 +20,7 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -266,6 +267,42 @@ def test_translation_ties_its_output_layer_when_asked(data_dir, tmp_path):
     assert translated.returncode == 0, translated.stderr
 
 
+def test_translation_reads_subword_pieces_when_asked(data_dir, tmp_path):
+    """`--bpe-merges N`: both vocabularies hold pieces of N learned merges, the checkpoint
+    keeps the merges, and the saved model translates with them."""
+    smoke_run("translate.py", tmp_path, data_dir, "--bpe-merges", "300", "--max-iters", "2",
+              "--no-progress")
+    checkpoint = load_checkpoint(tmp_path / "model.npz")
+    demo = load_demo("translate.py")
+    bpe = demo.BPE.from_json(checkpoint.extra["bpe"])
+    assert len(bpe) == 300
+    french = demo.Vocab.from_json(checkpoint.extra["tgt_vocab"])
+    assert any(token.endswith("@@") for token in french.tokens)
+    assert checkpoint.config["block_size"] == 2 * demo.PRESETS["smoke"].max_tokens + 2
+    translated = run_demo("translate.py", "--out", str(tmp_path), "--translate", "go .")
+    assert translated.returncode == 0, translated.stderr
+
+
+@pytest.mark.parametrize("merges", [0, 400])
+def test_translation_pieces_join_back_into_the_words(merges, data_dir):
+    """Encoded with the demo's vocabularies and decoded again, every training pair comes
+    back word for word (with pieces: no word is lost to <unk>)."""
+    demo = load_demo("translate.py")
+    preset = replace(demo.PRESETS["smoke"], bpe_merges=merges)
+    train, _, _ = demo.split_pairs(preset, data_dir, 0)
+    bpe, src_vocab, tgt_vocab = demo.build_vocabs(train, preset)
+    assert (bpe is None) == (merges == 0)
+    src, tgt = demo.encode_pairs(train, src_vocab, tgt_vocab, bpe)
+    for (english, french), source, target in zip(train, src, tgt):
+        assert source[-1] == src_vocab.eos_id and target[-1] == tgt_vocab.eos_id
+        words = demo.words_of(tgt_vocab.decode(target[:-1]), bpe)
+        if bpe is None:  # rare words are <unk>
+            assert len(words) == len(french)
+        else:
+            assert words == french
+            assert demo.words_of(src_vocab.decode(source[:-1]), bpe) == english
+
+
 COMMON_BAD = [("--replicas", "0"), ("--replicas", "-2"), ("--seed", "-1"),
               ("--stop-after", "0"), ("--dropout", "1"), ("--dropout", "-0.1"),
               ("--dropout", "nan"), ("--lr", "0"), ("--lr", "-1e-3"), ("--lr", "inf"),
@@ -283,7 +320,8 @@ DEMO_BAD = {
                      ("--beam-size", "0"), ("--max-tokens", "0"), ("--heldout", "0"),
                      ("--validation", "0"), ("--target-min-count", "0"),
                      ("--max-pairs", "0"), ("--warmup", "-5"), ("--d-ff", "0"),
-                     ("--tie-weights", "maybe")],
+                     ("--tie-weights", "maybe"), ("--bpe-merges", "-1"),
+                     ("--bpe-merges", "1.5")],
     "generate.py": [("--max-iters", "0"), ("--block-size", "0"), ("--length", "-1"),
                     ("--eval-every", "0"), ("--eval-batches", "0"), ("--temperature", "0"),
                     ("--temperature", "-1"), ("--top-k", "0"), ("--d-model", "0")],

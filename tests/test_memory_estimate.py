@@ -135,8 +135,8 @@ def test_every_demos_default_run_fits_this_machine():
     for config, preset in [
         (imdb.model_config(imdb.PRESETS["large"], 20_002, 0), imdb.PRESETS["large"]),
         (generate.model_config(generate.PRESETS["default"], 65), generate.PRESETS["default"]),
-        (translate.model_config(translate.PRESETS["default"], Vocabulary(9_633),
-                                Vocabulary(12_888)), translate.PRESETS["default"]),
+        (translate.model_config(translate.PRESETS["default"], Vocabulary(5_568),
+                                Vocabulary(7_210)), translate.PRESETS["default"]),
     ]:
         assert training_memory(config, preset.batch_size, config.block_size).total() < memory
 

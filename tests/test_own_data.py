@@ -397,6 +397,21 @@ def test_translate_demo_trains_on_a_users_pairs(user_files, tmp_path):
     assert translated.stdout.count("\n") == 1  # one line (30 updates may well decode to "")
 
 
+def test_translate_demo_names_a_word_subword_pieces_cannot_spell(user_files, tmp_path):
+    """A word holding "@@" (the pieces' continuation mark) is refused in one line naming
+    it and the way out (--bpe-merges 0); with whole words the pairs train."""
+    pairs = user_files["pairs"].read_text(encoding="utf-8").splitlines()
+    pairs[5] = "see a@@b .\tsiehe a@@b ."
+    marked = tmp_path / "marked.tsv"
+    marked.write_text("\n".join(pairs) + "\n", encoding="utf-8")
+    result = run_demo("translate.py", "--smoke", "--data", str(marked), "--out",
+                      str(tmp_path / "run"))
+    assert result.returncode == 2
+    assert "'a@@b'" in result.stderr and "--bpe-merges 0" in result.stderr
+    assert "Traceback" not in result.stderr
+    smoke("translate.py", tmp_path / "words", "--data", str(marked), "--bpe-merges", "0")
+
+
 def test_generate_demo_trains_on_a_users_text(user_files, tmp_path):
     result = smoke("generate.py", tmp_path, "--data", str(user_files["text"]))
     assert "validation loss" in result.stdout
