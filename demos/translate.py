@@ -237,9 +237,9 @@ def translate(model, src_vocab: Vocab, tgt_vocab: Vocab, bpe: BPE | None,
     max_src = model.config.block_size
     for sentence, ids in zip(sentences, encoded):
         if len(ids) > max_src:  # never cut silently: the translation would be of a part
-            raise DemoError(f"the sentence {sentence!r} has {len(ids) - 1} "
-                            f"{'tokens' if bpe is None else 'subword pieces'}, more than "
-                            f"the model's source length allows ({max_src - 1} tokens and "
+            unit = "tokens" if bpe is None else "subword pieces"
+            raise DemoError(f"the sentence {sentence!r} has {len(ids) - 1} {unit}, more than "
+                            f"the model's source length allows ({max_src - 1} {unit} and "
                             f"<eos>, block_size {max_src}): shorten or split it")
 
     def decode(chunk):

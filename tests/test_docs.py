@@ -519,8 +519,8 @@ def _quoted_sizes() -> list[tuple[str, str, tuple]]:
     logits = n_rows * vocab * FLOAT32 / MIB
     loss_sizes = [
         ("the logits", r"B {} sentences padded to T {}, so $N \le$ {} target positions, and a "
-                       r"French vocabulary of V {} subword pieces) each $(N, V)$ float32 array is up to "
-                       r"{} MiB",
+                       r"French vocabulary of V {} subword pieces) each $(N, V)$ float32 array "
+                       r"is up to {} MiB",
          (seq2seq["batch"], seq2seq["seq_len"], n_rows, vocab, logits)),
         ("the loss's peak", "instead of two (at most {} MiB less, at the translation benchmark's "
                             "step)",

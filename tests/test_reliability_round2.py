@@ -276,16 +276,31 @@ def test_case06_a_killed_runs_lock_does_not_block_the_next_run(tmp_path):
 
 
 # --------------------------------------------------------------------------- case 7
-def test_case07_translate_refuses_a_sentence_longer_than_the_source_length(data_dir, tmp_path):
-    """Before: the sentence was cut to its first 17 tokens and translated, silently."""
+@pytest.mark.parametrize("merges", ["0", "500"])
+def test_case07_translate_refuses_a_sentence_longer_than_the_source_length(merges, data_dir,
+                                                                          tmp_path):
+    """Before: the sentence was cut to its first 17 tokens and translated, silently. With
+    whole words (--bpe-merges 0) the limit is 15 words and <eos>; with subword pieces,
+    twice as many pieces, and the message counts pieces."""
+    from npformer.checkpoint import load_checkpoint
+    from npformer.data import BPE
+
     out = tmp_path / "run"
     trained = run_demo("translate.py", "--smoke", "--max-iters", "1", "--replicas", "1",
-                       "--no-progress", "--data", str(data_dir), "--out", str(out))
+                       "--no-progress", "--data", str(data_dir), "--out", str(out),
+                       "--bpe-merges", merges)
     assert trained.returncode == 0, trained.stderr[-3000:]
-    long = " ".join(["i am home ."] * 6)  # 24 tokens
+    long = " ".join(["i am home ."] * 6) if merges == "0" else " ".join(["i am home ."] * 12)
     err = one_error_line(run_demo("translate.py", "--out", str(out), "--translate", long))
-    assert "has 24 tokens, more than the model's source length allows (16 tokens and <eos>, " \
-        "block_size 17)" in err, err
+    if merges == "0":
+        assert "has 24 tokens, more than the model's source length allows (16 tokens and " \
+            "<eos>, block_size 17)" in err, err
+    else:
+        extra = load_checkpoint(out / "model.npz").extra
+        pieces = len(BPE.from_json(extra["bpe"]).encode(long.split()))
+        assert pieces >= 48  # at least the 48 words
+        assert f"has {pieces} subword pieces, more than the model's source length allows " \
+            "(31 subword pieces and <eos>, block_size 32)" in err, err
     short = run_demo("translate.py", "--out", str(out), "--translate", "i am home .")
     assert short.returncode == 0, short.stderr
 
