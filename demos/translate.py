@@ -320,19 +320,29 @@ CLIP_NORM = 1.0  # the gradients' global norm is clipped to this
 LABEL_SMOOTHING = 0.1
 
 
-def max_length(preset: Preset) -> int:
-    """The most tokens a side the model reads (before <bos> / <eos>): max_tokens words,
-    and room for twice as many pieces with a BPE (its pieces are 1.1 to the word on this
-    data, 27 at most for 15 words; the sinusoidal positions cost nothing unused)."""
-    return preset.max_tokens * (2 if preset.bpe_merges else 1)
+def max_length(preset: Preset, longest: int = 0) -> int:
+    """The most tokens a side the model reads (before <bos> / <eos>): max_tokens words;
+    with a BPE, room for twice as many pieces (1.1 a word on this data, 27 at most for 15
+    words), or for the ``longest`` sentence of the run's data if that is longer (few
+    merges spell words in many pieces). The sinusoidal positions are fixed, not learned:
+    the length only bounds what the model may read."""
+    return max(preset.max_tokens * (2 if preset.bpe_merges else 1), longest)
 
 
-def model_config(preset: Preset, src_vocab, tgt_vocab) -> Seq2SeqConfig:
-    """The vocabularies: anything with len() and pad_id, bos_id, eos_id (a Vocab)."""
+def longest_sentence(encoded: list[list[int]], heldout: dict, bpe: BPE | None) -> int:
+    """Tokens in the longest of the encoded sentences (ids ending with <eos>) and of the
+    held-out English sentences (which are only translated)."""
+    return max(max(map(len, encoded), default=1) - 1,
+               max((len(pieces(tokenize_fra_eng(e), bpe)) for e in heldout), default=0))
+
+
+def model_config(preset: Preset, src_vocab, tgt_vocab, longest: int = 0) -> Seq2SeqConfig:
+    """The vocabularies: anything with len() and pad_id, bos_id, eos_id (a Vocab);
+    ``longest``: tokens in the longest sentence the run reads (:func:`max_length`)."""
     return Seq2SeqConfig(src_vocab_size=len(src_vocab), tgt_vocab_size=len(tgt_vocab),
                          d_model=preset.d_model, num_heads=preset.num_heads,
                          num_encoder_layers=preset.layers, num_decoder_layers=preset.layers,
-                         d_ff=preset.d_ff, block_size=max_length(preset) + 2,
+                         d_ff=preset.d_ff, block_size=max_length(preset, longest) + 2,
                          dropout=preset.dropout, tie_weights=preset.tie_weights,
                          pad_id=tgt_vocab.pad_id,
                          bos_id=tgt_vocab.bos_id, eos_id=tgt_vocab.eos_id)
@@ -374,7 +384,8 @@ def main(argv=None) -> int:
           f"({sum(len(r) for r in heldout.values()):,} pairs); vocabularies {len(src_vocab):,} "
           f"/ {len(tgt_vocab):,}; data ready in {clock.seconds():.0f} s")
 
-    config = model_config(preset, src_vocab, tgt_vocab)
+    longest = longest_sentence(src + tgt + val_src + val_tgt, heldout, bpe)
+    config = model_config(preset, src_vocab, tgt_vocab, longest)
     check_training_fits(config, preset.batch_size, config.block_size, preset,
                         PRESETS["default"], args.dtype)  # before a weight is made
     model = Seq2SeqTransformer(config)

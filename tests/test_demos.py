@@ -285,6 +285,24 @@ def test_translation_reads_subword_pieces_when_asked(data_dir, tmp_path):
     assert translated.returncode == 0, translated.stderr
 
 
+def test_translation_with_few_merges_makes_room_for_its_longest_sentence(data_dir, tmp_path):
+    """One merge spells 4 words in more than 8 pieces: the model's length follows the
+    longest sentence of the run (before: a training batch too long for the positional
+    table, a traceback from inside the model)."""
+    smoke_run("translate.py", tmp_path, data_dir, "--bpe-merges", "1", "--max-tokens", "4",
+              "--max-iters", "1", "--no-progress")
+    checkpoint = load_checkpoint(tmp_path / "model.npz")
+    demo = load_demo("translate.py")
+    preset = replace(demo.PRESETS["smoke"], bpe_merges=1, max_tokens=4)
+    train, validation, heldout = demo.split_pairs(preset, data_dir, 0)
+    bpe, src_vocab, tgt_vocab = demo.build_vocabs(train, preset)
+    src, tgt = demo.encode_pairs(train + demo.as_pairs(validation), src_vocab, tgt_vocab, bpe)
+    longest = max(max(map(len, src + tgt)) - 1,
+                  max(len(bpe.encode(english.split())) for english in heldout))
+    assert longest > 2 * preset.max_tokens
+    assert checkpoint.config["block_size"] == longest + 2
+
+
 @pytest.mark.parametrize("merges", [0, 400])
 def test_translation_pieces_join_back_into_the_words(merges, data_dir):
     """Encoded with the demo's vocabularies and decoded again, every training pair comes
