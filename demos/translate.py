@@ -159,6 +159,7 @@ def pieces(words: list[str], bpe: BPE | None) -> list[str]:
 
 
 def unencodable(exc: ValueError) -> DemoError:
+    """BPE's refusal of a word, with the way out."""
     return DemoError(f"{exc}; use --bpe-merges 0 (whole words) for such text")
 
 
@@ -168,20 +169,21 @@ def words_of(tokens: list[str], bpe: BPE | None) -> list[str]:
 
 
 def build_vocabs(train_pairs, preset: Preset):
-    """-> (BPE or None, English vocabulary, French vocabulary) of the training pairs."""
-    if not preset.bpe_merges:
-        return (None,
-                Vocab.build([e for e, _ in train_pairs], min_freq=2, bos=True, eos=True),
-                Vocab.build([f for _, f in train_pairs], min_freq=preset.target_min_count,
-                            bos=True, eos=True))
-    try:
-        bpe = BPE.learn([e for e, _ in train_pairs] + [f for _, f in train_pairs],
-                        preset.bpe_merges)
-    except ValueError as exc:  # a word holding the pieces' mark "@@"
-        raise unencodable(exc) from None
+    """-> (BPE or None, English vocabulary, French vocabulary) of the training pairs: every
+    piece seen, or the English words seen twice and the French ones target_min_count times."""
+    bpe = None
+    if preset.bpe_merges:
+        try:
+            bpe = BPE.learn([e for e, _ in train_pairs] + [f for _, f in train_pairs],
+                            preset.bpe_merges)
+        except ValueError as exc:  # a word holding the pieces' mark "@@"
+            raise unencodable(exc) from None
+    min_english, min_french = (1, 1) if bpe is not None else (2, preset.target_min_count)
     return (bpe,
-            Vocab.build([bpe.encode(e) for e, _ in train_pairs], bos=True, eos=True),
-            Vocab.build([bpe.encode(f) for _, f in train_pairs], bos=True, eos=True))
+            Vocab.build([pieces(e, bpe) for e, _ in train_pairs], min_freq=min_english,
+                        bos=True, eos=True),
+            Vocab.build([pieces(f, bpe) for _, f in train_pairs], min_freq=min_french,
+                        bos=True, eos=True))
 
 
 def encode_pairs(pairs, src_vocab: Vocab, tgt_vocab: Vocab, bpe: BPE | None):
