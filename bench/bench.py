@@ -21,7 +21,7 @@ batch_first=True, norm_first=False, dropout 0, nn.Linear); it is built first and
 given the demo's own initial weights (npformer's model as the demo builds it, from
 ``seed``: ``bench.configs.demo_initial_state``; the lm's tied embedding N(0, 0.02^2),
 so its first loss is about ln 65, as in the demo), which it hands to the npformer and
-nanoGPT sides (an .npz file, loaded with ``npformer.torch_interop.load_torch_state_dict``),
+nanoGPT sides (an .npz file, loaded with ``npformer.interop.pytorch.load_torch_state_dict``),
 so both sides train the same model on the same batch and their first-step losses
 must agree.  The npformer worker never imports torch.  Before anything is measured,
 each worker runs one training step and one inference of a tiny model of the same

@@ -218,9 +218,9 @@ def npformer_model(cfg: dict, weights: str | None = None):
     from ``weights`` (an .npz of a state dict) when given."""
     import numpy as np
 
+    from npformer.interop.pytorch import load_torch_state_dict
     from npformer.models import CausalLM, Seq2SeqTransformer, TransformerClassifier
-    from npformer.tasks import Classification, LanguageModeling, Translation
-    from npformer.torch_interop import load_torch_state_dict
+    from npformer.train.tasks import Classification, LanguageModeling, Translation
 
     model_class, task = {
         "classifier": (TransformerClassifier, Classification()),
@@ -242,7 +242,7 @@ def demo_initial_state(cfg: dict, seed: int) -> dict:
     float32, from ``seed`` on the NumPy backend (the backend and default float are
     restored after, the generator reseeded with ``seed``)."""
     from npformer import backend
-    from npformer.torch_interop import to_torch_state_dict
+    from npformer.interop.pytorch import to_torch_state_dict
 
     previous = backend.backend_name(), backend.default_float_name()
     backend.set_backend("numpy", seed=seed)

@@ -11,7 +11,7 @@
 The same models and updates as bench/bench.py (the demos' own), float32, the same
 batch, on one GPU.  npformer is timed twice on a GPU: eagerly ("npformer"), and with each
 update replayed as a CUDA graph ("npformer-graph": NPFORMER_CUDA_GRAPH=1, the Trainer's
-graph mode, npformer/cuda_graph.py; where it cannot capture it says so and runs eagerly).
+graph mode, npformer/gpu/cuda_graph.py; where it cannot capture it says so and runs eagerly).
 Every (configuration, side) runs in a fresh subprocess (``--worker``, one JSON
 line on stdout), PyTorch first: it writes its initial weights to an .npz that the
 npformer side loads, so the first-step losses must agree.

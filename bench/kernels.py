@@ -395,7 +395,7 @@ def lm_step_ms(replicas: int, steps: int) -> float:
     from npformer.models import CausalLM, CausalLMConfig
     from npformer.optim import AdamW, clip_grad_norm, warmup_cosine
     from npformer.parallel import DataParallel
-    from npformer.tasks import LanguageModeling
+    from npformer.train.tasks import LanguageModeling
 
     rng = np.random.default_rng(0)
     model = CausalLM(CausalLMConfig(vocab_size=65))

@@ -1,7 +1,7 @@
 """Process modes of the benchmark (``python bench/bench.py --processes``): two cores used
 by two processes instead of two threads, side by side for each configuration:
 
-* ``npformer 2 ranks``: ``mpiexec -n 2``, 1 BLAS thread each, npformer.distributed (each
+* ``npformer 2 ranks``: ``mpiexec -n 2``, 1 BLAS thread each, npformer.parallel (each
   rank its half of the global batch, one Allreduce of the flat gradient per step);
 * ``npformer 2 threads``: one process, two thread replicas (npformer.parallel);
 * ``PyTorch DDP 2``: ``torch.distributed`` (gloo), 2 processes, 1 thread each, each its
@@ -17,7 +17,7 @@ interconnect (method in bench/README.md).
 
 Every rank runs ``bench.py --rank-worker``, ``--ddp-worker`` or ``--allreduce-worker``;
 rank 0 prints one JSON result line.  npformer keeps freed memory in the process in
-every mode (its ``Trainer`` and ``distributed.setup()`` call ``keep_freed_memory``:
+every mode (its ``Trainer`` and ``parallel.setup()`` call ``keep_freed_memory``:
 glibc's mallopt, the same effect as the GLIBC_TUNABLES PyTorch's modes get from
 --allocator).
 """
@@ -63,9 +63,9 @@ def rank_worker(spec: dict) -> int:
     """One npformer MPI rank: training steps on the global batch (this rank's rows)."""
     import numpy as np
 
-    from npformer import backend, distributed
+    from npformer import backend, parallel
 
-    ctx = distributed.setup()
+    ctx = parallel.setup()
     _single_blas_thread()
     backend.set_backend("numpy", seed=SEED)
     backend.set_default_float("float32")
@@ -138,9 +138,9 @@ def allreduce_worker(spec: dict) -> int:
     """Allreduce (sum, in place, float32) time against message size; rank 0 reports."""
     import numpy as np
 
-    from npformer import distributed
+    from npformer import parallel
 
-    ctx = distributed.setup()
+    ctx = parallel.setup()
     from mpi4py import MPI
 
     medians = []

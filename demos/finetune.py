@@ -57,11 +57,12 @@ from npformer.cli.memory import check_training_fits
 from npformer.cli.ranks import is_main
 from npformer.data import lm_batch, load_shakespeare, read_text_file, split_90_10
 from npformer.decoding import generate
-from npformer.models import CausalLM, gpt2
+from npformer.interop import gpt2
+from npformer.models import CausalLM
 from npformer.nn import evaluating
 from npformer.optim import AdamW
-from npformer.tasks import LanguageModeling
 from npformer.train import TrainConfig, Trainer
+from npformer.train.tasks import LanguageModeling
 
 DEMO = Demo(tag="finetune", title="fine-tuning", model_kind="causal_lm",
             script="demos/finetune.py", out="runs/finetune")

@@ -33,7 +33,7 @@ except (ValueError, RuntimeError) as exc:
 
 import numpy as np
 
-from npformer import backend, ops, progress
+from npformer import backend, ops
 from npformer.cli import (
     LAST_FILE,
     MODEL_FILE,
@@ -57,15 +57,14 @@ from npformer.cli import (
     write_text,
 )
 from npformer.cli.memory import check_training_fits
-from npformer.cli.schedule import cosine_schedule
 from npformer.data import CharVocab, lm_batch, load_shakespeare, read_text_file, split_90_10
 from npformer.decoding import generate
 from npformer.models import CausalLM, CausalLMConfig
 from npformer.models.configs import renamed_fields
 from npformer.nn import evaluating
-from npformer.optim import AdamW
-from npformer.tasks import LanguageModeling
-from npformer.train import TrainConfig, Trainer
+from npformer.optim import AdamW, cosine_schedule
+from npformer.train import TrainConfig, Trainer, progress
+from npformer.train.tasks import LanguageModeling
 
 DEMO = Demo(tag="shakespeare", title="Shakespeare", model_kind="causal_lm",
             script="demos/generate.py", out="runs/shakespeare")

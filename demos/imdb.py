@@ -37,7 +37,7 @@ except (ValueError, RuntimeError) as exc:
 
 import numpy as np
 
-from npformer import backend, ops, progress
+from npformer import backend, ops
 from npformer.cli import (
     LAST_FILE,
     MODEL_FILE,
@@ -63,7 +63,6 @@ from npformer.cli import (
     write_metrics,
 )
 from npformer.cli.memory import check_training_fits
-from npformer.cli.schedule import cosine_schedule
 from npformer.data import (
     Vocab,
     is_user_data,
@@ -77,9 +76,9 @@ from npformer.data import (
 from npformer.models import ClassifierConfig, TransformerClassifier
 from npformer.models.configs import renamed_fields
 from npformer.nn import evaluating, record_attention
-from npformer.optim import AdamW
-from npformer.tasks import Classification
-from npformer.train import EpochBatches, TrainConfig, Trainer, TrainingInterrupted
+from npformer.optim import AdamW, cosine_schedule
+from npformer.train import EpochBatches, TrainConfig, Trainer, TrainingInterrupted, progress
+from npformer.train.tasks import Classification
 
 DEMO = Demo(tag="imdb", title="IMDB", model_kind="classifier", script="demos/imdb.py",
             out="runs/imdb")

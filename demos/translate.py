@@ -72,7 +72,6 @@ from npformer.cli import (
     yes_no,
 )
 from npformer.cli.memory import check_training_fits
-from npformer.cli.schedule import CosineOfLength
 from npformer.data import (
     BPE,
     Vocab,
@@ -89,9 +88,9 @@ from npformer.decoding import beam_search, greedy_decode
 from npformer.models import Seq2SeqConfig, Seq2SeqTransformer
 from npformer.models.configs import renamed_fields
 from npformer.nn import evaluating, record_attention
-from npformer.optim import Adam
-from npformer.tasks import Translation
+from npformer.optim import Adam, CosineOfLength
 from npformer.train import EpochBatches, TrainConfig, Trainer
+from npformer.train.tasks import Translation
 
 DEMO = Demo(tag="translate", title="translation", model_kind="seq2seq",
             script="demos/translate.py", out="runs/translate")

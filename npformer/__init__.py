@@ -21,9 +21,8 @@ from .nn import no_grad
 __version__ = "0.1.0"
 
 # Subpackages and modules imported on first attribute access (PEP 562).
-_LAZY_SUBMODULES = ("checkpoint", "cli", "data", "decoding", "distributed", "models", "optim",
-                    "parallel", "replicas", "tasks", "torch_interop", "torch_reference",
-                    "train")
+_LAZY_SUBMODULES = ("checkpoint", "cli", "data", "decoding", "gpu", "interop", "models",
+                    "optim", "parallel", "train")
 
 __all__ = ["backend", "engine", "fast", "gradcheck", "nn", "ops", *_LAZY_SUBMODULES,
            "set_backend", "set_engine", "engine_name", "no_grad"]

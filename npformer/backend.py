@@ -273,7 +273,7 @@ def device_only(reason: str) -> Iterator[None]:
     :func:`host_range` and :func:`to_float`), or of host data to the device
     (:func:`asarray`), raises :class:`HostReadError` naming ``reason``: a step captured as
     a CUDA graph must never wait for the device, nor bake host values into the graph
-    (:mod:`npformer.cuda_graph`); the tests prove that on any backend."""
+    (:mod:`npformer.gpu.cuda_graph`); the tests prove that on any backend."""
     previous = getattr(_host_reads, "forbidden", None)
     _host_reads.forbidden = reason
     try:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from npformer import backend, engine, fast, ops
-from npformer.torch_interop import load_torch_state_dict
+from npformer.interop.pytorch import load_torch_state_dict
 
 
 def to_host(x) -> np.ndarray:
@@ -62,7 +62,7 @@ def to_torch(torch, host, **kwargs):
 
 def load_from_torch(module, torch_module) -> None:
     """``torch_module``'s weights into the npformer ``module`` by
-    ``npformer.torch_interop.load_torch_state_dict``, through the host: the torch state
+    ``npformer.interop.pytorch.load_torch_state_dict``, through the host: the torch state
     dict may live on CUDA, and npformer reads it as NumPy arrays without importing torch."""
     load_torch_state_dict(module, {name: to_host(tensor)
                                    for name, tensor in torch_module.state_dict().items()})

@@ -18,9 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from npformer import backend, distributed
-from npformer.distributed import RanksDiffer
-from npformer.parallel import DataParallel
+from npformer import backend, parallel
+from npformer.parallel import DataParallel, RanksDiffer
 from tests import parallel_cases as cases
 
 
@@ -57,7 +56,7 @@ def trajectories(ctx, out: Path) -> None:
 
 
 def checkpoints(ctx, out: Path, resume_from: str | None) -> None:
-    import npformer.train as train_module
+    import npformer.train.loop as train_module
 
     original = train_module.save_checkpoint
 
@@ -138,7 +137,7 @@ def main(argv) -> int:
     resume_from = argv[3] if len(argv) > 3 else None
     backend.set_backend("numpy", seed=0)
     backend.set_default_float("float64")
-    ctx = distributed.setup()
+    ctx = parallel.setup()
     print(f"printed by rank {ctx.rank} of {ctx.size}")  # only rank 0's may come out
     if scenario == "fail":
         fail(ctx)

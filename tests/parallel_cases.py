@@ -16,8 +16,8 @@ from npformer.models import (
     TransformerClassifier,
 )
 from npformer.optim import Adam
-from npformer.tasks import Classification, LanguageModeling, Translation
 from npformer.train import TrainConfig, Trainer
+from npformer.train.tasks import Classification, LanguageModeling, Translation
 
 
 def classifier_case(rng, rows: int = 7, dropout: float = 0.0):

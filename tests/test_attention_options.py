@@ -3,7 +3,7 @@
 * gradient checks (central differences, float64, NumPy and the strict namespace, both
   tiers) of ``MultiHeadAttention(narrow=..., kqnorm=...)``, self- and cross-attention,
   under causal, padding and fully masked rows: every input and every parameter;
-* parity with ``npformer.torch_reference.torch_attention()``, the same layer written in
+* parity with ``npformer.interop.torch_reference.torch_attention()``, the same layer written in
   torch as Bloem's ``former`` writes it: outputs, input gradients and every parameter's
   gradient within 1e-10 (float64) and 1e-5 (float32), in both tiers;
 * the narrow maps really are shared: (E, E) weights, and a layer whose slices are
@@ -24,6 +24,8 @@ from npformer import backend, nn, no_grad
 from npformer.checkpoint import build_model, load_checkpoint, save_checkpoint
 from npformer.cli.memory import parameter_count
 from npformer.gradcheck import check_module
+from npformer.interop.pytorch import to_torch
+from npformer.interop.torch_reference import torch_attention
 from npformer.models import (
     CausalLM,
     CausalLMConfig,
@@ -33,8 +35,6 @@ from npformer.models import (
     TransformerClassifier,
 )
 from npformer.ops import causal_mask, padding_mask
-from npformer.torch_interop import to_torch
-from npformer.torch_reference import torch_attention
 
 from .conftest import using_backend
 from .helpers import GRADCHECK_TOL, PARITY_RTOL, rel_diff, to_host

@@ -268,7 +268,7 @@ def test_pytorch_update_is_the_demos_update(name, tmp_path):
     # barely see the clipping: the weights do; a clip left out moves lm's by 2e-4).
     # The key bias's gradient is zero up to rounding (softmax ignores a shift shared by
     # every key) and Adam blows that noise up: it is left out.
-    from npformer.torch_interop import to_torch_state_dict
+    from npformer.interop.pytorch import to_torch_state_dict
 
     after = to_torch_state_dict(ours.model)
     for key, value in torch_run.model.state_dict().items():

@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import npformer.train as train_module
-from npformer.cli.schedule import CosineOfLength, cosine_schedule
-from npformer.distributed import fingerprint
+import npformer.train.loop as train_module
+from npformer.optim import CosineOfLength, cosine_schedule
+from npformer.parallel import fingerprint
 
 from .conftest import using_backend
 from .test_resume import assert_same, epoch_batches, make_trainer, outcome

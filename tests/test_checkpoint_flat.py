@@ -46,7 +46,7 @@ from npformer.checkpoint import (
     save_checkpoint,
 )
 from npformer.fast.flat import flat_buffer_of
-from npformer.tasks import LanguageModeling
+from npformer.train.tasks import LanguageModeling
 
 from .conftest import using_backend
 from .helpers import using_engine

@@ -39,6 +39,7 @@ from npformer.checkpoint import (
     restore,
     save_checkpoint,
 )
+from npformer.interop.pytorch import rules_for, to_torch_state_dict
 from npformer.models import (
     CausalLM,
     CausalLMConfig,
@@ -48,9 +49,8 @@ from npformer.models import (
     TransformerClassifier,
 )
 from npformer.nn import no_grad
-from npformer.tasks import Classification, LanguageModeling, Translation
-from npformer.torch_interop import rules_for, to_torch_state_dict
 from npformer.train import TrainConfig, Trainer, TrainingDiverged, accuracy, perplexity
+from npformer.train.tasks import Classification, LanguageModeling, Translation
 
 from .conftest import using_backend
 from .helpers import rel_diff
@@ -578,11 +578,11 @@ def test_accuracy_and_perplexity():
 # =========================================================================== the allocator
 def test_a_trainer_keeps_freed_memory_in_the_process(monkeypatch):
     """Training allocates the same arrays every step: the Trainer tells glibc to keep
-    them (npformer.allocator) rather than page-fault them back in every step."""
-    import npformer.train
+    them (npformer.parallel.allocator) rather than page-fault them back in every step."""
+    import npformer.train.loop
 
     calls = []
-    monkeypatch.setattr(npformer.train, "keep_freed_memory", lambda: calls.append(1) or True)
+    monkeypatch.setattr(npformer.train.loop, "keep_freed_memory", lambda: calls.append(1) or True)
     with using_backend("numpy", "float64"):
         model, opt = _resume_setup(0)
         _trainer(model, opt, max_iters=1)
@@ -594,7 +594,7 @@ def test_keep_freed_memory_sets_glibcs_thresholds(monkeypatch):
     False, changing nothing, where there is no glibc)."""
     import ctypes
 
-    from npformer import allocator
+    from npformer.parallel import allocator
 
     class FakeLibc:
         def __init__(self):

@@ -47,8 +47,8 @@ from npformer.decoding import (
 )
 from npformer.models import CausalLM, CausalLMConfig, Seq2SeqConfig, Seq2SeqTransformer
 from npformer.nn import no_grad
-from npformer.tasks import Translation
 from npformer.train import TrainConfig, Trainer
+from npformer.train.tasks import Translation
 
 from .conftest import using_backend
 from .helpers import rel_diff

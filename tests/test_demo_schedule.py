@@ -1,6 +1,6 @@
 """Issue 37, case 6: a run of one update (``--max-iters 1``, ``imdb.py --epochs 0.01``)
 ended in a traceback, "warmup (1) must be shorter than total_steps (1)".  The demos'
-cosine schedule (:func:`npformer.cli.schedule.cosine_schedule`) is legal for any number
+cosine schedule (:func:`npformer.optim.cosine_schedule`) is legal for any number
 of updates from 1, and is ``warmup_cosine`` itself for every run longer than its warmup.
 """
 from __future__ import annotations
@@ -8,9 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from npformer.cli.schedule import cosine_schedule
 from npformer.nn import Parameter
-from npformer.optim import warmup_cosine
+from npformer.optim import cosine_schedule, warmup_cosine
 from tests.test_demos import SMOKE, data_dir, load_demo, run_demo  # noqa: F401 (data_dir: a fixture)
 
 

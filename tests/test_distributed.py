@@ -34,13 +34,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from npformer import backend, distributed, parallel
-from npformer.distributed import Context, batch_fingerprint, keep_freed_memory, launched_by_mpi
+from npformer import backend, parallel
 from npformer.fast.flat import flat_buffer_of
 from npformer.nn import Linear
 from npformer.optim import AdamW
-from npformer.parallel import DataParallel, PackedGradients
-from npformer.tasks import Task
+from npformer.parallel import (
+    Context,
+    DataParallel,
+    PackedGradients,
+    batch_fingerprint,
+    keep_freed_memory,
+    launched_by_mpi,
+    workers,
+)
+from npformer.train.tasks import Task
 from tests import parallel_cases as cases
 from tests.conftest import using_backend
 from tests.helpers import rel_diff, using_engine
@@ -234,7 +241,7 @@ def test_a_failing_rank_ends_every_rank_with_its_message(tmp_path):
 def test_a_rank_whose_peers_never_join_stops_after_the_join_timeout():
     """Its peer is no npformer program (it never calls MPI_Init): the rank says whom it
     waited for, and for how long, and stops (NPFORMER_MPI_TIMEOUT seconds)."""
-    join = "from npformer import distributed; distributed.setup(); print('joined')"
+    join = "from npformer import parallel; parallel.setup(); print('joined')"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NPFORMER_MPI_TIMEOUT": "3"}
     for name in ("NPFORMER_MPI", "PMI_SIZE", "PMI_RANK"):
         env.pop(name, None)
@@ -275,8 +282,8 @@ def test_one_process_gets_the_thread_engine_and_a_single_context(monkeypatch):
     assert not launched_by_mpi()
     model, _, _ = cases.build("lm")
     engine = parallel.data_parallel(model, 2)
-    assert type(engine) is DataParallel and engine.ranks is distributed.current()
-    ctx = distributed.current()
+    assert type(engine) is DataParallel and engine.ranks is parallel.current()
+    ctx = parallel.current()
     assert (ctx.rank, ctx.size, ctx.is_main) == (0, 1, True)
     assert ctx.shard_map(lambda i: i + 1, range(5), replicas=2) == [1, 2, 3, 4, 5]
     ctx.check_same(anything=object())  # nothing to compare with
@@ -399,7 +406,7 @@ def test_the_flat_gradient_buffer_is_all_reduced_as_it_is(monkeypatch):
     def no_packing(params):
         raise AssertionError("a packing buffer was made for a flat model")
 
-    monkeypatch.setattr(parallel, "PackedGradients", no_packing)
+    monkeypatch.setattr(workers, "PackedGradients", no_packing)
     with using_backend("numpy", "float64"), using_engine("fast"):
         model, task, batch = cases.build("lm", 5)
         optimizer = AdamW(model.parameters())
@@ -454,16 +461,16 @@ def test_ranks_sharing_a_gpu_never_get_nccl(monkeypatch):
     machine with 2 ranks: NCCL_ERROR_INVALID_USAGE); such ranks sum through MPI."""
     pytest.importorskip("mpi4py")
     monkeypatch.delenv("NPFORMER_GPU_ALLREDUCE", raising=False)
-    assert distributed.gpu_allreduce_kind(shared_gpu=True) in ("mpi", "host")
+    assert parallel.gpu_allreduce_kind(shared_gpu=True) in ("mpi", "host")
     monkeypatch.setenv("NPFORMER_GPU_ALLREDUCE", "host")
-    assert distributed.gpu_allreduce_kind(shared_gpu=True) == "host"
+    assert parallel.gpu_allreduce_kind(shared_gpu=True) == "host"
     monkeypatch.setenv("NPFORMER_GPU_ALLREDUCE", "nccl")
-    assert distributed.gpu_allreduce_kind(shared_gpu=False) == "nccl"
+    assert parallel.gpu_allreduce_kind(shared_gpu=False) == "nccl"
     with pytest.raises(ValueError, match="needs one GPU per rank, but two ranks share a GPU"):
-        distributed.gpu_allreduce_kind(shared_gpu=True)
+        parallel.gpu_allreduce_kind(shared_gpu=True)
     monkeypatch.setenv("NPFORMER_GPU_ALLREDUCE", "gloo")
     with pytest.raises(ValueError, match="must be nccl, mpi or host, got 'gloo'"):
-        distributed.gpu_allreduce_kind()
+        parallel.gpu_allreduce_kind()
 
 
 def test_a_failing_rank_waits_until_its_message_has_left_the_pipe(tmp_path):
@@ -479,17 +486,17 @@ def test_a_failing_rank_waits_until_its_message_has_left_the_pipe(tmp_path):
         reading = threading.Timer(0.3, lambda: drained.append(reader.read1(1 << 16)))
         reading.start()
         started = time.perf_counter()
-        distributed.wait_until_read(stream, timeout=10.0)
+        parallel.wait_until_read(stream, timeout=10.0)
         assert 0.25 <= time.perf_counter() - started < 5.0
         reading.join()  # the pipe empties inside read1, before the append
         assert drained == [b"npformer rank 1 of 2 failed\n"]
         stream.write("unread\n")
         stream.flush()
         started = time.perf_counter()
-        distributed.wait_until_read(stream, timeout=0.2)
+        parallel.wait_until_read(stream, timeout=0.2)
         assert 0.2 <= time.perf_counter() - started < 2.0
     with open(tmp_path / "log", "w") as file:
         file.write("text")
         started = time.perf_counter()
-        distributed.wait_until_read(file, timeout=5.0)
+        parallel.wait_until_read(file, timeout=5.0)
         assert time.perf_counter() - started < 1.0

@@ -44,7 +44,7 @@ def test_the_walk_finds_the_classes_a_user_meets():
                      "npformer.models.classifier.TransformerClassifier",
                      "npformer.models.lm.CausalLMConfig",
                      "npformer.models.seq2seq.Seq2SeqTransformer",
-                     "npformer.optim.AdamW", "npformer.tasks.Classification",
+                     "npformer.optim.AdamW", "npformer.train.tasks.Classification",
                      "npformer.train.Trainer", "npformer.train.TrainConfig",
                      "npformer.data.vocab.Vocab",
                      "npformer.data.files.TextClassificationData"):

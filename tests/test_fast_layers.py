@@ -479,7 +479,7 @@ def test_the_textbook_tier_never_runs_the_fast_tier():
     from pathlib import Path
 
     from npformer.decoding import generate
-    from npformer.tasks import LanguageModeling
+    from npformer.train.tasks import LanguageModeling
 
     fast_folder = str(Path(fast.__file__).parent)
     entered = set()

@@ -21,8 +21,8 @@ from npformer.checkpoint import load_checkpoint, save_checkpoint
 from npformer.fast import compiler
 from npformer.fast.flat import flat_buffer_of
 from npformer.models import CausalLM, CausalLMConfig
-from npformer.replicas import ThreadReplicas
-from npformer.tasks import LanguageModeling
+from npformer.parallel.replicas import ThreadReplicas
+from npformer.train.tasks import LanguageModeling
 
 from .conftest import using_backend
 from .helpers import rel_diff, using_engine

@@ -21,7 +21,7 @@ in both tiers:
 * bad input is refused naming it: a folder missing a file, a config of another
   architecture or option, weights that do not fit, a tokenizer whose vocabulary is not
   the model's, a prompt longer than the context;
-* ``import npformer`` (and ``npformer.models.gpt2``) imports none of torch, transformers,
+* ``import npformer`` (and ``npformer.interop.gpt2``) imports none of torch, transformers,
   tokenizers, huggingface_hub.
 """
 from __future__ import annotations
@@ -38,8 +38,9 @@ import pytest
 
 from npformer import backend, no_grad, ops
 from npformer.decoding import generate
-from npformer.models import CausalLM, gpt2
-from npformer.models.gpt2 import PretrainedError, Tokenizer
+from npformer.interop import gpt2
+from npformer.interop.gpt2 import PretrainedError, Tokenizer
+from npformer.models import CausalLM
 
 from .conftest import using_backend
 from .helpers import rel_diff, to_host
@@ -491,7 +492,7 @@ def test_the_tokenizer_encodes_and_decodes(folders):
 
 
 def test_importing_npformer_imports_no_hugging_face_library():
-    code = ("import sys, npformer, npformer.models.gpt2, npformer.decoding\n"
+    code = ("import sys, npformer, npformer.interop.gpt2, npformer.decoding\n"
             "heavy = [m for m in ('torch', 'transformers', 'tokenizers', 'huggingface_hub')"
             " if m in sys.modules]\n"
             "assert not heavy, heavy\n")

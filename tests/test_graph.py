@@ -1,5 +1,5 @@
-"""The update replayed as a CUDA graph (:mod:`npformer.cuda_graph`) and the products it
-captures (:mod:`npformer.fast.gemm`).
+"""The update replayed as a CUDA graph (:mod:`npformer.gpu.cuda_graph`) and the products it
+captures (:mod:`npformer.gpu.gemm`).
 
 On the CPU: the update's device statements (``StepGraphs(capture=False)``, what a graph
 records) equal the Trainer's eager update, update for update, in both tiers, on NumPy and
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from npformer import backend
-from npformer.cuda_graph import StepGraphs, graph_safe, unsupported
+from npformer.gpu.cuda_graph import StepGraphs, graph_safe, unsupported
 from npformer.models import (
     CausalLM,
     CausalLMConfig,
@@ -29,8 +29,8 @@ from npformer.models import (
 )
 from npformer.ops.contracts import TokenIdError, run_trusted
 from npformer.optim import SGD, Adam, AdamW, warmup_cosine
-from npformer.tasks import Classification, LanguageModeling, Translation
 from npformer.train import TrainConfig, Trainer
+from npformer.train.tasks import Classification, LanguageModeling, Translation
 
 from .conftest import GPU, using_backend
 
@@ -149,7 +149,7 @@ def test_the_device_update_reads_nothing_from_the_device(kind, monkeypatch):
     conversions refused too: it completes, so a graph could capture it.  (Without
     dropout: the strict backend draws its masks on the host; CuPy's generator draws them
     on the device, which the replay tests on a GPU check.)"""
-    import npformer.cuda_graph as cuda_graph
+    import npformer.gpu.cuda_graph as cuda_graph
 
     update = cuda_graph.device_update
 
@@ -305,7 +305,7 @@ def _emulated_call(call, first: np.ndarray, second: np.ndarray, out: np.ndarray)
 def test_the_planned_cublas_call_computes_the_product(a_shape, b_shape, layout):
     """The arguments given to cuBLAS, read with its column-major semantics (emulated in
     NumPy, operands in buffers with room after them): every layout gives a @ b."""
-    from npformer.fast.gemm import plan
+    from npformer.gpu.gemm import plan
 
     rng = np.random.default_rng(3)
     a, b = _laid_out(*(_in_pool(rng.standard_normal(s)) for s in (a_shape, b_shape)), layout)
@@ -514,7 +514,7 @@ def test_the_gpu_switches_refuse_what_is_not_a_boolean(name):
     import subprocess
     import sys
 
-    code = ("import npformer.train, npformer.cuda_graph as g; "
+    code = ("import npformer.train, npformer.gpu.cuda_graph as g; "
             "g.wanted_by_environment()")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={**os.environ, name: "maybe"})

@@ -20,19 +20,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Lowest first.  A name ends with ".*" for a package and all its modules.
 LAYERS = [
-    ["npformer.backend", "npformer.allocator"],
+    ["npformer.backend", "npformer.parallel.allocator", "npformer.gpu.gemm"],  # arrays, memory
     ["npformer.ops.contracts"],                 # the door and every op's contract
     ["npformer.ops.*"],                         # the textbook's mathematics
     ["npformer.engine"],                        # the one seam between the tiers
     ["npformer.nn.*"],                          # the textbook layers
+    ["npformer.interop.gpt2"],                  # GPT-2 folders <-> a module's weights
     ["npformer.models.*"],                      # the textbook models and their configs
-    ["npformer.optim"],                         # the textbook update rules
+    ["npformer.optim"],                         # the textbook update rules and schedules
     ["npformer.fast.*"],                        # the fast tier: whole implementations
-    ["npformer.data.*", "npformer.gradcheck", "npformer.torch_reference"],
-    ["npformer.tasks", "npformer.decoding", "npformer.checkpoint", "npformer.torch_interop"],
-    ["npformer.replicas", "npformer.distributed.*", "npformer.parallel", "npformer.cuda_graph"],
-    ["npformer.train", "npformer.launch", "npformer.progress"],
-    ["npformer.cli.*"],
+    ["npformer.data.*", "npformer.gradcheck", "npformer.interop.torch_reference"],
+    ["npformer.train.tasks", "npformer.decoding", "npformer.checkpoint", "npformer.interop.*"],
+    ["npformer.parallel.*", "npformer.gpu.*"],  # processes; the CUDA-graph step
+    ["npformer.train.*"],                       # the loop, its progress
+    ["npformer.cli.*"],                         # what the demos share
     ["npformer"],                               # the package: imports what it offers
 ]
 
@@ -122,7 +123,7 @@ def test_every_import_goes_down_and_none_goes_round():
 
 def test_parallel_and_distributed_import_one_way():
     graph = import_graph(ROOT / "npformer")
-    distributed = {m for m in graph if m.startswith("npformer.distributed")}
+    distributed = {m for m in graph if m.startswith("npformer.parallel")}
     assert any(t in distributed for t in graph["npformer.parallel"])
     assert not any("npformer.parallel" in graph[m] for m in distributed)
 

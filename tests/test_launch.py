@@ -1,5 +1,5 @@
 """A demo's default command re-launches itself on one MPI rank per core
-(npformer/launch.py): when it does and when it does not, that the ranks' figures are one
+(npformer/parallel/relaunch.py): when it does and when it does not, that the ranks' figures are one
 process's, and that exit codes and messages come through once."""
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from npformer import launch
+from npformer.parallel import relaunch
 
 ROOT = Path(__file__).resolve().parents[1]
 GENERATE = ROOT / "demos" / "generate.py"
-CLEAN = {name: None for name in (launch.LAUNCHED_MARK, *launch.LAUNCHER_VARIABLES,
+CLEAN = {name: None for name in (relaunch.LAUNCHED_MARK, *relaunch.LAUNCHER_VARIABLES,
                                  "NPFORMER_BACKEND")}
 
 
@@ -36,12 +36,12 @@ def options(**given):
     ({"backend": "cupy"}, True, {}, 1),                       # one GPU, one process
     ({}, True, {"NPFORMER_BACKEND": "cupy"}, 1),
     ({"procs": 2}, True, {"PMI_SIZE": "2"}, 1),               # mpiexec started it already
-    ({}, True, {launch.LAUNCHED_MARK: "1"}, 1),               # our own child
+    ({}, True, {relaunch.LAUNCHED_MARK: "1"}, 1),               # our own child
     ({}, True, {"OMPI_COMM_WORLD_SIZE": "4"}, 1),
 ])
 def test_planned_procs(given, training, environ, expected):
-    want = launch.usable_cores() if expected == "cores" else expected
-    assert launch.planned_procs(options(**given), training, environ) == want
+    want = relaunch.usable_cores() if expected == "cores" else expected
+    assert relaunch.planned_procs(options(**given), training, environ) == want
 
 
 @pytest.mark.parametrize("given, saved, expected", [
@@ -52,21 +52,21 @@ def test_planned_procs(given, training, environ, expected):
 def test_resume_takes_the_saved_runs_ranks_unless_told(given, saved, expected, monkeypatch):
     """A resumed run is on the saved run's ranks, or on the number asked for (issue 37 case
     31: --procs 1 was refused, while the README says a run resumes on any number)."""
-    monkeypatch.setattr(launch, "saved_procs", lambda out: saved)
-    assert launch.planned_procs(options(resume=True, **given), True, {}) == expected
+    monkeypatch.setattr(relaunch, "saved_procs", lambda out: saved)
+    assert relaunch.planned_procs(options(resume=True, **given), True, {}) == expected
 
 
 def test_called_as_a_function_never_relaunches():
     """main(argv) from Python (tests, notebooks) runs in this process."""
-    assert launch.relaunch(options(procs=2), ["--smoke"]) is None
+    assert relaunch.relaunch(options(procs=2), ["--smoke"]) is None
 
 
 def test_children_get_the_allocator_tunables_and_the_mark():
-    env = launch.child_environment("/tmp/launch", {"PATH": "/bin"})
-    assert env[launch.LAUNCHED_MARK] == "/tmp/launch"  # the launch's folder
+    env = relaunch.child_environment("/tmp/launch", {"PATH": "/bin"})
+    assert env[relaunch.LAUNCHED_MARK] == "/tmp/launch"  # the launch's folder
     assert "mmap_threshold=4294967296" in env["GLIBC_TUNABLES"]
     assert "trim_threshold=4294967296" in env["GLIBC_TUNABLES"]
-    mine = launch.child_environment("/tmp/launch", {"GLIBC_TUNABLES": "glibc.malloc.arena_max=1"})
+    mine = relaunch.child_environment("/tmp/launch", {"GLIBC_TUNABLES": "glibc.malloc.arena_max=1"})
     assert mine["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=1"  # the user's own is kept
 
 
@@ -76,7 +76,7 @@ def test_rank_alike_messages_come_once():
              "MPI_Abort(MPI_COMM_WORLD, 2) - process 0\n",
              "npformer rank 1 of 2 failed, aborting all ranks:\n", "Traceback (x)\n",
              "Traceback (x)\n"]
-    shown = list(launch.shown_once(lines, set()))
+    shown = list(relaunch.shown_once(lines, set()))
     assert shown == ["error: no data\n", "npformer rank 1 of 2 failed, aborting all ranks:\n",
                      "Traceback (x)\n", "Traceback (x)\n"]  # tracebacks pass whole
 
@@ -87,11 +87,11 @@ def test_rank_alike_messages_come_once():
 # the launcher shows it when the stream did not.
 RANK = """
 import os, sys
-from npformer import launch
+from npformer.parallel import relaunch
 print_it = sys.argv[1] == "forwarded"
 if print_it:
     sys.stderr.write("error: the data is corrupt\\n")
-launch.record_last_words("error: the data is corrupt")
+relaunch.record_last_words("error: the data is corrupt")
 sys.exit(2)
 """
 
@@ -101,16 +101,16 @@ def test_a_ranks_last_words_are_shown_once_even_if_mpiexec_drops_them(stream, tm
                                                                         capfd):
     folder = tmp_path / "launch"
     folder.mkdir()
-    (folder / launch.LAUNCH_FILE).write_text(json.dumps({"ranks": 1, "mpiexec": "x"}))
-    env = launch.child_environment(folder, {**os.environ, "PYTHONPATH": str(ROOT)})
-    code = launch.run_children([sys.executable, "-c", RANK, stream], env, folder)
+    (folder / relaunch.LAUNCH_FILE).write_text(json.dumps({"ranks": 1, "mpiexec": "x"}))
+    env = relaunch.child_environment(folder, {**os.environ, "PYTHONPATH": str(ROOT)})
+    code = relaunch.run_children([sys.executable, "-c", RANK, stream], env, folder)
     assert code == 2
     assert capfd.readouterr().err.splitlines() == ["error: the data is corrupt"]
 
 
 def test_without_a_launcher_nothing_is_left_behind(tmp_path):
-    launch.record_last_words("error: x", {})  # not a launched rank: no folder, no file
-    launch.record_last_words("error: x", {launch.LAUNCHED_MARK: str(tmp_path)})  # no launch
+    relaunch.record_last_words("error: x", {})  # not a launched rank: no folder, no file
+    relaunch.record_last_words("error: x", {relaunch.LAUNCHED_MARK: str(tmp_path)})  # no launch
     assert list(tmp_path.iterdir()) == []
 
 

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from npformer import backend, nn, ops
+from npformer.interop.pytorch import load_torch_state_dict, to_torch_state_dict
 from npformer.ops import causal_mask, padding_mask
-from npformer.torch_interop import load_torch_state_dict, to_torch_state_dict
 
 from .helpers import raises_naming
 

@@ -36,8 +36,8 @@ import numpy as np
 import pytest
 
 from npformer import backend, nn
+from npformer.interop.pytorch import to_torch_state_dict
 from npformer.ops import causal_mask, padding_mask
-from npformer.torch_interop import to_torch_state_dict
 
 from .conftest import using_backend
 from .helpers import (

@@ -1,8 +1,8 @@
 """Whole-model parity with PyTorch: the same model assembled from torch.nn modules.
 
 For each architecture the reference is a plain ``torch.nn.Module`` (the one copy, in
-npformer/torch_reference.py, which the benchmark runs too) with the attribute names
-:mod:`npformer.torch_interop` expects (tok_emb, pos_emb, layers.<i> =
+npformer/interop/torch_reference.py, which the benchmark runs too) with the attribute names
+:mod:`npformer.interop.pytorch` expects (tok_emb, pos_emb, layers.<i> =
 ``nn.TransformerEncoderLayer(batch_first=True)``, norm, head / lm_head; src_tok_emb,
 tgt_tok_emb, encoder.layers.<i>, decoder.layers.<i> = ``nn.TransformerDecoderLayer``,
 encoder.norm, decoder.norm, out_proj), built with dropout 0, the same norm_first and
@@ -29,6 +29,8 @@ import pytest
 
 from npformer import backend, engine, ops, optim
 from npformer.fast import layernorm as fast_layernorm
+from npformer.interop.pytorch import to_torch_state_dict
+from npformer.interop.torch_reference import torch_models  # the PyTorch references (bench/ too)
 from npformer.models import (
     CausalLM,
     CausalLMConfig,
@@ -37,9 +39,7 @@ from npformer.models import (
     Seq2SeqTransformer,
     TransformerClassifier,
 )
-from npformer.tasks import Classification, LanguageModeling, Translation
-from npformer.torch_interop import to_torch_state_dict
-from npformer.torch_reference import torch_models  # the PyTorch references (bench/ too)
+from npformer.train.tasks import Classification, LanguageModeling, Translation
 
 from .conftest import require_torch, using_backend
 from .helpers import load_from_torch, rel_diff, to_torch, torch_device, using_engine

@@ -373,7 +373,7 @@ def test_a_state_dict_is_a_snapshot_training_does_not_change():
     the flat buffer in place: a state dict of views would have moved with it)."""
     from npformer.models import CausalLM, CausalLMConfig
     from npformer.optim import AdamW
-    from npformer.tasks import LanguageModeling
+    from npformer.train.tasks import LanguageModeling
 
     with using_backend("numpy", "float32"):
         model = CausalLM(CausalLMConfig(vocab_size=11, block_size=8, d_model=8, num_heads=2,

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from npformer import cli, distributed
+from npformer import cli, parallel
 from npformer.data import (
     DatasetFormatError,
     DatasetNotFoundError,
@@ -426,7 +426,7 @@ def test_generate_demo_trains_on_a_users_text(user_files, tmp_path):
 def test_machine_description_names_ranks_and_replicas(monkeypatch):
     assert cli.machine_description(2).endswith(", 1 process, 2 replicas")
     assert cli.machine_description(1).endswith(", 1 process, 1 replica")
-    monkeypatch.setattr(distributed, "current", lambda: distributed.Context(comm=None, size=2))
+    monkeypatch.setattr(parallel, "current", lambda: parallel.Context(comm=None, size=2))
     assert cli.machine_description(1).endswith(", 2 MPI ranks, 1 replica each")
 
 

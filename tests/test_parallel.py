@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from npformer.parallel import DataParallel, shard_bounds, split_batch
-from npformer.replicas import ThreadReplicas
+from npformer.parallel.replicas import ThreadReplicas
 from tests.conftest import using_backend
 from tests.helpers import rel_diff, using_engine
 from tests.parallel_cases import build, train

@@ -1,4 +1,4 @@
-"""Progress a user can read (npformer.progress, issue 37 case 34).
+"""Progress a user can read (npformer.train.progress, issue 37 case 34).
 
 Every test runs on a fake clock (the time function is injected: given to a reporter, or
 to an outer one whose clock the reporters opened inside share), so the times are exact:
@@ -25,12 +25,12 @@ import sys
 import numpy as np
 import pytest
 
-from npformer import distributed, optim, progress
+from npformer import optim, parallel
 from npformer.cli import map_batches
 from npformer.models import CausalLM, CausalLMConfig
-from npformer.progress import Progress, clock_time
-from npformer.tasks import LanguageModeling
-from npformer.train import TrainConfig, Trainer
+from npformer.train import TrainConfig, Trainer, progress
+from npformer.train.progress import Progress, clock_time
+from npformer.train.tasks import LanguageModeling
 
 from .conftest import using_backend
 
@@ -280,7 +280,7 @@ def test_nothing_is_printed_on_ranks_other_than_0(capsys, monkeypatch):
     class Rank1:
         is_main = False
 
-    monkeypatch.setattr(distributed, "current", lambda: Rank1())
+    monkeypatch.setattr(parallel, "current", lambda: Rank1())
     with progress.phase("test", 10) as shown:  # a pass outside training (test scoring)
         assert not shown.enabled
 

@@ -28,7 +28,7 @@ def _env(**extra) -> dict:
 
 
 # --------------------------------------------------------------------------- case 1
-JOIN = ("from npformer import distributed; ctx = distributed.setup(); ctx.barrier(); "
+JOIN = ("from npformer import parallel; ctx = parallel.setup(); ctx.barrier(); "
         "print('joined', ctx.rank, ctx.size)")
 
 
@@ -196,8 +196,8 @@ def _escaped(text: str) -> str:
 
 def test_case05_an_optimizer_over_another_models_parameters_is_refused():
     from npformer.optim import Adam
-    from npformer.tasks import Classification
     from npformer.train import TrainConfig, Trainer
+    from npformer.train.tasks import Classification
     from tests.conftest import using_backend
 
     model, other = _classifier(), _classifier()
@@ -211,8 +211,8 @@ def test_case05_an_optimizer_over_another_models_parameters_is_refused():
 
 def test_case05_a_select_metric_the_evaluation_does_not_return_is_named(tmp_path):
     from npformer.optim import Adam
-    from npformer.tasks import Classification
     from npformer.train import TrainConfig, Trainer
+    from npformer.train.tasks import Classification
     from tests.conftest import using_backend
 
     model = _classifier()
@@ -345,7 +345,11 @@ def test_case08_every_loader_refuses_weights_of_the_wrong_kind(loader, how, erro
     load_safetensors took int32/bool/complex, Module.load_state_dict and
     load_torch_state_dict integers and NaN/inf, and load_checkpoint integers (cast silently)."""
     from npformer import checkpoint
-    from npformer.torch_interop import load_safetensors, load_torch_state_dict, to_torch_state_dict
+    from npformer.interop.pytorch import (
+        load_safetensors,
+        load_torch_state_dict,
+        to_torch_state_dict,
+    )
     from tests.conftest import using_backend
 
     block = _block()
@@ -409,7 +413,7 @@ def test_case09_a_torch_module_with_other_head_counts_is_refused():
     """Before: a 4-head torch layer's weights loaded into a 2-head block (same widths),
     and the outputs differed by 0.067."""
     torch = pytest.importorskip("torch")
-    from npformer.torch_interop import load_torch_state_dict
+    from npformer.interop.pytorch import load_torch_state_dict
 
     block = _block(num_heads=2)
     layer = torch.nn.TransformerEncoderLayer(8, 4, 16, 0.0, batch_first=True)
@@ -439,7 +443,7 @@ def test_case10_a_temperature_so_small_the_probabilities_underflow_samples_the_a
 
 def test_case10_torch_weights_of_the_wrong_shape_or_kind_name_the_mistake():
     torch = pytest.importorskip("torch")
-    from npformer.torch_interop import load_torch_state_dict
+    from npformer.interop.pytorch import load_torch_state_dict
 
     block = _block(num_heads=2)
     layer = torch.nn.TransformerEncoderLayer(8, 2, 16, 0.0, batch_first=True)
@@ -470,7 +474,7 @@ def test_case10_a_bfloat16_safetensors_file_loads_as_float32_with_a_note(tmp_pat
     torch = pytest.importorskip("torch")
     from safetensors.torch import save_file
 
-    from npformer.torch_interop import load_safetensors
+    from npformer.interop.pytorch import load_safetensors
 
     block = _block(num_heads=2)
     layer = torch.nn.TransformerEncoderLayer(8, 2, 16, 0.0, batch_first=True)
@@ -609,7 +613,7 @@ def test_case11_a_read_only_out_folder_is_one_error_line(stopped_run, data_dir, 
 
 def test_case11_ranks_started_with_different_data_is_one_error_line(capsys):
     from npformer import cli
-    from npformer.distributed import RanksDiffer
+    from npformer.parallel import RanksDiffer
 
     def main(argv):
         raise RanksDiffer("the ranks were not started alike, refusing to train: data differs")

@@ -19,8 +19,8 @@ from npformer.checkpoint import load_checkpoint
 from npformer.data import length_bucketed_batches, pad_batch
 from npformer.models import ClassifierConfig, TransformerClassifier
 from npformer.nn import evaluating
-from npformer.tasks import Classification
 from npformer.train import EpochBatches, TrainConfig, Trainer, TrainingInterrupted
+from npformer.train.tasks import Classification
 
 from .conftest import using_backend
 

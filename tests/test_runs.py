@@ -27,12 +27,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from npformer import launch
 from npformer.checkpoint import load_checkpoint
+from npformer.parallel import relaunch
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMOS = ROOT / "demos"
-CLEAN = (launch.LAUNCHED_MARK, *launch.LAUNCHER_VARIABLES, "NPFORMER_BACKEND",
+CLEAN = (relaunch.LAUNCHED_MARK, *relaunch.LAUNCHER_VARIABLES, "NPFORMER_BACKEND",
          "NPFORMER_MPI_TIMEOUT")
 ONE = ("--procs", "1", "--replicas", "2")  # one process of 2 thread replicas, any machine
 
@@ -58,8 +58,8 @@ def demo(script: str, *args: str, data: Path, mpiexec: str | None = "found",
     command = [sys.executable, str(DEMOS / script), "--no-progress", *args]
     if mpiexec != "found":
         command = [sys.executable, "-c", (
-            "import runpy, sys; import npformer.launch as launch; "
-            f"launch.find_mpiexec = lambda: {mpiexec!r}; sys.argv = sys.argv[1:]; "
+            "import runpy, sys; import npformer.parallel.relaunch as relaunch; "
+            f"relaunch.find_mpiexec = lambda: {mpiexec!r}; sys.argv = sys.argv[1:]; "
             "runpy.run_path(sys.argv[0], run_name='__main__')"), *command[1:]]
     return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600,
                           env=environment(data, **env))
@@ -139,7 +139,7 @@ def test_case07_a_bad_join_timeout_is_one_error_line_before_the_launch(data, tmp
     assert "MPI ranks" not in result.stdout  # refused before starting them
 
 
-JOIN = ("from npformer import distributed; ctx = distributed.setup(); ctx.barrier(); "
+JOIN = ("from npformer import parallel; ctx = parallel.setup(); ctx.barrier(); "
         "print('joined', ctx.rank, ctx.size)")
 
 

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 from npformer import backend
-from npformer.torch_interop import load_safetensors, save_safetensors
-from npformer.torch_reference import torch_models
+from npformer.interop.pytorch import load_safetensors, save_safetensors
+from npformer.interop.torch_reference import torch_models
 
 from .conftest import using_backend
 from .helpers import assert_close
@@ -96,7 +96,7 @@ def test_bad_files_are_clear_errors(tmp_path):
 
 def test_saving_safetensors_does_not_import_torch(tmp_path):
     code = ("import sys; from npformer.models import CausalLM, CausalLMConfig; "
-            "from npformer.torch_interop import save_safetensors; "
+            "from npformer.interop.pytorch import save_safetensors; "
             "m = CausalLM(CausalLMConfig(vocab_size=5, block_size=4, d_model=4, num_heads=2, "
             "num_layers=1, d_ff=8)); "
             f"save_safetensors(m, {str(tmp_path / 'm.safetensors')!r}); "

@@ -9,7 +9,7 @@ import pytest
 
 from npformer import backend, gradcheck, ops
 from npformer.models import Seq2SeqConfig, Seq2SeqTransformer
-from npformer.tasks import Translation
+from npformer.train.tasks import Translation
 from tests.conftest import using_backend
 from tests.helpers import GRADCHECK_TOL, rel_diff
 

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from npformer import launch
 from npformer.checkpoint import load_checkpoint
+from npformer.parallel import relaunch
 
 ROOT = Path(__file__).resolve().parents[1]
 GENERATE = ROOT / "demos" / "generate.py"
-CLEAN = (launch.LAUNCHED_MARK, *launch.LAUNCHER_VARIABLES, "NPFORMER_BACKEND")
+CLEAN = (relaunch.LAUNCHED_MARK, *relaunch.LAUNCHER_VARIABLES, "NPFORMER_BACKEND")
 SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT]
 STOP_TIMEOUT = 90  # seconds from the signal to the launcher's exit (a few on an idle machine)
 

@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 
 from npformer import backend, engine, nn
+from npformer.interop.pytorch import from_torch, to_torch
+from npformer.interop.torch_reference import torch_models
 from npformer.models import CausalLM, CausalLMConfig
-from npformer.torch_interop import from_torch, to_torch
-from npformer.torch_reference import torch_models
 
 from .conftest import using_backend
 from .helpers import assert_close
@@ -306,7 +306,7 @@ def test_a_layer_with_its_attention_dropout_turned_off_converts_with_its_dropout
 
 
 def test_interop_does_not_import_torch():
-    code = ("import sys, npformer, npformer.torch_interop, npformer.torch_reference; "
+    code = ("import sys, npformer, npformer.interop.pytorch, npformer.interop.torch_reference; "
             "npformer.models; assert 'torch' not in sys.modules, 'torch was imported'")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

@@ -79,7 +79,7 @@ def demo_run(name: str):
         TransformerClassifier,
     )
     from npformer.optim import Adam, AdamW, warmup_cosine, warmup_inverse_sqrt
-    from npformer.tasks import Classification, LanguageModeling, Translation
+    from npformer.train.tasks import Classification, LanguageModeling, Translation
 
     warnings.simplefilter("ignore", DeprecationWarning)
     rng = np.random.default_rng(0)

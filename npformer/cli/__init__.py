@@ -18,8 +18,8 @@ One module per job:
 * :mod:`.plots`    training curves and attention maps (matplotlib imported when drawn)
 
 *Processes.*  ``mpiexec -n N python demos/...`` runs a demo on N MPI ranks with no
-other flag (:mod:`npformer.distributed`), and a demo that trains on the CPU starts its
-own ranks (:mod:`npformer.launch`): the ranks split every batch's rows, so the global
+other flag (:mod:`npformer.parallel`), and a demo that trains on the CPU starts its
+own ranks (:mod:`npformer.parallel.relaunch`): the ranks split every batch's rows, so the global
 batch, the learning rate and the results are those of one process; evaluation and
 decoding are shared out across the ranks; only rank 0 prints and writes files.
 """

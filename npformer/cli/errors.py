@@ -4,8 +4,8 @@ resume (:func:`resume_command`) and status 130.  Any other exception is a bug: i
 through, traceback and all.
 
 *Signals.*  Every signal that asks a process to end and can be caught
-(:data:`npformer.launch.FORWARDED_SIGNALS`: SIGINT, SIGTERM, SIGHUP, SIGQUIT) stops a demo
-the same way, in one process and on each MPI rank (whose launcher forwards them):
+(:data:`npformer.parallel.relaunch.FORWARDED_SIGNALS`: SIGINT, SIGTERM, SIGHUP, SIGQUIT)
+stops a demo the same way, in one process and on each MPI rank (whose launcher forwards them):
 while training, the :class:`~npformer.train.Trainer` finishes the current update, saves
 the run and raises :class:`~npformer.train.TrainingInterrupted` (it handles SIGINT and
 SIGTERM itself; SIGHUP and SIGQUIT are handed to its SIGTERM handler); elsewhere the demo
@@ -22,16 +22,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from .. import distributed
+from .. import parallel
 from ..checkpoint import CheckpointError
 from ..data import DatasetFormatError, DatasetNotFoundError
-from ..launch import FORWARDED_SIGNALS, announce_rank, record_last_words
-from ..train import TrainingDiverged, TrainingInterrupted
+from ..parallel.relaunch import FORWARDED_SIGNALS, announce_rank, record_last_words
+from ..train.loop import TrainingDiverged, TrainingInterrupted
 from .demo import DemoError
 from .output import say
 
 USER_ERRORS = (DemoError, DatasetNotFoundError, DatasetFormatError, CheckpointError,
-               TrainingDiverged, distributed.RanksDiffer)
+               TrainingDiverged, parallel.RanksDiffer)
 STOPPED = 130  # the exit status of a demo stopped by a signal or --stop-after
 
 
@@ -80,15 +80,15 @@ def _say_and_abort(line: str, code: int) -> None:
     drop it in the abort."""
     say(line)
     record_last_words(line)
-    distributed.current().abort_others(code)
+    parallel.current().abort_others(code)
 
 
 @contextmanager
 def stop_signals() -> Iterator[None]:
-    """While a demo runs: each of :data:`~npformer.launch.FORWARDED_SIGNALS` stops it (see
-    the module's docstring), but one the demo was started ignoring (``nohup``, a shell's
-    background job) stays ignored; the previous handlers come back after.  Outside the
-    main thread signals cannot be handled: nothing changes there."""
+    """While a demo runs: each of :data:`~npformer.parallel.relaunch.FORWARDED_SIGNALS`
+    stops it (see the module's docstring), but one the demo was started ignoring
+    (``nohup``, a shell's background job) stays ignored; the previous handlers come back
+    after.  Outside the main thread signals cannot be handled: nothing changes there."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -174,9 +174,9 @@ def _raised_options(preset: Any, defaults: Any) -> list[str]:
 def processes_sharing_memory() -> int:
     """The processes of this run that share the memory :func:`machine_memory` reports,
     each holding the model: the MPI ranks on this machine (on the CPU), else one."""
-    from .. import backend, distributed
+    from .. import backend, parallel
 
-    return 1 if backend.backend_name() == "cupy" else distributed.current().local_size
+    return 1 if backend.backend_name() == "cupy" else parallel.current().local_size
 
 
 def check_training_fits(config: Any, batch_size: int, sequence_length: int, preset: Any,

@@ -201,7 +201,7 @@ def demo_parser(demo: Demo, doc: str, presets: dict) -> argparse.ArgumentParser:
                              "rounding")
     parser.add_argument("--cuda-graph", action="store_true",
                         help="with --backend cupy: each training update captured once as a "
-                             "CUDA graph and replayed (npformer.cuda_graph; the same as "
+                             "CUDA graph and replayed (npformer.gpu.cuda_graph; the same as "
                              "NPFORMER_CUDA_GRAPH=1); where it cannot apply the run says why "
                              "and trains eagerly")
     parser.add_argument("--replicas", type=positive_int, default=None,

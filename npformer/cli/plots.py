@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..train import History
+from ..train.loop import History
 from .ranks import is_main
 
 

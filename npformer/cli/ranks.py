@@ -7,21 +7,22 @@ import os
 import platform
 from collections.abc import Callable, Sequence
 
-from .. import backend, distributed, progress
-from ..distributed.shards import shard_bounds
+from .. import backend, parallel
+from ..parallel.shards import shard_bounds
+from ..train import progress
 
 
 def is_main() -> bool:
     """False on MPI ranks other than 0: they compute, rank 0 writes the files."""
-    return distributed.current().is_main
+    return parallel.current().is_main
 
 
 def map_batches(fn: Callable, items: Sequence, replicas: int, phase: str | None = None) -> list:
     """[fn(item) for item in items] for evaluation and decoding: across ``replicas``
     threads, and across the MPI ranks when there are several (every rank gets all).
-    ``phase`` names the pass in the progress shown (:func:`npformer.progress.phase`, a
+    ``phase`` names the pass in the progress shown (:func:`npformer.train.progress.phase`, a
     step per item: rank 0 shows its own share, the ranks' shares being alike)."""
-    ranks, items = distributed.current(), list(items)
+    ranks, items = parallel.current(), list(items)
     if phase is None:
         return ranks.shard_map(fn, items, replicas)
     lo, hi = shard_bounds(len(items), ranks.size)[ranks.rank]
@@ -33,7 +34,7 @@ def machine_description(replicas: int | None = None) -> str:
     """The machine and how a run spread over it, for metrics.json: e.g. "x86_64, 2 CPU
     cores, backend numpy, 2 MPI ranks, 1 replica each" (processes started by mpiexec,
     and ``replicas`` data-parallel threads in each)."""
-    ranks = distributed.current().size
+    ranks = parallel.current().size
     text = (f"{platform.machine()}, {os.cpu_count()} CPU cores, backend "
             f"{backend.backend_name()}, " + (f"{ranks} MPI ranks" if ranks > 1 else "1 process"))
     if replicas is not None:

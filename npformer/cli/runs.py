@@ -3,7 +3,7 @@
 *Start-up.*  Every demo's ``main`` begins with :func:`start_demo`: parse the command
 line, settle the settings (a resumed run's saved ones, the preset with the options
 given), take the output folder (hold it, refuse to mix two runs in it), then re-launch as
-MPI ranks when training on the CPU (:mod:`npformer.launch`), and apply the settings
+MPI ranks when training on the CPU (:mod:`npformer.parallel.relaunch`), and apply the settings
 (backend, dtype, engine, seed, MPI).  Everything a user can get wrong on the command line
 is checked before the ranks start, so its error is printed once.
 
@@ -32,13 +32,14 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from .. import backend, distributed, launch, progress
+from .. import backend, parallel
 from ..checkpoint import Checkpoint, CheckpointError, build_model, load_checkpoint
-from ..cuda_graph import wanted_by_environment
 from ..engine import engine_name, set_engine
-from ..launch import relaunch
+from ..gpu.cuda_graph import wanted_by_environment
 from ..models.configs import new_field_names
 from ..nn import Module
+from ..parallel.relaunch import launch_record, relaunch, under_launcher
+from ..train import progress
 from .demo import DATA_FILES, DATA_SETTINGS, LAST_FILE, RUN_FILES, RUN_SETTINGS, Demo, DemoError
 from .lock import hold_output
 from .options import flag, resolve_preset
@@ -66,7 +67,7 @@ def start_demo(demo: Demo, parser: argparse.ArgumentParser, presets: dict,
     (``check_options(parser, args)``, which calls ``parser.error``), settles the settings
     (:func:`settle`) and, when it trains, takes the output folder (:func:`take_output`):
     all of it before re-launching the demo as MPI ranks when it trains on the CPU
-    (:func:`npformer.launch.relaunch`), so an error is printed once.  This process then
+    (:func:`npformer.parallel.relaunch.relaunch`), so an error is printed once.  This process
     ends with the ranks' exit status (``SystemExit``, as argparse ends on a bad option).
     Otherwise the run is set up here (:func:`setup`).
 
@@ -79,7 +80,7 @@ def start_demo(demo: Demo, parser: argparse.ArgumentParser, presets: dict,
     given = getattr(args, use_saved) if use_saved else None
     use_only = flag(use_saved) if given is not None and given is not False else None
     preset = settle(parser, args, demo, presets, use_only)
-    started_by_a_launcher = launch.under_launcher()
+    started_by_a_launcher = under_launcher()
     if use_only is None and not started_by_a_launcher:  # one process, or the ranks' launcher
         take_output(args, preset, demo)
     try:
@@ -89,7 +90,7 @@ def start_demo(demo: Demo, parser: argparse.ArgumentParser, presets: dict,
     if code is not None:
         raise SystemExit(code)  # the run, on one MPI rank per core, has ended
     setup(args)
-    if use_only is None and started_by_a_launcher and launch.launch_record() is None:
+    if use_only is None and started_by_a_launcher and launch_record() is None:
         take_output(args, preset, demo)  # ranks started by hand: rank 0 holds the folder
     return DemoRun(args, preset, Path(args.out))
 
@@ -138,7 +139,7 @@ def setup(args: argparse.Namespace) -> Path:
     rank picks its GPU there); choose the thread replicas; create and return the output
     folder."""
     try:
-        distributed.setup()
+        parallel.setup()
     except (RuntimeError, ValueError) as exc:  # MPI off in one rank of several, no mpi4py,
         raise DemoError(str(exc)) from None  # another MPI's mpiexec, NPFORMER_MPI_TIMEOUT
     _check_launched_ranks()
@@ -174,8 +175,8 @@ def _folder(args: argparse.Namespace) -> Path:
 def _check_launched_ranks() -> None:
     """A rank the demo's launcher started must be one of as many as it started: copies
     that each run alone come from an mpiexec of another MPI than mpi4py's."""
-    started = launch.launch_record()
-    ranks = distributed.current().size
+    started = launch_record()
+    ranks = parallel.current().size
     if started is not None and ranks != started["ranks"]:
         raise DemoError(
             f"{started['mpiexec']} was asked for {started['ranks']} MPI ranks, but this "
@@ -188,7 +189,7 @@ def _choose_workers(args: argparse.Namespace) -> None:
     """``args.procs``: the ranks this run is on; ``args.replicas`` (unless given): the
     thread replicas of each, the machine's cores shared among its ranks, or for a resumed
     run as many as keep its workers (ranks x replicas).  A resumed run says what changed."""
-    ctx = distributed.current()
+    ctx = parallel.current()
     args.procs = ctx.size
     saved = getattr(args, "saved_layout", None)  # (procs, replicas) of a resumed run
     if args.replicas is None:

@@ -58,12 +58,12 @@ import numpy as np
 
 from .. import backend
 from ..backend import Array
+from ..gpu.gemm import matmul, routed
 from ..ops import attention as _textbook
 from ..ops import softmax as _softmax
 from ..ops.contracts import attention_inputs, backward_op, forward_op
 from ..ops.softmax import mask_bias
 from .compiler import jit, usable
-from .gemm import matmul, routed
 from .inplace import exp_into
 from .numerics import all_finite, exp, max8, sum4
 from .softmax import softmax_backward

@@ -22,10 +22,10 @@ import numpy as np
 
 from .. import backend
 from ..backend import Array
+from ..gpu.gemm import column_sum, routed
 from ..ops import layernorm as _textbook
 from ..ops.contracts import backward_op, forward_op, layernorm_inputs
 from .compiler import jit, usable
-from .gemm import column_sum, routed
 from .numerics import sum4
 
 EPS = _textbook.EPS

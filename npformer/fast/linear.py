@@ -13,8 +13,8 @@ Backward, for an upstream gradient $\bar y = \partial L / \partial y$
     $\bar b = \sum_n \bar y_n$                      (b is added to every row)
 
 W is stored (D_in, D_out), the orientation of the math; PyTorch stores the
-transpose, which :mod:`npformer.torch_interop` converts.  ``matmul`` is ``@``, except
-on CuPy while a step is captured as a CUDA graph (:mod:`npformer.fast.gemm`).
+transpose, which :mod:`npformer.interop.pytorch` converts.  ``matmul`` is ``@``, except
+on CuPy while a step is captured as a CUDA graph (:mod:`npformer.gpu.gemm`).
 """
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from typing import Any
 
 from .. import backend
 from ..backend import Array
+from ..gpu.gemm import column_sum, matmul
 from ..ops.contracts import backward_op, forward_input, forward_op, linear_inputs
-from .gemm import column_sum, matmul
 
 
 @forward_op(linear_inputs)

@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from .. import models, ops
 from ..backend import Array
+from ..gpu.gemm import routed
 from ..models.common import model_input, valid_lengths
 from ..nn import LayerNorm
 from .flat import flat_buffer
-from .gemm import routed
 from .packing import Packing
 
 

@@ -75,7 +75,7 @@ class TransformerClassifier(Module):
     positions, pooling (mean by default) and a linear head (see the module docstring).
     ``model(ids, valid_lens)`` gives logits, :meth:`predict` probabilities;
     ``model.backward(dlogits)`` accumulates the parameter gradients.  Train it with
-    :class:`npformer.tasks.Classification` (README: "Train on your own data").
+    :class:`npformer.train.tasks.Classification` (README: "Train on your own data").
     """
 
     kind = "classifier"

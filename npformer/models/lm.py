@@ -16,7 +16,7 @@ mean nothing; a row of padding only gives finite ones (a query with no key to at
 to gets a zero attention output).
 
 Hugging Face GPT-2 folders: :meth:`CausalLM.from_pretrained` and
-:meth:`CausalLM.save_pretrained` (:mod:`npformer.models.gpt2`).
+:meth:`CausalLM.save_pretrained` (:mod:`npformer.interop.gpt2`).
 """
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ from typing import Any
 
 from .. import backend, ops
 from ..backend import Array
+from ..interop import gpt2
 from ..nn import DecodingCache, EncoderBlock, Linear, Module
-from . import gpt2
 from .common import (
     TokenEmbedding,
     attention_mask_input,
@@ -80,7 +80,7 @@ class CausalLM(Module):
     """Decoder-only language model: ids (B, T) -> next-token logits (B, T, V).
 
     Causal self-attention blocks (GPT-2 / nanoGPT shape; see the module docstring).
-    Train it with :class:`npformer.tasks.LanguageModeling`; sample with
+    Train it with :class:`npformer.train.tasks.LanguageModeling`; sample with
     :func:`npformer.decoding.generate`, which uses :meth:`forward_cached` and a
     key/value cache (:meth:`new_cache`).
     """
@@ -196,14 +196,14 @@ class CausalLM(Module):
                         dropout: float = 0.0, **kwargs: Any) -> CausalLM:
         """A GPT-2 checkpoint in Hugging Face's format: a folder (``config.json``,
         ``model.safetensors``), or a name on the Hugging Face Hub (``"gpt2"``), downloaded
-        into the user's cache.  See :func:`npformer.models.gpt2.from_pretrained`."""
+        into the user's cache.  See :func:`npformer.interop.gpt2.from_pretrained`."""
         return gpt2.from_pretrained(cls, name_or_path, dtype=dtype, dropout=dropout, **kwargs)
 
     def save_pretrained(self, path: str | os.PathLike, tokenizer: Any = None) -> None:
         """Write this model as a Hugging Face GPT-2 folder (``config.json``,
         ``model.safetensors``; ``tokenizer.json`` given a tokenizer), which
         ``transformers.GPT2LMHeadModel.from_pretrained`` loads.  See
-        :func:`npformer.models.gpt2.save_pretrained`."""
+        :func:`npformer.interop.gpt2.save_pretrained`."""
         gpt2.save_pretrained(self, path, tokenizer=tokenizer)
 
 

@@ -12,7 +12,7 @@ target table E_tgt receives gradient from both ends (``Embedding.project``).
 Padding is hidden by the masks: source padding keys from the encoder's self-attention
 and from cross-attention, target padding keys (and every later position) from the
 decoder's self-attention.  Training asks for the logits at the valid target positions
-only (``valid_only=True``, :class:`npformer.tasks.Translation`): (N, V_tgt), the rows a
+only (``valid_only=True``, :class:`npformer.train.tasks.Translation`): (N, V_tgt), the rows a
 loss over real tokens reads.
 """
 from __future__ import annotations
@@ -83,7 +83,7 @@ class Seq2SeqTransformer(Module):
     (B, T, V_tgt).
 
     ``model(src, tgt_in)`` with ``tgt_in`` the target shifted right (starting with
-    ``bos_id``); train it with :class:`npformer.tasks.Translation`; decode with
+    ``bos_id``); train it with :class:`npformer.train.tasks.Translation`; decode with
     :func:`npformer.decoding.greedy_decode` or :func:`npformer.decoding.beam_search`
     (which use :meth:`encode` and the cached decoder).  See the module docstring.
     """

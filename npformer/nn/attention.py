@@ -123,7 +123,7 @@ class MultiHeadAttention(Module):
     Attributes:
         q_proj, k_proj, v_proj (:class:`Linear`, D -> H*E, or E -> E when narrow) and
             out_proj (H*E -> D): the weights, laid out as PyTorch's
-            ``MultiheadAttention`` (see :mod:`npformer.torch_interop`).
+            ``MultiheadAttention`` (see :mod:`npformer.interop.pytorch`).
         q_norm, k_norm (:class:`LayerNorm` over E, with ``kqnorm``; else None).
         keep_attention: set True to keep every forward's attention weights in
             ``last_attention`` (as :func:`record_attention` does for a whole model).

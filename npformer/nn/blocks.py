@@ -13,7 +13,7 @@ The identity path adds the upstream gradient unchanged: the point of residuals.
 
 The blocks match ``torch.nn.TransformerEncoderLayer`` / ``TransformerDecoderLayer``
 (batch_first=True) computation for computation, so weights move between them
-(:mod:`npformer.torch_interop`); the one difference is that npformer applies no
+(:mod:`npformer.interop.pytorch`); the one difference is that npformer applies no
 dropout to the attention probabilities.  Each residual connection's layer norm
 and dropout live in a :class:`ResidualNorm` named after its sublayer
 (``attn_residual.norm`` ...): the parameter names checkpoints use.

@@ -10,7 +10,7 @@ Backward, for an upstream gradient $\bar y = \partial L / \partial y$
     $\bar b = \sum_n \bar y_n$                      (b is added to every row)
 
 W is stored (D_in, D_out), the orientation of the math; PyTorch stores the
-transpose, which :mod:`npformer.torch_interop` converts.
+transpose, which :mod:`npformer.interop.pytorch` converts.
 $\bar W$ needs x, so the cache keeps it.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The PyTorch reference models: npformer's three models assembled from torch.nn layers.
 
 Each is a plain ``torch.nn.Module`` built from an npformer model configuration, with
-the attribute names :mod:`npformer.torch_interop` converts weights under:
+the attribute names :mod:`npformer.interop.pytorch` converts weights under:
 
 * classifier: ``tok_emb``, ``pos_emb`` (learned positions only), ``bigram_emb`` (with
   ``bigram_buckets``), ``layers.<i>``
@@ -26,7 +26,7 @@ In eval mode no dropout applies, and the outputs are npformer's.
 heads, kqnorm) written in torch the way Bloem's ``former`` writes them, for the parity
 tests of those options (``torch.nn.MultiheadAttention`` has neither).
 
-The parity tests, the benchmark (``bench/``) and :func:`npformer.torch_interop.to_torch`
+The parity tests, the benchmark (``bench/``) and :func:`npformer.interop.pytorch.to_torch`
 build these.  torch is imported when :func:`torch_models` is first called, never when
 npformer is imported; the classes are made once and the same ones returned afterwards.
 """
@@ -39,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from . import backend, ops
-from .models.common import layer_norm_eps
+from .. import backend, ops
+from ..models.common import layer_norm_eps
 
 
 def torch_activation(name: str) -> str | Callable:

@@ -28,11 +28,11 @@ replica draw the masks of 1 process of 2 replicas (2 ranks of 2, those of 1 of 4
 
 Threads and ranks differ only in how step 4's sum happens, through the *communicator*:
 
-* threads: :class:`npformer.replicas.ThreadReplicas` adds each replica's gradient
+* threads: :class:`npformer.parallel.replicas.ThreadReplicas` adds each replica's gradient
   buffer into the model's, after every batch;
 * ranks: a :class:`Communicator` (``rank``, ``size``, ``allreduce(buffer)`` in place,
   ``allgather``, ``from_main``, ``check_same``) sums the processes' buffers once per
-  step: :class:`npformer.distributed.Context`, over MPI; a process alone is rank 0 of 1,
+  step: :class:`npformer.parallel.Context`, over MPI; a process alone is rank 0 of 1,
   whose collectives return their input.
 
 The trainer asks its engine for what :class:`Engine` lists; :func:`data_parallel` makes
@@ -45,16 +45,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from . import backend
-from .distributed.context import SINGLE, join_if_launched
-from .distributed.shards import shard_bounds
-from .fast.flat import flat_buffer_of
-from .nn import Module, Parameter
-from .nn.module import flat_layout
+from .. import backend
+from ..fast.flat import flat_buffer_of
+from ..nn import Module, Parameter
+from ..nn.module import flat_layout
+from .context import SINGLE, join_if_launched
 from .replicas import ThreadReplicas, parallel_map
+from .shards import shard_bounds
 
 if TYPE_CHECKING:  # annotations only: importing these here would be circular
-    from .tasks import Task
+    from ..train.tasks import Task
 
 __all__ = ["Communicator", "DataParallel", "Engine", "PackedGradients", "data_parallel",
            "parallel_map", "shard_bounds", "shard_weights", "split_batch"]

@@ -20,12 +20,12 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
-from . import backend
-from .fast.flat import FlatParameters, flat_buffer_of
-from .nn import Module, grad_enabled, set_grad_enabled
+from .. import backend
+from ..fast.flat import FlatParameters, flat_buffer_of
+from ..nn import Module, grad_enabled, set_grad_enabled
 
 if TYPE_CHECKING:  # annotations only: importing these here would be circular
-    from .tasks import Task
+    from ..train.tasks import Task
 
 _blas_controller = None  # found once: looking up the loaded BLAS libraries reads /proc
 

@@ -1,7 +1,7 @@
 r"""Matrix products that a CUDA graph can capture: ``matmul(a, b)`` is ``a @ b``.
 
 On NumPy (and any namespace but CuPy) it is ``a @ b``.  On CuPy, while a step is
-being captured into a CUDA graph (:mod:`npformer.cuda_graph`) or run eagerly the
+being captured into a CUDA graph (:mod:`npformer.gpu.cuda_graph`) or run eagerly the
 way it will be replayed, it calls cuBLAS itself.  CuPy refuses every cuBLAS call
 while a stream captures (its ``cublas.setStream`` raises NotImplementedError:
 which conditions cuBLAS needs has not been settled there), although cuBLAS
@@ -46,7 +46,7 @@ _state = threading.local()  # .on: products go through cuBLAS here (see graph_sa
 
 def routed() -> bool:
     """Whether CuPy products go through this module's cuBLAS calls (inside
-    :func:`npformer.cuda_graph.graph_safe`)."""
+    :func:`npformer.gpu.cuda_graph.graph_safe`)."""
     return getattr(_state, "on", False)
 
 
@@ -58,7 +58,7 @@ def set_routed(on: bool) -> bool:
 
 
 def matmul(a: Array, b: Array) -> Array:
-    """``a @ b``; on CuPy inside :func:`npformer.cuda_graph.graph_safe`, cuBLAS called
+    """``a @ b``; on CuPy inside :func:`npformer.gpu.cuda_graph.graph_safe`, cuBLAS called
     directly so that a CUDA graph can capture it."""
     if not (routed() and type(a).__module__.startswith("cupy")):
         return a @ b
@@ -67,7 +67,7 @@ def matmul(a: Array, b: Array) -> Array:
 
 def column_sum(x: Array) -> Array:
     """x (N, D) -> its sum over the rows (D,).  On CuPy inside
-    :func:`npformer.cuda_graph.graph_safe`, the product ones (1, N) @ x through cuBLAS:
+    :func:`npformer.gpu.cuda_graph.graph_safe`, the product ones (1, N) @ x through cuBLAS:
     CuPy reduces N rows into D sums with D blocks, which leaves most of a GPU idle (a
     bias's gradient over 65,536 rows took 10 ms of an 18 ms update on an H200)."""
     if not (routed() and type(x).__module__.startswith("cupy")):

@@ -9,7 +9,7 @@ Thread replicas suffer too: the lm step as 2 thread replicas of one process took
 53-59 ms without it and 43-47 ms with it (3 runs each, AMD EPYC, 2026-11-24; a
 one-off script, its method in ``bench/README.md``).
 
-:class:`npformer.train.Trainer` and :func:`npformer.distributed.setup` call
+:class:`npformer.train.Trainer` and :func:`npformer.parallel.setup` call
 :func:`keep_freed_memory`: a training process allocates the same arrays every step, so
 keeping them costs no more than the step's peak, which it reaches anyway.
 """

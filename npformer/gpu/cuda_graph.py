@@ -8,10 +8,10 @@ the same).  The update is the Trainer's: forward, loss, backward, clipping to th
 global norm, Adam(W).  What a replay needs, and how :func:`device_update` gives it:
 
 * **Nothing waits for the device inside it.**  The batch is checked on the host before
-  it is copied (:meth:`npformer.tasks.Task.check_batch`: the model's door and the
+  it is copied (:meth:`npformer.train.tasks.Task.check_batch`: the model's door and the
   targets' range, on the NumPy batch) and the model then runs trusted; attention takes
   its dense statements (the blocked walk reads the mask's extents on the host); the
-  loss stays on the device (:meth:`~npformer.tasks.Task.loss_and_grad_on_device`);
+  loss stays on the device (:meth:`~npformer.train.tasks.Task.loss_and_grad_on_device`);
   the norm, the clipping factor and the finiteness test are device arrays.  Within
   :func:`graph_safe` any copy between host and device raises, on every backend, which
   the tests use to prove it on the CPU.
@@ -34,7 +34,7 @@ global norm, Adam(W).  What a replay needs, and how :func:`device_update` gives 
   compiles the kernels and makes cuBLAS's handle, work a capture must not record);
   the second is captured and replayed, later ones replayed.  A run of a few shapes
   holds a few graphs; ``StepGraphs.capture_seconds`` is what capturing cost.
-* **Products** go through cuBLAS directly (:mod:`npformer.fast.gemm`): CuPy refuses cuBLAS while
+* **Products** go through cuBLAS directly (:mod:`npformer.gpu.gemm`): CuPy refuses cuBLAS while
   capturing.
 
 Where capture cannot apply (another backend, an optimizer other than Adam or AdamW,
@@ -55,11 +55,11 @@ from typing import Any
 
 import numpy as np
 
-from . import backend, optim
-from .backend import Array
-from .fast import gemm
-from .ops.contracts import run_trusted
-from .tasks import Task, reads_its_loss_on_device
+from .. import backend, optim
+from ..backend import Array
+from ..ops.contracts import run_trusted
+from ..train.tasks import Task, reads_its_loss_on_device
+from . import gemm
 
 
 class CaptureFailed(RuntimeError):
@@ -68,7 +68,7 @@ class CaptureFailed(RuntimeError):
 
 @contextmanager
 def graph_safe() -> Iterator[None]:
-    """Within the block: products through :mod:`npformer.fast.gemm` (capturable),
+    """Within the block: products through :mod:`npformer.gpu.gemm` (capturable),
     attention's dense statements, and any copy between host and device an error."""
     previous = gemm.set_routed(True)
     try:

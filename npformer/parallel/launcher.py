@@ -50,7 +50,7 @@ def refuse_a_lone_rank() -> None:
     """``NPFORMER_MPI=0`` in a process an MPI launcher started as one of several ranks:
     refuse (:class:`LoneRank`).  The other ranks would wait for this one in ``MPI_Init``
     for ever (an MPMD launch, ``mpiexec -n 1 env NPFORMER_MPI=0 python a.py : -n 1 python
-    a.py``): :func:`npformer.distributed.failure.end_the_launch` ends them."""
+    a.py``): :func:`npformer.parallel.failure.end_the_launch` ends them."""
     forced = os.environ.get("NPFORMER_MPI", "").strip()
     found = launcher_size()
     if forced in _OFF and found is not None:

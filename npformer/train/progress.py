@@ -16,7 +16,7 @@ of either counts as the line due), is silent when the outer one is, and its time
 counted in the outer one's rate.  :func:`context` says what the lines inside it belong to
 (``member 2/3``): every line :func:`write_line` prints and every :func:`phase` opened
 inside begins with it.  Rank 0 alone shows anything (:func:`phase` asks
-:mod:`npformer.distributed`; the trainer passes its own rank).
+:mod:`npformer.parallel`; the trainer passes its own rank).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sized
 from contextlib import contextmanager
 
-from . import distributed
+from .. import parallel
 
 LINE_SECONDS = 30.0  # elsewhere than on a terminal, a line at least this often
 WINDOW = 50  # the steps the rate and the time left are measured over
@@ -203,7 +203,7 @@ def phase(name: str, total: int, unit: str = "batch") -> Progress:
     and shown on rank 0 alone, after :func:`set_enabled` ``(True)``, and only if the
     phase it is opened in (training) is shown."""
     return Progress(total, labelled(name), unit=unit, transient=True,
-                    enabled=_shown and distributed.current().is_main)
+                    enabled=_shown and parallel.current().is_main)
 
 
 def counted(shown: Progress, fn: Callable) -> Callable:

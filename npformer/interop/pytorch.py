@@ -40,8 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from . import backend
-from .nn import (
+from .. import backend
+from ..nn import (
     DecoderBlock,
     Embedding,
     EncoderBlock,
@@ -52,7 +52,7 @@ from .nn import (
     Module,
     MultiHeadAttention,
 )
-from .nn.state import checked_weights, read_safetensors
+from ..nn.state import checked_weights, read_safetensors
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ def _mha(m, t, n):
         options = " and ".join(o for o, on in (("narrow heads", m.narrow),
                                                 ("kqnorm", m.kqnorm)) if on)
         raise ValueError(f"torch.nn.MultiheadAttention has no {options}: this attention "
-                         "layer has no PyTorch equivalent (npformer.torch_reference."
+                         "layer has no PyTorch equivalent (npformer.interop.torch_reference."
                          "TorchAttention computes it in torch)")
     if m.num_heads * m.head_dim != m.d_model:
         raise ValueError(
@@ -312,7 +312,7 @@ def _stack(blocks, rule, t, n):
 
 
 def _register_models():
-    from .models import CausalLM, Seq2SeqTransformer, TransformerClassifier
+    from ..models import CausalLM, Seq2SeqTransformer, TransformerClassifier
 
     @register(TransformerClassifier)
     def _classifier(m, t, n):
@@ -354,7 +354,7 @@ _register_models()
 
 # --------------------------------------------------------------------------- whole modules
 # to_torch / from_torch: the equivalent module itself, not only its weights.  torch is
-# imported inside them; npformer's models map to npformer.torch_reference's classes.
+# imported inside them; npformer's models map to npformer.interop.torch_reference's classes.
 _TORCH_EQUIVALENTS = ("TransformerClassifier, CausalLM, Seq2SeqTransformer, EncoderBlock, "
                       "DecoderBlock, MultiHeadAttention, Linear, LayerNorm, Embedding, "
                       "LearnedPositionalEmbedding")
@@ -399,7 +399,7 @@ def to_torch(module: Any, device: Any = None) -> Any:
 
 def _torch_twin(m: Any, torch: Any, dtype: Any) -> Any:
     """An empty torch module shaped like the npformer module ``m``."""
-    from .models import MODELS
+    from ..models import MODELS
     from .torch_reference import _without_attention_dropout, torch_activation, torch_models
 
     tnn = torch.nn
@@ -431,7 +431,7 @@ def from_torch(torch_module: Any) -> Any:
     """The npformer model or layer equivalent to ``torch_module``, built from its
     configuration and holding its weights (the reverse of :func:`to_torch`).
 
-    Accepts the reference models of :mod:`npformer.torch_reference` (as :func:`to_torch`
+    Accepts the reference models of :mod:`npformer.interop.torch_reference` (as :func:`to_torch`
     returns them; their npformer config is ``.c``), ``nn.TransformerEncoderLayer`` and
     ``nn.TransformerDecoderLayer`` (any norm_first, activation "relu", "gelu" or tanh
     GELU, layer_norm_eps 1e-5, with biases, attention dropout 0), ``nn.MultiheadAttention``
@@ -470,8 +470,8 @@ def from_torch(torch_module: Any) -> Any:
 
 def _npformer_twin(t: Any, torch: Any) -> Any:
     """An npformer module shaped like the torch module ``t`` (weights not yet loaded)."""
-    from . import ops
-    from .models import MODELS
+    from .. import ops
+    from ..models import MODELS
     from .torch_reference import torch_models
 
     tnn = torch.nn
@@ -510,7 +510,7 @@ def _npformer_twin(t: Any, torch: Any) -> Any:
         _check_torch_embedding(t)
         return Embedding(t.num_embeddings, t.embedding_dim)
     raise TypeError(f"from_torch has no npformer module for {name}; it converts "
-                    "npformer.torch_reference's models, nn.TransformerEncoderLayer, "
+                    "npformer.interop.torch_reference's models, nn.TransformerEncoderLayer, "
                     "nn.TransformerDecoderLayer, nn.MultiheadAttention, nn.Linear, "
                     "nn.LayerNorm and nn.Embedding")
 

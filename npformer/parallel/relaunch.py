@@ -32,7 +32,7 @@ once ``mpiexec`` and every rank have ended, with their exit status: 0, 2 for a u
 it with" lines, once).
 
 The children get glibc's allocator tunables from their first allocation
-(:data:`KEEP_MEMORY_TUNABLES`; ``npformer.distributed`` sets the same with ``mallopt``
+(:data:`KEEP_MEMORY_TUNABLES`; ``npformer.parallel`` sets the same with ``mallopt``
 once it is imported): two ranks side by side otherwise page-fault their freed
 activations back in every step, and those faults do not scale across cores
 (../shared/ANCHORS.md, "Where CPU time goes": 49 and 70 ms a step against 35 and 29).
@@ -53,8 +53,8 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
-from .distributed.failure import join_timeout
-from .distributed.launcher import RANK_VARIABLES, SIZE_VARIABLES
+from .failure import join_timeout
+from .launcher import RANK_VARIABLES, SIZE_VARIABLES
 
 # Set in the children (they never re-launch) to the launch's folder, where each names
 # itself (announce_rank) and reads what its launcher started (LAUNCH_FILE).
@@ -63,7 +63,7 @@ LAUNCH_FILE = "launch.json"  # {"ranks": N, "mpiexec": path}
 KEEP_BYTES = 4294967296  # 4 GiB: no activation is ever mmap'ed, nor the heap trimmed
 KEEP_MEMORY_TUNABLES = (f"glibc.malloc.mmap_threshold={KEEP_BYTES}:"
                         f"glibc.malloc.trim_threshold={KEEP_BYTES}")
-# Variables an MPI or batch launcher sets in the processes it starts (npformer.distributed
+# Variables an MPI or batch launcher sets in the processes it starts (npformer.parallel
 # reads the same ones), and NPFORMER_MPI, the user's own choice of MPI or not.
 LAUNCHER_VARIABLES = (*SIZE_VARIABLES, *RANK_VARIABLES, "SLURM_STEP_ID", "NPFORMER_MPI")
 # The signals that ask a process to end and can be caught: the launcher forwards them.
@@ -113,7 +113,7 @@ def planned_procs(args: argparse.Namespace, training: bool,
 def saved_procs(out: Path) -> int:
     """The MPI ranks the run saved in ``out`` was on (1 for a run saved before they were
     recorded, or where nothing readable is saved: the demo then says what is wrong)."""
-    from .checkpoint import load_checkpoint
+    from ..checkpoint import load_checkpoint
 
     try:
         settings = load_checkpoint(out / "last.npz").extra["run"]["settings"]

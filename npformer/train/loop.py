@@ -2,7 +2,7 @@
 
 Words: an *update* (an iteration, a step) is one ``optimizer.step()``;
 ``TrainConfig.max_iters`` (nanoGPT's name) is how many a run makes, ``Trainer.updates``
-how many it has made.  A :class:`npformer.tasks.Task` runs the forward pass, the loss
+how many it has made.  A :class:`npformer.train.tasks.Task` runs the forward pass, the loss
 and the backward pass for one batch (host NumPy arrays in, gradients accumulated into
 the parameters) and says how many items its mean loss covers.  :class:`Trainer` adds
 everything around it: gradient accumulation, clipping, the learning-rate schedule (through the
@@ -27,15 +27,14 @@ from pathlib import Path
 
 import numpy as np
 
-from . import backend, engine
-from .allocator import keep_freed_memory
-from .backend import Array
-from .checkpoint import load_checkpoint, restore, save_checkpoint
-from .cuda_graph import CaptureFailed, StepGraphs, unsupported, wanted_by_environment
-from .models.configs import renamed_fields
-from .nn import Module
-from .ops.contracts import check_choice, check_real, check_size
-from .optim import (
+from .. import backend, engine
+from ..backend import Array
+from ..checkpoint import load_checkpoint, restore, save_checkpoint
+from ..gpu.cuda_graph import CaptureFailed, StepGraphs, unsupported, wanted_by_environment
+from ..models.configs import renamed_fields
+from ..nn import Module
+from ..ops.contracts import check_choice, check_real, check_size
+from ..optim import (
     NonFiniteGradientError,
     Optimizer,
     _nonfinite_report,
@@ -43,7 +42,8 @@ from .optim import (
     clip_grad_norm,
     global_grad_norm,
 )
-from .parallel import Engine, data_parallel
+from ..parallel.allocator import keep_freed_memory
+from ..parallel.workers import Engine, data_parallel
 from .progress import Progress, write_line
 from .tasks import Task
 
@@ -137,7 +137,7 @@ class TrainConfig:
     #                                      Ctrl-C / SIGTERM, and at the end
     stop_after: int | None = None  # stop as if interrupted after this many updates
     cuda_graph: bool | None = None  # CuPy: each update replayed as a CUDA graph
-    #   (npformer.cuda_graph); None: the environment variable NPFORMER_CUDA_GRAPH (1 = on)
+    #   (npformer.gpu.cuda_graph); None: the environment variable NPFORMER_CUDA_GRAPH (1 = on)
     progress: bool = True
     desc: str = "train"
 
@@ -197,7 +197,7 @@ class Trainer:
         model: the :class:`npformer.nn.Module` to train.
         optimizer: e.g. :class:`npformer.optim.AdamW` over ``model.parameters()`` (its
             learning rate, or schedule, is the run's).
-        task: what a batch means (:mod:`npformer.tasks`): ``Classification``,
+        task: what a batch means (:mod:`npformer.train.tasks`): ``Classification``,
             ``LanguageModeling``, ``Translation`` or your own :class:`Task`.
         next_batch: ``next_batch(rng) -> batch``, called once per batch with the
             trainer's ``numpy.random.Generator`` (draw rows with it, and a resumed run
@@ -263,7 +263,7 @@ class Trainer:
         """One optimizer update: forward, loss and backward of ``grad_accum`` batches (each
         shared among the data-parallel workers), the gradients' all-reduce, clipping, and
         the optimizer's step.  Returns the update's mean loss.  With ``cuda_graph`` on
-        CuPy the update is replayed as a CUDA graph (:mod:`npformer.cuda_graph`)."""
+        CuPy the update is replayed as a CUDA graph (:mod:`npformer.gpu.cuda_graph`)."""
         self.model.train()
         graphs = self._step_graphs()
         if graphs is None:

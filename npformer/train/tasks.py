@@ -10,7 +10,7 @@ A :class:`Task` knows, for one kind of batch (host NumPy arrays), two things:
   the parameters); returns the batch's mean loss as a Python float.
 * ``loss_and_grad_on_device(model, batch, grad_scale)`` (the three tasks): the same, the
   mean loss left on the device as a 0-d array, so that nothing waits for the device:
-  the step a CUDA graph captures (:mod:`npformer.cuda_graph`).
+  the step a CUDA graph captures (:mod:`npformer.gpu.cuda_graph`).
 
 The three tasks of the demos: :class:`Classification` (IMDB), :class:`LanguageModeling`
 (tiny Shakespeare) and :class:`Translation` (English-French).
@@ -22,11 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from . import backend, engine, ops
-from .backend import Array
-from .nn import Module
-from .ops.contracts import check_token_ids
-from .ops.masks import real_positions
+from .. import backend, engine, ops
+from ..backend import Array
+from ..nn import Module
+from ..ops.contracts import check_token_ids
+from ..ops.masks import real_positions
 
 
 class Task(ABC):

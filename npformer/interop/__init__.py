@@ -1,0 +1,8 @@
+"""Other libraries' models and files, in and out.
+
+* :mod:`.pytorch`: npformer modules to and from ``torch.nn`` modules and state dicts;
+* :mod:`.torch_reference`: the PyTorch models the parity tests and the benchmark compare with;
+* :mod:`.gpt2`: Hugging Face GPT-2 folders (``config.json``, safetensors, ``tokenizer.json``).
+
+torch and transformers are imported only inside the functions that need them.
+"""
