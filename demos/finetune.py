@@ -31,7 +31,7 @@ except (ValueError, RuntimeError) as exc:
 
 import numpy as np
 
-from npformer import backend, ops
+from npformer import backend, fast, ops
 from npformer.cli import (
     LAST_FILE,
     MODEL_FILE,
@@ -111,10 +111,17 @@ def build_parser():
     return parser
 
 
-def load_model(source: str, dtype: str, dropout: float):
-    """The checkpoint's model and tokenizer; a problem with them is one error line."""
+def implementations(tier: str = "fast") -> tuple[type, type]:
+    """(model class, optimizer class) that train on ``tier``: npformer.fast's, or the
+    textbook's (``--tier textbook``); both compute the same numbers up to rounding."""
+    return (fast.CausalLM, fast.AdamW) if tier == "fast" else (CausalLM, AdamW)
+
+
+def load_model(source: str, dtype: str, dropout: float, tier: str = "fast"):
+    """The checkpoint's model (of ``tier``) and tokenizer; a problem with them is one
+    error line."""
     try:
-        return gpt2.load(CausalLM, source, dtype=dtype, dropout=dropout)
+        return gpt2.load(implementations(tier)[0], source, dtype=dtype, dropout=dropout)
     except (OSError, ValueError) as exc:  # PretrainedError, FileNotFoundError
         raise DemoError(f"--model {source}: {exc}") from None
 
@@ -169,7 +176,7 @@ def base_model(args, out: Path) -> str:
 def main(argv=None) -> int:
     args, preset, out = start_demo(DEMO, build_parser(), PRESETS, argv, use_saved="sample_only")
     source = base_model(args, out)
-    model, tokenizer = load_model(source, args.dtype, preset.dropout)
+    model, tokenizer = load_model(source, args.dtype, preset.dropout, args.tier)
     context = model.config.block_size
     prompt = prompt_ids(args.prompt, tokenizer, context)
     if args.sample_only:
@@ -185,8 +192,9 @@ def main(argv=None) -> int:
                         f"{preset.block_size + 1}")
     check_training_fits(model.config, preset.batch_size, preset.block_size, preset,
                         PRESETS["default"], args.dtype)
-    optimizer = AdamW(model.parameters(), lr=preset.lr, betas=(0.9, 0.95),
-                      weight_decay=preset.weight_decay)
+    optimizer = implementations(args.tier)[1](model.parameters(), lr=preset.lr,
+                                              betas=(0.9, 0.95),
+                                              weight_decay=preset.weight_decay)
     print(f"{source}: {model.num_parameters():,} parameters; {len(train_ids):,} train / "
           f"{len(val_ids):,} validation tokens")
     before = (read_demo_checkpoint(out / LAST_FILE, DEMO).extra["val_loss_before"]

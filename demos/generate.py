@@ -33,7 +33,7 @@ except (ValueError, RuntimeError) as exc:
 
 import numpy as np
 
-from npformer import backend, ops
+from npformer import backend, fast, ops
 from npformer.cli import (
     LAST_FILE,
     MODEL_FILE,
@@ -156,12 +156,19 @@ def model_config(preset: Preset, vocab_size: int) -> CausalLMConfig:
                           dropout=preset.dropout)
 
 
-def make_optimizer(params, preset: Preset) -> AdamW:
+def implementations(tier: str = "fast") -> tuple[type, type]:
+    """(model class, optimizer class) that train on ``tier``: npformer.fast's, or the
+    textbook's (``--tier textbook``); both compute the same numbers up to rounding."""
+    return (fast.CausalLM, fast.AdamW) if tier == "fast" else (CausalLM, AdamW)
+
+
+def make_optimizer(params, preset: Preset, tier: str = "fast") -> AdamW:
     """nanoGPT's: AdamW, warmup over a twentieth of the run, cosine decay to a tenth."""
     warmup = max(1, preset.max_iters // 20)
-    return AdamW(params, lr=cosine_schedule(preset.lr, warmup, preset.max_iters,
-                                            min_lr=preset.lr / 10),
-                 betas=(0.9, 0.99), weight_decay=0.1)
+    return implementations(tier)[1](params, lr=cosine_schedule(preset.lr, warmup,
+                                                               preset.max_iters,
+                                                               min_lr=preset.lr / 10),
+                                    betas=(0.9, 0.99), weight_decay=0.1)
 
 
 def build_parser():
@@ -189,8 +196,8 @@ def main(argv=None) -> int:
     config = model_config(preset, len(vocab))
     check_training_fits(config, preset.batch_size, preset.block_size, preset,
                         PRESETS["default"], args.dtype)  # before a weight is made
-    model = CausalLM(config)
-    optimizer = make_optimizer(model.parameters(), preset)
+    model = implementations(args.tier)[0](config)
+    optimizer = make_optimizer(model.parameters(), preset, args.tier)
     print(f"{len(train_ids):,} train / {len(val_ids):,} validation characters, vocabulary "
           f"{len(vocab)}; model {model.num_parameters():,} parameters")
 
@@ -233,7 +240,7 @@ def main(argv=None) -> int:
 
 
 def sample_only(args, preset: Preset, out: Path) -> int:
-    model, checkpoint = load_demo_model(out / MODEL_FILE, DEMO)
+    model, checkpoint = load_demo_model(out / MODEL_FILE, DEMO, args.tier)
     vocab = CharVocab.from_json(checkpoint.extra["vocab"])
     print(sample(model, vocab, args.prompt, preset.length, args.temperature, args.top_k,
                  args.seed))

@@ -37,7 +37,7 @@ except (ValueError, RuntimeError) as exc:
 
 import numpy as np
 
-from npformer import backend, ops
+from npformer import backend, fast, ops
 from npformer.cli import (
     LAST_FILE,
     MODEL_FILE,
@@ -151,11 +151,19 @@ def model_config(preset: Preset, vocab_size: int, pad_id: int,
                             bigram_buckets=preset.bigram_buckets)
 
 
-def make_optimizer(params, preset: Preset, total_updates: int) -> AdamW:
+def implementations(tier: str = "fast") -> tuple[type, type]:
+    """(model class, optimizer class) that train on ``tier``: npformer.fast's, or the
+    textbook's (``--tier textbook``); both compute the same numbers up to rounding."""
+    if tier == "fast":
+        return fast.TransformerClassifier, fast.AdamW
+    return TransformerClassifier, AdamW
+
+
+def make_optimizer(params, preset: Preset, total_updates: int, tier: str = "fast") -> AdamW:
     """AdamW, warmup (at most a tenth of the run), then cosine decay."""
     warmup = min(preset.warmup, max(1, total_updates // 10))
-    return AdamW(params, lr=cosine_schedule(preset.lr, warmup, total_updates),
-                 weight_decay=preset.weight_decay)
+    return implementations(tier)[1](params, lr=cosine_schedule(preset.lr, warmup, total_updates),
+                                    weight_decay=preset.weight_decay)
 
 
 def train_member(member: int, args, preset: Preset, config: ClassifierConfig, vocab: Vocab,
@@ -168,10 +176,10 @@ def train_member(member: int, args, preset: Preset, config: ClassifierConfig, vo
     best_path, last_path = member_files(Path(args.out), member)
     seed = args.seed + member - 1
     backend.seed(seed)
-    model = TransformerClassifier(config)
+    model = implementations(args.tier)[0](config)
     updates_per_epoch = int(np.ceil(len(train_ids) / preset.batch_size))
     total_updates = max(1, int(preset.epochs * updates_per_epoch))
-    optimizer = make_optimizer(model.parameters(), preset, total_updates)
+    optimizer = make_optimizer(model.parameters(), preset, total_updates, args.tier)
     print(f"member {member} of {preset.members} (seed {seed}): {model.num_parameters():,} "
           f"parameters; {total_updates} updates ({preset.epochs} epochs of "
           f"{updates_per_epoch})")
@@ -317,9 +325,9 @@ def predict(args) -> int:
     if not text:
         raise DemoError("--predict needs some text to classify, got an empty string")
     out = Path(args.out)
-    model, checkpoint = load_demo_model(args.checkpoint or out / MODEL_FILE, DEMO)
+    model, checkpoint = load_demo_model(args.checkpoint or out / MODEL_FILE, DEMO, args.tier)
     count = 1 if args.checkpoint else checkpoint.extra.get("members", 1)
-    models = [model] + [load_demo_model(member_files(out, k)[0], DEMO)[0]
+    models = [model] + [load_demo_model(member_files(out, k)[0], DEMO, args.tier)[0]
                         for k in range(2, count + 1)]
     vocab = Vocab.from_json(checkpoint.extra["vocab"])
     head = checkpoint.extra.get("head_tokens", model.config.block_size)
@@ -407,7 +415,7 @@ def main(argv=None) -> int:
                                       stopped.path) from None
         updates_before += trainers[-1].updates
 
-    models = [load_demo_model(member_files(out, k)[0], DEMO)[0]
+    models = [load_demo_model(member_files(out, k)[0], DEMO, args.tier)[0]
               for k in range(1, preset.members + 1)]
     val_metrics, member_val = score_split(models, val_ids, val_y, vocab.pad_id, args.replicas,
                                           "validation")

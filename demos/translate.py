@@ -46,7 +46,7 @@ except (ValueError, RuntimeError) as exc:
 
 import numpy as np
 
-from npformer import backend, ops
+from npformer import backend, fast, ops
 from npformer.cli import (
     LAST_FILE,
     MODEL_FILE,
@@ -267,9 +267,10 @@ def corpus_bleu(hypotheses: list[str], references: list[list[str]]) -> float:
     return float(sacrebleu.corpus_bleu(hypotheses, streams, force=True).score)
 
 
-def load_for_translation(path):
-    """-> the model, its English and French vocabularies, and its BPE (None: words)."""
-    model, checkpoint = load_demo_model(path, DEMO)
+def load_for_translation(path, tier: str = "fast"):
+    """-> the model (of ``tier``), its English and French vocabularies, and its BPE
+    (None: words)."""
+    model, checkpoint = load_demo_model(path, DEMO, tier)
     bpe = checkpoint.extra.get("bpe")
     return (model, Vocab.from_json(checkpoint.extra["src_vocab"]),
             Vocab.from_json(checkpoint.extra["tgt_vocab"]),
@@ -355,10 +356,19 @@ def schedule_for(preset: Preset) -> CosineOfLength:
     return CosineOfLength(preset.lr, preset.warmup)
 
 
-def make_optimizer(params, preset: Preset) -> Adam:
+def implementations(tier: str = "fast") -> tuple[type, type]:
+    """(model class, optimizer class) that train on ``tier``: npformer.fast's, or the
+    textbook's (``--tier textbook``); both compute the same numbers up to rounding."""
+    if tier == "fast":
+        return fast.Seq2SeqTransformer, fast.Adam
+    return Seq2SeqTransformer, Adam
+
+
+def make_optimizer(params, preset: Preset, tier: str = "fast") -> Adam:
     """Adam with the Transformer paper's betas and eps; the schedule of a run of
     max_iters updates until the Trainer fits it to the time budget."""
-    return Adam(params, lr=schedule_for(preset)(preset.max_iters), betas=(0.9, 0.98), eps=1e-9)
+    return implementations(tier)[1](params, lr=schedule_for(preset)(preset.max_iters),
+                                    betas=(0.9, 0.98), eps=1e-9)
 
 
 # --------------------------------------------------------------------------- main
@@ -389,8 +399,8 @@ def main(argv=None) -> int:
     config = model_config(preset, src_vocab, tgt_vocab, longest)
     check_training_fits(config, preset.batch_size, config.block_size, preset,
                         PRESETS["default"], args.dtype)  # before a weight is made
-    model = Seq2SeqTransformer(config)
-    optimizer = make_optimizer(model.parameters(), preset)
+    model = implementations(args.tier)[0](config)
+    optimizer = make_optimizer(model.parameters(), preset, args.tier)
     print(f"model: {model.num_parameters():,} parameters")
     pad, bos = tgt_vocab.pad_id, tgt_vocab.bos_id
     trainer = Trainer(
@@ -413,7 +423,7 @@ def main(argv=None) -> int:
     history = trainer.fit()
     epochs = trainer.updates * preset.batch_size / len(train_pairs)
 
-    model, src_vocab, tgt_vocab, bpe = load_for_translation(out / MODEL_FILE)
+    model, src_vocab, tgt_vocab, bpe = load_for_translation(out / MODEL_FILE, args.tier)
     validation_greedy = translate(model, src_vocab, tgt_vocab, bpe, list(validation), beam_size=1,
                                   replicas=args.replicas, phase="validation decoding")
     bleu_validation = corpus_bleu(validation_greedy, list(validation.values()))
@@ -476,7 +486,7 @@ def translate_only(args, preset: Preset, out: Path) -> int:
     sentence = preprocess_fra_eng(args.translate).strip()
     if not sentence:
         raise DemoError("--translate needs a sentence, got an empty string")
-    model, src_vocab, tgt_vocab, bpe = load_for_translation(out / MODEL_FILE)
+    model, src_vocab, tgt_vocab, bpe = load_for_translation(out / MODEL_FILE, args.tier)
     print(translate(model, src_vocab, tgt_vocab, bpe, [sentence], beam_size=preset.beam_size)[0])
     return 0
 

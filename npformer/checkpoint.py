@@ -409,10 +409,20 @@ def _unwrap(value: np.ndarray):
     return value
 
 
-def build_model(checkpoint: Checkpoint, expected_kind: str | None = None) -> Module:
-    """A new model of the checkpoint's kind and config, with its weights loaded."""
-    from .models import MODELS
+TIERS = ("fast", "textbook")  # npformer.fast's implementations, or the textbook's
+
+
+def build_model(checkpoint: Checkpoint, expected_kind: str | None = None,
+                tier: str = "fast") -> Module:
+    """A new model of the checkpoint's kind and config, with its weights loaded: the fast
+    tier's class (:data:`npformer.fast.MODELS`) or, with ``tier="textbook"``, the
+    textbook's (:data:`npformer.models.MODELS`)."""
+    from . import fast, models
     from .models.common import config_from_dict
+    from .ops.contracts import check_choice
+
+    check_choice(tier, TIERS, "tier")
+    MODELS = fast.MODELS if tier == "fast" else models.MODELS
 
     if expected_kind is not None and checkpoint.kind != expected_kind:
         raise CheckpointError(f"the checkpoint holds a {checkpoint.kind!r} model, not a "

@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import backend, engine
+from . import backend
 from .backend import Array
 from .nn.module import Parameter
 from .nn.state import mismatch_report, weight_array
@@ -80,15 +80,6 @@ class Optimizer:
     _state_names: tuple[str, ...] = ()
     _hyper_names: tuple[str, ...] = ()
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> Optimizer:
-        """An instance of the current tier's implementation of ``cls``
-        (:func:`npformer.engine.implementation`): ``cls`` itself in the textbook tier."""
-        return object.__new__(engine.implementation(cls))
-
-    def __reduce_ex__(self, protocol: int):
-        """Copies and pickles keep this object's own class, whatever the tier is then."""
-        return (_new_instance, (type(self),), self.__dict__)
-
     def __init__(self, params: Iterable[Parameter], lr: float | Schedule):
         self.params: list[Parameter] = check_parameters(params, type(self).__name__)
         self.step_count: int = 0
@@ -123,6 +114,16 @@ class Optimizer:
             for name, value in zip(self._state_names, new):
                 self.state[name][i] = value
         self.step_count = t
+
+    def clip_grad_norm(self, named: ParamsOrNamed, max_norm: float) -> float:
+        """:func:`clip_grad_norm` of ``named`` (this optimizer's parameters, with their
+        names for the error), as the Trainer clips before :meth:`step`."""
+        return clip_grad_norm(named, max_norm)
+
+    def grad_norm(self, named: ParamsOrNamed) -> float:
+        """:func:`global_grad_norm` of ``named``; NonFiniteGradientError naming a
+        parameter whose gradient is NaN or inf (the Trainer's check without clipping)."""
+        return global_grad_norm(named, error_if_nonfinite=True)
 
     def _update(self, p: Parameter, g, state: tuple, t: int):  # pragma: no cover - abstract
         """Return ``(new p.data, new state arrays)`` for update ``t`` with gradient ``g``."""
@@ -659,11 +660,6 @@ def _scalar(value, key: str = "value"):
 def _key_order(key: str):
     name, _, idx = key.rpartition(".")
     return (name, int(idx)) if idx.isdigit() else (key, -1)
-
-
-def _new_instance(cls: type) -> Optimizer:
-    """A bare instance of exactly ``cls`` (what a copy is filled into)."""
-    return object.__new__(cls)
 
 
 # =========================================================================== optimizers

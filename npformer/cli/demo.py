@@ -10,7 +10,7 @@ LAST_FILE = "last.npz"  # the whole run, resumable with --resume
 # saved with a run, beside its preset; --resume takes them back (an option given again
 # must match) but for procs (the MPI ranks) and replicas (the threads of each): a resumed
 # run keeps their product, the workers every batch is shared among
-RUN_SETTINGS = ("seed", "dtype", "engine", "replicas", "procs")
+RUN_SETTINGS = ("seed", "dtype", "tier", "replicas", "procs")
 # the data a run trains on, saved with its settings where the demo has the option: the
 # files (DATA_FILES) by their absolute path and their content's sha256
 DATA_SETTINGS = ("data", "validation_data", "test_data", "text_column", "label_column")

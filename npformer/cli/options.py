@@ -17,7 +17,7 @@ from dataclasses import Field, field, fields, replace
 from typing import Any
 
 from ..backend import boolean_word
-from ..engine import ENGINES
+from ..checkpoint import TIERS
 from ..ops.contracts import check_heads_divide, check_probability, check_real, check_size
 from .demo import LAST_FILE, Demo
 
@@ -195,10 +195,10 @@ def demo_parser(demo: Demo, doc: str, presets: dict) -> argparse.ArgumentParser:
                              "(default: $NPFORMER_BACKEND, else numpy)")
     parser.add_argument("--dtype", choices=["float32", "float64"], default=None,
                         help="float dtype of parameters and activations (default: float32)")
-    parser.add_argument("--engine", choices=ENGINES, default=None,
-                        help="tier of ops: fast (the default, or $NPFORMER_ENGINE) or textbook "
-                             "(the plain derivations); both give the same numbers up to "
-                             "rounding")
+    parser.add_argument("--tier", choices=TIERS, default=None,
+                        help="which implementation trains: fast (npformer.fast, the default) "
+                             "or textbook (the plain derivations: npformer.models, "
+                             "npformer.optim); both give the same numbers up to rounding")
     parser.add_argument("--cuda-graph", action="store_true",
                         help="with --backend cupy: each training update captured once as a "
                              "CUDA graph and replayed (npformer.gpu.cuda_graph; the same as "

@@ -49,8 +49,8 @@ def write_json(path: Path, values: dict) -> None:
 
 def write_metrics(out: Path, args: argparse.Namespace, parameters: int, results: dict) -> None:
     """``out/metrics.json``: the run's results, then what every demo records of how it was
-    made (preset, seed, engine, the machine and how the run spread over it, the model's
+    made (preset, seed, tier, the machine and how the run spread over it, the model's
     parameter count)."""
     write_json(out / "metrics.json", {
-        **results, "preset": args.preset, "seed": args.seed, "engine": args.engine,
+        **results, "preset": args.preset, "seed": args.seed, "tier": args.tier,
         "machine": machine_description(args.replicas), "parameters": parameters})

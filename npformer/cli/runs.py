@@ -4,7 +4,7 @@
 line, settle the settings (a resumed run's saved ones, the preset with the options
 given), take the output folder (hold it, refuse to mix two runs in it), then re-launch as
 MPI ranks when training on the CPU (:mod:`npformer.parallel.relaunch`), and apply the settings
-(backend, dtype, engine, seed, MPI).  Everything a user can get wrong on the command line
+(backend, dtype, tier, seed, MPI).  Everything a user can get wrong on the command line
 is checked before the ranks start, so its error is printed once.
 
 *Resuming.*  Training saves the whole run to ``OUT/last.npz`` (after every evaluation,
@@ -34,7 +34,6 @@ from typing import Any, NamedTuple
 
 from .. import backend, parallel
 from ..checkpoint import Checkpoint, CheckpointError, build_model, load_checkpoint
-from ..engine import engine_name, set_engine
 from ..gpu.cuda_graph import wanted_by_environment
 from ..models.configs import new_field_names
 from ..nn import Module
@@ -99,8 +98,8 @@ def settle(parser: argparse.ArgumentParser, args: argparse.Namespace, demo: Demo
            presets: dict, use_only: str | None = None) -> Any:
     """The run's settings, with nothing applied yet; returns the preset.  With ``--resume``
     the saved run's settings are taken (an option given again must match them, the data
-    must be the data it was started on); the defaults of --seed, --dtype and --engine are
-    filled in, and the content of every data file is hashed (``args.data_sha256``)."""
+    must be the data it was started on); the defaults of --seed, --dtype and --tier
+    are filled in, and the content of every data file is hashed (``args.data_sha256``)."""
     out = Path(args.out)
     overwrite = getattr(args, "overwrite", False)
     if use_only and args.resume:
@@ -115,7 +114,7 @@ def settle(parser: argparse.ArgumentParser, args: argparse.Namespace, demo: Demo
     preset = resolve_preset(parser, args, presets)
     args.seed = 0 if args.seed is None else args.seed
     args.dtype = args.dtype or "float32"
-    args.engine = args.engine or engine_name()
+    args.tier = args.tier or "fast"
     return preset
 
 
@@ -134,7 +133,7 @@ def take_output(args: argparse.Namespace, preset: Any, demo: Demo) -> None:
 
 
 def setup(args: argparse.Namespace) -> Path:
-    """Apply the settled --backend, --dtype, --engine and --seed (:func:`settle`), and
+    """Apply the settled --backend, --dtype and --seed (:func:`settle`), and
     --no-progress; join the MPI ranks when started by mpiexec (before any array is made: a
     rank picks its GPU there); choose the thread replicas; create and return the output
     folder."""
@@ -148,7 +147,6 @@ def setup(args: argparse.Namespace) -> Path:
     except (RuntimeError, ValueError) as exc:  # no CuPy, no GPU
         raise DemoError(str(exc)) from None
     backend.set_default_float(args.dtype)
-    set_engine(args.engine)
     if getattr(args, "cuda_graph", False):  # the Trainer reads it (TrainConfig.cuda_graph)
         os.environ["NPFORMER_CUDA_GRAPH"] = "1"
     try:
@@ -326,12 +324,14 @@ def read_demo_checkpoint(path: str | Path, demo: Demo) -> Checkpoint:
     return checkpoint
 
 
-def load_demo_model(path: str | Path, demo: Demo) -> tuple[Module, Checkpoint]:
-    """-> (model, checkpoint) from a checkpoint ``demo`` saved; a checkpoint that does not
-    make the model (a missing or misshapen parameter...) is one error naming the file."""
+def load_demo_model(path: str | Path, demo: Demo,
+                    tier: str = "fast") -> tuple[Module, Checkpoint]:
+    """-> (model of ``tier``, checkpoint) from a checkpoint ``demo`` saved; a checkpoint that
+    does not make the model (a missing or misshapen parameter...) is one error naming the
+    file."""
     checkpoint = read_demo_checkpoint(path, demo)
     try:
-        return build_model(checkpoint, expected_kind=demo.model_kind), checkpoint
+        return build_model(checkpoint, expected_kind=demo.model_kind, tier=tier), checkpoint
     except ValueError as exc:  # CheckpointError among them
         raise CheckpointError(_naming(path, exc)) from None
 

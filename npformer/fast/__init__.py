@@ -31,18 +31,12 @@ tested equal in ``tests/test_fast_layers.py``):
 * :mod:`.models`: the three models, their weights in one flat buffer (:mod:`.flat`);
 * :mod:`.optim`: Adam and AdamW over that buffer, and the gradient norm in one pass.
 
-:mod:`npformer.engine` chooses between the tiers: importing this package registers each
-implementation here with it (below), so that in the fast tier ``CausalLM(config)`` is
-this tier's ``CausalLM``.
+Nothing chooses this tier behind a reader's back: a program names the fast classes where
+it builds them (``fast.CausalLM(config)``, ``fast.AdamW(params)``; the demos' ``--tier``
+option, :func:`npformer.checkpoint.build_model`'s ``tier``), and a fast model's layers
+and loss are named on its class (``CausalLM.EncoderBlock``).
 """
-import sys as _sys
-
-from .. import engine as _engine
-from .. import models as _models
-from .. import nn as _nn
 from .. import ops as _textbook
-from .. import optim as _optim
-from ..backend import Array
 from . import blocks, layers, models, optim
 from .activations import (
     activation,
@@ -57,7 +51,9 @@ from .embedding import embedding_backward
 from .flat import FlatParameters, flat_buffer_of
 from .layernorm import layernorm_backward, layernorm_forward
 from .linear import linear_backward, linear_forward
-from .losses import cross_entropy_backward, cross_entropy_forward
+from .losses import cross_entropy_backward, cross_entropy_forward, cross_entropy_with_gradient
+from .models import CausalLM, Seq2SeqTransformer, TransformerClassifier
+from .optim import Adam, AdamW, clip_grad_norm, global_grad_norm
 from .packing import Packing
 from .softmax import softmax_backward, softmax_forward
 
@@ -86,30 +82,6 @@ valid_rows_backward = _textbook.valid_rows_backward
 valid_rows_forward = _textbook.valid_rows_forward
 
 
-def cross_entropy_with_gradient(logits: Array, targets: Array, dloss: float = 1.0,
-                                ignore_index: int = IGNORE_INDEX,
-                                label_smoothing: float = 0.0) -> tuple[Array, Array]:
-    """:func:`npformer.ops.cross_entropy_with_gradient`, the gradient written over the
-    (N, V) array the forward kept (the caller hands over logits it no longer reads): the
-    logits themselves where the compiled kernels run, the forward's softmax elsewhere."""
-    loss, cache = cross_entropy_forward(logits, targets, ignore_index, label_smoothing)
-    return loss, cross_entropy_backward(dloss, cache, overwrite_logits=True)
-
-
-IMPLEMENTATIONS = {  # textbook -> this tier's: what npformer.engine.implementation returns
-    _textbook: _sys.modules[__name__],
-    _nn.Linear: layers.Linear, _nn.LayerNorm: layers.LayerNorm,
-    _nn.Embedding: layers.Embedding, _nn.Dropout: layers.Dropout,
-    _nn.LearnedPositionalEmbedding: layers.LearnedPositionalEmbedding,
-    _nn.Activation: layers.Activation,
-    _nn.MultiHeadAttention: blocks.MultiHeadAttention, _nn.FeedForward: blocks.FeedForward,
-    _nn.EncoderBlock: blocks.EncoderBlock, _nn.DecoderBlock: blocks.DecoderBlock,
-    _models.TransformerClassifier: models.TransformerClassifier,
-    _models.CausalLM: models.CausalLM, _models.Seq2SeqTransformer: models.Seq2SeqTransformer,
-    _optim.Adam: optim.Adam, _optim.AdamW: optim.AdamW,
-    _optim.clip_grad_norm: optim.clip_grad_norm, _optim.global_grad_norm: optim.global_grad_norm,
-}
-for _textbook_one, _fast_one in IMPLEMENTATIONS.items():
-    _engine.register(_textbook_one, _fast_one)
+MODELS = {cls.kind: cls for cls in (TransformerClassifier, CausalLM, Seq2SeqTransformer)}
 
 __all__ = [name for name in dir() if not name.startswith("_")]

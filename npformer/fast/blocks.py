@@ -39,7 +39,7 @@ from ..ops.contracts import (
     check_same_dtype,
     check_sequence_input,
 )
-from . import attention
+from . import attention, layers
 from .packing import Packing
 
 
@@ -59,6 +59,8 @@ UNPACKED = _Unpacked()
 class MultiHeadAttention(nn.MultiHeadAttention):
     """Multi-head attention (:class:`npformer.nn.MultiHeadAttention`) on blocked attention
     (:mod:`npformer.fast.attention`), its input optionally packed rows."""
+
+    Linear, LayerNorm = layers.Linear, layers.LayerNorm
 
     def check_inputs(self, x: Array, context: Array | None = None, mask: Array | None = None,
                      need_weights: bool = False, cache: KVCache | None = None,
@@ -168,6 +170,8 @@ class FeedForward(nn.FeedForward):
     dropout) instead of N x D_ff kept numbers.
     """
 
+    Linear, Activation, Dropout = layers.Linear, layers.Activation, layers.Dropout
+
     def forward(self, x: Array, keep_input: bool = True) -> Array:
         """x (..., D) -> (..., D); ``keep_input=False``: x is not kept (the caller passes
         it to :meth:`backward` again)."""
@@ -185,6 +189,12 @@ class FeedForward(nn.FeedForward):
         return self.dropout.again(self.activation.output_again())
 
 
+class ResidualNorm(nn.ResidualNorm):
+    """A residual connection's layer norm and dropout, this tier's."""
+
+    LayerNorm, Dropout = layers.LayerNorm, layers.Dropout
+
+
 def _self_cache(cache: BlockCache | None):
     return None if cache is None else cache.self_attn
 
@@ -196,6 +206,8 @@ def _cross_cache(cache: BlockCache | None):
 class EncoderBlock(nn.EncoderBlock):
     """The encoder block (:class:`npformer.nn.EncoderBlock`) on packed rows, a pre-norm
     sublayer's input LN(x) recomputed in the backward."""
+
+    MultiHeadAttention, ResidualNorm, FeedForward = MultiHeadAttention, ResidualNorm, FeedForward
 
     def check_inputs(self, x: Array, mask: Array | None = None,
                      cache: BlockCache | None = None, packing: Packing | None = None) -> None:
@@ -230,6 +242,8 @@ class EncoderBlock(nn.EncoderBlock):
 class DecoderBlock(nn.DecoderBlock):
     """The decoder block (:class:`npformer.nn.DecoderBlock`) on packed target rows (the
     memory stays (B, S, D)), a pre-norm sublayer's input LN(x) recomputed in the backward."""
+
+    MultiHeadAttention, ResidualNorm, FeedForward = MultiHeadAttention, ResidualNorm, FeedForward
 
     def check_inputs(self, x: Array, memory: Array, self_mask: Array | None = None,
                      memory_mask: Array | None = None, cache: BlockCache | None = None,

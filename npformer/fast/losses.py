@@ -235,3 +235,13 @@ def cross_entropy_grad(z: np.ndarray, lse: np.ndarray, targets: np.ndarray,
                         np.ascontiguousarray(weight, dtype=z.dtype), float(smoothing),
                         in_place, dz)
     return dz
+
+
+def cross_entropy_with_gradient(logits: Array, targets: Array, dloss: float = 1.0,
+                                ignore_index: int = IGNORE_INDEX,
+                                label_smoothing: float = 0.0) -> tuple[Array, Array]:
+    """:func:`npformer.ops.cross_entropy_with_gradient`, the gradient written over the
+    (N, V) array the forward kept (the caller hands over logits it no longer reads): the
+    logits themselves where the compiled kernels run, the forward's softmax elsewhere."""
+    loss, cache = cross_entropy_forward(logits, targets, ignore_index, label_smoothing)
+    return loss, cross_entropy_backward(dloss, cache, overwrite_logits=True)

@@ -24,8 +24,10 @@ from __future__ import annotations
 from .. import models, ops
 from ..backend import Array
 from ..gpu.gemm import routed
+from ..models.common import TokenEmbedding as _TokenEmbedding
 from ..models.common import model_input, valid_lengths
 from ..nn import LayerNorm
+from . import blocks, layers, losses
 from .flat import flat_buffer
 from .packing import Packing
 
@@ -66,8 +68,23 @@ def _ran_textbook_forward(model) -> bool:
     return True
 
 
-class _FlatWeights:
-    """A fast model's weights in one flat buffer from the start (:mod:`npformer.fast.flat`)."""
+class TokenEmbedding(_TokenEmbedding):
+    """The token embedding, positions and dropout (:mod:`npformer.models.common`) on this
+    tier's layers."""
+
+    Embedding, LearnedPositionalEmbedding, Dropout = \
+        layers.Embedding, layers.LearnedPositionalEmbedding, layers.Dropout
+
+
+class _FastModel:
+    """What every fast model adds: this tier's layers and loss, and its weights in one flat
+    buffer from the start (:mod:`npformer.fast.flat`)."""
+
+    TokenEmbedding, Embedding, EncoderBlock, DecoderBlock, LayerNorm, Linear = (
+        TokenEmbedding, layers.Embedding, blocks.EncoderBlock, blocks.DecoderBlock,
+        layers.LayerNorm, layers.Linear)
+    # the loss the tasks compute on this model's logits: the gradient written over them
+    cross_entropy_with_gradient = staticmethod(losses.cross_entropy_with_gradient)
 
     def __init__(self, config):
         super().__init__(config)
@@ -79,7 +96,7 @@ class _FlatWeights:
             self._flat.sync()  # the loaded arrays copied into the buffer at once
 
 
-class TransformerClassifier(_FlatWeights, models.TransformerClassifier):
+class TransformerClassifier(_FastModel, models.TransformerClassifier):
     __doc__ = models.TransformerClassifier.__doc__
 
     def forward(self, ids: Array, valid_lens: Array | None = None) -> Array:
@@ -106,7 +123,7 @@ class TransformerClassifier(_FlatWeights, models.TransformerClassifier):
                                                               packing))
 
 
-class CausalLM(_FlatWeights, models.CausalLM):
+class CausalLM(_FastModel, models.CausalLM):
     __doc__ = models.CausalLM.__doc__
 
     def forward(self, ids: Array, attention_mask: Array | None = None,
@@ -144,7 +161,7 @@ class CausalLM(_FlatWeights, models.CausalLM):
         return self.lm_head.backward(dlogits, h)
 
 
-class Seq2SeqTransformer(_FlatWeights, models.Seq2SeqTransformer):
+class Seq2SeqTransformer(_FastModel, models.Seq2SeqTransformer):
     __doc__ = models.Seq2SeqTransformer.__doc__
 
     def encode(self, src: Array, src_lens: Array | None = None) -> tuple[Array, Array]:

@@ -94,6 +94,12 @@ class _FlatAdam:
                     view[...] = backend.to_numpy(value)
                     self.state[name][i] = view
 
+    def clip_grad_norm(self, named: ParamsOrNamed, max_norm: float) -> float:
+        return clip_grad_norm(named, max_norm)  # this tier's: one pass over the flat buffer
+
+    def grad_norm(self, named: ParamsOrNamed) -> float:
+        return global_grad_norm(named, error_if_nonfinite=True)
+
     def _update(self, p, g, state, t):
         """One parameter's update (parameters that are not one buffer's): on CuPy one fused
         kernel (the textbook statements, bit for bit), else the textbook's."""

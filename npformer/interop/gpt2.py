@@ -301,8 +301,9 @@ def from_pretrained(model_class: type, name_or_path: str | os.PathLike,
     (``config.json``, ``model.safetensors``) or a Hub name (``"gpt2"``), downloaded
     into the user's cache.  ``dtype``: "float32" or "float64" (default: the backend's
     default float); ``dropout``: npformer's dropout for fine-tuning (Hugging Face's
-    probabilities are not read; see the module docstring).  The model is built in the
-    current tier (:mod:`npformer.engine`), on the current backend, in training mode."""
+    probabilities are not read; see the module docstring).  The model is a
+    ``model_class`` (the textbook's or the fast tier's), on the current backend, in
+    training mode."""
     folder = resolve(name_or_path)
     config = config_from_hf(read_config(folder), model_class.config_class, dropout,
                             str(folder / CONFIG_FILE))

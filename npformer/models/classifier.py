@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from .. import ops
 from ..backend import Array
-from ..nn import Embedding, EncoderBlock, Linear, Module, evaluating
+from ..nn import Embedding, EncoderBlock, LayerNorm, Linear, Module, evaluating
 from ..ops.contracts import check_rank, check_valid_lengths
 from .common import (
     TokenEmbedding,
@@ -80,19 +80,22 @@ class TransformerClassifier(Module):
 
     kind = "classifier"
     config_class = ClassifierConfig
+    # the layers it builds; the fast tier's model names its own
+    TokenEmbedding, Embedding, EncoderBlock, LayerNorm, Linear = \
+        TokenEmbedding, Embedding, EncoderBlock, LayerNorm, Linear
 
     def __init__(self, config: ClassifierConfig):
         self.config = c = config
-        self.embed = TokenEmbedding(c.vocab_size, c.d_model, c.block_size, c.positional,
+        self.embed = self.TokenEmbedding(c.vocab_size, c.d_model, c.block_size, c.positional,
                                     c.dropout, scale_by_sqrt_d=False)
         # zero at the start: the pairs add nothing until training finds a use for them
-        self.bigrams = Embedding(c.bigram_buckets, c.d_model, init_std=0.0) \
+        self.bigrams = self.Embedding(c.bigram_buckets, c.d_model, init_std=0.0) \
             if c.bigram_buckets else None
-        self.blocks = [EncoderBlock(c.d_model, c.num_heads, c.d_ff, c.dropout, c.activation,
-                                    c.norm_first, c.head_dim, **block_options(c))
+        self.blocks = [self.EncoderBlock(c.d_model, c.num_heads, c.d_ff, c.dropout, c.activation,
+                                         c.norm_first, c.head_dim, **block_options(c))
                        for _ in range(c.num_layers)]
-        self.norm = final_norm(c)
-        self.head = Linear(c.d_model, c.num_classes)
+        self.norm = final_norm(c, self.LayerNorm)
+        self.head = self.Linear(c.d_model, c.num_classes)
 
     def check_inputs(self, ids: Array, valid_lens: Array | None = None) -> None:
         ids = model_input(ids, "token ids")

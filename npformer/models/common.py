@@ -55,14 +55,17 @@ class TokenEmbedding(Module):
     scale is sqrt(D) where the paper scales embeddings (section 3.4), else 1.
     """
 
+    Embedding, LearnedPositionalEmbedding, Dropout = \
+        Embedding, LearnedPositionalEmbedding, Dropout  # the layers it builds
+
     def __init__(self, vocab_size: int, d_model: int, block_size: int, positional: str,
                  dropout: float, scale_by_sqrt_d: bool, init_std: float = 1.0):
-        self.tokens = Embedding(vocab_size, d_model, init_std=init_std)
+        self.tokens = self.Embedding(vocab_size, d_model, init_std=init_std)
         if positional == "learned":
-            self.positions = LearnedPositionalEmbedding(block_size, d_model)
+            self.positions = self.LearnedPositionalEmbedding(block_size, d_model)
         else:
             self.positions = SinusoidalPositionalEncoding(block_size, d_model)
-        self.dropout = Dropout(dropout)
+        self.dropout = self.Dropout(dropout)
         self.scale = math.sqrt(d_model) if scale_by_sqrt_d else 1.0
         self.block_size = block_size
 
@@ -118,9 +121,9 @@ def layer_norm_eps(config: Any) -> float:
     return getattr(config, "layer_norm_eps", ops.layernorm.EPS)
 
 
-def final_norm(config: Any) -> LayerNorm | None:
+def final_norm(config: Any, norm_class: type = LayerNorm) -> LayerNorm | None:
     """Pre-norm stacks end with a layer norm (GPT-2); post-norm ones already end normed."""
-    return LayerNorm(config.d_model, layer_norm_eps(config)) if config.norm_first else None
+    return norm_class(config.d_model, layer_norm_eps(config)) if config.norm_first else None
 
 
 def block_options(config: Any) -> dict:

@@ -27,7 +27,7 @@ from typing import Any
 from .. import backend, ops
 from ..backend import Array
 from ..interop import gpt2
-from ..nn import DecodingCache, EncoderBlock, Linear, Module
+from ..nn import DecodingCache, EncoderBlock, LayerNorm, Linear, Module
 from .common import (
     TokenEmbedding,
     attention_mask_input,
@@ -87,16 +87,20 @@ class CausalLM(Module):
 
     kind = "causal_lm"
     config_class = CausalLMConfig
+    # the layers it builds; the fast tier's model names its own
+    TokenEmbedding, EncoderBlock, LayerNorm, Linear = \
+        TokenEmbedding, EncoderBlock, LayerNorm, Linear
 
     def __init__(self, config: CausalLMConfig):
         self.config = c = config
-        self.embed = TokenEmbedding(c.vocab_size, c.d_model, c.block_size, c.positional,
+        self.embed = self.TokenEmbedding(c.vocab_size, c.d_model, c.block_size, c.positional,
                                     c.dropout, scale_by_sqrt_d=False, init_std=0.02)
-        self.blocks = [EncoderBlock(c.d_model, c.num_heads, c.d_ff, c.dropout, c.activation,
-                                    c.norm_first, c.head_dim, **block_options(c))
+        self.blocks = [self.EncoderBlock(c.d_model, c.num_heads, c.d_ff, c.dropout, c.activation,
+                                         c.norm_first, c.head_dim, **block_options(c))
                        for _ in range(c.num_layers)]
-        self.norm = final_norm(c)
-        self.lm_head = None if c.tie_weights else Linear(c.d_model, c.vocab_size, bias=False)
+        self.norm = final_norm(c, self.LayerNorm)
+        self.lm_head = None if c.tie_weights else self.Linear(c.d_model, c.vocab_size,
+                                                                 bias=False)
 
     def check_inputs(self, ids: Array, attention_mask: Array | None = None,
                      position_ids: Array | None = None) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from .. import backend, ops
 from ..backend import Array
-from ..nn import DecoderBlock, DecodingCache, EncoderBlock, Linear, Module
+from ..nn import DecoderBlock, DecodingCache, EncoderBlock, LayerNorm, Linear, Module
 from ..ops.contracts import check_flag, check_rank
 from .common import (
     TokenEmbedding,
@@ -90,22 +90,27 @@ class Seq2SeqTransformer(Module):
 
     kind = "seq2seq"
     config_class = Seq2SeqConfig
+    # the layers it builds; the fast tier's model names its own
+    TokenEmbedding, EncoderBlock, DecoderBlock, LayerNorm, Linear = \
+        TokenEmbedding, EncoderBlock, DecoderBlock, LayerNorm, Linear
 
     def __init__(self, config: Seq2SeqConfig):
         self.config = c = config
-        self.src_embed = TokenEmbedding(c.src_vocab_size, c.d_model, c.block_size, c.positional,
-                                        c.dropout, c.scale_embeddings, init_std=c.d_model ** -0.5)
-        self.tgt_embed = TokenEmbedding(c.tgt_vocab_size, c.d_model, c.block_size, c.positional,
-                                        c.dropout, c.scale_embeddings, init_std=c.d_model ** -0.5)
-        self.encoder = [EncoderBlock(c.d_model, c.num_heads, c.d_ff, c.dropout, c.activation,
-                                     c.norm_first, c.head_dim, **block_options(c))
+        self.src_embed = self.TokenEmbedding(c.src_vocab_size, c.d_model, c.block_size,
+                                             c.positional, c.dropout, c.scale_embeddings,
+                                             init_std=c.d_model ** -0.5)
+        self.tgt_embed = self.TokenEmbedding(c.tgt_vocab_size, c.d_model, c.block_size,
+                                             c.positional, c.dropout, c.scale_embeddings,
+                                             init_std=c.d_model ** -0.5)
+        self.encoder = [self.EncoderBlock(c.d_model, c.num_heads, c.d_ff, c.dropout, c.activation,
+                                          c.norm_first, c.head_dim, **block_options(c))
                         for _ in range(c.num_encoder_layers)]
-        self.encoder_norm = final_norm(c)
-        self.decoder = [DecoderBlock(c.d_model, c.num_heads, c.d_ff, c.dropout, c.activation,
-                                     c.norm_first, c.head_dim, **block_options(c))
+        self.encoder_norm = final_norm(c, self.LayerNorm)
+        self.decoder = [self.DecoderBlock(c.d_model, c.num_heads, c.d_ff, c.dropout, c.activation,
+                                          c.norm_first, c.head_dim, **block_options(c))
                         for _ in range(c.num_decoder_layers)]
-        self.decoder_norm = final_norm(c)
-        self.out_proj = None if c.tie_weights else Linear(c.d_model, c.tgt_vocab_size)
+        self.decoder_norm = final_norm(c, self.LayerNorm)
+        self.out_proj = None if c.tie_weights else self.Linear(c.d_model, c.tgt_vocab_size)
 
     # ------------------------------------------------------------------ training
     def encode(self, src: Array, src_lens: Array | None = None) -> tuple[Array, Array]:

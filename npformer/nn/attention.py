@@ -134,6 +134,8 @@ class MultiHeadAttention(Module):
     weights (B, H, T, S) with rows summing to 1 and 0 at every masked key.
     """
 
+    Linear, LayerNorm = Linear, LayerNorm  # the layers it builds (the fast tier's, its own)
+
     def __init__(self, d_model: int, num_heads: int, head_dim: int | None = None,
                  bias: bool = True, narrow: bool = False, kqnorm: bool = False):
         check_size(d_model, "d_model", 1)
@@ -152,12 +154,12 @@ class MultiHeadAttention(Module):
         inner = num_heads * head_dim
         # one projection reads a slice and writes one head's (narrow), or reads x, writes all
         width_in, width_out = (head_dim, head_dim) if narrow else (d_model, inner)
-        self.q_proj = Linear(width_in, width_out, bias)
-        self.k_proj = Linear(width_in, width_out, bias)
-        self.v_proj = Linear(width_in, width_out, bias)
-        self.out_proj = Linear(inner, d_model, bias)
-        self.q_norm = LayerNorm(head_dim) if kqnorm else None
-        self.k_norm = LayerNorm(head_dim) if kqnorm else None
+        self.q_proj = self.Linear(width_in, width_out, bias)
+        self.k_proj = self.Linear(width_in, width_out, bias)
+        self.v_proj = self.Linear(width_in, width_out, bias)
+        self.out_proj = self.Linear(inner, d_model, bias)
+        self.q_norm = self.LayerNorm(head_dim) if kqnorm else None
+        self.k_norm = self.LayerNorm(head_dim) if kqnorm else None
         self.keep_attention = False  # set True to keep the last probabilities (documented above)
         self.last_attention = None  # (B, H, T, S) when keep_attention
 

@@ -38,13 +38,15 @@ from .module import Module
 class FeedForward(Module):
     """Position-wise FFN: linear2(dropout(activation(linear1(x)))), D -> D_ff -> D."""
 
+    Linear, Activation, Dropout = Linear, Activation, Dropout  # the layers it builds
+
     def __init__(self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0):
         check_size(d_model, "d_model", 1)
         check_size(d_ff, "d_ff", 1)
-        self.linear1 = Linear(d_model, d_ff)
-        self.activation = Activation(activation)
-        self.dropout = Dropout(dropout)
-        self.linear2 = Linear(d_ff, d_model)
+        self.linear1 = self.Linear(d_model, d_ff)
+        self.activation = self.Activation(activation)
+        self.dropout = self.Dropout(dropout)
+        self.linear2 = self.Linear(d_ff, d_model)
 
     def forward(self, x: Array) -> Array:
         """x (B, T, D) -> (B, T, D)."""
@@ -61,9 +63,11 @@ class ResidualNorm(Module):
     """The layer norm and the dropout of one residual connection (the block writes the
     sum itself); a container, so the parameters keep their names (``.norm.weight``)."""
 
+    LayerNorm, Dropout = LayerNorm, Dropout  # the layers it builds
+
     def __init__(self, d_model: int, dropout: float = 0.0, eps: float = ops.layernorm.EPS):
-        self.norm = LayerNorm(d_model, eps)
-        self.dropout = Dropout(dropout)
+        self.norm = self.LayerNorm(d_model, eps)
+        self.dropout = self.Dropout(dropout)
 
 
 def _self_cache(cache: BlockCache | None):
@@ -78,16 +82,19 @@ class EncoderBlock(Module):
     """Self-attention then feed-forward, each inside a residual connection.  (With a causal
     mask, the GPT block.)"""
 
+    # the layers it builds; the fast tier's block names its own
+    MultiHeadAttention, ResidualNorm, FeedForward = MultiHeadAttention, ResidualNorm, FeedForward
+
     def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1,
                  activation: str = "relu", norm_first: bool = False,
                  head_dim: int | None = None, *, norm_eps: float = ops.layernorm.EPS,
                  narrow: bool = False, kqnorm: bool = False):
         self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(d_model, num_heads, head_dim, narrow=narrow,
-                                            kqnorm=kqnorm)
-        self.attn_residual = ResidualNorm(d_model, dropout, norm_eps)
-        self.ffn = FeedForward(d_model, d_ff, activation, dropout)
-        self.ffn_residual = ResidualNorm(d_model, dropout, norm_eps)
+        self.self_attn = self.MultiHeadAttention(d_model, num_heads, head_dim, narrow=narrow,
+                                                 kqnorm=kqnorm)
+        self.attn_residual = self.ResidualNorm(d_model, dropout, norm_eps)
+        self.ffn = self.FeedForward(d_model, d_ff, activation, dropout)
+        self.ffn_residual = self.ResidualNorm(d_model, dropout, norm_eps)
 
     def check_inputs(self, x: Array, mask: Array | None = None,
                      cache: BlockCache | None = None) -> None:
@@ -120,19 +127,21 @@ class EncoderBlock(Module):
 class DecoderBlock(Module):
     """Masked self-attention, cross-attention over the encoder memory, feed-forward."""
 
+    MultiHeadAttention, ResidualNorm, FeedForward = MultiHeadAttention, ResidualNorm, FeedForward
+
     def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1,
                  activation: str = "relu", norm_first: bool = False,
                  head_dim: int | None = None, *, norm_eps: float = ops.layernorm.EPS,
                  narrow: bool = False, kqnorm: bool = False):
         self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(d_model, num_heads, head_dim, narrow=narrow,
-                                            kqnorm=kqnorm)
-        self.self_attn_residual = ResidualNorm(d_model, dropout, norm_eps)
-        self.cross_attn = MultiHeadAttention(d_model, num_heads, head_dim, narrow=narrow,
-                                             kqnorm=kqnorm)
-        self.cross_attn_residual = ResidualNorm(d_model, dropout, norm_eps)
-        self.ffn = FeedForward(d_model, d_ff, activation, dropout)
-        self.ffn_residual = ResidualNorm(d_model, dropout, norm_eps)
+        self.self_attn = self.MultiHeadAttention(d_model, num_heads, head_dim, narrow=narrow,
+                                                 kqnorm=kqnorm)
+        self.self_attn_residual = self.ResidualNorm(d_model, dropout, norm_eps)
+        self.cross_attn = self.MultiHeadAttention(d_model, num_heads, head_dim, narrow=narrow,
+                                                  kqnorm=kqnorm)
+        self.cross_attn_residual = self.ResidualNorm(d_model, dropout, norm_eps)
+        self.ffn = self.FeedForward(d_model, d_ff, activation, dropout)
+        self.ffn_residual = self.ResidualNorm(d_model, dropout, norm_eps)
 
     def check_inputs(self, x: Array, memory: Array, self_mask: Array | None = None,
                      memory_mask: Array | None = None, cache: BlockCache | None = None) -> None:

@@ -4,8 +4,9 @@ A layer is a :class:`Module` that owns :class:`Parameter` objects (and other
 modules).  Its ``forward`` keeps, in ``self._cache``, exactly what its
 ``backward`` needs.  Nothing here does array math beyond zero-filling: the math
 is in the ops (:mod:`npformer.ops`; the fast tier's subclasses call :mod:`npformer.fast`'s).
-Making a module makes the current tier's implementation of its class
-(:meth:`Module.__new__`, :mod:`npformer.engine`).
+A module's class is the class that runs: a layer that builds other layers names their
+classes as class attributes (``EncoderBlock.FeedForward``), which the fast tier's layer
+replaces with its own.
 
 The layer contract: ``backward(dout)`` takes the gradient of forward's output and
 
@@ -46,7 +47,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
-from .. import backend, engine
+from .. import backend
 from ..backend import Array
 from ..ops.contracts import check_upstream, run_trusted, trusted
 from .state import checked_weights
@@ -135,15 +136,6 @@ class Module:
 
     training: bool = True
     check_inputs = None  # a module of several layers: its forward's contract (see above)
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> Module:
-        """An instance of the current tier's implementation of ``cls``
-        (:func:`npformer.engine.implementation`): ``cls`` itself in the textbook tier."""
-        return object.__new__(engine.implementation(cls))
-
-    def __reduce_ex__(self, protocol: int):
-        """Copies and pickles keep this object's own class, whatever the tier is then."""
-        return (_new_instance, (type(self),), self.__dict__)
 
     def __init_subclass__(cls, **kwargs):
         """A subclass's own forward records its output's shape, and its own backward checks
@@ -255,11 +247,6 @@ class Module:
         for name, p in own.items():
             p.data = backend.copy_like(host[name], p.data)
             p.zero_grad()
-
-
-def _new_instance(cls: type) -> Module:
-    """A bare instance of exactly ``cls`` (what a copy is filled into)."""
-    return object.__new__(cls)
 
 
 _ANY_SHAPE = "any"  # a forward whose output is not one array: backward checks no shape

@@ -9,8 +9,8 @@ gradient, whose cache it takes) is named on its decorator and checked once, at t
 door, by :mod:`npformer.ops.contracts` (``tools/count_checks.py`` keeps it so).
 
 Nothing here exists only for speed: the fast tier (:mod:`npformer.fast`) holds
-the blocked, fused and in-place versions, each tested equal to its op here, and
-:mod:`npformer.engine` chooses the tier a run uses.
+the blocked, fused and in-place versions, each tested equal to its op here; a program
+names the tier it runs where it builds its model and optimizer.
 
 Shape letters used throughout: B batch, T query (target) positions, S key
 (source) positions, H heads, E per-head query/key width, F per-head value

@@ -208,7 +208,7 @@ def refuse_cache(cache: Any, backward: str, forward: Callable) -> None:
     if type(cache) is Cache and cache.op == made_by:
         raise TypeError(f"{backward} got an invalid cache (made by {cache.op} of the "
                         f"{cache.tier} tier): pass the cache that {made_by} of the "
-                        f"{forward.tier} tier returned; do not switch engines between a "
+                        f"{forward.tier} tier returned; do not mix the tiers' ops between a "
                         "forward and its backward")
     what = (f"a cache of {cache.op}, {cache.tier} tier" if type(cache) is Cache
             else type(cache).__name__)

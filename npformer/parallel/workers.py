@@ -4,7 +4,7 @@ W workers train one model: ``replicas`` threads in each of ``size`` processes (t
 ranks; a process alone is rank 0 of 1), W = size * replicas, worker g = rank * replicas
 + i.  Every optimizer step they agree on everything but which rows they compute:
 
-1. **broadcast**: rank 0's parameters become every rank's (once, when the engine is made);
+1. **broadcast**: rank 0's parameters become every rank's (once, when the workers are made);
 2. **shard**: every worker holds the same global batch (the same data generator, seeded
    the same: exactly the batch one process would see) and computes its shard g of
    ``shard_bounds(B, W)``;
@@ -35,7 +35,7 @@ Threads and ranks differ only in how step 4's sum happens, through the *communic
   step: :class:`npformer.parallel.Context`, over MPI; a process alone is rank 0 of 1,
   whose collectives return their input.
 
-The trainer asks its engine for what :class:`Engine` lists; :func:`data_parallel` makes
+The trainer asks its workers for what :class:`Workers` lists; :func:`data_parallel` makes
 one, across the MPI ranks when a launcher started several, else in this process.
 """
 from __future__ import annotations
@@ -56,7 +56,7 @@ from .shards import shard_bounds
 if TYPE_CHECKING:  # annotations only: importing these here would be circular
     from ..train.tasks import Task
 
-__all__ = ["Communicator", "DataParallel", "Engine", "PackedGradients", "data_parallel",
+__all__ = ["Communicator", "DataParallel", "Workers", "PackedGradients", "data_parallel",
            "parallel_map", "shard_bounds", "shard_weights", "split_batch"]
 
 
@@ -79,8 +79,8 @@ class Communicator(Protocol):
         """Raise, on every process, if a named value differs between processes."""
 
 
-class Engine(Protocol):
-    """What :class:`npformer.train.Trainer` asks of its data-parallel engine."""
+class Workers(Protocol):
+    """What :class:`npformer.train.Trainer` asks of its data-parallel workers."""
 
     @property
     def is_main(self) -> bool:
@@ -99,7 +99,7 @@ class Engine(Protocol):
 
 # --------------------------------------------------------------------------- the algorithm
 class DataParallel:
-    """The data-parallel engine: ``replicas`` threads in this process, on each of the
+    """The data-parallel workers: ``replicas`` threads in this process, on each of the
     ranks of ``ranks`` (None: this process alone).  ``same``: values every rank must
     share, checked before the first step (as are the model and the first batch)."""
 
@@ -153,8 +153,8 @@ class DataParallel:
         return self.ranks.from_main(value)
 
 
-def data_parallel(model: Module, replicas: int = 1, **same: Any) -> Engine:
-    """The trainer's engine: :class:`DataParallel` across the MPI ranks when an MPI
+def data_parallel(model: Module, replicas: int = 1, **same: Any) -> Workers:
+    """The trainer's workers: :class:`DataParallel` across the MPI ranks when an MPI
     launcher started this process as one of several (joining them if the program has
     not), else in this process; ``replicas`` threads in each."""
     return DataParallel(model, replicas, join_if_launched(), **same)

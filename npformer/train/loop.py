@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import backend, engine
+from .. import backend
 from ..backend import Array
 from ..checkpoint import load_checkpoint, restore, save_checkpoint
 from ..gpu.cuda_graph import CaptureFailed, StepGraphs, unsupported, wanted_by_environment
@@ -39,11 +39,9 @@ from ..optim import (
     Optimizer,
     _nonfinite_report,
     check_optimizer_of,
-    clip_grad_norm,
-    global_grad_norm,
 )
 from ..parallel.allocator import keep_freed_memory
-from ..parallel.workers import Engine, data_parallel
+from ..parallel.workers import Workers, data_parallel
 from .progress import Progress, write_line
 from .tasks import Task
 
@@ -240,7 +238,7 @@ class Trainer:
         self.train_seconds = 0.0  # spent in fit(), over every session of a resumed run
         self.finished = False  # fit() ended by max_iters or the time budget
         # threads, times the MPI ranks under mpiexec: npformer.parallel
-        self.parallel: Engine = data_parallel(model, config.replicas, train_config=config)
+        self.parallel: Workers = data_parallel(model, config.replicas, train_config=config)
         names = {id(p): name for name, p in model.named_parameters()}
         self._named_parameters = [(names.get(id(p), f"params[{i}]"), p)
                                   for i, p in enumerate(optimizer.params)]
@@ -329,13 +327,13 @@ class Trainer:
 
     def _clip_gradients(self) -> None:
         """Clip to ``clip_norm`` (or only check that every gradient is finite), with the
-        tier's gradient norm; a non-finite gradient is TrainingDiverged, naming it."""
+        optimizer's gradient norm; a non-finite gradient is TrainingDiverged, naming it."""
         named = self._named_parameters
         try:
             if self.config.clip_norm:
-                engine.implementation(clip_grad_norm)(named, self.config.clip_norm)
+                self.optimizer.clip_grad_norm(named, self.config.clip_norm)
             else:
-                engine.implementation(global_grad_norm)(named, error_if_nonfinite=True)
+                self.optimizer.grad_norm(named)
         except NonFiniteGradientError as exc:
             raise TrainingDiverged(self._diverged(str(exc))) from exc
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import backend, engine, ops
+from .. import backend, ops
 from ..backend import Array
 from ..nn import Module
 from ..ops.contracts import check_token_ids
@@ -65,13 +65,15 @@ def cross_entropy_and_backward(model: Module, logits: Array, targets: Array, gra
     """Loss on ``logits``, then the backward pass of loss * grad_scale through ``model``;
     returns the mean loss, a 0-d array on the device.
 
-    The loss is the current tier's (:func:`npformer.engine.ops`).  Callers pass the
-    model's output straight in, unnamed, so that this frame holds the only reference to
-    the logits: the fast tier writes their gradient over them, and they are freed as soon
-    as the model's backward pass has read the gradient.
+    The loss is the one the model's class names (a fast model's writes the gradient over
+    the logits), else the textbook's.  Callers pass the model's output straight in,
+    unnamed, so that this frame holds the only reference to the logits: they are freed as
+    soon as the model's backward pass has read the gradient.
     """
-    loss, dlogits = engine.ops().cross_entropy_with_gradient(
-        logits, backend.asarray(targets), grad_scale, **loss_kwargs)  # dlogits: (..., V)
+    loss_with_gradient = getattr(type(model), "cross_entropy_with_gradient",
+                                 ops.cross_entropy_with_gradient)
+    loss, dlogits = loss_with_gradient(logits, backend.asarray(targets), grad_scale,
+                                       **loss_kwargs)  # dlogits: (..., V)
     del logits  # this frame's reference: the gradient may live in the same buffer
     model.backward(dlogits)
     return loss
