@@ -1,5 +1,6 @@
 """Beam search speed: all sentences of a chunk at once (``beam_search``) against one
-sentence at a time (``_beam_search_reference``, the implementation it replaced).
+sentence at a time (``_beam_search_reference``, the implementation it replaced, kept
+in tests/beam_reference.py as the reference the tests compare with).
 
     python bench/beam_speed.py                  # 200 held-out sentences, beam 4, 3 rounds
     python bench/beam_speed.py --sentences 40 --rounds 1   # quick look
@@ -23,15 +24,28 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-from npformer import backend
-from npformer.cli import positive_int
-from npformer.data import Vocab, load_fra_eng, pad_batch, split_by_source, tokenize_fra_eng
-from npformer.decoding import _beam_search_reference, beam_search
-from npformer.models import Seq2SeqConfig, Seq2SeqTransformer
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path[:1]:  # `python bench/beam_speed.py`: the tests' reference search
+    sys.path.insert(0, str(ROOT))
+
+from npformer import backend, fast  # noqa: E402
+from npformer.cli import positive_int  # noqa: E402
+from npformer.data import (  # noqa: E402
+    Vocab,
+    load_fra_eng,
+    pad_batch,
+    split_by_source,
+    tokenize_fra_eng,
+)
+from npformer.decoding import beam_search  # noqa: E402
+from npformer.models import Seq2SeqConfig  # noqa: E402
+from tests.beam_reference import _beam_search_reference  # noqa: E402
 
 
 def heldout_english(data, sentences: int, max_tokens: int = 15):
@@ -49,8 +63,8 @@ def encode_sources(src_vocab: Vocab, english: list, max_tokens: int = 15) -> lis
 
 
 def untrained_model(train_pairs, english: list, max_tokens: int = 15):
-    """The demo's vocabularies and default model (untrained) -> (model, sources, pad id,
-    source and target vocabulary sizes)."""
+    """The demo's vocabularies and default model (untrained, the fast tier's) -> (model,
+    sources, pad id, source and target vocabulary sizes)."""
     src_vocab = Vocab.build([e for e, _ in train_pairs], min_freq=2, bos=True, eos=True)
     tgt_vocab = Vocab.build([f for _, f in train_pairs], min_freq=2, bos=True, eos=True)
     config = Seq2SeqConfig(src_vocab_size=len(src_vocab), tgt_vocab_size=len(tgt_vocab),
@@ -59,7 +73,7 @@ def untrained_model(train_pairs, english: list, max_tokens: int = 15):
                            dropout=0.1, pad_id=tgt_vocab.pad_id, bos_id=tgt_vocab.bos_id,
                            eos_id=tgt_vocab.eos_id)
     backend.seed(0)
-    model = Seq2SeqTransformer(config)
+    model = fast.Seq2SeqTransformer(config)  # the demo's tier, as build_model's default
     return (model, encode_sources(src_vocab, english, max_tokens), src_vocab.pad_id,
             len(src_vocab), len(tgt_vocab))
 

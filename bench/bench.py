@@ -72,41 +72,43 @@ from bench.report import (  # noqa: E402
     print_sweep,
 )
 from bench.runner import ALLOCATORS, NO_TRIM_TUNABLE, worker_env  # noqa: E402
+from npformer.checkpoint import TIERS  # noqa: E402
 
 
 # =========================================================================== parent side
 def run_worker(side: str, cfg: dict, args, weights: str | None,
-               threads: int | None = None, engine: str = "fast") -> dict:
+               threads: int | None = None, tier: str = "fast") -> dict:
+    """One (configuration, side) in a fresh worker; npformer runs on ``tier`` (the
+    spec's "tier": the other sides ignore it)."""
     spec = dict(side=side, config=cfg, steps=args.steps, warmup=args.warmup,
-                threads=threads or args.threads, seed=SEED, weights=weights)
-    env = worker_env(threads or args.threads, args.allocator,
-                     NPFORMER_ENGINE=engine)  # npformer's tier (the PyTorch side ignores it)
+                threads=threads or args.threads, seed=SEED, weights=weights, tier=tier)
+    env = worker_env(threads or args.threads, args.allocator)
     return runner.run_worker(Path(__file__).resolve(), spec, env)
 
 
-def engine_side(engine: str) -> str:
-    """The results key of npformer on tier ``engine``: "npformer" is the fast tier."""
-    return "npformer" if engine == "fast" else f"npformer {engine}"
+def tier_side(tier: str) -> str:
+    """The results key of npformer on ``tier``: "npformer" is the fast tier."""
+    return "npformer" if tier == "fast" else f"npformer {tier}"
 
 
-def run_pair(cfg: dict, args, engines=("fast",)) -> dict:
+def run_pair(cfg: dict, args, tiers=("fast",)) -> dict:
     """Every side of one configuration, PyTorch first (it writes the initial weights),
-    npformer once per tier in ``engines``, nanoGPT's GPT on lm; ``args.rounds`` times
+    npformer once per tier in ``tiers``, nanoGPT's GPT on lm; ``args.rounds`` times
     in turn, pooled (:func:`bench.runner.pooled_rounds`)."""
-    tiers = {engine_side(e): e for e in engines}
+    tiers = {tier_side(t): t for t in tiers}
 
     def run_side(side, weights):
         if side in tiers:
-            return run_worker("npformer", cfg, args, weights, engine=tiers[side])
+            return run_worker("npformer", cfg, args, weights, tier=tiers[side])
         return run_worker(side, cfg, args, weights)
 
     return runner.pooled_rounds([runner.run_sides(cfg, run_side, list(tiers))
                                  for _ in range(args.rounds)])
 
 
-def tier_results(results: dict, engine: str) -> dict:
-    """{config: {"pytorch": ..., "npformer": npformer on ``engine``}}, for the tables."""
-    return {name: {**pair, "npformer": pair[engine_side(engine)]}
+def tier_results(results: dict, tier: str) -> dict:
+    """{config: {"pytorch": ..., "npformer": npformer on ``tier``}}, for the tables."""
+    return {name: {**pair, "npformer": pair[tier_side(tier)]}
             for name, pair in results.items()}
 
 
@@ -131,7 +133,7 @@ def parse_args(argv=None):
                    help="GLIBC_TUNABLES for both sides: inherit = as in this environment "
                         f"(default), glibc-default = unset, keep-heap = {NO_TRIM_TUNABLE}")
     p.add_argument("--markdown", action="store_true", help="also print README-ready tables")
-    p.add_argument("--engines", default="fast,textbook",
+    p.add_argument("--tiers", default="fast,textbook",
                    help="npformer tiers to measure, comma-separated (default: %(default)s; "
                         "the sweeps and --processes use the fast tier)")
     p.add_argument("--processes", action="store_true",
@@ -150,9 +152,9 @@ def parse_args(argv=None):
         args.rounds = 1 if args.smoke else 3
     if args.steps < 1 or args.rounds < 1 or args.warmup < 0 or args.threads < 1:
         p.error("--steps, --rounds and --threads must be at least 1, --warmup at least 0")
-    args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    if not args.engines or any(e not in ("fast", "textbook") for e in args.engines):
-        p.error(f"--engines must list fast and/or textbook, got {args.engines}")
+    args.tiers = [t.strip() for t in args.tiers.split(",") if t.strip()]
+    if not args.tiers or any(t not in TIERS for t in args.tiers):
+        p.error(f"--tiers must list fast and/or textbook, got {args.tiers}")
     args.names = [n.strip() for n in args.configs.split(",") if n.strip()]
     unknown = [n for n in args.names if n not in CONFIGS]
     if unknown:
@@ -177,7 +179,7 @@ def main(argv=None) -> int:
     results, cfgs = {}, {}
     for name in args.names:
         cfgs[name] = table[name]
-        results[name] = run_pair(table[name], args, args.engines)
+        results[name] = run_pair(table[name], args, args.tiers)
     sweeps = [(title, [(c, run_pair(c, args)) for c in rows])
               for title, rows in (imdb_sweeps(args.smoke) if args.sweeps else [])]
     first = next(iter(results.values()), None) or (sweeps[0][1][0][1] if sweeps else {})
@@ -186,11 +188,11 @@ def main(argv=None) -> int:
         print("SMOKE RUN: tiny sizes, timings meaningless")
     for name in args.names:
         print("  " + describe(name, cfgs[name]))
-    for engine in args.engines if results else ():
-        print(f"\n== npformer's {engine} tier (NPFORMER_ENGINE={engine}) against PyTorch ==")
-        print_main_table(tier_results(results, engine), cfgs)
+    for tier in args.tiers if results else ():
+        print(f"\n== npformer's {tier} tier against PyTorch ==")
+        print_main_table(tier_results(results, tier), cfgs)
         if args.markdown:
-            print_markdown(tier_results(results, engine), cfgs)
+            print_markdown(tier_results(results, tier), cfgs)
     for title, rows in sweeps:
         print_sweep(title, rows, args.markdown)
     print(f"\n(total wall time {time.perf_counter() - started:.0f} s)")

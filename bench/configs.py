@@ -196,13 +196,23 @@ def npformer_config(cfg: dict):
                              StandInVocab(cfg["tgt_vocab_size"]))
 
 
-def npformer_optimizer(cfg: dict, params):
-    """The demo's own optimizer (its make_optimizer: AdamW or Adam, the schedule) over
-    ``params``."""
+def checked_tier(tier: str) -> str:
+    """``tier`` if it is one of npformer's tiers ("fast", "textbook"), else a ValueError
+    (a demo's ``implementations`` reads anything but "fast" as the textbook)."""
+    from npformer.checkpoint import TIERS
+
+    if tier not in TIERS:
+        raise ValueError(f"tier must be one of {TIERS}, got {tier!r}")
+    return tier
+
+
+def npformer_optimizer(cfg: dict, params, tier: str = "fast"):
+    """The demo's own optimizer on ``tier`` (its make_optimizer: AdamW or Adam, the
+    schedule) over ``params``."""
     demo, preset = demo_module(cfg["demo"]), demo_preset(cfg)
     if cfg["kind"] == "classifier":
-        return demo.make_optimizer(params, preset, cfg["max_iters"])
-    return demo.make_optimizer(params, preset)
+        return demo.make_optimizer(params, preset, cfg["max_iters"], tier=checked_tier(tier))
+    return demo.make_optimizer(params, preset, tier=checked_tier(tier))
 
 
 def clip_norm(cfg: dict) -> float:
@@ -213,21 +223,21 @@ def label_smoothing(cfg: dict) -> float:
     return getattr(demo_module(cfg["demo"]), "LABEL_SMOOTHING", 0.0)
 
 
-def npformer_model(cfg: dict, weights: str | None = None):
-    """(model, task) of ``cfg`` on the current backend, with PyTorch's initial weights
-    from ``weights`` (an .npz of a state dict) when given."""
+def npformer_model(cfg: dict, weights: str | None = None, tier: str = "fast"):
+    """(model, task) of ``cfg`` on the current backend, the demo's model class on ``tier``
+    (its ``implementations(tier)``), with PyTorch's initial weights from ``weights`` (an
+    .npz of a state dict) when given."""
     import numpy as np
 
     from npformer.interop.pytorch import load_torch_state_dict
-    from npformer.models import CausalLM, Seq2SeqTransformer, TransformerClassifier
     from npformer.train.tasks import Classification, LanguageModeling, Translation
 
-    model_class, task = {
-        "classifier": (TransformerClassifier, Classification()),
-        "causal_lm": (CausalLM, LanguageModeling()),
-        "seq2seq": (Seq2SeqTransformer, Translation(label_smoothing=label_smoothing(cfg),
-                                                    pad_id=PAD)),
-    }[cfg["kind"]]
+    model_class, _ = demo_module(cfg["demo"]).implementations(checked_tier(tier))
+    task = {
+        "classifier": Classification,
+        "causal_lm": LanguageModeling,
+        "seq2seq": lambda: Translation(label_smoothing=label_smoothing(cfg), pad_id=PAD),
+    }[cfg["kind"]]()
     model = model_class(npformer_config(cfg))
     if weights:
         with np.load(weights) as f:
@@ -237,10 +247,10 @@ def npformer_model(cfg: dict, weights: str | None = None):
 
 def demo_initial_state(cfg: dict, seed: int) -> dict:
     """The demo's own initial weights of ``cfg`` as a PyTorch state dict of NumPy arrays:
-    npformer's model as the demo builds it (its init: e.g. the lm's tied embedding and
-    learned positions N(0, 0.02^2), nanoGPT's rule, so its first loss is about ln V),
-    float32, from ``seed`` on the NumPy backend (the backend and default float are
-    restored after, the generator reseeded with ``seed``)."""
+    npformer's model as the demo builds it (on its default tier, fast; its init: e.g. the
+    lm's tied embedding and learned positions N(0, 0.02^2), nanoGPT's rule, so its first
+    loss is about ln V), float32, from ``seed`` on the NumPy backend (the backend and
+    default float are restored after, the generator reseeded with ``seed``)."""
     from npformer import backend
     from npformer.interop.pytorch import to_torch_state_dict
 

@@ -9,7 +9,7 @@
 
 One GPT-2 folder with random weights (``transformers.GPT2LMHeadModel(GPT2Config())``,
 float32, written by ``save_pretrained``; dropout 0) is loaded by both sides, each in a
-fresh process with the same thread settings: npformer (``CausalLM.from_pretrained``,
+fresh process with the same thread settings: npformer (``fast.CausalLM.from_pretrained``,
 the fast tier, the NumPy backend; it never imports torch) and transformers'
 ``GPT2LMHeadModel`` (its default attention).  Each side times, after one untimed
 warm-up of each:
@@ -84,18 +84,15 @@ def batch_of(vocab: int, shape: tuple[int, int], length: int, prompt: int):
 # --------------------------------------------------------------------------- the sides
 def npformer_side(folder: Path, sizes: tuple) -> dict:
     """{measurement: a function running it once} for npformer, and what the checks read."""
-    from npformer import backend, engine, no_grad
+    from npformer import backend, fast, no_grad
     from npformer.decoding import generate
-    from npformer.models import CausalLM
-    from npformer.optim import AdamW, clip_grad_norm
 
     shape, length, prompt_len, new = sizes
-    model = CausalLM.from_pretrained(folder)
+    model = fast.CausalLM.from_pretrained(folder)
     x, y, prompt = batch_of(model.config.vocab_size, shape, length, prompt_len)
-    optimizer = engine.implementation(AdamW)(model.parameters(), lr=LR,
-                                             weight_decay=WEIGHT_DECAY)
-    clip = engine.implementation(clip_grad_norm)
-    seen = {"side": f"npformer, {engine.engine_name()} tier, numpy backend"}
+    optimizer = fast.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+    loss_with_gradient = type(model).cross_entropy_with_gradient  # the fast tier's loss
+    seen = {"side": "npformer, fast tier, numpy backend"}
 
     def forward():
         model.eval()
@@ -105,10 +102,9 @@ def npformer_side(folder: Path, sizes: tuple) -> dict:
 
     def train_step():
         optimizer.zero_grad()
-        loss, dlogits = engine.ops().cross_entropy_with_gradient(model(backend.asarray(x)),
-                                                                 backend.asarray(y))
+        loss, dlogits = loss_with_gradient(model(backend.asarray(x)), backend.asarray(y))
         model.backward(dlogits)
-        clip(model.named_parameters(), CLIP)
+        optimizer.clip_grad_norm(model.named_parameters(), CLIP)
         optimizer.step()
         seen.setdefault("first_loss", backend.to_float(loss))
 

@@ -285,22 +285,19 @@ def embedding_cases(rng):
 def adamw_cases(rng):
     import torch
 
-    from npformer import engine
-    from npformer.models import CausalLM, CausalLMConfig
+    from npformer import fast, models, optim
     from npformer.nn import Parameter
-    from npformer.optim import AdamW
 
-    def model():
-        return CausalLM(CausalLMConfig(vocab_size=65))  # the demo's d128, 4 heads, 4 layers
+    tiers = {"fast": (fast.CausalLM, fast.AdamW),  # one flat buffer
+             "textbook": (models.CausalLM, optim.AdamW)}  # per tensor
+    config = models.CausalLMConfig(vocab_size=65)  # the demo's d128, 4 heads, 4 layers
 
     optimizers = {}
-    for tier in ("fast", "textbook"):
-        engine.set_engine(tier)
-        params = model().parameters()
+    for tier, (model_class, adamw) in tiers.items():
+        params = model_class(config).parameters()
         for p in params:
             p.grad = rng.standard_normal(p.shape).astype(p.data.dtype)
-        optimizers[tier] = AdamW(params, lr=1e-3, weight_decay=0.1)
-    engine.set_engine("fast")
+        optimizers[tier] = adamw(params, lr=1e-3, weight_decay=0.1)
     tparams = [torch.nn.Parameter(torch.from_numpy(p.data.copy()))
                for p in optimizers["fast"].params]
     for t in tparams:
@@ -310,16 +307,14 @@ def adamw_cases(rng):
 
     def check():  # three steps from the same weights and gradients, one buffer and per tensor
         runs = []
-        for tier in ("fast", "textbook"):
-            engine.set_engine(tier)
+        for _, adamw in tiers.values():
             params = [Parameter(p.data.copy(), decay=p.decay) for p in optimizers["fast"].params]
-            opt = AdamW(params, lr=1e-3, weight_decay=0.1)
+            opt = adamw(params, lr=1e-3, weight_decay=0.1)
             for step in range(3):
                 for p, source in zip(params, optimizers["fast"].params):
                     p.grad = source.grad * (step + 1)
                 opt.step()
             runs.append(np.concatenate([p.data.reshape(-1) for p in params]))
-        engine.set_engine("fast")
         return same_bits(*runs)
 
     yield Case(f"adamw, {len(tparams)} tensors, {count} values", optimizers["fast"].step,
@@ -391,24 +386,26 @@ def compile_times() -> None:
 
 
 def lm_step_ms(replicas: int, steps: int) -> float:
-    """Median ms of the lm demo's update (B 12, T 64, the demo's model and optimizer)."""
-    from npformer.models import CausalLM, CausalLMConfig
-    from npformer.optim import AdamW, clip_grad_norm, warmup_cosine
+    """Median ms of the lm demo's update (B 12, T 64, the demo's model and optimizer, on
+    the fast tier as the demo runs them)."""
+    from npformer import fast
+    from npformer.models import CausalLMConfig
+    from npformer.optim import warmup_cosine
     from npformer.parallel import DataParallel
     from npformer.train.tasks import LanguageModeling
 
     rng = np.random.default_rng(0)
-    model = CausalLM(CausalLMConfig(vocab_size=65))
-    opt = AdamW(model.parameters(), lr=warmup_cosine(1e-3, 100, 2000, min_lr=1e-4),
-                betas=(0.9, 0.99), weight_decay=0.1)
-    engine, task = DataParallel(model, replicas), LanguageModeling()
+    model = fast.CausalLM(CausalLMConfig(vocab_size=65))
+    opt = fast.AdamW(model.parameters(), lr=warmup_cosine(1e-3, 100, 2000, min_lr=1e-4),
+                     betas=(0.9, 0.99), weight_decay=0.1)
+    workers, task = DataParallel(model, replicas), LanguageModeling()
     times = []
     for i in range(steps + 3):
         ids = rng.integers(0, 65, size=(12, 65))
         start = time.perf_counter()
         opt.zero_grad()
-        engine.loss_and_grad(task, (ids[:, :-1], ids[:, 1:]), 1.0, seed=i)
-        clip_grad_norm(model.named_parameters(), 1.0)
+        workers.loss_and_grad(task, (ids[:, :-1], ids[:, 1:]), 1.0, seed=i)
+        opt.clip_grad_norm(model.named_parameters(), 1.0)
         opt.step()
         times.append(time.perf_counter() - start)
     return 1e3 * float(np.median(times[3:]))

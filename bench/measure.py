@@ -257,9 +257,11 @@ def prepare_nanogpt(cfg: dict, seed: int, weights: str | None) -> Prepared:
 
 
 def prepare_npformer(cfg: dict, seed: int, weights: str | None, threads: int = 1,
-                     backend_name: str = "numpy") -> Prepared:
-    """npformer on ``backend_name``, updated by the demos' own Trainer.update() (its
-    data-parallel engine, the demo's clipping and optimizer).  The CPU path ("numpy")
+                     backend_name: str = "numpy", tier: str = "fast") -> Prepared:
+    """npformer's ``tier`` ("fast", the demos' default, or "textbook": the model and
+    optimizer classes the demo's ``implementations(tier)`` names) on ``backend_name``,
+    updated by the demos' own Trainer.update() (its data-parallel workers, the demo's
+    clipping and optimizer).  The CPU path ("numpy")
     with ``threads`` cores: that many data-parallel replicas in threads, each with
     single-threaded BLAS (training), and the batch split the same way for inference;
     other backends ("cupy") take one replica (threads=1).  The training batch stays on
@@ -275,13 +277,13 @@ def prepare_npformer(cfg: dict, seed: int, weights: str | None, threads: int = 1
     backend.set_backend(backend_name, seed=seed)
     backend.set_default_float("float32")
     kind = cfg["kind"]
-    model, task = npformer_model(cfg, weights)
+    model, task = npformer_model(cfg, weights, tier)
     model.train()
     batch = make_batch(cfg, seed + 1)
     shards = [[backend.asarray(a) for a in shard] for shard in split_batch(tuple(batch), threads)]
 
     def make_optimizer():
-        return npformer_trainer(cfg, model, task, batch, threads)
+        return npformer_trainer(cfg, model, task, batch, threads, tier)
 
     def step(trainer):
         return trainer.update()
@@ -314,12 +316,12 @@ def prepare_npformer(cfg: dict, seed: int, weights: str | None, threads: int = 1
     return Prepared(model, make_optimizer, step, infer, check_loss)
 
 
-def npformer_trainer(cfg: dict, model, task, batch, replicas: int):
-    """The demo's Trainer (its optimizer and clipping) on one fixed batch: its update()
-    is the step users run (threads, or MPI ranks under mpiexec)."""
+def npformer_trainer(cfg: dict, model, task, batch, replicas: int, tier: str = "fast"):
+    """The demo's Trainer (its optimizer on ``tier``, its clipping) on one fixed batch: its
+    update() is the step users run (threads, or MPI ranks under mpiexec)."""
     from npformer.train import TrainConfig, Trainer
 
-    optimizer = npformer_optimizer(cfg, model.parameters())
+    optimizer = npformer_optimizer(cfg, model.parameters(), tier)
     return Trainer(model, optimizer, task, lambda rng: batch,
                    TrainConfig(max_iters=10**9, replicas=replicas, clip_norm=clip_norm(cfg),
                                progress=False), seed=SEED)
@@ -348,8 +350,9 @@ def warm_up(prepare, kind: str, seed: int) -> None:
     gc.collect()
 
 
-def side_library(side: str, threads: int) -> tuple:
-    """(prepare(cfg, seed, weights), library info) of a side, its threads set."""
+def side_library(side: str, threads: int, tier: str = "fast") -> tuple:
+    """(prepare(cfg, seed, weights), library info) of a side, its threads set (npformer:
+    on ``tier``)."""
     if side in ("pytorch", "nanogpt"):
         import torch
 
@@ -365,16 +368,18 @@ def side_library(side: str, threads: int) -> tuple:
         pass
 
     def prepare(cfg_, seed_, weights_):
-        return prepare_npformer(cfg_, seed_, weights_, threads)
-    return prepare, dict(threads=threads, version=np.__version__, blas=_numpy_blas(np))
+        return prepare_npformer(cfg_, seed_, weights_, threads, tier=tier)
+    return prepare, dict(threads=threads, version=np.__version__, blas=_numpy_blas(np),
+                         tier=tier)
 
 
 def run_side(spec: dict) -> dict:
     """Library warm-up on a tiny model, then the measured model: the loss with dropout off
-    at the initial weights, training, then inference."""
+    at the initial weights, training, then inference.  npformer runs on ``spec["tier"]``
+    (default "fast"; the other sides ignore it)."""
     side, cfg, seed = spec["side"], spec["config"], spec["seed"]
     weights, loaded = initial_weights(side, spec.get("weights"))
-    prepare, info = side_library(side, spec["threads"])
+    prepare, info = side_library(side, spec["threads"], spec.get("tier", "fast"))
     warm_up(prepare, cfg["kind"], seed)
     run = prepare(cfg, seed, weights)
     check_loss = run.check_loss()

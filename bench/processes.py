@@ -73,17 +73,17 @@ def rank_worker(spec: dict) -> int:
     model, task = npformer_model(cfg, spec.get("weights"))
     model.train()
     trainer = npformer_trainer(cfg, model, task, make_batch(cfg, SEED + 1), 1)
-    engine = trainer.parallel  # the demos' engine: MPI ranks here
+    workers = trainer.parallel  # the demos' data-parallel workers: MPI ranks here
     reduce_times = []
-    if hasattr(engine, "allreduce"):  # several ranks: time the step's one Allreduce
-        allreduce = engine.allreduce
+    if hasattr(workers, "allreduce"):  # several ranks: time the step's one Allreduce
+        allreduce = workers.allreduce
 
         def timed_allreduce(buffer):
             started = time.perf_counter()
             allreduce(buffer)
             reduce_times.append(time.perf_counter() - started)
 
-        engine.allreduce = timed_allreduce
+        workers.allreduce = timed_allreduce
     losses, times = [], []
     for i in range(spec["warmup"] + spec["steps"]):
         ctx.barrier()

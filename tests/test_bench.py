@@ -243,6 +243,53 @@ def test_configs_are_the_demos_default_models_and_updates():
         assert cfg["d_model"] <= 32 and cfg["batch"] <= 32, name
 
 
+@pytest.mark.parametrize("tier", ["fast", "textbook"])
+@pytest.mark.parametrize("name", CONFIGS)
+def test_each_tier_builds_the_classes_the_demo_names(name, tier):
+    """prepare_npformer(tier=...) builds the model and optimizer classes the demo's own
+    ``implementations(tier)`` names (no global switch: the tier is an argument)."""
+    from bench.configs import SMOKE, demo_module
+    from bench.measure import prepare_npformer
+
+    cfg = SMOKE[name]
+    model_class, optimizer_class = demo_module(cfg["demo"]).implementations(tier)
+    run = prepare_npformer(cfg, 0, None, tier=tier)
+    assert type(run.model) is model_class
+    assert type(run.make_optimizer().optimizer) is optimizer_class
+
+
+def test_an_unknown_tier_is_refused_by_name():
+    from bench.configs import SMOKE, npformer_model, npformer_optimizer
+
+    with pytest.raises(ValueError, match=r"tier must be one of .*got 'quick'"):
+        npformer_model(SMOKE["lm"], tier="quick")
+    with pytest.raises(ValueError, match=r"tier must be one of .*got 'quick'"):
+        npformer_optimizer(SMOKE["lm"], [], tier="quick")
+
+
+def test_tiers_option_sends_each_tier_to_its_worker_in_the_spec(monkeypatch):
+    """``--tiers``: npformer runs once per tier, the tier in the worker's spec (not in its
+    environment), under the keys the tables read ("npformer" is the fast tier)."""
+    from bench import bench
+    from bench.configs import SMOKE
+
+    args = bench.parse_args(["--smoke", "--configs", "", "--tiers", "textbook,fast"])
+    assert args.tiers == ["textbook", "fast"]
+    sent = []
+
+    def fake_worker(script, spec, env):
+        sent.append((spec["side"], spec["tier"], env.get("NPFORMER_ENGINE")))
+        return {"side": spec["side"], "tier": spec["tier"]}
+
+    monkeypatch.setattr(bench.runner, "run_worker", fake_worker)
+    pair = bench.run_pair(SMOKE["imdb"], args, args.tiers)
+    assert pair["npformer"]["tier"] == "fast"
+    assert pair["npformer textbook"]["tier"] == "textbook"
+    assert ("npformer", "fast", None) in sent and ("npformer", "textbook", None) in sent
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--tiers", "fast,quick"])
+
+
 @pytest.mark.parametrize("name", CONFIGS)
 def test_pytorch_update_is_the_demos_update(name, tmp_path):
     """Dropout off, the same initial weights and batch: 4 updates of the PyTorch reference

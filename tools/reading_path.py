@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # (file, definition "Class.method" or "function", the text on the line that leads on)
 NPFORMER_PATH = [
-    ("demos/imdb.py", "train_member", "TransformerClassifier(config)"),
+    ("demos/imdb.py", "train_member", "implementations(args.tier)[0](config)"),
+    ("demos/imdb.py", "implementations", "return TransformerClassifier, AdamW"),  # textbook
     ("npformer/models/classifier.py", "TransformerClassifier.forward", "x = block(x, mask)"),
     ("npformer/nn/blocks.py", "EncoderBlock.forward", "self.self_attn(a.norm(x)"),
     ("npformer/nn/attention.py", "MultiHeadAttention.forward", "ops.attention_forward("),
