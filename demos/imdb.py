@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 try:
-    import npformer  # noqa: F401  (reads $NPFORMER_BACKEND and $NPFORMER_ENGINE)
+    import npformer  # noqa: F401  (reads $NPFORMER_BACKEND)
 except (ValueError, RuntimeError) as exc:
     sys.exit(f"error: {exc}")
 

@@ -86,11 +86,11 @@ def parity_backend(request):
 
 @pytest.fixture(params=["fast", "textbook"])
 def tier(request):
-    """The tier under test (npformer.engine): model and layer tests run in both; the
-    previous tier is restored afterwards."""
-    from .helpers import using_engine
+    """The tier under test: model and layer tests run in both, naming its classes as
+    ``tests.helpers.tiered.X``; the previous tier is restored afterwards."""
+    from .helpers import using_tier
 
-    with using_engine(request.param):
+    with using_tier(request.param):
         yield request.param
 
 

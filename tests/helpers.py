@@ -7,7 +7,7 @@ from functools import partial
 import numpy as np
 import pytest
 
-from npformer import backend, engine, fast, ops
+from npformer import backend, fast, models, nn, ops, optim
 from npformer.interop.pytorch import load_torch_state_dict
 
 
@@ -99,15 +99,65 @@ ATTENTION_OPS = {
 }
 
 
+# --------------------------------------------------------------------------- the tiers
+# The library has no global tier: a program names the class it runs (npformer.models.CausalLM
+# or npformer.fast.CausalLM).  A behaviour test runs in both tiers by naming the class of the
+# tier under test, ``tiered.CausalLM(config)``: the fixture ``tier`` (tests/conftest.py) or
+# ``using_tier(name)`` sets which, for this test process only.
+TIER_MODULES = {"fast": (fast.layers, fast.blocks, fast.models, fast.optim),
+                "textbook": (nn, models, optim)}
+
+
+class Tier:
+    """The classes and functions of one tier by their textbook names: ``Tier("fast").CausalLM``
+    is :class:`npformer.fast.CausalLM`, ``Tier("textbook").CausalLM`` is
+    :class:`npformer.models.CausalLM`; a name the fast tier does not reimplement (SGD,
+    Module) is the textbook's in both.  ``.ops``: :mod:`npformer.fast` or :mod:`npformer.ops`."""
+
+    def __init__(self, name: str):
+        assert name in TIER_MODULES, name
+        self.name = name
+        self.ops = fast if name == "fast" else ops
+
+    def __getattr__(self, attr: str):
+        for module in TIER_MODULES[self.name] + TIER_MODULES["textbook"]:
+            if hasattr(module, attr):
+                return getattr(module, attr)
+        raise AttributeError(f"neither tier has {attr!r}")
+
+
+_under_test = ["fast"]  # the tier a test's ``tiered.X`` names (one test at a time a process)
+
+
+def tier_under_test() -> str:
+    return _under_test[0]
+
+
+class _TierUnderTest:
+    """``tiered.X``: the class X of the tier under test (see above)."""
+
+    def __getattr__(self, attr: str):
+        return getattr(Tier(_under_test[0]), attr)
+
+
+tiered = _TierUnderTest()
+
+
+def set_tier(name: str) -> None:
+    """From now on ``tiered`` names tier ``name``'s classes (prefer :func:`using_tier`)."""
+    _under_test[0] = Tier(name).name
+
+
 @contextmanager
-def using_engine(name: str):
-    """Run a block on tier ``name`` ("fast" or "textbook"), then restore the previous one."""
-    previous = engine.engine_name()
-    engine.set_engine(name)
+def using_tier(name: str):
+    """Name the classes of tier ``name`` ("fast" or "textbook") through ``tiered`` in a
+    block, then restore the previous tier."""
+    previous = _under_test[0]
+    _under_test[0] = Tier(name).name
     try:
         yield
     finally:
-        engine.set_engine(previous)
+        _under_test[0] = previous
 
 
 @contextmanager

@@ -8,20 +8,17 @@ import numpy as np
 
 from npformer import backend
 from npformer.models import (
-    CausalLM,
     CausalLMConfig,
     ClassifierConfig,
     Seq2SeqConfig,
-    Seq2SeqTransformer,
-    TransformerClassifier,
 )
-from npformer.optim import Adam
 from npformer.train import TrainConfig, Trainer
 from npformer.train.tasks import Classification, LanguageModeling, Translation
+from tests.helpers import tiered
 
 
 def classifier_case(rng, rows: int = 7, dropout: float = 0.0):
-    model = TransformerClassifier(ClassifierConfig(vocab_size=30, d_model=8, num_heads=2,
+    model = tiered.TransformerClassifier(ClassifierConfig(vocab_size=30, d_model=8, num_heads=2,
                                                    num_layers=1, d_ff=12, block_size=10,
                                                    dropout=dropout))
     ids = rng.integers(1, 30, (rows, 10))
@@ -30,14 +27,14 @@ def classifier_case(rng, rows: int = 7, dropout: float = 0.0):
 
 
 def lm_case(rng, rows: int = 5, dropout: float = 0.0):
-    model = CausalLM(CausalLMConfig(vocab_size=11, block_size=6, d_model=8, num_heads=2,
+    model = tiered.CausalLM(CausalLMConfig(vocab_size=11, block_size=6, d_model=8, num_heads=2,
                                     num_layers=1, d_ff=12, dropout=dropout))
     x = rng.integers(0, 11, (rows, 6))
     return model, LanguageModeling(), (x, rng.integers(0, 11, (rows, 6)))
 
 
 def seq2seq_case(rng, rows: int = 6, dropout: float = 0.0):
-    model = Seq2SeqTransformer(Seq2SeqConfig(src_vocab_size=12, tgt_vocab_size=13, d_model=8,
+    model = tiered.Seq2SeqTransformer(Seq2SeqConfig(src_vocab_size=12, tgt_vocab_size=13, d_model=8,
                                              num_heads=2, num_encoder_layers=1,
                                              num_decoder_layers=1, d_ff=12, block_size=8,
                                              dropout=dropout))
@@ -80,7 +77,7 @@ def train(kind: str, steps: int, replicas: int = 1, dropout: float = 0.0, grad_a
     """A Trainer with Adam on batches drawn from a fixed pool of 40 rows of ``kind``'s data;
     returns (the losses of this run's steps, the final parameters as {name: array})."""
     model, task, pool = build(kind, rows=40, dropout=dropout)
-    optimizer = Adam(model.parameters(), lr=1e-2)
+    optimizer = tiered.Adam(model.parameters(), lr=1e-2)
 
     def next_batch(rng):
         rows = rng.integers(0, 40, batch_rows)

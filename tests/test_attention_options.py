@@ -1,7 +1,7 @@
 """Bloem's narrow heads and kqnorm (issue 34, item 6): gradients, PyTorch parity, models.
 
 * gradient checks (central differences, float64, NumPy and the strict namespace, both
-  tiers) of ``MultiHeadAttention(narrow=..., kqnorm=...)``, self- and cross-attention,
+  tiers) of ``tiered.MultiHeadAttention(narrow=..., kqnorm=...)``, self- and cross-attention,
   under causal, padding and fully masked rows: every input and every parameter;
 * parity with ``npformer.interop.torch_reference.torch_attention()``, the same layer written in
   torch as Bloem's ``former`` writes it: outputs, input gradients and every parameter's
@@ -37,7 +37,7 @@ from npformer.models import (
 from npformer.ops import causal_mask, padding_mask
 
 from .conftest import using_backend
-from .helpers import GRADCHECK_TOL, PARITY_RTOL, rel_diff, to_host
+from .helpers import GRADCHECK_TOL, PARITY_RTOL, rel_diff, tiered, to_host
 from .helpers import to_torch as to_torch_tensor
 
 pytestmark = pytest.mark.usefixtures("tier")
@@ -74,7 +74,7 @@ def mask_of(kind: str, batch: int, t: int, s: int, rng):
 def test_gradient_check(xb, narrow, kqnorm, kind, cross, seed, batch, t, heads, width):
     rng = np.random.default_rng(seed)
     d_model = heads * width
-    layer = nn.MultiHeadAttention(d_model, heads, narrow=narrow, kqnorm=kqnorm)
+    layer = tiered.MultiHeadAttention(d_model, heads, narrow=narrow, kqnorm=kqnorm)
     randomize(layer, rng)
     s = t + 1 if cross else t
     x = arr(rng.standard_normal((batch, t, d_model)))
@@ -124,7 +124,7 @@ def test_parity_with_the_torch_module(torch, narrow, kqnorm, dtype, cross):
         with torch.no_grad():  # norms away from their initial 1 and 0
             for p in twin.parameters():
                 p.normal_(0.0, 0.5)
-        layer = nn.MultiHeadAttention(d_model, heads, narrow=narrow, kqnorm=kqnorm)
+        layer = tiered.MultiHeadAttention(d_model, heads, narrow=narrow, kqnorm=kqnorm)
         load_torch_attention(layer, twin)
         rng = np.random.default_rng(0)
         x = rng.standard_normal((batch, t, d_model))
@@ -158,7 +158,7 @@ def test_the_narrow_maps_are_shared_by_the_heads():
     map for all of them), which a layer with a map per head would not do."""
     with using_backend("numpy", "float64"):
         d_model, heads = 6, 3
-        layer = nn.MultiHeadAttention(d_model, heads, narrow=True)
+        layer = tiered.MultiHeadAttention(d_model, heads, narrow=True)
         assert layer.q_proj.weight.shape == (2, 2) and layer.out_proj.weight.shape == (6, 6)
         layer.out_proj.weight.data = np.eye(6)
         layer.out_proj.bias.data = np.zeros(6)
@@ -186,7 +186,7 @@ MODELS = (TransformerClassifier, CausalLM, Seq2SeqTransformer)
 def test_models_take_the_options_and_count_their_parameters(narrow, kqnorm, tmp_path):
     with using_backend("numpy", "float64"):
         for config, cls in zip(configs(narrow_heads=narrow, kqnorm=kqnorm), MODELS):
-            model = cls(config)
+            model = getattr(tiered, cls.__name__)(config)
             attentions = [m for m in model.modules() if isinstance(m, nn.MultiHeadAttention)]
             assert attentions and all(a.narrow == narrow and a.kqnorm == kqnorm
                                       for a in attentions)
@@ -202,7 +202,7 @@ def test_models_take_the_options_and_count_their_parameters(narrow, kqnorm, tmp_
 @pytest.mark.parametrize("narrow,kqnorm", OPTIONS, ids=OPTION_IDS)
 def test_cached_decoding_equals_the_full_forward(narrow, kqnorm):
     with using_backend("numpy", "float64"):
-        model = CausalLM(configs(narrow_heads=narrow, kqnorm=kqnorm)[1])
+        model = tiered.CausalLM(configs(narrow_heads=narrow, kqnorm=kqnorm)[1])
         randomize(model, np.random.default_rng(3))
         ids = backend.asarray(np.random.default_rng(4).integers(0, 11, (2, 6)))
         model.eval()
@@ -218,9 +218,9 @@ def test_narrow_heads_with_another_head_width_are_refused_by_name():
     with pytest.raises(ValueError, match="CausalLMConfig.head_dim must be None or 2"):
         CausalLMConfig(vocab_size=5, d_model=6, num_heads=3, head_dim=4, narrow_heads=True)
     with pytest.raises(ValueError, match="d_model 7 is not divisible by num_heads 2"):
-        nn.MultiHeadAttention(7, 2, narrow=True)
+        tiered.MultiHeadAttention(7, 2, narrow=True)
     with pytest.raises(ValueError, match="narrow heads are the 3 slices of width 2"):
-        nn.MultiHeadAttention(6, 3, head_dim=3, narrow=True)
+        tiered.MultiHeadAttention(6, 3, head_dim=3, narrow=True)
     with pytest.raises(ValueError, match="CausalLMConfig.kqnorm must be True or False"):
         CausalLMConfig(vocab_size=5, kqnorm="yes")
 
@@ -228,7 +228,7 @@ def test_narrow_heads_with_another_head_width_are_refused_by_name():
 @pytest.mark.parametrize("narrow,kqnorm", OPTIONS, ids=OPTION_IDS)
 def test_torch_conversion_is_refused_naming_the_option(narrow, kqnorm):
     with using_backend("numpy", "float32"):
-        model = CausalLM(configs(narrow_heads=narrow, kqnorm=kqnorm)[1])
+        model = tiered.CausalLM(configs(narrow_heads=narrow, kqnorm=kqnorm)[1])
         named = "narrow heads" if narrow else "kqnorm"
         with pytest.raises(ValueError, match=f"MultiheadAttention has no {named}"):
             to_torch(model)

@@ -20,20 +20,17 @@ import pytest
 
 from npformer import backend, nn
 from npformer.models import (
-    CausalLM,
     CausalLMConfig,
     ClassifierConfig,
     Seq2SeqConfig,
-    Seq2SeqTransformer,
-    TransformerClassifier,
 )
 from npformer.nn import MultiHeadAttention, record_attention
 
 from .conftest import using_backend
-from .helpers import PARITY_RTOL, assert_close, load_from_torch, to_torch
+from .helpers import PARITY_RTOL, assert_close, load_from_torch, tiered, to_torch
 from .test_layers_parity import B, D, H, S, T, host, masks_for, prepare_torch, torch_mask
 
-# A behaviour test: it runs in both tiers (npformer.engine), which must behave the same.
+# A behaviour test: it runs in both tiers (tests.helpers.tiered), which must behave the same.
 pytestmark = pytest.mark.usefixtures("tier")
 
 MASK_KINDS = ["none", "padding", "causal", "causal_padding", "random_heads"]
@@ -70,7 +67,7 @@ def numpy_weights(layer: MultiHeadAttention, x, keys_from, mask) -> np.ndarray:
 def layer_and_inputs(cross: bool, mask_kind: str, dtype: str, seed: int = 3):
     rng = np.random.default_rng(seed)
     s = key_count(cross)
-    layer = MultiHeadAttention(D, H)
+    layer = tiered.MultiHeadAttention(D, H)
     for p in layer.parameters():  # weights away from the initialisation's small scale
         p.data = backend.asarray(rng.standard_normal(p.shape) * 0.5, dtype=dtype)
     ours, _, _ = masks_for(mask_kind, T, s, [3, 1], rng)
@@ -84,7 +81,7 @@ def layer_and_inputs(cross: bool, mask_kind: str, dtype: str, seed: int = 3):
 def test_weights_are_torchs_need_weights(torch, dtype, tier, cross, mask_kind):
     rng = np.random.default_rng(7)
     tm = prepare_torch(torch, torch.nn.MultiheadAttention(D, H, batch_first=True), dtype)
-    layer = MultiHeadAttention(D, H)
+    layer = tiered.MultiHeadAttention(D, H)
     load_from_torch(layer, tm)
     s = key_count(cross)
     ours, attn_mask, kpm = masks_for(mask_kind, T, s, [3, 1], rng)
@@ -150,7 +147,7 @@ def assert_probabilities(weights, allowed) -> None:
 
 
 def test_record_attention_in_the_classifier(tier):
-    model = TransformerClassifier(ClassifierConfig(vocab_size=11, d_model=8, num_heads=2,
+    model = tiered.TransformerClassifier(ClassifierConfig(vocab_size=11, d_model=8, num_heads=2,
                                                    num_layers=2, d_ff=16, block_size=8))
     ids = padded_ids(np.random.default_rng(0), 11, [6, 3], 6)
     with nn.evaluating(model), record_attention(model) as weights:
@@ -167,7 +164,7 @@ def test_record_attention_in_the_classifier(tier):
 def test_record_attention_in_the_encoder_decoder(tier):
     config = Seq2SeqConfig(src_vocab_size=9, tgt_vocab_size=10, d_model=8, num_heads=2,
                            num_encoder_layers=1, num_decoder_layers=2, d_ff=16, block_size=8)
-    model = Seq2SeqTransformer(config)
+    model = tiered.Seq2SeqTransformer(config)
     rng = np.random.default_rng(1)
     src, tgt = padded_ids(rng, 9, [5, 2], 5), padded_ids(rng, 10, [4, 4], 4)
     with nn.evaluating(model), record_attention(model) as weights:
@@ -183,7 +180,7 @@ def test_record_attention_in_the_encoder_decoder(tier):
 
 
 def test_record_attention_in_cached_decoding_and_after_the_block(tier):
-    model = CausalLM(CausalLMConfig(vocab_size=7, block_size=8, d_model=8, num_heads=2,
+    model = tiered.CausalLM(CausalLMConfig(vocab_size=7, block_size=8, d_model=8, num_heads=2,
                                     num_layers=1, d_ff=16, dropout=0.0))
     ids = backend.asarray(np.array([[1, 2, 3, 4]]))
     name = "blocks.0.self_attn"

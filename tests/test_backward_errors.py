@@ -15,17 +15,14 @@ import pytest
 
 from npformer import backend, fast, nn, ops
 from npformer.models import (
-    CausalLM,
     CausalLMConfig,
     ClassifierConfig,
     Seq2SeqConfig,
-    Seq2SeqTransformer,
-    TransformerClassifier,
 )
 
-from .helpers import raises_naming
+from .helpers import raises_naming, tiered
 
-# A behaviour test: it runs in both tiers (npformer.engine), which must behave the same.
+# A behaviour test: it runs in both tiers (tests.helpers.tiered), which must behave the same.
 pytestmark = pytest.mark.usefixtures("tier")
 
 TIERS = {"textbook": ops, "fast": fast}
@@ -152,22 +149,22 @@ def test_cross_entropy_gradient_must_be_a_scalar(xb, tier):
 def layer_cases():
     x = lambda: arr((2, 3, 4))  # noqa: E731
     return {
-        "Linear": (lambda: nn.Linear(4, 3), lambda m: m(x())),
-        "LayerNorm": (lambda: nn.LayerNorm(4), lambda m: m(x())),
-        "Embedding": (lambda: nn.Embedding(5, 4), lambda m: m(ids([[1, 2]]))),
-        "Dropout": (lambda: nn.Dropout(0.5), lambda m: m(x())),
-        "Activation": (lambda: nn.Activation("relu"), lambda m: m(x())),
-        "MultiHeadAttention": (lambda: nn.MultiHeadAttention(4, 2), lambda m: m(x())),
-        "FeedForward": (lambda: nn.FeedForward(4, 6), lambda m: m(x())),
-        "EncoderBlock": (lambda: nn.EncoderBlock(4, 2, 6), lambda m: m(x())),
-        "DecoderBlock": (lambda: nn.DecoderBlock(4, 2, 6), lambda m: m(x(), arr((2, 5, 4)))),
-        "TransformerClassifier": (lambda: TransformerClassifier(ClassifierConfig(
+        "Linear": (lambda: tiered.Linear(4, 3), lambda m: m(x())),
+        "LayerNorm": (lambda: tiered.LayerNorm(4), lambda m: m(x())),
+        "Embedding": (lambda: tiered.Embedding(5, 4), lambda m: m(ids([[1, 2]]))),
+        "Dropout": (lambda: tiered.Dropout(0.5), lambda m: m(x())),
+        "Activation": (lambda: tiered.Activation("relu"), lambda m: m(x())),
+        "MultiHeadAttention": (lambda: tiered.MultiHeadAttention(4, 2), lambda m: m(x())),
+        "FeedForward": (lambda: tiered.FeedForward(4, 6), lambda m: m(x())),
+        "EncoderBlock": (lambda: tiered.EncoderBlock(4, 2, 6), lambda m: m(x())),
+        "DecoderBlock": (lambda: tiered.DecoderBlock(4, 2, 6), lambda m: m(x(), arr((2, 5, 4)))),
+        "TransformerClassifier": (lambda: tiered.TransformerClassifier(ClassifierConfig(
             vocab_size=6, d_model=4, num_heads=2, num_layers=1, d_ff=6, block_size=4)),
             lambda m: m(ids([[1, 2, 3], [4, 5, 0]]))),
-        "CausalLM": (lambda: CausalLM(CausalLMConfig(vocab_size=6, block_size=4, d_model=4,
+        "CausalLM": (lambda: tiered.CausalLM(CausalLMConfig(vocab_size=6, block_size=4, d_model=4,
                                                      num_heads=2, num_layers=1, d_ff=6)),
                      lambda m: m(ids([[1, 2, 3]]))),
-        "Seq2SeqTransformer": (lambda: Seq2SeqTransformer(Seq2SeqConfig(
+        "Seq2SeqTransformer": (lambda: tiered.Seq2SeqTransformer(Seq2SeqConfig(
             src_vocab_size=6, tgt_vocab_size=7, d_model=4, num_heads=2, num_encoder_layers=1,
             num_decoder_layers=1, d_ff=6, block_size=4)),
             lambda m: m(ids([[1, 2, 3]]), ids([[2, 4]]))),
@@ -212,7 +209,7 @@ def test_module_backward_without_forward_or_twice_names_the_module(xb, tier, nam
 
 
 def test_a_forward_under_no_grad_leaves_nothing_to_differentiate(xb):
-    layer = nn.Linear(4, 3)
+    layer = tiered.Linear(4, 3)
     with nn.no_grad():
         y = layer(arr((2, 4)))
     with pytest.raises(RuntimeError, match=r"Linear\.backward called without a forward pass "

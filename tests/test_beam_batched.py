@@ -46,12 +46,13 @@ from hypothesis import strategies as st
 
 from npformer import backend, decoding
 from npformer.decoding import beam_search, greedy_decode
-from npformer.models import Seq2SeqConfig, Seq2SeqTransformer
+from npformer.models import Seq2SeqConfig
 from tests.beam_reference import _beam_search_reference
+from tests.helpers import tiered
 
 from .conftest import using_backend
 
-# A behaviour test: it runs in both tiers (npformer.engine), which must behave the same.
+# A behaviour test: it runs in both tiers (tests.helpers.tiered), which must behave the same.
 pytestmark = pytest.mark.usefixtures("tier")
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
@@ -79,7 +80,7 @@ def decoding_cases(draw):
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     std = draw(st.sampled_from([0.3, 0.8, 1.5]))
     with using_backend("numpy", "float64"):
-        shapes = {name: p.shape for name, p in Seq2SeqTransformer(cfg).named_parameters()}
+        shapes = {name: p.shape for name, p in tiered.Seq2SeqTransformer(cfg).named_parameters()}
     params = {name: rng.standard_normal(shape) * std for name, shape in shapes.items()}
     # <eos> likely or not, so that searches end early, late or at the limit, and the
     # sentences of a batch at different steps
@@ -102,7 +103,7 @@ def decoding_cases(draw):
 
 def build(cfg, params):
     """The model on the current backend with the drawn weights."""
-    model = Seq2SeqTransformer(cfg)
+    model = tiered.Seq2SeqTransformer(cfg)
     for name, p in model.named_parameters():
         p.data = backend.asarray(params[name], dtype="float64")
     return model
@@ -187,7 +188,7 @@ def test_same_search_when_sentences_end_at_different_steps(monkeypatch):
         cfg = Seq2SeqConfig(src_vocab_size=SRC_VOCAB, tgt_vocab_size=7, d_model=8,
                             num_heads=2, num_encoder_layers=2, num_decoder_layers=2, d_ff=12,
                             block_size=8, pad_id=PAD, bos_id=BOS, eos_id=EOS)
-        shapes = {n: p.shape for n, p in Seq2SeqTransformer(cfg).named_parameters()}
+        shapes = {n: p.shape for n, p in tiered.Seq2SeqTransformer(cfg).named_parameters()}
         for _ in range(15):
             params = {name: rng.standard_normal(shape) * 0.8 for name, shape in shapes.items()}
             params["out_proj.bias"][EOS] += 1.5
@@ -210,7 +211,7 @@ def test_all_logits_equal_breaks_ties_by_lowest_hypothesis_then_token():
         cfg = Seq2SeqConfig(src_vocab_size=SRC_VOCAB, tgt_vocab_size=7, d_model=8,
                             num_heads=2, num_encoder_layers=1, num_decoder_layers=1, d_ff=12,
                             block_size=6, pad_id=PAD, bos_id=BOS, eos_id=EOS)
-        model = Seq2SeqTransformer(cfg)
+        model = tiered.Seq2SeqTransformer(cfg)
         model.out_proj.weight.data = backend.asarray(np.zeros((8, 7)))
         model.out_proj.bias.data = backend.asarray(np.zeros(7))
         src = np.array([[4, 5, 6], [7, 8, PAD], [4, PAD, PAD]])

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from npformer import backend, checkpoint, engine, fast, models, optim
+from npformer import backend, checkpoint, fast, models, optim
 from npformer.checkpoint import (
     CheckpointError,
     build_model,
@@ -49,7 +49,7 @@ from npformer.fast.flat import flat_buffer_of
 from npformer.train.tasks import LanguageModeling
 
 from .conftest import using_backend
-from .helpers import using_engine
+from .helpers import tier_under_test, tiered, using_tier
 from .legacy_checkpoints import save_flat_checkpoint
 from .test_checkpoint_train import lm, lm_batch, logits_of, weights
 
@@ -58,17 +58,17 @@ SAVE = {"per tensor": save_checkpoint, "flat": save_flat_checkpoint}  # this rel
 FLAT_MEMBERS = {"meta", "flat/param", "flat/optim/m", "flat/optim/v"}
 
 OPTIMIZERS = {  # params -> an optimizer; each tier makes its own implementation
-    "AdamW": lambda ps: optim.AdamW(ps, lr=1e-2, weight_decay=0.1),
-    "Adam L2": lambda ps: optim.Adam(ps, lr=1e-2, weight_decay=0.1),  # per tensor in both
+    "AdamW": lambda ps: tiered.AdamW(ps, lr=1e-2, weight_decay=0.1),
+    "Adam L2": lambda ps: tiered.Adam(ps, lr=1e-2, weight_decay=0.1),  # per tensor in both
     "SGD momentum": lambda ps: optim.SGD(ps, lr=1e-2, momentum=0.9),
-    "AdamW over some": lambda ps: optim.AdamW(list(ps)[1:], lr=1e-2),  # not the whole buffer
+    "AdamW over some": lambda ps: tiered.AdamW(list(ps)[1:], lr=1e-2),  # not the whole buffer
 }
 
 
 def _trained(tier: str, seed: int = 0, steps: int = 3, make=OPTIMIZERS["AdamW"]):
     """A causal LM of ``tier`` and its optimizer after ``steps`` updates (moments
-    non-zero), with those updates' losses.  Call inside the tier's using_engine."""
-    assert engine.engine_name() == tier
+    non-zero), with those updates' losses.  Call inside the tier's using_tier."""
+    assert tier_under_test() == tier
     backend.seed(seed)
     model = lm()
     opt = make(model.parameters())
@@ -81,7 +81,7 @@ def _batches(count: int, seed: int = 7) -> list:
 
 
 def _train(model, opt, batches) -> list[float]:
-    clip = engine.implementation(optim.clip_grad_norm)
+    clip = tiered.clip_grad_norm
     losses = []
     for batch in batches:
         opt.zero_grad()
@@ -94,7 +94,7 @@ def _train(model, opt, batches) -> list[float]:
 def _in_textbook_tier(model, opt, make):
     """A textbook model and optimizer (over the same parameters, by position) holding
     ``model``'s weights and ``opt``'s state."""
-    with using_engine("textbook"):
+    with using_tier("textbook"):
         twin = lm()
         by_id = {id(p): i for i, p in enumerate(model.parameters())}
         chosen = [twin.parameters()[by_id[id(p)]] for p in opt.params]
@@ -160,7 +160,7 @@ def test_both_tiers_write_the_same_file(tmp_path, dtype, kind):
     make = OPTIMIZERS.get(kind, OPTIMIZERS["AdamW"])
     saved = {"step": 3, "extra": {"note": "x"}, "rng_state": {"seed": 1}}
     with using_backend("numpy", dtype):
-        with using_engine("fast"):
+        with using_tier("fast"):
             model, opt, _ = _trained("fast", make=make)
         assert type(model) is fast.models.CausalLM and model._flat is not None  # premises
         twin, twin_opt = _in_textbook_tier(model, opt, make)
@@ -191,7 +191,7 @@ def test_a_rebound_parameter_is_saved_with_its_bound_value(tmp_path):
     """A parameter rebound by any code (``p.data = ...``) is no longer its view of the
     fast model's buffer, which holds the old value until something syncs it: the file
     holds the value the parameter has."""
-    with using_engine("fast"), using_backend("numpy", "float64"):
+    with using_tier("fast"), using_backend("numpy", "float64"):
         model, opt, _ = _trained("fast")
         weight = model.embed.tokens.weight
         stale = model._flat.data.copy()
@@ -206,7 +206,7 @@ def test_moments_a_loader_bound_go_back_into_their_buffers(tmp_path):
     """A fast AdamW restored from a file keeps the loaded moments in its flat buffers
     (where its one-pass update reads them), and a run resumed and saved at once writes
     the file of the run it resumed."""
-    with using_engine("fast"), using_backend("numpy", "float64"):
+    with using_tier("fast"), using_backend("numpy", "float64"):
         model, opt, _ = _trained("fast")
         first = save_checkpoint(tmp_path / "a.npz", model, opt, step=3)
         resumed_model, resumed_opt, _ = _trained("fast", seed=123, steps=0)
@@ -229,14 +229,14 @@ def test_a_moment_bound_by_hand_is_saved_and_updated(tmp_path):
     it, and the next update starts from it (as the textbook AdamW's does)."""
     make = OPTIMIZERS["AdamW"]
     with using_backend("numpy", "float64"):
-        with using_engine("fast"):
+        with using_tier("fast"):
             model, opt, _ = _trained("fast")
         twin, twin_opt = _in_textbook_tier(model, opt, make)
         bound = np.full(opt.params[2].shape, 0.25)
         opt.state["m"][2], twin_opt.state["m"][2] = bound, bound.copy()
         loaded = load_checkpoint(save_checkpoint(tmp_path / "m.npz", model, opt))
         np.testing.assert_array_equal(loaded.optimizer["m.2"], bound)
-        with using_engine("fast"):
+        with using_tier("fast"):
             _train(model, opt, _batches(1, seed=8))
         assert np.shares_memory(opt.state["m"][2], opt._flat_state["m"])  # back in the buffer
         for p, q in zip(model.parameters(), twin.parameters()):  # the same gradients: the
@@ -255,7 +255,7 @@ def test_a_flat_file_loads_as_the_per_tensor_file_of_the_same_run(tmp_path, tier
     previous release too) wrote flat/param beside optim/m.<i>."""
     flat_moments = kind == "AdamW"
     saved = {"step": 3, "extra": {"note": "x"}, "rng_state": {"seed": 1}}
-    with using_engine(tier), using_backend("numpy", "float64"):
+    with using_tier(tier), using_backend("numpy", "float64"):
         model, opt, _ = _trained(tier, make=OPTIMIZERS[kind])
         flat_path = save_flat_checkpoint(tmp_path / "flat.npz", model, opt,
                                          flat_moments=flat_moments, **saved)
@@ -272,17 +272,19 @@ def test_a_flat_file_loads_as_the_per_tensor_file_of_the_same_run(tmp_path, tier
 @pytest.mark.parametrize("tier", TIERS)
 @pytest.mark.parametrize("backend_name", ["numpy", "strict"])
 def test_a_flat_file_rebuilds_the_model(tmp_path, tier, backend_name):
-    with using_engine("fast"), using_backend("numpy", "float64"):
+    with using_tier("fast"), using_backend("numpy", "float64"):
         model, opt, _ = _trained("fast")
         trained = weights(model)
         flat_path = save_flat_checkpoint(tmp_path / "flat.npz", model, opt)
         tensor_path = save_checkpoint(tmp_path / "tensors.npz", model, opt)
     assert FLAT_MEMBERS <= set(_contents(flat_path))
     batch = lm_batch(np.random.default_rng(3))
-    with using_engine(tier), using_backend(backend_name, "float64"):
-        rebuilt = build_model(load_checkpoint(flat_path), expected_kind="causal_lm")
-        reference = build_model(load_checkpoint(tensor_path))  # the same tier's rounding
-        assert type(rebuilt) is engine.implementation(models.CausalLM)
+    with using_tier(tier), using_backend(backend_name, "float64"):
+        rebuilt = build_model(load_checkpoint(flat_path), expected_kind="causal_lm",
+                              tier=tier_under_test())
+        reference = build_model(load_checkpoint(tensor_path),
+                                tier=tier_under_test())  # the same tier's rounding
+        assert type(rebuilt) is tiered.CausalLM
         data = rebuilt.embed.tokens.weight.data
         assert type(data).__module__.startswith(
             "array_api_strict" if backend_name == "strict" else "numpy")
@@ -301,7 +303,7 @@ def test_a_flat_file_rebuilds_the_model(tmp_path, tier, backend_name):
 def test_resume_gives_the_same_losses(tmp_path, tier, layout):
     N, M = 3, 4
     batches = _batches(N + M)
-    with using_engine(tier), using_backend("numpy", "float64"):
+    with using_tier(tier), using_backend("numpy", "float64"):
         model, opt, _ = _trained(tier, steps=0)
         straight = _train(model, opt, batches)
         straight_weights = weights(model)
@@ -328,7 +330,7 @@ def test_resume_gives_the_same_losses(tmp_path, tier, layout):
 # =========================================================================== old versions
 @pytest.mark.parametrize("layout", list(SAVE))
 def test_a_version_3_file_loads_the_same(tmp_path, layout):
-    with using_engine("fast"), using_backend("numpy", "float64"):
+    with using_tier("fast"), using_backend("numpy", "float64"):
         model, opt, _ = _trained("fast")
         tensors = save_checkpoint(tmp_path / "t.npz", model, opt)
         this_release = load_checkpoint(SAVE[layout](tmp_path / "v4.npz", model, opt))
@@ -406,7 +408,7 @@ MALFORMED = {
 @pytest.fixture(scope="module")
 def flat_file(tmp_path_factory) -> Path:
     """A flat file of the previous release (one update of a fast LM and its AdamW)."""
-    with using_engine("fast"), using_backend("numpy", "float64"):
+    with using_tier("fast"), using_backend("numpy", "float64"):
         model, opt, _ = _trained("fast", steps=1)
         path = save_flat_checkpoint(tmp_path_factory.mktemp("flat") / "flat.npz", model, opt)
     load_checkpoint(path)  # the premise: unchanged, it loads

@@ -41,21 +41,18 @@ from npformer.checkpoint import (
 )
 from npformer.interop.pytorch import rules_for, to_torch_state_dict
 from npformer.models import (
-    CausalLM,
     CausalLMConfig,
     ClassifierConfig,
     Seq2SeqConfig,
-    Seq2SeqTransformer,
-    TransformerClassifier,
 )
 from npformer.nn import no_grad
 from npformer.train import TrainConfig, Trainer, TrainingDiverged, accuracy, perplexity
 from npformer.train.tasks import Classification, LanguageModeling, Translation
 
 from .conftest import using_backend
-from .helpers import rel_diff
+from .helpers import rel_diff, tiered
 
-# A behaviour test: it runs in both tiers (npformer.engine), which must behave the same.
+# A behaviour test: it runs in both tiers (tests.helpers.tiered), which must behave the same.
 pytestmark = pytest.mark.usefixtures("tier")
 
 PAD, BOS, EOS = 0, 2, 3
@@ -64,19 +61,19 @@ TRAJECTORY_RTOL = 1e-8
 
 # =========================================================================== builders
 def classifier(vocab=9, dropout=0.0, d_model=8, **kw):
-    return TransformerClassifier(ClassifierConfig(
+    return tiered.TransformerClassifier(ClassifierConfig(
         vocab_size=vocab, num_classes=3, d_model=d_model, num_heads=2, num_layers=2, d_ff=12,
         block_size=6, dropout=dropout, pad_id=PAD, **kw))
 
 
 def lm(vocab=9, dropout=0.0, tie=True, **kw):
-    return CausalLM(CausalLMConfig(vocab_size=vocab, block_size=6, d_model=8, num_heads=2,
+    return tiered.CausalLM(CausalLMConfig(vocab_size=vocab, block_size=6, d_model=8, num_heads=2,
                                    num_layers=2, d_ff=12, dropout=dropout, tie_weights=tie,
                                    **kw))
 
 
 def seq2seq(dropout=0.0):
-    return Seq2SeqTransformer(Seq2SeqConfig(
+    return tiered.Seq2SeqTransformer(Seq2SeqConfig(
         src_vocab_size=9, tgt_vocab_size=10, d_model=8, num_heads=2, num_encoder_layers=1,
         num_decoder_layers=1, d_ff=12, block_size=6, dropout=dropout, pad_id=PAD, bos_id=BOS,
         eos_id=EOS))
@@ -149,7 +146,7 @@ def test_round_trip_gives_identical_logits(kind, tmp_path):
         model = build(dropout=0.1)
         batch = make_batch(np.random.default_rng(0))
         expected = logits_of(model, batch)
-        opt = optim.Adam(model.parameters(), lr=1e-3)
+        opt = tiered.Adam(model.parameters(), lr=1e-3)
         path = save_checkpoint(tmp_path / "sub" / "model.npz", model, opt, step=7,
                                extra={"vocab": ["a", "b"]})
         checkpoint = load_checkpoint(path)
@@ -188,7 +185,7 @@ def _resume_setup(seed_model: int):
     accumulates two batches and clips: every piece of state matters for resuming."""
     backend.seed(seed_model)
     model = classifier(dropout=0.3)
-    opt = optim.AdamW(model.parameters(),
+    opt = tiered.AdamW(model.parameters(),
                       lr=optim.warmup_cosine(peak_lr=3e-2, warmup=2, total_steps=6,
                                              min_lr=1e-3), weight_decay=0.1)
     return model, opt
@@ -249,7 +246,7 @@ def test_failed_save_leaves_previous_checkpoint_intact(tmp_path, monkeypatch, er
     path = tmp_path / "model.npz"
     with using_backend("numpy", "float64", seed=3):
         model = lm()
-        opt = optim.Adam(model.parameters(), lr=1e-3)
+        opt = tiered.Adam(model.parameters(), lr=1e-3)
         save_checkpoint(path, model, opt, step=1)
         before = path.read_bytes()
         real_savez = np.savez
@@ -279,7 +276,7 @@ def test_wrong_kind_is_refused(tmp_path):
         with pytest.raises(CheckpointError, match="classifier"):
             build_model(checkpoint, expected_kind="causal_lm")
         model = lm()
-        trainer = Trainer(model, optim.Adam(model.parameters()), LanguageModeling(), lm_batch,
+        trainer = Trainer(model, tiered.Adam(model.parameters()), LanguageModeling(), lm_batch,
                           TrainConfig(max_iters=1, progress=False))
         with pytest.raises(CheckpointError, match="classifier"):
             trainer.resume(path)
@@ -291,7 +288,7 @@ def test_wrong_kind_is_refused(tmp_path):
 def test_other_architecture_is_refused_naming_the_field(tmp_path, field, other):
     with using_backend("numpy", "float64"):
         model = classifier()
-        path = save_checkpoint(tmp_path / "c.npz", model, optim.Adam(model.parameters()))
+        path = save_checkpoint(tmp_path / "c.npz", model, tiered.Adam(model.parameters()))
         target = classifier(**other)
         before = weights(target)
         with pytest.raises(CheckpointError, match=field):
@@ -303,7 +300,7 @@ def test_other_architecture_is_refused_naming_the_field(tmp_path, field, other):
 def test_truncated_file_is_refused(tmp_path, fraction):
     with using_backend("numpy", "float64"):
         model = lm()
-        data = save_checkpoint(tmp_path / "m.npz", model, optim.Adam(model.parameters())
+        data = save_checkpoint(tmp_path / "m.npz", model, tiered.Adam(model.parameters())
                                ).read_bytes()
     cut = tmp_path / "cut.npz"
     cut.write_bytes(data[:int(len(data) * fraction)])
@@ -327,7 +324,7 @@ def test_missing_file(tmp_path):
         load_checkpoint(tmp_path / "nope.npz")
     with using_backend("numpy", "float64"):
         model = lm()
-        trainer = Trainer(model, optim.Adam(model.parameters()), LanguageModeling(), lm_batch,
+        trainer = Trainer(model, tiered.Adam(model.parameters()), LanguageModeling(), lm_batch,
                           TrainConfig(max_iters=1, progress=False))
         with pytest.raises(FileNotFoundError):
             trainer.resume(tmp_path / "nope.npz")
@@ -339,7 +336,7 @@ def test_resume_needs_optimizer_state(tmp_path):
         path = save_checkpoint(tmp_path / "m.npz", model)  # weights only
         fresh = lm()
         with pytest.raises(CheckpointError, match="optimizer"):
-            restore(fresh, load_checkpoint(path), optim.Adam(fresh.parameters()))
+            restore(fresh, load_checkpoint(path), tiered.Adam(fresh.parameters()))
 
 
 # =========================================================================== divergence
@@ -368,7 +365,7 @@ def test_nan_stops_training_without_update_or_checkpoint(tmp_path, task, named, 
     with using_backend("numpy", "float64"):
         model = lm()
         before = weights(model)
-        opt = optim.Adam(model.parameters(), lr=1e-3)
+        opt = tiered.Adam(model.parameters(), lr=1e-3)
         trainer = Trainer(model, opt, task, lm_batch,
                           TrainConfig(max_iters=3, checkpoint_path=path, progress=False,
                                       clip_norm=clip_norm))
@@ -450,7 +447,7 @@ def test_trainer_adamw_with_clipping_matches_torch(torch):
         rng = np.random.default_rng(9)
         batches = [parity_lm_batch(rng, config) for _ in range(steps)]
         feed = iter(batches)
-        trainer = Trainer(model, optim.AdamW(model.parameters(), lr=lr, weight_decay=wd),
+        trainer = Trainer(model, tiered.AdamW(model.parameters(), lr=lr, weight_decay=wd),
                           LanguageModeling(), lambda _rng: next(feed),
                           TrainConfig(max_iters=steps, clip_norm=clip, progress=False))
         history = trainer.fit()
@@ -557,7 +554,7 @@ def test_best_checkpoint_selection(tmp_path):
             snapshots[value] = weights(m)
             return {"val_accuracy": value}
 
-        Trainer(model, optim.Adam(model.parameters(), lr=1e-2), Classification(),
+        Trainer(model, tiered.Adam(model.parameters(), lr=1e-2), Classification(),
                 classifier_batch, TrainConfig(max_iters=4, eval_every=1, checkpoint_path=path,
                                               select_metric="val_accuracy", progress=False),
                 eval_fn=eval_fn).fit()

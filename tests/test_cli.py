@@ -13,10 +13,11 @@ import pytest
 from npformer import cli
 from npformer.checkpoint import save_checkpoint
 from npformer.cli import options, runs
-from npformer.models import CausalLM, CausalLMConfig
+from npformer.models import CausalLMConfig
 from npformer.models.configs import renamed_fields
 from npformer.ops import contracts
 from npformer.train import TrainingDiverged, TrainingInterrupted
+from tests.helpers import tiered
 
 from .conftest import using_backend
 
@@ -166,7 +167,7 @@ def test_resume_command_drops_stop_after_and_adds_resume():
 
 def _checkpoint(path, demo, finished=None):
     with using_backend("numpy", "float64"):
-        model = CausalLM(CausalLMConfig(vocab_size=5, block_size=4, d_model=4, num_heads=1,
+        model = tiered.CausalLM(CausalLMConfig(vocab_size=5, block_size=4, d_model=4, num_heads=1,
                                         num_layers=1, d_ff=4))
         extra = {"demo": demo}
         if finished is not None:

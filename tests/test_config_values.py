@@ -19,12 +19,12 @@ import pytest
 
 from npformer.checkpoint import load_checkpoint, save_checkpoint
 from npformer.models import (
-    CausalLM,
     CausalLMConfig,
     ClassifierConfig,
     Seq2SeqConfig,
 )
 from npformer.train import TrainConfig
+from tests.helpers import tiered
 
 from .conftest import using_backend
 from .test_demos import load_demo
@@ -82,7 +82,7 @@ def test_numpy_numbers_are_accepted_and_stored_as_pythons():
 
 def test_a_config_of_numpy_numbers_saves_and_loads(tmp_path):
     with using_backend("numpy", "float32"):
-        model = CausalLM(CausalLMConfig(vocab_size=np.int64(7), block_size=np.int64(4),
+        model = tiered.CausalLM(CausalLMConfig(vocab_size=np.int64(7), block_size=np.int64(4),
                                         d_model=np.int64(8), num_heads=np.int64(2),
                                         num_layers=np.int64(1), d_ff=np.int64(8),
                                         tie_weights=np.bool_(False)))

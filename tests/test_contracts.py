@@ -2,7 +2,7 @@
 (issue 18, item 3).
 
 * A cache says which op and which tier made it; a backward refuses one that is not its
-  own, naming both tiers.  Was: ``set_engine("textbook")``, an ``nn.Activation("relu")``
+  own, naming both tiers.  Was: ``set_engine("textbook")``, an ``tiered.Activation("relu")``
   forward, ``set_engine("fast")``, then its backward read the textbook cache x as if it
   were y and gave dx = -dy at every negative input (relative error 0.79 for dx inside a
   FeedForward block), silently.
@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 
 from npformer import backend, fast, nn, ops
-from npformer.models import CausalLM, CausalLMConfig
+from npformer.models import CausalLMConfig
 from npformer.ops import contracts
 
-from .helpers import using_engine
+from .helpers import tiered, using_tier
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,11 +38,11 @@ def arr(shape, seed=0):
 def test_a_layer_keeps_its_tier_whatever_the_engine_is_later(xb, forward_tier, backward_tier):
     """A layer's tier is chosen when it is made: switching the engine between its forward
     and its backward changes nothing (the backward is its own tier's, on its own cache)."""
-    with using_engine(forward_tier):
-        layer, reference = nn.Activation("relu"), nn.Activation("relu")
+    with using_tier(forward_tier):
+        layer, reference = tiered.Activation("relu"), tiered.Activation("relu")
     x = arr((3, 4))
     dy = backend.namespace_of(x).ones_like(x)
-    with using_engine(backward_tier):
+    with using_tier(backward_tier):
         y = layer(x)
         dx = layer.backward(dy)
     assert type(layer) is type(reference)
@@ -51,17 +51,17 @@ def test_a_layer_keeps_its_tier_whatever_the_engine_is_later(xb, forward_tier, b
 
 
 def test_a_feed_forward_block_keeps_its_tier_across_a_switch(xb):
-    with using_engine("textbook"):
-        block = nn.FeedForward(4, 6, activation="relu")
+    with using_tier("textbook"):
+        block = tiered.FeedForward(4, 6, activation="relu")
     x = arr((2, 3, 4))
     y = block(x)
-    with using_engine("fast"):
+    with using_tier("fast"):
         assert block.backward(arr(tuple(y.shape), seed=1)).shape == (2, 3, 4)
     assert type(block) is nn.FeedForward
 
 
 def test_the_same_tier_still_differentiates(xb, tier):
-    block = nn.FeedForward(4, 6, activation="relu")
+    block = tiered.FeedForward(4, 6, activation="relu")
     y = block(arr((2, 3, 4)))
     assert block.backward(arr(tuple(y.shape), seed=1)).shape == (2, 3, 4)
 
@@ -108,7 +108,7 @@ def count_calls(monkeypatch, name: str) -> list:
 
 
 def test_a_block_checks_its_input_once(monkeypatch, xb, tier):
-    block = nn.EncoderBlock(4, 2, 8, dropout=0.0)
+    block = tiered.EncoderBlock(4, 2, 8, dropout=0.0)
     x = arr((2, 3, 4))
     mask = ops.causal_mask(3)
     calls = count_calls(monkeypatch, "check_array")  # every array check passes here
@@ -122,7 +122,7 @@ def test_a_block_checks_its_input_once(monkeypatch, xb, tier):
 
 
 def test_a_model_step_checks_at_its_doors_only(monkeypatch, xb, tier):
-    model = CausalLM(CausalLMConfig(vocab_size=7, block_size=5, d_model=8, num_heads=2,
+    model = tiered.CausalLM(CausalLMConfig(vocab_size=7, block_size=5, d_model=8, num_heads=2,
                                     num_layers=2, d_ff=16))
     ids = backend.asarray(np.array([[1, 2, 3, 4], [5, 6, 0, 1]]))
     calls = count_calls(monkeypatch, "check_array")

@@ -186,10 +186,9 @@ def test_cupy_dropout_training_is_seeded(cupy_backend):
 def test_fused_adam_equals_the_plain_update_bit_for_bit(dtype, optimizer):
     """The fast tier's one-kernel Adam (npformer.fast.fused) gives the textbook
     statements' parameters and moments exactly, over several updates with decay."""
-    from npformer import optim
     from npformer.nn.module import Parameter
 
-    from .helpers import using_engine
+    from .helpers import tiered, using_tier
 
     rng = np.random.default_rng(8)
     host = rng.standard_normal((3, 7))
@@ -197,9 +196,9 @@ def test_fused_adam_equals_the_plain_update_bit_for_bit(dtype, optimizer):
     results = {}
     with using_backend("cupy", dtype):
         for tier in ("fast", "textbook"):
-            with using_engine(tier):
+            with using_tier(tier):
                 p = Parameter(backend.asarray(host, dtype))
-                opt = getattr(optim, optimizer)([p], lr=0.01, weight_decay=0.1)
+                opt = getattr(tiered, optimizer)([p], lr=0.01, weight_decay=0.1)
                 for g in grads:
                     p.grad = backend.asarray(g, dtype)
                     opt.step()

@@ -45,15 +45,15 @@ from npformer.decoding import (
     sample,
     sampling_distribution,
 )
-from npformer.models import CausalLM, CausalLMConfig, Seq2SeqConfig, Seq2SeqTransformer
+from npformer.models import CausalLMConfig, Seq2SeqConfig
 from npformer.nn import no_grad
 from npformer.train import TrainConfig, Trainer
 from npformer.train.tasks import Translation
 
 from .conftest import using_backend
-from .helpers import rel_diff
+from .helpers import rel_diff, tiered
 
-# A behaviour test: it runs in both tiers (npformer.engine), which must behave the same.
+# A behaviour test: it runs in both tiers (tests.helpers.tiered), which must behave the same.
 pytestmark = pytest.mark.usefixtures("tier")
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
@@ -78,7 +78,7 @@ def random_seq2seq(seed=0, norm_first=False, positional="sinusoidal", vocab=(9, 
                         block_size=block_size, dropout=0.1, activation="gelu",
                         norm_first=norm_first, positional=positional, tie_weights=tie,
                         pad_id=PAD, bos_id=BOS, eos_id=EOS)
-    model = Seq2SeqTransformer(cfg)
+    model = tiered.Seq2SeqTransformer(cfg)
     randomize(model, seed)
     return model
 
@@ -87,7 +87,7 @@ def random_lm(seed=0, tie=True, norm_first=True, positional="learned", block_siz
     cfg = CausalLMConfig(vocab_size=11, block_size=block_size, d_model=8, num_heads=2,
                          num_layers=2, d_ff=12, dropout=0.1, activation="gelu",
                          norm_first=norm_first, positional=positional, tie_weights=tie)
-    model = CausalLM(cfg)
+    model = tiered.CausalLM(cfg)
     randomize(model, seed)
     return model
 
@@ -434,8 +434,8 @@ def reverser():
                             num_heads=4, num_encoder_layers=1, num_decoder_layers=1, d_ff=64,
                             block_size=8, dropout=0.0, activation="relu", norm_first=True,
                             pad_id=PAD, bos_id=BOS, eos_id=EOS)
-        model = Seq2SeqTransformer(cfg)
-        opt = optim.Adam(model.parameters(),
+        model = tiered.Seq2SeqTransformer(cfg)
+        opt = tiered.Adam(model.parameters(),
                          lr=optim.warmup_cosine(peak_lr=1e-2, warmup=30,
                                                 total_steps=STEPS, min_lr=1e-3))
         trainer = Trainer(model, opt, Translation(pad_id=PAD), reverse_batch,

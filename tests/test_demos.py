@@ -136,7 +136,7 @@ def test_demo_smoke_runs_end_to_end_fast_engine(script, fast_smoke_runs):
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_demo_smoke_runs_end_to_end_textbook_engine(script, data_dir, tmp_path):
-    result = smoke_run(script, tmp_path, data_dir, "--engine", "textbook")
+    result = smoke_run(script, tmp_path, data_dir, "--tier", "textbook")
     check_smoke_outputs(script, tmp_path, result, "textbook")
 
 
@@ -327,7 +327,7 @@ COMMON_BAD = [("--replicas", "0"), ("--replicas", "-2"), ("--seed", "-1"),
               ("--stop-after", "0"), ("--dropout", "1"), ("--dropout", "-0.1"),
               ("--dropout", "nan"), ("--lr", "0"), ("--lr", "-1e-3"), ("--lr", "inf"),
               ("--batch-size", "0"), ("--num-heads", "0"), ("--layers", "-1"),
-              ("--backend", "tpu"), ("--engine", "slow"), ("--dtype", "float16"),
+              ("--backend", "tpu"), ("--tier", "slow"), ("--dtype", "float16"),
               ("--preset", "huge"), ("--seed", "x")]
 DEMO_BAD = {
     "imdb.py": [("--epochs", "0"), ("--epochs", "-1"), ("--max-minutes", "0"),
@@ -393,7 +393,7 @@ def test_every_option_has_a_help_text(script):
         assert action.help and action.help.strip(), f"{action.option_strings} has no help"
     result = run_demo(script, "--help")
     assert result.returncode == 0
-    for option in ("--seed", "--backend", "--dtype", "--engine", "--replicas", "--smoke",
+    for option in ("--seed", "--backend", "--dtype", "--tier", "--replicas", "--smoke",
                    "--preset", "--resume", "--data"):
         assert option in result.stdout
 
@@ -445,8 +445,8 @@ def test_corrupt_archive_gives_a_clear_error(tmp_path):
     ("generate.py", ["--out", "{tmp}", "--sample-only"], {}, ["no checkpoint"]),
     ("generate.py", ["--smoke", "--out", "{tmp}"], {"NPFORMER_BACKEND": "gpu"},
      ["unknown backend", "gpu"]),
-    ("imdb.py", ["--smoke", "--out", "{tmp}"], {"NPFORMER_ENGINE": "slow"},
-     ["NPFORMER_ENGINE", "slow"]),
+    ("imdb.py", ["--smoke", "--out", "{tmp}"], {"NPFORMER_ENGINE": "textbook"},
+     ["NPFORMER_ENGINE", "--tier"]),  # no longer read: never silently ignored
     ("generate.py", ["--smoke", "--block-size", "100000000", "--data", "{data}", "--out", "{tmp}"],
      {}, ["too short", "--block-size"]),
     ("translate.py", ["--smoke", "--heldout", "100000000", "--data", "{data}", "--out",

@@ -36,8 +36,6 @@ from hypothesis import strategies as st
 
 from npformer import backend, parallel
 from npformer.fast.flat import flat_buffer_of
-from npformer.nn import Linear
-from npformer.optim import AdamW
 from npformer.parallel import (
     Context,
     DataParallel,
@@ -50,7 +48,7 @@ from npformer.parallel import (
 from npformer.train.tasks import Task
 from tests import parallel_cases as cases
 from tests.conftest import using_backend
-from tests.helpers import rel_diff, using_engine
+from tests.helpers import rel_diff, tiered, using_tier
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "mpi_worker.py"
@@ -366,7 +364,7 @@ def worker_calls(rows, weights, ranks: int, replicas: int):
     calls, shares, totals = [], [], set()
     for rank in range(ranks):
         task = Recording()
-        engine = DataParallel(Linear(2, 2), replicas,
+        engine = DataParallel(tiered.Linear(2, 2), replicas,
                               None if ranks == 1 else EqualRanks(rank, ranks))
         share, total = engine.loss_and_grad(task, batch, 0.5, seed=7)
         calls += task.calls
@@ -407,9 +405,9 @@ def test_the_flat_gradient_buffer_is_all_reduced_as_it_is(monkeypatch):
         raise AssertionError("a packing buffer was made for a flat model")
 
     monkeypatch.setattr(workers, "PackedGradients", no_packing)
-    with using_backend("numpy", "float64"), using_engine("fast"):
+    with using_backend("numpy", "float64"), using_tier("fast"):
         model, task, batch = cases.build("lm", 5)
-        optimizer = AdamW(model.parameters())
+        optimizer = tiered.AdamW(model.parameters())
         flat = flat_buffer_of(model.parameters())
         assert flat is optimizer._flat is not None
         ranks = EqualRanks(rank=0, size=2)
@@ -426,7 +424,7 @@ def test_the_flat_gradient_buffer_is_all_reduced_as_it_is(monkeypatch):
 def test_separate_gradients_are_packed_into_one_buffer_and_come_back_as_views():
     """The textbook tier's gradients are separate arrays: they are packed into one
     buffer, all-reduced once, and each gradient is then a view of its slice."""
-    with using_backend("numpy", "float64"), using_engine("textbook"):
+    with using_backend("numpy", "float64"), using_tier("textbook"):
         model, task, batch = cases.build("lm", 5)
         ranks = EqualRanks(rank=1, size=3)
         engine = DataParallel(model, 1, ranks)

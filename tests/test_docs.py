@@ -23,12 +23,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from .helpers import tiered
+
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "derivations.md"
 PATH = re.compile(r"`(npformer/[\w/]+\.py)`")
 NAME = re.compile(r"`([A-Za-z_][\w.]*)`")
 FILE = re.compile(r"`((?:npformer|tests|bench|tools|demos|docs)/[\w/.*]*)`")  # path, folder, glob
-DOTTED = re.compile(r"`(npformer(?:\.\w+)+)`")  # npformer.ops, npformer.engine.set_engine
+DOTTED = re.compile(r"`(npformer(?:\.\w+)+)`")  # npformer.ops, npformer.optim.cosine_schedule
 
 
 def _stripped_lines(path: str) -> list[str]:
@@ -327,18 +329,18 @@ def test_the_adam_worked_example_is_adams_first_step(tier):
     gradient, with the learning rate the text states and the default betas and eps (the
     text states those too), gives the printed moments and parameter; the corrected
     moments are the gradient and its square, as the text derives."""
-    from npformer import backend, optim
+    from npformer import backend
     from npformer.nn import Parameter
 
-    from .helpers import using_engine
+    from .helpers import using_tier
     doc = _worked_examples()["adam"]
     stated = re.search(r"\$\\eta_1 = ([\d.]+)\$, \$\\beta_1 = ([\d.]+)\$, \$\\beta_2 = ([\d.]+)\$, "
                        r"\$\\epsilon = 10\^\{(-\d+)\}\$, no weight decay", _prose())
     assert stated, "§17's Adam example no longer states its hyperparameters"
     lr = float(stated.group(1))
-    with using_engine(tier):
+    with using_tier(tier):
         p = Parameter(backend.asarray(doc["theta0"]), decay=False)
-        opt = optim.Adam([p], lr=lr)
+        opt = tiered.Adam([p], lr=lr)
         assert (opt.beta1, opt.beta2, opt.eps) == (float(stated.group(2)), float(stated.group(3)),
                                                    10.0 ** int(stated.group(4)))
         opt.zero_grad()
@@ -662,7 +664,7 @@ def _resolves(dotted: str) -> bool:
 
 def test_every_file_and_module_the_doc_names_exists():
     """The prose's file paths (`npformer/ops/contracts.py`, a folder as `npformer/fast/`, a
-    glob as `docs/figures/*.svg`) and its dotted names (`npformer.engine.set_engine`) are
+    glob as `docs/figures/*.svg`) and its dotted names (`npformer.optim.cosine_schedule`) are
     checked as the quotes are: a file moved or a module removed fails here, naming it."""
     text = DOC.read_text()
     missing = [f"no file {path}" for path in sorted(set(FILE.findall(text)))

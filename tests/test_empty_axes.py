@@ -23,15 +23,12 @@ import pytest
 
 from npformer import backend, fast, nn, ops
 from npformer.models import (
-    CausalLM,
     CausalLMConfig,
     ClassifierConfig,
     Seq2SeqConfig,
-    Seq2SeqTransformer,
-    TransformerClassifier,
 )
 
-from .helpers import using_engine
+from .helpers import tiered, using_tier
 
 TIERS = {"textbook": ops, "fast": fast}
 
@@ -211,33 +208,33 @@ EMPTY = [(0, 3), (2, 0), (0, 0)]
 
 @pytest.mark.parametrize("b,t", EMPTY)
 def test_position_wise_layers(xb, tier, b, t):
-    run_layer(nn.Linear(4, 3), [arr((b, t, 4))], (b, t, 3))
-    run_layer(nn.LayerNorm(4), [arr((b, t, 4))], (b, t, 4))
-    run_layer(nn.Embedding(5, 4), [ids((b, t))], (b, t, 4))
-    run_layer(nn.LearnedPositionalEmbedding(4, 4), [arr((b, t, 4))], (b, t, 4))
+    run_layer(tiered.Linear(4, 3), [arr((b, t, 4))], (b, t, 3))
+    run_layer(tiered.LayerNorm(4), [arr((b, t, 4))], (b, t, 4))
+    run_layer(tiered.Embedding(5, 4), [ids((b, t))], (b, t, 4))
+    run_layer(tiered.LearnedPositionalEmbedding(4, 4), [arr((b, t, 4))], (b, t, 4))
     run_layer(nn.SinusoidalPositionalEncoding(4, 4), [arr((b, t, 4))], (b, t, 4))
-    run_layer(nn.Dropout(0.5), [arr((b, t, 4))], (b, t, 4))
-    run_layer(nn.Activation("relu"), [arr((b, t, 4))], (b, t, 4))
-    run_layer(nn.FeedForward(4, 6), [arr((b, t, 4))], (b, t, 4))
+    run_layer(tiered.Dropout(0.5), [arr((b, t, 4))], (b, t, 4))
+    run_layer(tiered.Activation("relu"), [arr((b, t, 4))], (b, t, 4))
+    run_layer(tiered.FeedForward(4, 6), [arr((b, t, 4))], (b, t, 4))
 
 
 @pytest.mark.parametrize("b,t", EMPTY)
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_attention_and_blocks(xb, tier, b, t, norm_first):
-    """The issue's ZeroDivisionError: nn.EncoderBlock(8, 2, 16) on (2, 0, 8)."""
+    """The issue's ZeroDivisionError: EncoderBlock(8, 2, 16) on (2, 0, 8)."""
     mask = ops.padding_mask(backend.asarray(np.full(b, t, np.int64)), t)
-    run_layer(nn.MultiHeadAttention(8, 2), [arr((b, t, 8))], (b, t, 8), mask=mask)
-    run_layer(nn.EncoderBlock(8, 2, 16, norm_first=norm_first), [arr((b, t, 8))], (b, t, 8),
+    run_layer(tiered.MultiHeadAttention(8, 2), [arr((b, t, 8))], (b, t, 8), mask=mask)
+    run_layer(tiered.EncoderBlock(8, 2, 16, norm_first=norm_first), [arr((b, t, 8))], (b, t, 8),
               mask=mask)
-    run_layer(nn.DecoderBlock(8, 2, 16, norm_first=norm_first), [arr((b, t, 8)),
+    run_layer(tiered.DecoderBlock(8, 2, 16, norm_first=norm_first), [arr((b, t, 8)),
               arr((b, 3, 8))], (b, t, 8), self_mask=ops.causal_mask(t))
 
 
 @pytest.mark.parametrize("b,t", EMPTY)
 def test_fast_blocks_on_packed_rows(xb, b, t):
     """The fast block on packed rows (npformer.fast.Packing): empty batches and lengths."""
-    with using_engine("fast"):
-        block = nn.EncoderBlock(8, 2, 16)
+    with using_tier("fast"):
+        block = tiered.EncoderBlock(8, 2, 16)
     packing = fast.Packing.from_lengths(backend.asarray(np.full(b, t, np.int64)), t)
     x = packing.pack(arr((b, t, 8)))
     mask = ops.padding_mask(backend.asarray(np.full(b, t, np.int64)), t)
@@ -247,7 +244,7 @@ def test_fast_blocks_on_packed_rows(xb, b, t):
 
 
 def test_cross_attention_over_an_empty_context_is_zero(xb, tier):
-    layer = nn.MultiHeadAttention(8, 2, bias=False)
+    layer = tiered.MultiHeadAttention(8, 2, bias=False)
     y = layer(arr((2, 3, 8)), context=arr((2, 0, 8)))
     assert_shape(y, (2, 3, 8), zero=True)
     dx, dcontext = layer.backward(arr((2, 3, 8)))
@@ -257,18 +254,18 @@ def test_cross_attention_over_an_empty_context_is_zero(xb, tier):
 
 # =========================================================================== models
 def classifier(pooling="mean"):
-    return TransformerClassifier(ClassifierConfig(vocab_size=7, d_model=8, num_heads=2,
+    return tiered.TransformerClassifier(ClassifierConfig(vocab_size=7, d_model=8, num_heads=2,
                                                   num_layers=1, d_ff=16, block_size=6,
                                                   dropout=0.0, pooling=pooling))
 
 
 def lm():
-    return CausalLM(CausalLMConfig(vocab_size=7, block_size=6, d_model=8, num_heads=2,
+    return tiered.CausalLM(CausalLMConfig(vocab_size=7, block_size=6, d_model=8, num_heads=2,
                                    num_layers=1, d_ff=16))
 
 
 def seq2seq():
-    return Seq2SeqTransformer(Seq2SeqConfig(src_vocab_size=7, tgt_vocab_size=9, d_model=8,
+    return tiered.Seq2SeqTransformer(Seq2SeqConfig(src_vocab_size=7, tgt_vocab_size=9, d_model=8,
                                             num_heads=2, num_encoder_layers=1,
                                             num_decoder_layers=1, d_ff=16, block_size=6,
                                             dropout=0.0))

@@ -26,19 +26,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from npformer import backend, engine, fast, nn, ops, optim
+from npformer import backend, fast, nn, ops
 from npformer.fast import compiler
 from npformer.models import (
-    CausalLM,
     CausalLMConfig,
     ClassifierConfig,
     Seq2SeqConfig,
-    Seq2SeqTransformer,
-    TransformerClassifier,
 )
 
 from .conftest import using_backend
-from .helpers import rel_diff, using_engine
+from .helpers import rel_diff, tiered, using_tier
 
 RTOL = 1e-12  # float64: the tiers differ only by the order of their additions
 SEEDS = st.integers(0, 2**16)
@@ -46,7 +43,7 @@ SEEDS = st.integers(0, 2**16)
 
 def built(tier: str, seed: int, make):
     """``make()`` in tier ``tier``, the generator seeded with ``seed`` first."""
-    with using_engine(tier):
+    with using_tier(tier):
         backend.seed(seed)
         return make()
 
@@ -54,8 +51,8 @@ def built(tier: str, seed: int, make):
 def pair(seed: int, make):
     """(textbook, fast) instances of ``make()``, with the same initial weights."""
     textbook, quick = built("textbook", seed, make), built("fast", seed, make)
-    with using_engine("fast"):
-        assert type(quick) is engine.implementation(type(textbook)) is not type(textbook)
+    with using_tier("fast"):
+        assert type(quick) is getattr(tiered, type(textbook).__name__) is not type(textbook)
     for (name, p), (_, q) in zip(textbook.named_parameters(), quick.named_parameters()):
         assert np.array_equal(backend.to_numpy(p.data), backend.to_numpy(q.data)), name
     return textbook, quick
@@ -111,7 +108,7 @@ def float64_numpy(request, monkeypatch):
 @given(seed=SEEDS, batch=st.integers(1, 3), length=st.integers(1, 4), width=st.integers(1, 5),
        out=st.integers(1, 5), bias=st.booleans())
 def test_linear(seed, batch, length, width, out, bias):
-    textbook, quick = pair(seed, lambda: nn.Linear(width, out, bias))
+    textbook, quick = pair(seed, lambda: tiered.Linear(width, out, bias))
     rng = np.random.default_rng(seed)
     x, dy = host(rng, batch, length, width), host(rng, batch, length, out)
     assert_close(quick(x), textbook(x), "output")
@@ -121,7 +118,7 @@ def test_linear(seed, batch, length, width, out, bias):
 
 @given(seed=SEEDS, batch=st.integers(1, 3), length=st.integers(1, 4), width=st.integers(1, 6))
 def test_layer_norm_and_its_output_again(seed, batch, length, width):
-    textbook, quick = pair(seed, lambda: nn.LayerNorm(width))
+    textbook, quick = pair(seed, lambda: tiered.LayerNorm(width))
     rng = np.random.default_rng(seed)
     for p, q in zip(textbook.parameters(), quick.parameters()):  # not the init's 1 and 0
         p.data = q.data = host(rng, *p.shape)
@@ -136,7 +133,7 @@ def test_layer_norm_and_its_output_again(seed, batch, length, width):
 @given(seed=SEEDS, batch=st.integers(1, 3), length=st.integers(1, 4), width=st.integers(1, 5),
        vocab=st.integers(1, 7))
 def test_embedding_and_its_tied_projection(seed, batch, length, width, vocab):
-    textbook, quick = pair(seed, lambda: nn.Embedding(vocab, width))
+    textbook, quick = pair(seed, lambda: tiered.Embedding(vocab, width))
     rng = np.random.default_rng(seed)
     ids = backend.asarray(rng.integers(0, vocab, (batch, length)))
     dy, h = host(rng, batch, length, width), host(rng, batch, length, width)
@@ -151,7 +148,7 @@ def test_embedding_and_its_tied_projection(seed, batch, length, width, vocab):
 @given(seed=SEEDS, p=st.sampled_from([0.0, 0.3, 0.7]), training=st.booleans(),
        shape=st.lists(st.integers(1, 4), min_size=1, max_size=3))
 def test_dropout_draws_the_same_masks(seed, p, training, shape):
-    textbook, quick = pair(seed, lambda: nn.Dropout(p))
+    textbook, quick = pair(seed, lambda: tiered.Dropout(p))
     textbook.train(training), quick.train(training)
     rng = np.random.default_rng(seed)
     x, dy = host(rng, *shape), host(rng, *shape)
@@ -167,7 +164,7 @@ def test_dropout_draws_the_same_masks(seed, p, training, shape):
 @given(seed=SEEDS, name=st.sampled_from(["relu", "gelu", "gelu_tanh"]),
        shape=st.lists(st.integers(1, 4), min_size=1, max_size=3))
 def test_activation_and_its_output_again(seed, name, shape):
-    textbook, quick = pair(seed, lambda: nn.Activation(name))
+    textbook, quick = pair(seed, lambda: tiered.Activation(name))
     rng = np.random.default_rng(seed)
     x, dy = host(rng, *shape) * 3, host(rng, *shape)
     y = quick(x)
@@ -251,7 +248,7 @@ OPTIONS = st.sampled_from([{}, {"narrow": True}, {"kqnorm": True},
 def test_self_attention(case, options):
     width = case["heads"] * case["head_width"]
     textbook, quick = pair(case["seed"],
-                           lambda: nn.MultiHeadAttention(width, case["heads"], **options))
+                           lambda: tiered.MultiHeadAttention(width, case["heads"], **options))
     packing, mask = packing_of(case), self_mask(case)
     run_pair(textbook, quick, case, (None, mask), {"packing": packing}, width)
 
@@ -260,7 +257,7 @@ def test_self_attention(case, options):
 def test_cross_attention(case, options):
     width = case["heads"] * case["head_width"]
     textbook, quick = pair(case["seed"],
-                           lambda: nn.MultiHeadAttention(width, case["heads"], **options))
+                           lambda: tiered.MultiHeadAttention(width, case["heads"], **options))
     rng = np.random.default_rng(case["seed"] + 1)
     memory = host(rng, case["batch"], case["memory"], width)
     mask = ops.padding_mask(backend.asarray(case["memory_lens"]), case["memory"]) \
@@ -272,7 +269,7 @@ def test_cross_attention(case, options):
 @given(case=batches(), d_ff=st.integers(1, 6), dropout=st.sampled_from([0.0, 0.4]))
 def test_feed_forward(case, d_ff, dropout):
     width = case["heads"] * case["head_width"]
-    textbook, quick = pair(case["seed"], lambda: nn.FeedForward(width, d_ff, case["activation"],
+    textbook, quick = pair(case["seed"], lambda: tiered.FeedForward(width, d_ff, case["activation"],
                                                                dropout))
     rng = np.random.default_rng(case["seed"])
     x = host(rng, case["batch"], case["length"], width)
@@ -290,7 +287,7 @@ def test_feed_forward(case, d_ff, dropout):
 def test_encoder_block(case, dropout, options):
     width = case["heads"] * case["head_width"]
     dropout = 0.0 if case["pack"] else dropout  # packed rows draw other masks
-    make = lambda: nn.EncoderBlock(width, case["heads"], 2 * width, dropout,  # noqa: E731
+    make = lambda: tiered.EncoderBlock(width, case["heads"], 2 * width, dropout,  # noqa: E731
                                    case["activation"], case["norm_first"], **options)
     textbook, quick = pair(case["seed"], make)
     run_pair(_Seeded(textbook, case["seed"]), _Seeded(quick, case["seed"]), case,
@@ -302,7 +299,7 @@ def test_decoder_block(case, dropout, options):
     width = case["heads"] * case["head_width"]
     case = dict(case, kind="causal_padding", memory_lens=case["memory_lens"])
     dropout = 0.0 if case["pack"] else dropout
-    make = lambda: nn.DecoderBlock(width, case["heads"], 2 * width, dropout,  # noqa: E731
+    make = lambda: tiered.DecoderBlock(width, case["heads"], 2 * width, dropout,  # noqa: E731
                                    case["activation"], case["norm_first"], **options)
     textbook, quick = pair(case["seed"], make)
     rng = np.random.default_rng(case["seed"] + 2)
@@ -347,7 +344,7 @@ def test_classifier(seed, batch, length, pooling, norm_first, bigram_buckets, da
                               num_layers=2, d_ff=12, block_size=8, dropout=0.0,
                               norm_first=norm_first, pooling=pooling,
                               bigram_buckets=bigram_buckets)
-    textbook, quick = pair(seed, lambda: TransformerClassifier(config))
+    textbook, quick = pair(seed, lambda: tiered.TransformerClassifier(config))
     rng = np.random.default_rng(seed)
     if bigram_buckets:  # the pairs' table starts at zero: give both models the same values
         textbook.bigrams.weight.data = host(rng, bigram_buckets, 8)
@@ -371,7 +368,7 @@ def test_causal_lm(seed, batch, length, tie, norm_first, dropout, padding, optio
     config = CausalLMConfig(vocab_size=9, block_size=8, d_model=8, num_heads=2, num_layers=2,
                             d_ff=16, dropout=dropout, norm_first=norm_first, tie_weights=tie,
                             **options)
-    textbook, quick = pair(seed, lambda: CausalLM(config))
+    textbook, quick = pair(seed, lambda: tiered.CausalLM(config))
     rng = np.random.default_rng(seed)
     ids = backend.asarray(rng.integers(0, 9, (batch, length)))
     dlogits = host(rng, batch, length, 9)
@@ -399,7 +396,7 @@ def test_seq2seq(seed, batch, src_len, tgt_len, norm_first, valid_only, tie, dat
     config = Seq2SeqConfig(src_vocab_size=10, tgt_vocab_size=12, d_model=8, num_heads=2,
                            num_encoder_layers=2, num_decoder_layers=2, d_ff=12, block_size=8,
                            dropout=0.0, norm_first=norm_first, tie_weights=tie)
-    textbook, quick = pair(seed, lambda: Seq2SeqTransformer(config))
+    textbook, quick = pair(seed, lambda: tiered.Seq2SeqTransformer(config))
     rng = np.random.default_rng(seed)
     src = backend.asarray(padded_ids(rng, src_lens, src_len, 10))
     tgt = backend.asarray(padded_ids(rng, tgt_lens, tgt_len, 12))
@@ -418,7 +415,7 @@ def test_cached_decoding_is_the_textbook_s(options, padded):
     and without a left-padded batch's attention mask."""
     config = CausalLMConfig(vocab_size=9, block_size=8, d_model=8, num_heads=2, num_layers=2,
                             d_ff=16, **options)
-    textbook, quick = pair(3, lambda: CausalLM(config))
+    textbook, quick = pair(3, lambda: tiered.CausalLM(config))
     ids = backend.asarray(np.random.default_rng(0).integers(0, 9, (2, 5)))
     keep = np.ones((2, 5), dtype=bool)
     keep[0, :2] = not padded
@@ -441,14 +438,14 @@ def test_optimizer_updates(name, weight_decay):
     0 up to rounding, and Adam scales any rounding up to a step of lr.)"""
     config = CausalLMConfig(vocab_size=9, block_size=8, d_model=8, num_heads=2, num_layers=1,
                             d_ff=16)
-    models = pair(5, lambda: CausalLM(config))
+    models = pair(5, lambda: tiered.CausalLM(config))
     optimizers = []
     for tier, model in zip(("textbook", "fast"), models):
-        with using_engine(tier):
-            optimizers.append(getattr(optim, name)(model.parameters(), lr=1e-2,
+        with using_tier(tier):
+            optimizers.append(getattr(tiered, name)(model.parameters(), lr=1e-2,
                                                    weight_decay=weight_decay))
-    with using_engine("fast"):
-        assert type(optimizers[1]) is engine.implementation(getattr(optim, name))
+    with using_tier("fast"):
+        assert type(optimizers[1]) is getattr(tiered, name)
     rng = np.random.default_rng(0)
     for _ in range(3):
         grads = [host(rng, *p.shape) for p in models[0].parameters()]
@@ -456,8 +453,8 @@ def test_optimizer_updates(name, weight_decay):
             opt.zero_grad()
             for p, g in zip(model.parameters(), grads):
                 p.accumulate(g)
-            with using_engine(tier):
-                engine.implementation(optim.clip_grad_norm)(model.named_parameters(), 0.5)
+            with using_tier(tier):
+                tiered.clip_grad_norm(model.named_parameters(), 0.5)
             opt.step()
     assert_equal_grads(*models, name)
     for (key, p), (_, q) in zip(models[0].named_parameters(), models[1].named_parameters()):
@@ -488,23 +485,23 @@ def test_the_textbook_tier_never_runs_the_fast_tier():
         if event == "call" and frame.f_code.co_filename.startswith(fast_folder):
             entered.add(f"{frame.f_code.co_filename}:{frame.f_code.co_name}")
 
-    with using_engine("textbook"):
+    with using_tier("textbook"):
         config = CausalLMConfig(vocab_size=9, block_size=8, d_model=8, num_heads=2,
                                 num_layers=2, d_ff=16, dropout=0.1)
         sys.setprofile(record)
         try:
-            model = CausalLM(config)
-            opt = optim.AdamW(model.parameters(), lr=1e-3)
+            model = tiered.CausalLM(config)
+            opt = tiered.AdamW(model.parameters(), lr=1e-3)
             ids = np.arange(12).reshape(2, 6) % 9
             LanguageModeling().loss_and_grad(model, (ids[:, :-1], ids[:, 1:]))
-            engine.implementation(optim.clip_grad_norm)(model.named_parameters(), 1.0)
+            tiered.clip_grad_norm(model.named_parameters(), 1.0)
             opt.step()
             generate(model, [1, 2, 3], max_new_tokens=3, greedy=True)
         finally:
             sys.setprofile(None)
     assert not entered, sorted(entered)
-    with using_engine("fast"):  # the recorder is sharp: the fast tier's step enters it
-        model = CausalLM(config)
+    with using_tier("fast"):  # the recorder is sharp: the fast tier's step enters it
+        model = tiered.CausalLM(config)
         sys.setprofile(record)
         try:
             LanguageModeling().loss_and_grad(model, (ids[:, :-1], ids[:, 1:]))

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from .helpers import tiered
 from .test_demos import run_demo
 from .test_gpt2 import TEXT, hf_model, required, train_tokenizer, write_folder
 
@@ -66,14 +67,13 @@ def test_the_fine_tuned_folder_loads_in_transformers_and_npformer(smoke):
     import torch
 
     from npformer import no_grad
-    from npformer.models import CausalLM
 
     from .conftest import using_backend
     from .helpers import rel_diff
 
     out, _ = smoke
     with using_backend("numpy", "float32"):
-        ours = CausalLM.from_pretrained(out / "gpt2")
+        ours = tiered.CausalLM.from_pretrained(out / "gpt2")
         theirs = hf_model(out / "gpt2", "float32")
         ids = np.random.default_rng(0).integers(0, ours.config.vocab_size, (2, 10))
         with torch.no_grad():

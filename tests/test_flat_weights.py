@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from npformer import backend, engine, fast, models, ops, optim
+from npformer import backend, fast, models, ops, optim
 from npformer.checkpoint import load_checkpoint, save_checkpoint
 from npformer.fast import compiler
 from npformer.fast.flat import flat_buffer_of
@@ -25,12 +25,13 @@ from npformer.parallel.replicas import ThreadReplicas
 from npformer.train.tasks import LanguageModeling
 
 from .conftest import using_backend
-from .helpers import rel_diff, using_engine
+from .helpers import rel_diff, tiered, using_tier
 from .test_checkpoint_train import classifier, seq2seq
 
 CONFIG = CausalLMConfig(vocab_size=11, block_size=8, d_model=8, num_heads=2, num_layers=2,
                         d_ff=16, dropout=0.0)
-BUILDERS = {"causal_lm": lambda: CausalLM(CONFIG), "classifier": classifier, "seq2seq": seq2seq}
+BUILDERS = {"causal_lm": lambda: tiered.CausalLM(CONFIG), "classifier": classifier,
+            "seq2seq": seq2seq}
 COMPILED_ONLY = pytest.mark.skipif(
     not compiler.COMPILED, reason="without numba the fast loss writes its gradient over its "
     "own softmax buffer, not the logits'")
@@ -38,7 +39,7 @@ COMPILED_ONLY = pytest.mark.skipif(
 
 def lm(seed: int = 0) -> CausalLM:
     backend.set_backend("numpy", seed=seed)
-    return CausalLM(CONFIG)
+    return tiered.CausalLM(CONFIG)
 
 
 def batch(seed: int = 1):
@@ -54,10 +55,10 @@ def _no_two_share_memory(arrays) -> bool:
 # =========================================================================== born flat
 @pytest.mark.parametrize("kind", list(BUILDERS))
 def test_a_fast_model_is_born_with_its_weights_in_one_buffer(kind):
-    with using_engine("fast"):
+    with using_tier("fast"):
         backend.set_backend("numpy", seed=0)
         model = BUILDERS[kind]()
-    assert type(model) is engine.implementation(models.MODELS[kind])
+    assert type(model) is getattr(tiered, models.MODELS[kind].__name__)
     params = model.parameters()
     flat = flat_buffer_of(params)
     assert flat is not None and flat is model._flat and flat.holds(params)
@@ -68,9 +69,9 @@ def test_a_fast_model_is_born_with_its_weights_in_one_buffer(kind):
 
 
 def test_a_textbook_model_keeps_its_own_arrays():
-    with using_engine("textbook"):
+    with using_tier("textbook"):
         model = lm()
-        opt = optim.AdamW(model.parameters(), lr=1e-2)
+        opt = tiered.AdamW(model.parameters(), lr=1e-2)
         assert type(model) is models.CausalLM and type(opt) is optim.AdamW
         assert getattr(model, "_flat", None) is None and getattr(opt, "_flat", None) is None
         assert flat_buffer_of(model.parameters()) is None
@@ -84,10 +85,10 @@ def test_a_textbook_model_keeps_its_own_arrays():
 
 
 # =========================================================================== the optimizer
-@pytest.mark.parametrize("make", [lambda ps: optim.AdamW(ps, lr=1e-2, weight_decay=0.1),
-                                  lambda ps: optim.Adam(ps, lr=1e-2)], ids=["AdamW", "Adam"])
+@pytest.mark.parametrize("make", [lambda ps: tiered.AdamW(ps, lr=1e-2, weight_decay=0.1),
+                                  lambda ps: tiered.Adam(ps, lr=1e-2)], ids=["AdamW", "Adam"])
 def test_the_optimizer_adopts_the_models_buffer_instead_of_copying(make):
-    with using_engine("fast"):
+    with using_tier("fast"):
         model = lm()
         born = model._flat
         buffer = born.data
@@ -99,10 +100,10 @@ def test_the_optimizer_adopts_the_models_buffer_instead_of_copying(make):
 
 
 def test_adam_with_l2_decay_stays_per_tensor_and_leaves_the_buffer_alone():
-    with using_engine("fast"):
+    with using_tier("fast"):
         model = lm()
         buffer = model._flat.data
-        opt = optim.Adam(model.parameters(), lr=1e-2, weight_decay=0.1)
+        opt = tiered.Adam(model.parameters(), lr=1e-2, weight_decay=0.1)
     assert opt._flat is None and model._flat.data is buffer
     assert not any(np.shares_memory(s, buffer) for s in opt.state["m"] + opt.state["v"])
 
@@ -110,12 +111,12 @@ def test_adam_with_l2_decay_stays_per_tensor_and_leaves_the_buffer_alone():
 def test_a_weight_rebound_before_the_optimizer_is_made_goes_into_the_buffer():
     """A loader that binds new arrays (not copies into the views) leaves the born buffer
     stale until it is synced: the optimizer adopts it synced, with the bound values."""
-    with using_engine("fast"):
+    with using_tier("fast"):
         model = lm()
         first = model.parameters()[0]
         first.data = first.data * 0 + 0.5  # a new array, bound
         assert not np.shares_memory(first.data, model._flat.data)  # the premise
-        opt = optim.AdamW(model.parameters(), lr=1e-2)
+        opt = tiered.AdamW(model.parameters(), lr=1e-2)
     assert opt._flat is model._flat
     assert np.shares_memory(first.data, model._flat.data) and np.all(first.data == 0.5)
     lo, hi = model._flat.slices[0]
@@ -127,14 +128,14 @@ def test_a_rebound_weight_is_synced_before_the_step_and_every_parameter_is_updat
     gradient rebound (the textbook clip, ``p.grad = p.grad * c``).  The fast AdamW's step
     starts from the bound values, as the textbook AdamW's does, update for update, and
     leaves every parameter a view of its buffer again."""
-    with using_engine("fast"):
+    with using_tier("fast"):
         model = lm()
-        opt = optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+        opt = tiered.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
         opt.zero_grad()
         LanguageModeling().loss_and_grad(model, batch())
-    with using_engine("textbook"):
-        twin = CausalLM(CONFIG)
-        twin_opt = optim.AdamW(twin.parameters(), lr=1e-2, weight_decay=0.1)
+    with using_tier("textbook"):
+        twin = tiered.CausalLM(CONFIG)
+        twin_opt = tiered.AdamW(twin.parameters(), lr=1e-2, weight_decay=0.1)
     twin.load_state_dict(model.state_dict())
     first = model.parameters()[0]
     first.data = first.data * 0 + 0.5  # a new array, bound
@@ -157,11 +158,11 @@ def test_a_rebound_weight_is_synced_before_the_step_and_every_parameter_is_updat
 # =========================================================================== thread replicas
 def test_thread_replicas_share_the_models_weights_and_keep_gradients_only():
     x, y = batch()
-    with using_engine("fast"), using_backend("numpy", "float64"):
+    with using_tier("fast"), using_backend("numpy", "float64"):
         alone = lm()
         LanguageModeling().loss_and_grad(alone, (x, y))  # the whole batch's gradient
         model = lm()
-        optim.AdamW(model.parameters(), lr=1e-2)
+        tiered.AdamW(model.parameters(), lr=1e-2)
         replicas = ThreadReplicas(model, 2)
         replicas.run(LanguageModeling(), [((x[:2], y[:2]), 2 / 3, 1),
                                           ((x[2:], y[2:]), 1 / 3, 2)])
@@ -182,7 +183,7 @@ def test_thread_replicas_share_the_models_weights_and_keep_gradients_only():
 def test_a_replica_is_saved_with_the_models_weights(tmp_path):
     """A thread replica's buffer holds gradients only: its checkpoint holds the weights
     (the model's arrays), not that buffer."""
-    with using_engine("fast"):
+    with using_tier("fast"):
         model = lm()
         replicas = ThreadReplicas(model, 2)
         replica = replicas.models[1]
@@ -222,7 +223,7 @@ def test_the_training_steps_loss_gradient_is_written_over_the_logits_in_the_fast
     """The task hands the tier's loss the model's logits: the gradient the model's
     backward receives is the logits' own buffer in the fast tier, its own array in the
     textbook tier."""
-    with using_engine(tier):
+    with using_tier(tier):
         model = lm()
         received = {}
         forward, backward = model.forward, model.backward

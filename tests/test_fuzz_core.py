@@ -26,16 +26,14 @@ from hypothesis import strategies as st
 import npformer
 from npformer import backend, fast, gradcheck, nn, ops
 from npformer.models import (
-    CausalLM,
     CausalLMConfig,
     ClassifierConfig,
     Seq2SeqConfig,
-    Seq2SeqTransformer,
-    TransformerClassifier,
 )
 from npformer.ops.contracts import TokenIdError
+from tests.helpers import tiered
 
-# A behaviour test: it runs in both tiers (npformer.engine), which must behave the same.
+# A behaviour test: it runs in both tiers (tests.helpers.tiered), which must behave the same.
 pytestmark = pytest.mark.usefixtures("tier")
 
 PACKAGE = str(Path(npformer.__file__).resolve().parent)
@@ -261,16 +259,16 @@ def test_masks(xb, data):
 
 # =========================================================================== layers
 LAYERS = {
-    "Linear": lambda d, n: (nn.Linear(d, n), 3),
-    "LayerNorm": lambda d, n: (nn.LayerNorm(d), 3),
-    "Activation": lambda d, n: (nn.Activation("relu"), 3),
-    "Dropout": lambda d, n: (nn.Dropout(0.5), 3),
-    "LearnedPositionalEmbedding": lambda d, n: (nn.LearnedPositionalEmbedding(n, d), 3),
+    "Linear": lambda d, n: (tiered.Linear(d, n), 3),
+    "LayerNorm": lambda d, n: (tiered.LayerNorm(d), 3),
+    "Activation": lambda d, n: (tiered.Activation("relu"), 3),
+    "Dropout": lambda d, n: (tiered.Dropout(0.5), 3),
+    "LearnedPositionalEmbedding": lambda d, n: (tiered.LearnedPositionalEmbedding(n, d), 3),
     "SinusoidalPositionalEncoding": lambda d, n: (nn.SinusoidalPositionalEncoding(n, d), 3),
-    "MultiHeadAttention": lambda d, n: (nn.MultiHeadAttention(d, n), 3),
-    "FeedForward": lambda d, n: (nn.FeedForward(d, n), 3),
-    "EncoderBlock": lambda d, n: (nn.EncoderBlock(d, n, 4), 3),
-    "DecoderBlock": lambda d, n: (nn.DecoderBlock(d, n, 4), 3),
+    "MultiHeadAttention": lambda d, n: (tiered.MultiHeadAttention(d, n), 3),
+    "FeedForward": lambda d, n: (tiered.FeedForward(d, n), 3),
+    "EncoderBlock": lambda d, n: (tiered.EncoderBlock(d, n, 4), 3),
+    "DecoderBlock": lambda d, n: (tiered.DecoderBlock(d, n, 4), 3),
 }
 
 
@@ -315,11 +313,12 @@ def test_layers(xb, tier, name, data):
 def make_model(kind, vocab):
     small = dict(d_model=4, num_heads=2, d_ff=6, dropout=0.0)
     if kind == "classifier":
-        return TransformerClassifier(ClassifierConfig(vocab_size=vocab, num_layers=1,
+        return tiered.TransformerClassifier(ClassifierConfig(vocab_size=vocab, num_layers=1,
                                                       block_size=4, **small))
     if kind == "lm":
-        return CausalLM(CausalLMConfig(vocab_size=vocab, block_size=4, num_layers=1, **small))
-    return Seq2SeqTransformer(Seq2SeqConfig(src_vocab_size=vocab, tgt_vocab_size=vocab + 1,
+        return tiered.CausalLM(CausalLMConfig(vocab_size=vocab, block_size=4, num_layers=1,
+                                              **small))
+    return tiered.Seq2SeqTransformer(Seq2SeqConfig(src_vocab_size=vocab, tgt_vocab_size=vocab + 1,
                                             num_encoder_layers=1, num_decoder_layers=1,
                                             block_size=4, **small))
 
@@ -376,7 +375,7 @@ def test_gradcheck_entry_points(xb, data):
                                                      [x, w], wrt=[0, 1]))
     if exc is None:
         assert result.passed(), str(result)
-    layer = nn.Linear(2, 3)
+    layer = tiered.Linear(2, 3)
     result, exc = attempt(lambda: gradcheck.check_module(layer, [x]))
     if exc is None:
         assert result.passed(), str(result)

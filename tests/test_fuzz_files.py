@@ -22,7 +22,6 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from npformer import optim
 from npformer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from npformer.data import (
     DatasetFormatError,
@@ -34,6 +33,7 @@ from npformer.data import (
 from npformer.data.fra_eng import parse_fra_eng
 
 from .conftest import using_backend
+from .helpers import tiered
 from .test_checkpoint_train import lm
 from .test_data import SHAKESPEARE_TEXT, make_fra_zip, make_imdb_tar
 
@@ -49,7 +49,7 @@ def pristine(tmp_path_factory) -> dict[str, bytes]:
     shakespeare.write_text(SHAKESPEARE_TEXT, encoding="utf-8")
     with using_backend("numpy", "float32"):
         model = lm()
-        checkpoint = save_checkpoint(folder / "model.npz", model, optim.Adam(model.parameters()))
+        checkpoint = save_checkpoint(folder / "model.npz", model, tiered.Adam(model.parameters()))
     return {"imdb": make_imdb_tar(folder / "aclImdb_v1.tar.gz").read_bytes(),
             "fra": make_fra_zip(folder / "fra-eng.zip").read_bytes(),
             "shakespeare": shakespeare.read_bytes(),

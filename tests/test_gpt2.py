@@ -43,7 +43,7 @@ from npformer.interop.gpt2 import PretrainedError, Tokenizer
 from npformer.models import CausalLM
 
 from .conftest import using_backend
-from .helpers import rel_diff, to_host
+from .helpers import rel_diff, tiered, to_host
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing downloads, whatever a test does
 
@@ -147,7 +147,7 @@ def test_logits_loss_and_every_gradient_match_hf(folders, variant, padded):
 
     with using_backend("numpy", "float64"):
         folder = folders[variant]
-        theirs, ours = hf_model(folder), CausalLM.from_pretrained(folder, dtype="float64")
+        theirs, ours = hf_model(folder), tiered.CausalLM.from_pretrained(folder, dtype="float64")
         vocab = ours.config.vocab_size
         rng = np.random.default_rng(1)
         prompts = [rng.integers(1, vocab, n).tolist() for n in (12, 7, 10)] if padded else \
@@ -185,7 +185,7 @@ def test_logits_loss_and_every_gradient_match_hf(folders, variant, padded):
 def test_float32_logits_within_float32_rounding(folders):
     with using_backend("numpy", "float32"):
         folder = folders["gpt2"]
-        theirs, ours = hf_model(folder, "float32"), CausalLM.from_pretrained(folder)
+        theirs, ours = hf_model(folder, "float32"), tiered.CausalLM.from_pretrained(folder)
         assert ours.embed.tokens.weight.data.dtype == np.float32
         ids = np.random.default_rng(2).integers(0, ours.config.vocab_size, (2, 16))
         import torch
@@ -199,7 +199,7 @@ def test_float32_logits_within_float32_rounding(folders):
 # --------------------------------------------------------------------------- padding
 def test_a_left_padded_batch_gives_each_row_its_own_logits(folders):
     with using_backend("numpy", "float64"):
-        model = CausalLM.from_pretrained(folders["gpt2"], dtype="float64")
+        model = tiered.CausalLM.from_pretrained(folders["gpt2"], dtype="float64")
         rng = np.random.default_rng(3)
         prompts = [rng.integers(1, 50, n).tolist() for n in (9, 1, 5)]
         ids, mask = left_padded(prompts + [[]])  # and a row of padding only
@@ -213,7 +213,7 @@ def test_a_left_padded_batch_gives_each_row_its_own_logits(folders):
 
 def test_the_kv_cache_with_a_padded_batch_gives_the_full_forward(folders):
     with using_backend("numpy", "float64"):
-        model = CausalLM.from_pretrained(folders["gpt2"], dtype="float64")
+        model = tiered.CausalLM.from_pretrained(folders["gpt2"], dtype="float64")
         rng = np.random.default_rng(4)
         ids, mask = left_padded([rng.integers(1, 50, n).tolist() for n in (10, 4, 7)])
         model.eval()
@@ -235,7 +235,7 @@ def test_batched_greedy_generation_equals_hf_generate(folders, variant):
 
     with using_backend("numpy", "float64"):
         folder = folders[variant]
-        theirs, ours = hf_model(folder), CausalLM.from_pretrained(folder, dtype="float64")
+        theirs, ours = hf_model(folder), tiered.CausalLM.from_pretrained(folder, dtype="float64")
         rng = np.random.default_rng(5)
         prompts = [rng.integers(1, ours.config.vocab_size, n).tolist() for n in (6, 2, 9, 1)]
         ids, mask = left_padded(prompts)
@@ -271,7 +271,7 @@ def test_on_the_strict_namespace_as_on_numpy(folders):
     results = {}
     for name in ("numpy", "strict"):
         with using_backend(name, "float64"):
-            model = CausalLM.from_pretrained(folders["gpt2"])
+            model = tiered.CausalLM.from_pretrained(folders["gpt2"])
             with no_grad():
                 logits = to_host(model(backend.asarray(ids), backend.asarray(mask)))
             results[name] = logits, generate(model, prompts, 6, greedy=True)
@@ -350,8 +350,8 @@ def test_the_hubs_original_layout_loads(folders, tmp_path):
         (folder / "config.json").write_text(json.dumps(config))
         ids = np.random.default_rng(7).integers(0, 50, (1, 8))
         with no_grad():
-            expected = CausalLM.from_pretrained(source, dtype="float64")(ids)
-            assert rel_diff(CausalLM.from_pretrained(folder, dtype="float64")(ids),
+            expected = tiered.CausalLM.from_pretrained(source, dtype="float64")(ids)
+            assert rel_diff(tiered.CausalLM.from_pretrained(folder, dtype="float64")(ids),
                             expected) == 0.0
 
 
@@ -366,7 +366,7 @@ def test_a_hub_name_is_downloaded_with_huggingface_hub(folders, monkeypatch):
         return str(folders["gpt2"])
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fetched)
-    model = CausalLM.from_pretrained("someone/tiny-gpt2")
+    model = tiered.CausalLM.from_pretrained("someone/tiny-gpt2")
     assert asked[0][0] == "someone/tiny-gpt2" and "model.safetensors" in asked[0][1]
     assert model.config.num_layers == 2
 
@@ -375,7 +375,7 @@ def test_a_hub_name_is_downloaded_with_huggingface_hub(folders, monkeypatch):
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
     with pytest.raises(PretrainedError, match="could not download 'gpt2'.*without the network"):
-        CausalLM.from_pretrained("gpt2")
+        tiered.CausalLM.from_pretrained("gpt2")
 
 
 # --------------------------------------------------------------------------- bad input
@@ -398,7 +398,7 @@ def copy_folder(source: Path, target: Path, drop: str | None = None, config=None
 def test_a_folder_missing_a_file_is_refused_naming_it(folders, tmp_path, drop, match):
     folder = copy_folder(folders["gpt2"], tmp_path / "f", drop=drop)
     with pytest.raises(PretrainedError, match=match):
-        CausalLM.from_pretrained(folder)
+        tiered.CausalLM.from_pretrained(folder)
 
 
 def test_pickled_weights_are_named_and_not_read(folders, tmp_path):
@@ -406,7 +406,7 @@ def test_pickled_weights_are_named_and_not_read(folders, tmp_path):
     (folder / "pytorch_model.bin").write_bytes(b"not read")
     with pytest.raises(PretrainedError, match="holds pytorch_model.bin, which npformer does "
                                               "not read"):
-        CausalLM.from_pretrained(folder)
+        tiered.CausalLM.from_pretrained(folder)
 
 
 def test_a_missing_tokenizer_and_a_missing_folder_are_refused(folders, tmp_path):
@@ -414,7 +414,7 @@ def test_a_missing_tokenizer_and_a_missing_folder_are_refused(folders, tmp_path)
     with pytest.raises(PretrainedError, match="has no tokenizer.json"):
         gpt2.load(CausalLM, folder)
     with pytest.raises(FileNotFoundError, match="no folder at ./nowhere"):
-        CausalLM.from_pretrained("./nowhere")
+        tiered.CausalLM.from_pretrained("./nowhere")
 
 
 @pytest.mark.parametrize("config,match", [
@@ -433,7 +433,7 @@ def test_a_config_npformer_cannot_compute_is_refused_naming_it(folders, tmp_path
                                                                match):
     folder = copy_folder(folders["gpt2"], tmp_path / "f", config=config)
     with pytest.raises(PretrainedError, match=match):
-        CausalLM.from_pretrained(folder)
+        tiered.CausalLM.from_pretrained(folder)
 
 
 def test_weights_that_do_not_fit_are_refused_naming_them(folders, tmp_path):
@@ -446,7 +446,7 @@ def test_weights_that_do_not_fit_are_refused_naming_them(folders, tmp_path):
     save_file(state, str(folder / "model.safetensors"))
     with pytest.raises(PretrainedError, match=r"missing \['transformer.h.1.mlp.c_fc.bias'\] "
                                               r"\| unexpected \['transformer.h.0.extra'\]"):
-        CausalLM.from_pretrained(folder)
+        tiered.CausalLM.from_pretrained(folder)
 
 
 def test_a_tokenizer_whose_vocabulary_is_not_the_models_is_refused(folders, tmp_path):
@@ -459,7 +459,7 @@ def test_a_tokenizer_whose_vocabulary_is_not_the_models_is_refused(folders, tmp_
 
 def test_a_prompt_longer_than_the_context_is_refused_naming_it(folders):
     with using_backend("numpy", "float32"):
-        model = CausalLM.from_pretrained(folders["gpt2"])
+        model = tiered.CausalLM.from_pretrained(folders["gpt2"])
         ids = np.ones((1, 25), dtype=np.int64)  # n_positions 24
         with pytest.raises(ValueError, match="length 25 is longer than block_size 24"):
             model(ids)
@@ -476,7 +476,7 @@ def test_a_prompt_longer_than_the_context_is_refused_naming_it(folders):
 def test_a_model_gpt2s_format_cannot_hold_is_refused(tmp_path):
     from npformer.models import CausalLMConfig
 
-    model = CausalLM(CausalLMConfig(vocab_size=7, d_model=8, num_heads=2, num_layers=1,
+    model = tiered.CausalLM(CausalLMConfig(vocab_size=7, d_model=8, num_heads=2, num_layers=1,
                                     d_ff=8, positional="sinusoidal", kqnorm=True))
     with pytest.raises(PretrainedError, match="cannot hold a model with sinusoidal "
                                               "positions, kqnorm"):

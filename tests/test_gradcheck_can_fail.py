@@ -25,7 +25,7 @@ from npformer import backend, nn, ops
 from npformer.gradcheck import check_module, check_op
 from npformer.nn.attention import merge_heads, split_heads
 
-from .helpers import GRADCHECK_TOL
+from .helpers import GRADCHECK_TOL, tiered
 
 CAUGHT = 1e-2
 seeds = st.integers(0, 2**32 - 1)
@@ -220,7 +220,7 @@ def test_check_module_catches_a_broken_layer(xb, on_device, seed, b, t, d_in, d_
     rng = np.random.default_rng(seed)
     x = randn(rng, (b, t, d_in), on_device)
     backend.seed(seed)
-    good = check_module(nn.Linear(d_in, d_out), [x])
+    good = check_module(tiered.Linear(d_in, d_out), [x])
     assert good.worst_error < GRADCHECK_TOL, str(good)
     assert set(good.errors) == {"input0", "weight", "bias"}
     backend.seed(seed)

@@ -20,17 +20,15 @@ import pytest
 from npformer import backend
 from npformer.gpu.cuda_graph import StepGraphs, graph_safe, unsupported
 from npformer.models import (
-    CausalLM,
     CausalLMConfig,
     ClassifierConfig,
     Seq2SeqConfig,
-    Seq2SeqTransformer,
-    TransformerClassifier,
 )
 from npformer.ops.contracts import TokenIdError, run_trusted
-from npformer.optim import SGD, Adam, AdamW, warmup_cosine
+from npformer.optim import SGD, warmup_cosine
 from npformer.train import TrainConfig, Trainer
 from npformer.train.tasks import Classification, LanguageModeling, Translation
+from tests.helpers import tiered
 
 from .conftest import GPU, using_backend
 
@@ -42,14 +40,15 @@ def make_run(kind: str, dropout: float = 0.0, seed: int = 0):
     """(model, AdamW with a schedule and decay, task, host batches) of a small model."""
     backend.seed(seed)
     if kind == "lm":
-        model = CausalLM(CausalLMConfig(vocab_size=VOCAB, d_model=8, num_heads=2, num_layers=2,
-                                        d_ff=16, block_size=8, dropout=dropout))
+        model = tiered.CausalLM(CausalLMConfig(vocab_size=VOCAB, d_model=8, num_heads=2,
+                                               num_layers=2, d_ff=16, block_size=8,
+                                               dropout=dropout))
         rng = np.random.default_rng(1)
         tokens = [rng.integers(0, VOCAB, size=(3, 9)) for _ in range(UPDATES + 2)]
         batches = [(t[:, :-1], t[:, 1:]) for t in tokens]
         task = LanguageModeling()
     elif kind == "translation":
-        model = Seq2SeqTransformer(Seq2SeqConfig(
+        model = tiered.Seq2SeqTransformer(Seq2SeqConfig(
             src_vocab_size=VOCAB, tgt_vocab_size=VOCAB + 2, d_model=8, num_heads=2,
             num_encoder_layers=1, num_decoder_layers=2, d_ff=16, block_size=8, dropout=dropout))
         rng = np.random.default_rng(3)
@@ -67,7 +66,7 @@ def make_run(kind: str, dropout: float = 0.0, seed: int = 0):
             batches.append((src, src_lens, tgt_in, tgt_out, tgt_lens))
         task = Translation(label_smoothing=0.1)
     else:
-        model = TransformerClassifier(ClassifierConfig(
+        model = tiered.TransformerClassifier(ClassifierConfig(
             vocab_size=VOCAB, num_classes=CLASSES, d_model=8, num_heads=2, num_layers=2,
             d_ff=16, block_size=8, dropout=dropout, bigram_buckets=16))  # as the IMDB demo's
         rng = np.random.default_rng(2)
@@ -78,8 +77,9 @@ def make_run(kind: str, dropout: float = 0.0, seed: int = 0):
             ids[np.arange(7)[None, :] >= lengths[:, None]] = 0  # padding at the end
             batches.append((ids, lengths, rng.integers(0, CLASSES, size=4)))
         task = Classification()
-    optimizer = AdamW(model.parameters(), lr=warmup_cosine(3e-3, warmup=2, total_steps=UPDATES),
-                      weight_decay=0.1)
+    optimizer = tiered.AdamW(model.parameters(),
+                             lr=warmup_cosine(3e-3, warmup=2, total_steps=UPDATES),
+                             weight_decay=0.1)
     return model, optimizer, task, batches
 
 
@@ -224,8 +224,8 @@ def test_what_cannot_be_captured_is_named():
         params = model.parameters()
         assert "cupy backend" in unsupported(optimizer, task)
         assert "SGD" in unsupported(SGD(params, lr=0.1), task, capture=False)
-        assert "L2 decay" in unsupported(Adam(params, weight_decay=0.1), task, capture=False)
-        assert unsupported(Adam(params), task, capture=False) is None
+        assert "L2 decay" in unsupported(tiered.Adam(params, weight_decay=0.1), task, capture=False)
+        assert unsupported(tiered.Adam(params), task, capture=False) is None
         class OwnLoss(LanguageModeling):  # its own loss_and_grad: the graph would skip it
             def loss_and_grad(self, model, batch, grad_scale=1.0):
                 return super().loss_and_grad(model, batch, grad_scale)

@@ -26,7 +26,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from npformer import backend, engine, fast, ops
+from npformer import backend, fast, ops
 from npformer.fast import activations as fast_activations
 from npformer.fast import adamw, compiler
 from npformer.fast import attention as fast_attention
@@ -34,11 +34,11 @@ from npformer.fast import embedding as fast_embedding
 from npformer.fast import layernorm as fast_layernorm
 from npformer.fast import losses as fast_losses
 from npformer.fast.flat import FlatParameters, flat_buffer_of
-from npformer.nn import Linear, Parameter
-from npformer.optim import SGD, Adam, AdamW, clip_grad_norm, global_grad_norm, warmup_cosine
+from npformer.nn import Parameter
+from npformer.optim import SGD, Adam, AdamW, warmup_cosine
 
 from .conftest import using_backend
-from .helpers import rel_diff
+from .helpers import rel_diff, set_tier, tier_under_test, tiered
 from .test_fast_equals_textbook import (
     assert_equal_to_terms,
     assert_layernorm_equal,
@@ -66,11 +66,11 @@ def random_params(rng, shapes, dtype="float64"):
 def trajectory(tier, shapes, seed, steps, optimizer, clip=None, **kw):
     """The parameters after ``steps`` updates on tier ``tier`` (same gradients each tier)."""
     rng = np.random.default_rng(seed)
-    previous = engine.engine_name()
-    engine.set_engine(tier)
+    previous = tier_under_test()
+    set_tier(tier)
     try:
         params = random_params(rng, shapes)
-        opt = optimizer(params, **kw)
+        opt = getattr(tiered, optimizer.__name__)(params, **kw)  # the tier's
         assert (getattr(opt, "_flat", None) is not None) == (tier == "fast"), \
             "the fast tier flattens"
         for _ in range(steps):
@@ -78,11 +78,11 @@ def trajectory(tier, shapes, seed, steps, optimizer, clip=None, **kw):
             for p in params:
                 p.accumulate(rng.standard_normal(p.shape) * 3.0)
             if clip is not None:
-                engine.implementation(clip_grad_norm)(params, clip)  # the tier's
+                tiered.clip_grad_norm(params, clip)  # the tier's
             opt.step()
         return [p.data.copy() for p in params] + [m.copy() for m in opt.state["m"]]
     finally:
-        engine.set_engine(previous)
+        set_tier(previous)
 
 
 def optimizer_equal(shapes, seed, steps=4, optimizer=AdamW, clip=1.0, tol=TOL, **kw):
@@ -113,10 +113,10 @@ def test_flat_adam_equals_the_per_tensor_textbook_update(seed, shapes, decoupled
 def test_flat_float32_update_is_the_per_tensor_update_bit_for_bit():
     """In float32 the kernel rounds each statement as NumPy does: identical numbers."""
     def run(tier):
-        engine.set_engine(tier)
+        set_tier(tier)
         rng = np.random.default_rng(0)
         params = random_params(rng, SHAPES, "float32")
-        opt = AdamW(params, lr=3e-3, weight_decay=0.1)
+        opt = tiered.AdamW(params, lr=3e-3, weight_decay=0.1)
         for _ in range(3):
             for p in params:
                 p.grad = rng.standard_normal(p.shape).astype(np.float32)
@@ -126,7 +126,7 @@ def test_flat_float32_update_is_the_per_tensor_update_bit_for_bit():
         for a, b in zip(run("fast"), run("textbook")):
             np.testing.assert_array_equal(a, b)
     finally:
-        engine.set_engine("fast")
+        set_tier("fast")
 
 
 # =========================================================================== broken kernels
@@ -359,9 +359,9 @@ def test_float32_gelu_kernels_are_float32_accurate():
 
 # =========================================================================== flat buffer
 def flat_model():
-    engine.set_engine("fast")
-    model = Linear(3, 4)
-    opt = AdamW(model.parameters(), lr=1e-2)
+    set_tier("fast")
+    model = tiered.Linear(3, 4)
+    opt = tiered.AdamW(model.parameters(), lr=1e-2)
     return model, opt
 
 
@@ -415,24 +415,24 @@ def test_clipping_on_the_flat_buffer_equals_the_per_tensor_norm():
         p.accumulate(rng.standard_normal(p.shape).astype(p.data.dtype))
     per_tensor = float(np.sqrt(sum(np.sum(p.grad.astype(np.float64)**2)
                                    for p in model.parameters())))  # float64 sums
-    assert abs(global_grad_norm(model.parameters()) - per_tensor) <= 1e-12 * per_tensor
+    assert abs(tiered.global_grad_norm(model.parameters()) - per_tensor) <= 1e-12 * per_tensor
     before = [p.grad.copy() for p in model.parameters()]
-    total = clip_grad_norm(model.named_parameters(), 0.1)
+    total = tiered.clip_grad_norm(model.named_parameters(), 0.1)
     for b, p in zip(before, model.parameters()):  # each gradient scaled, in place
         np.testing.assert_array_equal(p.grad, b * (0.1 / (total + 1e-6)))
 
 
 def test_what_cannot_be_flat_stays_per_tensor():
-    engine.set_engine("fast")
+    set_tier("fast")
     mixed = [Parameter(np.ones(2)), Parameter(np.ones(2, dtype=np.float32))]
-    assert AdamW(mixed)._flat is None
-    assert Adam([Parameter(np.ones(2))], weight_decay=0.1)._flat is None  # L2 decay
+    assert tiered.AdamW(mixed)._flat is None
+    assert tiered.Adam([Parameter(np.ones(2))], weight_decay=0.1)._flat is None  # L2 decay
     assert getattr(SGD([Parameter(np.ones(2))], lr=0.1), "_flat", None) is None
-    engine.set_engine("textbook")
+    set_tier("textbook")
     try:
-        assert getattr(AdamW([Parameter(np.ones(2))]), "_flat", None) is None
+        assert getattr(tiered.AdamW([Parameter(np.ones(2))]), "_flat", None) is None
     finally:
-        engine.set_engine("fast")
+        set_tier("fast")
 
 
 # =========================================================================== without numba
@@ -602,7 +602,7 @@ def test_thread_replicas_sum_into_the_flat_buffer_as_per_tensor(replicas):
         model.zero_grad()
         task.loss_and_grad(model, batch, 1.0)
         expected = [p.grad.copy() for p in model.parameters()]
-        opt = AdamW(model.parameters())
+        opt = tiered.AdamW(model.parameters())
         opt.zero_grad()
         parallel = DataParallel(model, replicas)
         for _ in range(2):  # the second step reuses the replicas' buffers

@@ -35,7 +35,7 @@ from npformer import backend, nn
 from npformer.gradcheck import check_module
 from npformer.ops import causal_mask, padding_mask
 
-from .helpers import GRADCHECK_TOL
+from .helpers import GRADCHECK_TOL, tiered
 
 SEEDS = st.integers(0, 2**32 - 1)
 MASK_KINDS = ["none", "padding", "causal", "causal_padding", "random", "fully_masked"]
@@ -177,7 +177,7 @@ def build_mask(kind: str, case: dict, heads: int, t: int, s: int, rng):
        d_in=st.integers(1, 5), d_out=st.integers(1, 5), bias=st.booleans(), seed=SEEDS)
 def test_linear(xb, lead, d_in, d_out, bias, seed):
     rng = np.random.default_rng(seed)
-    layer = nn.Linear(d_in, d_out, bias=bias)
+    layer = tiered.Linear(d_in, d_out, bias=bias)
     randomize(layer, rng)
     x = arr(rng.standard_normal((*lead, d_in)))
     result = check(layer, [x], seed=seed)
@@ -187,7 +187,7 @@ def test_linear(xb, lead, d_in, d_out, bias, seed):
 @given(batch=st.integers(1, 2), t=st.integers(1, 3), width=st.integers(1, 6), seed=SEEDS)
 def test_layernorm(xb, batch, t, width, seed):
     rng = np.random.default_rng(seed)
-    layer = nn.LayerNorm(width)
+    layer = tiered.LayerNorm(width)
     randomize(layer, rng)
     x = arr(rng.standard_normal((batch, t, width)) * rng.uniform(0.5, 3.0) + rng.normal())
     result = check(layer, [x], seed=seed)
@@ -198,7 +198,7 @@ def test_layernorm(xb, batch, t, width, seed):
        vocab=st.integers(1, 5), width=st.integers(1, 4), seed=SEEDS)
 def test_embedding(xb, id_shape, vocab, width, seed):
     rng = np.random.default_rng(seed)
-    layer = nn.Embedding(vocab, width)
+    layer = tiered.Embedding(vocab, width)
     randomize(layer, rng)
     ids = arr(rng.integers(0, vocab, size=id_shape), "int64")  # repeats when vocab is small
     result = check(layer, [ids], wrt_inputs=[], seed=seed)
@@ -209,7 +209,7 @@ def test_embedding(xb, id_shape, vocab, width, seed):
        width=st.integers(1, 4), seed=SEEDS)
 def test_learned_positions(xb, batch, t, extra, width, seed):
     rng = np.random.default_rng(seed)
-    layer = nn.LearnedPositionalEmbedding(t + extra, width)  # unused rows get zero gradient
+    layer = tiered.LearnedPositionalEmbedding(t + extra, width)  # unused rows get zero gradient
     randomize(layer, rng)
     x = arr(rng.standard_normal((batch, t, width)))
     result = check(layer, [x], seed=seed)
@@ -230,7 +230,7 @@ def test_sinusoidal_positions(xb, batch, t, extra, width, seed):
        p=st.floats(0.1, 0.8), seed=SEEDS)
 def test_dropout_training(xb, shape, p, seed):
     rng = np.random.default_rng(seed)
-    dropout = nn.Dropout(p)
+    dropout = tiered.Dropout(p)
     layer = Reseeded(dropout)
     x = arr(rng.standard_normal(shape))
     y = layer(x)
@@ -243,7 +243,7 @@ def test_dropout_training(xb, shape, p, seed):
 @given(shape=st.lists(st.integers(1, 4), min_size=1, max_size=3), seed=SEEDS)
 def test_dropout_eval_is_identity(xb, shape, seed):
     rng = np.random.default_rng(seed)
-    layer = nn.Dropout(0.5).eval()
+    layer = tiered.Dropout(0.5).eval()
     x = arr(rng.standard_normal(shape))
     assert np.array_equal(backend.to_numpy(layer(x)), backend.to_numpy(x))
     check(layer, [x], seed=seed)
@@ -253,7 +253,7 @@ def test_dropout_eval_is_identity(xb, shape, seed):
 @given(shape=st.lists(st.integers(1, 4), min_size=1, max_size=3), seed=SEEDS)
 def test_activation(xb, name, shape, seed):
     rng = np.random.default_rng(seed)
-    layer = nn.Activation(name)
+    layer = tiered.Activation(name)
     # |x| <= 3: further out GELU's slope vanishes (~1e-7 at -5) and its forward loses
     # the digits (1 + tanh u cancels) that central differences would need
     x = rng.uniform(-3.0, 3.0, size=shape)
@@ -278,7 +278,7 @@ def test_multi_head_attention(xb, mask_kind, layout, cross, data):
     d_model, heads, head_dim = LAYOUTS[layout]
     case = data.draw(attention_case(mask_kind, cross), label="case")
     rng = np.random.default_rng(case["seed"])
-    layer = nn.MultiHeadAttention(d_model, heads, head_dim)
+    layer = tiered.MultiHeadAttention(d_model, heads, head_dim)
     assert layer.head_dim == (d_model // heads if head_dim is None else head_dim)
     randomize(layer, rng)
     batch, t, s = case["batch"], case["t"], case["s"]
@@ -301,7 +301,7 @@ def test_attention_fully_masked_rows_are_zero_and_finite(xb, cross):
     """A query row with no allowed key gets exactly the output projection's bias,
     and receives exactly zero input gradient through the attention."""
     rng = np.random.default_rng(3)
-    layer = nn.MultiHeadAttention(4, 2)
+    layer = tiered.MultiHeadAttention(4, 2)
     randomize(layer, rng)
     x = arr(rng.standard_normal((2, 3, 4)))
     memory = arr(rng.standard_normal((2, 3, 4))) if cross else None
@@ -330,7 +330,7 @@ def test_attention_fully_masked_rows_are_zero_and_finite(xb, cross):
        d_ff=st.integers(1, 8), dropout=st.sampled_from([0.0, 0.4]), seed=SEEDS)
 def test_feed_forward(xb, activation, batch, t, d_model, d_ff, dropout, seed):
     rng = np.random.default_rng(seed)
-    ffn = nn.FeedForward(d_model, d_ff, activation, dropout)
+    ffn = tiered.FeedForward(d_model, d_ff, activation, dropout)
     randomize(ffn, rng)
     recorder = use_recording_relu(ffn)
     layer = Reseeded(ffn)
@@ -369,7 +369,7 @@ def test_encoder_block(xb, mask_kind, norm_first, data):
     d_model, heads, head_dim, d_ff, activation = _block_dims(data, layout)
     case = data.draw(attention_case(mask_kind, cross=False), label="case")
     rng = np.random.default_rng(case["seed"])
-    block = nn.EncoderBlock(d_model, heads, d_ff, dropout=0.0, activation=activation,
+    block = tiered.EncoderBlock(d_model, heads, d_ff, dropout=0.0, activation=activation,
                             norm_first=norm_first, head_dim=head_dim)
     randomize(block, rng)
     recorder = use_recording_relu(block.ffn)
@@ -392,7 +392,7 @@ def test_decoder_block(xb, mask_kind, norm_first, data):
     # self-attention masks on (T, T); the memory mask of the same kind on (T, S)
     case = data.draw(attention_case(mask_kind, cross=True), label="case")
     rng = np.random.default_rng(case["seed"])
-    block = nn.DecoderBlock(d_model, heads, d_ff, dropout=0.0, activation=activation,
+    block = tiered.DecoderBlock(d_model, heads, d_ff, dropout=0.0, activation=activation,
                             norm_first=norm_first, head_dim=head_dim)
     randomize(block, rng)
     recorder = use_recording_relu(block.ffn)

@@ -35,7 +35,7 @@ import functools
 import numpy as np
 import pytest
 
-from npformer import backend, nn
+from npformer import backend
 from npformer.interop.pytorch import to_torch_state_dict
 from npformer.ops import causal_mask, padding_mask
 
@@ -44,16 +44,17 @@ from .helpers import (
     PARITY_RTOL,
     assert_close,
     load_from_torch,
+    tiered,
     to_torch,
     torch_device,
-    using_engine,
+    using_tier,
 )
 
 
 @pytest.fixture(autouse=True, params=["fast", "textbook"])
 def each_tier(request):
-    """Every test of this file runs in both tiers (npformer.engine), then restores it."""
-    with using_engine(request.param):
+    """Every test of this file runs in both tiers (tests.helpers.tiered), then restores it."""
+    with using_tier(request.param):
         yield request.param
 
 B, T, S, D, H, F, V = 2, 5, 4, 8, 2, 12, 7
@@ -178,7 +179,7 @@ def torch_mask(torch, array):
 @pytest.mark.parametrize("bias", [True, False])
 def test_linear(torch, dtype, bias):
     tm = prepare_torch(torch, torch.nn.Linear(5, 4, bias=bias), dtype)
-    layer = nn.Linear(5, 4, bias=bias)
+    layer = tiered.Linear(5, 4, bias=bias)
     load_from_torch(layer, tm)
     x = host(np.random.default_rng(0), (B, 3, 5), dtype)
     run_both(torch, tm, tm, layer, layer, [x], dtype)
@@ -186,7 +187,7 @@ def test_linear(torch, dtype, bias):
 
 def test_layernorm(torch, dtype):
     tm = prepare_torch(torch, torch.nn.LayerNorm(D), dtype)
-    layer = nn.LayerNorm(D)
+    layer = tiered.LayerNorm(D)
     load_from_torch(layer, tm)
     x = host(np.random.default_rng(0), (B, T, D), dtype, scale=3.0) + 1.5
     run_both(torch, tm, tm, layer, layer, [x], dtype)
@@ -194,7 +195,7 @@ def test_layernorm(torch, dtype):
 
 def test_embedding(torch, dtype):
     tm = prepare_torch(torch, torch.nn.Embedding(V, D), dtype)
-    layer = nn.Embedding(V, D)
+    layer = tiered.Embedding(V, D)
     load_from_torch(layer, tm)
     ids = np.array([[0, 3, 3, 6, 1], [3, 3, 3, 2, 0]])  # repeated ids accumulate
     run_both(torch, tm, tm, layer, layer, [ids], dtype)
@@ -203,7 +204,7 @@ def test_embedding(torch, dtype):
 def test_learned_positions(torch, dtype):
     """LearnedPositionalEmbedding is x + torch.nn.Embedding(block_size, D)(arange(T))."""
     tm = prepare_torch(torch, torch.nn.Embedding(T + 2, D), dtype)
-    layer = nn.LearnedPositionalEmbedding(T + 2, D)
+    layer = tiered.LearnedPositionalEmbedding(T + 2, D)
     load_from_torch(layer, tm)
     x = host(np.random.default_rng(0), (B, T, D), dtype)
     run_both(torch, tm, lambda x: x + tm(torch.arange(T, device=torch_device()))[None],
@@ -217,7 +218,7 @@ def test_learned_positions(torch, dtype):
 def test_multi_head_attention(torch, dtype, cross, mask_kind):
     rng = np.random.default_rng(7)
     tm = prepare_torch(torch, torch.nn.MultiheadAttention(D, H, batch_first=True), dtype)
-    layer = nn.MultiHeadAttention(D, H)
+    layer = tiered.MultiHeadAttention(D, H)
     load_from_torch(layer, tm)
     s = S + 1 if cross else T  # cross: more keys than queries (causal shifts)
     ours, attn_mask, kpm = masks_for(mask_kind, T, s, [3, 1], rng)
@@ -238,7 +239,7 @@ def test_multi_head_attention_more_heads(torch, dtype):
     """4 heads of width 2: head h is column block h of the fused projection."""
     rng = np.random.default_rng(8)
     tm = prepare_torch(torch, torch.nn.MultiheadAttention(D, 4, batch_first=True), dtype)
-    layer = nn.MultiHeadAttention(D, 4)
+    layer = tiered.MultiHeadAttention(D, 4)
     load_from_torch(layer, tm)
     x = host(rng, (B, T, D), dtype)
     run_both(torch, tm, lambda q: tm(q, q, q)[0], layer, layer, [x], dtype)
@@ -259,7 +260,7 @@ def test_encoder_layer(torch, dtype, norm_first, activation, mask_kind):
     tm = prepare_torch(torch, torch.nn.TransformerEncoderLayer(
         D, H, F, dropout=0.0, activation=torch_activation(torch, activation),
         batch_first=True, norm_first=norm_first), dtype)
-    block = nn.EncoderBlock(D, H, F, dropout=0.0, activation=activation,
+    block = tiered.EncoderBlock(D, H, F, dropout=0.0, activation=activation,
                             norm_first=norm_first)
     load_from_torch(block, tm)
     ours, attn_mask, kpm = masks_for(mask_kind, T, T, TGT_LENS, rng)
@@ -277,7 +278,7 @@ def test_decoder_layer(torch, dtype, norm_first, activation, masks):
     tm = prepare_torch(torch, torch.nn.TransformerDecoderLayer(
         D, H, F, dropout=0.0, activation=torch_activation(torch, activation),
         batch_first=True, norm_first=norm_first), dtype)
-    block = nn.DecoderBlock(D, H, F, dropout=0.0, activation=activation,
+    block = tiered.DecoderBlock(D, H, F, dropout=0.0, activation=activation,
                             norm_first=norm_first)
     load_from_torch(block, tm)
     if masks == "none":
@@ -302,7 +303,7 @@ def test_decoder_layer_memory_attn_mask(torch, dtype):
     rng = np.random.default_rng(13)
     tm = prepare_torch(torch, torch.nn.TransformerDecoderLayer(
         D, H, F, dropout=0.0, batch_first=True), dtype)
-    block = nn.DecoderBlock(D, H, F, dropout=0.0)
+    block = tiered.DecoderBlock(D, H, F, dropout=0.0)
     load_from_torch(block, tm)
     keep = rng.random((T, S)) < 0.5
     keep[:, 0] = True  # never a fully masked row
@@ -338,26 +339,28 @@ def _export_pair(torch, kind):
     act = "gelu_tanh" if kind.endswith("gelu_tanh") else "gelu" if kind.endswith("gelu") else "relu"
     norm_first = "_pre" in kind
     if kind == "linear":
-        return nn.Linear(D, 3), torch.nn.Linear(D, 3), None, None, [x]
+        return tiered.Linear(D, 3), torch.nn.Linear(D, 3), None, None, [x]
     if kind == "layernorm":
-        return nn.LayerNorm(D), torch.nn.LayerNorm(D), None, None, [x]
+        return tiered.LayerNorm(D), torch.nn.LayerNorm(D), None, None, [x]
     if kind == "embedding":
-        return nn.Embedding(V, D), torch.nn.Embedding(V, D), None, None, [
+        return tiered.Embedding(V, D), torch.nn.Embedding(V, D), None, None, [
             rng.integers(0, V, size=(B, T))]
     if kind == "mha_self":
         ours, am, kp = masks_for("causal_padding", T, T, TGT_LENS, rng)
-        return (nn.MultiHeadAttention(D, H), torch.nn.MultiheadAttention(D, H, batch_first=True),
+        return (tiered.MultiHeadAttention(D, H),
+                torch.nn.MultiheadAttention(D, H, batch_first=True),
                 lambda tm, q: tm(q, q, q, attn_mask=torch_mask(torch, am),
                                  key_padding_mask=torch_mask(torch, kp))[0],
                 lambda layer, q: layer(q, mask=ours), [x])
     if kind == "mha_cross":
         ours, _, kp = masks_for("padding", T, S, SRC_LENS, rng)
-        return (nn.MultiHeadAttention(D, H), torch.nn.MultiheadAttention(D, H, batch_first=True),
+        return (tiered.MultiHeadAttention(D, H),
+                torch.nn.MultiheadAttention(D, H, batch_first=True),
                 lambda tm, q, m: tm(q, m, m, key_padding_mask=torch_mask(torch, kp))[0],
                 lambda layer, q, m: layer(q, m, mask=ours), [x, memory])
     if kind.startswith("encoder"):
         ours, am, kp = masks_for("causal_padding", T, T, TGT_LENS, rng)
-        return (nn.EncoderBlock(D, H, F, dropout=0.0, activation=act, norm_first=norm_first),
+        return (tiered.EncoderBlock(D, H, F, dropout=0.0, activation=act, norm_first=norm_first),
                 torch.nn.TransformerEncoderLayer(D, H, F, dropout=0.0,
                                                  activation=torch_activation(torch, act),
                                                  batch_first=True, norm_first=norm_first),
@@ -367,7 +370,7 @@ def _export_pair(torch, kind):
     if kind.startswith("decoder"):
         self_mask, am, tkp = masks_for("causal_padding", T, T, TGT_LENS, rng)
         mem_mask, _, mkp = masks_for("padding", T, S, SRC_LENS, rng)
-        return (nn.DecoderBlock(D, H, F, dropout=0.0, activation=act, norm_first=norm_first),
+        return (tiered.DecoderBlock(D, H, F, dropout=0.0, activation=act, norm_first=norm_first),
                 torch.nn.TransformerDecoderLayer(D, H, F, dropout=0.0,
                                                  activation=torch_activation(torch, act),
                                                  batch_first=True, norm_first=norm_first),

@@ -26,27 +26,23 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from npformer import backend, engine, fast, ops
+from npformer import backend, fast, ops
 from npformer.fast import layers as fast_layers
 from npformer.gradcheck import check_module
 from npformer.models import (
-    CausalLM,
     CausalLMConfig,
     ClassifierConfig,
     Seq2SeqConfig,
-    Seq2SeqTransformer,
-    TransformerClassifier,
 )
-from npformer.nn import DecoderBlock, EncoderBlock
 
 from .conftest import using_backend
-from .helpers import GRADCHECK_TOL, using_engine
+from .helpers import GRADCHECK_TOL, tiered, using_tier
 
 
 @pytest.fixture(autouse=True, params=["fast", "textbook"])
 def each_tier(request):
-    """Every test of this file runs in both tiers (npformer.engine), then restores it."""
-    with using_engine(request.param):
+    """Every test of this file runs in both tiers (tests.helpers.tiered), then restores it."""
+    with using_tier(request.param):
         yield request.param
 
 PAD = 0
@@ -101,7 +97,7 @@ def make_classifier(pooling, norm_first, positional, activation, num_layers, see
                            activation=activation, norm_first=norm_first,
                            positional=positional, pooling=pooling, pad_id=PAD,
                            bigram_buckets=bigram_buckets)
-    model = TransformerClassifier(cfg)
+    model = tiered.TransformerClassifier(cfg)
     randomize(model, seed)
     return model
 
@@ -146,7 +142,7 @@ def make_lm(tie, norm_first, positional, num_layers, seed=0):
     cfg = CausalLMConfig(vocab_size=6, block_size=4, d_model=4, num_heads=2,
                          num_layers=num_layers, d_ff=6, dropout=0.0, activation="gelu",
                          norm_first=norm_first, positional=positional, tie_weights=tie)
-    model = CausalLM(cfg)
+    model = tiered.CausalLM(cfg)
     randomize(model, seed)
     return model
 
@@ -176,7 +172,7 @@ def make_seq2seq(norm_first, positional, n_enc, n_dec, seed=0, tie=False):
                         num_encoder_layers=n_enc, num_decoder_layers=n_dec, d_ff=5,
                         block_size=5, dropout=0.0, activation="gelu", norm_first=norm_first,
                         positional=positional, tie_weights=tie, pad_id=PAD, bos_id=2, eos_id=3)
-    model = Seq2SeqTransformer(cfg)
+    model = tiered.Seq2SeqTransformer(cfg)
     randomize(model, seed)
     return model
 
@@ -275,7 +271,7 @@ def test_gradcheck_catches_missing_tied_gradient(monkeypatch):
 
 def test_gradcheck_catches_lost_memory_gradient(monkeypatch):
     """seq2seq: a decoder block that halves the gradient of the encoder memory must fail."""
-    block_class = engine.implementation(DecoderBlock)  # the tier's
+    block_class = tiered.DecoderBlock  # the tier's
     original = block_class.backward
 
     def halved(self, dy):
@@ -293,7 +289,7 @@ def test_gradcheck_catches_lost_memory_gradient(monkeypatch):
 
 
 def test_gradcheck_catches_wrong_block_backward(monkeypatch):
-    block_class = engine.implementation(EncoderBlock)  # the tier's
+    block_class = tiered.EncoderBlock  # the tier's
     monkeypatch.setattr(block_class, "backward", _scaled(block_class.backward, 0.99))
     with using_backend("numpy"):
         model = make_lm(False, False, "learned", 2)

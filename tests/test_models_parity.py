@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from npformer import backend, engine, ops, optim
+from npformer import backend, ops
 from npformer.fast import layernorm as fast_layernorm
 from npformer.interop.pytorch import to_torch_state_dict
 from npformer.interop.torch_reference import torch_models  # the PyTorch references (bench/ too)
@@ -42,13 +42,21 @@ from npformer.models import (
 from npformer.train.tasks import Classification, LanguageModeling, Translation
 
 from .conftest import require_torch, using_backend
-from .helpers import load_from_torch, rel_diff, to_torch, torch_device, using_engine
+from .helpers import (
+    load_from_torch,
+    rel_diff,
+    tier_under_test,
+    tiered,
+    to_torch,
+    torch_device,
+    using_tier,
+)
 
 
 @pytest.fixture(autouse=True, params=["fast", "textbook"])
 def each_tier(request):
-    """Every test of this file runs in both tiers (npformer.engine), then restores it."""
-    with using_engine(request.param):
+    """Every test of this file runs in both tiers (tests.helpers.tiered), then restores it."""
+    with using_tier(request.param):
         yield request.param
 
 RTOL = {"float64": 1e-9, "float32": 1e-4}
@@ -120,6 +128,10 @@ class Kind:
     def __init__(self, kind, model_cls, batch_fn, task):
         self.kind, self.model_cls, self.batch_fn, self.task = kind, model_cls, batch_fn, task
 
+    def build(self, config):
+        """The model of the tier under test (``tiered``)."""
+        return getattr(tiered, self.model_cls.__name__)(config)
+
     def torch_loss(self, torch, ref, batch):
         F = torch.nn.functional
         t = [to_torch(torch, a) for a in batch]
@@ -180,7 +192,7 @@ def build_pair(kind: str, config, dtype: str, seed: int = 0):
                 p.add_(0.3 * torch.randn_like(p))
         assert all(bool(p.any()) for p in ref.parameters())
     ref = ref.to(torch_device())
-    model = KINDS[kind].model_cls(config)
+    model = KINDS[kind].build(config)
     load_from_torch(model, ref)
     return model, ref
 
@@ -261,7 +273,7 @@ def test_forward_backward_parity(case, dtype, parity_backend, torch):
 def test_parity_harness_detects_a_wrong_gradient(parity_backend, torch, monkeypatch):
     """The comparison above is sharp: layer norm's backward off by 1e-6 is caught."""
     # the op the tier's LayerNorm calls: npformer.ops's, or the fast tier's own module's
-    tier = fast_layernorm if engine.engine_name() == "fast" else ops
+    tier = fast_layernorm if tier_under_test() == "fast" else ops
     original = tier.layernorm_backward
 
     def slightly_wrong(dy, cache):
@@ -308,7 +320,7 @@ def test_adam_trajectory_matches_torch(case, parity_backend, torch):
         model, ref = build_pair(kind, config, "float64", seed=3)
         rng = np.random.default_rng(4)
         fixed = [KINDS[kind].batch_fn(rng, config) for _ in range(3)]
-        opt = optim.Adam(model.parameters(), lr=lr)
+        opt = tiered.Adam(model.parameters(), lr=lr)
         ref_opt = torch.optim.Adam(ref.parameters(), lr=lr)
         ours_losses, theirs_losses = [], []
         for step in range(ADAM_STEPS):

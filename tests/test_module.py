@@ -28,9 +28,9 @@ from npformer.nn.module import grad_enabled, no_grad
 from npformer.ops import causal_mask
 
 from .conftest import using_backend
-from .helpers import assert_close
+from .helpers import assert_close, tiered
 
-# A behaviour test: it runs in both tiers (npformer.engine), which must behave the same.
+# A behaviour test: it runs in both tiers (tests.helpers.tiered), which must behave the same.
 pytestmark = pytest.mark.usefixtures("tier")
 
 D, H, F = 4, 2, 6
@@ -61,16 +61,16 @@ class Stack(nn.Module):
     """A module with a list of children, a private attribute and a plain attribute."""
 
     def __init__(self):
-        self.embed = nn.Embedding(5, D)
-        self.layers = [nn.Linear(D, D), nn.Linear(D, D, bias=False)]
-        self._scratch = nn.Linear(D, D)  # private: not a parameter of the module
+        self.embed = tiered.Embedding(5, D)
+        self.layers = [tiered.Linear(D, D), tiered.Linear(D, D, bias=False)]
+        self._scratch = tiered.Linear(D, D)  # private: not a parameter of the module
         self.width = D
-        self.norm = nn.LayerNorm(D)
+        self.norm = tiered.LayerNorm(D)
 
 
 # =========================================================================== names & counts
 def test_encoder_parameter_names_and_order(xb):
-    block = nn.EncoderBlock(D, H, F)
+    block = tiered.EncoderBlock(D, H, F)
     assert [n for n, _ in block.named_parameters()] == ENCODER_NAMES
     assert list(block.state_dict()) == ENCODER_NAMES
     params = dict(block.named_parameters())
@@ -80,7 +80,7 @@ def test_encoder_parameter_names_and_order(xb):
 
 
 def test_decoder_parameter_names_and_order(xb):
-    block = nn.DecoderBlock(D, H, F)
+    block = tiered.DecoderBlock(D, H, F)
     assert [n for n, _ in block.named_parameters()] == DECODER_NAMES
 
 
@@ -95,13 +95,13 @@ def test_list_children_private_attributes_and_missing_bias(xb):
 
 
 def test_parameter_shapes(xb):
-    block = nn.EncoderBlock(D, H, F)
+    block = tiered.EncoderBlock(D, H, F)
     shapes = {n: p.shape for n, p in block.named_parameters()}
     assert shapes["self_attn.q_proj.weight"] == (D, D)  # (in, out)
     assert shapes["ffn.linear1.weight"] == (D, F)
     assert shapes["ffn.linear2.weight"] == (F, D)
     assert shapes["ffn.linear1.bias"] == (F,)
-    wide = nn.MultiHeadAttention(D, H, head_dim=3)
+    wide = tiered.MultiHeadAttention(D, H, head_dim=3)
     assert wide.q_proj.weight.shape == (D, H * 3) and wide.out_proj.weight.shape == (H * 3, D)
 
 
@@ -109,22 +109,23 @@ def test_parameter_shapes(xb):
 def test_num_parameters_matches_torch(xb, torch, d_model, heads, d_ff):
     enc = torch.nn.TransformerEncoderLayer(d_model, heads, d_ff, batch_first=True)
     dec = torch.nn.TransformerDecoderLayer(d_model, heads, d_ff, batch_first=True)
-    assert nn.EncoderBlock(d_model, heads, d_ff).num_parameters() == sum(
+    assert tiered.EncoderBlock(d_model, heads, d_ff).num_parameters() == sum(
         p.numel() for p in enc.parameters())
-    assert nn.DecoderBlock(d_model, heads, d_ff).num_parameters() == sum(
+    assert tiered.DecoderBlock(d_model, heads, d_ff).num_parameters() == sum(
         p.numel() for p in dec.parameters())
-    assert nn.MultiHeadAttention(d_model, heads).num_parameters() == sum(
+    assert tiered.MultiHeadAttention(d_model, heads).num_parameters() == sum(
         p.numel() for p in torch.nn.MultiheadAttention(d_model, heads).parameters())
 
 
 def test_num_parameters_by_hand(xb):
-    assert nn.Linear(3, 5).num_parameters() == 3 * 5 + 5
-    assert nn.Linear(3, 5, bias=False).num_parameters() == 15
-    assert nn.LayerNorm(7).num_parameters() == 14
-    assert nn.Embedding(11, 3).num_parameters() == 33
+    assert tiered.Linear(3, 5).num_parameters() == 3 * 5 + 5
+    assert tiered.Linear(3, 5, bias=False).num_parameters() == 15
+    assert tiered.LayerNorm(7).num_parameters() == 14
+    assert tiered.Embedding(11, 3).num_parameters() == 33
     assert nn.SinusoidalPositionalEncoding(10, 4).num_parameters() == 0
-    assert nn.Dropout(0.1).num_parameters() == 0
-    assert nn.MultiHeadAttention(4, 2, head_dim=3).num_parameters() == 3 * (4 * 6 + 6) + 6 * 4 + 4
+    assert tiered.Dropout(0.1).num_parameters() == 0
+    attention = tiered.MultiHeadAttention(4, 2, head_dim=3)
+    assert attention.num_parameters() == 3 * (4 * 6 + 6) + 6 * 4 + 4
 
 
 # =========================================================================== gradients
@@ -134,13 +135,13 @@ def _encoder_step(block, x, dy, mask=None):
 
 
 def test_fresh_parameters_have_zero_grads(xb):
-    for _, p in nn.DecoderBlock(D, H, F).named_parameters():
+    for _, p in tiered.DecoderBlock(D, H, F).named_parameters():
         assert p.grad.shape == p.data.shape and p.grad.dtype == p.data.dtype
         assert not np.any(host(p.grad))
 
 
 def test_zero_grad(xb):
-    block = nn.EncoderBlock(D, H, F, dropout=0.0)
+    block = tiered.EncoderBlock(D, H, F, dropout=0.0)
     _encoder_step(block, x_like((2, 3, D)), x_like((2, 3, D), seed=1))
     nonzero = [n for n, p in block.named_parameters() if np.any(host(p.grad))]
     assert len(nonzero) >= len(ENCODER_NAMES) - 1  # all but (maybe) the key bias
@@ -154,7 +155,7 @@ def test_zero_grad(xb):
 @settings(max_examples=10)
 def test_gradients_accumulate_over_backward_passes(xb, seed, batch, t):
     rng = np.random.default_rng(seed)
-    block = nn.EncoderBlock(D, H, F, dropout=0.0, activation="gelu")
+    block = tiered.EncoderBlock(D, H, F, dropout=0.0, activation="gelu")
     mask = causal_mask(t)
     x1, x2 = (backend.asarray(rng.standard_normal((batch, t, D))) for _ in range(2))
     g1, g2 = (backend.asarray(rng.standard_normal((batch, t, D))) for _ in range(2))
@@ -175,7 +176,7 @@ def test_gradients_accumulate_over_backward_passes(xb, seed, batch, t):
 
 def test_shared_parameter_use_accumulates(xb):
     """One Linear applied twice (two forwards, two backwards) sums both uses."""
-    layer = nn.Linear(D, 3)
+    layer = tiered.Linear(D, 3)
     x1, x2 = x_like((2, D)), x_like((5, D), seed=1)
     d1, d2 = x_like((2, 3), seed=2), x_like((5, 3), seed=3)
     layer(x1)
@@ -189,7 +190,7 @@ def test_shared_parameter_use_accumulates(xb):
 
 # =========================================================================== modes
 def test_train_eval_propagate(xb):
-    block = nn.DecoderBlock(D, H, F, dropout=0.5)
+    block = tiered.DecoderBlock(D, H, F, dropout=0.5)
     assert all(m.training for m in block.modules())
     assert block.eval() is block
     assert not any(m.training for m in block.modules())
@@ -201,8 +202,8 @@ def test_train_eval_propagate(xb):
 
 
 def test_dropout_active_in_training_identity_in_eval(xb):
-    block = nn.EncoderBlock(D, H, F, dropout=0.5)
-    reference = nn.EncoderBlock(D, H, F, dropout=0.0)
+    block = tiered.EncoderBlock(D, H, F, dropout=0.5)
+    reference = tiered.EncoderBlock(D, H, F, dropout=0.0)
     reference.load_state_dict(block.state_dict())
     x = x_like((2, 5, D))
     expected = host(reference(x))
@@ -226,7 +227,7 @@ def test_dropout_active_in_training_identity_in_eval(xb):
 
 
 def test_dropout_layer_modes(xb):
-    layer = nn.Dropout(0.5)
+    layer = tiered.Dropout(0.5)
     x = x_like((50, 40))
     y = host(layer(x))
     dropped = y == 0
@@ -238,7 +239,7 @@ def test_dropout_layer_modes(xb):
 
 
 def test_no_grad_same_output_and_no_cache(xb):
-    block = nn.DecoderBlock(D, H, F, dropout=0.0)
+    block = tiered.DecoderBlock(D, H, F, dropout=0.0)
     x, memory = x_like((2, 3, D)), x_like((2, 4, D), seed=1)
     with_grad = host(block(x, memory, self_mask=causal_mask(3)))
     assert grad_enabled()
@@ -267,7 +268,7 @@ def test_no_grad_restores_after_exception(xb):
 
 def test_no_grad_forward_then_backward_after_grad_forward(xb):
     """A forward with gradients works again after no_grad."""
-    layer = nn.MultiHeadAttention(D, H)
+    layer = tiered.MultiHeadAttention(D, H)
     x = x_like((2, 3, D))
     with no_grad():
         layer(x)
@@ -279,9 +280,9 @@ def test_no_grad_forward_then_backward_after_grad_forward(xb):
 # =========================================================================== state
 def test_state_dict_round_trip(xb):
     backend.seed(1)
-    a = nn.DecoderBlock(D, H, F, dropout=0.0, norm_first=True)
+    a = tiered.DecoderBlock(D, H, F, dropout=0.0, norm_first=True)
     backend.seed(2)
-    b = nn.DecoderBlock(D, H, F, dropout=0.0, norm_first=True)
+    b = tiered.DecoderBlock(D, H, F, dropout=0.0, norm_first=True)
     x, memory = x_like((2, 3, D)), x_like((2, 5, D), seed=1)
     for seed, mod in enumerate((a, b)):  # LayerNorm starts at (1, 0): make the norms differ too
         for name, p in mod.named_parameters():
@@ -298,7 +299,7 @@ def test_state_dict_round_trip(xb):
 
 
 def test_load_state_dict_copies(xb):
-    a, b = nn.Linear(D, 3), nn.Linear(D, 3)
+    a, b = tiered.Linear(D, 3), tiered.Linear(D, 3)
     state = {k: host(v) for k, v in a.state_dict().items()}  # host NumPy arrays
     b.load_state_dict(state)
     state["weight"][...] = 0.0  # changing the source afterwards changes nothing
@@ -310,19 +311,19 @@ def test_load_state_dict_copies(xb):
 def test_state_dict_across_backends():
     """Weights saved on NumPy load into a strict-backend module and compute the same."""
     with using_backend("numpy", "float64"):
-        src = nn.EncoderBlock(D, H, F, dropout=0.0)
+        src = tiered.EncoderBlock(D, H, F, dropout=0.0)
         state = {k: host(v) for k, v in src.state_dict().items()}
         x = np.random.default_rng(0).standard_normal((2, 3, D))
         expected = host(src(backend.asarray(x)))
     with using_backend("strict", "float64", seed=9):
-        dst = nn.EncoderBlock(D, H, F, dropout=0.0)
+        dst = tiered.EncoderBlock(D, H, F, dropout=0.0)
         dst.load_state_dict(state)
         assert type(dst.ffn.linear1.weight.data).__module__.startswith("array_api_strict")
         assert_close(dst(backend.asarray(x)), expected, 1e-13, "strict vs numpy output")
 
 
 def test_load_state_dict_casts_to_parameter_dtype(xb):
-    layer = nn.LayerNorm(D)
+    layer = tiered.LayerNorm(D)
     layer.load_state_dict({"weight": np.full(D, 2.0, dtype=np.float32),
                            "bias": np.zeros(D, dtype=np.float32)})
     assert layer.weight.data.dtype == backend.default_float()
@@ -333,8 +334,9 @@ def test_load_state_dict_casts_to_parameter_dtype(xb):
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_parameter_dtype_follows_default_float(backend_name, dtype):
     with using_backend(backend_name, dtype):
-        model = [nn.DecoderBlock(D, H, F), nn.Embedding(5, D),
-                 nn.LearnedPositionalEmbedding(4, D), nn.MultiHeadAttention(D, H, head_dim=3)]
+        model = [tiered.DecoderBlock(D, H, F), tiered.Embedding(5, D),
+                 tiered.LearnedPositionalEmbedding(4, D),
+                 tiered.MultiHeadAttention(D, H, head_dim=3)]
         for module in model:
             for name, p in module.named_parameters():
                 assert p.data.dtype == backend.float_dtype(dtype), name
@@ -347,23 +349,23 @@ def test_parameter_dtype_follows_default_float(backend_name, dtype):
 
 def test_default_float_switch_changes_new_parameters_only():
     with using_backend("numpy", "float32"):
-        before = nn.Linear(2, 2)
+        before = tiered.Linear(2, 2)
         backend.set_default_float("float64")
-        after = nn.Linear(2, 2)
+        after = tiered.Linear(2, 2)
         assert before.weight.data.dtype == np.float32
         assert after.weight.data.dtype == np.float64
 
 
 def test_decay_flags(xb):
-    block = nn.DecoderBlock(D, H, F)
+    block = tiered.DecoderBlock(D, H, F)
     for name, p in block.named_parameters():
         is_linear_weight = name.endswith("weight") and "norm" not in name
         assert p.decay is is_linear_weight, name
-    assert nn.Linear(2, 3).weight.decay is True
-    assert nn.Linear(2, 3).bias.decay is False
-    assert nn.LayerNorm(3).weight.decay is False and nn.LayerNorm(3).bias.decay is False
-    assert nn.Embedding(4, 3).weight.decay is False
-    assert nn.LearnedPositionalEmbedding(4, 3).weight.decay is False
+    assert tiered.Linear(2, 3).weight.decay is True
+    assert tiered.Linear(2, 3).bias.decay is False
+    assert tiered.LayerNorm(3).weight.decay is False and tiered.LayerNorm(3).bias.decay is False
+    assert tiered.Embedding(4, 3).weight.decay is False
+    assert tiered.LearnedPositionalEmbedding(4, 3).weight.decay is False
     assert nn.Parameter(backend.asarray(np.zeros(2))).decay is True  # the default
 
 
@@ -371,14 +373,13 @@ def test_a_state_dict_is_a_snapshot_training_does_not_change():
     """Issue 37 case 14: ``best = model.state_dict()``, train on, ``load_state_dict(best)``
     restores the weights of that moment, in both tiers (the fast tier's optimizer updates
     the flat buffer in place: a state dict of views would have moved with it)."""
-    from npformer.models import CausalLM, CausalLMConfig
-    from npformer.optim import AdamW
+    from npformer.models import CausalLMConfig
     from npformer.train.tasks import LanguageModeling
 
     with using_backend("numpy", "float32"):
-        model = CausalLM(CausalLMConfig(vocab_size=11, block_size=8, d_model=8, num_heads=2,
+        model = tiered.CausalLM(CausalLMConfig(vocab_size=11, block_size=8, d_model=8, num_heads=2,
                                         num_layers=1, d_ff=16))
-        opt = AdamW(model.parameters(), lr=1e-2)
+        opt = tiered.AdamW(model.parameters(), lr=1e-2)
         batch = np.arange(14).reshape(2, 7) % 11
         best = model.state_dict()
         kept = {name: value.copy() for name, value in best.items()}

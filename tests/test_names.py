@@ -25,13 +25,12 @@ from npformer.models import (
     CausalLMConfig,
     ClassifierConfig,
     Seq2SeqConfig,
-    Seq2SeqTransformer,
-    TransformerClassifier,
 )
 from npformer.models.common import config_from_dict
 from npformer.models.configs import new_field_names
 from npformer.nn import no_grad
 from npformer.train import TrainConfig
+from tests.helpers import tiered
 
 from .conftest import using_backend
 from .test_demos import data_dir, load_demo, run_demo  # noqa: F401 (data_dir: a fixture)
@@ -121,10 +120,10 @@ def _with_old_config_names(path, out):
 
 
 @pytest.mark.parametrize("make", [
-    lambda: TransformerClassifier(ClassifierConfig(vocab_size=12, d_model=8, num_heads=2,
+    lambda: tiered.TransformerClassifier(ClassifierConfig(vocab_size=12, d_model=8, num_heads=2,
                                                    num_layers=1, d_ff=16, block_size=6,
                                                    dropout=0.0)),
-    lambda: Seq2SeqTransformer(Seq2SeqConfig(11, 12, d_model=8, num_heads=2,
+    lambda: tiered.Seq2SeqTransformer(Seq2SeqConfig(11, 12, d_model=8, num_heads=2,
                                              num_encoder_layers=1, num_decoder_layers=1,
                                              d_ff=16, block_size=6, dropout=0.0)),
 ], ids=["classifier", "seq2seq"])

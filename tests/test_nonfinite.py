@@ -22,12 +22,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from npformer import engine, fast, ops
+from npformer import fast, ops
 from npformer.fast import compiler
 from npformer.nn import Parameter
-from npformer.optim import Adam, AdamW
 
-from .helpers import using_engine
+from .helpers import tier_under_test, tiered, using_tier
 
 pytestmark = pytest.mark.filterwarnings(  # NumPy's warnings of arithmetic on NaN and inf
     "ignore:invalid value:RuntimeWarning", "ignore:overflow:RuntimeWarning",
@@ -194,11 +193,11 @@ def test_adamw(path, seed, dtype, fraction, decoupled):
 
     def run(tier):
         rng = np.random.default_rng(seed)
-        with using_engine(tier):
+        with using_tier(tier):
             params = [Parameter(poisoned(rng, shape, dtype, fraction / 4), decay=i != 1)
                       for i, shape in enumerate(shapes)]
-            opt = AdamW(params, lr=1e-2, weight_decay=0.1) if decoupled else \
-                Adam(params, lr=1e-2)
+            opt = tiered.AdamW(params, lr=1e-2, weight_decay=0.1) if decoupled else \
+                tiered.Adam(params, lr=1e-2)
             assert (getattr(opt, "_flat", None) is not None) == (tier == "fast")
             for _ in range(2):
                 for p in params:
@@ -207,6 +206,6 @@ def test_adamw(path, seed, dtype, fraction, decoupled):
             return [p.data.copy() for p in params] + [m.copy() for m in opt.state["m"]] + \
                 [v.copy() for v in opt.state["v"]]
 
-    assert engine.engine_name() == "fast"
+    assert tier_under_test() == "fast"
     for i, (a, b) in enumerate(zip(run("fast"), run("textbook"))):
         assert_same(f"array {i}", a, b, dtype)

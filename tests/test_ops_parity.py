@@ -27,7 +27,14 @@ from hypothesis import strategies as st
 from npformer import backend, ops
 
 from .conftest import using_backend
-from .helpers import ATTENTION_OPS, PARITY_RTOL, assert_close, to_host, to_torch, torch_device
+from .helpers import (
+    ATTENTION_OPS,
+    PARITY_RTOL,
+    assert_close,
+    to_host,
+    to_torch,
+    torch_device,
+)
 
 seeds = st.integers(0, 2**32 - 1)
 batch = st.integers(1, 3)
@@ -333,7 +340,7 @@ def test_learned_positions(dtype, torch, seed, b, t, d, extra):
     x, tx = pair.leaf("x", pair.randn((b, t, d)))
     table, ttable = pair.leaf("table", pair.randn((t + extra, d), 0.1))
     y, cache = ops.add_positions_forward(x, table)
-    ty = tx + ttable[:t][None]  # nn.Embedding(arange(T)) added to x, as in GPT-2
+    ty = tx + ttable[:t][None]  # tiered.Embedding(arange(T)) added to x, as in GPT-2
 
     def backward(g):
         dx, dtable = ops.add_positions_backward(g, cache)

@@ -27,8 +27,9 @@ from hypothesis import strategies as st
 
 from npformer import backend, optim
 from npformer.nn.module import Parameter
+from tests.helpers import tiered
 
-# A behaviour test: it runs in both tiers (npformer.engine), which must behave the same.
+# A behaviour test: it runs in both tiers (tests.helpers.tiered), which must behave the same.
 pytestmark = pytest.mark.usefixtures("tier")
 
 SETTINGS = settings(max_examples=25, deadline=None)
@@ -152,7 +153,7 @@ def test_adamw_no_decay_params_are_untouched_by_decay():
     """With zero gradients Adam moves nothing, so only the decoupled decay acts."""
     w = Parameter(np.ones((3, 3)), decay=True)
     b = Parameter(np.ones(3), decay=False)
-    opt = optim.AdamW([w, b], lr=0.1, weight_decay=0.5)
+    opt = tiered.AdamW([w, b], lr=0.1, weight_decay=0.5)
     for _ in range(4):
         opt.step()
     np.testing.assert_allclose(w.data, (1 - 0.1 * 0.5) ** 4, rtol=1e-15)
@@ -163,7 +164,7 @@ def test_parity_check_can_fail():
     """The harness tells Adam (L2 in the gradient) from AdamW (decoupled decay)."""
     shapes = [(4, 3), (3,)]
     ours, theirs = make_params(shapes, "float64", 0)
-    opt = optim.Adam(ours, lr=0.01, weight_decay=0.1)
+    opt = tiered.Adam(ours, lr=0.01, weight_decay=0.1)
     ref = torch.optim.AdamW(theirs, lr=0.01, weight_decay=0.1)
     run_both(opt, ours, ref, theirs, grad_sequence(shapes, "float64", 0))
     with pytest.raises(AssertionError):
@@ -174,7 +175,7 @@ def test_schedule_given_as_lr_is_called_with_the_update_number():
     shapes = [(5, 4), (4,)]
     sched = optim.warmup_cosine(peak_lr=0.05, warmup=3, total_steps=10, min_lr=0.001)
     ours, theirs = make_params(shapes, "float64", 3)
-    opt = optim.Adam(ours, lr=sched)
+    opt = tiered.Adam(ours, lr=sched)
     ref = torch.optim.Adam(theirs, lr=sched(1))
     run_both(opt, ours, ref, theirs, grad_sequence(shapes, "float64", 3), lrs=sched)
     assert_match([p.data for p in ours], theirs, "float64")
@@ -368,8 +369,8 @@ def test_schedules_count_from_one(sched):
 # =========================================================================== state dict
 OPTIMIZERS = {
     "sgd": lambda ps: optim.SGD(ps, lr=0.05, momentum=0.9, weight_decay=0.01),
-    "adam": lambda ps: optim.Adam(ps, lr=0.01, weight_decay=0.01),
-    "adamw": lambda ps: optim.AdamW(ps, lr=0.01, weight_decay=0.1),
+    "adam": lambda ps: tiered.Adam(ps, lr=0.01, weight_decay=0.01),
+    "adamw": lambda ps: tiered.AdamW(ps, lr=0.01, weight_decay=0.1),
 }
 
 
@@ -418,20 +419,20 @@ def test_state_dict_resume_is_exact(kind, via_file, tmp_path):
 
 def test_state_dict_is_flat_and_restores_hyperparameters():
     params, _ = make_params([(2, 3), (3,)], "float64", 0)
-    opt = optim.Adam(params, lr=0.02, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1)
+    opt = tiered.Adam(params, lr=0.02, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1)
     _train(opt, params, grad_sequence([(2, 3), (3,)], "float64", 0, 2))
     state = opt.state_dict()
     assert set(state) == {"optimizer", "step", "lr", "params", "beta1", "beta2", "eps",
                           "weight_decay", "m.0", "m.1", "v.0", "v.1"}
     assert state["step"] == 2 and state["optimizer"] == "Adam" and state["params"] == 2
-    other = optim.Adam(params)  # defaults, replaced by the saved ones (as torch does)
+    other = tiered.Adam(params)  # defaults, replaced by the saved ones (as torch does)
     other.load_state_dict(state)
     assert (other.lr, other.betas, other.eps, other.weight_decay) == (0.02, (0.8, 0.99), 1e-6, 0.1)
 
 
 def _adam_state(shapes, n_steps=1):
     params, _ = make_params(shapes, "float64", 0)
-    opt = optim.Adam(params)
+    opt = tiered.Adam(params)
     _train(opt, params, grad_sequence(shapes, "float64", 0, n_steps))
     return opt.state_dict()
 
@@ -440,13 +441,13 @@ def test_load_state_dict_rejects_a_different_number_of_params():
     state = _adam_state([(2, 3), (3,)])
     params, _ = make_params([(2, 3)], "float64", 0)
     with pytest.raises(ValueError, match="state for 2 parameters, this optimizer has 1"):
-        optim.Adam(params).load_state_dict(state)
+        tiered.Adam(params).load_state_dict(state)
 
 
 def test_load_state_dict_rejects_wrong_shapes_and_changes_nothing():
     state = _adam_state([(2, 3), (3,)])
     params, _ = make_params([(3, 2), (3,)], "float64", 0)
-    opt = optim.Adam(params)
+    opt = tiered.Adam(params)
     before = [a.copy() for a in opt.state["m"]]
     with pytest.raises(ValueError, match=r"wrong shapes: m\.0: expected \(3, 2\), got \(2, 3\)"):
         opt.load_state_dict(state)
@@ -459,7 +460,7 @@ def test_load_state_dict_rejects_another_optimizer_type():
     state = _adam_state([(2, 3)])
     params, _ = make_params([(2, 3)], "float64", 0)
     with pytest.raises(ValueError, match="saved by Adam, not AdamW"):
-        optim.AdamW(params).load_state_dict(state)
+        tiered.AdamW(params).load_state_dict(state)
     with pytest.raises(ValueError, match="saved by Adam, not SGD"):
         optim.SGD(params, lr=0.1, momentum=0.9).load_state_dict(state)
     sgd_plain = optim.SGD(params, lr=0.1).state_dict()
@@ -473,7 +474,7 @@ def test_load_state_dict_rejects_missing_and_extra_keys():
     state["w.0"] = np.zeros((2, 3))
     params, _ = make_params([(2, 3), (3,)], "float64", 0)
     with pytest.raises(ValueError, match=r"missing keys: \['v\.1'\].*unexpected keys: \['w\.0'\]"):
-        optim.Adam(params).load_state_dict(state)
+        tiered.Adam(params).load_state_dict(state)
 
 
 # =========================================================================== dtype policy
@@ -504,7 +505,7 @@ def test_float32_stays_float32(kind):
 def test_step_rejects_a_gradient_of_the_wrong_shape_or_dtype_before_updating_anything():
     good = Parameter(np.ones(4, dtype=np.float32))
     p = Parameter(np.zeros((2, 3), dtype=np.float32))
-    opt = optim.Adam([good, p])
+    opt = tiered.Adam([good, p])
     good.grad = np.ones(4, dtype=np.float32)
     p.grad = np.zeros((3,), dtype=np.float32)
     with pytest.raises(RuntimeError, match=r"params\[1\]: gradient shape"):
@@ -517,13 +518,13 @@ def test_step_rejects_a_gradient_of_the_wrong_shape_or_dtype_before_updating_any
 
 
 @pytest.mark.parametrize("make,match", [
-    (lambda ps: optim.Adam([]), "empty"),
-    (lambda ps: optim.Adam([np.zeros(3)]), "not a Parameter"),
-    (lambda ps: optim.Adam(ps + ps), "more than once"),
-    (lambda ps: optim.Adam(ps, lr=-1e-3), "lr"),
-    (lambda ps: optim.Adam(ps, betas=(1.0, 0.999)), "beta1"),
-    (lambda ps: optim.Adam(ps, betas=(0.9, -0.1)), "beta2"),
-    (lambda ps: optim.AdamW(ps, weight_decay=-0.1), "weight_decay"),
+    (lambda ps: tiered.Adam([]), "empty"),
+    (lambda ps: tiered.Adam([np.zeros(3)]), "not a Parameter"),
+    (lambda ps: tiered.Adam(ps + ps), "more than once"),
+    (lambda ps: tiered.Adam(ps, lr=-1e-3), "lr"),
+    (lambda ps: tiered.Adam(ps, betas=(1.0, 0.999)), "beta1"),
+    (lambda ps: tiered.Adam(ps, betas=(0.9, -0.1)), "beta2"),
+    (lambda ps: tiered.AdamW(ps, weight_decay=-0.1), "weight_decay"),
     (lambda ps: optim.SGD(ps, lr=0.1, momentum=1.5), "momentum"),
 ])
 def test_constructors_reject_bad_arguments(make, match):

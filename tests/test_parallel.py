@@ -8,10 +8,10 @@ import pytest
 from npformer.parallel import DataParallel, shard_bounds, split_batch
 from npformer.parallel.replicas import ThreadReplicas
 from tests.conftest import using_backend
-from tests.helpers import rel_diff, using_engine
+from tests.helpers import rel_diff, using_tier
 from tests.parallel_cases import build, train
 
-# A behaviour test: it runs in both tiers (npformer.engine), which must behave the same.
+# A behaviour test: it runs in both tiers (tests.helpers.tiered), which must behave the same.
 pytestmark = pytest.mark.usefixtures("tier")
 
 
@@ -36,7 +36,7 @@ def test_sharded_gradients_equal_the_whole_batch(kind, replicas):
 def test_every_batch_starts_each_replica_from_zero_gradients(tier):
     """A replica's gradients from an earlier batch never leak into a later one, also when
     it sat out a batch in between (a batch of fewer rows than replicas)."""
-    with using_engine(tier), using_backend("numpy", "float64"):
+    with using_tier(tier), using_backend("numpy", "float64"):
         model, task, batch = build("lm", rows=5)
         parallel = DataParallel(model, 3)
         for rows in (5, 1, 4):

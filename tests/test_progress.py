@@ -25,14 +25,15 @@ import sys
 import numpy as np
 import pytest
 
-from npformer import optim, parallel
+from npformer import parallel
 from npformer.cli import map_batches
-from npformer.models import CausalLM, CausalLMConfig
+from npformer.models import CausalLMConfig
 from npformer.train import TrainConfig, Trainer, progress
 from npformer.train.progress import Progress, clock_time
 from npformer.train.tasks import LanguageModeling
 
 from .conftest import using_backend
+from .helpers import tiered
 
 LINE = re.compile(r"^(?P<name>.+): (?P<unit>\w+) (?P<done>\d+)/(?P<total>\d+), .*?"
                   r"(?P<rate>[\d,.?]+) (?P<per>\w+)/s, (?P<elapsed>[\d:]+) elapsed, "
@@ -204,13 +205,13 @@ def test_map_batches_counts_each_batch_of_a_phase(capsys):
 
 # =========================================================================== whose lines
 def tiny_trainer(config: TrainConfig, eval_fn=None) -> Trainer:
-    model = CausalLM(CausalLMConfig(vocab_size=9, block_size=6, d_model=8, num_heads=2,
+    model = tiered.CausalLM(CausalLMConfig(vocab_size=9, block_size=6, d_model=8, num_heads=2,
                                     num_layers=1, d_ff=12, dropout=0.0))
 
     def batch(rng):
         return rng.integers(0, 9, size=(3, 6)), rng.integers(0, 9, size=(3, 6))
 
-    return Trainer(model, optim.Adam(model.parameters()), LanguageModeling(), batch, config,
+    return Trainer(model, tiered.Adam(model.parameters()), LanguageModeling(), batch, config,
                    eval_fn=eval_fn)
 
 

@@ -17,11 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from npformer import backend, engine, ops
-from npformer.models import CausalLM, CausalLMConfig
-from npformer.nn import Activation, Dropout, EncoderBlock, FeedForward, LayerNorm
+from npformer import backend, ops
+from npformer.models import CausalLMConfig
 from tests.conftest import using_backend
-from tests.helpers import raises_naming, using_engine
+from tests.helpers import raises_naming, tiered, using_tier
 
 TIERS = ["fast"]  # the recomputation is the fast tier's
 FLOATS = ["float32", "float64"]
@@ -42,8 +41,8 @@ def _random(shape, seed):
 @settings(max_examples=10, deadline=None)
 @given(shape=shapes, seed=st.integers(0, 2**16))
 def test_an_activations_output_again_is_its_forward_output(tier, dtype, name, shape, seed):
-    with using_backend("numpy", dtype), using_engine(tier):
-        layer = Activation(name)
+    with using_backend("numpy", dtype), using_tier(tier):
+        layer = tiered.Activation(name)
         y = layer(_random(shape, seed))
         again = layer.output_again()
         assert again.dtype == y.dtype
@@ -55,8 +54,8 @@ def test_an_activations_output_again_is_its_forward_output(tier, dtype, name, sh
 @settings(max_examples=10, deadline=None)
 @given(shape=shapes, seed=st.integers(0, 2**16))
 def test_a_layer_norms_output_again_is_its_forward_output(tier, dtype, shape, seed):
-    with using_backend("numpy", dtype), using_engine(tier):
-        layer = LayerNorm(shape[-1])
+    with using_backend("numpy", dtype), using_tier(tier):
+        layer = tiered.LayerNorm(shape[-1])
         layer.weight.data = _random(shape[-1:], seed + 1)
         layer.bias.data = _random(shape[-1:], seed + 2)
         y = layer(_random(shape, seed))
@@ -67,8 +66,8 @@ def test_a_layer_norms_output_again_is_its_forward_output(tier, dtype, shape, se
 @pytest.mark.parametrize("tier", TIERS)
 @pytest.mark.parametrize("p", [0.0, 0.3])
 def test_dropout_again_applies_the_forwards_mask(tier, p):
-    with using_backend("numpy", "float32", seed=3), using_engine(tier):
-        layer = Dropout(p)
+    with using_backend("numpy", "float32", seed=3), using_tier(tier):
+        layer = tiered.Dropout(p)
         x = _random((4, 7, 16), 0)
         y = layer(x)
         np.testing.assert_array_equal(backend.to_numpy(layer.again(x)), backend.to_numpy(y))
@@ -79,8 +78,8 @@ def test_dropout_again_applies_the_forwards_mask(tier, p):
 def test_the_feed_forward_gradients_equal_those_of_its_layers_with_every_input_kept(tier, name):
     """The FFN's backward (linear2's input computed again) against the same layers run
     by hand with every input kept: the same numbers, bit for bit."""
-    with using_backend("numpy", "float32", seed=5), using_engine(tier):
-        ffn = FeedForward(8, 24, name, dropout=0.25)
+    with using_backend("numpy", "float32", seed=5), using_tier(tier):
+        ffn = tiered.FeedForward(8, 24, name, dropout=0.25)
         x, dy = _random((3, 5, 8), 1), _random((3, 5, 8), 2)
         with backend.thread_generator(7):
             y = ffn(x)
@@ -101,8 +100,8 @@ def test_the_feed_forward_gradients_equal_those_of_its_layers_with_every_input_k
 
 @pytest.mark.parametrize("tier", TIERS)
 def test_a_pre_norm_step_keeps_no_normed_input_and_no_hidden_layer(tier):
-    with using_backend("numpy", "float32"), using_engine(tier):
-        model = CausalLM(CausalLMConfig(vocab_size=11, block_size=8, d_model=16, num_heads=2,
+    with using_backend("numpy", "float32"), using_tier(tier):
+        model = tiered.CausalLM(CausalLMConfig(vocab_size=11, block_size=8, d_model=16, num_heads=2,
                                         num_layers=2, d_ff=32))
         model(np.arange(16).reshape(2, 8) % 11)
         for block in model.blocks:
@@ -115,8 +114,8 @@ def test_a_pre_norm_step_keeps_no_normed_input_and_no_hidden_layer(tier):
 
 
 def test_the_textbook_layers_keep_every_input_their_backward_reads():
-    with using_backend("numpy", "float32"), using_engine("textbook"):
-        model = CausalLM(CausalLMConfig(vocab_size=11, block_size=8, d_model=16, num_heads=2,
+    with using_backend("numpy", "float32"), using_tier("textbook"):
+        model = tiered.CausalLM(CausalLMConfig(vocab_size=11, block_size=8, d_model=16, num_heads=2,
                                         num_layers=2, d_ff=32))
         model(np.arange(16).reshape(2, 8) % 11)
         for block in model.blocks:
@@ -131,8 +130,8 @@ def test_the_textbook_layers_keep_every_input_their_backward_reads():
 def test_a_post_norm_block_keeps_its_sublayers_inputs(tier):
     """Post-norm: a sublayer's input is the residual stream, which no norm keeps, so it
     is kept; only the feed-forward hidden layer is computed again."""
-    with using_backend("numpy", "float32"), using_engine(tier):
-        block = EncoderBlock(16, 2, 32, dropout=0.0, norm_first=False)
+    with using_backend("numpy", "float32"), using_tier(tier):
+        block = tiered.EncoderBlock(16, 2, 32, dropout=0.0, norm_first=False)
         block(_random((2, 5, 16), 0))
         assert block.self_attn.q_proj._cache.saved[0] is not None
         assert block.ffn.linear1._cache.saved[0] is not None
@@ -143,14 +142,13 @@ def test_a_post_norm_block_keeps_its_sublayers_inputs(tier):
 def test_keep_input_other_than_true_or_false_is_refused_naming_it(tier):
     """Every layer that takes keep_input refuses anything but a bool at the door (a
     truthy string would otherwise keep the input silently)."""
-    from npformer.nn import Embedding, Linear, MultiHeadAttention
 
-    with using_backend("numpy", "float64"), using_engine(tier):
+    with using_backend("numpy", "float64"), using_tier(tier):
         x = _random((2, 3, 4), 0)
-        calls = [lambda k: Linear(4, 5)(x, k), lambda k: FeedForward(4, 8)(x, k),
-                 lambda k: MultiHeadAttention(4, 2)(x, keep_input=k),
-                 lambda k: Embedding(7, 4).project(x, k),
-                 lambda k: engine.ops().linear_forward(x, _random((4, 5), 1), None, k)]
+        calls = [lambda k: tiered.Linear(4, 5)(x, k), lambda k: tiered.FeedForward(4, 8)(x, k),
+                 lambda k: tiered.MultiHeadAttention(4, 2)(x, keep_input=k),
+                 lambda k: tiered.Embedding(7, 4).project(x, k),
+                 lambda k: tiered.ops.linear_forward(x, _random((4, 5), 1), None, k)]
         for call in calls:
             for bad in ("no", 0, None):
                 with raises_naming(TypeError, "keep_input", repr(bad)):
@@ -160,8 +158,8 @@ def test_keep_input_other_than_true_or_false_is_refused_naming_it(tier):
 
 @pytest.mark.parametrize("tier", TIERS)
 def test_the_linear_backward_needs_the_input_exactly_once(tier):
-    with using_backend("numpy", "float64"), using_engine(tier):
-        tier_ops = engine.ops()
+    with using_backend("numpy", "float64"), using_tier(tier):
+        tier_ops = tiered.ops
         x, w, dy = _random((3, 4), 0), _random((4, 2), 1), _random((3, 2), 2)
         _, not_kept = tier_ops.linear_forward(x, w, None, False)
         with raises_naming(RuntimeError, "keep_input=False", "x"):

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from npformer import backend, nn, ops, optim
+from npformer import backend, ops, optim
+from tests.helpers import tiered
 
 from .conftest import using_backend
 
@@ -22,7 +23,7 @@ def test_namespace_of_names_both_libraries():
 
 def test_a_layer_fed_a_numpy_array_on_the_strict_backend():
     with using_backend("strict"):
-        layer = nn.Linear(3, 2)
+        layer = tiered.Linear(3, 2)
         with pytest.raises(TypeError, match=MIXED):
             layer(np.ones((2, 3)))
 
@@ -36,7 +37,7 @@ def test_an_op_with_mixed_inputs():
 
 def test_an_optimizer_given_a_numpy_gradient_for_a_strict_parameter():
     with using_backend("strict"):
-        p = nn.Linear(2, 2).weight
+        p = tiered.Linear(2, 2).weight
         opt = optim.SGD([p], lr=0.1)
         p.grad = np.ones((2, 2))
         with pytest.raises(TypeError, match=MIXED):

@@ -24,7 +24,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from npformer import optim
 from npformer.checkpoint import (
     FORMAT_VERSION,
     CheckpointError,
@@ -36,9 +35,10 @@ from npformer.checkpoint import (
 )
 
 from .conftest import using_backend
+from .helpers import tiered
 from .test_checkpoint_train import lm, lm_batch, logits_of
 
-# A behaviour test: it runs in both tiers (npformer.engine), which must behave the same.
+# A behaviour test: it runs in both tiers (tests.helpers.tiered), which must behave the same.
 pytestmark = pytest.mark.usefixtures("tier")
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,7 +119,7 @@ def _poisoned(path: Path, out: Path, key: str, index: int, bad: float) -> Path:
 def test_non_finite_weights_are_refused_naming_the_tensor(tmp_path, bad, tier):
     with using_backend("numpy", "float64"):
         model = lm()
-        path = save_checkpoint(tmp_path / "m.npz", model, optim.AdamW(model.parameters()))
+        path = save_checkpoint(tmp_path / "m.npz", model, tiered.AdamW(model.parameters()))
         assert "flat/param" not in np.load(path).files  # both tiers write tensor by tensor
         poisoned = _poisoned(path, tmp_path / "bad.npz", "param/blocks.1.ffn.linear1.weight",
                              7, bad)
@@ -131,7 +131,7 @@ def test_non_finite_weights_are_refused_naming_the_tensor(tmp_path, bad, tier):
 def test_non_finite_optimizer_state_is_refused(tmp_path, tier):
     with using_backend("numpy", "float64"):
         model = lm()
-        path = save_checkpoint(tmp_path / "m.npz", model, optim.Adam(model.parameters()))
+        path = save_checkpoint(tmp_path / "m.npz", model, tiered.Adam(model.parameters()))
         assert "flat/optim/v" not in np.load(path).files
         poisoned = _poisoned(path, tmp_path / "bad.npz", "optim/v.3", 0, np.nan)
         with pytest.raises(CheckpointError, match=r"optim/v\.3 holds 1 NaN"):
@@ -260,9 +260,9 @@ def test_save_and_restore_refuse_an_optimizer_of_another_model(tmp_path):
     model (and restored into it) silently; the Trainer already refused it."""
     with using_backend("numpy", "float64"):
         model, other = lm(), lm()
-        foreign = optim.AdamW(other.parameters())
+        foreign = tiered.AdamW(other.parameters())
         with pytest.raises(ValueError, match="save_checkpoint: the optimizer does not update"):
             save_checkpoint(tmp_path / "m.npz", model, foreign)
-        path = save_checkpoint(tmp_path / "m.npz", model, optim.AdamW(model.parameters()))
+        path = save_checkpoint(tmp_path / "m.npz", model, tiered.AdamW(model.parameters()))
         with pytest.raises(ValueError, match="restore: the optimizer does not update"):
             restore(model, load_checkpoint(path), foreign)

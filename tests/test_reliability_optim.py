@@ -24,12 +24,13 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from npformer import optim
-from npformer.models import CausalLM, CausalLMConfig, ClassifierConfig, Seq2SeqConfig
+from npformer.models import CausalLMConfig, ClassifierConfig, Seq2SeqConfig
 from npformer.nn.module import Parameter
+from tests.helpers import tiered
 
 from .conftest import using_backend
 
-# A behaviour test: it runs in both tiers (npformer.engine), which must behave the same.
+# A behaviour test: it runs in both tiers (tests.helpers.tiered), which must behave the same.
 pytestmark = pytest.mark.usefixtures("tier")
 
 BAD_NUMBERS = [math.nan, math.inf, -math.inf, -1e-3]
@@ -42,11 +43,11 @@ def _params(n=2, dtype=np.float64):
 # =========================================================================== hyperparameters
 @pytest.mark.parametrize("bad", BAD_NUMBERS)
 @pytest.mark.parametrize("make,name", [
-    (lambda ps, v: optim.Adam(ps, lr=v), "lr"),
-    (lambda ps, v: optim.Adam(ps, betas=(v, 0.999)), "beta1"),
-    (lambda ps, v: optim.AdamW(ps, betas=(0.9, v)), "beta2"),
-    (lambda ps, v: optim.Adam(ps, eps=v), "eps"),
-    (lambda ps, v: optim.AdamW(ps, weight_decay=v), "weight_decay"),
+    (lambda ps, v: tiered.Adam(ps, lr=v), "lr"),
+    (lambda ps, v: tiered.Adam(ps, betas=(v, 0.999)), "beta1"),
+    (lambda ps, v: tiered.AdamW(ps, betas=(0.9, v)), "beta2"),
+    (lambda ps, v: tiered.Adam(ps, eps=v), "eps"),
+    (lambda ps, v: tiered.AdamW(ps, weight_decay=v), "weight_decay"),
     (lambda ps, v: optim.SGD(ps, lr=0.1, momentum=v), "momentum"),
     (lambda ps, v: optim.SGD(ps, lr=0.1, weight_decay=v), "weight_decay"),
     (lambda ps, v: optim.SGD(ps, lr=v), "lr"),
@@ -57,12 +58,12 @@ def test_bad_hyperparameters_are_refused_by_name(make, name, bad):
 
 
 @pytest.mark.parametrize("make,name", [
-    (lambda ps: optim.Adam(ps, lr="fast"), "lr"),
-    (lambda ps: optim.Adam(ps, eps=None), "eps"),
+    (lambda ps: tiered.Adam(ps, lr="fast"), "lr"),
+    (lambda ps: tiered.Adam(ps, eps=None), "eps"),
     (lambda ps: optim.SGD(ps, lr=0.1, momentum=True), "momentum"),
-    (lambda ps: optim.Adam(ps, betas=0.9), "betas"),
-    (lambda ps: optim.Adam(ps, betas=(0.9, 0.99, 0.9)), "betas"),
-    (lambda ps: optim.Adam(5), "params"),
+    (lambda ps: tiered.Adam(ps, betas=0.9), "betas"),
+    (lambda ps: tiered.Adam(ps, betas=(0.9, 0.99, 0.9)), "betas"),
+    (lambda ps: tiered.Adam(5), "params"),
 ])
 def test_non_numbers_are_refused_by_name(make, name):
     with pytest.raises((TypeError, ValueError), match=name):
@@ -70,7 +71,7 @@ def test_non_numbers_are_refused_by_name(make, name):
 
 
 def test_numpy_scalars_are_numbers():
-    opt = optim.Adam(_params(), lr=np.float32(1e-3), betas=(np.float64(0.9), np.float32(0.99)),
+    opt = tiered.Adam(_params(), lr=np.float32(1e-3), betas=(np.float64(0.9), np.float32(0.99)),
                      eps=np.float64(1e-8))
     assert opt.beta1 == 0.9 and isinstance(opt.lr, float)
 
@@ -78,11 +79,11 @@ def test_numpy_scalars_are_numbers():
 @pytest.mark.parametrize("key,value", [("lr", math.nan), ("beta1", 1.0), ("eps", -1.0),
                                        ("weight_decay", math.inf), ("step", -3)])
 def test_a_saved_state_with_bad_values_is_refused_on_load(key, value):
-    opt = optim.AdamW(_params())
+    opt = tiered.AdamW(_params())
     state = opt.state_dict()
     state[key] = value
     with pytest.raises(ValueError, match=rf"does not fit AdamW: .*{key} is"):
-        optim.AdamW(_params()).load_state_dict(state)
+        tiered.AdamW(_params()).load_state_dict(state)
 
 
 # =========================================================================== clipping
@@ -113,7 +114,7 @@ def test_clip_grad_norm_can_allow_non_finite_gradients():
 
 def test_clip_grad_norm_names_a_model_parameter():
     with using_backend("numpy", "float64"):
-        model = CausalLM(CausalLMConfig(vocab_size=5, block_size=4, d_model=4, num_heads=2,
+        model = tiered.CausalLM(CausalLMConfig(vocab_size=5, block_size=4, d_model=4, num_heads=2,
                                         num_layers=1, d_ff=8))
         p = dict(model.named_parameters())["blocks.0.ffn.linear2.bias"]
         p.grad = p.grad + math.inf
@@ -178,7 +179,7 @@ def test_fuzz_optimizer_construction_and_step(kind, lr, b1, b2, eps, wd, momentu
         if kind == "SGD":
             opt = optim.SGD([p], lr=lr, momentum=momentum, weight_decay=wd)
         else:
-            opt = getattr(optim, kind)([p], lr=lr, betas=(b1, b2), eps=eps, weight_decay=wd)
+            opt = getattr(tiered, kind)([p], lr=lr, betas=(b1, b2), eps=eps, weight_decay=wd)
     except (ValueError, TypeError) as exc:
         names = ("lr", "beta1", "beta2", "eps", "weight_decay", "momentum", "betas")
         assert any(n in str(exc) for n in names), str(exc)

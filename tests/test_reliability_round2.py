@@ -66,6 +66,7 @@ def test_case01_ranks_that_all_join_are_not_stopped():
 
 # --------------------------------------------------------------------------- case 2
 import tests.test_demos as demo_tests  # noqa: E402
+from tests.helpers import tiered  # noqa: E402
 from tests.test_demos import load_demo, one_error_line, run_demo  # noqa: E402
 
 data_dir = demo_tests.data_dir  # the demo tests' fixture, requested by name below
@@ -107,11 +108,11 @@ def test_case02_a_failing_plot_is_a_warning_after_the_results_are_written(
 
 # --------------------------------------------------------------------------- case 4
 def _classifier():
-    from npformer.models import ClassifierConfig, TransformerClassifier
+    from npformer.models import ClassifierConfig
     from tests.conftest import using_backend
 
     with using_backend("numpy", "float64"):
-        return TransformerClassifier(ClassifierConfig(vocab_size=12, d_model=8, num_heads=2,
+        return tiered.TransformerClassifier(ClassifierConfig(vocab_size=12, d_model=8, num_heads=2,
                                                       num_layers=1, d_ff=16, block_size=8,
                                                       dropout=0.0))
 
@@ -139,11 +140,11 @@ def test_case04_padding_before_a_token_is_refused_naming_the_position(ids, row, 
 
 def test_case04_a_left_padded_source_is_refused_by_the_decoders():
     from npformer.decoding import beam_search, greedy_decode
-    from npformer.models import Seq2SeqConfig, Seq2SeqTransformer
+    from npformer.models import Seq2SeqConfig
     from tests.conftest import using_backend
 
     with using_backend("numpy", "float64"):
-        model = Seq2SeqTransformer(Seq2SeqConfig(src_vocab_size=10, tgt_vocab_size=10,
+        model = tiered.Seq2SeqTransformer(Seq2SeqConfig(src_vocab_size=10, tgt_vocab_size=10,
                                                  d_model=8, num_heads=2, num_encoder_layers=1,
                                                  num_decoder_layers=1, d_ff=16, block_size=8,
                                                  dropout=0.0, pad_id=0, bos_id=1, eos_id=2))
@@ -195,7 +196,6 @@ def _escaped(text: str) -> str:
 
 
 def test_case05_an_optimizer_over_another_models_parameters_is_refused():
-    from npformer.optim import Adam
     from npformer.train import TrainConfig, Trainer
     from npformer.train.tasks import Classification
     from tests.conftest import using_backend
@@ -205,12 +205,11 @@ def test_case05_an_optimizer_over_another_models_parameters_is_refused():
         with pytest.raises(ValueError, match=r"the optimizer does not update this model: "
                                              r"\d+ of its \d+ parameters \(first: "
                                              r"optimizer.params\[0\]\) are not the model's"):
-            Trainer(model, Adam(other.parameters()), Classification(), lambda rng: None,
+            Trainer(model, tiered.Adam(other.parameters()), Classification(), lambda rng: None,
                     TrainConfig(max_iters=1, progress=False))
 
 
 def test_case05_a_select_metric_the_evaluation_does_not_return_is_named(tmp_path):
-    from npformer.optim import Adam
     from npformer.train import TrainConfig, Trainer
     from npformer.train.tasks import Classification
     from tests.conftest import using_backend
@@ -218,7 +217,7 @@ def test_case05_a_select_metric_the_evaluation_does_not_return_is_named(tmp_path
     model = _classifier()
     rows = np.array([[3, 4, 5, 0], [6, 7, 0, 0]])
     with using_backend("numpy", "float64"):
-        trainer = Trainer(model, Adam(model.parameters()), Classification(),
+        trainer = Trainer(model, tiered.Adam(model.parameters()), Classification(),
                           lambda rng: (rows, np.array([3, 2]), np.array([0, 1])),
                           TrainConfig(max_iters=2, eval_every=1, select_metric="val_acc",
                                       checkpoint_path=tmp_path / "best.npz", progress=False),
@@ -307,11 +306,10 @@ def test_case07_translate_refuses_a_sentence_longer_than_the_source_length(merge
 
 # --------------------------------------------------------------------------- case 8
 def _block(num_heads: int = 2):
-    from npformer.nn import EncoderBlock
     from tests.conftest import using_backend
 
     with using_backend("numpy", "float64"):
-        return EncoderBlock(8, num_heads, 16, 0.0, "relu", False, None)
+        return tiered.EncoderBlock(8, num_heads, 16, 0.0, "relu", False, None)
 
 
 def _spoiled(state: dict, name: str, how: str) -> dict:
@@ -368,11 +366,11 @@ def test_case08_every_loader_refuses_weights_of_the_wrong_kind(loader, how, erro
                 save_file(state, str(path))
                 load = lambda: load_safetensors(block, path)  # noqa: E731
         else:
-            from npformer.models import ClassifierConfig, TransformerClassifier
-            from tests.helpers import using_engine
+            from npformer.models import ClassifierConfig
+            from tests.helpers import using_tier
 
-            with using_engine("textbook"):  # per-tensor entries (flat files: test_checkpoint_flat)
-                model = TransformerClassifier(ClassifierConfig(
+            with using_tier("textbook"):  # per-tensor entries (flat files: test_checkpoint_flat)
+                model = tiered.TransformerClassifier(ClassifierConfig(
                     vocab_size=5, d_model=8, num_heads=2, num_layers=1, d_ff=16, block_size=4))
                 path = checkpoint.save_checkpoint(tmp_path / "c.npz", model)
             with np.load(path) as archive:
@@ -395,12 +393,11 @@ def test_case08_every_loader_refuses_weights_of_the_wrong_kind(loader, how, erro
     ("v.0", np.inf, "v.0 holds 1 NaN or infinite values"),
 ])
 def test_case08_optimizer_state_with_nan_or_negative_moments_is_refused(key, value, words):
-    from npformer import optim
     from tests.conftest import using_backend
 
     block = _block()
     with using_backend("numpy", "float64"):
-        opt = optim.Adam(block.parameters(), lr=1e-3)
+        opt = tiered.Adam(block.parameters(), lr=1e-3)
         state = {k: (np.array(v, copy=True) if hasattr(v, "shape") else v)
                  for k, v in opt.state_dict().items()}
         state[key].flat[0] = value
@@ -430,11 +427,11 @@ def test_case10_a_temperature_so_small_the_probabilities_underflow_samples_the_a
     """Before: 'Probabilities contain NaN' from NumPy; a temperature near 0 has the argmax
     as its limit, and that is what it now gives."""
     from npformer.decoding import generate
-    from npformer.models import CausalLM, CausalLMConfig
+    from npformer.models import CausalLMConfig
     from tests.conftest import using_backend
 
     with using_backend("numpy", "float64"):
-        model = CausalLM(CausalLMConfig(vocab_size=11, d_model=8, num_heads=2, num_layers=1,
+        model = tiered.CausalLM(CausalLMConfig(vocab_size=11, d_model=8, num_heads=2, num_layers=1,
                                         d_ff=16, block_size=8, dropout=0.0))
         for temperature in (1e-300, 5e-324):
             assert generate(model, [1, 2], 5, temperature=temperature) == \

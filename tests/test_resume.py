@@ -17,10 +17,11 @@ import pytest
 from npformer import backend, ops, optim
 from npformer.checkpoint import load_checkpoint
 from npformer.data import length_bucketed_batches, pad_batch
-from npformer.models import ClassifierConfig, TransformerClassifier
+from npformer.models import ClassifierConfig
 from npformer.nn import evaluating
 from npformer.train import EpochBatches, TrainConfig, Trainer, TrainingInterrupted
 from npformer.train.tasks import Classification
+from tests.helpers import tiered
 
 from .conftest import using_backend
 
@@ -49,10 +50,10 @@ def make_trainer(tmp_path, init_seed=0, next_batch=None, **config) -> Trainer:
     """Dropout, AdamW on a warmup-cosine schedule, clipping, two replicas, evaluation with
     best-model selection: every piece of state matters for resuming."""
     backend.seed(init_seed)
-    model = TransformerClassifier(ClassifierConfig(
+    model = tiered.TransformerClassifier(ClassifierConfig(
         vocab_size=9, num_classes=3, d_model=8, num_heads=2, num_layers=1, d_ff=12,
         block_size=6, dropout=0.3, pad_id=0))
-    opt = optim.AdamW(model.parameters(), weight_decay=0.1,
+    opt = tiered.AdamW(model.parameters(), weight_decay=0.1,
                       lr=optim.warmup_cosine(peak_lr=3e-2, warmup=2, total_steps=TOTAL))
     x, lens, y = epoch_batches().make(np.arange(ROWS))
 

@@ -310,12 +310,12 @@ def test_case26_a_broken_checkpoint_is_one_error_line_naming_the_file(mode, engi
     fit CausalLM: missing keys)."""
     out = tmp_path / "run"
     if mode == "--resume":
-        run = demo("generate.py", "--smoke", *ONE, "--engine", engine, "--out", str(out),
+        run = demo("generate.py", "--smoke", *ONE, "--tier", engine, "--out", str(out),
                    "--stop-after", "2", data=data)
         assert run.returncode == 130, run.stderr[-3000:]
         rewrite(out / "last.npz", change)
     else:
-        ok(demo("generate.py", "--smoke", *ONE, "--engine", engine, "--out", str(out),
+        ok(demo("generate.py", "--smoke", *ONE, "--tier", engine, "--out", str(out),
                 "--max-iters", "1", data=data))
         rewrite(out / "model.npz", change)
     (error,) = error_lines(demo("generate.py", "--out", str(out), mode, *ONE, data=data))

@@ -53,7 +53,7 @@ def test_npformer_to_torch_and_back(case, torch, tmp_path):
     glue = KINDS[kind]
     with using_backend("numpy", "float64"):
         batch = glue.batch_fn(np.random.default_rng(0), config)
-        ours = _randomized(glue.model_cls(config))
+        ours = _randomized(glue.build(config))
         path = save_safetensors(ours, tmp_path / "model.safetensors", {"kind": kind})
         ref = torch_models()[kind](config, torch.float64).train()
         result = ref.load_state_dict(load_file(str(path)), strict=True)
@@ -69,7 +69,7 @@ def test_npformer_to_torch_and_back(case, torch, tmp_path):
             expected = glue.torch_logits(torch, ref, batch).numpy()
         save_file({k: v.contiguous() for k, v in ref.state_dict().items()},
                   str(tmp_path / "torch.safetensors"))
-        fresh = glue.model_cls(config)
+        fresh = glue.build(config)
         load_safetensors(fresh, tmp_path / "torch.safetensors")
         assert_close(glue.our_logits(fresh, batch), expected, 1e-10, "torch -> npformer")
         again = load_file(str(save_safetensors(fresh, tmp_path / "again.safetensors")))

@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 
 from npformer import backend, gradcheck, ops
-from npformer.models import Seq2SeqConfig, Seq2SeqTransformer
+from npformer.models import Seq2SeqConfig
 from npformer.train.tasks import Translation
 from tests.conftest import using_backend
-from tests.helpers import GRADCHECK_TOL, rel_diff
+from tests.helpers import GRADCHECK_TOL, rel_diff, tiered
 
 
 def _model_and_batch(seed=0):
     rng = np.random.default_rng(seed)
-    model = Seq2SeqTransformer(Seq2SeqConfig(src_vocab_size=9, tgt_vocab_size=11, d_model=4,
+    model = tiered.Seq2SeqTransformer(Seq2SeqConfig(src_vocab_size=9, tgt_vocab_size=11, d_model=4,
                                              num_heads=2, num_encoder_layers=1,
                                              num_decoder_layers=1, d_ff=6, block_size=6,
                                              dropout=0.0))

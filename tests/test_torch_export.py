@@ -21,13 +21,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from npformer import backend, engine, nn
+from npformer import backend
 from npformer.interop.pytorch import from_torch, to_torch
 from npformer.interop.torch_reference import torch_models
-from npformer.models import CausalLM, CausalLMConfig
+from npformer.models import CausalLMConfig
 
 from .conftest import using_backend
-from .helpers import assert_close
+from .helpers import assert_close, tier_under_test, tiered
 from .test_models_parity import CONFIGS, KINDS
 
 RTOL = {"float32": 1e-6, "float64": 1e-12}
@@ -77,7 +77,7 @@ def test_to_torch_gives_npformers_outputs(case, dtype, torch, tier):
     glue = KINDS[kind]
     config = _config(kind, kw)
     with using_backend("numpy", dtype):
-        model = _randomize(glue.model_cls(config)).eval()
+        model = _randomize(glue.build(config)).eval()
         batch = glue.batch_fn(np.random.default_rng(1), config)
         ref = to_torch(model)
         assert isinstance(ref, torch.nn.Module) and not ref.training
@@ -91,7 +91,7 @@ def test_to_torch_gives_npformers_outputs(case, dtype, torch, tier):
 def test_to_torch_keeps_the_mode_and_takes_a_device(torch):
     config = CONFIGS["classifier"]()
     with using_backend("numpy", "float32"):
-        model = KINDS["classifier"].model_cls(config)
+        model = KINDS["classifier"].build(config)
         assert to_torch(model).training
         assert not to_torch(model.eval(), device="cpu").training
 
@@ -102,7 +102,7 @@ def test_padded_lengths_default_to_the_non_pad_count(torch):
     kind = "classifier"
     glue, config = KINDS[kind], CONFIGS[kind]()
     with using_backend("numpy", "float64"):
-        model = _randomize(glue.model_cls(config)).eval()
+        model = _randomize(glue.build(config)).eval()
         ids, lens, _ = glue.batch_fn(np.random.default_rng(1), config)
         ours = backend.to_numpy(model(ids))
         with torch.no_grad():
@@ -122,7 +122,7 @@ def test_from_torch_round_trip(case, dtype, torch):
         for p in ref.parameters():
             p.copy_(0.5 * torch.randn_like(p))
     with using_backend("numpy", "float32"):  # the torch module's dtype wins
-        ours = from_torch(ref)
+        ours = from_torch(ref, tier=tier_under_test())
         assert isinstance(ours, glue.model_cls) and ours.config == config
         assert not ours.training
         batch = glue.batch_fn(np.random.default_rng(1), config)
@@ -159,35 +159,35 @@ def _layer_case(name, torch, rng, norm_first=False, activation="relu"):
     tx, tm = torch.tensor(x), torch.tensor(memory)
     causal = np.tril(np.ones((T, T), dtype=bool))
     if name == "encoder":
-        layer = nn.EncoderBlock(D, H, D_FF, 0.1, activation, norm_first)
+        layer = tiered.EncoderBlock(D, H, D_FF, 0.1, activation, norm_first)
         return (layer, lambda: _valid(backend.to_numpy(layer(backend.asarray(x), mask=keep))),
                 lambda t: _valid(t(tx, src_key_padding_mask=torch.tensor(ignore)).numpy()))
     if name == "decoder":
-        layer = nn.DecoderBlock(D, H, D_FF, 0.1, activation, norm_first)
+        layer = tiered.DecoderBlock(D, H, D_FF, 0.1, activation, norm_first)
         mem_keep = backend.asarray(np.ones((B, 1, 1, S), dtype=bool))
         return (layer, lambda: backend.to_numpy(layer(backend.asarray(x), backend.asarray(memory),
                                                       self_mask=backend.asarray(causal),
                                                       memory_mask=mem_keep)),
                 lambda t: t(tx, tm, tgt_mask=torch.tensor(~causal)).numpy())
     if name == "attention":
-        layer = nn.MultiHeadAttention(D, H)
+        layer = tiered.MultiHeadAttention(D, H)
         return (layer, lambda: _valid(backend.to_numpy(layer(backend.asarray(x), mask=keep))),
                 lambda t: _valid(t(tx, tx, tx, key_padding_mask=torch.tensor(ignore),
                                    need_weights=False)[0].numpy()))
     if name == "linear":
-        layer = nn.Linear(D, D_FF)
+        layer = tiered.Linear(D, D_FF)
         return (layer, lambda: backend.to_numpy(layer(backend.asarray(x))),
                 lambda t: t(tx).numpy())
     if name == "layernorm":
-        layer = nn.LayerNorm(D)
+        layer = tiered.LayerNorm(D)
         return (layer, lambda: backend.to_numpy(layer(backend.asarray(x))),
                 lambda t: t(tx).numpy())
     ids = rng.integers(0, 7, size=(B, T))
     if name == "embedding":
-        layer = nn.Embedding(7, D)
+        layer = tiered.Embedding(7, D)
         return (layer, lambda: backend.to_numpy(layer(backend.asarray(ids))),
                 lambda t: t(torch.tensor(ids)).numpy())
-    layer = nn.LearnedPositionalEmbedding(T + 2, D)  # x + P[:T]
+    layer = tiered.LearnedPositionalEmbedding(T + 2, D)  # x + P[:T]
     return (layer, lambda: backend.to_numpy(layer(backend.asarray(x))),
             lambda t: (tx + t.weight[:T][None]).numpy())
 
@@ -214,8 +214,8 @@ def test_layers_both_ways(case, torch):
         assert type(ref) is getattr(torch.nn, TORCH_CLASS[name])
         with torch.no_grad():
             assert_close(ours(), theirs(ref), RTOL["float64"], f"to_torch({name})")
-        back = from_torch(ref)
-    assert type(back) is (engine.implementation(nn.Embedding) if name == "positions"
+        back = from_torch(ref, tier=tier_under_test())
+    assert type(back) is (tiered.Embedding if name == "positions"
                           else type(layer))
     if name in ("encoder", "decoder"):
         assert back.norm_first == layer.norm_first
@@ -241,12 +241,12 @@ def test_from_torch_reads_each_way_torch_names_an_activation(torch):
 # =========================================================================== refusals
 def test_what_has_no_equivalent_is_refused(torch):
     with using_backend("numpy", "float32"):
-        wide = CausalLM(CausalLMConfig(vocab_size=9, block_size=4, d_model=8, num_heads=2,
+        wide = tiered.CausalLM(CausalLMConfig(vocab_size=9, block_size=4, d_model=8, num_heads=2,
                                        num_layers=1, d_ff=8, head_dim=6))
         with pytest.raises(ValueError, match="wide heads"):
             to_torch(wide)
         with pytest.raises(TypeError, match="FeedForward"):
-            to_torch(nn.FeedForward(4, 8))
+            to_torch(tiered.FeedForward(4, 8))
         with pytest.raises(TypeError, match="Conv1d"):
             from_torch(torch.nn.Conv1d(2, 2, 3))
         with pytest.raises(ValueError, match="layer_norm_eps 1e-06"):

@@ -427,7 +427,7 @@ def _torch_twin(m: Any, torch: Any, dtype: Any) -> Any:
                     f"{_TORCH_EQUIVALENTS}")
 
 
-def from_torch(torch_module: Any) -> Any:
+def from_torch(torch_module: Any, tier: str = "fast") -> Any:
     """The npformer model or layer equivalent to ``torch_module``, built from its
     configuration and holding its weights (the reverse of :func:`to_torch`).
 
@@ -444,14 +444,20 @@ def from_torch(torch_module: Any) -> Any:
     ``multihead_attn.dropout``) to 0.0 to convert it (its residual and feed-forward
     dropout p become the npformer block's).  npformer layers are batch-first whatever
     ``batch_first`` says.  The npformer module is made on the current backend in the
-    torch module's dtype (float32 or float64).
+    torch module's dtype (float32 or float64), of ``tier``: the fast tier's class
+    (:mod:`npformer.fast`) or, with ``tier="textbook"``, the textbook's.
     """
     import torch
+
+    from ..checkpoint import TIERS
+    from ..ops.contracts import check_choice
+
+    check_choice(tier, TIERS, "tier")
 
     params = list(torch_module.parameters())
     dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in params})
     if not params:  # LayerNorm(elementwise_affine=False): refused by what it lacks, if so
-        _npformer_twin(torch_module, torch)
+        _npformer_twin(torch_module, torch, tier)
     if len(dtypes) != 1 or dtypes[0] not in backend.FLOAT_DTYPES:
         raise TypeError(f"from_torch needs parameters of one float dtype "
                         f"{backend.FLOAT_DTYPES}, got {dtypes or 'none'} in "
@@ -459,7 +465,7 @@ def from_torch(torch_module: Any) -> Any:
     previous = backend.default_float_name()
     backend.set_default_float(dtypes[0])
     try:
-        ours = _npformer_twin(torch_module, torch)
+        ours = _npformer_twin(torch_module, torch, tier)
     finally:
         backend.set_default_float(previous)
     load_torch_state_dict(ours, {name: tensor.detach().cpu().numpy()
@@ -468,11 +474,15 @@ def from_torch(torch_module: Any) -> Any:
     return ours
 
 
-def _npformer_twin(t: Any, torch: Any) -> Any:
-    """An npformer module shaped like the torch module ``t`` (weights not yet loaded)."""
-    from .. import ops
-    from ..models import MODELS
+def _npformer_twin(t: Any, torch: Any, tier: str) -> Any:
+    """An npformer module of ``tier`` shaped like the torch module ``t`` (weights not yet
+    loaded)."""
+    from .. import fast, models, nn, ops
     from .torch_reference import torch_models
+
+    MODELS = fast.MODELS if tier == "fast" else models.MODELS
+    layers = fast.layers if tier == "fast" else nn  # Linear, LayerNorm, Embedding
+    blocks = fast.blocks if tier == "fast" else nn  # MultiHeadAttention and the blocks
 
     tnn = torch.nn
     for kind, cls in torch_models().items():
@@ -490,25 +500,27 @@ def _npformer_twin(t: Any, torch: Any) -> Any:
         if any(norm.eps != ops.layernorm.EPS for norm in norms):
             raise ValueError(f"{name} has layer_norm_eps {t.norm1.eps}; npformer's blocks "
                              f"use {ops.layernorm.EPS}")
-        block = EncoderBlock if isinstance(t, tnn.TransformerEncoderLayer) else DecoderBlock
+        block = blocks.EncoderBlock if isinstance(t, tnn.TransformerEncoderLayer) \
+            else blocks.DecoderBlock
         return block(t.self_attn.embed_dim, t.self_attn.num_heads, t.linear1.out_features,
                      dropout=t.dropout.p, activation=_activation_name(t.activation, torch, name),
                      norm_first=t.norm_first)
     if isinstance(t, tnn.MultiheadAttention):
         _check_torch_attention(t, name)
-        return MultiHeadAttention(t.embed_dim, t.num_heads, bias=t.in_proj_bias is not None)
+        return blocks.MultiHeadAttention(t.embed_dim, t.num_heads,
+                                         bias=t.in_proj_bias is not None)
     if isinstance(t, tnn.Linear):
-        return Linear(t.in_features, t.out_features, bias=t.bias is not None)
+        return layers.Linear(t.in_features, t.out_features, bias=t.bias is not None)
     if isinstance(t, tnn.LayerNorm):
         if len(t.normalized_shape) != 1 or t.weight is None or t.bias is None:
             raise ValueError(f"LayerNorm over {tuple(t.normalized_shape)} with "
                              f"elementwise_affine={t.weight is not None}, bias="
                              f"{t.bias is not None} has no npformer equivalent (one axis, "
                              "weight and bias)")
-        return LayerNorm(t.normalized_shape[0], eps=t.eps)
+        return layers.LayerNorm(t.normalized_shape[0], eps=t.eps)
     if isinstance(t, tnn.Embedding):
         _check_torch_embedding(t)
-        return Embedding(t.num_embeddings, t.embedding_dim)
+        return layers.Embedding(t.num_embeddings, t.embedding_dim)
     raise TypeError(f"from_torch has no npformer module for {name}; it converts "
                     "npformer.interop.torch_reference's models, nn.TransformerEncoderLayer, "
                     "nn.TransformerDecoderLayer, nn.MultiheadAttention, nn.Linear, "
