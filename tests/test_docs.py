@@ -712,3 +712,31 @@ def test_every_file_and_module_the_doc_names_exists():
     missing += [f"no module or name {name}" for name in sorted(set(DOTTED.findall(text)))
                 if not _resolves(name)]
     assert not missing, "docs/derivations.md names what does not exist:\n" + "\n".join(missing)
+
+
+# ------------------------------------------------------------------ what a user's clone holds
+OUTSIDE = re.compile(r"\.\./shared\b")  # the development machine's neighbour of the checkout
+DOCUMENTS = ["README.md", "docs/*.md", "demos/README.md", "bench/README.md", "tests/README.md"]
+CODE = ["npformer/**/*.py", "demos/*.py", "bench/*.py", "tools/*.py", "tests/*.py"]
+
+
+def test_nothing_names_a_path_outside_the_repository():
+    """A user's clone has no neighbour folder of the development machine: no document and no
+    code names one (the tests find that machine's data through conftest's SHARED_DATA and
+    $NPFORMER_DATA)."""
+    found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+             for pattern in DOCUMENTS + CODE for path in sorted(ROOT.glob(pattern))
+             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             if OUTSIDE.search(line)]
+    assert not found, "paths outside the repository:\n" + "\n".join(found)
+
+
+def test_no_docstring_or_comment_of_the_library_or_the_demos_holds_a_date():
+    """Dated measurements live in bench/README.md and demos/README.md, with their commands;
+    the code says why, not what a machine measured on a day."""
+    found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+             for pattern in ("npformer/**/*.py", "demos/*.py")
+             for path in sorted(ROOT.glob(pattern))
+             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             if DATE.search(line)]
+    assert not found, "dates in the code:\n" + "\n".join(found)
