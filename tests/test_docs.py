@@ -740,3 +740,33 @@ def test_no_docstring_or_comment_of_the_library_or_the_demos_holds_a_date():
              for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
              if DATE.search(line)]
     assert not found, "dates in the code:\n" + "\n".join(found)
+
+
+# ------------------------------------------------------------------ the tests' index
+TESTS_INDEX = ROOT / "tests" / "README.md"
+TEST_FILE = re.compile(r"\b(test_\w+\.py)\b")
+TEST_REFERENCE = re.compile(r"`(test_\w+\.py)::([\w*]+)`((?:,\s*`[\w*]+`)*)")
+
+
+def test_the_tests_index_names_every_test_file_and_only_those():
+    """tests/README.md maps each subject to its tests: every test file of tests/ is in it,
+    and every file it names exists."""
+    named = set(TEST_FILE.findall(TESTS_INDEX.read_text(encoding="utf-8")))
+    present = {path.name for path in (ROOT / "tests").glob("test_*.py")}
+    assert not present - named, f"missing from tests/README.md: {sorted(present - named)}"
+    assert not named - present, f"tests/README.md names no such file: {sorted(named - present)}"
+
+
+def test_every_test_function_the_index_names_exists():
+    """`test_x.py::test_name` (a `*` for any ending), and the names listed after it, are
+    test functions of that file."""
+    import fnmatch
+    missing = []
+    for match in TEST_REFERENCE.finditer(TESTS_INDEX.read_text(encoding="utf-8")):
+        file, first, rest = match.groups()
+        tree = ast.parse((ROOT / "tests" / file).read_text(encoding="utf-8"))
+        defined = [node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)]
+        for name in [first] + re.findall(r"`([\w*]+)`", rest):
+            if not fnmatch.filter(defined, name):
+                missing.append(f"{file}::{name}")
+    assert not missing, "tests/README.md names tests that do not exist:\n" + "\n".join(missing)
