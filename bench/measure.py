@@ -225,14 +225,15 @@ def prepare_pytorch(cfg: dict, seed: int, weights: str | None, rows: tuple | Non
 
 
 def prepare_nanogpt(cfg: dict, seed: int, weights: str | None) -> Prepared:
-    """nanoGPT's own ``GPT`` (model.py in ``configs.NANOGPT``) for the lm configuration,
-    with the reference's initial weights from ``weights`` (mapped to nanoGPT's names) and
-    the demo's update, on the same batch; its forward computes the loss itself."""
+    """nanoGPT's own ``GPT`` (model.py in the folder ``$NPFORMER_NANOGPT`` names) for the lm
+    configuration, with the reference's initial weights from ``weights`` (mapped to
+    nanoGPT's names) and the demo's update, on the same batch; its forward computes the
+    loss itself."""
     import torch
 
     folder = nanogpt_folder(ROOT)
     if folder is None:
-        raise FileNotFoundError(f"no nanoGPT model.py at {ROOT / NANOGPT}")
+        raise FileNotFoundError(f"no nanoGPT model.py: set ${NANOGPT} to its folder")
     config = npformer_config(cfg)
     torch.manual_seed(seed)
     model = nanogpt_model(config, folder).train()

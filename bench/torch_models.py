@@ -60,16 +60,20 @@ def torch_optimizer_like(npformer_optimizer, model):
 
 
 # --------------------------------------------------------------------------- nanoGPT's GPT
-NANOGPT = "../shared/anchors/nanogpt"  # nanoGPT's model.py, relative to the repository root
+NANOGPT = "NPFORMER_NANOGPT"  # the environment variable naming nanoGPT's model.py folder
 
 
 def nanogpt_folder(root):
-    """The folder of nanoGPT's model.py: $NPFORMER_NANOGPT, else ``root``/NANOGPT; None
-    where it is not there (the benchmark then leaves nanoGPT out)."""
+    """The folder of nanoGPT's model.py: $NPFORMER_NANOGPT (a relative path is taken from
+    ``root``); None where it is unset or holds no model.py (the benchmark then leaves
+    nanoGPT out)."""
     import os
     from pathlib import Path
 
-    folder = Path(os.environ.get("NPFORMER_NANOGPT") or Path(root) / NANOGPT).resolve()
+    named = os.environ.get(NANOGPT)
+    if not named:
+        return None
+    folder = (Path(root) / named).resolve()
     return folder if (folder / "model.py").is_file() else None
 
 

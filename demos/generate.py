@@ -1,6 +1,6 @@
 """A character-level language model on tiny Shakespeare (nanoGPT's CPU "baby GPT").
 
-    python demos/generate.py                  # about 81 s on 2 CPU cores (AMD EPYC)
+    python demos/generate.py                  # the default run (its time: README.md)
     python demos/generate.py --preset nanogpt # nanoGPT's "baby GPT" settings, for comparison
     python demos/generate.py --sample-only --prompt "ROMEO:"
     python demos/generate.py --smoke          # seconds (CI)

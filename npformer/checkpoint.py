@@ -11,8 +11,8 @@ Layout of the archive:
   and scalars), under its keys (``optim/m.3``, ``optim/lr``).
 
 Both tiers write the same file: what a model and an optimizer mean (their state dicts)
-does not depend on how the fast tier lays them out in memory.  Files written by
-npformer releases between 2026-11-19 and 2026-11-25 may instead hold a model's
+does not depend on how the fast tier lays them out in memory.  Version-4 files written
+by earlier releases may instead hold a model's
 parameters and an optimizer's moments as flat buffers (``flat/param``, and
 ``flat/optim/<state>``, with ``meta["flat_layout"]`` naming which slice is which
 parameter): they still load, each buffer cut into the same names.

@@ -23,7 +23,11 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED = Path(__file__).resolve().parents[2] / "shared"  # a checkout's optional neighbour
+SHARED_DATA = SHARED / "data"  # the real datasets, where they are
+# nanoGPT's model.py for the benchmark's comparison tests, unless the environment names one
+if (SHARED / "anchors" / "nanogpt" / "model.py").is_file():
+    os.environ.setdefault("NPFORMER_NANOGPT", str(SHARED / "anchors" / "nanogpt"))
 
 
 def gpu_available() -> bool:

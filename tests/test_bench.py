@@ -54,7 +54,7 @@ def test_lm_also_against_nanogpt_where_it_is_found(smoke_output):
     from bench.torch_models import nanogpt_folder
 
     if nanogpt_folder(ROOT) is None:
-        pytest.skip("nanoGPT's model.py is not at ../shared/anchors/nanogpt")
+        pytest.skip("no nanoGPT model.py ($NPFORMER_NANOGPT)")
     out = smoke_output.stdout
     assert re.search(r"^lm\s+nanogpt\s+[\d.]+ \(", out, re.MULTILINE), out
     line = next(line for line in out.splitlines() if line.startswith("ratio lm/nanoGPT "))
@@ -341,7 +341,7 @@ def test_nanogpt_gpt_computes_the_reference_lm(tmp_path):
     from bench.torch_models import nanogpt_folder
 
     if nanogpt_folder(ROOT) is None:
-        pytest.skip("nanoGPT's model.py is not at ../shared/anchors/nanogpt")
+        pytest.skip("no nanoGPT model.py ($NPFORMER_NANOGPT)")
     weights = str(tmp_path / "init.npz")
     reference = prepare_pytorch(SMOKE["lm"], 0, weights)
     gpt = prepare_nanogpt(SMOKE["lm"], 0, weights)

@@ -1,8 +1,8 @@
 """Tests of npformer.data: loaders, tokenizers, vocabularies, batching, locating files.
 
 Most tests build small archives in the canonical layouts in ``tmp_path``; the
-tests marked ``data`` read the real files of ``../shared/data`` (or the folder
-named by ``NPFORMER_DATA``) and are skipped when they are absent. No test
+tests marked ``data`` read the real files (conftest's ``SHARED_DATA``, or the
+folder named by ``NPFORMER_DATA``) and are skipped when they are absent. No test
 touches the network or the user's cache: every test runs with
 ``XDG_CACHE_HOME`` in ``tmp_path`` and a network that refuses to connect.
 """
@@ -57,8 +57,9 @@ from npformer.data import (
 )
 from npformer.data import download as download_module
 
+from .conftest import SHARED_DATA
+
 _env_data = os.environ.get("NPFORMER_DATA")
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 REAL_DATA = SHARED_DATA if SHARED_DATA.is_dir() else Path(_env_data) if _env_data else None
 
 
@@ -685,7 +686,7 @@ def test_data_package_does_not_import_torch():
 
 
 # --------------------------------------------------------------------------
-# The real datasets (../shared/data, or $NPFORMER_DATA)
+# The real datasets (conftest's SHARED_DATA, or $NPFORMER_DATA)
 # --------------------------------------------------------------------------
 
 needs_real_data = pytest.mark.skipif(REAL_DATA is None, reason="real datasets not found")

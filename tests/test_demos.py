@@ -8,7 +8,7 @@
   no traceback), options given with --smoke win over the preset, and the errors a
   user can cause at run time are one ``error:`` line.
 
-Data: ../shared/data when present (the real datasets), otherwise small synthetic
+Data: the real datasets when present (conftest's SHARED_DATA), otherwise small synthetic
 archives in the canonical layouts, built here.
 """
 from __future__ import annotations

@@ -5,9 +5,10 @@ names) that label names.  A change to an op that forgets the derivation fails he
 
 The doc's worked examples are recomputed with the real ops, the optimizer and the beam
 search's stop rule, and the script that draws its figures must run.  Every size the doc
-quotes (bytes of an array, packing ratios, block counts) is recomputed from the demos'
-presets and the benchmark's configurations (bench/configs.py), and a size the doc quotes
-with no such check fails; the doc quotes no timing and no date.  No Markdown file of
+quotes (bytes of an array, packing ratios, block counts) is recomputed from the demo preset
+or the benchmark configuration (bench/configs.py) the doc names before it, read from that
+object, and a size the doc quotes with no such check, or under the name of another
+configuration, fails; the doc quotes no timing and no date.  No Markdown file of
 docs/ (nor README.md) holds a control character, every link to a section of the doc
 leads to one of its headings, every file of the repository the doc names exists, and
 every ``npformer.`` name it writes out resolves."""
@@ -400,6 +401,32 @@ FLOAT32 = 4  # bytes
 SIZE = re.compile(r"\d[\d,.]*\s*(?:MiB|KiB|GiB|MB|kB|KB|GB|bytes)\b")
 TIME = re.compile(r"\b\d[\d,.]*\s*(?:ns|µs|us|ms|s|seconds|minutes|hours)\b")
 DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+# How the doc names the configuration its sizes are about: a benchmark's step (bench/configs.py's
+# CONFIGS), one of bench/configs.py's larger configurations, or a demo's preset.
+SOURCE = re.compile(r"the (imdb|translation) benchmark's|`bench/configs\.py`'s `(\w+)`"
+                    r"|`demos/(\w+)\.py`'s (\w+) preset")
+BENCHMARK = {"imdb": "imdb", "translation": "seq2seq"}  # the doc's name -> CONFIGS' key
+
+
+def _source_named(match: re.Match) -> tuple[str, ...]:
+    """The configuration a SOURCE match names: ("benchmark", name), ("large", name) or
+    ("preset", demo script, preset)."""
+    benchmark, large, script, preset = match.groups()
+    if benchmark:
+        return ("benchmark", benchmark)
+    return ("large", large) if large else ("preset", script, preset)
+
+
+def _config(source: tuple[str, ...]):
+    """The configuration object itself (never a copy of its numbers) a source names."""
+    from bench import configs
+    kind, *names = source
+    if kind == "benchmark":
+        return configs.CONFIGS[BENCHMARK[names[0]]]
+    if kind == "large":
+        return configs.LARGE[names[0]]
+    script, preset = names
+    return configs.demo_module(script).PRESETS[preset]
 
 
 def _prose() -> str:
@@ -446,19 +473,22 @@ def _phrase(template: str) -> str:
     return NUMBER.join(re.escape(part) for part in template.split("{}"))
 
 
+IMDB_STEP, TRANSLATION_STEP = ("benchmark", "imdb"), ("benchmark", "translation")
+LM_LARGE, LM_DEFAULT = ("large", "lm_large"), ("preset", "generate", "default")
+
+
 @functools.cache
-def _quoted_sizes() -> list[tuple[str, str, tuple]]:
-    """(what, phrase, values): every size the doc quotes, found by the stable phrase around
-    it (:func:`_phrase`), and its values computed from the demos' presets as the benchmark
-    configures them (bench/configs.py)."""
+def _quoted_sizes() -> list[tuple[str, tuple | None, str, tuple]]:
+    """(what, source, phrase, values): every size the doc quotes, found by the stable phrase
+    around it (:func:`_phrase`), the configuration the doc says it is about (:data:`SOURCE`;
+    None for a constant of the code, which the phrase names) and its values computed from
+    that configuration (:func:`_config`)."""
     from bench import configs
     from npformer import fast
 
-    imdb, seq2seq, lm_large = (configs.CONFIGS["imdb"], configs.CONFIGS["seq2seq"],
-                               configs.LARGE["lm_large"])
-    lm = configs.demo_module("generate")
-    lm_preset = configs.demo_preset(configs.CONFIGS["lm"])  # nanoGPT's shape, as bench/ times it
-    lm_cfg = lm.model_config(lm_preset, configs.SHAKESPEARE_VOCAB)
+    imdb, seq2seq, lm_large = _config(IMDB_STEP), _config(TRANSLATION_STEP), _config(LM_LARGE)
+    lm_preset = _config(LM_DEFAULT)
+    lm_cfg = configs.demo_module("generate").model_config(lm_preset, configs.SHAKESPEARE_VOCAB)
     assert lm_cfg.norm_first and lm_cfg.activation == "gelu" and lm_cfg.dropout == 0.0
 
     # the imdb benchmark's step: a padding mask over (B, H, T, T) scores
@@ -478,7 +508,8 @@ def _quoted_sizes() -> list[tuple[str, str, tuple]]:
         ("imdb's P", "the demo's batch of B {} reviews and its H {} heads, the batch padded to "
                      "T = S = {}) that is {} numbers, {} MiB in float32",
          (b, h, t, scores, scores * FLOAT32 / MIB)),
-        ("P in §18's opening", "keeps it for the backward ({} MiB in float32 at the imdb",
+        ("P in §18's opening", "keeps it for the backward (at the imdb benchmark's step, §9: "
+                               "{} MiB in float32)",
          (scores * FLOAT32 / MIB,)),
         ("the blocked cache", r"(B {}, H {}, T = S = {}, a padding mask $(B, 1, 1, S)$, "
                               r"float32) that is {} KiB of $\text{lse}$, {} KiB of bias and two "
@@ -524,8 +555,8 @@ def _quoted_sizes() -> list[tuple[str, str, tuple]]:
                        r"French vocabulary of V {} subword pieces) each $(N, V)$ float32 array "
                        r"is up to {} MiB",
          (seq2seq["batch"], seq2seq["seq_len"], n_rows, vocab, logits)),
-        ("the loss's peak", "instead of two (at most {} MiB less, at the translation benchmark's "
-                            "step)",
+        ("the loss's peak", "instead of two (at the translation benchmark's step, at most {} MiB "
+                            "less)",
          (logits,)),
     ]
     # the language model demo's batch: what the fast layers do not keep
@@ -533,11 +564,12 @@ def _quoted_sizes() -> list[tuple[str, str, tuple]]:
     width, hidden = lm_cfg.d_model, lm_cfg.d_ff
     hidden_mib = n * hidden * FLOAT32 / MIB
     normed_kib = 2 * n * width * FLOAT32 / KIB
-    p_kib = lm_preset.batch_size * lm_cfg.num_heads * lm_cfg.block_size ** 2 * FLOAT32 / KIB
+    p_mib = lm_preset.batch_size * lm_cfg.num_heads * lm_cfg.block_size ** 2 * FLOAT32 / MIB
     recompute_sizes = [
         ("the lm batch", "B {} windows of T {} characters, so $N = {}$ positions; D {}, "
-                         "$D_{ff} = {}D = {}$, {} pre-norm blocks",
-         (lm_preset.batch_size, lm_cfg.block_size, n, width, hidden / width, hidden, blocks)),
+                         "$D_{ff} = {}D = {}$, {} pre-norm blocks of H {} heads",
+         (lm_preset.batch_size, lm_cfg.block_size, n, width, hidden / width, hidden, blocks,
+          lm_cfg.num_heads)),
         ("the hidden layer", "| the hidden layer, the second linear map's input | $(N, D_{ff})$ | "
                              "{} MiB | {} MiB |",
          (hidden_mib, blocks * hidden_mib)),
@@ -546,13 +578,15 @@ def _quoted_sizes() -> list[tuple[str, str, tuple]]:
         ("the normed inputs", r"| the two sublayer inputs $\text{LN}(x)$ | $2 \times (N, D)$ | "
                               r"{} KiB | {} MiB |", (normed_kib, blocks * normed_kib / KIB)),
         ("attention's P", r"| attention's $P$, for $\text{lse}$ ({} KiB a block) | $(B, H, T, T)$ "
-                          r"| {} KiB | {} MiB |",
-         (n * lm_cfg.num_heads * FLOAT32 / KIB, p_kib, blocks * p_kib / KIB)),
+                          r"| {} MiB | {} MiB |",
+         (n * lm_cfg.num_heads * FLOAT32 / KIB, p_mib, blocks * p_mib)),
         ("the head's input", "the head's input, $(N, D)$, {} KiB once",
          (n * width * FLOAT32 / KIB,)),
     ]
-    return [(what, _phrase(template), values) for what, template, values
-            in imdb_sizes + block_sizes + loss_sizes + recompute_sizes]
+    groups = [(IMDB_STEP, imdb_sizes), (None, block_sizes[:2]), (LM_LARGE, block_sizes[2:]),
+              (TRANSLATION_STEP, loss_sizes), (LM_DEFAULT, recompute_sizes)]
+    return [(what, source, _phrase(template), values)
+            for source, sizes in groups for what, template, values in sizes]
 
 
 def test_the_imdb_benchmarks_lengths_are_as_the_doc_says():
@@ -566,11 +600,19 @@ def test_the_imdb_benchmarks_lengths_are_as_the_doc_says():
     assert counts.min() > 0 and len(counts) == t - t // 4 + 1  # every length in the range drawn
 
 
-@pytest.mark.parametrize("what", [what for what, _, _ in _quoted_sizes()])
+@pytest.mark.parametrize("what", [what for what, _, _, _ in _quoted_sizes()])
 def test_each_quoted_size_is_what_the_presets_give(what):
-    phrase, values = next((p, v) for w, p, v in _quoted_sizes() if w == what)
-    matches = list(re.finditer(phrase, _prose()))
+    """The size is found once, the configuration the doc names last before it is the one its
+    values are computed from, and each printed number is that configuration's."""
+    source, phrase, values = next((s, p, v) for w, s, p, v in _quoted_sizes() if w == what)
+    text = _prose()
+    matches = list(re.finditer(phrase, text))
     assert len(matches) == 1, f"{what}: the phrase is found {len(matches)} times, not once"
+    if source is not None:
+        named = [_source_named(m) for m in SOURCE.finditer(text) if m.start() < matches[0].start()]
+        assert named and named[-1] == source, (
+            f"{what}: the doc says it is about {named[-1] if named else 'no configuration'}, "
+            f"the test computes it from {source}")
     printed = [g.replace("{,}", ",") for g in matches[0].groups()]
     assert len(printed) == len(values), what
     wrong = [(p, v) for p, v in zip(printed, values) if not _rounds_to(p, v)]
@@ -581,7 +623,7 @@ def test_every_size_the_doc_quotes_is_checked():
     """A size (a number of bytes, KiB, MiB, ...) outside every phrase _quoted_sizes finds is
     a size nobody recomputes: it fails here, naming it."""
     text = _prose()
-    covered = [m.span() for _, phrase, _ in _quoted_sizes() for m in re.finditer(phrase, text)]
+    covered = [m.span() for _, _, phrase, _ in _quoted_sizes() for m in re.finditer(phrase, text)]
     unchecked = [f"{m.group()!r} in ...{text[max(0, m.start() - 60):m.end()]}"
                  for m in SIZE.finditer(text)
                  if not any(start <= m.start() and m.end() <= end for start, end in covered)]
@@ -672,3 +714,61 @@ def test_every_file_and_module_the_doc_names_exists():
     missing += [f"no module or name {name}" for name in sorted(set(DOTTED.findall(text)))
                 if not _resolves(name)]
     assert not missing, "docs/derivations.md names what does not exist:\n" + "\n".join(missing)
+
+
+# ------------------------------------------------------------------ what a user's clone holds
+OUTSIDE = re.compile(r"\.\./shared\b")  # the development machine's neighbour of the checkout
+DOCUMENTS = ["README.md", "docs/*.md", "demos/README.md", "bench/README.md", "tests/README.md"]
+CODE = ["npformer/**/*.py", "demos/*.py", "bench/*.py", "tools/*.py", "tests/*.py"]
+
+
+def test_nothing_names_a_path_outside_the_repository():
+    """A user's clone has no neighbour folder of the development machine: no document and no
+    code names one (the tests find that machine's data through conftest's SHARED_DATA and
+    $NPFORMER_DATA)."""
+    found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+             for pattern in DOCUMENTS + CODE for path in sorted(ROOT.glob(pattern))
+             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             if OUTSIDE.search(line)]
+    assert not found, "paths outside the repository:\n" + "\n".join(found)
+
+
+def test_no_docstring_or_comment_of_the_library_or_the_demos_holds_a_date():
+    """Dated measurements live in bench/README.md and demos/README.md, with their commands;
+    the code says why, not what a machine measured on a day."""
+    found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+             for pattern in ("npformer/**/*.py", "demos/*.py")
+             for path in sorted(ROOT.glob(pattern))
+             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             if DATE.search(line)]
+    assert not found, "dates in the code:\n" + "\n".join(found)
+
+
+# ------------------------------------------------------------------ the tests' index
+TESTS_INDEX = ROOT / "tests" / "README.md"
+TEST_FILE = re.compile(r"\b(test_\w+\.py)\b")
+TEST_REFERENCE = re.compile(r"`(test_\w+\.py)::([\w*]+)`((?:,\s*`[\w*]+`)*)")
+
+
+def test_the_tests_index_names_every_test_file_and_only_those():
+    """tests/README.md maps each subject to its tests: every test file of tests/ is in it,
+    and every file it names exists."""
+    named = set(TEST_FILE.findall(TESTS_INDEX.read_text(encoding="utf-8")))
+    present = {path.name for path in (ROOT / "tests").glob("test_*.py")}
+    assert not present - named, f"missing from tests/README.md: {sorted(present - named)}"
+    assert not named - present, f"tests/README.md names no such file: {sorted(named - present)}"
+
+
+def test_every_test_function_the_index_names_exists():
+    """`test_x.py::test_name` (a `*` for any ending), and the names listed after it, are
+    test functions of that file."""
+    import fnmatch
+    missing = []
+    for match in TEST_REFERENCE.finditer(TESTS_INDEX.read_text(encoding="utf-8")):
+        file, first, rest = match.groups()
+        tree = ast.parse((ROOT / "tests" / file).read_text(encoding="utf-8"))
+        defined = [node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)]
+        for name in [first] + re.findall(r"`([\w*]+)`", rest):
+            if not fnmatch.filter(defined, name):
+                missing.append(f"{file}::{name}")
+    assert not missing, "tests/README.md names tests that do not exist:\n" + "\n".join(missing)

@@ -96,9 +96,8 @@ class DatasetSpec:
     alternatives: tuple[str, ...] = ()
 
 
-# Checksums: the first of each set is the sha256 of the offline copy in
-# shared/data (shared/data/SHA256SUMS); the others are those of the official
-# downloads.
+# Checksums: the first of each set is the sha256 of the project's offline copy (its
+# SHA256SUMS); the others are those of the official downloads.
 IMDB = DatasetSpec(
     name="IMDB Large Movie Review Dataset v1.0",
     filename="aclImdb_v1.tar.gz",

@@ -69,7 +69,8 @@ def column_sum(x: Array) -> Array:
     """x (N, D) -> its sum over the rows (D,).  On CuPy inside
     :func:`npformer.gpu.cuda_graph.graph_safe`, the product ones (1, N) @ x through cuBLAS:
     CuPy reduces N rows into D sums with D blocks, which leaves most of a GPU idle (a
-    bias's gradient over 65,536 rows took 10 ms of an 18 ms update on an H200)."""
+    bias's gradient over many rows then takes much of an update: ``bench/README.md``,
+    "On a GPU")."""
     if not (routed() and type(x).__module__.startswith("cupy")):
         return backend.namespace_of(x).sum(x, axis=0)
     import cupy

@@ -28,11 +28,11 @@ on every backward (an O(1) comparison): it is what a module cannot know.
 
 Why a named contract per op and not shape annotations checked at run time (jaxtyping
 with beartype): the annotations would document the shapes well, but checking them at
-every op of a training step would cost milliseconds a step (``../shared/ANCHORS.md``
-measures the cost of one checked call), where the contract here costs one attribute read
-inside the door; and the errors the suite requires (which argument, which axis, the
-sizes, the token id out of range and the vocabulary, the mask and the scores it must
-broadcast to) need the checks below anyway.
+every op of a training step inspects every argument of every call, many times the
+cost of the call itself (``bench/README.md`` has the measurement), where the contract
+here costs one attribute read inside the door; and the errors the suite requires
+(which argument, which axis, the sizes, the token id out of range and the vocabulary,
+the mask and the scores it must broadcast to) need the checks below anyway.
 
 The documented exceptions: TypeError for something of the wrong kind (not an array,
 wrong dtype, not this op's cache), ValueError for a wrong shape or value (an upstream

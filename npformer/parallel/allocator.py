@@ -3,11 +3,9 @@
 glibc serves allocations above a dynamic threshold (up to 32 MiB) with ``mmap`` and
 returns them at ``free``, and trims the heap top above 128 KiB: a training step that
 frees and re-allocates its activations then page-faults them back in, every step, and
-those faults do not scale across cores (two ranks side by side: 49 and 70 ms against
-41 ms alone for the lm step; with this setting 35 and 29 ms, see ``bench/README.md``).
-Thread replicas suffer too: the lm step as 2 thread replicas of one process took
-53-59 ms without it and 43-47 ms with it (3 runs each, AMD EPYC, 2026-11-24; a
-one-off script, its method in ``bench/README.md``).
+those faults do not scale across cores: two ranks side by side each take longer than
+one alone, and with this setting no longer do.  Thread replicas of one process gain
+too.  The measurements, and how they were taken: ``bench/README.md``, "The allocator".
 
 :class:`npformer.train.Trainer` and :func:`npformer.parallel.setup` call
 :func:`keep_freed_memory`: a training process allocates the same arrays every step, so

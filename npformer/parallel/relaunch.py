@@ -2,8 +2,8 @@
 
 On a CPU, N single-threaded MPI ranks (each a whole Python process with its own GIL,
 sharing only the one all-reduce of the gradients) train faster than N thread replicas in
-one process, which wait for each other on the GIL between NumPy calls (lm on 2 cores:
-112 s against 138 s, issue 19).  Ranks give the figures of one process, up to rounding
+one process, which wait for each other on the GIL between NumPy calls (the figures:
+``bench/README.md``, "Process modes").  Ranks give the figures of one process, up to rounding
 (tests/test_distributed.py), so the demos make this their default; the user needs to
 know nothing of MPI::
 
@@ -35,7 +35,7 @@ The children get glibc's allocator tunables from their first allocation
 (:data:`KEEP_MEMORY_TUNABLES`; ``npformer.parallel`` sets the same with ``mallopt``
 once it is imported): two ranks side by side otherwise page-fault their freed
 activations back in every step, and those faults do not scale across cores
-(../shared/ANCHORS.md, "Where CPU time goes": 49 and 70 ms a step against 35 and 29).
+(``bench/README.md``, "The allocator").
 """
 from __future__ import annotations
 

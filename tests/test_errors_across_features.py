@@ -1,4 +1,6 @@
-"""Reliability, second round (issue 18): where the library's own features meet.
+"""Errors where the library's own features meet (issue 18): MPI ranks, the demos' runs and
+their folders, padded decoding inputs, settings that would do nothing, weights and optimizer
+state of the wrong kind, torch modules and files, archives that are not archives.
 
 One test per numbered case of the issue (case 3, the caches of the two tiers, lives with
 the op contracts); each failed on the code before the fix.
