@@ -73,7 +73,7 @@ def rank_worker(spec: dict) -> int:
     model, task = npformer_model(cfg, spec.get("weights"))
     model.train()
     trainer = npformer_trainer(cfg, model, task, make_batch(cfg, SEED + 1), 1)
-    workers = trainer.parallel  # the demos' data-parallel workers: MPI ranks here
+    workers = trainer.workers  # the demos' data-parallel workers: MPI ranks here
     reduce_times = []
     if hasattr(workers, "allreduce"):  # several ranks: time the step's one Allreduce
         allreduce = workers.allreduce

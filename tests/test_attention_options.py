@@ -37,7 +37,7 @@ from npformer.models import (
 from npformer.ops import causal_mask, padding_mask
 
 from .conftest import using_backend
-from .helpers import GRADCHECK_TOL, PARITY_RTOL, rel_diff, tiered, to_host
+from .helpers import GRADCHECK_TOL, PARITY_RTOL, rel_diff, tier_under_test, tiered, to_host
 from .helpers import to_torch as to_torch_tensor
 
 pytestmark = pytest.mark.usefixtures("tier")
@@ -193,7 +193,7 @@ def test_models_take_the_options_and_count_their_parameters(narrow, kqnorm, tmp_
             assert parameter_count(config) == model.num_parameters(), config
             randomize(model, np.random.default_rng(2))
             save_checkpoint(tmp_path / "m.npz", model)
-            again = build_model(load_checkpoint(tmp_path / "m.npz"))
+            again = build_model(load_checkpoint(tmp_path / "m.npz"), tier=tier_under_test())
             assert again.config == config
             for (name, p), (_, q) in zip(model.named_parameters(), again.named_parameters()):
                 np.testing.assert_array_equal(to_host(p.data), to_host(q.data), err_msg=name)

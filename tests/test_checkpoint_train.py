@@ -50,7 +50,7 @@ from npformer.train import TrainConfig, Trainer, TrainingDiverged, accuracy, per
 from npformer.train.tasks import Classification, LanguageModeling, Translation
 
 from .conftest import using_backend
-from .helpers import rel_diff, tiered
+from .helpers import rel_diff, tier_under_test, tiered
 
 # A behaviour test: it runs in both tiers (tests.helpers.tiered), which must behave the same.
 pytestmark = pytest.mark.usefixtures("tier")
@@ -152,7 +152,7 @@ def test_round_trip_gives_identical_logits(kind, tmp_path):
         checkpoint = load_checkpoint(path)
         assert checkpoint.kind == kind and checkpoint.step == 7
         assert checkpoint.extra == {"vocab": ["a", "b"]}
-        rebuilt = build_model(checkpoint, expected_kind=kind)
+        rebuilt = build_model(checkpoint, expected_kind=kind, tier=tier_under_test())
         assert type(rebuilt) is type(model) and rebuilt.config == model.config
         np.testing.assert_array_equal(logits_of(rebuilt, batch), expected)
         # restore() into an existing model of the same architecture (other weights)
@@ -172,7 +172,7 @@ def test_checkpoint_from_numpy_loads_on_strict_backend(kind, tmp_path):
         expected = logits_of(model, batch)
         save_checkpoint(tmp_path / "m.npz", model)
     with using_backend("strict", "float64"):
-        rebuilt = build_model(load_checkpoint(tmp_path / "m.npz"))
+        rebuilt = build_model(load_checkpoint(tmp_path / "m.npz"), tier=tier_under_test())
         p = next(iter(rebuilt.parameters()))
         assert type(p.data).__module__.startswith("array_api_strict")
         got = logits_of(rebuilt, batch)
@@ -274,7 +274,7 @@ def test_wrong_kind_is_refused(tmp_path):
         with pytest.raises(CheckpointError, match="classifier.*causal_lm"):
             restore(lm(), checkpoint)
         with pytest.raises(CheckpointError, match="classifier"):
-            build_model(checkpoint, expected_kind="causal_lm")
+            build_model(checkpoint, expected_kind="causal_lm", tier=tier_under_test())
         model = lm()
         trainer = Trainer(model, tiered.Adam(model.parameters()), LanguageModeling(), lm_batch,
                           TrainConfig(max_iters=1, progress=False))

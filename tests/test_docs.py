@@ -772,3 +772,17 @@ def test_every_test_function_the_index_names_exists():
             if not fnmatch.filter(defined, name):
                 missing.append(f"{file}::{name}")
     assert not missing, "tests/README.md names tests that do not exist:\n" + "\n".join(missing)
+
+
+def test_the_guides_layout_is_the_tree():
+    """docs/guide.md's "What is inside" names every folder and module at the top of
+    npformer/ (not __init__.py), and nothing that is not there."""
+    guide = (ROOT / "docs" / "guide.md").read_text(encoding="utf-8")
+    block = guide.split("## What is inside", 1)[1].split("```", 2)[1]
+    package = block.split("npformer/\n", 1)[1].split("\ndemos/", 1)[0]
+    named = set(re.findall(r"^  (\w+(?:\.py|/))", package, flags=re.M))
+    tree = {p.name + ("/" if p.is_dir() else "") for p in (ROOT / "npformer").iterdir()
+            if (p.is_dir() and (p / "__init__.py").exists())
+            or (p.suffix == ".py" and p.name != "__init__.py")}
+    assert named == tree, (f"the guide names {sorted(named - tree)} that npformer/ lacks, and "
+                           f"lacks {sorted(tree - named)}")

@@ -30,7 +30,7 @@ from npformer.models.common import config_from_dict
 from npformer.models.configs import new_field_names
 from npformer.nn import no_grad
 from npformer.train import TrainConfig
-from tests.helpers import tiered
+from tests.helpers import tier_under_test, tiered
 
 from .conftest import using_backend
 from .test_demos import data_dir, load_demo, run_demo  # noqa: F401 (data_dir: a fixture)
@@ -133,7 +133,7 @@ def test_a_checkpoint_with_old_config_names_loads_and_restores(make, tmp_path):
         old = _with_old_config_names(save_checkpoint(tmp_path / "new.npz", model),
                                      tmp_path / "old.npz")
         assert "max_len" in json.loads(str(np.load(old)["meta"]))["config"]
-        loaded = build_model(load_checkpoint(old))
+        loaded = build_model(load_checkpoint(old), tier=tier_under_test())
         assert loaded.config == model.config
         ids = np.array([[1, 4, 5, 0], [3, 2, 0, 0]])
         with no_grad():

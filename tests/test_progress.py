@@ -258,15 +258,15 @@ def test_evaluation_lines_say_which_member_they_belong_to(capsys):
 
 
 class OtherRank:
-    """The trainer's engine as MPI rank 1 sees it."""
+    """The trainer's ranks as MPI rank 1 sees them."""
 
     is_main = False
 
-    def __init__(self, engine):
-        self.engine = engine
+    def __init__(self, ranks):
+        self.ranks = ranks
 
     def __getattr__(self, name):
-        return getattr(self.engine, name)
+        return getattr(self.ranks, name)
 
 
 def test_nothing_is_printed_on_ranks_other_than_0(capsys, monkeypatch):
@@ -275,7 +275,7 @@ def test_nothing_is_printed_on_ranks_other_than_0(capsys, monkeypatch):
         train_on_fake_clock(TrainConfig(max_iters=4, eval_every=2), clock)
         assert capsys.readouterr().out  # rank 0: progress and evaluation lines
         train_on_fake_clock(TrainConfig(max_iters=4, eval_every=2), clock,
-                            lambda t: setattr(t, "parallel", OtherRank(t.parallel)))
+                            lambda t: setattr(t, "ranks", OtherRank(t.ranks)))
     assert capsys.readouterr() == ("", "")
 
     class Rank1:

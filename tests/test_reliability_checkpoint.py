@@ -35,7 +35,7 @@ from npformer.checkpoint import (
 )
 
 from .conftest import using_backend
-from .helpers import tiered
+from .helpers import tier_under_test, tiered
 from .test_checkpoint_train import lm, lm_batch, logits_of
 
 # A behaviour test: it runs in both tiers (tests.helpers.tiered), which must behave the same.
@@ -72,7 +72,7 @@ def test_version_1_gelu_means_the_tanh_form(tmp_path):
         old = _rewrite(saved, tmp_path / "old.npz", as_version_1)
         checkpoint = load_checkpoint(old)
         assert checkpoint.config["activation"] == "gelu_tanh"
-        rebuilt = build_model(checkpoint)
+        rebuilt = build_model(checkpoint, tier=tier_under_test())
         np.testing.assert_array_equal(logits_of(rebuilt, batch), expected)
 
 

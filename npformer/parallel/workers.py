@@ -35,8 +35,10 @@ Threads and ranks differ only in how step 4's sum happens, through the *communic
   step: :class:`npformer.parallel.Context`, over MPI; a process alone is rank 0 of 1,
   whose collectives return their input.
 
-The trainer asks its workers for what :class:`Workers` lists; :func:`data_parallel` makes
-one, across the MPI ranks when a launcher started several, else in this process.
+The trainer's step calls :meth:`DataParallel.loss_and_grad` per batch and
+:meth:`DataParallel.reduce_step` per update; :func:`data_parallel` makes the workers, across
+the MPI ranks when a launcher started several, else in this process, and none at all for
+one process of one replica, whose step needs no data parallelism.
 """
 from __future__ import annotations
 
@@ -56,7 +58,7 @@ from .shards import shard_bounds
 if TYPE_CHECKING:  # annotations only: importing these here would be circular
     from ..train.tasks import Task
 
-__all__ = ["Communicator", "DataParallel", "Workers", "PackedGradients", "data_parallel",
+__all__ = ["Communicator", "DataParallel", "PackedGradients", "data_parallel",
            "parallel_map", "shard_bounds", "shard_weights", "split_batch"]
 
 
@@ -77,24 +79,6 @@ class Communicator(Protocol):
 
     def check_same(self, **values: Any) -> None:
         """Raise, on every process, if a named value differs between processes."""
-
-
-class Workers(Protocol):
-    """What :class:`npformer.train.Trainer` asks of its data-parallel workers."""
-
-    @property
-    def is_main(self) -> bool:
-        """This process prints and saves (rank 0)."""
-
-    def loss_and_grad(self, task: Task, batch: tuple, grad_scale: float,
-                      seed: int) -> tuple[float, int]:
-        """Per batch: this process's share of the mean loss, and the global count."""
-
-    def reduce_step(self, loss_share: float) -> float:
-        """Once per optimizer step: the gradients summed everywhere; the mean loss."""
-
-    def from_main(self, value: Any) -> Any:
-        """Rank 0's ``value``: a decision every process must share."""
 
 
 # --------------------------------------------------------------------------- the algorithm
@@ -153,11 +137,15 @@ class DataParallel:
         return self.ranks.from_main(value)
 
 
-def data_parallel(model: Module, replicas: int = 1, **same: Any) -> Workers:
+def data_parallel(model: Module, replicas: int = 1, **same: Any) -> DataParallel | None:
     """The trainer's workers: :class:`DataParallel` across the MPI ranks when an MPI
     launcher started this process as one of several (joining them if the program has
-    not), else in this process; ``replicas`` threads in each."""
-    return DataParallel(model, replicas, join_if_launched(), **same)
+    not), else in this process, ``replicas`` threads in each; None for one process of
+    one replica (the trainer's step then runs its task itself)."""
+    ranks = join_if_launched()
+    if ranks.size == 1 and replicas == 1:
+        return None
+    return DataParallel(model, replicas, ranks, **same)
 
 
 # --------------------------------------------------------------------------- its steps

@@ -16,11 +16,8 @@ saves the run and raises :class:`TrainingInterrupted`.
 from __future__ import annotations
 
 import math
-import signal
-import threading
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
 from copy import deepcopy
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -41,8 +38,11 @@ from ..optim import (
     check_optimizer_of,
 )
 from ..parallel.allocator import keep_freed_memory
-from ..parallel.workers import Workers, data_parallel
+from ..parallel.context import SINGLE
+from ..parallel.workers import DataParallel, data_parallel
+from .budget import TimeBudget
 from .progress import Progress, write_line
+from .signals import stop_requests
 from .tasks import Task
 
 
@@ -237,8 +237,11 @@ class Trainer:
         self.best: float | None = None
         self.train_seconds = 0.0  # spent in fit(), over every session of a resumed run
         self.finished = False  # fit() ended by max_iters or the time budget
-        # threads, times the MPI ranks under mpiexec: npformer.parallel
-        self.parallel: Workers = data_parallel(model, config.replicas, train_config=config)
+        # Data parallelism (npformer.parallel): thread replicas, MPI ranks, or None for one
+        # process of one replica, whose step runs the task itself.
+        self.workers: DataParallel | None = data_parallel(model, config.replicas,
+                                                          train_config=config)
+        self.ranks = self.workers.ranks if self.workers is not None else SINGLE
         names = {id(p): name for name, p in model.named_parameters()}
         self._named_parameters = [(names.get(id(p), f"params[{i}]"), p)
                                   for i, p in enumerate(optimizer.params)]
@@ -247,8 +250,9 @@ class Trainer:
         self._graphs_wanted = config.cuda_graph if config.cuda_graph is not None else \
             wanted_by_environment()
         self.planned_updates = config.max_iters  # where the run ends (schedule_for: measured)
-        self._pace_marks: list[tuple[int, float]] = []  # (updates, seconds) this session
-        if config.schedule_for is not None:
+        self.budget = TimeBudget(config.max_seconds, config.max_iters) \
+            if config.schedule_for is not None else None
+        if self.budget is not None:
             self._plan(config.max_iters)
 
     @property
@@ -258,22 +262,21 @@ class Trainer:
 
     # ----------------------------------------------------------------- one update
     def update(self) -> float:
-        """One optimizer update: forward, loss and backward of ``grad_accum`` batches (each
-        shared among the data-parallel workers), the gradients' all-reduce, clipping, and
-        the optimizer's step.  Returns the update's mean loss.  With ``cuda_graph`` on
-        CuPy the update is replayed as a CUDA graph (:mod:`npformer.gpu.cuda_graph`)."""
+        """One optimizer update (:meth:`train_step`); returns its mean loss.  With
+        ``cuda_graph`` on CuPy the update is replayed as a CUDA graph
+        (:mod:`npformer.gpu.cuda_graph`)."""
         self.model.train()
-        graphs = self._step_graphs()
-        if graphs is None:
-            return self._eager_update()
-        batch = self.next_batch(self.data_rng)
-        seed = int(self.data_rng.integers(2**31))  # drawn as eagerly: the same data order
+        if self._graphs is None:  # decided at the first update
+            self._graphs = self._new_step_graphs() or False
+        if not self._graphs:
+            return self.train_step()
+        batch, seed = self._draw_batch()
         try:
-            results = graphs.update(batch)
+            results = self._graphs.update(batch)
         except CaptureFailed as exc:
             self._graphs = False
             self._log(f"CUDA graph: off ({exc}); training eagerly")
-            return self._eager_update(first=(batch, seed))
+            return self.train_step(first=(batch, seed))
         self._items = self.task.count(batch)
         loss, norm, finite = (float(x) for x in results)
         if not math.isfinite(loss):
@@ -283,11 +286,40 @@ class Trainer:
                                                                     norm)))
         return loss
 
-    def _step_graphs(self) -> StepGraphs | None:
-        """The run's CUDA graphs, decided at the first update; None where they are off."""
-        if self._graphs is None:
-            self._graphs = self._new_step_graphs() or False
-        return self._graphs or None
+    def train_step(self, first: tuple | None = None) -> float:
+        """One update as nanoGPT writes it: forward, loss and backward of ``grad_accum``
+        batches, clipping, the optimizer's step.  Returns the update's mean loss
+        (``first``: its first (batch, seed), already drawn)."""
+        self.optimizer.zero_grad()
+        losses, self._items = [], 0
+        for i in range(self.config.grad_accum):
+            batch, seed = first if i == 0 and first is not None else self._draw_batch()
+            losses.append(self._forward_backward(batch, 1.0 / self.config.grad_accum, seed))
+        loss = float(np.mean(losses))
+        if self.workers is not None:
+            loss = self.workers.reduce_step(loss)  # the gradients' all-reduce (MPI ranks)
+        if not math.isfinite(loss):
+            raise TrainingDiverged(self._diverged(f"loss {loss}"))
+        self._clip_gradients()  # a NaN or inf gradient stops the run here
+        self.optimizer.step()
+        return loss
+
+    def _forward_backward(self, batch: tuple, grad_scale: float, seed: int) -> float:
+        """The forward, loss and backward of one batch times ``grad_scale``, its dropout
+        masks drawn from ``seed``; the batch's mean loss.  Data parallelism shards it over
+        the workers and sums their gradients."""
+        if self.workers is not None:
+            loss, count = self.workers.loss_and_grad(self.task, batch, grad_scale, seed)
+            self._items += count
+            return loss
+        self._items += self.task.count(batch)
+        with backend.thread_generator(seed):
+            return self.task.loss_and_grad(self.model, batch, grad_scale)
+
+    def _draw_batch(self) -> tuple[tuple, int]:
+        """The next batch, and the seed of its dropout masks."""
+        batch = self.next_batch(self.data_rng)
+        return batch, int(self.data_rng.integers(2**31))
 
     def _new_step_graphs(self) -> StepGraphs | None:
         """CUDA graphs for this run, where the config (or NPFORMER_CUDA_GRAPH) asks for
@@ -296,34 +328,12 @@ class Trainer:
             return None
         reason = unsupported(self.optimizer, self.task, self.config.replicas,
                              self.config.grad_accum)
-        if reason is None and getattr(getattr(self.parallel, "ranks", None), "size", 1) > 1:
+        if reason is None and self.ranks.size > 1:
             reason = "several MPI ranks all-reduce between backward and update"
         if reason is not None:
             self._log(f"CUDA graph: off ({reason}); training eagerly")
             return None
         return StepGraphs(self.model, self.optimizer, self.task, self.config.clip_norm)
-
-    def _eager_update(self, first: tuple | None = None) -> float:
-        """The update of :meth:`update`, op by op (``first``: its first (batch, seed),
-        already drawn)."""
-        self.optimizer.zero_grad()
-        shares, self._items = [], 0
-        for i in range(self.config.grad_accum):  # forward, loss and backward of each batch
-            if i == 0 and first is not None:
-                batch, seed = first
-            else:
-                batch = self.next_batch(self.data_rng)
-                seed = int(self.data_rng.integers(2**31))  # the dropout streams of this batch
-            share, count = self.parallel.loss_and_grad(self.task, batch,
-                                                       1.0 / self.config.grad_accum, seed)
-            shares.append(share)
-            self._items += count
-        loss = self.parallel.reduce_step(float(np.mean(shares)))  # the all-reduce (MPI)
-        if not math.isfinite(loss):
-            raise TrainingDiverged(self._diverged(f"loss {loss}"))
-        self._clip_gradients()  # a NaN or inf gradient stops the run here
-        self.optimizer.step()
-        return loss
 
     def _clip_gradients(self) -> None:
         """Clip to ``clip_norm`` (or only check that every gradient is finite), with the
@@ -351,38 +361,31 @@ class Trainer:
         cfg = self.config
         self._progress = Progress(cfg.max_iters, cfg.desc, done=self.updates,
                                   elapsed=self.train_seconds, budget=cfg.max_seconds,
-                                  lines_per_run=10, enabled=cfg.progress and self.parallel.is_main)
+                                  lines_per_run=10, enabled=cfg.progress and self.ranks.is_main)
         self._seconds_before, self._started = self.train_seconds, time.perf_counter()
-        self.finished, self._pace_marks = False, []
+        self.finished = False
+        if self.budget is not None:
+            self.budget.new_session()
         try:
-            with _stop_requests() as requests:
+            with stop_requests() as requests:
                 while not self.finished:
                     self.train_seconds = self._train_seconds_now()
                     if self.updates >= self.planned_updates:
                         self.finished = True
-                    elif cfg.max_seconds is not None and self.parallel.from_main(
-                            self.train_seconds > cfg.max_seconds):  # rank 0 decides for all
-                        self._log(f"time budget of {cfg.max_seconds:.0f} s reached at "
-                                  f"update {self.updates}")
-                        if cfg.eval_every and not self._evaluated_at_this_update():
-                            self.evaluate()
+                    elif self._out_of_time():
                         self.finished = True
                     else:
                         self._train_one_update(cfg)
-                        reason = self.parallel.from_main(  # every rank stops at the same update
+                        reason = self.ranks.from_main(  # every rank stops at the same update
                             requests[0] if requests else self._stop_after_reached())
                         if reason:
-                            self.train_seconds = self._train_seconds_now()  # with this update
-                            self.save_last()
-                            raise TrainingInterrupted(self.updates, reason,
-                                                      Path(cfg.last_path) if cfg.last_path
-                                                      else None)
+                            self._interrupt(reason)
         finally:
             self._progress.close()
         self.save_last()
         if cfg.checkpoint_path and not cfg.select_metric:
             self.save(cfg.checkpoint_path)
-        self.parallel.from_main(None)  # MPI: no rank returns before rank 0's files are written
+        self.ranks.from_main(None)  # MPI: no rank returns before rank 0's files are written
         return self.history
 
     def _train_one_update(self, cfg: TrainConfig) -> None:
@@ -391,41 +394,39 @@ class Trainer:
         self.history.losses.append(loss)
         self.history.lrs.append(self.optimizer.lr)
         self._progress.update(items=self._items, loss=loss, lr=self.optimizer.lr)
-        if cfg.schedule_for is not None:
-            self._measure_pace(cfg)
+        if self.budget is not None:
+            planned = self.budget.updates_that_fit(self.updates, self._train_seconds_now())
+            if planned is not None:
+                self._plan(planned)
         if cfg.eval_every and (self.updates % cfg.eval_every == 0
                                or self.updates == self.planned_updates):
             self.evaluate()
             if self.updates < self.planned_updates:
                 self.save_last()
 
-    # ----------------------------------------------------------------- the budget's length
-    # With schedule_for, the schedule is fitted to the time budget: the updates still to
-    # come are the seconds left over the seconds an update has taken lately (over the
-    # second half of this session at least, evaluations included), measured again every
-    # REPLAN_EVERY updates, so a slower or faster machine, or one that slows down, gets a
-    # shorter or longer schedule that still decays fully within the budget.
-    REPLAN_EVERY = 10  # updates between two measurements of the pace
+    def _out_of_time(self) -> bool:
+        """Whether the time budget is spent (rank 0 decides for all); evaluates once more
+        then, if the run evaluates and has not at this update."""
+        cfg = self.config
+        if cfg.max_seconds is None or not self.ranks.from_main(
+                self.train_seconds > cfg.max_seconds):
+            return False
+        self._log(f"time budget of {cfg.max_seconds:.0f} s reached at update {self.updates}")
+        if cfg.eval_every and not self._evaluated_at_this_update():
+            self.evaluate()
+        return True
 
-    def _measure_pace(self, cfg: TrainConfig) -> None:
-        now, marks = self._train_seconds_now(), self._pace_marks
-        if not marks:  # the session's first update (compiling, warming up) is not counted
-            marks.append((self.updates, now))
-            return
-        done = self.updates - marks[0][0]
-        if done % self.REPLAN_EVERY and done != 1:  # a first guess from one update
-            return
-        middle = (marks[0][0] + self.updates) / 2
-        since_update, since_seconds = max(m for m in marks if m[0] <= middle)
-        seconds_each = (now - since_seconds) / (self.updates - since_update)
-        left = max(0.0, cfg.max_seconds - now)
-        self._plan(min(cfg.max_iters, self.updates + int(left / seconds_each)))
-        marks.append((self.updates, now))
+    def _interrupt(self, reason: str) -> None:
+        """Save the run with this update and raise TrainingInterrupted."""
+        self.train_seconds = self._train_seconds_now()
+        self.save_last()
+        last = self.config.last_path
+        raise TrainingInterrupted(self.updates, reason, Path(last) if last else None)
 
     def _plan(self, updates: int) -> None:
         """End the run after ``updates`` (rank 0's count, on every rank), with the schedule
         ``schedule_for(updates)``."""
-        self.planned_updates = int(self.parallel.from_main(max(updates, self.updates)))
+        self.planned_updates = int(self.ranks.from_main(max(updates, self.updates)))
         self.optimizer.schedule = self.config.schedule_for(self.planned_updates)
 
     def _train_seconds_now(self) -> float:
@@ -443,7 +444,7 @@ class Trainer:
         return bool(self.history.evals) and self.history.evals[-1]["update"] == self.updates
 
     def _log(self, line: str) -> None:
-        if self.parallel.is_main:  # MPI: rank 0 speaks for all
+        if self.ranks.is_main:  # MPI: rank 0 speaks for all
             write_line(line)
 
     def evaluate(self) -> dict:
@@ -492,7 +493,7 @@ class Trainer:
         """The model, the optimizer, the random streams and :meth:`state_dict`: a run
         that :meth:`resume` continues exactly.  Under MPI only rank 0 writes (every rank
         holds the same state)."""
-        if not self.parallel.is_main:
+        if not self.ranks.is_main:
             return Path(path)
         rng_state = {"backend": backend.get_rng_state(),
                      "data": self.data_rng.bit_generator.state}
@@ -514,27 +515,3 @@ class Trainer:
             self.data_rng.bit_generator.state = checkpoint.rng_state["data"]
         if "trainer" in checkpoint.extra:
             self.load_state_dict(checkpoint.extra["trainer"])
-
-
-# --------------------------------------------------------------------------- around the loop
-@contextmanager
-def _stop_requests():
-    """While training, SIGINT (Ctrl-C) and SIGTERM ask the loop to stop after the current
-    update (the yielded list receives the signal's name); a second one interrupts at once.
-    Outside the main thread signals cannot be caught: nothing changes there."""
-    requests: list[str] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield requests
-        return
-
-    def request_stop(signum, frame):
-        if requests:
-            raise KeyboardInterrupt
-        requests.append(signal.Signals(signum).name)
-
-    previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield requests
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
