@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import functools
 import importlib
+import importlib.util
 import math
 import re
 from pathlib import Path
@@ -786,3 +787,14 @@ def test_the_guides_layout_is_the_tree():
             or (p.suffix == ".py" and p.name != "__init__.py")}
     assert named == tree, (f"the guide names {sorted(named - tree)} that npformer/ lacks, and "
                            f"lacks {sorted(tree - named)}")
+
+
+@pytest.mark.parametrize("argv", [[], ["--backward"]], ids=["forward", "backward"])
+def test_the_reading_paths_match_the_code(argv, capsys):
+    """tools/reading_path.py's stops (the README's reading path, forward and backward) are
+    still definitions holding the lines that lead on."""
+    spec = importlib.util.spec_from_file_location("reading_path",
+                                                  ROOT / "tools" / "reading_path.py")
+    reading_path = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reading_path)
+    assert reading_path.main(argv) == 0, capsys.readouterr().err

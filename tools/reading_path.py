@@ -1,6 +1,8 @@
-"""Count what a student reads from a demo to the first formula of the textbook attention.
+"""Count what a student reads from a demo to the first formula of the textbook attention,
+forward and backward.
 
     python tools/reading_path.py                 # npformer: demos/imdb.py -> ops/attention.py
+    python tools/reading_path.py --backward      # the update: imdb.py -> attention_backward
     python tools/reading_path.py --nanogpt DIR   # the same count on nanoGPT's train.py/model.py
 
 A path is a list of stops, each a definition (a function or a method) the reader opens by
@@ -33,6 +35,30 @@ NPFORMER_PATH = [
     ("npformer/nn/blocks.py", "EncoderBlock.forward", "self.self_attn(a.norm(x)"),
     ("npformer/nn/attention.py", "MultiHeadAttention.forward", "ops.attention_forward("),
     ("npformer/ops/attention.py", "attention_forward", "softmax_forward(scaled_scores(q, k)"),
+]
+# One update, from the demo's fit() to the attention's backward (the textbook tier, one
+# process: the step runs the task itself).
+NPFORMER_BACKWARD_PATH = [
+    ("demos/imdb.py", "train_member", "trainer.fit()"),
+    ("npformer/train/loop.py", "Trainer.fit", "self._train_one_update(cfg)"),
+    ("npformer/train/loop.py", "Trainer._train_one_update", "loss = self.update()"),
+    ("npformer/train/loop.py", "Trainer.update", "return self.train_step()"),
+    ("npformer/train/loop.py", "Trainer.train_step", "self._forward_backward(batch,"),
+    ("npformer/train/loop.py", "Trainer._forward_backward",
+     "return self.task.loss_and_grad(self.model, batch, grad_scale)"),
+    ("npformer/train/tasks.py", "Classification.loss_and_grad",
+     "self.loss_and_grad_on_device(model, batch, grad_scale)"),
+    ("npformer/train/tasks.py", "Classification.loss_and_grad_on_device",
+     "return cross_entropy_and_backward(model, logits, labels, grad_scale)"),
+    ("npformer/train/tasks.py", "cross_entropy_and_backward", "model.backward(dlogits)"),
+    ("npformer/models/classifier.py", "TransformerClassifier.backward",
+     "dx = block.backward(dx)"),
+    ("npformer/nn/blocks.py", "EncoderBlock.backward", "self.self_attn.backward("),
+    ("npformer/nn/attention.py", "MultiHeadAttention.backward", "ops.attention_backward("),
+    ("npformer/ops/attention.py", "attention_backward", "dscores = softmax_backward(dp"),
+]
+NANOGPT_BACKWARD_PATH = [  # autograd: the backward is one call
+    ("train.py", None, "scaler.scale(loss).backward()"),
 ]
 NANOGPT_PATH = [
     ("train.py", None, "model = GPT(gptconf)"),
@@ -91,10 +117,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nanogpt", type=Path, metavar="DIR",
                         help="count nanoGPT's path instead (its train.py and model.py in DIR)")
+    parser.add_argument("--backward", action="store_true",
+                        help="the update's path, from fit() to the attention's backward")
     args = parser.parse_args(argv)
     if args.nanogpt:
-        return count(args.nanogpt, NANOGPT_PATH)
-    return count(ROOT, NPFORMER_PATH)
+        return count(args.nanogpt, NANOGPT_BACKWARD_PATH if args.backward else NANOGPT_PATH)
+    return count(ROOT, NPFORMER_BACKWARD_PATH if args.backward else NPFORMER_PATH)
 
 
 if __name__ == "__main__":
