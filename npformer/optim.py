@@ -251,25 +251,33 @@ class Adam(Optimizer):
         return p.data, g
 
     def _update(self, p, g, state, t):
-        xp = backend.namespace_of(p.data)
         (m, v), b1, b2 = state, self.beta1, self.beta2
         data, g = self._decay(p, g)
-        delta = g - m
-        delta *= 1 - b1
-        m += delta                                        # m_t = m + (1-beta1)(g - m)
-        g_sq = g * g
-        g_sq *= 1 - b2
-        v *= b2
-        v += g_sq                                         # v_t = beta2 v + (1-beta2) g^2
         bias_correction1 = 1 - b1**t                      # bc1 = 1 - beta1^t
         bias_correction2 = 1 - b2**t                      # bc2 = 1 - beta2^t
         step_size = self.lr / bias_correction1            # step = lr / bc1
-        denom = xp.sqrt(v)
-        denom /= bias_correction2**0.5
-        denom += self.eps                                 # sqrt(v)/sqrt(bc2) + eps
-        update = m / denom
-        update *= step_size
-        return data - update, (m, v)                      # p <- p - step m / denom
+        return adam_step(data, g, m, v, b1, b2, self.eps, step_size,
+                         bias_correction2), (m, v)
+
+
+def adam_step(data: Array, g: Array, m: Array, v: Array, beta1: float, beta2: float,
+              eps: float, step_size: float, bias_correction2: float) -> Array:
+    """Adam's statements on arrays of one shape (a parameter, or the fast tier's flat
+    buffer of all of them): m and v updated in place, the new data returned."""
+    xp = backend.namespace_of(data)
+    delta = g - m
+    delta *= 1 - beta1
+    m += delta                                            # m_t = m + (1-beta1)(g - m)
+    g_sq = g * g
+    g_sq *= 1 - beta2
+    v *= beta2
+    v += g_sq                                             # v_t = beta2 v + (1-beta2) g^2
+    denom = xp.sqrt(v)
+    denom /= bias_correction2**0.5
+    denom += eps                                          # sqrt(v)/sqrt(bc2) + eps
+    update = m / denom
+    update *= step_size
+    return data - update                                  # p <- p - step m / denom
 
 
 class AdamW(Adam):

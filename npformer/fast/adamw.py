@@ -14,7 +14,7 @@ update's bit for bit in float32:
 * :func:`adamw_flat_update`: one pass over flat buffers of every parameter
   (:class:`npformer.fast.flat.FlatParameters`), the decay applied segment by segment to the
   decayed parameters only; the compiled kernel :func:`adamw_flat` on NumPy with numba,
-  else the same statements as array operations over the buffers.
+  else the textbook's statements (:func:`npformer.optim.adam_step`) over the buffers.
 * :func:`sum_of_squares`: sum(g^2) of a flat gradient, accumulated in float64 as eight
   running sums (independent chains, which LLVM packs into one vector register).
 * :func:`adam_update_cupy`: on a GPU each array expression is one kernel launch, a few
@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .. import backend
+from .. import backend, optim
 from ..backend import Array
 from .compiler import jit, usable
 
@@ -70,33 +70,20 @@ def adamw_flat_update(data: Array, grad: Array, m: Array, v: Array,
     ``decay_factor`` = 1 - lr lambda (AdamW; K = 0 for none).  Then Adam's statements,
     element by element, in their order, with step_size = lr / (1 - beta1^t) and
     bias_correction2 = 1 - beta2^t; the coefficients rounded to the buffers' dtype
-    first.  Compiled on C-contiguous, writable NumPy buffers with numba, else the same
-    statements as array operations over the buffers.
+    first.  Compiled on C-contiguous, writable NumPy buffers with numba, else the
+    textbook's statements (:func:`npformer.optim.adam_step`) over the buffers.
     """
-    cast = data.dtype.type
-    coefficients = (cast(decay_factor), cast(1 - beta1), cast(1 - beta2), cast(beta2),
-                    cast(bias_correction2**0.5), cast(eps), cast(step_size))
     if usable(data, grad, m, v) and all(a.flags.writeable for a in (data, m, v)):
+        cast = data.dtype.type
         segments = np.asarray(decay_segments, dtype=np.int64).reshape(-1, 2)
-        adamw_flat(data, grad, m, v, segments, *coefficients)
+        adamw_flat(data, grad, m, v, segments, cast(decay_factor), cast(1 - beta1),
+                   cast(1 - beta2), cast(beta2), cast(bias_correction2**0.5), cast(eps),
+                   cast(step_size))
         return
-    decay, one_minus_beta1, one_minus_beta2, beta2_, sqrt_bc2, eps_, step = coefficients
-    for lo, hi in decay_segments:
-        data[lo:hi] *= decay                              # p <- p (1 - lr lambda)
-    delta = grad - m
-    delta *= one_minus_beta1
-    m += delta                                            # m_t = m + (1-beta1)(g - m)
-    g_sq = grad * grad
-    g_sq *= one_minus_beta2
-    v *= beta2_
-    v += g_sq                                             # v_t = beta2 v + (1-beta2) g^2
-    xp = backend.namespace_of(data)
-    denom = xp.sqrt(v)
-    denom /= sqrt_bc2
-    denom += eps_                                         # sqrt(v)/sqrt(bc2) + eps
-    update = m / denom
-    update *= step
-    data -= update                                        # p <- p - step m / denom
+    for lo, hi in decay_segments:  # the textbook's statements, over the whole buffer
+        data[lo:hi] *= decay_factor                       # p <- p (1 - lr lambda)
+    data[...] = optim.adam_step(data, grad, m, v, beta1, beta2, eps, step_size,
+                                bias_correction2)
 
 
 # =========================================================================== the norm
