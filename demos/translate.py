@@ -281,14 +281,18 @@ def split_pairs(preset: Preset, data, seed: int):
     """-> training pairs, then the validation and the held-out (test) English sentences,
     each mapped to its translations: three disjoint sets of English sentences, so the
     model is chosen on sentences that are neither trained on nor scored."""
-    pairs = (filter_by_length(read_sentence_pairs(data), preset.max_tokens)
-             if is_user_pairs(data) else load_fra_eng(data, max_len=preset.max_tokens)
-             )[:preset.max_pairs]
+    every = read_sentence_pairs(data) if is_user_pairs(data) else load_fra_eng(data)
+    kept = filter_by_length(every, preset.max_tokens)
+    pairs = kept[:preset.max_pairs]
     sentences = len({" ".join(english) for english, _ in pairs})  # as split_by_source counts
     if preset.heldout + preset.validation >= sentences:
+        longer = len(every) - len(kept)
         raise DemoError(f"--heldout {preset.heldout} and --validation {preset.validation} "
                         f"leave nothing to train on: the corpus has {sentences} distinct "
-                        f"English sentences of at most {preset.max_tokens} tokens")
+                        f"English sentences in pairs of at most --max-tokens "
+                        f"{preset.max_tokens} tokens a side ({longer} of its {len(every)} "
+                        f"pairs are longer: raise --max-tokens, or lower --heldout and "
+                        f"--validation)")
     train_pairs, heldout = split_by_source(pairs, preset.heldout, seed=seed)
     train_pairs, validation = split_by_source(train_pairs, preset.validation, seed=seed)
     return train_pairs, validation, heldout

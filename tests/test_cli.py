@@ -321,3 +321,69 @@ def test_start_demo_ends_with_the_relaunched_ranks_status(tmp_path, monkeypatch)
         start(["--out", str(tmp_path / "run")], monkeypatch, relaunched=130)
     assert exit_info.value.code == 130
     assert (tmp_path / "run" / cli.HOLDER_FILE).is_file()  # held by the ranks' launcher
+
+
+# --------------------------------------------------------------------------- issue 47
+def settled(argv, presets=TOYS):
+    parser = cli.demo_parser(DEMO, "Toy.\n\nEpilog.", presets)
+    args = parser.parse_args(argv)
+    return runs.settle(parser, args, DEMO, presets), args
+
+
+@pytest.mark.parametrize("argv, out", [
+    ([], "runs/toy"), (["--smoke"], "runs/toy-smoke"), (["--preset", "smoke"], "runs/toy-smoke"),
+    (["--preset", "big"], "runs/toy-big"), (["--preset", "default"], "runs/toy"),
+    (["--smoke", "--out", "mine"], "mine"),
+])
+def test_a_smoke_run_has_its_own_default_folder(argv, out):
+    """issue 47 case 19: --smoke wrote into the demo's default folder, so the next default
+    run was refused ("holds a finished run of other settings"); each preset but the
+    default now has its own (runs/NAME-smoke)."""
+    assert settled(argv)[1].out == out
+
+
+def test_a_saved_setting_under_its_old_and_new_name_is_one_error(tmp_path):
+    """issue 47 case 10: a run settings record holding both ``size`` and ``width`` (an old
+    name and its new one) at --resume: a TypeError traceback before; now one error naming
+    the file and both spellings."""
+    model = CausalLM(CausalLMConfig(vocab_size=5, block_size=4, d_model=4, num_heads=1,
+                                    num_layers=1, d_ff=4))
+    record = {"preset_name": "default", "preset": {"size": 16, "width": 8, "heads": 2},
+              "settings": {"seed": 0, "dtype": "float32", "engine": "fast"}, "data_sha256": {}}
+    with using_backend("numpy", "float32"):
+        save_checkpoint(tmp_path / cli.LAST_FILE, model, step=1,
+                        extra={"demo": "toy", "run": record, "trainer": {"finished": False}})
+    with pytest.raises(cli.CheckpointError) as error:
+        settled(["--resume", "--out", str(tmp_path)], RENAMED)
+    message = str(error.value)
+    assert str(tmp_path / cli.LAST_FILE) in message
+    assert "size = 16 and width = 8" in message and "old name of width" in message, message
+
+
+def test_overwrite_removes_the_runs_folders_and_a_folder_is_written_whole(tmp_path):
+    """issue 47 case 2: --overwrite removed the run's files but left OUT/gpt2 (the
+    fine-tuned model); a folder is now written beside its place, then renamed, so a stop
+    mid-write never leaves half of one."""
+    (tmp_path / "gpt2").mkdir()
+    (tmp_path / "gpt2" / "config.json").write_text("{}")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "metrics.json").write_text("{}")
+    removed = cli.remove_run_files(tmp_path)
+    assert sorted(p.name for p in removed) == ["gpt2", "metrics.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
+
+    def write(folder, fail=False):
+        folder.mkdir()
+        (folder / "config.json").write_text("new")
+        if fail:
+            raise OSError("disk full")
+
+    target = tmp_path / "gpt2"
+    cli.write_folder(target, write)
+    assert (target / "config.json").read_text() == "new"
+    (target / "config.json").write_text("whole")
+    with pytest.raises(OSError):
+        cli.write_folder(target, lambda folder: write(folder, fail=True))
+    assert (target / "config.json").read_text() == "whole"  # the previous folder, untouched
+    cli.remove_run_files(tmp_path)  # the failed write's temporary goes with the run
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]

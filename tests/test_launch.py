@@ -108,6 +108,37 @@ def test_a_ranks_last_words_are_shown_once_even_if_mpiexec_drops_them(stream, tm
     assert capfd.readouterr().err.splitlines() == ["error: the data is corrupt"]
 
 
+MESSAGE = """error: Could not find the dataset file 'input.txt'.
+Searched:
+  - $NPFORMER_DATA: not set
+To fix: download it yourself"""
+
+RANKS_SAY = """
+import sys
+from npformer.cli.output import say
+from npformer import launch
+message = sys.argv[1]
+say(message)
+launch.record_last_words(message)
+sys.exit(2)
+"""
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_multi_line_message_is_shown_once_whatever_its_length(ranks, tmp_path, capfd):
+    """issue 47 case 20: every rank says the same error of several lines; the launcher
+    compared line by line, so the lines after the first (no ``error:`` prefix) came
+    twice on 2 ranks.  Now a message travels as one line and is shown once, whole."""
+    folder = tmp_path / "launch"
+    folder.mkdir()
+    (folder / launch.LAUNCH_FILE).write_text(json.dumps({"ranks": ranks, "mpiexec": "x"}))
+    env = launch.child_environment(folder, {**os.environ, "PYTHONPATH": str(ROOT)})
+    rank = [sys.executable, "-c", RANKS_SAY, MESSAGE]
+    command = ["bash", "-c", " & ".join(['"$@"'] * ranks) + "; wait", "ranks", *rank]
+    assert launch.run_children(command, env, folder) == 0
+    assert capfd.readouterr().err == MESSAGE + "\n"
+
+
 def test_without_a_launcher_nothing_is_left_behind(tmp_path):
     launch.record_last_words("error: x", {})  # not a launched rank: no folder, no file
     launch.record_last_words("error: x", {launch.LAUNCHED_MARK: str(tmp_path)})  # no launch

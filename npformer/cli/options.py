@@ -30,6 +30,13 @@ so the learning rate (and its schedule) and the results stay those of one proces
 run resumes on any number of ranks.  Only rank 0 prints and writes files."""
 
 
+def default_out(demo: Demo, preset: str) -> str:
+    """The run's folder when --out is not given: the demo's (``runs/imdb``) for the default
+    preset, its own for each other (``runs/imdb-smoke``), so that a smoke run never leaves
+    what a default run would stumble on."""
+    return demo.out if preset == "default" else f"{demo.out}-{preset}"
+
+
 def flag(name: str) -> str:
     """A preset field's command-line option: ``d_model`` -> ``--d-model``."""
     return "--" + name.replace("_", "-")
@@ -185,9 +192,10 @@ def demo_parser(demo: Demo, doc: str, presets: dict) -> argparse.ArgumentParser:
     parser.add_argument("--data", default=None,
                         help="dataset file or folder (default: $NPFORMER_DATA, then the user "
                              "cache, downloading there if needed)")
-    parser.add_argument("--out", default=demo.out,
-                        help="folder for the checkpoints, plots and metrics "
-                             "(default: %(default)s)")
+    parser.add_argument("--out", default=None,
+                        help=f"folder for the checkpoints, plots and metrics (default: "
+                             f"{demo.out}; {default_out(demo, 'smoke')} for --smoke, and "
+                             f"{default_out(demo, 'PRESET')} for another --preset)")
     parser.add_argument("--seed", type=nonnegative_int, default=None,
                         help="random seed (default: 0)")
     parser.add_argument("--backend", choices=["numpy", "cupy"], default=None,
