@@ -387,3 +387,50 @@ def test_overwrite_removes_the_runs_folders_and_a_folder_is_written_whole(tmp_pa
     assert (target / "config.json").read_text() == "whole"  # the previous folder, untouched
     cli.remove_run_files(tmp_path)  # the failed write's temporary goes with the run
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
+
+
+@dataclass(frozen=True)
+class Nano:
+    max_iters: int = cli.option(10, "updates")
+    layers: int = cli.option(2, "layers")
+    d_model: int = cli.option(8, "width")
+    num_heads: int = cli.option(2, "heads")
+    lr: float = cli.option(0.1, "rate", cli.positive_float)
+    block_size: int = cli.option(4, "context")
+
+
+NANOS = {"default": Nano(), "smoke": Nano(max_iters=2)}
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--max_iters", "7", "--block_size", "3"], Nano(max_iters=7, block_size=3)),
+    (["--n_layer", "3", "--n_embd", "12", "--n_head", "3"], Nano(layers=3, d_model=12,
+                                                                 num_heads=3)),
+    (["--learning_rate", "0.5", "--d_model", "4"], Nano(lr=0.5, d_model=4)),
+    (["--n_embd", "12", "--d-model", "12"], Nano(d_model=12)),
+])
+def test_nanogpt_spellings_set_the_demos_settings(argv, expected):
+    """issue 47 case 21: demos/README.md says the names are nanoGPT's, but --max_iters,
+    --n_layer and --n_embd were refused with no hint; nanoGPT's names and the underscore
+    spellings are read as the demo's options."""
+    parser = cli.demo_parser(DEMO, "Toy.\n\nEpilog.", NANOS)
+    assert cli.resolve_preset(parser, parser.parse_args(argv), NANOS) == expected
+
+
+@pytest.mark.parametrize("presets, argv, message", [
+    (NANOS, ["--n_embd", "12", "--d-model", "8"],
+     "--n_embd 12 and --d-model 8 set the same setting: --n_embd is another spelling of "
+     "--d-model; give --d-model once"),
+    (TOYS, ["--n_layer", "2"], "unrecognized arguments: --n_layer 2 (nanoGPT's --n_layer "
+                               "(--layers) is not a setting of this demo"),
+    (TOYS, ["--out_dir", "x"], "(nanoGPT's --out_dir is --out here)"),
+    (TOYS, ["--stop_after=3"], "(--stop_after is spelled --stop-after here)"),
+    (TOYS, ["--widht", "3"], "(did you mean --width?)"),
+])
+def test_an_option_not_read_says_what_to_type(presets, argv, message, capsys):
+    """issue 47 case 21: an option the demo does not read says what to type instead."""
+    parser = cli.demo_parser(DEMO, "Toy.\n\nEpilog.", presets)
+    with pytest.raises(SystemExit) as exit_info:
+        parser.parse_args(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err

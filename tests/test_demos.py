@@ -534,3 +534,15 @@ def test_a_cuda_graph_switch_that_is_not_a_boolean_is_one_line(data_dir, tmp_pat
     result = run_demo("generate.py", *SMOKE, "--data", str(data_dir), "--out", str(tmp_path),
                       env_extra={"NPFORMER_CUDA_GRAPH": "maybe"})
     assert "NPFORMER_CUDA_GRAPH='maybe' is not a boolean" in one_error_line(result)
+
+
+def test_translation_pairs_all_longer_than_max_tokens_name_it(tmp_path):
+    """issue 47 case 10: every pair of --data longer than --max-tokens: the error named
+    --heldout and --validation only, never --max-tokens, the option to change."""
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("".join(f"we see the {i} red cars today .\tnous voyons les {i} "
+                             f"voitures rouges .\n" for i in range(60)))
+    err = one_error_line(run_demo("translate.py", "--smoke", "--procs", "1", "--data",
+                                  str(pairs), "--max-tokens", "4", "--out", str(tmp_path / "o")))
+    assert "--max-tokens 4" in err and "60 of its 60 pairs are longer" in err, err
+    assert "raise --max-tokens" in err, err
