@@ -154,10 +154,10 @@ def relaunch(args: argparse.Namespace, argv: list[str] | None, training: bool = 
     if mpiexec is None or importlib.util.find_spec("mpi4py") is None:
         asked = (f"--procs {procs}" if getattr(args, "procs", None) is not None else
                  f"the saved run's {procs} MPI ranks" if getattr(args, "resume", False)
-                 else None)
-        if asked is not None:
-            print(f"note: {asked} need mpi4py and an mpiexec (pip install 'npformer[mpi]'); "
-                  "running in one process with thread replicas", file=sys.stderr)
+                 else f"the default {procs} MPI ranks (one per core)")
+        print(f"note: {asked} need mpi4py and an mpiexec (pip install -e '.[demos]' or "
+              "'npformer[mpi]'); running in one process with thread replicas",
+              file=sys.stderr)
         return None
     check_environment()
     print(f"running on {procs} MPI ranks, one per core ({Path(mpiexec).name} -n {procs}; "

@@ -56,6 +56,35 @@ def test_resume_takes_the_saved_runs_ranks_unless_told(given, saved, expected, m
     assert launch.planned_procs(options(resume=True, **given), True, {}) == expected
 
 
+@pytest.mark.parametrize("given, asked", [
+    ({}, "the default 2 MPI ranks (one per core)"), ({"procs": 3}, "--procs 3")])
+def test_without_mpi_a_demo_runs_in_one_process_and_says_so(given, asked, monkeypatch,
+                                                            capsys):
+    """issue 47 case 22: the demos' default MPI ranks need mpi4py and an mpiexec; without
+    them the run falls back to one process with one line saying so (the default run fell
+    back without a word, so its figures were not the README's 2-rank ones)."""
+    monkeypatch.setattr(launch, "usable_cores", lambda: 2)
+    monkeypatch.setattr(launch, "find_mpiexec", lambda: None)
+    monkeypatch.delenv("NPFORMER_BACKEND", raising=False)
+    for name in (launch.LAUNCHED_MARK, *launch.LAUNCHER_VARIABLES):
+        monkeypatch.delenv(name, raising=False)
+    assert launch.relaunch(options(**given), None) is None
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == (f"note: {asked} need mpi4py and an mpiexec (pip install -e '.[demos]' or "
+                    "'npformer[mpi]'); running in one process with thread replicas")
+
+
+def test_the_demos_extra_brings_mpi():
+    """issue 47 case 22: `pip install -e ".[demos]"` (the README's first command) gives
+    what the results assume, the demos' default MPI ranks: mpi4py and MPICH's mpiexec."""
+    import configparser
+
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    demos = config["options.extras_require"]["demos"].split()
+    assert "mpich" in demos and any(r.startswith("mpi4py") for r in demos), demos
+
+
 def test_called_as_a_function_never_relaunches():
     """main(argv) from Python (tests, notebooks) runs in this process."""
     assert launch.relaunch(options(procs=2), ["--smoke"]) is None
