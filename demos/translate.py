@@ -439,6 +439,7 @@ def main(argv=None) -> int:
           f"{trainer.updates} updates = {epochs:.2f} epochs")
     probe_sources = probe_sentences(args.data, heldout)
     probes = translate(model, src_vocab, tgt_vocab, bpe, probe_sources, beam_size=preset.beam_size)
+    print(f"probes, decoded by {decoding(preset.beam_size)}:")
     for english_probe, french in zip(probe_sources, probes):
         print(f"  {english_probe} => {french}")
     total_seconds = clock.seconds()
@@ -474,7 +475,13 @@ def draw_cross_attention(model, src_vocab, tgt_vocab, bpe, sentence: str, path) 
     last = f"decoder.{len(model.decoder) - 1}.cross_attn"
     weights = backend.to_numpy(recorded[last])[0].mean(axis=0)  # (T, S)
     plot_attention(path, weights, ["<bos>"] + french, src_vocab.decode(src_ids),
-                   f"cross-attention, last decoder layer: {sentence}")
+                   f"cross-attention, last decoder layer, decoded by {decoding(1)}: "
+                   f"{sentence}")
+
+
+def decoding(beam_size: int) -> str:
+    """How a translation was decoded, for the texts and figures that show one."""
+    return "greedy search" if beam_size == 1 else f"beam search (beam {beam_size})"
 
 
 def translate_only(args, preset: Preset, out: Path) -> int:
