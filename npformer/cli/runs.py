@@ -317,7 +317,8 @@ def _check_same_data(parser: argparse.ArgumentParser, args: argparse.Namespace, 
     current = args.data_sha256.get(name) if given is not None else \
         data_hashes(argparse.Namespace(**{name: path}))[name]
     if current != saved_hash:
-        now = "has changed since" if _absolute(path, name) == saved_path else "holds another"
+        now = "has changed since" if _absolute(path, name) == saved_path else \
+            f"holds other {'data' if kind == 'file' else 'files'}"
         raise DemoError(f"{started_on}, but {path} {now} ({_changes(saved_hash, current)}): "
                         f"resume with what it was started on, or start a new run")
     setattr(args, name, path)
