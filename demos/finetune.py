@@ -2,7 +2,7 @@
 
     python demos/finetune.py                        # GPT-2 small ("gpt2") on tiny Shakespeare
     python demos/finetune.py --model path/to/gpt2-folder --data notes.txt
-    python demos/finetune.py --sample-only --model runs/finetune/gpt2 --prompt "ROMEO:"
+    python demos/finetune.py --sample-only --prompt "ROMEO:"  # the model fine-tuned in --out
     python demos/finetune.py --smoke --model FOLDER # seconds (CI, on a small folder)
     python demos/finetune.py --resume               # continue an interrupted run exactly
 
@@ -15,8 +15,10 @@ last 10% validates.  Settings follow nanoGPT's finetune_shakespeare.py for a CPU
 AdamW at a constant learning rate of 3e-5, weight decay 0.1, betas (0.9, 0.95),
 gradients clipped to norm 1, no dropout, random windows of --block-size tokens.
 Prints the validation loss before and after, and a sample; writes the fine-tuned
-model as a GPT-2 folder (OUT/gpt2, which transformers loads too), model.npz and
-last.npz (the run, for --resume), sample.txt and metrics.json to --out.
+model as a GPT-2 folder (OUT/gpt2, which transformers loads too; --sample-only without
+--model samples it), model.npz and last.npz (the run, for --resume), sample.txt and
+metrics.json to --out.  The run records what it started from (the data, and each file of
+a --model folder, by content): --resume refuses a changed one, naming the file.
 """
 from __future__ import annotations
 
@@ -50,6 +52,7 @@ from npformer.cli import (
     run_demo,
     run_record,
     start_demo,
+    write_folder,
     write_metrics,
     write_text,
 )
@@ -107,7 +110,8 @@ def build_parser():
                         help="sample from the nucleus of this probability, in (0, 1] "
                              "(default: off)")
     parser.add_argument("--sample-only", action="store_true",
-                        help="sample from --model without training")
+                        help=f"sample without training, from --model (default: the model "
+                             f"fine-tuned in --out, OUT/{GPT2_FOLDER})")
     return parser
 
 
@@ -163,14 +167,23 @@ def sample(model, tokenizer, prompt: list[int], args, length: int) -> str:
 
 
 def base_model(args, out: Path) -> str:
-    """--model, or with --resume the run's (a different one is refused)."""
-    if not args.resume:
-        return args.model or DEFAULT_MODEL
-    saved = read_demo_checkpoint(out / LAST_FILE, DEMO).extra["base_model"]
-    if args.model is not None and args.model != saved:
-        raise DemoError(f"--resume continues the saved run, which fine-tunes --model "
-                        f"{saved}, not {args.model} (leave --model out)")
-    return saved
+    """The model to load: --model; for --sample-only without it, the model fine-tuned in
+    --out; with --resume the run's (settled by start_demo: the same folder, unchanged)."""
+    if args.sample_only and args.model is None:
+        folder = out / GPT2_FOLDER
+        if not (folder / "config.json").is_file():
+            raise DemoError(f"--sample-only samples the model fine-tuned in --out, but "
+                            f"{folder} holds none: fine-tune one first (`python "
+                            f"{DEMO.script} --out {out}`), or give --model")
+        return str(folder)
+    extra = read_demo_checkpoint(out / LAST_FILE, DEMO).extra if args.resume else {}
+    if args.resume and "model" not in extra["run"]["settings"]:  # saved before runs kept it
+        saved = extra["base_model"]
+        if args.model is not None and args.model != saved:
+            raise DemoError(f"--resume continues the saved run, which fine-tunes --model "
+                            f"{saved}, not {args.model} (leave --model out)")
+        return saved
+    return args.model or DEFAULT_MODEL
 
 
 def main(argv=None) -> int:
@@ -226,7 +239,8 @@ def main(argv=None) -> int:
     text = sample(model, tokenizer, prompt, args, preset.length)
     print("-" * 60 + "\n" + text + "\n" + "-" * 60)
     if is_main():
-        model.save_pretrained(out / GPT2_FOLDER, tokenizer=tokenizer)
+        write_folder(out / GPT2_FOLDER,
+                     lambda folder: model.save_pretrained(folder, tokenizer=tokenizer))
         print(f"the fine-tuned model: {out / GPT2_FOLDER} (CausalLM.from_pretrained, or "
               "transformers' GPT2LMHeadModel.from_pretrained)")
     write_text(out / "sample.txt", text)

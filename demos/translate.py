@@ -281,14 +281,18 @@ def split_pairs(preset: Preset, data, seed: int):
     """-> training pairs, then the validation and the held-out (test) English sentences,
     each mapped to its translations: three disjoint sets of English sentences, so the
     model is chosen on sentences that are neither trained on nor scored."""
-    pairs = (filter_by_length(read_sentence_pairs(data), preset.max_tokens)
-             if is_user_pairs(data) else load_fra_eng(data, max_len=preset.max_tokens)
-             )[:preset.max_pairs]
+    every = read_sentence_pairs(data) if is_user_pairs(data) else load_fra_eng(data)
+    kept = filter_by_length(every, preset.max_tokens)
+    pairs = kept[:preset.max_pairs]
     sentences = len({" ".join(english) for english, _ in pairs})  # as split_by_source counts
     if preset.heldout + preset.validation >= sentences:
+        longer = len(every) - len(kept)
         raise DemoError(f"--heldout {preset.heldout} and --validation {preset.validation} "
                         f"leave nothing to train on: the corpus has {sentences} distinct "
-                        f"English sentences of at most {preset.max_tokens} tokens")
+                        f"English sentences in pairs of at most --max-tokens "
+                        f"{preset.max_tokens} tokens a side ({longer} of its {len(every)} "
+                        f"pairs are longer: raise --max-tokens, or lower --heldout and "
+                        f"--validation)")
     train_pairs, heldout = split_by_source(pairs, preset.heldout, seed=seed)
     train_pairs, validation = split_by_source(train_pairs, preset.validation, seed=seed)
     return train_pairs, validation, heldout
@@ -444,6 +448,7 @@ def main(argv=None) -> int:
           f"{trainer.updates} updates = {epochs:.2f} epochs")
     probe_sources = probe_sentences(args.data, heldout)
     probes = translate(model, src_vocab, tgt_vocab, bpe, probe_sources, beam_size=preset.beam_size)
+    print(f"probes, decoded by {decoding(preset.beam_size)}:")
     for english_probe, french in zip(probe_sources, probes):
         print(f"  {english_probe} => {french}")
     total_seconds = clock.seconds()
@@ -479,7 +484,13 @@ def draw_cross_attention(model, src_vocab, tgt_vocab, bpe, sentence: str, path) 
     last = f"decoder.{len(model.decoder) - 1}.cross_attn"
     weights = backend.to_numpy(recorded[last])[0].mean(axis=0)  # (T, S)
     plot_attention(path, weights, ["<bos>"] + french, src_vocab.decode(src_ids),
-                   f"cross-attention, last decoder layer: {sentence}")
+                   f"cross-attention, last decoder layer, decoded by {decoding(1)}: "
+                   f"{sentence}")
+
+
+def decoding(beam_size: int) -> str:
+    """How a translation was decoded, for the texts and figures that show one."""
+    return "greedy search" if beam_size == 1 else f"beam search (beam {beam_size})"
 
 
 def translate_only(args, preset: Preset, out: Path) -> int:

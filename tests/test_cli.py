@@ -322,3 +322,116 @@ def test_start_demo_ends_with_the_relaunched_ranks_status(tmp_path, monkeypatch)
         start(["--out", str(tmp_path / "run")], monkeypatch, relaunched=130)
     assert exit_info.value.code == 130
     assert (tmp_path / "run" / cli.HOLDER_FILE).is_file()  # held by the ranks' launcher
+
+
+# --------------------------------------------------------------------------- issue 47
+def settled(argv, presets=TOYS):
+    parser = cli.demo_parser(DEMO, "Toy.\n\nEpilog.", presets)
+    args = parser.parse_args(argv)
+    return runs.settle(parser, args, DEMO, presets), args
+
+
+@pytest.mark.parametrize("argv, out", [
+    ([], "runs/toy"), (["--smoke"], "runs/toy-smoke"), (["--preset", "smoke"], "runs/toy-smoke"),
+    (["--preset", "big"], "runs/toy-big"), (["--preset", "default"], "runs/toy"),
+    (["--smoke", "--out", "mine"], "mine"),
+])
+def test_a_smoke_run_has_its_own_default_folder(argv, out):
+    """issue 47 case 19: --smoke wrote into the demo's default folder, so the next default
+    run was refused ("holds a finished run of other settings"); each preset but the
+    default now has its own (runs/NAME-smoke)."""
+    assert settled(argv)[1].out == out
+
+
+def test_a_saved_setting_under_its_old_and_new_name_is_one_error(tmp_path):
+    """issue 47 case 10: a run settings record holding both ``size`` and ``width`` (an old
+    name and its new one) at --resume: a TypeError traceback before; now one error naming
+    the file and both spellings."""
+    model = tiered.CausalLM(CausalLMConfig(vocab_size=5, block_size=4, d_model=4, num_heads=1,
+                                    num_layers=1, d_ff=4))
+    record = {"preset_name": "default", "preset": {"size": 16, "width": 8, "heads": 2},
+              "settings": {"seed": 0, "dtype": "float32", "engine": "fast"}, "data_sha256": {}}
+    with using_backend("numpy", "float32"):
+        save_checkpoint(tmp_path / cli.LAST_FILE, model, step=1,
+                        extra={"demo": "toy", "run": record, "trainer": {"finished": False}})
+    with pytest.raises(cli.CheckpointError) as error:
+        settled(["--resume", "--out", str(tmp_path)], RENAMED)
+    message = str(error.value)
+    assert str(tmp_path / cli.LAST_FILE) in message
+    assert "size = 16 and width = 8" in message and "old name of width" in message, message
+
+
+def test_overwrite_removes_the_runs_folders_and_a_folder_is_written_whole(tmp_path):
+    """issue 47 case 2: --overwrite removed the run's files but left OUT/gpt2 (the
+    fine-tuned model); a folder is now written beside its place, then renamed, so a stop
+    mid-write never leaves half of one."""
+    (tmp_path / "gpt2").mkdir()
+    (tmp_path / "gpt2" / "config.json").write_text("{}")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "metrics.json").write_text("{}")
+    removed = cli.remove_run_files(tmp_path)
+    assert sorted(p.name for p in removed) == ["gpt2", "metrics.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
+
+    def write(folder, fail=False):
+        folder.mkdir()
+        (folder / "config.json").write_text("new")
+        if fail:
+            raise OSError("disk full")
+
+    target = tmp_path / "gpt2"
+    cli.write_folder(target, write)
+    assert (target / "config.json").read_text() == "new"
+    (target / "config.json").write_text("whole")
+    with pytest.raises(OSError):
+        cli.write_folder(target, lambda folder: write(folder, fail=True))
+    assert (target / "config.json").read_text() == "whole"  # the previous folder, untouched
+    cli.remove_run_files(tmp_path)  # the failed write's temporary goes with the run
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
+
+
+@dataclass(frozen=True)
+class Nano:
+    max_iters: int = cli.option(10, "updates")
+    layers: int = cli.option(2, "layers")
+    d_model: int = cli.option(8, "width")
+    num_heads: int = cli.option(2, "heads")
+    lr: float = cli.option(0.1, "rate", cli.positive_float)
+    block_size: int = cli.option(4, "context")
+
+
+NANOS = {"default": Nano(), "smoke": Nano(max_iters=2)}
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--max_iters", "7", "--block_size", "3"], Nano(max_iters=7, block_size=3)),
+    (["--n_layer", "3", "--n_embd", "12", "--n_head", "3"], Nano(layers=3, d_model=12,
+                                                                 num_heads=3)),
+    (["--learning_rate", "0.5", "--d_model", "4"], Nano(lr=0.5, d_model=4)),
+    (["--n_embd", "12", "--d-model", "12"], Nano(d_model=12)),
+])
+def test_nanogpt_spellings_set_the_demos_settings(argv, expected):
+    """issue 47 case 21: demos/README.md says the names are nanoGPT's, but --max_iters,
+    --n_layer and --n_embd were refused with no hint; nanoGPT's names and the underscore
+    spellings are read as the demo's options."""
+    parser = cli.demo_parser(DEMO, "Toy.\n\nEpilog.", NANOS)
+    assert cli.resolve_preset(parser, parser.parse_args(argv), NANOS) == expected
+
+
+@pytest.mark.parametrize("presets, argv, message", [
+    (NANOS, ["--n_embd", "12", "--d-model", "8"],
+     "--n_embd 12 and --d-model 8 set the same setting: --n_embd is another spelling of "
+     "--d-model; give --d-model once"),
+    (TOYS, ["--n_layer", "2"], "unrecognized arguments: --n_layer 2 (nanoGPT's --n_layer "
+                               "(--layers) is not a setting of this demo"),
+    (TOYS, ["--out_dir", "x"], "(nanoGPT's --out_dir is --out here)"),
+    (TOYS, ["--stop_after=3"], "(--stop_after is spelled --stop-after here)"),
+    (TOYS, ["--widht", "3"], "(did you mean --width?)"),
+])
+def test_an_option_not_read_says_what_to_type(presets, argv, message, capsys):
+    """issue 47 case 21: an option the demo does not read says what to type instead."""
+    parser = cli.demo_parser(DEMO, "Toy.\n\nEpilog.", presets)
+    with pytest.raises(SystemExit) as exit_info:
+        parser.parse_args(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err

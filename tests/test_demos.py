@@ -534,3 +534,54 @@ def test_a_cuda_graph_switch_that_is_not_a_boolean_is_one_line(data_dir, tmp_pat
     result = run_demo("generate.py", *SMOKE, "--data", str(data_dir), "--out", str(tmp_path),
                       env_extra={"NPFORMER_CUDA_GRAPH": "maybe"})
     assert "NPFORMER_CUDA_GRAPH='maybe' is not a boolean" in one_error_line(result)
+
+
+def test_translation_pairs_all_longer_than_max_tokens_name_it(tmp_path):
+    """issue 47 case 10: every pair of --data longer than --max-tokens: the error named
+    --heldout and --validation only, never --max-tokens, the option to change."""
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("".join(f"we see the {i} red cars today .\tnous voyons les {i} "
+                             f"voitures rouges .\n" for i in range(60)))
+    err = one_error_line(run_demo("translate.py", "--smoke", "--procs", "1", "--data",
+                                  str(pairs), "--max-tokens", "4", "--out", str(tmp_path / "o")))
+    assert "--max-tokens 4" in err and "60 of its 60 pairs are longer" in err, err
+    assert "raise --max-tokens" in err, err
+
+
+def test_curves_draw_each_quantity_on_its_own_axis(tmp_path, monkeypatch):
+    """issue 47 case 24: curves.png drew accuracy and loss on one axis, and a short run's
+    validation loss was one dot alone.  Now one axis per quantity, the loss's holding the
+    training loss of every update beside the evaluations."""
+    import matplotlib
+    from matplotlib.figure import Figure
+
+    from npformer.cli.plots import curve_panels, plot_curves
+    from npformer.train import History
+
+    matplotlib.use("Agg")
+    assert curve_panels(["val_accuracy", "val_loss"]) == [("loss", ["val_loss"]),
+                                                          ("accuracy", ["val_accuracy"])]
+    assert curve_panels(["train_loss", "val_loss"]) == [("loss", ["train_loss", "val_loss"])]
+    drawn = []
+    monkeypatch.setattr(Figure, "savefig", lambda figure, *a, **k: drawn.append(figure))
+    history = History(updates=list(range(1, 9)), losses=[2.0 - 0.1 * i for i in range(8)],
+                      evals=[{"update": 8, "val_loss": 1.5, "val_accuracy": 0.75}])
+    plot_curves(tmp_path / "curves.png", history, ["val_accuracy", "val_loss"], "run")
+    (figure,) = drawn
+    assert [ax.get_ylabel() for ax in figure.axes] == ["loss", "accuracy"]
+    loss, accuracy = ([line.get_label() for line in ax.get_lines()] for ax in figure.axes)
+    assert loss == ["training loss per update", "val_loss (1 evaluations)"]
+    assert accuracy == ["val_accuracy (1 evaluations)"]
+
+
+def test_translation_says_how_each_text_was_decoded(fast_smoke_runs, monkeypatch):
+    """issue 47 case 24: cross_attention.png is decoded greedily while the printed probes
+    are beam 4, and neither said so: each now names its decoding."""
+    out, result = fast_smoke_runs["translate.py"]
+    assert "probes, decoded by beam search (beam 4):" in result.stdout
+    demo = load_demo("translate.py")
+    titles = []
+    monkeypatch.setattr(demo, "plot_attention", lambda *args: titles.append(args[-1]))
+    model, src_vocab, tgt_vocab, bpe = demo.load_for_translation(out / "model.npz")
+    demo.draw_cross_attention(model, src_vocab, tgt_vocab, bpe, "go .", out / "x.png")
+    assert titles == ["cross-attention, last decoder layer, decoded by greedy search: go ."]

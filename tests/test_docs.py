@@ -798,3 +798,34 @@ def test_the_reading_paths_match_the_code(argv, capsys):
     reading_path = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(reading_path)
     assert reading_path.main(argv) == 0, capsys.readouterr().err
+
+
+def _collected(*args: str) -> set[str]:
+    """The test ids pytest collects with ``args``."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                             "-p", "no:cacheprovider", *args], capture_output=True, text=True,
+                            cwd=ROOT, timeout=300)
+    return {line for line in result.stdout.splitlines() if "::" in line}
+
+
+def test_the_gradient_checks_give_their_time_and_a_one_minute_subset():
+    """issue 47 case 25: the gradient-check command ran 446 tests with no time given
+    (more than 6 minutes on a loaded machine).  docs/guide.md gives the time and a
+    subset, which still checks every op and layer (each test function keeps a case)."""
+    import shlex
+
+    guide = (ROOT / "docs" / "guide.md").read_text()
+    section = guide.split("## Gradient checks", 1)[1].split("\n## ", 1)[0]
+    commands = re.findall(r"^python -m pytest (.*?)\s+# (\d+)$", section, re.MULTILINE)
+    assert len(commands) == 2, commands
+    (files, whole), (subset_args, part) = commands
+    assert re.search(r"\d+ min \d+ s", section) and "one-minute subset" in section
+    everything = _collected(*shlex.split(files))
+    subset = _collected(*shlex.split(subset_args))
+    assert len(everything) == int(whole) and len(subset) == int(part), (len(everything),
+                                                                        len(subset))
+    assert subset < everything
+    assert {t.split("[")[0] for t in subset} == {t.split("[")[0] for t in everything}

@@ -144,3 +144,62 @@ def test_bad_option_values_are_refused_by_the_parser(option, value, tmp_path):
     result = run_demo("finetune.py", "--smoke", "--out", str(tmp_path), option, value)
     assert result.returncode == 2, result.stderr[-2000:]
     assert f"argument {option}: expected" in result.stderr and "Traceback" not in result.stderr
+
+
+def copy_folder(source: Path, folder: Path) -> Path:
+    folder.mkdir()
+    for path in source.iterdir():
+        (folder / path.name).write_bytes(path.read_bytes())
+    return folder
+
+
+def test_resume_refuses_a_changed_model_folder(checkpoint, text_file, tmp_path):
+    """issue 47 case 1: a run records what it started from, the --model folder's files
+    among them; --resume after its tokenizer.json was replaced by another of the same size
+    is refused, naming the file (it ran on without a word)."""
+    model = copy_folder(checkpoint, tmp_path / "model")
+    out = tmp_path / "out"
+    stopped = run_demo("finetune.py", *SMOKE, "--model", str(model), "--data", str(text_file),
+                       "--out", str(out), "--stop-after", "2")
+    assert stopped.returncode == 130, stopped.stderr[-3000:]
+    tokenizer = json.loads((model / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"]
+    first, second = sorted(vocab, key=vocab.get)[-2:]  # two tokens' ids swapped: same size
+    vocab[first], vocab[second] = vocab[second], vocab[first]
+    (model / "tokenizer.json").write_text(json.dumps(tokenizer))
+    resumed = run_demo("finetune.py", "--resume", "--out", str(out), "--no-progress")
+    assert resumed.returncode == 2, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    last = resumed.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "tokenizer.json has changed" in last, last
+    assert str(model) in last and "Traceback" not in resumed.stderr
+
+
+def test_overwrite_removes_the_fine_tuned_folder_too(checkpoint, text_file, tmp_path):
+    """issue 47 case 2: --overwrite over a finished run removes everything the run wrote,
+    OUT/gpt2 among them (it was left, and --sample-only then sampled the old run)."""
+    out = tmp_path / "out"
+    args = (*SMOKE, "--model", str(checkpoint), "--data", str(text_file), "--out", str(out))
+    assert run_demo("finetune.py", *args).returncode == 0
+    assert (out / "gpt2" / "model.safetensors").is_file()
+    stopped = run_demo("finetune.py", *args, "--overwrite", "--stop-after", "1")
+    assert stopped.returncode == 130, stopped.stderr[-3000:]
+    assert not (out / "gpt2").exists() and not (out / "metrics.json").exists()
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["last.npz"]
+
+
+def test_sample_only_without_model_samples_the_run_in_out(smoke):
+    """issue 47 case 23: --sample-only without --model samples the model fine-tuned in
+    --out (OUT/gpt2), not the Hub's GPT-2; a folder holding none is one error line."""
+    out, _ = smoke
+    common = ("--sample-only", "--prompt", "npformer", "--length", "5", "--seed", "3")
+    offline = {"HF_HUB_OFFLINE": "1"}
+    mine = run_demo("finetune.py", *common, "--out", str(out), env_extra=offline)
+    named = run_demo("finetune.py", *common, "--model", str(out / "gpt2"), "--out", str(out),
+                     env_extra=offline)
+    assert mine.returncode == 0, mine.stderr[-3000:]
+    assert mine.stdout == named.stdout and mine.stdout.startswith("npformer")
+    empty = run_demo("finetune.py", *common, "--out", str(out / "empty"), env_extra=offline)
+    assert empty.returncode == 2 and "Traceback" not in empty.stderr
+    last = empty.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: --sample-only samples the model fine-tuned in --out"), last
+    assert "--model" in last

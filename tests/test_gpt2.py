@@ -499,3 +499,32 @@ def test_importing_npformer_imports_no_hugging_face_library():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             cwd=Path(__file__).resolve().parents[1])
     assert result.returncode == 0, result.stderr
+
+
+def test_the_docs_build_a_gpt2_folder_without_the_network(tmp_path, monkeypatch):
+    """issue 47 case 26: docs/gpt2.md said the tests build GPT-2 folders without the
+    network, not how a user can.  Its block (a GPT2Config, save_pretrained, a byte-level
+    BPE tokenizer.json) runs as written, and npformer loads the folder with the same
+    logits as transformers."""
+    import re
+
+    import torch
+
+    from .conftest import using_backend
+    from .helpers import rel_diff
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "gpt2.md").read_text()
+    section = doc.split("### A GPT-2 folder without the network", 1)[1]
+    (block,) = re.findall(r"```python\n(.*?)```", section.split("\n## ", 1)[0], re.DOTALL)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_text.txt").write_text(TEXT * 3, encoding="utf-8")
+    exec(compile(block, "docs/gpt2.md", "exec"), {})
+    with using_backend("numpy", "float32"):
+        model, tokenizer = gpt2.load(CausalLM, tmp_path / "my-gpt2")
+        ids = tokenizer.encode("the model reads this")
+        assert tokenizer.decode(ids) == "the model reads this" and tokenizer.eos_id == 0
+        theirs = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "my-gpt2").eval()
+        with torch.no_grad():
+            expected = theirs(torch.tensor([ids])).logits
+        with no_grad():
+            assert rel_diff(model(np.array([ids])), expected) <= 1e-5

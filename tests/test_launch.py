@@ -56,6 +56,35 @@ def test_resume_takes_the_saved_runs_ranks_unless_told(given, saved, expected, m
     assert relaunch.planned_procs(options(resume=True, **given), True, {}) == expected
 
 
+@pytest.mark.parametrize("given, asked", [
+    ({}, "the default 2 MPI ranks (one per core)"), ({"procs": 3}, "--procs 3")])
+def test_without_mpi_a_demo_runs_in_one_process_and_says_so(given, asked, monkeypatch,
+                                                            capsys):
+    """issue 47 case 22: the demos' default MPI ranks need mpi4py and an mpiexec; without
+    them the run falls back to one process with one line saying so (the default run fell
+    back without a word, so its figures were not the README's 2-rank ones)."""
+    monkeypatch.setattr(relaunch, "usable_cores", lambda: 2)
+    monkeypatch.setattr(relaunch, "find_mpiexec", lambda: None)
+    monkeypatch.delenv("NPFORMER_BACKEND", raising=False)
+    for name in (relaunch.LAUNCHED_MARK, *relaunch.LAUNCHER_VARIABLES):
+        monkeypatch.delenv(name, raising=False)
+    assert relaunch.relaunch(options(**given), None) is None
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == (f"note: {asked} need mpi4py and an mpiexec (pip install -e '.[demos]' or "
+                    "'npformer[mpi]'); running in one process with thread replicas")
+
+
+def test_the_demos_extra_brings_mpi():
+    """issue 47 case 22: `pip install -e ".[demos]"` (the README's first command) gives
+    what the results assume, the demos' default MPI ranks: mpi4py and MPICH's mpiexec."""
+    import configparser
+
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    demos = config["options.extras_require"]["demos"].split()
+    assert "mpich" in demos and any(r.startswith("mpi4py") for r in demos), demos
+
+
 def test_called_as_a_function_never_relaunches():
     """main(argv) from Python (tests, notebooks) runs in this process."""
     assert relaunch.relaunch(options(procs=2), ["--smoke"]) is None
@@ -106,6 +135,37 @@ def test_a_ranks_last_words_are_shown_once_even_if_mpiexec_drops_them(stream, tm
     code = relaunch.run_children([sys.executable, "-c", RANK, stream], env, folder)
     assert code == 2
     assert capfd.readouterr().err.splitlines() == ["error: the data is corrupt"]
+
+
+MESSAGE = """error: Could not find the dataset file 'input.txt'.
+Searched:
+  - $NPFORMER_DATA: not set
+To fix: download it yourself"""
+
+RANKS_SAY = """
+import sys
+from npformer.cli.output import say
+from npformer.parallel import relaunch
+message = sys.argv[1]
+say(message)
+relaunch.record_last_words(message)
+sys.exit(2)
+"""
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_multi_line_message_is_shown_once_whatever_its_length(ranks, tmp_path, capfd):
+    """issue 47 case 20: every rank says the same error of several lines; the launcher
+    compared line by line, so the lines after the first (no ``error:`` prefix) came
+    twice on 2 ranks.  Now a message travels as one line and is shown once, whole."""
+    folder = tmp_path / "launch"
+    folder.mkdir()
+    (folder / relaunch.LAUNCH_FILE).write_text(json.dumps({"ranks": ranks, "mpiexec": "x"}))
+    env = relaunch.child_environment(folder, {**os.environ, "PYTHONPATH": str(ROOT)})
+    rank = [sys.executable, "-c", RANKS_SAY, MESSAGE]
+    command = ["bash", "-c", " & ".join(['"$@"'] * ranks) + "; wait", "ranks", *rank]
+    assert relaunch.run_children(command, env, folder) == 0
+    assert capfd.readouterr().err == MESSAGE + "\n"
 
 
 def test_without_a_launcher_nothing_is_left_behind(tmp_path):

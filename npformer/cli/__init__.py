@@ -42,7 +42,7 @@ from .options import (
     resolve_preset,
     yes_no,
 )
-from .output import Stopwatch, write_json, write_metrics, write_text
+from .output import Stopwatch, write_folder, write_json, write_metrics, write_text
 from .plots import extra_output, plot_attention, plot_curves
 from .ranks import machine_description, map_batches
 from .runs import (

@@ -11,15 +11,23 @@ LAST_FILE = "last.npz"  # the whole run, resumable with --resume
 # must match) but for procs (the MPI ranks) and replicas (the threads of each): a resumed
 # run keeps their product, the workers every batch is shared among
 RUN_SETTINGS = ("seed", "dtype", "tier", "replicas", "procs")
-# the data a run trains on, saved with its settings where the demo has the option: the
-# files (DATA_FILES) by their absolute path and their content's sha256
-DATA_SETTINGS = ("data", "validation_data", "test_data", "text_column", "label_column")
-DATA_FILES = ("data", "validation_data", "test_data")
+# what a run starts from, saved with its settings where the demo has the option: the
+# data it trains on, and the model it fine-tunes.  The inputs (DATA_FILES) are known by
+# their absolute path and their content: a file by its sha256, a model folder
+# (MODEL_FOLDERS) by the sha256 of each of its files (config, weights, tokenizer), a
+# model's Hub name by its name
+DATA_SETTINGS = ("data", "validation_data", "test_data", "text_column", "label_column",
+                 "model")
+DATA_FILES = ("data", "validation_data", "test_data", "model")
+MODEL_FOLDERS = ("model",)
 # every file a demo's run writes into its folder (the checkpoints, an ensemble's members',
 # figures, sample, metrics) and the temporaries of its atomic writes: what --overwrite
 # removes, and nothing else of the folder
 RUN_FILES = re.compile(r"(model|last)(-\d+)?\.npz|curves(-\d+)?\.png|(cross_)?attention\.png"
                        r"|sample\.txt|metrics\.json(\.tmp)?|\.(model|last)(-\d+)?\.npz\.\d+\.tmp")
+# the folders a run writes (the fine-tuned model as a GPT-2 folder), and the temporaries of
+# their whole-or-nothing writes (npformer.cli.output.write_folder): --overwrite removes them
+RUN_FOLDERS = re.compile(r"gpt2|\.gpt2\.\d+\.(tmp|old)")
 
 
 class DemoError(Exception):

@@ -30,6 +30,23 @@ so the learning rate (and its schedule) and the results stay those of one proces
 run resumes on any number of ranks.  Only rank 0 prints and writes files."""
 
 
+def default_out(demo: Demo, preset: str) -> str:
+    """The run's folder when --out is not given: the demo's (``runs/imdb``) for the default
+    preset, its own for each other (``runs/imdb-smoke``), so that a smoke run never leaves
+    what a default run would stumble on."""
+    return demo.out if preset == "default" else f"{demo.out}-{preset}"
+
+
+# nanoGPT's names of the settings the demos share (its train.py and sample.py): each is
+# read as the demo's option where the demo has that setting, as is every option's
+# underscore spelling (--max_iters, --block_size, --batch_size); the command-line parser
+# says what to type for one it does not read
+NANOGPT_NAMES = {"n_layer": "layers", "n_embd": "d_model", "n_head": "num_heads",
+                 "learning_rate": "lr", "eval_interval": "eval_every",
+                 "eval_iters": "eval_batches", "warmup_iters": "warmup",
+                 "max_new_tokens": "length", "out_dir": "out"}
+
+
 def flag(name: str) -> str:
     """A preset field's command-line option: ``d_model`` -> ``--d-model``."""
     return "--" + name.replace("_", "-")
@@ -122,6 +139,10 @@ def _add_preset_options(parser: argparse.ArgumentParser, presets: dict) -> None:
     renamed = getattr(type(base), "old_field_names", {})  # old name -> field, one release
     for f in fields(base):
         aliases = [flag(old) for old, new in renamed.items() if new == f.name]
+        spellings = [f"--{name}" for name in (f.name, *(n for n, field_name in
+                                                        NANOGPT_NAMES.items()
+                                                        if field_name == f.name))]
+        others = [s for s in dict.fromkeys(spellings) if s != flag(f.name)]
         values = "; ".join([f"default: {getattr(base, f.name)}"] + [
             f"{name}: {getattr(p, f.name)}" for name, p in presets.items()
             if name != "default" and getattr(p, f.name) != getattr(base, f.name)])
@@ -130,7 +151,9 @@ def _add_preset_options(parser: argparse.ArgumentParser, presets: dict) -> None:
                            choices=f.metadata["choices"], action=_OneSetting,
                            metavar=None if f.metadata["choices"] else f.name.upper(),
                            help=f"{f.metadata['help']} ({values}{was})".replace("%", "%%"))
-        for alias in aliases:  # the old name, still read for one release; --help hides it
+        # the old names (read for one release), nanoGPT's name and the underscore
+        # spelling: read as the option itself; --help hides them
+        for alias in aliases + others:
             group.add_argument(alias, dest=f.name, type=f.metadata["type"], default=None,
                                choices=f.metadata["choices"], action=_OneSetting,
                                help=argparse.SUPPRESS)
@@ -148,10 +171,13 @@ class _OneSetting(argparse.Action):
         earlier = given.get(self.dest)
         if earlier is not None and earlier[0] != option_string and earlier[1] != value:
             name = flag(self.dest)
-            old = [o for o in (earlier[0], option_string) if o != name]
-            is_old = "is the old name" if len(old) == 1 else "are old names"
+            other = [o for o in (earlier[0], option_string) if o != name]
+            old = all(o.replace("_", "-") != name and o.lstrip("-") not in NANOGPT_NAMES
+                      for o in other)
+            kind = ("is the old name" if len(other) == 1 else "are old names") if old else \
+                ("is another spelling" if len(other) == 1 else "are other spellings")
             parser.error(f"{earlier[0]} {earlier[1]} and {option_string} {value} set the same "
-                         f"setting: {' and '.join(old)} {is_old} of {name}; give {name} once")
+                         f"setting: {' and '.join(other)} {kind} of {name}; give {name} once")
         given[self.dest] = (option_string, value)
         setattr(namespace, _GIVEN_AS, given)
         setattr(namespace, self.dest, value)
@@ -175,19 +201,55 @@ def resolve_preset(parser: argparse.ArgumentParser, args: argparse.Namespace, pr
 
 
 # --------------------------------------------------------------------------- the parser
+class _DemoParser(argparse.ArgumentParser):
+    """argparse's parser, whose error for an option it does not know says what to type
+    (:func:`what_to_type`)."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        parsed, extras = super().parse_known_args(args, namespace)
+        hints = [hint for hint in (what_to_type(self, text) for text in extras) if hint]
+        if hints:
+            self.error(f"unrecognized arguments: {' '.join(extras)} ({'; '.join(hints)})")
+        return parsed, extras
+
+
+def what_to_type(parser: argparse.ArgumentParser, text: str) -> str | None:
+    """For an option ``parser`` does not know: the option to type instead (its dashed
+    spelling, the demo's name of a nanoGPT setting, a close match), or what is missing
+    (a nanoGPT setting the demo does not have); None for anything else."""
+    import difflib
+
+    if not text.startswith("--"):
+        return None
+    given = text.split("=", 1)[0]
+    known = [o for action in parser._actions for o in action.option_strings]
+    name = given[2:]
+    dashed = "--" + name.replace("_", "-")
+    if dashed in known:
+        return f"{given} is spelled {dashed} here"
+    if name in NANOGPT_NAMES:
+        ours = flag(NANOGPT_NAMES[name])
+        return (f"nanoGPT's {given} is {ours} here" if ours in known else
+                f"nanoGPT's {given} ({ours}) is not a setting of this demo: --help lists "
+                f"its options")
+    close = difflib.get_close_matches(dashed, known, n=1)
+    return f"did you mean {close[0]}?" if close else None
+
+
 def demo_parser(demo: Demo, doc: str, presets: dict) -> argparse.ArgumentParser:
     """The command line every demo shares: data, output, run settings, resuming, and one
     option per preset field.  The demo adds its own options to it."""
-    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
+    parser = _DemoParser(description=doc.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=doc.split("\n\n", 1)[1]
                                      + MPI_EPILOG.format(script=demo.script))
     parser.add_argument("--data", default=None,
                         help="dataset file or folder (default: $NPFORMER_DATA, then the user "
                              "cache, downloading there if needed)")
-    parser.add_argument("--out", default=demo.out,
-                        help="folder for the checkpoints, plots and metrics "
-                             "(default: %(default)s)")
+    parser.add_argument("--out", default=None,
+                        help=f"folder for the checkpoints, plots and metrics (default: "
+                             f"{demo.out}; {default_out(demo, 'smoke')} for --smoke, and "
+                             f"{default_out(demo, 'PRESET')} for another --preset)")
     parser.add_argument("--seed", type=nonnegative_int, default=None,
                         help="random seed (default: 0)")
     parser.add_argument("--backend", choices=["numpy", "cupy"], default=None,

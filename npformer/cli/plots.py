@@ -26,35 +26,59 @@ def extra_output(name: str, draw: Callable, *args: Any, **kwargs: Any) -> bool:
     return True
 
 
+def quantity(key: str) -> str:
+    """What an evaluation metric measures, by the last word of its name: ``val_loss`` ->
+    ``loss``, ``val_accuracy`` -> ``accuracy``."""
+    return key.rsplit("_", 1)[-1]
+
+
+def curve_panels(eval_keys: list[str]) -> list[tuple[str, list[str]]]:
+    """The panels of :func:`plot_curves`: one per quantity, each ``(quantity, the metrics
+    drawn on it)``; the first is the loss, where the per-update training loss is drawn
+    too (a short run's few evaluations then stand beside a whole curve)."""
+    panels: dict[str, list[str]] = {"loss": []}
+    for key in eval_keys:
+        panels.setdefault(quantity(key), []).append(key)
+    return list(panels.items())
+
+
 def plot_curves(path: Path, history: History, eval_keys: list[str], title: str) -> None:
-    """Training loss per update (left) and evaluation metrics (right) to a PNG."""
+    """Training curves to a PNG: one panel per quantity (:func:`curve_panels`), the loss
+    first, with the training loss per update and the evaluations' losses; each other
+    quantity (accuracy) on its own axis."""
     if not is_main():
         return
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    losses = np.asarray(history.losses)
-    left.plot(history.updates, losses, alpha=0.3, label="loss per update")
-    if len(losses) >= 20:
-        window = max(len(losses) // 50, 5)
-        smooth = np.convolve(losses, np.ones(window) / window, mode="valid")
-        left.plot(history.updates[window - 1:], smooth, label=f"mean of {window}")
-    left.set_xlabel("update")
-    left.set_ylabel("training loss")
-    left.legend()
-    for key in eval_keys:
-        points = [(e["update"], e[key]) for e in history.evals if key in e]
-        if points:
-            xs, ys = zip(*points)
-            right.plot(xs, ys, marker="o", label=key)
-    right.set_xlabel("update")
-    right.legend()
+    panels = curve_panels(eval_keys)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+    for ax, (measured, keys) in zip(axes[0], panels):
+        if measured == "loss":
+            _plot_training_loss(ax, history)
+        for key in keys:
+            points = [(e["update"], e[key]) for e in history.evals if key in e]
+            if points:
+                xs, ys = zip(*points)
+                ax.plot(xs, ys, marker="o", label=f"{key} ({len(points)} evaluations)")
+        ax.set_xlabel("update")
+        ax.set_ylabel(measured)
+        ax.legend()
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _plot_training_loss(ax: Any, history: History) -> None:
+    """The training loss of every update, and its running mean once there are enough."""
+    losses = np.asarray(history.losses)
+    ax.plot(history.updates, losses, alpha=0.3, label="training loss per update")
+    if len(losses) >= 20:
+        window = max(len(losses) // 50, 5)
+        smooth = np.convolve(losses, np.ones(window) / window, mode="valid")
+        ax.plot(history.updates[window - 1:], smooth, label=f"mean of {window}")
 
 
 def plot_attention(path: Path, weights: np.ndarray, query_tokens: list[str],

@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -39,9 +41,19 @@ from ..models.configs import new_field_names
 from ..nn import Module
 from ..parallel.relaunch import launch_record, relaunch, under_launcher
 from ..train import progress
-from .demo import DATA_FILES, DATA_SETTINGS, LAST_FILE, RUN_FILES, RUN_SETTINGS, Demo, DemoError
+from .demo import (
+    DATA_FILES,
+    DATA_SETTINGS,
+    LAST_FILE,
+    MODEL_FOLDERS,
+    RUN_FILES,
+    RUN_FOLDERS,
+    RUN_SETTINGS,
+    Demo,
+    DemoError,
+)
 from .lock import hold_output
-from .options import flag, resolve_preset
+from .options import default_out, flag, resolve_preset
 from .output import say
 from .ranks import is_main
 
@@ -99,7 +111,10 @@ def settle(parser: argparse.ArgumentParser, args: argparse.Namespace, demo: Demo
     """The run's settings, with nothing applied yet; returns the preset.  With ``--resume``
     the saved run's settings are taken (an option given again must match them, the data
     must be the data it was started on); the defaults of --seed, --dtype and --tier
-    are filled in, and the content of every data file is hashed (``args.data_sha256``)."""
+    are filled in, and the content of every data file is hashed (``args.data_sha256``).  An
+    --out not given is the preset's default folder (:func:`default_out`)."""
+    if args.out is None:
+        args.out = default_out(demo, "smoke" if args.smoke else args.preset or "default")
     out = Path(args.out)
     overwrite = getattr(args, "overwrite", False)
     if use_only and args.resume:
@@ -110,7 +125,8 @@ def settle(parser: argparse.ArgumentParser, args: argparse.Namespace, demo: Demo
         parser.error("--resume continues the saved run and --overwrite removes it: give one")
     args.data_sha256 = data_hashes(args)
     if args.resume:
-        _adopt_saved_run(parser, args, read_demo_checkpoint(out / LAST_FILE, demo), presets)
+        _adopt_saved_run(parser, args, out / LAST_FILE,
+                         read_demo_checkpoint(out / LAST_FILE, demo), presets)
     preset = resolve_preset(parser, args, presets)
     args.seed = 0 if args.seed is None else args.seed
     args.dtype = args.dtype or "float32"
@@ -218,11 +234,28 @@ def _layout(procs: int, replicas: int) -> str:
 
 
 # --------------------------------------------------------------------------- the data
-def data_hashes(args: argparse.Namespace) -> dict[str, str]:
-    """{option: sha256 of its file's content} for the data options naming a file (a
-    folder, or the default download, is known by its path alone)."""
-    return {name: file_sha256(getattr(args, name)) for name in DATA_FILES
-            if getattr(args, name, None) is not None and Path(getattr(args, name)).is_file()}
+def data_hashes(args: argparse.Namespace) -> dict[str, str | dict[str, str]]:
+    """{option: its content's identity} for the input options naming a file (the sha256
+    of its content) or a model folder (:data:`MODEL_FOLDERS`: {file name: sha256} for each
+    of its files); a data folder, the default download or a Hub name is known by its path
+    or name alone."""
+    hashes: dict[str, str | dict[str, str]] = {}
+    for name in DATA_FILES:
+        path = getattr(args, name, None)
+        if path is not None and Path(path).is_file():
+            hashes[name] = file_sha256(path)
+        elif path is not None and name in MODEL_FOLDERS and Path(path).is_dir():
+            hashes[name] = folder_sha256(path)
+    return hashes
+
+
+def folder_sha256(path: str | Path) -> dict[str, str]:
+    """{name: sha256 of its content} for each file of the folder ``path`` (its sub-folders'
+    files by their relative path), leaving out hidden files."""
+    root = Path(path)
+    return {p.relative_to(root).as_posix(): file_sha256(p) for p in sorted(root.rglob("*"))
+            if p.is_file() and not any(part.startswith(".")
+                                       for part in p.relative_to(root).parts)}
 
 
 def file_sha256(path: str | Path) -> str:
@@ -233,8 +266,31 @@ def file_sha256(path: str | Path) -> str:
         raise DemoError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
-def _absolute(path: str | None) -> str | None:
-    return None if path is None else str(Path(path).resolve())
+def _absolute(path: str | None, name: str = "data") -> str | None:
+    """A data option's path, absolute; a model option that names no folder is a Hub name
+    ("gpt2"), kept as given."""
+    if path is None or (name in MODEL_FOLDERS and not Path(path).exists()):
+        return path
+    return str(Path(path).resolve())
+
+
+def _changes(saved: str | dict[str, str], current: str | dict[str, str]) -> str:
+    """How an input's content (:func:`data_hashes`) differs from the saved one's: a file's
+    sha256, or a folder's files by name."""
+    if isinstance(saved, str) or isinstance(current, str):
+        short = current[:16] if isinstance(current, str) else "of a folder"
+        return f"sha256 {short}"
+    changed = [f"{name} has changed" for name in saved
+               if name in current and current[name] != saved[name]]
+    changed += [f"{name} is gone" for name in saved if name not in current]
+    changed += [f"{name} is new" for name in current if name not in saved]
+    return "; ".join(changed)
+
+
+def _identity(saved: str | dict[str, str]) -> str:
+    """An input's saved content, short: a file's sha256, or a folder's number of files."""
+    return f"sha256 {saved[:16]}" if isinstance(saved, str) else \
+        f"{len(saved)} files: {', '.join(saved)}"
 
 
 def _check_same_data(parser: argparse.ArgumentParser, args: argparse.Namespace, name: str,
@@ -243,25 +299,30 @@ def _check_same_data(parser: argparse.ArgumentParser, args: argparse.Namespace, 
     content where it was a file, else by path); not given, it is taken back."""
     given = getattr(args, name)
     option = flag(name)
-    started = f"{option} {saved_path}" if saved_path else f"no {option} (the default data)"
+    started = f"{option} {saved_path}" if saved_path else f"no {option} (the default)"
     if saved_hash is None:
-        if given is not None and _absolute(given) != saved_path:
+        if given is not None and _absolute(given, name) != saved_path:
             parser.error(f"--resume continues the saved run on the data it was started on: "
                          f"{started}, not {option} {given} (leave {option} out)")
         setattr(args, name, saved_path)
         return
     path = given if given is not None else saved_path
-    if not Path(path).is_file():
-        gone = (f"{path} is not there any more: give that file with {option}" if given is None
-                else f"{option} {given} is not a file: give that file, or leave {option} out")
-        raise DemoError(f"--resume continues the saved run on the data it was started on, "
-                        f"{started} (sha256 {saved_hash[:16]}), but {gone}")
-    current = args.data_sha256.get(name) if given is not None else file_sha256(path)
+    kind, there = ("file", Path(path).is_file()) if isinstance(saved_hash, str) else \
+        ("folder", Path(path).is_dir())
+    started_on = f"--resume continues the saved run on what it was started on, {started} " \
+                 f"({_identity(saved_hash)})"
+    if not there:
+        gone = (f"{path} is not there any more: give that {kind} with {option}"
+                if given is None else
+                f"{option} {given} is not a {kind}: give that {kind}, or leave {option} out")
+        raise DemoError(f"{started_on}, but {gone}")
+    current = args.data_sha256.get(name) if given is not None else \
+        data_hashes(argparse.Namespace(**{name: path}))[name]
     if current != saved_hash:
-        now = "has changed since" if _absolute(path) == saved_path else "holds other data"
-        raise DemoError(f"--resume continues the saved run on the data it was started on, "
-                        f"{started} (sha256 {saved_hash[:16]}), but {path} {now} (sha256 "
-                        f"{current[:16]}): resume with that data, or start a new run")
+        now = "has changed since" if _absolute(path, name) == saved_path else \
+            f"holds other {'data' if kind == 'file' else 'files'}"
+        raise DemoError(f"{started_on}, but {path} {now} ({_changes(saved_hash, current)}): "
+                        f"resume with what it was started on, or start a new run")
     setattr(args, name, path)
     args.data_sha256[name] = current
 
@@ -275,13 +336,25 @@ def run_record(args: argparse.Namespace, preset: Any) -> dict:
     for name in DATA_SETTINGS:
         if hasattr(args, name):
             value = getattr(args, name)
-            settings[name] = _absolute(value) if name in DATA_FILES else value
+            settings[name] = _absolute(value, name) if name in DATA_FILES else value
     return {"preset_name": args.preset, "preset": asdict(preset), "settings": settings,
             "data_sha256": dict(getattr(args, "data_sha256", {}))}
 
 
+def _check_one_name_each(path: Path, cls: type, saved: dict) -> None:
+    """A saved preset holding a setting under both its old and its new name (``heads``
+    and ``num_heads``) is refused, naming both: which one the run used is unknown."""
+    both = [(old, new) for old, new in getattr(cls, "old_field_names", {}).items()
+            if old in saved and new in saved]
+    if both:
+        names = "; ".join(f"{old} = {saved[old]!r} and {new} = {saved[new]!r} ({old} is the "
+                          f"old name of {new}, {flag(new)})" for old, new in both)
+        raise CheckpointError(f"{path} cannot be resumed: its saved settings hold the same "
+                              f"setting under two names: {names}; a run saves one of them")
+
+
 def _adopt_saved_run(parser: argparse.ArgumentParser, args: argparse.Namespace,
-                     checkpoint: Checkpoint, presets: dict) -> None:
+                     path: Path, checkpoint: Checkpoint, presets: dict) -> None:
     saved = checkpoint.extra.get("run")
     if saved is None:
         raise DemoError("the saved run records no settings: it cannot be resumed")
@@ -291,6 +364,7 @@ def _adopt_saved_run(parser: argparse.ArgumentParser, args: argparse.Namespace,
                      f"{saved['preset_name']} (leave --preset and --smoke out)")
     args.preset, args.smoke = saved["preset_name"], False
     known = {f.name for f in fields(presets["default"])}
+    _check_one_name_each(path, type(presets["default"]), saved["preset"])
     preset = new_field_names(type(presets["default"]), saved["preset"])  # old names: new
     settings = dict(saved["settings"])
     layout = settings.pop("procs", None) or 1, settings.pop("replicas", None) or 1
@@ -405,17 +479,24 @@ def _differences(saved: dict | None, new: dict) -> list[str]:
 
 
 def _short(value: Any) -> str:
+    if isinstance(value, dict):  # a folder's files' hashes (a model folder): one digest
+        value = hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
     text = str(value)
     return text[:12] if len(text) == 64 and all(c in "0123456789abcdef" for c in text) else text
 
 
 def remove_run_files(out: Path) -> list[Path]:
-    """--overwrite: delete every file a demo's run wrote into ``out`` (:data:`RUN_FILES`:
-    checkpoints of every member, figures, sample, metrics, leftover temporaries); any other
-    file of the folder stays.  Returns what was deleted."""
+    """--overwrite: delete every file and folder a demo's run wrote into ``out``
+    (:data:`RUN_FILES`: checkpoints of every member, figures, sample, metrics, leftover
+    temporaries; :data:`RUN_FOLDERS`: the fine-tuned GPT-2 folder); anything else of the
+    folder stays.  Returns what was deleted."""
     removed = []
     for path in sorted(out.iterdir()) if out.is_dir() else []:
         if path.is_file() and RUN_FILES.fullmatch(path.name):
             path.unlink()
-            removed.append(path)
+        elif path.is_dir() and not path.is_symlink() and RUN_FOLDERS.fullmatch(path.name):
+            shutil.rmtree(path)
+        else:
+            continue
+        removed.append(path)
     return removed

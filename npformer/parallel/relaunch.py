@@ -154,10 +154,10 @@ def relaunch(args: argparse.Namespace, argv: list[str] | None, training: bool = 
     if mpiexec is None or importlib.util.find_spec("mpi4py") is None:
         asked = (f"--procs {procs}" if getattr(args, "procs", None) is not None else
                  f"the saved run's {procs} MPI ranks" if getattr(args, "resume", False)
-                 else None)
-        if asked is not None:
-            print(f"note: {asked} need mpi4py and an mpiexec (pip install 'npformer[mpi]'); "
-                  "running in one process with thread replicas", file=sys.stderr)
+                 else f"the default {procs} MPI ranks (one per core)")
+        print(f"note: {asked} need mpi4py and an mpiexec (pip install -e '.[demos]' or "
+              "'npformer[mpi]'); running in one process with thread replicas",
+              file=sys.stderr)
         return None
     check_environment()
     print(f"running on {procs} MPI ranks, one per core ({Path(mpiexec).name} -n {procs}; "
@@ -190,13 +190,22 @@ def announce_rank(environ: Mapping[str, str] = os.environ) -> None:
     _leave_in_launch_folder(str(pid), _started(pid) or "", environ)
 
 
+def one_line(text: str, environ: Mapping[str, str] = os.environ) -> str:
+    """In a rank this module's launcher started: ``text`` as one line, its line breaks
+    written as :data:`LINE_BREAK` (the launcher shows a rank-alike message once by
+    comparing whole lines, then puts the breaks back: :func:`shown_once`); elsewhere
+    ``text`` itself."""
+    return text.replace("\n", LINE_BREAK) if launch_record(environ) is not None else text
+
+
 def record_last_words(line: str, environ: Mapping[str, str] = os.environ) -> None:
     """In a rank this module's launcher started, about to end every rank (``MPI_Abort``)
     after printing ``line``: leave the line in the launch's folder too, for the launcher
     to show should ``mpiexec`` not have forwarded it before the abort (it may drop a
     rank's pending output then, and the user would see an exit status and no reason)."""
     try:
-        _leave_in_launch_folder(f"{os.getpid()}.said", line + "\n", environ)
+        _leave_in_launch_folder(f"{os.getpid()}.said", one_line(line, environ) + "\n",
+                                environ)
     except OSError:  # the line was printed already; nothing more to do
         pass
 
@@ -213,14 +222,18 @@ def _leave_in_launch_folder(name: str, text: str, environ: Mapping[str, str]) ->
 
 
 # --------------------------------------------------------------------------- the launcher
-# One-line messages every rank prints alike (cli.run_demo): shown once.
+# Messages every rank prints alike (cli.run_demo): shown once.  A message of several
+# lines travels as one (:func:`one_line`), so it is compared whole, however long.
 RANK_ALIKE_PREFIXES = ("error: ", "training stopped", "continue it with: ", "interrupted")
+LINE_BREAK = "\x1f"  # a message's line breaks on their way from a rank to the launcher
+# (the unit separator: neither a file's readline nor str.splitlines breaks at it)
 
 
 def shown_once(lines: Iterable[str], seen: set) -> Iterator[str]:
     """The children's standard-error lines, less repeats of a rank-alike message and, once
     an ``error:`` or ``interrupted`` line was shown, the launcher's ``Abort(N) ...
-    MPI_Abort`` notes (the ranks end that way then); anything else (tracebacks) passes."""
+    MPI_Abort`` notes (the ranks end that way then); anything else (tracebacks) passes.
+    A message's line breaks (:data:`LINE_BREAK`) are put back."""
     for line in lines:
         if line.startswith(RANK_ALIKE_PREFIXES):
             if line.rstrip("\n") in seen:
@@ -229,7 +242,7 @@ def shown_once(lines: Iterable[str], seen: set) -> Iterator[str]:
         elif line.startswith("Abort(") and "MPI_Abort" in line and any(
                 text.startswith(("error: ", "interrupted")) for text in seen):
             continue
-        yield line
+        yield line.replace(LINE_BREAK, "\n")
 
 
 def run_children(command: list[str], env: dict, folder: Path) -> int:
