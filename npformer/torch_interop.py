@@ -434,8 +434,9 @@ def from_torch(torch_module: Any) -> Any:
     Accepts the reference models of :mod:`npformer.torch_reference` (as :func:`to_torch`
     returns them; their npformer config is ``.c``), ``nn.TransformerEncoderLayer`` and
     ``nn.TransformerDecoderLayer`` (any norm_first, activation "relu", "gelu" or tanh
-    GELU, layer_norm_eps 1e-5, with biases, attention dropout 0), ``nn.MultiheadAttention``
-    (equal q/k/v widths, no bias_k/bias_v or zero attention, dropout 0), ``nn.Linear``,
+    GELU, one layer_norm_eps for all its norms, with biases, attention dropout 0),
+    ``nn.MultiheadAttention`` (equal q/k/v widths, no bias_k/bias_v or zero attention,
+    dropout 0), ``nn.Linear``,
     ``nn.LayerNorm`` (over the last axis, with weight and bias) and ``nn.Embedding``
     (without padding_idx, max_norm, scale_grad_by_freq or sparse).  An option npformer's
     layer does not implement is refused by name, never dropped: the two modules would
@@ -470,7 +471,6 @@ def from_torch(torch_module: Any) -> Any:
 
 def _npformer_twin(t: Any, torch: Any) -> Any:
     """An npformer module shaped like the torch module ``t`` (weights not yet loaded)."""
-    from . import ops
     from .models import MODELS
     from .torch_reference import torch_models
 
@@ -486,14 +486,14 @@ def _npformer_twin(t: Any, torch: Any) -> Any:
         if t.linear1.bias is None or t.norm1.bias is None or t.self_attn.in_proj_bias is None:
             raise ValueError(f"{name} with bias=False has no npformer equivalent (npformer's "
                              "blocks have biases)")
-        norms = [getattr(t, n) for n in ("norm1", "norm2", "norm3") if hasattr(t, n)]
-        if any(norm.eps != ops.layernorm.EPS for norm in norms):
-            raise ValueError(f"{name} has layer_norm_eps {t.norm1.eps}; npformer's blocks "
-                             f"use {ops.layernorm.EPS}")
+        norms = {n: getattr(t, n).eps for n in ("norm1", "norm2", "norm3") if hasattr(t, n)}
+        if len(set(norms.values())) > 1:
+            raise ValueError(f"{name}'s layer norms have different epsilons ({norms}); an "
+                             "npformer block has one norm_eps for all of them")
         block = EncoderBlock if isinstance(t, tnn.TransformerEncoderLayer) else DecoderBlock
         return block(t.self_attn.embed_dim, t.self_attn.num_heads, t.linear1.out_features,
                      dropout=t.dropout.p, activation=_activation_name(t.activation, torch, name),
-                     norm_first=t.norm_first)
+                     norm_first=t.norm_first, norm_eps=t.norm1.eps)
     if isinstance(t, tnn.MultiheadAttention):
         _check_torch_attention(t, name)
         return MultiHeadAttention(t.embed_dim, t.num_heads, bias=t.in_proj_bias is not None)

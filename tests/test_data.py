@@ -745,3 +745,27 @@ def test_real_checksums_are_accepted():
     listed = dict(line.split()[::-1] for line in sums.read_text().splitlines() if line.strip())
     for spec in (IMDB, FRA_ENG, TINY_SHAKESPEARE):
         assert listed[spec.filename] in spec.checksums
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda v: Vocab.build(["a b", "c"]), TypeError, r"token_lists\[0\] must be a list of "
+                                                     r"tokens, got a str \('a b'\)"),
+    (lambda v: Vocab.build([["a"], [1]]), TypeError, r"token_lists\[1\]\[0\] must be a token"),
+    (lambda v: Vocab.build([["a"]], bos="no"), TypeError, "bos must be True or False, got 'no'"),
+    (lambda v: Vocab.build([["a"]], min_freq=1.5), TypeError, "min_freq must be an integer"),
+    (lambda v: v.encode("ab"), TypeError, "tokens must be a list of tokens, got a str"),
+    (lambda v: v.encode(["a", 3]), TypeError, r"tokens\[1\] must be a token \(a str\)"),
+    (lambda v: v.decode([2, -1]), ValueError, r"ids\[1\] must be at least 0, got -1"),
+    (lambda v: v.decode([2, 99]), ValueError, r"ids\[1\] = 99 is outside the vocabulary"),
+    (lambda v: v.decode(["2"]), TypeError, r"ids\[0\] must be an integer"),
+    (lambda v: v.decode("23"), TypeError, "ids must be a list of token ids"),
+    (lambda v: v.decode([2], skip_specials="yes"), TypeError, "skip_specials must be True or "
+                                                              "False"),
+])
+def test_vocab_refuses_a_str_for_a_list_and_ids_of_the_wrong_kind(call, error, match):
+    """issue 47 (the token-list and switch kinds at the Vocab): a str where a list of
+    tokens is meant was spelled as characters, a negative id indexed from the end."""
+    vocab = Vocab.build([["a", "b", "c"]])
+    with pytest.raises(error, match=match):
+        call(vocab)
+    assert vocab.decode(np.array([2, 3], dtype=np.int32)) == ["a", "b"]

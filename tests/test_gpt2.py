@@ -498,3 +498,68 @@ def test_importing_npformer_imports_no_hugging_face_library():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             cwd=Path(__file__).resolve().parents[1])
     assert result.returncode == 0, result.stderr
+
+
+# --------------------------------------------------------------------------- issue 47
+def test_a_weight_under_both_names_is_refused_naming_both(folders, tmp_path):
+    """issue 47 case 5: ln_f.bias held with and without the transformer. prefix, of other
+    values, loaded the prefixed copy without a word (transformers takes the other)."""
+    from safetensors.numpy import load_file, save_file
+
+    folder = copy_folder(folders["gpt2"], tmp_path / "f")
+    state = load_file(str(folder / "model.safetensors"))
+    state["ln_f.bias"] = state["transformer.ln_f.bias"] + 1.0
+    save_file(state, str(folder / "model.safetensors"))
+    with pytest.raises(PretrainedError, match="one weight under two names, "
+                                              "'ln_f.bias' and 'transformer.ln_f.bias'"):
+        CausalLM.from_pretrained(folder)
+
+
+@pytest.mark.parametrize("config,match", [
+    ({"architectures": "GPT2LMHeadModel"}, "architectures = 'GPT2LMHeadModel': it must be a "
+                                           "list of class names"),
+    ({"tie_word_embeddings": "false"}, "tie_word_embeddings must be True or False, got "
+                                       "'false'"),
+    ({"tie_word_embeddings": 0}, "tie_word_embeddings must be True or False, got 0"),
+    ({"add_cross_attention": "false"}, "add_cross_attention must be True or False"),
+    ({"activation_function": ["gelu"]}, "activation_function = \\['gelu'\\]"),
+])
+def test_config_values_of_the_wrong_json_type_are_refused_naming_them(folders, tmp_path,
+                                                                      config, match):
+    """issue 47 case 14: architectures as a string was reported letter by letter; the
+    string "false" was read as true; a JSON string is not a switch."""
+    folder = copy_folder(folders["gpt2"], tmp_path / "f", config=config)
+    with pytest.raises(PretrainedError, match=match):
+        CausalLM.from_pretrained(folder)
+
+
+@pytest.mark.parametrize("path", ["", "  "])
+def test_an_empty_path_is_refused_not_read_as_the_current_folder(path, tmp_path):
+    """issue 47 case 14: from_pretrained('') read the current folder."""
+    with pytest.raises(ValueError, match="name_or_path must be a path, got the empty name"):
+        CausalLM.from_pretrained(path)
+    with pytest.raises(ValueError, match="must be a path"):
+        Tokenizer.from_pretrained(path)
+    with pytest.raises(TypeError, match="name_or_path must be a path .* got 5"):
+        CausalLM.from_pretrained(5)
+
+
+def test_save_pretrained_takes_a_transformers_tokenizer(folders, tokenizer, tmp_path):
+    """issue 47 case 14: save_pretrained(tokenizer=<a transformers tokenizer>) raised
+    AttributeError: eos_id.  A fast tokenizer is saved (its tokenizer.json and its end of
+    text); anything else is refused naming what is expected."""
+    with using_backend("numpy", "float64"):
+        model = CausalLM.from_pretrained(folders["gpt2"])
+        fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer,
+                                                    eos_token="<|endoftext|>")
+        folder = tmp_path / "out"
+        model.save_pretrained(folder, tokenizer=fast)
+        saved = Tokenizer.from_pretrained(folder)
+        assert saved.encode("the model") == fast.encode("the model")
+        assert saved.eos_id == fast.eos_token_id == 0
+        assert json.loads((folder / "config.json").read_text())["eos_token_id"] == 0
+        with pytest.raises(TypeError, match="tokenizer must be an npformer.models.gpt2."
+                                            "Tokenizer .* got dict"):
+            model.save_pretrained(tmp_path / "bad", tokenizer={"vocab": {}})
+        with pytest.raises(ValueError, match="path must be a path, got the empty name"):
+            model.save_pretrained("", tokenizer=fast)

@@ -249,8 +249,10 @@ def test_what_has_no_equivalent_is_refused(torch):
             to_torch(nn.FeedForward(4, 8))
         with pytest.raises(TypeError, match="Conv1d"):
             from_torch(torch.nn.Conv1d(2, 2, 3))
-        with pytest.raises(ValueError, match="layer_norm_eps 1e-06"):
-            from_torch(torch.nn.TransformerEncoderLayer(D, H, D_FF, 0.0, layer_norm_eps=1e-6))
+        mixed = torch.nn.TransformerEncoderLayer(D, H, D_FF, 0.0, layer_norm_eps=1e-6)
+        mixed.norm2.eps = 1e-3  # an npformer block has one epsilon for all its norms
+        with pytest.raises(ValueError, match="layer norms have different epsilons"):
+            from_torch(mixed)
         with pytest.raises(ValueError, match="activation"):
             from_torch(torch.nn.TransformerEncoderLayer(D, H, D_FF, 0.0,
                                                    activation=torch.nn.SiLU()))
@@ -310,3 +312,25 @@ def test_interop_does_not_import_torch():
             "npformer.models; assert 'torch' not in sys.modules, 'torch was imported'")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("block", ["encoder", "decoder"])
+def test_a_block_with_another_epsilon_round_trips(torch, block):
+    """issue 47 case 12: from_torch(to_torch(EncoderBlock(norm_eps=1e-3))) was refused with
+    "npformer's blocks use 1e-05", no longer true: the epsilon goes both ways, and the
+    block computes what it did."""
+    with using_backend("numpy", "float64"):
+        make = nn.EncoderBlock if block == "encoder" else nn.DecoderBlock
+        ours = _randomize(make(D, H, D_FF, 0.0, "relu", True, norm_eps=1e-3))
+        theirs = to_torch(ours)
+        assert {theirs.norm1.eps, theirs.norm2.eps} == {1e-3}
+        back = from_torch(theirs)
+        epsilons = {m.eps for m in back.modules() if isinstance(m, nn.LayerNorm)}
+        assert epsilons == {1e-3}
+        rng = np.random.default_rng(5)
+        x = backend.asarray(rng.standard_normal((2, 3, D)))
+        if block == "encoder":
+            assert_close(back(x), ours(x), rtol=0.0)
+        else:
+            memory = backend.asarray(rng.standard_normal((2, 4, D)))
+            assert_close(back(x, memory), ours(x, memory), rtol=0.0)

@@ -17,6 +17,8 @@ import json
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
+from ..ops.contracts import check_flag, check_size, check_string_lists, check_strings
+
 __all__ = ["Vocab", "PAD", "UNK", "BOS", "EOS"]
 
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<bos>", "<eos>"
@@ -62,11 +64,11 @@ class Vocab:
         Regular tokens are ordered by frequency, most frequent first, then by
         token string, so the result does not depend on the corpus order.
         """
-        if min_freq < 1:
-            raise ValueError(f"min_freq must be >= 1, got {min_freq}")
-        if max_size is not None and max_size < 0:
-            raise ValueError(f"max_size must be >= 0, got {max_size}")
+        check_size(min_freq, "min_freq", 1)
+        check_size(max_size, "max_size", 0, optional=True)
+        bos, eos = check_flag(bos, "bos"), check_flag(eos, "eos")
         specials = [PAD, UNK] + [BOS] * bos + [EOS] * eos
+        token_lists = check_string_lists(token_lists, "token_lists", "token")
         counts = Counter(token for tokens in token_lists for token in tokens)
         for special in (PAD, UNK, BOS, EOS):
             counts.pop(special, None)
@@ -106,14 +108,28 @@ class Vocab:
     def encode(self, tokens: Iterable[str]) -> list[int]:
         """Map tokens to ids; unknown tokens become ``unk_id``."""
         stoi = self._stoi
-        return [stoi.get(token, 1) for token in tokens]
+        return [stoi.get(token, 1) for token in check_strings(tokens, "tokens", "token")]
 
     def decode(self, ids: Iterable[int], skip_specials: bool = False) -> list[str]:
         """Map ids back to tokens, optionally dropping the special tokens."""
-        tokens = [self._itos[int(i)] for i in ids]
+        skip_specials = check_flag(skip_specials, "skip_specials")
+        tokens = [self._itos[i] for i in self._checked_ids(ids)]
         if skip_specials:
             tokens = [t for t in tokens if t not in self._specials]
         return tokens
+
+    def _checked_ids(self, ids: Iterable[int]) -> list[int]:
+        """Token ids, each an integer in [0, len(self)) (a negative id would index from
+        the end), refused naming its position."""
+        if isinstance(ids, (str, bytes)):
+            raise TypeError(f"ids must be a list of token ids (integers), got a "
+                            f"{type(ids).__name__} ({ids!r})")
+        checked = [check_size(i, f"ids[{n}]", 0) for n, i in enumerate(ids)]
+        for n, i in enumerate(checked):
+            if i >= len(self):
+                raise ValueError(f"ids[{n}] = {i} is outside the vocabulary of {len(self)} "
+                                 f"tokens (ids 0..{len(self) - 1})")
+        return checked
 
     # --- special ids -------------------------------------------------------
     def _special_id(self, token: str) -> int:

@@ -64,7 +64,7 @@ import numpy as np
 from .. import backend
 from ..nn import Module
 from ..nn.state import read_safetensors
-from ..ops.contracts import check_heads_divide
+from ..ops.contracts import check_flag, check_heads_divide, check_path
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -96,7 +96,7 @@ class PretrainedError(ValueError):
 def resolve(name_or_path: str | os.PathLike) -> Path:
     """The folder of a checkpoint: ``name_or_path`` itself when it is a folder, else a
     Hub name (``"gpt2"``, ``"openai-community/gpt2"``) downloaded into the user's cache."""
-    path = Path(name_or_path).expanduser()
+    path = Path(check_path(name_or_path, "name_or_path")).expanduser()
     if path.is_dir():
         return path
     if path.exists():
@@ -151,16 +151,20 @@ def config_from_hf(values: dict, config_class: type, dropout: float = 0.0,
         raise PretrainedError(f"{where} describes a {model_type!r} model (model_type): "
                               "npformer loads GPT-2 checkpoints (model_type 'gpt2')")
     architectures = values.get("architectures") or ["GPT2LMHeadModel"]
+    if not isinstance(architectures, list) or not all(isinstance(a, str)
+                                                      for a in architectures):
+        raise PretrainedError(f"{where} sets architectures = {architectures!r}: it must be a "
+                              f"list of class names, e.g. [\"GPT2LMHeadModel\"]")
     other = [a for a in architectures if a not in ARCHITECTURES]
     if other:
         raise PretrainedError(f"{where} holds a {', '.join(other)} (architectures): npformer "
                               f"loads GPT-2's language model ({', '.join(ARCHITECTURES)})")
     for key, (computed, meaning) in REFUSED_OPTIONS.items():
-        if key in values and values[key] != computed:
+        if key in values and _switch(values, key, computed, where) != computed:
             raise PretrainedError(f"{where} sets {key} = {values[key]!r} ({meaning}): "
                                   "npformer's CausalLM has no equivalent")
     activation = values.get("activation_function", "gelu_new")
-    if activation not in ACTIVATIONS:
+    if not isinstance(activation, str) or activation not in ACTIVATIONS:
         raise PretrainedError(f"{where} sets activation_function = {activation!r}: npformer "
                               f"computes {sorted(ACTIVATIONS)}")
     sizes = {}
@@ -178,10 +182,19 @@ def config_from_hf(values: dict, config_class: type, dropout: float = 0.0,
                               num_layers=sizes["n_layer"], d_ff=d_ff, dropout=dropout,
                               activation=ACTIVATIONS[activation], norm_first=True,
                               positional="learned",
-                              tie_weights=bool(values.get("tie_word_embeddings", True)),
+                              tie_weights=_switch(values, "tie_word_embeddings", True, where),
                               layer_norm_eps=values.get("layer_norm_epsilon", 1e-5))
     except ValueError as exc:
         raise PretrainedError(f"{where} does not make a model: {exc}") from None
+
+
+def _switch(values: dict, key: str, default: bool, where: str) -> bool:
+    """config.json's boolean ``key`` (``default`` where absent): a JSON true or false, never
+    a string ("false") or a number read for its truth."""
+    try:
+        return check_flag(values.get(key, default), key)
+    except TypeError as exc:
+        raise PretrainedError(f"{where}: {exc} (JSON true or false)") from None
 
 
 def config_to_hf(config: Any) -> dict:
@@ -256,13 +269,28 @@ def to_hf(arrays: dict[str, np.ndarray], config: Any) -> dict[str, np.ndarray]:
     return out
 
 
+def _with_prefix(state: dict[str, np.ndarray], where: str) -> dict[str, np.ndarray]:
+    """``state`` under GPT2LMHeadModel's names (``transformer.`` before the body's); a
+    weight held under both names (``ln_f.bias`` and ``transformer.ln_f.bias``) is refused
+    naming both: which copy to load is not npformer's guess."""
+    out: dict[str, np.ndarray] = {}
+    given: dict[str, str] = {}
+    for name, array in state.items():
+        full = name if name.startswith(("transformer.", "lm_head.")) else "transformer." + name
+        if full in out:
+            first, second = sorted((given[full], name))
+            raise PretrainedError(f"{where} holds one weight under two names, {first!r} and "
+                                  f"{second!r}: keep one of them")
+        out[full], given[full] = array, name
+    return out
+
+
 def from_hf(state: dict[str, np.ndarray], config: Any, where: str = WEIGHTS_FILE
             ) -> dict[str, np.ndarray]:
     """GPT-2's arrays by Hugging Face name (with or without ``transformer.``) ->
     npformer's by parameter name.  Every name and shape is checked against the config
     first; a missing or unexpected weight, or one of another shape, is refused naming it."""
-    state = {name if name.startswith(("transformer.", "lm_head.")) else "transformer." + name:
-             array for name, array in state.items()}
+    state = _with_prefix(state, where)
     for name in [n for n in state if BUFFERS.fullmatch(n.removeprefix("transformer."))]:
         del state[name]  # the causal mask of older checkpoints: computed, not loaded
     if config.tie_weights and "lm_head.weight" in state:  # the tied head, saved twice
@@ -327,9 +355,13 @@ def _read_weights(folder: Path) -> dict[str, np.ndarray]:
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise PretrainedError(f"{index} is not a readable safetensors index: "
                                   f"{type(exc).__name__}: {exc}") from None
-        state = {}
+        state, held_by = {}, {}
         for shard in shards:
-            state.update(_read_file(folder / shard))
+            for name, array in _read_file(folder / shard).items():
+                if name in state:
+                    raise PretrainedError(f"{name} is in two shards, {held_by[name]} and "
+                                          f"{shard} (of {index}): keep one")
+                state[name], held_by[name] = array, shard
         return state
     if not (folder / WEIGHTS_FILE).is_file():
         others = [name for name in ("pytorch_model.bin", "tf_model.h5", "flax_model.msgpack")
@@ -360,10 +392,11 @@ def save_pretrained(model: Module, path: str | os.PathLike, tokenizer: Tokenizer
         raise TypeError(f"save_pretrained writes a CausalLM, got {type(model).__name__}")
     hf_config = config_to_hf(model.config)
     if tokenizer is not None:
+        tokenizer = as_tokenizer(tokenizer)
         check_tokenizer(tokenizer, model)
     weights = to_hf({name: backend.to_numpy(p.data) for name, p in model.named_parameters()},
                     model.config)
-    folder = Path(path)
+    folder = Path(check_path(path, "path"))
     folder.mkdir(parents=True, exist_ok=True)
     hf_config["torch_dtype"] = next(iter(weights.values())).dtype.name
     if tokenizer is not None and tokenizer.eos_id is not None:
@@ -414,7 +447,7 @@ class Tokenizer:
     def from_file(cls, path: str | os.PathLike, eos_id: int | None = None) -> Tokenizer:
         """A tokenizer.json file; ``eos_id`` (default: its ``<|endoftext|>`` token)."""
         Tokenizers = _tokenizers()
-        path = Path(path)
+        path = Path(check_path(path, "path"))
         if not path.is_file():
             raise PretrainedError(f"no {TOKENIZER_FILE} at {path}")
         try:
@@ -436,7 +469,8 @@ class Tokenizer:
                                   "tokenizer.json")
         eos = read_config(folder).get("eos_token_id") if (folder / CONFIG_FILE).is_file() \
             else None
-        return cls.from_file(folder / TOKENIZER_FILE, eos if isinstance(eos, int) else None)
+        eos = eos if isinstance(eos, int) and not isinstance(eos, bool) else None
+        return cls.from_file(folder / TOKENIZER_FILE, eos)
 
     @property
     def vocab_size(self) -> int:
@@ -453,6 +487,27 @@ class Tokenizer:
 
     def save(self, path: str | os.PathLike) -> None:
         self._tokenizer.save(str(path))
+
+
+def as_tokenizer(tokenizer: Any) -> Tokenizer:
+    """A :class:`Tokenizer` of ``tokenizer``: itself, or the ``tokenizers`` library's
+    ``Tokenizer`` it wraps (a transformers "fast" tokenizer's ``backend_tokenizer``, its
+    ``eos_token_id`` kept), or such a ``tokenizers.Tokenizer`` itself; anything else is
+    refused naming what is expected."""
+    if isinstance(tokenizer, Tokenizer):
+        return tokenizer
+    inner = getattr(tokenizer, "backend_tokenizer", None)
+    if inner is not None:  # transformers' PreTrainedTokenizerFast
+        eos = getattr(tokenizer, "eos_token_id", None)
+        return Tokenizer(inner, eos if isinstance(eos, int) else inner.token_to_id(
+            "<|endoftext|>"))
+    if type(tokenizer).__module__.split(".")[0] == "tokenizers" and \
+            hasattr(tokenizer, "token_to_id"):
+        return Tokenizer(tokenizer, tokenizer.token_to_id("<|endoftext|>"))
+    raise TypeError(f"tokenizer must be an npformer.models.gpt2.Tokenizer (Tokenizer.from_file "
+                    "or Tokenizer.from_pretrained), a tokenizers.Tokenizer or a transformers "
+                    f"fast tokenizer, got {type(tokenizer).__name__}; a slow transformers "
+                    "tokenizer has no tokenizer.json: load it with use_fast=True")
 
 
 def check_tokenizer(tokenizer: Tokenizer, model: Module) -> None:
@@ -480,4 +535,4 @@ def _tokenizers() -> Any:
 
 __all__ = ["from_pretrained", "save_pretrained", "load", "Tokenizer", "check_tokenizer",
            "config_from_hf", "config_to_hf", "from_hf", "to_hf", "weight_map", "resolve",
-           "read_config", "PretrainedError"]
+           "read_config", "PretrainedError", "as_tokenizer"]

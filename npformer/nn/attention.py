@@ -118,7 +118,7 @@ class MultiHeadAttention(Module):
     Options (see the module docstring): ``narrow=True`` cuts the input into the heads'
     slices and applies one shared (E, E) map of each kind to every slice (E = D / H);
     ``kqnorm=True`` normalizes each head's queries and keys with a layer norm over
-    their E features.
+    their E features, of epsilon ``norm_eps``.
 
     Attributes:
         q_proj, k_proj, v_proj (:class:`Linear`, D -> H*E, or E -> E when narrow) and
@@ -135,11 +135,13 @@ class MultiHeadAttention(Module):
     """
 
     def __init__(self, d_model: int, num_heads: int, head_dim: int | None = None,
-                 bias: bool = True, narrow: bool = False, kqnorm: bool = False):
+                 bias: bool = True, narrow: bool = False, kqnorm: bool = False, *,
+                 norm_eps: float = ops.layernorm.EPS):
         check_size(d_model, "d_model", 1)
         check_size(num_heads, "num_heads", 1)
         check_flag(narrow, "narrow")
         check_flag(kqnorm, "kqnorm")
+        check_flag(bias, "bias")
         if head_dim is not None:
             check_size(head_dim, "head_dim", 1)
         if narrow:
@@ -156,8 +158,8 @@ class MultiHeadAttention(Module):
         self.k_proj = Linear(width_in, width_out, bias)
         self.v_proj = Linear(width_in, width_out, bias)
         self.out_proj = Linear(inner, d_model, bias)
-        self.q_norm = LayerNorm(head_dim) if kqnorm else None
-        self.k_norm = LayerNorm(head_dim) if kqnorm else None
+        self.q_norm = LayerNorm(head_dim, norm_eps) if kqnorm else None
+        self.k_norm = LayerNorm(head_dim, norm_eps) if kqnorm else None
         self.keep_attention = False  # set True to keep the last probabilities (documented above)
         self.last_attention = None  # (B, H, T, S) when keep_attention
 
