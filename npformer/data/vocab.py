@@ -17,7 +17,14 @@ import json
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from ..ops.contracts import check_flag, check_size, check_string_lists, check_strings
+from ..ops.contracts import (
+    check_flag,
+    check_size,
+    check_string_lists,
+    check_strings,
+    read_json_object,
+    shown,
+)
 
 __all__ = ["Vocab", "PAD", "UNK", "BOS", "EOS"]
 
@@ -33,7 +40,7 @@ class Vocab:
     """
 
     def __init__(self, itos: Sequence[str]):
-        itos = tuple(itos)
+        itos = tuple(check_strings(itos, "itos", "token"))
         if itos[:2] != (PAD, UNK):
             raise ValueError(f"a Vocab must start with {PAD!r}, {UNK!r}; got {itos[:2]!r}")
         if len(set(itos)) != len(itos):
@@ -162,9 +169,15 @@ class Vocab:
         return json.dumps({"type": "Vocab", "itos": list(self._itos)}, ensure_ascii=False)
 
     @classmethod
-    def from_json(cls, text: str) -> Vocab:
-        """Rebuild a vocabulary from :meth:`to_json`'s output (str, or a 0-d array)."""
-        data = json.loads(str(text))
-        if not isinstance(data, dict) or data.get("type") != "Vocab":
-            raise ValueError("not a serialised Vocab")
-        return cls(data["itos"])
+    def from_json(cls, text: str, what: str = "the Vocab's JSON") -> Vocab:
+        """Rebuild a vocabulary from :meth:`to_json`'s output (str, or a 0-d array);
+        anything else is refused naming ``what`` (e.g. "the checkpoint's src_vocab") and
+        what is wrong."""
+        data = read_json_object(text, what, ("type", "itos"), "a serialised Vocab")
+        if data["type"] != "Vocab":
+            raise ValueError(f"{what} is not a serialised Vocab: its \"type\" is "
+                             f"{shown(data['type'])}, not \"Vocab\"")
+        try:
+            return cls(data["itos"])
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{what} is not a serialised Vocab: {exc}") from None

@@ -284,12 +284,15 @@ class AttentionRecord(Mapping):
     def __init__(self, layers: dict):
         self._layers = layers
         self._kept: dict | None = None
+        # what each layer held when this record began (an outer record's): not this one's
+        self._before = {name: layer.last_attention for name, layer in layers.items()}
 
     def _current(self) -> dict:
         if self._kept is not None:
             return self._kept
         return {name: layer.last_attention for name, layer in self._layers.items()
-                if layer.last_attention is not None}
+                if layer.last_attention is not None
+                and layer.last_attention is not self._before[name]}
 
     def __getitem__(self, name: str):
         current = self._current()
@@ -321,16 +324,22 @@ def record_attention(model: Module) -> Iterator[AttentionRecord]:
     Yields an :class:`AttentionRecord`, ``{layer name: (B, H, T, S)}`` (names as
     :func:`attention_layers` gives them), filled by every forward pass (and cached
     decoding step) run inside the block; a layer run several times keeps its latest.
-    On leaving, the layers stop recording and drop what they held.
+    On leaving, the layers stop recording and drop what they held; inside another
+    ``record_attention`` of the same layers (nested), they go on recording for the outer
+    one, which holds every forward of its block, the inner block's included.
     """
     layers = dict(attention_layers(model))
     before = {name: layer.keep_attention for name, layer in layers.items()}
     for layer in layers.values():
-        layer.keep_attention, layer.last_attention = True, None
+        if not layer.keep_attention:  # an outer record keeps what it holds
+            layer.last_attention = None
+        layer.keep_attention = True
     record = AttentionRecord(layers)
     try:
         yield record
     finally:
         record._keep()
         for name, layer in layers.items():
-            layer.keep_attention, layer.last_attention = before[name], None
+            layer.keep_attention = before[name]
+            if not before[name]:
+                layer.last_attention = None
