@@ -19,6 +19,7 @@ from .common import (
     block_options,
     check_config,
     check_lengths,
+    check_weights_fit,
     final_norm,
     model_input,
     valid_lengths,
@@ -82,6 +83,7 @@ class TransformerClassifier(Module):
     config_class = ClassifierConfig
 
     def __init__(self, config: ClassifierConfig):
+        check_weights_fit(config)  # before any table is allocated
         self.config = c = config
         self.embed = TokenEmbedding(c.vocab_size, c.d_model, c.block_size, c.positional,
                                     c.dropout, scale_by_sqrt_d=False)

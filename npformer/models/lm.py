@@ -33,6 +33,7 @@ from .common import (
     attention_mask_input,
     block_options,
     check_config,
+    check_weights_fit,
     final_norm,
     inference_only,
     model_input,
@@ -89,6 +90,7 @@ class CausalLM(Module):
     config_class = CausalLMConfig
 
     def __init__(self, config: CausalLMConfig):
+        check_weights_fit(config)  # before any table is allocated
         self.config = c = config
         self.embed = TokenEmbedding(c.vocab_size, c.d_model, c.block_size, c.positional,
                                     c.dropout, scale_by_sqrt_d=False, init_std=0.02)

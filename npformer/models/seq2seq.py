@@ -28,6 +28,7 @@ from .common import (
     block_options,
     check_config,
     check_lengths,
+    check_weights_fit,
     final_norm,
     inference_only,
     model_input,
@@ -92,6 +93,7 @@ class Seq2SeqTransformer(Module):
     config_class = Seq2SeqConfig
 
     def __init__(self, config: Seq2SeqConfig):
+        check_weights_fit(config)  # before any table is allocated
         self.config = c = config
         self.src_embed = TokenEmbedding(c.src_vocab_size, c.d_model, c.block_size, c.positional,
                                         c.dropout, c.scale_embeddings, init_std=c.d_model ** -0.5)
