@@ -56,6 +56,7 @@ import numpy as np
 
 from . import backend
 from .nn.state import weight_array
+from .ops.contracts import check_path
 
 if TYPE_CHECKING:  # annotations only: nn and optim are not imported here
     from .nn import Module
@@ -151,7 +152,7 @@ def save_checkpoint(path: str | os.PathLike, model: Module, optimizer: Optimizer
     from .models.common import config_to_dict
     from .optim import check_optimizer_of
 
-    path = Path(path)
+    path = Path(check_path(path, "path"))
     _check_destination(path)
     if optimizer is not None:
         check_optimizer_of(optimizer, model, "save_checkpoint")
@@ -201,7 +202,7 @@ _UNREADABLE = (zipfile.BadZipFile, zlib.error, struct.error, ValueError, OSError
 
 def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     """Read a checkpoint into host memory, with a clear error for anything unreadable."""
-    path = Path(path)
+    path = Path(check_path(path, "path"))
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
     remove_stale_temporaries(path)

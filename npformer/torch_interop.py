@@ -53,6 +53,7 @@ from .nn import (
     MultiHeadAttention,
 )
 from .nn.state import checked_weights, read_safetensors
+from .ops.contracts import check_path
 
 
 @dataclass(frozen=True)
@@ -276,7 +277,7 @@ def save_safetensors(module: Module, path: str | os.PathLike,
     bad = [k for k, v in header.items() if not (isinstance(k, str) and isinstance(v, str))]
     if bad:
         raise TypeError(f"safetensors metadata maps strings to strings; not so for {bad}")
-    path = Path(path)
+    path = Path(check_path(path, "path"))
     save_file(to_torch_state_dict(module), str(path), metadata=header)
     return path
 

@@ -34,7 +34,7 @@ from .checkpoint import load_checkpoint, restore, save_checkpoint
 from .cuda_graph import CaptureFailed, StepGraphs, unsupported, wanted_by_environment
 from .models.configs import renamed_fields
 from .nn import Module
-from .ops.contracts import check_choice, check_flag, check_real, check_size
+from .ops.contracts import check_choice, check_flag, check_path, check_real, check_size
 from .optim import (
     NonFiniteGradientError,
     Optimizer,
@@ -152,6 +152,8 @@ class TrainConfig:
                    hint=" (None: no clipping)")
         check_size(self.eval_every, "TrainConfig.eval_every", 1, optional=True)
         check_size(self.stop_after, "TrainConfig.stop_after", 1, optional=True)
+        for name in ("checkpoint_path", "last_path"):
+            check_path(getattr(self, name), f"TrainConfig.{name}", optional=True)
         if self.schedule_for is not None:
             if not callable(self.schedule_for):
                 raise TypeError("TrainConfig.schedule_for must be a function of the run's "

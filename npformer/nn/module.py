@@ -48,7 +48,7 @@ from typing import Any
 
 from .. import backend, engine
 from ..backend import Array
-from ..ops.contracts import check_upstream, run_trusted, trusted
+from ..ops.contracts import check_flag, check_upstream, run_trusted, trusted
 from .state import checked_weights
 
 _local = threading.local()  # each thread its own switch, as each has its own generator
@@ -196,6 +196,7 @@ class Module:
 
     # ------------------------------------------------------------ modes
     def train(self, mode: bool = True) -> Module:
+        mode = check_flag(mode, "mode")  # a str "False" would switch training on
         for m in self.modules():
             m.training = mode
         return self

@@ -413,9 +413,12 @@ def shown(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def check_path(value: Any, what: str) -> str:
+def check_path(value: Any, what: str, optional: bool = False) -> str | None:
     """A file or folder's path: a non-empty str or os.PathLike (never "", which would
-    name the current folder, nor bytes or a number); returned as a str."""
+    name the current folder, nor bytes or a number); returned as a str (None passes
+    when ``optional``)."""
+    if value is None and optional:
+        return None
     if isinstance(value, os.PathLike):
         value = os.fspath(value)
     if not isinstance(value, str):
@@ -622,6 +625,7 @@ def activation_choice(name: str, activations: Collection | None = None) -> None:
 def dropout_inputs(x: Array, p: float, training: bool = True) -> None:
     check_float(x, "dropout input")
     check_probability(p)
+    check_flag(training, "training")
 
 
 def embedding_inputs(ids: Array, table: Array) -> None:
