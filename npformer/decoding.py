@@ -282,6 +282,9 @@ def generate(model: Module, prompt_ids: Array | Sequence, max_new_tokens: int,
         eos_id = check_size(eos_id, "eos_id", 0)
         if eos_id >= vocab_size:
             raise ValueError(f"eos_id {eos_id} is outside the vocabulary of {vocab_size}")
+    if rng is not None and not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a numpy.random.Generator (np.random.default_rng(seed)) "
+                        f"or None, got {rng!r} ({type(rng).__name__})")
     rng = rng or np.random.default_rng(0)
     rows = [list(prompt) for prompt in prompts]  # each row's tokens: prompt, then new ones
     live = list(range(len(rows)))  # the rows still decoding, in the batch's order

@@ -563,3 +563,35 @@ def test_save_pretrained_takes_a_transformers_tokenizer(folders, tokenizer, tmp_
             model.save_pretrained(tmp_path / "bad", tokenizer={"vocab": {}})
         with pytest.raises(ValueError, match="path must be a path, got the empty name"):
             model.save_pretrained("", tokenizer=fast)
+
+
+@pytest.mark.parametrize("file, text, match", [
+    ("config.json", "{not json", "config.json is not a GPT-2 config: it is not valid JSON"),
+    ("config.json", "[1, 2]", "config.json is not a GPT-2 config: it holds a JSON list"),
+    ("model.safetensors.index.json", '{"metadata": {}}',
+     "index.json is not a safetensors index: it has no 'weight_map'"),
+    ("model.safetensors.index.json", '{"weight_map": 5}', "\"weight_map\" must map each"),
+    ("model.safetensors.index.json", '{"weight_map": {"wte.weight": null}}',
+     "\"weight_map\" must map each"),
+])
+def test_a_damaged_json_file_is_refused_naming_it_and_its_fault(folders, tmp_path, file,
+                                                                text, match):
+    """issue 47 (the JSON document kind): config.json and the shards' index go through
+    the one JSON reader, which names the file and what is wrong."""
+    folder = copy_folder(folders["gpt2"], tmp_path / "f",
+                         drop="model.safetensors" if "index" in file else None)
+    (folder / file).write_text(text)
+    with pytest.raises(PretrainedError, match=match):
+        CausalLM.from_pretrained(folder)
+
+
+def test_tokenizer_decode_refuses_what_is_not_a_token_id(tokenizer):
+    """issue 47 (the token list kind): decode("12") decoded the characters as ids."""
+    ours = Tokenizer(tokenizer, 0)
+    with pytest.raises(TypeError, match="decode takes token ids"):
+        ours.decode("12")
+    with pytest.raises(TypeError, match=r"ids\[1\] must be an integer"):
+        ours.decode([1, "2"])
+    with pytest.raises(ValueError, match=r"ids\[0\] = 300 is outside"):
+        ours.decode([300])
+    assert ours.decode(np.array([5, 6])) == tokenizer.decode([5, 6], skip_special_tokens=False)

@@ -49,6 +49,9 @@ MARK = "@@"  # ends every piece that does not end its word
 
 
 def _check_word(word: str) -> None:
+    if not isinstance(word, str):
+        raise KindError(f"byte-pair encoding encodes words (str), got {shown(word)} "
+                        f"({type(word).__name__})")
     if MARK in word:
         raise ValueError(f"byte-pair encoding cannot encode the word {word!r}: it holds the "
                          f"continuation mark {MARK!r}, so its pieces would not join back")

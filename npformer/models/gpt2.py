@@ -64,7 +64,13 @@ import numpy as np
 from .. import backend
 from ..nn import Module
 from ..nn.state import read_safetensors
-from ..ops.contracts import check_flag, check_heads_divide, check_path
+from ..ops.contracts import (
+    check_flag,
+    check_heads_divide,
+    check_path,
+    check_size,
+    read_json_object,
+)
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -132,13 +138,18 @@ def read_config(folder: Path) -> dict:
         raise PretrainedError(f"{folder} has no {CONFIG_FILE}: a GPT-2 folder holds "
                               f"{CONFIG_FILE} and {WEIGHTS_FILE} (as "
                               "GPT2LMHeadModel.save_pretrained writes them)")
+    return _json_object(path, "a GPT-2 config")
+
+
+def _json_object(path: Path, expected: str, required: tuple[str, ...] = ()) -> dict:
+    """The JSON object of the file ``path`` (:func:`read_json_object`), its faults a
+    PretrainedError naming the file."""
     try:
-        values = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PretrainedError(f"{path} is not readable JSON: {exc}") from None
-    if not isinstance(values, dict):
-        raise PretrainedError(f"{path} holds a JSON {type(values).__name__}, not an object")
-    return values
+        return read_json_object(path.read_text(encoding="utf-8"), str(path), required,
+                                expected)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise PretrainedError(f"{path} is not readable: {exc}" if isinstance(
+            exc, (OSError, UnicodeDecodeError)) else str(exc)) from None
 
 
 # --------------------------------------------------------------------------- the config
@@ -349,12 +360,12 @@ def _read_weights(folder: Path) -> dict[str, np.ndarray]:
     """Every tensor of the folder's model.safetensors, or of the shards its index names."""
     index = folder / WEIGHTS_INDEX
     if not (folder / WEIGHTS_FILE).is_file() and index.is_file():
-        try:
-            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-                                .values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise PretrainedError(f"{index} is not a readable safetensors index: "
-                                  f"{type(exc).__name__}: {exc}") from None
+        weight_map = _json_object(index, "a safetensors index", ("weight_map",))["weight_map"]
+        if not isinstance(weight_map, dict) or not all(
+                isinstance(v, str) and v for v in weight_map.values()):
+            raise PretrainedError(f"{index} is not a safetensors index: its \"weight_map\" "
+                                  "must map each weight's name to a file's name")
+        shards = sorted(set(weight_map.values()))
         state, held_by = {}, {}
         for shard in shards:
             for name, array in _read_file(folder / shard).items():
@@ -441,7 +452,7 @@ class Tokenizer:
 
     def __init__(self, tokenizer: Any, eos_id: int | None = None):
         self._tokenizer = tokenizer
-        self.eos_id = eos_id
+        self.eos_id = check_size(eos_id, "eos_id", 0, optional=True)
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, eos_id: int | None = None) -> Tokenizer:
@@ -483,7 +494,15 @@ class Tokenizer:
         return list(self._tokenizer.encode(text).ids)
 
     def decode(self, ids: Any) -> str:
-        return self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+        """Token ids (integers in [0, vocab_size)) -> the text."""
+        if isinstance(ids, (str, bytes)):
+            raise TypeError(f"decode takes token ids (integers), got a {type(ids).__name__}")
+        ids = [check_size(i, f"ids[{n}]", 0) for n, i in enumerate(ids)]
+        bad = next((n for n, i in enumerate(ids) if i >= self.vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"ids[{bad}] = {ids[bad]} is outside the tokenizer's vocabulary "
+                             f"of {self.vocab_size}")
+        return self._tokenizer.decode(ids, skip_special_tokens=False)
 
     def save(self, path: str | os.PathLike) -> None:
         self._tokenizer.save(str(path))
