@@ -418,6 +418,12 @@ def _rows_of_scores(log_p: Any) -> np.ndarray:
     if rows.ndim != 2 or rows.shape[1] == 0:
         raise ValueError(f"log_p must have shape (rows, vocabulary) with a vocabulary of at "
                          f"least 1, got shape {rows.shape}")
+    bad = np.isnan(rows).any(axis=-1) | np.isposinf(rows).any(axis=-1) | \
+        np.isneginf(rows).all(axis=-1)
+    if bad.any():
+        raise ValueError(f"log_p row {int(np.argmax(bad))} holds NaN or +inf, or no finite "
+                         "value (-inf marks a token that cannot be drawn; a row needs one "
+                         "that can)")
     return rows
 
 

@@ -144,14 +144,16 @@ class TrainConfig:
     def __post_init__(self):
         """Every field checked when the config is built, naming it: a value that would
         do nothing, or the opposite of what it says, is refused."""
-        check_size(self.max_iters, "TrainConfig.max_iters", 0)
-        check_real(self.max_seconds, "TrainConfig.max_seconds", 0.0, optional=True)
-        check_size(self.grad_accum, "TrainConfig.grad_accum", 1)
-        check_size(self.replicas, "TrainConfig.replicas", 1)
-        check_real(self.clip_norm, "TrainConfig.clip_norm", 0.0, inclusive=False, optional=True,
-                   hint=" (None: no clipping)")
-        check_size(self.eval_every, "TrainConfig.eval_every", 1, optional=True)
-        check_size(self.stop_after, "TrainConfig.stop_after", 1, optional=True)
+        # stored as Python's numbers (a NumPy int64 as int), as the model configs store them
+        self.max_iters = check_size(self.max_iters, "TrainConfig.max_iters", 0)
+        self.max_seconds = check_real(self.max_seconds, "TrainConfig.max_seconds", 0.0,
+                                      optional=True)
+        self.grad_accum = check_size(self.grad_accum, "TrainConfig.grad_accum", 1)
+        self.replicas = check_size(self.replicas, "TrainConfig.replicas", 1)
+        self.clip_norm = check_real(self.clip_norm, "TrainConfig.clip_norm", 0.0,
+                                    inclusive=False, optional=True, hint=" (None: no clipping)")
+        self.eval_every = check_size(self.eval_every, "TrainConfig.eval_every", 1, optional=True)
+        self.stop_after = check_size(self.stop_after, "TrainConfig.stop_after", 1, optional=True)
         for name in ("checkpoint_path", "last_path"):
             check_path(getattr(self, name), f"TrainConfig.{name}", optional=True)
         if self.schedule_for is not None:

@@ -228,5 +228,8 @@ def test_record_attention_nested_in_another_keeps_both_records_right(tier):
     for name in names:
         np.testing.assert_array_equal(backend.to_numpy(outer[name]), first[name])
         assert tuple(inner[name].shape) == (1, 2, 2, 2)  # kept as it was on leaving
+    with pytest.raises(TypeError, match="record_attention takes a Module .* got dict"):
+        with record_attention({"blocks": []}):
+            pass
     for _, layer in nn.attention_layers(model):  # put back as they were
         assert layer.keep_attention is False and layer.last_attention is None

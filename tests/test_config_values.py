@@ -116,6 +116,9 @@ def test_the_training_config_takes_numpy_bools_as_the_model_configs_do():
     config = TrainConfig(max_iters=3, cuda_graph=np.True_, progress=np.False_)
     assert config.cuda_graph is True and config.progress is False
     assert TrainConfig(max_iters=3, cuda_graph=None).cuda_graph is None
+    numbers = TrainConfig(max_iters=np.int64(3), eval_every=np.int32(2), max_seconds=np.int64(9))
+    assert (type(numbers.max_iters), type(numbers.eval_every)) == (int, int)
+    assert type(numbers.max_seconds) is float and numbers == TrainConfig(3, 9.0, eval_every=2)
     assert ClassifierConfig(vocab_size=10, kqnorm=np.True_).kqnorm is True
 
 

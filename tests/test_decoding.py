@@ -756,6 +756,8 @@ def test_a_switch_that_is_not_a_bool_is_refused(greedy):
     (dict(log_p=np.zeros(4)), ValueError, "log_p must have shape \\(rows, vocabulary\\)"),
     (dict(log_p=np.zeros((2, 0))), ValueError, "log_p must have shape"),
     (dict(log_p="abc"), TypeError, "log_p must be an array of log-probabilities"),
+    (dict(log_p=np.array([[0.0, 0.0], [np.nan, 0.0]])), ValueError, "log_p row 1 holds NaN"),
+    (dict(log_p=np.full((1, 3), -np.inf)), ValueError, "log_p row 0 .* no finite value"),
 ])
 def test_sampling_distribution_refuses_bad_options_naming_them(kwargs, error, match):
     """issue 47 case 13: sampling_distribution(..., top_k=0) raised a broadcasting error.

@@ -110,6 +110,8 @@ class Vocab:
 
     def index(self, token: str) -> int:
         """The id of ``token``, or ``unk_id`` if it is unknown."""
+        if not isinstance(token, str):
+            raise TypeError(f"token must be a str, got {shown(token)} ({type(token).__name__})")
         return self._stoi.get(token, 1)
 
     def encode(self, tokens: Iterable[str]) -> list[int]:

@@ -61,6 +61,7 @@ from ..ops.contracts import (
     check_heads_divide,
     check_mask,
     check_narrow_heads,
+    check_real,
     check_same_dtype,
     check_sequence_input,
     check_size,
@@ -142,6 +143,7 @@ class MultiHeadAttention(Module):
         check_flag(narrow, "narrow")
         check_flag(kqnorm, "kqnorm")
         check_flag(bias, "bias")
+        check_real(norm_eps, "norm_eps", 0.0, inclusive=False)
         if head_dim is not None:
             check_size(head_dim, "head_dim", 1)
         if narrow:
@@ -328,6 +330,9 @@ def record_attention(model: Module) -> Iterator[AttentionRecord]:
     ``record_attention`` of the same layers (nested), they go on recording for the outer
     one, which holds every forward of its block, the inner block's included.
     """
+    if not isinstance(model, Module):
+        raise TypeError(f"record_attention takes a Module (a model or a layer), got "
+                        f"{type(model).__name__}")
     layers = dict(attention_layers(model))
     before = {name: layer.keep_attention for name, layer in layers.items()}
     for layer in layers.values():

@@ -28,8 +28,8 @@ on every backward (an O(1) comparison): it is what a module cannot know.
 
 Why a named contract per op and not shape annotations checked at run time (jaxtyping
 with beartype): the annotations would document the shapes well, but checking them at
-every op of a training step would cost milliseconds a step (``../shared/ANCHORS.md``
-measures the cost of one checked call), where the contract here costs one attribute read
+every op of a training step would cost milliseconds a step (measured on one checked
+call), where the contract here costs one attribute read
 inside the door; and the errors the suite requires (which argument, which axis, the
 sizes, the token id out of range and the vocabulary, the mask and the scores it must
 broadcast to) need the checks below anyway.
@@ -43,7 +43,20 @@ O(1) except the token-id range scan, one per door.
 
 This module imports only :mod:`npformer.backend`: every other module may use its checks
 (``check_size``, ``check_real``, ``check_choice``...), and none of its rules is written
-twice.  The rules of other owners live with them: the configs' in
+twice.  One converter per kind of argument, used at every door that takes one:
+
+* a switch, :func:`check_flag`: Python's or NumPy's bool, never a str ("no") or 0/1;
+* a count, :func:`check_size`: an integer (NumPy's too), not a bool or 5.0, with a least;
+* a real number in a range, :func:`check_real` (:func:`check_probability`): finite;
+* a path, :func:`check_path`: a non-empty str or os.PathLike ("" is no folder);
+* a list of words, pieces or tokens, :func:`check_strings` (a corpus of such lists,
+  :func:`check_string_lists`): a str is refused by name, an item of another type by
+  its position;
+* a JSON document, :func:`read_json_object`: its faults named with the document.
+
+A value of the wrong kind raises :class:`KindError`, a TypeError and a ValueError.
+
+The rules of other owners live with them: the configs' in
 :mod:`npformer.models.configs`, the optimizers' in :mod:`npformer.optim`, the weight
 loaders' in :mod:`npformer.nn.state`, the models' token batches in
 :mod:`npformer.models.common`, the decoders' in :mod:`npformer.decoding`, the command
