@@ -56,7 +56,7 @@ import numpy as np
 
 from . import backend
 from .nn.state import weight_array
-from .ops.contracts import check_path
+from .ops.contracts import check_path, check_size
 
 if TYPE_CHECKING:  # annotations only: nn and optim are not imported here
     from .nn import Module
@@ -153,6 +153,10 @@ def save_checkpoint(path: str | os.PathLike, model: Module, optimizer: Optimizer
     from .optim import check_optimizer_of
 
     path = Path(check_path(path, "path"))
+    step = check_size(step, "step", 0)
+    if extra is not None and not isinstance(extra, dict):
+        raise TypeError(f"extra must be a dict (JSON values by name) or None, got "
+                        f"{type(extra).__name__}")
     _check_destination(path)
     if optimizer is not None:
         check_optimizer_of(optimizer, model, "save_checkpoint")

@@ -180,6 +180,9 @@ def _from_torch_layout(kind: str, tensor: np.ndarray, count: int) -> list[np.nda
 
 def to_torch_state_dict(module: Module) -> dict[str, np.ndarray]:
     """The state dict of the equivalent PyTorch module, as NumPy arrays (C-contiguous)."""
+    if not isinstance(module, Module):
+        raise TypeError(f"to_torch converts an npformer model or layer (an npformer.nn."
+                        f"Module), got {type(module).__name__}")
     own = {name: backend.to_numpy(p.data) for name, p in module.named_parameters()}
     out, used = {}, set()
     for rule in rules_for(module):
@@ -450,6 +453,9 @@ def from_torch(torch_module: Any) -> Any:
     """
     import torch
 
+    if not isinstance(torch_module, torch.nn.Module):
+        raise TypeError(f"from_torch converts a torch.nn.Module, got "
+                        f"{type(torch_module).__name__}")
     params = list(torch_module.parameters())
     dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in params})
     if not params:  # LayerNorm(elementwise_affine=False): refused by what it lacks, if so

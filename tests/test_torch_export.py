@@ -334,3 +334,19 @@ def test_a_block_with_another_epsilon_round_trips(torch, block):
         else:
             memory = backend.asarray(rng.standard_normal((2, 4, D)))
             assert_close(back(x, memory), ours(x, memory), rtol=0.0)
+
+
+def test_what_is_not_a_module_is_refused_naming_what_is_expected(torch):
+    """issue 47 (the kinds at torch_interop's doors): to_torch(5) and from_torch(5) ended
+    in AttributeError; a path of '' named the current folder."""
+    with pytest.raises(TypeError, match="to_torch converts an npformer model or layer .* "
+                                        "got int"):
+        to_torch(5)
+    with pytest.raises(TypeError, match="from_torch converts a torch.nn.Module, got dict"):
+        from_torch({})
+    from npformer.torch_interop import load_safetensors, save_safetensors
+
+    with pytest.raises(ValueError, match="path must be a path, got the empty name ''"):
+        save_safetensors(nn.Linear(2, 3), "")
+    with pytest.raises(TypeError, match="path must be a path .* got None"):
+        load_safetensors(nn.Linear(2, 3), None)
