@@ -56,7 +56,7 @@ import numpy as np
 
 from . import backend
 from .nn.state import weight_array
-from .ops.contracts import check_path, check_size
+from .ops.contracts import check_path, check_size, read_json_object
 
 if TYPE_CHECKING:  # annotations only: nn and optim are not imported here
     from .nn import Module
@@ -273,10 +273,11 @@ def _read_meta(path: Path, contents: dict) -> dict:
     if raw.dtype.kind != "U" or raw.ndim != 0:
         raise CheckpointError(f"{path} has an unreadable 'meta' entry (not a JSON string)")
     try:
-        meta = json.loads(str(raw))
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{path} has an unreadable 'meta' entry: {exc}") from exc
-    if not isinstance(meta, dict) or meta.get("format") != "npformer-checkpoint":
+        meta = read_json_object(raw, f"{path}'s 'meta' entry", (), "an npformer checkpoint's "
+                                "record")
+    except ValueError as exc:
+        raise CheckpointError(str(exc)) from None
+    if meta.get("format") != "npformer-checkpoint":
         raise CheckpointError(f"{path} is not an npformer checkpoint")
     version = meta.get("version", 1)
     if isinstance(version, bool) or not isinstance(version, int) \

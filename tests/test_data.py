@@ -769,3 +769,21 @@ def test_vocab_refuses_a_str_for_a_list_and_ids_of_the_wrong_kind(call, error, m
     with pytest.raises(error, match=match):
         call(vocab)
     assert vocab.decode(np.array([2, 3], dtype=np.int32)) == ["a", "b"]
+
+
+@pytest.mark.parametrize("text, error, match", [
+    ("", ValueError, "the Vocab's JSON is not a serialised Vocab: it is not valid JSON"),
+    (None, TypeError, "must be a JSON document \\(a str\\), got None"),
+    ('{"type": "Vocab"}', ValueError, "it has no 'itos'"),
+    ('{"type": "Vocab", "itos": "abc"}', ValueError, "itos must be a list of tokens, got a str"),
+    ('{"type": "Vocab", "itos": ["<pad>", "<unk>", 3]}', ValueError, r"itos\[2\] must be a "
+                                                                     r"token"),
+    ('{"type": "BPE", "merges": []}', ValueError, "its \"type\" is 'BPE', not \"Vocab\""),
+])
+def test_vocab_from_json_names_the_document_and_its_fault(text, error, match):
+    """issue 47 (the JSON document kind, as BPE.from_json): a damaged saved vocabulary was
+    a raw JSONDecodeError, KeyError or TypeError."""
+    with pytest.raises(error, match=match):
+        Vocab.from_json(text)
+    vocab = Vocab.build([["a", "b"]], eos=True)
+    assert Vocab.from_json(np.array(vocab.to_json()), "the checkpoint's src_vocab") == vocab
