@@ -778,7 +778,7 @@ def test_vocab_refuses_a_str_for_a_list_and_ids_of_the_wrong_kind(call, error, m
     ('{"type": "Vocab", "itos": "abc"}', ValueError, "itos must be a list of tokens, got a str"),
     ('{"type": "Vocab", "itos": ["<pad>", "<unk>", 3]}', ValueError, r"itos\[2\] must be a "
                                                                      r"token"),
-    ('{"type": "BPE", "merges": []}', ValueError, "its \"type\" is 'BPE', not \"Vocab\""),
+    ('{"type": "BPE", "itos": []}', ValueError, "its \"type\" is 'BPE', not \"Vocab\""),
 ])
 def test_vocab_from_json_names_the_document_and_its_fault(text, error, match):
     """issue 47 (the JSON document kind, as BPE.from_json): a damaged saved vocabulary was
