@@ -595,3 +595,11 @@ def test_tokenizer_decode_refuses_what_is_not_a_token_id(tokenizer):
     with pytest.raises(ValueError, match=r"ids\[0\] = 300 is outside"):
         ours.decode([300])
     assert ours.decode(np.array([5, 6])) == tokenizer.decode([5, 6], skip_special_tokens=False)
+
+
+def test_n_inner_zero_is_refused_not_read_as_the_default(folders, tmp_path):
+    """issue 47 (the count kind in config.json): n_inner 0 was read as absent (4 n_embd),
+    where transformers builds the width it says; a width of 0 is refused naming it."""
+    folder = copy_folder(folders["gpt2"], tmp_path / "f", config={"n_inner": 0})
+    with pytest.raises(PretrainedError, match="d_ff must be a positive integer, got 0"):
+        CausalLM.from_pretrained(folder)

@@ -184,7 +184,9 @@ def config_from_hf(values: dict, config_class: type, dropout: float = 0.0,
             raise PretrainedError(f"{where} has no {key!r}")
         sizes[key] = values[key]
     d_model = sizes["n_embd"]
-    d_ff = values.get("n_inner") or (4 * d_model if isinstance(d_model, int) else d_model)
+    d_ff = values.get("n_inner")  # None: 4 n_embd (as transformers reads it; 0 is not None)
+    if d_ff is None:
+        d_ff = 4 * d_model if isinstance(d_model, int) else d_model
     try:
         if isinstance(d_model, int) and isinstance(sizes["n_head"], int) and sizes["n_head"]:
             check_heads_divide(d_model, sizes["n_head"], "n_embd", "n_head", hint="")
