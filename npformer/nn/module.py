@@ -62,6 +62,7 @@ def grad_enabled() -> bool:
 @contextmanager
 def set_grad_enabled(enabled: bool) -> Iterator[None]:
     """Run a block with this thread's gradient switch set to ``enabled``, then restore it."""
+    enabled = check_flag(enabled, "enabled")
     previous, _local.grad_enabled = grad_enabled(), enabled
     try:
         yield
