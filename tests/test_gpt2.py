@@ -603,3 +603,15 @@ def test_n_inner_zero_is_refused_not_read_as_the_default(folders, tmp_path):
     folder = copy_folder(folders["gpt2"], tmp_path / "f", config={"n_inner": 0})
     with pytest.raises(PretrainedError, match="d_ff must be a positive integer, got 0"):
         CausalLM.from_pretrained(folder)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(dropout=1.0), ValueError, "^dropout must be in \\[0, 1\\), got 1.0"),
+    (dict(dropout="0.1"), TypeError, "^dropout must be a number"),
+    (dict(dtype="float16"), ValueError, "unknown dtype 'float16'"),
+])
+def test_from_pretrained_names_its_own_arguments(folders, kwargs, error, match):
+    """issue 47 (the probability kind): a dropout of 1.0 was reported as config.json's
+    fault ("config.json does not make a model"); it is the caller's argument."""
+    with pytest.raises(error, match=match):
+        CausalLM.from_pretrained(folders["gpt2"], **kwargs)

@@ -65,9 +65,11 @@ from .. import backend
 from ..nn import Module
 from ..nn.state import read_safetensors
 from ..ops.contracts import (
+    check_choice,
     check_flag,
     check_heads_divide,
     check_path,
+    check_probability,
     check_size,
     read_json_object,
 )
@@ -344,6 +346,9 @@ def from_pretrained(model_class: type, name_or_path: str | os.PathLike,
     default float); ``dropout``: npformer's dropout for fine-tuning (Hugging Face's
     probabilities are not read; see the module docstring).  The model is built in the
     current tier (:mod:`npformer.engine`), on the current backend, in training mode."""
+    if dtype is not None:
+        check_choice(dtype, backend.FLOAT_DTYPES, "dtype")
+    dropout = check_probability(dropout, "dropout")  # the caller's, not config.json's
     folder = resolve(name_or_path)
     config = config_from_hf(read_config(folder), model_class.config_class, dropout,
                             str(folder / CONFIG_FILE))
