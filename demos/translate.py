@@ -271,10 +271,17 @@ def load_for_translation(path, tier: str = "fast"):
     """-> the model (of ``tier``), its English and French vocabularies, and its BPE
     (None: words)."""
     model, checkpoint = load_demo_model(path, DEMO, tier)
-    bpe = checkpoint.extra.get("bpe")
-    return (model, Vocab.from_json(checkpoint.extra["src_vocab"]),
-            Vocab.from_json(checkpoint.extra["tgt_vocab"]),
-            None if bpe is None else BPE.from_json(bpe))
+    extra = checkpoint.extra
+    try:  # a damaged record is the user's file, not a bug: one error line naming it
+        return (model, Vocab.from_json(extra["src_vocab"], f"{path}'s src_vocab"),
+                Vocab.from_json(extra["tgt_vocab"], f"{path}'s tgt_vocab"),
+                None if extra.get("bpe") is None else BPE.from_json(extra["bpe"],
+                                                                    f"{path}'s BPE"))
+    except KeyError as exc:
+        raise DemoError(f"{path} holds no {exc.args[0]}: it is not a translation demo's "
+                        "checkpoint") from None
+    except ValueError as exc:
+        raise DemoError(f"{exc}: the checkpoint is damaged; train the model again") from None
 
 
 def split_pairs(preset: Preset, data, seed: int):

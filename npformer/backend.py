@@ -224,6 +224,37 @@ def device_of(x: Array) -> Any:
     return array_api_compat.device(x)
 
 
+# --------------------------------------------------------------------------- memory
+def machine_memory() -> tuple[int, str]:
+    """(bytes, where) of the memory a run can use: the GPU's on the cupy backend; else
+    the machine's physical memory, or the container's limit (cgroup) when lower."""
+    if backend_name() == "cupy":
+        import cupy
+
+        return int(cupy.cuda.runtime.memGetInfo()[1]), "this GPU has"
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        with open("/sys/fs/cgroup/memory.max", encoding="ascii") as limit_file:
+            limit = limit_file.read().strip()
+    except OSError:
+        limit = "max"
+    if limit.isdigit() and int(limit) < total:
+        return int(limit), "this container may use"
+    return total, "this machine has"
+
+
+def byte_size(count: int) -> str:
+    """Bytes in binary units: ``125.7 GiB``; past YiB, a power of ten."""
+    value = float(count)
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB"):
+        if value < 1024 or unit == "YiB":
+            break
+        value /= 1024
+    if value >= 1024:
+        return f"{count:.2g} bytes"
+    return f"{value:.0f} {unit}" if unit == "bytes" else f"{value:.1f} {unit}"
+
+
 # --------------------------------------------------------------------------- dtypes
 def set_default_float(name: str) -> None:
     """Set the float dtype new parameters get: "float32" (training) or "float64" (checks)."""

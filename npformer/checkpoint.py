@@ -56,6 +56,7 @@ import numpy as np
 
 from . import backend
 from .nn.state import weight_array
+from .ops.contracts import check_path, check_size, read_json_object
 
 if TYPE_CHECKING:  # annotations only: nn and optim are not imported here
     from .nn import Module
@@ -151,7 +152,11 @@ def save_checkpoint(path: str | os.PathLike, model: Module, optimizer: Optimizer
     from .models.common import config_to_dict
     from .optim import check_optimizer_of
 
-    path = Path(path)
+    path = Path(check_path(path, "path"))
+    step = check_size(step, "step", 0)
+    if extra is not None and not isinstance(extra, dict):
+        raise TypeError(f"extra must be a dict (JSON values by name) or None, got "
+                        f"{type(extra).__name__}")
     _check_destination(path)
     if optimizer is not None:
         check_optimizer_of(optimizer, model, "save_checkpoint")
@@ -201,7 +206,7 @@ _UNREADABLE = (zipfile.BadZipFile, zlib.error, struct.error, ValueError, OSError
 
 def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     """Read a checkpoint into host memory, with a clear error for anything unreadable."""
-    path = Path(path)
+    path = Path(check_path(path, "path"))
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
     remove_stale_temporaries(path)
@@ -268,10 +273,11 @@ def _read_meta(path: Path, contents: dict) -> dict:
     if raw.dtype.kind != "U" or raw.ndim != 0:
         raise CheckpointError(f"{path} has an unreadable 'meta' entry (not a JSON string)")
     try:
-        meta = json.loads(str(raw))
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{path} has an unreadable 'meta' entry: {exc}") from exc
-    if not isinstance(meta, dict) or meta.get("format") != "npformer-checkpoint":
+        meta = read_json_object(raw, f"{path}'s 'meta' entry", (), "an npformer checkpoint's "
+                                "record")
+    except ValueError as exc:
+        raise CheckpointError(str(exc)) from None
+    if meta.get("format") != "npformer-checkpoint":
         raise CheckpointError(f"{path} is not an npformer checkpoint")
     version = meta.get("version", 1)
     if isinstance(version, bool) or not isinstance(version, int) \

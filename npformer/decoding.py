@@ -32,7 +32,7 @@ from . import backend, ops
 from .backend import Array
 from .models.common import attention_mask_input, valid_lengths_from
 from .nn import Module, evaluating
-from .ops.contracts import check_real, check_size, check_token_ids
+from .ops.contracts import check_flag, check_real, check_size, check_token_ids
 
 
 def _last_log_probs(logits) -> np.ndarray:
@@ -276,18 +276,15 @@ def generate(model: Module, prompt_ids: Array | Sequence, max_new_tokens: int,
     vocab_size, block_size = model.config.vocab_size, model.config.block_size
     prompts, single = _prompt_rows(prompt_ids, attention_mask, vocab_size)
     max_new_tokens = check_size(max_new_tokens, "max_new_tokens", 0)
-    if not greedy:
-        temperature = check_real(temperature, "temperature", 0.0, inclusive=False)
-    if top_k is not None:
-        top_k = check_size(top_k, "top_k", 1)
-    if top_p is not None:
-        top_p = check_real(top_p, "top_p", 0.0, inclusive=False)
-        if top_p > 1.0:
-            raise ValueError(f"top_p must be a probability in (0, 1], got {top_p}")
+    greedy = check_flag(greedy, "greedy")  # a temperature is not read when greedy:
+    temperature, top_k, top_p = check_sampling(1.0 if greedy else temperature, top_k, top_p)
     if eos_id is not None:
         eos_id = check_size(eos_id, "eos_id", 0)
         if eos_id >= vocab_size:
             raise ValueError(f"eos_id {eos_id} is outside the vocabulary of {vocab_size}")
+    if rng is not None and not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a numpy.random.Generator (np.random.default_rng(seed)) "
+                        f"or None, got {rng!r} ({type(rng).__name__})")
     rng = rng or np.random.default_rng(0)
     rows = [list(prompt) for prompt in prompts]  # each row's tokens: prompt, then new ones
     live = list(range(len(rows)))  # the rows still decoding, in the batch's order
@@ -373,10 +370,13 @@ def sampling_distribution(log_p: np.ndarray, temperature: float = 1.0,
       until their total reaches top_p: a token stays when the tokens before it hold less
       than top_p (so at least one stays), renormalized.
 
-    The order is Hugging Face's (temperature, then top-k, then top-p)."""
+    The order is Hugging Face's (temperature, then top-k, then top-p).  ``top_k`` None
+    keeps every token; 0 is refused, as Hugging Face's ``TopKLogitsWarper`` refuses it
+    (its ``generate`` reads 0 as None: pass None here)."""
+    temperature, top_k, top_p = check_sampling(temperature, top_k, top_p)
+    log_p = _rows_of_scores(log_p)
     # Shifted by the max before dividing: a tiny temperature sends the others to -inf
     # and the best to exactly 0 (the argmax, its limit), never to NaN.
-    log_p = np.asarray(log_p, dtype=np.float64)
     with np.errstate(over="ignore"):  # overflowing to -inf is that limit
         scaled = (log_p - log_p.max(axis=-1, keepdims=True)) / temperature  # (R, V)
     if top_k is not None and top_k < scaled.shape[-1]:
@@ -393,6 +393,38 @@ def sampling_distribution(log_p: np.ndarray, temperature: float = 1.0,
         probs = np.where(kept, probs, 0.0)
         probs /= probs.sum(axis=-1, keepdims=True)
     return probs
+
+
+def check_sampling(temperature: Any, top_k: Any, top_p: Any
+                   ) -> tuple[float, int | None, float | None]:
+    """Sampling's options, checked: temperature > 0, top_k None or a count >= 1, top_p
+    None or a probability in (0, 1]."""
+    temperature = check_real(temperature, "temperature", 0.0, inclusive=False)
+    top_k = check_size(top_k, "top_k", 1, optional=True)
+    top_p = check_real(top_p, "top_p", 0.0, inclusive=False, optional=True)
+    if top_p is not None and top_p > 1.0:
+        raise ValueError(f"top_p must be a probability in (0, 1], got {top_p}")
+    return temperature, top_k, top_p
+
+
+def _rows_of_scores(log_p: Any) -> np.ndarray:
+    """log_p as float64 rows (R, V) with V >= 1, refused naming it otherwise."""
+    try:
+        rows = np.asarray(backend.to_numpy(log_p) if hasattr(log_p, "shape") else log_p,
+                          dtype=np.float64)
+    except (TypeError, ValueError):
+        raise TypeError(f"log_p must be an array of log-probabilities (rows, vocabulary), got "
+                        f"{type(log_p).__name__}") from None
+    if rows.ndim != 2 or rows.shape[1] == 0:
+        raise ValueError(f"log_p must have shape (rows, vocabulary) with a vocabulary of at "
+                         f"least 1, got shape {rows.shape}")
+    bad = np.isnan(rows).any(axis=-1) | np.isposinf(rows).any(axis=-1) | \
+        np.isneginf(rows).all(axis=-1)
+    if bad.any():
+        raise ValueError(f"log_p row {int(np.argmax(bad))} holds NaN or +inf, or no finite "
+                         "value (-inf marks a token that cannot be drawn; a row needs one "
+                         "that can)")
+    return rows
 
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> np.ndarray:

@@ -46,7 +46,7 @@ from . import backend
 from .backend import Array
 from .nn.module import Parameter
 from .nn.state import mismatch_report, weight_array
-from .ops.contracts import check_real, check_size
+from .ops.contracts import check_flag, check_real, check_size
 
 Schedule = Callable[[int], float]
 
@@ -321,6 +321,7 @@ def global_grad_norm(params: ParamsOrNamed, error_if_nonfinite: bool = False) ->
     ``error_if_nonfinite``: then :class:`NonFiniteGradientError` names the first
     parameter whose gradient holds NaN or inf.
     """
+    error_if_nonfinite = check_flag(error_if_nonfinite, "error_if_nonfinite")
     named = _named(params)
     if not named:
         return 0.0

@@ -232,3 +232,28 @@ def test_torch_conversion_is_refused_naming_the_option(narrow, kqnorm):
         named = "narrow heads" if narrow else "kqnorm"
         with pytest.raises(ValueError, match=f"MultiheadAttention has no {named}"):
             to_torch(model)
+
+
+def test_kqnorm_uses_the_configs_layer_norm_epsilon(torch):
+    """issue 47 case 3: CausalLMConfig(layer_norm_eps=0.5, kqnorm=True) built q_norm and
+    k_norm with 1e-5 while the docstring says "every layer norm's epsilon" (logits 6% off).
+    Every layer norm of the model takes the config's epsilon, in both tiers, and the
+    attention layer computes torch's (torch_reference's, given that epsilon)."""
+    with using_backend("numpy", "float64"):
+        config = CausalLMConfig(vocab_size=11, d_model=12, num_heads=3, num_layers=2, d_ff=16,
+                                block_size=6, layer_norm_eps=0.5, kqnorm=True)
+        model = CausalLM(config)
+        epsilons = [m.eps for m in model.modules() if isinstance(m, nn.LayerNorm)]
+        assert len(epsilons) == 2 * 4 + 1  # per block: two residual norms, q_norm, k_norm
+        assert set(epsilons) == {0.5}, epsilons
+        layer = model.blocks[0].self_attn
+        twin = torch_attention()(12, 3, kqnorm=True, eps=0.5, dtype=torch.float64)
+        with torch.no_grad():
+            for p in twin.parameters():
+                p.normal_(0.0, 0.5)
+        load_torch_attention(layer, twin)
+        x = np.random.default_rng(0).standard_normal((2, 5, 12))
+        keep = causal_mask(5, 5)
+        expected = twin(to_torch_tensor(torch, x, dtype=torch.float64),
+                        mask=torch.from_numpy(to_host(keep)))
+        assert rel_diff(layer(arr(x), mask=keep), expected) <= PARITY_RTOL["float64"]

@@ -198,3 +198,35 @@ def test_record_attention_in_cached_decoding_and_after_the_block(tier):
     np.testing.assert_allclose(step, full[:, :, 3:], rtol=1e-5, atol=1e-7)
     with pytest.raises(KeyError, match="no attention layer"):
         weights["blocks.0.mlp"]
+
+
+def test_record_attention_nested_in_another_keeps_both_records_right(tier):
+    """issue 47 case 8: a record_attention nested in another of the same model left the
+    outer record empty after the inner block ended.  The inner record holds the forwards
+    of its block; the outer one every forward of its own block, the inner's included,
+    before and after the inner block ends; leaving both puts the layers back."""
+    model = tiered.CausalLM(CausalLMConfig(vocab_size=7, block_size=8, d_model=8, num_heads=2,
+                                    num_layers=2, d_ff=16, dropout=0.0))
+    long, short = backend.asarray(np.array([[1, 2, 3, 4]])), backend.asarray(np.array([[5, 6]]))
+    names = ["blocks.0.self_attn", "blocks.1.self_attn"]
+    with nn.no_grad(), record_attention(model) as outer:
+        model(long)
+        first = {name: backend.to_numpy(outer[name]) for name in names}
+        with record_attention(model) as empty:
+            pass
+        assert len(empty) == 0  # the inner block ran no forward: it records none
+        assert sorted(outer) == names  # and the outer record still holds its own
+        with record_attention(model) as inner:
+            model(short)
+        assert sorted(inner) == names and tuple(inner[names[0]].shape) == (1, 2, 2, 2)
+        assert sorted(outer) == names and tuple(outer[names[1]].shape) == (1, 2, 2, 2)
+        model(long)
+    assert sorted(outer) == names
+    for name in names:
+        np.testing.assert_array_equal(backend.to_numpy(outer[name]), first[name])
+        assert tuple(inner[name].shape) == (1, 2, 2, 2)  # kept as it was on leaving
+    with pytest.raises(TypeError, match="record_attention takes a Module .* got dict"):
+        with record_attention({"blocks": []}):
+            pass
+    for _, layer in nn.attention_layers(model):  # put back as they were
+        assert layer.keep_attention is False and layer.last_attention is None

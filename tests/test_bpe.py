@@ -167,3 +167,63 @@ def test_bad_min_counts_are_refused(min_count):
 def test_from_json_refuses_other_things(text):
     with pytest.raises(ValueError, match="not a serialised BPE"):
         BPE.from_json(text)
+
+
+# --------------------------------------------------------------------------- issue 47
+@pytest.mark.parametrize("call, match", [
+    (lambda b: BPE.learn(["lower", "lowest"], num_merges=5),
+     r"token_lists\[0\] must be a list of words, got a str \('lower'\)"),
+    (lambda b: BPE.learn("lower lowest", num_merges=5), "token_lists must be a list of word "
+                                                       "lists, got a str"),
+    (lambda b: b.encode("lower"), r"words must be a list of words, got a str \('lower'\): "
+                                  r"pass \['lower'\]"),
+    (lambda b: b.decode("lo@@wer"), "pieces must be a list of pieces, got a str"),
+    (lambda b: b.encode([5]), r"words\[0\] must be a word \(a str\), got 5 \(int\)"),
+    (lambda b: b.encode(["ok", None]), r"words\[1\] must be a word \(a str\), got None"),
+    (lambda b: b.decode([1, 2]), r"pieces\[0\] must be a piece \(a str\), got 1 \(int\)"),
+    (lambda b: BPE.learn([["ok"], [b"ok"]], 2), r"token_lists\[1\]\[0\] must be a word"),
+    (lambda b: BPE([("a@@", "b", "c")]), r"merges\[0\] must be a pair \(piece, piece\), got "
+                                         r"\('a@@', 'b', 'c'\) of 3 items"),
+    (lambda b: BPE([("a@@", "b"), ("c@@",)]), r"merges\[1\] must be a pair .* of 1 items"),
+    (lambda b: BPE([("a@@", 2)]), r"merges\[0\] must be a pair of strings"),
+    (lambda b: BPE("a@@b"), "merges must be a list of \\(piece, piece\\) pairs, got 'a@@b'"),
+    (lambda b: BPE(5), "merges must be a list .* got 5"),
+])
+def test_a_str_or_an_item_of_the_wrong_type_is_refused_by_name(call, match):
+    """issue 47 cases 6 and 15: learn(["lower", "lowest"]) learned 0 merges (each word's
+    characters taken for words); encode("lower") spelled the string as characters;
+    decode("lo@@wer") split it into characters; encode([5]), decode([1, 2]), a merge of
+    three items or of one raised raw TypeError, AttributeError or unpacking errors."""
+    bpe = BPE.learn([["low", "lower", "lowest"]] * 3, num_merges=3)
+    with pytest.raises(TypeError, match=match):
+        call(bpe)
+
+
+def test_numpy_counts_are_accepted():
+    """issue 47 case 15: num_merges=np.int64(5) was refused, though configs take NumPy
+    integers."""
+    corpus = [["low", "lower", "lowest"]] * 3
+    assert BPE.learn(corpus, num_merges=np.int64(3), min_count=np.int32(2)) == \
+        BPE.learn(corpus, num_merges=3, min_count=2)
+
+
+@pytest.mark.parametrize("text, error, match", [
+    ("", ValueError, "the BPE's JSON is not a serialised BPE: it is not valid JSON"),
+    ("{not json", ValueError, "is not valid JSON"),
+    (None, TypeError, "the BPE's JSON must be a JSON document \\(a str\\), got None"),
+    (5, TypeError, "must be a JSON document"),
+    ('{"type": "BPE"}', ValueError, "not a serialised BPE: it has no 'merges'"),
+    ('{"merges": []}', ValueError, "not a serialised BPE: it has no 'type'"),
+    ('{"type": "BPE", "merges": 5}', ValueError,
+     "its \"merges\" must be a list of \\[piece, piece\\] pairs, got 5"),
+    ('{"type": "BPE", "merges": [["a@@"]]}', ValueError, r"merges\[0\] must be a pair"),
+    ('{"type": "BPE", "merges": [[1, 2]]}', ValueError, r"merges\[0\] must be a pair of str"),
+    ('"BPE"', ValueError, "holds a JSON str, not an object"),
+])
+def test_from_json_refuses_damaged_documents_clearly(text, error, match):
+    """issue 47 case 15: from_json('') / None / '{"type": "BPE"}' / merges 5 raised raw
+    JSONDecodeError, KeyError or TypeError."""
+    with pytest.raises(error, match=match):
+        BPE.from_json(text)
+    with pytest.raises(error, match="the checkpoint's BPE"):
+        BPE.from_json(text, what="the checkpoint's BPE")

@@ -140,3 +140,28 @@ def test_every_rank_sees_the_same_schedule_for():
         fingerprint.digest(CosineOfLength(2e-3, 300))
     assert CosineOfLength(1e-3, 3, 1e-4)(10) == cosine_schedule(1e-3, 3, 10, 1e-4)
     assert np.isclose(CosineOfLength(1e-3, 3)(10)(10), 0.0)
+
+
+@pytest.mark.parametrize("returned", [None, 3e-4, "cosine"])
+def test_a_schedule_for_that_returns_no_schedule_is_refused_before_any_update(
+        tmp_path, monkeypatch, returned):
+    """issue 47 cases 7 and 16: schedule_for returning None was ignored (the run trained
+    at the optimizer's constant rate); a number failed at the first update with
+    "'float' object is not callable".  Both are refused naming schedule_for, before the
+    first update."""
+    with using_backend("numpy", "float64"):
+        with pytest.raises(TypeError, match=r"TrainConfig.schedule_for\(\d+\) must return a "
+                                            "learning-rate schedule"):
+            budgeted_trainer(tmp_path, monkeypatch, FakeClock(lambda n: 1.0),
+                             schedule_for=lambda n: returned)
+
+
+def test_a_budgeted_run_of_no_updates_trains_none(tmp_path, monkeypatch):
+    """issue 47 case 18: max_iters=0 with a time budget and schedule_for raised "total_updates
+    must be at least 1, got 0" (the schedule of a run of 0 updates); it trains 0 updates,
+    as max_iters=0 alone does."""
+    with using_backend("numpy", "float64"):
+        trainer = budgeted_trainer(tmp_path, monkeypatch, FakeClock(lambda n: 1.0),
+                                   max_iters=0)
+        trainer.fit()
+    assert trainer.finished and trainer.updates == 0 and trainer.history.losses == []

@@ -107,3 +107,33 @@ def test_a_refused_numpy_value_reads_as_its_value_and_type(field, value, message
         ClassifierConfig(**{"vocab_size": 10, field: value})
     assert str(error.value) == f"ClassifierConfig.{message}"
     assert "np." not in str(error.value)
+
+
+# =========================================================================== issue 47
+def test_the_training_config_takes_numpy_bools_as_the_model_configs_do():
+    """issue 47 case 17: TrainConfig(cuda_graph=np.True_) was refused while the model
+    configs accept NumPy bools; stored as Python's bool."""
+    config = TrainConfig(max_iters=3, cuda_graph=np.True_, progress=np.False_)
+    assert config.cuda_graph is True and config.progress is False
+    assert TrainConfig(max_iters=3, cuda_graph=None).cuda_graph is None
+    numbers = TrainConfig(max_iters=np.int64(3), eval_every=np.int32(2), max_seconds=np.int64(9))
+    assert (type(numbers.max_iters), type(numbers.eval_every)) == (int, int)
+    assert type(numbers.max_seconds) is float and numbers == TrainConfig(3, 9.0, eval_every=2)
+    assert ClassifierConfig(vocab_size=10, kqnorm=np.True_).kqnorm is True
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: TrainConfig(max_iters=3, cuda_graph="no"),
+     "TrainConfig.cuda_graph must be True, False or None .* got 'no'"),
+    (lambda: TrainConfig(max_iters=3, cuda_graph=1), "TrainConfig.cuda_graph must be True"),
+    (lambda: TrainConfig(max_iters=3, progress="false"), "TrainConfig.progress must be True "
+                                                          "or False, got 'false'"),
+    (lambda: CausalLMConfig(vocab_size=10, tie_weights="false"),
+     "CausalLMConfig.tie_weights must be True or False, got 'false'"),
+    (lambda: Seq2SeqConfig(10, 11, norm_first=0), "norm_first must be True or False, got 0"),
+])
+def test_every_config_switch_refuses_what_is_not_a_bool(make, match):
+    """One switch converter for every config's bool field (issue 47's switch kind; these
+    were refused before too, and stay refused through the one converter)."""
+    with pytest.raises((TypeError, ValueError), match=match):
+        make()

@@ -746,3 +746,45 @@ def test_real_checksums_are_accepted():
     listed = dict(line.split()[::-1] for line in sums.read_text().splitlines() if line.strip())
     for spec in (IMDB, FRA_ENG, TINY_SHAKESPEARE):
         assert listed[spec.filename] in spec.checksums
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda v: Vocab.build(["a b", "c"]), TypeError, r"token_lists\[0\] must be a list of "
+                                                     r"tokens, got a str \('a b'\)"),
+    (lambda v: Vocab.build([["a"], [1]]), TypeError, r"token_lists\[1\]\[0\] must be a token"),
+    (lambda v: Vocab.build([["a"]], bos="no"), TypeError, "bos must be True or False, got 'no'"),
+    (lambda v: Vocab.build([["a"]], min_freq=1.5), TypeError, "min_freq must be an integer"),
+    (lambda v: v.encode("ab"), TypeError, "tokens must be a list of tokens, got a str"),
+    (lambda v: v.encode(["a", 3]), TypeError, r"tokens\[1\] must be a token \(a str\)"),
+    (lambda v: v.decode([2, -1]), ValueError, r"ids\[1\] must be at least 0, got -1"),
+    (lambda v: v.decode([2, 99]), ValueError, r"ids\[1\] = 99 is outside the vocabulary"),
+    (lambda v: v.decode(["2"]), TypeError, r"ids\[0\] must be an integer"),
+    (lambda v: v.decode("23"), TypeError, "ids must be a list of token ids"),
+    (lambda v: v.decode([2], skip_specials="yes"), TypeError, "skip_specials must be True or "
+                                                              "False"),
+])
+def test_vocab_refuses_a_str_for_a_list_and_ids_of_the_wrong_kind(call, error, match):
+    """issue 47 (the token-list and switch kinds at the Vocab): a str where a list of
+    tokens is meant was spelled as characters, a negative id indexed from the end."""
+    vocab = Vocab.build([["a", "b", "c"]])
+    with pytest.raises(error, match=match):
+        call(vocab)
+    assert vocab.decode(np.array([2, 3], dtype=np.int32)) == ["a", "b"]
+
+
+@pytest.mark.parametrize("text, error, match", [
+    ("", ValueError, "the Vocab's JSON is not a serialised Vocab: it is not valid JSON"),
+    (None, TypeError, "must be a JSON document \\(a str\\), got None"),
+    ('{"type": "Vocab"}', ValueError, "it has no 'itos'"),
+    ('{"type": "Vocab", "itos": "abc"}', ValueError, "itos must be a list of tokens, got a str"),
+    ('{"type": "Vocab", "itos": ["<pad>", "<unk>", 3]}', ValueError, r"itos\[2\] must be a "
+                                                                     r"token"),
+    ('{"type": "BPE", "itos": []}', ValueError, "its \"type\" is 'BPE', not \"Vocab\""),
+])
+def test_vocab_from_json_names_the_document_and_its_fault(text, error, match):
+    """issue 47 (the JSON document kind, as BPE.from_json): a damaged saved vocabulary was
+    a raw JSONDecodeError, KeyError or TypeError."""
+    with pytest.raises(error, match=match):
+        Vocab.from_json(text)
+    vocab = Vocab.build([["a", "b"]], eos=True)
+    assert Vocab.from_json(np.array(vocab.to_json()), "the checkpoint's src_vocab") == vocab

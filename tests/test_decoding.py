@@ -730,3 +730,42 @@ def test_batched_generation_rejects_bad_arguments_naming_them(kwargs, error, mat
         kwargs = {"prompt_ids": [[1, 2], [3]], "max_new_tokens": 2, **kwargs}
         with pytest.raises(error, match=match):
             generate(model, **kwargs)
+
+
+@pytest.mark.parametrize("greedy", ["no", "yes", 0, 1, None, "False"])
+def test_a_switch_that_is_not_a_bool_is_refused(greedy):
+    """issue 47 case 4: generate(greedy="no") decoded greedily (a truthy string).  A switch
+    takes True or False (NumPy's too), nothing else."""
+    with using_backend("numpy", "float64"):
+        model = random_lm(seed=3, block_size=5)
+        with pytest.raises(TypeError, match=f"greedy must be True or False, got {greedy!r}"):
+            generate(model, [1, 2], 3, greedy=greedy)
+        assert generate(model, [1, 2], 3, greedy=np.True_) == \
+            generate(model, [1, 2], 3, greedy=True)
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(top_k=0), ValueError, "top_k must be at least 1, got 0"),
+    (dict(top_k=-2), ValueError, "top_k must be at least 1, got -2"),
+    (dict(top_k=2.0), TypeError, "top_k must be an integer or None, got 2.0"),
+    (dict(top_k=True), TypeError, "top_k must be an integer or None, got True"),
+    (dict(temperature=0.0), ValueError, "temperature must be a finite number > 0"),
+    (dict(temperature="1"), TypeError, "temperature must be a real number"),
+    (dict(top_p=0.0), ValueError, "top_p must be a finite number > 0"),
+    (dict(top_p=1.5), ValueError, "top_p must be a probability in \\(0, 1\\]"),
+    (dict(log_p=np.zeros(4)), ValueError, "log_p must have shape \\(rows, vocabulary\\)"),
+    (dict(log_p=np.zeros((2, 0))), ValueError, "log_p must have shape"),
+    (dict(log_p="abc"), TypeError, "log_p must be an array of log-probabilities"),
+    (dict(log_p=np.array([[0.0, 0.0], [np.nan, 0.0]])), ValueError, "log_p row 1 holds NaN"),
+    (dict(log_p=np.full((1, 3), -np.inf)), ValueError, "log_p row 0 .* no finite value"),
+])
+def test_sampling_distribution_refuses_bad_options_naming_them(kwargs, error, match):
+    """issue 47 case 13: sampling_distribution(..., top_k=0) raised a broadcasting error.
+    top_k=0 is refused as generate refuses it, and as transformers' TopKLogitsWarper does
+    ("`top_k` has to be a strictly positive integer"; transformers' generate reads 0 as
+    "no top-k", which is None here)."""
+    kwargs = {"log_p": np.log(np.full((2, 4), 0.25)), **kwargs}
+    with pytest.raises(error, match=match):
+        sampling_distribution(**kwargs)
+    assert np.allclose(sampling_distribution(np.log(np.full((2, 4), 0.25)), top_k=np.int64(4)),
+                       0.25)

@@ -285,6 +285,23 @@ def test_translation_reads_subword_pieces_when_asked(data_dir, tmp_path):
     assert translated.returncode == 0, translated.stderr
 
 
+def test_a_checkpoint_whose_saved_bpe_is_damaged_is_one_error_line(data_dir, tmp_path):
+    """issue 47 case 9: --translate with a model whose saved BPE is damaged JSON ended in
+    a JSONDecodeError traceback; it is one error line naming the checkpoint's BPE."""
+    smoke_run("translate.py", tmp_path, data_dir, "--bpe-merges", "50", "--max-iters", "1",
+              "--no-progress")
+    path = tmp_path / "model.npz"
+    with np.load(path) as archive:
+        arrays = dict(archive)
+    meta = json.loads(str(arrays["meta"]))
+    meta["extra"]["bpe"] = meta["extra"]["bpe"][:40]  # cut short: no longer JSON
+    arrays["meta"] = np.array(json.dumps(meta))
+    np.savez(path, **arrays)
+    err = one_error_line(run_demo("translate.py", "--out", str(tmp_path), "--translate",
+                                  "go ."))
+    assert "model.npz's BPE is not a serialised BPE: it is not valid JSON" in err, err
+
+
 def test_translation_with_few_merges_makes_room_for_its_longest_sentence(data_dir, tmp_path):
     """One merge spells 4 words in more than 8 pieces: the model's length follows the
     longest sentence of the run (before: a training batch too long for the positional

@@ -528,3 +528,120 @@ def test_the_docs_build_a_gpt2_folder_without_the_network(tmp_path, monkeypatch)
             expected = theirs(torch.tensor([ids])).logits
         with no_grad():
             assert rel_diff(model(np.array([ids])), expected) <= 1e-5
+
+
+# --------------------------------------------------------------------------- issue 47
+def test_a_weight_under_both_names_is_refused_naming_both(folders, tmp_path):
+    """issue 47 case 5: ln_f.bias held with and without the transformer. prefix, of other
+    values, loaded the prefixed copy without a word (transformers takes the other)."""
+    from safetensors.numpy import load_file, save_file
+
+    folder = copy_folder(folders["gpt2"], tmp_path / "f")
+    state = load_file(str(folder / "model.safetensors"))
+    state["ln_f.bias"] = state["transformer.ln_f.bias"] + 1.0
+    save_file(state, str(folder / "model.safetensors"))
+    with pytest.raises(PretrainedError, match="one weight under two names, "
+                                              "'ln_f.bias' and 'transformer.ln_f.bias'"):
+        CausalLM.from_pretrained(folder)
+
+
+@pytest.mark.parametrize("config,match", [
+    ({"architectures": "GPT2LMHeadModel"}, "architectures = 'GPT2LMHeadModel': it must be a "
+                                           "list of class names"),
+    ({"tie_word_embeddings": "false"}, "tie_word_embeddings must be True or False, got "
+                                       "'false'"),
+    ({"tie_word_embeddings": 0}, "tie_word_embeddings must be True or False, got 0"),
+    ({"add_cross_attention": "false"}, "add_cross_attention must be True or False"),
+    ({"activation_function": ["gelu"]}, "activation_function = \\['gelu'\\]"),
+])
+def test_config_values_of_the_wrong_json_type_are_refused_naming_them(folders, tmp_path,
+                                                                      config, match):
+    """issue 47 case 14: architectures as a string was reported letter by letter; the
+    string "false" was read as true; a JSON string is not a switch."""
+    folder = copy_folder(folders["gpt2"], tmp_path / "f", config=config)
+    with pytest.raises(PretrainedError, match=match):
+        CausalLM.from_pretrained(folder)
+
+
+@pytest.mark.parametrize("path", ["", "  "])
+def test_an_empty_path_is_refused_not_read_as_the_current_folder(path, tmp_path):
+    """issue 47 case 14: from_pretrained('') read the current folder."""
+    with pytest.raises(ValueError, match="name_or_path must be a path, got the empty name"):
+        CausalLM.from_pretrained(path)
+    with pytest.raises(ValueError, match="must be a path"):
+        Tokenizer.from_pretrained(path)
+    with pytest.raises(TypeError, match="name_or_path must be a path .* got 5"):
+        CausalLM.from_pretrained(5)
+
+
+def test_save_pretrained_takes_a_transformers_tokenizer(folders, tokenizer, tmp_path):
+    """issue 47 case 14: save_pretrained(tokenizer=<a transformers tokenizer>) raised
+    AttributeError: eos_id.  A fast tokenizer is saved (its tokenizer.json and its end of
+    text); anything else is refused naming what is expected."""
+    with using_backend("numpy", "float64"):
+        model = CausalLM.from_pretrained(folders["gpt2"])
+        fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer,
+                                                    eos_token="<|endoftext|>")
+        folder = tmp_path / "out"
+        model.save_pretrained(folder, tokenizer=fast)
+        saved = Tokenizer.from_pretrained(folder)
+        assert saved.encode("the model") == fast.encode("the model")
+        assert saved.eos_id == fast.eos_token_id == 0
+        assert json.loads((folder / "config.json").read_text())["eos_token_id"] == 0
+        with pytest.raises(TypeError, match="tokenizer must be an npformer.interop.gpt2."
+                                            "Tokenizer .* got dict"):
+            model.save_pretrained(tmp_path / "bad", tokenizer={"vocab": {}})
+        with pytest.raises(ValueError, match="path must be a path, got the empty name"):
+            model.save_pretrained("", tokenizer=fast)
+
+
+@pytest.mark.parametrize("file, text, match", [
+    ("config.json", "{not json", "config.json is not a GPT-2 config: it is not valid JSON"),
+    ("config.json", "[1, 2]", "config.json is not a GPT-2 config: it holds a JSON list"),
+    ("model.safetensors.index.json", '{"metadata": {}}',
+     "index.json is not a safetensors index: it has no 'weight_map'"),
+    ("model.safetensors.index.json", '{"weight_map": 5}', "\"weight_map\" must map each"),
+    ("model.safetensors.index.json", '{"weight_map": {"wte.weight": null}}',
+     "\"weight_map\" must map each"),
+])
+def test_a_damaged_json_file_is_refused_naming_it_and_its_fault(folders, tmp_path, file,
+                                                                text, match):
+    """issue 47 (the JSON document kind): config.json and the shards' index go through
+    the one JSON reader, which names the file and what is wrong."""
+    folder = copy_folder(folders["gpt2"], tmp_path / "f",
+                         drop="model.safetensors" if "index" in file else None)
+    (folder / file).write_text(text)
+    with pytest.raises(PretrainedError, match=match):
+        CausalLM.from_pretrained(folder)
+
+
+def test_tokenizer_decode_refuses_what_is_not_a_token_id(tokenizer):
+    """issue 47 (the token list kind): decode("12") decoded the characters as ids."""
+    ours = Tokenizer(tokenizer, 0)
+    with pytest.raises(TypeError, match="decode takes token ids"):
+        ours.decode("12")
+    with pytest.raises(TypeError, match=r"ids\[1\] must be an integer"):
+        ours.decode([1, "2"])
+    with pytest.raises(ValueError, match=r"ids\[0\] = 300 is outside"):
+        ours.decode([300])
+    assert ours.decode(np.array([5, 6])) == tokenizer.decode([5, 6], skip_special_tokens=False)
+
+
+def test_n_inner_zero_is_refused_not_read_as_the_default(folders, tmp_path):
+    """issue 47 (the count kind in config.json): n_inner 0 was read as absent (4 n_embd),
+    where transformers builds the width it says; a width of 0 is refused naming it."""
+    folder = copy_folder(folders["gpt2"], tmp_path / "f", config={"n_inner": 0})
+    with pytest.raises(PretrainedError, match="d_ff must be a positive integer, got 0"):
+        CausalLM.from_pretrained(folder)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(dropout=1.0), ValueError, "^dropout must be in \\[0, 1\\), got 1.0"),
+    (dict(dropout="0.1"), TypeError, "^dropout must be a number"),
+    (dict(dtype="float16"), ValueError, "unknown dtype 'float16'"),
+])
+def test_from_pretrained_names_its_own_arguments(folders, kwargs, error, match):
+    """issue 47 (the probability kind): a dropout of 1.0 was reported as config.json's
+    fault ("config.json does not make a model"); it is the caller's argument."""
+    with pytest.raises(error, match=match):
+        CausalLM.from_pretrained(folders["gpt2"], **kwargs)

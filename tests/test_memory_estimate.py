@@ -33,6 +33,7 @@ from npformer.models import (
     Seq2SeqTransformer,
     TransformerClassifier,
 )
+from npformer.models.common import check_weights_fit
 
 from .conftest import using_backend
 from .test_demos import SMOKE, load_demo, run_demo
@@ -161,3 +162,32 @@ def test_the_demos_refuse_it_in_one_line(script, data, option, value, tmp_path):
     assert last.startswith(f"error: {option} {value} makes the model too large"), last
     assert last.endswith(f"Lower {option}."), last
     assert not (tmp_path / "run" / "model.npz").exists()
+
+
+@pytest.mark.parametrize("make, field", [
+    (lambda: TransformerClassifier(ClassifierConfig(vocab_size=10, bigram_buckets=10**12)),
+     "bigram_buckets"),
+    (lambda: CausalLM(CausalLMConfig(vocab_size=10**12, d_model=64)), "vocab_size"),
+    (lambda: CausalLM(CausalLMConfig(vocab_size=10, block_size=10**12, d_model=64)),
+     "block_size"),
+    (lambda: Seq2SeqTransformer(Seq2SeqConfig(10, 10**13)), "tgt_vocab_size"),
+    (lambda: TransformerClassifier(ClassifierConfig(vocab_size=10, d_model=64, num_heads=2,
+                                                    d_ff=10**11)), "num_layers"),
+])
+def test_a_model_whose_weights_cannot_fit_is_refused_before_allocating(make, field):
+    """issue 47 case 11: TransformerClassifier(bigram_buckets=10**12) ended in
+    "MemoryError: Unable to allocate 116. TiB", naming no field.  The library bounds
+    every model's weights before it allocates one, naming its largest table's fields, the
+    bytes and the memory there is (parameter_count, the demos' estimate)."""
+    with pytest.raises(ValueError, match=f"for its weights alone, and this .* its largest "
+                                         f"table \\({field}=.*; lower {field}$"):
+        make()
+
+
+def test_the_weights_bound_is_the_parameter_count_in_the_backends_float():
+    config = ClassifierConfig(vocab_size=10, bigram_buckets=100)
+    count = parameter_count(config)
+    check_weights_fit(config, 4, available=(4 * count, "here"))  # fits exactly
+    with pytest.raises(ValueError, match=f"{count:,} parameters, .* in float32 for its weights "
+                                         "alone, and here 2.9 KiB"):
+        check_weights_fit(config, 4, available=(3000, "here"))

@@ -266,3 +266,25 @@ def test_save_and_restore_refuse_an_optimizer_of_another_model(tmp_path):
         path = save_checkpoint(tmp_path / "m.npz", model, tiered.AdamW(model.parameters()))
         with pytest.raises(ValueError, match="restore: the optimizer does not update"):
             restore(model, load_checkpoint(path), foreign)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(step="3"), TypeError, "step must be an integer, got '3'"),
+    (dict(step=-1), ValueError, "step must be at least 0, got -1"),
+    (dict(step=2.0), TypeError, "step must be an integer"),
+    (dict(extra="notes"), TypeError, "extra must be a dict .* got str"),
+    (dict(path=""), ValueError, "path must be a path, got the empty name ''"),
+])
+def test_save_checkpoint_refuses_arguments_of_the_wrong_kind(tmp_path, kwargs, error, match):
+    """issue 47 (the count, path and JSON kinds at the checkpoint's door): a str step was
+    saved as int("3"), a negative one as it was, a str extra as a JSON string."""
+    with using_backend("numpy", "float32"):
+        model = lm()
+        kwargs = {"path": tmp_path / "m.npz", **kwargs}
+        with pytest.raises(error, match=match):
+            save_checkpoint(kwargs.pop("path"), model, **kwargs)
+        assert not (tmp_path / "m.npz").exists()
+        assert load_checkpoint(save_checkpoint(tmp_path / "ok.npz", model, step=np.int64(4))
+                               ).step == 4
+    with pytest.raises(ValueError, match="path must be a path, got the empty name"):
+        load_checkpoint("")

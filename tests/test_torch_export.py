@@ -25,6 +25,7 @@ from npformer import backend
 from npformer.interop.pytorch import from_torch, to_torch
 from npformer.interop.torch_reference import torch_models
 from npformer.models import CausalLMConfig
+from npformer.nn import LayerNorm
 
 from .conftest import using_backend
 from .helpers import assert_close, tier_under_test, tiered
@@ -249,8 +250,10 @@ def test_what_has_no_equivalent_is_refused(torch):
             to_torch(tiered.FeedForward(4, 8))
         with pytest.raises(TypeError, match="Conv1d"):
             from_torch(torch.nn.Conv1d(2, 2, 3))
-        with pytest.raises(ValueError, match="layer_norm_eps 1e-06"):
-            from_torch(torch.nn.TransformerEncoderLayer(D, H, D_FF, 0.0, layer_norm_eps=1e-6))
+        mixed = torch.nn.TransformerEncoderLayer(D, H, D_FF, 0.0, layer_norm_eps=1e-6)
+        mixed.norm2.eps = 1e-3  # an npformer block has one epsilon for all its norms
+        with pytest.raises(ValueError, match="layer norms have different epsilons"):
+            from_torch(mixed)
         with pytest.raises(ValueError, match="activation"):
             from_torch(torch.nn.TransformerEncoderLayer(D, H, D_FF, 0.0,
                                                    activation=torch.nn.SiLU()))
@@ -310,3 +313,41 @@ def test_interop_does_not_import_torch():
             "npformer.models; assert 'torch' not in sys.modules, 'torch was imported'")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("block", ["encoder", "decoder"])
+def test_a_block_with_another_epsilon_round_trips(torch, block):
+    """issue 47 case 12: from_torch(to_torch(EncoderBlock(norm_eps=1e-3))) was refused with
+    "npformer's blocks use 1e-05", no longer true: the epsilon goes both ways, and the
+    block computes what it did."""
+    with using_backend("numpy", "float64"):
+        make = tiered.EncoderBlock if block == "encoder" else tiered.DecoderBlock
+        ours = _randomize(make(D, H, D_FF, 0.0, "relu", True, norm_eps=1e-3))
+        theirs = to_torch(ours)
+        assert {theirs.norm1.eps, theirs.norm2.eps} == {1e-3}
+        back = from_torch(theirs, tier=tier_under_test())
+        epsilons = {m.eps for m in back.modules() if isinstance(m, LayerNorm)}
+        assert epsilons == {1e-3}
+        rng = np.random.default_rng(5)
+        x = backend.asarray(rng.standard_normal((2, 3, D)))
+        if block == "encoder":
+            assert_close(back(x), ours(x), rtol=0.0)
+        else:
+            memory = backend.asarray(rng.standard_normal((2, 4, D)))
+            assert_close(back(x, memory), ours(x, memory), rtol=0.0)
+
+
+def test_what_is_not_a_module_is_refused_naming_what_is_expected(torch):
+    """issue 47 (the kinds at torch_interop's doors): to_torch(5) and from_torch(5) ended
+    in AttributeError; a path of '' named the current folder."""
+    with pytest.raises(TypeError, match="to_torch converts an npformer model or layer .* "
+                                        "got int"):
+        to_torch(5)
+    with pytest.raises(TypeError, match="from_torch converts a torch.nn.Module, got dict"):
+        from_torch({})
+    from npformer.interop.pytorch import load_safetensors, save_safetensors
+
+    with pytest.raises(ValueError, match="path must be a path, got the empty name ''"):
+        save_safetensors(tiered.Linear(2, 3), "")
+    with pytest.raises(TypeError, match="path must be a path .* got None"):
+        load_safetensors(tiered.Linear(2, 3), None)

@@ -12,11 +12,12 @@ the sizes.  Being a lower bound, the check never refuses a run that would fit.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import Any
 
+from ..backend import byte_size as _size
+from ..backend import machine_memory
+from ..models.common import parameter_count
 from .demo import DemoError
 from .options import flag
 
@@ -44,63 +45,6 @@ class TrainingMemory:
         return copies * self.model_bytes + self.batch_bytes
 
 
-# --------------------------------------------------------------------------- the count
-def _attention(d: int, inner: int, config: Any) -> int:
-    """MultiHeadAttention: q, k, v projections D -> H*E (one shared E -> E map each with
-    narrow heads) and the output H*E -> D, biased; kqnorm's two layer norms over E."""
-    width = inner // config.num_heads  # E
-    projection = width * width + width if config.narrow_heads else d * inner + inner
-    norms = 2 * (2 * width) if config.kqnorm else 0
-    return 3 * projection + inner * d + d + norms
-
-
-def _feed_forward(d: int, d_ff: int) -> int:
-    return d * d_ff + d_ff + d_ff * d + d
-
-
-def _encoder_block(d: int, inner: int, d_ff: int, config: Any) -> int:
-    return _attention(d, inner, config) + _feed_forward(d, d_ff) + 2 * (2 * d)  # + 2 norms
-
-
-def _decoder_block(d: int, inner: int, d_ff: int, config: Any) -> int:
-    return (2 * _attention(d, inner, config) + _feed_forward(d, d_ff)
-            + 3 * (2 * d))  # + 3 layer norms
-
-
-def _embedding(config: Any, vocab_size: int) -> int:
-    """Token table, and the positions' when they are learned."""
-    learned = config.positional == "learned"
-    return (vocab_size + (config.block_size if learned else 0)) * config.d_model
-
-
-def parameter_count(config: Any) -> int:
-    """The parameters of the model ``config`` describes (a ClassifierConfig,
-    CausalLMConfig or Seq2SeqConfig), counted from its fields: what ``num_parameters()``
-    of the built model returns."""
-    from ..models import CausalLMConfig, ClassifierConfig, Seq2SeqConfig
-
-    d = config.d_model
-    inner = config.num_heads * (config.head_dim or d // config.num_heads)
-    final_norm = 2 * d if config.norm_first else 0
-    if isinstance(config, ClassifierConfig):
-        return (_embedding(config, config.vocab_size) + config.bigram_buckets * d
-                + config.num_layers * _encoder_block(d, inner, config.d_ff, config) + final_norm
-                + d * config.num_classes + config.num_classes)
-    if isinstance(config, CausalLMConfig):
-        return (_embedding(config, config.vocab_size)
-                + config.num_layers * _encoder_block(d, inner, config.d_ff, config) + final_norm
-                + (0 if config.tie_weights else d * config.vocab_size))
-    if isinstance(config, Seq2SeqConfig):
-        return (_embedding(config, config.src_vocab_size)
-                + _embedding(config, config.tgt_vocab_size)
-                + config.num_encoder_layers * _encoder_block(d, inner, config.d_ff, config)
-                + config.num_decoder_layers * _decoder_block(d, inner, config.d_ff, config)
-                + 2 * final_norm
-                + (0 if config.tie_weights else (d + 1) * config.tgt_vocab_size))
-    raise TypeError(f"parameter_count counts a ClassifierConfig, CausalLMConfig or "
-                    f"Seq2SeqConfig, got {type(config).__name__}")
-
-
 # --------------------------------------------------------------------------- the memory
 def training_memory(config: Any, batch_size: int, sequence_length: int,
                     itemsize: int = 4) -> TrainingMemory:
@@ -125,37 +69,6 @@ def training_memory(config: Any, batch_size: int, sequence_length: int,
         activations = tokens * (config.d_model * config.num_layers + config.vocab_size)
     return TrainingMemory(parameters, itemsize * (4 * parameters + tables),
                           itemsize * activations)
-
-
-def machine_memory() -> tuple[int, str]:
-    """(bytes, where) of the memory a run can use: the GPU's on the cupy backend; else
-    the machine's physical memory, or the container's limit (cgroup) when lower."""
-    from .. import backend
-
-    if backend.backend_name() == "cupy":
-        import cupy
-
-        return int(cupy.cuda.runtime.memGetInfo()[1]), "this GPU has"
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-    except OSError:
-        limit = "max"
-    if limit.isdigit() and int(limit) < total:
-        return int(limit), "this container may use"
-    return total, "this machine has"
-
-
-def _size(count: int) -> str:
-    """Bytes in binary units: ``125.7 GiB``; past YiB, a power of ten."""
-    value = float(count)
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB"):
-        if value < 1024 or unit == "YiB":
-            break
-        value /= 1024
-    if value >= 1024:
-        return f"{count:.2g} bytes"
-    return f"{value:.0f} {unit}" if unit == "bytes" else f"{value:.1f} {unit}"
 
 
 # --------------------------------------------------------------------------- the check

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from ..ops.contracts import check_size
+from ..ops.contracts import check_flag, check_size
 
 __all__ = ["pad_batch", "batches", "length_bucketed_batches", "lm_batch"]
 
@@ -80,8 +80,9 @@ def batches(n: int, batch_size: int, shuffle: bool = False,
     The last batch is smaller when ``batch_size`` does not divide ``n``, unless
     ``drop_last``.
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    n = check_size(n, "n", 0)
+    check_size(batch_size, "batch_size", 1)
+    shuffle, drop_last = check_flag(shuffle, "shuffle"), check_flag(drop_last, "drop_last")
     if shuffle and rng is None:
         raise ValueError("shuffle=True needs rng, a numpy.random.Generator")
     order = rng.permutation(n) if shuffle else np.arange(n)

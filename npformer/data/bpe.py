@@ -32,6 +32,16 @@ import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
+from typing import Any
+
+from ..ops.contracts import (
+    KindError,
+    check_size,
+    check_string_lists,
+    check_strings,
+    read_json_object,
+    shown,
+)
 
 __all__ = ["BPE", "MARK"]
 
@@ -39,11 +49,37 @@ MARK = "@@"  # ends every piece that does not end its word
 
 
 def _check_word(word: str) -> None:
+    if not isinstance(word, str):
+        raise KindError(f"byte-pair encoding encodes words (str), got {shown(word)} "
+                        f"({type(word).__name__})")
     if MARK in word:
         raise ValueError(f"byte-pair encoding cannot encode the word {word!r}: it holds the "
                          f"continuation mark {MARK!r}, so its pieces would not join back")
     if not word or word.isspace():
         raise ValueError(f"byte-pair encoding encodes words, got {word!r}")
+
+
+def check_strings_or_pairs(merges: Any) -> list:
+    """The merges given to :class:`BPE`: a list (any iterable but a str) of pairs."""
+    if isinstance(merges, (str, bytes)) or not isinstance(merges, Iterable):
+        raise KindError(f"merges must be a list of (piece, piece) pairs, got {shown(merges)} "
+                        f"({type(merges).__name__})")
+    return list(merges)
+
+
+def _merge(entry: Any, i: int) -> tuple[str, str]:
+    """merges[i]: a pair of strings (a piece marked ``@@``, the piece after it)."""
+    if isinstance(entry, (str, bytes)) or not isinstance(entry, Sequence) or len(entry) != 2:
+        size = f" of {len(entry)} items" if isinstance(entry, Sequence) and not isinstance(
+            entry, (str, bytes)) else ""
+        raise KindError(f"merges[{i}] must be a pair (piece, piece), got {shown(entry)}{size}")
+    first, second = entry
+    if not (isinstance(first, str) and isinstance(second, str)):
+        raise KindError(f"merges[{i}] must be a pair of strings, got {shown(entry)}")
+    if not first.endswith(MARK) or len(first) == len(MARK) or not second:
+        raise ValueError(f"merges[{i}] is not a byte-pair merge: {(first, second)!r} (the "
+                         f"first piece must end with {MARK!r}, the second be non-empty)")
+    return first, second
 
 
 def characters(word: str) -> tuple[str, ...]:
@@ -135,13 +171,14 @@ class BPE:
     """
 
     def __init__(self, merges: Iterable[Sequence[str]]):
-        merges = tuple((str(a), str(b)) for a, b in merges)
-        for first, second in merges:
-            if not first.endswith(MARK) or len(first) == len(MARK) or not second:
-                raise ValueError(f"not a byte-pair merge: {(first, second)!r} (the first "
-                                 f"piece must end with {MARK!r})")
-        if len(set(merges)) != len(merges):
-            raise ValueError("a BPE's merges must be distinct")
+        merges = tuple(_merge(entry, i) for i, entry in enumerate(
+            check_strings_or_pairs(merges)))
+        seen: dict = {}
+        for i, pair in enumerate(merges):
+            if pair in seen:
+                raise ValueError(f"a BPE's merges must be distinct: merges[{i}] {pair!r} is "
+                                 f"merges[{seen[pair]}] again")
+            seen[pair] = i
         self.merges = merges
         self._rank = {pair: rank for rank, pair in enumerate(merges)}
         self.encode_word = lru_cache(maxsize=1 << 16)(self._encode_word)
@@ -151,10 +188,9 @@ class BPE:
               min_count: int = 2) -> BPE:
         """Learn ``num_merges`` merges (fewer when no pair is left ``min_count`` times)
         from a corpus of word lists, e.g. both sides of the training pairs."""
-        if isinstance(num_merges, bool) or not isinstance(num_merges, int) or num_merges < 0:
-            raise ValueError(f"num_merges must be an integer >= 0, got {num_merges!r}")
-        if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
-            raise ValueError(f"min_count must be an integer >= 1, got {min_count!r}")
+        num_merges = check_size(num_merges, "num_merges", 0)
+        min_count = check_size(min_count, "min_count", 1)
+        token_lists = check_string_lists(token_lists, "token_lists", "word")
         counts = Counter(word for words in token_lists for word in words)
         for word in counts:
             _check_word(word)
@@ -175,14 +211,15 @@ class BPE:
 
     def encode(self, words: Iterable[str]) -> list[str]:
         """Words -> pieces, every piece but a word's last marked with ``@@``."""
-        return [piece for word in words for piece in self.encode_word(word)]
+        return [piece for word in check_strings(words, "words", "word")
+                for piece in self.encode_word(word)]
 
     @staticmethod
     def decode(pieces: Iterable[str]) -> list[str]:
         """Pieces -> words: a piece ending with ``@@`` joins the next one. A last piece
         still marked (a decoder stopped mid-word) ends its word without the mark."""
         words, partial = [], ""
-        for piece in pieces:
+        for piece in check_strings(pieces, "pieces", "piece"):
             if piece.endswith(MARK):
                 partial += piece[:-len(MARK)]
             else:
@@ -210,9 +247,19 @@ class BPE:
                           ensure_ascii=False)
 
     @classmethod
-    def from_json(cls, text: str) -> BPE:
-        """Rebuild from :meth:`to_json`'s output (str, or a 0-d array)."""
-        data = json.loads(str(text))
-        if not isinstance(data, dict) or data.get("type") != "BPE":
-            raise ValueError("not a serialised BPE")
-        return cls(data["merges"])
+    def from_json(cls, text: str, what: str = "the BPE's JSON") -> BPE:
+        """Rebuild from :meth:`to_json`'s output (str, or a 0-d array); anything else is
+        refused naming ``what`` (e.g. "the checkpoint's BPE") and what is wrong: not a
+        str, not JSON, not an object, no "type" "BPE" or "merges", a merge that is not
+        a pair of pieces."""
+        data = read_json_object(text, what, ("type", "merges"), "a serialised BPE")
+        if data["type"] != "BPE":
+            raise ValueError(f"{what} is not a serialised BPE: its \"type\" is "
+                             f"{shown(data['type'])}, not \"BPE\"")
+        if not isinstance(data["merges"], list):
+            raise ValueError(f"{what} is not a serialised BPE: its \"merges\" must be a list "
+                             f"of [piece, piece] pairs, got {shown(data['merges'])}")
+        try:
+            return cls(data["merges"])
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{what} is not a serialised BPE: {exc}") from None

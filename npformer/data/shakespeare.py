@@ -14,6 +14,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from ..ops.contracts import read_json_object
 from .download import TINY_SHAKESPEARE, DatasetFormatError, locate_dataset
 
 __all__ = ["CharVocab", "read_shakespeare", "load_shakespeare", "split_90_10"]
@@ -69,11 +70,13 @@ class CharVocab:
         return json.dumps({"type": "CharVocab", "chars": self.chars}, ensure_ascii=False)
 
     @classmethod
-    def from_json(cls, text: str) -> CharVocab:
-        """Rebuild a vocabulary from :meth:`to_json`'s output (str, or a 0-d array)."""
-        data = json.loads(str(text))
-        if not isinstance(data, dict) or data.get("type") != "CharVocab":
-            raise ValueError("not a serialised CharVocab")
+    def from_json(cls, text: str, what: str = "the CharVocab's JSON") -> CharVocab:
+        """Rebuild a vocabulary from :meth:`to_json`'s output (str, or a 0-d array);
+        anything else is refused naming ``what`` and what is wrong."""
+        data = read_json_object(text, what, ("type", "chars"), "a serialised CharVocab")
+        if data["type"] != "CharVocab" or not isinstance(data["chars"], str):
+            raise ValueError(f"{what} is not a serialised CharVocab: its \"type\" must be "
+                             "\"CharVocab\" and its \"chars\" a string")
         return cls(data["chars"])
 
 

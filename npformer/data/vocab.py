@@ -17,6 +17,15 @@ import json
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
+from ..ops.contracts import (
+    check_flag,
+    check_size,
+    check_string_lists,
+    check_strings,
+    read_json_object,
+    shown,
+)
+
 __all__ = ["Vocab", "PAD", "UNK", "BOS", "EOS"]
 
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<bos>", "<eos>"
@@ -31,7 +40,7 @@ class Vocab:
     """
 
     def __init__(self, itos: Sequence[str]):
-        itos = tuple(itos)
+        itos = tuple(check_strings(itos, "itos", "token"))
         if itos[:2] != (PAD, UNK):
             raise ValueError(f"a Vocab must start with {PAD!r}, {UNK!r}; got {itos[:2]!r}")
         if len(set(itos)) != len(itos):
@@ -62,11 +71,11 @@ class Vocab:
         Regular tokens are ordered by frequency, most frequent first, then by
         token string, so the result does not depend on the corpus order.
         """
-        if min_freq < 1:
-            raise ValueError(f"min_freq must be >= 1, got {min_freq}")
-        if max_size is not None and max_size < 0:
-            raise ValueError(f"max_size must be >= 0, got {max_size}")
+        check_size(min_freq, "min_freq", 1)
+        check_size(max_size, "max_size", 0, optional=True)
+        bos, eos = check_flag(bos, "bos"), check_flag(eos, "eos")
         specials = [PAD, UNK] + [BOS] * bos + [EOS] * eos
+        token_lists = check_string_lists(token_lists, "token_lists", "token")
         counts = Counter(token for tokens in token_lists for token in tokens)
         for special in (PAD, UNK, BOS, EOS):
             counts.pop(special, None)
@@ -101,19 +110,35 @@ class Vocab:
 
     def index(self, token: str) -> int:
         """The id of ``token``, or ``unk_id`` if it is unknown."""
+        if not isinstance(token, str):
+            raise TypeError(f"token must be a str, got {shown(token)} ({type(token).__name__})")
         return self._stoi.get(token, 1)
 
     def encode(self, tokens: Iterable[str]) -> list[int]:
         """Map tokens to ids; unknown tokens become ``unk_id``."""
         stoi = self._stoi
-        return [stoi.get(token, 1) for token in tokens]
+        return [stoi.get(token, 1) for token in check_strings(tokens, "tokens", "token")]
 
     def decode(self, ids: Iterable[int], skip_specials: bool = False) -> list[str]:
         """Map ids back to tokens, optionally dropping the special tokens."""
-        tokens = [self._itos[int(i)] for i in ids]
+        skip_specials = check_flag(skip_specials, "skip_specials")
+        tokens = [self._itos[i] for i in self._checked_ids(ids)]
         if skip_specials:
             tokens = [t for t in tokens if t not in self._specials]
         return tokens
+
+    def _checked_ids(self, ids: Iterable[int]) -> list[int]:
+        """Token ids, each an integer in [0, len(self)) (a negative id would index from
+        the end), refused naming its position."""
+        if isinstance(ids, (str, bytes)):
+            raise TypeError(f"ids must be a list of token ids (integers), got a "
+                            f"{type(ids).__name__} ({ids!r})")
+        checked = [check_size(i, f"ids[{n}]", 0) for n, i in enumerate(ids)]
+        for n, i in enumerate(checked):
+            if i >= len(self):
+                raise ValueError(f"ids[{n}] = {i} is outside the vocabulary of {len(self)} "
+                                 f"tokens (ids 0..{len(self) - 1})")
+        return checked
 
     # --- special ids -------------------------------------------------------
     def _special_id(self, token: str) -> int:
@@ -146,9 +171,15 @@ class Vocab:
         return json.dumps({"type": "Vocab", "itos": list(self._itos)}, ensure_ascii=False)
 
     @classmethod
-    def from_json(cls, text: str) -> Vocab:
-        """Rebuild a vocabulary from :meth:`to_json`'s output (str, or a 0-d array)."""
-        data = json.loads(str(text))
-        if not isinstance(data, dict) or data.get("type") != "Vocab":
-            raise ValueError("not a serialised Vocab")
-        return cls(data["itos"])
+    def from_json(cls, text: str, what: str = "the Vocab's JSON") -> Vocab:
+        """Rebuild a vocabulary from :meth:`to_json`'s output (str, or a 0-d array);
+        anything else is refused naming ``what`` (e.g. "the checkpoint's src_vocab") and
+        what is wrong."""
+        data = read_json_object(text, what, ("type", "itos"), "a serialised Vocab")
+        if data["type"] != "Vocab":
+            raise ValueError(f"{what} is not a serialised Vocab: its \"type\" is "
+                             f"{shown(data['type'])}, not \"Vocab\"")
+        try:
+            return cls(data["itos"])
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{what} is not a serialised Vocab: {exc}") from None

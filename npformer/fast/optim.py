@@ -22,7 +22,7 @@ import math
 from typing import Any
 
 from .. import backend, optim
-from ..ops.contracts import check_real
+from ..ops.contracts import check_flag, check_real
 from ..optim import (
     NonFiniteGradientError,
     ParamsOrNamed,
@@ -123,6 +123,7 @@ class AdamW(_FlatAdam, optim.AdamW):
 def global_grad_norm(params: ParamsOrNamed, error_if_nonfinite: bool = False) -> float:
     """:func:`npformer.optim.global_grad_norm`, in one pass where every gradient lives in
     one flat buffer."""
+    error_if_nonfinite = check_flag(error_if_nonfinite, "error_if_nonfinite")
     named = _named(params)
     flat = flat_buffer_of(p for _, p in named)
     if flat is None:

@@ -64,7 +64,15 @@ import numpy as np
 from .. import backend
 from ..nn import Module
 from ..nn.state import read_safetensors
-from ..ops.contracts import check_heads_divide
+from ..ops.contracts import (
+    check_choice,
+    check_flag,
+    check_heads_divide,
+    check_path,
+    check_probability,
+    check_size,
+    read_json_object,
+)
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -96,7 +104,7 @@ class PretrainedError(ValueError):
 def resolve(name_or_path: str | os.PathLike) -> Path:
     """The folder of a checkpoint: ``name_or_path`` itself when it is a folder, else a
     Hub name (``"gpt2"``, ``"openai-community/gpt2"``) downloaded into the user's cache."""
-    path = Path(name_or_path).expanduser()
+    path = Path(check_path(name_or_path, "name_or_path")).expanduser()
     if path.is_dir():
         return path
     if path.exists():
@@ -132,13 +140,18 @@ def read_config(folder: Path) -> dict:
         raise PretrainedError(f"{folder} has no {CONFIG_FILE}: a GPT-2 folder holds "
                               f"{CONFIG_FILE} and {WEIGHTS_FILE} (as "
                               "GPT2LMHeadModel.save_pretrained writes them)")
+    return _json_object(path, "a GPT-2 config")
+
+
+def _json_object(path: Path, expected: str, required: tuple[str, ...] = ()) -> dict:
+    """The JSON object of the file ``path`` (:func:`read_json_object`), its faults a
+    PretrainedError naming the file."""
     try:
-        values = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PretrainedError(f"{path} is not readable JSON: {exc}") from None
-    if not isinstance(values, dict):
-        raise PretrainedError(f"{path} holds a JSON {type(values).__name__}, not an object")
-    return values
+        return read_json_object(path.read_text(encoding="utf-8"), str(path), required,
+                                expected)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise PretrainedError(f"{path} is not readable: {exc}" if isinstance(
+            exc, (OSError, UnicodeDecodeError)) else str(exc)) from None
 
 
 # --------------------------------------------------------------------------- the config
@@ -151,16 +164,20 @@ def config_from_hf(values: dict, config_class: type, dropout: float = 0.0,
         raise PretrainedError(f"{where} describes a {model_type!r} model (model_type): "
                               "npformer loads GPT-2 checkpoints (model_type 'gpt2')")
     architectures = values.get("architectures") or ["GPT2LMHeadModel"]
+    if not isinstance(architectures, list) or not all(isinstance(a, str)
+                                                      for a in architectures):
+        raise PretrainedError(f"{where} sets architectures = {architectures!r}: it must be a "
+                              f"list of class names, e.g. [\"GPT2LMHeadModel\"]")
     other = [a for a in architectures if a not in ARCHITECTURES]
     if other:
         raise PretrainedError(f"{where} holds a {', '.join(other)} (architectures): npformer "
                               f"loads GPT-2's language model ({', '.join(ARCHITECTURES)})")
     for key, (computed, meaning) in REFUSED_OPTIONS.items():
-        if key in values and values[key] != computed:
+        if key in values and _switch(values, key, computed, where) != computed:
             raise PretrainedError(f"{where} sets {key} = {values[key]!r} ({meaning}): "
                                   "npformer's CausalLM has no equivalent")
     activation = values.get("activation_function", "gelu_new")
-    if activation not in ACTIVATIONS:
+    if not isinstance(activation, str) or activation not in ACTIVATIONS:
         raise PretrainedError(f"{where} sets activation_function = {activation!r}: npformer "
                               f"computes {sorted(ACTIVATIONS)}")
     sizes = {}
@@ -169,7 +186,9 @@ def config_from_hf(values: dict, config_class: type, dropout: float = 0.0,
             raise PretrainedError(f"{where} has no {key!r}")
         sizes[key] = values[key]
     d_model = sizes["n_embd"]
-    d_ff = values.get("n_inner") or (4 * d_model if isinstance(d_model, int) else d_model)
+    d_ff = values.get("n_inner")  # None: 4 n_embd (as transformers reads it; 0 is not None)
+    if d_ff is None:
+        d_ff = 4 * d_model if isinstance(d_model, int) else d_model
     try:
         if isinstance(d_model, int) and isinstance(sizes["n_head"], int) and sizes["n_head"]:
             check_heads_divide(d_model, sizes["n_head"], "n_embd", "n_head", hint="")
@@ -178,10 +197,19 @@ def config_from_hf(values: dict, config_class: type, dropout: float = 0.0,
                               num_layers=sizes["n_layer"], d_ff=d_ff, dropout=dropout,
                               activation=ACTIVATIONS[activation], norm_first=True,
                               positional="learned",
-                              tie_weights=bool(values.get("tie_word_embeddings", True)),
+                              tie_weights=_switch(values, "tie_word_embeddings", True, where),
                               layer_norm_eps=values.get("layer_norm_epsilon", 1e-5))
     except ValueError as exc:
         raise PretrainedError(f"{where} does not make a model: {exc}") from None
+
+
+def _switch(values: dict, key: str, default: bool, where: str) -> bool:
+    """config.json's boolean ``key`` (``default`` where absent): a JSON true or false, never
+    a string ("false") or a number read for its truth."""
+    try:
+        return check_flag(values.get(key, default), key)
+    except TypeError as exc:
+        raise PretrainedError(f"{where}: {exc} (JSON true or false)") from None
 
 
 def config_to_hf(config: Any) -> dict:
@@ -256,13 +284,28 @@ def to_hf(arrays: dict[str, np.ndarray], config: Any) -> dict[str, np.ndarray]:
     return out
 
 
+def _with_prefix(state: dict[str, np.ndarray], where: str) -> dict[str, np.ndarray]:
+    """``state`` under GPT2LMHeadModel's names (``transformer.`` before the body's); a
+    weight held under both names (``ln_f.bias`` and ``transformer.ln_f.bias``) is refused
+    naming both: which copy to load is not npformer's guess."""
+    out: dict[str, np.ndarray] = {}
+    given: dict[str, str] = {}
+    for name, array in state.items():
+        full = name if name.startswith(("transformer.", "lm_head.")) else "transformer." + name
+        if full in out:
+            first, second = sorted((given[full], name))
+            raise PretrainedError(f"{where} holds one weight under two names, {first!r} and "
+                                  f"{second!r}: keep one of them")
+        out[full], given[full] = array, name
+    return out
+
+
 def from_hf(state: dict[str, np.ndarray], config: Any, where: str = WEIGHTS_FILE
             ) -> dict[str, np.ndarray]:
     """GPT-2's arrays by Hugging Face name (with or without ``transformer.``) ->
     npformer's by parameter name.  Every name and shape is checked against the config
     first; a missing or unexpected weight, or one of another shape, is refused naming it."""
-    state = {name if name.startswith(("transformer.", "lm_head.")) else "transformer." + name:
-             array for name, array in state.items()}
+    state = _with_prefix(state, where)
     for name in [n for n in state if BUFFERS.fullmatch(n.removeprefix("transformer."))]:
         del state[name]  # the causal mask of older checkpoints: computed, not loaded
     if config.tie_weights and "lm_head.weight" in state:  # the tied head, saved twice
@@ -304,6 +347,9 @@ def from_pretrained(model_class: type, name_or_path: str | os.PathLike,
     probabilities are not read; see the module docstring).  The model is a
     ``model_class`` (the textbook's or the fast tier's), on the current backend, in
     training mode."""
+    if dtype is not None:
+        check_choice(dtype, backend.FLOAT_DTYPES, "dtype")
+    dropout = check_probability(dropout, "dropout")  # the caller's, not config.json's
     folder = resolve(name_or_path)
     config = config_from_hf(read_config(folder), model_class.config_class, dropout,
                             str(folder / CONFIG_FILE))
@@ -322,15 +368,19 @@ def _read_weights(folder: Path) -> dict[str, np.ndarray]:
     """Every tensor of the folder's model.safetensors, or of the shards its index names."""
     index = folder / WEIGHTS_INDEX
     if not (folder / WEIGHTS_FILE).is_file() and index.is_file():
-        try:
-            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-                                .values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise PretrainedError(f"{index} is not a readable safetensors index: "
-                                  f"{type(exc).__name__}: {exc}") from None
-        state = {}
+        weight_map = _json_object(index, "a safetensors index", ("weight_map",))["weight_map"]
+        if not isinstance(weight_map, dict) or not all(
+                isinstance(v, str) and v for v in weight_map.values()):
+            raise PretrainedError(f"{index} is not a safetensors index: its \"weight_map\" "
+                                  "must map each weight's name to a file's name")
+        shards = sorted(set(weight_map.values()))
+        state, held_by = {}, {}
         for shard in shards:
-            state.update(_read_file(folder / shard))
+            for name, array in _read_file(folder / shard).items():
+                if name in state:
+                    raise PretrainedError(f"{name} is in two shards, {held_by[name]} and "
+                                          f"{shard} (of {index}): keep one")
+                state[name], held_by[name] = array, shard
         return state
     if not (folder / WEIGHTS_FILE).is_file():
         others = [name for name in ("pytorch_model.bin", "tf_model.h5", "flax_model.msgpack")
@@ -361,10 +411,11 @@ def save_pretrained(model: Module, path: str | os.PathLike, tokenizer: Tokenizer
         raise TypeError(f"save_pretrained writes a CausalLM, got {type(model).__name__}")
     hf_config = config_to_hf(model.config)
     if tokenizer is not None:
+        tokenizer = as_tokenizer(tokenizer)
         check_tokenizer(tokenizer, model)
     weights = to_hf({name: backend.to_numpy(p.data) for name, p in model.named_parameters()},
                     model.config)
-    folder = Path(path)
+    folder = Path(check_path(path, "path"))
     folder.mkdir(parents=True, exist_ok=True)
     hf_config["torch_dtype"] = next(iter(weights.values())).dtype.name
     if tokenizer is not None and tokenizer.eos_id is not None:
@@ -409,13 +460,13 @@ class Tokenizer:
 
     def __init__(self, tokenizer: Any, eos_id: int | None = None):
         self._tokenizer = tokenizer
-        self.eos_id = eos_id
+        self.eos_id = check_size(eos_id, "eos_id", 0, optional=True)
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, eos_id: int | None = None) -> Tokenizer:
         """A tokenizer.json file; ``eos_id`` (default: its ``<|endoftext|>`` token)."""
         Tokenizers = _tokenizers()
-        path = Path(path)
+        path = Path(check_path(path, "path"))
         if not path.is_file():
             raise PretrainedError(f"no {TOKENIZER_FILE} at {path}")
         try:
@@ -437,7 +488,8 @@ class Tokenizer:
                                   "tokenizer.json")
         eos = read_config(folder).get("eos_token_id") if (folder / CONFIG_FILE).is_file() \
             else None
-        return cls.from_file(folder / TOKENIZER_FILE, eos if isinstance(eos, int) else None)
+        eos = eos if isinstance(eos, int) and not isinstance(eos, bool) else None
+        return cls.from_file(folder / TOKENIZER_FILE, eos)
 
     @property
     def vocab_size(self) -> int:
@@ -450,10 +502,39 @@ class Tokenizer:
         return list(self._tokenizer.encode(text).ids)
 
     def decode(self, ids: Any) -> str:
-        return self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+        """Token ids (integers in [0, vocab_size)) -> the text."""
+        if isinstance(ids, (str, bytes)):
+            raise TypeError(f"decode takes token ids (integers), got a {type(ids).__name__}")
+        ids = [check_size(i, f"ids[{n}]", 0) for n, i in enumerate(ids)]
+        bad = next((n for n, i in enumerate(ids) if i >= self.vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"ids[{bad}] = {ids[bad]} is outside the tokenizer's vocabulary "
+                             f"of {self.vocab_size}")
+        return self._tokenizer.decode(ids, skip_special_tokens=False)
 
     def save(self, path: str | os.PathLike) -> None:
         self._tokenizer.save(str(path))
+
+
+def as_tokenizer(tokenizer: Any) -> Tokenizer:
+    """A :class:`Tokenizer` of ``tokenizer``: itself, or the ``tokenizers`` library's
+    ``Tokenizer`` it wraps (a transformers "fast" tokenizer's ``backend_tokenizer``, its
+    ``eos_token_id`` kept), or such a ``tokenizers.Tokenizer`` itself; anything else is
+    refused naming what is expected."""
+    if isinstance(tokenizer, Tokenizer):
+        return tokenizer
+    inner = getattr(tokenizer, "backend_tokenizer", None)
+    if inner is not None:  # transformers' PreTrainedTokenizerFast
+        eos = getattr(tokenizer, "eos_token_id", None)
+        return Tokenizer(inner, eos if isinstance(eos, int) else inner.token_to_id(
+            "<|endoftext|>"))
+    if type(tokenizer).__module__.split(".")[0] == "tokenizers" and \
+            hasattr(tokenizer, "token_to_id"):
+        return Tokenizer(tokenizer, tokenizer.token_to_id("<|endoftext|>"))
+    raise TypeError(f"tokenizer must be an npformer.interop.gpt2.Tokenizer (Tokenizer.from_file "
+                    "or Tokenizer.from_pretrained), a tokenizers.Tokenizer or a transformers "
+                    f"fast tokenizer, got {type(tokenizer).__name__}; a slow transformers "
+                    "tokenizer has no tokenizer.json: load it with use_fast=True")
 
 
 def check_tokenizer(tokenizer: Tokenizer, model: Module) -> None:
@@ -481,4 +562,4 @@ def _tokenizers() -> Any:
 
 __all__ = ["from_pretrained", "save_pretrained", "load", "Tokenizer", "check_tokenizer",
            "config_from_hf", "config_to_hf", "from_hf", "to_hf", "weight_map", "resolve",
-           "read_config", "PretrainedError"]
+           "read_config", "PretrainedError", "as_tokenizer"]

@@ -53,6 +53,7 @@ from ..nn import (
     MultiHeadAttention,
 )
 from ..nn.state import checked_weights, read_safetensors
+from ..ops.contracts import check_path
 
 
 @dataclass(frozen=True)
@@ -179,6 +180,9 @@ def _from_torch_layout(kind: str, tensor: np.ndarray, count: int) -> list[np.nda
 
 def to_torch_state_dict(module: Module) -> dict[str, np.ndarray]:
     """The state dict of the equivalent PyTorch module, as NumPy arrays (C-contiguous)."""
+    if not isinstance(module, Module):
+        raise TypeError(f"to_torch converts an npformer model or layer (an npformer.nn."
+                        f"Module), got {type(module).__name__}")
     own = {name: backend.to_numpy(p.data) for name, p in module.named_parameters()}
     out, used = {}, set()
     for rule in rules_for(module):
@@ -276,7 +280,7 @@ def save_safetensors(module: Module, path: str | os.PathLike,
     bad = [k for k, v in header.items() if not (isinstance(k, str) and isinstance(v, str))]
     if bad:
         raise TypeError(f"safetensors metadata maps strings to strings; not so for {bad}")
-    path = Path(path)
+    path = Path(check_path(path, "path"))
     save_file(to_torch_state_dict(module), str(path), metadata=header)
     return path
 
@@ -434,8 +438,9 @@ def from_torch(torch_module: Any, tier: str = "fast") -> Any:
     Accepts the reference models of :mod:`npformer.interop.torch_reference` (as :func:`to_torch`
     returns them; their npformer config is ``.c``), ``nn.TransformerEncoderLayer`` and
     ``nn.TransformerDecoderLayer`` (any norm_first, activation "relu", "gelu" or tanh
-    GELU, layer_norm_eps 1e-5, with biases, attention dropout 0), ``nn.MultiheadAttention``
-    (equal q/k/v widths, no bias_k/bias_v or zero attention, dropout 0), ``nn.Linear``,
+    GELU, one layer_norm_eps for all its norms, with biases, attention dropout 0),
+    ``nn.MultiheadAttention`` (equal q/k/v widths, no bias_k/bias_v or zero attention,
+    dropout 0), ``nn.Linear``,
     ``nn.LayerNorm`` (over the last axis, with weight and bias) and ``nn.Embedding``
     (without padding_idx, max_norm, scale_grad_by_freq or sparse).  An option npformer's
     layer does not implement is refused by name, never dropped: the two modules would
@@ -452,6 +457,9 @@ def from_torch(torch_module: Any, tier: str = "fast") -> Any:
     from ..checkpoint import TIERS
     from ..ops.contracts import check_choice
 
+    if not isinstance(torch_module, torch.nn.Module):
+        raise TypeError(f"from_torch converts a torch.nn.Module, got "
+                        f"{type(torch_module).__name__}")
     check_choice(tier, TIERS, "tier")
 
     params = list(torch_module.parameters())
@@ -477,7 +485,7 @@ def from_torch(torch_module: Any, tier: str = "fast") -> Any:
 def _npformer_twin(t: Any, torch: Any, tier: str) -> Any:
     """An npformer module of ``tier`` shaped like the torch module ``t`` (weights not yet
     loaded)."""
-    from .. import fast, models, nn, ops
+    from .. import fast, models, nn
     from .torch_reference import torch_models
 
     MODELS = fast.MODELS if tier == "fast" else models.MODELS
@@ -496,15 +504,15 @@ def _npformer_twin(t: Any, torch: Any, tier: str) -> Any:
         if t.linear1.bias is None or t.norm1.bias is None or t.self_attn.in_proj_bias is None:
             raise ValueError(f"{name} with bias=False has no npformer equivalent (npformer's "
                              "blocks have biases)")
-        norms = [getattr(t, n) for n in ("norm1", "norm2", "norm3") if hasattr(t, n)]
-        if any(norm.eps != ops.layernorm.EPS for norm in norms):
-            raise ValueError(f"{name} has layer_norm_eps {t.norm1.eps}; npformer's blocks "
-                             f"use {ops.layernorm.EPS}")
+        norms = {n: getattr(t, n).eps for n in ("norm1", "norm2", "norm3") if hasattr(t, n)}
+        if len(set(norms.values())) > 1:
+            raise ValueError(f"{name}'s layer norms have different epsilons ({norms}); an "
+                             "npformer block has one norm_eps for all of them")
         block = blocks.EncoderBlock if isinstance(t, tnn.TransformerEncoderLayer) \
             else blocks.DecoderBlock
         return block(t.self_attn.embed_dim, t.self_attn.num_heads, t.linear1.out_features,
                      dropout=t.dropout.p, activation=_activation_name(t.activation, torch, name),
-                     norm_first=t.norm_first)
+                     norm_first=t.norm_first, norm_eps=t.norm1.eps)
     if isinstance(t, tnn.MultiheadAttention):
         _check_torch_attention(t, name)
         return blocks.MultiHeadAttention(t.embed_dim, t.num_heads,

@@ -232,7 +232,7 @@ def torch_models() -> dict[str, type]:
 @functools.cache
 def torch_attention() -> type:
     """``TorchAttention(d_model, num_heads, narrow=False, kqnorm=False, bias=True,
-    dtype=torch.float32)``: :class:`npformer.nn.MultiHeadAttention` with its options,
+    dtype=torch.float32, eps=1e-5)``: :class:`npformer.nn.MultiHeadAttention` with its options,
     written in torch as Bloem's ``former`` writes ``SelfAttention`` (with ``kqnorm``) and
     ``SelfAttentionNarrow``: ``toqueries``, ``tokeys``, ``tovalues`` (D -> D, or one E -> E
     map applied to every head's slice when narrow), ``qln`` and ``kln`` (layer norms over
@@ -249,7 +249,8 @@ def torch_attention() -> type:
 
     class TorchAttention(tnn.Module):
         def __init__(self, d_model: int, num_heads: int, narrow: bool = False,
-                     kqnorm: bool = False, bias: bool = True, dtype: Any = torch.float32):
+                     kqnorm: bool = False, bias: bool = True, dtype: Any = torch.float32,
+                     eps: float = 1e-5):
             super().__init__()
             self.heads, self.narrow, self.kqnorm = num_heads, narrow, kqnorm
             s = d_model // num_heads
@@ -258,8 +259,8 @@ def torch_attention() -> type:
             self.tokeys = tnn.Linear(width, width, bias=bias, dtype=dtype)
             self.tovalues = tnn.Linear(width, width, bias=bias, dtype=dtype)
             if kqnorm:
-                self.qln = tnn.LayerNorm([s], dtype=dtype)
-                self.kln = tnn.LayerNorm([s], dtype=dtype)
+                self.qln = tnn.LayerNorm([s], eps=eps, dtype=dtype)
+                self.kln = tnn.LayerNorm([s], eps=eps, dtype=dtype)
             self.unifyheads = tnn.Linear(d_model, d_model, bias=bias, dtype=dtype)
 
         def project(self, linear: Any, x: Any) -> Any:

@@ -19,6 +19,7 @@ from .common import (
     block_options,
     check_config,
     check_lengths,
+    check_weights_fit,
     final_norm,
     model_input,
     valid_lengths,
@@ -85,6 +86,7 @@ class TransformerClassifier(Module):
         TokenEmbedding, Embedding, EncoderBlock, LayerNorm, Linear
 
     def __init__(self, config: ClassifierConfig):
+        check_weights_fit(config)  # before any table is allocated
         self.config = c = config
         self.embed = self.TokenEmbedding(c.vocab_size, c.d_model, c.block_size, c.positional,
                                     c.dropout, scale_by_sqrt_d=False)

@@ -49,6 +49,104 @@ def config_from_dict(cls: type, values: dict) -> Any:
     return cls(**values)
 
 
+# --------------------------------------------------------------------------- the size
+def _attention(d: int, inner: int, config: Any) -> int:
+    """MultiHeadAttention: q, k, v projections D -> H*E (one shared E -> E map each with
+    narrow heads) and the output H*E -> D, biased; kqnorm's two layer norms over E."""
+    width = inner // config.num_heads  # E
+    projection = width * width + width if config.narrow_heads else d * inner + inner
+    norms = 2 * (2 * width) if config.kqnorm else 0
+    return 3 * projection + inner * d + d + norms
+
+
+def _feed_forward(d: int, d_ff: int) -> int:
+    return d * d_ff + d_ff + d_ff * d + d
+
+
+def _encoder_block(d: int, inner: int, d_ff: int, config: Any) -> int:
+    return _attention(d, inner, config) + _feed_forward(d, d_ff) + 2 * (2 * d)  # + 2 norms
+
+
+def _decoder_block(d: int, inner: int, d_ff: int, config: Any) -> int:
+    return (2 * _attention(d, inner, config) + _feed_forward(d, d_ff)
+            + 3 * (2 * d))  # + 3 layer norms
+
+
+def _embedding(config: Any, vocab_size: int) -> int:
+    """Token table, and the positions' when they are learned."""
+    learned = config.positional == "learned"
+    return (vocab_size + (config.block_size if learned else 0)) * config.d_model
+
+
+def parameter_count(config: Any) -> int:
+    """The parameters of the model ``config`` describes (a ClassifierConfig,
+    CausalLMConfig or Seq2SeqConfig), counted from its fields: what ``num_parameters()``
+    of the built model returns."""
+    # by class name (the models' modules import this one: importing their configs here
+    # would go round); a subclass counts as its base
+    kinds = {cls.__name__ for cls in type(config).__mro__}
+    d = config.d_model
+    inner = config.num_heads * (config.head_dim or d // config.num_heads)
+    final_norm = 2 * d if config.norm_first else 0
+    if "ClassifierConfig" in kinds:
+        return (_embedding(config, config.vocab_size) + config.bigram_buckets * d
+                + config.num_layers * _encoder_block(d, inner, config.d_ff, config) + final_norm
+                + d * config.num_classes + config.num_classes)
+    if "CausalLMConfig" in kinds:
+        return (_embedding(config, config.vocab_size)
+                + config.num_layers * _encoder_block(d, inner, config.d_ff, config) + final_norm
+                + (0 if config.tie_weights else d * config.vocab_size))
+    if "Seq2SeqConfig" in kinds:
+        return (_embedding(config, config.src_vocab_size)
+                + _embedding(config, config.tgt_vocab_size)
+                + config.num_encoder_layers * _encoder_block(d, inner, config.d_ff, config)
+                + config.num_decoder_layers * _decoder_block(d, inner, config.d_ff, config)
+                + 2 * final_norm
+                + (0 if config.tie_weights else (d + 1) * config.tgt_vocab_size))
+    raise TypeError(f"parameter_count counts a ClassifierConfig, CausalLMConfig or "
+                    f"Seq2SeqConfig, got {type(config).__name__}")
+
+
+def _tables(config: Any) -> list[tuple[int, tuple[str, ...]]]:
+    """The config's large tables, each (its entries, the fields that size it): each
+    vocabulary's embedding, the hashed bigrams', the positions', and the blocks'
+    feed-forward and attention weights (all the blocks' together)."""
+    d = config.d_model
+    layers = tuple(n for n in ("num_layers", "num_encoder_layers", "num_decoder_layers")
+                   if hasattr(config, n))
+    blocks = sum(getattr(config, n) for n in layers)
+    inner = config.num_heads * (config.head_dim or d // config.num_heads)
+    tables = [(getattr(config, field) * d, (field, "d_model"))
+              for field in ("vocab_size", "src_vocab_size", "tgt_vocab_size", "bigram_buckets")
+              if hasattr(config, field)]
+    return tables + [(config.block_size * d, ("block_size", "d_model")),
+                     (blocks * 2 * d * config.d_ff, (*layers, "d_model", "d_ff")),
+                     (blocks * 4 * d * inner, (*layers, "d_model", "num_heads"))]
+
+
+def check_weights_fit(config: Any, itemsize: int | None = None,
+                      available: tuple[int, str] | None = None) -> None:
+    """Refuse (ValueError) a model whose weights alone cannot fit in memory, before one
+    is allocated: the message names the fields of its largest table, the parameter
+    count, the bytes they take (``itemsize`` each: default the backend's float) and the
+    memory there is (``available``: (bytes, "where"), default the machine's).  Training
+    needs more (the demos check that too, :func:`npformer.cli.memory.check_training_fits`);
+    this bound refuses only what could never be built."""
+    itemsize = itemsize or numpy.dtype(backend.default_float_name()).itemsize
+    count = parameter_count(config)
+    needed = count * itemsize
+    memory, where = available or backend.machine_memory()
+    if needed <= memory:
+        return
+    entries, names = max(_tables(config))
+    sizes = ", ".join(f"{name}={getattr(config, name)}" for name in names)
+    raise ValueError(f"{type(config).__name__} makes a model of {count:,} parameters, "
+                     f"{backend.byte_size(needed)} in {backend.default_float_name()} for its "
+                     f"weights alone, and {where} {backend.byte_size(memory)}: its largest "
+                     f"table ({sizes}) takes {backend.byte_size(entries * itemsize)}; lower "
+                     f"{names[0]}")
+
+
 class TokenEmbedding(Module):
     """ids (B, T) -> dropout(positions(embedding(ids) * scale)) (B, T, D).
 

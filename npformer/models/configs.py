@@ -17,7 +17,14 @@ from typing import Any
 
 import numpy
 
-from ..ops.contracts import ACTIVATION_NAMES, POOLINGS, check_heads_divide, check_narrow_heads
+from ..ops.contracts import (
+    ACTIVATION_NAMES,
+    POOLINGS,
+    check_flag,
+    check_heads_divide,
+    check_narrow_heads,
+    shown,
+)
 
 # Every field with a range, wherever a config has it (the three configs share names).
 _POSITIVE_INT_FIELDS = ("vocab_size", "src_vocab_size", "tgt_vocab_size", "num_classes",
@@ -46,13 +53,7 @@ def _is_int(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, (bool, numpy.bool_))
 
 
-def _shown(value: Any) -> str:
-    """A refused config value as a message shows it: a NumPy scalar as its Python value
-    and type (``-1 (int64)``, not ``np.int64(-1)``)."""
-    if isinstance(value, numpy.generic):
-        return f"{value.item()!r} ({type(value).__name__})"
-    return repr(value)
-
+_shown = shown  # a refused value as a message shows it
 
 def _set_field(config: Any, field: str, value: Any) -> None:
     """Store a checked value back as Python's own type (a NumPy int64 as int), so the
@@ -97,10 +98,7 @@ def check_config(config: Any) -> None:
     for field in _BOOL_FIELDS:
         if not hasattr(config, field):
             continue
-        value = getattr(config, field)
-        if not isinstance(value, (bool, numpy.bool_)):
-            raise ValueError(f"{name}.{field} must be True or False, got {_shown(value)}")
-        _set_field(config, field, bool(value))
+        _set_field(config, field, check_flag(getattr(config, field), f"{name}.{field}"))
     if getattr(config, "narrow_heads", False):
         check_narrow_heads(config.d_model, config.num_heads, head_dim, name)
     if hasattr(config, "layer_norm_eps"):

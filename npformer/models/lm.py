@@ -33,6 +33,7 @@ from .common import (
     attention_mask_input,
     block_options,
     check_config,
+    check_weights_fit,
     final_norm,
     inference_only,
     model_input,
@@ -92,6 +93,7 @@ class CausalLM(Module):
         TokenEmbedding, EncoderBlock, LayerNorm, Linear
 
     def __init__(self, config: CausalLMConfig):
+        check_weights_fit(config)  # before any table is allocated
         self.config = c = config
         self.embed = self.TokenEmbedding(c.vocab_size, c.d_model, c.block_size, c.positional,
                                     c.dropout, scale_by_sqrt_d=False, init_std=0.02)

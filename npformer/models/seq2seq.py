@@ -28,6 +28,7 @@ from .common import (
     block_options,
     check_config,
     check_lengths,
+    check_weights_fit,
     final_norm,
     inference_only,
     model_input,
@@ -95,6 +96,7 @@ class Seq2SeqTransformer(Module):
         TokenEmbedding, EncoderBlock, DecoderBlock, LayerNorm, Linear
 
     def __init__(self, config: Seq2SeqConfig):
+        check_weights_fit(config)  # before any table is allocated
         self.config = c = config
         self.src_embed = self.TokenEmbedding(c.src_vocab_size, c.d_model, c.block_size,
                                              c.positional, c.dropout, c.scale_embeddings,

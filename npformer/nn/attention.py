@@ -61,6 +61,7 @@ from ..ops.contracts import (
     check_heads_divide,
     check_mask,
     check_narrow_heads,
+    check_real,
     check_same_dtype,
     check_sequence_input,
     check_size,
@@ -118,7 +119,7 @@ class MultiHeadAttention(Module):
     Options (see the module docstring): ``narrow=True`` cuts the input into the heads'
     slices and applies one shared (E, E) map of each kind to every slice (E = D / H);
     ``kqnorm=True`` normalizes each head's queries and keys with a layer norm over
-    their E features.
+    their E features, of epsilon ``norm_eps``.
 
     Attributes:
         q_proj, k_proj, v_proj (:class:`Linear`, D -> H*E, or E -> E when narrow) and
@@ -137,11 +138,14 @@ class MultiHeadAttention(Module):
     Linear, LayerNorm = Linear, LayerNorm  # the layers it builds (the fast tier's, its own)
 
     def __init__(self, d_model: int, num_heads: int, head_dim: int | None = None,
-                 bias: bool = True, narrow: bool = False, kqnorm: bool = False):
+                 bias: bool = True, narrow: bool = False, kqnorm: bool = False, *,
+                 norm_eps: float = ops.layernorm.EPS):
         check_size(d_model, "d_model", 1)
         check_size(num_heads, "num_heads", 1)
         check_flag(narrow, "narrow")
         check_flag(kqnorm, "kqnorm")
+        check_flag(bias, "bias")
+        check_real(norm_eps, "norm_eps", 0.0, inclusive=False)
         if head_dim is not None:
             check_size(head_dim, "head_dim", 1)
         if narrow:
@@ -158,8 +162,8 @@ class MultiHeadAttention(Module):
         self.k_proj = self.Linear(width_in, width_out, bias)
         self.v_proj = self.Linear(width_in, width_out, bias)
         self.out_proj = self.Linear(inner, d_model, bias)
-        self.q_norm = self.LayerNorm(head_dim) if kqnorm else None
-        self.k_norm = self.LayerNorm(head_dim) if kqnorm else None
+        self.q_norm = self.LayerNorm(head_dim, norm_eps) if kqnorm else None
+        self.k_norm = self.LayerNorm(head_dim, norm_eps) if kqnorm else None
         self.keep_attention = False  # set True to keep the last probabilities (documented above)
         self.last_attention = None  # (B, H, T, S) when keep_attention
 
@@ -284,12 +288,15 @@ class AttentionRecord(Mapping):
     def __init__(self, layers: dict):
         self._layers = layers
         self._kept: dict | None = None
+        # what each layer held when this record began (an outer record's): not this one's
+        self._before = {name: layer.last_attention for name, layer in layers.items()}
 
     def _current(self) -> dict:
         if self._kept is not None:
             return self._kept
         return {name: layer.last_attention for name, layer in self._layers.items()
-                if layer.last_attention is not None}
+                if layer.last_attention is not None
+                and layer.last_attention is not self._before[name]}
 
     def __getitem__(self, name: str):
         current = self._current()
@@ -321,16 +328,25 @@ def record_attention(model: Module) -> Iterator[AttentionRecord]:
     Yields an :class:`AttentionRecord`, ``{layer name: (B, H, T, S)}`` (names as
     :func:`attention_layers` gives them), filled by every forward pass (and cached
     decoding step) run inside the block; a layer run several times keeps its latest.
-    On leaving, the layers stop recording and drop what they held.
+    On leaving, the layers stop recording and drop what they held; inside another
+    ``record_attention`` of the same layers (nested), they go on recording for the outer
+    one, which holds every forward of its block, the inner block's included.
     """
+    if not isinstance(model, Module):
+        raise TypeError(f"record_attention takes a Module (a model or a layer), got "
+                        f"{type(model).__name__}")
     layers = dict(attention_layers(model))
     before = {name: layer.keep_attention for name, layer in layers.items()}
     for layer in layers.values():
-        layer.keep_attention, layer.last_attention = True, None
+        if not layer.keep_attention:  # an outer record keeps what it holds
+            layer.last_attention = None
+        layer.keep_attention = True
     record = AttentionRecord(layers)
     try:
         yield record
     finally:
         record._keep()
         for name, layer in layers.items():
-            layer.keep_attention, layer.last_attention = before[name], None
+            layer.keep_attention = before[name]
+            if not before[name]:
+                layer.last_attention = None

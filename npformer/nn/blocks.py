@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from .. import ops
 from ..backend import Array
-from ..ops.contracts import check_size
+from ..ops.contracts import check_flag, check_size
 from .attention import MultiHeadAttention
 from .cache import BlockCache
 from .layers import Activation, Dropout, LayerNorm, Linear
@@ -89,9 +89,9 @@ class EncoderBlock(Module):
                  activation: str = "relu", norm_first: bool = False,
                  head_dim: int | None = None, *, norm_eps: float = ops.layernorm.EPS,
                  narrow: bool = False, kqnorm: bool = False):
-        self.norm_first = norm_first
+        self.norm_first = check_flag(norm_first, "norm_first")
         self.self_attn = self.MultiHeadAttention(d_model, num_heads, head_dim, narrow=narrow,
-                                                 kqnorm=kqnorm)
+                                                 kqnorm=kqnorm, norm_eps=norm_eps)
         self.attn_residual = self.ResidualNorm(d_model, dropout, norm_eps)
         self.ffn = self.FeedForward(d_model, d_ff, activation, dropout)
         self.ffn_residual = self.ResidualNorm(d_model, dropout, norm_eps)
@@ -133,12 +133,12 @@ class DecoderBlock(Module):
                  activation: str = "relu", norm_first: bool = False,
                  head_dim: int | None = None, *, norm_eps: float = ops.layernorm.EPS,
                  narrow: bool = False, kqnorm: bool = False):
-        self.norm_first = norm_first
+        self.norm_first = check_flag(norm_first, "norm_first")
         self.self_attn = self.MultiHeadAttention(d_model, num_heads, head_dim, narrow=narrow,
-                                                 kqnorm=kqnorm)
+                                                 kqnorm=kqnorm, norm_eps=norm_eps)
         self.self_attn_residual = self.ResidualNorm(d_model, dropout, norm_eps)
         self.cross_attn = self.MultiHeadAttention(d_model, num_heads, head_dim, narrow=narrow,
-                                                  kqnorm=kqnorm)
+                                                  kqnorm=kqnorm, norm_eps=norm_eps)
         self.cross_attn_residual = self.ResidualNorm(d_model, dropout, norm_eps)
         self.ffn = self.FeedForward(d_model, d_ff, activation, dropout)
         self.ffn_residual = self.ResidualNorm(d_model, dropout, norm_eps)

@@ -13,7 +13,7 @@ import math
 
 from .. import backend, ops
 from ..backend import Array
-from ..ops.contracts import check_float, check_probability, check_real, check_size
+from ..ops.contracts import check_flag, check_float, check_probability, check_real, check_size
 from .module import Module, Parameter
 
 
@@ -29,6 +29,7 @@ class Linear(Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = True):
         check_size(in_features, "in_features", 1)
         check_size(out_features, "out_features", 1)
+        bias = check_flag(bias, "bias")
         bound = 1.0 / math.sqrt(in_features)
         self.in_features, self.out_features = in_features, out_features
         self.weight = Parameter(_uniform((in_features, out_features), bound))

@@ -49,7 +49,7 @@ from typing import Any
 
 from .. import backend
 from ..backend import Array
-from ..ops.contracts import check_upstream, run_trusted, trusted
+from ..ops.contracts import check_flag, check_upstream, run_trusted, trusted
 from .state import checked_weights
 
 _local = threading.local()  # each thread its own switch, as each has its own generator
@@ -63,6 +63,7 @@ def grad_enabled() -> bool:
 @contextmanager
 def set_grad_enabled(enabled: bool) -> Iterator[None]:
     """Run a block with this thread's gradient switch set to ``enabled``, then restore it."""
+    enabled = check_flag(enabled, "enabled")
     previous, _local.grad_enabled = grad_enabled(), enabled
     try:
         yield
@@ -188,6 +189,7 @@ class Module:
 
     # ------------------------------------------------------------ modes
     def train(self, mode: bool = True) -> Module:
+        mode = check_flag(mode, "mode")  # a str "False" would switch training on
         for m in self.modules():
             m.training = mode
         return self

@@ -17,6 +17,7 @@ from typing import Any
 import numpy
 
 from .. import backend
+from ..ops.contracts import check_path
 
 
 # =========================================================================== weights
@@ -118,6 +119,7 @@ def read_safetensors(path: str | Path, stacklevel: int = 2) -> dict[str, numpy.n
     unreadable file is refused naming it."""
     from safetensors.numpy import load_file
 
+    path = check_path(path, "path")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no safetensors file at {path}")
     try:

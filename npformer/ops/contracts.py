@@ -43,7 +43,20 @@ O(1) except the token-id range scan, one per door.
 
 This module imports only :mod:`npformer.backend`: every other module may use its checks
 (``check_size``, ``check_real``, ``check_choice``...), and none of its rules is written
-twice.  The rules of other owners live with them: the configs' in
+twice.  One converter per kind of argument, used at every door that takes one:
+
+* a switch, :func:`check_flag`: Python's or NumPy's bool, never a str ("no") or 0/1;
+* a count, :func:`check_size`: an integer (NumPy's too), not a bool or 5.0, with a least;
+* a real number in a range, :func:`check_real` (:func:`check_probability`): finite;
+* a path, :func:`check_path`: a non-empty str or os.PathLike ("" is no folder);
+* a list of words, pieces or tokens, :func:`check_strings` (a corpus of such lists,
+  :func:`check_string_lists`): a str is refused by name, an item of another type by
+  its position;
+* a JSON document, :func:`read_json_object`: its faults named with the document.
+
+A value of the wrong kind raises :class:`KindError`, a TypeError and a ValueError.
+
+The rules of other owners live with them: the configs' in
 :mod:`npformer.models.configs`, the optimizers' in :mod:`npformer.optim`, the weight
 loaders' in :mod:`npformer.nn.state`, the models' token batches in
 :mod:`npformer.models.common`, the decoders' in :mod:`npformer.decoding`, the command
@@ -52,8 +65,10 @@ line's in :mod:`npformer.cli.options`.
 from __future__ import annotations
 
 import functools
+import json
 import math
 import numbers
+import os
 import threading
 from collections.abc import Callable, Collection
 from typing import Any, NamedTuple
@@ -70,6 +85,12 @@ FLOAT_DTYPES = ("float32", "float64")  # what the ops compute in
 
 
 POOLINGS = ("mean", "max", "first")
+
+
+class KindError(TypeError, ValueError):
+    """An argument of the wrong kind (a str where a switch or a list of words is meant, a
+    float where a count is): a TypeError, and a ValueError as the configs and the data's
+    readers have always raised for a value they cannot take."""
 
 
 class TokenIdError(IndexError, ValueError):
@@ -327,8 +348,8 @@ def check_size(value: Any, what: str, minimum: int = 0, optional: bool = False) 
     ``minimum``; returned as an int (None passes when ``optional``)."""
     if value is None and optional:
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{what} must be an integer{' or None' if optional else ''}, got "
+    if isinstance(value, (bool, numpy.bool_)) or not isinstance(value, numbers.Integral):
+        raise KindError(f"{what} must be an integer{' or None' if optional else ''}, got "
                         f"{value!r} ({type(value).__name__})")
     if value < minimum:
         raise ValueError(f"{what} must be at least {minimum}, got {value}")
@@ -343,8 +364,8 @@ def check_real(value: Any, what: str, minimum: float = -math.inf, inclusive: boo
     (None passes when ``optional``).  ``hint`` ends the message."""
     if value is None and optional:
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{what} must be a real number{' or None' if optional else ''}, got "
+    if isinstance(value, (bool, numpy.bool_)) or not isinstance(value, numbers.Real):
+        raise KindError(f"{what} must be a real number{' or None' if optional else ''}, got "
                         f"{value!r} ({type(value).__name__}){hint}")
     value = float(value)
     above = value >= minimum if inclusive else value > minimum
@@ -387,12 +408,97 @@ def check_choice(value: Any, choices: Collection, what: str, label: str = "") ->
         raise ValueError(f"unknown {what} {value!r}; choose one of {label or sorted(choices)}")
 
 
-def check_probability(p: Any, what: str = "dropout probability") -> None:
-    """A number in [0, 1)."""
-    if isinstance(p, bool) or not isinstance(p, numbers.Real):
-        raise TypeError(f"{what} must be a number in [0, 1), got {p!r}")
+def check_probability(p: Any, what: str = "dropout probability") -> float:
+    """A number in [0, 1), returned as a float."""
+    if isinstance(p, (bool, numpy.bool_)) or not isinstance(p, numbers.Real):
+        raise KindError(f"{what} must be a number in [0, 1), got {p!r}")
     if not 0.0 <= p < 1.0:
         raise ValueError(f"{what} must be in [0, 1), got {p}")
+    return float(p)
+
+
+def shown(value: Any) -> str:
+    """A refused value as a message shows it: a NumPy scalar as its Python value and type
+    (``-1 (int64)``, not ``np.int64(-1)``), anything else as its repr, cut short."""
+    if isinstance(value, numpy.generic):
+        return f"{value.item()!r} ({type(value).__name__})"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def check_path(value: Any, what: str, optional: bool = False) -> str | None:
+    """A file or folder's path: a non-empty str or os.PathLike (never "", which would
+    name the current folder, nor bytes or a number); returned as a str (None passes
+    when ``optional``)."""
+    if value is None and optional:
+        return None
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str):
+        raise KindError(f"{what} must be a path (a str or os.PathLike), got {shown(value)} "
+                        f"({type(value).__name__})")
+    if not value.strip():
+        raise ValueError(f"{what} must be a path, got the empty name {value!r}")
+    return value
+
+
+def check_strings(values: Any, what: str, item: str = "word") -> list[str]:
+    """A list of strings (words, pieces, tokens): any iterable of str but a str itself
+    (a str is one text, not a list of words: its characters would be taken for words);
+    an element that is not a str is refused naming its position.  Returned as a list."""
+    if isinstance(values, (str, bytes)):
+        raise KindError(f"{what} must be a list of {item}s, got a {type(values).__name__} "
+                        f"({shown(values)}): pass [{shown(values)}] for one {item}, or "
+                        f"split the text into {item}s")
+    try:
+        values = list(values)
+    except TypeError:
+        raise KindError(f"{what} must be a list of {item}s, got {shown(values)} "
+                        f"({type(values).__name__})") from None
+    for i, value in enumerate(values):
+        if not isinstance(value, str):
+            raise KindError(f"{what}[{i}] must be a {item} (a str), got {shown(value)} "
+                            f"({type(value).__name__})")
+    return values
+
+
+def check_string_lists(values: Any, what: str, item: str = "word") -> list[list[str]]:
+    """A corpus: a list of lists of strings (each a sentence's words), as
+    :func:`check_strings` checks each; a str, or a list of str where lists are meant (the
+    words of one text, whose characters would be taken for its words), refused by name."""
+    if isinstance(values, (str, bytes)):
+        raise KindError(f"{what} must be a list of {item} lists, got a "
+                        f"{type(values).__name__} ({shown(values)})")
+    try:
+        rows = list(values)
+    except TypeError:
+        raise KindError(f"{what} must be a list of {item} lists, got {shown(values)} "
+                        f"({type(values).__name__})") from None
+    return [check_strings(row, f"{what}[{i}]", item) for i, row in enumerate(rows)]
+
+
+def read_json_object(text: Any, what: str, required: Collection[str] = (),
+                     expected: str = "a JSON object") -> dict:
+    """The JSON object (a dict) a document holds, refused naming the document (``what``,
+    e.g. "the checkpoint's BPE") as not ``expected`` and why: not a str (or a 0-d array
+    of one), not JSON, not an object, or without a ``required`` key."""
+    if getattr(text, "shape", None) == ():  # a string saved in an .npz: a 0-d array
+        text = text.item()
+    if not isinstance(text, (str, bytes)):
+        raise KindError(f"{what} must be a JSON document (a str), got {shown(text)} "
+                        f"({type(text).__name__})")
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{what} is not {expected}: it is not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{what} is not {expected}: it holds a JSON "
+                         f"{type(data).__name__}, not an object {{...}}")
+    missing = [key for key in required if key not in data]
+    if missing:
+        raise ValueError(f"{what} is not {expected}: it has no "
+                         f"{', '.join(repr(k) for k in missing)} (its keys: {sorted(data)})")
+    return data
 
 
 def check_upstream(dy: Any, expected: tuple, what: str, dtype: Any = None,
@@ -422,10 +528,16 @@ def check_loss_gradient(dloss: Any, cache: Cache, what: str) -> None:
 # Each takes its op's arguments (same names, same defaults).  Shape letters as in
 # npformer.ops: B batch, T queries, S keys, E query/key width, F value width,
 # D width, V vocabulary, L table length.
-def check_flag(value: Any, what: str) -> None:
-    """A switch: True or False (Python's or NumPy's bool), never a truthy string or number."""
+def check_flag(value: Any, what: str, optional: bool = False, hint: str = "") -> bool | None:
+    """A switch: True or False (Python's or NumPy's bool), never a truthy string or number
+    (``"no"``, ``0``, ``1``); returned as Python's bool (None passes when ``optional``;
+    ``hint`` says what None means)."""
+    if value is None and optional:
+        return None
     if not isinstance(value, (bool, numpy.bool_)):
-        raise TypeError(f"{what} must be True or False, got {value!r}")
+        allowed = "True, False or None" + hint if optional else "True or False"
+        raise KindError(f"{what} must be {allowed}, got {shown(value)}")
+    return bool(value)
 
 
 def check_keep_input(keep_input: Any) -> None:
@@ -526,6 +638,7 @@ def activation_choice(name: str, activations: Collection | None = None) -> None:
 def dropout_inputs(x: Array, p: float, training: bool = True) -> None:
     check_float(x, "dropout input")
     check_probability(p)
+    check_flag(training, "training")
 
 
 def embedding_inputs(ids: Array, table: Array) -> None:

@@ -30,7 +30,7 @@ from ..checkpoint import load_checkpoint, restore, save_checkpoint
 from ..gpu.cuda_graph import CaptureFailed, StepGraphs, unsupported, wanted_by_environment
 from ..models.configs import renamed_fields
 from ..nn import Module
-from ..ops.contracts import check_choice, check_real, check_size
+from ..ops.contracts import check_choice, check_flag, check_path, check_real, check_size
 from ..optim import (
     NonFiniteGradientError,
     Optimizer,
@@ -142,14 +142,18 @@ class TrainConfig:
     def __post_init__(self):
         """Every field checked when the config is built, naming it: a value that would
         do nothing, or the opposite of what it says, is refused."""
-        check_size(self.max_iters, "TrainConfig.max_iters", 0)
-        check_real(self.max_seconds, "TrainConfig.max_seconds", 0.0, optional=True)
-        check_size(self.grad_accum, "TrainConfig.grad_accum", 1)
-        check_size(self.replicas, "TrainConfig.replicas", 1)
-        check_real(self.clip_norm, "TrainConfig.clip_norm", 0.0, inclusive=False, optional=True,
-                   hint=" (None: no clipping)")
-        check_size(self.eval_every, "TrainConfig.eval_every", 1, optional=True)
-        check_size(self.stop_after, "TrainConfig.stop_after", 1, optional=True)
+        # stored as Python's numbers (a NumPy int64 as int), as the model configs store them
+        self.max_iters = check_size(self.max_iters, "TrainConfig.max_iters", 0)
+        self.max_seconds = check_real(self.max_seconds, "TrainConfig.max_seconds", 0.0,
+                                      optional=True)
+        self.grad_accum = check_size(self.grad_accum, "TrainConfig.grad_accum", 1)
+        self.replicas = check_size(self.replicas, "TrainConfig.replicas", 1)
+        self.clip_norm = check_real(self.clip_norm, "TrainConfig.clip_norm", 0.0,
+                                    inclusive=False, optional=True, hint=" (None: no clipping)")
+        self.eval_every = check_size(self.eval_every, "TrainConfig.eval_every", 1, optional=True)
+        self.stop_after = check_size(self.stop_after, "TrainConfig.stop_after", 1, optional=True)
+        for name in ("checkpoint_path", "last_path"):
+            check_path(getattr(self, name), f"TrainConfig.{name}", optional=True)
         if self.schedule_for is not None:
             if not callable(self.schedule_for):
                 raise TypeError("TrainConfig.schedule_for must be a function of the run's "
@@ -170,11 +174,9 @@ class TrainConfig:
                                  f"best model by evaluation, but {' and '.join(missing)} "
                                  f"{'is' if len(missing) == 1 else 'are'} None: nothing would "
                                  "be evaluated or kept. Set them, or leave select_metric out")
-        if not isinstance(self.progress, bool):
-            raise TypeError(f"TrainConfig.progress must be True or False, got {self.progress!r}")
-        if self.cuda_graph is not None and not isinstance(self.cuda_graph, bool):
-            raise TypeError("TrainConfig.cuda_graph must be True, False or None (the "
-                            f"environment's NPFORMER_CUDA_GRAPH), got {self.cuda_graph!r}")
+        self.progress = check_flag(self.progress, "TrainConfig.progress")
+        self.cuda_graph = check_flag(self.cuda_graph, "TrainConfig.cuda_graph", optional=True,
+                                     hint=" (None: the environment's NPFORMER_CUDA_GRAPH)")
 
 
 @dataclass
@@ -425,9 +427,19 @@ class Trainer:
 
     def _plan(self, updates: int) -> None:
         """End the run after ``updates`` (rank 0's count, on every rank), with the schedule
-        ``schedule_for(updates)``."""
+        ``schedule_for(updates)`` (none for a run of no updates: there is nothing to
+        schedule).  What schedule_for returns must be a schedule, a function of the
+        update number: anything else is refused here, before the update it would rule."""
         self.planned_updates = int(self.ranks.from_main(max(updates, self.updates)))
-        self.optimizer.schedule = self.config.schedule_for(self.planned_updates)
+        if self.planned_updates == 0:
+            return
+        schedule = self.config.schedule_for(self.planned_updates)
+        if not callable(schedule):
+            raise TypeError(f"TrainConfig.schedule_for({self.planned_updates}) must return a "
+                            "learning-rate schedule (a function of the update number, e.g. "
+                            f"npformer.optim.warmup_cosine(...)), got {schedule!r} "
+                            f"({type(schedule).__name__})")
+        self.optimizer.schedule = schedule
 
     def _train_seconds_now(self) -> float:
         """Seconds spent in training so far, this instant (``train_seconds`` is updated

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator, Sized
 from contextlib import contextmanager
 
 from .. import parallel
+from ..ops.contracts import check_flag
 
 LINE_SECONDS = 30.0  # elsewhere than on a terminal, a line at least this often
 WINDOW = 50  # the steps the rate and the time left are measured over
@@ -72,6 +73,7 @@ class Progress:
                  budget: float | None = None, unit: str = "update",
                  lines_per_run: int | None = None, enabled: bool = True,
                  transient: bool = False, clock: Callable[[], float] | None = None):
+        enabled, transient = check_flag(enabled, "enabled"), check_flag(transient, "transient")
         self.outer = _open[-1] if _open else None
         self.clock = clock or (self.outer.clock if self.outer else time.monotonic)
         self.total, self.name, self.unit, self.done = total, name, unit, done
@@ -253,8 +255,7 @@ def write_line(line: str) -> None:
 def set_enabled(enabled: bool) -> None:
     """Show (True, the default) or hide the phases opened outside any other (a demo's
     ``--no-progress``); a reporter made with ``enabled`` is not affected."""
-    if not isinstance(enabled, bool):
-        raise TypeError(f"set_enabled takes True or False, got {enabled!r}")
+    enabled = check_flag(enabled, "set_enabled's enabled")
     global _shown
     _shown = enabled
 
