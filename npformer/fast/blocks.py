@@ -227,16 +227,13 @@ class EncoderBlock(nn.EncoderBlock):
     def backward(self, dy: Array) -> Array:
         """dy -> dx, in the form of forward's x.  Pre-norm: each sublayer's input LN(x) is
         computed again from the norm's cache (one element-wise pass)."""
+        if not self.norm_first:  # post-norm: the textbook block's lines
+            return super().backward(dy)
         a, f = self.attn_residual, self.ffn_residual
-        if self.norm_first:
-            dh = self.ffn.backward(f.dropout.backward(dy), f.norm.output_again())
-            dx = dy + f.norm.backward(dh)
-            dh = self.self_attn.backward(a.dropout.backward(dx), a.norm.output_again())
-            return dx + a.norm.backward(dh)
-        dz = f.norm.backward(dy)  # post-norm: as the textbook block
-        dx = dz + self.ffn.backward(f.dropout.backward(dz))
-        dz = a.norm.backward(dx)
-        return dz + self.self_attn.backward(a.dropout.backward(dz))
+        dh = self.ffn.backward(f.dropout.backward(dy), f.norm.output_again())
+        dx = dy + f.norm.backward(dh)
+        dh = self.self_attn.backward(a.dropout.backward(dx), a.norm.output_again())
+        return dx + a.norm.backward(dh)
 
 
 class DecoderBlock(nn.DecoderBlock):
@@ -272,17 +269,12 @@ class DecoderBlock(nn.DecoderBlock):
     def backward(self, dy: Array) -> tuple[Array, Array]:
         """dy -> (dx, dmemory (B, S, D)); dx in the form of forward's x.  Pre-norm: each
         sublayer's input LN(x) is computed again from the norm's cache."""
+        if not self.norm_first:  # post-norm: the textbook block's lines
+            return super().backward(dy)
         a, c, f = self.self_attn_residual, self.cross_attn_residual, self.ffn_residual
-        if self.norm_first:
-            dh = self.ffn.backward(f.dropout.backward(dy), f.norm.output_again())
-            dx = dy + f.norm.backward(dh)
-            dh, dmemory = self.cross_attn.backward(c.dropout.backward(dx), c.norm.output_again())
-            dx = dx + c.norm.backward(dh)
-            dh = self.self_attn.backward(a.dropout.backward(dx), a.norm.output_again())
-            return dx + a.norm.backward(dh), dmemory
-        dz = f.norm.backward(dy)  # post-norm: as the textbook block
-        dx = dz + self.ffn.backward(f.dropout.backward(dz))
-        dz = c.norm.backward(dx)
-        dh, dmemory = self.cross_attn.backward(c.dropout.backward(dz))
-        dz = a.norm.backward(dz + dh)
-        return dz + self.self_attn.backward(a.dropout.backward(dz)), dmemory
+        dh = self.ffn.backward(f.dropout.backward(dy), f.norm.output_again())
+        dx = dy + f.norm.backward(dh)
+        dh, dmemory = self.cross_attn.backward(c.dropout.backward(dx), c.norm.output_again())
+        dx = dx + c.norm.backward(dh)
+        dh = self.self_attn.backward(a.dropout.backward(dx), a.norm.output_again())
+        return dx + a.norm.backward(dh), dmemory

@@ -138,14 +138,6 @@ class CausalLM(_FastModel, models.CausalLM):
 
     forward.__doc__ = models.CausalLM.forward.__doc__
 
-    def backward(self, dlogits: Array) -> None:
-        dx = self._logits_backward(dlogits)
-        if self.norm is not None:
-            dx = self.norm.backward(dx)
-        for block in reversed(self.blocks):
-            dx = block.backward(dx)
-        return self.embed.backward(dx)
-
     def _logits(self, h: Array, keep_input: bool = True) -> Array:
         """h (B, T, D) -> logits (B, T, V); h kept for the backward or not."""
         if self.lm_head is None:
