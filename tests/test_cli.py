@@ -328,7 +328,7 @@ def test_start_demo_ends_with_the_relaunched_ranks_status(tmp_path, monkeypatch)
 def settled(argv, presets=TOYS):
     parser = cli.demo_parser(DEMO, "Toy.\n\nEpilog.", presets)
     args = parser.parse_args(argv)
-    return runs.settle(parser, args, DEMO, presets), args
+    return runs.resolve_settings(parser, args, DEMO, presets), args
 
 
 @pytest.mark.parametrize("argv, out", [

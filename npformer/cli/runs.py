@@ -76,11 +76,11 @@ def start_demo(demo: Demo, parser: argparse.ArgumentParser, presets: dict,
     Parses ``argv`` (None: the command line) with ``parser`` (:func:`demo_parser` and the
     demo's own options), checks the rules between the demo's own options
     (``check_options(parser, args)``, which calls ``parser.error``), settles the settings
-    (:func:`settle`) and, when it trains, takes the output folder (:func:`take_output`):
+    (:func:`resolve_settings`) and, when it trains, takes the output folder (:func:`take_output`):
     all of it before re-launching the demo as MPI ranks when it trains on the CPU
     (:func:`npformer.parallel.relaunch.relaunch`), so an error is printed once.  This process
     ends with the ranks' exit status (``SystemExit``, as argparse ends on a bad option).
-    Otherwise the run is set up here (:func:`setup`).
+    Otherwise the run is set up here (:func:`apply_settings`).
 
     ``use_saved`` names the option (its destination, e.g. ``"predict"``) with which the
     demo uses a saved model instead of training: given, nothing is trained, so nothing is
@@ -90,7 +90,7 @@ def start_demo(demo: Demo, parser: argparse.ArgumentParser, presets: dict,
         check_options(parser, args)
     given = getattr(args, use_saved) if use_saved else None
     use_only = flag(use_saved) if given is not None and given is not False else None
-    preset = settle(parser, args, demo, presets, use_only)
+    preset = resolve_settings(parser, args, demo, presets, use_only)
     started_by_a_launcher = under_launcher()
     if use_only is None and not started_by_a_launcher:  # one process, or the ranks' launcher
         take_output(args, preset, demo)
@@ -100,13 +100,13 @@ def start_demo(demo: Demo, parser: argparse.ArgumentParser, presets: dict,
         raise DemoError(str(exc)) from None
     if code is not None:
         raise SystemExit(code)  # the run, on one MPI rank per core, has ended
-    setup(args)
+    apply_settings(args)
     if use_only is None and started_by_a_launcher and launch_record() is None:
         take_output(args, preset, demo)  # ranks started by hand: rank 0 holds the folder
     return DemoRun(args, preset, Path(args.out))
 
 
-def settle(parser: argparse.ArgumentParser, args: argparse.Namespace, demo: Demo,
+def resolve_settings(parser: argparse.ArgumentParser, args: argparse.Namespace, demo: Demo,
            presets: dict, use_only: str | None = None) -> Any:
     """The run's settings, with nothing applied yet; returns the preset.  With ``--resume``
     the saved run's settings are taken (an option given again must match them, the data
@@ -148,8 +148,8 @@ def take_output(args: argparse.Namespace, preset: Any, demo: Demo) -> None:
     guard_output(out, demo, run_record(args, preset))
 
 
-def setup(args: argparse.Namespace) -> Path:
-    """Apply the settled --backend, --dtype and --seed (:func:`settle`), and
+def apply_settings(args: argparse.Namespace) -> Path:
+    """Apply the settled --backend, --dtype and --seed (:func:`resolve_settings`), and
     --no-progress; join the MPI ranks when started by mpiexec (before any array is made: a
     rank picks its GPU there); choose the thread replicas; create and return the output
     folder."""

@@ -59,7 +59,7 @@ from .. import backend
 from ..backend import Array
 from ..ops import activations as _textbook
 from ..ops.contracts import activation_choice, activation_input, backward_op, checked_op, forward_op
-from .compiler import jit, usable
+from .compiler import compilable, jit
 from .numerics import erfc64, exp32, exp64, normal_cdf32, normal_cdf32_given, normal_exp32
 
 
@@ -107,7 +107,7 @@ def gelu_forward(x: Array) -> tuple[Array, Any]:
     """x (...) -> y = x Phi(x) (...), cache x: the textbook op, erfc compiled.  Only x is
     kept (the textbook keeps (x, Phi(x))): the backward recomputes Phi(x) in its own pass,
     so a GELU holds one hidden-width array for its backward instead of two."""
-    if usable(x):
+    if compilable(x):
         return gelu_kernel(x), x                        # one compiled pass: y
     special = _special_functions(x)
     if special is None:
@@ -121,7 +121,7 @@ def gelu_backward(dy: Array, x: Array) -> Array:
     """dy (...) -> dx = dy (Phi(x) + x phi(x)): the textbook op, Phi(x) recomputed and
     fused into one compiled pass (elsewhere the textbook statements, on (x, Phi(x)) with
     Phi(x) computed again as the forward computed it)."""
-    if usable(dy, x):
+    if compilable(dy, x):
         return gelu_backward_kernel(dy, x)
     special = _special_functions(x)
     if special is None:
@@ -135,7 +135,7 @@ def gelu_backward(dy: Array, x: Array) -> Array:
 def gelu_tanh_forward(x: Array) -> tuple[Array, Any]:
     """x (...) -> y (...), cache (x, t), t = tanh(c (x + a x^3)): the textbook op, one
     compiled pass on NumPy arrays (:func:`gelu_tanh_kernel`; its statements elsewhere)."""
-    if usable(x):
+    if compilable(x):
         y, t = gelu_tanh_kernel(x)
         return y, (x, t)
     return _textbook.gelu_tanh_forward.unchecked(x)
@@ -145,7 +145,7 @@ def gelu_tanh_forward(x: Array) -> tuple[Array, Any]:
 def gelu_tanh_backward(dy: Array, saved: Any) -> Array:
     """dy (...) -> dx (...): the textbook op, one compiled pass on NumPy arrays."""
     x, t = saved
-    if usable(dy, x, t):
+    if compilable(dy, x, t):
         return gelu_tanh_backward_kernel(dy, x, t)
     return _textbook.gelu_tanh_backward.unchecked(dy, saved)
 

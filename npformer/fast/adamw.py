@@ -33,7 +33,7 @@ import numpy as np
 
 from .. import backend, optim
 from ..backend import Array
-from .compiler import jit, usable
+from .compiler import compilable, jit
 
 
 # =========================================================================== one flat pass
@@ -73,7 +73,7 @@ def adamw_flat_update(data: Array, grad: Array, m: Array, v: Array,
     first.  Compiled on C-contiguous, writable NumPy buffers with numba, else the
     textbook's statements (:func:`npformer.optim.adam_step`) over the buffers.
     """
-    if usable(data, grad, m, v) and all(a.flags.writeable for a in (data, m, v)):
+    if compilable(data, grad, m, v) and all(a.flags.writeable for a in (data, m, v)):
         cast = data.dtype.type
         segments = np.asarray(decay_segments, dtype=np.int64).reshape(-1, 2)
         adamw_flat(data, grad, m, v, segments, cast(decay_factor), cast(1 - beta1),
@@ -116,7 +116,7 @@ def _sum_of_squares(g: np.ndarray) -> float:
 def sum_of_squares(flat: Array) -> float:
     """sum(g^2) of a flat array (N,) as a Python float: compiled on a NumPy float array
     with numba (in float64), else one dot product in the array's dtype."""
-    if usable(flat) and flat.ndim == 1:
+    if compilable(flat) and flat.ndim == 1:
         return float(_sum_of_squares(flat))
     return backend.to_float(flat @ flat)
 

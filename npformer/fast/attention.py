@@ -58,12 +58,12 @@ import numpy as np
 
 from .. import backend
 from ..backend import Array
-from ..gpu.gemm import matmul, routed
+from ..gpu.gemm import capturing, matmul
 from ..ops import attention as _textbook
 from ..ops import softmax as _softmax
 from ..ops.contracts import attention_inputs, backward_op, forward_op
 from ..ops.softmax import mask_bias
-from .compiler import jit, usable
+from .compiler import compilable, jit
 from .inplace import exp_into
 from .numerics import all_finite, exp, max8, sum4
 from .softmax import softmax_backward
@@ -84,7 +84,7 @@ def attention_forward(q: Array, k: Array, v: Array, mask: Array | None = None,
     """q (..., T, E), k (..., S, E), v (..., S, F), mask (bool, broadcasts to (..., T, S))
     -> out (..., T, F), cache.  ``block_scores``: scores per block (the backward uses
     the same blocks); None: :func:`default_block_scores`."""
-    if routed():  # a step captured as a CUDA graph: no host read, products it can capture
+    if capturing():  # a step captured as a CUDA graph: no host read, products it can capture
         return _dense_forward(q, k, v, mask)
     if not all_finite(q, k, v):  # NaN or inf: what the textbook's dense statements give
         out, saved = _textbook.attention_forward.unchecked(q, k, v, mask)
@@ -124,7 +124,7 @@ def attention_backward(dout: Array, saved: Any) -> tuple[Array, Array, Array]:
     if isinstance(saved, _Fused):
         return _fused_backward(dout, saved.saved)
     if isinstance(saved, _Dense):
-        if routed():
+        if capturing():
             return _dense_backward(dout, saved.saved)
         return _textbook.attention_backward.unchecked(dout, saved.saved)
     q, k, v, mask, extents, bias, lse, scale, block_scores = saved
@@ -369,7 +369,7 @@ def fused_softmax_backward(dp: Array, p: Array, scale: float) -> Array:
 def _compiled(scores) -> bool:
     """Whether a block's scores (A, H, t, s) go to the compiled softmax kernels (NumPy,
     numba present; other ranks take the array statements)."""
-    return scores.ndim == 4 and usable(scores)
+    return scores.ndim == 4 and compilable(scores)
 
 
 def _empty(xp, shape, like):

@@ -189,7 +189,7 @@ class FeedForward(nn.FeedForward):
         return self.dropout.again(self.activation.output_again())
 
 
-class ResidualNorm(nn.ResidualNorm):
+class NormAndDropout(nn.NormAndDropout):
     """A residual connection's layer norm and dropout, this tier's."""
 
     LayerNorm, Dropout = layers.LayerNorm, layers.Dropout
@@ -207,7 +207,8 @@ class EncoderBlock(nn.EncoderBlock):
     """The encoder block (:class:`npformer.nn.EncoderBlock`) on packed rows, a pre-norm
     sublayer's input LN(x) recomputed in the backward."""
 
-    MultiHeadAttention, ResidualNorm, FeedForward = MultiHeadAttention, ResidualNorm, FeedForward
+    MultiHeadAttention, NormAndDropout, FeedForward = \
+        MultiHeadAttention, NormAndDropout, FeedForward
 
     def check_inputs(self, x: Array, mask: Array | None = None,
                      cache: BlockCache | None = None, packing: Packing | None = None) -> None:
@@ -240,7 +241,8 @@ class DecoderBlock(nn.DecoderBlock):
     """The decoder block (:class:`npformer.nn.DecoderBlock`) on packed target rows (the
     memory stays (B, S, D)), a pre-norm sublayer's input LN(x) recomputed in the backward."""
 
-    MultiHeadAttention, ResidualNorm, FeedForward = MultiHeadAttention, ResidualNorm, FeedForward
+    MultiHeadAttention, NormAndDropout, FeedForward = \
+        MultiHeadAttention, NormAndDropout, FeedForward
 
     def check_inputs(self, x: Array, memory: Array, self_mask: Array | None = None,
                      memory_mask: Array | None = None, cache: BlockCache | None = None,

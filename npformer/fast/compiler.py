@@ -37,7 +37,7 @@ off, "0", "false", "no", "off" or empty leave it on; anything else is refused wh
 fast tier is imported.  Without numba (not installed, or turned off) :data:`COMPILED`
 is False, :func:`jit` returns the Python function itself, the ops run their NumPy
 statements, and the first op that would have used a kernel warns once, naming the
-kernels (:func:`usable`).
+kernels (:func:`compilable`).
 """
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ KERNELS: list[tuple[str, str]] = []  # (module, name) of every kernel, as :func:
 _warned = False
 
 
-def usable(*arrays: Array) -> bool:
+def compilable(*arrays: Array) -> bool:
     """Whether the compiled kernels take these arrays: numba present, and every array a
     C-contiguous NumPy float32/float64 array of one dtype.  Warns once per process
     (naming the kernels) when NumPy arrays could have used them but numba is missing."""

@@ -22,7 +22,7 @@ from .. import backend
 from ..backend import Array
 from ..ops import embedding as _textbook
 from ..ops.contracts import backward_op
-from .compiler import jit, usable
+from .compiler import compilable, jit
 
 
 @backward_op(_textbook.embedding_forward)
@@ -31,7 +31,7 @@ def embedding_backward(dy: Array, saved: Any) -> Array:
     flat_ids, vocab_size = saved
     xp = backend.namespace_of(dy)
     dy_rows = xp.reshape(dy, (-1, dy.shape[-1]))  # (N, D)
-    if not usable(dy_rows):
+    if not compilable(dy_rows):
         return _textbook.embedding_backward.unchecked(dy, saved)
     dtable = xp.zeros((vocab_size, dy.shape[-1]), dtype=dy.dtype)  # (V, D)
     scatter_add_rows(flat_ids, dy_rows, dtable)  # dtable[ids[n]] += dy[n], in order

@@ -22,10 +22,10 @@ import numpy as np
 
 from .. import backend
 from ..backend import Array
-from ..gpu.gemm import column_sum, routed
+from ..gpu.gemm import capturing, column_sum
 from ..ops import layernorm as _textbook
 from ..ops.contracts import backward_op, forward_op, layernorm_inputs
-from .compiler import jit, usable
+from .compiler import compilable, jit
 from .numerics import sum4
 
 EPS = _textbook.EPS
@@ -34,7 +34,7 @@ EPS = _textbook.EPS
 @forward_op(layernorm_inputs)
 def layernorm_forward(x: Array, gamma: Array, beta: Array, eps: float = EPS) -> tuple[Array, Any]:
     """x (..., D), gamma (D,), beta (D,) -> y (..., D), cache (x_hat, r, gamma)."""
-    if not usable(x, gamma, beta):
+    if not compilable(x, gamma, beta):
         return _textbook.layernorm_forward.unchecked(x, gamma, beta, eps)
     y, x_hat, r = layernorm_kernel(x, gamma, beta, eps)  # (..., D), (..., D), (..., 1)
     return y, (x_hat, r, gamma)
@@ -44,9 +44,9 @@ def layernorm_forward(x: Array, gamma: Array, beta: Array, eps: float = EPS) -> 
 def layernorm_backward(dy: Array, saved: Any) -> tuple[Array, Array, Array]:
     """dy (..., D) -> dx (..., D), dgamma (D,), dbeta (D,)."""
     x_hat, r, gamma = saved
-    if routed():  # a step captured as a CUDA graph: the column sums through cuBLAS
+    if capturing():  # a step captured as a CUDA graph: the column sums through cuBLAS
         return _routed_backward(dy, x_hat, r, gamma)
-    if not usable(dy, x_hat, r, gamma):
+    if not compilable(dy, x_hat, r, gamma):
         return _textbook.layernorm_backward.unchecked(dy, saved)
     return layernorm_backward_kernel(dy, x_hat, r, gamma)
 

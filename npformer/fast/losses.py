@@ -49,7 +49,7 @@ from ..backend import Array
 from ..ops import losses as _textbook
 from ..ops.contracts import backward_op, check_loss_gradient, cross_entropy_inputs, forward_op
 from ..ops.losses import IGNORE_INDEX
-from .compiler import jit, usable
+from .compiler import compilable, jit
 from .inplace import add_at_columns, exp_into
 from .numerics import all_finite, exp, max8, sum4
 
@@ -64,7 +64,7 @@ def cross_entropy_forward(logits: Array, targets: Array, ignore_index: int = IGN
     t = xp.reshape(targets, (-1,))  # (N,)
     counted = t != ignore_index  # (N,) bool
     safe_t = xp.where(counted, t, xp.zeros_like(t))  # ignored rows point at class 0
-    if usable(z):  # one compiled pass a row: per-row losses and lse, no (N, V) array
+    if compilable(z):  # one compiled pass a row: per-row losses and lse, no (N, V) array
         targets64 = xp.astype(safe_t, xp.int64)
         per_row, lse = cross_entropy_rows(z, targets64, float(label_smoothing))
         counted_f, denom, loss = _mean_over_counted(xp, per_row, counted, z.dtype)

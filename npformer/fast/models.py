@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from .. import models, ops
 from ..backend import Array
-from ..gpu.gemm import routed
+from ..gpu.gemm import capturing
 from ..models.common import TokenEmbedding as _TokenEmbedding
 from ..models.common import model_input, valid_lengths
 from ..nn import LayerNorm
@@ -54,7 +54,7 @@ def packed_blocks_backward(dx: Array, blocks: list, norm: LayerNorm | None,
 
 def _textbook_forward(model, forward, *args, **kwargs) -> Array:
     """The textbook model's forward (its blocks this tier's, on padded rows), marked for
-    the backward: what a step captured as a CUDA graph runs (:func:`.gemm.routed`), as the
+    the backward: what a step captured as a CUDA graph runs (:func:`.gemm.capturing`), as the
     packing of valid positions counts them on the host."""
     model._save(True, slot="_textbook_cache")
     return forward(*args, **kwargs)
@@ -100,7 +100,7 @@ class TransformerClassifier(_FastModel, models.TransformerClassifier):
     __doc__ = models.TransformerClassifier.__doc__
 
     def forward(self, ids: Array, valid_lens: Array | None = None) -> Array:
-        if routed():  # a step captured as a CUDA graph: the padded rows, as the textbook's
+        if capturing():  # a step captured as a CUDA graph: the padded rows, as the textbook's
             return _textbook_forward(self, super().forward, ids, valid_lens)
         ids, valid_lens = self._ids_and_lengths(ids, valid_lens)  # (B, T), (B,)
         packing = Packing.from_lengths(valid_lens, ids.shape[1])
@@ -159,7 +159,7 @@ class Seq2SeqTransformer(_FastModel, models.Seq2SeqTransformer):
     def encode(self, src: Array, src_lens: Array | None = None) -> tuple[Array, Array]:
         """As :meth:`npformer.models.Seq2SeqTransformer.encode`, the encoder on the source's
         valid positions packed as rows; the memory holds zeros at padding positions."""
-        if routed():  # a step captured as a CUDA graph: the textbook's, on padded rows
+        if capturing():  # a step captured as a CUDA graph: the textbook's, on padded rows
             return super().encode(src, src_lens)
         src, src_lens = model_input(src, "source ids"), model_input(src_lens, "src_lens", rank=1)
         src_lens = valid_lengths(src, src_lens, self.config.pad_id, "src")  # (B,)
@@ -172,7 +172,7 @@ class Seq2SeqTransformer(_FastModel, models.Seq2SeqTransformer):
 
     def forward(self, src: Array, tgt_in: Array, src_lens: Array | None = None,
                 tgt_lens: Array | None = None, *, valid_only: bool = False) -> Array:
-        if routed():  # a step captured as a CUDA graph: the padded rows, as the textbook's
+        if capturing():  # a step captured as a CUDA graph: the padded rows, as the textbook's
             return _textbook_forward(self, super().forward, src, tgt_in, src_lens, tgt_lens,
                                      valid_only=valid_only)
         src, tgt_in = model_input(src, "source ids"), model_input(tgt_in, "target ids")

@@ -44,7 +44,7 @@ _COMPUTE_32F_FAST_TF32 = 77
 _state = threading.local()  # .on: products go through cuBLAS here (see graph_safe)
 
 
-def routed() -> bool:
+def capturing() -> bool:
     """Whether CuPy products go through this module's cuBLAS calls (inside
     :func:`npformer.gpu.cuda_graph.graph_safe`)."""
     return getattr(_state, "on", False)
@@ -52,7 +52,7 @@ def routed() -> bool:
 
 def set_routed(on: bool) -> bool:
     """Route CuPy products here (True) or to CuPy (False); returns the previous setting."""
-    previous = routed()
+    previous = capturing()
     _state.on = on
     return previous
 
@@ -60,7 +60,7 @@ def set_routed(on: bool) -> bool:
 def matmul(a: Array, b: Array) -> Array:
     """``a @ b``; on CuPy inside :func:`npformer.gpu.cuda_graph.graph_safe`, cuBLAS called
     directly so that a CUDA graph can capture it."""
-    if not (routed() and type(a).__module__.startswith("cupy")):
+    if not (capturing() and type(a).__module__.startswith("cupy")):
         return a @ b
     return _cublas_matmul(a, b)
 
@@ -71,7 +71,7 @@ def column_sum(x: Array) -> Array:
     CuPy reduces N rows into D sums with D blocks, which leaves most of a GPU idle (a
     bias's gradient over many rows then takes much of an update: ``bench/README.md``,
     "On a GPU")."""
-    if not (routed() and type(x).__module__.startswith("cupy")):
+    if not (capturing() and type(x).__module__.startswith("cupy")):
         return backend.namespace_of(x).sum(x, axis=0)
     import cupy
 

@@ -12,7 +12,7 @@ from .attention import (
                         record_attention,
                         split_heads,
 )
-from .blocks import DecoderBlock, EncoderBlock, FeedForward, ResidualNorm
+from .blocks import DecoderBlock, EncoderBlock, FeedForward, NormAndDropout
 from .cache import BlockCache, DecodingCache, KVCache
 from .layers import (
                         Activation,

@@ -15,7 +15,7 @@ The blocks match ``torch.nn.TransformerEncoderLayer`` / ``TransformerDecoderLaye
 (batch_first=True) computation for computation, so weights move between them
 (:mod:`npformer.interop.pytorch`); the one difference is that npformer applies no
 dropout to the attention probabilities.  Each residual connection's layer norm
-and dropout live in a :class:`ResidualNorm` named after its sublayer
+and dropout live in a :class:`NormAndDropout` named after its sublayer
 (``attn_residual.norm`` ...): the parameter names checkpoints use.
 
 Options passed to the attention layers: ``narrow`` and ``kqnorm``
@@ -59,7 +59,7 @@ class FeedForward(Module):
         return self.linear1.backward(self.activation.backward(dh))  # (B, T, D)
 
 
-class ResidualNorm(Module):
+class NormAndDropout(Module):
     """The layer norm and the dropout of one residual connection (the block writes the
     sum itself); a container, so the parameters keep their names (``.norm.weight``)."""
 
@@ -83,7 +83,8 @@ class EncoderBlock(Module):
     mask, the GPT block.)"""
 
     # the layers it builds; the fast tier's block names its own
-    MultiHeadAttention, ResidualNorm, FeedForward = MultiHeadAttention, ResidualNorm, FeedForward
+    MultiHeadAttention, NormAndDropout, FeedForward = \
+        MultiHeadAttention, NormAndDropout, FeedForward
 
     def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1,
                  activation: str = "relu", norm_first: bool = False,
@@ -92,9 +93,9 @@ class EncoderBlock(Module):
         self.norm_first = check_flag(norm_first, "norm_first")
         self.self_attn = self.MultiHeadAttention(d_model, num_heads, head_dim, narrow=narrow,
                                                  kqnorm=kqnorm, norm_eps=norm_eps)
-        self.attn_residual = self.ResidualNorm(d_model, dropout, norm_eps)
+        self.attn_residual = self.NormAndDropout(d_model, dropout, norm_eps)
         self.ffn = self.FeedForward(d_model, d_ff, activation, dropout)
-        self.ffn_residual = self.ResidualNorm(d_model, dropout, norm_eps)
+        self.ffn_residual = self.NormAndDropout(d_model, dropout, norm_eps)
 
     def check_inputs(self, x: Array, mask: Array | None = None,
                      cache: BlockCache | None = None) -> None:
@@ -127,7 +128,8 @@ class EncoderBlock(Module):
 class DecoderBlock(Module):
     """Masked self-attention, cross-attention over the encoder memory, feed-forward."""
 
-    MultiHeadAttention, ResidualNorm, FeedForward = MultiHeadAttention, ResidualNorm, FeedForward
+    MultiHeadAttention, NormAndDropout, FeedForward = \
+        MultiHeadAttention, NormAndDropout, FeedForward
 
     def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1,
                  activation: str = "relu", norm_first: bool = False,
@@ -136,12 +138,12 @@ class DecoderBlock(Module):
         self.norm_first = check_flag(norm_first, "norm_first")
         self.self_attn = self.MultiHeadAttention(d_model, num_heads, head_dim, narrow=narrow,
                                                  kqnorm=kqnorm, norm_eps=norm_eps)
-        self.self_attn_residual = self.ResidualNorm(d_model, dropout, norm_eps)
+        self.self_attn_residual = self.NormAndDropout(d_model, dropout, norm_eps)
         self.cross_attn = self.MultiHeadAttention(d_model, num_heads, head_dim, narrow=narrow,
                                                   kqnorm=kqnorm, norm_eps=norm_eps)
-        self.cross_attn_residual = self.ResidualNorm(d_model, dropout, norm_eps)
+        self.cross_attn_residual = self.NormAndDropout(d_model, dropout, norm_eps)
         self.ffn = self.FeedForward(d_model, d_ff, activation, dropout)
-        self.ffn_residual = self.ResidualNorm(d_model, dropout, norm_eps)
+        self.ffn_residual = self.NormAndDropout(d_model, dropout, norm_eps)
 
     def check_inputs(self, x: Array, memory: Array, self_mask: Array | None = None,
                      memory_mask: Array | None = None, cache: BlockCache | None = None) -> None:
