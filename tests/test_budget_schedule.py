@@ -16,6 +16,7 @@ import pytest
 import npformer.train.loop as train_module
 from npformer.optim import CosineOfLength, cosine_schedule
 from npformer.parallel import fingerprint
+from npformer.train import TrainConfig
 
 from .conftest import using_backend
 from .test_resume import assert_same, epoch_batches, make_trainer, outcome
@@ -118,7 +119,7 @@ def test_a_resumed_run_ends_as_the_straight_one(tmp_path, monkeypatch):
 ])
 def test_a_schedule_for_that_cannot_work_is_refused(config, error, words):
     with pytest.raises(error, match=words):
-        train_module.TrainConfig(**{"max_iters": 10, "max_seconds": 60.0,
+        TrainConfig(**{"max_iters": 10, "max_seconds": 60.0,
                                     "schedule_for": CosineOfLength(PEAK, WARMUP), **config})
 
 

@@ -45,7 +45,7 @@ def test_the_walk_finds_the_classes_a_user_meets():
                      "npformer.models.lm.CausalLMConfig",
                      "npformer.models.seq2seq.Seq2SeqTransformer",
                      "npformer.optim.AdamW", "npformer.train.tasks.Classification",
-                     "npformer.train.loop.Trainer", "npformer.train.loop.TrainConfig",
+                     "npformer.train.loop.Trainer", "npformer.train.config.TrainConfig",
                      "npformer.data.vocab.Vocab",
                      "npformer.data.files.TextClassificationData"):
         assert expected in names, f"{expected} was not found among the public classes"

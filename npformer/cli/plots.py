@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..train.loop import History
+from ..train.config import History
 from .ranks import is_main
 
 

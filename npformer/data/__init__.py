@@ -19,7 +19,7 @@ holding it) and otherwise looks in ``$NPFORMER_DATA`` and the user cache folder,
 downloading there if needed (see :mod:`npformer.data.download`).
 """
 
-from .batching import batches, length_bucketed_batches, lm_batch, pad_batch
+from .batching import EpochBatches, batches, length_bucketed_batches, lm_batch, pad_batch
 from .bpe import BPE
 from .download import (
     FRA_ENG,
@@ -75,5 +75,5 @@ __all__ = [
     "TextClassificationData", "is_user_data", "load_text_classification", "read_labelled_texts",
     "sorted_labels", "read_sentence_pairs", "read_text_file",
     # batching
-    "pad_batch", "batches", "length_bucketed_batches", "lm_batch",
+    "pad_batch", "batches", "length_bucketed_batches", "lm_batch", "EpochBatches",
 ]

@@ -16,7 +16,8 @@ reproduces a run.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from copy import deepcopy
 
 import numpy as np
 
@@ -142,3 +143,37 @@ def lm_batch(data_ids: np.ndarray, block_size: int, batch_size: int,
     x = data_ids[window].astype(np.int64, copy=False)                       # (B, T)
     y = data_ids[window + 1].astype(np.int64, copy=False)                   # (B, T)
     return x, y
+
+
+class EpochBatches:
+    """``next_batch(rng)`` over epochs, with a state a resumed run continues from.
+
+    ``plan(rng)`` orders one epoch (a list of row-index arrays, one per batch) and
+    ``make(rows)`` builds a batch.  The state is small: the generator's state when the
+    current epoch was planned and how many of its batches were taken; resuming plans
+    that epoch again from that state and goes on where it stopped.  Batches are taken
+    from the end of the plan (the demos always popped them that way).
+    """
+
+    def __init__(self, plan: Callable, make: Callable):
+        self.plan, self.make = plan, make
+        self.epoch: list = []
+        self.planned_from: dict | None = None  # the generator's state before plan()
+        self.taken = 0
+
+    def __call__(self, rng: np.random.Generator):
+        if self.taken == len(self.epoch):
+            self.planned_from = deepcopy(rng.bit_generator.state)
+            self.epoch, self.taken = self.plan(rng), 0
+        self.taken += 1
+        return self.make(self.epoch[-self.taken])
+
+    def state_dict(self) -> dict:
+        return {"planned_from": self.planned_from, "taken": self.taken}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.planned_from, self.taken, self.epoch = state["planned_from"], state["taken"], []
+        if self.planned_from is not None:
+            rng = np.random.default_rng()
+            rng.bit_generator.state = self.planned_from
+            self.epoch = self.plan(rng)

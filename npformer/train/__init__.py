@@ -3,17 +3,10 @@ and what a run shows as it goes (:mod:`.progress`).
 
     from npformer.train import Trainer, TrainConfig, LanguageModeling
 """
-from .loop import (
-    EpochBatches,
-    History,
-    TrainConfig,
-    Trainer,
-    TrainingDiverged,
-    TrainingInterrupted,
-    accuracy,
-    perplexity,
-)
-from .tasks import Classification, LanguageModeling, Task, Translation
+from ..data.batching import EpochBatches
+from .config import History, TrainConfig
+from .loop import Trainer, TrainingDiverged, TrainingInterrupted
+from .tasks import Classification, LanguageModeling, Task, Translation, accuracy, perplexity
 
 __all__ = ["Classification", "EpochBatches", "History", "LanguageModeling", "Task",
            "TrainConfig", "Trainer", "TrainingDiverged", "TrainingInterrupted", "Translation",

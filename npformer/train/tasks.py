@@ -17,6 +17,7 @@ The three tasks of the demos: :class:`Classification` (IMDB), :class:`LanguageMo
 """
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -166,3 +167,14 @@ class Translation(Task):
             model, model(backend.asarray(src), backend.asarray(tgt_in), backend.asarray(src_lens),
                          backend.asarray(tgt_lens), valid_only=True),
             targets, grad_scale, label_smoothing=self.label_smoothing))
+
+
+# --------------------------------------------------------------------------- metrics
+def accuracy(logits: Array, labels: Array) -> float:
+    """Fraction of rows whose argmax equals the label."""
+    predicted = np.argmax(backend.to_numpy(logits), axis=-1)
+    return float(np.mean(predicted == np.asarray(labels)))
+
+
+def perplexity(mean_token_loss: float) -> float:
+    return math.exp(mean_token_loss)
