@@ -182,11 +182,12 @@ def attention_cases(rng):
 
     from npformer import fast, ops
     from npformer.fast import attention as fast_attention
+    from npformer.gpu.attention import align_mask
     from tests.test_fast_equals_textbook import attention_terms
 
     q = rng.standard_normal((6, 4, 64, 32)).astype(np.float32)
     k, v, dout = (rng.standard_normal(q.shape).astype(np.float32) for _ in range(3))
-    mask = fast_attention._align(ops.causal_mask(64, like=q[0, 0]), 4)
+    mask = align_mask(ops.causal_mask(64, like=q[0, 0]), 4)
     bias = ops.softmax.mask_bias(mask, np.float32)
     extents = fast_attention._key_extents(mask)
     (_, _, block_bias, row_keys), = fast_attention._blocks(q, q, extents, bias, 1 << 19)

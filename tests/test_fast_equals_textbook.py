@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from npformer import backend, fast, ops
 from npformer.fast import attention as fast_attention
+from npformer.gpu.attention import align_mask
 
 from .helpers import rel_diff
 
@@ -154,8 +155,8 @@ def test_attention_without_leading_axes(xb, seed, t, extra, e, causal, block_sco
 def _paths(q, k, mask, block_scores):
     """Which paths of the blocked op a call takes (from its block walk)."""
     bias = None if mask is None else ops.softmax.mask_bias(mask, q.dtype)
-    mask = fast_attention._align(mask, q.ndim)
-    bias = fast_attention._align(bias, q.ndim)
+    mask = align_mask(mask, q.ndim)
+    bias = align_mask(bias, q.ndim)
     seen = set()
     extents = fast_attention._key_extents(mask)
     for rows, keys, block_bias, _ in fast_attention._blocks(q, k, extents, bias, block_scores):

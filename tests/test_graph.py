@@ -441,7 +441,7 @@ def test_the_fused_softmax_kernels_equal_the_textbook_statements(masking, dtype,
     the textbook's softmax_forward and softmax_backward (a fully masked row: zeros)."""
     import cupy
 
-    from npformer.fast import attention
+    from npformer.gpu import attention
     from npformer.ops import softmax
 
     scale = 0.37

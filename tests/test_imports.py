@@ -23,6 +23,7 @@ LAYERS = [
     ["npformer.backend", "npformer.parallel.allocator", "npformer.gpu.gemm"],  # arrays, memory
     ["npformer.ops.contracts"],                 # the door and every op's contract
     ["npformer.ops.*"],                         # the textbook's mathematics
+    ["npformer.gpu.attention"],                 # attention as a CUDA graph captures it
     ["npformer.nn.*"],                          # the textbook layers
     ["npformer.interop.gpt2"],                  # GPT-2 folders <-> a module's weights
     ["npformer.models.*"],                      # the textbook models and their configs

@@ -50,7 +50,6 @@ once; :func:`.numerics.exp` is the exp of the scores' precision).
 """
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any, NamedTuple
 
@@ -58,9 +57,10 @@ import numpy as np
 
 from .. import backend
 from ..backend import Array
-from ..gpu.gemm import capturing, matmul
+from ..gpu import attention as captured
+from ..gpu.attention import align_mask
+from ..gpu.gemm import capturing
 from ..ops import attention as _textbook
-from ..ops import softmax as _softmax
 from ..ops.contracts import attention_inputs, backward_op, forward_op
 from ..ops.softmax import mask_bias
 from .compiler import compilable, jit
@@ -84,15 +84,15 @@ def attention_forward(q: Array, k: Array, v: Array, mask: Array | None = None,
     """q (..., T, E), k (..., S, E), v (..., S, F), mask (bool, broadcasts to (..., T, S))
     -> out (..., T, F), cache.  ``block_scores``: scores per block (the backward uses
     the same blocks); None: :func:`default_block_scores`."""
-    if capturing():  # a step captured as a CUDA graph: no host read, products it can capture
-        return _dense_forward(q, k, v, mask)
+    if capturing():  # a step captured as a CUDA graph: the GPU tier's dense statements
+        return captured.capture_forward(q, k, v, mask)
     if not all_finite(q, k, v):  # NaN or inf: what the textbook's dense statements give
         out, saved = _textbook.attention_forward.unchecked(q, k, v, mask)
         return out, _Dense(saved)
     xp = backend.namespace_of(q, k, v)
     block_scores = default_block_scores(q) if block_scores is None else block_scores
     scale = 1.0 / math.sqrt(q.shape[-1])
-    mask = _align(mask, q.ndim)
+    mask = align_mask(mask, q.ndim)
     bias = None if mask is None else mask_bias(mask, q.dtype)  # mask's shape: 0 or -inf
     out = _empty(xp, q.shape[:-1] + (v.shape[-1],), q)  # (..., T, F)
     lse = _empty(xp, q.shape[:-1] + (1,), q)  # (..., T, 1)
@@ -121,11 +121,11 @@ class _Dense(NamedTuple):
 @backward_op(attention_forward)
 def attention_backward(dout: Array, saved: Any) -> tuple[Array, Array, Array]:
     """dout (..., T, F) -> dq (..., T, E), dk (..., S, E), dv (..., S, F)."""
-    if isinstance(saved, _Fused):
-        return _fused_backward(dout, saved.saved)
+    if isinstance(saved, captured.Fused):
+        return captured.fused_backward(dout, saved.saved)
+    if isinstance(saved, captured.Captured):
+        return captured.capture_backward(dout, saved.saved)
     if isinstance(saved, _Dense):
-        if capturing():
-            return _dense_backward(dout, saved.saved)
         return _textbook.attention_backward.unchecked(dout, saved.saved)
     q, k, v, mask, extents, bias, lse, scale, block_scores = saved
     if not all_finite(dout):  # NaN or inf: the textbook's dense statements, P formed again
@@ -162,210 +162,6 @@ def attention_backward(dout: Array, saved: Any) -> tuple[Array, Array, Array]:
     return dq, dk, dv
 
 
-def _dense_forward(q: Array, k: Array, v: Array, mask: Array | None) -> tuple[Array, _Dense]:
-    """The textbook op's dense statements (:mod:`npformer.ops.attention`), the products
-    through :func:`.gemm.matmul`: what a step captured as a CUDA graph computes (the
-    blocked walk reads the mask's extents on the host; the NaN test reads a flag).  On
-    CuPy the scale, the mask and the softmax are one kernel (:func:`fused_softmax`)."""
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    mask = _align(mask, q.ndim)
-    if fuses_softmax(q, mask):
-        p = fused_softmax(matmul(q, k.mT), scale, mask)  # P (..., T, S), over the scores
-        return matmul(p, v), _Fused((q, k, v, p, scale))
-    scores = matmul(q, k.mT) * scale  # A = alpha Q K^T (..., T, S)
-    p, softmax_cache = _softmax.softmax_forward(scores, axis=-1, mask=mask)  # P
-    out = matmul(p, v)  # (..., T, S) @ (..., S, F) -> (..., T, F)
-    return out, _Dense((q, k, v, p, softmax_cache))
-
-
-def _dense_backward(dout: Array, saved: Any) -> tuple[Array, Array, Array]:
-    """The textbook backward's statements, the products through :func:`.gemm.matmul`."""
-    q, k, v, p, softmax_cache = saved
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    dv = matmul(p.mT, dout)  # P^T dO: (..., S, T) @ (..., T, F)
-    dp = matmul(dout, v.mT)  # dO V^T: (..., T, F) @ (..., F, S)
-    dscores = _softmax.softmax_backward(dp, softmax_cache)  # dA (..., T, S)
-    dq = matmul(dscores, k) * scale  # (..., T, S) @ (..., S, E)
-    dk = matmul(dscores.mT, q) * scale  # (..., S, T) @ (..., T, E)
-    return dq, dk, dv
-
-
-class _Fused(NamedTuple):
-    """The cache of :func:`_dense_forward` with the fused softmax: (q, k, v, P, alpha)."""
-
-    saved: Any
-
-
-def _fused_backward(dout: Array, saved: Any) -> tuple[Array, Array, Array]:
-    """The textbook backward with alpha dA = alpha P (dP - rowsum(dP P)) one kernel."""
-    q, k, v, p, scale = saved
-    dv = matmul(p.mT, dout)  # P^T dO: (..., S, T) @ (..., T, F)
-    dscores = fused_softmax_backward(matmul(dout, v.mT), p, scale)  # alpha dA, over dP
-    dq = matmul(dscores, k)  # (..., T, S) @ (..., S, E)
-    dk = matmul(dscores.mT, q)  # (..., S, T) @ (..., T, E)
-    return dq, dk, dv
-
-
-# =========================================================================== CuPy kernels
-# The masked softmax of attention and its backward, one CUDA block a row of scores: the
-# scale and the mask applied on the way (the mask as the textbook's bias, 0 or -inf, so
-# a NaN score stays NaN even where masked), the row's max, sum and division in three
-# sweeps of the row (which stays in cache), a fully masked row all zeros; the backward
-# alpha P (dP - <dP, P>) in two.  The textbook's statements (mask_bias, softmax_forward,
-# softmax_backward) make eleven passes over the (..., T, S) scores and write seven
-# arrays of their size; these kernels read and write them once.  Tested equal to them
-# (float64 within 1e-12) on a GPU.  NPFORMER_GPU_FUSED=0 runs the statements instead.
-_SOFTMAX_CUDA = r"""
-template <typename T> __device__ T negative_infinity();
-template <> __device__ float negative_infinity<float>() { return __int_as_float(0xff800000); }
-template <> __device__ double negative_infinity<double>() {
-    return __longlong_as_double(0xfff0000000000000LL);
-}
-__device__ float exponential(float x) { return expf(x); }
-__device__ double exponential(double x) { return exp(x); }
-
-template <typename T> __device__ T block_max(T value, T* shared) {
-    for (int offset = 16; offset > 0; offset >>= 1)
-        value = max(value, __shfl_xor_sync(0xffffffff, value, offset));
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0) shared[warp] = value;
-    __syncthreads();
-    if (warp == 0) {
-        value = lane < (int)(blockDim.x >> 5) ? shared[lane] : negative_infinity<T>();
-        for (int offset = 16; offset > 0; offset >>= 1)
-            value = max(value, __shfl_xor_sync(0xffffffff, value, offset));
-        if (lane == 0) shared[0] = value;
-    }
-    __syncthreads();
-    T result = shared[0];
-    __syncthreads();
-    return result;
-}
-
-template <typename T> __device__ T block_sum(T value, T* shared) {
-    for (int offset = 16; offset > 0; offset >>= 1)
-        value += __shfl_xor_sync(0xffffffff, value, offset);
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0) shared[warp] = value;
-    __syncthreads();
-    if (warp == 0) {
-        value = lane < (int)(blockDim.x >> 5) ? shared[lane] : (T)0;
-        for (int offset = 16; offset > 0; offset >>= 1)
-            value += __shfl_xor_sync(0xffffffff, value, offset);
-        if (lane == 0) shared[0] = value;
-    }
-    __syncthreads();
-    T result = shared[0];
-    __syncthreads();
-    return result;
-}
-
-// scores (A, H, T, S) contiguous, overwritten by P; mask element strides (0: broadcast)
-template <typename T>
-__global__ void softmax_forward(T* scores, const bool* mask, int has_mask, long long heads,
-                                long long queries, long long keys, long long mask_a,
-                                long long mask_h, long long mask_t, long long mask_s, T scale) {
-    __shared__ T shared[32];
-    long long row = blockIdx.x;
-    long long t = row % queries, h = (row / queries) % heads, a = row / (queries * heads);
-    T* x = scores + row * keys;
-    const bool* keep = mask + a * mask_a + h * mask_h + t * mask_t;
-    T local = negative_infinity<T>();
-    for (long long j = threadIdx.x; j < keys; j += blockDim.x) {
-        T value = x[j] * scale;
-        if (has_mask && !keep[j * mask_s]) value += negative_infinity<T>();
-        local = max(local, value);
-    }
-    T top = block_max(local, shared);
-    T shift = isfinite(top) ? top : (T)0;  // a fully masked row: its max is -inf
-    T partial = 0;
-    for (long long j = threadIdx.x; j < keys; j += blockDim.x) {
-        T value = x[j] * scale;
-        if (has_mask && !keep[j * mask_s]) value += negative_infinity<T>();
-        partial += exponential(value - shift);
-    }
-    T total = block_sum(partial, shared);
-    if (!(total > (T)0)) total = (T)1;  // 0 / 1 on a fully masked row
-    for (long long j = threadIdx.x; j < keys; j += blockDim.x) {
-        T value = x[j] * scale;
-        if (has_mask && !keep[j * mask_s]) value += negative_infinity<T>();
-        x[j] = exponential(value - shift) / total;
-    }
-}
-
-// dp (rows, S) overwritten by alpha P (dP - <dP, P>); p (rows, S)
-template <typename T>
-__global__ void softmax_backward(T* dp, const T* p, long long keys, T scale) {
-    __shared__ T shared[32];
-    long long row = blockIdx.x;
-    T* g = dp + row * keys;
-    const T* q = p + row * keys;
-    T partial = 0;
-    for (long long j = threadIdx.x; j < keys; j += blockDim.x) partial += g[j] * q[j];
-    T dot = block_sum(partial, shared);
-    for (long long j = threadIdx.x; j < keys; j += blockDim.x)
-        g[j] = scale * (q[j] * (g[j] - dot));
-}
-"""
-_THREADS = 256  # a block per row of scores: 8 warps sweep it
-FUSED = backend.env_flag("NPFORMER_GPU_FUSED", "run these kernels", default=True)
-
-
-def fuses_softmax(q: Array, mask: Array | None) -> bool:
-    """Whether attention's softmax runs as the CuPy kernels: CuPy arrays of 4 axes
-    (B, H, T, E), a mask of 4 axes or none, NPFORMER_GPU_FUSED not off."""
-    return (FUSED and type(q).__module__.startswith("cupy") and q.ndim == 4
-            and (mask is None or mask.ndim == 4))
-
-
-@functools.cache
-def _softmax_module():
-    import cupy
-
-    names = [f"softmax_{way}<{t}>" for way in ("forward", "backward")
-             for t in ("float", "double")]
-    return cupy.RawModule(code=_SOFTMAX_CUDA, options=("-std=c++17",), name_expressions=names)
-
-
-def _kernel(way: str, dtype) -> Any:
-    return _softmax_module().get_function(
-        f"softmax_{way}<{'float' if dtype.itemsize == 4 else 'double'}>")
-
-
-def fused_softmax(scores: Array, scale: float, mask: Array | None) -> Array:
-    """P = softmax(alpha scores + M) over the last axis, written over ``scores`` (A, H, T,
-    S), C-contiguous, float32 or float64); ``mask`` (bool, 4 axes broadcasting to it)."""
-    import cupy
-
-    a, heads, queries, keys = scores.shape
-    rows = a * heads * queries
-    if rows == 0 or keys == 0:
-        return scores
-    cast = scores.dtype.type
-    if mask is None:
-        keep, strides = cupy.ones((1,), dtype=cupy.bool_), (0, 0, 0, 0)
-    else:
-        keep = cupy.ascontiguousarray(mask)
-        strides = cupy.broadcast_to(keep, scores.shape).strides  # bytes = elements (bool)
-    _kernel("forward", scores.dtype)(
-        (rows,), (_THREADS,),
-        (scores, keep, np.int32(mask is not None), np.int64(heads), np.int64(queries),
-         np.int64(keys), *(np.int64(s) for s in strides), cast(scale)))
-    return scores
-
-
-def fused_softmax_backward(dp: Array, p: Array, scale: float) -> Array:
-    """alpha dA = alpha P (dP - rowsum(dP P)), written over ``dp`` (both (..., S),
-    C-contiguous)."""
-    keys = dp.shape[-1]
-    rows = dp.size // max(keys, 1)
-    if rows == 0 or keys == 0:
-        return dp
-    _kernel("backward", dp.dtype)((rows,), (_THREADS,),
-                                  (dp, p, np.int64(keys), dp.dtype.type(scale)))
-    return dp
-
-
 def _compiled(scores) -> bool:
     """Whether a block's scores (A, H, t, s) go to the compiled softmax kernels (NumPy,
     numba present; other ranks take the array statements)."""
@@ -374,14 +170,6 @@ def _compiled(scores) -> bool:
 
 def _empty(xp, shape, like):
     return xp.empty(tuple(shape), dtype=like.dtype, device=backend.device_of(like))
-
-
-def _align(mask, ndim: int):
-    """A mask that broadcasts to the scores, given the scores' number of axes (leading 1s)."""
-    if mask is None or mask.ndim == ndim:
-        return mask
-    xp = backend.namespace_of(mask)
-    return xp.reshape(mask, (1,) * (ndim - mask.ndim) + tuple(mask.shape))
 
 
 def _stable_exp(scores, bias):

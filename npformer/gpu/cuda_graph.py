@@ -51,15 +51,17 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import backend, optim
 from ..backend import Array
 from ..ops.contracts import run_trusted
-from ..train.tasks import Task, reads_its_loss_on_device
 from . import gemm
+
+if TYPE_CHECKING:  # annotations only: the training package imports this one
+    from ..train.tasks import Task
 
 
 class CaptureFailed(RuntimeError):
@@ -94,6 +96,8 @@ def unsupported(optimizer: Any, task: Task, replicas: int = 1, grad_accum: int =
         return f"the graph's update is Adam's or AdamW's, not {type(optimizer).__name__}'s"
     if not optimizer._decoupled and optimizer.weight_decay != 0:
         return "Adam with L2 decay (weight_decay on the gradient) is not captured; AdamW is"
+    from ..train.tasks import reads_its_loss_on_device  # when asked: train imports this
+
     if not reads_its_loss_on_device(task):
         return (f"the task {type(task).__name__} defines loss_and_grad but not "
                 "loss_and_grad_on_device")
