@@ -41,6 +41,12 @@ gradients on, frees a whole forward's saved activations just before the baseline
 built after that baseline on both sides (npformer allocates Adam's moments in its
 constructor, PyTorch at its first step), so optimizer state is in the growth.
 
+Utilisation: after the sides, the parent measures the machine's float32 matrix-product
+peak and memory bandwidth (bench/peak.py, all ``--threads`` cores, square sizes and the
+configurations' own product shapes) and prints, for every configuration and side, a
+step's FLOPs (bench/flops.py: counted from the configuration; the formula is in
+bench/README.md) and its share of that peak, in training and in inference.
+
 The code: bench/configs.py (configurations, batches, the npformer models),
 bench/torch_models.py (the PyTorch references, shared with the parity tests),
 bench/measure.py (the workers), bench/report.py (tables), bench/processes.py (the
@@ -59,9 +65,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path[:1]:  # `python bench/bench.py`: the bench package, not this file
     sys.path.insert(0, str(ROOT))
 
-from bench import processes, runner  # noqa: E402
+from bench import peak, processes, runner  # noqa: E402
 from bench.configs import CONFIGS, SEED, SMOKE  # noqa: E402
 from bench.configs import sweeps as imdb_sweeps  # noqa: E402
+from bench.flops import layer_shapes  # noqa: E402
 from bench.measure import worker_main  # noqa: E402
 from bench.report import (  # noqa: E402
     describe,
@@ -70,6 +77,7 @@ from bench.report import (  # noqa: E402
     print_main_table,
     print_markdown,
     print_sweep,
+    print_utilisation,
 )
 from bench.runner import ALLOCATORS, NO_TRIM_TUNABLE, worker_env  # noqa: E402
 from npformer.checkpoint import TIERS  # noqa: E402
@@ -182,8 +190,11 @@ def main(argv=None) -> int:
         results[name] = run_pair(table[name], args, args.tiers)
     sweeps = [(title, [(c, run_pair(c, args)) for c in rows])
               for title, rows in (imdb_sweeps(args.smoke) if args.sweeps else [])]
+    limits = machine_limits(cfgs, args) if results else None
     first = next(iter(results.values()), None) or (sweeps[0][1][0][1] if sweeps else {})
     print_header(args, first)
+    if limits:
+        print("\n".join(peak.peak_lines(limits)))
     if args.smoke:
         print("SMOKE RUN: tiny sizes, timings meaningless")
     for name in args.names:
@@ -191,8 +202,9 @@ def main(argv=None) -> int:
     for tier in args.tiers if results else ():
         print(f"\n== npformer's {tier} tier against PyTorch ==")
         print_main_table(tier_results(results, tier), cfgs)
+        print_utilisation(tier_results(results, tier), cfgs, limits["matmul"]["gflops"])
         if args.markdown:
-            print_markdown(tier_results(results, tier), cfgs)
+            print_markdown(tier_results(results, tier), cfgs, limits["matmul"]["gflops"])
     for title, rows in sweeps:
         print_sweep(title, rows, args.markdown)
     print(f"\n(total wall time {time.perf_counter() - started:.0f} s)")
@@ -201,6 +213,14 @@ def main(argv=None) -> int:
                if any("error" in r for r in pair.values())]
     return 1 if failed else 0
 
+
+
+def machine_limits(cfgs: dict, args) -> dict:
+    """The matrix-product peak and memory bandwidth (bench/peak.py), measured here in the
+    parent after the sides ran, on ``args.threads`` cores, over square sizes and the
+    products of the configurations in ``cfgs``."""
+    shapes = {shape for cfg in cfgs.values() for shape in layer_shapes(cfg)}
+    return peak.measure(sorted(shapes), args.threads, smoke=args.smoke)
 
 
 def main_processes(args, table: dict, started: float) -> int:

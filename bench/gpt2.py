@@ -27,7 +27,10 @@ the same minutes of a machine whose speed drifts as other work comes and goes.  
 figure is the minimum over a side's runs (other processes share the cores: the
 minimum is the least disturbed).  The sides must agree: the first training step's loss
 to 1e-4, and the greedy tokens (reported: float32 rounding can break a near tie
-differently).  Prints a table.
+differently).  Prints a table, with each forward's and training step's FLOPs (counted
+from GPT-2's shape: bench/flops.py, the formula in bench/README.md) and their share of the
+float32 matrix-product peak the parent measures after the sides (bench/peak.py, with the
+memory bandwidth).
 """
 from __future__ import annotations
 
@@ -43,6 +46,13 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path[:1]:  # `python bench/gpt2.py`: the bench package, not this file
+    sys.path.insert(0, str(ROOT))
+
+from bench import peak  # noqa: E402
+from bench.flops import layer_shapes, share_of_peak, step_flops  # noqa: E402
+from bench.report import cpu_model, gflop, percent  # noqa: E402
+
 RESULT = "GPT2_BENCH "
 SMALL = dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)
 SMOKE = dict(vocab_size=300, n_positions=64, n_embd=32, n_layer=2, n_head=4)
@@ -202,32 +212,50 @@ class Side:
         self.proc.wait()
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
+def flops_config(sizes: dict, batch: int, length: int) -> dict:
+    """GPT-2's shape ``sizes`` on a (batch, length) batch as a bench/flops.py configuration
+    (a causal LM: tied head, feed-forward 4 D)."""
+    return dict(kind="causal_lm", vocab_size=sizes["vocab_size"], d_model=sizes["n_embd"],
+                num_heads=sizes["n_head"], num_layers=sizes["n_layer"],
+                d_ff=4 * sizes["n_embd"], seq_len=length, batch=batch)
 
 
-def report(times: dict, seen: dict, args) -> str:
+def run_config(args) -> dict:
+    """The flops configuration of this run (GPT-2 small, or the smoke model)."""
+    (batch, _), length = (SMOKE_SIZES if args.smoke else (BATCH, LENGTH))[:2]
+    return flops_config(SMOKE if args.smoke else SMALL, batch, length)
+
+
+FLOPS_PHASE = {"forward": "infer", "train_step": "train"}  # generate: not counted
+
+
+def report(times: dict, seen: dict, args, limits: dict) -> str:
     names = {"forward": f"forward {BATCH if not args.smoke else SMOKE_SIZES[0]}",
              "train_step": "train step (forward, backward, clip, AdamW)",
              "generate": f"generate {NEW if not args.smoke else SMOKE_SIZES[3]} tokens "
                          "(greedy, KV cache)"}
-    lines = ["| measurement | npformer s | PyTorch (HF) s | ratio |", "|---|---:|---:|---:|"]
+    flops, peak_gflops = step_flops(run_config(args)), limits["matmul"]["gflops"]
+    lines = ["| measurement | npformer s | PyTorch (HF) s | ratio | GFLOP | npformer share of "
+             "peak | PyTorch share of peak |", "|---|---:|---:|---:|---:|---:|---:|"]
     for key, name in names.items():
         ours, theirs = min(times["npformer"][key]), min(times["torch"][key])
-        lines.append(f"| {name} | {ours:.3f} | {theirs:.3f} | {ours / theirs:.2f}x |")
+        counted = flops.get(FLOPS_PHASE.get(key))
+        shares = (f"{gflop(counted)} | {percent(share_of_peak(counted, ours, peak_gflops))} | "
+                  f"{percent(share_of_peak(counted, theirs, peak_gflops))}" if counted
+                  else "n/a | n/a | n/a")
+        lines.append(f"| {name} | {ours:.3f} | {theirs:.3f} | {ours / theirs:.2f}x | "
+                     f"{shares} |")
     ours, theirs = seen["npformer"], seen["torch"]
     same = sum(a == b for a, b in zip(ours["tokens"], theirs["tokens"]))
     lines += ["", f"first-step loss: npformer {ours['first_loss']:.6f}, PyTorch "
               f"{theirs['first_loss']:.6f}; greedy tokens equal: {same} of "
               f"{len(theirs['tokens'])}", f"npformer: {ours['side']}",
-              f"PyTorch: {theirs['side']}", f"CPU: {cpu_name()}, {os.cpu_count()} cores; "
-              f"the minimum of {args.rounds} runs a side, the sides taking turns"]
+              f"PyTorch: {theirs['side']}", f"CPU: {cpu_model()}, {os.cpu_count()} cores; "
+              f"the minimum of {args.rounds} runs a side, the sides taking turns",
+              "GFLOP: the matrix products of the step, counted from GPT-2's shape "
+              "(bench/flops.py; training 3x the forward); share of peak: over the time and "
+              "the peak below (generate is bound by memory, not products: not counted)",
+              *peak.peak_lines(limits)]
     return "\n".join(lines)
 
 
@@ -268,7 +296,8 @@ def main(argv=None) -> int:
     if abs(ours - theirs) > 1e-4 * abs(theirs):
         raise SystemExit(f"error: the first-step losses differ: npformer {ours}, PyTorch "
                          f"{theirs}: the sides do not compute the same model")
-    print(report(times, seen, args))
+    limits = peak.measure(layer_shapes(run_config(args)), os.cpu_count() or 1, args.smoke)
+    print(report(times, seen, args, limits))
     return 0
 
 

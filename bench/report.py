@@ -6,6 +6,7 @@ import platform
 import statistics
 
 from bench.configs import tokens_per_step
+from bench.flops import share_of_peak, step_flops
 
 LOSS_RTOL = 1e-3
 # The busy warning reads the CPU time other processes take over one second (/proc/stat),
@@ -293,9 +294,75 @@ def markdown_lines(results: dict, cfgs: dict) -> list[str]:
     return lines
 
 
-def print_markdown(results: dict, cfgs: dict):
+def print_markdown(results: dict, cfgs: dict, peak_gflops: float | None = None):
+    """The ratio table, and (given the peak) the utilisation table."""
     print(f"\n(machine: {cpu_model()})")
     print("\n".join(markdown_lines(results, cfgs)[1:]))
+    if peak_gflops is not None:
+        print("\n".join(utilisation_markdown(results, cfgs, peak_gflops)))
+
+
+UTILISATION_NOTE = ("share of peak: the FLOPs of a step, counted from the configuration "
+                    "(bench/flops.py, formula in bench/README.md: the matrix products, 2mkn "
+                    "each; a training step 3x the forward's, as PaLM's MFU counts), over its "
+                    "median time, over the peak measured in this run")
+UTILISATION_HEAD = ("config", "side", "train GFLOP", "train ms", "share of peak",
+                    "infer GFLOP", "infer ms", "share of peak")
+
+
+def gflop(flops: float) -> str:
+    value = flops / 1e9
+    return f"{value:.0f}" if value >= 100 else f"{value:.2f}" if value >= 0.01 else f"{value:.2g}"
+
+
+def percent(fraction: float) -> str:
+    return f"{fraction * 100:.0f}%" if fraction >= 0.1 else f"{fraction * 100:.1f}%"
+
+
+def utilisation_cells(name: str, label: str, res: dict, cfg: dict,
+                      peak_gflops: float) -> tuple[str, ...]:
+    """One row of the utilisation table (UTILISATION_HEAD): a side's FLOPs a step, its
+    median times and their shares of ``peak_gflops``; "FAILED" for a failed side."""
+    if "error" in res:
+        return (name, label, "FAILED", "", "", "", "", "")
+    flops = step_flops(cfg)
+    cells = [name, label]
+    for phase, key in (("train", "train_times"), ("infer", "infer_times")):
+        seconds = statistics.median(res[key])
+        cells += [gflop(flops[phase]), ms(seconds),
+                  percent(share_of_peak(flops[phase], seconds, peak_gflops))]
+    return tuple(cells)
+
+
+def utilisation_rows(results: dict, cfgs: dict, peak_gflops: float,
+                     names: dict | None = None) -> list[tuple[str, ...]]:
+    """The rows of every configuration and side, each side labelled by ``names`` (default:
+    its key)."""
+    return [utilisation_cells(name, (names or {}).get(side, side), pair[side], cfgs[name],
+                              peak_gflops)
+            for name, pair in results.items() for side in SIDES if side in pair]
+
+
+def print_utilisation(results: dict, cfgs: dict, peak_gflops: float):
+    rows = utilisation_rows(results, cfgs, peak_gflops)
+    widths = [max(len(h), *(len(r[i]) for r in rows)) + 2
+              for i, h in enumerate(UTILISATION_HEAD)]
+    print(f"\n{UTILISATION_NOTE} ({peak_gflops:.1f} GFLOP/s):")
+    print("".join(h.ljust(w) if i < 2 else h.rjust(w)
+                  for i, (h, w) in enumerate(zip(UTILISATION_HEAD, widths))))
+    for row in rows:
+        print("".join(c.ljust(w) if i < 2 else c.rjust(w)
+                      for i, (c, w) in enumerate(zip(row, widths))))
+
+
+def utilisation_markdown(results: dict, cfgs: dict, peak_gflops: float) -> list[str]:
+    """README-ready utilisation table: every configuration and side (PyTorch, npformer,
+    nanoGPT's GPT)."""
+    return (["", f"(float32 matrix-product peak {peak_gflops:.1f} GFLOP/s, measured in the "
+                 "same run)", "", "| " + " | ".join(UTILISATION_HEAD) + " |",
+             "|---|---|" + "---:|" * (len(UTILISATION_HEAD) - 2)]
+            + ["| " + " | ".join(row) + " |"
+               for row in utilisation_rows(results, cfgs, peak_gflops, SIDE_NAMES)])
 
 
 def print_sweep(title: str, rows: list[tuple[dict, dict]], markdown: bool):

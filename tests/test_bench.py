@@ -71,6 +71,36 @@ def test_header_names_machine_versions_threads_and_allocator(smoke_output):
     assert re.search(r"torch \S+ \((?!\?)", libraries), libraries
 
 
+def test_header_gives_the_measured_peak_bandwidth_and_cpu(smoke_output):
+    """Issue 48, item 1 (and 3's bandwidth): the same run measures the float32 product
+    peak and the copy bandwidth, printed with the CPU's model."""
+    from bench.report import cpu_model
+
+    out = smoke_output.stdout
+    assert re.search(r"^peak: +float32 matrix products \d+\.\d GFLOP/s on \d+ threads "
+                     r"\((numpy|torch), \(\d+x\d+\)@\(\d+x\d+\);", out, re.MULTILINE), out
+    peak_line = next(line for line in out.splitlines() if line.startswith("peak:"))
+    assert peak_line.endswith(f"CPU: {cpu_model()}"), peak_line
+    assert re.search(r"^bandwidth: \d+\.\d GB/s \(a \d+ MiB float32 copy", out, re.MULTILINE)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_every_side_gets_its_flops_and_share_of_the_peak(smoke_output, name):
+    """Each tier's utilisation table has a row per side of every configuration: the
+    counted GFLOP (bench/flops.py) and the share of the peak, training and inference."""
+    from bench.configs import SMOKE
+    from bench.flops import step_flops
+    from bench.report import gflop
+
+    out = smoke_output.stdout
+    flops = step_flops(SMOKE[name])
+    share = r"\d+(\.\d)?%"
+    row = (rf"^{name}\s+(pytorch|npformer)\s+{re.escape(gflop(flops['train']))}\s+[\d.]+\s+"
+           rf"{share}\s+{re.escape(gflop(flops['infer']))}\s+[\d.]+\s+{share}$")
+    assert len(re.findall(row, out, re.MULTILINE)) == 2 * 2, out  # 2 sides x 2 tiers
+    assert out.count("share of peak: the FLOPs of a step") == 2  # one table a tier
+
+
 # --------------------------------------------------------------------------- the sweeps
 def test_every_sweep_point_fits_the_model_it_is_timed_on():
     """Issue 37, case 36: `bench.py --sweeps` timed length 1024 on the demo's model of
@@ -666,3 +696,147 @@ def test_gpu_script_smoke_on_the_gpu():
     for name in GPU_NAMES:  # both peaks measured: a memory ratio, not n/a
         line = next(line for line in out.splitlines() if line.startswith(f"ratio {name} "))
         assert re.search(r"peak memory \d+\.\d+x", line), line
+
+
+# --------------------------------------------------------------------------- FLOPs and peak
+def lm_by_hand(B, T, D, L, V, F=None):
+    """One forward of a causal LM by hand: per block q, k, v (2N.D.3D), scores and weighted
+    values (2N.T.D each), output (2N.D.D), feed-forward (2 x 2N.D.F); the logits 2N.D.V."""
+    N, F = B * T, F or 4 * D
+    return L * (2 * N * D * 3 * D + 2 * 2 * N * T * D + 2 * N * D * D
+                + 2 * 2 * N * D * F) + 2 * N * D * V
+
+
+def test_lm_flops_are_the_formula_and_the_issues_figures():
+    """Issue 48: nanoGPT's baby GPT, about 3.96 GFLOP a training step (3x the forward:
+    6 x parameters x tokens plus attention) and 1.32 GFLOP a forward."""
+    from bench.configs import CONFIGS
+    from bench.flops import step_flops
+
+    forward = lm_by_hand(B=12, T=64, D=128, L=4, V=65)
+    assert forward == 1_321_402_368
+    assert step_flops(CONFIGS["lm"]) == {"train": 3 * forward, "infer": forward}
+    assert round(3 * forward / 1e9, 2) == 3.96 and round(forward / 1e9, 2) == 1.32
+    assert step_flops(LM) == {"train": 3 * lm_by_hand(4, 16, 16, 1, 65, F=32),
+                              "infer": lm_by_hand(4, 16, 16, 1, 65, F=32)}
+
+
+def test_gpt2_benchmark_counts_gpt2_smalls_shape():
+    from bench.flops import step_flops
+    from bench.gpt2 import SMALL, flops_config
+
+    forward = lm_by_hand(B=4, T=256, D=768, L=12, V=50257)
+    assert step_flops(flops_config(SMALL, 4, 256)) == {"train": 3 * forward, "infer": forward}
+
+
+def test_flops_follow_each_field_of_the_configuration():
+    from bench.configs import CONFIGS
+    from bench.flops import forward_flops
+
+    lm = CONFIGS["lm"]
+    base = forward_flops(lm)
+    logits = 2 * 768 * 128 * 65
+    block = (base - logits) // 4
+    assert forward_flops(dict(lm, num_layers=5)) == base + block
+    assert forward_flops(dict(lm, batch=24)) == 2 * base  # every product scales with B
+    assert forward_flops(dict(lm, vocab_size=130)) == base + logits
+    attention = 2 * 2 * 768 * 64 * 128  # a block's scores and weighted values, N x T x D
+    # the same N = B T positions, each attending to twice as many: attention doubles
+    assert forward_flops(dict(lm, seq_len=128, batch=6)) == base + 4 * attention
+    assert forward_flops(dict(lm, d_ff=1024)) == base + 4 * 2 * 2 * 768 * 128 * 512
+
+    imdb = CONFIGS["imdb"]
+    assert forward_flops(dict(imdb, num_classes=5)) == forward_flops(imdb) + 2 * 32 * 64 * 3
+    with pytest.raises(ValueError, match=r"cfg\['kind'\] must be .*got 'vision'"):
+        forward_flops(dict(imdb, kind="vision"))
+
+
+def test_seq2seq_training_counts_logits_at_the_valid_targets_only():
+    """The demo's update asks for ``valid_only`` logits; the bench's forward computes them
+    at every target position; cross-attention reads the source's length."""
+    from bench.configs import CONFIGS, SEED, make_batch
+    from bench.flops import forward_flops, step_flops
+
+    cfg = CONFIGS["seq2seq"]
+    B, T, D, V = cfg["batch"], cfg["seq_len"], cfg["d_model"], cfg["tgt_vocab_size"]
+    valid = int(make_batch(cfg, SEED + 1)[4].sum())
+    assert 0 < valid < B * T
+    flops = step_flops(cfg)
+    assert flops["infer"] - flops["train"] // 3 == 2 * (B * T - valid) * D * V
+    longer = dict(cfg, src_len=20)  # the encoder (self-attention T x T grows 4x), the
+    #   cross-attention's k, v, scores and weighted values: exactly these terms change
+    Ns, Ns2, Nt = B * 10, B * 20, B * T
+    encoder = lambda n, s: 2 * (2 * n * D * 3 * D + 2 * 2 * n * s * D + 2 * n * D * D  # noqa: E731
+                                + 2 * 2 * n * D * cfg["d_ff"])
+    cross = lambda n, s: 2 * (2 * n * D * 2 * D + 2 * 2 * Nt * s * D)  # noqa: E731
+    assert forward_flops(longer) - forward_flops(cfg) == (
+        encoder(Ns2, 20) - encoder(Ns, 10) + cross(Ns2, 20) - cross(Ns, 10))
+
+
+def test_share_of_peak_is_flops_over_time_over_peak():
+    from bench.flops import share_of_peak
+
+    assert share_of_peak(3.96e9, 0.042, 200.0) == pytest.approx(3.96 / 0.042 / 200)
+    assert share_of_peak(1e9, 0.01, 100.0) == pytest.approx(1.0)
+    for seconds, peak in ((0.0, 100.0), (0.01, 0.0), (-1.0, 100.0)):
+        with pytest.raises(ValueError, match="seconds and peak_gflops must be positive"):
+            share_of_peak(1e9, seconds, peak)
+
+
+def test_utilisation_table_rows_plain_and_markdown(capsys):
+    """Every side of every configuration: its counted GFLOP, median ms and share of the
+    peak, training and inference; a failed side says so."""
+    from bench import report
+
+    forward = lm_by_hand(4, 16, 16, 1, 65, F=32)  # 460,800
+    peak = 3 * forward / 0.010 / 0.5 / 1e9  # PyTorch's 10 ms training step: 50%
+    results = {"lm": {"pytorch": fake_result(10, 4, [2.0]),
+                      "npformer": fake_result(5, 2, [2.0]),
+                      "nanogpt": dict(side="nanogpt", error="boom")}}
+    rows = report.utilisation_rows(results, {"lm": LM}, peak)
+    assert rows == [("lm", "pytorch", "0.0014", "10.0", "50%", "0.00046", "4.00", "42%"),
+                    ("lm", "npformer", "0.0014", "5.00", "100%", "0.00046", "2.00", "83%"),
+                    ("lm", "nanogpt", "FAILED", "", "", "", "", "")]
+    report.print_utilisation(results, {"lm": LM}, peak)
+    out = capsys.readouterr().out
+    assert re.search(r"^lm +npformer +0\.0014 +5\.00 +100% +0\.00046 +2\.00 +83%$", out,
+                     re.MULTILINE), out
+    lines = report.utilisation_markdown(results, {"lm": LM}, peak)
+    assert "| lm | nanoGPT's GPT | FAILED |" in "\n".join(lines)
+    assert "| lm | PyTorch | 0.0014 | 10.0 | 50% | 0.00046 | 4.00 | 42% |" in lines
+    assert all(line.count("|") == 9 for line in lines if line.startswith("|"))
+    report.print_markdown(results, {"lm": LM}, peak)
+    assert "| config | side | train GFLOP | train ms | share of peak |" in capsys.readouterr().out
+
+
+def test_peak_is_the_best_rate_of_every_library_and_shape(monkeypatch):
+    from bench import peak
+
+    rates = [dict(library="numpy", shape=(8, 8, 8), gflops=1.0),
+             dict(library="torch", shape=(64, 64, 64), gflops=3.0),
+             dict(library="numpy", shape=(64, 64, 64), gflops=2.0)]
+    seen = {}
+
+    def fake_rates(shapes, threads, repeats):
+        seen.update(shapes=shapes, threads=threads, repeats=repeats)
+        return rates
+
+    monkeypatch.setattr(peak, "matmul_rates", fake_rates)
+    monkeypatch.setattr(peak, "copy_rates", lambda nbytes, threads, repeats: [
+        dict(library="numpy", bytes=nbytes, gb_s=5.0)])
+    limits = peak.measure([(8, 8, 8), (3, 5, 7)], 2, smoke=True)
+    assert limits["matmul"] == rates[1] and limits["copy"]["gb_s"] == 5.0
+    assert seen == dict(shapes=[(3, 5, 7), (8, 8, 8), (64, 64, 64), (128, 128, 128)],
+                        threads=2, repeats=peak.SMOKE_REPEATS)
+    with pytest.raises(ValueError, match="threads must be at least 1, got 0"):
+        peak.measure([], 0)
+
+
+def test_peak_and_copy_rates_run_on_every_installed_library():
+    from bench import peak
+
+    rates = peak.matmul_rates([(16, 8, 4)], 1, 1)
+    assert {r["library"] for r in rates} == set(peak.libraries())
+    assert all(r["shape"] == (16, 8, 4) and r["gflops"] > 0 for r in rates)
+    copies = peak.copy_rates(2 ** 16, 1, 1)
+    assert all(c["bytes"] == 2 ** 16 and c["gb_s"] > 0 for c in copies)

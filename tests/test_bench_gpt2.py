@@ -22,8 +22,13 @@ def test_the_gpt2_benchmark_smoke_runs():
                           capture_output=True, text=True, cwd=ROOT, timeout=600,
                           env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    for row in ("forward (2, 16)", "train step", "generate 8 tokens"):
-        assert re.search(rf"^\| {re.escape(row)}.*\| [\d.]+x \|$", proc.stdout, re.M), row
+    for row in ("forward (2, 16)", "train step"):  # issue 48: GFLOP and shares of the peak
+        assert re.search(rf"^\| {re.escape(row)}.*\| [\d.]+x \| [\d.]+ \| [\d.]+% \| [\d.]+% \|$",
+                         proc.stdout, re.M), row
+    assert re.search(r"^\| generate 8 tokens.*\| [\d.]+x \| n/a \| n/a \| n/a \|$", proc.stdout,
+                     re.M)
+    assert re.search(r"^peak: +float32 matrix products [\d.]+ GFLOP/s", proc.stdout, re.M)
+    assert re.search(r"^bandwidth: [\d.]+ GB/s", proc.stdout, re.M)
     assert "greedy tokens equal: 8 of 8" in proc.stdout
     losses = re.search(r"first-step loss: npformer ([\d.]+), PyTorch ([\d.]+)", proc.stdout)
     assert losses and abs(float(losses[1]) - float(losses[2])) < 1e-4
