@@ -61,6 +61,11 @@ def op_cases(tier):
         "gelu_tanh": (lambda: gelu_tanh[0](arr((2, 3))), gelu_tanh[1]),
         "cross_entropy": (lambda: t.cross_entropy_forward(arr((2, 5)), ids([1, 4])),
                           t.cross_entropy_backward),
+        "rmsnorm": (lambda: t.rmsnorm_forward(arr((2, 3, 4)), arr((4,))), t.rmsnorm_backward),
+        "rotary": (lambda: t.rotary_forward(arr((2, 2, 3, 4)), *t.rotary_table(
+            ids([0, 1, 2]), 4, dtype=backend.float_dtype("float64"))), t.rotary_backward),
+        "swiglu": (lambda: t.swiglu_forward(arr((2, 3)), arr((2, 3), seed=1)),
+                   t.swiglu_backward),
     }
 
 

@@ -4,8 +4,9 @@ Every op (both tiers), layer, model forward/backward and ``predict`` either give
 correctly shaped empty (or zero) result, or a ValueError naming the empty axis where the
 math is not defined:
 
-* defined: linear, layer norm, embedding, positions, dropout, activations, softmax and
-  log-softmax (over an empty axis: the empty result), cross-entropy over no rows (loss 0),
+* defined: linear, layer norm, RMS norm, rotary positions, SwiGLU, embedding, positions,
+  dropout, activations, softmax and log-softmax (over an empty axis: the empty result),
+  cross-entropy over no rows (loss 0),
   attention with no queries or no batch (empty output) and with no keys (zero output and
   zero gradients, as for fully masked queries), masks of size 0, every layer on B = 0 or
   T = 0, the LM and the seq2seq model on B = 0 or T = 0, seq2seq on a source of length 0
@@ -80,6 +81,33 @@ def test_layernorm_on_no_rows(xb, op, lead):
     assert_shape(dx, lead + (4,))
     assert_shape(dgamma, (4,), zero=True)
     assert_shape(dbeta, (4,), zero=True)
+
+
+@pytest.mark.parametrize("lead", [(0,), (2, 0)])
+def test_rmsnorm_on_no_rows(xb, op, lead):
+    y, cache = op.rmsnorm_forward(arr(lead + (4,)), arr((4,)))
+    assert_shape(y, lead + (4,))
+    dx, dweight = op.rmsnorm_backward(arr(lead + (4,)), cache)
+    assert_shape(dx, lead + (4,))
+    assert_shape(dweight, (4,), zero=True)
+
+
+@pytest.mark.parametrize("b,t", [(0, 3), (2, 0), (0, 0)])
+def test_rotary_on_no_positions_or_batch(xb, op, b, t):
+    positions = backend.asarray(np.zeros((b, t), np.int64))
+    cos, sin = op.rotary_table(positions, 4, dtype=backend.float_dtype("float64"))
+    assert_shape(cos, (b, t, 4))
+    y, cache = op.rotary_forward(arr((b, 2, t, 4)), cos, sin)
+    assert_shape(y, (b, 2, t, 4))
+    assert_shape(op.rotary_backward(arr((b, 2, t, 4)), cache), (b, 2, t, 4))
+
+
+@pytest.mark.parametrize("shape", [(0,), (2, 0), (0, 3)])
+def test_swiglu_on_nothing(xb, op, shape):
+    h, cache = op.swiglu_forward(arr(shape), arr(shape))
+    assert_shape(h, shape)
+    for grad in op.swiglu_backward(arr(shape), cache):
+        assert_shape(grad, shape)
 
 
 @pytest.mark.parametrize("b,t,s", [(2, 0, 3), (0, 3, 3), (2, 0, 0), (0, 0, 0)])

@@ -288,3 +288,87 @@ def test_dropout_and_smoothing_must_be_numbers(xb, bad, error):
         ops.dropout_forward(arr((2,)), bad)
     with raises_naming(error, "label_smoothing", "number", repr(bad)):
         ops.cross_entropy_forward(arr((2, 3)), ids([0, 1]), label_smoothing=bad)
+
+
+# =========================================================================== Llama's ops
+def test_rmsnorm_errors(xb):
+    with raises_naming(ValueError, "RMS norm input", "last dimension 8", "(2, 3, 6)"):
+        ops.rmsnorm_forward(arr((2, 3, 6)), arr((8,)))
+    with raises_naming(ValueError, "RMS norm weight", "1 dimensions", "(4, 4)"):
+        ops.rmsnorm_forward(arr((2, 4)), arr((4, 4)))
+    with raises_naming(TypeError, "RMS norm input", "floating-point", "int64"):
+        ops.rmsnorm_forward(ids([[1, 2, 3, 4]]), arr((4,)))
+    with raises_naming(TypeError, "RMS norm", "one dtype", "input", "weight", "float32"):
+        ops.rmsnorm_forward(arr((2, 4)), arr((4,), "float32"))
+
+
+@pytest.mark.parametrize("eps", [0.0, -1e-6, float("nan"), float("inf")])
+def test_rmsnorm_eps_must_be_positive(xb, eps):
+    with raises_naming(ValueError, "RMS norm eps", "> 0", str(eps)):
+        ops.rmsnorm_forward(arr((2, 4)), arr((4,)), eps)
+
+
+def test_rotary_table_errors(xb):
+    with raises_naming(TypeError, "rotary positions", "integers", "float64"):
+        ops.rotary_table(arr((2, 3)), 4)
+    with raises_naming(ValueError, "rotary positions", "at least 1 dimensions", "()"):
+        ops.rotary_table(ids(3), 4)
+    with raises_naming(ValueError, "head_dim", "even", "5"):
+        ops.rotary_table(ids([0, 1]), 5)
+    with raises_naming(ValueError, "head_dim", "at least 2", "0"):
+        ops.rotary_table(ids([0, 1]), 0)
+    with raises_naming(ValueError, "rope_theta", "> 0", "-1"):
+        ops.rotary_table(ids([0, 1]), 4, -1.0)
+    with raises_naming(TypeError, "rotary table dtype", "float32 or float64"):
+        ops.rotary_table(ids([0, 1]), 4, dtype=backend.xp().int64)
+
+
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+
+
+@pytest.mark.parametrize("change,error,named", [
+    ({"rope_type": "yarn"}, ValueError, ["rope_scaling rope_type 'yarn'", "'llama3'"]),
+    ({"factor": None}, TypeError, ["rope_scaling factor", "real number", "None"]),
+    ({"factor": 0.0}, ValueError, ["rope_scaling factor", "> 0", "0.0"]),
+    ({"high_freq_factor": 0.5}, ValueError, ["high_freq_factor", "above low_freq_factor 1",
+                                             "0.5"]),
+    ({"original_max_position_embeddings": 8.5}, TypeError,
+     ["original_max_position_embeddings", "integer", "8.5"]),
+])
+def test_rope_scaling_errors(xb, change, error, named):
+    with raises_naming(error, *named):
+        ops.rotary_table(ids([0, 1]), 4, 10000.0, {**LLAMA3, **change})
+
+
+def test_rope_scaling_missing_keys_and_kind(xb):
+    partial = {k: v for k, v in LLAMA3.items() if k != "low_freq_factor"}
+    with raises_naming(ValueError, "rope_scaling", "llama3", "low_freq_factor"):
+        ops.rotary_table(ids([0, 1]), 4, 10000.0, partial)
+    with raises_naming(TypeError, "rope_scaling", "None or a dict", "'llama3'"):
+        ops.rotary_table(ids([0, 1]), 4, 10000.0, "llama3")
+
+
+def test_rotary_errors(xb):
+    cos, sin = ops.rotary_table(ids([0, 1, 2]), 4, dtype=backend.float_dtype("float64"))
+    with raises_naming(ValueError, "rotary input", "4 dimensions", "(2, 3, 4)"):
+        ops.rotary_forward(arr((2, 3, 4)), cos, sin)
+    with raises_naming(ValueError, "rotary input", "even head_dim", "(1, 2, 3, 5)"):
+        ops.rotary_forward(arr((1, 2, 3, 5)), arr((3, 5)), arr((3, 5)))
+    with raises_naming(ValueError, "rotary cos", "(3, 4)", "(1, 2, 5, 4)", "(5, 4)"):
+        ops.rotary_forward(arr((1, 2, 5, 4)), cos, sin)
+    with raises_naming(ValueError, "rotary cos", "(3, 3, 4)", "(2 or 1, 3, 4)"):
+        ops.rotary_forward(arr((2, 2, 3, 4)), arr((3, 3, 4)), arr((3, 3, 4)))
+    with raises_naming(ValueError, "rotary cos (3, 4)", "sin (1, 3, 4)", "one shape"):
+        ops.rotary_forward(arr((1, 2, 3, 4)), cos, arr((1, 3, 4)))
+    with raises_naming(TypeError, "rotary", "one dtype", "cos", "float32"):
+        ops.rotary_forward(arr((1, 2, 3, 4)), arr((3, 4), "float32"), arr((3, 4), "float32"))
+
+
+def test_swiglu_errors(xb):
+    with raises_naming(ValueError, "SwiGLU gate (2, 3)", "up projection (2, 4)", "one shape"):
+        ops.swiglu_forward(arr((2, 3)), arr((2, 4)))
+    with raises_naming(TypeError, "SwiGLU up projection", "floating-point", "int64"):
+        ops.swiglu_forward(arr((1, 2)), ids([[1, 2]]))
+    with raises_naming(TypeError, "SwiGLU", "one dtype", "gate", "up", "float32"):
+        ops.swiglu_forward(arr((2,)), arr((2,), "float32"))

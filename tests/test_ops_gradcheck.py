@@ -8,8 +8,10 @@ analytic gradients agree with the numerical ones to ``GRADCHECK_TOL``.
 
 Covered: linear (with/without bias, 2-D and 3-D inputs), relu, gelu, dropout
 (training with a mask that repeats between evaluations, and evaluation mode),
-layernorm, softmax (two axes, random masks with fully masked rows and rows with
-one valid key), log-softmax, attention (H > 1, S = 1 included, masks: none,
+layernorm, RMS norm, rotary positions (arbitrary integer positions, shared or per
+sequence, with and without the llama3 scaling, and tables that are not rotations),
+SwiGLU (gates up to |a| ~ 100), softmax (two axes, random masks with fully masked rows
+and rows with one valid key), log-softmax, attention (H > 1, S = 1 included, masks: none,
 padding, causal, padding & causal, random masks of shapes (B,1,T,S), (1,1,T,S)
 and (T,S) with fully masked query rows), embedding (repeated ids), positional
 adds (sinusoidal and learned tables), cross-entropy (ignored targets, label
@@ -19,7 +21,8 @@ valid positions).
 Invariants: a fully masked attention row gives exactly zero output and zero
 gradient contributions, never NaN; softmax rows sum to 1 where a key is allowed;
 dropout in evaluation is the identity and in training keeps the mean; the mask
-builders are the shifted lower triangle and the first valid keys; every op keeps
+builders are the shifted lower triangle and the first valid keys; rotary scores depend
+on the distance of positions only; SwiGLU never overflows; every op keeps
 its input dtype, forward and backward, and never writes into its inputs.
 """
 from __future__ import annotations
@@ -152,6 +155,97 @@ def test_layernorm(xb, on_device, seed, lead, d):
     beta = randn(rng, (d,), on_device)
     assert_passes(check_op(ops.layernorm_forward, ops.layernorm_backward,
                            [x, gamma, beta], [0, 1, 2]))
+
+
+# =========================================================================== RMS norm
+@given(seed=seeds, lead=st.lists(st.integers(1, 3), min_size=1, max_size=2), d=width,
+       scale=st.sampled_from([0.3, 1.0, 5.0]))
+def test_rmsnorm(xb, on_device, seed, lead, d, scale):
+    rng = np.random.default_rng(seed)
+    # Rows of rms in [0.5, 2] * scale, never near sqrt(eps) ~ 1e-3: there r = (m + eps)^-1/2
+    # bends on a scale close to h (D = 1 leaves only that eps term in dx).
+    z = rng.standard_normal(tuple(lead) + (d,))
+    z = z / np.sqrt(np.mean(z * z, axis=-1, keepdims=True))
+    x = on_device(z * rng.uniform(0.5, 2.0, size=tuple(lead) + (1,)) * scale)
+    weight = randn(rng, (d,), on_device)
+    assert_passes(check_op(ops.rmsnorm_forward, ops.rmsnorm_backward, [x, weight], [0, 1]))
+
+
+# =========================================================================== rotary
+LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                  "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+
+
+@given(seed=seeds, b=batch, h=st.integers(1, 3), t=length, half=st.integers(1, 4),
+       theta=st.sampled_from([10000.0, 500000.0, 7.0]), scaled=st.booleans(),
+       per_sequence=st.booleans(), offset=st.integers(-5, 10_000))
+def test_rotary(xb, on_device, seed, b, h, t, half, theta, scaled, per_sequence, offset):
+    """Arbitrary integer positions (per sequence: left padding, a KV cache's offset)."""
+    rng = np.random.default_rng(seed)
+    e = 2 * half
+    shape = (b, t) if per_sequence else (t,)
+    positions = on_device(offset + rng.integers(0, 100, size=shape))
+    cos, sin = ops.rotary_table(positions, e, theta, LLAMA3_SCALING if scaled else None,
+                                dtype=backend.float_dtype("float64"))
+    x = randn(rng, (b, h, t, e), on_device)
+    assert_passes(check_op(ops.rotary_forward, ops.rotary_backward, [x, cos, sin], [0]))
+
+
+@given(seed=seeds, b=batch, h=st.integers(1, 3), t=length, half=st.integers(1, 4))
+def test_rotary_backward_is_the_transpose_for_any_table(xb, on_device, seed, b, h, t, half):
+    """Tables whose halves differ (not a rotation): the backward is still the forward's
+    transpose, never the rotation by -angle where that is not it."""
+    rng = np.random.default_rng(seed)
+    e = 2 * half
+    x = randn(rng, (b, h, t, e), on_device)
+    cos, sin = randn(rng, (b, t, e), on_device), randn(rng, (b, t, e), on_device)
+    assert_passes(check_op(ops.rotary_forward, ops.rotary_backward, [x, cos, sin], [0]))
+
+
+@given(seed=seeds, t=length, half=st.integers(1, 4), m=st.integers(-50, 5000),
+       shift=st.integers(-1000, 1000), scaled=st.booleans())
+def test_rotary_scores_depend_on_the_distance_only(xb, on_device, seed, t, half, m, shift,
+                                                    scaled):
+    """q'.k' for positions (m, n) equals that for (m + shift, n + shift); the backward
+    undoes the forward (the rotation is orthogonal)."""
+    rng = np.random.default_rng(seed)
+    e = 2 * half
+    q, k = randn(rng, (1, 1, t, e), on_device), randn(rng, (1, 1, t, e), on_device)
+    n = rng.integers(-50, 5000, size=t)
+
+    def scores(first, second):
+        dtype = backend.float_dtype("float64")
+        scaling = LLAMA3_SCALING if scaled else None
+        cq, sq = ops.rotary_table(on_device(np.full(t, first)), e, 10000.0, scaling, dtype)
+        ck, sk = ops.rotary_table(on_device(second), e, 10000.0, scaling, dtype)
+        q_rot, cache = ops.rotary_forward(q, cq, sq)
+        k_rot, _ = ops.rotary_forward(k, ck, sk)
+        back = host(ops.rotary_backward(q_rot, cache))
+        np.testing.assert_allclose(back, host(q), rtol=1e-12, atol=1e-12)
+        return np.sum(host(q_rot) * host(k_rot), axis=-1)
+    np.testing.assert_allclose(scores(m, n), scores(m + shift, n + shift), rtol=1e-9,
+                               atol=1e-9)
+
+
+# =========================================================================== SwiGLU
+@given(seed=seeds, shape=st.lists(st.integers(1, 4), min_size=1, max_size=3),
+       scale=st.sampled_from([0.3, 1.0, 4.0, 40.0]))
+def test_swiglu(xb, on_device, seed, shape, scale):
+    rng = np.random.default_rng(seed)
+    a = randn(rng, shape, on_device, scale)  # |a| up to ~100: sigma(a) is 0 or 1 there
+    b = randn(rng, shape, on_device)
+    assert_passes(check_op(ops.swiglu_forward, ops.swiglu_backward, [a, b], [0, 1]))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_swiglu_does_not_overflow(xb, on_device, dtype):
+    a = on_device(np.array([-1e4, -800.0, -90.0, 0.0, 90.0, 800.0, 1e4]), dtype)
+    b = on_device(np.ones(7), dtype)
+    h, cache = ops.swiglu_forward(a, b)
+    da, db = ops.swiglu_backward(on_device(np.ones(7), dtype), cache)
+    np.testing.assert_array_equal(host(h)[[0, 1, 3, 5, 6]], [0.0, 0.0, 0.0, 800.0, 1e4])
+    np.testing.assert_array_equal(host(da)[[0, 1, 3, 5, 6]], [0.0, 0.0, 0.5, 1.0, 1.0])
+    assert np.all(np.isfinite(host(da))) and np.all(np.isfinite(host(db)))
 
 
 # =========================================================================== softmax
@@ -503,6 +597,23 @@ def _dtype_cases(ops):
         y, c = ops.layernorm_forward(x, g, b)
         return [y], list(ops.layernorm_backward(arr(rng, (2, 3, 4), od, dt), c))
 
+    def rmsnorm(rng, od, dt):
+        x, w = arr(rng, (2, 3, 4), od, dt), arr(rng, (4,), od, dt)
+        y, c = ops.rmsnorm_forward(x, w)
+        return [y], list(ops.rmsnorm_backward(arr(rng, (2, 3, 4), od, dt), c))
+
+    def rotary(rng, od, dt):
+        cos, sin = ops.rotary_table(od(np.array([[0, 1, 2], [7, 8, 9]])), 4,
+                                    dtype=backend.float_dtype(dt))
+        x = arr(rng, (2, 2, 3, 4), od, dt)
+        y, c = ops.rotary_forward(x, cos, sin)
+        return [y, cos, sin], [ops.rotary_backward(arr(rng, (2, 2, 3, 4), od, dt), c)]
+
+    def swiglu(rng, od, dt):
+        a, b = arr(rng, (2, 3, 4), od, dt, 3.0), arr(rng, (2, 3, 4), od, dt)
+        h, c = ops.swiglu_forward(a, b)
+        return [h], list(ops.swiglu_backward(arr(rng, (2, 3, 4), od, dt), c))
+
     def masked_softmax(rng, od, dt):
         x = arr(rng, (2, 3, 4), od, dt)
         m = rng.random((3, 4)) < 0.5
@@ -555,6 +666,9 @@ def _dtype_cases(ops):
         "dropout_train": dropout_train,
         "dropout_eval": unary(ops.dropout_forward, ops.dropout_backward, p=0.4, training=False),
         "layernorm": layernorm,
+        "rmsnorm": rmsnorm,
+        "rotary": rotary,
+        "swiglu": swiglu,
         "softmax": unary(ops.softmax_forward, ops.softmax_backward, axis=1),
         "softmax_masked": masked_softmax,
         "log_softmax": unary(ops.log_softmax_forward, ops.log_softmax_backward),

@@ -14,7 +14,11 @@ scaled_dot_product_attention with a boolean attn_mask (True = attend), embedding
 cross_entropy (ignore_index, label_smoothing), dropout (eval: identity; training:
 the same keep mask applied by hand), the positional adds (the sinusoidal table
 rebuilt from the paper's formula in torch) and pooling over valid positions
-(masked sum / count, masked max, first token).  Fully masked attention rows are left
+(masked sum / count, masked max, first token).  Llama's pieces: RMS norm
+(transformers' LlamaRMSNorm, and torch's rms_norm in float64, where LlamaRMSNorm computes
+in float32), the rotary tables (LlamaRotaryEmbedding, default and llama3 rope_scaling,
+and its formulas in float64), the rotation (apply_rotary_pos_emb) and SwiGLU
+(silu(a) * b).  Fully masked attention rows are left
 out (torch returns NaN there); the property tests cover them.
 """
 from __future__ import annotations
@@ -194,6 +198,174 @@ def test_layernorm(dtype, torch, seed, lead, extra_width, offset):
         return {"x": dx, "gamma": dgamma, "beta": dbeta}
     ty = F.layer_norm(tx, (d,), tgamma, tbeta, eps=1e-5)
     pair.check(y, ty, backward, {}, "layer_norm")
+
+
+# =========================================================================== RMS norm
+def llama_rms_norm(torch, x, weight, eps):
+    """transformers' LlamaRMSNorm on x with ``weight`` (a leaf) as its parameter."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    norm = LlamaRMSNorm(weight.shape[0], eps=eps).to(device=x.device, dtype=x.dtype)
+    return torch.func.functional_call(norm, {"weight": weight}, (x,))
+
+
+@given(seed=seeds, lead=st.lists(st.integers(1, 4), min_size=1, max_size=2), d=width,
+       eps=st.sampled_from([1e-6, 1e-5, 0.1]), scale=st.sampled_from([0.1, 1.0, 10.0]))
+def test_rmsnorm(dtype, torch, seed, lead, d, eps, scale):
+    """float32: transformers' LlamaRMSNorm (which computes in float32).  float64:
+    LlamaRMSNorm rounds its input to float32, so it is float32-accurate only (see
+    test_rmsnorm_is_llamas_in_float64); torch's rms_norm computes in float64 and is the
+    reference at 1e-10.  dx = r (g - x_hat mean(g x_hat)) has g's component along x_hat
+    projected off: for D = 1 only the eps term is left (|dx| ~ eps/x^2 |g|, 1e-10
+    relative rounding in float64 at best), and for D < 4 the cancellation leaves few
+    float32 digits in both libraries.  So float64 starts at D = 2 and float32 at D = 4
+    (the gradient checks cover D = 1 to 3)."""
+    d = max(d, 4 if dtype == "float32" else 2)
+    pair = Pair(torch, dtype, seed)
+    x, tx = pair.leaf("x", pair.randn(lead + [d], scale))
+    weight, tweight = pair.leaf("weight", pair.randn((d,)))
+    y, cache = ops.rmsnorm_forward(x, weight, eps)
+    if dtype == "float32":
+        ty = llama_rms_norm(torch, tx, tweight, eps)
+    else:
+        ty = torch.nn.functional.rms_norm(tx, (d,), tweight, eps)
+
+    def backward(g):
+        dx, dweight = ops.rmsnorm_backward(g, cache)
+        return {"x": dx, "weight": dweight}
+    pair.check(y, ty, backward, {}, "rms_norm")
+
+
+@given(seed=seeds, lead=st.lists(st.integers(1, 4), min_size=1, max_size=2),
+       d=st.integers(4, 9))
+def test_rmsnorm_is_llamas_in_float64(torch, seed, lead, d):
+    """In float64 LlamaRMSNorm's output and gradients are ours to float32's tolerance (it
+    computes in float32): the same formula, Hugging Face's rounding."""
+    with using_backend("numpy", "float64"):
+        pair = Pair(torch, "float64", seed)
+        x, tx = pair.leaf("x", pair.randn(lead + [d]))
+        weight, tweight = pair.leaf("weight", pair.randn((d,)))
+        y, cache = ops.rmsnorm_forward(x, weight, 1e-6)
+        ty = llama_rms_norm(torch, tx, tweight, 1e-6)
+        assert ty.dtype == torch.float64
+        g = pair.randn(tuple(ty.shape))
+        ty.backward(pair.tensor(g))
+        dx, dweight = ops.rmsnorm_backward(backend.asarray(g), cache)
+        rtol = PARITY_RTOL["float32"]
+        assert_close(y, to_host(ty.detach()), rtol, "LlamaRMSNorm in float64")
+        assert_close(dx, to_host(tx.grad), rtol, "LlamaRMSNorm in float64, dx")
+        assert_close(dweight, to_host(tweight.grad), rtol, "LlamaRMSNorm in float64, dweight")
+
+
+# =========================================================================== rotary
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+
+
+def llama_rotary(torch, head_dim, theta, scaling, positions):
+    """transformers' (cos, sin) for ``positions`` (B, T), from LlamaRotaryEmbedding of a
+    small LlamaConfig whose head_dim is not hidden_size / num_attention_heads."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    config = LlamaConfig(hidden_size=3 * head_dim + 3, num_attention_heads=3, head_dim=head_dim,
+                         rope_theta=theta, rope_scaling=dict(scaling) if scaling else None,
+                         max_position_embeddings=128)
+    assert config.head_dim == head_dim != config.hidden_size // config.num_attention_heads
+    rope = LlamaRotaryEmbedding(config).to(torch_device())
+    dummy = torch.zeros(1, dtype=torch.float32, device=torch_device())
+    return rope(dummy, torch.tensor(positions, device=torch_device()))
+
+
+def reference_table(torch, head_dim, theta, scaling, positions):
+    """(cos, sin) in float64, transformers' formulas (the default inverse frequencies and
+    _compute_llama3_parameters) transcribed with float64 tensors."""
+    import math
+
+    on = dict(dtype=torch.float64, device=torch_device())
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, **on) / head_dim))
+    if scaling:
+        factor, low, high = (scaling[k] for k in ("factor", "low_freq_factor",
+                                                  "high_freq_factor"))
+        old_context_len = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        inv_freq_llama = torch.where(wavelen > old_context_len / low, inv_freq / factor,
+                                     inv_freq)
+        smooth_factor = (old_context_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
+        is_medium = ~(wavelen < old_context_len / high) * ~(wavelen > old_context_len / low)
+        inv_freq = torch.where(is_medium, smoothed, inv_freq_llama)
+    freqs = torch.tensor(positions, **on)[..., None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+rotary_cases = dict(seed=seeds, b=st.integers(1, 3), t=st.integers(1, 5),
+                    half=st.integers(1, 5), theta=st.sampled_from([10000.0, 500000.0, 50.0]),
+                    scaled=st.booleans())
+
+
+def rotary_positions(rng, b, t, top=32):
+    """Positions (B, T), each row from its own start: left padding, a cache's offset."""
+    return rng.integers(0, top, size=(b, 1)) + np.arange(t)[None, :]
+
+
+@given(**rotary_cases)
+def test_rotary_table(dtype, torch, seed, b, t, half, theta, scaled):
+    """The tables: against the formulas in float64 (to PARITY_RTOL[dtype]) and against
+    LlamaRotaryEmbedding, which computes in float32 whatever the model's dtype (to
+    float32's tolerance, on positions below 64 where float32 angles keep 1e-5)."""
+    e, scaling = 2 * half, LLAMA3 if scaled else None
+    positions = rotary_positions(np.random.default_rng(seed), b, t)
+    cos, sin = ops.rotary_table(backend.asarray(positions), e, theta, scaling,
+                                dtype=backend.float_dtype(dtype))
+    assert tuple(cos.shape) == tuple(sin.shape) == (b, t, e)
+    assert cos.dtype == sin.dtype == backend.float_dtype(dtype)
+    ref_cos, ref_sin = reference_table(torch, e, theta, scaling, positions)
+    assert_close(cos, ref_cos, PARITY_RTOL[dtype], "rotary cos")
+    assert_close(sin, ref_sin, PARITY_RTOL[dtype], "rotary sin")
+    hf_cos, hf_sin = llama_rotary(torch, e, theta, scaling, positions)
+    assert_close(cos, hf_cos, PARITY_RTOL["float32"], "rotary cos vs LlamaRotaryEmbedding")
+    assert_close(sin, hf_sin, PARITY_RTOL["float32"], "rotary sin vs LlamaRotaryEmbedding")
+
+
+@given(h=st.integers(1, 3), **rotary_cases)
+def test_rotary(dtype, torch, seed, b, h, t, half, theta, scaled):
+    """rotary_forward is transformers' apply_rotary_pos_emb (on the same tables), its
+    backward autograd's through it."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    e, scaling = 2 * half, LLAMA3 if scaled else None
+    h, t, e = bulk(dtype, h, 2), bulk(dtype, t, 2), bulk(dtype, e, 4)
+    pair = Pair(torch, dtype, seed)
+    positions = rotary_positions(pair.rng, b, t, top=10_000)
+    cos, sin = ops.rotary_table(backend.asarray(positions), e, theta, scaling,
+                                dtype=backend.float_dtype(dtype))
+    q, tq = pair.leaf("q", pair.randn((b, h, t, e)))
+    k_host = pair.randn((b, h, t, e))
+    tcos, tsin = (pair.tensor(backend.to_numpy(a)) for a in (cos, sin))
+    tq_rot, tk_rot = apply_rotary_pos_emb(tq, pair.tensor(k_host), tcos, tsin)
+    k_rot, _ = ops.rotary_forward(backend.asarray(k_host), cos, sin)
+    assert_close(k_rot, to_host(tk_rot), PARITY_RTOL[dtype], "rotary keys")
+    q_rot, cache = ops.rotary_forward(q, cos, sin)
+    pair.check(q_rot, tq_rot, lambda g: {"q": ops.rotary_backward(g, cache)}, {}, "rotary")
+
+
+# =========================================================================== SwiGLU
+@given(seed=seeds, shape=st.lists(st.integers(1, 5), min_size=1, max_size=3),
+       scale=st.sampled_from([0.5, 1.0, 4.0, 30.0]))
+def test_swiglu(dtype, torch, seed, shape, scale):
+    F = torch.nn.functional
+    pair = Pair(torch, dtype, seed)
+    shape = shape[:-1] + [bulk(dtype, shape[-1], 4)]
+    a, ta = pair.leaf("a", pair.randn(shape, scale))
+    b, tb = pair.leaf("b", pair.randn(shape))
+    h, cache = ops.swiglu_forward(a, b)
+
+    def backward(g):
+        da, db = ops.swiglu_backward(g, cache)
+        return {"a": da, "b": db}
+    pair.check(h, F.silu(ta) * tb, backward, {}, "swiglu")
 
 
 # =========================================================================== softmax

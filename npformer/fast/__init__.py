@@ -77,7 +77,14 @@ log_softmax_forward = _textbook.log_softmax_forward
 padding_mask = _textbook.padding_mask
 pool_backward = _textbook.pool_backward
 pool_forward = _textbook.pool_forward
+rmsnorm_backward = _textbook.rmsnorm_backward
+rmsnorm_forward = _textbook.rmsnorm_forward
+rotary_backward = _textbook.rotary_backward
+rotary_forward = _textbook.rotary_forward
+rotary_table = _textbook.rotary_table
 sinusoidal_table = _textbook.sinusoidal_table
+swiglu_backward = _textbook.swiglu_backward
+swiglu_forward = _textbook.swiglu_forward
 valid_rows_backward = _textbook.valid_rows_backward
 valid_rows_forward = _textbook.valid_rows_forward
 

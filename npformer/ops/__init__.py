@@ -43,6 +43,9 @@ from .pooling import (
     valid_rows_forward,
 )
 from .positional import add_positions_backward, add_positions_forward, sinusoidal_table
+from .rmsnorm import rmsnorm_backward, rmsnorm_forward
+from .rotary import rotary_backward, rotary_forward, rotary_table
 from .softmax import log_softmax_backward, log_softmax_forward, softmax_backward, softmax_forward
+from .swiglu import swiglu_backward, swiglu_forward
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -580,6 +580,100 @@ def layernorm_inputs(x: Array, gamma: Array, beta: Array, eps: float = 1e-5) -> 
     check_same_dtype("layer norm", input=x, weight=gamma, bias=beta)  # and one library
 
 
+def rmsnorm_inputs(x: Array, weight: Array, eps: float = 1e-6) -> None:
+    """x (..., D), weight (D,) with D >= 1, floats of one dtype; eps a finite real > 0."""
+    check_real(eps, "RMS norm eps", minimum=0.0, inclusive=False)
+    check_array(x, "RMS norm input")
+    check_float(weight, "RMS norm weight")
+    check_rank(weight, 1, "RMS norm weight")
+    if weight.shape[0] == 0:
+        raise ValueError(f"RMS norm weight must have shape (D,) with D >= 1, got "
+                         f"{tuple(weight.shape)}")
+    check_float(x, "RMS norm input")
+    check_last_dim(x, weight.shape[0], "RMS norm input")
+    check_same_dtype("RMS norm", input=x, weight=weight)  # and one library
+
+
+ROPE_TYPES = ("llama3",)  # the rope_scaling types of rotary_table (None: no scaling)
+LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor",
+               "original_max_position_embeddings")
+
+
+def check_rope_scaling(scaling: Any) -> None:
+    """``scaling``: None, or a ``rope_scaling`` dict as Hugging Face's configs hold it, of
+    ``rope_type`` (or the older ``type``) "llama3" with its four numbers: factor > 0,
+    0 < low_freq_factor < high_freq_factor, original_max_position_embeddings >= 1."""
+    if scaling is None:
+        return
+    if not isinstance(scaling, dict):
+        raise KindError(f"rope_scaling must be None or a dict, got {shown(scaling)} "
+                        f"({type(scaling).__name__})")
+    rope_type = scaling.get("rope_type", scaling.get("type"))
+    check_choice(rope_type, ROPE_TYPES, "rope_scaling rope_type")
+    missing = [key for key in LLAMA3_KEYS if key not in scaling]
+    if missing:
+        raise ValueError(f"rope_scaling of rope_type 'llama3' needs {', '.join(missing)} "
+                         f"(its keys: {sorted(scaling)})")
+    check_real(scaling["factor"], "rope_scaling factor", minimum=0.0, inclusive=False)
+    low = check_real(scaling["low_freq_factor"], "rope_scaling low_freq_factor", minimum=0.0,
+                     inclusive=False)
+    check_real(scaling["high_freq_factor"], "rope_scaling high_freq_factor", minimum=low,
+               inclusive=False, hint=f" (above low_freq_factor {low:g})")
+    check_size(scaling["original_max_position_embeddings"],
+               "rope_scaling original_max_position_embeddings", 1)
+
+
+def rotary_table_inputs(positions: Array, head_dim: int, theta: float = 10000.0,
+                        scaling: dict | None = None, dtype: Any = None) -> None:
+    """positions (..., T) integers; head_dim an even integer >= 2; theta a finite real > 0;
+    scaling None or a llama3 ``rope_scaling``; dtype None or a float dtype."""
+    check_integers(positions, "rotary positions")
+    check_min_rank(positions, 1, "rotary positions", "..., positions")
+    if check_size(head_dim, "head_dim", 2) % 2:
+        raise ValueError(f"head_dim must be even (the rotation turns pairs (i, i + E/2)), "
+                         f"got {head_dim}")
+    check_real(theta, "rope_theta", minimum=0.0, inclusive=False)
+    check_rope_scaling(scaling)
+    xp = backend.namespace_of(positions)
+    if dtype is not None and dtype not in tuple(getattr(xp, name) for name in FLOAT_DTYPES):
+        raise TypeError(f"rotary table dtype must be {' or '.join(FLOAT_DTYPES)} (of the "
+                        f"positions' library), got {dtype}")
+
+
+def rotary_inputs(x: Array, cos: Array, sin: Array) -> None:
+    """x (B, H, T, E) floats with E even >= 2; cos and sin (T, E) or (B or 1, T, E) of x's
+    dtype (the tables of :func:`npformer.ops.rotary_table`)."""
+    check_float(x, "rotary input")
+    check_rank(x, 4, "rotary input (batch, heads, positions, head_dim)")
+    batch, _, length, width = x.shape
+    if width == 0 or width % 2:
+        raise ValueError(f"rotary input must have an even head_dim (last axis) of at least 2, "
+                         f"got shape {tuple(x.shape)}")
+    for name, table in (("rotary cos", cos), ("rotary sin", sin)):
+        check_float(table, name)
+        check_rank(table, (2, 3), f"{name} (positions, head_dim) or (batch, positions, "
+                                  "head_dim)")
+        if tuple(table.shape[-2:]) != (length, width) or (
+                table.ndim == 3 and table.shape[0] not in (1, batch)):
+            raise ValueError(f"{name} of shape {tuple(table.shape)} does not fit the rotary "
+                             f"input of shape {tuple(x.shape)}: expected ({length}, {width}) "
+                             f"or ({batch} or 1, {length}, {width})")
+    if tuple(cos.shape) != tuple(sin.shape):
+        raise ValueError(f"rotary cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must "
+                         "have one shape")
+    check_same_dtype("rotary", input=x, cos=cos, sin=sin)
+
+
+def swiglu_inputs(a: Array, b: Array) -> None:
+    """a (the gate) and b (the up projection) floats of one shape and dtype."""
+    check_float(a, "SwiGLU gate")
+    check_float(b, "SwiGLU up projection")
+    if tuple(a.shape) != tuple(b.shape):
+        raise ValueError(f"SwiGLU gate {tuple(a.shape)} and up projection {tuple(b.shape)} "
+                         "must have one shape")
+    check_same_dtype("SwiGLU", gate=a, up=b)
+
+
 def attention_inputs(q: Array, k: Array, v: Array, mask: Array | None = None,
                      block_scores: int | None = None) -> None:
     """q (..., T, E), k (..., S, E), v (..., S, F) floats of one dtype, E >= 1, mask
