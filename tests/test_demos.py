@@ -108,7 +108,7 @@ def smoke_run(script: str, out: Path, data: Path, *extra: str) -> subprocess.Com
 
 @pytest.fixture(scope="module")
 def fast_smoke_runs(data_dir, tmp_path_factory) -> dict:
-    """One uninterrupted smoke run per demo in the default engine (progress on, stdout a
+    """One uninterrupted smoke run per demo in the default tier (progress on, stdout a
     pipe): {script: (output folder, completed process)}."""
     runs = {}
     for script in SCRIPTS:
@@ -117,25 +117,25 @@ def fast_smoke_runs(data_dir, tmp_path_factory) -> dict:
     return runs
 
 
-def check_smoke_outputs(script: str, out: Path, result, engine: str) -> None:
+def check_smoke_outputs(script: str, out: Path, result, tier: str) -> None:
     for name in OUTPUTS[script] + ["metrics.json", "last.npz"]:
         assert (out / name).is_file(), f"{script} did not write {name}"
     metrics = json.loads((out / "metrics.json").read_text())
     assert np.isfinite(metrics[METRIC[script]])
-    assert metrics["engine"] == engine
+    assert metrics["tier"] == tier
     # Not a terminal: no bar redrawn with carriage returns, whole progress lines only.
     assert "\r" not in result.stdout + result.stderr
     assert re.search(r"^\S+: update \d+/\d+, loss ", result.stdout, re.MULTILINE)
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_demo_smoke_runs_end_to_end_fast_engine(script, fast_smoke_runs):
+def test_demo_smoke_runs_end_to_end_fast_tier(script, fast_smoke_runs):
     out, result = fast_smoke_runs[script]
     check_smoke_outputs(script, out, result, "fast")
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_demo_smoke_runs_end_to_end_textbook_engine(script, data_dir, tmp_path):
+def test_demo_smoke_runs_end_to_end_textbook_tier(script, data_dir, tmp_path):
     result = smoke_run(script, tmp_path, data_dir, "--tier", "textbook")
     check_smoke_outputs(script, tmp_path, result, "textbook")
 

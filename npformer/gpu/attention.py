@@ -22,7 +22,7 @@ from ..ops import softmax as _softmax
 from .gemm import matmul
 
 
-def align_mask(mask, ndim: int):
+def align_mask(mask: Array | None, ndim: int) -> Array | None:
     """A mask that broadcasts to the scores, given the scores' number of axes (leading 1s)."""
     if mask is None or mask.ndim == ndim:
         return mask
