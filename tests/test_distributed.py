@@ -273,18 +273,45 @@ def test_gpu_ranks_gradients_equal_the_single_process_gradients(tmp_path):
 
 
 # --------------------------------------------------------------------------- in-process
-def test_one_process_gets_the_thread_engine_and_a_single_context(monkeypatch):
+def _one_process(monkeypatch) -> None:
     for name in ("NPFORMER_MPI", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE",
                  "SLURM_NTASKS"):
         monkeypatch.delenv(name, raising=False)
     assert not launched_by_mpi()
+
+
+def test_one_process_gets_the_thread_workers_and_a_single_context(monkeypatch):
+    _one_process(monkeypatch)
     model, _, _ = cases.build("lm")
-    engine = parallel.data_parallel(model, 2)
-    assert type(engine) is DataParallel and engine.ranks is parallel.current()
+    workers = parallel.data_parallel(model, 2)
+    assert type(workers) is DataParallel and workers.ranks is parallel.current()
     ctx = parallel.current()
     assert (ctx.rank, ctx.size, ctx.is_main) == (0, 1, True)
     assert ctx.shard_map(lambda i: i + 1, range(5), replicas=2) == [1, 2, 3, 4, 5]
     ctx.check_same(anything=object())  # nothing to compare with
+
+
+def test_one_process_of_one_replica_trains_without_the_data_parallel_code(monkeypatch):
+    """The single-process step stands off data parallelism: no workers are made, and an
+    update runs with DataParallel's methods broken (a thread replica's run does not)."""
+    from npformer.train import TrainConfig, Trainer
+
+    _one_process(monkeypatch)
+
+    def broken(*args, **kwargs):
+        raise AssertionError("the single-process step went through DataParallel")
+
+    for name in ("__init__", "loss_and_grad", "reduce_step"):
+        monkeypatch.setattr(DataParallel, name, broken)
+    model, task, batch = cases.build("lm")
+    optimizer = tiered.Adam(model.parameters(), lr=1e-2)
+    trainer = Trainer(model, optimizer, task, lambda _: batch,
+                      TrainConfig(max_iters=1, progress=False))
+    assert trainer.workers is None and trainer.ranks.size == 1
+    assert np.isfinite(trainer.update())
+    with pytest.raises(AssertionError, match="went through DataParallel"):
+        Trainer(model, optimizer, task, lambda _: batch,
+                TrainConfig(max_iters=1, replicas=2, progress=False))
 
 
 @pytest.mark.parametrize("env, expected", [({"PMI_SIZE": "2"}, True), ({"PMI_SIZE": "1"}, False),
