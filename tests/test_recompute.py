@@ -70,7 +70,7 @@ def test_dropout_again_applies_the_forwards_mask(tier, p):
         layer = tiered.Dropout(p)
         x = _random((4, 7, 16), 0)
         y = layer(x)
-        np.testing.assert_array_equal(backend.to_numpy(layer.again(x)), backend.to_numpy(y))
+        np.testing.assert_array_equal(backend.to_numpy(layer.mask_again(x)), backend.to_numpy(y))
 
 
 @pytest.mark.parametrize("tier", TIERS)

@@ -186,7 +186,7 @@ class FeedForward(nn.FeedForward):
     def _hidden_again(self) -> Array:
         """linear2's input Dropout(Act(linear1(x))) (..., D_ff), computed again from the
         activation's and the dropout's caches (a temporary: linear2's backward reads it)."""
-        return self.dropout.again(self.activation.output_again())
+        return self.dropout.mask_again(self.activation.output_again())
 
 
 class NormAndDropout(nn.NormAndDropout):

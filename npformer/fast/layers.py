@@ -10,7 +10,7 @@ What each adds:
   caller recomputes it and passes it to the backward.
 * :class:`LayerNorm`, :class:`Activation`: :meth:`output_again`, the last forward's output
   computed again from the cache its backward keeps anyway.
-* :class:`Dropout`: :meth:`again`, an array through the last forward's mask again.
+* :class:`Dropout`: :meth:`mask_again`, an array through the last forward's mask again.
 * :class:`LearnedPositionalEmbedding`: the textbook's, its gradient added in place.
 
 Tested equal to the textbook layers in ``tests/test_fast_layers.py``.
@@ -112,7 +112,7 @@ class Dropout(nn.Dropout):
     def backward(self, dy: Array) -> Array:
         return dropout.dropout_backward(dy, self._pop_saved())
 
-    def again(self, x: Array) -> Array:
+    def mask_again(self, x: Array) -> Array:
         """x through the last forward's dropout again: the same kept positions and scale
         (the cache stays for the backward).  Dropout multiplies by m / (1 - p) both ways,
         so the backward op is what applies it."""
