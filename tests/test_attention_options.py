@@ -1,7 +1,7 @@
 """Bloem's narrow heads and kqnorm (issue 34, item 6): gradients, PyTorch parity, models.
 
 * gradient checks (central differences, float64, NumPy and the strict namespace, both
-  tiers) of ``tiered.MultiHeadAttention(narrow=..., kqnorm=...)``, self- and cross-attention,
+  tiers) of ``tiered.MultiHeadAttention(narrow_heads=..., kqnorm=...)``, self- and cross-attention,
   under causal, padding and fully masked rows: every input and every parameter;
 * parity with ``npformer.interop.torch_reference.torch_attention()``, the same layer written in
   torch as Bloem's ``former`` writes it: outputs, input gradients and every parameter's
@@ -65,16 +65,16 @@ def mask_of(kind: str, batch: int, t: int, s: int, rng):
 
 
 # --------------------------------------------------------------------------- gradients
-@pytest.mark.parametrize("narrow,kqnorm", OPTIONS, ids=OPTION_IDS)
+@pytest.mark.parametrize("narrow_heads,kqnorm", OPTIONS, ids=OPTION_IDS)
 @pytest.mark.parametrize("kind,cross", [("causal", False), ("padding", True),
                                         ("fully_masked", False)])
 @settings(max_examples=4)
 @given(seed=st.integers(0, 2**32 - 1), batch=st.integers(1, 2), t=st.integers(1, 3),
        heads=st.sampled_from([1, 2, 3]), width=st.integers(1, 2))
-def test_gradient_check(xb, narrow, kqnorm, kind, cross, seed, batch, t, heads, width):
+def test_gradient_check(xb, narrow_heads, kqnorm, kind, cross, seed, batch, t, heads, width):
     rng = np.random.default_rng(seed)
     d_model = heads * width
-    layer = tiered.MultiHeadAttention(d_model, heads, narrow=narrow, kqnorm=kqnorm)
+    layer = tiered.MultiHeadAttention(d_model, heads, narrow_heads=narrow_heads, kqnorm=kqnorm)
     randomize(layer, rng)
     s = t + 1 if cross else t
     x = arr(rng.standard_normal((batch, t, d_model)))
@@ -113,18 +113,18 @@ def torch_grad_of(twin, name: str):
     return grad.T if grad.ndim == 2 else grad
 
 
-@pytest.mark.parametrize("narrow,kqnorm", OPTIONS, ids=OPTION_IDS)
+@pytest.mark.parametrize("narrow_heads,kqnorm", OPTIONS, ids=OPTION_IDS)
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("cross", [False, True], ids=["self", "cross"])
-def test_parity_with_the_torch_module(torch, narrow, kqnorm, dtype, cross):
+def test_parity_with_the_torch_module(torch, narrow_heads, kqnorm, dtype, cross):
     with using_backend("numpy", dtype):
         d_model, heads, batch, t, s = 12, 3, 2, 5, 4 if cross else 5
-        twin = torch_attention()(d_model, heads, narrow=narrow, kqnorm=kqnorm,
+        twin = torch_attention()(d_model, heads, narrow_heads=narrow_heads, kqnorm=kqnorm,
                                  dtype=getattr(torch, dtype))
         with torch.no_grad():  # norms away from their initial 1 and 0
             for p in twin.parameters():
                 p.normal_(0.0, 0.5)
-        layer = tiered.MultiHeadAttention(d_model, heads, narrow=narrow, kqnorm=kqnorm)
+        layer = tiered.MultiHeadAttention(d_model, heads, narrow_heads=narrow_heads, kqnorm=kqnorm)
         load_torch_attention(layer, twin)
         rng = np.random.default_rng(0)
         x = rng.standard_normal((batch, t, d_model))
@@ -158,7 +158,7 @@ def test_the_narrow_maps_are_shared_by_the_heads():
     map for all of them), which a layer with a map per head would not do."""
     with using_backend("numpy", "float64"):
         d_model, heads = 6, 3
-        layer = tiered.MultiHeadAttention(d_model, heads, narrow=True)
+        layer = tiered.MultiHeadAttention(d_model, heads, narrow_heads=True)
         assert layer.q_proj.weight.shape == (2, 2) and layer.out_proj.weight.shape == (6, 6)
         layer.out_proj.weight.data = np.eye(6)
         layer.out_proj.bias.data = np.zeros(6)
@@ -182,13 +182,13 @@ def configs(**options):
 MODELS = (TransformerClassifier, CausalLM, Seq2SeqTransformer)
 
 
-@pytest.mark.parametrize("narrow,kqnorm", OPTIONS, ids=OPTION_IDS)
-def test_models_take_the_options_and_count_their_parameters(narrow, kqnorm, tmp_path):
+@pytest.mark.parametrize("narrow_heads,kqnorm", OPTIONS, ids=OPTION_IDS)
+def test_models_take_the_options_and_count_their_parameters(narrow_heads, kqnorm, tmp_path):
     with using_backend("numpy", "float64"):
-        for config, cls in zip(configs(narrow_heads=narrow, kqnorm=kqnorm), MODELS):
+        for config, cls in zip(configs(narrow_heads=narrow_heads, kqnorm=kqnorm), MODELS):
             model = getattr(tiered, cls.__name__)(config)
             attentions = [m for m in model.modules() if isinstance(m, nn.MultiHeadAttention)]
-            assert attentions and all(a.narrow == narrow and a.kqnorm == kqnorm
+            assert attentions and all(a.narrow_heads == narrow_heads and a.kqnorm == kqnorm
                                       for a in attentions)
             assert parameter_count(config) == model.num_parameters(), config
             randomize(model, np.random.default_rng(2))
@@ -199,10 +199,10 @@ def test_models_take_the_options_and_count_their_parameters(narrow, kqnorm, tmp_
                 np.testing.assert_array_equal(to_host(p.data), to_host(q.data), err_msg=name)
 
 
-@pytest.mark.parametrize("narrow,kqnorm", OPTIONS, ids=OPTION_IDS)
-def test_cached_decoding_equals_the_full_forward(narrow, kqnorm):
+@pytest.mark.parametrize("narrow_heads,kqnorm", OPTIONS, ids=OPTION_IDS)
+def test_cached_decoding_equals_the_full_forward(narrow_heads, kqnorm):
     with using_backend("numpy", "float64"):
-        model = tiered.CausalLM(configs(narrow_heads=narrow, kqnorm=kqnorm)[1])
+        model = tiered.CausalLM(configs(narrow_heads=narrow_heads, kqnorm=kqnorm)[1])
         randomize(model, np.random.default_rng(3))
         ids = backend.asarray(np.random.default_rng(4).integers(0, 11, (2, 6)))
         model.eval()
@@ -218,18 +218,18 @@ def test_narrow_heads_with_another_head_width_are_refused_by_name():
     with pytest.raises(ValueError, match="CausalLMConfig.head_dim must be None or 2"):
         CausalLMConfig(vocab_size=5, d_model=6, num_heads=3, head_dim=4, narrow_heads=True)
     with pytest.raises(ValueError, match="d_model 7 is not divisible by num_heads 2"):
-        tiered.MultiHeadAttention(7, 2, narrow=True)
+        tiered.MultiHeadAttention(7, 2, narrow_heads=True)
     with pytest.raises(ValueError, match="narrow heads are the 3 slices of width 2"):
-        tiered.MultiHeadAttention(6, 3, head_dim=3, narrow=True)
+        tiered.MultiHeadAttention(6, 3, head_dim=3, narrow_heads=True)
     with pytest.raises(ValueError, match="CausalLMConfig.kqnorm must be True or False"):
         CausalLMConfig(vocab_size=5, kqnorm="yes")
 
 
-@pytest.mark.parametrize("narrow,kqnorm", OPTIONS, ids=OPTION_IDS)
-def test_torch_conversion_is_refused_naming_the_option(narrow, kqnorm):
+@pytest.mark.parametrize("narrow_heads,kqnorm", OPTIONS, ids=OPTION_IDS)
+def test_torch_conversion_is_refused_naming_the_option(narrow_heads, kqnorm):
     with using_backend("numpy", "float32"):
-        model = tiered.CausalLM(configs(narrow_heads=narrow, kqnorm=kqnorm)[1])
-        named = "narrow heads" if narrow else "kqnorm"
+        model = tiered.CausalLM(configs(narrow_heads=narrow_heads, kqnorm=kqnorm)[1])
+        named = "narrow heads" if narrow_heads else "kqnorm"
         with pytest.raises(ValueError, match=f"MultiheadAttention has no {named}"):
             to_torch(model)
 

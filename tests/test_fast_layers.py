@@ -240,8 +240,8 @@ def run_pair(textbook, quick, case, args, quick_kwargs, width):
 
 
 # Bloem's narrow heads and kqnorm (nn.MultiHeadAttention's options), off and on.
-OPTIONS = st.sampled_from([{}, {"narrow": True}, {"kqnorm": True},
-                           {"narrow": True, "kqnorm": True}])
+OPTIONS = st.sampled_from([{}, {"narrow_heads": True}, {"kqnorm": True},
+                           {"narrow_heads": True, "kqnorm": True}])
 
 
 @given(case=batches(), options=OPTIONS)

@@ -120,7 +120,7 @@ class MultiHeadAttention(nn.MultiHeadAttention):
         """x (..., D) -> (..., H*E), column block h head h's: the standard heads project
         the whole width; narrow heads cut it into the heads' slices and project each with
         the one shared map (the textbook's :meth:`_heads`, before the split)."""
-        if not self.narrow:
+        if not self.narrow_heads:
             return projection(x, keep_input)
         return unslice(projection(slices(x, self.num_heads), keep_input))  # (..., H, E) ->
 
@@ -128,7 +128,7 @@ class MultiHeadAttention(nn.MultiHeadAttention):
                           x: Array | None = None) -> Array:
         """dy (..., H*E) -> dx (..., D): :meth:`_project` in reverse; ``x``: its input,
         where it was not kept."""
-        if not self.narrow:
+        if not self.narrow_heads:
             return projection.backward(dy, x)
         sliced = None if x is None else slices(x, self.num_heads)
         return unslice(projection.backward(slices(dy, self.num_heads), sliced))  # sums heads

@@ -111,8 +111,8 @@ def _embedding(m, t, n):
 
 @register(MultiHeadAttention)
 def _mha(m, t, n):
-    if m.narrow or m.kqnorm:
-        options = " and ".join(o for o, on in (("narrow heads", m.narrow),
+    if m.narrow_heads or m.kqnorm:
+        options = " and ".join(o for o, on in (("narrow heads", m.narrow_heads),
                                                 ("kqnorm", m.kqnorm)) if on)
         raise ValueError(f"torch.nn.MultiheadAttention has no {options}: this attention "
                          "layer has no PyTorch equivalent (npformer.interop.torch_reference."

@@ -231,7 +231,7 @@ def torch_models() -> dict[str, type]:
 
 @functools.cache
 def torch_attention() -> type:
-    """``TorchAttention(d_model, num_heads, narrow=False, kqnorm=False, bias=True,
+    """``TorchAttention(d_model, num_heads, narrow_heads=False, kqnorm=False, bias=True,
     dtype=torch.float32, eps=1e-5)``: :class:`npformer.nn.MultiHeadAttention` with its options,
     written in torch as Bloem's ``former`` writes ``SelfAttention`` (with ``kqnorm``) and
     ``SelfAttentionNarrow``: ``toqueries``, ``tokeys``, ``tovalues`` (D -> D, or one E -> E
@@ -248,13 +248,13 @@ def torch_attention() -> type:
     tnn, F = torch.nn, torch.nn.functional
 
     class TorchAttention(tnn.Module):
-        def __init__(self, d_model: int, num_heads: int, narrow: bool = False,
+        def __init__(self, d_model: int, num_heads: int, narrow_heads: bool = False,
                      kqnorm: bool = False, bias: bool = True, dtype: Any = torch.float32,
                      eps: float = 1e-5):
             super().__init__()
-            self.heads, self.narrow, self.kqnorm = num_heads, narrow, kqnorm
+            self.heads, self.narrow_heads, self.kqnorm = num_heads, narrow_heads, kqnorm
             s = d_model // num_heads
-            width = s if narrow else d_model  # a slice, or the whole vector
+            width = s if narrow_heads else d_model  # a slice, or the whole vector
             self.toqueries = tnn.Linear(width, width, bias=bias, dtype=dtype)
             self.tokeys = tnn.Linear(width, width, bias=bias, dtype=dtype)
             self.tovalues = tnn.Linear(width, width, bias=bias, dtype=dtype)
@@ -267,7 +267,7 @@ def torch_attention() -> type:
             """(b, t, e) -> (b, t, h, s): narrow heads cut x first, the others after."""
             b, t, e = x.size()
             h = self.heads
-            if self.narrow:
+            if self.narrow_heads:
                 return linear(x.view(b, t, h, e // h))
             return linear(x).view(b, t, h, e // h)
 

@@ -227,7 +227,7 @@ def final_norm(config: Any, norm_class: type = LayerNorm) -> LayerNorm | None:
 def block_options(config: Any) -> dict:
     """The blocks' keyword options a config sets: the attention's kind (narrow heads,
     kqnorm) and the layer norms' epsilon."""
-    return {"narrow": config.narrow_heads, "kqnorm": config.kqnorm,
+    return {"narrow_heads": config.narrow_heads, "kqnorm": config.kqnorm,
             "norm_eps": layer_norm_eps(config)}
 
 

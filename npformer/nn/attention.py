@@ -8,7 +8,7 @@ E per-head width.  The paper's heads have E = D / H (the default); Bloem's "wide
 heads have E = D (pass ``head_dim=d_model``).  The projections W^Q, W^K, W^V are
 (D, H*E) and W^O is (H*E, D); column block h of W^Q is head h.
 
-Narrow heads (``narrow=True``; Bloem's ``former``, ``SelfAttentionNarrow``).  The
+Narrow heads (``narrow_heads=True``; Bloem's ``former``, ``SelfAttentionNarrow``).  The
 input is cut into H slices of width E = D / H, and one set of (E, E) maps, shared by
 all heads, is applied to every slice:
 
@@ -116,7 +116,7 @@ class MultiHeadAttention(Module):
     ``d_model // num_heads``) over projections of the queries ``x`` (B, T, D) and the
     keys and values (``x`` itself, or ``context`` (B, S, D)).
 
-    Options (see the module docstring): ``narrow=True`` cuts the input into the heads'
+    Options (see the module docstring): ``narrow_heads=True`` cuts the input into the heads'
     slices and applies one shared (E, E) map of each kind to every slice (E = D / H);
     ``kqnorm=True`` normalizes each head's queries and keys with a layer norm over
     their E features, of epsilon ``norm_eps``.
@@ -138,26 +138,26 @@ class MultiHeadAttention(Module):
     Linear, LayerNorm = Linear, LayerNorm  # the layers it builds (the fast tier's, its own)
 
     def __init__(self, d_model: int, num_heads: int, head_dim: int | None = None,
-                 bias: bool = True, narrow: bool = False, kqnorm: bool = False, *,
+                 bias: bool = True, narrow_heads: bool = False, kqnorm: bool = False, *,
                  norm_eps: float = ops.layernorm.EPS):
         check_size(d_model, "d_model", 1)
         check_size(num_heads, "num_heads", 1)
-        check_flag(narrow, "narrow")
+        check_flag(narrow_heads, "narrow_heads")
         check_flag(kqnorm, "kqnorm")
         check_flag(bias, "bias")
         check_real(norm_eps, "norm_eps", 0.0, inclusive=False)
         if head_dim is not None:
             check_size(head_dim, "head_dim", 1)
-        if narrow:
+        if narrow_heads:
             check_narrow_heads(d_model, num_heads, head_dim)
         if head_dim is None:
             check_heads_divide(d_model, num_heads)
             head_dim = d_model // num_heads
         self.d_model, self.num_heads, self.head_dim = d_model, num_heads, head_dim
-        self.narrow, self.kqnorm = narrow, kqnorm
+        self.narrow_heads, self.kqnorm = narrow_heads, kqnorm
         inner = num_heads * head_dim
         # one projection reads a slice and writes one head's (narrow), or reads x, writes all
-        width_in, width_out = (head_dim, head_dim) if narrow else (d_model, inner)
+        width_in, width_out = (head_dim, head_dim) if narrow_heads else (d_model, inner)
         self.q_proj = self.Linear(width_in, width_out, bias)
         self.k_proj = self.Linear(width_in, width_out, bias)
         self.v_proj = self.Linear(width_in, width_out, bias)
@@ -222,13 +222,13 @@ class MultiHeadAttention(Module):
         """source (B, S, D) -> (B, H, S, E) through ``projection``: the standard heads
         project the whole width, then cut the result into heads; narrow heads cut the
         width into the heads' slices, then project each with the one shared map."""
-        if self.narrow:
+        if self.narrow_heads:
             return heads_first(projection(slices(source, self.num_heads)))  # (B, S, H, E) ->
         return split_heads(projection(source), self.num_heads)  # (B, S, H*E) -> (B, H, S, E)
 
     def _heads_backward(self, projection: Linear, dheads: Array) -> Array:
         """dheads (B, H, S, E) -> dsource (B, S, D): :meth:`_heads` in reverse."""
-        if self.narrow:
+        if self.narrow_heads:
             return unslice(projection.backward(positions_first(dheads)))  # sums over heads
         return projection.backward(merge_heads(dheads))
 
