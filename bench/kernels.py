@@ -182,7 +182,7 @@ def attention_cases(rng):
 
     from npformer import fast, ops
     from npformer.fast import attention as fast_attention
-    from npformer.gpu.attention import align_mask
+    from npformer.ops.masks import align_mask
     from tests.test_fast_equals_textbook import attention_terms
 
     q = rng.standard_normal((6, 4, 64, 32)).astype(np.float32)

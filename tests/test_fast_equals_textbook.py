@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from npformer import backend, fast, ops
 from npformer.fast import attention as fast_attention
-from npformer.gpu.attention import align_mask
+from npformer.ops.masks import align_mask
 
 from .helpers import rel_diff
 

@@ -252,10 +252,7 @@ class BPE:
         refused naming ``what`` (e.g. "the checkpoint's BPE") and what is wrong: not a
         str, not JSON, not an object, no "type" "BPE" or "merges", a merge that is not
         a pair of pieces."""
-        data = read_json_object(text, what, ("type", "merges"), "a serialised BPE")
-        if data["type"] != "BPE":
-            raise ValueError(f"{what} is not a serialised BPE: its \"type\" is "
-                             f"{shown(data['type'])}, not \"BPE\"")
+        data = read_json_object(text, what, ("type", "merges"), "a serialised BPE", "BPE")
         if not isinstance(data["merges"], list):
             raise ValueError(f"{what} is not a serialised BPE: its \"merges\" must be a list "
                              f"of [piece, piece] pairs, got {shown(data['merges'])}")

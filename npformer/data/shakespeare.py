@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from ..ops.contracts import read_json_object
+from ..ops.contracts import read_json_object, shown
 from .download import TINY_SHAKESPEARE, DatasetFormatError, locate_dataset
 
 __all__ = ["CharVocab", "read_shakespeare", "load_shakespeare", "split_90_10"]
@@ -73,10 +73,11 @@ class CharVocab:
     def from_json(cls, text: str, what: str = "the CharVocab's JSON") -> CharVocab:
         """Rebuild a vocabulary from :meth:`to_json`'s output (str, or a 0-d array);
         anything else is refused naming ``what`` and what is wrong."""
-        data = read_json_object(text, what, ("type", "chars"), "a serialised CharVocab")
-        if data["type"] != "CharVocab" or not isinstance(data["chars"], str):
-            raise ValueError(f"{what} is not a serialised CharVocab: its \"type\" must be "
-                             "\"CharVocab\" and its \"chars\" a string")
+        data = read_json_object(text, what, ("type", "chars"), "a serialised CharVocab",
+                                "CharVocab")
+        if not isinstance(data["chars"], str):
+            raise ValueError(f"{what} is not a serialised CharVocab: its \"chars\" must be a "
+                             f"string, got {shown(data['chars'])}")
         return cls(data["chars"])
 
 

@@ -175,10 +175,7 @@ class Vocab:
         """Rebuild a vocabulary from :meth:`to_json`'s output (str, or a 0-d array);
         anything else is refused naming ``what`` (e.g. "the checkpoint's src_vocab") and
         what is wrong."""
-        data = read_json_object(text, what, ("type", "itos"), "a serialised Vocab")
-        if data["type"] != "Vocab":
-            raise ValueError(f"{what} is not a serialised Vocab: its \"type\" is "
-                             f"{shown(data['type'])}, not \"Vocab\"")
+        data = read_json_object(text, what, ("type", "itos"), "a serialised Vocab", "Vocab")
         try:
             return cls(data["itos"])
         except (TypeError, ValueError) as exc:

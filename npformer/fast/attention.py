@@ -58,10 +58,10 @@ import numpy as np
 from .. import backend
 from ..backend import Array
 from ..gpu import attention as captured
-from ..gpu.attention import align_mask
 from ..gpu.gemm import capturing
 from ..ops import attention as _textbook
 from ..ops.contracts import attention_inputs, backward_op, forward_op
+from ..ops.masks import align_mask
 from ..ops.softmax import mask_bias
 from .compiler import compilable, jit
 from .inplace import exp_into

@@ -19,15 +19,8 @@ import numpy as np
 from .. import backend
 from ..backend import Array
 from ..ops import softmax as _softmax
+from ..ops.masks import align_mask
 from .gemm import matmul
-
-
-def align_mask(mask: Array | None, ndim: int) -> Array | None:
-    """A mask that broadcasts to the scores, given the scores' number of axes (leading 1s)."""
-    if mask is None or mask.ndim == ndim:
-        return mask
-    xp = backend.namespace_of(mask)
-    return xp.reshape(mask, (1,) * (ndim - mask.ndim) + tuple(mask.shape))
 
 
 def capture_forward(q: Array, k: Array, v: Array, mask: Array | None) -> tuple[Array, Any]:

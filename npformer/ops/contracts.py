@@ -478,10 +478,11 @@ def check_string_lists(values: Any, what: str, item: str = "word") -> list[list[
 
 
 def read_json_object(text: Any, what: str, required: Collection[str] = (),
-                     expected: str = "a JSON object") -> dict:
+                     expected: str = "a JSON object", kind: str | None = None) -> dict:
     """The JSON object (a dict) a document holds, refused naming the document (``what``,
     e.g. "the checkpoint's BPE") as not ``expected`` and why: not a str (or a 0-d array
-    of one), not JSON, not an object, or without a ``required`` key."""
+    of one), not JSON, not an object, without a ``required`` key, or (``kind``: a
+    serialised object's class) whose "type" is not ``kind``."""
     if getattr(text, "shape", None) == ():  # a string saved in an .npz: a 0-d array
         text = text.item()
     if not isinstance(text, (str, bytes)):
@@ -498,6 +499,9 @@ def read_json_object(text: Any, what: str, required: Collection[str] = (),
     if missing:
         raise ValueError(f"{what} is not {expected}: it has no "
                          f"{', '.join(repr(k) for k in missing)} (its keys: {sorted(data)})")
+    if kind is not None and data.get("type") != kind:
+        raise ValueError(f"{what} is not {expected}: its \"type\" is {shown(data.get('type'))}, "
+                         f"not \"{kind}\"")
     return data
 
 

@@ -16,6 +16,16 @@ def real_positions(lengths: Array, length: int) -> Array:
     return positions[None, :] < lengths[:, None]  # (B, T)
 
 
+def align_mask(mask: Array | None, ndim: int) -> Array | None:
+    """A mask with leading axes of 1 added until it has the scores' ``ndim`` axes (what
+    broadcasting does implicitly, made explicit for code that indexes the mask's axes).
+    Unchecked: its callers' doors checked that the mask broadcasts."""
+    if mask is None or mask.ndim == ndim:
+        return mask
+    xp = backend.namespace_of(mask)
+    return xp.reshape(mask, (1,) * (ndim - mask.ndim) + tuple(mask.shape))
+
+
 @checked_op(padding_mask_inputs)
 def padding_mask(valid_lens: Array, num_keys: int) -> Array:
     """valid_lens (B,) integers -> (B, 1, 1, S) bool, True at the first valid_lens[b] keys."""
