@@ -62,7 +62,7 @@ from npformer.decoding import generate
 from npformer.models import CausalLM, CausalLMConfig
 from npformer.models.configs import renamed_fields
 from npformer.nn import evaluating
-from npformer.optim import AdamW, cosine_schedule
+from npformer.optim import AdamW, warmup_cosine
 from npformer.train import TrainConfig, Trainer, progress
 from npformer.train.tasks import LanguageModeling
 
@@ -70,13 +70,14 @@ DEMO = Demo(tag="shakespeare", title="Shakespeare", model_kind="causal_lm",
             script="demos/generate.py", out="runs/shakespeare")
 
 
-@renamed_fields(iters="max_iters", block="block_size", heads="num_heads", width="d_model")
+@renamed_fields(iters="max_iters", block="block_size", heads="num_heads", width="d_model",
+                layers="num_layers")
 @dataclass(frozen=True)
 class Preset:
     max_iters: int = option(2000, "updates (nanoGPT's max_iters)")
     block_size: int = option(64, "context length in characters (nanoGPT's block_size)")
     batch_size: int = option(12, "windows per update")
-    layers: int = option(4, "decoder layers")
+    num_layers: int = option(4, "decoder layers")
     num_heads: int = option(4, "attention heads H (D must be a multiple)")
     d_model: int = option(128, "model width D (nanoGPT's n_embd); the feed-forward is 4 D")
     dropout: float = option(0.0, "dropout probability", probability)
@@ -93,7 +94,7 @@ class Preset:
 PRESETS = {
     "default": Preset(max_iters=1800, batch_size=16, d_model=96, lr=4e-3),
     "nanogpt": Preset(),  # nanoGPT's README's CPU settings (what bench/ times)
-    "smoke": Preset(max_iters=20, eval_every=10, eval_batches=2, length=50, layers=1,
+    "smoke": Preset(max_iters=20, eval_every=10, eval_batches=2, length=50, num_layers=1,
                     d_model=32, num_heads=2, block_size=32),
 }
 
@@ -152,7 +153,7 @@ CLIP_NORM = 1.0  # the gradients' global norm is clipped to this
 def model_config(preset: Preset, vocab_size: int) -> CausalLMConfig:
     return CausalLMConfig(vocab_size=vocab_size, block_size=preset.block_size,
                           d_model=preset.d_model, num_heads=preset.num_heads,
-                          num_layers=preset.layers, d_ff=4 * preset.d_model,
+                          num_layers=preset.num_layers, d_ff=4 * preset.d_model,
                           dropout=preset.dropout)
 
 
@@ -165,9 +166,8 @@ def implementations(tier: str = "fast") -> tuple[type, type]:
 def make_optimizer(params, preset: Preset, tier: str = "fast") -> AdamW:
     """nanoGPT's: AdamW, warmup over a twentieth of the run, cosine decay to a tenth."""
     warmup = max(1, preset.max_iters // 20)
-    return implementations(tier)[1](params, lr=cosine_schedule(preset.lr, warmup,
-                                                               preset.max_iters,
-                                                               min_lr=preset.lr / 10),
+    return implementations(tier)[1](params, lr=warmup_cosine(preset.lr, warmup, preset.max_iters,
+                                                            min_lr=preset.lr / 10),
                                     betas=(0.9, 0.99), weight_decay=0.1)
 
 

@@ -76,7 +76,7 @@ from npformer.data import (
 from npformer.models import ClassifierConfig, TransformerClassifier
 from npformer.models.configs import renamed_fields
 from npformer.nn import evaluating, record_attention
-from npformer.optim import AdamW, cosine_schedule
+from npformer.optim import AdamW, warmup_cosine
 from npformer.train import EpochBatches, TrainConfig, Trainer, TrainingInterrupted, progress
 from npformer.train.tasks import Classification
 
@@ -85,12 +85,12 @@ DEMO = Demo(tag="imdb", title="IMDB", model_kind="classifier", script="demos/imd
 LABELS = ("negative", "positive")
 
 
-@renamed_fields(heads="num_heads", max_len="block_size")
+@renamed_fields(heads="num_heads", max_len="block_size", layers="num_layers")
 @dataclass(frozen=True)
 class Preset:
     d_model: int = option(64, "model width D")
     num_heads: int = option(4, "attention heads H (D must be a multiple)")
-    layers: int = option(1, "encoder layers")
+    num_layers: int = option(1, "encoder layers")
     d_ff: int = option(256, "feed-forward width")
     block_size: int = option(512, "tokens kept per review (the model's longest sequence)")
     head_tokens: int = option(128, "of those, taken from the review's start (the rest from its "
@@ -128,7 +128,7 @@ PRESETS = {
     "default": Preset(),
     # Ensembles paid where a larger model did not (demos/README.md): six members, longer.
     "large": Preset(epochs=3.0, members=6, max_minutes=45.0),
-    "smoke": Preset(d_model=16, num_heads=2, layers=1, d_ff=32, block_size=64, head_tokens=16,
+    "smoke": Preset(d_model=16, num_heads=2, num_layers=1, d_ff=32, block_size=64, head_tokens=16,
                     vocab_size=2000, bigram_buckets=512, batch_size=16, warmup=5, epochs=1.0,
                     members=2,
                     max_minutes=2.0,
@@ -145,7 +145,7 @@ def model_config(preset: Preset, vocab_size: int, pad_id: int,
                  num_classes: int = 2) -> ClassifierConfig:
     return ClassifierConfig(vocab_size=vocab_size, num_classes=num_classes,
                             d_model=preset.d_model,
-                            num_heads=preset.num_heads, num_layers=preset.layers,
+                            num_heads=preset.num_heads, num_layers=preset.num_layers,
                             d_ff=preset.d_ff, block_size=preset.block_size, dropout=preset.dropout,
                             pooling=preset.pooling, pad_id=pad_id,
                             bigram_buckets=preset.bigram_buckets)
@@ -162,7 +162,7 @@ def implementations(tier: str = "fast") -> tuple[type, type]:
 def make_optimizer(params, preset: Preset, total_updates: int, tier: str = "fast") -> AdamW:
     """AdamW, warmup (at most a tenth of the run), then cosine decay."""
     warmup = min(preset.warmup, max(1, total_updates // 10))
-    return implementations(tier)[1](params, lr=cosine_schedule(preset.lr, warmup, total_updates),
+    return implementations(tier)[1](params, lr=warmup_cosine(preset.lr, warmup, total_updates),
                                     weight_decay=preset.weight_decay)
 
 

@@ -88,7 +88,7 @@ from npformer.decoding import beam_search, greedy_decode
 from npformer.models import Seq2SeqConfig, Seq2SeqTransformer
 from npformer.models.configs import renamed_fields
 from npformer.nn import evaluating, record_attention
-from npformer.optim import Adam, CosineOfLength
+from npformer.optim import Adam, warmup_cosine
 from npformer.train import EpochBatches, TrainConfig, Trainer
 from npformer.train.tasks import Translation
 
@@ -97,7 +97,7 @@ DEMO = Demo(tag="translate", title="translation", model_kind="seq2seq",
 PROBES = ["go .", "i lost .", "he's calm .", "i'm home ."]
 
 
-@renamed_fields(heads="num_heads", steps="max_iters")
+@renamed_fields(heads="num_heads", steps="max_iters", layers="num_layers")
 @dataclass(frozen=True)
 class Preset:
     max_tokens: int = option(15, "at most this many tokens a side")
@@ -119,7 +119,7 @@ class Preset:
                                       "measured no better here", yes_no)
     d_model: int = option(256, "model width D")
     num_heads: int = option(4, "attention heads H (D must be a multiple)")
-    layers: int = option(2, "encoder layers, and decoder layers")
+    num_layers: int = option(2, "encoder layers, and decoder layers")
     d_ff: int = option(1024, "feed-forward width")
     dropout: float = option(0.0, "dropout probability (the budget holds under three "
                                  "epochs, too few to overfit)", probability)
@@ -141,7 +141,7 @@ PRESETS = {
     # Dropout stays on in the smoke run, so that the tests' exact resumes and the
     # ranks' agreement cover its random streams.
     "smoke": Preset(max_pairs=3000, bpe_merges=500, heldout=40, validation=20, d_model=32,
-                    num_heads=2, layers=1, d_ff=64, dropout=0.1, batch_size=32, warmup=10,
+                    num_heads=2, num_layers=1, d_ff=64, dropout=0.1, batch_size=32, warmup=10,
                     max_iters=30),
 }
 
@@ -354,17 +354,17 @@ def model_config(preset: Preset, src_vocab, tgt_vocab, longest: int = 0) -> Seq2
     ``longest``: tokens in the longest sentence the run reads (:func:`max_length`)."""
     return Seq2SeqConfig(src_vocab_size=len(src_vocab), tgt_vocab_size=len(tgt_vocab),
                          d_model=preset.d_model, num_heads=preset.num_heads,
-                         num_encoder_layers=preset.layers, num_decoder_layers=preset.layers,
+                         num_encoder_layers=preset.num_layers, num_decoder_layers=preset.num_layers,
                          d_ff=preset.d_ff, block_size=max_length(preset, longest) + 2,
                          dropout=preset.dropout, tie_weights=preset.tie_weights,
                          pad_id=tgt_vocab.pad_id,
                          bos_id=tgt_vocab.bos_id, eos_id=tgt_vocab.eos_id)
 
 
-def schedule_for(preset: Preset) -> CosineOfLength:
-    """updates -> the schedule of a run of that many: warmup, then cosine decay to zero
-    (the Trainer measures how many updates the time budget holds)."""
-    return CosineOfLength(preset.lr, preset.warmup)
+def schedule(preset: Preset) -> warmup_cosine:
+    """Warmup, then cosine decay to zero at max_iters; the Trainer fits its length to
+    the time budget (``of_length``) as it measures how many updates the budget holds."""
+    return warmup_cosine(preset.lr, preset.warmup, preset.max_iters)
 
 
 def implementations(tier: str = "fast") -> tuple[type, type]:
@@ -378,7 +378,7 @@ def implementations(tier: str = "fast") -> tuple[type, type]:
 def make_optimizer(params, preset: Preset, tier: str = "fast") -> Adam:
     """Adam with the Transformer paper's betas and eps; the schedule of a run of
     max_iters updates until the Trainer fits it to the time budget."""
-    return implementations(tier)[1](params, lr=schedule_for(preset)(preset.max_iters),
+    return implementations(tier)[1](params, lr=schedule(preset),
                                     betas=(0.9, 0.98), eps=1e-9)
 
 
@@ -418,7 +418,7 @@ def main(argv=None) -> int:
         model, optimizer, Translation(label_smoothing=LABEL_SMOOTHING, pad_id=pad),
         batch_stream(src, tgt, preset.batch_size, pad, bos),
         TrainConfig(max_iters=preset.max_iters, max_seconds=preset.max_minutes * 60,
-                    schedule_for=schedule_for(preset), clip_norm=CLIP_NORM, replicas=args.replicas,
+                    schedule_for=schedule(preset).of_length, clip_norm=CLIP_NORM, replicas=args.replicas,
                     eval_every=max(1, min(500, preset.max_iters // 4)),
                     checkpoint_path=out / MODEL_FILE, select_metric="val_loss",
                     select_mode="min", last_path=out / LAST_FILE, stop_after=args.stop_after,

@@ -19,8 +19,8 @@ Weight decay, of either kind, only touches parameters with ``p.decay == True``;
 biases, norm gains and embeddings are built with ``decay=False``.  (In PyTorch
 that is two parameter groups, one with ``weight_decay=wd`` and one with 0.)
 
-Step counting: ``opt.step_count`` is the number of updates done so far.  The
-update :meth:`Optimizer.step` performs is number ``t = step_count + 1``, so
+Counting: ``opt.updates`` is the number of updates done so far.  The
+update :meth:`Optimizer.step` performs is number ``t = updates + 1``, so
 ``t`` counts from 1, as in the Adam paper's bias correction.  Schedules use the
 same convention: ``schedule(t)`` is the learning rate of update ``t``.  Give a
 schedule as ``lr`` and the optimizer calls it itself before every update; or give
@@ -39,11 +39,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from . import backend
 from .backend import Array
+from .models.configs import renamed_fields
 from .nn.module import Parameter
 from .nn.state import mismatch_report, weight_array
 from .ops.contracts import check_flag, check_real, check_size
@@ -61,8 +62,6 @@ __all__ = [
     "constant",
     "warmup_inverse_sqrt",
     "warmup_cosine",
-    "cosine_schedule",
-    "CosineOfLength",
 ]
 
 
@@ -82,7 +81,7 @@ class Optimizer:
 
     def __init__(self, params: Iterable[Parameter], lr: float | Schedule):
         self.params: list[Parameter] = check_parameters(params, type(self).__name__)
-        self.step_count: int = 0
+        self.updates: int = 0
         self.schedule: Schedule | None = lr if callable(lr) else None
         self.lr: float = check_hyperparameter(lr(1) if callable(lr) else lr, "lr")
         # state[name][i] is the state array `name` of params[i]
@@ -103,8 +102,8 @@ class Optimizer:
             p.zero_grad()
 
     def step(self) -> None:
-        """Perform update ``t = step_count + 1`` on every parameter, then count it."""
-        t = self.step_count + 1
+        """Perform update ``t = updates + 1`` on every parameter, then count it."""
+        t = self.updates + 1
         if self.schedule is not None:
             self.lr = check_hyperparameter(self.schedule(t), "lr")
         check_gradients(self.params)  # all checks first: no half-done update
@@ -113,7 +112,7 @@ class Optimizer:
             p.data, new = self._update(p, p.grad, old, t)
             for name, value in zip(self._state_names, new):
                 self.state[name][i] = value
-        self.step_count = t
+        self.updates = t
 
     def clip_grad_norm(self, named: ParamsOrNamed, max_norm: float) -> float:
         """:func:`clip_grad_norm` of ``named`` (this optimizer's parameters, with their
@@ -139,7 +138,7 @@ class Optimizer:
         copies, a snapshot that later updates do not change (``torch.optim`` returns
         references), as :meth:`npformer.nn.Module.state_dict` does.
         """
-        d: dict[str, Any] = {"optimizer": type(self).__name__, "step": self.step_count,
+        d: dict[str, Any] = {"optimizer": type(self).__name__, "step": self.updates,
                              "lr": self.lr, "params": len(self.params)}
         d.update({name: getattr(self, name) for name in self._hyper_names})
         for name in self._state_names:
@@ -157,7 +156,7 @@ class Optimizer:
         reported in one ``ValueError`` before anything is changed.
         """
         step, lr, hyper = _checked_state(self, d)
-        self.step_count, self.lr = step, lr
+        self.updates, self.lr = step, lr
         for name, value in hyper.items():
             setattr(self, name, value)
         for name in self._state_names:
@@ -167,7 +166,7 @@ class Optimizer:
     def __repr__(self) -> str:
         hyper = ", ".join(f"{k}={getattr(self, k)}" for k in self._hyper_names)
         return (f"{type(self).__name__}({len(self.params)} params, lr={self.lr}, {hyper}, "
-                f"step={self.step_count})")
+                f"updates={self.updates})")
 
 
 # =========================================================================== SGD
@@ -454,22 +453,32 @@ class warmup_inverse_sqrt:
         return self.scale * self.d_model**-0.5 * shape
 
 
+@renamed_fields(total_steps="total_updates")  # the old name, for one release
 @dataclass(frozen=True)
 class warmup_cosine:
     """Linear warmup, then cosine decay to ``min_lr`` (nanoGPT's ``get_lr``), t from 1::
 
         lr(t) = peak_lr * t / warmup                              for t <= warmup
-        r     = (t - warmup) / (total_steps - warmup)             for warmup < t <= total_steps
+        r     = (t - warmup) / (end - warmup)                     for warmup < t <= end
         lr(t) = min_lr + 0.5 * (1 + cos(pi * r)) * (peak_lr - min_lr)
-        lr(t) = min_lr                                            for t > total_steps
+        lr(t) = min_lr                                            for t > end
 
-    so lr(warmup) == peak_lr, lr(total_steps) == min_lr, and lr never increases
-    after the warmup.  ``warmup=0`` starts decaying at once; ``warmup < total_steps``.
+    where ``end = total_updates``, the run's last update: lr(warmup) == peak_lr,
+    lr(end) == min_lr, and lr never increases after the warmup.  ``warmup=0`` decays
+    from the first update.  A run of any length is legal: one that ends within its warmup
+    (``total_updates <= warmup``) never decays, its updates are the warmup line's
+    (``end = warmup + 1``), so a one-update run with a warmup of one takes ``peak_lr``.
+
+    The Trainer fits a run's length to a time budget with :meth:`of_length`
+    (``TrainConfig(schedule_for=warmup_cosine(...).of_length)``).
+
+    >>> warmup_cosine(1e-3, warmup=1, total_updates=1)(1)
+    0.001
     """
 
     peak_lr: float
     warmup: int
-    total_steps: int
+    total_updates: int
     min_lr: float = 0.0
 
     def __post_init__(self):
@@ -478,70 +487,30 @@ class warmup_cosine:
         if self.min_lr > self.peak_lr:
             raise ValueError(f"min_lr ({self.min_lr}) is above peak_lr ({self.peak_lr})")
         check_size(self.warmup, "warmup", 0)
-        check_size(self.total_steps, "total_steps", 1)
-        if self.warmup >= self.total_steps:
-            raise ValueError(
-                f"warmup ({self.warmup}) must be shorter than total_steps ({self.total_steps}): "
-                "the peak comes at step warmup, min_lr at step total_steps"
-            )
+        check_size(self.total_updates, "total_updates", 1)
+
+    @property
+    def end(self) -> int:
+        """The update at which the decay reaches ``min_lr``: the run's last, or the first
+        after the warmup for a run that ends within it."""
+        return max(self.total_updates, self.warmup + 1)
 
     def __call__(self, step: int) -> float:
         check_update_number(step)
         if step <= self.warmup:
             return self.peak_lr * step / self.warmup
-        if step > self.total_steps:
+        if step > self.end:
             return float(self.min_lr)
-        ratio = (step - self.warmup) / (self.total_steps - self.warmup)
+        ratio = (step - self.warmup) / (self.end - self.warmup)
         coeff = 0.5 * (1.0 + math.cos(math.pi * ratio))
         return self.min_lr + coeff * (self.peak_lr - self.min_lr)
 
+    def of_length(self, updates: int) -> warmup_cosine:
+        """The same schedule for a run of ``updates`` updates (its ``total_updates``)."""
+        return replace(self, total_updates=updates)
+
 
 # =========================================================================== argument checks
-
-# A run of any length: the demos derive warmup and length from their options, and a run
-# of one update (``--max-iters 1``) would ask for warmup_cosine(lr, 1, 1), which needs
-# warmup < total_steps.  cosine_schedule is the one place that makes such a run legal.
-def cosine_schedule(peak_lr: float, warmup: int, total_updates: int,
-                    min_lr: float = 0.0) -> warmup_cosine:
-    """Linear warmup over ``warmup`` updates (at least 1), then cosine decay to
-    ``min_lr`` at update ``total_updates`` (at least 1).
-
-    A run that ends before its warmup is over (``total_updates <= warmup``) never
-    decays: its schedule is the warmup's line, continued to ``warmup + 1`` updates, so
-    a one-update run with a warmup of one takes its update at ``peak_lr``.  Every
-    longer run gets exactly ``warmup_cosine(peak_lr, warmup, total_updates, min_lr)``.
-
-    >>> [cosine_schedule(1e-3, 1, 1)(1)]
-    [0.001]
-    """
-    warmup = check_size(warmup, "warmup", 1)
-    total_updates = check_size(total_updates, "total_updates", 1)
-    return warmup_cosine(peak_lr, warmup, max(total_updates, warmup + 1), min_lr=min_lr)
-
-
-@dataclass(frozen=True)
-class CosineOfLength:
-    """updates -> :func:`cosine_schedule` ``(peak_lr, warmup, updates, min_lr)``: the
-    schedule of a run of any length, for ``TrainConfig.schedule_for``, which fits the
-    length to the time budget.  A dataclass (not a lambda), so that the ranks of an MPI
-    run can compare it (their configurations must agree).
-
-    >>> CosineOfLength(1e-3, 10)(100)(100)
-    0.0
-    """
-
-    peak_lr: float
-    warmup: int
-    min_lr: float = 0.0
-
-    def __post_init__(self):
-        """Bad values refused when made, by cosine_schedule's checks, naming the value."""
-        cosine_schedule(self.peak_lr, self.warmup, 1, self.min_lr)
-
-    def __call__(self, updates: int) -> warmup_cosine:
-        return cosine_schedule(self.peak_lr, self.warmup, updates, self.min_lr)
-
-
 def _check_betas(betas: Any) -> tuple[float, float]:
     """Adam's ``betas``: a pair, each in [0, 1)."""
     try:

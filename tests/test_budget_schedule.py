@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import npformer.train.loop as train_module
-from npformer.optim import CosineOfLength, cosine_schedule
+from npformer.optim import warmup_cosine
 from npformer.parallel import fingerprint
 from npformer.train import TrainConfig
 
@@ -45,13 +45,18 @@ class FakeClock:
         return draw
 
 
+def fitted_schedule(min_lr: float = 0.0):
+    """updates -> the schedule of a run that long, as the demos give it to the Trainer."""
+    return warmup_cosine(PEAK, WARMUP, 1, min_lr).of_length
+
+
 def budgeted_trainer(tmp_path, monkeypatch, clock, fitted=True, **config):
     monkeypatch.setattr(train_module, "time", clock)
     config = {"max_iters": 10_000, "max_seconds": 100.0, "eval_every": 40,
-              "schedule_for": CosineOfLength(PEAK, WARMUP) if fitted else None, **config}
+              "schedule_for": fitted_schedule() if fitted else None, **config}
     trainer = make_trainer(tmp_path, next_batch=clock.timed(epoch_batches()), **config)
     if not fitted:  # the control: the schedule of max_iters updates, as a user would give
-        trainer.optimizer.schedule = CosineOfLength(PEAK, WARMUP)(config["max_iters"])
+        trainer.optimizer.schedule = fitted_schedule()(config["max_iters"])
     return trainer
 
 
@@ -64,7 +69,7 @@ def test_the_schedule_ends_with_the_budget(tmp_path, monkeypatch):
     lrs = trainer.history.lrs
     assert lrs[-1] < 0.01 * PEAK  # decayed at the end of the budget
     assert max(lrs) == pytest.approx(PEAK)
-    assert lrs == pytest.approx([cosine_schedule(PEAK, WARMUP, trainer.updates)(t)
+    assert lrs == pytest.approx([warmup_cosine(PEAK, WARMUP, trainer.updates)(t)
                                  for t in range(1, trainer.updates + 1)], rel=0.05, abs=1e-4)
 
 
@@ -94,7 +99,7 @@ def test_max_iters_still_bounds_the_run(tmp_path, monkeypatch):
         trainer.fit()
     assert trainer.updates == trainer.planned_updates == 30
     assert trainer.history.lrs == pytest.approx(
-        [cosine_schedule(PEAK, WARMUP, 30)(t) for t in range(1, 31)])
+        [warmup_cosine(PEAK, WARMUP, 30)(t) for t in range(1, 31)])
 
 
 def test_a_resumed_run_ends_as_the_straight_one(tmp_path, monkeypatch):
@@ -120,27 +125,25 @@ def test_a_resumed_run_ends_as_the_straight_one(tmp_path, monkeypatch):
 def test_a_schedule_for_that_cannot_work_is_refused(config, error, words):
     with pytest.raises(error, match=words):
         TrainConfig(**{"max_iters": 10, "max_seconds": 60.0,
-                                    "schedule_for": CosineOfLength(PEAK, WARMUP), **config})
+                                    "schedule_for": fitted_schedule(), **config})
 
 
 @pytest.mark.parametrize("args, error, words", [
-    ((-1e-3, 10), ValueError, "peak_lr"), ((1e-3, 0), ValueError, "warmup"),
-    ((1e-3, "10"), TypeError, "warmup"), ((1e-3, 10, 2e-3), ValueError, "min_lr"),
+    ((-1e-3, 10, 1), ValueError, "peak_lr"), ((1e-3, -1, 1), ValueError, "warmup"),
+    ((1e-3, "10", 1), TypeError, "warmup"), ((1e-3, 10, 1, 2e-3), ValueError, "min_lr"),
 ])
-def test_a_cosine_of_length_with_bad_values_is_refused_when_made(args, error, words):
+def test_a_schedule_with_bad_values_is_refused_when_made(args, error, words):
     with pytest.raises(error, match=words):
-        CosineOfLength(*args)
+        warmup_cosine(*args)
 
 
 def test_every_rank_sees_the_same_schedule_for():
     """The ranks compare their configurations by hash: a lambda's repr holds its address,
-    which differs from process to process; CosineOfLength's holds its numbers."""
-    assert fingerprint.digest(CosineOfLength(1e-3, 300)) == \
-        fingerprint.digest(CosineOfLength(1e-3, 300))
-    assert fingerprint.digest(CosineOfLength(1e-3, 300)) != \
-        fingerprint.digest(CosineOfLength(2e-3, 300))
-    assert CosineOfLength(1e-3, 3, 1e-4)(10) == cosine_schedule(1e-3, 3, 10, 1e-4)
-    assert np.isclose(CosineOfLength(1e-3, 3)(10)(10), 0.0)
+    which differs from process to process; a schedule's ``of_length`` holds its numbers."""
+    assert fingerprint.digest(fitted_schedule()) == fingerprint.digest(fitted_schedule())
+    assert fingerprint.digest(fitted_schedule()) != fingerprint.digest(fitted_schedule(1e-5))
+    assert fitted_schedule(1e-4)(10) == warmup_cosine(PEAK, WARMUP, 10, 1e-4)
+    assert np.isclose(fitted_schedule()(10)(10), 0.0)
 
 
 @pytest.mark.parametrize("returned", [None, 3e-4, "cosine"])

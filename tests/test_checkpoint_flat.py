@@ -150,7 +150,7 @@ def _assert_holds_the_live_state(loaded: checkpoint.Checkpoint, model, opt) -> N
         for i, value in enumerate(opt.state[name]):
             np.testing.assert_array_equal(loaded.optimizer[f"{name}.{i}"],
                                           backend.to_numpy(value), err_msg=f"{name}.{i}")
-    assert (loaded.optimizer["step"], loaded.optimizer["lr"]) == (opt.step_count, opt.lr)
+    assert (loaded.optimizer["step"], loaded.optimizer["lr"]) == (opt.updates, opt.lr)
 
 
 # =========================================================================== one format
@@ -315,7 +315,7 @@ def test_resume_gives_the_same_losses(tmp_path, tier, layout):
 
         resumed_model, resumed_opt, _ = _trained(tier, seed=123, steps=0)  # other weights
         restore(resumed_model, load_checkpoint(path), resumed_opt)
-        assert resumed_opt.step_count == N
+        assert resumed_opt.updates == N
         resumed = _train(resumed_model, resumed_opt, batches[N:])
         assert resumed == straight[N:]  # bit-identical losses
         assert all(np.array_equal(v, straight_weights[k])
@@ -323,7 +323,7 @@ def test_resume_gives_the_same_losses(tmp_path, tier, layout):
 
         fresh_model, fresh_opt, _ = _trained(tier, seed=123, steps=0)  # control: no moments
         fresh_model.load_state_dict(load_checkpoint(path).params)
-        fresh_opt.step_count = N
+        fresh_opt.updates = N
         assert _train(fresh_model, fresh_opt, batches[N:]) != straight[N:]
 
 

@@ -186,7 +186,7 @@ def _resume_setup(seed_model: int):
     backend.seed(seed_model)
     model = classifier(dropout=0.3)
     opt = tiered.AdamW(model.parameters(),
-                      lr=optim.warmup_cosine(peak_lr=3e-2, warmup=2, total_steps=6,
+                      lr=optim.warmup_cosine(peak_lr=3e-2, warmup=2, total_updates=6,
                                              min_lr=1e-3), weight_decay=0.1)
     return model, opt
 
@@ -373,7 +373,7 @@ def test_nan_stops_training_without_update_or_checkpoint(tmp_path, task, named, 
             trainer.fit()
         assert named in str(caught.value)
         assert_same_weights(weights(model), before)
-        assert opt.step_count == 0
+        assert opt.updates == 0
         assert not path.exists()
         assert list(tmp_path.iterdir()) == []
 

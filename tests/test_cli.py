@@ -393,7 +393,7 @@ def test_overwrite_removes_the_runs_folders_and_a_folder_is_written_whole(tmp_pa
 @dataclass(frozen=True)
 class Nano:
     max_iters: int = cli.option(10, "updates")
-    layers: int = cli.option(2, "layers")
+    num_layers: int = cli.option(2, "layers")
     d_model: int = cli.option(8, "width")
     num_heads: int = cli.option(2, "heads")
     lr: float = cli.option(0.1, "rate", cli.positive_float)
@@ -405,7 +405,7 @@ NANOS = {"default": Nano(), "smoke": Nano(max_iters=2)}
 
 @pytest.mark.parametrize("argv, expected", [
     (["--max_iters", "7", "--block_size", "3"], Nano(max_iters=7, block_size=3)),
-    (["--n_layer", "3", "--n_embd", "12", "--n_head", "3"], Nano(layers=3, d_model=12,
+    (["--n_layer", "3", "--n_embd", "12", "--n_head", "3"], Nano(num_layers=3, d_model=12,
                                                                  num_heads=3)),
     (["--learning_rate", "0.5", "--d_model", "4"], Nano(lr=0.5, d_model=4)),
     (["--n_embd", "12", "--d-model", "12"], Nano(d_model=12)),
@@ -423,7 +423,7 @@ def test_nanogpt_spellings_set_the_demos_settings(argv, expected):
      "--n_embd 12 and --d-model 8 set the same setting: --n_embd is another spelling of "
      "--d-model; give --d-model once"),
     (TOYS, ["--n_layer", "2"], "unrecognized arguments: --n_layer 2 (nanoGPT's --n_layer "
-                               "(--layers) is not a setting of this demo"),
+                               "(--num-layers) is not a setting of this demo"),
     (TOYS, ["--out_dir", "x"], "(nanoGPT's --out_dir is --out here)"),
     (TOYS, ["--stop_after=3"], "(--stop_after is spelled --stop-after here)"),
     (TOYS, ["--widht", "3"], "(did you mean --width?)"),

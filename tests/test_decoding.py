@@ -437,7 +437,7 @@ def reverser():
         model = tiered.Seq2SeqTransformer(cfg)
         opt = tiered.Adam(model.parameters(),
                          lr=optim.warmup_cosine(peak_lr=1e-2, warmup=30,
-                                                total_steps=STEPS, min_lr=1e-3))
+                                                total_updates=STEPS, min_lr=1e-3))
         trainer = Trainer(model, opt, Translation(pad_id=PAD), reverse_batch,
                           TrainConfig(max_iters=STEPS, clip_norm=1.0, progress=False), seed=1)
         history = trainer.fit()

@@ -1,7 +1,7 @@
 """Issue 37, case 6: a run of one update (``--max-iters 1``, ``imdb.py --epochs 0.01``)
 ended in a traceback, "warmup (1) must be shorter than total_steps (1)".  The demos'
-cosine schedule (:func:`npformer.optim.cosine_schedule`) is legal for any number
-of updates from 1, and is ``warmup_cosine`` itself for every run longer than its warmup.
+cosine schedule (:class:`npformer.optim.warmup_cosine`) is legal for any number
+of updates from 1: a run that ends within its warmup only warms up.
 """
 from __future__ import annotations
 
@@ -9,29 +9,30 @@ import numpy as np
 import pytest
 
 from npformer.nn import Parameter
-from npformer.optim import cosine_schedule, warmup_cosine
+from npformer.optim import warmup_cosine
 from tests.test_demos import SMOKE, data_dir, load_demo, run_demo  # noqa: F401 (data_dir: a fixture)
 
 
 @pytest.mark.parametrize("warmup, total", [(1, 1), (3, 1), (3, 2), (3, 3)])
 def test_a_run_no_longer_than_its_warmup_only_warms_up(warmup, total):
-    schedule = cosine_schedule(1e-3, warmup, total)
+    schedule = warmup_cosine(1e-3, warmup, total)
     lrs = [schedule(t) for t in range(1, total + 1)]
     assert lrs == pytest.approx([1e-3 * t / warmup for t in range(1, total + 1)])
-    assert cosine_schedule(1e-3, 1, 1)(1) == 1e-3  # the one update at the peak
+    assert warmup_cosine(1e-3, 1, 1)(1) == 1e-3  # the one update at the peak
 
 
 @pytest.mark.parametrize("warmup, total, min_lr", [(1, 2, 0.0), (5, 100, 1e-4), (99, 100, 0.0)])
-def test_a_longer_run_gets_warmup_cosine_unchanged(warmup, total, min_lr):
-    assert cosine_schedule(1e-3, warmup, total, min_lr) == warmup_cosine(1e-3, warmup, total,
-                                                                         min_lr)
+def test_a_longer_run_peaks_after_its_warmup_and_ends_at_min_lr(warmup, total, min_lr):
+    schedule = warmup_cosine(1e-3, warmup, total, min_lr)
+    assert schedule.end == total
+    assert schedule(warmup) == pytest.approx(1e-3) and schedule(total) == pytest.approx(min_lr)
 
 
-@pytest.mark.parametrize("warmup, total, error", [(0, 5, ValueError), (2, 0, ValueError),
+@pytest.mark.parametrize("warmup, total, error", [(-1, 5, ValueError), (2, 0, ValueError),
                                                   (1.5, 5, TypeError), (2, True, TypeError)])
 def test_bad_lengths_are_refused_by_name(warmup, total, error):
     with pytest.raises(error, match="warmup|total_updates"):
-        cosine_schedule(1e-3, warmup, total)
+        warmup_cosine(1e-3, warmup, total)
 
 
 def test_each_demos_optimizer_takes_a_one_update_run():

@@ -343,7 +343,7 @@ def test_translation_pieces_join_back_into_the_words(merges, data_dir):
 COMMON_BAD = [("--replicas", "0"), ("--replicas", "-2"), ("--seed", "-1"),
               ("--stop-after", "0"), ("--dropout", "1"), ("--dropout", "-0.1"),
               ("--dropout", "nan"), ("--lr", "0"), ("--lr", "-1e-3"), ("--lr", "inf"),
-              ("--batch-size", "0"), ("--num-heads", "0"), ("--layers", "-1"),
+              ("--batch-size", "0"), ("--num-heads", "0"), ("--num-layers", "-1"),
               ("--backend", "tpu"), ("--tier", "slow"), ("--dtype", "float16"),
               ("--preset", "huge"), ("--seed", "x")]
 DEMO_BAD = {

@@ -32,7 +32,7 @@ DOC = ROOT / "docs" / "derivations.md"
 PATH = re.compile(r"`(npformer/[\w/]+\.py)`")
 NAME = re.compile(r"`([A-Za-z_][\w.]*)`")
 FILE = re.compile(r"`((?:npformer|tests|bench|tools|demos|docs)/[\w/.*]*)`")  # path, folder, glob
-DOTTED = re.compile(r"`(npformer(?:\.\w+)+)`")  # npformer.ops, npformer.optim.cosine_schedule
+DOTTED = re.compile(r"`(npformer(?:\.\w+)+)`")  # npformer.ops, npformer.optim.warmup_cosine
 
 
 def _stripped_lines(path: str) -> list[str]:
@@ -707,7 +707,7 @@ def _resolves(dotted: str) -> bool:
 
 def test_every_file_and_module_the_doc_names_exists():
     """The prose's file paths (`npformer/ops/contracts.py`, a folder as `npformer/fast/`, a
-    glob as `docs/figures/*.svg`) and its dotted names (`npformer.optim.cosine_schedule`) are
+    glob as `docs/figures/*.svg`) and its dotted names (`npformer.optim.warmup_cosine`) are
     checked as the quotes are: a file moved or a module removed fails here, naming it."""
     text = DOC.read_text()
     missing = [f"no file {path}" for path in sorted(set(FILE.findall(text)))

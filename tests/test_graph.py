@@ -78,7 +78,7 @@ def make_run(kind: str, dropout: float = 0.0, seed: int = 0):
             batches.append((ids, lengths, rng.integers(0, CLASSES, size=4)))
         task = Classification()
     optimizer = tiered.AdamW(model.parameters(),
-                             lr=warmup_cosine(3e-3, warmup=2, total_steps=UPDATES),
+                             lr=warmup_cosine(3e-3, warmup=2, total_updates=UPDATES),
                              weight_decay=0.1)
     return model, optimizer, task, batches
 
@@ -114,7 +114,7 @@ def test_the_device_update_equals_the_trainers_eager_update(kind, name):
         model2, optimizer2, task2, batches2 = make_run(kind)
         graphs = StepGraphs(model2, optimizer2, task2, CLIP, capture=False)
         device = [float(graphs.update(b)[0]) for b in batches2[:UPDATES]]
-        assert optimizer2.step_count == optimizer.step_count == UPDATES
+        assert optimizer2.updates == optimizer.updates == UPDATES
         assert optimizer2.lr == optimizer.lr
         assert_same_run(eager, host_params(model), device, host_params(model2), 1e-12, 1e-13)
 
@@ -184,7 +184,7 @@ def test_a_nonfinite_update_changes_nothing():
         with np.errstate(invalid="ignore", over="ignore"):  # NaN is the point here
             loss, _, finite = graphs.update(batches[0])
         assert not np.isfinite(loss) and finite == 0.0
-        assert optimizer.step_count == 0
+        assert optimizer.updates == 0
         for a, b in zip(before, host_params(model)):
             np.testing.assert_array_equal(a, b)
         assert all(not np.any(m) for m in optimizer.state["m"])
@@ -203,7 +203,7 @@ def test_the_batch_is_checked_on_the_host():
             graphs.update((x, np.where(y == y[0, 0], VOCAB, y)))
         with pytest.raises(ValueError, match="next-token targets must have shape"):
             graphs.update((x, y[:, :-1]))
-        assert optimizer.step_count == 0
+        assert optimizer.updates == 0
 
 
 def test_graph_mode_off_a_gpu_says_why_and_trains_eagerly(capsys):

@@ -80,20 +80,20 @@ def test_the_memory_by_hand():
 class Sizes:
     d_model: int = 8
     block_size: int = 16
-    layers: int = 1
+    num_layers: int = 1
     lr: float = 1e-3
 
 
 def _config(sizes: Sizes) -> CausalLMConfig:
     return CausalLMConfig(vocab_size=10, block_size=sizes.block_size, d_model=sizes.d_model,
-                          num_heads=2, num_layers=sizes.layers, d_ff=4 * sizes.d_model)
+                          num_heads=2, num_layers=sizes.num_layers, d_ff=4 * sizes.d_model)
 
 
 @pytest.mark.parametrize("sizes, named, lower", [
     (Sizes(d_model=10**12), "--d-model 1000000000000 makes the model too large", "--d-model"),
     (Sizes(block_size=10**11), "--block-size 100000000000 makes", "--block-size"),
-    (Sizes(d_model=8 * 64, layers=50), "--d-model 512 and --layers 50 make", "--d-model or "
-                                                                              "--layers"),
+    (Sizes(d_model=8 * 64, num_layers=50), "--d-model 512 and --num-layers 50 make",
+     "--d-model or --num-layers"),
     (Sizes(), "the model is too large", None),  # none raised: the preset itself
 ])
 def test_a_model_too_large_is_refused_naming_the_options_and_sizes(sizes, named, lower):

@@ -54,7 +54,7 @@ def make_trainer(tmp_path, init_seed=0, next_batch=None, **config) -> Trainer:
         vocab_size=9, num_classes=3, d_model=8, num_heads=2, num_layers=1, d_ff=12,
         block_size=6, dropout=0.3, pad_id=0))
     opt = tiered.AdamW(model.parameters(), weight_decay=0.1,
-                      lr=optim.warmup_cosine(peak_lr=3e-2, warmup=2, total_steps=TOTAL))
+                      lr=optim.warmup_cosine(peak_lr=3e-2, warmup=2, total_updates=TOTAL))
     x, lens, y = epoch_batches().make(np.arange(ROWS))
 
     def eval_fn(m):  # minus the loss on every example, a score to maximise

@@ -25,7 +25,7 @@ __all__ = ["TrainingMemory", "parameter_count", "training_memory", "machine_memo
            "processes_sharing_memory", "check_training_fits", "SIZE_OPTIONS"]
 
 # The preset fields that make a model (or its batch) large, wherever a demo has them.
-SIZE_OPTIONS = ("d_model", "block_size", "max_tokens", "layers", "d_ff", "vocab_size",
+SIZE_OPTIONS = ("d_model", "block_size", "max_tokens", "num_layers", "d_ff", "vocab_size",
                 "bigram_buckets", "batch_size")
 
 

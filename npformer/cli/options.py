@@ -41,7 +41,7 @@ def default_out(demo: Demo, preset: str) -> str:
 # read as the demo's option where the demo has that setting, as is every option's
 # underscore spelling (--max_iters, --block_size, --batch_size); the command-line parser
 # says what to type for one it does not read
-NANOGPT_NAMES = {"n_layer": "layers", "n_embd": "d_model", "n_head": "num_heads",
+NANOGPT_NAMES = {"n_layer": "num_layers", "n_embd": "d_model", "n_head": "num_heads",
                  "learning_rate": "lr", "eval_interval": "eval_every",
                  "eval_iters": "eval_batches", "warmup_iters": "warmup",
                  "max_new_tokens": "length", "out_dir": "out"}

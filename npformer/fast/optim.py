@@ -66,7 +66,7 @@ class _FlatAdam:
     def step(self) -> None:
         if self._flat is None:
             return super().step()
-        t = self.step_count + 1
+        t = self.updates + 1
         if self.schedule is not None:
             self.lr = check_hyperparameter(self.schedule(t), "lr")
         check_gradients(self.params)  # all checks first: no half-done update
@@ -78,7 +78,7 @@ class _FlatAdam:
         adamw_flat_update(self._flat.data, self._flat.grad, self._flat_state["m"],
                           self._flat_state["v"], segments, 1 - self.lr * self.weight_decay,
                           b1, b2, self.eps, self.lr / (1 - b1**t), 1 - b2**t)
-        self.step_count = t
+        self.updates = t
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         super().load_state_dict(d)

@@ -127,7 +127,7 @@ class DeviceScalars:
         grads = [p.grad if p.grad is not None else xp.zeros_like(p.data)
                  for p in optimizer.params]
         return cls(xp.asarray(float(optimizer.lr), dtype=xp.float64, device=dev),
-                   xp.asarray(float(optimizer.step_count), dtype=xp.float64, device=dev),
+                   xp.asarray(float(optimizer.updates), dtype=xp.float64, device=dev),
                    grads)
 
 
@@ -273,7 +273,7 @@ class StepGraphs:
         self.scalars = DeviceScalars.of(optimizer)
         self.shapes: dict[tuple, _Shape] = {}
         self._captured_arrays = self._arrays()
-        self._steps_seen = optimizer.step_count
+        self._steps_seen = optimizer.updates
         self.captures = 0
         self.capture_seconds = 0.0
         self.stream = None
@@ -289,7 +289,7 @@ class StepGraphs:
         batch = tuple(np.asarray(a) for a in batch)
         self.task.check_batch(self.model, batch)  # the door, on the host
         self._follow_the_optimizer()
-        t = self.optimizer.step_count + 1
+        t = self.optimizer.updates + 1
         if self.optimizer.schedule is not None:
             self.optimizer.lr = optim.check_hyperparameter(self.optimizer.schedule(t), "lr")
         key = tuple((a.shape, a.dtype.str) for a in batch)
@@ -307,8 +307,8 @@ class StepGraphs:
             host = backend.to_numpy(results) if self.stream is None else \
                 results.get(stream=self.stream)
         if host[2] == 1.0:
-            self.optimizer.step_count = t
-        self._steps_seen = self.optimizer.step_count
+            self.optimizer.updates = t
+        self._steps_seen = self.optimizer.updates
         return host
 
     def _follow_the_optimizer(self) -> None:
@@ -319,9 +319,9 @@ class StepGraphs:
             self.shapes.clear()
             self.scalars = DeviceScalars.of(self.optimizer)
             self._captured_arrays = self._arrays()
-        if self.optimizer.step_count != self._steps_seen:
-            self.scalars.t[...] = float(self.optimizer.step_count)
-            self._steps_seen = self.optimizer.step_count
+        if self.optimizer.updates != self._steps_seen:
+            self.scalars.t[...] = float(self.optimizer.updates)
+            self._steps_seen = self.optimizer.updates
 
     def _arrays(self) -> tuple:
         """The identities of the arrays a graph reads and writes in place."""

@@ -128,7 +128,7 @@ class Trainer:
     @property
     def updates(self) -> int:
         """Optimizer updates done so far."""
-        return self.optimizer.step_count
+        return self.optimizer.updates
 
     # ----------------------------------------------------------------- one update
     def update(self) -> float:
