@@ -62,18 +62,18 @@ def bench_config(name: str, preset: str = "default", vocab=None, length: int | N
     if name == "imdb":
         updates = int(p.epochs * -(-IMDB_TRAIN_REVIEWS // p.batch_size))
         return dict(common, kind="classifier", vocab_size=vocab or IMDB_VOCAB, num_classes=2,
-                    d_model=p.d_model, num_heads=p.num_heads, num_layers=p.layers, d_ff=p.d_ff,
+                    d_model=p.d_model, num_heads=p.num_heads, num_layers=p.num_layers, d_ff=p.d_ff,
                     seq_len=min(length or IMDB_LENGTH, p.block_size), batch=p.batch_size,
                     max_iters=updates)
     if name == "lm":
         return dict(common, kind="causal_lm", vocab_size=vocab or SHAKESPEARE_VOCAB,
-                    d_model=p.d_model, num_heads=p.num_heads, num_layers=p.layers,
+                    d_model=p.d_model, num_heads=p.num_heads, num_layers=p.num_layers,
                     d_ff=4 * p.d_model, seq_len=p.block_size, batch=p.batch_size)
     src_vocab, tgt_vocab = vocab or FRA_ENG_VOCABS
     seq_len = min(length or FRA_ENG_LENGTH, demo_module(script).max_length(p) + 1)  # + <eos>
     return dict(common, kind="seq2seq", src_vocab_size=src_vocab, tgt_vocab_size=tgt_vocab,
-                d_model=p.d_model, num_heads=p.num_heads, num_encoder_layers=p.layers,
-                num_decoder_layers=p.layers, d_ff=p.d_ff, src_len=seq_len, seq_len=seq_len,
+                d_model=p.d_model, num_heads=p.num_heads, num_encoder_layers=p.num_layers,
+                num_decoder_layers=p.num_layers, d_ff=p.d_ff, src_len=seq_len, seq_len=seq_len,
                 batch=p.batch_size)
 
 
