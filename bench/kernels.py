@@ -337,8 +337,9 @@ def report(cases, repeat: int) -> list[str]:
         if not error <= case.tolerance:  # NaN fails too
             failed.append(f"{case.name}: error {error:.2e} exceeds {case.tolerance:.0e}")
         k, n, t = (best_ms(fn, repeat) for fn in (case.kernel, case.numpy, case.torch))
-        print(f"{case.name:<40} {error:9.2e} {k:8.3f} {n:8.3f} {t:8.3f} {k / n:8.2f} "
-              f"{k / t:8.2f}")
+        # significant digits, not decimals: a kernel 1000x faster shows its ratio, not 0.00
+        print(f"{case.name:<40} {error:9.2e} {k:8.4g} {n:8.4g} {t:8.4g} {k / n:8.3g} "
+              f"{k / t:8.3g}")
     return failed
 
 
