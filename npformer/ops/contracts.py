@@ -852,10 +852,6 @@ def causal_mask_inputs(num_queries: int, num_keys: int | None = None,
                              f"as queries ({num_queries})")
 
 
-def packing_inputs(valid_lens: Array, length: int) -> None:
-    check_rank(valid_lens, 1, "valid lengths")
-
-
 # =========================================================================== layers, configs
 def check_valid_lengths(valid_lens: Array, length: int, minimum: int = 0) -> None:
     """Every valid length in [minimum, length] (one min and max over the B lengths, once a
