@@ -28,7 +28,8 @@ load).
 
     python bench/kernels.py [--repeat 50] [--compile]
     python bench/kernels.py --op layernorm   # one op: gelu, layernorm, attention,
-                                             # cross_entropy, embedding, adamw
+                                             # cross_entropy, embedding, adamw,
+                                             # rmsnorm, swiglu, rotary
     python bench/kernels.py --ops            # where one rank's lm update goes, op by op
 
 Prints the CPU model and NumPy's BLAS first.  On a shared machine, compare ratios taken
@@ -170,6 +171,96 @@ def layernorm_cases(rng):
                lambda: ops.layernorm_backward(dy, cache),
                lambda: torch.autograd.grad(ty, (tx, tg, tb), tdy, retain_graph=True), check,
                1e-5)
+
+
+def rmsnorm_cases(rng):
+    import torch
+
+    from npformer import fast, ops
+    from npformer.fast.rmsnorm import rmsnorm_backward_kernel, rmsnorm_kernel
+    from tests.test_fast_equals_textbook import rmsnorm_terms
+
+    x = rng.standard_normal((768, 576)).astype(np.float32)  # SmolLM2-135M's width
+    weight = rng.standard_normal(576).astype(np.float32)
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    _, x_hat, r = rmsnorm_kernel(x, weight, 1e-6)
+    _, cache = ops.rmsnorm_forward(x, weight)
+    tx, tw = (torch.from_numpy(a).requires_grad_(True) for a in (x, weight))
+    ty = torch.nn.functional.rms_norm(tx, (576,), tw, 1e-6)
+    tdy = torch.from_numpy(dy)
+
+    def check():
+        (y_f, c_f), (y_t, c_t) = (tier.rmsnorm_forward(x, weight) for tier in (fast, ops))
+        return against_terms(1e-5, [y_f, *fast.rmsnorm_backward(dy, c_f)],
+                             [y_t, *ops.rmsnorm_backward(dy, c_t)],
+                             rmsnorm_terms(x, weight, dy))
+
+    yield Case("rmsnorm forward (768, 576) f32", lambda: rmsnorm_kernel(x, weight, 1e-6),
+               lambda: ops.rmsnorm_forward(x, weight),
+               lambda: torch.nn.functional.rms_norm(tx.detach(), (576,), tw.detach(), 1e-6),
+               check, 1e-5)
+    yield Case("rmsnorm backward (768, 576) f32",
+               lambda: rmsnorm_backward_kernel(dy, x_hat, r, weight),
+               lambda: ops.rmsnorm_backward(dy, cache),
+               lambda: torch.autograd.grad(ty, (tx, tw), tdy, retain_graph=True), check, 1e-5)
+
+
+def swiglu_cases(rng):
+    import torch
+
+    from npformer import fast, ops
+
+    a, b, dh = (rng.standard_normal((768, 1536)).astype(np.float32) for _ in range(3))
+    _, cache_f = fast.swiglu_forward(a, b)
+    _, cache_t = ops.swiglu_forward(a, b)
+    ta, tb = (torch.from_numpy(v).requires_grad_(True) for v in (a, b))
+    th = torch.nn.functional.silu(ta) * tb
+    tdh = torch.from_numpy(dh)
+
+    def check():
+        (h_f, c_f), (h_t, c_t) = (tier.swiglu_forward(a, b) for tier in (fast, ops))
+        return max(float(np.max(np.abs(got - want) / (np.abs(want) + 1.0)))
+                   for got, want in zip([h_f, *fast.swiglu_backward(dh, c_f)],
+                                        [h_t, *ops.swiglu_backward(dh, c_t)]))
+
+    yield Case("swiglu forward (768, 1536) f32", lambda: fast.swiglu_forward(a, b),
+               lambda: ops.swiglu_forward(a, b),
+               lambda: torch.nn.functional.silu(ta.detach()) * tb.detach(), check, 1e-6)
+    yield Case("swiglu backward (768, 1536) f32", lambda: fast.swiglu_backward(dh, cache_f),
+               lambda: ops.swiglu_backward(dh, cache_t),
+               lambda: torch.autograd.grad(th, (ta, tb), tdh, retain_graph=True), check, 1e-6)
+
+
+def rotary_cases(rng):
+    import torch
+
+    from npformer import fast, ops
+
+    x = rng.standard_normal((12, 64, 9, 64)).astype(np.float32).transpose(0, 2, 1, 3)
+    dy = rng.standard_normal(x.shape).astype(np.float32)  # (B, H, T, E): 9 heads of 64
+    cos, sin = ops.rotary_table(np.arange(64), 64, dtype=np.float32)
+    _, cache_f = fast.rotary_forward(x, cos, sin)
+    _, cache_t = ops.rotary_forward(x, cos, sin)
+    tx, tcos, tsin = torch.from_numpy(x).requires_grad_(True), torch.from_numpy(cos), \
+        torch.from_numpy(sin)
+
+    def torch_forward(t):  # transformers' apply_rotary_pos_emb
+        return t * tcos + torch.cat((-t[..., 32:], t[..., :32]), dim=-1) * tsin
+
+    ty = torch_forward(tx)
+    tdy = torch.from_numpy(dy)
+
+    def check():
+        (y_f, c_f), (y_t, c_t) = (tier.rotary_forward(x, cos, sin) for tier in (fast, ops))
+        return max(same_bits(y_f, y_t),
+                   same_bits(fast.rotary_backward(dy, c_f), ops.rotary_backward(dy, c_t)))
+
+    yield Case("rotary forward (12,9,64,64) f32", lambda: fast.rotary_forward(x, cos, sin),
+               lambda: ops.rotary_forward(x, cos, sin), lambda: torch_forward(tx.detach()),
+               check, 0.0)
+    yield Case("rotary backward (12,9,64,64) f32", lambda: fast.rotary_backward(dy, cache_f),
+               lambda: ops.rotary_backward(dy, cache_t),
+               lambda: torch.autograd.grad(ty, tx, tdy, retain_graph=True), check, 0.0)
 
 
 def attention_cases(rng):
@@ -324,7 +415,8 @@ def adamw_cases(rng):
 
 OPS = {"gelu": gelu_cases, "layernorm": layernorm_cases, "attention": attention_cases,
        "cross_entropy": cross_entropy_cases, "embedding": embedding_cases,
-       "adamw": adamw_cases}
+       "adamw": adamw_cases, "rmsnorm": rmsnorm_cases, "swiglu": swiglu_cases,
+       "rotary": rotary_cases}
 
 
 def report(cases, repeat: int) -> list[str]:

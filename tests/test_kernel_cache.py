@@ -57,6 +57,13 @@ for dtype in (("float32",) if sys.argv[1] == "gelu" else ("float32", "float64"))
     p.grad = x.copy()
     fast.AdamW([p]).step()
     adamw.sum_of_squares(x.reshape(-1))
+    y, c = fast.rmsnorm_forward(x, x[0])
+    fast.rmsnorm_backward(x, c)
+    h, c = fast.swiglu_forward(x, x)
+    fast.swiglu_backward(x, c)
+    cos, sin = ops.rotary_table(np.arange(9), 4, dtype=np.dtype(dtype))
+    y, c = fast.rotary_forward(q, cos, sin)
+    fast.rotary_backward(y, c)
 kernels = [getattr(sys.modules[module], name) for module, name in compiler.KERNELS]
 print(json.dumps({k.__name__: [sum(k.stats.cache_misses.values()),
                                sum(k.stats.cache_hits.values())] for k in kernels}))

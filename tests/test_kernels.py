@@ -33,6 +33,9 @@ from npformer.fast import attention as fast_attention
 from npformer.fast import embedding as fast_embedding
 from npformer.fast import layernorm as fast_layernorm
 from npformer.fast import losses as fast_losses
+from npformer.fast import rmsnorm as fast_rmsnorm
+from npformer.fast import rotary as fast_rotary
+from npformer.fast import swiglu as fast_swiglu
 from npformer.fast.flat import FlatParameters, flat_buffer_of
 from npformer.nn import Parameter
 from npformer.optim import SGD, Adam, AdamW, warmup_cosine
@@ -188,6 +191,42 @@ def layernorm_case():
                            rng.standard_normal(7), rng.standard_normal((3, 7)))
 
 
+def rmsnorm_case():
+    """The fast RMS norm's y, dx and dweight against the textbook's."""
+    rng = np.random.default_rng(2)
+    x, dy = rng.standard_normal((3, 7)), rng.standard_normal((3, 7))
+    weight = rng.standard_normal(7)
+    (y_f, c_f), (y_t, c_t) = fast.rmsnorm_forward(x, weight), ops.rmsnorm_forward(x, weight)
+    assert rel_diff(y_f, y_t) <= TOL, "y"
+    for name, a, b in zip(("dx", "dweight"), fast.rmsnorm_backward(dy, c_f),
+                          ops.rmsnorm_backward(dy, c_t)):
+        assert rel_diff(a, b) <= TOL, name
+
+
+def swiglu_case():
+    """The fast gated SiLU's h, da and db against the textbook's."""
+    rng = np.random.default_rng(3)
+    a, b, dh = rng.standard_normal((4, 6)) * 3, rng.standard_normal((4, 6)), \
+        rng.standard_normal((4, 6))
+    (h_f, c_f), (h_t, c_t) = fast.swiglu_forward(a, b), ops.swiglu_forward(a, b)
+    assert rel_diff(h_f, h_t) <= TOL, "h"
+    for name, got, want in zip(("da", "db"), fast.swiglu_backward(dh, c_f),
+                               ops.swiglu_backward(dh, c_t)):
+        assert rel_diff(got, want) <= TOL, name
+
+
+def rotary_case():
+    """The fast rotary op against the textbook's, bit for bit, on a projection's view."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 5, 3, 8)).transpose(0, 2, 1, 3)  # (B, H, T, E) view
+    cos, sin = ops.rotary_table(np.array([[0, 1, 2, 3, 4], [2, 3, 4, 5, 6]]), 8,
+                                dtype=np.float64)
+    dy = rng.standard_normal((2, 3, 5, 8))
+    (y_f, c_f), (y_t, c_t) = fast.rotary_forward(x, cos, sin), ops.rotary_forward(x, cos, sin)
+    np.testing.assert_array_equal(y_f, y_t)
+    np.testing.assert_array_equal(fast.rotary_backward(dy, c_f), ops.rotary_backward(dy, c_t))
+
+
 def attention_case(dtype="float64", tol=TOL):
     """Blocked attention (causal and padding masks, a fully masked query row) through the
     compiled softmax kernels, equal to the textbook's dense attention.  21 keys: the
@@ -319,6 +358,12 @@ BROKEN = {  # kernel (its module, its name): [(its broken copy, the check that m
     (adamw, "adamw_flat"): [(lambda k: perturbed(k, 0), adam_case)],
     (adamw, "_sum_of_squares"): [(perturbed_sum, adam_case)],
     (fast_embedding, "_scatter_add_rows"): [(lambda k: perturbed(k, 2), embedding_case)],
+    (fast_rmsnorm, "_rmsnorm_forward"): [(lambda k: perturbed(k, 3), rmsnorm_case)],
+    (fast_rmsnorm, "_rmsnorm_backward"): [(lambda k: perturbed(k, 4), rmsnorm_case)],
+    (fast_swiglu, "_swiglu_forward"): [(lambda k: perturbed(k, 2), swiglu_case)],
+    (fast_swiglu, "_swiglu_backward"): [(lambda k: perturbed(k, 4), swiglu_case)],
+    (fast_rotary, "_rotate"): [(lambda k: perturbed(k, 3), rotary_case)],
+    (fast_rotary, "_rotate_back"): [(lambda k: perturbed(k, 3), rotary_case)],
 }
 BROKEN_CASES = [(module, name, breaker, check) for (module, name), pairs in BROKEN.items()
                 for breaker, check in pairs]
@@ -542,6 +587,19 @@ def test_every_fast_op_takes_read_only_and_strided_input(dtype, layout):
     _, cache = ops.embedding_forward(rng.integers(0, 4, size=(3, 5)), np.zeros((4, 8), dtype))
     np.testing.assert_allclose(fast.embedding_backward(dy, cache),
                                ops.embedding_backward(dy, cache), rtol=0, atol=tol)
+    (y_f, c_f), (y_t, c_t) = (t.rmsnorm_forward(x, gamma) for t in (fast, ops))
+    assert rel_diff(y_f, y_t) <= tol
+    for got, want in zip(fast.rmsnorm_backward(dy, c_f), ops.rmsnorm_backward(dy, c_t)):
+        assert rel_diff(got, want) <= tol
+    (h_f, c_f), (h_t, c_t) = (t.swiglu_forward(x, dy) for t in (fast, ops))
+    assert rel_diff(h_f, h_t) <= tol
+    for got, want in zip(fast.swiglu_backward(dy, c_f), ops.swiglu_backward(dy, c_t)):
+        assert rel_diff(got, want) <= tol
+    cos, sin = ops.rotary_table(np.arange(5), 8, dtype=np.dtype(dtype))
+    (y_f, c_f), (y_t, c_t) = (t.rotary_forward(x[None], cos, sin) for t in (fast, ops))
+    np.testing.assert_array_equal(y_f, y_t)
+    np.testing.assert_array_equal(fast.rotary_backward(dy[None], c_f),
+                                  ops.rotary_backward(dy[None], c_t))
 
 
 @needs_numba
@@ -565,6 +623,9 @@ def test_every_kernel_entry_takes_read_only_and_strided_input(dtype):
         "loss grad": lambda a: fast_losses.cross_entropy_grad(
             a, read_only(np.ones(6, dtype)), read_only(targets), read_only(weight), 0.1, out=a),
         "scatter": lambda a: _scattered(a, targets),
+        "rms norm": lambda a: fast_rmsnorm.rmsnorm_kernel(a, gamma, 1e-6)[0],
+        "rms norm backward": lambda a: fast_rmsnorm.rmsnorm_backward_kernel(
+            a, a, np.ones((6, 1), dtype), read_only(gamma))[0],
     }
     for name, run in runs.items():
         want = run(x.copy())

@@ -9,6 +9,9 @@ The ops (the same names and arguments as :mod:`npformer.ops`, tested equal in
 * :mod:`.softmax`: in-place variants (``overwrite_input``);
 * :mod:`.activations`: ReLU's backward from its output; both GELUs as compiled kernels;
 * :mod:`.layernorm`: layer norm forward and backward, one compiled kernel each;
+* :mod:`.rmsnorm`: RMS norm forward and backward, one compiled kernel each;
+* :mod:`.swiglu`: the gated SiLU, one compiled pass each way;
+* :mod:`.rotary`: rotary positions, each pair turned in one compiled pass each way;
 * :mod:`.dropout`: the keep mask cached as booleans, not as a float array;
 * :mod:`.embedding`: the backward's scatter-add as one compiled loop;
 * :mod:`.linear`: the rows flattened into one matrix product, the bias added in place;
@@ -55,13 +58,18 @@ from .losses import cross_entropy_backward, cross_entropy_forward, cross_entropy
 from .models import CausalLM, Seq2SeqTransformer, TransformerClassifier
 from .optim import Adam, AdamW, clip_grad_norm, global_grad_norm
 from .packing import Packing
+from .rmsnorm import rmsnorm_backward, rmsnorm_forward
+from .rotary import rotary_backward, rotary_forward
 from .softmax import softmax_backward, softmax_forward
+from .swiglu import swiglu_backward, swiglu_forward
 
 FAST_OPS = ("attention_forward", "attention_backward", "linear_forward", "linear_backward",
             "cross_entropy_forward", "cross_entropy_backward", "cross_entropy_with_gradient",
             "softmax_forward", "softmax_backward", "relu_forward", "relu_backward",
             "gelu_forward", "gelu_backward", "layernorm_forward", "layernorm_backward",
-            "activation", "dropout_forward", "dropout_backward", "embedding_backward")
+            "activation", "dropout_forward", "dropout_backward", "embedding_backward",
+            "rmsnorm_forward", "rmsnorm_backward", "swiglu_forward", "swiglu_backward",
+            "rotary_forward", "rotary_backward")
 
 # The textbook ops, the same functions in this tier.
 IGNORE_INDEX = _textbook.IGNORE_INDEX
@@ -77,14 +85,8 @@ log_softmax_forward = _textbook.log_softmax_forward
 padding_mask = _textbook.padding_mask
 pool_backward = _textbook.pool_backward
 pool_forward = _textbook.pool_forward
-rmsnorm_backward = _textbook.rmsnorm_backward
-rmsnorm_forward = _textbook.rmsnorm_forward
-rotary_backward = _textbook.rotary_backward
-rotary_forward = _textbook.rotary_forward
 rotary_table = _textbook.rotary_table
 sinusoidal_table = _textbook.sinusoidal_table
-swiglu_backward = _textbook.swiglu_backward
-swiglu_forward = _textbook.swiglu_forward
 valid_rows_backward = _textbook.valid_rows_backward
 valid_rows_forward = _textbook.valid_rows_forward
 

@@ -1,0 +1,99 @@
+r"""Rotary positions, fast: the textbook op (:mod:`npformer.ops.rotary`) as one compiled
+pass each way on NumPy arrays, the kernels below.
+
+The textbook forward, $x' = x \odot \cos + \mathrm{rotate\_half}(x) \odot \sin$, builds
+rotate_half(x) (a negation and a concatenation) and two products before their sum; this
+one turns each pair $(x_i, x_{i+E/2})$ as it reads it:
+    $x'_i = x_i \cos_i - x_{i+E/2} \sin_i$,
+    $x'_{i+E/2} = x_{i+E/2} \cos_{i+E/2} + x_i \sin_{i+E/2}$
+(the textbook's two products per element, summed in its order).  The backward is the
+textbook's $R^\top$, $\bar x = \bar x' \odot \cos - \mathrm{rotate\_half}(\bar x' \odot \sin)$:
+    $\bar x_i = \bar x'_i \cos_i + \bar x'_{i+E/2} \sin_{i+E/2}$,
+    $\bar x_{i+E/2} = \bar x'_{i+E/2} \cos_{i+E/2} - \bar x'_i \sin_i$.
+The queries and keys arrive as views of their projections, (B, T, H, E) read as
+(B, H, T, E): the kernel reads them through their strides, and the tables once per
+position, shared by every head.  Without numba, or on other arrays (CuPy, the strict
+namespace), the textbook op.
+
+The derivation is the textbook one.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..backend import Array
+from ..ops import rotary as _textbook
+from ..ops.contracts import backward_op, forward_op, rotary_inputs
+from .compiler import COMPILED, jit
+
+
+def _takes(*arrays: Array) -> bool:
+    """Whether the kernels take these arrays: numba present, NumPy float arrays of one
+    dtype (any strides: the kernels index them)."""
+    return COMPILED and all(type(a) is np.ndarray and a.dtype == arrays[0].dtype
+                            and a.dtype in (np.float32, np.float64) for a in arrays)
+
+
+def _batched(table: np.ndarray) -> np.ndarray:
+    """A table (T, E) or (B, T, E) as (1 or B, T, E)."""
+    return table[None] if table.ndim == 2 else table
+
+
+@forward_op(rotary_inputs)
+def rotary_forward(x: Array, cos: Array, sin: Array) -> tuple[Array, Any]:
+    """x (B, H, T, E), cos and sin (T, E) or (B, T, E) -> y (B, H, T, E), cache (cos, sin)."""
+    if not _takes(x, cos, sin):
+        return _textbook.rotary_forward.unchecked(x, cos, sin)
+    y = np.empty(x.shape, dtype=x.dtype)  # (B, H, T, E), C order
+    _rotate(x, _batched(cos), _batched(sin), y)
+    return y, (_textbook.over_heads(cos), _textbook.over_heads(sin))
+
+
+@backward_op(rotary_forward)
+def rotary_backward(dy: Array, saved: Any) -> Array:
+    """dy (B, H, T, E) -> dx (B, H, T, E): the transposed rotation, the turn by -angle."""
+    cos, sin = saved  # (1, T, E) or (B, 1, T, E)
+    if not _takes(dy, cos, sin):
+        return _textbook.rotary_backward.unchecked(dy, saved)
+    dx = np.empty(dy.shape, dtype=dy.dtype)
+    _rotate_back(dy, _batched(cos[..., 0, :, :]), _batched(sin[..., 0, :, :]), dx)
+    return dx
+
+
+# =========================================================================== the kernels
+@jit
+def _rotate(x, cos, sin, y):
+    """x (B, H, T, E) any strides, cos and sin (1 or B, T, E) -> y (B, H, T, E): each pair
+    (i, i + E/2) turned by its angle, the textbook's products in its order."""
+    batch, heads, length, width = x.shape
+    half = width // 2
+    for b in range(batch):
+        tb = b if cos.shape[0] > 1 else 0
+        for h in range(heads):
+            for t in range(length):
+                for i in range(half):
+                    first, second = x[b, h, t, i], x[b, h, t, i + half]
+                    y[b, h, t, i] = first * cos[tb, t, i] - second * sin[tb, t, i]
+                    y[b, h, t, i + half] = (second * cos[tb, t, i + half]
+                                            + first * sin[tb, t, i + half])
+    return None
+
+
+@jit
+def _rotate_back(dy, cos, sin, dx):
+    """dy (B, H, T, E) any strides, cos and sin (1 or B, T, E) -> dx = R^T dy (B, H, T, E):
+    dy cos - rotate_half(dy sin), in the textbook's order."""
+    batch, heads, length, width = dy.shape
+    half = width // 2
+    for b in range(batch):
+        tb = b if cos.shape[0] > 1 else 0
+        for h in range(heads):
+            for t in range(length):
+                for i in range(half):
+                    first, second = dy[b, h, t, i], dy[b, h, t, i + half]
+                    dx[b, h, t, i] = first * cos[tb, t, i] + second * sin[tb, t, i + half]
+                    dx[b, h, t, i + half] = (second * cos[tb, t, i + half]
+                                             - first * sin[tb, t, i])
+    return None
