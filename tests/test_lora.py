@@ -8,6 +8,9 @@ model, merging.
 * Frozen parameters hold no gradient array and get no optimizer state (textbook and fast
   AdamW); an optimizer over a model all frozen is refused; one frozen after being built
   refuses to step, naming the cause.
+* A fast model frozen lets its flat gradient buffer go (nothing refers to it after); one
+  frozen layer by layer still loads and trains; the ranks' all-reduce sums the adapters'
+  gradients and gives the frozen weights none.
 * :func:`apply_lora` wraps the layers PEFT's ``target_modules`` would (names, or a regular
   expression); a model keeps its weights' names; its logits are the base model's at start;
   one training update moves only the adapters.
@@ -28,6 +31,8 @@ from npformer.models import CausalLMConfig
 from npformer.nn import lora as lora_module
 from npformer.nn.lora import LoRALinear, apply_lora, lora_layers, merge_lora, unmerge_lora
 from npformer.ops.lora import lora_backward
+from npformer.parallel.workers import DataParallel
+from npformer.train.tasks import LanguageModeling
 
 from .conftest import using_backend
 from .helpers import GRADCHECK_TOL, rel_diff, tiered
@@ -229,3 +234,82 @@ def test_a_merged_adapter_refuses_to_train_and_to_merge_twice():
     layer(floats(np.ones((1, 3))))
     with pytest.raises(RuntimeError, match="unmerge"):
         layer.backward(floats(np.ones((1, 2))))
+
+
+class TwoEqualRanks:
+    """A communicator of two ranks holding the same gradients: the all-reduce doubles."""
+
+    rank, size = 0, 2
+
+    def allreduce(self, buffer):
+        buffer *= 2
+
+    def allgather(self, value):
+        return [value, value]
+
+    def from_main(self, value):
+        return value
+
+    def check_same(self, **values):
+        pass
+
+
+@pytest.mark.usefixtures("tier")
+def test_the_ranks_all_reduce_sums_the_adapters_and_leaves_frozen_weights_without_gradient():
+    model = tiered.CausalLM(tiny_config())
+    apply_lora(model, ["q_proj", "linear2"], r=2)
+    for layer in lora_layers(model).values():
+        layer.lora_B.data = floats(np.random.default_rng(0).standard_normal(layer.lora_B.shape))
+    opt = tiered.AdamW(model.parameters())
+    ids = np.random.default_rng(1).integers(0, 11, (2, 7))
+    workers = DataParallel(model, 1, TwoEqualRanks())
+    opt.zero_grad()
+    loss, _ = workers.loss_and_grad(LanguageModeling(), (ids[:, :-1], ids[:, 1:]), 1.0, 0)
+    mine = [backend.to_numpy(p.grad).copy() for p in opt.params]  # this rank's shard's
+    assert all(np.any(grad) for grad in mine)
+    workers.reduce_step(loss)
+    for name, p in model.named_parameters():
+        assert (p.grad is None) == p.frozen, name
+    for p, grad in zip(opt.params, mine):
+        np.testing.assert_array_equal(backend.to_numpy(p.grad), 2 * grad)
+
+
+def test_freezing_a_fast_model_releases_its_flat_gradient_buffer():
+    """A fast model keeps every gradient in one flat buffer from the start: freezing it
+    frees that buffer (nothing refers to it any more), and the frozen model still loads
+    its weights (its buffers skip frozen gradients)."""
+    import gc
+    import weakref
+
+    from npformer import fast
+
+    model = fast.CausalLM(tiny_config())
+    state = model.state_dict()
+    buffer = model.parameters()[0].grad.base  # the flat (P,) gradient buffer
+    assert buffer is not None and buffer.size == model.num_parameters()
+    released = weakref.ref(buffer)
+    del buffer
+    model.freeze()
+    gc.collect()
+    assert released() is None
+    model.load_state_dict(state)
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_a_fast_model_with_one_layer_frozen_by_hand_still_loads_and_trains():
+    """Parameters frozen one by one stay in the fast model's flat buffer: its sync skips
+    their gradients (it refused a None gradient)."""
+    from npformer import fast
+    from npformer.nn.lora import replace_module
+
+    model = fast.CausalLM(tiny_config())
+    layer = LoRALinear(model.blocks[0].ffn.linear1, 2)
+    replace_module(model, "blocks.0.ffn.linear1", layer)
+    model.load_state_dict(model.state_dict())
+    assert layer.weight.frozen and layer.weight.grad is None
+    opt = fast.AdamW(model.parameters())
+    ids = np.random.default_rng(0).integers(0, 11, (2, 7))
+    opt.zero_grad()
+    LanguageModeling().loss_and_grad(model, (ids[:, :-1], ids[:, 1:]))
+    opt.step()
+    assert layer.weight.grad is None and np.any(backend.to_numpy(layer.lora_B.data))
