@@ -246,3 +246,22 @@ def test_another_models_adapter_is_refused_naming_its_modules(tmp_path):
         other = npeft.Naming((("encoder.fc1", ("fc1",)),))
         with pytest.raises(ValueError, match=r"adapts \['fc1'\], which the model does not"):
             npeft.load_adapter(mirrored_mlps()[1], tmp_path, other)
+
+
+def test_target_modules_name_exactly_the_adapted_modules(tmp_path):
+    """PEFT's target_modules choose by a name's end: "c_proj" would put adapters on both
+    GPT-2's attn.c_proj and mlp.c_proj, so adapters on one of them are named in full."""
+    from npformer.models import CausalLM, CausalLMConfig
+
+    with using_backend("numpy", "float64"):
+        model = CausalLM(CausalLMConfig(vocab_size=11, block_size=6, d_model=8, num_heads=2,
+                                        num_layers=2, d_ff=12))
+        naming = npeft.gpt2_names(model.config)
+        npeft.apply_adapters(model, naming, ["attn.c_proj", "c_fc"], 2)
+        config = npeft.adapter_config(model, naming)
+        assert config["target_modules"] == ["transformer.h.0.attn.c_proj",
+                                            "transformer.h.0.mlp.c_fc",
+                                            "transformer.h.1.attn.c_proj",
+                                            "transformer.h.1.mlp.c_fc"]
+        assert [name for name, _ in naming.chosen(config["target_modules"])] == [
+            f"transformer.h.{i}.{m}" for i in (0, 1) for m in ("attn.c_proj", "mlp.c_fc")]

@@ -41,11 +41,14 @@ from ..nn.state import read_safetensors
 WEIGHTS_FILE = "adapter_model.safetensors"
 CONFIG_FILE = "adapter_config.json"
 PREFIX = "base_model.model."  # PEFT's prefix of the base model's names
+PEFT_DEFAULT_ALPHA = 8  # LoraConfig's lora_alpha when a config leaves it out
 
 # what a config may say and npformer computes: {key: the one value npformer supports}
 _UNSUPPORTED = {"use_rslora": False, "use_dora": False, "rank_pattern": {},
                 "alpha_pattern": {}, "bias": "none", "lora_bias": False,
-                "layers_to_transform": None, "modules_to_save": None}
+                "layers_to_transform": None, "modules_to_save": None,
+                "layer_replication": None, "target_parameters": None,
+                "trainable_token_indices": None}
 
 
 @dataclass(frozen=True)
@@ -129,14 +132,21 @@ def adapter_config(model: Module, naming: Naming, base_model: str | None = None,
         raise ValueError(f"PEFT's config holds one rank, alpha and dropout; the adapters have "
                          f"{sorted(settings)} (r, alpha, dropout)")
     (r, alpha, dropout), = settings
-    arrays = adapter_arrays(model, naming)
-    targets = sorted({key[len(PREFIX):].rsplit(".lora_", 1)[0].rsplit(".", 1)[-1]
-                      for key in arrays})
+    targets = target_modules(sorted({key[len(PREFIX):].rsplit(".lora_", 1)[0]
+                                     for key in adapter_arrays(model, naming)}), naming)
     return {"peft_type": "LORA", "task_type": task_type, "base_model_name_or_path": base_model,
             "revision": None, "inference_mode": True, "r": r, "lora_alpha": alpha,
             "lora_dropout": dropout, "target_modules": targets,
             "fan_in_fan_out": naming.fan_in_fan_out, "init_lora_weights": True,
             **_UNSUPPORTED}
+
+
+def target_modules(adapted: list[str], naming: Naming) -> list[str]:
+    """PEFT's ``target_modules`` choosing exactly the modules ``adapted``: their last
+    names ("c_attn") where those choose no other module, else their whole names."""
+    short = sorted({name.rsplit(".", 1)[-1] for name in adapted})
+    exact = sorted(name for name, _ in naming.chosen(short)) == sorted(adapted)
+    return short if exact else sorted(adapted)
 
 
 def save_adapter(model: Module, folder: str | os.PathLike, naming: Naming,
@@ -188,8 +198,11 @@ def load_adapter(model: Module, folder: str | os.PathLike, naming: Naming) -> li
     if unknown:
         raise ValueError(f"{folder / WEIGHTS_FILE} adapts {unknown[:3]}, which the model does "
                          "not have (another model's adapter?)")
-    apply_adapters(model, naming, list(names), int(config["r"]), float(config["lora_alpha"]),
-                   float(config.get("lora_dropout", 0.0)))
+    if "r" not in config:
+        raise ValueError(f"{folder / CONFIG_FILE} holds no rank r")
+    apply_adapters(model, naming, list(names), int(config["r"]),
+                   float(config.get("lora_alpha", PEFT_DEFAULT_ALPHA)),
+                   float(config.get("lora_dropout") or 0.0))
     adapters = lora_layers(model)
     for name in names:
         _set_adapter([adapters[part] for part in known[name]], arrays, name)
