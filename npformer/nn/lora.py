@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from typing import Any
 
 from .. import backend, ops
 from ..backend import Array
@@ -151,7 +152,7 @@ def apply_lora(model: Module, targets: str | Sequence[str], r: int,
     return [name for name, _ in chosen]
 
 
-def check_targets(targets) -> None:
+def check_targets(targets: Any) -> None:
     """``targets``: a regular expression, or a non-empty list of module names."""
     if isinstance(targets, str):
         try:
