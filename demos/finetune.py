@@ -5,6 +5,7 @@
     python demos/finetune.py --sample-only --prompt "ROMEO:"  # the model fine-tuned in --out
     python demos/finetune.py --smoke --model FOLDER # seconds (CI, on a small folder)
     python demos/finetune.py --resume               # continue an interrupted run exactly
+    python demos/finetune.py --lora 8               # LoRA adapters of rank 8, the rest frozen
 
 --model is a Hugging Face GPT-2 folder (config.json, model.safetensors,
 tokenizer.json: what GPT2LMHeadModel.save_pretrained writes), or a name on the
@@ -19,6 +20,14 @@ model as a GPT-2 folder (OUT/gpt2, which transformers loads too; --sample-only w
 --model samples it), model.npz and last.npz (the run, for --resume), sample.txt and
 metrics.json to --out.  The run records what it started from (the data, and each file of
 a --model folder, by content): --resume refuses a changed one, naming the file.
+
+--lora R fine-tunes low-rank adapters instead of every weight (npformer.nn.lora): the
+model is frozen (no gradients, no optimizer state for it) and each projection that
+--lora-targets names (PEFT's target_modules in GPT-2's names: c_attn, c_proj, c_fc) gets
+W + (alpha / R) B A, alpha --lora-alpha, dropout --lora-dropout on the adapter's input.
+The run also writes OUT/adapter (adapter_model.safetensors and adapter_config.json:
+peft.PeftModel.from_pretrained(GPT2LMHeadModel, OUT/adapter) loads it), and OUT/gpt2
+holds the adapters merged into the weights.
 """
 from __future__ import annotations
 
@@ -61,8 +70,10 @@ from npformer.cli.ranks import is_main
 from npformer.data import lm_batch, load_shakespeare, read_text_file, split_90_10
 from npformer.decoding import generate
 from npformer.interop import gpt2
+from npformer.interop import peft as adapters
 from npformer.models import CausalLM
 from npformer.nn import evaluating
+from npformer.nn.lora import merge_lora, unmerge_lora
 from npformer.optim import AdamW
 from npformer.train import TrainConfig, Trainer
 from npformer.train.tasks import LanguageModeling
@@ -71,6 +82,7 @@ DEMO = Demo(tag="finetune", title="fine-tuning", model_kind="causal_lm",
             script="demos/finetune.py", out="runs/finetune")
 DEFAULT_MODEL = "gpt2"  # GPT-2 small on the Hugging Face Hub (124M parameters)
 GPT2_FOLDER = "gpt2"  # OUT/gpt2: the fine-tuned model, as a Hugging Face folder
+ADAPTER_FOLDER = "adapter"  # OUT/adapter: the LoRA adapters, as PEFT writes them
 
 
 @dataclass(frozen=True)
@@ -85,6 +97,13 @@ class Preset:
     eval_every: int = option(25, "estimate the validation loss every this many updates")
     eval_batches: int = option(8, "batches per loss estimate")
     length: int = option(100, "tokens to sample", nonnegative_int)
+    lora: int = option(0, "LoRA rank (0: fine-tune every weight)", nonnegative_int)
+    lora_alpha: float = option(16.0, "LoRA's alpha: the update is scaled by alpha / rank",
+                               positive_float)
+    lora_dropout: float = option(0.0, "dropout on the LoRA adapters' input", probability)
+    lora_targets: str = option("c_attn,c_proj", "the projections LoRA adapts, comma-separated "
+                               "(PEFT's target_modules, GPT-2's names: c_attn, c_proj, c_fc)",
+                               str)
 
 
 PRESETS = {
@@ -166,6 +185,38 @@ def sample(model, tokenizer, prompt: list[int], args, length: int) -> str:
     return tokenizer.decode(ids)
 
 
+def add_adapters(model, preset: Preset) -> list[str]:
+    """--lora R: the model frozen, adapters on the --lora-targets projections; returns
+    their names (none without --lora)."""
+    if not preset.lora:
+        return []
+    targets = [t.strip() for t in preset.lora_targets.split(",") if t.strip()]
+    try:
+        return adapters.apply_adapters(model, adapters.gpt2_names(model.config), targets,
+                                       preset.lora, preset.lora_alpha, preset.lora_dropout)
+    except (ValueError, TypeError) as exc:
+        raise DemoError(f"--lora-targets {preset.lora_targets}: {exc}") from None
+
+
+def save_model(model, tokenizer, source: str, out: Path, lora: bool) -> None:
+    """OUT/gpt2 (the adapters merged into it, then taken out again) and, with --lora,
+    OUT/adapter."""
+    if lora:
+        write_folder(out / ADAPTER_FOLDER, lambda folder: adapters.save_adapter(
+            model, folder, adapters.gpt2_names(model.config), base_model=source,
+            task_type="CAUSAL_LM"))
+        print(f"the adapters: {out / ADAPTER_FOLDER} (peft.PeftModel.from_pretrained)")
+        merge_lora(model)
+    try:
+        write_folder(out / GPT2_FOLDER,
+                     lambda folder: model.save_pretrained(folder, tokenizer=tokenizer))
+    finally:
+        if lora:
+            unmerge_lora(model)
+    print(f"the fine-tuned model: {out / GPT2_FOLDER} (CausalLM.from_pretrained, or "
+          "transformers' GPT2LMHeadModel.from_pretrained)")
+
+
 def base_model(args, out: Path) -> str:
     """The model to load: --model; for --sample-only without it, the model fine-tuned in
     --out; with --resume the run's (settled by start_demo: the same folder, unchanged)."""
@@ -205,11 +256,14 @@ def main(argv=None) -> int:
                         f"{preset.block_size + 1}")
     check_training_fits(model.config, preset.batch_size, preset.block_size, preset,
                         PRESETS["default"], args.dtype)
+    adapted = add_adapters(model, preset)
     optimizer = implementations(args.tier)[1](model.parameters(), lr=preset.lr,
                                               betas=(0.9, 0.95),
                                               weight_decay=preset.weight_decay)
-    print(f"{source}: {model.num_parameters():,} parameters; {len(train_ids):,} train / "
-          f"{len(val_ids):,} validation tokens")
+    trained = sum(p.data.size for p in optimizer.params)
+    print(f"{source}: {model.num_parameters():,} parameters, {trained:,} trained"
+          f"{f' (LoRA rank {preset.lora} on {len(adapted)} projections)' if adapted else ''}"
+          f"; {len(train_ids):,} train / {len(val_ids):,} validation tokens")
     before = (read_demo_checkpoint(out / LAST_FILE, DEMO).extra["val_loss_before"]
               if args.resume else estimate_loss(model, val_ids, preset, seed=2))
     print(f"validation loss before fine-tuning: {before:.4f}")
@@ -239,14 +293,12 @@ def main(argv=None) -> int:
     text = sample(model, tokenizer, prompt, args, preset.length)
     print("-" * 60 + "\n" + text + "\n" + "-" * 60)
     if is_main():
-        write_folder(out / GPT2_FOLDER,
-                     lambda folder: model.save_pretrained(folder, tokenizer=tokenizer))
-        print(f"the fine-tuned model: {out / GPT2_FOLDER} (CausalLM.from_pretrained, or "
-              "transformers' GPT2LMHeadModel.from_pretrained)")
+        save_model(model, tokenizer, source, out, bool(adapted))
     write_text(out / "sample.txt", text)
     write_metrics(out, args, model.num_parameters(), {
         "val_loss_before": before, "val_loss": after, "updates": trainer.updates,
-        "train_seconds": seconds, "seconds_per_update": seconds / trainer.updates})
+        "train_seconds": seconds, "seconds_per_update": seconds / trainer.updates,
+        "trained_parameters": trained})
     return 0
 
 

@@ -192,7 +192,8 @@ def check_module(module: Module, inputs: Sequence, wrt_inputs: Sequence[int] | N
     module.forward(*inputs, **kwargs) must return one array;
     module.backward(dout) must return the gradients of ``inputs[i]`` for i in
     ``wrt_inputs`` (default: every floating-point input), one array or a tuple.
-    Parameter gradients are read from ``param.grad`` after a ``zero_grad``.
+    Parameter gradients are read from ``param.grad`` after a ``zero_grad``; frozen
+    parameters (:meth:`npformer.nn.Module.freeze`) have none and are not checked.
     """
     kwargs = kwargs or {}
     inputs = list(inputs)
@@ -201,7 +202,7 @@ def check_module(module: Module, inputs: Sequence, wrt_inputs: Sequence[int] | N
                       if hasattr(a, "dtype") and backend.is_float_array(a)]
     for i in wrt_inputs:
         _require_float64(inputs[i], f"input {i}")
-    named = list(module.named_parameters())
+    named = [(name, p) for name, p in module.named_parameters() if not p.frozen]
     for name, p in named:
         _require_float64(p.data, f"parameter {name!r}")
     rng = np.random.default_rng(seed)

@@ -15,6 +15,11 @@ operation for operation, so trajectories agree to rounding:
 * :class:`Adam`  - ``torch.optim.Adam`` (L2 decay added to the gradient);
 * :class:`AdamW` - ``torch.optim.AdamW`` (decoupled decay of the weights).
 
+Frozen parameters (:meth:`npformer.nn.Module.freeze`) are left out when an optimizer is
+built: ``AdamW(model.parameters())`` updates the trainable ones only and keeps no state
+for the others (as PyTorch's optimizers skip a parameter without a gradient, but here
+not even its zero moments are made).
+
 Weight decay, of either kind, only touches parameters with ``p.decay == True``;
 biases, norm gains and embeddings are built with ``decay=False``.  (In PyTorch
 that is two parameter groups, one with ``weight_decay=wd`` and one with 0.)
@@ -80,7 +85,8 @@ class Optimizer:
     _hyper_names: tuple[str, ...] = ()
 
     def __init__(self, params: Iterable[Parameter], lr: float | Schedule):
-        self.params: list[Parameter] = check_parameters(params, type(self).__name__)
+        self.params: list[Parameter] = trainable(check_parameters(params, type(self).__name__),
+                                                 type(self).__name__)
         self.updates: int = 0
         self.schedule: Schedule | None = lr if callable(lr) else None
         self.lr: float = check_hyperparameter(lr(1) if callable(lr) else lr, "lr")
@@ -680,10 +686,23 @@ def check_parameters(params: Any, owner: str) -> list:
     return params
 
 
+def trainable(params: list, owner: str) -> list:
+    """The parameters of ``params`` that are not frozen (what ``owner``, an optimizer,
+    updates); refused when every one is frozen."""
+    kept = [p for p in params if not p.frozen]
+    if not kept:
+        raise ValueError(f"{owner}: all {len(params)} parameters are frozen: there is nothing "
+                         "to train (unfreeze some, or add adapters: npformer.nn.lora)")
+    return kept
+
+
 def check_gradients(params: Sequence) -> None:
     """Every parameter has a gradient of its own shape, dtype and array library (checked
     before an update changes anything: no half-done update)."""
     for i, p in enumerate(params):
+        if p.frozen:
+            raise RuntimeError(f"params[{i}] was frozen after the optimizer was built: build "
+                               "the optimizer after freezing (it keeps state for it)")
         if p.grad is None:
             raise RuntimeError(f"params[{i}] has no gradient (grad is None)")
         backend.namespace_of(p.data, p.grad)  # one array library (TypeError naming both)

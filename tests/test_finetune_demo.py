@@ -203,3 +203,89 @@ def test_sample_only_without_model_samples_the_run_in_out(smoke):
     last = empty.stderr.strip().splitlines()[-1]
     assert last.startswith("error: --sample-only samples the model fine-tuned in --out"), last
     assert "--model" in last
+
+
+# --------------------------------------------------------------------------- --lora
+LORA = ("--lora", "4", "--lora-alpha", "8", "--lora-targets", "c_attn,c_fc", "--lr", "0.05")
+
+
+@pytest.fixture(scope="module")
+def lora_smoke(checkpoint, text_file, tmp_path_factory):
+    out = tmp_path_factory.mktemp("lora")
+    result = run_demo("finetune.py", *SMOKE, *LORA, "--model", str(checkpoint), "--data",
+                      str(text_file), "--out", str(out), env_extra={"HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return out, result
+
+
+def test_lora_trains_only_the_adapters_and_writes_them_as_peft_does(lora_smoke, checkpoint):
+    """issue 49, item 5: --lora R trains the adapters alone (the base weights in model.npz
+    are the folder's, bit for bit); OUT/adapter loads in peft on the base model and gives
+    the logits of OUT/gpt2 (the adapters merged), which transformers loads."""
+    import peft
+    import torch
+
+    from npformer.interop import gpt2
+
+    from .conftest import using_backend
+    from .helpers import rel_diff
+
+    out, result = lora_smoke
+    metrics = json.loads((out / "metrics.json").read_text())
+    # two blocks: c_attn's A (16 x 4), shared by q, k, v, and B (4 x 48); c_fc's A (16 x 4)
+    # and B (4 x 20)
+    assert metrics["trained_parameters"] == 2 * (16 * 4 + 4 * 48 + 16 * 4 + 4 * 20)
+    assert "LoRA rank 4 on 4 projections" in result.stdout
+    with np.load(out / "model.npz") as saved:
+        params = {k.removeprefix("param/"): saved[k] for k in saved.files
+                  if k.startswith("param/")}
+    assert any(np.any(v) for k, v in params.items() if k.endswith("lora_B"))
+    with using_backend("numpy", "float32"):
+        base = tiered.CausalLM.from_pretrained(checkpoint)
+        for name, value in base.state_dict().items():
+            np.testing.assert_array_equal(params[name], value, err_msg=name)
+    config = json.loads((out / "adapter" / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], config["target_modules"]) == (4, 8.0,
+                                                                            ["c_attn", "c_fc"])
+    with_adapter = peft.PeftModel.from_pretrained(hf_model(checkpoint, "float32"),
+                                                  out / "adapter").eval()
+    merged = hf_model(out / "gpt2", "float32")
+    ids = torch.tensor(np.random.default_rng(0).integers(0, 50, (2, 10)))
+    with torch.no_grad():
+        a, b = with_adapter(ids).logits.numpy(), merged(ids).logits.numpy()
+        plain = hf_model(checkpoint, "float32")(ids).logits.numpy()
+    assert rel_diff(a, b) <= 1e-5 and rel_diff(a, plain) > 1e-4
+    assert gpt2.WEIGHTS_FILE in {p.name for p in (out / "gpt2").iterdir()}
+
+
+def test_a_resumed_lora_run_ends_as_the_uninterrupted_one(lora_smoke, checkpoint, text_file,
+                                                          tmp_path):
+    straight, _ = lora_smoke
+    args = (*SMOKE, *LORA, "--model", str(checkpoint), "--data", str(text_file), "--out",
+            str(tmp_path))
+    stopped = run_demo("finetune.py", *args, "--stop-after", "3")
+    assert stopped.returncode == 130, stopped.stderr[-3000:]
+    resumed = run_demo("finetune.py", "--resume", "--out", str(tmp_path), "--no-progress")
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    a, b = (json.loads((out / "metrics.json").read_text()) for out in (straight, tmp_path))
+    for key in ("val_loss_before", "val_loss", "updates", "trained_parameters"):
+        assert a[key] == b[key], key
+    with np.load(straight / "model.npz") as x, np.load(tmp_path / "model.npz") as y:
+        assert x.files == y.files and any("lora_A" in k for k in x.files)
+        for key in x.files:
+            if key != "meta":
+                np.testing.assert_array_equal(x[key], y[key], err_msg=key)
+    for name in ("adapter_model.safetensors", "adapter_config.json"):
+        assert (straight / "adapter" / name).read_bytes() == \
+            (tmp_path / "adapter" / name).read_bytes(), name
+
+
+def test_lora_targets_that_match_nothing_are_one_error_line(checkpoint, text_file, tmp_path):
+    result = run_demo("finetune.py", *SMOKE, "--lora", "2", "--lora-targets", "q_proj",
+                      "--model", str(checkpoint), "--data", str(text_file), "--out",
+                      str(tmp_path), env_extra={"HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: --lora-targets q_proj: target_modules ['q_proj'] match "
+                           "none of the model's projections (transformer.h.0.attn.c_attn"), last
+    assert "Traceback" not in result.stderr

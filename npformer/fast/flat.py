@@ -86,7 +86,7 @@ class FlatParameters:
         for i, p in enumerate(self.params):
             for name, views in kept:
                 value, view = getattr(p, name), views[i]
-                if value is view:
+                if value is view or (name == "grad" and p.frozen):  # frozen: no gradient
                     continue
                 if value is None or tuple(value.shape) != view.shape:
                     got = None if value is None else tuple(value.shape)

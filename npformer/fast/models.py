@@ -95,6 +95,13 @@ class _FastModel:
         if self._flat is not None:
             self._flat.sync()  # the loaded arrays copied into the buffer at once
 
+    def freeze(self):
+        """Freeze every parameter (:meth:`npformer.nn.Module.freeze`) and let the flat
+        gradient buffer of all of them go: the flat buffer is the trainable ones' (none)."""
+        super().freeze()
+        self._flat = None
+        return self
+
 
 class TransformerClassifier(_FastModel, models.TransformerClassifier):
     __doc__ = models.TransformerClassifier.__doc__

@@ -95,14 +95,29 @@ class Parameter:
     ``data`` and ``grad`` are rebound, never written through, so the same code works on
     namespaces without in-place writes (the strict array API).  ``decay`` tells AdamW
     whether weight decay applies (False for biases, norms and embeddings).
+
+    ``frozen`` (:meth:`freeze`, :meth:`Module.freeze`): not trained.  A frozen parameter
+    holds no gradient (``grad`` is None, and a backward's share is dropped, not added),
+    and the optimizers keep no state for it: the memory of a gradient and of Adam's two
+    moments, three arrays of the parameter's size, is not spent on it.
     """
 
-    __slots__ = ("data", "grad", "decay")
+    __slots__ = ("data", "grad", "decay", "frozen")
 
     def __init__(self, data: Array, decay: bool = True):
         self.data = data
         self.grad = None
         self.decay = decay
+        self.frozen = False
+        self.zero_grad()
+
+    def freeze(self) -> None:
+        """Stop training this parameter: its gradient array is released."""
+        self.frozen, self.grad = True, None
+
+    def unfreeze(self) -> None:
+        """Train this parameter again, from a zero gradient."""
+        self.frozen = False
         self.zero_grad()
 
     @property
@@ -110,11 +125,13 @@ class Parameter:
         return tuple(self.data.shape)
 
     def zero_grad(self) -> None:
-        self.grad = backend.namespace_of(self.data).zeros_like(self.data)
+        """A zero gradient (none for a frozen parameter)."""
+        self.grad = None if self.frozen else backend.namespace_of(self.data).zeros_like(self.data)
 
     def accumulate(self, grad: Array) -> None:
-        """``grad`` += the gradient of one use of this parameter."""
-        self.grad = self.grad + grad
+        """``grad`` += the gradient of one use of this parameter (dropped when frozen)."""
+        if not self.frozen:
+            self.grad = self.grad + grad
 
     def __repr__(self) -> str:
         return f"Parameter(shape={self.shape}, dtype={self.data.dtype})"
@@ -161,22 +178,57 @@ class Module:
                     yield f"{name}.{i}", child
 
     def named_parameters(self, prefix: str = "") -> Iterator[tuple[str, Parameter]]:
-        """(dotted name, Parameter) for every parameter, in definition order."""
+        """(dotted name, Parameter) for every parameter, in definition order; a parameter
+        two modules hold (LoRA adapters sharing one A) once, under its first name, as
+        ``torch.nn.Module.named_parameters`` does."""
+        seen: set[int] = set()
+        for name, p in self._all_named_parameters(prefix):
+            if id(p) not in seen:
+                seen.add(id(p))
+                yield name, p
+
+    def _all_named_parameters(self, prefix: str) -> Iterator[tuple[str, Parameter]]:
         for name, value in self._children():
             full = f"{prefix}{name}"
             if isinstance(value, Parameter):
                 yield full, value
             else:
-                yield from value.named_parameters(full + ".")
+                yield from value._all_named_parameters(full + ".")
 
     def parameters(self) -> list[Parameter]:
+        """Every parameter, frozen or not (what is saved and loaded)."""
         return [p for _, p in self.named_parameters()]
+
+    def trainable_parameters(self) -> list[Parameter]:
+        """The parameters that are not frozen: what an optimizer updates."""
+        return [p for p in self.parameters() if not p.frozen]
+
+    def freeze(self) -> Module:
+        """Freeze every parameter of this module and its children (:meth:`Parameter.freeze`):
+        no gradient arrays, no optimizer state.  Returns the module."""
+        for p in self.parameters():
+            p.freeze()
+        return self
+
+    def unfreeze(self) -> Module:
+        """Train every parameter of this module again (zero gradients).  Returns it."""
+        for p in self.parameters():
+            p.unfreeze()
+        return self
 
     def modules(self) -> Iterator[Module]:
         yield self
         for _, value in self._children():
             if isinstance(value, Module):
                 yield from value.modules()
+
+    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, Module]]:
+        """(dotted name, module) for this module ("" unless ``prefix``) and every module in
+        it, named as :meth:`named_parameters` names their parameters' owners."""
+        yield prefix.rstrip("."), self
+        for name, value in self._children():
+            if isinstance(value, Module):
+                yield from value.named_modules(f"{prefix}{name}.")
 
     def num_parameters(self) -> int:
         total = 0

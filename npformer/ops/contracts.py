@@ -568,6 +568,29 @@ def linear_inputs(x: Array, w: Array, b: Array | None = None, keep_input: bool =
     check_last_dim(x, w.shape[0], "linear input")
 
 
+def lora_inputs(x: Array, x_dropped: Array, w: Array, b: Array | None, lora_a: Array,
+                lora_b: Array, scale: float) -> None:
+    """The frozen map's x, W, b as :func:`linear_inputs`'; x_dropped of x's shape;
+    lora_a (D_in, r) and lora_b (r, D_out) floats of x's dtype with r >= 1; scale a finite
+    real number."""
+    linear_inputs(x, w, b)
+    check_real(scale, "LoRA scale (alpha / r)")
+    check_float(x_dropped, "LoRA adapter input")
+    if tuple(x_dropped.shape) != tuple(x.shape):
+        raise ValueError(f"LoRA adapter input (dropout of x) must have x's shape "
+                         f"{tuple(x.shape)}, got {tuple(x_dropped.shape)}")
+    for name, matrix in (("LoRA A", lora_a), ("LoRA B", lora_b)):
+        check_float(matrix, name)
+        check_rank(matrix, 2, name)
+    d_in, d_out = w.shape
+    if lora_a.shape[0] != d_in or lora_a.shape[1] < 1 or tuple(lora_b.shape) != (
+            lora_a.shape[1], d_out):
+        raise ValueError(f"LoRA A must have shape (D_in, r) = ({d_in}, r) with r >= 1 and B "
+                         f"(r, D_out) = (r, {d_out}), got A {tuple(lora_a.shape)} and B "
+                         f"{tuple(lora_b.shape)}")
+    check_same_dtype("LoRA", input=x, adapter_input=x_dropped, A=lora_a, B=lora_b)
+
+
 def layernorm_inputs(x: Array, gamma: Array, beta: Array, eps: float = 1e-5) -> None:
     """x (..., D), gamma (D,), beta (D,) with D >= 1, floats of one dtype; eps a finite
     real number >= 0."""

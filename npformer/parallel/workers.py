@@ -123,7 +123,7 @@ class DataParallel:
         shares summed (the replicas' were summed by each batch) -> the step's mean loss."""
         if self.ranks.size == 1:
             return loss_share
-        params = self.model.parameters()
+        params = self.model.trainable_parameters()  # frozen ones have no gradient
         flat = flat_buffer_of(params)
         if flat is not None:                                            # 4. sum, ranks
             self.allreduce(flat.grad)  # the model's flat gradient buffer, as it is: no copy

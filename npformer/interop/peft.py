@@ -1,0 +1,244 @@
+"""LoRA adapters in PEFT's files: ``adapter_model.safetensors`` and ``adapter_config.json``.
+
+PEFT (``peft.PeftModel.save_pretrained``) writes, for each adapted module ``NAME`` of the
+torch model, ``base_model.model.NAME.lora_A.weight`` (r, D_in) and
+``base_model.model.NAME.lora_B.weight`` (D_out, r): the transposes of npformer's
+``lora_A`` (D_in, r) and ``lora_B`` (r, D_out) (:mod:`npformer.nn.lora`), and the
+config (``r``, ``lora_alpha``, ``lora_dropout``, ``target_modules``, ...).
+
+The names are the torch model's.  A :class:`Naming` says which npformer Linears each
+torch module is: itself (:func:`same_names`: a model whose torch twin names its layers as
+npformer does), or, for GPT-2 (:func:`gpt2_names`), ``transformer.h.{i}.attn.c_proj`` is
+``blocks.{i}.self_attn.out_proj``, ``mlp.c_fc`` is ``ffn.linear1``, ``mlp.c_proj`` is
+``ffn.linear2``, and the fused ``attn.c_attn`` (D -> 3D) is the three ``q_proj``,
+``k_proj``, ``v_proj``: its adapter x A [B_q B_k B_v] is theirs with one A shared
+(:func:`npformer.nn.lora.share_lora_a`) and B cut into its column blocks.
+
+* :func:`apply_adapters`: adapters on the layers PEFT's ``target_modules`` names choose;
+* :func:`save_adapter` / :func:`load_adapter`: the two files, written and read (a folder
+  PEFT wrote: adapters put on the layers it names, with its rank, alpha and dropout).
+
+Refused by name: what npformer's adapters do not compute (``use_rslora``, DoRA, per-layer
+``rank_pattern`` / ``alpha_pattern``, trained biases, another ``peft_type``).
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import backend
+from ..nn.layers import Linear
+from ..nn.lora import LoRALinear, apply_lora, lora_layers, matches, share_lora_a
+from ..nn.module import Module
+from ..nn.state import read_safetensors
+
+WEIGHTS_FILE = "adapter_model.safetensors"
+CONFIG_FILE = "adapter_config.json"
+PREFIX = "base_model.model."  # PEFT's prefix of the base model's names
+PEFT_DEFAULT_ALPHA = 8  # LoraConfig's lora_alpha when a config leaves it out
+
+# what a config may say and npformer computes: {key: the one value npformer supports}
+_UNSUPPORTED = {"use_rslora": False, "use_dora": False, "rank_pattern": {},
+                "alpha_pattern": {}, "bias": "none", "lora_bias": False,
+                "layers_to_transform": None, "modules_to_save": None,
+                "layer_replication": None, "target_parameters": None,
+                "trainable_token_indices": None}
+
+
+@dataclass(frozen=True)
+class Naming:
+    """The torch model's module names and the npformer Linears each one is, in order
+    (several: the column blocks of one fused projection); ``fan_in_fan_out``: whether the
+    torch modules store (D_in, D_out) weights (GPT-2's Conv1D), as PEFT's config says."""
+
+    modules: tuple[tuple[str, tuple[str, ...]], ...]
+    fan_in_fan_out: bool = False
+
+    def chosen(self, targets: str | Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
+        """The (torch name, npformer names) that PEFT's ``target_modules`` choose."""
+        return [(name, parts) for name, parts in self.modules if matches(name, targets)]
+
+
+def same_names(model: Module) -> Naming:
+    """Each Linear of ``model`` under its own name (a torch model named as npformer's)."""
+    return Naming(tuple((name, (name,)) for name, m in model.named_modules()
+                        if isinstance(m, (Linear, LoRALinear))))
+
+
+def gpt2_names(config: Any) -> Naming:
+    """GPT2LMHeadModel's projections (see the module docstring) for a CausalLM of
+    ``config``."""
+    modules = []
+    for i in range(config.num_layers):
+        h, n = f"transformer.h.{i}.", f"blocks.{i}."
+        modules += [(h + "attn.c_attn", tuple(f"{n}self_attn.{p}_proj" for p in "qkv")),
+                    (h + "attn.c_proj", (n + "self_attn.out_proj",)),
+                    (h + "mlp.c_fc", (n + "ffn.linear1",)),
+                    (h + "mlp.c_proj", (n + "ffn.linear2",))]
+    return Naming(tuple(modules), fan_in_fan_out=True)
+
+
+def apply_adapters(model: Module, naming: Naming, target_modules: str | Sequence[str], r: int,
+                   alpha: float | None = None, dropout: float = 0.0) -> list[str]:
+    """:func:`npformer.nn.lora.apply_lora` on the Linears of the torch modules that
+    ``target_modules`` (PEFT's, in the torch model's names) choose; one A shared by the
+    blocks of a fused one.  Returns the chosen torch modules' names."""
+    chosen = naming.chosen(target_modules)
+    if not chosen:
+        known = ", ".join(name for name, _ in naming.modules[:4])
+        raise ValueError(f"target_modules {target_modules!r} match none of the model's "
+                         f"projections ({known}{', ...' if len(naming.modules) > 4 else ''})")
+    apply_lora(model, [part for _, parts in chosen for part in parts], r, alpha, dropout)
+    adapters = lora_layers(model)
+    for _, parts in chosen:
+        if len(parts) > 1:
+            share_lora_a([adapters[part] for part in parts])
+    return [name for name, _ in chosen]
+
+
+# --------------------------------------------------------------------------- the files
+def adapter_arrays(model: Module, naming: Naming) -> dict[str, np.ndarray]:
+    """{PEFT key: array} of ``model``'s adapters (A^T (r, D_in), B^T (D_out, r))."""
+    adapters, out = lora_layers(model), {}
+    for name, parts in naming.modules:
+        layers = [adapters.get(part) for part in parts]
+        if all(layer is None for layer in layers):
+            continue
+        if any(layer is None for layer in layers) or len({id(lay.lora_A) for lay in layers}) > 1:
+            raise ValueError(f"{name} is one projection in PEFT's model, but its npformer "
+                             f"layers {list(parts)} do not hold one adapter (one A shared: "
+                             "apply_adapters puts it there)")
+        b = np.concatenate([backend.to_numpy(lay.lora_B.data) for lay in layers], axis=1)
+        out[f"{PREFIX}{name}.lora_A.weight"] = np.ascontiguousarray(
+            backend.to_numpy(layers[0].lora_A.data).T)  # (r, D_in)
+        out[f"{PREFIX}{name}.lora_B.weight"] = np.ascontiguousarray(b.T)  # (D_out, r)
+    if not out:
+        raise ValueError(f"{type(model).__name__} holds no LoRA adapters to save")
+    return out
+
+
+def adapter_config(model: Module, naming: Naming, base_model: str | None = None,
+                   task_type: str | None = None) -> dict[str, Any]:
+    """PEFT's ``adapter_config.json`` of ``model``'s adapters (one rank, alpha, dropout)."""
+    adapters = list(lora_layers(model).values())
+    settings = {(a.r, a.alpha, a.dropout.p) for a in adapters}
+    if len(settings) != 1:
+        raise ValueError(f"PEFT's config holds one rank, alpha and dropout; the adapters have "
+                         f"{sorted(settings)} (r, alpha, dropout)")
+    (r, alpha, dropout), = settings
+    targets = target_modules(sorted({key[len(PREFIX):].rsplit(".lora_", 1)[0]
+                                     for key in adapter_arrays(model, naming)}), naming)
+    return {"peft_type": "LORA", "task_type": task_type, "base_model_name_or_path": base_model,
+            "revision": None, "inference_mode": True, "r": r, "lora_alpha": alpha,
+            "lora_dropout": dropout, "target_modules": targets,
+            "fan_in_fan_out": naming.fan_in_fan_out, "init_lora_weights": True,
+            **_UNSUPPORTED}
+
+
+def target_modules(adapted: list[str], naming: Naming) -> list[str]:
+    """PEFT's ``target_modules`` choosing exactly the modules ``adapted``: their last
+    names ("c_attn") where those choose no other module, else their whole names."""
+    short = sorted({name.rsplit(".", 1)[-1] for name in adapted})
+    exact = sorted(name for name, _ in naming.chosen(short)) == sorted(adapted)
+    return short if exact else sorted(adapted)
+
+
+def save_adapter(model: Module, folder: str | os.PathLike, naming: Naming,
+                 base_model: str | None = None, task_type: str | None = None) -> Path:
+    """Write ``folder``/adapter_model.safetensors and adapter_config.json (PEFT's layout:
+    ``peft.PeftModel.from_pretrained(torch_model, folder)`` loads them)."""
+    from safetensors.numpy import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    config = adapter_config(model, naming, base_model, task_type)
+    save_file(adapter_arrays(model, naming), str(folder / WEIGHTS_FILE),
+              metadata={"format": "pt"})
+    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    return folder
+
+
+def read_adapter_config(folder: Path) -> dict[str, Any]:
+    """``folder``/adapter_config.json, refused unless npformer computes what it says."""
+    path = folder / CONFIG_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: an adapter folder holds {CONFIG_FILE} "
+                                f"and {WEIGHTS_FILE}")
+    config = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(config, dict) or config.get("peft_type") != "LORA":
+        got = config.get("peft_type") if isinstance(config, dict) else type(config).__name__
+        raise ValueError(f"{path}: peft_type must be 'LORA', got {got!r}")
+    for key, supported in _UNSUPPORTED.items():
+        if config.get(key, supported) not in (supported, None) and not (
+                supported == {} and not config.get(key)):
+            raise ValueError(f"{path}: {key}={config[key]!r} is not implemented by npformer's "
+                             f"LoRA (only {supported!r})")
+    return config
+
+
+def load_adapter(model: Module, folder: str | os.PathLike, naming: Naming) -> list[str]:
+    """Put the adapters of a PEFT folder on ``model`` (its layers as the file names them,
+    its rank, alpha and dropout; A and B from the file) and return their torch names.
+    ``model`` must not hold adapters already."""
+    folder = Path(folder)
+    config = read_adapter_config(folder)
+    arrays = read_safetensors(folder / WEIGHTS_FILE, stacklevel=3)
+    names = adapted_modules(arrays, folder / WEIGHTS_FILE)
+    if lora_layers(model):
+        raise ValueError(f"{type(model).__name__} holds adapters already: load {folder} into "
+                         "the base model")
+    known = dict(naming.modules)
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise ValueError(f"{folder / WEIGHTS_FILE} adapts {unknown[:3]}, which the model does "
+                         "not have (another model's adapter?)")
+    if "r" not in config:
+        raise ValueError(f"{folder / CONFIG_FILE} holds no rank r")
+    apply_adapters(model, naming, list(names), int(config["r"]),
+                   float(config.get("lora_alpha", PEFT_DEFAULT_ALPHA)),
+                   float(config.get("lora_dropout") or 0.0))
+    adapters = lora_layers(model)
+    for name in names:
+        _set_adapter([adapters[part] for part in known[name]], arrays, name)
+    return list(names)
+
+
+def adapted_modules(arrays: dict[str, np.ndarray], where: Path) -> list[str]:
+    """The module names of a PEFT weights file, each with exactly its A and B."""
+    names: dict[str, set[str]] = {}
+    for key in arrays:
+        body = key[len(PREFIX):] if key.startswith(PREFIX) else None
+        module, _, which = (body or "").rpartition(".lora_")
+        if body is None or which not in ("A.weight", "B.weight"):
+            raise ValueError(f"{where}: {key!r} is not a LoRA weight in PEFT's names "
+                             f"({PREFIX}NAME.lora_A.weight / .lora_B.weight)")
+        names.setdefault(module, set()).add(which)
+    incomplete = [n for n, kinds in names.items() if len(kinds) != 2]
+    if incomplete:
+        raise ValueError(f"{where}: {incomplete[:3]} hold lora_A or lora_B without the other")
+    return list(names)
+
+
+def _set_adapter(layers: list[LoRALinear], arrays: dict[str, np.ndarray], name: str) -> None:
+    """A and B of the torch module ``name`` into its npformer layers (B's column blocks)."""
+    a = arrays[f"{PREFIX}{name}.lora_A.weight"].T  # (D_in, r)
+    b = arrays[f"{PREFIX}{name}.lora_B.weight"].T  # (r, D_out)
+    widths = [layer.out_features for layer in layers]
+    want_a, want_b = layers[0].lora_A.shape, (layers[0].r, sum(widths))
+    if a.shape != want_a or b.shape != want_b:
+        raise ValueError(f"{name}: lora_A.weight {a.shape[::-1]} and lora_B.weight "
+                         f"{b.shape[::-1]} do not fit the model's projection: expected "
+                         f"{want_a[::-1]} and {want_b[::-1]}")
+    layers[0].lora_A.data = backend.copy_like(np.ascontiguousarray(a), layers[0].lora_A.data)
+    start = 0
+    for layer, width in zip(layers, widths):
+        block = np.ascontiguousarray(b[:, start:start + width])
+        layer.lora_B.data = backend.copy_like(block, layer.lora_B.data)
+        start += width
+

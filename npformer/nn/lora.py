@@ -1,0 +1,220 @@
+"""LoRA adapters on any model made of npformer :class:`~npformer.nn.Linear` layers.
+
+* :class:`LoRALinear`: a frozen Linear's weight and bias plus a trained low-rank update
+  (the op and its derivation: :mod:`npformer.ops.lora`); ``merge()`` folds the update into
+  the weight, ``unmerge()`` restores the weight bit for bit.
+* :func:`apply_lora`: freeze a model (:meth:`npformer.nn.Module.freeze`: no gradients,
+  no optimizer state) and wrap the Linear layers whose names match ``targets``, as PEFT's
+  ``target_modules`` choose them; :func:`merge_lora` / :func:`unmerge_lora` for all of them.
+* :func:`lora_layers`: {name: LoRALinear} of a model.
+
+The adapters' files, in PEFT's layout and names: :mod:`npformer.interop.peft`.
+
+A LoRALinear keeps the Linear's parameters under the Linear's names (``weight``,
+``bias``) and adds ``lora_A`` (D_in, r) and ``lora_B`` (r, D_out), the math's
+orientation (as npformer's W is (D_in, D_out); PEFT's ``lora_A.weight`` and
+``lora_B.weight`` are their transposes).  A model's weights keep their names, so its
+checkpoints and Hugging Face exports still find them.
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from .. import backend, ops
+from ..backend import Array
+from ..ops.contracts import check_probability, check_real, check_size
+from ..ops.lora import lora_backward, lora_forward
+from .layers import Dropout, Linear
+from .module import Module, Parameter
+
+
+def kaiming_uniform_a(d_in: int, r: int, like: Array) -> Array:
+    """A (D_in, r) as PEFT draws ``lora_A.weight`` (r, D_in): kaiming-uniform with
+    a = sqrt(5), i.e. U(-b, b) with b = gain sqrt(3 / fan_in), gain = sqrt(2 / (1 + a^2)),
+    fan_in = D_in: b = 1 / sqrt(D_in).  In ``like``'s dtype and backend."""
+    a = math.sqrt(5.0)
+    bound = math.sqrt(2.0 / (1.0 + a * a)) * math.sqrt(3.0 / d_in)  # = 1 / sqrt(D_in)
+    draw = (backend.random_uniform((d_in, r)) * 2.0 - 1.0) * bound
+    return backend.copy_like(draw, like)
+
+
+class LoRALinear(Module):
+    """y = x W + b + (alpha / r) dropout(x) A B, with W and b a Linear's (frozen) and A
+    (D_in, r), B (r, D_out) trained; B starts at zero, A as PEFT draws it.
+
+    ``forward(x, keep_input=True)`` and ``backward(dy, x=None)`` take the arguments of
+    either tier's Linear (the adapter always keeps its input: ``keep_input`` and ``x``
+    are accepted and not needed)."""
+
+    def __init__(self, base: Linear, r: int, alpha: float | None = None, dropout: float = 0.0):
+        if not isinstance(base, Linear):
+            raise TypeError(f"LoRALinear adapts a Linear layer, got {type(base).__name__}")
+        self.r = check_size(r, "r (the LoRA rank)", 1)
+        self.alpha = float(self.r) if alpha is None else check_real(
+            alpha, "alpha (lora_alpha)", 0.0, inclusive=False)
+        check_probability(dropout)
+        self.in_features, self.out_features = base.in_features, base.out_features
+        base.freeze()
+        self.weight, self.bias = base.weight, base.bias  # the frozen map, its own names
+        w = base.weight.data
+        zeros = backend.namespace_of(w).zeros((self.r, self.out_features), dtype=w.dtype,
+                                              device=getattr(w, "device", None))
+        self.lora_A = Parameter(kaiming_uniform_a(self.in_features, self.r, w))
+        self.lora_B = Parameter(zeros)
+        self.dropout = Dropout(dropout)
+        self.merged = False
+        self._unmerged_weight: Array | None = None
+
+    @property
+    def scale(self) -> float:
+        """alpha / r: the update's scale (PEFT's ``scaling``)."""
+        return self.alpha / self.r
+
+    def delta_weight(self) -> Array:
+        """s A B (D_in, D_out): what the adapter adds to W."""
+        return self.scale * (self.lora_A.data @ self.lora_B.data)
+
+    def forward(self, x: Array, keep_input: bool = True) -> Array:
+        """x (..., D_in) -> (..., D_out)."""
+        bias = None if self.bias is None else self.bias.data
+        if self.merged:  # x (W + s A B) + b: the base map alone, for inference
+            y, cache = ops.linear_forward(x, self.weight.data, bias)
+            self._save(cache)
+            return y
+        x_dropped = self.dropout(x)  # (..., D_in)
+        y, cache = lora_forward(x, x_dropped, self.weight.data, bias, self.lora_A.data,
+                                self.lora_B.data, self.scale)
+        self._save(cache)
+        return y
+
+    def backward(self, dy: Array, x: Array | None = None) -> Array:
+        """dy (..., D_out) -> dx (..., D_in); adds the gradients of A and B (not W's, b's)."""
+        if self.merged:
+            raise RuntimeError("LoRALinear is merged (its update is in the frozen weight): "
+                               "unmerge() it to train the adapter")
+        dx, dx_dropped, da, db = lora_backward(dy, self._pop_saved())
+        self.lora_A.accumulate(da)
+        self.lora_B.accumulate(db)
+        return dx + self.dropout.backward(dx_dropped)  # x reaches y both ways
+
+    def merge(self) -> None:
+        """W <- W + s A B: the adapted map in the weight alone (inference, export; the
+        forward is then the Linear's, equal to the adapter's to rounding).  The weight
+        before is kept, so :meth:`unmerge` restores it bit for bit (W + D - D rounds)."""
+        if self.merged:
+            raise RuntimeError("LoRALinear is already merged")
+        self._unmerged_weight = backend.copy_like(self.weight.data, self.weight.data)
+        self.weight.data = self.weight.data + self.delta_weight()
+        self.merged = True
+
+    def unmerge(self) -> None:
+        """The weight before :meth:`merge`, exactly."""
+        if not self.merged:
+            raise RuntimeError("LoRALinear is not merged: there is nothing to unmerge")
+        self.weight.data, self._unmerged_weight = self._unmerged_weight, None
+        self.merged = False
+
+    def __repr__(self) -> str:
+        return (f"LoRALinear({self.in_features}, {self.out_features}, r={self.r}, "
+                f"alpha={self.alpha}, dropout={self.dropout.p})")
+
+
+# --------------------------------------------------------------------------- on a model
+def matches(name: str, targets: str | Sequence[str]) -> bool:
+    """Whether the module ``name`` is a target, as PEFT's ``target_modules`` says: a string
+    is a regular expression the whole name must match; a list holds names the module's
+    name is, or ends with after a dot ("q_proj" matches "blocks.0.self_attn.q_proj")."""
+    if isinstance(targets, str):
+        return re.fullmatch(targets, name) is not None
+    return any(name == t or name.endswith("." + t) for t in targets)
+
+
+def apply_lora(model: Module, targets: str | Sequence[str], r: int,
+               alpha: float | None = None, dropout: float = 0.0) -> list[str]:
+    """Freeze ``model`` and put a :class:`LoRALinear` (rank ``r``, ``alpha``, ``dropout``)
+    in place of each Linear layer whose name matches ``targets`` (:func:`matches`).
+    Returns the adapted layers' names.  Afterwards only the adapters train:
+    ``AdamW(model.parameters())`` keeps state for them alone."""
+    check_targets(targets)
+    check_size(r, "r (the LoRA rank)", 1)
+    linears = [(name, m) for name, m in model.named_modules() if isinstance(m, Linear)]
+    chosen = [(name, m) for name, m in linears if matches(name, targets)]
+    if not chosen:
+        raise ValueError(f"targets {targets!r} match none of the model's Linear layers "
+                         f"({', '.join(name for name, _ in linears[:6]) or 'none'}"
+                         f"{', ...' if len(linears) > 6 else ''})")
+    model.freeze()
+    for name, linear in chosen:
+        replace_module(model, name, LoRALinear(linear, r, alpha, dropout))
+    return [name for name, _ in chosen]
+
+
+def check_targets(targets: Any) -> None:
+    """``targets``: a regular expression, or a non-empty list of module names."""
+    if isinstance(targets, str):
+        try:
+            re.compile(targets)
+        except re.error as exc:
+            raise ValueError(f"targets {targets!r} is not a regular expression: {exc}") from None
+        return
+    if isinstance(targets, (list, tuple)) and targets and all(
+            isinstance(t, str) and t for t in targets):
+        return
+    raise TypeError(f"targets must be a regular expression (str) or a non-empty list of module "
+                    f"names, got {targets!r}")
+
+
+def replace_module(model: Module, name: str, new: Module) -> None:
+    """Put ``new`` where the module ``name`` ("blocks.0.ffn.linear1") is in ``model``."""
+    *path, last = name.split(".")
+    parent = model
+    for part in path:
+        parent = parent[int(part)] if isinstance(parent, (list, tuple)) else getattr(parent, part)
+    if isinstance(parent, list):
+        parent[int(last)] = new
+    elif isinstance(parent, tuple):
+        raise TypeError(f"cannot replace {name}: its owner holds its layers in a tuple")
+    else:
+        setattr(parent, last, new)
+
+
+def share_lora_a(layers: Sequence[LoRALinear]) -> None:
+    """One A for ``layers`` (the first's), each keeping its own B: the adapter of one
+    fused projection split into several Linears (GPT-2's ``c_attn``, npformer's q, k and
+    v), x A B_q, x A B_k, x A B_v being the columns of x A [B_q B_k B_v].  A's gradient
+    is the sum of the layers' shares (each adds its own); it is one parameter, named
+    once (the first layer's ``lora_A``).  Each layer draws its own dropout mask."""
+    first = layers[0]
+    for layer in layers[1:]:
+        if (layer.in_features, layer.r, layer.alpha) != (first.in_features, first.r,
+                                                          first.alpha):
+            raise ValueError(f"adapters sharing one A need one input width, rank and alpha: "
+                             f"got {first!r} and {layer!r}")
+        layer.lora_A = first.lora_A
+
+
+def lora_layers(model: Module) -> dict[str, LoRALinear]:
+    """{name: LoRALinear} of every adapter in ``model``, in the model's order."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, LoRALinear)}
+
+
+def merge_lora(model: Module) -> None:
+    """:meth:`LoRALinear.merge` every adapter of ``model``."""
+    for layer in _adapters(model).values():
+        layer.merge()
+
+
+def unmerge_lora(model: Module) -> None:
+    """:meth:`LoRALinear.unmerge` every adapter of ``model``: the weights before, exactly."""
+    for layer in _adapters(model).values():
+        layer.unmerge()
+
+
+def _adapters(model: Module) -> dict[str, LoRALinear]:
+    layers = lora_layers(model)
+    if not layers:
+        raise ValueError(f"{type(model).__name__} holds no LoRA adapters (apply_lora first)")
+    return layers
