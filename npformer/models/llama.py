@@ -24,14 +24,13 @@ restores into a model built from its config (``restore``); :func:`npformer.check
 build_model`, which picks the class by kind, builds :class:`npformer.models.CausalLM` s.
 
 Hugging Face folders (``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``):
-:meth:`LlamaCausalLM.from_pretrained` and :meth:`LlamaCausalLM.save_pretrained`
-(:mod:`npformer.interop.hf_llama`).
+:func:`npformer.interop.hf_llama.from_pretrained` and ``save_pretrained`` (the interop
+layer sits above the models, so the functions live there, not on the class).
 """
 from __future__ import annotations
 
 import math
 import numbers
-import os
 from dataclasses import dataclass
 
 from .. import backend, ops
@@ -247,22 +246,3 @@ class LlamaCausalLM(Module):
         for layer, layer_cache in zip(self.layers, cache.blocks):
             x = layer(x, cos, sin, mask, cache=layer_cache.self_attn)
         return self._logits(self.norm(x))
-
-    # ------------------------------------------------------------------ Hugging Face
-    @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, dtype: str | None = None
-                        ) -> LlamaCausalLM:
-        """A ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` or ``Qwen3ForCausalLM`` folder
-        (``config.json``, ``model.safetensors`` or its shards).  See
-        :func:`npformer.interop.hf_llama.from_pretrained`."""
-        from ..interop import hf_llama
-
-        return hf_llama.from_pretrained(cls, path, dtype=dtype)
-
-    def save_pretrained(self, path: str | os.PathLike) -> None:
-        """Write this model as a Hugging Face folder that ``transformers`` loads (a
-        ``LlamaForCausalLM``, or Qwen2's or Qwen3's where their options are set).  See
-        :func:`npformer.interop.hf_llama.save_pretrained`."""
-        from ..interop import hf_llama
-
-        hf_llama.save_pretrained(self, path)
