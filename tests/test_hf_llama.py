@@ -224,3 +224,24 @@ def test_missing_and_misshapen_weights_are_named(torch, tmp_path):
 def test_save_refuses_another_model(tmp_path):
     with raises_naming(TypeError, "LlamaCausalLM", "str"):
         hf_llama.save_pretrained("model", tmp_path)
+
+
+def test_load_reads_the_tokenizer(torch, tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    _, folder = build(torch, tmp_path, "qwen3_tied")
+    words = ["<pad>", "the", "cat", "sat", "on", "mat", "a", "dog", "ran", "to", "it",
+             "</s>", "."]
+    inner = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<pad>"))
+    inner.pre_tokenizer = pre_tokenizers.Whitespace()
+    inner.save(str(folder / "tokenizer.json"))
+    edited(folder, eos_token_id=11)
+    with using_backend("numpy", "float64"):
+        model, tokenizer = hf_llama.load(folder)
+    assert tokenizer.eos_id == 11 and model.config.vocab_size == 13
+    assert tokenizer.encode("the cat sat .") == [1, 2, 3, 12]
+    words.append("extra")  # a vocabulary larger than the model's is refused
+    inner = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<pad>"))
+    inner.save(str(folder / "tokenizer.json"))
+    with raises_naming(PretrainedError, "14 tokens", "13 token embeddings"):
+        hf_llama.load(folder)

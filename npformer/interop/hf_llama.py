@@ -10,7 +10,9 @@ A folder is what ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` or ``Qwen3ForCausalL
   ``max_position_embeddings``), ``rms_norm_eps``, the rotary base and scaling (the older
   ``rope_theta`` and ``rope_scaling``, or transformers 5's ``rope_parameters``),
   ``tie_word_embeddings``, ``attention_bias``;
-* ``model.safetensors``, or shards named by ``model.safetensors.index.json``.
+* ``model.safetensors``, or shards named by ``model.safetensors.index.json``;
+* ``tokenizer.json``, read with the ``tokenizers`` library (:func:`load`; its end of text
+  is config.json's ``eos_token_id``).
 
 The weights map one to one: Hugging Face's names less ``model.`` are npformer's
 (``model.layers.0.self_attn.q_proj.weight`` is ``layers.0.self_attn.q_proj.weight``), and
@@ -43,11 +45,13 @@ from .gpt2 import (
     CONFIG_FILE,
     WEIGHTS_FILE,
     PretrainedError,
+    Tokenizer,
     _first,
     _json_object,
     _read_weights,
     _switch,
     _write_whole,
+    check_tokenizer,
     resolve,
 )
 
@@ -271,3 +275,13 @@ def save_pretrained(model: LlamaCausalLM, path: str | os.PathLike) -> Path:
         json.dumps(values, indent=2) + "\n", encoding="utf-8"))
     return folder
 
+
+def load(path: str | os.PathLike, dtype: str | None = None) -> tuple[LlamaCausalLM, Tokenizer]:
+    """The model and the tokenizer (``tokenizer.json``, through ``tokenizers``) of a Llama,
+    Qwen2 or Qwen3 folder or Hub name (:func:`from_pretrained`), the tokenizer checked
+    against the model: its ids index the model's embeddings."""
+    folder = resolve(path)
+    tokenizer = Tokenizer.from_pretrained(folder)
+    model = from_pretrained(folder, dtype=dtype)
+    check_tokenizer(tokenizer, model)
+    return model, tokenizer
