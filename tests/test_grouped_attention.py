@@ -20,6 +20,7 @@ from npformer import backend, ops
 from npformer.gradcheck import check_op
 from npformer.ops.grouped_attention import grouped_attention_backward, grouped_attention_forward
 
+from .conftest import using_backend
 from .helpers import GRADCHECK_TOL, PARITY_RTOL, assert_close, raises_naming, to_host, to_torch
 
 seeds = st.integers(0, 2**32 - 1)
@@ -117,7 +118,7 @@ def test_parity(torch, dtype, kind, seed, b, heads, t, s, e, f):
         attn_mask=tmask)
     g = np.random.default_rng(seed + 1).standard_normal(tuple(ty.shape)).astype(dtype)
     ty.backward(to_torch(torch, g))
-    with backend_of(dtype):
+    with using_backend("numpy", dtype):
         out, cache = grouped_attention_forward(
             backend.asarray(q), backend.asarray(k), backend.asarray(v),
             None if mask is None else backend.asarray(mask))
@@ -127,12 +128,6 @@ def test_parity(torch, dtype, kind, seed, b, heads, t, s, e, f):
         for name, ours, theirs in zip("qkv", grads, (tq, tk, tv)):
             assert tuple(ours.shape) == tuple(theirs.shape), name
             assert_close(ours, to_host(theirs.grad), rtol, f"grouped attention d{name}")
-
-
-def backend_of(dtype):
-    from .conftest import using_backend
-
-    return using_backend("numpy", dtype)
 
 
 # =========================================================================== errors
