@@ -1,9 +1,11 @@
 """The three Transformer architectures, built from :mod:`npformer.nn` layers."""
 from .classifier import ClassifierConfig, TransformerClassifier
+from .llama import LlamaCausalLM, LlamaConfig
 from .lm import CausalLM, CausalLMConfig
 from .seq2seq import Seq2SeqConfig, Seq2SeqTransformer
 
+# by kind, as checkpoints name them (LlamaCausalLM is a "causal_lm" too: restored, not built)
 MODELS = {cls.kind: cls for cls in (TransformerClassifier, CausalLM, Seq2SeqTransformer)}
 
 __all__ = ["ClassifierConfig", "TransformerClassifier", "CausalLM", "CausalLMConfig",
-           "Seq2SeqConfig", "Seq2SeqTransformer", "MODELS"]
+           "Seq2SeqConfig", "Seq2SeqTransformer", "LlamaConfig", "LlamaCausalLM", "MODELS"]

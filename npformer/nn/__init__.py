@@ -21,8 +21,10 @@ from .layers import (
                         LayerNorm,
                         LearnedPositionalEmbedding,
                         Linear,
+                        RMSNorm,
                         SinusoidalPositionalEncoding,
 )
+from .llama import GroupedQueryAttention, LlamaBlock, SwiGLUFeedForward
 from .module import (
                         Module,
                         Parameter,

@@ -203,3 +203,27 @@ class Activation(Module):
     def backward(self, dy: Array) -> Array:
         return ops.activation(self.name)[1](dy, self._pop_saved())
 
+
+
+class RMSNorm(Module):
+    """Root-mean-square norm over the last axis (Llama's ``LlamaRMSNorm``): weight 1 at
+    init, no bias; ``eps`` a positive number (Llama's 1e-6)."""
+
+    def __init__(self, normalized_shape: int, eps: float = ops.rmsnorm.EPS):
+        check_size(normalized_shape, "RMS norm width", 1)
+        xp, dtype, dev = backend.xp(), backend.default_float(), backend.device()
+        self.eps = check_real(eps, "RMS norm eps", 0.0, inclusive=False)
+        self.weight = Parameter(xp.ones((normalized_shape,), dtype=dtype, device=dev),
+                                decay=False)
+
+    def forward(self, x: Array) -> Array:
+        """x (..., D) -> (..., D)."""
+        y, cache = ops.rmsnorm_forward(x, self.weight.data, self.eps)
+        self._save(cache)
+        return y
+
+    def backward(self, dy: Array) -> Array:
+        """dy (..., D) -> dx (..., D); the weight's gradient is added."""
+        dx, dweight = ops.rmsnorm_backward(dy, self._pop_saved())
+        self.weight.accumulate(dweight)
+        return dx

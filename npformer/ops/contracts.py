@@ -726,6 +726,37 @@ def attention_inputs(q: Array, k: Array, v: Array, mask: Array | None = None,
         check_size(block_scores, "block_scores", 1)
 
 
+def grouped_attention_inputs(q: Array, k: Array, v: Array, mask: Array | None = None) -> None:
+    """q (..., H, T, E), k (..., Hkv, S, E), v (..., Hkv, S, F) floats of one dtype, E >= 1,
+    H a multiple of Hkv (each key/value head serves H / Hkv query heads); mask boolean
+    broadcasting to (..., H, T, S)."""
+    for name, a in (("queries", q), ("keys", k), ("values", v)):
+        check_array(a, f"grouped attention {name}")
+    for name, a in (("queries", q), ("keys", k), ("values", v)):
+        check_float(a, f"grouped attention {name}")
+        check_min_rank(a, 3, f"grouped attention {name}", "heads, positions, width")
+    check_same_dtype("grouped attention", queries=q, keys=k, values=v)
+    heads, kv_heads = q.shape[-3], k.shape[-3]
+    if kv_heads == 0 or heads % kv_heads:
+        raise ValueError(f"grouped attention: the queries' {heads} heads (axis -3 of "
+                         f"{tuple(q.shape)}) must be a multiple of the keys' and values' "
+                         f"{kv_heads} heads (axis -3 of {tuple(k.shape)}): each key/value head "
+                         "serves a group of query heads; num_attention_heads must be a "
+                         "multiple of num_key_value_heads")
+    if k.shape[:-1] != v.shape[:-1]:
+        raise ValueError(f"grouped attention keys {tuple(k.shape)} and values "
+                         f"{tuple(v.shape)} must agree on every axis but the last")
+    if q.shape[:-3] != k.shape[:-3] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"grouped attention queries {tuple(q.shape)} and keys "
+                         f"{tuple(k.shape)} must agree on the leading axes and the last "
+                         "(width) axis")
+    if q.shape[-1] == 0:
+        raise ValueError(f"grouped attention queries and keys must have a width (last axis) "
+                         f"of at least 1, got queries of shape {tuple(q.shape)}")
+    if mask is not None:
+        check_mask(mask, tuple(q.shape[:-1]) + (k.shape[-2],), "attention mask")
+
+
 def attention_weights_inputs(q: Array, k: Array, mask: Array | None = None) -> None:
     attention_inputs(q, k, k, mask)
 

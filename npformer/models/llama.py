@@ -1,0 +1,248 @@
+"""Llama-shaped causal language model: Llama 3, SmolLM2, TinyLlama, Qwen2, Qwen3.
+
+    ids (B, T) -> token embeddings -> N pre-norm blocks (RMS norms, grouped-query
+               attention with rotary positions, SwiGLU feed-forward) -> final RMS norm
+               -> logits (B, T, V)
+
+The layers are :class:`npformer.nn.LlamaBlock` s (see :mod:`npformer.nn.llama` for the
+math); the rotary tables of the batch's positions are computed once per forward and
+shared by every block.  With ``tie_word_embeddings`` the output projection is the token
+embedding transposed (SmolLM2, Llama 3.2 1B, small Qwen models), else its own
+``lm_head``.
+
+The interface is :class:`npformer.models.CausalLM`'s, so the same Trainer
+(:class:`npformer.train.tasks.LanguageModeling`), :func:`npformer.decoding.generate` and
+checkpoints (:func:`npformer.checkpoint.save_checkpoint`, ``restore``) work:
+``forward(ids, attention_mask, position_ids)``, ``backward(dlogits)``, ``new_cache()``,
+``forward_cached(...)``.  Padding as Hugging Face passes it: ``attention_mask`` (B, T)
+holds 1 at tokens and 0 at padding (left padding for generation), the positions count
+each row's tokens from 0; the rotation then makes every row's scores those of the row
+alone (rotary scores depend on the distance of positions only).
+
+Its ``kind`` is ``"causal_lm"``: it decodes and trains as a causal LM.  A checkpoint
+restores into a model built from its config (``restore``); :func:`npformer.checkpoint.
+build_model`, which picks the class by kind, builds :class:`npformer.models.CausalLM` s.
+
+Hugging Face folders (``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``):
+:func:`npformer.interop.hf_llama.from_pretrained` and ``save_pretrained`` (the interop
+layer sits above the models, so the functions live there, not on the class).
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+from .. import backend, ops
+from ..backend import Array
+from ..nn import DecodingCache, Embedding, Linear, LlamaBlock, Module, RMSNorm
+from ..ops.contracts import check_flag, check_rank, check_rope_scaling, check_token_ids, shown
+from .common import attention_mask_input, inference_only, model_input, position_ids_input
+from .configs import _is_int, _set_field
+from .lm import positions_of
+
+_SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                "num_attention_heads", "max_position_embeddings")
+_FLAG_FIELDS = ("tie_word_embeddings", "attention_bias", "qkv_bias", "qk_norm")
+
+
+@dataclass
+class LlamaConfig:
+    """The shape of a :class:`LlamaCausalLM`, in Hugging Face's field names (saved with its
+    checkpoints).
+
+    vocab_size: V; hidden_size: D; intermediate_size: the feed-forward width;
+    num_hidden_layers: blocks; num_attention_heads: H; num_key_value_heads: Hkv, dividing
+    H (None: H; 1: multi-query); head_dim: E, even (None: D / H); max_position_embeddings:
+    the longest context (``block_size``); rms_norm_eps: every RMS norm's epsilon;
+    rope_theta: the rotary base; rope_scaling: None or a ``llama3`` rope_scaling dict;
+    tie_word_embeddings: the output projection is the token embedding transposed;
+    attention_bias: biases on the q, k, v and output projections (Llama's and Qwen3's
+    field); qkv_bias: biases on q, k and v only (Qwen2's); qk_norm: an RMS norm over each
+    head's queries and keys (Qwen3).  Invalid values raise ValueError naming the field.
+    """
+
+    vocab_size: int
+    hidden_size: int = 128
+    intermediate_size: int = 512
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    max_position_embeddings: int = 256
+    rms_norm_eps: float = ops.rmsnorm.EPS
+    rope_theta: float = ops.rotary.THETA
+    rope_scaling: dict | None = None
+    tie_word_embeddings: bool = True
+    attention_bias: bool = False
+    qkv_bias: bool = False
+    qk_norm: bool = False
+
+    def __post_init__(self):
+        check_llama_config(self)
+
+    @property
+    def block_size(self) -> int:
+        """The longest context: max_position_embeddings (the name the decoders read)."""
+        return self.max_position_embeddings
+
+
+def check_llama_config(config: LlamaConfig) -> None:
+    """Validate a :class:`LlamaConfig`, naming the field in every message, as
+    :func:`npformer.models.configs.check_config` does for the other configs; None for
+    num_key_value_heads and head_dim is resolved (H and D / H, as Hugging Face does)."""
+    name = type(config).__name__
+    for field in _SIZE_FIELDS:
+        value = getattr(config, field)
+        if not _is_int(value) or value < 1:
+            raise ValueError(f"{name}.{field} must be a positive integer, got {shown(value)}")
+        _set_field(config, field, int(value))
+    heads = config.num_attention_heads
+    for field, default in (("num_key_value_heads", heads),
+                           ("head_dim", config.hidden_size // heads)):
+        value = getattr(config, field)
+        if value is not None and (not _is_int(value) or value < 1):
+            raise ValueError(f"{name}.{field} must be None or a positive integer, got "
+                             f"{shown(value)}")
+        if value is None and field == "head_dim" and config.hidden_size % heads:
+            raise ValueError(f"{name}.hidden_size {config.hidden_size} is not divisible by "
+                             f"{name}.num_attention_heads {heads}: set head_dim explicitly")
+        object.__setattr__(config, field, default if value is None else int(value))
+    if heads % config.num_key_value_heads:
+        divisors = [g for g in range(1, heads + 1) if heads % g == 0]
+        raise ValueError(f"{name}.num_attention_heads {heads} is not a multiple of "
+                         f"{name}.num_key_value_heads {config.num_key_value_heads}: each "
+                         f"key/value head serves a group of query heads; num_key_value_heads "
+                         f"must be one of {divisors}")
+    if config.head_dim % 2 or config.head_dim < 2:
+        raise ValueError(f"{name}.head_dim must be even (the rotation turns pairs of "
+                         f"features), got {config.head_dim}")
+    for field in ("rms_norm_eps", "rope_theta"):
+        value = getattr(config, field)
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+                or not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{name}.{field} must be a finite number > 0, got {shown(value)}")
+        _set_field(config, field, float(value))
+    try:
+        check_rope_scaling(config.rope_scaling)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name}.rope_scaling: {exc}") from None
+    for field in _FLAG_FIELDS:
+        _set_field(config, field, check_flag(getattr(config, field), f"{name}.{field}"))
+
+
+class LlamaCausalLM(Module):
+    """Llama-shaped language model: ids (B, T) -> next-token logits (B, T, V) (see the
+    module docstring).  Attribute names are Hugging Face's (``embed_tokens``, ``layers``,
+    ``norm``, ``lm_head``), so a parameter's name here is its name there less ``model.``."""
+
+    kind = "causal_lm"  # trains and decodes as one (module docstring)
+    config_class = LlamaConfig
+    Embedding, LlamaBlock, RMSNorm, Linear = Embedding, LlamaBlock, RMSNorm, Linear
+
+    def __init__(self, config: LlamaConfig):
+        if not isinstance(config, LlamaConfig):
+            raise TypeError(f"LlamaCausalLM takes a LlamaConfig, got {type(config).__name__}")
+        self.config = c = config
+        self.embed_tokens = self.Embedding(c.vocab_size, c.hidden_size, init_std=0.02)
+        self.layers = [self.LlamaBlock(c.hidden_size, c.num_attention_heads,
+                                       c.intermediate_size, c.num_key_value_heads, c.head_dim,
+                                       qkv_bias=c.attention_bias or c.qkv_bias,
+                                       output_bias=c.attention_bias, qk_norm=c.qk_norm,
+                                       norm_eps=c.rms_norm_eps)
+                       for _ in range(c.num_hidden_layers)]
+        self.norm = self.RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = None if c.tie_word_embeddings else \
+            self.Linear(c.hidden_size, c.vocab_size, bias=False)
+
+    def check_inputs(self, ids: Array, attention_mask: Array | None = None,
+                     position_ids: Array | None = None) -> None:
+        ids = model_input(ids, "token ids")
+        check_rank(ids, 2, "token ids (batch, positions)")
+        self._keys_and_positions(ids, attention_mask, position_ids)  # their checks
+        if position_ids is None and ids.shape[1] > self.config.block_size:
+            raise ValueError(f"sequence of length {ids.shape[1]} is longer than "
+                             f"max_position_embeddings {self.config.block_size} (the model's "
+                             "context); raise it in the model's config")
+        check_token_ids(ids, self.config.vocab_size)
+
+    def forward(self, ids: Array, attention_mask: Array | None = None,
+                position_ids: Array | None = None) -> Array:
+        """ids (B, T) -> logits (B, T, V); ``attention_mask`` (B, T) 1 at tokens, 0 at
+        padding; ``position_ids`` (B, T) or (T,), by default counted over each row's
+        tokens (see the module docstring)."""
+        ids = model_input(ids, "token ids")
+        x, cos, sin, mask = self._inputs(ids, attention_mask, position_ids)  # (B, T, D)
+        for layer in self.layers:
+            x = layer(x, cos, sin, mask)
+        return self._logits(self.norm(x))  # (B, T, V)
+
+    def _inputs(self, ids: Array, attention_mask: Array | None, position_ids: Array | None,
+                offset: int = 0) -> tuple[Array, Array, Array, Array]:
+        """ids (B, T) after ``offset`` positions -> their embeddings (B, T, D), the rotary
+        tables (T, E) or (B, T, E) of their positions, and the blocks' mask: causal (T, S)
+        without an attention mask, else causal and the keys' padding (B, 1, T, S)."""
+        c = self.config
+        keep, positions = self._keys_and_positions(ids, attention_mask, position_ids, offset)
+        x = self.embed_tokens(ids)  # (B, T, D)
+        xp = backend.namespace_of(x)
+        length, keys = ids.shape[1], offset + ids.shape[1]
+        if positions is None:
+            positions = xp.arange(offset, keys, dtype=xp.int64, device=backend.device_of(x))
+        cos, sin = ops.rotary_table(positions, c.head_dim, c.rope_theta, c.rope_scaling,
+                                    dtype=x.dtype)  # (T, E) or (B, T, E)
+        mask = ops.causal_mask(length, keys, like=x)  # (T, S): no position sees a later one
+        if keep is not None:
+            mask = mask[None, None, :, :] & keep[:, None, None, :]  # and no padding
+        return x, cos, sin, mask
+
+    def _keys_and_positions(self, ids: Array, attention_mask: Array | None,
+                            position_ids: Array | None,
+                            offset: int = 0) -> tuple[Array | None, Array | None]:
+        """The attention mask as booleans (B, S) (None: no padding) and the positions of
+        ids (B, T) (None: offset, offset + 1, ...), as :class:`CausalLM` reads them."""
+        batch, length = ids.shape
+        keep = None if attention_mask is None else \
+            attention_mask_input(attention_mask, (batch, offset + length))
+        if position_ids is not None:
+            return keep, position_ids_input(position_ids, (batch, length),
+                                            self.config.block_size)
+        if keep is None:
+            return None, None
+        return keep, positions_of(keep)[:, offset:]
+
+    def backward(self, dlogits: Array) -> None:
+        """dlogits (B, T, V) -> None (token ids are not differentiable)."""
+        dx = self.norm.backward(self._logits_backward(dlogits))  # (B, T, D)
+        for layer in reversed(self.layers):
+            dx = layer.backward(dx)
+        return self.embed_tokens.backward(dx)
+
+    def _logits(self, h: Array) -> Array:
+        """h (B, T, D) -> logits (B, T, V): h E^T when tied, else the head."""
+        return self.embed_tokens.project(h) if self.lm_head is None else self.lm_head(h)
+
+    def _logits_backward(self, dlogits: Array) -> Array:
+        """dlogits (B, T, V) -> dh (B, T, D) (tied: E's second share of gradient)."""
+        if self.lm_head is None:
+            return self.embed_tokens.project_backward(dlogits)
+        return self.lm_head.backward(dlogits)
+
+    # ------------------------------------------------------------------ cached inference
+    def new_cache(self) -> DecodingCache:
+        """An empty key/value cache for :meth:`forward_cached` (each layer's Hkv heads)."""
+        return DecodingCache(len(self.layers))
+
+    def forward_cached(self, ids: Array, cache: DecodingCache,
+                       attention_mask: Array | None = None,
+                       position_ids: Array | None = None) -> Array:
+        """Inference (under ``no_grad``): ids (B, T_new) are the positions after the
+        ``cache.length`` already decoded -> logits (B, T_new, V); the cache grows by T_new.
+        ``attention_mask`` (B, cache.length + T_new) covers the cached positions and the
+        new ones; ``position_ids`` (B, T_new) the new ones."""
+        inference_only("forward_cached")
+        ids = model_input(ids, "token ids")
+        x, cos, sin, mask = self._inputs(ids, attention_mask, position_ids, cache.length)
+        for layer, layer_cache in zip(self.layers, cache.blocks):
+            x = layer(x, cos, sin, mask, cache=layer_cache.self_attn)
+        return self._logits(self.norm(x))

@@ -1,0 +1,69 @@
+r"""Grouped-query attention (Ainslie et al., 2023, GQA): H query heads share $H_{kv}$
+key/value heads, each in a group of $G = H / H_{kv}$ consecutive query heads, as Hugging
+Face's Llama, Qwen2 and Qwen3 have it (``repeat_kv``).  $H_{kv} = H$ is multi-head
+attention, $H_{kv} = 1$ multi-query attention (Shazeer, 2019).
+
+Shapes: B batch, H query heads, $H_{kv}$ key/value heads, T queries, S keys, E query/key
+width, F value width.  Any leading shape works in place of B.
+
+Forward.  Query head h reads key/value head $g(h) = \lfloor h / G \rfloor$.  Repeat each
+key/value head over its group (the copy is the same number G times):
+    $\tilde K_h = K_{g(h)}$,  $\tilde V_h = V_{g(h)}$           (..., H, S, E) and (..., H, S, F)
+    $O = \text{attention}(Q, \tilde K, \tilde V, M)$        (:mod:`.attention`), (..., H, T, F)
+
+Backward.  The repetition is linear: $\tilde K = R K$ with R the (H, $H_{kv}$) matrix
+holding a 1 where $g(h) = j$.  Its transpose sums: each key/value head was used by the G
+query heads of its group, so it receives the sum of their gradients
+    $\bar K_j = \sum_{h:\, g(h) = j} \bar{\tilde K}_h$,  $\bar V_j = \sum_{h:\, g(h) = j}
+     \bar{\tilde V}_h$
+(the rule for any value used several times), with $\bar Q$, $\bar{\tilde K}$, $\bar{\tilde V}$
+attention's backward.
+
+The repeated keys and values exist only inside one call: a KV cache
+(:class:`npformer.nn.KVCache`) keeps the $H_{kv}$ heads, G times less than H heads.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .. import backend
+from ..backend import Array
+from .attention import attention_backward, attention_forward
+from .contracts import backward_op, forward_op, grouped_attention_inputs
+
+
+def repeat_heads(x: Array, groups: int) -> Array:
+    """(..., Hkv, S, E) -> (..., Hkv*G, S, E): head j copied to heads j*G .. j*G + G - 1."""
+    xp = backend.namespace_of(x)
+    *lead, kv_heads, length, width = x.shape
+    x = xp.expand_dims(x, axis=-3)  # (..., Hkv, 1, S, E)
+    x = xp.broadcast_to(x, (*lead, kv_heads, groups, length, width))  # (..., Hkv, G, S, E)
+    return xp.reshape(x, (*lead, kv_heads * groups, length, width))  # (..., H, S, E)
+
+
+def sum_groups(dx: Array, groups: int) -> Array:
+    """(..., Hkv*G, S, E) -> (..., Hkv, S, E): each group's gradients summed onto its head,
+    the transpose of :func:`repeat_heads`."""
+    xp = backend.namespace_of(dx)
+    *lead, heads, length, width = dx.shape
+    dx = xp.reshape(dx, (*lead, heads // groups, groups, length, width))  # (..., Hkv, G, S, E)
+    return xp.sum(dx, axis=-3)  # (..., Hkv, S, E)
+
+
+@forward_op(grouped_attention_inputs)
+def grouped_attention_forward(q: Array, k: Array, v: Array,
+                              mask: Array | None = None) -> tuple[Array, Any]:
+    """q (..., H, T, E), k (..., Hkv, S, E), v (..., Hkv, S, F), H a multiple of Hkv; mask
+    (bool, broadcasts to (..., H, T, S)) -> out (..., H, T, F), cache."""
+    groups = q.shape[-3] // k.shape[-3]  # G query heads per key/value head
+    k_repeated, v_repeated = repeat_heads(k, groups), repeat_heads(v, groups)  # H heads each
+    out, attention_cache = attention_forward(q, k_repeated, v_repeated, mask)  # (..., H, T, F)
+    return out, (attention_cache, groups)
+
+
+@backward_op(grouped_attention_forward)
+def grouped_attention_backward(dout: Array, saved: Any) -> tuple[Array, Array, Array]:
+    """dout (..., H, T, F) -> dq (..., H, T, E), dk (..., Hkv, S, E), dv (..., Hkv, S, F)."""
+    attention_cache, groups = saved
+    dq, dk_repeated, dv_repeated = attention_backward(dout, attention_cache)  # H heads each
+    return dq, sum_groups(dk_repeated, groups), sum_groups(dv_repeated, groups)
