@@ -272,7 +272,7 @@ def generate(model: Module, prompt_ids: Array | Sequence, max_new_tokens: int,
     token) and leaves the batch.  Past the model's block size a row's context is its last
     block_size tokens (re-encoded), as is a longer prompt's.
     """
-    check_model_kind(model, "causal_lm", "generate")
+    check_model_kind(model, CAUSAL_LM_KINDS, "generate")
     vocab_size, block_size = model.config.vocab_size, model.config.block_size
     prompts, single = _prompt_rows(prompt_ids, attention_mask, vocab_size)
     max_new_tokens = check_size(max_new_tokens, "max_new_tokens", 0)
@@ -437,14 +437,22 @@ def sample(probs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- decoding
-def check_model_kind(model: Any, kind: str, function: str) -> None:
-    """The model ``function`` decodes with must be of ``kind`` (seq2seq or lm)."""
+CAUSAL_LM_KINDS = ("causal_lm", "llama")  # the models generate continues: CausalLM (GPT-2's
+#   shape) and LlamaCausalLM, each with forward_cached and new_cache
+
+
+def check_model_kind(model: Any, kind: str | tuple[str, ...], function: str) -> None:
+    """The model ``function`` decodes with must be of ``kind`` (seq2seq), or of one of the
+    kinds ``kind`` lists (the causal LMs)."""
     given = getattr(model, "kind", None)
-    if given != kind:
+    kinds = (kind,) if isinstance(kind, str) else kind
+    if given not in kinds:
         what = f"a {given!r} model" if given else f"a {type(model).__name__}"
-        use = {"seq2seq": "greedy_decode or beam_search", "causal_lm": "generate"}.get(given)
-        raise TypeError(f"{function} decodes with a {kind!r} model "
-                        f"({'Seq2SeqTransformer' if kind == 'seq2seq' else 'CausalLM'}), got "
+        use = {"seq2seq": "greedy_decode or beam_search", "causal_lm": "generate",
+               "llama": "generate"}.get(given)
+        wanted = "a 'seq2seq' model (Seq2SeqTransformer)" if kinds == ("seq2seq",) else \
+            "a causal language model (CausalLM or LlamaCausalLM)"
+        raise TypeError(f"{function} decodes with {wanted}, got "
                         f"{what}" + (f" (use {use} for it)" if use else ""))
 
 

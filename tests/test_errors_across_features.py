@@ -494,8 +494,9 @@ def test_case10_decoding_with_the_wrong_model_kind_names_it():
                                             r"model \(Seq2SeqTransformer\), got a "
                                             r"'classifier' model"):
             decode(model, np.array([[3, 4]]))
-    with pytest.raises(TypeError, match=r"generate decodes with a 'causal_lm' model "
-                                        r"\(CausalLM\), got a 'classifier' model"):
+    with pytest.raises(TypeError, match=r"generate decodes with a causal language model "
+                                        r"\(CausalLM or LlamaCausalLM\), got a 'classifier' "
+                                        r"model"):
         generate(model, [3, 4], 2)
 
 

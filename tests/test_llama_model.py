@@ -215,3 +215,18 @@ def test_model_input_errors():
         model(np.array([[1, 2]]), attention_mask=np.array([[1, 1, 1]]))
     with raises_naming(TypeError, "LlamaConfig"):
         LlamaCausalLM(dict(vocab_size=3))
+
+
+def test_build_model_builds_a_llama_checkpoint_again(tmp_path):
+    """A checkpoint names the model's kind, "llama": build_model makes a LlamaCausalLM of
+    its config with its weights (the same logits), and generate decodes with it."""
+    from npformer.checkpoint import build_model
+    from npformer.decoding import generate
+
+    model = make(seed=3)
+    path = save_checkpoint(tmp_path / "m.npz", model)
+    built = build_model(load_checkpoint(path), expected_kind="llama", tier="textbook")
+    assert type(built) is LlamaCausalLM and built.kind == "llama"
+    ids = np.array([[1, 2, 3, 4]])
+    np.testing.assert_array_equal(built(ids), model(ids))
+    assert generate(built, [1, 2], 3, greedy=True) == generate(model, [1, 2], 3, greedy=True)

@@ -4,8 +4,9 @@ from .llama import LlamaCausalLM, LlamaConfig
 from .lm import CausalLM, CausalLMConfig
 from .seq2seq import Seq2SeqConfig, Seq2SeqTransformer
 
-# by kind, as checkpoints name them (LlamaCausalLM is a "causal_lm" too: restored, not built)
-MODELS = {cls.kind: cls for cls in (TransformerClassifier, CausalLM, Seq2SeqTransformer)}
+# by kind, as checkpoints name them
+MODELS = {cls.kind: cls for cls in (TransformerClassifier, CausalLM, Seq2SeqTransformer,
+                                    LlamaCausalLM)}
 
 __all__ = ["ClassifierConfig", "TransformerClassifier", "CausalLM", "CausalLMConfig",
            "Seq2SeqConfig", "Seq2SeqTransformer", "LlamaConfig", "LlamaCausalLM", "MODELS"]

@@ -19,9 +19,9 @@ holds 1 at tokens and 0 at padding (left padding for generation), the positions 
 each row's tokens from 0; the rotation then makes every row's scores those of the row
 alone (rotary scores depend on the distance of positions only).
 
-Its ``kind`` is ``"causal_lm"``: it decodes and trains as a causal LM.  A checkpoint
-restores into a model built from its config (``restore``); :func:`npformer.checkpoint.
-build_model`, which picks the class by kind, builds :class:`npformer.models.CausalLM` s.
+Its ``kind`` is ``"llama"``: a checkpoint names it, and :func:`npformer.checkpoint.
+build_model` builds it again from its config; it trains with the language-modelling task
+and decodes with :func:`npformer.decoding.generate`, as :class:`npformer.models.CausalLM`.
 
 Hugging Face folders (``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``):
 :func:`npformer.interop.hf_llama.from_pretrained` and ``save_pretrained`` (the interop
@@ -136,7 +136,7 @@ class LlamaCausalLM(Module):
     module docstring).  Attribute names are Hugging Face's (``embed_tokens``, ``layers``,
     ``norm``, ``lm_head``), so a parameter's name here is its name there less ``model.``."""
 
-    kind = "causal_lm"  # trains and decodes as one (module docstring)
+    kind = "llama"  # as checkpoints name it
     config_class = LlamaConfig
     Embedding, LlamaBlock, RMSNorm, Linear = Embedding, LlamaBlock, RMSNorm, Linear
 
