@@ -104,7 +104,7 @@ ATTENTION_OPS = {
 # or npformer.fast.CausalLM).  A behaviour test runs in both tiers by naming the class of the
 # tier under test, ``tiered.CausalLM(config)``: the fixture ``tier`` (tests/conftest.py) or
 # ``using_tier(name)`` sets which, for this test process only.
-TIER_MODULES = {"fast": (fast.layers, fast.blocks, fast.models, fast.optim),
+TIER_MODULES = {"fast": (fast.layers, fast.blocks, fast.llama, fast.models, fast.optim),
                 "textbook": (nn, models, optim)}
 
 

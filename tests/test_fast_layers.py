@@ -130,6 +130,18 @@ def test_layer_norm_and_its_output_again(seed, batch, length, width):
     assert_equal_grads(textbook, quick, "LayerNorm")
 
 
+@given(seed=SEEDS, batch=st.integers(1, 3), length=st.integers(1, 4), width=st.integers(1, 6))
+def test_rms_norm(seed, batch, length, width):
+    textbook, quick = pair(seed, lambda: tiered.RMSNorm(width))
+    rng = np.random.default_rng(seed)
+    for p, q in zip(textbook.parameters(), quick.parameters()):  # not the init's 1
+        p.data = q.data = host(rng, *p.shape)
+    x, dy = host(rng, batch, length, width), host(rng, batch, length, width)
+    assert_close(quick(x), textbook(x), "output")
+    assert_close(quick.backward(dy), textbook.backward(dy), "dx")
+    assert_equal_grads(textbook, quick, "RMSNorm")
+
+
 @given(seed=SEEDS, batch=st.integers(1, 3), length=st.integers(1, 4), width=st.integers(1, 5),
        vocab=st.integers(1, 7))
 def test_embedding_and_its_tied_projection(seed, batch, length, width, vocab):
@@ -426,6 +438,60 @@ def test_cached_decoding_is_the_textbook_s(options, padded):
             assert_close(quick.forward_cached(step, caches[1], attention_mask=mask),
                          textbook.forward_cached(step, caches[0], attention_mask=mask),
                          f"positions {start}:{stop}")
+
+
+# --------------------------------------------------------------------------- the Llama family
+LLAMA_VARIANTS = [  # Llama (grouped kv heads), Qwen2 (q/k/v biases), Qwen3 (QK-norm, head_dim)
+    {"num_key_value_heads": 1},
+    {"num_key_value_heads": 2, "qkv_bias": True, "tie_word_embeddings": False},
+    {"num_key_value_heads": 1, "qk_norm": True, "head_dim": 6, "attention_bias": True},
+]
+
+
+def llama_config(**fields):
+    from npformer.models import LlamaConfig
+
+    return LlamaConfig(**{"vocab_size": 9, "hidden_size": 8, "intermediate_size": 12,
+                          "num_hidden_layers": 2, "num_attention_heads": 2,
+                          "max_position_embeddings": 16, **fields})
+
+
+@given(seed=SEEDS, batch=st.integers(1, 3), length=st.integers(1, 6),
+       variant=st.sampled_from(LLAMA_VARIANTS),
+       padding=st.sampled_from(["none", "left", "positions"]))
+def test_llama_causal_lm(seed, batch, length, variant, padding):
+    """The fast Llama-shaped model (its layers on the fast tier's Linear, RMS norm, gated
+    SiLU, rotary and blocked grouped attention, its weights in one flat buffer) equals the
+    textbook's: logits and every gradient, with left padding or given positions."""
+    config = llama_config(**variant)
+    textbook, quick = pair(seed, lambda: tiered.LlamaCausalLM(config))
+    rng = np.random.default_rng(seed)
+    for p, q in zip(textbook.parameters(), quick.parameters()):  # norms not all ones
+        p.data = host(rng, *p.shape)
+        q.data = p.data
+    ids = backend.asarray(rng.integers(0, 9, (batch, length)))
+    dlogits = host(rng, batch, length, 9)
+    kwargs = {}
+    if padding == "left":
+        starts = rng.integers(0, length, batch)  # every row keeps a token
+        kwargs["attention_mask"] = np.arange(length)[None, :] >= starts[:, None]
+    elif padding == "positions":
+        kwargs["position_ids"] = rng.integers(0, 16, (batch, length))
+    assert_close(quick(ids, **kwargs), textbook(ids, **kwargs), "logits")
+    textbook.backward(dlogits), quick.backward(dlogits)
+    assert_equal_grads(textbook, quick, "LlamaCausalLM")
+
+
+@pytest.mark.parametrize("variant", LLAMA_VARIANTS)
+def test_llama_cached_decoding_is_the_textbook_s(variant):
+    from npformer.decoding import generate
+
+    config = llama_config(**variant)
+    textbook, quick = pair(0, lambda: tiered.LlamaCausalLM(config))
+    prompts = [[1, 2, 3], [4, 5]]
+    assert generate(quick, prompts, 5, greedy=True) == generate(textbook, prompts, 5,
+                                                                greedy=True)
+
 
 
 # --------------------------------------------------------------------------- the optimizers

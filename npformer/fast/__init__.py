@@ -12,6 +12,7 @@ The ops (the same names and arguments as :mod:`npformer.ops`, tested equal in
 * :mod:`.rmsnorm`: RMS norm forward and backward, one compiled kernel each;
 * :mod:`.swiglu`: the gated SiLU, one compiled pass each way;
 * :mod:`.rotary`: rotary positions, each pair turned in one compiled pass each way;
+* :mod:`.grouped_attention`: grouped-query attention on the blocked attention;
 * :mod:`.dropout`: the keep mask cached as booleans, not as a float array;
 * :mod:`.embedding`: the backward's scatter-add as one compiled loop;
 * :mod:`.linear`: the rows flattened into one matrix product, the bias added in place;
@@ -32,6 +33,7 @@ tested equal in ``tests/test_fast_layers.py``):
 * :mod:`.blocks`: the attention layer, the feed-forward network and the blocks, on
   packed rows (:mod:`.packing`), recomputing their widest activations;
 * :mod:`.models`: the three models, their weights in one flat buffer (:mod:`.flat`);
+* :mod:`.llama`: the Llama-shaped model and its layers on this tier's layers and ops;
 * :mod:`.optim`: Adam and AdamW over that buffer, and the gradient norm in one pass.
 
 Nothing chooses this tier behind a reader's back: a program names the fast classes where
@@ -40,7 +42,7 @@ option, :func:`npformer.checkpoint.build_model`'s ``tier``), and a fast model's 
 and loss are named on its class (``CausalLM.EncoderBlock``).
 """
 from .. import ops as _textbook
-from . import blocks, layers, models, optim
+from . import blocks, layers, llama, models, optim
 from .activations import (
     activation,
     gelu_backward,
@@ -52,8 +54,10 @@ from .attention import BLOCK_SCORES, attention_backward, attention_forward
 from .dropout import dropout_backward, dropout_forward
 from .embedding import embedding_backward
 from .flat import FlatParameters, flat_buffer_of
+from .grouped_attention import grouped_attention_backward, grouped_attention_forward
 from .layernorm import layernorm_backward, layernorm_forward
 from .linear import linear_backward, linear_forward
+from .llama import LlamaCausalLM
 from .losses import cross_entropy_backward, cross_entropy_forward, cross_entropy_with_gradient
 from .models import CausalLM, Seq2SeqTransformer, TransformerClassifier
 from .optim import Adam, AdamW, clip_grad_norm, global_grad_norm
@@ -69,7 +73,8 @@ FAST_OPS = ("attention_forward", "attention_backward", "linear_forward", "linear
             "gelu_forward", "gelu_backward", "layernorm_forward", "layernorm_backward",
             "activation", "dropout_forward", "dropout_backward", "embedding_backward",
             "rmsnorm_forward", "rmsnorm_backward", "swiglu_forward", "swiglu_backward",
-            "rotary_forward", "rotary_backward")
+            "rotary_forward", "rotary_backward", "grouped_attention_forward",
+            "grouped_attention_backward")
 
 # The textbook ops, the same functions in this tier.
 IGNORE_INDEX = _textbook.IGNORE_INDEX
@@ -91,6 +96,7 @@ valid_rows_backward = _textbook.valid_rows_backward
 valid_rows_forward = _textbook.valid_rows_forward
 
 
-MODELS = {cls.kind: cls for cls in (TransformerClassifier, CausalLM, Seq2SeqTransformer)}
+MODELS = {cls.kind: cls for cls in (TransformerClassifier, CausalLM, Seq2SeqTransformer,
+                                    LlamaCausalLM)}
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from .. import nn, ops
 from ..backend import Array
-from . import activations, dropout, embedding, layernorm, linear
+from . import activations, dropout, embedding, layernorm, linear, rmsnorm
 from .flat import accumulate
 from .recompute import activation_output, layernorm_output
 
@@ -62,6 +62,20 @@ class LayerNorm(nn.LayerNorm):
         """The last forward's output, computed again from its cache (which stays for the
         backward): for a next layer that did not keep it."""
         return layernorm_output(self._peek_saved().saved, self.bias.data)
+
+
+class RMSNorm(nn.RMSNorm):
+    __doc__ = nn.RMSNorm.__doc__
+
+    def forward(self, x: Array) -> Array:
+        y, cache = rmsnorm.rmsnorm_forward(x, self.weight.data, self.eps)
+        self._save(cache)
+        return y
+
+    def backward(self, dy: Array) -> Array:
+        dx, dweight = rmsnorm.rmsnorm_backward(dy, self._pop_saved())
+        accumulate(self.weight, dweight)
+        return dx
 
 
 class Embedding(nn.Embedding):

@@ -48,7 +48,6 @@ from ..ops.contracts import (
     check_size,
     rotary_inputs,
 )
-from ..ops.grouped_attention import grouped_attention_backward, grouped_attention_forward
 from .attention import merge_heads, split_heads, through_norm, through_norm_backward
 from .cache import KVCache
 from .layers import Linear, RMSNorm
@@ -60,6 +59,7 @@ class SwiGLUFeedForward(Module):
     layers without bias: gate_proj and up_proj D -> d_ff, down_proj d_ff -> D."""
 
     Linear = Linear  # the layers it builds
+    ops = ops  # the ops it calls: npformer.ops (npformer.fast in the fast tier)
 
     def __init__(self, d_model: int, d_ff: int):
         check_size(d_model, "d_model", 1)
@@ -78,13 +78,13 @@ class SwiGLUFeedForward(Module):
 
     def forward(self, x: Array) -> Array:
         """x (..., D) -> (..., D)."""
-        h, cache = ops.swiglu_forward(self.gate_proj(x), self.up_proj(x))  # (..., d_ff)
+        h, cache = self.ops.swiglu_forward(self.gate_proj(x), self.up_proj(x))  # (..., d_ff)
         self._save(cache)
         return self.down_proj(h)
 
     def backward(self, dy: Array) -> Array:
         """dy (..., D) -> dx (..., D): x fed the gate and the up projection."""
-        dgate, dup = ops.swiglu_backward(self.down_proj.backward(dy), self._pop_saved())
+        dgate, dup = self.ops.swiglu_backward(self.down_proj.backward(dy), self._pop_saved())
         return self.gate_proj.backward(dgate) + self.up_proj.backward(dup)
 
 
@@ -112,6 +112,7 @@ class GroupedQueryAttention(Module):
     """
 
     Linear, RMSNorm = Linear, RMSNorm  # the layers it builds
+    ops = ops  # the ops it calls: npformer.ops (npformer.fast in the fast tier)
 
     def __init__(self, d_model: int, num_heads: int, num_kv_heads: int | None = None,
                  head_dim: int | None = None, qkv_bias: bool = False,
@@ -170,12 +171,12 @@ class GroupedQueryAttention(Module):
         q = through_norm(self.q_norm, split_heads(self.q_proj(x), self.num_heads))  # (B,H,T,E)
         k = through_norm(self.k_norm, split_heads(self.k_proj(x), self.num_kv_heads))
         v = split_heads(self.v_proj(x), self.num_kv_heads)  # (B, Hkv, T, E)
-        q, q_turn = ops.rotary_forward(q, cos, sin)  # (B, H, T, E)
-        k, k_turn = ops.rotary_forward(k, cos, sin)  # (B, Hkv, T, E)
+        q, q_turn = self.ops.rotary_forward(q, cos, sin)  # (B, H, T, E)
+        k, k_turn = self.ops.rotary_forward(k, cos, sin)  # (B, Hkv, T, E)
         if cache is not None:
             cache.append(k, v)
             k, v = cache.keys, cache.values  # (B, Hkv, S, E)
-        heads, attention_cache = grouped_attention_forward(q, k, v, mask)  # (B, H, T, E)
+        heads, attention_cache = self.ops.grouped_attention_forward(q, k, v, mask)  # (B,H,T,E)
         self._save((q_turn, k_turn, attention_cache))
         return self.o_proj(merge_heads(heads))  # (B, T, H*E) -> (B, T, D)
 
@@ -183,9 +184,9 @@ class GroupedQueryAttention(Module):
         """dy (B, T, D) -> dx (B, T, D): x fed the queries, the keys and the values."""
         q_turn, k_turn, attention_cache = self._pop_saved()
         dheads = split_heads(self.o_proj.backward(dy), self.num_heads)  # (B, H, T, E)
-        dq, dk, dv = grouped_attention_backward(dheads, attention_cache)  # H, Hkv, Hkv heads
-        dq = through_norm_backward(self.q_norm, ops.rotary_backward(dq, q_turn))
-        dk = through_norm_backward(self.k_norm, ops.rotary_backward(dk, k_turn))
+        dq, dk, dv = self.ops.grouped_attention_backward(dheads, attention_cache)  # H, Hkv, Hkv
+        dq = through_norm_backward(self.q_norm, self.ops.rotary_backward(dq, q_turn))
+        dk = through_norm_backward(self.k_norm, self.ops.rotary_backward(dk, k_turn))
         return (self.q_proj.backward(merge_heads(dq)) + self.k_proj.backward(merge_heads(dk))
                 + self.v_proj.backward(merge_heads(dv)))  # (B, T, D) each
 

@@ -26,6 +26,7 @@ from .activations import (
 from .attention import attention_backward, attention_forward, attention_weights
 from .dropout import dropout_backward, dropout_forward
 from .embedding import embedding_backward, embedding_forward, hashed_bigrams
+from .grouped_attention import grouped_attention_backward, grouped_attention_forward
 from .layernorm import layernorm_backward, layernorm_forward
 from .linear import linear_backward, linear_forward
 from .losses import (
