@@ -219,14 +219,21 @@ def test_model_input_errors():
 
 def test_build_model_builds_a_llama_checkpoint_again(tmp_path):
     """A checkpoint names the model's kind, "llama": build_model makes a LlamaCausalLM of
-    its config with its weights (the same logits), and generate decodes with it."""
+    its config with its weights in either tier (the same logits), and generate decodes
+    with it."""
+    from npformer import fast
     from npformer.checkpoint import build_model
     from npformer.decoding import generate
 
-    model = make(seed=3)
-    path = save_checkpoint(tmp_path / "m.npz", model)
-    built = build_model(load_checkpoint(path), expected_kind="llama", tier="textbook")
-    assert type(built) is LlamaCausalLM and built.kind == "llama"
-    ids = np.array([[1, 2, 3, 4]])
-    np.testing.assert_array_equal(built(ids), model(ids))
-    assert generate(built, [1, 2], 3, greedy=True) == generate(model, [1, 2], 3, greedy=True)
+    from .conftest import using_backend
+
+    with using_backend("numpy", "float64"):
+        model = make(seed=3)
+        path = save_checkpoint(tmp_path / "m.npz", model)
+        ids = np.array([[1, 2, 3, 4]])
+        for tier, cls in (("textbook", LlamaCausalLM), ("fast", fast.LlamaCausalLM)):
+            built = build_model(load_checkpoint(path), expected_kind="llama", tier=tier)
+            assert type(built) is cls and built.kind == "llama"
+            np.testing.assert_allclose(built(ids), model(ids), rtol=1e-12, atol=1e-14)
+            assert generate(built, [1, 2], 3, greedy=True) == generate(model, [1, 2], 3,
+                                                                       greedy=True)
