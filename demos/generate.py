@@ -2,6 +2,7 @@
 
     python demos/generate.py                  # the default run (its time: README.md)
     python demos/generate.py --preset nanogpt # nanoGPT's "baby GPT" settings, for comparison
+    python demos/generate.py --preset llama   # the default run with Llama's blocks
     python demos/generate.py --sample-only --prompt "ROMEO:"
     python demos/generate.py --smoke          # seconds (CI)
     python demos/generate.py --resume         # continue an interrupted run exactly
@@ -17,6 +18,12 @@ Validation loss is estimated on 20 batches; the first 90% of the text trains, th
 last 10% validates.  Writes model.npz, last.npz (the run, for
 --resume), curves.png, sample.txt and metrics.json to --out.  Settings come from
 a preset (--preset, --smoke); an option given overrides the preset's value.
+
+``--arch llama`` (the ``llama`` preset: the default run with it) trains the same depth,
+width and heads with the blocks of Llama and Qwen instead of GPT-2's: RMS norms, rotary
+positions instead of a learned table, the gated SiLU feed-forward (its width 8/3 of
+d_model, so that its three matrices hold what GELU's two of width 4 d_model hold), and
+``--kv-heads`` key/value heads shared by groups of query heads.
 
 Your own data: --data any UTF-8 text file (its characters are the vocabulary).
 """
@@ -59,15 +66,18 @@ from npformer.cli import (
 from npformer.cli.memory import check_training_fits
 from npformer.data import CharVocab, lm_batch, load_shakespeare, read_text_file, split_90_10
 from npformer.decoding import generate
-from npformer.models import CausalLM, CausalLMConfig
+from npformer.models import CausalLM, CausalLMConfig, LlamaCausalLM, LlamaConfig
 from npformer.models.configs import renamed_fields
 from npformer.nn import evaluating
 from npformer.optim import AdamW, warmup_cosine
 from npformer.train import TrainConfig, Trainer, progress
 from npformer.train.tasks import LanguageModeling
 
-DEMO = Demo(tag="shakespeare", title="Shakespeare", model_kind="causal_lm",
+DEMO = Demo(tag="shakespeare", title="Shakespeare", model_kind=("causal_lm", "llama"),
             script="demos/generate.py", out="runs/shakespeare")
+
+
+ARCHS = ("gpt2", "llama")  # the blocks --arch chooses
 
 
 @renamed_fields(iters="max_iters", block="block_size", heads="num_heads", width="d_model",
@@ -86,14 +96,24 @@ class Preset:
     eval_every: int = option(250, "estimate the losses every this many updates")
     eval_batches: int = option(20, "batches per loss estimate")
     length: int = option(500, "characters to sample", nonnegative_int)
+    arch: str = option("gpt2", "the blocks: gpt2 (layer norm, GELU, learned positions) or "
+                       "llama (RMS norm, gated SiLU, rotary positions, shared key/value heads)",
+                       str, ARCHS)
+    kv_heads: int = option(2, "key/value heads of the llama blocks (dividing --num-heads)")
 
     def __post_init__(self):
         check_divisible(self, "d_model", "num_heads")
+        if self.arch == "llama":
+            check_divisible(self, "num_heads", "kv_heads")
+            if self.dropout:
+                raise DemoError(f"--arch llama has no dropout (Llama's blocks have none), "
+                                f"got --dropout {self.dropout}")
 
 
 PRESETS = {
     "default": Preset(max_iters=1800, batch_size=16, d_model=96, lr=4e-3),
     "nanogpt": Preset(),  # nanoGPT's README's CPU settings (what bench/ times)
+    "llama": Preset(max_iters=1800, batch_size=16, d_model=96, lr=4e-3, arch="llama"),
     "smoke": Preset(max_iters=20, eval_every=10, eval_batches=2, length=50, num_layers=1,
                     d_model=32, num_heads=2, block_size=32),
 }
@@ -150,25 +170,36 @@ def load_text(data) -> str:
 CLIP_NORM = 1.0  # the gradients' global norm is clipped to this
 
 
-def model_config(preset: Preset, vocab_size: int) -> CausalLMConfig:
+def model_config(preset: Preset, vocab_size: int) -> CausalLMConfig | LlamaConfig:
+    """GPT-2's blocks (feed-forward 4 d_model wide), or with ``arch="llama"`` Llama's (the
+    gated feed-forward 8/3 d_model wide, rounded to a multiple of 8: as many weights)."""
+    if preset.arch == "llama":
+        return LlamaConfig(vocab_size=vocab_size, hidden_size=preset.d_model,
+                           intermediate_size=8 * round(preset.d_model / 3),
+                           num_hidden_layers=preset.num_layers,
+                           num_attention_heads=preset.num_heads,
+                           num_key_value_heads=preset.kv_heads,
+                           max_position_embeddings=preset.block_size)
     return CausalLMConfig(vocab_size=vocab_size, block_size=preset.block_size,
                           d_model=preset.d_model, num_heads=preset.num_heads,
                           num_layers=preset.num_layers, d_ff=4 * preset.d_model,
                           dropout=preset.dropout)
 
 
-def implementations(tier: str = "fast") -> tuple[type, type]:
+def implementations(tier: str = "fast", arch: str = "gpt2") -> tuple[type, type]:
     """(model class, optimizer class) that train on ``tier``: npformer.fast's, or the
     textbook's (``--tier textbook``); both compute the same numbers up to rounding."""
+    if arch == "llama":
+        return (fast.LlamaCausalLM, fast.AdamW) if tier == "fast" else (LlamaCausalLM, AdamW)
     return (fast.CausalLM, fast.AdamW) if tier == "fast" else (CausalLM, AdamW)
 
 
 def make_optimizer(params, preset: Preset, tier: str = "fast") -> AdamW:
     """nanoGPT's: AdamW, warmup over a twentieth of the run, cosine decay to a tenth."""
     warmup = max(1, preset.max_iters // 20)
-    return implementations(tier)[1](params, lr=warmup_cosine(preset.lr, warmup, preset.max_iters,
-                                                            min_lr=preset.lr / 10),
-                                    betas=(0.9, 0.99), weight_decay=0.1)
+    schedule = warmup_cosine(preset.lr, warmup, preset.max_iters, min_lr=preset.lr / 10)
+    return implementations(tier, preset.arch)[1](params, lr=schedule, betas=(0.9, 0.99),
+                                                 weight_decay=0.1)
 
 
 def build_parser():
@@ -196,7 +227,7 @@ def main(argv=None) -> int:
     config = model_config(preset, len(vocab))
     check_training_fits(config, preset.batch_size, preset.block_size, preset,
                         PRESETS["default"], args.dtype)  # before a weight is made
-    model = implementations(args.tier)[0](config)
+    model = implementations(args.tier, preset.arch)[0](config)
     optimizer = make_optimizer(model.parameters(), preset, args.tier)
     print(f"{len(train_ids):,} train / {len(val_ids):,} validation characters, vocabulary "
           f"{len(vocab)}; model {model.num_parameters():,} parameters")

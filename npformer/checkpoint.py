@@ -418,11 +418,12 @@ def _unwrap(value: np.ndarray):
 TIERS = ("fast", "textbook")  # npformer.fast's implementations, or the textbook's
 
 
-def build_model(checkpoint: Checkpoint, expected_kind: str | None = None,
+def build_model(checkpoint: Checkpoint, expected_kind: str | tuple[str, ...] | None = None,
                 tier: str = "fast") -> Module:
     """A new model of the checkpoint's kind and config, with its weights loaded: the fast
     tier's class (:data:`npformer.fast.MODELS`) or, with ``tier="textbook"``, the
-    textbook's (:data:`npformer.models.MODELS`)."""
+    textbook's (:data:`npformer.models.MODELS`).  ``expected_kind``: the kind, or the
+    kinds, the caller can use (a checkpoint of another is refused, naming both)."""
     from . import fast, models
     from .models.common import config_from_dict
     from .ops.contracts import check_choice
@@ -430,9 +431,11 @@ def build_model(checkpoint: Checkpoint, expected_kind: str | None = None,
     check_choice(tier, TIERS, "tier")
     MODELS = fast.MODELS if tier == "fast" else models.MODELS
 
-    if expected_kind is not None and checkpoint.kind != expected_kind:
+    kinds = (expected_kind,) if isinstance(expected_kind, str) else expected_kind
+    if kinds is not None and checkpoint.kind not in kinds:
+        wanted = " or ".join(repr(kind) for kind in kinds)
         raise CheckpointError(f"the checkpoint holds a {checkpoint.kind!r} model, not a "
-                              f"{expected_kind!r} model (is it from another demo?)")
+                              f"{wanted} model (is it from another demo?)")
     if checkpoint.kind not in MODELS:
         raise CheckpointError(f"unknown model kind {checkpoint.kind!r} in checkpoint")
     cls = MODELS[checkpoint.kind]

@@ -255,6 +255,23 @@ def test_smoke_keeps_the_options_the_user_gave(data_dir, tmp_path):
     assert json.loads((tmp_path / "metrics.json").read_text())["updates"] == 2
 
 
+def test_shakespeare_trains_and_samples_with_llama_blocks(data_dir, tmp_path):
+    """`--arch llama`: the run trains a LlamaCausalLM (RMS norms, gated SiLU, rotary, two
+    key/value heads), its checkpoint names the kind, and --sample-only builds it again.
+    Llama's blocks have no dropout: --dropout with them is refused."""
+    smoke_run("generate.py", tmp_path, data_dir, "--arch", "llama", "--max-iters", "2",
+              "--no-progress")
+    checkpoint = load_checkpoint(tmp_path / "model.npz")
+    assert checkpoint.kind == "llama"
+    assert (checkpoint.config["num_attention_heads"],
+            checkpoint.config["num_key_value_heads"]) == (2, 2)
+    sampled = run_demo("generate.py", "--sample-only", "--out", str(tmp_path), "--length", "5")
+    assert sampled.returncode == 0, sampled.stderr
+    refused = run_demo("generate.py", "--smoke", "--arch", "llama", "--dropout", "0.1",
+                       "--data", str(data_dir), "--out", str(tmp_path / "other"))
+    assert refused.returncode != 0 and "--arch llama has no dropout" in refused.stderr
+
+
 def test_translation_ties_its_output_layer_when_asked(data_dir, tmp_path):
     """`--tie-weights yes`: the French table is the output layer (no out_proj is saved),
     and the saved model translates."""
@@ -361,7 +378,8 @@ DEMO_BAD = {
                      ("--bpe-merges", "1.5")],
     "generate.py": [("--max-iters", "0"), ("--block-size", "0"), ("--length", "-1"),
                     ("--eval-every", "0"), ("--eval-batches", "0"), ("--temperature", "0"),
-                    ("--temperature", "-1"), ("--top-k", "0"), ("--d-model", "0")],
+                    ("--temperature", "-1"), ("--top-k", "0"), ("--d-model", "0"),
+                    ("--arch", "gpt3"), ("--kv-heads", "0")],
 }
 BAD_VALUES = [(script, option, value) for script in SCRIPTS
               for option, value in COMMON_BAD + DEMO_BAD[script]]
@@ -374,6 +392,8 @@ BAD_COMBINATIONS = [
     ("generate.py", ["--smoke", "--num-heads", "3", "--d-model", "16"],
      ["--d-model", "--num-heads"]),
     ("generate.py", ["--sample-only", "--resume"], ["--resume", "--sample-only"]),
+    ("generate.py", ["--smoke", "--arch", "llama", "--kv-heads", "3"],
+     ["--num-heads", "--kv-heads"]),
 ]
 
 

@@ -42,6 +42,6 @@ class Demo:
 
     tag: str  # written into every checkpoint's extra["demo"]
     title: str  # for messages: "the IMDB demo"
-    model_kind: str  # the model kind its checkpoints hold
+    model_kind: str | tuple[str, ...]  # the model kind (or kinds) its checkpoints hold
     script: str  # how to run it: "demos/imdb.py"
     out: str  # default output folder

@@ -53,11 +53,15 @@ def training_memory(config: Any, batch_size: int, sequence_length: int,
     ``itemsize`` bytes: 4 floats a parameter (weight, gradient, two moments), the
     sinusoidal tables, and the activations every step keeps at the least: each block's
     input (B, T, D) and the logits (B, T, V), (B, C) for a classifier."""
-    from ..models import ClassifierConfig, Seq2SeqConfig
+    from ..models import ClassifierConfig, LlamaConfig, Seq2SeqConfig
 
     parameters = parameter_count(config)
-    tables = 0 if config.positional == "learned" else config.block_size * config.d_model
     tokens = batch_size * sequence_length
+    if isinstance(config, LlamaConfig):  # no table of positions: rotary's are computed
+        activations = tokens * (config.hidden_size * config.num_hidden_layers
+                                + config.vocab_size)
+        return TrainingMemory(parameters, itemsize * 4 * parameters, itemsize * activations)
+    tables = 0 if config.positional == "learned" else config.block_size * config.d_model
     if isinstance(config, Seq2SeqConfig):
         tables *= 2  # one per side
         blocks = config.num_encoder_layers + config.num_decoder_layers

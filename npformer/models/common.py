@@ -80,11 +80,13 @@ def _embedding(config: Any, vocab_size: int) -> int:
 
 def parameter_count(config: Any) -> int:
     """The parameters of the model ``config`` describes (a ClassifierConfig,
-    CausalLMConfig or Seq2SeqConfig), counted from its fields: what ``num_parameters()``
-    of the built model returns."""
+    CausalLMConfig, Seq2SeqConfig or LlamaConfig), counted from its fields: what
+    ``num_parameters()`` of the built model returns."""
     # by class name (the models' modules import this one: importing their configs here
     # would go round); a subclass counts as its base
     kinds = {cls.__name__ for cls in type(config).__mro__}
+    if "LlamaConfig" in kinds:
+        return _llama_parameters(config)
     d = config.d_model
     inner = config.num_heads * (config.head_dim or d // config.num_heads)
     final_norm = 2 * d if config.norm_first else 0
@@ -103,8 +105,23 @@ def parameter_count(config: Any) -> int:
                 + config.num_decoder_layers * _decoder_block(d, inner, config.d_ff, config)
                 + 2 * final_norm
                 + (0 if config.tie_weights else (d + 1) * config.tgt_vocab_size))
-    raise TypeError(f"parameter_count counts a ClassifierConfig, CausalLMConfig or "
-                    f"Seq2SeqConfig, got {type(config).__name__}")
+    raise TypeError(f"parameter_count counts a ClassifierConfig, CausalLMConfig, "
+                    f"Seq2SeqConfig or LlamaConfig, got {type(config).__name__}")
+
+
+def _llama_parameters(c: Any) -> int:
+    """A LlamaConfig's parameters: the token table, each block's two RMS norms, q/k/v/o
+    projections (biases as the config asks; QK-norm's two norms over E), the gated
+    feed-forward's three matrices, the final norm, and an untied head."""
+    d, e, f = c.hidden_size, c.head_dim, c.intermediate_size
+    queries, keys = c.num_attention_heads * e, c.num_key_value_heads * e  # widths
+    qkv_bias = c.attention_bias or c.qkv_bias
+    attention = (d * (queries + 2 * keys) + queries * d
+                 + (queries + 2 * keys if qkv_bias else 0) + (d if c.attention_bias else 0)
+                 + (2 * e if c.qk_norm else 0))
+    block = 2 * d + attention + 3 * d * f
+    return (c.vocab_size * d + c.num_hidden_layers * block + d
+            + (0 if c.tie_word_embeddings else d * c.vocab_size))
 
 
 def _tables(config: Any) -> list[tuple[int, tuple[str, ...]]]:
