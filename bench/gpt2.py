@@ -184,10 +184,10 @@ def worker(side: str, folder: Path, sizes: tuple) -> None:
 
 # --------------------------------------------------------------------------- the runner
 class Side:
-    """A worker process kept alive for the whole run."""
+    """A worker process kept alive for the whole run (``script``'s ``--worker SIDE``)."""
 
-    def __init__(self, side: str, folder: Path, smoke: bool):
-        command = [sys.executable, str(Path(__file__).resolve()), "--worker", side,
+    def __init__(self, side: str, folder: Path, smoke: bool, script: str = __file__):
+        command = [sys.executable, str(Path(script).resolve()), "--worker", side,
                    "--folder", str(folder)] + (["--smoke"] if smoke else [])
         self.name = side
         self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,

@@ -376,13 +376,16 @@ def clip_grad_norm(params: ParamsOrNamed, max_norm: float,
 
 
 def _named(params) -> list[tuple[str, Parameter]]:
-    """(name, Parameter) pairs from Parameters (named params[i]) or pairs."""
+    """(name, Parameter) pairs from Parameters (named params[i]) or pairs; frozen ones
+    left out (they take no gradient: a LoRA model's base weights)."""
     named = []
     for i, item in enumerate(params):
         name, p = item if isinstance(item, tuple) and len(item) == 2 else (f"params[{i}]", item)
         if not isinstance(p, Parameter):
             raise TypeError(f"{name} is a {type(p).__name__}, not a Parameter "
                             "(pass model.parameters() or model.named_parameters())")
+        if p.frozen:
+            continue
         if p.grad is None:
             raise ValueError(f"{name} has no gradient (grad is None)")
         named.append((name, p))

@@ -156,6 +156,23 @@ def test_frozen_parameters_hold_no_gradient_and_no_optimizer_state():
         f"{s}.{i}" for s in "mv" for i in range(len(trained)))
 
 
+
+def test_clipping_a_lora_model_s_parameters_skips_the_frozen_ones():
+    """optimizer.clip_grad_norm(model.named_parameters(), ...) on an adapted model: the
+    frozen weights, which have no gradient by design, are left out (they raised "has no
+    gradient"), and the norm is the adapters' own."""
+    model = tiered.CausalLM(tiny_config())
+    apply_lora(model, ["q_proj", "v_proj"], r=2)
+    opt = tiered.AdamW(model.parameters(), lr=1e-3)
+    ids = arr(np.random.default_rng(0).integers(0, 11, (2, 6)), "int64")
+    logits = model(ids)
+    model.backward(floats(np.random.default_rng(1).standard_normal(logits.shape)))
+    adapters = [(n, p) for n, p in model.named_parameters() if not p.frozen]
+    expected = float(np.sqrt(sum(np.sum(backend.to_numpy(p.grad).astype(np.float64) ** 2)
+                                 for _, p in adapters)))
+    norm = opt.clip_grad_norm(model.named_parameters(), 1e9)
+    assert norm == pytest.approx(expected, rel=1e-5)
+
 def test_an_optimizer_over_a_frozen_model_is_refused():
     model = tiered.CausalLM(tiny_config()).freeze()
     with pytest.raises(ValueError, match="all .* parameters are frozen"):
