@@ -178,11 +178,32 @@ def test_process_summary_scaling_allreduce_and_projection(processes_output):
     out = processes_output.stdout
     assert re.search(r"^processes lm\s+2 ranks / PyTorch 2 threads \d+\.\d+x\s+/ PyTorch DDP "
                      r"\d+\.\d+x\s+/ npformer threads \d+\.\d+x\s+\| scaling 1->2 ranks \d+%"
-                     r"\s+\| Allreduce [\d.]+ ms = \d+% of the step", out, re.MULTILINE), out
+                     r"\s+\| gradient sum [\d.]+ ms = \d+% of the step \([\d.]+ KiB sent of "
+                     r"[\d.]+ KiB\)", out, re.MULTILINE), out
     for ranks in (2, 4):
         assert re.search(rf"^  {ranks} ranks fit: alpha -?[\d.]+ us", out, re.MULTILINE), out
-    assert re.search(r"^  lm\s+compute [\d.]+ ms, [\d.]+ KiB: 8 ranks [\d.]+ ms \d+%", out,
+    assert re.search(r"^  lm\s+compute [\d.]+ ms: 8 ranks [\d.]+ KiB [\d.]+ ms \d+%", out,
                      re.MULTILINE), out
+
+
+def test_projected_sums_carry_the_union_of_the_ranks_changed_rows():
+    """The projection's bytes at P ranks: every parameter but, of each lookup table, only
+    the rows P per-rank batches changed, counted from the tables' gradients: growing with
+    P, at most the whole buffer, and the whole buffer where a table is tied (lm)."""
+    from bench import processes
+    from bench.configs import SMOKE, npformer_model
+    from npformer import backend
+
+    backend.set_backend("numpy", seed=0)
+    cfg = dict(SMOKE["imdb"], batch=2)
+    model, task = npformer_model(cfg, None)
+    dense = (sum(p.data.size for p in model.parameters()) + 1) * 4
+    sent = processes.sparse_sum_bytes(model, task, cfg, (1, 2, 4, 8))
+    assert sent[1] < sent[2] < sent[4] <= sent[8] <= dense, (sent, dense)
+    lm, lm_task = npformer_model(SMOKE["lm"], None)
+    lm_dense = (sum(p.data.size for p in lm.parameters()) + 1) * 4
+    assert processes.sparse_sum_bytes(lm, lm_task, SMOKE["lm"], (1, 8)) == {1: lm_dense,
+                                                                            8: lm_dense}
 
 
 def test_alpha_beta_fit_and_ring_projection():
