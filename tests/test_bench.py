@@ -861,3 +861,34 @@ def test_peak_and_copy_rates_run_on_every_installed_library():
     assert all(r["shape"] == (16, 8, 4) and r["gflops"] > 0 for r in rates)
     copies = peak.copy_rates(2 ** 16, 1, 1)
     assert all(c["bytes"] == 2 ** 16 and c["gb_s"] > 0 for c in copies)
+
+
+# --------------------------------------------------------------------------- bench/decode.py
+def test_decode_bench_runs_on_both_shapes_and_batches():
+    """``bench/decode.py --smoke --markdown``: both sides decode both (tiny) shapes at
+    batch 1 and 8, of equal parameter counts (else it exits with an error); the bandwidth
+    line and a table row for each shape and batch come out."""
+    require_torch()
+    pytest.importorskip("transformers")
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "decode.py"), "--smoke",
+                           "--markdown"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    assert re.search(r"^bandwidth: read [\d.]+ GB/s .* copy [\d.]+ GB/s", out, re.MULTILINE), out
+    number = r"-?[\d.]+"
+    for model in ("lm", "gpt2"):
+        for batch in (1, 8):
+            assert re.search(rf"^\| {model} \| {batch} \| {number} \| {number} \| {number}x \| "
+                             rf"[\d.]+ \| [\d.]+ \| {number}x \|$", out, re.MULTILINE), out
+
+
+def test_decode_bound_counts_the_weights_and_the_cache_read_per_token():
+    """GPT-2 small: 124,439,808 parameters, of which the positions' 1,024 x 768 are read a
+    row at a time (left out); each layer's keys and values, (B, c, 768) each, are read."""
+    from bench import decode
+
+    gpt2 = decode.SHAPES["gpt2"]
+    assert decode.bytes_per_token(gpt2, 124_439_808, 1, 0) == 4 * 123_653_376
+    assert decode.bytes_per_token(gpt2, 124_439_808, 8, 10) == 4 * (
+        123_653_376 + 2 * 12 * 8 * 10 * 768)
