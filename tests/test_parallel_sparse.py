@@ -130,24 +130,43 @@ def rank_gradients(seed: int, rank: int, slices, dtype, crowded: bool) -> np.nda
 @pytest.mark.parametrize("ranks", [2, 3])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("crowded", [False, True])
+@pytest.mark.parametrize("packed_run_bytes", [2 ** 20, 40])
 @pytest.mark.parametrize("seed", range(4))
-def test_the_row_sparse_sum_equals_the_whole_sum_bit_for_bit(ranks, dtype, crowded, seed):
+def test_the_row_sparse_sum_equals_the_whole_sum_bit_for_bit(monkeypatch, ranks, dtype,
+                                                             crowded, packed_run_bytes, seed):
     """Every rank ends with the buffer the whole sum gives (the same additions in the same
     order: bit for bit), a row changed on one rank only in its last column included;
-    the tables' unchanged rows are not sent (a table changed in most rows goes whole)."""
+    the tables' unchanged rows are not sent (a table changed in most rows goes whole).
+    The other parameters' runs travel with the rows, or (over 40 bytes) in place."""
+    monkeypatch.setattr(sparse, "PACKED_RUN_BYTES", packed_run_bytes)
     params, slices, tables, total = layout(dtype)
     grads = [rank_gradients(seed, r, slices, dtype, crowded) for r in range(ranks)]
     whole = grads[0].copy()
     for g in grads[1:]:
         whole += g
+    lo, hi = slices[3]
+    second_whole = np.any([changed_rows(g[lo:hi].reshape(50, 2)) for g in grads],
+                          axis=0).sum() > 25
+    assert second_whole or not crowded
 
     def reduce(comm, rank):
         summer = RowSparseSum(params, slices, tables, total)
-        buffer = grads[rank].copy()
-        summer(buffer, comm.allreduce, comm.allgather)
-        return buffer, summer.last_bytes
+        buffer, calls = grads[rank].copy(), []
 
-    for buffer, sent in ThreadRanks(ranks).run(reduce):
+        def allreduce(b):
+            calls.append(b.size)
+            comm.allreduce(b)
+
+        summer(buffer, allreduce, comm.allgather)
+        return buffer, summer.last_bytes, calls
+
+    for buffer, sent, calls in ThreadRanks(ranks).run(reduce):
+        # the runs between the sparse tables (a second table changed in over half its
+        # rows joins its neighbours) over 40 bytes (5 float64 or 10 float32 values) in
+        # place, then one message
+        runs = (4, 6 + 100 + 5) if second_whole else (4, 6, 5)
+        large = [n for n in runs if n * np.dtype(dtype).itemsize > packed_run_bytes]
+        assert calls[:-1] == large and len(calls) == len(large) + 1, calls
         assert np.array_equal(buffer.view(f"u{buffer.itemsize}"),
                               whole.view(f"u{whole.itemsize}"))
         itemsize = np.dtype(dtype).itemsize

@@ -11,9 +11,11 @@ word-pair rows.  Summing such a table whole sends every zero row.  Here, once pe
 2. **union**: the ranks exchange those row sets (a bit per row, one ``allgather``) and
    OR them: the rows changed on *some* rank, the same on every rank;
 3. **sum**: the union's rows of every table are gathered into one buffer and summed across
-   the ranks (one ``allreduce``), then written back; the rest of the buffer (every other
+   the ranks (one ``allreduce``), then written back.  The rest of the buffer (every other
    parameter, and a table whose union is more than :data:`WHOLE_TABLE_SHARE` of its rows)
-   is summed in place, each contiguous run by one ``allreduce``.
+   lies in contiguous runs between the tables: a run of at most :data:`PACKED_RUN_BYTES`
+   travels in the rows' message, a larger one is summed in place by an ``allreduce`` of
+   its own.  So imdb's step makes two collective calls (the bits, then one message).
 
 Thread replicas sum in the process the same way (:meth:`RowSparseSum.add`): of each
 table, only the rows a replica changed are added into the model's gradient.
@@ -39,6 +41,9 @@ from ..nn import Embedding, Module, Parameter
 
 WHOLE_TABLE_SHARE = 0.5  # beyond this share of a table's rows, gathering them costs more
 #                          than summing the table in place
+PACKED_RUN_BYTES = 2 ** 20  # the other parameters' runs up to this size travel with the rows
+#                             (one message, one wait for the slowest rank); larger ones are
+#                             summed in place (no copy)
 
 
 def lookup_tables(model: Module) -> list[Parameter]:
@@ -114,17 +119,22 @@ class RowSparseSum:
             allreduce(buffer)
             self.last_bytes = buffer.nbytes
             return
-        self.last_bytes = 0
-        for lo, hi in dense_runs(self.total, [(slot.lo, slot.hi) for slot, _ in sparse]):
+        runs = dense_runs(self.total, [(slot.lo, slot.hi) for slot, _ in sparse])
+        large = [(lo, hi) for lo, hi in runs if (hi - lo) * buffer.itemsize > PACKED_RUN_BYTES]
+        small = [run for run in runs if run not in large]
+        for lo, hi in large:
             allreduce(buffer[lo:hi])  # a contiguous view: summed in place
-            self.last_bytes += (hi - lo) * buffer.itemsize
-        rows = np.concatenate([slot.view(buffer)[ids].reshape(-1) for slot, ids in sparse])
-        allreduce(rows)  # the union's rows of every sparse table, in one message
-        self.last_bytes += rows.nbytes
+        message = np.concatenate([buffer[lo:hi] for lo, hi in small]
+                                 + [slot.view(buffer)[ids].reshape(-1) for slot, ids in sparse])
+        allreduce(message)  # the small runs and the union's rows of every table, together
+        self.last_bytes = message.nbytes + sum(hi - lo for lo, hi in large) * buffer.itemsize
         offset = 0
+        for lo, hi in small:
+            buffer[lo:hi] = message[offset:offset + hi - lo]
+            offset += hi - lo
         for slot, ids in sparse:
             size = ids.size * slot.cols
-            slot.view(buffer)[ids] = rows[offset:offset + size].reshape(ids.size, slot.cols)
+            slot.view(buffer)[ids] = message[offset:offset + size].reshape(ids.size, slot.cols)
             offset += size
 
     def add(self, into: np.ndarray, buffer: np.ndarray) -> None:
