@@ -13,21 +13,23 @@ baby GPT, ``demos/generate.py --preset nanogpt``: D 128, 4 layers, 65 characters
 Each side runs in a process of its own with every core: npformer (the fast tier's
 ``CausalLM``, ``npformer.decoding.generate(greedy=True)``) and transformers'
 ``GPT2LMHeadModel`` of the same shape (``generate(do_sample=False)``).  At batch 1 and
-batch 8 each side decodes greedily from an 8-token prompt, ``SHORT`` new tokens and then
-``LONG``: the per-token latency is
+batch 8 each side decodes greedily ``NEW`` tokens after an 8-token prompt: the per-token
+latency is
 
-    t_token = (t(LONG) - t(SHORT)) / (LONG - SHORT)
+    t_token = t(NEW) / NEW
 
-each t the minimum over ``--rounds`` runs, so the prompt's encoding and fixed costs
-cancel.  The machine's memory bandwidth is measured in the same run (the best of a large
-float32 array read by a sum, NumPy's and torch's; and a copy's, as bench/peak.py counts
-it), and the bound is
+t the minimum over ``--rounds`` runs.  It includes the prompt's encoding, one pass over
+the weights like a token's step, so it is high by about one step in NEW (a difference
+of two lengths would cancel it, but on a shared machine the difference of two noisy
+minima came out negative).  The machine's memory bandwidth is measured in the same run
+(the best of a large float32 array read by a sum, NumPy's and torch's; and a copy's, as
+bench/peak.py counts it), and the bound is
 
     t_bound = (4 * weights read + 4 * 2 * layers * B * c * D) / read bandwidth
 
 the bytes one cached step must read: every parameter once (the tied embedding whole, as
 the output projection; the learned positions' B rows are left out), and every layer's
-keys and values at the mean context c of the timed steps.  Method in bench/README.md.
+keys and values at the mean context c of the NEW steps.  Method in bench/README.md.
 """
 from __future__ import annotations
 
@@ -59,8 +61,8 @@ SMOKE_SHAPES = {
     "gpt2": dict(vocab_size=300, block_size=64, d_model=32, num_heads=4, num_layers=2),
 }
 BATCHES = (1, 8)
-PROMPT, SHORT, LONG = 8, 8, 40  # prompt + LONG fits the lm's block of 64: no re-encoding
-SMOKE_LENGTHS = (4, 2, 6)
+PROMPT, NEW = 8, 48  # prompt + NEW fits the lm's block of 64: no re-encoding
+SMOKE_LENGTHS = (4, 6)
 ROUNDS = 3
 READ_BYTES = 256 * 2 ** 20
 SMOKE_READ_BYTES = 4 * 2 ** 20
@@ -114,9 +116,9 @@ def torch_decoder(shape: dict):
 
 
 def worker(side: str, shapes: dict, lengths: tuple, rounds: int) -> None:
-    """Every shape and batch on one side: {name: {batch: [t(SHORT), t(LONG)]}} (each the
-    minimum of ``rounds`` runs after one untimed) and the parameter counts."""
-    prompt, short, long = lengths
+    """Every shape and batch on one side: {name: {batch: t(NEW)}} (the minimum of
+    ``rounds`` runs after one untimed) and the parameter counts."""
+    prompt, new = lengths
     make = npformer_decoder if side == "npformer" else torch_decoder
     times, params = {}, {}
     for name, shape in shapes.items():
@@ -124,8 +126,7 @@ def worker(side: str, shapes: dict, lengths: tuple, rounds: int) -> None:
         times[name] = {}
         for batch in BATCHES:
             ids = prompts(shape["vocab_size"], batch, prompt)
-            times[name][batch] = [best_seconds(functools.partial(run, ids, n), rounds)
-                                  for n in (short, long)]
+            times[name][batch] = best_seconds(functools.partial(run, ids, new), rounds)
     print(RESULT + json.dumps(dict(times=times, params=params)), flush=True)
 
 
@@ -183,14 +184,13 @@ def bytes_per_token(shape: dict, params: int, batch: int, context: float) -> flo
 
 def rows(results: dict, shapes: dict, lengths: tuple, read_gb_s: float) -> list[dict]:
     """One row per shape and batch: both sides' per-token seconds and the bound's."""
-    prompt, short, long = lengths
-    context = prompt + (short + long) / 2  # the mean context of the timed steps
+    prompt, new = lengths
+    context = prompt + new / 2  # the mean context of the timed steps
     out = []
     for name, shape in shapes.items():
         params = results["npformer"]["params"][name]
         for batch in BATCHES:
-            per_token = {side: (r["times"][name][str(batch)][1]
-                                - r["times"][name][str(batch)][0]) / (long - short)
+            per_token = {side: r["times"][name][str(batch)] / new
                          for side, r in results.items()}
             nbytes = bytes_per_token(shape, params, batch, context)
             out.append(dict(model=name, batch=batch, params=params, **per_token,
@@ -226,7 +226,7 @@ def main(argv=None) -> int:
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
     shapes = SMOKE_SHAPES if args.smoke else SHAPES
-    lengths = SMOKE_LENGTHS if args.smoke else (PROMPT, SHORT, LONG)
+    lengths = SMOKE_LENGTHS if args.smoke else (PROMPT, NEW)
     if args.worker:
         worker(args.worker, shapes, lengths, 1 if args.smoke else args.rounds)
         return 0
@@ -240,9 +240,9 @@ def main(argv=None) -> int:
     found = rows(results, shapes, lengths, memory["read"]["gb_s"])
     if args.smoke:
         print("SMOKE RUN: tiny shapes, timings meaningless")
-    prompt, short, long = lengths
+    prompt, new = lengths
     print(f"greedy decoding with the KV cache, float32, random weights; prompt {prompt}, "
-          f"per token = (t({long} new) - t({short} new)) / {long - short}, each t the "
+          f"per token = t({new} new) / {new} (the prompt's encoding included), t the "
           f"minimum of {1 if args.smoke else args.rounds} runs; {os.cpu_count()} cores, "
           f"CPU: {cpu_model()}")
     print(f"bandwidth: read {memory['read']['gb_s']:.1f} GB/s ({memory['read']['library']} "
