@@ -74,16 +74,17 @@ def rank_worker(spec: dict) -> int:
     model.train()
     trainer = npformer_trainer(cfg, model, task, make_batch(cfg, SEED + 1), 1)
     workers = trainer.workers  # the demos' data-parallel workers: MPI ranks here
-    reduce_times = []
-    if hasattr(workers, "allreduce"):  # several ranks: time the step's one Allreduce
-        allreduce = workers.allreduce
+    reduce_times, reduce_bytes = [], []
+    if workers is not None:  # several ranks: time the step's gradient sum, count its bytes
+        reduce_gradients = workers.reduce_gradients
 
-        def timed_allreduce(buffer):
+        def timed_reduce_gradients():
             started = time.perf_counter()
-            allreduce(buffer)
+            reduce_gradients()
             reduce_times.append(time.perf_counter() - started)
+            reduce_bytes.append(workers.reduced_bytes + 4)  # + the loss
 
-        workers.allreduce = timed_allreduce
+        workers.reduce_gradients = timed_reduce_gradients
     losses, times = [], []
     for i in range(spec["warmup"] + spec["steps"]):
         ctx.barrier()
@@ -91,12 +92,44 @@ def rank_worker(spec: dict) -> int:
         losses.append(trainer.update())
         if i >= spec["warmup"]:
             times.append(time.perf_counter() - started)
+    params = sum(int(np.prod(p.shape)) for p in model.parameters())
+    projected = {}
+    if ctx.size == 1 and spec.get("project"):  # the per-rank batch: what P ranks would send
+        projected = sparse_sum_bytes(model, task, cfg, PROJECTED_RANKS)
     if ctx.is_main:
-        params = sum(int(np.prod(p.shape)) for p in model.parameters())
         _emit(dict(train_times=times, losses=losses, ranks=ctx.size, params=params,
                    allreduce_times=reduce_times[spec["warmup"]:],
-                   allreduce_bytes=(params + 1) * 4))
+                   allreduce_bytes=statistics.median(reduce_bytes) if reduce_bytes else None,
+                   dense_bytes=(params + 1) * 4, projected_bytes=projected))
     return 0
+
+
+def sparse_sum_bytes(model, task, cfg: dict, ranks_list) -> dict:
+    """{P: bytes of the row-sparse gradient sum at P ranks}: P ranks of this per-rank batch
+    shape, each its own batch (``make_batch``'s, seeds SEED + 2, SEED + 3, ...; the timed
+    runs reuse one), send every parameter but, of each lookup table, only the union of
+    the rows their batches changed (npformer.parallel.sparse), plus the loss."""
+    import numpy as np
+
+    from npformer.parallel.sparse import WHOLE_TABLE_SHARE, changed_rows, lookup_tables
+
+    tables = lookup_tables(model)
+    dense = (sum(int(np.prod(p.shape)) for p in model.parameters()) + 1) * 4
+    unions = [np.zeros(t.shape[0], dtype=bool) for t in tables]
+    result = {}
+    for ranks in range(1, max(ranks_list) + 1):
+        model.zero_grad()
+        task.loss_and_grad(model, make_batch(cfg, SEED + 1 + ranks))
+        for union, table in zip(unions, tables):
+            union |= changed_rows(table.grad)
+        saved = sum((t.shape[0] - u.sum()) * t.shape[1] * 4 for t, u in zip(tables, unions)
+                    if u.sum() <= WHOLE_TABLE_SHARE * t.shape[0])
+        if ranks in ranks_list:
+            result[ranks] = int(dense - saved)
+        if not saved:  # every table goes whole already: more ranks change it no more
+            result.update({r: int(dense) for r in ranks_list if r > ranks})
+            break
+    return result
 
 
 def ddp_worker(spec: dict) -> int:
@@ -227,7 +260,7 @@ def run_modes(cfg: dict, args, run_worker) -> dict:
         modes["npformer 2 ranks"] = run_mpi("--rank-worker", 2, dict(spec, weights=weights),
                                             args.env)
         modes["npformer 1 rank, half batch"] = run_mpi(
-            "--rank-worker", 1, dict(spec, config=half, weights=None), args.env)
+            "--rank-worker", 1, dict(spec, config=half, weights=None, project=True), args.env)
         modes["PyTorch DDP 2"] = run_ddp(2, spec, args.env)
     return modes
 
@@ -298,8 +331,10 @@ def print_process_modes(results: dict) -> None:
         if one and ranks2:
             line += f"  | scaling 1->2 ranks {one / ranks2:.0%}"
         if reduce is not None and ranks2:
-            line += (f"  | Allreduce {ms(reduce)} ms = {reduce / ranks2:.0%} of the step "
-                     f"({size_text(modes['npformer 2 ranks']['allreduce_bytes'])})")
+            sent = modes["npformer 2 ranks"]
+            line += (f"  | gradient sum {ms(reduce)} ms = {reduce / ranks2:.0%} of the step "
+                     f"({size_text(sent['allreduce_bytes'])} sent of "
+                     f"{size_text(sent['dense_bytes'])})")
         print(line)
 
 
@@ -328,14 +363,15 @@ def print_projection(results: dict) -> None:
           f"all-reduce, alpha {CLUSTER_LATENCY_S * 1e6:g} us, bandwidth "
           f"{CLUSTER_BANDWIDTH_BPS / 1e9:g} GB/s (100 Gb/s InfiniBand), no overlap:")
     for name, modes in results.items():
-        compute = _median(modes["npformer 1 rank, half batch"])
-        message = modes["npformer 2 ranks"].get("allreduce_bytes")
-        if compute is None or message is None:
+        one = modes["npformer 1 rank, half batch"]
+        compute, messages = _median(one), one.get("projected_bytes")
+        if compute is None or not messages:
             print(f"  {name}: n/a (a mode failed)")
             continue
         cells = []
         for ranks in PROJECTED_RANKS:
+            message = messages[str(ranks)]  # JSON keys: strings
             step, efficiency = projection(compute, message, ranks)
-            cells.append(f"{ranks} ranks {step * 1e3:.1f} ms {efficiency:.0%}")
-        print(f"  {name:<8} compute {compute * 1e3:.1f} ms, {size_text(message)}: "
-              + "  ".join(cells))
+            cells.append(f"{ranks} ranks {size_text(message)} {step * 1e3:.1f} ms "
+                         f"{efficiency:.0%}")
+        print(f"  {name:<8} compute {compute * 1e3:.1f} ms: " + "  ".join(cells))

@@ -4,9 +4,10 @@ SCENARIO OUTDIR [RESUME_FROM]`` with the repository on PYTHONPATH.
 Rank 0 writes what the ranks computed to OUTDIR (``.npz`` files, text files); the
 pytest process compares it with a single process's results.  Scenarios:
 
-* ``checks``: gradients of every case, the Adam trajectories, runs with dropout (1 and
-  2 thread replicas a rank), checkpoints (and, given RESUME_FROM, a resumed run), the
-  mismatch refusals, ``shard_map`` and the rank-0-only output, in one launch;
+* ``checks``: gradients of every case (the sparse case's summed by row and whole), the
+  Adam trajectories, runs with dropout (1 and 2 thread replicas a rank), checkpoints
+  (and, given RESUME_FROM, a resumed run), the mismatch refusals, ``shard_map`` and the
+  rank-0-only output, in one launch;
 * ``gpu``: the gradients of every case on the CuPy backend (a GPU per rank);
 * ``fail``: rank 1 raises inside a training step while the others wait in the
   all-reduce: every rank must end, with rank 1's message.
@@ -21,6 +22,7 @@ import numpy as np
 from npformer import backend, parallel
 from npformer.parallel import DataParallel, RanksDiffer
 from tests import parallel_cases as cases
+from tests.helpers import using_tier
 
 
 def save_npz(path: Path, **arrays) -> None:
@@ -40,6 +42,23 @@ def gradients(ctx, out: Path) -> None:
         if ctx.is_main:
             save_npz(out / f"grads_{name}.npz", loss=loss, count=count,
                      **{n: backend.to_numpy(p.grad) for n, p in model.named_parameters()})
+
+
+def sparse_sums(ctx, out: Path) -> None:
+    """The sparse case's gradients summed by row and whole, on each tier, with 1 and 2
+    thread replicas a rank: every rank's (``rank<r>.<name>``), and the bytes each sum
+    carried."""
+    for tier in ("fast", "textbook"):
+        with using_tier(tier):
+            for replicas in (1, 2):
+                for row_sparse in (True, False):
+                    grads, sent = cases.reduced_gradients(ctx, replicas, row_sparse)
+                    everyone = ctx.allgather(grads)
+                    if ctx.is_main:
+                        kind = "rows" if row_sparse else "whole"
+                        save_npz(out / f"sparse_{tier}_{replicas}_{kind}.npz", sent=sent,
+                                 **{f"rank{r}.{name}": g for r, theirs in enumerate(everyone)
+                                    for name, g in theirs.items()})
 
 
 def trajectories(ctx, out: Path) -> None:
@@ -148,6 +167,7 @@ def main(argv) -> int:
         gradients(ctx, out)
         return 0
     gradients(ctx, out)
+    sparse_sums(ctx, out)
     trajectories(ctx, out)
     checkpoints(ctx, out, resume_from)
     mismatches(ctx, out)

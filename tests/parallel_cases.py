@@ -49,7 +49,19 @@ def seq2seq_case(rng, rows: int = 6, dropout: float = 0.0):
                                                      tgt_lens)
 
 
-CASES = {"classifier": classifier_case, "lm": lm_case, "seq2seq": seq2seq_case}
+def sparse_classifier_case(rng, rows: int = 6, dropout: float = 0.0):
+    """A classifier whose lookup tables (400 tokens, 1,024 hashed word pairs) a batch touches
+    in few rows: their gradients are row-sparse (npformer.parallel.sparse)."""
+    model = tiered.TransformerClassifier(ClassifierConfig(
+        vocab_size=400, d_model=8, num_heads=2, num_layers=1, d_ff=12, block_size=10,
+        dropout=dropout, bigram_buckets=1024))
+    ids = rng.integers(1, 400, (rows, 10))
+    lens = rng.integers(1, 11, rows)
+    return model, Classification(), (ids, lens, rng.integers(0, 2, rows))
+
+
+CASES = {"classifier": classifier_case, "lm": lm_case, "seq2seq": seq2seq_case,
+         "sparse": sparse_classifier_case}
 # global batches of 7, 5 and 6 rows: uneven shards on 2 ranks (7, 5) and on 3 (7, 5), and
 # on 3 ranks seq2seq's equal row shards hold different numbers of target tokens
 GRADIENT_CASES = {"classifier": 7, "lm": 5, "seq2seq": 6, "lm_fewer_rows_than_ranks": 2}
@@ -69,6 +81,20 @@ def whole_batch_gradients(kind: str, rows: int):
     model.zero_grad()
     loss = task.loss_and_grad(model, batch, 1.0)
     return loss, {name: backend.to_numpy(p.grad) for name, p in model.named_parameters()}
+
+
+def reduced_gradients(ranks, replicas: int, row_sparse: bool, rows: int = 6):
+    """({name: grad}, bytes the sum carried) of the sparse case's batch on ``ranks`` (a
+    communicator) of ``replicas`` thread replicas, its tables summed by row (``row_sparse``)
+    or whole."""
+    from npformer.parallel import DataParallel
+
+    model, task, batch = build("sparse", rows)
+    engine = DataParallel(model, replicas, ranks, row_sparse=row_sparse)
+    model.zero_grad()
+    engine.reduce_step(engine.loss_and_grad(task, batch, 1.0, seed=0)[0])
+    return ({name: backend.to_numpy(p.grad) for name, p in model.named_parameters()},
+            engine.reduced_bytes)
 
 
 def train(kind: str, steps: int, replicas: int = 1, dropout: float = 0.0, grad_accum: int = 1,

@@ -178,11 +178,32 @@ def test_process_summary_scaling_allreduce_and_projection(processes_output):
     out = processes_output.stdout
     assert re.search(r"^processes lm\s+2 ranks / PyTorch 2 threads \d+\.\d+x\s+/ PyTorch DDP "
                      r"\d+\.\d+x\s+/ npformer threads \d+\.\d+x\s+\| scaling 1->2 ranks \d+%"
-                     r"\s+\| Allreduce [\d.]+ ms = \d+% of the step", out, re.MULTILINE), out
+                     r"\s+\| gradient sum [\d.]+ ms = \d+% of the step \([\d.]+ KiB sent of "
+                     r"[\d.]+ KiB\)", out, re.MULTILINE), out
     for ranks in (2, 4):
         assert re.search(rf"^  {ranks} ranks fit: alpha -?[\d.]+ us", out, re.MULTILINE), out
-    assert re.search(r"^  lm\s+compute [\d.]+ ms, [\d.]+ KiB: 8 ranks [\d.]+ ms \d+%", out,
+    assert re.search(r"^  lm\s+compute [\d.]+ ms: 8 ranks [\d.]+ KiB [\d.]+ ms \d+%", out,
                      re.MULTILINE), out
+
+
+def test_projected_sums_carry_the_union_of_the_ranks_changed_rows():
+    """The projection's bytes at P ranks: every parameter but, of each lookup table, only
+    the rows P per-rank batches changed, counted from the tables' gradients: growing with
+    P, at most the whole buffer, and the whole buffer where a table is tied (lm)."""
+    from bench import processes
+    from bench.configs import SMOKE, npformer_model
+    from npformer import backend
+
+    backend.set_backend("numpy", seed=0)
+    cfg = dict(SMOKE["imdb"], batch=2)
+    model, task = npformer_model(cfg, None)
+    dense = (sum(p.data.size for p in model.parameters()) + 1) * 4
+    sent = processes.sparse_sum_bytes(model, task, cfg, (1, 2, 4, 8))
+    assert sent[1] < sent[2] < sent[4] <= sent[8] <= dense, (sent, dense)
+    lm, lm_task = npformer_model(SMOKE["lm"], None)
+    lm_dense = (sum(p.data.size for p in lm.parameters()) + 1) * 4
+    assert processes.sparse_sum_bytes(lm, lm_task, SMOKE["lm"], (1, 8)) == {1: lm_dense,
+                                                                            8: lm_dense}
 
 
 def test_alpha_beta_fit_and_ring_projection():
@@ -840,3 +861,34 @@ def test_peak_and_copy_rates_run_on_every_installed_library():
     assert all(r["shape"] == (16, 8, 4) and r["gflops"] > 0 for r in rates)
     copies = peak.copy_rates(2 ** 16, 1, 1)
     assert all(c["bytes"] == 2 ** 16 and c["gb_s"] > 0 for c in copies)
+
+
+# --------------------------------------------------------------------------- bench/decode.py
+def test_decode_bench_runs_on_both_shapes_and_batches():
+    """``bench/decode.py --smoke --markdown``: both sides decode both (tiny) shapes at
+    batch 1 and 8, of equal parameter counts (else it exits with an error); the bandwidth
+    line and a table row for each shape and batch come out."""
+    require_torch()
+    pytest.importorskip("transformers")
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "decode.py"), "--smoke",
+                           "--markdown"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    assert re.search(r"^bandwidth: read [\d.]+ GB/s .* copy [\d.]+ GB/s", out, re.MULTILINE), out
+    number = r"-?[\d.]+"
+    for model in ("lm", "gpt2"):
+        for batch in (1, 8):
+            assert re.search(rf"^\| {model} \| {batch} \| {number} \| {number} \| {number}x \| "
+                             rf"[\d.]+ \| [\d.]+ \| {number}x \|$", out, re.MULTILINE), out
+
+
+def test_decode_bound_counts_the_weights_and_the_cache_read_per_token():
+    """GPT-2 small: 124,439,808 parameters, of which the positions' 1,024 x 768 are read a
+    row at a time (left out); each layer's keys and values, (B, c, 768) each, are read."""
+    from bench import decode
+
+    gpt2 = decode.SHAPES["gpt2"]
+    assert decode.bytes_per_token(gpt2, 124_439_808, 1, 0) == 4 * 123_653_376
+    assert decode.bytes_per_token(gpt2, 124_439_808, 8, 10) == 4 * (
+        123_653_376 + 2 * 12 * 8 * 10 * 768)

@@ -7,6 +7,8 @@ computation in this (single) process:
 * for each of the three models, the loss and every gradient of a global batch on 2 and
   3 ranks equal the single-process ones (float64, 1e-12 relative to the largest
   gradient), with uneven shards (7 and 5 rows) and a batch of fewer rows than ranks;
+* lookup tables summed by the rows the ranks changed equal them summed whole (2 ranks:
+  bit for bit), on both tiers, with 1 and 2 thread replicas a rank;
 * 10-step Adam trajectories (gradient accumulation, clipping among them) equal the
   single-process ones; with dropout, 2 ranks equal 2 thread replicas bit for bit;
 * only rank 0 writes checkpoints and prints; a run resumes on another rank count;
@@ -117,6 +119,32 @@ def test_gradients_equal_the_single_process_gradients(runs, ranks, name):
     for param, g in expected.items():
         diff = float(np.max(np.abs(ours[param] - g)))
         assert diff <= GRAD_RTOL * scale, f"{param}: {diff / scale:.2e} relative"
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("tier", ["fast", "textbook"])
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_lookup_tables_summed_by_row_equal_them_summed_whole(runs, ranks, tier, replicas):
+    """The sparse case (token and word-pair tables a batch touches in few rows), summed
+    across the ranks sending only the rows some rank changed, equals the whole sum on
+    every rank: bit for bit on 2 ranks (a + b either way), to rounding on 3 (MPI may add
+    the two messages' elements in other orders); both equal one process; less was sent."""
+    by_rows = _load(runs[ranks][0] / f"sparse_{tier}_{replicas}_rows.npz")
+    whole = _load(runs[ranks][0] / f"sparse_{tier}_{replicas}_whole.npz")
+    assert by_rows.pop("sent") < whole.pop("sent") / 2
+    with using_backend("numpy", "float64"), using_tier(tier):
+        _, alone = cases.whole_batch_gradients("sparse", 6)
+    scale = max(float(np.max(np.abs(g))) for g in alone.values())
+    assert by_rows.keys() == whole.keys() == {f"rank{r}.{name}" for r in range(ranks)
+                                               for name in alone}
+    for key, g in whole.items():
+        if ranks == 2:
+            assert np.array_equal(by_rows[key], g), key
+        else:
+            assert float(np.max(np.abs(by_rows[key] - g))) <= GRAD_RTOL * scale, key
+        name = key.split(".", 1)[1]
+        assert float(np.max(np.abs(by_rows[key] - alone[name]))) <= GRAD_RTOL * scale, key
 
 
 # --------------------------------------------------------------------------- training

@@ -32,6 +32,8 @@ One small module per concern:
 * :mod:`.failure`: no rank waits for ever (a join timeout, abort-all on an exception);
 * :mod:`.fingerprint`: rank comparison by hashing, for :meth:`Context.check_same`;
 * :mod:`.shards`: which rows each rank (and thread replica) takes: one rule for all;
+* :mod:`.sparse`: of each lookup table (an embedding), only the rows some rank changed are
+  summed (equal to summing it whole);
 * :mod:`.transports`: the in-place sum of a buffer on the host (MPI) or a GPU (NCCL,
   CUDA-aware MPI, or through the host; ``NPFORMER_GPU_ALLREDUCE=nccl|mpi|host``).
 """

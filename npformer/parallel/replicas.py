@@ -8,7 +8,8 @@ busy for the whole step.
 The replicas share the model's parameter arrays (no copies; they are re-pointed before
 every batch, so they see the optimizer's last step) and own their gradients and
 activation caches.  After the shards, every replica's gradient is added into the
-model's: this is how threads sum.  What each shard is, and its weight, is decided by
+model's (of each lookup table, only the rows the replica changed: :mod:`.sparse`): this is
+how threads sum.  What each shard is, and its weight, is decided by
 :class:`npformer.parallel.DataParallel`.
 """
 from __future__ import annotations
@@ -20,9 +21,12 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from .. import backend
 from ..fast.flat import FlatParameters, flat_buffer_of
 from ..nn import Module, grad_enabled, set_grad_enabled
+from .sparse import RowSparseSum, lookup_tables
 
 if TYPE_CHECKING:  # annotations only: importing these here would be circular
     from ..train.tasks import Task
@@ -61,16 +65,17 @@ def parallel_map(fn: Callable, items: Sequence, replicas: int) -> list:
 class ThreadReplicas:
     """``count`` replicas of ``model`` (the first is the model itself) and a thread each."""
 
-    def __init__(self, model: Module, count: int):
+    def __init__(self, model: Module, count: int, row_sparse: bool = True):
         if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 1:
             raise ValueError(f"replicas must be an integer of at least 1, got {count!r}")
-        self.model = model
+        self.model, self.row_sparse = model, row_sparse
         self.models = [model] + [_replica_of(model) for _ in range(int(count) - 1)]
         # Each model's parameters, listed once: the replicas are copies of the model as it
         # was here, so the lists stay paired (and no step walks the modules again).
         self.parameter_lists = [m.parameters() for m in self.models]
         self.pool = ThreadPoolExecutor(max_workers=len(self.models)) if count > 1 else None
         self._replica_flats: dict[int, FlatParameters] = {}
+        self._rows: RowSparseSum | None = None  # the tables' layout in the flat buffers
 
     def __len__(self) -> int:
         return len(self.models)
@@ -133,10 +138,23 @@ class ThreadReplicas:
             theirs, their_flat = self.parameter_lists[i], self._replica_flats.get(i)
             if flat is not None and their_flat is not None:
                 their_flat.sync()
-                flat.grad += their_flat.grad  # every parameter's share in one pass
+                self._add_flat(flat, their_flat.grad)
                 continue
             for p, q in zip(own, theirs):
                 p.accumulate(q.grad)
+
+
+    def _add_flat(self, flat: FlatParameters, theirs: np.ndarray) -> None:
+        """The model's flat gradient buffer += a replica's: of each lookup table only the
+        rows the replica changed (:class:`RowSparseSum`, where ``row_sparse``), the rest in
+        one pass."""
+        if not self.row_sparse:
+            flat.grad += theirs
+            return
+        if self._rows is None:
+            self._rows = RowSparseSum(flat.params, flat.slices, lookup_tables(self.model),
+                                      flat.grad.size)
+        self._rows.add(flat.grad, theirs)
 
 
 def _replica_of(model: Module) -> Module:

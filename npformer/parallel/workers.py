@@ -15,10 +15,11 @@ ranks; a process alone is rank 0 of 1), W = size * replicas, worker g = rank * r
 
    the *sum* of the workers' gradients is the one-process gradient of the global batch
    (every worker holds the global batch, so n is known everywhere without a message);
-4. **sum**: one all-reduce per optimizer step, of one flat gradient buffer: the model's
+4. **sum**: once per optimizer step, one flat gradient buffer is summed: the model's
    own where its parameters live in one (the fast tier's
    :class:`npformer.fast.flat.FlatParameters`), sent as it is, else every gradient packed
-   into one (:class:`PackedGradients`);
+   into one (:class:`PackedGradients`); of each lookup table (an embedding) only the rows
+   some rank changed travel (:mod:`.sparse`: equal to summing it whole);
 5. **update**: clipping and the optimizer step then run identically everywhere, so the
    parameters stay equal without being sent again.
 
@@ -54,6 +55,7 @@ from ..nn.module import flat_layout
 from .context import SINGLE, join_if_launched
 from .replicas import ThreadReplicas, parallel_map
 from .shards import shard_bounds
+from .sparse import RowSparseSum, lookup_tables
 
 if TYPE_CHECKING:  # annotations only: importing these here would be circular
     from ..train.tasks import Task
@@ -88,13 +90,16 @@ class DataParallel:
     share, checked before the first step (as are the model and the first batch)."""
 
     def __init__(self, model: Module, replicas: int = 1, ranks: Communicator | None = None,
-                 **same: Any):
+                 row_sparse: bool = True, **same: Any):
         self.model, self.ranks = model, ranks if ranks is not None else SINGLE
-        self.replicas = ThreadReplicas(model, replicas)
+        self.replicas = ThreadReplicas(model, replicas, row_sparse)
         self.ranks.check_same(model=model_signature(model), replicas=replicas, **same)
         broadcast_parameters(model, self.ranks)                             # 1. broadcast
-        self.allreduce = self.ranks.allreduce  # bound here: bench/processes.py times it
+        self.allreduce = self.ranks.allreduce
+        self.row_sparse = row_sparse  # False: every table summed whole (the dense sum)
+        self.reduced_bytes = 0  # what the last step's gradient sum carried
         self._packed: PackedGradients | None = None
+        self._sparse: RowSparseSum | None = None
         self._data_checked = False
 
     @property
@@ -123,15 +128,35 @@ class DataParallel:
         shares summed (the replicas' were summed by each batch) -> the step's mean loss."""
         if self.ranks.size == 1:
             return loss_share
-        params = self.model.trainable_parameters()  # frozen ones have no gradient
+        self.reduce_gradients()                                         # 4. sum, ranks
+        return sum(self.ranks.allgather(loss_share))  # in rank order: equal everywhere
+
+    def reduce_gradients(self) -> None:
+        """Every process's gradients summed, in place: the model's flat gradient buffer as
+        it is (no copy), else every gradient packed into one (:class:`PackedGradients`).
+        Frozen parameters have no gradient: they are not summed."""
+        params = self.model.trainable_parameters()
         flat = flat_buffer_of(params)
-        if flat is not None:                                            # 4. sum, ranks
-            self.allreduce(flat.grad)  # the model's flat gradient buffer, as it is: no copy
+        if flat is not None:
+            self._sum(flat.grad, params, flat.slices)
         else:
             self._packed = self._packed or PackedGradients(params)
-            self.allreduce(self._packed.pack(params))
+            self._sum(self._packed.pack(params), params, self._packed.slices)
             self._packed.unpack(params)
-        return sum(self.ranks.allgather(loss_share))  # in rank order: equal everywhere
+
+    def _sum(self, buffer: Any, params: Sequence[Parameter],
+             slices: Sequence[tuple[int, int]]) -> None:
+        """``buffer`` (laid out as ``slices``) summed across the ranks, in place: of each
+        lookup table only the rows some rank changed (:mod:`.sparse`), on the host where
+        ``row_sparse``; else whole, in one all-reduce."""
+        if not self.row_sparse or type(buffer) is not np.ndarray:
+            self.allreduce(buffer)
+            self.reduced_bytes = buffer.nbytes
+            return
+        if self._sparse is None:
+            self._sparse = RowSparseSum(params, slices, lookup_tables(self.model), buffer.size)
+        self._sparse(buffer, self.allreduce, self.ranks.allgather)
+        self.reduced_bytes = self._sparse.last_bytes
 
     def from_main(self, value: Any) -> Any:
         return self.ranks.from_main(value)

@@ -1,0 +1,176 @@
+"""Row-sparse gradients: the sum across ranks of a flat gradient buffer that carries, of each
+lookup table, only the rows some rank changed.
+
+A lookup table's gradient (V, D) (an :class:`npformer.nn.Embedding`'s weight: token
+embeddings, hashed word pairs) is zero outside the rows of the ids a batch looked up, and
+a batch looks up few of them: a shard of 16 reviews of at most 256 tokens touches at most
+4,096 of imdb's 131,072 word-pair rows.  Summing such a table whole sends every zero
+row.  Here, once per step:
+
+1. **changed rows**: each rank finds, in each table, the rows holding any bit that is not
+   +0.0's (:func:`changed_rows`: one pass over the table, reading it);
+2. **union**: the ranks exchange those row sets (a bit per row, one ``allgather``) and
+   OR them: the rows changed on *some* rank, the same on every rank;
+3. **sum**: the union's rows of every table are gathered into one buffer and summed across
+   the ranks (one ``allreduce``), then written back.  The rest of the buffer (every other
+   parameter, and a table whose union is more than :data:`WHOLE_TABLE_SHARE` of its rows)
+   lies in contiguous runs between the tables: a run of at most :data:`PACKED_RUN_BYTES`
+   travels in the rows' message, a larger one is summed in place by an ``allreduce`` of
+   its own.  So imdb's step makes two collective calls (the bits, then one message).
+
+Thread replicas sum in the process the same way (:meth:`RowSparseSum.add`): of each
+table, only the rows a replica changed are added into the model's gradient.
+
+The result is the dense sum's, bit for bit where the ranks add in the same order: a row
+outside the union is +0.0 on every rank, whose sum is +0.0, which every rank already
+holds; a row inside it is summed as the dense all-reduce would sum it.  A row whose only
+change is a -0.0, a NaN or a subnormal is changed (its bits are not +0.0's).
+
+Any table works whose gradient is row-sparse; one that is not (a table tied to an output
+projection, whose gradient fills every row) simply has every row changed and goes whole.
+Host (NumPy) buffers only: a buffer on a GPU is summed whole.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..fast.compiler import COMPILED, jit
+from ..nn import Embedding, Module, Parameter
+
+WHOLE_TABLE_SHARE = 0.5  # beyond this share of a table's rows, gathering them costs more
+#                          than summing the table in place
+PACKED_RUN_BYTES = 2 ** 20  # the other parameters' runs up to this size travel with the rows
+#                             (one message, one wait for the slowest rank); larger ones are
+#                             summed in place (no copy)
+
+
+def lookup_tables(model: Module) -> list[Parameter]:
+    """The weights of ``model``'s lookup tables (its :class:`npformer.nn.Embedding` layers,
+    each once), whose gradients are row-sparse where nothing else uses them."""
+    seen, tables = set(), []
+    for module in model.modules():
+        if isinstance(module, Embedding) and id(module.weight) not in seen:
+            seen.add(id(module.weight))
+            tables.append(module.weight)
+    return tables
+
+
+def changed_rows(table: np.ndarray) -> np.ndarray:
+    """table (V, D) float -> (V,) bool: whether row v holds any value whose bits are not
+    +0.0's (so -0.0, NaN and subnormals count as changes; only +0.0 does not)."""
+    table = np.ascontiguousarray(table)
+    bits = table.view(np.dtype(f"u{table.dtype.itemsize}")).reshape(table.shape)
+    if not COMPILED or table.size == 0:
+        return np.any(bits, axis=1)
+    out = np.empty(table.shape[0], dtype=np.bool_)
+    _rows_with_bits(bits, out)
+    return out
+
+
+@jit
+def _rows_with_bits(bits, out):
+    """out[v] = any bit set in row v: bits (V, D) unsigned integers, out (V,) bool.  The
+    row's OR, without an early exit, so that LLVM vectorizes it (one read of the table)."""
+    for v in range(bits.shape[0]):
+        row = bits[v]
+        acc = row[0] ^ row[0]  # zero of the row's type
+        for j in range(row.size):
+            acc |= row[j]
+        out[v] = acc != 0
+    return None
+
+
+class TableSlot:
+    """Where a (rows, cols) table lies in a flat buffer: elements [lo, lo + rows * cols)."""
+
+    def __init__(self, lo: int, rows: int, cols: int):
+        self.lo, self.rows, self.cols = lo, rows, cols
+        self.hi = lo + rows * cols
+
+    def view(self, buffer: np.ndarray) -> np.ndarray:
+        """The table's (rows, cols) view of ``buffer``."""
+        return buffer[self.lo:self.hi].reshape(self.rows, self.cols)
+
+
+class RowSparseSum:
+    """The in-place sum across ranks of one flat host gradient buffer laid out as
+    ``slices`` (the (lo, hi) of each of ``params``), sending of each of ``tables`` (a
+    subset of ``params``, 2-D) only the union of the rows the ranks changed (see the
+    module's docstring).  ``last_bytes``: what the last sum's ``allreduce`` calls carried."""
+
+    def __init__(self, params: Sequence[Parameter], slices: Sequence[tuple[int, int]],
+                 tables: Sequence[Parameter], total: int):
+        wanted = {id(t) for t in tables}
+        self.tables = [TableSlot(lo, *p.shape) for p, (lo, _) in zip(params, slices)
+                       if id(p) in wanted and len(p.shape) == 2]
+        self.total = total
+        self.last_bytes = 0
+
+    def __call__(self, buffer: np.ndarray, allreduce: Callable[[Any], None],
+                 allgather: Callable[[Any], list]) -> None:
+        """``buffer`` (the layout's (P,)) becomes the sum of every rank's, in place;
+        ``allreduce`` sums an array in place, ``allgather`` gives every rank's value."""
+        unions = self._unions(buffer, allgather)
+        sparse = [(slot, rows) for slot, rows in zip(self.tables, unions)
+                  if rows.size <= WHOLE_TABLE_SHARE * slot.rows]
+        if not sparse:  # no table, or every one changed in more than that share of its rows
+            allreduce(buffer)
+            self.last_bytes = buffer.nbytes
+            return
+        runs = dense_runs(self.total, [(slot.lo, slot.hi) for slot, _ in sparse])
+        large = [(lo, hi) for lo, hi in runs if (hi - lo) * buffer.itemsize > PACKED_RUN_BYTES]
+        small = [run for run in runs if run not in large]
+        for lo, hi in large:
+            allreduce(buffer[lo:hi])  # a contiguous view: summed in place
+        message = np.concatenate([buffer[lo:hi] for lo, hi in small]
+                                 + [slot.view(buffer)[ids].reshape(-1) for slot, ids in sparse])
+        allreduce(message)  # the small runs and the union's rows of every table, together
+        self.last_bytes = message.nbytes + sum(hi - lo for lo, hi in large) * buffer.itemsize
+        offset = 0
+        for lo, hi in small:
+            buffer[lo:hi] = message[offset:offset + hi - lo]
+            offset += hi - lo
+        for slot, ids in sparse:
+            size = ids.size * slot.cols
+            slot.view(buffer)[ids] = message[offset:offset + size].reshape(ids.size, slot.cols)
+            offset += size
+
+    def add(self, into: np.ndarray, buffer: np.ndarray) -> None:
+        """``into += buffer`` (two buffers of the layout, in this process: a thread
+        replica's gradients into the model's), adding of each table only the rows changed
+        in ``buffer``; equal to the whole sum (a row of +0.0 adds nothing; only a -0.0
+        in ``into`` stays -0.0 where the whole sum would make it +0.0, an equal value)."""
+        holes = []
+        for slot in self.tables:
+            ids = np.flatnonzero(changed_rows(slot.view(buffer)))
+            if ids.size <= WHOLE_TABLE_SHARE * slot.rows:
+                slot.view(into)[ids] += slot.view(buffer)[ids]
+                holes.append((slot.lo, slot.hi))
+        for lo, hi in dense_runs(self.total, holes):
+            into[lo:hi] += buffer[lo:hi]
+
+    def _unions(self, buffer: np.ndarray, allgather: Callable[[Any], list]) -> list[np.ndarray]:
+        """[the sorted row ids changed on some rank, for each table]: every rank's changed
+        rows, a bit each, gathered in one message and OR-ed."""
+        if not self.tables:
+            return []
+        mine = np.concatenate([changed_rows(slot.view(buffer)) for slot in self.tables])
+        everyone = np.bitwise_or.reduce(allgather(np.packbits(mine)))
+        changed = np.unpackbits(everyone, count=mine.size).astype(bool)
+        bounds = np.cumsum([0] + [slot.rows for slot in self.tables])
+        return [np.flatnonzero(changed[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def dense_runs(total: int, holes: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The non-empty (lo, hi) runs of range(total) outside ``holes`` (disjoint (lo, hi))."""
+    runs, at = [], 0
+    for lo, hi in sorted(holes):
+        if lo > at:
+            runs.append((at, lo))
+        at = max(at, hi)
+    if total > at:
+        runs.append((at, total))
+    return runs
