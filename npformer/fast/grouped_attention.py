@@ -14,7 +14,7 @@ from typing import Any
 
 from ..backend import Array
 from ..ops.contracts import backward_op, forward_op, grouped_attention_inputs
-from ..ops.grouped_attention import repeat_heads, sum_groups
+from ..ops.grouped_attention import grouped_backward, grouped_forward
 from .attention import attention_backward, attention_forward
 
 
@@ -23,15 +23,10 @@ def grouped_attention_forward(q: Array, k: Array, v: Array,
                               mask: Array | None = None) -> tuple[Array, Any]:
     """q (..., H, T, E), k (..., Hkv, S, E), v (..., Hkv, S, F), H a multiple of Hkv; mask
     (bool, broadcasts to (..., H, T, S)) -> out (..., H, T, F), cache."""
-    groups = q.shape[-3] // k.shape[-3]  # G query heads per key/value head
-    k_repeated, v_repeated = repeat_heads(k, groups), repeat_heads(v, groups)  # H heads each
-    out, attention_cache = attention_forward(q, k_repeated, v_repeated, mask)  # (..., H, T, F)
-    return out, (attention_cache, groups)
+    return grouped_forward(q, k, v, mask, attention_forward)  # the blocked attention
 
 
 @backward_op(grouped_attention_forward)
 def grouped_attention_backward(dout: Array, saved: Any) -> tuple[Array, Array, Array]:
     """dout (..., H, T, F) -> dq (..., H, T, E), dk (..., Hkv, S, E), dv (..., Hkv, S, F)."""
-    attention_cache, groups = saved
-    dq, dk_repeated, dv_repeated = attention_backward(dout, attention_cache)  # H heads each
-    return dq, sum_groups(dk_repeated, groups), sum_groups(dv_repeated, groups)
+    return grouped_backward(dout, saved, attention_backward)

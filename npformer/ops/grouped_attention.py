@@ -24,6 +24,7 @@ The repeated keys and values exist only inside one call: a KV cache
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .. import backend
@@ -55,15 +56,31 @@ def grouped_attention_forward(q: Array, k: Array, v: Array,
                               mask: Array | None = None) -> tuple[Array, Any]:
     """q (..., H, T, E), k (..., Hkv, S, E), v (..., Hkv, S, F), H a multiple of Hkv; mask
     (bool, broadcasts to (..., H, T, S)) -> out (..., H, T, F), cache."""
-    groups = q.shape[-3] // k.shape[-3]  # G query heads per key/value head
-    k_repeated, v_repeated = repeat_heads(k, groups), repeat_heads(v, groups)  # H heads each
-    out, attention_cache = attention_forward(q, k_repeated, v_repeated, mask)  # (..., H, T, F)
-    return out, (attention_cache, groups)
+    return grouped_forward(q, k, v, mask, attention_forward)
 
 
 @backward_op(grouped_attention_forward)
 def grouped_attention_backward(dout: Array, saved: Any) -> tuple[Array, Array, Array]:
     """dout (..., H, T, F) -> dq (..., H, T, E), dk (..., Hkv, S, E), dv (..., Hkv, S, F)."""
+    return grouped_backward(dout, saved, attention_backward)
+
+
+# The statements, with the attention they wrap as an argument: the fast tier's op
+# (npformer.fast.grouped_attention) runs the same ones around its blocked attention.
+def grouped_forward(q: Array, k: Array, v: Array, mask: Array | None,
+                    attention: Callable) -> tuple[Array, Any]:
+    """:func:`grouped_attention_forward` with ``attention`` (an attention_forward) in the
+    middle: the key/value heads repeated over their groups, then attention over H heads."""
+    groups = q.shape[-3] // k.shape[-3]  # G query heads per key/value head
+    k_repeated, v_repeated = repeat_heads(k, groups), repeat_heads(v, groups)  # H heads each
+    out, attention_cache = attention(q, k_repeated, v_repeated, mask)  # (..., H, T, F)
+    return out, (attention_cache, groups)
+
+
+def grouped_backward(dout: Array, saved: Any,
+                     attention_backward: Callable) -> tuple[Array, Array, Array]:
+    """:func:`grouped_attention_backward` with ``attention_backward`` in the middle: the
+    gradients of the H heads, then each group's key and value gradients summed."""
     attention_cache, groups = saved
     dq, dk_repeated, dv_repeated = attention_backward(dout, attention_cache)  # H heads each
     return dq, sum_groups(dk_repeated, groups), sum_groups(dv_repeated, groups)
