@@ -168,8 +168,13 @@ def torch_side(folder: Path, sizes: tuple) -> dict:
 
 def worker(side: str, folder: Path, sizes: tuple) -> None:
     """Load the side, warm each measurement up once (training's warm-up is its first
-    step), say ready, then run one timed measurement per line of standard input."""
-    runs, seen = (npformer_side if side == "npformer" else torch_side)(folder, sizes)
+    step), then serve the runner (:func:`serve`)."""
+    serve(*(npformer_side if side == "npformer" else torch_side)(folder, sizes))
+
+
+def serve(runs: dict, seen: dict) -> None:
+    """Warm up the measurements that change no weights (forward, generate), say ready,
+    then run one timed measurement per line of standard input and print its seconds."""
     runs["forward"](), runs["generate"]()
     print(RESULT + json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
@@ -210,6 +215,25 @@ class Side:
         self.proc.stdin.write("quit\n")
         self.proc.stdin.close()
         self.proc.wait()
+
+
+def take_turns(sides: list[Side], names: tuple[str, ...], rounds: int) -> tuple[dict, dict]:
+    """Each measurement of ``names`` in order (training last: it moves the weights),
+    ``rounds`` times, the sides taking turns (the first side first in even rounds), then
+    the workers closed -> ({side: {name: [seconds]}}, {side: its last result})."""
+    times = {side.name: {name: [] for name in names} for side in sides}
+    seen = {}
+    for name in names:
+        for round_ in range(rounds):
+            for side in sides if round_ % 2 == 0 else sides[::-1]:
+                result = side.run(name)
+                times[side.name][name].append(result["seconds"])
+                seen[side.name] = result
+                print(f"{name} round {round_}: {side.name} {result['seconds']:.3f} s",
+                      flush=True)
+    for side in sides:
+        side.close()
+    return times, seen
 
 
 def flops_config(sizes: dict, batch: int, length: int) -> dict:
@@ -280,18 +304,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.folder or write_folder(Path(tmp) / "gpt2", SMOKE if args.smoke else SMALL)
         sides = [Side(name, folder, args.smoke) for name in ("npformer", "torch")]
-        times = {side.name: {"forward": [], "generate": [], "train_step": []} for side in sides}
-        seen = {}
-        for name in ("forward", "generate", "train_step"):  # training last: it moves weights
-            for round_ in range(args.rounds):
-                for side in sides if round_ % 2 == 0 else sides[::-1]:
-                    result = side.run(name)
-                    times[side.name][name].append(result["seconds"])
-                    seen[side.name] = result
-                    print(f"{name} round {round_}: {side.name} {result['seconds']:.3f} s",
-                          flush=True)
-        for side in sides:
-            side.close()
+        times, seen = take_turns(sides, ("forward", "generate", "train_step"), args.rounds)
     ours, theirs = seen["npformer"]["first_loss"], seen["torch"]["first_loss"]
     if abs(ours - theirs) > 1e-4 * abs(theirs):
         raise SystemExit(f"error: the first-step losses differ: npformer {ours}, PyTorch "

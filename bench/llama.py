@@ -28,11 +28,9 @@ minimum and their ratio, with the CPU model.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path[:1]:  # `python bench/llama.py`: the bench package, not this file
     sys.path.insert(0, str(ROOT))
 
-from bench.gpt2 import CLIP, LR, RESULT, WEIGHT_DECAY, Side, batch_of  # noqa: E402
+from bench.gpt2 import CLIP, LR, WEIGHT_DECAY, Side, batch_of, serve, take_turns  # noqa: E402
 from bench.report import cpu_model  # noqa: E402
 
 SMOLLM2 = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
@@ -162,19 +160,8 @@ def torch_side(folder: Path, sizes: tuple) -> tuple[dict, dict]:
 
 
 def worker(side: str, folder: Path, sizes: tuple) -> None:
-    """Load the side, warm the measurements that change no weights up once, say ready,
-    then run one timed measurement per line of standard input."""
-    runs, seen = (npformer_side if side == "npformer" else torch_side)(folder, sizes)
-    runs["forward"](), runs["generate"]()
-    print(RESULT + json.dumps({"ready": True}), flush=True)
-    for line in sys.stdin:
-        name = line.strip()
-        if name == "quit":
-            break
-        start = time.perf_counter()
-        runs[name]()
-        seconds = time.perf_counter() - start
-        print(RESULT + json.dumps({"name": name, "seconds": seconds, **seen}), flush=True)
+    """Load the side and serve the runner (bench/gpt2.py's :func:`serve`)."""
+    serve(*(npformer_side if side == "npformer" else torch_side)(folder, sizes))
 
 
 # --------------------------------------------------------------------------- the runner
@@ -217,18 +204,7 @@ def main(argv=None) -> int:
         folder = args.folder or write_folder(Path(tmp) / "llama", SMOKE if args.smoke
                                              else SMOLLM2)
         sides = [Side(name, folder, args.smoke, __file__) for name in ("npformer", "torch")]
-        times = {side.name: {name: [] for name in MEASUREMENTS} for side in sides}
-        seen = {}
-        for name in MEASUREMENTS:
-            for round_ in range(args.rounds):
-                for side in sides if round_ % 2 == 0 else sides[::-1]:
-                    result = side.run(name)
-                    times[side.name][name].append(result["seconds"])
-                    seen[side.name] = result
-                    print(f"{name} round {round_}: {side.name} {result['seconds']:.3f} s",
-                          flush=True)
-        for side in sides:
-            side.close()
+        times, seen = take_turns(sides, MEASUREMENTS, args.rounds)
     for key in ("first_loss", "first_lora_loss"):
         ours, theirs = seen["npformer"][key], seen["torch"][key]
         if abs(ours - theirs) > 1e-4 * abs(theirs):
