@@ -173,6 +173,38 @@ def test_clipping_a_lora_model_s_parameters_skips_the_frozen_ones():
     norm = opt.clip_grad_norm(model.named_parameters(), 1e9)
     assert norm == pytest.approx(expected, rel=1e-5)
 
+
+@pytest.mark.parametrize("tier", ["textbook", "fast"])
+def test_frozen_layers_compute_no_weight_gradient(tier, monkeypatch):
+    """A frozen Linear (and a frozen table's tied projection) asks its op for dx alone:
+    dW and db, which nothing would read, are not computed; dx is the trained layer's."""
+    from npformer import fast, ops
+
+    from .helpers import using_tier
+
+    with using_tier(tier):
+        model = tiered.CausalLM(tiny_config())
+    target = fast.linear if tier == "fast" else ops  # where the layers look the op up
+    asked = []
+    real = target.linear_backward
+
+    def spy(*args, **kwargs):
+        asked.append(kwargs.get("weights", True))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(target, "linear_backward", spy)
+    ids = arr(np.random.default_rng(0).integers(0, 11, (2, 6)), "int64")
+    dlogits = floats(np.random.default_rng(1).standard_normal((2, 6, 11)))
+    model(ids)
+    model.backward(dlogits)
+    assert asked and all(asked)
+    asked.clear()
+    model.freeze()
+    model(ids)
+    model.backward(dlogits)
+    assert asked and not any(asked)  # every product asked for dx alone
+    assert all(p.grad is None for p in model.parameters())
+
 def test_an_optimizer_over_a_frozen_model_is_refused():
     model = tiered.CausalLM(tiny_config()).freeze()
     with pytest.raises(ValueError, match="all .* parameters are frozen"):

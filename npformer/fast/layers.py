@@ -37,7 +37,7 @@ class Linear(nn.Linear):
 
     def backward(self, dy: Array, x: Array | None = None) -> Array:
         """dy (..., out) -> dx (..., in); ``x``: the forward's input, where it was not kept."""
-        dx, dw, db = linear.linear_backward(dy, self._pop_saved(), x)
+        dx, dw, db = linear.linear_backward(dy, self._pop_saved(), x, weights=self.trains())
         accumulate(self.weight, dw)
         if self.bias is not None:
             accumulate(self.bias, db)
@@ -83,7 +83,9 @@ class Embedding(nn.Embedding):
 
     def backward(self, dy: Array) -> None:
         """dy (..., D) -> None: integer ids are not differentiable."""
-        accumulate(self.weight, embedding.embedding_backward(dy, self._pop_saved()))
+        saved = self._pop_saved()
+        if not self.weight.frozen:  # a frozen table's rows take no gradient
+            accumulate(self.weight, embedding.embedding_backward(dy, saved))
         return None
 
     def project(self, h: Array, keep_input: bool = True) -> Array:
@@ -96,8 +98,11 @@ class Embedding(nn.Embedding):
     def project_backward(self, dlogits: Array, h: Array | None = None) -> Array:
         """dlogits (..., V) -> dh (..., D); W^T's gradient is added into the one table.
         ``h``: the projection's input, where it was not kept."""
-        dh, dtable_t, _ = linear.linear_backward(dlogits, self._pop_saved("_project_cache"), h)
-        accumulate(self.weight, dtable_t.mT)
+        frozen = self.weight.frozen  # then W^T's gradient is not computed
+        dh, dtable_t, _ = linear.linear_backward(dlogits, self._pop_saved("_project_cache"), h,
+                                                 weights=not frozen)
+        if not frozen:
+            accumulate(self.weight, dtable_t.mT)
         return dh
 
 

@@ -41,16 +41,19 @@ def linear_forward(x: Array, w: Array, b: Array | None = None,
 
 
 @backward_op(linear_forward)
-def linear_backward(dy: Array, saved: Any, x: Array | None = None
-                    ) -> tuple[Array, Array, Array | None]:
+def linear_backward(dy: Array, saved: Any, x: Array | None = None, weights: bool = True
+                    ) -> tuple[Array, Array | None, Array | None]:
     """dy (..., D_out) -> dx (..., D_in), dw (D_in, D_out), db (D_out,) or None; ``x``
-    the forward's input, passed again where the forward did not keep it."""
+    the forward's input, passed again where the forward did not keep it; without
+    ``weights`` (a frozen map) dx alone, dw and db None."""
     x, w, has_bias = forward_input(saved, x)
     xp = backend.namespace_of(dy, w)
     d_in, d_out = w.shape
     x_rows = xp.reshape(x, (-1, d_in))  # (N, D_in)
     dy_rows = xp.reshape(dy, (-1, d_out))  # (N, D_out)
     dx = matmul(dy_rows, w.mT)  # (N, D_out) @ (D_out, D_in) -> (N, D_in)
+    if not weights:
+        return xp.reshape(dx, tuple(x.shape)), None, None
     dw = matmul(x_rows.mT, dy_rows)  # (D_in, N) @ (N, D_out)
     db = column_sum(dy_rows) if has_bias else None  # (D_out,): sum over the rows
     return xp.reshape(dx, tuple(x.shape)), dw, db

@@ -43,12 +43,17 @@ class Linear(Module):
         return y
 
     def backward(self, dy: Array) -> Array:
-        """dy (..., out) -> dx (..., in)."""
-        dx, dw, db = ops.linear_backward(dy, self._pop_saved())
+        """dy (..., out) -> dx (..., in); a frozen layer's weights take no gradient."""
+        dx, dw, db = ops.linear_backward(dy, self._pop_saved(), weights=self.trains())
         self.weight.accumulate(dw)
         if self.bias is not None:
             self.bias.accumulate(db)
         return dx
+
+    def trains(self) -> bool:
+        """Whether any of the layer's weights trains (a frozen one's gradient is not
+        computed: LoRA's base maps)."""
+        return not (self.weight.frozen and (self.bias is None or self.bias.frozen))
 
 
 class LayerNorm(Module):
@@ -93,7 +98,9 @@ class Embedding(Module):
 
     def backward(self, dy: Array) -> None:
         """dy (..., D) -> None: integer ids are not differentiable."""
-        self.weight.accumulate(ops.embedding_backward(dy, self._pop_saved()))
+        saved = self._pop_saved()
+        if not self.weight.frozen:  # a frozen table's rows take no gradient
+            self.weight.accumulate(ops.embedding_backward(dy, saved))
         return None
 
     def project(self, h: Array) -> Array:
@@ -105,8 +112,11 @@ class Embedding(Module):
 
     def project_backward(self, dlogits: Array) -> Array:
         """dlogits (..., V) -> dh (..., D); W^T's gradient is added into the one table."""
-        dh, dtable_t, _ = ops.linear_backward(dlogits, self._pop_saved("_project_cache"))
-        self.weight.accumulate(dtable_t.mT)
+        frozen = self.weight.frozen  # then W^T's gradient is not computed
+        dh, dtable_t, _ = ops.linear_backward(dlogits, self._pop_saved("_project_cache"),
+                                              weights=not frozen)
+        if not frozen:
+            self.weight.accumulate(dtable_t.mT)
         return dh
 
 

@@ -11,7 +11,9 @@ Backward, for an upstream gradient $\bar y = \partial L / \partial y$
 
 W is stored (D_in, D_out), the orientation of the math; PyTorch stores the
 transpose, which :mod:`npformer.interop.pytorch` converts.
-$\bar W$ needs x, so the cache keeps it.
+$\bar W$ needs x, so the cache keeps it.  A frozen map (LoRA's base weights,
+:mod:`npformer.nn.lora`) asks for $\bar x$ alone (``weights=False``): $\bar W$ and $\bar b$,
+which nothing would read, are not computed.
 """
 from __future__ import annotations
 
@@ -32,12 +34,16 @@ def linear_forward(x: Array, w: Array, b: Array | None = None) -> tuple[Array, A
 
 
 @backward_op(linear_forward)
-def linear_backward(dy: Array, saved: Any) -> tuple[Array, Array, Array | None]:
-    """dy (..., D_out) -> dx (..., D_in), dw (D_in, D_out), db (D_out,) or None."""
+def linear_backward(dy: Array, saved: Any, weights: bool = True
+                    ) -> tuple[Array, Array | None, Array | None]:
+    """dy (..., D_out) -> dx (..., D_in), dw (D_in, D_out), db (D_out,) or None; without
+    ``weights`` (a frozen map) dx alone, dw and db None."""
     x, w, has_bias = saved
     xp = backend.namespace_of(dy, w)
     d_in, d_out = w.shape
     dx = dy @ w.mT  # (..., D_out) @ (D_out, D_in)
+    if not weights:
+        return dx, None, None
     x_rows = xp.reshape(x, (-1, d_in))  # (N, D_in): every row that used W
     dy_rows = xp.reshape(dy, (-1, d_out))  # (N, D_out)
     dw = x_rows.mT @ dy_rows  # (D_in, N) @ (N, D_out)
