@@ -16,7 +16,8 @@ v_proj, alpha 16 (``--lora 8 --lora-targets q_proj,v_proj``), the model frozen.
 Each measurement is a fresh process pinned to ``--cores`` cores: ``--warmup`` untimed
 updates, then ``--updates`` timed ones; it reports the median seconds per update (and the
 range) and the process's peak resident memory, VmHWM from /proc/self/status (the model's
-creation and the warm-up included).  The header names the CPU model.  On a machine others
+creation and the warm-up included), and the machine's load average after it.  The header
+names the CPU model.  On a machine others
 share, run each measurement more than once (``--runs``, default 2) and report them all.
 """
 from __future__ import annotations
@@ -33,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path[:1]:  # `python bench/finetune_llama.py`: the bench package
     sys.path.insert(0, str(ROOT))
 
-from bench.report import cpu_model  # noqa: E402
+from bench.report import cpu_model, load_average  # noqa: E402
 
 SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
                     num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
@@ -173,7 +174,7 @@ def pin(cores: int) -> None:
 
 
 # --------------------------------------------------------------------------- the report
-def describe(result: dict, run: int) -> str:
+def describe(result: dict, run: int, load: float | None) -> str:
     seconds = sorted(result["seconds"])
     median = seconds[len(seconds) // 2] if len(seconds) % 2 else \
         (seconds[len(seconds) // 2 - 1] + seconds[len(seconds) // 2]) / 2
@@ -181,7 +182,8 @@ def describe(result: dict, run: int) -> str:
     memory = f"{peak / 2 ** 30:.2f} GiB" if peak is not None else "unknown"
     return (f"{result['mode']:<5} run {run}: {median:.2f} s/update (median of "
             f"{len(seconds)}; {seconds[0]:.2f}-{seconds[-1]:.2f}), peak memory (VmHWM) "
-            f"{memory}, {result['trained']:,} of {result['parameters']:,} parameters trained")
+            f"{memory}, {result['trained']:,} of {result['parameters']:,} parameters trained; "
+            f"load average {'unknown' if load is None else f'{load:.1f}'} after it")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -199,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     modes = MODES if args.mode == "both" else (args.mode,)
     for mode in modes:
         for run in range(1, args.runs + 1):
-            print(describe(run_child(mode, args), run), flush=True)
+            result = run_child(mode, args)
+            print(describe(result, run, load_average()), flush=True)
     return 0
 
 

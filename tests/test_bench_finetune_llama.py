@@ -27,7 +27,8 @@ def test_the_finetune_llama_benchmark_smoke_runs():
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.startswith(f"cpu: {cpu_model()} (")
     line = r"{} +run 1: [\d.]+ s/update \(median of 2; [\d.]+-[\d.]+\), peak memory " \
-           r"\(VmHWM\) [\d.]+ GiB, ([\d,]+) of ([\d,]+) parameters trained$"
+           r"\(VmHWM\) [\d.]+ GiB, ([\d,]+) of ([\d,]+) parameters trained; load average " \
+           r"([\d.]+|unknown) after it$"
     full = re.search(line.format("full"), proc.stdout, re.M)
     lora = re.search(line.format("lora"), proc.stdout, re.M)
     assert full and lora, proc.stdout
