@@ -226,6 +226,10 @@ def family_of(source: str) -> Family:
     its architectures; another one is one error line naming it."""
     try:
         folder = gpt2.resolve(source)
+        if not (folder / gpt2.CONFIG_FILE).is_file():
+            raise DemoError(f"--model {source}: {folder} has no {gpt2.CONFIG_FILE}: a model "
+                            f"folder holds {gpt2.CONFIG_FILE}, {gpt2.WEIGHTS_FILE} and "
+                            "tokenizer.json, as save_pretrained writes them")
         values = gpt2.read_config(folder)
     except (OSError, ValueError) as exc:  # PretrainedError, FileNotFoundError
         raise DemoError(f"--model {source}: {exc}") from None

@@ -205,8 +205,12 @@ def test_a_qwen3_folder_fine_tunes_and_sample_only_samples_it(text_file, tmp_pat
     (["--lora", "2", "--lora-targets", "c_attn"],
      "error: --lora-targets c_attn: target_modules ['c_attn'] match none of the model's "
      "projections (model.layers.0.self_attn.q_proj"),
+    ([], "error: --model {empty}: {empty} has no config.json: a model folder holds"),
 ])
 def test_mistakes_are_one_error_line(folder, text_file, tmp_path, extra, message):
+    if "{empty}" in message:  # a folder without config.json
+        (tmp_path / "empty").mkdir()
+        folder, message = tmp_path / "empty", message.format(empty=tmp_path / "empty")
     result = run_demo("finetune.py", *SMOKE, *extra, "--model", str(folder), "--data",
                       str(text_file), "--out", str(tmp_path), env_extra=OFFLINE)
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
