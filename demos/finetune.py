@@ -1,37 +1,48 @@
-"""Fine-tune a GPT-2 checkpoint on a text file, with npformer's hand-written backward.
+"""Fine-tune a GPT-2, Llama, Qwen2 or Qwen3 checkpoint on a text file, with npformer's
+hand-written backward.
 
     python demos/finetune.py                        # GPT-2 small ("gpt2") on tiny Shakespeare
     python demos/finetune.py --model path/to/gpt2-folder --data notes.txt
+    python demos/finetune.py --model HuggingFaceTB/SmolLM2-135M --lora 8   # a Llama
     python demos/finetune.py --sample-only --prompt "ROMEO:"  # the model fine-tuned in --out
     python demos/finetune.py --smoke --model FOLDER # seconds (CI, on a small folder)
     python demos/finetune.py --resume               # continue an interrupted run exactly
     python demos/finetune.py --lora 8               # LoRA adapters of rank 8, the rest frozen
 
---model is a Hugging Face GPT-2 folder (config.json, model.safetensors,
-tokenizer.json: what GPT2LMHeadModel.save_pretrained writes), or a name on the
-Hugging Face Hub ("gpt2", "gpt2-medium"), downloaded once into the user's cache
-(pip install "npformer[hf]").  The text (--data: any UTF-8 file; default tiny
-Shakespeare) is tokenized with the checkpoint's tokenizer; the first 90% trains, the
-last 10% validates.  Settings follow nanoGPT's finetune_shakespeare.py for a CPU:
-AdamW at a constant learning rate of 3e-5, weight decay 0.1, betas (0.9, 0.95),
-gradients clipped to norm 1, no dropout, random windows of --block-size tokens.
+--model is a Hugging Face folder (config.json, model.safetensors, tokenizer.json: what
+save_pretrained writes) of GPT2LMHeadModel, LlamaForCausalLM (Llama 3.x, SmolLM2,
+TinyLlama), Qwen2ForCausalLM or Qwen3ForCausalLM, or a name on the Hugging Face Hub
+("gpt2", "HuggingFaceTB/SmolLM2-135M"), downloaded once into the user's cache (pip
+install "npformer[hf]").  The family is config.json's model_type (else its
+architectures): GPT-2 loads as npformer.models.CausalLM (of --tier), the others as
+npformer.models.LlamaCausalLM (one class; --tier chooses the optimizer; no dropout).
+The text (--data: any UTF-8 file; default tiny Shakespeare) is tokenized with the
+checkpoint's tokenizer; the first 90% trains, the last 10% validates.  Settings follow
+nanoGPT's finetune_shakespeare.py for a CPU: AdamW at a constant learning rate of 3e-5,
+weight decay 0.1, betas (0.9, 0.95), gradients clipped to norm 1, no dropout, random
+windows of --block-size tokens.
 Prints the validation loss before and after, and a sample; writes the fine-tuned
-model as a GPT-2 folder (OUT/gpt2, which transformers loads too; --sample-only without
---model samples it), model.npz and last.npz (the run, for --resume), sample.txt and
-metrics.json to --out.  The run records what it started from (the data, and each file of
-a --model folder, by content): --resume refuses a changed one, naming the file.
+model as a folder of its family (OUT/gpt2 or OUT/llama, which transformers loads too;
+--sample-only without --model samples the newer), model.npz and last.npz (the run, for
+--resume), sample.txt and metrics.json to --out.  The run records what it started from
+(the data, and each file of a --model folder, by content): --resume refuses a changed one,
+naming the file.
 
 --lora R fine-tunes low-rank adapters instead of every weight (npformer.nn.lora): the
 model is frozen (no gradients, no optimizer state for it) and each projection that
---lora-targets names (PEFT's target_modules in GPT-2's names: c_attn, c_proj, c_fc) gets
-W + (alpha / R) B A, alpha --lora-alpha, dropout --lora-dropout on the adapter's input.
-The run also writes OUT/adapter (adapter_model.safetensors and adapter_config.json:
-peft.PeftModel.from_pretrained(GPT2LMHeadModel, OUT/adapter) loads it), and OUT/gpt2
-holds the adapters merged into the weights.
+--lora-targets names gets W + (alpha / R) B A, alpha --lora-alpha, dropout --lora-dropout
+on the adapter's input.  --lora-targets is PEFT's target_modules in the torch model's
+names: GPT-2's c_attn, c_proj, c_fc (default c_attn,c_proj); Llama's and Qwen's q_proj,
+k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (default q_proj,v_proj).  The run
+also writes OUT/adapter (adapter_model.safetensors and adapter_config.json:
+peft.PeftModel.from_pretrained(the base torch model, OUT/adapter) loads it), and
+OUT/gpt2 or OUT/llama holds the adapters merged into the weights.
 """
 from __future__ import annotations
 
+import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,7 +80,7 @@ from npformer.cli.memory import check_training_fits
 from npformer.cli.ranks import is_main
 from npformer.data import lm_batch, load_shakespeare, read_text_file, split_90_10
 from npformer.decoding import generate
-from npformer.interop import gpt2
+from npformer.interop import gpt2, hf_llama
 from npformer.interop import peft as adapters
 from npformer.models import CausalLM
 from npformer.nn import evaluating
@@ -81,7 +92,6 @@ from npformer.train.tasks import LanguageModeling
 DEMO = Demo(tag="finetune", title="fine-tuning", model_kind="causal_lm",
             script="demos/finetune.py", out="runs/finetune")
 DEFAULT_MODEL = "gpt2"  # GPT-2 small on the Hugging Face Hub (124M parameters)
-GPT2_FOLDER = "gpt2"  # OUT/gpt2: the fine-tuned model, as a Hugging Face folder
 ADAPTER_FOLDER = "adapter"  # OUT/adapter: the LoRA adapters, as PEFT writes them
 
 
@@ -101,9 +111,10 @@ class Preset:
     lora_alpha: float = option(16.0, "LoRA's alpha: the update is scaled by alpha / rank",
                                positive_float)
     lora_dropout: float = option(0.0, "dropout on the LoRA adapters' input", probability)
-    lora_targets: str = option("c_attn,c_proj", "the projections LoRA adapts, comma-separated "
-                               "(PEFT's target_modules, GPT-2's names: c_attn, c_proj, c_fc)",
-                               str)
+    lora_targets: str = option("", "the projections LoRA adapts, comma-separated (PEFT's "
+                               "target_modules in the model's names; empty: the family's "
+                               "default, GPT-2's c_attn,c_proj, Llama's and Qwen's "
+                               "q_proj,v_proj)", str)
 
 
 PRESETS = {
@@ -117,7 +128,8 @@ CLIP_NORM = 1.0  # the gradients' global norm is clipped to this
 def build_parser():
     parser = demo_parser(DEMO, __doc__, PRESETS)
     parser.add_argument("--model", default=None,
-                        help=f"a GPT-2 folder or Hugging Face Hub name (default: "
+                        help=f"a GPT-2, Llama, Qwen2 or Qwen3 folder or Hugging Face Hub "
+                             f"name (default: "
                              f"{DEFAULT_MODEL}; --resume: the run's)")
     parser.add_argument("--prompt", default="\n",
                         help="text the sample continues (default: a newline)")
@@ -129,8 +141,8 @@ def build_parser():
                         help="sample from the nucleus of this probability, in (0, 1] "
                              "(default: off)")
     parser.add_argument("--sample-only", action="store_true",
-                        help=f"sample without training, from --model (default: the model "
-                             f"fine-tuned in --out, OUT/{GPT2_FOLDER})")
+                        help="sample without training, from --model (default: the model "
+                             "fine-tuned in --out, OUT/gpt2 or OUT/llama)")
     return parser
 
 
@@ -140,11 +152,105 @@ def implementations(tier: str = "fast") -> tuple[type, type]:
     return (fast.CausalLM, fast.AdamW) if tier == "fast" else (CausalLM, AdamW)
 
 
-def load_model(source: str, dtype: str, dropout: float, tier: str = "fast"):
-    """The checkpoint's model (of ``tier``) and tokenizer; a problem with them is one
-    error line."""
+# --------------------------------------------------------------------------- the families
+@dataclass(frozen=True)
+class Family:
+    """An architecture the demo fine-tunes: how its Hugging Face folder loads and is
+    written, and the torch names of its projections (--lora-targets, PEFT's files)."""
+
+    name: str
+    model_types: tuple[str, ...]  # config.json's model_type
+    architectures: tuple[str, ...]  # config.json's architectures (where model_type is absent)
+    folder: str  # OUT/<folder>: the fine-tuned model, as a Hugging Face folder
+    loaders: str  # what loads that folder (printed)
+    lora_targets: str  # --lora-targets' default (PEFT users' usual choice)
+    load: Callable  # (source, dtype, dropout, tier) -> (model, tokenizer)
+    naming: Callable  # model -> adapters.Naming (the torch module names of its Linears)
+    save: Callable  # (model, tokenizer, folder) -> None
+    check_fits: Callable  # (model, preset, dtype) -> None; refuses what cannot fit
+
+
+def load_gpt2(source: str, dtype: str, dropout: float, tier: str):
+    return gpt2.load(implementations(tier)[0], source, dtype=dtype, dropout=dropout)
+
+
+def gpt2_fits(model, preset: Preset, dtype: str) -> None:
+    check_training_fits(model.config, preset.batch_size, preset.block_size, preset,
+                        PRESETS["default"], dtype)
+
+
+def load_llama(source: str, dtype: str, dropout: float, tier: str):
+    """A Llama, Qwen2 or Qwen3 folder: npformer.models.LlamaCausalLM, one class on both
+    tiers (--tier chooses the optimizer); it has no dropout."""
+    if dropout:
+        raise DemoError(f"--dropout {dropout}: Llama and Qwen models have no dropout in "
+                        "npformer (leave --dropout at 0)")
+    return hf_llama.load(source, dtype=dtype)
+
+
+def save_llama(model, tokenizer, folder: Path) -> None:
+    """The model's folder (hf_llama.save_pretrained), its tokenizer.json, and in config.json
+    the tokenizer's end of text (eos_token_id, which Tokenizer.from_pretrained reads)."""
+    hf_llama.save_pretrained(model, folder)
+    tokenizer.save(folder / "tokenizer.json")
+    if tokenizer.eos_id is not None:
+        config = folder / "config.json"
+        values = json.loads(config.read_text(encoding="utf-8"))
+        config.write_text(json.dumps({**values, "eos_token_id": tokenizer.eos_id}, indent=2)
+                          + "\n", encoding="utf-8")
+
+
+def llama_fits(model, preset: Preset, dtype: str) -> None:
+    """Nothing to refuse before training: the model is loaded already, and check_training_fits
+    counts GPT-2-shaped configs only."""
+
+
+GPT2 = Family(name="GPT-2", model_types=("gpt2",), architectures=("GPT2LMHeadModel",),
+              folder="gpt2", loaders="CausalLM.from_pretrained, or transformers' "
+              "GPT2LMHeadModel.from_pretrained", lora_targets="c_attn,c_proj",
+              load=load_gpt2, naming=lambda model: adapters.gpt2_names(model.config),
+              save=lambda model, tokenizer, folder: model.save_pretrained(
+                  folder, tokenizer=tokenizer),
+              check_fits=gpt2_fits)
+LLAMA = Family(name="Llama/Qwen", model_types=tuple(hf_llama.FAMILIES),
+               architectures=tuple(sorted(hf_llama.ARCHITECTURES)), folder="llama",
+               loaders="npformer.interop.hf_llama.from_pretrained, or transformers' "
+               "AutoModelForCausalLM.from_pretrained", lora_targets="q_proj,v_proj",
+               load=load_llama, naming=lambda model: adapters.llama_names(model.config),
+               save=save_llama, check_fits=llama_fits)
+FAMILIES = (GPT2, LLAMA)
+
+
+def family_of(source: str) -> Family:
+    """The family of the folder (or Hub name) ``source``: config.json's model_type, else
+    its architectures; another one is one error line naming it."""
     try:
-        return gpt2.load(implementations(tier)[0], source, dtype=dtype, dropout=dropout)
+        folder = gpt2.resolve(source)
+        if not (folder / gpt2.CONFIG_FILE).is_file():
+            raise DemoError(f"--model {source}: {folder} has no {gpt2.CONFIG_FILE}: a model "
+                            f"folder holds {gpt2.CONFIG_FILE}, {gpt2.WEIGHTS_FILE} and "
+                            "tokenizer.json, as save_pretrained writes them")
+        values = gpt2.read_config(folder)
+    except (OSError, ValueError) as exc:  # PretrainedError, FileNotFoundError
+        raise DemoError(f"--model {source}: {exc}") from None
+    model_type = values.get("model_type")
+    architectures = values.get("architectures")
+    named = set(architectures) if isinstance(architectures, list) else set()
+    for family in FAMILIES:
+        if model_type in family.model_types or (model_type is None
+                                                 and named & set(family.architectures)):
+            return family
+    known = ", ".join(t for family in FAMILIES for t in family.model_types)
+    raise DemoError(f"--model {source}: {folder / gpt2.CONFIG_FILE} describes a "
+                    f"{model_type!r} model (model_type): the demo fine-tunes {known} models")
+
+
+def load_model(source: str, dtype: str, dropout: float, tier: str = "fast"):
+    """(the family, the checkpoint's model (of ``tier``), its tokenizer); a problem with
+    them is one error line."""
+    family = family_of(source)
+    try:
+        return (family, *family.load(source, dtype, dropout, tier))
     except (OSError, ValueError) as exc:  # PretrainedError, FileNotFoundError
         raise DemoError(f"--model {source}: {exc}") from None
 
@@ -185,48 +291,59 @@ def sample(model, tokenizer, prompt: list[int], args, length: int) -> str:
     return tokenizer.decode(ids)
 
 
-def add_adapters(model, preset: Preset) -> list[str]:
+def lora_targets(preset: Preset, family: Family) -> list[str]:
+    """--lora-targets as PEFT's target_modules list (empty: the family's default)."""
+    given = preset.lora_targets.strip() or family.lora_targets
+    return [t.strip() for t in given.split(",") if t.strip()]
+
+
+def add_adapters(model, preset: Preset, family: Family) -> list[str]:
     """--lora R: the model frozen, adapters on the --lora-targets projections; returns
     their names (none without --lora)."""
     if not preset.lora:
         return []
-    targets = [t.strip() for t in preset.lora_targets.split(",") if t.strip()]
+    targets = lora_targets(preset, family)
     try:
-        return adapters.apply_adapters(model, adapters.gpt2_names(model.config), targets,
-                                       preset.lora, preset.lora_alpha, preset.lora_dropout)
+        return adapters.apply_adapters(model, family.naming(model), targets, preset.lora,
+                                       preset.lora_alpha, preset.lora_dropout)
     except (ValueError, TypeError) as exc:
-        raise DemoError(f"--lora-targets {preset.lora_targets}: {exc}") from None
+        raise DemoError(f"--lora-targets {','.join(targets)}: {exc}") from None
 
 
-def save_model(model, tokenizer, source: str, out: Path, lora: bool) -> None:
-    """OUT/gpt2 (the adapters merged into it, then taken out again) and, with --lora,
-    OUT/adapter."""
+def save_model(model, tokenizer, source: str, out: Path, family: Family, lora: bool) -> None:
+    """OUT/<the family's folder> (the adapters merged into it, then taken out again) and,
+    with --lora, OUT/adapter."""
     if lora:
         write_folder(out / ADAPTER_FOLDER, lambda folder: adapters.save_adapter(
-            model, folder, adapters.gpt2_names(model.config), base_model=source,
-            task_type="CAUSAL_LM"))
+            model, folder, family.naming(model), base_model=source, task_type="CAUSAL_LM"))
         print(f"the adapters: {out / ADAPTER_FOLDER} (peft.PeftModel.from_pretrained)")
         merge_lora(model)
     try:
-        write_folder(out / GPT2_FOLDER,
-                     lambda folder: model.save_pretrained(folder, tokenizer=tokenizer))
+        write_folder(out / family.folder,
+                     lambda folder: family.save(model, tokenizer, Path(folder)))
     finally:
         if lora:
             unmerge_lora(model)
-    print(f"the fine-tuned model: {out / GPT2_FOLDER} (CausalLM.from_pretrained, or "
-          "transformers' GPT2LMHeadModel.from_pretrained)")
+    print(f"the fine-tuned model: {out / family.folder} ({family.loaders})")
+
+
+def fine_tuned_folder(out: Path) -> Path:
+    """The model fine-tuned in ``out`` (the newest of the families' folders there)."""
+    folders = [out / family.folder for family in FAMILIES
+               if (out / family.folder / "config.json").is_file()]
+    if not folders:
+        names = " or ".join(str(out / family.folder) for family in FAMILIES)
+        raise DemoError(f"--sample-only samples the model fine-tuned in --out, but {names} "
+                        f"holds none: fine-tune one first (`python {DEMO.script} --out "
+                        f"{out}`), or give --model")
+    return max(folders, key=lambda folder: (folder / "config.json").stat().st_mtime)
 
 
 def base_model(args, out: Path) -> str:
     """The model to load: --model; for --sample-only without it, the model fine-tuned in
     --out; with --resume the run's (settled by start_demo: the same folder, unchanged)."""
     if args.sample_only and args.model is None:
-        folder = out / GPT2_FOLDER
-        if not (folder / "config.json").is_file():
-            raise DemoError(f"--sample-only samples the model fine-tuned in --out, but "
-                            f"{folder} holds none: fine-tune one first (`python "
-                            f"{DEMO.script} --out {out}`), or give --model")
-        return str(folder)
+        return str(fine_tuned_folder(out))
     extra = read_demo_checkpoint(out / LAST_FILE, DEMO).extra if args.resume else {}
     if args.resume and "model" not in extra["run"]["settings"]:  # saved before runs kept it
         saved = extra["base_model"]
@@ -240,7 +357,7 @@ def base_model(args, out: Path) -> str:
 def main(argv=None) -> int:
     args, preset, out = start_demo(DEMO, build_parser(), PRESETS, argv, use_saved="sample_only")
     source = base_model(args, out)
-    model, tokenizer = load_model(source, args.dtype, preset.dropout, args.tier)
+    family, model, tokenizer = load_model(source, args.dtype, preset.dropout, args.tier)
     context = model.config.block_size
     prompt = prompt_ids(args.prompt, tokenizer, context)
     if args.sample_only:
@@ -254,14 +371,13 @@ def main(argv=None) -> int:
         raise DemoError(f"the text is too short for --block-size {preset.block_size}: its "
                         f"validation tenth holds {len(val_ids)} tokens, and a window needs "
                         f"{preset.block_size + 1}")
-    check_training_fits(model.config, preset.batch_size, preset.block_size, preset,
-                        PRESETS["default"], args.dtype)
-    adapted = add_adapters(model, preset)
+    family.check_fits(model, preset, args.dtype)
+    adapted = add_adapters(model, preset, family)
     optimizer = implementations(args.tier)[1](model.parameters(), lr=preset.lr,
                                               betas=(0.9, 0.95),
                                               weight_decay=preset.weight_decay)
     trained = sum(p.data.size for p in optimizer.params)
-    print(f"{source}: {model.num_parameters():,} parameters, {trained:,} trained"
+    print(f"{source} ({family.name}): {model.num_parameters():,} parameters, {trained:,} trained"
           f"{f' (LoRA rank {preset.lora} on {len(adapted)} projections)' if adapted else ''}"
           f"; {len(train_ids):,} train / {len(val_ids):,} validation tokens")
     before = (read_demo_checkpoint(out / LAST_FILE, DEMO).extra["val_loss_before"]
@@ -293,7 +409,7 @@ def main(argv=None) -> int:
     text = sample(model, tokenizer, prompt, args, preset.length)
     print("-" * 60 + "\n" + text + "\n" + "-" * 60)
     if is_main():
-        save_model(model, tokenizer, source, out, bool(adapted))
+        save_model(model, tokenizer, source, out, family, bool(adapted))
     write_text(out / "sample.txt", text)
     write_metrics(out, args, model.num_parameters(), {
         "val_loss_before": before, "val_loss": after, "updates": trainer.updates,

@@ -25,9 +25,10 @@ MODEL_FOLDERS = ("model",)
 # removes, and nothing else of the folder
 RUN_FILES = re.compile(r"(model|last)(-\d+)?\.npz|curves(-\d+)?\.png|(cross_)?attention\.png"
                        r"|sample\.txt|metrics\.json(\.tmp)?|\.(model|last)(-\d+)?\.npz\.\d+\.tmp")
-# the folders a run writes (the fine-tuned model as a GPT-2 folder), and the temporaries of
-# their whole-or-nothing writes (npformer.cli.output.write_folder): --overwrite removes them
-RUN_FOLDERS = re.compile(r"gpt2|\.gpt2\.\d+\.(tmp|old)")
+# the folders a run writes (the fine-tuned model as a GPT-2 or Llama folder, the LoRA
+# adapters), and the temporaries of their whole-or-nothing writes
+# (npformer.cli.output.write_folder): --overwrite removes them
+RUN_FOLDERS = re.compile(r"(gpt2|llama|adapter)|\.(gpt2|llama|adapter)\.\d+\.(tmp|old)")
 
 
 class DemoError(Exception):

@@ -40,6 +40,7 @@ import numpy as np
 
 from .. import backend
 from ..models.llama import LlamaCausalLM, LlamaConfig
+from ..nn.lora import lora_layers
 from ..ops.contracts import LLAMA3_KEYS, check_choice, check_path
 from .gpt2 import (
     CONFIG_FILE,
@@ -259,13 +260,23 @@ def save_pretrained(model: LlamaCausalLM, path: str | os.PathLike) -> Path:
     """Write ``model`` as a Hugging Face folder at ``path`` (created if needed):
     ``config.json`` (its family's, :func:`family_of`) and ``model.safetensors``, which
     ``transformers.AutoModelForCausalLM.from_pretrained(path)`` loads with the same logits.
-    The weights keep the model's dtype."""
+    The weights keep the model's dtype.  LoRA adapters (:mod:`npformer.nn.lora`) are saved
+    merged into their weights (``merge_lora`` first; unmerged ones are refused), never as
+    weights of their own, which the folder's model has not."""
     from safetensors.numpy import save_file
 
     if not isinstance(getattr(model, "config", None), LlamaConfig):
         raise TypeError(f"save_pretrained writes a LlamaCausalLM, got {type(model).__name__}")
+    adapters = lora_layers(model)
+    unmerged = [name for name, layer in adapters.items() if not layer.merged]
+    if unmerged:
+        raise ValueError(f"save_pretrained writes the model's weights, but its LoRA adapters "
+                         f"on {_first(unmerged)} are not merged into them: merge_lora(model) "
+                         "first (or save them with npformer.interop.peft.save_adapter)")
+    adapter_names = {f"{name}.{part}" for name in adapters for part in ("lora_A", "lora_B")}
+    weights = to_hf({name: backend.to_numpy(p.data) for name, p in model.named_parameters()
+                     if name not in adapter_names})
     values = config_to_hf(model.config)
-    weights = to_hf({name: backend.to_numpy(p.data) for name, p in model.named_parameters()})
     folder = Path(check_path(path, "path"))
     folder.mkdir(parents=True, exist_ok=True)
     values["torch_dtype"] = next(iter(weights.values())).dtype.name

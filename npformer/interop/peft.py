@@ -13,6 +13,10 @@ npformer does), or, for GPT-2 (:func:`gpt2_names`), ``transformer.h.{i}.attn.c_p
 ``ffn.linear2``, and the fused ``attn.c_attn`` (D -> 3D) is the three ``q_proj``,
 ``k_proj``, ``v_proj``: its adapter x A [B_q B_k B_v] is theirs with one A shared
 (:func:`npformer.nn.lora.share_lora_a`) and B cut into its column blocks.
+For Llama, Qwen2 and Qwen3 (:func:`llama_names`) each torch projection is one npformer
+Linear, named as there less ``model.``: ``model.layers.{i}.self_attn.q_proj`` (PEFT's key
+``base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight``) is
+``layers.{i}.self_attn.q_proj``.
 
 * :func:`apply_adapters`: adapters on the layers PEFT's ``target_modules`` names choose;
 * :func:`save_adapter` / :func:`load_adapter`: the two files, written and read (a folder
@@ -82,6 +86,23 @@ def gpt2_names(config: Any) -> Naming:
                     (h + "mlp.c_fc", (n + "ffn.linear1",)),
                     (h + "mlp.c_proj", (n + "ffn.linear2",))]
     return Naming(tuple(modules), fan_in_fan_out=True)
+
+
+LLAMA_ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")  # under self_attn
+LLAMA_MLP = ("gate_proj", "up_proj", "down_proj")  # under mlp
+
+
+def llama_names(config: Any) -> Naming:
+    """LlamaForCausalLM's (Qwen2's, Qwen3's) projections for a LlamaCausalLM of ``config``:
+    ``model.layers.{i}.self_attn.q_proj`` is ``layers.{i}.self_attn.q_proj`` (npformer's
+    names are Hugging Face's less ``model.``), and so for k, v, o and the feed-forward's
+    ``mlp.gate_proj``, ``up_proj``, ``down_proj``; torch Linears, (D_out, D_in) weights."""
+    modules = []
+    for i in range(config.num_hidden_layers):
+        for group, names in (("self_attn", LLAMA_ATTENTION), ("mlp", LLAMA_MLP)):
+            modules += [(f"model.layers.{i}.{group}.{name}", (f"layers.{i}.{group}.{name}",))
+                        for name in names]
+    return Naming(tuple(modules), fan_in_fan_out=False)
 
 
 def apply_adapters(model: Module, naming: Naming, target_modules: str | Sequence[str], r: int,
