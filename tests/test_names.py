@@ -29,13 +29,15 @@ from npformer.models import (
 from npformer.models.common import config_from_dict
 from npformer.models.configs import new_field_names
 from npformer.nn import no_grad
+from npformer.optim import warmup_cosine
 from npformer.train import TrainConfig
 from tests.helpers import tier_under_test, tiered
 
 from .conftest import using_backend
 from .test_demos import data_dir, load_demo, run_demo  # noqa: F401 (data_dir: a fixture)
 
-OLD_NAMES = {"width", "heads", "max_len", "block", "iters", "steps", "max_steps"}
+OLD_NAMES = {"width", "heads", "max_len", "block", "iters", "steps", "max_steps", "layers",
+             "total_steps"}
 SCRIPTS = ("imdb.py", "translate.py", "generate.py")
 
 
@@ -44,7 +46,7 @@ def presets():
 
 
 def renamed_classes():
-    return [ClassifierConfig, Seq2SeqConfig, TrainConfig] + presets()
+    return [ClassifierConfig, Seq2SeqConfig, TrainConfig, warmup_cosine] + presets()
 
 
 # =========================================================================== one name
@@ -73,6 +75,7 @@ def test_each_old_name_maps_to_a_field_of_its_class():
     (lambda: TrainConfig(max_steps=7), "max_steps", "max_iters", 7),
     (lambda: ClassifierConfig(vocab_size=10, max_len=9), "max_len", "block_size", 9),
     (lambda: Seq2SeqConfig(10, 11, max_len=9), "max_len", "block_size", 9),
+    (lambda: warmup_cosine(1e-3, 2, total_steps=9), "total_steps", "total_updates", 9),
 ])
 def test_an_old_keyword_warns_naming_the_new_one(make, old, new, value):
     with pytest.warns(DeprecationWarning, match=f"{old}.*'{new}'") as caught:
