@@ -14,8 +14,8 @@ save_pretrained writes) of GPT2LMHeadModel, LlamaForCausalLM (Llama 3.x, SmolLM2
 TinyLlama), Qwen2ForCausalLM or Qwen3ForCausalLM, or a name on the Hugging Face Hub
 ("gpt2", "HuggingFaceTB/SmolLM2-135M"), downloaded once into the user's cache (pip
 install "npformer[hf]").  The family is config.json's model_type (else its
-architectures): GPT-2 loads as npformer.models.CausalLM (of --tier), the others as
-npformer.models.LlamaCausalLM (one class; --tier chooses the optimizer; no dropout).
+architectures): GPT-2 loads as CausalLM, the others as LlamaCausalLM (no dropout), each
+of --tier (npformer.fast's, or npformer.models' with --tier textbook).
 The text (--data: any UTF-8 file; default tiny Shakespeare) is tokenized with the
 checkpoint's tokenizer; the first 90% trains, the last 10% validates.  Settings follow
 nanoGPT's finetune_shakespeare.py for a CPU: AdamW at a constant learning rate of 3e-5,
@@ -82,7 +82,7 @@ from npformer.data import lm_batch, load_shakespeare, read_text_file, split_90_1
 from npformer.decoding import generate
 from npformer.interop import gpt2, hf_llama
 from npformer.interop import peft as adapters
-from npformer.models import CausalLM
+from npformer.models import CausalLM, LlamaCausalLM
 from npformer.nn import evaluating
 from npformer.nn.lora import merge_lora, unmerge_lora
 from npformer.optim import AdamW
@@ -146,9 +146,11 @@ def build_parser():
     return parser
 
 
-def implementations(tier: str = "fast") -> tuple[type, type]:
+def implementations(tier: str = "fast", family: str = "GPT-2") -> tuple[type, type]:
     """(model class, optimizer class) that train on ``tier``: npformer.fast's, or the
     textbook's (``--tier textbook``); both compute the same numbers up to rounding."""
+    if family != "GPT-2":
+        return (fast.LlamaCausalLM, fast.AdamW) if tier == "fast" else (LlamaCausalLM, AdamW)
     return (fast.CausalLM, fast.AdamW) if tier == "fast" else (CausalLM, AdamW)
 
 
@@ -174,18 +176,19 @@ def load_gpt2(source: str, dtype: str, dropout: float, tier: str):
     return gpt2.load(implementations(tier)[0], source, dtype=dtype, dropout=dropout)
 
 
-def gpt2_fits(model, preset: Preset, dtype: str) -> None:
+def training_fits(model, preset: Preset, dtype: str) -> None:
+    """Refuse a run whose training cannot fit in memory (either family's config)."""
     check_training_fits(model.config, preset.batch_size, preset.block_size, preset,
                         PRESETS["default"], dtype)
 
 
 def load_llama(source: str, dtype: str, dropout: float, tier: str):
-    """A Llama, Qwen2 or Qwen3 folder: npformer.models.LlamaCausalLM, one class on both
-    tiers (--tier chooses the optimizer); it has no dropout."""
+    """A Llama, Qwen2 or Qwen3 folder: a LlamaCausalLM of ``tier``; it has no dropout."""
     if dropout:
         raise DemoError(f"--dropout {dropout}: Llama and Qwen models have no dropout in "
                         "npformer (leave --dropout at 0)")
-    return hf_llama.load(source, dtype=dtype)
+    return hf_llama.load(source, dtype=dtype,
+                         model_class=implementations(tier, "Llama/Qwen")[0])
 
 
 def save_llama(model, tokenizer, folder: Path) -> None:
@@ -200,24 +203,19 @@ def save_llama(model, tokenizer, folder: Path) -> None:
                           + "\n", encoding="utf-8")
 
 
-def llama_fits(model, preset: Preset, dtype: str) -> None:
-    """Nothing to refuse before training: the model is loaded already, and check_training_fits
-    counts GPT-2-shaped configs only."""
-
-
 GPT2 = Family(name="GPT-2", model_types=("gpt2",), architectures=("GPT2LMHeadModel",),
               folder="gpt2", loaders="CausalLM.from_pretrained, or transformers' "
               "GPT2LMHeadModel.from_pretrained", lora_targets="c_attn,c_proj",
               load=load_gpt2, naming=lambda model: adapters.gpt2_names(model.config),
               save=lambda model, tokenizer, folder: model.save_pretrained(
                   folder, tokenizer=tokenizer),
-              check_fits=gpt2_fits)
+              check_fits=training_fits)
 LLAMA = Family(name="Llama/Qwen", model_types=tuple(hf_llama.FAMILIES),
                architectures=tuple(sorted(hf_llama.ARCHITECTURES)), folder="llama",
                loaders="npformer.interop.hf_llama.from_pretrained, or transformers' "
                "AutoModelForCausalLM.from_pretrained", lora_targets="q_proj,v_proj",
                load=load_llama, naming=lambda model: adapters.llama_names(model.config),
-               save=save_llama, check_fits=llama_fits)
+               save=save_llama, check_fits=training_fits)
 FAMILIES = (GPT2, LLAMA)
 
 

@@ -191,3 +191,18 @@ def test_the_weights_bound_is_the_parameter_count_in_the_backends_float():
     with pytest.raises(ValueError, match=f"{count:,} parameters, .* in float32 for its weights "
                                          "alone, and here 2.9 KiB"):
         check_weights_fit(config, 4, available=(3000, "here"))
+
+
+@pytest.mark.parametrize("fields", [{}, {"num_key_value_heads": 1, "qk_norm": True, "head_dim": 6,
+                                     "attention_bias": True, "tie_word_embeddings": False},
+                                    {"num_key_value_heads": 2, "qkv_bias": True}])
+def test_a_llama_config_is_counted_as_its_model_holds(fields):
+    """parameter_count (what the memory check reads) counts a LlamaConfig's parameters as
+    the built model holds them: biases, QK-norm, shared key/value heads, an untied head."""
+    from npformer.models import LlamaCausalLM, LlamaConfig
+    from npformer.models.common import parameter_count
+
+    config = LlamaConfig(vocab_size=11, hidden_size=8, intermediate_size=12,
+                         num_hidden_layers=2, num_attention_heads=2, **fields)
+    assert parameter_count(config) == LlamaCausalLM(config).num_parameters()
+    assert training_memory(config, 2, 8).parameters == parameter_count(config)

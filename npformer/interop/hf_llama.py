@@ -287,12 +287,14 @@ def save_pretrained(model: LlamaCausalLM, path: str | os.PathLike) -> Path:
     return folder
 
 
-def load(path: str | os.PathLike, dtype: str | None = None) -> tuple[LlamaCausalLM, Tokenizer]:
-    """The model and the tokenizer (``tokenizer.json``, through ``tokenizers``) of a Llama,
-    Qwen2 or Qwen3 folder or Hub name (:func:`from_pretrained`), the tokenizer checked
-    against the model: its ids index the model's embeddings."""
+def load(path: str | os.PathLike, dtype: str | None = None,
+         model_class: type = LlamaCausalLM) -> tuple[LlamaCausalLM, Tokenizer]:
+    """The model (of ``model_class``: ``npformer.fast.LlamaCausalLM`` for the fast tier) and
+    the tokenizer (``tokenizer.json``, through ``tokenizers``) of a Llama, Qwen2 or Qwen3
+    folder or Hub name (:func:`from_pretrained`), the tokenizer checked against the model:
+    its ids index the model's embeddings."""
     folder = resolve(path)
     tokenizer = Tokenizer.from_pretrained(folder)
-    model = from_pretrained(folder, dtype=dtype)
+    model = from_pretrained(folder, dtype=dtype, model_class=model_class)
     check_tokenizer(tokenizer, model)
     return model, tokenizer
