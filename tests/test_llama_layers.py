@@ -265,7 +265,7 @@ def test_cache_needs_no_grad(xb, on_device):
     attention = nn.GroupedQueryAttention(8, 2, 1, 4)
     cos, sin = tables(np.arange(3), 4)
     with raises_naming(RuntimeError, "KVCache", "no_grad"):
-        attention(on_device(np.zeros((1, 3, 8))), cos, sin, cache=nn.KVCache())
+        attention(on_device(np.zeros((1, 3, 8))), cos, sin, kv_cache=nn.KVCache())
 
 
 def test_mask_must_fit(xb, on_device):

@@ -63,12 +63,12 @@ class MultiHeadAttention(nn.MultiHeadAttention):
     Linear, LayerNorm = layers.Linear, layers.LayerNorm
 
     def check_inputs(self, x: Array, context: Array | None = None, mask: Array | None = None,
-                     need_weights: bool = False, cache: KVCache | None = None,
+                     need_weights: bool = False, kv_cache: KVCache | None = None,
                      packing: Packing | None = None, keep_input: bool = True) -> None:
         """As the textbook layer's; with a ``packing``, x is its rows (N, D)."""
         check_keep_input(keep_input)
         if packing is None:
-            super().check_inputs(x, context, mask, need_weights, cache)
+            super().check_inputs(x, context, mask, need_weights, kv_cache)
             return
         check_float(x, "attention input")
         rows = (int(packing.index.shape[0]), self.d_model)
@@ -89,7 +89,7 @@ class MultiHeadAttention(nn.MultiHeadAttention):
                        "attention mask")
 
     def forward(self, x: Array, context: Array | None = None, mask: Array | None = None,
-                need_weights: bool = False, cache: KVCache | None = None,
+                need_weights: bool = False, kv_cache: KVCache | None = None,
                 packing: Packing | None = None, keep_input: bool = True
                 ) -> Array | tuple[Array, Array]:
         """As :meth:`npformer.nn.MultiHeadAttention.forward`; with a ``packing``, x and the
@@ -102,15 +102,15 @@ class MultiHeadAttention(nn.MultiHeadAttention):
         if context is None:
             k = layout.unpack(self._project(self.k_proj, x, keep_input))  # (B, T, H*E)
             v = layout.unpack(self._project(self.v_proj, x, keep_input))
-        elif cache is not None and cache.length > 0:
+        elif kv_cache is not None and kv_cache.length > 0:
             k = v = None  # the memory's keys and values, cached on the first call
         else:
             k = self._project(self.k_proj, context)  # (B, S, H*E)
             v = self._project(self.v_proj, context)
-        k, v = self._cached(k, v, cache)  # (B, H, S, E) each
-        heads, attn_cache = attention.attention_forward(q, k, v, mask)  # (B, H, T, E)
+        k, v = self._cached(k, v, kv_cache)  # (B, H, S, E) each
+        heads, attention_saved = attention.attention_forward(q, k, v, mask)  # (B, H, T, E)
         y = self.out_proj(layout.pack(merge_heads(heads)))  # (B, T, D) or rows (N, D)
-        self._save((attn_cache, context is None, layout))
+        self._save((attention_saved, context is None, layout))
         weights = ops.attention_weights(q, k, mask) if need_weights or self.keep_attention \
             else None  # (B, H, T, S)
         self.last_attention = weights if self.keep_attention else None
@@ -133,25 +133,25 @@ class MultiHeadAttention(nn.MultiHeadAttention):
         sliced = None if x is None else slices(x, self.num_heads)
         return unslice(projection.backward(slices(dy, self.num_heads), sliced))  # sums heads
 
-    def _cached(self, k: Array | None, v: Array | None, cache: KVCache | None):
+    def _cached(self, k: Array | None, v: Array | None, kv_cache: KVCache | None):
         """(B, S, H*E) keys and values -> (B, H, S, E), through the cache where there is one
         (None, None: the cache's); the keys normed with kqnorm."""
         h = self.num_heads
         if k is not None:
             k, v = through_norm(self.k_norm, split_heads(k, h)), split_heads(v, h)
-            if cache is None:
+            if kv_cache is None:
                 return k, v
-            cache.append(k, v)
-        return cache.keys, cache.values
+            kv_cache.append(k, v)
+        return kv_cache.keys, kv_cache.values
 
     def backward(self, dy: Array, x: Array | None = None) -> Array | tuple[Array, Array]:
         """dy -> dx for self-attention, (dx, dcontext) for cross-attention (dcontext
         (B, S, D)); dy and dx in the form of forward's x; ``x``: the forward's input, where
         it was not kept.  ``pack`` and ``unpack`` swap roles: each is the other's transpose."""
-        attn_cache, is_self, layout = self._pop_saved()
+        attention_saved, is_self, layout = self._pop_saved()
         h = self.num_heads
         dmerged = layout.unpack(self.out_proj.backward(dy))  # (B, T, H*E)
-        dq, dk, dv = attention.attention_backward(split_heads(dmerged, h), attn_cache)
+        dq, dk, dv = attention.attention_backward(split_heads(dmerged, h), attention_saved)
         dq, dk = through_norm_backward(self.q_norm, dq), through_norm_backward(self.k_norm, dk)
         dx = self._project_backward(self.q_proj, layout.pack(merge_heads(dq)), x)
         if not is_self:
@@ -195,12 +195,12 @@ class NormAndDropout(nn.NormAndDropout):
     LayerNorm, Dropout = layers.LayerNorm, layers.Dropout
 
 
-def _self_cache(cache: BlockCache | None):
-    return None if cache is None else cache.self_attn
+def _self_cache(kv_cache: BlockCache | None):
+    return None if kv_cache is None else kv_cache.self_attn
 
 
-def _cross_cache(cache: BlockCache | None):
-    return None if cache is None else cache.cross_attn
+def _cross_cache(kv_cache: BlockCache | None):
+    return None if kv_cache is None else kv_cache.cross_attn
 
 
 class EncoderBlock(nn.EncoderBlock):
@@ -211,18 +211,18 @@ class EncoderBlock(nn.EncoderBlock):
         MultiHeadAttention, NormAndDropout, FeedForward
 
     def check_inputs(self, x: Array, mask: Array | None = None,
-                     cache: BlockCache | None = None, packing: Packing | None = None) -> None:
-        self.self_attn.check_inputs(x, mask=mask, cache=_self_cache(cache), packing=packing)
+                     kv_cache: BlockCache | None = None, packing: Packing | None = None) -> None:
+        self.self_attn.check_inputs(x, mask=mask, kv_cache=_self_cache(kv_cache), packing=packing)
 
-    def forward(self, x: Array, mask: Array | None = None, cache: BlockCache | None = None,
+    def forward(self, x: Array, mask: Array | None = None, kv_cache: BlockCache | None = None,
                 packing: Packing | None = None) -> Array:
         """x (B, T, D), or the rows (N, D) of ``packing`` -> the same form."""
-        a, f, kv = self.attn_residual, self.ffn_residual, _self_cache(cache)
+        a, f, kv = self.attn_residual, self.ffn_residual, _self_cache(kv_cache)
         if self.norm_first:  # pre-norm: x + Dropout(F(LN(x))), LN(x) not kept by F
-            x = x + a.dropout(self.self_attn(a.norm(x), mask=mask, cache=kv, packing=packing,
+            x = x + a.dropout(self.self_attn(a.norm(x), mask=mask, kv_cache=kv, packing=packing,
                                              keep_input=False))
             return x + f.dropout(self.ffn(f.norm(x), keep_input=False))
-        x = a.norm(x + a.dropout(self.self_attn(x, mask=mask, cache=kv, packing=packing)))
+        x = a.norm(x + a.dropout(self.self_attn(x, mask=mask, kv_cache=kv, packing=packing)))
         return f.norm(x + f.dropout(self.ffn(x)))  # post-norm: LN(x + Dropout(F(x)))
 
     def backward(self, dy: Array) -> Array:
@@ -245,26 +245,27 @@ class DecoderBlock(nn.DecoderBlock):
         MultiHeadAttention, NormAndDropout, FeedForward
 
     def check_inputs(self, x: Array, memory: Array, self_mask: Array | None = None,
-                     memory_mask: Array | None = None, cache: BlockCache | None = None,
+                     memory_mask: Array | None = None, kv_cache: BlockCache | None = None,
                      packing: Packing | None = None) -> None:
-        self.self_attn.check_inputs(x, mask=self_mask, cache=_self_cache(cache), packing=packing)
+        self.self_attn.check_inputs(x, mask=self_mask, kv_cache=_self_cache(kv_cache),
+                                    packing=packing)
         self.cross_attn.check_inputs(x, context=memory, mask=memory_mask,
-                                     cache=_cross_cache(cache), packing=packing)
+                                     kv_cache=_cross_cache(kv_cache), packing=packing)
 
     def forward(self, x: Array, memory: Array, self_mask: Array | None = None,
-                memory_mask: Array | None = None, cache: BlockCache | None = None,
+                memory_mask: Array | None = None, kv_cache: BlockCache | None = None,
                 packing: Packing | None = None) -> Array:
         """x (B, T, D), or the rows (N, D) of ``packing`` -> the same form."""
         a, c, f = self.self_attn_residual, self.cross_attn_residual, self.ffn_residual
-        kv, memory_kv = _self_cache(cache), _cross_cache(cache)
+        kv, memory_kv = _self_cache(kv_cache), _cross_cache(kv_cache)
         if self.norm_first:  # pre-norm: x + Dropout(F(LN(x))), LN(x) not kept by F
-            x = x + a.dropout(self.self_attn(a.norm(x), mask=self_mask, cache=kv,
+            x = x + a.dropout(self.self_attn(a.norm(x), mask=self_mask, kv_cache=kv,
                                              packing=packing, keep_input=False))
-            x = x + c.dropout(self.cross_attn(c.norm(x), memory, memory_mask, cache=memory_kv,
+            x = x + c.dropout(self.cross_attn(c.norm(x), memory, memory_mask, kv_cache=memory_kv,
                                               packing=packing, keep_input=False))
             return x + f.dropout(self.ffn(f.norm(x), keep_input=False))
-        x = a.norm(x + a.dropout(self.self_attn(x, mask=self_mask, cache=kv, packing=packing)))
-        x = c.norm(x + c.dropout(self.cross_attn(x, memory, memory_mask, cache=memory_kv,
+        x = a.norm(x + a.dropout(self.self_attn(x, mask=self_mask, kv_cache=kv, packing=packing)))
+        x = c.norm(x + c.dropout(self.cross_attn(x, memory, memory_mask, kv_cache=memory_kv,
                                                  packing=packing)))
         return f.norm(x + f.dropout(self.ffn(x)))  # post-norm: LN(x + Dropout(F(x)))
 

@@ -233,16 +233,16 @@ class LlamaCausalLM(Module):
         """An empty key/value cache for :meth:`forward_cached` (each layer's Hkv heads)."""
         return DecodingCache(len(self.layers))
 
-    def forward_cached(self, ids: Array, cache: DecodingCache,
+    def forward_cached(self, ids: Array, kv_cache: DecodingCache,
                        attention_mask: Array | None = None,
                        position_ids: Array | None = None) -> Array:
         """Inference (under ``no_grad``): ids (B, T_new) are the positions after the
-        ``cache.length`` already decoded -> logits (B, T_new, V); the cache grows by T_new.
+        ``kv_cache.length`` already decoded -> logits (B, T_new, V); the cache grows by T_new.
         ``attention_mask`` (B, cache.length + T_new) covers the cached positions and the
         new ones; ``position_ids`` (B, T_new) the new ones."""
         inference_only("forward_cached")
         ids = model_input(ids, "token ids")
-        x, cos, sin, mask = self._inputs(ids, attention_mask, position_ids, cache.length)
-        for layer, layer_cache in zip(self.layers, cache.blocks):
-            x = layer(x, cos, sin, mask, cache=layer_cache.self_attn)
+        x, cos, sin, mask = self._inputs(ids, attention_mask, position_ids, kv_cache.length)
+        for layer, layer_cache in zip(self.layers, kv_cache.blocks):
+            x = layer(x, cos, sin, mask, kv_cache=layer_cache.self_attn)
         return self._logits(self.norm(x))

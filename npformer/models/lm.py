@@ -179,19 +179,20 @@ class CausalLM(Module):
         """An empty key/value cache for :meth:`forward_cached`."""
         return DecodingCache(len(self.blocks))
 
-    def forward_cached(self, ids: Array, cache: DecodingCache,
+    def forward_cached(self, ids: Array, kv_cache: DecodingCache,
                        attention_mask: Array | None = None,
                        position_ids: Array | None = None) -> Array:
         """Inference (under ``no_grad``): ids (B, T_new) are the positions after the
-        ``cache.length`` already decoded -> logits (B, T_new, V); the cache grows by T_new.
+        ``kv_cache.length`` already decoded -> logits (B, T_new, V); the cache grows by T_new.
 
         ``attention_mask`` (B, cache.length + T_new) covers the cached positions and the
         new ones (as Hugging Face passes it); ``position_ids`` (B, T_new) the new ones."""
         inference_only("forward_cached")
         ids = model_input(ids, "token ids")
-        x, mask = self._embedded(ids, attention_mask, position_ids, cache.length)  # (B, T_new, D)
-        for block, block_cache in zip(self.blocks, cache.blocks):
-            x = block(x, mask, cache=block_cache)
+        x, mask = self._embedded(ids, attention_mask, position_ids,
+                                 kv_cache.length)  # (B, T_new, D)
+        for block, block_cache in zip(self.blocks, kv_cache.blocks):
+            x = block(x, mask, kv_cache=block_cache)
         if self.norm is not None:
             x = self.norm(x)
         return self._logits(x)

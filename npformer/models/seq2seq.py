@@ -224,16 +224,16 @@ class Seq2SeqTransformer(Module):
         return DecodingCache(len(self.decoder), cross=True)
 
     def forward_cached(self, tgt_ids: Array, memory: Array, memory_mask: Array | None,
-                       cache: DecodingCache) -> Array:
+                       kv_cache: DecodingCache) -> Array:
         """Inference (under ``no_grad``): tgt_ids (B, T_new) are the target positions after
-        the ``cache.length`` already decoded -> logits (B, T_new, V); self-attention keys
+        the ``kv_cache.length`` already decoded -> logits (B, T_new, V); self-attention keys
         and values are cached, cross-attention ones computed once from ``memory``."""
         inference_only("forward_cached")
-        offset = cache.length
+        offset = kv_cache.length
         y = self.tgt_embed(tgt_ids, offset=offset)  # (B, T_new, D)
         self_mask = ops.causal_mask(tgt_ids.shape[1], offset + tgt_ids.shape[1], like=y)
-        for block, block_cache in zip(self.decoder, cache.blocks):
-            y = block(y, memory, self_mask, memory_mask, cache=block_cache)
+        for block, block_cache in zip(self.decoder, kv_cache.blocks):
+            y = block(y, memory, self_mask, memory_mask, kv_cache=block_cache)
         if self.decoder_norm is not None:
             y = self.decoder_norm(y)
         return self._logits(y)

@@ -168,7 +168,7 @@ class MultiHeadAttention(Module):
         self.last_attention = None  # (B, H, T, S) when keep_attention
 
     def check_inputs(self, x: Array, context: Array | None = None, mask: Array | None = None,
-                     need_weights: bool = False, cache: KVCache | None = None) -> None:
+                     need_weights: bool = False, kv_cache: KVCache | None = None) -> None:
         """x (B, T, D), context (B, S, D), floats of the weights' dtype; mask boolean,
         broadcasting to the scores (B, H, T, S); need_weights True or False; a cache only
         under ``no_grad``."""
@@ -185,16 +185,16 @@ class MultiHeadAttention(Module):
                                  f"queries have batch {batch}")
             keys = context.shape[1]
         check_same_dtype("attention", input=x, context=context, weight=self.q_proj.weight.data)
-        if cache is not None:
+        if kv_cache is not None:
             if grad_enabled():
                 raise RuntimeError("a KVCache is for inference: call the attention under "
                                    "npformer.no_grad() (it keeps nothing for a backward)")
-            keys = cache.length + length if context is None else keys
+            keys = kv_cache.length + length if context is None else keys
         if mask is not None:
             check_mask(mask, (batch, self.num_heads, length, keys), "attention mask")
 
     def forward(self, x: Array, context: Array | None = None, mask: Array | None = None,
-                need_weights: bool = False, cache: KVCache | None = None
+                need_weights: bool = False, kv_cache: KVCache | None = None
                 ) -> Array | tuple[Array, Array]:
         """x (B, T, D), context (B, S, D) or None (self-attention), mask bool
         broadcasting to (B, H, T, S), True = may attend -> (B, T, D).
@@ -203,16 +203,16 @@ class MultiHeadAttention(Module):
         attention probabilities of every head (PyTorch's ``need_weights=True,
         average_attn_weights=False``; average over axis 1 for its default).
 
-        ``cache`` (decoding, under ``no_grad``): self-attention appends the keys and
+        ``kv_cache`` (decoding, under ``no_grad``): self-attention appends the keys and
         values of x's T positions to it and attends over all S cached ones; cross-attention
         fills it from the context on the first call and reuses it after.
         """
         q = through_norm(self.q_norm, self._heads(self.q_proj, x))  # (B, T, D) -> (B, H, T, E)
-        k, v = self._keys_and_values(x if context is None else context, cache,
+        k, v = self._keys_and_values(x if context is None else context, kv_cache,
                                      is_self=context is None)  # (B, H, S, E) each
-        heads, attn_cache = ops.attention_forward(q, k, v, mask)  # (B, H, T, E)
+        heads, attention_saved = ops.attention_forward(q, k, v, mask)  # (B, H, T, E)
         y = self.out_proj(merge_heads(heads))  # (B, T, H*E) -> (B, T, D)
-        self._save((attn_cache, context is None))
+        self._save((attention_saved, context is None))
         weights = ops.attention_weights(q, k, mask) if need_weights or self.keep_attention \
             else None  # (B, H, T, S)
         self.last_attention = weights if self.keep_attention else None
@@ -232,24 +232,24 @@ class MultiHeadAttention(Module):
             return unslice(projection.backward(positions_first(dheads)))  # sums over heads
         return projection.backward(merge_heads(dheads))
 
-    def _keys_and_values(self, source: Array, cache: KVCache | None,
+    def _keys_and_values(self, source: Array, kv_cache: KVCache | None,
                          is_self: bool) -> tuple[Array, Array]:
         """K and V (B, H, S, E) of ``source`` (B, S, D), through the cache where there is one."""
-        if cache is not None and not is_self and cache.length > 0:
-            return cache.keys, cache.values  # the memory's, computed on the first call
+        if kv_cache is not None and not is_self and kv_cache.length > 0:
+            return kv_cache.keys, kv_cache.values  # the memory's, computed on the first call
         k = through_norm(self.k_norm, self._heads(self.k_proj, source))  # (B, S, D) -> (B, H, S, E)
         v = self._heads(self.v_proj, source)
-        if cache is None:
+        if kv_cache is None:
             return k, v
-        cache.append(k, v)
-        return cache.keys, cache.values
+        kv_cache.append(k, v)
+        return kv_cache.keys, kv_cache.values
 
     def backward(self, dy: Array) -> Array | tuple[Array, Array]:
         """dy (B, T, D) -> dx for self-attention, (dx, dcontext) for cross-attention
         (dcontext (B, S, D))."""
-        attn_cache, is_self = self._pop_saved()
+        attention_saved, is_self = self._pop_saved()
         dheads = split_heads(self.out_proj.backward(dy), self.num_heads)  # (B, H, T, E)
-        dq, dk, dv = ops.attention_backward(dheads, attn_cache)  # (B, H, T|S, E) each
+        dq, dk, dv = ops.attention_backward(dheads, attention_saved)  # (B, H, T|S, E) each
         dx = self._heads_backward(self.q_proj, through_norm_backward(self.q_norm, dq))  # (B, T, D)
         dx_keys = self._heads_backward(self.k_proj, through_norm_backward(self.k_norm, dk))
         dx_values = self._heads_backward(self.v_proj, dv)  # (B, S, D) each: keys', values' input

@@ -70,12 +70,12 @@ class NormAndDropout(Module):
         self.dropout = self.Dropout(dropout)
 
 
-def _self_cache(cache: BlockCache | None):
-    return None if cache is None else cache.self_attn
+def _self_cache(kv_cache: BlockCache | None):
+    return None if kv_cache is None else kv_cache.self_attn
 
 
-def _cross_cache(cache: BlockCache | None):
-    return None if cache is None else cache.cross_attn
+def _cross_cache(kv_cache: BlockCache | None):
+    return None if kv_cache is None else kv_cache.cross_attn
 
 
 class EncoderBlock(Module):
@@ -99,19 +99,19 @@ class EncoderBlock(Module):
         self.ffn_residual = self.NormAndDropout(d_model, dropout, norm_eps)
 
     def check_inputs(self, x: Array, mask: Array | None = None,
-                     cache: BlockCache | None = None) -> None:
-        self.self_attn.check_inputs(x, mask=mask, cache=_self_cache(cache))
+                     kv_cache: BlockCache | None = None) -> None:
+        self.self_attn.check_inputs(x, mask=mask, kv_cache=_self_cache(kv_cache))
 
     def forward(self, x: Array, mask: Array | None = None,
-                cache: BlockCache | None = None) -> Array:
-        """x (B, T, D), mask bool broadcasting to (B, H, T, T) -> (B, T, D).  ``cache``
+                kv_cache: BlockCache | None = None) -> Array:
+        """x (B, T, D), mask bool broadcasting to (B, H, T, T) -> (B, T, D).  ``kv_cache``
         (decoding, under ``no_grad``): the block's :class:`BlockCache`; x are then the T
         positions after those cached, and the mask broadcasts to (B, H, T, S) over all S."""
-        a, f, kv = self.attn_residual, self.ffn_residual, _self_cache(cache)
+        a, f, kv = self.attn_residual, self.ffn_residual, _self_cache(kv_cache)
         if self.norm_first:  # pre-norm: x + Dropout(F(LN(x)))
-            x = x + a.dropout(self.self_attn(a.norm(x), mask=mask, cache=kv))
+            x = x + a.dropout(self.self_attn(a.norm(x), mask=mask, kv_cache=kv))
             return x + f.dropout(self.ffn(f.norm(x)))
-        x = a.norm(x + a.dropout(self.self_attn(x, mask=mask, cache=kv)))  # post-norm:
+        x = a.norm(x + a.dropout(self.self_attn(x, mask=mask, kv_cache=kv)))  # post-norm:
         return f.norm(x + f.dropout(self.ffn(x)))                          # LN(x + Dropout(F(x)))
 
     def backward(self, dy: Array) -> Array:
@@ -149,25 +149,25 @@ class DecoderBlock(Module):
         self.ffn_residual = self.NormAndDropout(d_model, dropout, norm_eps)
 
     def check_inputs(self, x: Array, memory: Array, self_mask: Array | None = None,
-                     memory_mask: Array | None = None, cache: BlockCache | None = None) -> None:
-        self.self_attn.check_inputs(x, mask=self_mask, cache=_self_cache(cache))
+                     memory_mask: Array | None = None, kv_cache: BlockCache | None = None) -> None:
+        self.self_attn.check_inputs(x, mask=self_mask, kv_cache=_self_cache(kv_cache))
         self.cross_attn.check_inputs(x, context=memory, mask=memory_mask,
-                                     cache=_cross_cache(cache))
+                                     kv_cache=_cross_cache(kv_cache))
 
     def forward(self, x: Array, memory: Array, self_mask: Array | None = None,
-                memory_mask: Array | None = None, cache: BlockCache | None = None) -> Array:
+                memory_mask: Array | None = None, kv_cache: BlockCache | None = None) -> Array:
         """x (B, T, D) targets, memory (B, S, D) encoder output; self_mask broadcasting
         to (B, H, T, T) (causal and padding), memory_mask to (B, H, T, S) -> (B, T, D).
-        ``cache`` (decoding, under ``no_grad``): as in :class:`EncoderBlock`; its
+        ``kv_cache`` (decoding, under ``no_grad``): as in :class:`EncoderBlock`; its
         cross-attention cache holds the memory's keys and values after the first call."""
         a, c, f = self.self_attn_residual, self.cross_attn_residual, self.ffn_residual
-        kv, memory_kv = _self_cache(cache), _cross_cache(cache)
+        kv, memory_kv = _self_cache(kv_cache), _cross_cache(kv_cache)
         if self.norm_first:  # pre-norm: x + Dropout(F(LN(x)))
-            x = x + a.dropout(self.self_attn(a.norm(x), mask=self_mask, cache=kv))
-            x = x + c.dropout(self.cross_attn(c.norm(x), memory, memory_mask, cache=memory_kv))
+            x = x + a.dropout(self.self_attn(a.norm(x), mask=self_mask, kv_cache=kv))
+            x = x + c.dropout(self.cross_attn(c.norm(x), memory, memory_mask, kv_cache=memory_kv))
             return x + f.dropout(self.ffn(f.norm(x)))
-        x = a.norm(x + a.dropout(self.self_attn(x, mask=self_mask, cache=kv)))  # post-norm:
-        x = c.norm(x + c.dropout(self.cross_attn(x, memory, memory_mask, cache=memory_kv)))
+        x = a.norm(x + a.dropout(self.self_attn(x, mask=self_mask, kv_cache=kv)))  # post-norm:
+        x = c.norm(x + c.dropout(self.cross_attn(x, memory, memory_mask, kv_cache=memory_kv)))
         return f.norm(x + f.dropout(self.ffn(x)))                       # LN(x + Dropout(F(x)))
 
     def backward(self, dy: Array) -> tuple[Array, Array]:

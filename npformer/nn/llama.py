@@ -143,7 +143,7 @@ class GroupedQueryAttention(Module):
         self.k_norm = self.RMSNorm(head_dim, norm_eps) if qk_norm else None
 
     def check_inputs(self, x: Array, cos: Array, sin: Array, mask: Array | None = None,
-                     cache: KVCache | None = None) -> None:
+                     kv_cache: KVCache | None = None) -> None:
         """x (B, T, D) of the weights' dtype; cos and sin (T, E) or (B or 1, T, E) of x's
         dtype; mask boolean broadcasting to (B, H, T, S); a cache only under no_grad."""
         check_float(x, "attention input")
@@ -153,38 +153,38 @@ class GroupedQueryAttention(Module):
         rotary_inputs(  # the tables fit the queries (B, H, T, E)
             _shape_only(x, (batch, self.num_heads, length, self.head_dim)), cos, sin)
         keys = length
-        if cache is not None:
+        if kv_cache is not None:
             if grad_enabled():
                 raise RuntimeError("a KVCache is for inference: call the attention under "
                                    "npformer.no_grad() (it keeps nothing for a backward)")
-            keys += cache.length
+            keys += kv_cache.length
         if mask is not None:
             check_mask(mask, (batch, self.num_heads, length, keys), "attention mask")
 
     def forward(self, x: Array, cos: Array, sin: Array, mask: Array | None = None,
-                cache: KVCache | None = None) -> Array:
+                kv_cache: KVCache | None = None) -> Array:
         """x (B, T, D); cos, sin (T, E) or (B, T, E), the rotary tables of x's positions;
         mask bool broadcasting to (B, H, T, S), True = may attend -> (B, T, D).
 
-        ``cache`` (decoding, under ``no_grad``): the rotated keys and the values of x's T
+        ``kv_cache`` (decoding, under ``no_grad``): the rotated keys and the values of x's T
         positions are appended to it (Hkv heads) and the queries attend over all S."""
         q = through_norm(self.q_norm, split_heads(self.q_proj(x), self.num_heads))  # (B,H,T,E)
         k = through_norm(self.k_norm, split_heads(self.k_proj(x), self.num_kv_heads))
         v = split_heads(self.v_proj(x), self.num_kv_heads)  # (B, Hkv, T, E)
         q, q_turn = self.ops.rotary_forward(q, cos, sin)  # (B, H, T, E)
         k, k_turn = self.ops.rotary_forward(k, cos, sin)  # (B, Hkv, T, E)
-        if cache is not None:
-            cache.append(k, v)
-            k, v = cache.keys, cache.values  # (B, Hkv, S, E)
-        heads, attention_cache = self.ops.grouped_attention_forward(q, k, v, mask)  # (B,H,T,E)
-        self._save((q_turn, k_turn, attention_cache))
+        if kv_cache is not None:
+            kv_cache.append(k, v)
+            k, v = kv_cache.keys, kv_cache.values  # (B, Hkv, S, E)
+        heads, attention_saved = self.ops.grouped_attention_forward(q, k, v, mask)  # (B,H,T,E)
+        self._save((q_turn, k_turn, attention_saved))
         return self.o_proj(merge_heads(heads))  # (B, T, H*E) -> (B, T, D)
 
     def backward(self, dy: Array) -> Array:
         """dy (B, T, D) -> dx (B, T, D): x fed the queries, the keys and the values."""
-        q_turn, k_turn, attention_cache = self._pop_saved()
+        q_turn, k_turn, attention_saved = self._pop_saved()
         dheads = split_heads(self.o_proj.backward(dy), self.num_heads)  # (B, H, T, E)
-        dq, dk, dv = self.ops.grouped_attention_backward(dheads, attention_cache)  # H, Hkv, Hkv
+        dq, dk, dv = self.ops.grouped_attention_backward(dheads, attention_saved)  # H, Hkv, Hkv
         dq = through_norm_backward(self.q_norm, self.ops.rotary_backward(dq, q_turn))
         dk = through_norm_backward(self.k_norm, self.ops.rotary_backward(dk, k_turn))
         return (self.q_proj.backward(merge_heads(dq)) + self.k_proj.backward(merge_heads(dk))
@@ -217,13 +217,13 @@ class LlamaBlock(Module):
         self.mlp = self.SwiGLUFeedForward(d_model, d_ff)
 
     def check_inputs(self, x: Array, cos: Array, sin: Array, mask: Array | None = None,
-                     cache: KVCache | None = None) -> None:
-        self.self_attn.check_inputs(x, cos, sin, mask, cache)
+                     kv_cache: KVCache | None = None) -> None:
+        self.self_attn.check_inputs(x, cos, sin, mask, kv_cache)
 
     def forward(self, x: Array, cos: Array, sin: Array, mask: Array | None = None,
-                cache: KVCache | None = None) -> Array:
+                kv_cache: KVCache | None = None) -> Array:
         """x (B, T, D), the rotary tables, mask, cache as :class:`GroupedQueryAttention`'s."""
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache)  # (B, T, D)
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, kv_cache)  # (B, T, D)
         return h + self.mlp(self.post_attention_layernorm(h))
 
     def backward(self, dy: Array) -> Array:
