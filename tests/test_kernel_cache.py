@@ -34,6 +34,7 @@ import numpy as np
 from npformer import fast, ops
 from npformer.fast import activations, adamw, compiler
 from npformer.nn import Parameter
+from npformer.parallel.sparse import changed_rows
 
 rng = np.random.default_rng(0)
 for dtype in (("float32",) if sys.argv[1] == "gelu" else ("float32", "float64")):
@@ -57,6 +58,7 @@ for dtype in (("float32",) if sys.argv[1] == "gelu" else ("float32", "float64"))
     p.grad = x.copy()
     fast.AdamW([p]).step()
     adamw.sum_of_squares(x.reshape(-1))
+    changed_rows(x)
     y, c = fast.rmsnorm_forward(x, x[0])
     fast.rmsnorm_backward(x, c)
     h, c = fast.swiglu_forward(x, x)

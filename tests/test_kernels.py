@@ -39,6 +39,7 @@ from npformer.fast import swiglu as fast_swiglu
 from npformer.fast.flat import FlatParameters, flat_buffer_of
 from npformer.nn import Parameter
 from npformer.optim import SGD, Adam, AdamW, warmup_cosine
+from npformer.parallel import sparse as parallel_sparse
 
 from .conftest import using_backend
 from .helpers import rel_diff, set_tier, tier_under_test, tiered
@@ -227,6 +228,24 @@ def rotary_case():
     np.testing.assert_array_equal(fast.rotary_backward(dy, c_f), ops.rotary_backward(dy, c_t))
 
 
+def changed_rows_case():
+    """The compiled row scan of the row-sparse sum against NumPy's any(): rows changed only
+    in their last column, by -0.0 or by a subnormal count; +0.0 rows do not."""
+    table = np.zeros((6, 5), dtype=np.float32)
+    table[1, -1], table[3, 0], table[4, 2] = 1.0, -0.0, np.float32(1e-45)
+    bits = table.view(np.uint32)
+    np.testing.assert_array_equal(parallel_sparse.changed_rows(table), np.any(bits, axis=1))
+
+
+def flipped_row(kernel):
+    """``kernel`` with one row's answer (its output argument, index 1) turned over."""
+    def broken(bits, out):
+        result = kernel(bits, out)
+        out[out.size // 2] = not out[out.size // 2]
+        return result
+    return broken
+
+
 def attention_case(dtype="float64", tol=TOL):
     """Blocked attention (causal and padding masks, a fully masked query row) through the
     compiled softmax kernels, equal to the textbook's dense attention.  21 keys: the
@@ -364,6 +383,7 @@ BROKEN = {  # kernel (its module, its name): [(its broken copy, the check that m
     (fast_swiglu, "_swiglu_backward"): [(lambda k: perturbed(k, 4), swiglu_case)],
     (fast_rotary, "_rotate"): [(lambda k: perturbed(k, 3), rotary_case)],
     (fast_rotary, "_rotate_back"): [(lambda k: perturbed(k, 3), rotary_case)],
+    (parallel_sparse, "_rows_with_bits"): [(flipped_row, changed_rows_case)],
 }
 BROKEN_CASES = [(module, name, breaker, check) for (module, name), pairs in BROKEN.items()
                 for breaker, check in pairs]
