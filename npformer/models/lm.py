@@ -185,7 +185,7 @@ class CausalLM(Module):
         """Inference (under ``no_grad``): ids (B, T_new) are the positions after the
         ``kv_cache.length`` already decoded -> logits (B, T_new, V); the cache grows by T_new.
 
-        ``attention_mask`` (B, cache.length + T_new) covers the cached positions and the
+        ``attention_mask`` (B, kv_cache.length + T_new) covers the cached positions and the
         new ones (as Hugging Face passes it); ``position_ids`` (B, T_new) the new ones."""
         inference_only("forward_cached")
         ids = model_input(ids, "token ids")
