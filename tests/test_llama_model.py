@@ -130,7 +130,7 @@ def batches(rng):
 def make_trainer(tmp_path, seed=0, **config):
     model = make(seed, **VARIANTS["qwen3"])
     opt = optim.AdamW(model.parameters(), lr=optim.warmup_cosine(peak_lr=3e-2, warmup=2,
-                                                                 total_steps=12))
+                                                                 total_updates=12))
     cfg = dict(max_iters=12, clip_norm=1.0, last_path=tmp_path / "last.npz", progress=False)
     return Trainer(model, opt, LanguageModeling(), batches, TrainConfig(**{**cfg, **config}),
                    seed=5)

@@ -37,9 +37,9 @@ from .. import backend, ops
 from ..backend import Array
 from ..nn import DecodingCache, Embedding, Linear, LlamaBlock, Module, RMSNorm
 from ..ops.contracts import check_flag, check_rank, check_rope_scaling, check_token_ids, shown
-from .common import attention_mask_input, inference_only, model_input, position_ids_input
+from .common import inference_only, model_input
 from .configs import _is_int, _set_field
-from .lm import positions_of
+from .lm import decoder_mask, keys_and_positions, logits_backward, logits_of
 
 _SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                 "num_attention_heads", "max_position_embeddings")
@@ -159,7 +159,7 @@ class LlamaCausalLM(Module):
                      position_ids: Array | None = None) -> None:
         ids = model_input(ids, "token ids")
         check_rank(ids, 2, "token ids (batch, positions)")
-        self._keys_and_positions(ids, attention_mask, position_ids)  # their checks
+        keys_and_positions(ids, attention_mask, position_ids, self.config.block_size)
         if position_ids is None and ids.shape[1] > self.config.block_size:
             raise ValueError(f"sequence of length {ids.shape[1]} is longer than "
                              f"max_position_embeddings {self.config.block_size} (the model's "
@@ -183,7 +183,8 @@ class LlamaCausalLM(Module):
         tables (T, E) or (B, T, E) of their positions, and the blocks' mask: causal (T, S)
         without an attention mask, else causal and the keys' padding (B, 1, T, S)."""
         c = self.config
-        keep, positions = self._keys_and_positions(ids, attention_mask, position_ids, offset)
+        keep, positions = keys_and_positions(ids, attention_mask, position_ids,
+                                             c.block_size, offset)
         x = self.embed_tokens(ids)  # (B, T, D)
         xp = backend.namespace_of(x)
         length, keys = ids.shape[1], offset + ids.shape[1]
@@ -191,25 +192,7 @@ class LlamaCausalLM(Module):
             positions = xp.arange(offset, keys, dtype=xp.int64, device=backend.device_of(x))
         cos, sin = ops.rotary_table(positions, c.head_dim, c.rope_theta, c.rope_scaling,
                                     dtype=x.dtype)  # (T, E) or (B, T, E)
-        mask = ops.causal_mask(length, keys, like=x)  # (T, S): no position sees a later one
-        if keep is not None:
-            mask = mask[None, None, :, :] & keep[:, None, None, :]  # and no padding
-        return x, cos, sin, mask
-
-    def _keys_and_positions(self, ids: Array, attention_mask: Array | None,
-                            position_ids: Array | None,
-                            offset: int = 0) -> tuple[Array | None, Array | None]:
-        """The attention mask as booleans (B, S) (None: no padding) and the positions of
-        ids (B, T) (None: offset, offset + 1, ...), as :class:`CausalLM` reads them."""
-        batch, length = ids.shape
-        keep = None if attention_mask is None else \
-            attention_mask_input(attention_mask, (batch, offset + length))
-        if position_ids is not None:
-            return keep, position_ids_input(position_ids, (batch, length),
-                                            self.config.block_size)
-        if keep is None:
-            return None, None
-        return keep, positions_of(keep)[:, offset:]
+        return x, cos, sin, decoder_mask(keep, length, keys, like=x)
 
     def backward(self, dlogits: Array) -> None:
         """dlogits (B, T, V) -> None (token ids are not differentiable)."""
@@ -219,14 +202,10 @@ class LlamaCausalLM(Module):
         return self.embed_tokens.backward(dx)
 
     def _logits(self, h: Array) -> Array:
-        """h (B, T, D) -> logits (B, T, V): h E^T when tied, else the head."""
-        return self.embed_tokens.project(h) if self.lm_head is None else self.lm_head(h)
+        return logits_of(h, self.embed_tokens, self.lm_head)
 
     def _logits_backward(self, dlogits: Array) -> Array:
-        """dlogits (B, T, V) -> dh (B, T, D) (tied: E's second share of gradient)."""
-        if self.lm_head is None:
-            return self.embed_tokens.project_backward(dlogits)
-        return self.lm_head.backward(dlogits)
+        return logits_backward(dlogits, self.embed_tokens, self.lm_head)
 
     # ------------------------------------------------------------------ cached inference
     def new_cache(self) -> DecodingCache:

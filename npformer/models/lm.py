@@ -107,7 +107,8 @@ class CausalLM(Module):
     def check_inputs(self, ids: Array, attention_mask: Array | None = None,
                      position_ids: Array | None = None) -> None:
         ids = model_input(ids, "token ids")
-        _, positions = self._keys_and_positions(ids, attention_mask, position_ids)
+        _, positions = keys_and_positions(ids, attention_mask, position_ids,
+                                          self.config.block_size)
         self.embed.check_inputs(ids, position_ids=positions)
 
     def forward(self, ids: Array, attention_mask: Array | None = None,
@@ -131,29 +132,10 @@ class CausalLM(Module):
         """ids (B, T) after ``offset`` positions -> their embeddings (B, T, D) and the
         blocks' mask: causal (T, S) without an attention mask, else causal and the keys'
         padding, (B, 1, T, S); S = offset + T."""
-        keep, positions = self._keys_and_positions(ids, attention_mask, position_ids, offset)
+        keep, positions = keys_and_positions(ids, attention_mask, position_ids,
+                                             self.config.block_size, offset)
         x = self.embed(ids, offset=offset, position_ids=positions)  # (B, T, D)
-        length, keys = ids.shape[1], offset + ids.shape[1]
-        mask = ops.causal_mask(length, keys, like=x)  # (T, S): no position sees a later one
-        if keep is not None:
-            mask = mask[None, None, :, :] & keep[:, None, None, :]  # and no padding: (B, 1, T, S)
-        return x, mask
-
-    def _keys_and_positions(self, ids: Array, attention_mask: Array | None,
-                            position_ids: Array | None,
-                            offset: int = 0) -> tuple[Array | None, Array | None]:
-        """The attention mask as booleans (B, S) (None: no padding) and the positions of
-        ids (B, T) (None: offset, offset + 1, ...).  With a mask and no position_ids, the
-        positions count each row's tokens (:func:`positions_of`)."""
-        batch, length = ids.shape
-        keep = None if attention_mask is None else \
-            attention_mask_input(attention_mask, (batch, offset + length))
-        if position_ids is not None:
-            return keep, position_ids_input(position_ids, (batch, length),
-                                            self.config.block_size)
-        if keep is None:
-            return None, None
-        return keep, positions_of(keep)[:, offset:]
+        return x, decoder_mask(keep, ids.shape[1], offset + ids.shape[1], like=x)
 
     def backward(self, dlogits: Array) -> None:
         """dlogits (B, T, V) -> None (token ids are not differentiable)."""
@@ -165,14 +147,10 @@ class CausalLM(Module):
         return self.embed.backward(dx)
 
     def _logits(self, h: Array) -> Array:
-        """h (B, T, D) -> logits (B, T, V): h E^T when tied, else the head."""
-        return self.embed.tokens.project(h) if self.lm_head is None else self.lm_head(h)
+        return logits_of(h, self.embed.tokens, self.lm_head)
 
     def _logits_backward(self, dlogits: Array) -> Array:
-        """dlogits (B, T, V) -> dh (B, T, D) (tied: E's second share of gradient)."""
-        if self.lm_head is None:
-            return self.embed.tokens.project_backward(dlogits)
-        return self.lm_head.backward(dlogits)
+        return logits_backward(dlogits, self.embed.tokens, self.lm_head)
 
     # ------------------------------------------------------------------ cached inference
     def new_cache(self) -> DecodingCache:
@@ -212,6 +190,43 @@ class CausalLM(Module):
         ``transformers.GPT2LMHeadModel.from_pretrained`` loads.  See
         :func:`npformer.interop.gpt2.save_pretrained`."""
         gpt2.save_pretrained(self, path, tokenizer=tokenizer)
+
+
+def keys_and_positions(ids: Array, attention_mask: Array | None, position_ids: Array | None,
+                       block_size: int, offset: int = 0) -> tuple[Array | None, Array | None]:
+    """A decoder's inputs beside ids (B, T) after ``offset`` positions, checked -> the
+    attention mask as booleans (B, S) (None: no padding) and the positions of ids (B, T)
+    (None: offset, offset + 1, ...).  With a mask and no position_ids, the positions count
+    each row's tokens (:func:`positions_of`)."""
+    batch, length = ids.shape
+    keep = None if attention_mask is None else \
+        attention_mask_input(attention_mask, (batch, offset + length))
+    if position_ids is not None:
+        return keep, position_ids_input(position_ids, (batch, length), block_size)
+    if keep is None:
+        return None, None
+    return keep, positions_of(keep)[:, offset:]
+
+
+def decoder_mask(keep: Array | None, length: int, keys: int, like: Array) -> Array:
+    """The mask of a decoder's self-attention over ``keys`` positions, the last ``length``
+    of them queries: causal (T, S), no position sees a later one; with ``keep`` (B, S),
+    also no padding: (B, 1, T, S)."""
+    mask = ops.causal_mask(length, keys, like=like)  # (T, S)
+    if keep is None:
+        return mask
+    return mask[None, None, :, :] & keep[:, None, None, :]  # (B, 1, T, S)
+
+
+def logits_of(h: Array, table: Module, head: Module | None) -> Array:
+    """h (B, T, D) -> logits (B, T, V): h E^T with the token table when tied (no head),
+    else the head."""
+    return table.project(h) if head is None else head(h)
+
+
+def logits_backward(dlogits: Array, table: Module, head: Module | None) -> Array:
+    """dlogits (B, T, V) -> dh (B, T, D) (tied: the table's second share of gradient)."""
+    return table.project_backward(dlogits) if head is None else head.backward(dlogits)
 
 
 def positions_of(keep: Array) -> Array:
