@@ -168,6 +168,20 @@ class Logits(torch.nn.Module):
         return self.model(ids).logits
 
 
+def lm_adapter_gradients(ours, theirs, naming, seed: int = 4) -> tuple[dict, dict]:
+    """Both language models' logits of the same ids, compared; then ours and PEFT's
+    adapter gradients of the same random upstream gradient, as {PEFT key: array} each."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, ours.config.vocab_size, (2, 7))
+    logits = Logits(theirs)(torch.tensor(ids))
+    upstream = rng.standard_normal(tuple(logits.shape))
+    (logits * torch.tensor(upstream)).sum().backward()
+    got = ours(backend.asarray(ids))
+    assert rel_diff(to_host(got), logits.detach().numpy()) <= RTOL
+    ours.backward(backend.asarray(upstream))
+    return our_gradients(ours, naming), peft_gradients(theirs)
+
+
 def test_gpt2_adapters_on_c_attn_c_proj_c_fc_match_peft(gpt2_folder, tmp_path):
     from npformer.models import CausalLM
 
@@ -184,16 +198,7 @@ def test_gpt2_adapters_on_c_attn_c_proj_c_fc_match_peft(gpt2_folder, tmp_path):
         assert config["target_modules"] == ["c_attn", "c_fc", "c_proj"]
         theirs = peft.PeftModel.from_pretrained(hf_model(gpt2_folder), tmp_path,
                                                 is_trainable=True)
-        rng = np.random.default_rng(4)
-        ids = rng.integers(0, ours.config.vocab_size, (2, 7))
-        ids_torch = torch.tensor(ids)
-        logits = Logits(theirs)(ids_torch)
-        upstream = rng.standard_normal(tuple(logits.shape))
-        (logits * torch.tensor(upstream)).sum().backward()
-        got = ours(backend.asarray(ids))
-        assert rel_diff(to_host(got), logits.detach().numpy()) <= RTOL
-        ours.backward(backend.asarray(upstream))
-        mine, expected = our_gradients(ours, naming), peft_gradients(theirs)
+        mine, expected = lm_adapter_gradients(ours, theirs, naming)
         assert set(mine) == set(expected) and len(mine) == 16
         for key, grad in expected.items():
             assert rel_diff(mine[key], grad) <= RTOL, key

@@ -27,7 +27,7 @@ from .conftest import using_backend
 from .helpers import rel_diff, to_host
 from .llama_reference import float64_reference
 from .test_hf_llama import build
-from .test_lora_peft import Logits, our_gradients, peft_gradients, randomize_adapters
+from .test_lora_peft import lm_adapter_gradients, randomize_adapters
 
 RTOL = 1e-10
 R, ALPHA = 3, 7.0
@@ -58,15 +58,7 @@ def test_peft_loads_our_llama_adapters_and_matches_them(torch, tmp_path, name):
         config = json.loads((tmp_path / "adapter" / npeft.CONFIG_FILE).read_text())
         assert config["target_modules"] == sorted(ALL) and config["fan_in_fan_out"] is False
         theirs = peft.PeftModel.from_pretrained(theirs, tmp_path / "adapter", is_trainable=True)
-        rng = np.random.default_rng(4)
-        ids = rng.integers(0, ours.config.vocab_size, (2, 7))
-        logits = Logits(theirs)(torch.tensor(ids))
-        upstream = rng.standard_normal(tuple(logits.shape))
-        (logits * torch.tensor(upstream)).sum().backward()
-        got = ours(backend.asarray(ids))
-        assert rel_diff(to_host(got), logits.detach().numpy()) <= RTOL
-        ours.backward(backend.asarray(upstream))
-        mine, expected = our_gradients(ours, naming), peft_gradients(theirs)
+        mine, expected = lm_adapter_gradients(ours, theirs, naming)
     assert "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight" in expected
     assert set(mine) == set(expected) and len(mine) == 2 * 2 * 7
     for key, grad in expected.items():
