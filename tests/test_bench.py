@@ -892,3 +892,21 @@ def test_decode_bound_counts_the_weights_and_the_cache_read_per_token():
     assert decode.bytes_per_token(gpt2, 124_439_808, 1, 0) == 4 * 123_653_376
     assert decode.bytes_per_token(gpt2, 124_439_808, 8, 10) == 4 * (
         123_653_376 + 2 * 12 * 8 * 10 * 768)
+
+
+def test_products_alone_counts_every_product_and_its_backward():
+    """``bench/products.py --smoke``: a row per forward product of bench/flops.py, and the
+    sums are those rows' times (a product left out or counted twice changes them)."""
+    from bench import products
+    from bench.configs import SMOKE
+    from bench.flops import forward_products
+
+    cfg = SMOKE["lm"]
+    rows = products.product_rows(cfg, threads=2, repeats=1)
+    assert [r["product"] for r in rows] == forward_products(cfg, training=True)
+    assert all(r["forward"] > 0 and r["backward"] > 0 for r in rows)
+    assert products.backward_shapes(rows[0]["product"]) == [(384, 96, 32), (32, 384, 96)]
+    out = products.table("lm", cfg, rows, peak_gflops=100.0)
+    train = 1e3 * sum(r["forward"] + r["backward"] for r in rows)
+    assert f"training step: the products alone {train:.2f} ms" in out
+    assert products.split_rows(7, 2) == [4, 3] and products.split_rows(1, 2) == [1, 0]
