@@ -186,6 +186,31 @@ def test_a_resumed_run_ends_as_the_uninterrupted_one(request, folder, text_file,
         assert (straight / name).read_bytes() == (tmp_path / name).read_bytes(), name
 
 
+@pytest.mark.mpi
+def test_lora_on_two_mpi_ranks_ends_as_one_process_of_two_replicas(lora_smoke, folder, text_file,
+                                                                   tmp_path):
+    """``--procs 2 --replicas 1``: two MPI ranks of one replica each split every batch as one
+    process's two thread replicas do, and end with the same adapters and losses (float32
+    sums in another order)."""
+    from tests.test_distributed import mpiexec
+
+    mpiexec()  # a skip (or a CI error) where MPI is missing
+    one, _ = lora_smoke
+    result = run_demo("finetune.py", "--smoke", "--no-progress", "--procs", "2",
+                      "--replicas", "1", *LORA, "--model", str(folder), "--data",
+                      str(text_file), "--out", str(tmp_path), env_extra=OFFLINE)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.stdout.count("running on 2 MPI ranks") == 1
+    a, b = (json.loads((out / "metrics.json").read_text()) for out in (one, tmp_path))
+    assert a["updates"] == b["updates"] and a["trained_parameters"] == b["trained_parameters"]
+    for key in ("val_loss_before", "val_loss"):
+        assert a[key] == pytest.approx(b[key], rel=1e-4), key
+    ranks, single = saved_parameters(tmp_path), saved_parameters(one)
+    assert ranks.keys() == single.keys()
+    for key, value in single.items():
+        np.testing.assert_allclose(ranks[key], value, rtol=1e-3, atol=1e-5, err_msg=key)
+
+
 def test_a_qwen3_folder_fine_tunes_and_sample_only_samples_it(text_file, tmp_path):
     qwen = write_llama_folder(tmp_path / "qwen3", "qwen3")
     out, result = fine_tune(qwen, text_file, tmp_path / "out", "--lora", "2",
