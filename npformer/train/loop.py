@@ -37,6 +37,7 @@ from ..parallel.context import SINGLE
 from ..parallel.workers import DataParallel, data_parallel
 from .budget import TimeBudget
 from .config import History, TrainConfig
+from .evaluation import Evaluation, describe
 from .progress import Progress, write_line
 from .signals import stop_requests
 from .tasks import Task
@@ -95,16 +96,13 @@ class Trainer:
         if not isinstance(config, TrainConfig):
             raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
         check_optimizer_of(optimizer, model, "Trainer")
-        if config.select_metric is not None and eval_fn is None:
-            raise ValueError(f"TrainConfig.select_metric={config.select_metric!r} needs an "
-                             "eval_fn returning it: give the Trainer one")
+        self.evaluation = Evaluation(eval_fn, config.select_metric, config.select_mode)
         keep_freed_memory()  # every step's arrays reused, not page-faulted in again
         self.model, self.optimizer, self.task = model, optimizer, task
-        self.next_batch, self.config, self.eval_fn = next_batch, config, eval_fn
+        self.next_batch, self.config = next_batch, config
         self.checkpoint_extra = checkpoint_extra or {}
         self.data_rng = np.random.default_rng(seed)
         self.history = History()
-        self.best: float | None = None
         self.train_seconds = 0.0  # spent in fit(), over every session of a resumed run
         self.finished = False  # fit() ended by max_iters or the time budget
         # Data parallelism (npformer.parallel): thread replicas, MPI ranks, or None for one
@@ -328,28 +326,24 @@ class Trainer:
             write_line(line)
 
     def evaluate(self) -> dict:
-        """Run ``eval_fn``, record its metrics, and save the model if it is the best yet."""
-        if self.eval_fn is None:
+        """Run ``eval_fn``, record its metrics (:mod:`.evaluation`), and save the model if
+        it is the best yet."""
+        if self.evaluation.eval_fn is None:
             return {}
-        metrics = dict(self.eval_fn(self.model), update=self.updates)
+        metrics = self.evaluation.metrics(self.model, self.updates)
         self.history.evals.append(metrics)
-        self._log("update {update}: ".format(**metrics) + ", ".join(
-            f"{k} {v:.4f}" for k, v in metrics.items() if k != "update"))
+        self._log(describe(metrics))
         cfg = self.config
-        if cfg.select_metric and cfg.checkpoint_path:
-            if cfg.select_metric not in metrics:
-                raise ValueError(f"TrainConfig.select_metric={cfg.select_metric!r} is not among "
-                                 f"the metrics eval_fn returned: "
-                                 f"{sorted(k for k in metrics if k != 'update')}")
-            value = metrics[cfg.select_metric]
-            better = (self.best is None or (value > self.best if cfg.select_mode == "max"
-                                            else value < self.best))
-            if better:
-                self.best = value
-                self.save(cfg.checkpoint_path, extra={"selected_on": {cfg.select_metric: value}})
+        if cfg.checkpoint_path and self.evaluation.is_best(metrics):
+            self.save(cfg.checkpoint_path, extra={"selected_on": {cfg.select_metric: self.best}})
         return metrics
 
-    # ----------------------------------------------------------------- checkpoints
+    # ----------------------------------------------------------------- the run's state
+    @property
+    def best(self) -> float | None:
+        """The best value of ``select_metric`` so far (None: none yet, or none selected)."""
+        return self.evaluation.best
+
     def state_dict(self) -> dict:
         """What a resumed run needs besides the model, the optimizer and the random
         streams (JSON-able)."""
@@ -363,7 +357,7 @@ class Trainer:
         """Restore :meth:`state_dict`.  ``finished`` is not restored: :meth:`fit` decides
         again from the counters (so a run may also be resumed with more updates)."""
         self.history = History(**state["history"])
-        self.best, self.train_seconds = state["best"], state["train_seconds"]
+        self.evaluation.best, self.train_seconds = state["best"], state["train_seconds"]
         if self.config.schedule_for is not None and "planned_updates" in state:
             self._plan(state["planned_updates"])  # the schedule as it was; measured again
         if state["batches"] is not None:
