@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import backend
-from ..checkpoint import load_checkpoint, restore, save_checkpoint
+from ..checkpoint import save_checkpoint
 from ..gpu.cuda_graph import CaptureFailed, StepGraphs, unsupported, wanted_by_environment
 from ..nn import Module
 from ..optim import (
@@ -39,6 +39,7 @@ from .budget import TimeBudget
 from .config import History, TrainConfig
 from .evaluation import Evaluation, describe
 from .progress import Progress, write_line
+from .run_state import batches_state, random_streams, restore_batches, restore_run
 from .signals import stop_requests
 from .tasks import Task
 
@@ -347,11 +348,10 @@ class Trainer:
     def state_dict(self) -> dict:
         """What a resumed run needs besides the model, the optimizer and the random
         streams (JSON-able)."""
-        batches = getattr(self.next_batch, "state_dict", None)
         return {"history": asdict(self.history), "best": self.best,
                 "train_seconds": self.train_seconds, "finished": self.finished,
                 "planned_updates": self.planned_updates,
-                "batches": batches() if batches else None}
+                "batches": batches_state(self.next_batch)}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict`.  ``finished`` is not restored: :meth:`fit` decides
@@ -360,21 +360,18 @@ class Trainer:
         self.evaluation.best, self.train_seconds = state["best"], state["train_seconds"]
         if self.config.schedule_for is not None and "planned_updates" in state:
             self._plan(state["planned_updates"])  # the schedule as it was; measured again
-        if state["batches"] is not None:
-            self.next_batch.load_state_dict(state["batches"])
+        restore_batches(self.next_batch, state["batches"])
 
     def save(self, path: str | Path, extra: dict | None = None) -> Path:
         """The model, the optimizer, the random streams and :meth:`state_dict`: a run
-        that :meth:`resume` continues exactly.  Under MPI only rank 0 writes (every rank
-        holds the same state)."""
+        that :meth:`resume` continues exactly (:mod:`.run_state`).  Under MPI only rank 0
+        writes (every rank holds the same state)."""
         if not self.ranks.is_main:
             return Path(path)
-        rng_state = {"backend": backend.get_rng_state(),
-                     "data": self.data_rng.bit_generator.state}
         return save_checkpoint(path, self.model, self.optimizer, step=self.updates,
                                extra={**self.checkpoint_extra, **(extra or {}),
                                       "trainer": self.state_dict()},
-                               rng_state=rng_state)
+                               rng_state=random_streams(self.data_rng))
 
     def save_last(self) -> Path | None:
         """Save the run to ``config.last_path`` (if set)."""
@@ -382,10 +379,6 @@ class Trainer:
 
     def resume(self, path: str | Path) -> None:
         """Continue exactly where a checkpoint saved by :meth:`save` left off."""
-        checkpoint = load_checkpoint(path)
-        restore(self.model, checkpoint, self.optimizer)
-        if checkpoint.rng_state:
-            backend.set_rng_state(checkpoint.rng_state.get("backend"))
-            self.data_rng.bit_generator.state = checkpoint.rng_state["data"]
-        if "trainer" in checkpoint.extra:
-            self.load_state_dict(checkpoint.extra["trainer"])
+        state = restore_run(path, self.model, self.optimizer, self.data_rng)
+        if state is not None:
+            self.load_state_dict(state)
