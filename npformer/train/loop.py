@@ -35,28 +35,17 @@ from ..optim import (
 from ..parallel.allocator import keep_freed_memory
 from ..parallel.context import SINGLE
 from ..parallel.workers import DataParallel, data_parallel
-from .budget import TimeBudget
+from .budget import RunLength, TimeBudget
 from .config import History, TrainConfig
 from .evaluation import Evaluation, describe
 from .progress import Progress, write_line
 from .run_state import batches_state, random_streams, restore_batches, restore_run
-from .signals import stop_requests
+from .signals import TrainingInterrupted, stop_after_reached, stop_requests
 from .tasks import Task
 
 
 class TrainingDiverged(RuntimeError):
     """The loss or the gradients stopped being finite."""
-
-
-class TrainingInterrupted(Exception):
-    """Training stopped early on request (Ctrl-C, SIGTERM or ``stop_after``).
-
-    ``path`` is where the run was saved for :meth:`Trainer.resume` (None: nowhere)."""
-
-    def __init__(self, updates: int, reason: str, path: Path | None):
-        self.updates, self.reason, self.path = updates, reason, path
-        saved = f"the run is saved in {path}" if path else "nothing was saved"
-        super().__init__(f"training stopped ({reason}) after update {updates}; {saved}")
 
 
 # --------------------------------------------------------------------------- the loop
@@ -118,11 +107,7 @@ class Trainer:
         self._graphs: StepGraphs | bool | None = None  # None: not decided; False: eager
         self._graphs_wanted = config.cuda_graph if config.cuda_graph is not None else \
             wanted_by_environment()
-        self.planned_updates = config.max_iters  # where the run ends (schedule_for: measured)
-        self.budget = TimeBudget(config.max_seconds, config.max_iters) \
-            if config.schedule_for is not None else None
-        if self.budget is not None:
-            self._plan(config.max_iters)
+        self.length = RunLength(config, optimizer, self.ranks)  # planned_updates, the budget
 
     @property
     def updates(self) -> int:
@@ -233,20 +218,17 @@ class Trainer:
                                   lines_per_run=10, enabled=cfg.progress and self.ranks.is_main)
         self._seconds_before, self._started = self.train_seconds, time.perf_counter()
         self.finished = False
-        if self.budget is not None:
-            self.budget.new_session()
+        self.length.new_session()
         try:
             with stop_requests() as requests:
                 while not self.finished:
                     self.train_seconds = self._train_seconds_now()
-                    if self.updates >= self.planned_updates:
-                        self.finished = True
-                    elif self._out_of_time():
-                        self.finished = True
-                    else:
+                    self.finished = self.updates >= self.planned_updates or self._out_of_time()
+                    if not self.finished:
                         self._train_one_update(cfg)
                         reason = self.ranks.from_main(  # every rank stops at the same update
-                            requests[0] if requests else self._stop_after_reached())
+                            requests[0] if requests else stop_after_reached(
+                                cfg.stop_after, self.updates, self.planned_updates))
                         if reason:
                             self._interrupt(reason)
         finally:
@@ -263,10 +245,7 @@ class Trainer:
         self.history.losses.append(loss)
         self.history.lrs.append(self.optimizer.lr)
         self._progress.update(items=self._items, loss=loss, lr=self.optimizer.lr)
-        if self.budget is not None:
-            planned = self.budget.updates_that_fit(self.updates, self._train_seconds_now())
-            if planned is not None:
-                self._plan(planned)
+        self.length.measure(self._train_seconds_now())
         if cfg.eval_every and (self.updates % cfg.eval_every == 0
                                or self.updates == self.planned_updates):
             self.evaluate()
@@ -274,14 +253,13 @@ class Trainer:
                 self.save_last()
 
     def _out_of_time(self) -> bool:
-        """Whether the time budget is spent (rank 0 decides for all); evaluates once more
-        then, if the run evaluates and has not at this update."""
-        cfg = self.config
-        if cfg.max_seconds is None or not self.ranks.from_main(
-                self.train_seconds > cfg.max_seconds):
+        """Whether the time budget is spent (:meth:`RunLength.out_of_time`); evaluates once
+        more then, if the run evaluates and has not at this update."""
+        if not self.length.out_of_time(self.train_seconds):
             return False
-        self._log(f"time budget of {cfg.max_seconds:.0f} s reached at update {self.updates}")
-        if cfg.eval_every and not self._evaluated_at_this_update():
+        self._log(f"time budget of {self.config.max_seconds:.0f} s reached at update "
+                  f"{self.updates}")
+        if self.config.eval_every and not self._evaluated_at_this_update():
             self.evaluate()
         return True
 
@@ -292,32 +270,10 @@ class Trainer:
         last = self.config.last_path
         raise TrainingInterrupted(self.updates, reason, Path(last) if last else None)
 
-    def _plan(self, updates: int) -> None:
-        """End the run after ``updates`` (rank 0's count, on every rank), with the schedule
-        ``schedule_for(updates)`` (none for a run of no updates: there is nothing to
-        schedule).  What schedule_for returns must be a schedule, a function of the
-        update number: anything else is refused here, before the update it would rule."""
-        self.planned_updates = int(self.ranks.from_main(max(updates, self.updates)))
-        if self.planned_updates == 0:
-            return
-        schedule = self.config.schedule_for(self.planned_updates)
-        if not callable(schedule):
-            raise TypeError(f"TrainConfig.schedule_for({self.planned_updates}) must return a "
-                            "learning-rate schedule (a function of the update number, e.g. "
-                            f"npformer.optim.warmup_cosine(...)), got {schedule!r} "
-                            f"({type(schedule).__name__})")
-        self.optimizer.schedule = schedule
-
     def _train_seconds_now(self) -> float:
         """Seconds spent in training so far, this instant (``train_seconds`` is updated
         once per update, before it)."""
         return self._seconds_before + time.perf_counter() - self._started
-
-    def _stop_after_reached(self) -> str | None:
-        stop = self.config.stop_after
-        if stop is not None and self.updates >= stop and self.updates < self.planned_updates:
-            return f"stop_after={stop}"
-        return None
 
     def _evaluated_at_this_update(self) -> bool:
         return bool(self.history.evals) and self.history.evals[-1]["update"] == self.updates
@@ -345,6 +301,16 @@ class Trainer:
         """The best value of ``select_metric`` so far (None: none yet, or none selected)."""
         return self.evaluation.best
 
+    @property
+    def planned_updates(self) -> int:
+        """Where the run ends (with ``schedule_for``: measured as it goes)."""
+        return self.length.planned_updates
+
+    @property
+    def budget(self) -> TimeBudget | None:
+        """The time budget that fits the schedule (None: no ``schedule_for``)."""
+        return self.length.budget
+
     def state_dict(self) -> dict:
         """What a resumed run needs besides the model, the optimizer and the random
         streams (JSON-able)."""
@@ -358,8 +324,7 @@ class Trainer:
         again from the counters (so a run may also be resumed with more updates)."""
         self.history = History(**state["history"])
         self.evaluation.best, self.train_seconds = state["best"], state["train_seconds"]
-        if self.config.schedule_for is not None and "planned_updates" in state:
-            self._plan(state["planned_updates"])  # the schedule as it was; measured again
+        self.length.restore(state.get("planned_updates"))  # the schedule as it was
         restore_batches(self.next_batch, state["batches"])
 
     def save(self, path: str | Path, extra: dict | None = None) -> Path:
