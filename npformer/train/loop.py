@@ -24,14 +24,9 @@ import numpy as np
 
 from .. import backend
 from ..checkpoint import save_checkpoint
-from ..gpu.cuda_graph import CaptureFailed, StepGraphs, unsupported, wanted_by_environment
+from ..gpu.cuda_graph import GraphedSteps, StepGraphs
 from ..nn import Module
-from ..optim import (
-    NonFiniteGradientError,
-    Optimizer,
-    _nonfinite_report,
-    check_optimizer_of,
-)
+from ..optim import NonFiniteGradientError, Optimizer, _nonfinite_report, check_optimizer_of
 from ..parallel.allocator import keep_freed_memory
 from ..parallel.context import SINGLE
 from ..parallel.workers import DataParallel, data_parallel
@@ -48,7 +43,6 @@ class TrainingDiverged(RuntimeError):
     """The loss or the gradients stopped being finite."""
 
 
-# --------------------------------------------------------------------------- the loop
 class Trainer:
     """Runs ``task`` on batches from ``next_batch(rng)`` for ``config.max_iters`` updates.
 
@@ -104,37 +98,24 @@ class Trainer:
         self._named_parameters = [(names.get(id(p), f"params[{i}]"), p)
                                   for i, p in enumerate(optimizer.params)]
         self._progress: Progress | None = None  # the run's, while fit() runs
-        self._graphs: StepGraphs | bool | None = None  # None: not decided; False: eager
-        self._graphs_wanted = config.cuda_graph if config.cuda_graph is not None else \
-            wanted_by_environment()
+        self.cuda_graphs = GraphedSteps(model, optimizer, task, config, self.ranks.size, self._log)
         self.length = RunLength(config, optimizer, self.ranks)  # planned_updates, the budget
-
-    @property
-    def updates(self) -> int:
-        """Optimizer updates done so far."""
-        return self.optimizer.updates
 
     # ----------------------------------------------------------------- one update
     def update(self) -> float:
         """One optimizer update (:meth:`train_step`); returns its mean loss.  With
         ``cuda_graph`` on CuPy the update is replayed as a CUDA graph
-        (:mod:`npformer.gpu.cuda_graph`)."""
+        (:class:`npformer.gpu.cuda_graph.GraphedSteps`)."""
         self.model.train()
-        if self._graphs is None:  # decided at the first update
-            self._graphs = self._new_step_graphs() or False
-        if not self._graphs:
+        if not self.cuda_graphs.on():
             return self.train_step()
         batch, seed = self._draw_batch()
-        try:
-            results = self._graphs.update(batch)
-        except CaptureFailed as exc:
-            self._graphs = False
-            self._log(f"CUDA graph: off ({exc}); training eagerly")
+        replayed = self.cuda_graphs.update(batch)  # None: not captured, eager from now on
+        if replayed is None:
             return self.train_step(first=(batch, seed))
         self._items = self.task.count(batch)
-        loss, norm, finite = (float(x) for x in results)
-        if not math.isfinite(loss):
-            raise TrainingDiverged(self._diverged(f"loss {loss}"))
+        loss, norm, finite = (float(x) for x in replayed)
+        self._check_loss(loss)
         if finite != 1.0:  # the gradient: named as the eager check names it
             raise TrainingDiverged(self._diverged(_nonfinite_report(self._named_parameters,
                                                                     norm)))
@@ -152,8 +133,7 @@ class Trainer:
         loss = float(np.mean(losses))
         if self.workers is not None:
             loss = self.workers.reduce_step(loss)  # the gradients' all-reduce (MPI ranks)
-        if not math.isfinite(loss):
-            raise TrainingDiverged(self._diverged(f"loss {loss}"))
+        self._check_loss(loss)
         self._clip_gradients()  # a NaN or inf gradient stops the run here
         self.optimizer.step()
         return loss
@@ -175,19 +155,9 @@ class Trainer:
         batch = self.next_batch(self.data_rng)
         return batch, int(self.data_rng.integers(2**31))
 
-    def _new_step_graphs(self) -> StepGraphs | None:
-        """CUDA graphs for this run, where the config (or NPFORMER_CUDA_GRAPH) asks for
-        them and they apply; else None, the reason logged where they were asked for."""
-        if not self._graphs_wanted:
-            return None
-        reason = unsupported(self.optimizer, self.task, self.config.replicas,
-                             self.config.grad_accum)
-        if reason is None and self.ranks.size > 1:
-            reason = "several MPI ranks all-reduce between backward and update"
-        if reason is not None:
-            self._log(f"CUDA graph: off ({reason}); training eagerly")
-            return None
-        return StepGraphs(self.model, self.optimizer, self.task, self.config.clip_norm)
+    def _check_loss(self, loss: float) -> None:
+        if not math.isfinite(loss):
+            raise TrainingDiverged(self._diverged(f"loss {loss}"))
 
     def _clip_gradients(self) -> None:
         """Clip to ``clip_norm`` (or only check that every gradient is finite), with the
@@ -297,6 +267,11 @@ class Trainer:
 
     # ----------------------------------------------------------------- the run's state
     @property
+    def updates(self) -> int:
+        """Optimizer updates done so far."""
+        return self.optimizer.updates
+
+    @property
     def best(self) -> float | None:
         """The best value of ``select_metric`` so far (None: none yet, or none selected)."""
         return self.evaluation.best
@@ -310,6 +285,14 @@ class Trainer:
     def budget(self) -> TimeBudget | None:
         """The time budget that fits the schedule (None: no ``schedule_for``)."""
         return self.length.budget
+
+    @property
+    def _graphs(self) -> StepGraphs | bool | None:  # the CUDA graphs (tests, bench)
+        return self.cuda_graphs.graphs
+
+    @property
+    def _graphs_wanted(self) -> bool:
+        return self.cuda_graphs.wanted
 
     def state_dict(self) -> dict:
         """What a resumed run needs besides the model, the optimizer and the random
