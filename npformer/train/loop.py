@@ -1,16 +1,21 @@
-"""The training loop: :class:`Trainer` (its :class:`~npformer.train.config.TrainConfig` and
-:class:`~npformer.train.config.History` are in :mod:`.config`).
+"""The training loop: :class:`Trainer`, one update (:meth:`Trainer.train_step`, as
+nanoGPT writes it) and the loop that makes them (:meth:`Trainer.fit`).
 
 A :class:`npformer.train.tasks.Task` runs the forward pass, the loss
 and the backward pass for one batch (host NumPy arrays in, gradients accumulated into
-the parameters) and says how many items its mean loss covers.  :class:`Trainer` adds
-everything around it: gradient accumulation, clipping, the learning-rate schedule (through the
-optimizer), NaN/inf detection, progress (a tqdm bar on a terminal, elsewhere a line
-every 30 s or less), periodic evaluation, best-model selection, and atomic checkpoints
-that resume exactly: the model, the optimizer (so the schedule), the random streams,
-the position in the data order (:class:`npformer.data.EpochBatches`), the history, the best metric
-so far and the time already spent.  Ctrl-C or SIGTERM stops after the current update,
-saves the run and raises :class:`TrainingInterrupted`.
+the parameters) and says how many items its mean loss covers.  The step adds gradient
+accumulation, NaN/inf detection, clipping and the optimizer's step (its learning-rate
+schedule with it); data parallelism (:mod:`npformer.parallel`) shards each batch over the
+workers and sums their gradients.  The loop calls the pieces around it, each in its own
+module: progress (:mod:`.progress`: a tqdm bar on a terminal, elsewhere a line every
+30 s or less), periodic evaluation and best-model selection (:mod:`.evaluation`), the
+run's length and time budget (:mod:`.budget`), atomic checkpoints that resume exactly
+(:mod:`.run_state`: the model, the optimizer, the random streams, the position in the data
+order, the history, the best metric so far and the time already spent), stop requests
+(:mod:`.signals`: Ctrl-C or SIGTERM stops after the current update, saves the run and
+raises :class:`TrainingInterrupted`) and CUDA graphs (:mod:`npformer.gpu.cuda_graph`).
+:class:`~npformer.train.config.TrainConfig` and :class:`~npformer.train.config.History`
+are in :mod:`.config`.
 """
 from __future__ import annotations
 
