@@ -565,6 +565,26 @@ def test_best_checkpoint_selection(tmp_path):
             np.testing.assert_array_equal(value, snapshots[0.5][name])
 
 
+def test_best_checkpoint_selection_by_the_lowest_value(tmp_path):
+    """select_mode="min": the lowest value is kept, the first of equal ones (a later tie is
+    no improvement), and ``trainer.best`` is it."""
+    path = tmp_path / "best.npz"
+    scores = iter([0.5, 0.3, 0.3, 0.4])
+    with using_backend("numpy", "float64"):
+        model = classifier()
+        trainer = Trainer(model, tiered.Adam(model.parameters(), lr=1e-2), Classification(),
+                          classifier_batch,
+                          TrainConfig(max_iters=4, eval_every=1, checkpoint_path=path,
+                                      select_metric="val_loss", select_mode="min",
+                                      progress=False),
+                          eval_fn=lambda m: {"val_loss": next(scores)})
+        trainer.fit()
+        checkpoint = load_checkpoint(path)
+    assert checkpoint.step == 2 and trainer.best == 0.3
+    assert checkpoint.extra["selected_on"] == {"val_loss": 0.3}
+    assert [e["val_loss"] for e in trainer.history.evals] == [0.5, 0.3, 0.3, 0.4]
+
+
 def test_accuracy_and_perplexity():
     logits = np.array([[0.1, 2.0, -1.0], [3.0, 0.0, 0.0], [0.0, 0.0, 5.0], [1.0, 0.0, 0.0]])
     assert accuracy(logits, [1, 0, 0, 1]) == 0.5

@@ -230,6 +230,21 @@ def test_case05_a_select_metric_the_evaluation_does_not_return_is_named(tmp_path
             trainer.fit()
 
 
+def test_case05_a_select_metric_without_an_eval_fn_is_named(tmp_path):
+    from npformer.train import TrainConfig, Trainer
+    from npformer.train.tasks import Classification
+    from tests.conftest import using_backend
+
+    model = _classifier()
+    with using_backend("numpy", "float64"):
+        with pytest.raises(ValueError, match=r"TrainConfig.select_metric='val_loss' needs an "
+                                             r"eval_fn returning it: give the Trainer one"):
+            Trainer(model, tiered.Adam(model.parameters()), Classification(),
+                    lambda rng: None,
+                    TrainConfig(max_iters=2, eval_every=1, select_metric="val_loss",
+                                checkpoint_path=tmp_path / "best.npz", progress=False))
+
+
 # --------------------------------------------------------------------------- case 6
 HOLD = ("import sys, time; from pathlib import Path; from npformer import cli; "
         "cli.hold_output(Path(sys.argv[1])); print('held', flush=True); time.sleep(120)")

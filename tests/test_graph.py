@@ -12,13 +12,14 @@ product replays, a replayed update equals the eager one with dropout on (float64
 """
 from __future__ import annotations
 
+import functools
 from contextlib import contextmanager
 
 import numpy as np
 import pytest
 
 from npformer import backend
-from npformer.gpu.cuda_graph import StepGraphs, graph_safe, unsupported
+from npformer.gpu.cuda_graph import CaptureFailed, StepGraphs, graph_safe, unsupported
 from npformer.models import (
     CausalLMConfig,
     ClassifierConfig,
@@ -26,7 +27,7 @@ from npformer.models import (
 )
 from npformer.ops.contracts import TokenIdError, run_trusted
 from npformer.optim import SGD, warmup_cosine
-from npformer.train import TrainConfig, Trainer
+from npformer.train import TrainConfig, Trainer, TrainingDiverged
 from npformer.train.tasks import Classification, LanguageModeling, Translation
 from tests.helpers import tiered
 
@@ -216,6 +217,85 @@ def test_graph_mode_off_a_gpu_says_why_and_trains_eagerly(capsys):
     assert "CUDA graph: off (CUDA graphs need the cupy backend (this run is on numpy))" \
         in capsys.readouterr().out
     assert graphed == eager
+
+
+def graph_mode_on_the_cpu(monkeypatch) -> None:
+    """The Trainer's graph mode on the CPU: nothing refused for the backend, and each
+    update the graphs' device statements, run uncaptured (``StepGraphs(capture=False)``)."""
+    import npformer.gpu.cuda_graph as cuda_graph
+
+    monkeypatch.setattr(cuda_graph, "unsupported", lambda *args, **kwargs: None)
+    monkeypatch.setattr(cuda_graph, "StepGraphs", functools.partial(StepGraphs, capture=False))
+
+
+def eager_and_graphed(updates: int = UPDATES) -> tuple[list, list, list, list, Trainer]:
+    """(losses, weights) of the same run eagerly and in graph mode, and the latter's
+    Trainer."""
+    model, optimizer, task, batches = make_run("lm")
+    trainer = trainer_of(model, optimizer, task, batches)
+    eager = [trainer.update() for _ in range(updates)]
+    model2, optimizer2, task2, batches2 = make_run("lm")
+    trainer = trainer_of(model2, optimizer2, task2, batches2, cuda_graph=True)
+    graphed = [trainer.update() for _ in range(updates)]
+    return eager, host_params(model), graphed, host_params(model2), trainer
+
+
+def test_the_trainers_graph_mode_runs_the_device_update(monkeypatch, capsys):
+    """The Trainer's graph mode (its update's device statements, uncaptured on the CPU)
+    trains as the eager updates do, update for update, and says nothing."""
+    graph_mode_on_the_cpu(monkeypatch)
+    with using_backend("numpy", "float64"):
+        *run, trainer = eager_and_graphed()
+    assert isinstance(trainer._graphs, StepGraphs) and trainer.updates == UPDATES
+    assert_same_run(*run, 1e-12, 1e-13)
+    assert "CUDA graph" not in capsys.readouterr().out
+
+
+def test_a_capture_that_fails_trains_eagerly_from_that_update(monkeypatch, capsys):
+    """The second update's capture fails: that update runs eagerly on the batch already
+    drawn, and every later one eagerly, the reason said once; the run is the eager one."""
+    graph_mode_on_the_cpu(monkeypatch)
+    update, calls = StepGraphs.update, []
+
+    def second_fails(self, batch):
+        calls.append(batch)
+        if len(calls) == 2:
+            raise CaptureFailed("the update cannot be captured: refused by the test")
+        return update(self, batch)
+
+    monkeypatch.setattr(StepGraphs, "update", second_fails)
+    with using_backend("numpy", "float64"):
+        *run, trainer = eager_and_graphed()
+    assert len(calls) == 2 and trainer._graphs is False
+    assert_same_run(*run, 1e-12, 1e-13)
+    assert capsys.readouterr().out.count("CUDA graph: off (the update cannot be captured: "
+                                         "refused by the test); training eagerly") == 1
+
+
+def test_the_trainers_graph_mode_names_a_divergence(monkeypatch):
+    """A replayed update whose loss, or whose gradient, is not finite stops the run with
+    the eager update's messages: the loss, or the parameter whose gradient it is."""
+    graph_mode_on_the_cpu(monkeypatch)
+    with using_backend("numpy", "float64"):
+        model, optimizer, task, batches = make_run("lm")
+        model.parameters()[-1].data[...] = np.inf
+        trainer = trainer_of(model, optimizer, task, batches, cuda_graph=True)
+        with np.errstate(invalid="ignore", over="ignore"), pytest.raises(
+                TrainingDiverged, match=r"training diverged at update 1: loss nan "):
+            trainer.update()
+        def nan_gradient(self, batch):  # a finite loss, the first gradient NaN: no update
+            for p in self.optimizer.params:
+                p.grad = np.zeros_like(p.data)
+            self.optimizer.params[0].grad[0] = np.nan
+            return np.array([2.5, np.nan, 0.0])
+
+        monkeypatch.setattr(StepGraphs, "update", nan_gradient)
+        model, optimizer, task, batches = make_run("lm")
+        name = next(n for n, p in model.named_parameters() if p is optimizer.params[0])
+        trainer = trainer_of(model, optimizer, task, batches, cuda_graph=True)
+        with pytest.raises(TrainingDiverged, match=rf"training diverged at update 1: the "
+                                                   rf"gradient of {name} \(shape "):
+            trainer.update()
 
 
 def test_what_cannot_be_captured_is_named():

@@ -39,7 +39,8 @@ global norm, Adam(W).  What a replay needs, and how :func:`device_update` gives 
 
 Where capture cannot apply (another backend, an optimizer other than Adam or AdamW,
 a task without an on-device loss, several replicas or accumulated batches, a step
-that reads the device), :func:`unsupported` says why and the Trainer trains eagerly.
+that reads the device), :func:`unsupported` says why and the Trainer trains eagerly
+(:class:`GraphedSteps`, the Trainer's choice, says so).
 Tested: on the CPU, :func:`device_update` equals the Trainer's eager update and
 reads nothing from the device; on a GPU, a replayed update equals the eager one
 (``tests/test_graph.py``).
@@ -48,7 +49,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -392,3 +393,51 @@ class StepGraphs:
     def _replay(self, shape: _Shape) -> Array:
         shape.graph.launch(self.stream)
         return shape.results
+
+
+# =========================================================================== the Trainer's
+class GraphedSteps:
+    """Whether the Trainer's updates are replayed as CUDA graphs (:class:`StepGraphs`):
+    where the run asks for them (``config.cuda_graph``, None: ``NPFORMER_CUDA_GRAPH``) and
+    they apply, decided at the first update (:meth:`on`); eager from the first capture that
+    fails.  ``log`` is told why they are off.  ``config``: the Trainer's ``TrainConfig``;
+    ``ranks``: how many MPI ranks train."""
+
+    def __init__(self, model: Any, optimizer: Any, task: Task, config: Any, ranks: int,
+                 log: Callable[[str], None]):
+        self.model, self.optimizer, self.task, self.config = model, optimizer, task, config
+        self.ranks, self.log = ranks, log
+        self.wanted = config.cuda_graph if config.cuda_graph is not None else \
+            wanted_by_environment()
+        self.graphs: StepGraphs | bool | None = None  # None: not decided; False: eager
+
+    def on(self) -> bool:
+        """Whether this update is replayed (decided at the first)."""
+        if self.graphs is None:
+            self.graphs = self._new() or False
+        return bool(self.graphs)
+
+    def update(self, batch: tuple) -> np.ndarray | None:
+        """(loss, norm, finite) of the update replayed on ``batch`` (:meth:`StepGraphs.update`),
+        or None where capturing it failed: nothing was updated, and updates are eager from
+        now on, this one included."""
+        try:
+            return self.graphs.update(batch)
+        except CaptureFailed as exc:
+            self.graphs = False
+            self.log(f"CUDA graph: off ({exc}); training eagerly")
+            return None
+
+    def _new(self) -> StepGraphs | None:
+        """CUDA graphs for this run, where they are wanted and apply; else None, the
+        reason logged where they were wanted."""
+        if not self.wanted:
+            return None
+        cfg = self.config
+        reason = unsupported(self.optimizer, self.task, cfg.replicas, cfg.grad_accum)
+        if reason is None and self.ranks > 1:
+            reason = "several MPI ranks all-reduce between backward and update"
+        if reason is not None:
+            self.log(f"CUDA graph: off ({reason}); training eagerly")
+            return None
+        return StepGraphs(self.model, self.optimizer, self.task, cfg.clip_norm)

@@ -1,5 +1,7 @@
 """Training: the loop (:mod:`.loop`), what a batch means for each model (:mod:`.tasks`),
-and what a run shows as it goes (:mod:`.progress`).
+and the pieces the loop calls: evaluation and the best model (:mod:`.evaluation`), a run's
+checkpoints (:mod:`.run_state`), its length and time budget (:mod:`.budget`), stop requests
+(:mod:`.signals`) and what a run shows as it goes (:mod:`.progress`).
 
     from npformer.train import Trainer, TrainConfig, LanguageModeling
 """

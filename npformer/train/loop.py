@@ -1,16 +1,21 @@
-"""The training loop: :class:`Trainer` (its :class:`~npformer.train.config.TrainConfig` and
-:class:`~npformer.train.config.History` are in :mod:`.config`).
+"""The training loop: :class:`Trainer`, one update (:meth:`Trainer.train_step`, as
+nanoGPT writes it) and the loop that makes them (:meth:`Trainer.fit`).
 
 A :class:`npformer.train.tasks.Task` runs the forward pass, the loss
 and the backward pass for one batch (host NumPy arrays in, gradients accumulated into
-the parameters) and says how many items its mean loss covers.  :class:`Trainer` adds
-everything around it: gradient accumulation, clipping, the learning-rate schedule (through the
-optimizer), NaN/inf detection, progress (a tqdm bar on a terminal, elsewhere a line
-every 30 s or less), periodic evaluation, best-model selection, and atomic checkpoints
-that resume exactly: the model, the optimizer (so the schedule), the random streams,
-the position in the data order (:class:`npformer.data.EpochBatches`), the history, the best metric
-so far and the time already spent.  Ctrl-C or SIGTERM stops after the current update,
-saves the run and raises :class:`TrainingInterrupted`.
+the parameters) and says how many items its mean loss covers.  The step adds gradient
+accumulation, NaN/inf detection, clipping and the optimizer's step (its learning-rate
+schedule with it); data parallelism (:mod:`npformer.parallel`) shards each batch over the
+workers and sums their gradients.  The loop calls the pieces around it, each in its own
+module: progress (:mod:`.progress`: a tqdm bar on a terminal, elsewhere a line every
+30 s or less), periodic evaluation and best-model selection (:mod:`.evaluation`), the
+run's length and time budget (:mod:`.budget`), atomic checkpoints that resume exactly
+(:mod:`.run_state`: the model, the optimizer, the random streams, the position in the data
+order, the history, the best metric so far and the time already spent), stop requests
+(:mod:`.signals`: Ctrl-C or SIGTERM stops after the current update, saves the run and
+raises :class:`TrainingInterrupted`) and CUDA graphs (:mod:`npformer.gpu.cuda_graph`).
+:class:`~npformer.train.config.TrainConfig` and :class:`~npformer.train.config.History`
+are in :mod:`.config`.
 """
 from __future__ import annotations
 
@@ -23,22 +28,19 @@ from pathlib import Path
 import numpy as np
 
 from .. import backend
-from ..checkpoint import load_checkpoint, restore, save_checkpoint
-from ..gpu.cuda_graph import CaptureFailed, StepGraphs, unsupported, wanted_by_environment
+from ..checkpoint import save_checkpoint
+from ..gpu.cuda_graph import GraphedSteps, StepGraphs
 from ..nn import Module
-from ..optim import (
-    NonFiniteGradientError,
-    Optimizer,
-    _nonfinite_report,
-    check_optimizer_of,
-)
+from ..optim import NonFiniteGradientError, Optimizer, _nonfinite_report, check_optimizer_of
 from ..parallel.allocator import keep_freed_memory
 from ..parallel.context import SINGLE
 from ..parallel.workers import DataParallel, data_parallel
-from .budget import TimeBudget
+from .budget import RunLength, TimeBudget
 from .config import History, TrainConfig
+from .evaluation import Evaluation, describe
 from .progress import Progress, write_line
-from .signals import stop_requests
+from .run_state import batches_state, random_streams, restore_batches, restore_run
+from .signals import TrainingInterrupted, stop_after_reached, stop_requests
 from .tasks import Task
 
 
@@ -46,18 +48,6 @@ class TrainingDiverged(RuntimeError):
     """The loss or the gradients stopped being finite."""
 
 
-class TrainingInterrupted(Exception):
-    """Training stopped early on request (Ctrl-C, SIGTERM or ``stop_after``).
-
-    ``path`` is where the run was saved for :meth:`Trainer.resume` (None: nowhere)."""
-
-    def __init__(self, updates: int, reason: str, path: Path | None):
-        self.updates, self.reason, self.path = updates, reason, path
-        saved = f"the run is saved in {path}" if path else "nothing was saved"
-        super().__init__(f"training stopped ({reason}) after update {updates}; {saved}")
-
-
-# --------------------------------------------------------------------------- the loop
 class Trainer:
     """Runs ``task`` on batches from ``next_batch(rng)`` for ``config.max_iters`` updates.
 
@@ -95,16 +85,13 @@ class Trainer:
         if not isinstance(config, TrainConfig):
             raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
         check_optimizer_of(optimizer, model, "Trainer")
-        if config.select_metric is not None and eval_fn is None:
-            raise ValueError(f"TrainConfig.select_metric={config.select_metric!r} needs an "
-                             "eval_fn returning it: give the Trainer one")
+        self.evaluation = Evaluation(eval_fn, config.select_metric, config.select_mode)
         keep_freed_memory()  # every step's arrays reused, not page-faulted in again
         self.model, self.optimizer, self.task = model, optimizer, task
-        self.next_batch, self.config, self.eval_fn = next_batch, config, eval_fn
+        self.next_batch, self.config = next_batch, config
         self.checkpoint_extra = checkpoint_extra or {}
         self.data_rng = np.random.default_rng(seed)
         self.history = History()
-        self.best: float | None = None
         self.train_seconds = 0.0  # spent in fit(), over every session of a resumed run
         self.finished = False  # fit() ended by max_iters or the time budget
         # Data parallelism (npformer.parallel): thread replicas, MPI ranks, or None for one
@@ -116,41 +103,24 @@ class Trainer:
         self._named_parameters = [(names.get(id(p), f"params[{i}]"), p)
                                   for i, p in enumerate(optimizer.params)]
         self._progress: Progress | None = None  # the run's, while fit() runs
-        self._graphs: StepGraphs | bool | None = None  # None: not decided; False: eager
-        self._graphs_wanted = config.cuda_graph if config.cuda_graph is not None else \
-            wanted_by_environment()
-        self.planned_updates = config.max_iters  # where the run ends (schedule_for: measured)
-        self.budget = TimeBudget(config.max_seconds, config.max_iters) \
-            if config.schedule_for is not None else None
-        if self.budget is not None:
-            self._plan(config.max_iters)
-
-    @property
-    def updates(self) -> int:
-        """Optimizer updates done so far."""
-        return self.optimizer.updates
+        self.cuda_graphs = GraphedSteps(model, optimizer, task, config, self.ranks.size, self._log)
+        self.length = RunLength(config, optimizer, self.ranks)  # planned_updates, the budget
 
     # ----------------------------------------------------------------- one update
     def update(self) -> float:
         """One optimizer update (:meth:`train_step`); returns its mean loss.  With
         ``cuda_graph`` on CuPy the update is replayed as a CUDA graph
-        (:mod:`npformer.gpu.cuda_graph`)."""
+        (:class:`npformer.gpu.cuda_graph.GraphedSteps`)."""
         self.model.train()
-        if self._graphs is None:  # decided at the first update
-            self._graphs = self._new_step_graphs() or False
-        if not self._graphs:
+        if not self.cuda_graphs.on():
             return self.train_step()
         batch, seed = self._draw_batch()
-        try:
-            results = self._graphs.update(batch)
-        except CaptureFailed as exc:
-            self._graphs = False
-            self._log(f"CUDA graph: off ({exc}); training eagerly")
+        replayed = self.cuda_graphs.update(batch)  # None: not captured, eager from now on
+        if replayed is None:
             return self.train_step(first=(batch, seed))
         self._items = self.task.count(batch)
-        loss, norm, finite = (float(x) for x in results)
-        if not math.isfinite(loss):
-            raise TrainingDiverged(self._diverged(f"loss {loss}"))
+        loss, norm, finite = (float(x) for x in replayed)
+        self._check_loss(loss)
         if finite != 1.0:  # the gradient: named as the eager check names it
             raise TrainingDiverged(self._diverged(_nonfinite_report(self._named_parameters,
                                                                     norm)))
@@ -168,8 +138,7 @@ class Trainer:
         loss = float(np.mean(losses))
         if self.workers is not None:
             loss = self.workers.reduce_step(loss)  # the gradients' all-reduce (MPI ranks)
-        if not math.isfinite(loss):
-            raise TrainingDiverged(self._diverged(f"loss {loss}"))
+        self._check_loss(loss)
         self._clip_gradients()  # a NaN or inf gradient stops the run here
         self.optimizer.step()
         return loss
@@ -191,19 +160,9 @@ class Trainer:
         batch = self.next_batch(self.data_rng)
         return batch, int(self.data_rng.integers(2**31))
 
-    def _new_step_graphs(self) -> StepGraphs | None:
-        """CUDA graphs for this run, where the config (or NPFORMER_CUDA_GRAPH) asks for
-        them and they apply; else None, the reason logged where they were asked for."""
-        if not self._graphs_wanted:
-            return None
-        reason = unsupported(self.optimizer, self.task, self.config.replicas,
-                             self.config.grad_accum)
-        if reason is None and self.ranks.size > 1:
-            reason = "several MPI ranks all-reduce between backward and update"
-        if reason is not None:
-            self._log(f"CUDA graph: off ({reason}); training eagerly")
-            return None
-        return StepGraphs(self.model, self.optimizer, self.task, self.config.clip_norm)
+    def _check_loss(self, loss: float) -> None:
+        if not math.isfinite(loss):
+            raise TrainingDiverged(self._diverged(f"loss {loss}"))
 
     def _clip_gradients(self) -> None:
         """Clip to ``clip_norm`` (or only check that every gradient is finite), with the
@@ -234,20 +193,17 @@ class Trainer:
                                   lines_per_run=10, enabled=cfg.progress and self.ranks.is_main)
         self._seconds_before, self._started = self.train_seconds, time.perf_counter()
         self.finished = False
-        if self.budget is not None:
-            self.budget.new_session()
+        self.length.new_session()
         try:
             with stop_requests() as requests:
                 while not self.finished:
                     self.train_seconds = self._train_seconds_now()
-                    if self.updates >= self.planned_updates:
-                        self.finished = True
-                    elif self._out_of_time():
-                        self.finished = True
-                    else:
+                    self.finished = self.updates >= self.planned_updates or self._out_of_time()
+                    if not self.finished:
                         self._train_one_update(cfg)
                         reason = self.ranks.from_main(  # every rank stops at the same update
-                            requests[0] if requests else self._stop_after_reached())
+                            requests[0] if requests else stop_after_reached(
+                                cfg.stop_after, self.updates, self.planned_updates))
                         if reason:
                             self._interrupt(reason)
         finally:
@@ -264,10 +220,7 @@ class Trainer:
         self.history.losses.append(loss)
         self.history.lrs.append(self.optimizer.lr)
         self._progress.update(items=self._items, loss=loss, lr=self.optimizer.lr)
-        if self.budget is not None:
-            planned = self.budget.updates_that_fit(self.updates, self._train_seconds_now())
-            if planned is not None:
-                self._plan(planned)
+        self.length.measure(self._train_seconds_now())
         if cfg.eval_every and (self.updates % cfg.eval_every == 0
                                or self.updates == self.planned_updates):
             self.evaluate()
@@ -275,14 +228,13 @@ class Trainer:
                 self.save_last()
 
     def _out_of_time(self) -> bool:
-        """Whether the time budget is spent (rank 0 decides for all); evaluates once more
-        then, if the run evaluates and has not at this update."""
-        cfg = self.config
-        if cfg.max_seconds is None or not self.ranks.from_main(
-                self.train_seconds > cfg.max_seconds):
+        """Whether the time budget is spent (:meth:`RunLength.out_of_time`); evaluates once
+        more then, if the run evaluates and has not at this update."""
+        if not self.length.out_of_time(self.train_seconds):
             return False
-        self._log(f"time budget of {cfg.max_seconds:.0f} s reached at update {self.updates}")
-        if cfg.eval_every and not self._evaluated_at_this_update():
+        self._log(f"time budget of {self.config.max_seconds:.0f} s reached at update "
+                  f"{self.updates}")
+        if self.config.eval_every and not self._evaluated_at_this_update():
             self.evaluate()
         return True
 
@@ -293,32 +245,10 @@ class Trainer:
         last = self.config.last_path
         raise TrainingInterrupted(self.updates, reason, Path(last) if last else None)
 
-    def _plan(self, updates: int) -> None:
-        """End the run after ``updates`` (rank 0's count, on every rank), with the schedule
-        ``schedule_for(updates)`` (none for a run of no updates: there is nothing to
-        schedule).  What schedule_for returns must be a schedule, a function of the
-        update number: anything else is refused here, before the update it would rule."""
-        self.planned_updates = int(self.ranks.from_main(max(updates, self.updates)))
-        if self.planned_updates == 0:
-            return
-        schedule = self.config.schedule_for(self.planned_updates)
-        if not callable(schedule):
-            raise TypeError(f"TrainConfig.schedule_for({self.planned_updates}) must return a "
-                            "learning-rate schedule (a function of the update number, e.g. "
-                            f"npformer.optim.warmup_cosine(...)), got {schedule!r} "
-                            f"({type(schedule).__name__})")
-        self.optimizer.schedule = schedule
-
     def _train_seconds_now(self) -> float:
         """Seconds spent in training so far, this instant (``train_seconds`` is updated
         once per update, before it)."""
         return self._seconds_before + time.perf_counter() - self._started
-
-    def _stop_after_reached(self) -> str | None:
-        stop = self.config.stop_after
-        if stop is not None and self.updates >= stop and self.updates < self.planned_updates:
-            return f"stop_after={stop}"
-        return None
 
     def _evaluated_at_this_update(self) -> bool:
         return bool(self.history.evals) and self.history.evals[-1]["update"] == self.updates
@@ -328,59 +258,73 @@ class Trainer:
             write_line(line)
 
     def evaluate(self) -> dict:
-        """Run ``eval_fn``, record its metrics, and save the model if it is the best yet."""
-        if self.eval_fn is None:
+        """Run ``eval_fn``, record its metrics (:mod:`.evaluation`), and save the model if
+        it is the best yet."""
+        if self.evaluation.eval_fn is None:
             return {}
-        metrics = dict(self.eval_fn(self.model), update=self.updates)
+        metrics = self.evaluation.metrics(self.model, self.updates)
         self.history.evals.append(metrics)
-        self._log("update {update}: ".format(**metrics) + ", ".join(
-            f"{k} {v:.4f}" for k, v in metrics.items() if k != "update"))
+        self._log(describe(metrics))
         cfg = self.config
-        if cfg.select_metric and cfg.checkpoint_path:
-            if cfg.select_metric not in metrics:
-                raise ValueError(f"TrainConfig.select_metric={cfg.select_metric!r} is not among "
-                                 f"the metrics eval_fn returned: "
-                                 f"{sorted(k for k in metrics if k != 'update')}")
-            value = metrics[cfg.select_metric]
-            better = (self.best is None or (value > self.best if cfg.select_mode == "max"
-                                            else value < self.best))
-            if better:
-                self.best = value
-                self.save(cfg.checkpoint_path, extra={"selected_on": {cfg.select_metric: value}})
+        if cfg.checkpoint_path and self.evaluation.is_best(metrics):
+            self.save(cfg.checkpoint_path, extra={"selected_on": {cfg.select_metric: self.best}})
         return metrics
 
-    # ----------------------------------------------------------------- checkpoints
+    # ----------------------------------------------------------------- the run's state
+    @property
+    def updates(self) -> int:
+        """Optimizer updates done so far."""
+        return self.optimizer.updates
+
+    @property
+    def best(self) -> float | None:
+        """The best value of ``select_metric`` so far (None: none yet, or none selected)."""
+        return self.evaluation.best
+
+    @property
+    def planned_updates(self) -> int:
+        """Where the run ends (with ``schedule_for``: measured as it goes)."""
+        return self.length.planned_updates
+
+    @property
+    def budget(self) -> TimeBudget | None:
+        """The time budget that fits the schedule (None: no ``schedule_for``)."""
+        return self.length.budget
+
+    @property
+    def _graphs(self) -> StepGraphs | bool | None:  # the CUDA graphs (tests, bench)
+        return self.cuda_graphs.graphs
+
+    @property
+    def _graphs_wanted(self) -> bool:
+        return self.cuda_graphs.wanted
+
     def state_dict(self) -> dict:
         """What a resumed run needs besides the model, the optimizer and the random
         streams (JSON-able)."""
-        batches = getattr(self.next_batch, "state_dict", None)
         return {"history": asdict(self.history), "best": self.best,
                 "train_seconds": self.train_seconds, "finished": self.finished,
                 "planned_updates": self.planned_updates,
-                "batches": batches() if batches else None}
+                "batches": batches_state(self.next_batch)}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict`.  ``finished`` is not restored: :meth:`fit` decides
         again from the counters (so a run may also be resumed with more updates)."""
         self.history = History(**state["history"])
-        self.best, self.train_seconds = state["best"], state["train_seconds"]
-        if self.config.schedule_for is not None and "planned_updates" in state:
-            self._plan(state["planned_updates"])  # the schedule as it was; measured again
-        if state["batches"] is not None:
-            self.next_batch.load_state_dict(state["batches"])
+        self.evaluation.best, self.train_seconds = state["best"], state["train_seconds"]
+        self.length.restore(state.get("planned_updates"))  # the schedule as it was
+        restore_batches(self.next_batch, state["batches"])
 
     def save(self, path: str | Path, extra: dict | None = None) -> Path:
         """The model, the optimizer, the random streams and :meth:`state_dict`: a run
-        that :meth:`resume` continues exactly.  Under MPI only rank 0 writes (every rank
-        holds the same state)."""
+        that :meth:`resume` continues exactly (:mod:`.run_state`).  Under MPI only rank 0
+        writes (every rank holds the same state)."""
         if not self.ranks.is_main:
             return Path(path)
-        rng_state = {"backend": backend.get_rng_state(),
-                     "data": self.data_rng.bit_generator.state}
         return save_checkpoint(path, self.model, self.optimizer, step=self.updates,
                                extra={**self.checkpoint_extra, **(extra or {}),
                                       "trainer": self.state_dict()},
-                               rng_state=rng_state)
+                               rng_state=random_streams(self.data_rng))
 
     def save_last(self) -> Path | None:
         """Save the run to ``config.last_path`` (if set)."""
@@ -388,10 +332,6 @@ class Trainer:
 
     def resume(self, path: str | Path) -> None:
         """Continue exactly where a checkpoint saved by :meth:`save` left off."""
-        checkpoint = load_checkpoint(path)
-        restore(self.model, checkpoint, self.optimizer)
-        if checkpoint.rng_state:
-            backend.set_rng_state(checkpoint.rng_state.get("backend"))
-            self.data_rng.bit_generator.state = checkpoint.rng_state["data"]
-        if "trainer" in checkpoint.extra:
-            self.load_state_dict(checkpoint.extra["trainer"])
+        state = restore_run(path, self.model, self.optimizer, self.data_rng)
+        if state is not None:
+            self.load_state_dict(state)

@@ -1,0 +1,46 @@
+"""Evaluation while training: ``eval_fn``'s metrics at an update, and whether they are the
+best so far by ``TrainConfig.select_metric`` (the Trainer then keeps that checkpoint)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+class Evaluation:
+    """Runs ``eval_fn(model)`` (a dict ``{name: number}``) and keeps ``best``, the best
+    value of ``select_metric`` so far (``select_mode`` "max" or "min"; None: nothing is
+    selected)."""
+
+    def __init__(self, eval_fn: Callable | None, select_metric: str | None = None,
+                 select_mode: str = "max"):
+        if select_metric is not None and eval_fn is None:
+            raise ValueError(f"TrainConfig.select_metric={select_metric!r} needs an "
+                             "eval_fn returning it: give the Trainer one")
+        self.eval_fn, self.select_metric, self.select_mode = eval_fn, select_metric, select_mode
+        self.best: float | None = None
+
+    def metrics(self, model: Any, update: int) -> dict:
+        """``eval_fn(model)``'s metrics, with the key ``"update"``."""
+        return dict(self.eval_fn(model), update=update)
+
+    def is_best(self, metrics: dict) -> bool:
+        """Whether ``metrics`` hold the best value of ``select_metric`` so far (it is then
+        ``best``); False where nothing is selected."""
+        if self.select_metric is None:
+            return False
+        if self.select_metric not in metrics:
+            raise ValueError(f"TrainConfig.select_metric={self.select_metric!r} is not among "
+                             f"the metrics eval_fn returned: "
+                             f"{sorted(k for k in metrics if k != 'update')}")
+        value = metrics[self.select_metric]
+        better = (self.best is None or (value > self.best if self.select_mode == "max"
+                                        else value < self.best))
+        if better:
+            self.best = value
+        return better
+
+
+def describe(metrics: dict) -> str:
+    """The line an evaluation logs: ``update 40: val_loss 0.4100, val_accuracy 0.8700``."""
+    return "update {update}: ".format(**metrics) + ", ".join(
+        f"{k} {v:.4f}" for k, v in metrics.items() if k != "update")
