@@ -42,6 +42,8 @@ from bench.configs import CONFIGS, SMOKE  # noqa: E402
 from bench.flops import TRAIN_FACTOR, Product, forward_products, layer_shapes  # noqa: E402
 from bench.report import cpu_model  # noqa: E402
 
+LOOPS = 20  # a replica's products in a row, per timed run
+
 
 def backward_shapes(p: Product) -> list[tuple[int, int, int]]:
     """The two products of ``p``'s backward as (m, k, n): dX = dY W^T and dW = X^T dY."""
@@ -76,8 +78,9 @@ def whole_seconds(count: int, m: int, k: int, n: int, threads: int, repeats: int
 def replica_seconds(count: int, m: int, k: int, n: int, p: Product, threads: int,
                     repeats: int) -> float:
     """The same product shared over ``threads`` replicas at once, BLAS on one core each:
-    the rows split (a per-head product: the heads' batch split), the slowest replica's
-    time."""
+    the rows split (a per-head product: the heads' batch split).  Each replica's thread
+    runs its share ``LOOPS`` times in a row (a thread's start is not a product's cost); the
+    time until the last one ends, over ``LOOPS``, the minimum of ``repeats``."""
     from threadpoolctl import threadpool_limits
 
     rng = np.random.default_rng(0)
@@ -90,7 +93,8 @@ def replica_seconds(count: int, m: int, k: int, n: int, p: Product, threads: int
     def run_all():
         def one(a, b, out):
             barrier.wait()
-            np.matmul(a, b, out=out)
+            for _ in range(LOOPS):
+                np.matmul(a, b, out=out)
         workers = [threading.Thread(target=one, args=part) for part in parts]
         for w in workers:
             w.start()
@@ -98,7 +102,7 @@ def replica_seconds(count: int, m: int, k: int, n: int, p: Product, threads: int
             w.join()
 
     with threadpool_limits(1):
-        return peak.best_seconds(run_all, repeats)
+        return peak.best_seconds(run_all, repeats) / LOOPS
 
 
 def product_rows(cfg: dict, threads: int, repeats: int) -> list[dict]:
@@ -106,7 +110,8 @@ def product_rows(cfg: dict, threads: int, repeats: int) -> list[dict]:
     way of each), and which way won."""
     rows = []
     for p in forward_products(cfg, training=True):
-        row = dict(product=p, forward=0.0, backward=0.0, ways=set())
+        row = dict(product=p, forward=0.0, backward=0.0, ways=set(),
+                   by_way={"whole": 0.0, "replicas": 0.0})  # the training step's, each way
         for phase, shapes in (("forward", [(p.m, p.k, p.n)]), ("backward", backward_shapes(p))):
             for m, k, n in shapes:
                 # the per-head products are stacked: a batched product of p.count matrices
@@ -118,6 +123,8 @@ def product_rows(cfg: dict, threads: int, repeats: int) -> list[dict]:
                 row["ways"].add(way)
                 repeat = 1 if p.per_head else p.count  # the layers' products, each alike
                 row[phase] += repeat * times[way]
+                for each, seconds in times.items():
+                    row["by_way"][each] += repeat * seconds
         rows.append(row)
     return rows
 
@@ -140,6 +147,13 @@ def table(name: str, cfg: dict, rows: list[dict], peak_gflops: float) -> str:
                      f"{work / 1e9:.3f} GFLOP = {work / seconds / 1e9:.1f} GFLOP/s, "
                      f"{100 * work / seconds / 1e9 / peak_gflops:.0f}% of the peak; 70% of the "
                      f"peak is {1e3 * work / (0.7 * peak_gflops * 1e9):.2f} ms")
+    for way, what in (("whole", "the whole batch, BLAS on every core"),
+                      ("replicas", "the replicas' shares at once, BLAS on one core each")):
+        seconds = sum(row["by_way"][way] for row in rows)
+        if seconds:
+            share = TRAIN_FACTOR * flops / seconds / 1e9 / peak_gflops
+            lines.append(f"training step's products, every one as {what}: "
+                         f"{1e3 * seconds:.2f} ms, {100 * share:.0f}% of the peak")
     return "\n".join(lines)
 
 
