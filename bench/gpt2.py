@@ -92,6 +92,15 @@ def batch_of(vocab: int, shape: tuple[int, int], length: int, prompt: int):
 
 
 # --------------------------------------------------------------------------- the sides
+def blas_threads() -> int:
+    """NumPy's BLAS on every core this process may use, as the torch side's
+    ``torch.set_num_threads(os.cpu_count())``; returns the thread count in effect."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    threadpool_limits(len(os.sched_getaffinity(0)), user_api="blas")
+    return min(pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas")
+
+
 def npformer_side(folder: Path, sizes: tuple) -> dict:
     """{measurement: a function running it once} for npformer, and what the checks read."""
     from npformer import backend, fast, no_grad
@@ -102,7 +111,7 @@ def npformer_side(folder: Path, sizes: tuple) -> dict:
     x, y, prompt = batch_of(model.config.vocab_size, shape, length, prompt_len)
     optimizer = fast.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
     loss_with_gradient = type(model).cross_entropy_with_gradient  # the fast tier's loss
-    seen = {"side": "npformer, fast tier, numpy backend"}
+    seen = {"side": f"npformer, fast tier, numpy backend, {blas_threads()} BLAS threads"}
 
     def forward():
         model.eval()

@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path[:1]:  # `python bench/llama.py`: the bench package, not this file
     sys.path.insert(0, str(ROOT))
 
-from bench.gpt2 import CLIP, LR, WEIGHT_DECAY, Side, batch_of, serve, take_turns  # noqa: E402
+from bench.gpt2 import CLIP, LR, WEIGHT_DECAY, Side, batch_of, blas_threads, serve, take_turns  # noqa: E402
 from bench.report import cpu_model  # noqa: E402
 
 SMOLLM2 = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
@@ -81,7 +81,7 @@ def npformer_side(folder: Path, sizes: tuple) -> tuple[dict, dict]:
     optimizers = {id(m): fast.AdamW(m.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
                   for m in (model, adapted)}
     loss_with_gradient = type(model).cross_entropy_with_gradient  # the fast tier's loss
-    seen = {"side": "npformer, fast tier, numpy backend"}
+    seen = {"side": f"npformer, fast tier, numpy backend, {blas_threads()} BLAS threads"}
 
     def forward():
         model.eval()

@@ -48,3 +48,23 @@ def test_the_llama_benchmark_smoke_runs():
                          proc.stdout, re.M), row
     assert "greedy tokens equal: 8 of 8" in proc.stdout
     assert re.search(r"^CPU: .+, \d+ cores", proc.stdout, re.M)
+
+
+def test_a_benchmark_script_does_not_shadow_installed_packages():
+    """Run as ``python bench/NAME.py``, the script's folder is first on sys.path; once the
+    bench package is imported it is gone, so ``import kernels`` (which transformers tries,
+    for Hugging Face's kernel hub) cannot find bench/kernels.py, whose import sets the BLAS
+    thread counts to 1 for every worker the benchmark starts.  (The path as a script has it
+    once it puts the repository first: the repository, then the script's folder.)"""
+    probe = ("import importlib.util, sys; sys.path[:0] = [sys.argv[2], sys.argv[1]]; "
+             "import bench; spec = importlib.util.find_spec('kernels'); "
+             "print('shadowed' if spec and spec.origin.startswith(sys.argv[1]) else 'clear')")
+    proc = subprocess.run([sys.executable, "-c", probe, str(ROOT / "bench"), str(ROOT)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert proc.stdout.strip() == "clear", proc.stdout + proc.stderr
+
+
+def test_the_npformer_side_uses_every_core_as_the_torch_side_does():
+    from bench.gpt2 import blas_threads
+
+    assert blas_threads() == len(os.sched_getaffinity(0))
