@@ -319,6 +319,71 @@ def test_the_attention_kernels_cut_rows_without_changing_a_bit(dtype, seed, leng
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("block_scores", [None, 40])  # one block a row; several a row
+def test_attention_rows_side_by_side_give_the_bits_of_rows_in_order(dtype, block_scores):
+    """With BLAS on two threads the attention's batch rows run on two threads
+    (``fast.threads.run_side_by_side``); with BLAS on one, in order on this thread.  The
+    output and the three gradients are the same bits both ways: a row's blocks stay in
+    order on one thread, and no two threads add into the same key's gradient."""
+    from threadpoolctl import threadpool_limits
+
+    from npformer.fast import threads
+
+    rng = np.random.default_rng(3)
+    q, k, v, dout = (rng.standard_normal((5, 3, 12, 4)).astype(dtype) for _ in range(4))
+    mask = ops.causal_mask(12, like=q) & ops.padding_mask(np.array([12, 7, 0, 12, 3]), 12)
+    ran_on = set()
+    real = threads.run_side_by_side
+
+    def watched(work, pieces):
+        def work_here(piece):
+            import threading
+            ran_on.add(threading.current_thread().name.startswith("npformer-op"))
+            return work(piece)
+        return real(work_here, pieces)
+
+    def attention():
+        out, cache = fast.attention_forward(q, k, v, mask, block_scores=block_scores)
+        return (out, *fast.attention_backward(dout, cache))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fast_attention_module(), "run_side_by_side", watched)
+        with threadpool_limits(2, user_api="blas"):
+            side_by_side = attention()
+        assert ran_on == {True}, "with BLAS on 2 threads the rows ran on this thread"
+        ran_on.clear()
+        with threadpool_limits(1, user_api="blas"):
+            in_order = attention()
+        assert ran_on == {False}, "with BLAS on 1 thread the rows left this thread"
+    for name, got, want in zip(("out", "dq", "dk", "dv"), side_by_side, in_order):
+        np.testing.assert_array_equal(got, want, err_msg=name)
+
+
+def fast_attention_module():
+    from npformer.fast import attention
+
+    return attention
+
+
+def test_run_side_by_side_runs_every_piece_once_and_raises_a_pieces_error():
+    from threadpoolctl import threadpool_limits
+
+    from npformer.fast.threads import blas_threads, run_side_by_side
+
+    done = []
+    with threadpool_limits(2, user_api="blas"):
+        run_side_by_side(done.append, list(range(7)))
+        assert blas_threads() == 2  # BLAS's threads are given back after
+
+        def fails(piece):
+            if piece == 3:
+                raise ValueError("piece 3")
+        with pytest.raises(ValueError, match="piece 3"):
+            run_side_by_side(fails, list(range(5)))
+    assert sorted(done) == list(range(7))
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_the_loss_gradient_written_over_the_logits_is_the_same_bits(dtype):
     """cross_entropy_grad into the logits' own buffer (the training step's call) gives
     exactly the gradient it writes into a new array: the in-place branch of the kernel
