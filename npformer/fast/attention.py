@@ -67,26 +67,15 @@ from .compiler import compilable, jit
 from .inplace import exp_into
 from .numerics import all_finite, exp, max8, sum4
 from .softmax import softmax_backward
-from .threads import blas_threads, run_side_by_side
 
 BLOCK_SCORES = 1 << 19  # scores per block: 2 MiB in float32, about a CPU core's L2 cache
 GPU_BLOCK_SCORES = 1 << 25  # on a GPU: 128 MiB in float32, blocks as large as memory allows
 # (each block is a dozen kernel launches; the GPU's cache is not what a block must fit)
 
 
-def default_block_scores(q: Array, k: Array) -> int:
-    """Scores per block for queries ``q`` and keys ``k``: a GPU's launch count, or a CPU
-    core's cache; on a CPU whose BLAS has several threads, also no more batch rows than
-    each thread's share, so that the rows can run side by side (:func:`_run_rows`; one
-    row's queries are never split for it)."""
-    if type(q).__module__.startswith("cupy"):
-        return GPU_BLOCK_SCORES
-    rows = q.shape[0] if q.ndim > 2 else 1
-    threads = blas_threads()
-    if threads <= 1 or rows <= 1:
-        return BLOCK_SCORES
-    per_row = math.prod(q.shape[1:-1]) * k.shape[-2]  # one batch row's scores
-    return min(BLOCK_SCORES, max(per_row, -(-rows // threads) * per_row))
+def default_block_scores(q: Array) -> int:
+    """Scores per block for queries ``q``: a CPU core's cache, or a GPU's launch count."""
+    return GPU_BLOCK_SCORES if type(q).__module__.startswith("cupy") else BLOCK_SCORES
 
 
 @forward_op(attention_inputs)
@@ -101,7 +90,7 @@ def attention_forward(q: Array, k: Array, v: Array, mask: Array | None = None,
         out, saved = _textbook.attention_forward.unchecked(q, k, v, mask)
         return out, _Dense(saved)
     xp = backend.namespace_of(q, k, v)
-    block_scores = default_block_scores(q, k) if block_scores is None else block_scores
+    block_scores = default_block_scores(q) if block_scores is None else block_scores
     scale = 1.0 / math.sqrt(q.shape[-1])
     mask = align_mask(mask, q.ndim)
     bias = None if mask is None else mask_bias(mask, q.dtype)  # mask's shape: 0 or -inf
@@ -110,20 +99,16 @@ def attention_forward(q: Array, k: Array, v: Array, mask: Array | None = None,
     if k.shape[-2] == 0:  # no keys (no blocks): zero output, as for fully masked queries
         out, lse = xp.zeros_like(out), xp.zeros_like(lse)
     extents = _key_extents(mask)  # host integers: the block walk never waits on the device
-
-    def forward_blocks(blocks):  # one batch row's blocks (or several rows'), in order
-        for rows, keys, block_bias, row_keys in blocks:
-            scores = q[rows] @ k[keys].mT  # S = Q K^T: (.., t, E) @ (.., E, s)
-            if _compiled(scores):  # scale, masked softmax and lse: one compiled pass a row
-                attention_softmax(scores, block_bias, scale, lse[rows], row_keys)  # P
-                out[rows] = scores @ v[keys]  # (.., t, s) @ (.., s, F) -> (.., t, F)
-                continue
-            scores *= scale  # alpha S, in place
-            e, m, total = _stable_exp(scores, block_bias)  # (.., t, s), (.., t, 1) twice
-            out[rows] = (e @ v[keys]) / total  # (.., t, s) @ (.., s, F) -> (.., t, F)
-            lse[rows] = m + xp.log(total)
-
-    _run_rows(forward_blocks, _blocks(q, k, extents, bias, block_scores), q)
+    for rows, keys, block_bias, row_keys in _blocks(q, k, extents, bias, block_scores):
+        scores = q[rows] @ k[keys].mT  # S = Q K^T: (.., t, E) @ (.., E, s)
+        if _compiled(scores):  # scale, masked softmax and lse: one compiled pass a row
+            attention_softmax(scores, block_bias, scale, lse[rows], row_keys)  # P
+            out[rows] = scores @ v[keys]  # (.., t, s) @ (.., s, F) -> (.., t, F)
+            continue
+        scores *= scale  # alpha S, in place
+        e, m, total = _stable_exp(scores, block_bias)  # (.., t, s), (.., t, 1) twice
+        out[rows] = (e @ v[keys]) / total  # (.., t, s) @ (.., s, F) -> (.., t, F)
+        lse[rows] = m + xp.log(total)
     return out, (q, k, v, mask, extents, bias, lse, scale, block_scores)
 
 
@@ -152,52 +137,29 @@ def attention_backward(dout: Array, saved: Any) -> tuple[Array, Array, Array]:
         dq = xp.zeros_like(q)
     dk = xp.zeros_like(k)  # keys are shared by query blocks, and cut-off keys get 0
     dv = xp.zeros_like(v)
-
-    def backward_blocks(blocks):  # one batch row's blocks (or several rows'), in order
-        for rows, keys, block_bias, row_keys in blocks:
-            scores = q[rows] @ k[keys].mT  # S = Q K^T (.., t, s), recomputed
-            compiled = _compiled(scores)
-            if compiled:
-                attention_probabilities(scores, block_bias, scale, lse[rows], row_keys)
-                p = scores
-            else:
-                scores *= scale
-                if block_bias is not None:
-                    scores += block_bias
-                scores -= lse[rows]
-                p = exp_into(scores)  # P = exp(A - lse), (.., t, s)
-            dv[keys] += p.mT @ dout[rows]  # (.., s, t) @ (.., t, F)
-            dp = dout[rows] @ v[keys].mT  # (.., t, F) @ (.., F, s)
-            if compiled:
-                attention_softmax_backward(dp, p, scale, row_keys)  # alpha dA, in dp
-                dscores = dp
-            else:
-                dscores = softmax_backward.unchecked(dp, (p, -1),
-                                                     overwrite_input=True)  # dA, in dp
-                dscores *= scale  # alpha dA
-            dq[rows] = dscores @ k[keys]  # (.., t, s) @ (.., s, E)
-            dk[keys] += dscores.mT @ q[rows]  # (.., s, t) @ (.., t, E)
-
-    _run_rows(backward_blocks, _blocks(q, k, extents, bias, block_scores), q)
+    for rows, keys, block_bias, row_keys in _blocks(q, k, extents, bias, block_scores):
+        scores = q[rows] @ k[keys].mT  # S = Q K^T (.., t, s), recomputed
+        compiled = _compiled(scores)
+        if compiled:
+            attention_probabilities(scores, block_bias, scale, lse[rows], row_keys)
+            p = scores
+        else:
+            scores *= scale
+            if block_bias is not None:
+                scores += block_bias
+            scores -= lse[rows]
+            p = exp_into(scores)  # P = exp(A - lse), (.., t, s)
+        dv[keys] += p.mT @ dout[rows]  # (.., s, t) @ (.., t, F)
+        dp = dout[rows] @ v[keys].mT  # (.., t, F) @ (.., F, s)
+        if compiled:
+            attention_softmax_backward(dp, p, scale, row_keys)  # alpha dA, in dp
+            dscores = dp
+        else:
+            dscores = softmax_backward.unchecked(dp, (p, -1), overwrite_input=True)  # dA, in dp
+            dscores *= scale  # alpha dA
+        dq[rows] = dscores @ k[keys]  # (.., t, s) @ (.., s, E)
+        dk[keys] += dscores.mT @ q[rows]  # (.., s, t) @ (.., t, E)
     return dq, dk, dv
-
-
-def _run_rows(work, blocks, q) -> None:
-    """``work(row_blocks)`` for each batch row's blocks (the blocks of several rows that
-    one block holds, together), the rows side by side on the cores BLAS has
-    (:func:`.threads.run_side_by_side`) where the compiled kernels take them.  A row's
-    blocks stay in order on one thread: they share its keys' gradients.  Rows share
-    nothing, so each row computes the same numbers on whichever thread it runs."""
-    by_row: dict[tuple, list] = {}
-    for block in blocks:
-        row = block[0][0] if q.ndim > 2 else None  # the block's axis-0 slice
-        by_row.setdefault((row.start, row.stop) if row is not None else None, []).append(block)
-    rows = list(by_row.values())
-    if compilable(q):
-        run_side_by_side(work, rows)
-    else:  # other arrays (CuPy's, no numba): in order
-        for row in rows:
-            work(row)
 
 
 def _compiled(scores) -> bool:

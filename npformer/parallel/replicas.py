@@ -18,18 +18,33 @@ import copy
 import numbers
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from contextlib import nullcontext
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import backend
 from ..fast.flat import FlatParameters, flat_buffer_of
-from ..fast.threads import single_threaded_blas
 from ..nn import Module, grad_enabled, set_grad_enabled
 from .sparse import RowSparseSum, lookup_tables
 
 if TYPE_CHECKING:  # annotations only: importing these here would be circular
     from ..train.tasks import Task
+
+_blas_controller = None  # found once: looking up the loaded BLAS libraries reads /proc
+
+
+def single_threaded_blas() -> Any:
+    """A context in which BLAS runs on one thread (the replicas' threads share the cores)."""
+    global _blas_controller
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:  # pragma: no cover - threadpoolctl is a dependency
+        return nullcontext()
+    if _blas_controller is None:
+        _blas_controller = ThreadpoolController()
+    return _blas_controller.limit(limits=1, user_api="blas")
+
 
 def parallel_map(fn: Callable, items: Sequence, replicas: int) -> list:
     """[fn(item) for item in items], on ``replicas`` threads with single-threaded BLAS
