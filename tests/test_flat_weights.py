@@ -54,6 +54,23 @@ def _no_two_share_memory(arrays) -> bool:
 
 # =========================================================================== born flat
 @pytest.mark.parametrize("kind", list(BUILDERS))
+def test_a_fast_model_keeps_freed_memory_for_its_next_call(kind, monkeypatch):
+    """A fast model asks glibc to keep freed memory (``keep_freed_memory``), as the Trainer
+    does, so each call's arrays are reused, not page-faulted in again; a textbook model
+    leaves the allocator alone."""
+    from npformer.fast import models as fast_models
+
+    calls = []
+    monkeypatch.setattr(fast_models, "keep_freed_memory", lambda: calls.append(1))
+    for tier, expected in (("textbook", []), ("fast", [1])):
+        calls.clear()
+        with using_tier(tier):
+            backend.set_backend("numpy", seed=0)
+            BUILDERS[kind]()
+        assert calls == expected, tier
+
+
+@pytest.mark.parametrize("kind", list(BUILDERS))
 def test_a_fast_model_is_born_with_its_weights_in_one_buffer(kind):
     with using_tier("fast"):
         backend.set_backend("numpy", seed=0)

@@ -27,6 +27,7 @@ from ..gpu.gemm import capturing
 from ..models.common import TokenEmbedding as _TokenEmbedding
 from ..models.common import model_input, valid_lengths
 from ..nn import LayerNorm
+from ..parallel.allocator import keep_freed_memory
 from . import blocks, layers, losses
 from .flat import flat_buffer
 from .packing import Packing
@@ -77,8 +78,11 @@ class TokenEmbedding(_TokenEmbedding):
 
 
 class _FastModel:
-    """What every fast model adds: this tier's layers and loss, and its weights in one flat
-    buffer from the start (:mod:`npformer.fast.flat`)."""
+    """What every fast model adds: this tier's layers and loss, its weights in one flat
+    buffer from the start (:mod:`npformer.fast.flat`), and freed memory kept in the process
+    (:func:`npformer.parallel.allocator.keep_freed_memory`): each forward allocates the
+    arrays the last one freed, so they are reused instead of page-faulted in again (the
+    Trainer does the same for training with either tier)."""
 
     TokenEmbedding, Embedding, EncoderBlock, DecoderBlock, LayerNorm, Linear = (
         TokenEmbedding, layers.Embedding, blocks.EncoderBlock, blocks.DecoderBlock,
@@ -89,6 +93,7 @@ class _FastModel:
     def __init__(self, config):
         super().__init__(config)
         self._flat = flat_buffer(self.parameters())
+        keep_freed_memory()
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)

@@ -7,9 +7,10 @@ those faults do not scale across cores: two ranks side by side each take longer 
 one alone, and with this setting no longer do.  Thread replicas of one process gain
 too.  The measurements, and how they were taken: ``bench/README.md``, "The allocator".
 
-:class:`npformer.train.Trainer` and :func:`npformer.parallel.setup` call
-:func:`keep_freed_memory`: a training process allocates the same arrays every step, so
-keeping them costs no more than the step's peak, which it reaches anyway.
+:class:`npformer.train.Trainer`, :func:`npformer.parallel.setup` and the fast tier's models
+call :func:`keep_freed_memory`: a training process allocates the same arrays every step, and
+a model called again the same arrays every call, so keeping them costs no more than the
+peak, which it reaches anyway.
 """
 from __future__ import annotations
 
