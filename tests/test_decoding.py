@@ -769,3 +769,17 @@ def test_sampling_distribution_refuses_bad_options_naming_them(kwargs, error, ma
         sampling_distribution(**kwargs)
     assert np.allclose(sampling_distribution(np.log(np.full((2, 4), 0.25)), top_k=np.int64(4)),
                        0.25)
+
+
+def test_a_decoding_step_without_padding_attends_without_a_mask():
+    """``decoder_mask``: one new position and no padding hide nothing, so no mask (None) is
+    built; a longer step, or one with padding, gets the causal (and padding) mask."""
+    from npformer.models.lm import decoder_mask
+
+    like = np.zeros((1, 1), dtype=np.float32)
+    assert decoder_mask(None, 1, 9, like) is None
+    causal = decoder_mask(None, 2, 9, like)
+    assert causal.shape == (2, 9) and not causal[0, -1] and causal[1].all()
+    keep = np.array([[False, True, True]])
+    padded = decoder_mask(keep, 1, 3, like)
+    assert padded.shape == (1, 1, 1, 3) and padded.tolist() == [[[[False, True, True]]]]

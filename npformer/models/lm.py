@@ -208,10 +208,13 @@ def keys_and_positions(ids: Array, attention_mask: Array | None, position_ids: A
     return keep, positions_of(keep)[:, offset:]
 
 
-def decoder_mask(keep: Array | None, length: int, keys: int, like: Array) -> Array:
+def decoder_mask(keep: Array | None, length: int, keys: int, like: Array) -> Array | None:
     """The mask of a decoder's self-attention over ``keys`` positions, the last ``length``
     of them queries: causal (T, S), no position sees a later one; with ``keep`` (B, S),
-    also no padding: (B, 1, T, S)."""
+    also no padding: (B, 1, T, S).  None where it would hide nothing: one query, the
+    last position, sees every key (a decoding step without padding)."""
+    if keep is None and length == 1:
+        return None
     mask = ops.causal_mask(length, keys, like=like)  # (T, S)
     if keep is None:
         return mask
