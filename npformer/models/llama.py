@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from .. import backend, ops
 from ..backend import Array
 from ..nn import DecodingCache, Embedding, Linear, LlamaBlock, Module, RMSNorm
+from ..nn.llama import check_kv_heads
 from ..ops.contracts import check_flag, check_rank, check_rope_scaling, check_token_ids, shown
 from .common import inference_only, model_input
 from .configs import _is_int, _set_field
@@ -108,12 +109,8 @@ def check_llama_config(config: LlamaConfig) -> None:
             raise ValueError(f"{name}.hidden_size {config.hidden_size} is not divisible by "
                              f"{name}.num_attention_heads {heads}: set head_dim explicitly")
         object.__setattr__(config, field, default if value is None else int(value))
-    if heads % config.num_key_value_heads:
-        divisors = [g for g in range(1, heads + 1) if heads % g == 0]
-        raise ValueError(f"{name}.num_attention_heads {heads} is not a multiple of "
-                         f"{name}.num_key_value_heads {config.num_key_value_heads}: each "
-                         f"key/value head serves a group of query heads; num_key_value_heads "
-                         f"must be one of {divisors}")
+    check_kv_heads(heads, config.num_key_value_heads, f"{name}.num_attention_heads",
+                   f"{name}.num_key_value_heads")
     if config.head_dim % 2 or config.head_dim < 2:
         raise ValueError(f"{name}.head_dim must be even (the rotation turns pairs of "
                          f"features), got {config.head_dim}")

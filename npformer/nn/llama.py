@@ -88,16 +88,17 @@ class SwiGLUFeedForward(Module):
         return self.gate_proj.backward(dgate) + self.up_proj.backward(dup)
 
 
-def check_kv_heads(num_heads: int, num_kv_heads: int, owner: str = "") -> None:
+def check_kv_heads(num_heads: int, num_kv_heads: int,
+                   heads_name: str = "num_attention_heads",
+                   kv_heads_name: str = "num_key_value_heads") -> None:
     """num_kv_heads in [1, num_heads], dividing it: each key/value head serves a group of
-    num_heads / num_kv_heads query heads."""
-    prefix = f"{owner}." if owner else ""
+    num_heads / num_kv_heads query heads (one place for the rule; the two names are the
+    values as the caller's user knows them: a config's fields, a demo's options)."""
     if num_heads % num_kv_heads:
         divisors = [g for g in range(1, num_heads + 1) if num_heads % g == 0]
-        raise ValueError(f"{prefix}num_attention_heads {num_heads} is not a multiple of "
-                         f"{prefix}num_key_value_heads {num_kv_heads}: each key/value head "
-                         f"serves a group of query heads; num_key_value_heads must be one "
-                         f"of {divisors}")
+        raise ValueError(f"{heads_name} {num_heads} is not a multiple of {kv_heads_name} "
+                         f"{num_kv_heads}: each key/value head serves a group of query heads; "
+                         f"{kv_heads_name} must be one of {divisors}")
 
 
 class GroupedQueryAttention(Module):
