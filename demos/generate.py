@@ -69,6 +69,7 @@ from npformer.decoding import generate
 from npformer.models import CausalLM, CausalLMConfig, LlamaCausalLM, LlamaConfig
 from npformer.models.configs import renamed_fields
 from npformer.nn import evaluating
+from npformer.nn.llama import check_kv_heads
 from npformer.optim import AdamW, warmup_cosine
 from npformer.train import TrainConfig, Trainer, progress
 from npformer.train.tasks import LanguageModeling
@@ -78,6 +79,7 @@ DEMO = Demo(tag="shakespeare", title="Shakespeare", model_kind=("causal_lm", "ll
 
 
 ARCHS = ("gpt2", "llama")  # the blocks --arch chooses
+DEFAULT_KV_HEADS = 2  # the llama blocks' key/value heads (a saved GPT-2 run holds it too)
 
 
 @renamed_fields(iters="max_iters", block="block_size", heads="num_heads", width="d_model",
@@ -99,15 +101,20 @@ class Preset:
     arch: str = option("gpt2", "the blocks: gpt2 (layer norm, GELU, learned positions) or "
                        "llama (RMS norm, gated SiLU, rotary positions, shared key/value heads)",
                        str, ARCHS)
-    kv_heads: int = option(2, "key/value heads of the llama blocks (dividing --num-heads)")
+    kv_heads: int = option(DEFAULT_KV_HEADS, "key/value heads of the llama blocks (dividing "
+                           "--num-heads)")
 
     def __post_init__(self):
         check_divisible(self, "d_model", "num_heads")
-        if self.arch == "llama":
-            check_divisible(self, "num_heads", "kv_heads")
-            if self.dropout:
-                raise DemoError(f"--arch llama has no dropout (Llama's blocks have none), "
-                                f"got --dropout {self.dropout}")
+        if self.arch != "llama":
+            if self.kv_heads != DEFAULT_KV_HEADS:  # a value GPT-2's blocks would not read
+                raise ValueError(f"--kv-heads {self.kv_heads} is for --arch llama: GPT-2's "
+                                 "blocks give every query head its own keys and values")
+            return
+        check_kv_heads(self.num_heads, self.kv_heads, "--num-heads", "--kv-heads")
+        if self.dropout:
+            raise DemoError(f"--arch llama has no dropout (Llama's blocks have none), "
+                            f"got --dropout {self.dropout}")
 
 
 PRESETS = {

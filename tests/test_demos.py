@@ -394,6 +394,7 @@ BAD_COMBINATIONS = [
     ("generate.py", ["--sample-only", "--resume"], ["--resume", "--sample-only"]),
     ("generate.py", ["--smoke", "--arch", "llama", "--kv-heads", "3"],
      ["--num-heads", "--kv-heads"]),
+    ("generate.py", ["--smoke", "--kv-heads", "1"], ["--kv-heads", "--arch llama"]),
 ]
 
 
