@@ -200,6 +200,12 @@ def make_side(name: str, device: str) -> Side:
     return npformer_side(device, graph=name == GRAPH_SIDE)
 
 
+def trainer_graphs(step_owner):
+    """The CUDA graphs an npformer Trainer replays (``step_owner.cuda_graphs.graphs``), or
+    None: another side's optimizer, or no graphs."""
+    return getattr(getattr(step_owner, "cuda_graphs", None), "graphs", None)
+
+
 def graph_pool_bytes(graphs) -> int:
     """The bytes the CUDA graphs' own memory pools hold (0 without graphs): every replay
     reuses them, so they stay in use for the graphs' life, outside the default pool that
@@ -230,12 +236,12 @@ def run_device_side(spec: dict) -> dict:
     for _ in range(spec["memory_steps"]):
         train_step()
     peak_bytes = side.memory.stop()
-    graph_pools = graph_pool_bytes(getattr(optimizer, "_graphs", None))
+    graphs = trainer_graphs(optimizer)  # the Trainer's CUDA graphs, if any
+    graph_pools = graph_pool_bytes(graphs)
     if graph_pools:
         rest_bytes, peak_bytes = rest_bytes + graph_pools, peak_bytes + graph_pools
     run.model.eval()  # npformer: no dropout masks; PyTorch: eval mode (may take fast paths)
     infer_times = timed(run.infer, spec["warmup"], spec["steps"], side.sync)
-    graphs = getattr(optimizer, "_graphs", None)  # the Trainer's CUDA graphs, if any
     graph = (dict(captures=graphs.captures, capture_seconds=graphs.capture_seconds)
              if graphs else None)
     return dict(side.info, train_times=train_times, infer_times=infer_times, losses=losses,

@@ -44,7 +44,7 @@ def kernel_table(name: str, updates: int, top: int) -> str:
             if e.device_time_total > 0]
     rows.sort(key=lambda r: -r[2])
     total = sum(r[2] for r in rows)
-    graphs = getattr(trainer, "_graphs", None)
+    graphs = trainer.cuda_graphs.graphs  # the Trainer's CUDA graphs (False: eager)
     mode = f"{graphs.captures} capture(s)" if graphs else "NOT captured (eager)"
     lines = [f"{name}: {mode}; kernels {total / updates / 1e3:.2f} ms per update "
              f"({len(rows)} kinds)",

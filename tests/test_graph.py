@@ -246,9 +246,13 @@ def test_the_trainers_graph_mode_runs_the_device_update(monkeypatch, capsys):
     graph_mode_on_the_cpu(monkeypatch)
     with using_backend("numpy", "float64"):
         *run, trainer = eager_and_graphed()
-    assert isinstance(trainer._graphs, StepGraphs) and trainer.updates == UPDATES
+    assert isinstance(trainer.cuda_graphs.graphs, StepGraphs) and trainer.updates == UPDATES
     assert_same_run(*run, 1e-12, 1e-13)
     assert "CUDA graph" not in capsys.readouterr().out
+    from bench.gpu import trainer_graphs  # what bench/gpu.py reports as captured
+
+    assert trainer_graphs(trainer) is trainer.cuda_graphs.graphs
+    assert trainer_graphs(object()) is None  # another side's optimizer
 
 
 def test_a_capture_that_fails_trains_eagerly_from_that_update(monkeypatch, capsys):
@@ -266,7 +270,7 @@ def test_a_capture_that_fails_trains_eagerly_from_that_update(monkeypatch, capsy
     monkeypatch.setattr(StepGraphs, "update", second_fails)
     with using_backend("numpy", "float64"):
         *run, trainer = eager_and_graphed()
-    assert len(calls) == 2 and trainer._graphs is False
+    assert len(calls) == 2 and trainer.cuda_graphs.graphs is False
     assert_same_run(*run, 1e-12, 1e-13)
     assert capsys.readouterr().out.count("CUDA graph: off (the update cannot be captured: "
                                          "refused by the test); training eagerly") == 1
@@ -476,7 +480,7 @@ def test_the_trainers_graph_mode_trains_as_eagerly():
             model, optimizer, task, batches = make_run("lm")
             trainer = trainer_of(model, optimizer, task, batches, cuda_graph=cuda_graph)
             runs.append(([trainer.update() for _ in range(UPDATES)], host_params(model),
-                         trainer._graphs))
+                         trainer.cuda_graphs.graphs))
     (graph_losses, graph_params, graphs), (eager_losses, eager_params, none) = runs
     assert graphs.captures == 1 and none is False
     assert_same_run(graph_losses, graph_params, eager_losses, eager_params, 1e-10, 1e-12)
@@ -581,9 +585,9 @@ def test_npformer_cuda_graph_is_read_as_a_boolean(value, wanted, monkeypatch):
     monkeypatch.setenv("NPFORMER_CUDA_GRAPH", value)
     with using_backend("numpy", "float64"):
         model, optimizer, task, batches = make_run("lm")
-        assert trainer_of(model, optimizer, task, batches)._graphs_wanted is wanted
+        assert trainer_of(model, optimizer, task, batches).cuda_graphs.wanted is wanted
         assert trainer_of(model, optimizer, task, batches, cuda_graph=not wanted
-                          )._graphs_wanted is (not wanted)  # the config wins
+                          ).cuda_graphs.wanted is (not wanted)  # the config wins
 
 
 @pytest.mark.parametrize("name", ["NPFORMER_CUDA_GRAPH", "NPFORMER_GPU_FUSED"])

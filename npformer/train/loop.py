@@ -29,7 +29,7 @@ import numpy as np
 
 from .. import backend
 from ..checkpoint import save_checkpoint
-from ..gpu.cuda_graph import GraphedSteps, StepGraphs
+from ..gpu.cuda_graph import GraphedSteps
 from ..nn import Module
 from ..optim import NonFiniteGradientError, Optimizer, _nonfinite_report, check_optimizer_of
 from ..parallel.allocator import keep_freed_memory
@@ -290,14 +290,6 @@ class Trainer:
     def budget(self) -> TimeBudget | None:
         """The time budget that fits the schedule (None: no ``schedule_for``)."""
         return self.length.budget
-
-    @property
-    def _graphs(self) -> StepGraphs | bool | None:  # the CUDA graphs (tests, bench)
-        return self.cuda_graphs.graphs
-
-    @property
-    def _graphs_wanted(self) -> bool:
-        return self.cuda_graphs.wanted
 
     def state_dict(self) -> dict:
         """What a resumed run needs besides the model, the optimizer and the random
