@@ -774,7 +774,7 @@ def test_sampling_distribution_refuses_bad_options_naming_them(kwargs, error, ma
 def test_a_decoding_step_without_padding_attends_without_a_mask():
     """``decoder_mask``: one new position and no padding hide nothing, so no mask (None) is
     built; a longer step, or one with padding, gets the causal (and padding) mask."""
-    from npformer.models.lm import decoder_mask
+    from npformer.models.common import decoder_mask
 
     like = np.zeros((1, 1), dtype=np.float32)
     assert decoder_mask(None, 1, 9, like) is None

@@ -223,6 +223,19 @@ class TokenEmbedding(Module):
         return self.tokens.backward(dx * self.scale)
 
 
+def decoder_mask(keep: Array | None, length: int, keys: int, like: Array) -> Array | None:
+    """The mask of a decoder's self-attention over ``keys`` positions, the last ``length``
+    of them queries: causal (T, S), no position sees a later one; with ``keep`` (B, S),
+    also no padding: (B, 1, T, S).  None where it would hide nothing: one query, the
+    last position, sees every key (a decoding step without padding)."""
+    if keep is None and length == 1:
+        return None
+    mask = ops.causal_mask(length, keys, like=like)  # (T, S)
+    if keep is None:
+        return mask
+    return mask[None, None, :, :] & keep[:, None, None, :]  # (B, 1, T, S)
+
+
 def inference_only(what: str) -> None:
     """Cached decoding keeps nothing for a backward: it runs under no_grad only."""
     if grad_enabled():

@@ -38,9 +38,9 @@ from ..backend import Array
 from ..nn import DecodingCache, Embedding, Linear, LlamaBlock, Module, RMSNorm
 from ..nn.llama import check_kv_heads
 from ..ops.contracts import check_flag, check_rank, check_rope_scaling, check_token_ids, shown
-from .common import inference_only, model_input
+from .common import decoder_mask, inference_only, model_input
 from .configs import _is_int, _set_field
-from .lm import decoder_mask, keys_and_positions, logits_backward, logits_of
+from .lm import keys_and_positions, logits_backward, logits_of
 
 _SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                 "num_attention_heads", "max_position_embeddings")

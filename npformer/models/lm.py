@@ -34,6 +34,7 @@ from .common import (
     block_options,
     check_config,
     check_weights_fit,
+    decoder_mask,
     final_norm,
     inference_only,
     model_input,
@@ -206,19 +207,6 @@ def keys_and_positions(ids: Array, attention_mask: Array | None, position_ids: A
     if keep is None:
         return None, None
     return keep, positions_of(keep)[:, offset:]
-
-
-def decoder_mask(keep: Array | None, length: int, keys: int, like: Array) -> Array | None:
-    """The mask of a decoder's self-attention over ``keys`` positions, the last ``length``
-    of them queries: causal (T, S), no position sees a later one; with ``keep`` (B, S),
-    also no padding: (B, 1, T, S).  None where it would hide nothing: one query, the
-    last position, sees every key (a decoding step without padding)."""
-    if keep is None and length == 1:
-        return None
-    mask = ops.causal_mask(length, keys, like=like)  # (T, S)
-    if keep is None:
-        return mask
-    return mask[None, None, :, :] & keep[:, None, None, :]  # (B, 1, T, S)
 
 
 def logits_of(h: Array, table: Module, head: Module | None) -> Array:

@@ -29,6 +29,7 @@ from .common import (
     check_config,
     check_lengths,
     check_weights_fit,
+    decoder_mask,
     final_norm,
     inference_only,
     model_input,
@@ -231,7 +232,7 @@ class Seq2SeqTransformer(Module):
         inference_only("forward_cached")
         offset = kv_cache.length
         y = self.tgt_embed(tgt_ids, offset=offset)  # (B, T_new, D)
-        self_mask = ops.causal_mask(tgt_ids.shape[1], offset + tgt_ids.shape[1], like=y)
+        self_mask = decoder_mask(None, tgt_ids.shape[1], offset + tgt_ids.shape[1], like=y)
         for block, block_cache in zip(self.decoder, kv_cache.blocks):
             y = block(y, memory, self_mask, memory_mask, kv_cache=block_cache)
         if self.decoder_norm is not None:
