@@ -245,6 +245,27 @@ def take_turns(sides: list[Side], names: tuple[str, ...], rounds: int) -> tuple[
     return times, seen
 
 
+def check_losses_agree(seen: dict, keys: tuple[str, ...] = ("first_loss",)) -> None:
+    """Stop the run where the sides' first steps' losses (``keys`` of each side's last
+    result) differ by more than 1e-4 relative: they would not be computing one model."""
+    for key in keys:
+        ours, theirs = seen["npformer"][key], seen["torch"][key]
+        if abs(ours - theirs) > 1e-4 * abs(theirs):
+            raise SystemExit(f"error: the first steps' losses differ ({key}): npformer {ours}, "
+                             f"PyTorch {theirs}: the sides do not compute the same model")
+
+
+def agreement_lines(seen: dict, rounds: int, losses: str) -> list[str]:
+    """The lines under a table: ``losses`` (the first steps' losses, as the caller words
+    them), how many greedy tokens the sides share, each side, the CPU and the rounds."""
+    ours, theirs = seen["npformer"], seen["torch"]
+    same = sum(a == b for a, b in zip(ours["tokens"], theirs["tokens"]))
+    return ["", f"{losses}; greedy tokens equal: {same} of {len(theirs['tokens'])}",
+            f"npformer: {ours['side']}", f"PyTorch: {theirs['side']}",
+            f"CPU: {cpu_model()}, {os.cpu_count()} cores; the minimum of {rounds} runs a "
+            "side, the sides taking turns"]
+
+
 def flops_config(sizes: dict, batch: int, length: int) -> dict:
     """GPT-2's shape ``sizes`` on a (batch, length) batch as a bench/flops.py configuration
     (a causal LM: tied head, feed-forward 4 D)."""
@@ -279,13 +300,9 @@ def report(times: dict, seen: dict, args, limits: dict) -> str:
         lines.append(f"| {name} | {ours:.3f} | {theirs:.3f} | {ours / theirs:.2f}x | "
                      f"{shares} |")
     ours, theirs = seen["npformer"], seen["torch"]
-    same = sum(a == b for a, b in zip(ours["tokens"], theirs["tokens"]))
-    lines += ["", f"first-step loss: npformer {ours['first_loss']:.6f}, PyTorch "
-              f"{theirs['first_loss']:.6f}; greedy tokens equal: {same} of "
-              f"{len(theirs['tokens'])}", f"npformer: {ours['side']}",
-              f"PyTorch: {theirs['side']}", f"CPU: {cpu_model()}, {os.cpu_count()} cores; "
-              f"the minimum of {args.rounds} runs a side, the sides taking turns",
-              "GFLOP: the matrix products of the step, counted from GPT-2's shape "
+    lines += agreement_lines(seen, args.rounds, f"first-step loss: npformer "
+                             f"{ours['first_loss']:.6f}, PyTorch {theirs['first_loss']:.6f}")
+    lines += ["GFLOP: the matrix products of the step, counted from GPT-2's shape "
               "(bench/flops.py; training 3x the forward); share of peak: over the time and "
               "the peak below (generate is bound by memory, not products: not counted)",
               *peak.peak_lines(limits)]
@@ -314,10 +331,7 @@ def main(argv=None) -> int:
         folder = args.folder or write_folder(Path(tmp) / "gpt2", SMOKE if args.smoke else SMALL)
         sides = [Side(name, folder, args.smoke) for name in ("npformer", "torch")]
         times, seen = take_turns(sides, ("forward", "generate", "train_step"), args.rounds)
-    ours, theirs = seen["npformer"]["first_loss"], seen["torch"]["first_loss"]
-    if abs(ours - theirs) > 1e-4 * abs(theirs):
-        raise SystemExit(f"error: the first-step losses differ: npformer {ours}, PyTorch "
-                         f"{theirs}: the sides do not compute the same model")
+    check_losses_agree(seen)
     limits = peak.measure(layer_shapes(run_config(args)), os.cpu_count() or 1, args.smoke)
     print(report(times, seen, args, limits))
     return 0

@@ -39,8 +39,18 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path[:1]:  # `python bench/llama.py`: the bench package, not this file
     sys.path.insert(0, str(ROOT))
 
-from bench.gpt2 import CLIP, LR, WEIGHT_DECAY, Side, batch_of, blas_threads, serve, take_turns  # noqa: E402
-from bench.report import cpu_model  # noqa: E402
+from bench.gpt2 import (  # noqa: E402
+    CLIP,
+    LR,
+    WEIGHT_DECAY,
+    Side,
+    agreement_lines,
+    batch_of,
+    blas_threads,
+    check_losses_agree,
+    serve,
+    take_turns,
+)
 
 SMOLLM2 = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
@@ -177,13 +187,10 @@ def report(times: dict, seen: dict, args) -> str:
         ours, theirs = min(times["npformer"][key]), min(times["torch"][key])
         lines.append(f"| {name} | {ours:.3f} | {theirs:.3f} | {ours / theirs:.2f}x |")
     ours, theirs = seen["npformer"], seen["torch"]
-    same = sum(a == b for a, b in zip(ours["tokens"], theirs["tokens"]))
-    lines += ["", f"first-step loss: npformer {ours['first_loss']:.6f}, PyTorch "
-              f"{theirs['first_loss']:.6f}; LoRA {ours['first_lora_loss']:.6f} and "
-              f"{theirs['first_lora_loss']:.6f}; greedy tokens equal: {same} of "
-              f"{len(theirs['tokens'])}", f"npformer: {ours['side']}",
-              f"PyTorch: {theirs['side']}", f"CPU: {cpu_model()}, {os.cpu_count()} cores; "
-              f"the minimum of {args.rounds} runs a side, the sides taking turns"]
+    lines += agreement_lines(seen, args.rounds, f"first-step loss: npformer "
+                             f"{ours['first_loss']:.6f}, PyTorch {theirs['first_loss']:.6f}; "
+                             f"LoRA {ours['first_lora_loss']:.6f} and "
+                             f"{theirs['first_lora_loss']:.6f}")
     return "\n".join(lines)
 
 
@@ -205,11 +212,7 @@ def main(argv=None) -> int:
                                              else SMOLLM2)
         sides = [Side(name, folder, args.smoke, __file__) for name in ("npformer", "torch")]
         times, seen = take_turns(sides, MEASUREMENTS, args.rounds)
-    for key in ("first_loss", "first_lora_loss"):
-        ours, theirs = seen["npformer"][key], seen["torch"][key]
-        if abs(ours - theirs) > 1e-4 * abs(theirs):
-            raise SystemExit(f"error: the first steps' losses differ ({key}): npformer {ours}, "
-                             f"PyTorch {theirs}: the sides do not compute the same model")
+    check_losses_agree(seen, ("first_loss", "first_lora_loss"))
     print(report(times, seen, args))
     return 0
 

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from .test_gpt2 import required
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,3 +70,13 @@ def test_the_npformer_side_uses_every_core_as_the_torch_side_does():
     from bench.gpt2 import blas_threads
 
     assert blas_threads() == len(os.sched_getaffinity(0))
+
+
+def test_the_model_benchmarks_stop_when_the_sides_first_losses_differ():
+    from bench.gpt2 import check_losses_agree
+
+    seen = {"npformer": {"first_loss": 2.0, "first_lora_loss": 3.0},
+            "torch": {"first_loss": 2.001, "first_lora_loss": 3.0}}
+    check_losses_agree(seen, ("first_lora_loss",))  # equal: no stop
+    with pytest.raises(SystemExit, match=r"losses differ \(first_loss\): npformer 2.0"):
+        check_losses_agree(seen)

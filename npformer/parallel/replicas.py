@@ -143,7 +143,6 @@ class ThreadReplicas:
             for p, q in zip(own, theirs):
                 p.accumulate(q.grad)
 
-
     def _add_flat(self, flat: FlatParameters, theirs: np.ndarray) -> None:
         """The model's flat gradient buffer += a replica's: of each lookup table only the
         rows the replica changed (:class:`RowSparseSum`, where ``row_sparse``), the rest in
