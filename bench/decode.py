@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path[:1]:  # `python bench/decode.py`: the bench package, not this file
     sys.path.insert(0, str(ROOT))
 
-from bench.peak import best_seconds, copy_rates  # noqa: E402
+from bench.peak import best_seconds, copy_rates, read_rates  # noqa: E402
 from bench.report import cpu_model  # noqa: E402
 
 RESULT = "DECODE_BENCH "
@@ -143,27 +143,6 @@ def run_side(side: str, args) -> dict:
 
 
 # --------------------------------------------------------------------------- bandwidth
-def read_rates(nbytes: int, threads: int, repeats: int) -> list[dict]:
-    """[{library, bytes, gb_s}]: a float32 array of ``nbytes`` read by a sum, NumPy's and
-    (where installed) torch's on ``threads`` threads; the bytes read over the best time."""
-    src = np.ones(nbytes // 4, dtype=np.float32)
-    rates = [dict(library="numpy", bytes=nbytes,
-                  gb_s=nbytes / best_seconds(lambda: src.sum(), repeats) / 1e9)]
-    try:
-        import torch
-    except ImportError:
-        return rates
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        t = torch.from_numpy(src)
-        rates.append(dict(library="torch", bytes=nbytes,
-                          gb_s=nbytes / best_seconds(lambda: t.sum(), repeats) / 1e9))
-    finally:
-        torch.set_num_threads(before)
-    return rates
-
-
 def bandwidth(smoke: bool) -> dict:
     """{"read": the best read rate, "copy": the best copy rate} (GB/s, with the library)."""
     threads, repeats = os.cpu_count() or 1, 2 if smoke else 5

@@ -10,12 +10,15 @@ NumPy's BLAS and, where it is installed, torch's: the best of all.
 Bandwidth: a large float32 array copied into another (``np.copyto``; torch's ``copy_``
 where installed, which uses every thread), the best of ``repeats``, counted as the bytes
 read plus the bytes written (STREAM's "copy" convention: a cache's write-allocate read of
-the destination is not counted).
+the destination is not counted).  :func:`read_rates` gives the read rate alone (a sum of
+the array, its bytes over the time: bench/decode.py's bound).
 """
 from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
+from typing import NamedTuple
 
 from bench.report import cpu_model
 
@@ -38,10 +41,18 @@ def best_seconds(fn, repeats: int) -> float:
     return best
 
 
+class Library(NamedTuple):
+    """What a library's timed calls are made of: each takes sizes and returns a call."""
+
+    product: Callable  # (m, k, n) -> out = a @ b of float32 (m, k) by (k, n)
+    copy: Callable  # nbytes -> a float32 array of nbytes copied into another
+    read: Callable  # nbytes -> a float32 array of nbytes summed (read once)
+
+
 @contextlib.contextmanager
 def numpy_library(threads: int):
-    """(product(m, k, n) -> a call, copy(nbytes) -> a call) through NumPy, its BLAS on
-    ``threads`` threads (threadpoolctl where installed, else as the environment set it)."""
+    """A :class:`Library` through NumPy, its BLAS on ``threads`` threads (threadpoolctl
+    where installed, else as the environment set it)."""
     import numpy as np
 
     try:
@@ -62,8 +73,12 @@ def numpy_library(threads: int):
         dst = np.empty_like(src)
         return lambda: np.copyto(dst, src)
 
+    def read(nbytes):
+        src = np.ones(nbytes // 4, dtype=np.float32)
+        return lambda: src.sum()
+
     with limits:
-        yield product, copy
+        yield Library(product, copy, read)
 
 
 @contextlib.contextmanager
@@ -86,8 +101,12 @@ def torch_library(threads: int):
         dst = torch.empty_like(src)
         return lambda: dst.copy_(src)
 
+    def read(nbytes):
+        src = torch.ones(nbytes // 4)
+        return lambda: src.sum()
+
     try:
-        yield product, copy
+        yield Library(product, copy, read)
     finally:
         torch.set_num_threads(before)
 
@@ -107,9 +126,9 @@ def matmul_rates(shapes, threads: int, repeats: int) -> list[dict]:
     """[{library, shape (m, k, n), gflops}] of every installed library on every shape."""
     rates = []
     for name, library in libraries().items():
-        with library(threads) as (product, _):
+        with library(threads) as calls:
             for m, k, n in shapes:
-                seconds = best_seconds(product(m, k, n), repeats)
+                seconds = best_seconds(calls.product(m, k, n), repeats)
                 rates.append(dict(library=name, shape=(m, k, n),
                                   gflops=2 * m * k * n / seconds / 1e9))
     return rates
@@ -119,9 +138,20 @@ def copy_rates(nbytes: int, threads: int, repeats: int) -> list[dict]:
     """[{library, bytes, gb_s}]: the copy of ``nbytes`` in every installed library."""
     rates = []
     for name, library in libraries().items():
-        with library(threads) as (_, copy):
-            seconds = best_seconds(copy(nbytes), repeats)
+        with library(threads) as calls:
+            seconds = best_seconds(calls.copy(nbytes), repeats)
             rates.append(dict(library=name, bytes=nbytes, gb_s=2 * nbytes / seconds / 1e9))
+    return rates
+
+
+def read_rates(nbytes: int, threads: int, repeats: int) -> list[dict]:
+    """[{library, bytes, gb_s}]: a float32 array of ``nbytes`` read by a sum in every
+    installed library; the bytes read over the best time."""
+    rates = []
+    for name, library in libraries().items():
+        with library(threads) as calls:
+            seconds = best_seconds(calls.read(nbytes), repeats)
+            rates.append(dict(library=name, bytes=nbytes, gb_s=nbytes / seconds / 1e9))
     return rates
 
 

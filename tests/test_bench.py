@@ -861,6 +861,9 @@ def test_peak_and_copy_rates_run_on_every_installed_library():
     assert all(r["shape"] == (16, 8, 4) and r["gflops"] > 0 for r in rates)
     copies = peak.copy_rates(2 ** 16, 1, 1)
     assert all(c["bytes"] == 2 ** 16 and c["gb_s"] > 0 for c in copies)
+    reads = peak.read_rates(2 ** 16, 1, 1)  # bench/decode.py's bandwidth
+    assert {r["library"] for r in reads} == set(peak.libraries())
+    assert all(r["bytes"] == 2 ** 16 and r["gb_s"] > 0 for r in reads)
 
 
 # --------------------------------------------------------------------------- bench/decode.py
