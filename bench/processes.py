@@ -7,13 +7,18 @@ by two processes instead of two threads, side by side for each configuration:
 * ``PyTorch DDP 2``: ``torch.distributed`` (gloo), 2 processes, 1 thread each, each its
   half of the batch (DDP averages the two halves' gradients);
 * ``PyTorch 2 threads``: one process, ``torch.set_num_threads(2)``;
+* ``npformer 1 rank, half batch``: one process on half the batch, alone: a rank's work;
+* ``npformer 2 x 1 rank, half``: two such processes at once, nothing sent between them:
+  the 2-rank run without its gradient sum, what the two cores give two ranks when the
+  sum costs nothing;
 
 ``--rounds`` times, the modes taking turns and their steps pooled; then the scaling
 efficiency of npformer from 1 to 2 ranks at a fixed per-rank batch (1 process on half
-the batch against 2 ranks on all of it), the share of a 2-rank step spent in the
-Allreduce, ``Allreduce`` time against message size at 2 and 4 ranks with an alpha-beta
-fit, and the projection of step time and efficiency at 8 to 64 ranks for a stated
-interconnect (method in bench/README.md).
+the batch against 2 ranks on all of it), the same scaling of the two processes that
+send nothing (the ceiling the machine sets: their shared caches, memory bandwidth and
+clock), the share of a 2-rank step spent in the Allreduce, ``Allreduce`` time against
+message size at 2 and 4 ranks with an alpha-beta fit, and the projection of step time
+and efficiency at 8 to 64 ranks for a stated interconnect (method in bench/README.md).
 
 Every rank runs ``bench.py --rank-worker``, ``--ddp-worker`` or ``--allreduce-worker``;
 rank 0 prints one JSON result line.  npformer keeps freed memory in the process in
@@ -41,6 +46,8 @@ ALLREDUCE_RANKS = (2, 4)
 ALLREDUCE_SIZES = tuple(4 ** k for k in range(4, 13))  # float32 elements: 1 KiB .. 64 MiB
 SMOKE_ALLREDUCE_SIZES = (256, 4096)
 PROJECTED_RANKS = (8, 16, 32, 64)
+# two single-rank processes on the half batch at once: 2 ranks without the gradient sum
+TWO_AT_ONCE = "npformer 2 x 1 rank, half"
 # a typical cluster interconnect: 100 Gb/s InfiniBand (EDR), ~12 GB/s achievable per
 # link, a few microseconds of latency per message
 CLUSTER_LATENCY_S = 5e-6
@@ -228,6 +235,24 @@ def run_mpi(flag: str, ranks: int, spec: dict, env: dict) -> dict:
     return _result(proc.stdout, proc.stderr, proc.returncode)
 
 
+def run_mpi_copies(flag: str, copies: int, spec: dict, env: dict) -> dict:
+    """``copies`` independent single-rank runs of ``spec`` at once (``mpiexec -n 1`` each,
+    nothing sent between them): the first copy's result, its step times pooled with every
+    copy's.  Two of them on the half batch are a 2-rank run without its gradient sum."""
+    mpiexec = _mpiexec()
+    if mpiexec is None:
+        return dict(error="no mpiexec (pip install -e '.[mpi]')")
+    procs = [subprocess.Popen([mpiexec, "-n", "1", sys.executable, str(BENCH), flag,
+                               json.dumps(spec)], env=single_thread_env(env),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(copies)]
+    results = [_result(*p.communicate(), p.returncode) for p in procs]
+    failed = next((r for r in results if "error" in r), None)
+    if failed is not None:
+        return failed
+    return dict(results[0], train_times=[t for r in results for t in r["train_times"]])
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -261,6 +286,8 @@ def run_modes(cfg: dict, args, run_worker) -> dict:
                                             args.env)
         modes["npformer 1 rank, half batch"] = run_mpi(
             "--rank-worker", 1, dict(spec, config=half, weights=None, project=True), args.env)
+        modes[TWO_AT_ONCE] = run_mpi_copies("--rank-worker", 2,
+                                            dict(spec, config=half, weights=None), args.env)
         modes["PyTorch DDP 2"] = run_ddp(2, spec, args.env)
     return modes
 
@@ -324,12 +351,15 @@ def print_process_modes(results: dict) -> None:
         ranks2, torch2 = _median(modes["npformer 2 ranks"]), _median(modes["PyTorch 2 threads"])
         ddp, threads = _median(modes["PyTorch DDP 2"]), _median(modes["npformer 2 threads"])
         one = _median(modes["npformer 1 rank, half batch"])
+        at_once = _median(modes[TWO_AT_ONCE])
         reduce = _median(modes["npformer 2 ranks"], "allreduce_times")
         line = (f"processes {name:<8} 2 ranks / PyTorch 2 threads {ratio(ranks2, torch2)}  "
                 f"/ PyTorch DDP {ratio(ranks2, ddp)}  / npformer threads "
                 f"{ratio(ranks2, threads)}")
         if one and ranks2:
             line += f"  | scaling 1->2 ranks {one / ranks2:.0%}"
+        if one and at_once:
+            line += f" (two processes at once, nothing summed: {one / at_once:.0%})"
         if reduce is not None and ranks2:
             sent = modes["npformer 2 ranks"]
             line += (f"  | gradient sum {ms(reduce)} ms = {reduce / ranks2:.0%} of the step "

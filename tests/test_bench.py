@@ -169,6 +169,8 @@ def test_process_modes_run_and_agree_on_the_first_loss(processes_output):
                           re.MULTILINE)
         assert match, f"{mode} missing:\n{out}"
         losses[mode] = float(match.group(1))
+    for mode in ("npformer 1 rank, half batch", "npformer 2 x 1 rank, half"):  # own weights
+        assert re.search(rf"^  {mode}\s+[\d.]+ \([\d.]+-[\d.]+\)", out, re.MULTILINE), out
     # the same model (PyTorch's initial weights) on the same global batch: the same loss
     # (lm: every shard holds as many tokens, so DDP's mean of the two halves is it too)
     assert max(losses.values()) - min(losses.values()) <= 1e-3 * losses["PyTorch 2 threads"]
@@ -178,6 +180,7 @@ def test_process_summary_scaling_allreduce_and_projection(processes_output):
     out = processes_output.stdout
     assert re.search(r"^processes lm\s+2 ranks / PyTorch 2 threads \d+\.\d+x\s+/ PyTorch DDP "
                      r"\d+\.\d+x\s+/ npformer threads \d+\.\d+x\s+\| scaling 1->2 ranks \d+%"
+                     r" \(two processes at once, nothing summed: \d+%\)"
                      r"\s+\| gradient sum [\d.]+ ms = \d+% of the step \([\d.]+ KiB sent of "
                      r"[\d.]+ KiB\)", out, re.MULTILINE), out
     for ranks in (2, 4):
