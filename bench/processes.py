@@ -81,14 +81,17 @@ def rank_worker(spec: dict) -> int:
     model.train()
     trainer = npformer_trainer(cfg, model, task, make_batch(cfg, SEED + 1), 1)
     workers = trainer.workers  # the demos' data-parallel workers: MPI ranks here
-    reduce_times, reduce_bytes = [], []
+    reduce_times, wait_times, reduce_bytes = [], [], []
     if workers is not None:  # several ranks: time the step's gradient sum, count its bytes
         reduce_gradients = workers.reduce_gradients
 
-        def timed_reduce_gradients():
+        def timed_reduce_gradients():  # the wait for the slower rank (a barrier), then the sum
             started = time.perf_counter()
+            ctx.barrier()
+            arrived = time.perf_counter()
             reduce_gradients()
-            reduce_times.append(time.perf_counter() - started)
+            wait_times.append(arrived - started)
+            reduce_times.append(time.perf_counter() - arrived)
             reduce_bytes.append(workers.reduced_bytes + 4)  # + the loss
 
         workers.reduce_gradients = timed_reduce_gradients
@@ -106,6 +109,7 @@ def rank_worker(spec: dict) -> int:
     if ctx.is_main:
         _emit(dict(train_times=times, losses=losses, ranks=ctx.size, params=params,
                    allreduce_times=reduce_times[spec["warmup"]:],
+                   wait_times=wait_times[spec["warmup"]:],
                    allreduce_bytes=statistics.median(reduce_bytes) if reduce_bytes else None,
                    dense_bytes=(params + 1) * 4, projected_bytes=projected))
     return 0
@@ -362,7 +366,9 @@ def print_process_modes(results: dict) -> None:
             line += f" (two processes at once, nothing summed: {one / at_once:.0%})"
         if reduce is not None and ranks2:
             sent = modes["npformer 2 ranks"]
-            line += (f"  | gradient sum {ms(reduce)} ms = {reduce / ranks2:.0%} of the step "
+            wait = _median(sent, "wait_times")
+            line += (f"  | waiting for the slower rank {ms(wait)} ms = {wait / ranks2:.0%}, "
+                     f"gradient sum {ms(reduce)} ms = {reduce / ranks2:.0%} of the step "
                      f"({size_text(sent['allreduce_bytes'])} sent of "
                      f"{size_text(sent['dense_bytes'])})")
         print(line)

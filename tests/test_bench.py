@@ -181,7 +181,8 @@ def test_process_summary_scaling_allreduce_and_projection(processes_output):
     assert re.search(r"^processes lm\s+2 ranks / PyTorch 2 threads \d+\.\d+x\s+/ PyTorch DDP "
                      r"\d+\.\d+x\s+/ npformer threads \d+\.\d+x\s+\| scaling 1->2 ranks \d+%"
                      r" \(two processes at once, nothing summed: \d+%\)"
-                     r"\s+\| gradient sum [\d.]+ ms = \d+% of the step \([\d.]+ KiB sent of "
+                     r"\s+\| waiting for the slower rank [\d.]+ ms = \d+%, "
+                     r"gradient sum [\d.]+ ms = \d+% of the step \([\d.]+ KiB sent of "
                      r"[\d.]+ KiB\)", out, re.MULTILINE), out
     for ranks in (2, 4):
         assert re.search(rf"^  {ranks} ranks fit: alpha -?[\d.]+ us", out, re.MULTILINE), out
