@@ -187,13 +187,9 @@ class Seq2SeqTransformer(_FastModel, models.Seq2SeqTransformer):
         if capturing():  # a step captured as a CUDA graph: the padded rows, as the textbook's
             return _textbook_forward(self, super().forward, src, tgt_in, src_lens, tgt_lens,
                                      valid_only=valid_only)
-        src, tgt_in = model_input(src, "source ids"), model_input(tgt_in, "target ids")
-        tgt_lens = self._target_lengths(tgt_in, model_input(tgt_lens, "tgt_lens", rank=1))
-        memory, memory_mask = self.encode(src, src_lens)  # (B, S, D), (B, 1, 1, S)
-        length = tgt_in.shape[1]
-        self_mask = ops.causal_mask(length, like=memory)[None, None, :, :] \
-            & ops.padding_mask(tgt_lens, length)  # (B, 1, T, T)
-        packing = Packing.from_lengths(tgt_lens, length) if valid_only else None
+        tgt_in, tgt_lens, memory, memory_mask, self_mask = self._decoder_inputs(
+            src, tgt_in, src_lens, tgt_lens)
+        packing = Packing.from_lengths(tgt_lens, tgt_in.shape[1]) if valid_only else None
         y = self.tgt_embed(tgt_in)  # (B, T, D)
         if packing is not None:
             y = packing.pack(y)  # rows (N, D): only the valid targets get logits

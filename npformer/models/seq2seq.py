@@ -158,12 +158,8 @@ class Seq2SeqTransformer(Module):
         Ids and lengths may be arrays or nested lists.  Empty axes: B = 0 or T = 0 give
         the empty logits; a source without positions (S = 0) is, like an all-padding
         source, nothing to attend to: cross-attention gives zero, as for masked keys."""
-        src, tgt_in = model_input(src, "source ids"), model_input(tgt_in, "target ids")
-        tgt_lens = self._target_lengths(tgt_in, model_input(tgt_lens, "tgt_lens", rank=1))
-        memory, memory_mask = self.encode(src, src_lens)  # (B, S, D), (B, 1, 1, S)
-        length = tgt_in.shape[1]
-        self_mask = ops.causal_mask(length, like=memory)[None, None, :, :] \
-            & ops.padding_mask(tgt_lens, length)  # (B, 1, T, T)
+        tgt_in, tgt_lens, memory, memory_mask, self_mask = self._decoder_inputs(
+            src, tgt_in, src_lens, tgt_lens)
         y = self.tgt_embed(tgt_in)  # (B, T, D)
         for block in self.decoder:
             y = block(y, memory, self_mask, memory_mask)
@@ -175,6 +171,19 @@ class Seq2SeqTransformer(Module):
             logits, rows_cache = ops.valid_rows_forward(logits, tgt_lens)  # (N, V_tgt)
         self._save((rows_cache,))
         return logits
+
+    def _decoder_inputs(self, src: Array, tgt_in: Array, src_lens: Array | None,
+                        tgt_lens: Array | None) -> tuple[Array, Array, Array, Array, Array]:
+        """What the decoder blocks read, from forward's arguments: (tgt_in (B, T), tgt_lens
+        (B,), memory (B, S, D), memory_mask (B, 1, 1, S), self_mask (B, 1, T, T)): the
+        source encoded, and the targets' causal mask with their padding hidden."""
+        src, tgt_in = model_input(src, "source ids"), model_input(tgt_in, "target ids")
+        tgt_lens = self._target_lengths(tgt_in, model_input(tgt_lens, "tgt_lens", rank=1))
+        memory, memory_mask = self.encode(src, src_lens)  # (B, S, D), (B, 1, 1, S)
+        length = tgt_in.shape[1]
+        self_mask = ops.causal_mask(length, like=memory)[None, None, :, :] \
+            & ops.padding_mask(tgt_lens, length)  # (B, 1, T, T)
+        return tgt_in, tgt_lens, memory, memory_mask, self_mask
 
     @staticmethod
     def _target_lengths(tgt_in: Array, tgt_lens: Array | None) -> Array:
