@@ -362,3 +362,48 @@ def test_a_fast_model_with_one_layer_frozen_by_hand_still_loads_and_trains():
     LanguageModeling().loss_and_grad(model, (ids[:, :-1], ids[:, 1:]))
     opt.step()
     assert layer.weight.grad is None and np.any(backend.to_numpy(layer.lora_B.data))
+
+
+# =========================================================================== sweep 5
+def test_a_target_in_the_list_that_matches_nothing_is_refused_naming_it():
+    """sweep 5: ["q_proj", "qproj"] put adapters on q_proj and dropped the misspelt name
+    silently; each name of a list must choose a layer, and the model is left unchanged."""
+    model = tiny_llama()
+    with pytest.raises(ValueError, match=r"targets \['qproj'\] match none of the model's "
+                                         r"Linear layers \(layers.0.self_attn.q_proj"):
+        apply_lora(model, ["q_proj", "qproj"], r=2)
+    assert not lora_layers(model) and not any(p.frozen for _, p in model.named_parameters())
+
+
+def test_adding_adapters_to_a_model_that_holds_some_is_refused():
+    """sweep 5: a second apply_lora froze the model again, the first call's adapters
+    with it (they trained no more, silently); targeting them again said their layers were
+    none of the model's.  Both are refused, naming the adapters held."""
+    model = tiny_llama()
+    apply_lora(model, ["q_proj"], r=2)
+    for targets in (["q_proj"], ["v_proj"]):
+        with pytest.raises(ValueError, match=r"holds LoRA adapters already \(on "
+                                             r"layers.0.self_attn.q_proj\)"):
+            apply_lora(model, targets, r=2)
+    assert [n for n, p in model.named_parameters() if not p.frozen] == [
+        "layers.0.self_attn.q_proj.lora_A", "layers.0.self_attn.q_proj.lora_B"]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"alpha": float("nan")}, "alpha"), ({"dropout": 1.0}, "ropout"),
+    ({"dropout": "0.1"}, "ropout")])
+def test_bad_alpha_or_dropout_leaves_the_model_as_it_was(kwargs, message):
+    """sweep 5: alpha and dropout were read by the first adapter, after the model was
+    frozen: the call failed and left the model frozen without adapters (nothing left to
+    train).  They are checked at the door, as r is."""
+    model = tiny_llama()
+    with pytest.raises((ValueError, TypeError), match=message):
+        apply_lora(model, ["q_proj"], r=2, **kwargs)
+    assert not any(p.frozen for _, p in model.named_parameters())
+
+
+def tiny_llama():
+    from npformer.models import LlamaCausalLM, LlamaConfig
+
+    return LlamaCausalLM(LlamaConfig(vocab_size=11, hidden_size=8, intermediate_size=12,
+                                     num_hidden_layers=1, num_attention_heads=2))

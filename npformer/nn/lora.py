@@ -52,10 +52,8 @@ class LoRALinear(Module):
     def __init__(self, base: Linear, r: int, alpha: float | None = None, dropout: float = 0.0):
         if not isinstance(base, Linear):
             raise TypeError(f"LoRALinear adapts a Linear layer, got {type(base).__name__}")
-        self.r = check_size(r, "r (the LoRA rank)", 1)
-        self.alpha = float(self.r) if alpha is None else check_real(
-            alpha, "alpha (lora_alpha)", 0.0, inclusive=False)
-        check_probability(dropout)
+        self.r, alpha, dropout = check_adapter_settings(r, alpha, dropout)
+        self.alpha = float(self.r) if alpha is None else alpha
         self.in_features, self.out_features = base.in_features, base.out_features
         base.freeze()
         self.weight, self.bias = base.weight, base.bias  # the frozen map, its own names
@@ -139,17 +137,47 @@ def apply_lora(model: Module, targets: str | Sequence[str], r: int,
     Returns the adapted layers' names.  Afterwards only the adapters train:
     ``AdamW(model.parameters())`` keeps state for them alone."""
     check_targets(targets)
-    check_size(r, "r (the LoRA rank)", 1)
+    check_adapter_settings(r, alpha, dropout)
+    adapted = lora_layers(model)
+    if adapted:  # freezing the model again would freeze them, and they would train no more
+        raise ValueError(f"{type(model).__name__} holds LoRA adapters already (on "
+                         f"{', '.join(list(adapted)[:3])}{', ...' if len(adapted) > 3 else ''}"
+                         "): apply_lora once, with every target, on the base model")
     linears = [(name, m) for name, m in model.named_modules() if isinstance(m, Linear)]
+    check_every_target_matches(targets, [name for name, _ in linears], "Linear layers")
     chosen = [(name, m) for name, m in linears if matches(name, targets)]
-    if not chosen:
-        raise ValueError(f"targets {targets!r} match none of the model's Linear layers "
-                         f"({', '.join(name for name, _ in linears[:6]) or 'none'}"
-                         f"{', ...' if len(linears) > 6 else ''})")
     model.freeze()
     for name, linear in chosen:
         replace_module(model, name, LoRALinear(linear, r, alpha, dropout))
     return [name for name, _ in chosen]
+
+
+def check_adapter_settings(r: Any, alpha: Any, dropout: Any) -> tuple[int, float | None, float]:
+    """An adapter's rank r (an integer >= 1), alpha (None or a finite real > 0) and dropout
+    (in [0, 1)), checked by kind and returned: one place for the rules, read before a
+    model is changed."""
+    return (check_size(r, "r (the LoRA rank)", 1),
+            check_real(alpha, "alpha (lora_alpha)", 0.0, inclusive=False, optional=True),
+            check_probability(dropout))
+
+
+def check_every_target_matches(targets: str | Sequence[str], names: Sequence[str],
+                               what: str, label: str = "targets") -> None:
+    """Each of ``targets`` (:func:`matches`) chooses at least one of ``names`` (the
+    layers, ``what``): a regular expression some name, a list each of its names (one
+    misspelt would leave its layers without an adapter, silently); those that choose
+    nothing are refused, named (as ``label``) beside the first few layers."""
+    def chooses(target: str) -> bool:
+        one = target if isinstance(targets, str) else [target]
+        return any(matches(name, one) for name in names)
+
+    unmatched = [t for t in ([targets] if isinstance(targets, str) else targets)
+                 if not chooses(t)]
+    if unmatched:
+        listed = ", ".join(names[:6]) or "none"
+        shown_targets = targets if isinstance(targets, str) else unmatched
+        raise ValueError(f"{label} {shown_targets!r} match none of the model's {what} "
+                         f"({listed}{', ...' if len(names) > 6 else ''})")
 
 
 def check_targets(targets: Any) -> None:
