@@ -245,3 +245,18 @@ def test_load_reads_the_tokenizer(torch, tmp_path):
     inner.save(str(folder / "tokenizer.json"))
     with raises_naming(PretrainedError, "14 tokens", "13 token embeddings"):
         hf_llama.load(folder)
+
+
+def test_save_into_a_path_that_is_a_file_is_refused_naming_it(tmp_path):
+    """sweep 5: a path that was a file (or under one) gave mkdir's FileExistsError or
+    NotADirectoryError ([Errno 17] File exists: ...); the file is named, and left alone."""
+    from npformer.models.llama import LlamaCausalLM, LlamaConfig
+
+    model = LlamaCausalLM(LlamaConfig(vocab_size=7, hidden_size=8, intermediate_size=8,
+                                      num_hidden_layers=1, num_attention_heads=2))
+    (tmp_path / "notes").write_text("mine")
+    for path in (tmp_path / "notes", tmp_path / "notes" / "model"):
+        with raises_naming(NotADirectoryError, f"{tmp_path / 'notes'} is a file, not a "
+                                               "folder"):
+            hf_llama.save_pretrained(model, path)
+    assert (tmp_path / "notes").read_text() == "mine"

@@ -88,3 +88,116 @@ def test_we_load_llama_adapters_peft_saves(torch, tmp_path, name):
                 plain = theirs(torch.tensor(ids)).logits.numpy()
         got = to_host(ours(backend.asarray(ids)))
     assert rel_diff(got, expected) <= RTOL and rel_diff(got, plain) > 1e-3
+
+
+# =========================================================================== sweep 5
+def tiny_llama(layers: int = 1, hidden: int = 8):
+    from npformer.models.llama import LlamaCausalLM, LlamaConfig
+
+    return LlamaCausalLM(LlamaConfig(vocab_size=11, hidden_size=hidden, intermediate_size=12,
+                                     num_hidden_layers=layers, num_attention_heads=2))
+
+
+def saved_adapter(folder, edit=None):
+    """A folder of q_proj and v_proj adapters on a one-layer model, its config edited."""
+    model = tiny_llama()
+    naming = npeft.llama_names(model.config)
+    npeft.apply_adapters(model, naming, ["q_proj", "v_proj"], 2, 4.0)
+    npeft.save_adapter(model, folder, naming)
+    if edit:
+        path = folder / npeft.CONFIG_FILE
+        config = json.loads(path.read_text())
+        edit(config)
+        path.write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("r", 2.5, r"r \(the LoRA rank\) must be an integer, got 2.5"),
+    ("r", "2", r"r \(the LoRA rank\) must be an integer, got '2'"),
+    ("lora_alpha", "x", r"alpha \(lora_alpha\) must be a real number"),
+    ("lora_alpha", None, "lora_alpha is null"),
+    ("lora_dropout", "0.1", "dropout probability must be a number")])
+def test_an_adapter_config_value_of_the_wrong_kind_is_refused_naming_the_file(
+        tmp_path, key, value, message):
+    """sweep 5: r 2.5 was cut to 2 (and "2" parsed) by int(), alpha "x" failed inside
+    float(), dropout "0.1" was parsed: each is now refused by kind, with the file."""
+    folder = saved_adapter(tmp_path, lambda config: config.update({key: value}))
+    with pytest.raises(ValueError, match=f"{npeft.CONFIG_FILE}: {message}"):
+        npeft.load_adapter(tiny_llama(), folder, npeft.llama_names(tiny_llama().config))
+
+
+def test_an_adapter_whose_target_modules_are_not_its_weights_is_refused(tmp_path):
+    """sweep 5: target_modules were not read: a folder saying k_proj while holding q_proj
+    and v_proj loaded, and a one-layer model's adapter loaded into a two-layer model (its
+    second layer left without the adapters PEFT would put there).  Refused, naming both."""
+    folder = saved_adapter(tmp_path / "k", lambda config: config.update(
+        target_modules=["k_proj"]))
+    with pytest.raises(ValueError, match=r"target_modules \['k_proj'\] do not choose the "
+                                         r"modules .* chosen without weights: "
+                                         r"\['model.layers.0.self_attn.k_proj'\]; weights "
+                                         r"not chosen: \['model.layers.0.self_attn.q_proj'"):
+        npeft.load_adapter(tiny_llama(), folder, npeft.llama_names(tiny_llama().config))
+    two = tiny_llama(layers=2)
+    with pytest.raises(ValueError, match=r"chosen without weights: "
+                                         r"\['model.layers.1.self_attn.q_proj'"):
+        npeft.load_adapter(two, saved_adapter(tmp_path / "one"), npeft.llama_names(two.config))
+    assert not lora_layers(two)
+
+
+def test_adapter_weights_that_are_not_finite_floats_are_refused_naming_the_tensor(tmp_path):
+    """sweep 5: NaN adapters loaded (the model then predicts NaN), integer ones were cast;
+    each is refused as a model's weights are, naming the tensor."""
+    from safetensors.numpy import load_file, save_file
+
+    key = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+    for bad, message in ((np.nan, "NaN or infinite"), (None, "int32 values")):
+        folder = saved_adapter(tmp_path / str(bad))
+        path = folder / npeft.WEIGHTS_FILE
+        arrays = load_file(str(path))
+        arrays[key] = np.full_like(arrays[key], bad) if bad is not None else \
+            arrays[key].astype(np.int32)
+        save_file(arrays, str(path))
+        with pytest.raises((ValueError, TypeError), match=f"{key} holds .*{message}"):
+            npeft.load_adapter(tiny_llama(), folder, npeft.llama_names(tiny_llama().config))
+
+
+def test_a_misspelt_target_module_is_refused_among_good_ones():
+    """sweep 5: apply_adapters (finetune.py's --lora-targets) dropped a name that chose
+    nothing when another did."""
+    model = tiny_llama()
+    with pytest.raises(ValueError, match=r"target_modules \['vproj'\] match none of the "
+                                         r"model's projections"):
+        npeft.apply_adapters(model, npeft.llama_names(model.config), ["q_proj", "vproj"], 2)
+
+
+def test_saving_adapters_refuses_bad_folders_before_writing_and_writes_whole(
+        tmp_path, monkeypatch):
+    """sweep 5: save_adapter("") wrote into the current folder, a file's path gave
+    FileExistsError from mkdir, a model without adapters left an empty folder behind, and
+    the files were written in place: a save stopped midway left a half-written file over
+    the user's.  Paths are checked first, and each file replaces the old one whole."""
+    model = tiny_llama()
+    naming = npeft.llama_names(model.config)
+    with pytest.raises(ValueError, match="holds no LoRA adapters to save"):
+        npeft.save_adapter(model, tmp_path / "none", naming)
+    assert not (tmp_path / "none").exists()
+    npeft.apply_adapters(model, naming, ["q_proj"], 2)
+    with pytest.raises(ValueError, match="folder must be a path, got the empty name"):
+        npeft.save_adapter(model, "", naming)
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(NotADirectoryError, match=r"file is a file, not a folder"):
+        npeft.save_adapter(model, tmp_path / "file" / "adapter", naming)
+    folder = npeft.save_adapter(model, tmp_path / "adapter", naming)
+    before = (folder / npeft.WEIGHTS_FILE).read_bytes()
+
+    def stopped(arrays, path, metadata=None):
+        with open(path, "wb") as handle:
+            handle.write(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("safetensors.numpy.save_file", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        npeft.save_adapter(model, folder, naming)
+    assert (folder / npeft.WEIGHTS_FILE).read_bytes() == before
+    assert sorted(p.name for p in folder.iterdir()) == [npeft.CONFIG_FILE, npeft.WEIGHTS_FILE]

@@ -415,8 +415,7 @@ def save_pretrained(model: Module, path: str | os.PathLike, tokenizer: Tokenizer
         check_tokenizer(tokenizer, model)
     weights = to_hf({name: backend.to_numpy(p.data) for name, p in model.named_parameters()},
                     model.config)
-    folder = Path(check_path(path, "path"))
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = output_folder(path)
     hf_config["torch_dtype"] = next(iter(weights.values())).dtype.name
     if tokenizer is not None and tokenizer.eos_id is not None:
         hf_config["bos_token_id"] = hf_config["eos_token_id"] = tokenizer.eos_id
@@ -427,6 +426,21 @@ def save_pretrained(model: Module, path: str | os.PathLike, tokenizer: Tokenizer
         _write_whole(folder / TOKENIZER_FILE, tokenizer.save)
     _write_whole(folder / CONFIG_FILE, lambda tmp: tmp.write_text(
         json.dumps(hf_config, indent=2) + "\n", encoding="utf-8"))
+    return folder
+
+
+def output_folder(path: Any, what: str = "path") -> Path:
+    """The folder a save writes into (``path``, a non-empty path; ``what``: the argument's
+    name), created if needed; a path that is a file, or lies under one, is refused naming
+    the file."""
+    folder = Path(check_path(path, what))
+    for place in (folder, *folder.parents):
+        if place.exists():
+            if not place.is_dir():
+                raise NotADirectoryError(f"cannot save into the folder {folder}: {place} is a "
+                                         "file, not a folder")
+            break
+    folder.mkdir(parents=True, exist_ok=True)
     return folder
 
 

@@ -41,7 +41,7 @@ import numpy as np
 from .. import backend
 from ..models.llama import LlamaCausalLM, LlamaConfig
 from ..nn.lora import lora_layers
-from ..ops.contracts import LLAMA3_KEYS, check_choice, check_path
+from ..ops.contracts import LLAMA3_KEYS, check_choice
 from .gpt2 import (
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -53,6 +53,7 @@ from .gpt2 import (
     _switch,
     _write_whole,
     check_tokenizer,
+    output_folder,
     resolve,
 )
 
@@ -277,8 +278,7 @@ def save_pretrained(model: LlamaCausalLM, path: str | os.PathLike) -> Path:
     weights = to_hf({name: backend.to_numpy(p.data) for name, p in model.named_parameters()
                      if name not in adapter_names})
     values = config_to_hf(model.config)
-    folder = Path(check_path(path, "path"))
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = output_folder(path)
     values["torch_dtype"] = next(iter(weights.values())).dtype.name
     _write_whole(folder / WEIGHTS_FILE,
                  lambda tmp: save_file(weights, str(tmp), metadata={"format": "pt"}))

@@ -38,9 +38,20 @@ import numpy as np
 
 from .. import backend
 from ..nn.layers import Linear
-from ..nn.lora import LoRALinear, apply_lora, lora_layers, matches, share_lora_a
+from ..nn.lora import (
+    LoRALinear,
+    apply_lora,
+    check_adapter_settings,
+    check_every_target_matches,
+    check_targets,
+    lora_layers,
+    matches,
+    share_lora_a,
+)
 from ..nn.module import Module
-from ..nn.state import read_safetensors
+from ..nn.state import read_safetensors, weight_array
+from ..ops.contracts import check_path, read_json_object
+from .gpt2 import _first, _write_whole, output_folder
 
 WEIGHTS_FILE = "adapter_model.safetensors"
 CONFIG_FILE = "adapter_config.json"
@@ -110,11 +121,9 @@ def apply_adapters(model: Module, naming: Naming, target_modules: str | Sequence
     """:func:`npformer.nn.lora.apply_lora` on the Linears of the torch modules that
     ``target_modules`` (PEFT's, in the torch model's names) choose; one A shared by the
     blocks of a fused one.  Returns the chosen torch modules' names."""
+    check_every_target_matches(target_modules, [name for name, _ in naming.modules],
+                               "projections", "target_modules")
     chosen = naming.chosen(target_modules)
-    if not chosen:
-        known = ", ".join(name for name, _ in naming.modules[:4])
-        raise ValueError(f"target_modules {target_modules!r} match none of the model's "
-                         f"projections ({known}{', ...' if len(naming.modules) > 4 else ''})")
     apply_lora(model, [part for _, parts in chosen for part in parts], r, alpha, dropout)
     adapters = lora_layers(model)
     for _, parts in chosen:
@@ -176,12 +185,15 @@ def save_adapter(model: Module, folder: str | os.PathLike, naming: Naming,
     ``peft.PeftModel.from_pretrained(torch_model, folder)`` loads them)."""
     from safetensors.numpy import save_file
 
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    check_naming(naming)
+    arrays = adapter_arrays(model, naming)  # refused before anything is written
     config = adapter_config(model, naming, base_model, task_type)
-    save_file(adapter_arrays(model, naming), str(folder / WEIGHTS_FILE),
-              metadata={"format": "pt"})
-    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    folder = output_folder(folder, "folder")
+    # each file whole or not at all (a stopped save leaves the previous file), the config last
+    _write_whole(folder / WEIGHTS_FILE,
+                 lambda tmp: save_file(arrays, str(tmp), metadata={"format": "pt"}))
+    _write_whole(folder / CONFIG_FILE, lambda tmp: tmp.write_text(
+        json.dumps(config, indent=2) + "\n", encoding="utf-8"))
     return folder
 
 
@@ -191,10 +203,10 @@ def read_adapter_config(folder: Path) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: an adapter folder holds {CONFIG_FILE} "
                                 f"and {WEIGHTS_FILE}")
-    config = json.loads(path.read_text(encoding="utf-8"))
-    if not isinstance(config, dict) or config.get("peft_type") != "LORA":
-        got = config.get("peft_type") if isinstance(config, dict) else type(config).__name__
-        raise ValueError(f"{path}: peft_type must be 'LORA', got {got!r}")
+    config = read_json_object(path.read_text(encoding="utf-8"), str(path),
+                              expected="PEFT's adapter config")
+    if config.get("peft_type") != "LORA":
+        raise ValueError(f"{path}: peft_type must be 'LORA', got {config.get('peft_type')!r}")
     for key, supported in _UNSUPPORTED.items():
         if config.get(key, supported) not in (supported, None) and not (
                 supported == {} and not config.get(key)):
@@ -207,8 +219,10 @@ def load_adapter(model: Module, folder: str | os.PathLike, naming: Naming) -> li
     """Put the adapters of a PEFT folder on ``model`` (its layers as the file names them,
     its rank, alpha and dropout; A and B from the file) and return their torch names.
     ``model`` must not hold adapters already."""
-    folder = Path(folder)
+    folder = Path(check_path(folder, "folder"))
+    check_naming(naming)
     config = read_adapter_config(folder)
+    r, alpha, dropout = adapter_settings(config, folder / CONFIG_FILE)
     arrays = read_safetensors(folder / WEIGHTS_FILE, stacklevel=3)
     names = adapted_modules(arrays, folder / WEIGHTS_FILE)
     if lora_layers(model):
@@ -219,15 +233,61 @@ def load_adapter(model: Module, folder: str | os.PathLike, naming: Naming) -> li
     if unknown:
         raise ValueError(f"{folder / WEIGHTS_FILE} adapts {unknown[:3]}, which the model does "
                          "not have (another model's adapter?)")
-    if "r" not in config:
-        raise ValueError(f"{folder / CONFIG_FILE} holds no rank r")
-    apply_adapters(model, naming, list(names), int(config["r"]),
-                   float(config.get("lora_alpha", PEFT_DEFAULT_ALPHA)),
-                   float(config.get("lora_dropout") or 0.0))
+    check_targets_are_the_file_s(config.get("target_modules"), names, naming, folder)
+    apply_adapters(model, naming, list(names), r, alpha, dropout)
     adapters = lora_layers(model)
     for name in names:
         _set_adapter([adapters[part] for part in known[name]], arrays, name)
     return list(names)
+
+
+def adapter_settings(config: dict[str, Any], where: Path) -> tuple[int, float, float]:
+    """(r, lora_alpha, lora_dropout) of an adapter config, each checked by kind and named
+    with the file (a rank of 2.5 or "8", an alpha of "x" are refused, never rounded or
+    parsed); lora_alpha absent is PEFT's default (null is refused), lora_dropout absent or
+    null 0."""
+    if "r" not in config:
+        raise ValueError(f"{where} holds no rank r")
+    alpha, dropout = config.get("lora_alpha", PEFT_DEFAULT_ALPHA), config.get("lora_dropout")
+    if alpha is None:  # PEFT's scaling alpha / r would fail on it
+        raise ValueError(f"{where}: lora_alpha is null: it must be a number > 0")
+    try:
+        return check_adapter_settings(config["r"], alpha, 0.0 if dropout is None else dropout)
+    except ValueError as exc:  # a KindError too
+        raise type(exc)(f"{where}: {exc}") from None
+
+
+def check_targets_are_the_file_s(targets: Any, names: list[str], naming: Naming,
+                                 folder: Path) -> None:
+    """The modules the config's ``target_modules`` choose in this model are the ones the
+    weights file adapts (PEFT builds adapters on the first and fills them from the
+    second): another model's folder (more layers, other targets) is refused naming the
+    difference.  A config without target_modules is taken at the file's word."""
+    if targets is None:
+        return
+    try:
+        check_targets(targets)
+    except TypeError as exc:
+        raise ValueError(f"{folder / CONFIG_FILE}: target_modules: {exc}") from None
+    chosen = [name for name, _ in naming.chosen(targets)]
+    if sorted(chosen) != sorted(names):
+        only_config = [n for n in chosen if n not in names]
+        only_file = [n for n in names if n not in chosen]
+        raise ValueError(
+            f"{folder / CONFIG_FILE}'s target_modules {targets!r} do not choose the modules "
+            f"{folder / WEIGHTS_FILE} adapts: "
+            + "; ".join(part for part in (
+                f"chosen without weights: {_first(only_config)}" if only_config else "",
+                f"weights not chosen: {_first(only_file)}" if only_file else "") if part)
+            + " (another model's adapter, or one of other targets?)")
+
+
+def check_naming(naming: Any) -> None:
+    """``naming`` is a :class:`Naming` (:func:`llama_names`, :func:`gpt2_names`,
+    :func:`same_names` make one)."""
+    if not isinstance(naming, Naming):
+        raise TypeError(f"naming must be a Naming (llama_names(config), gpt2_names(config) "
+                        f"or same_names(model)), got {type(naming).__name__}")
 
 
 def adapted_modules(arrays: dict[str, np.ndarray], where: Path) -> list[str]:
@@ -248,8 +308,8 @@ def adapted_modules(arrays: dict[str, np.ndarray], where: Path) -> list[str]:
 
 def _set_adapter(layers: list[LoRALinear], arrays: dict[str, np.ndarray], name: str) -> None:
     """A and B of the torch module ``name`` into its npformer layers (B's column blocks)."""
-    a = arrays[f"{PREFIX}{name}.lora_A.weight"].T  # (D_in, r)
-    b = arrays[f"{PREFIX}{name}.lora_B.weight"].T  # (r, D_out)
+    a, b = (weight_array(arrays[key], key).T for key in (
+        f"{PREFIX}{name}.lora_A.weight", f"{PREFIX}{name}.lora_B.weight"))  # (D_in, r), (r, D_out)
     widths = [layer.out_features for layer in layers]
     want_a, want_b = layers[0].lora_A.shape, (layers[0].r, sum(widths))
     if a.shape != want_a or b.shape != want_b:
