@@ -260,3 +260,34 @@ def test_save_into_a_path_that_is_a_file_is_refused_naming_it(tmp_path):
                                                "folder"):
             hf_llama.save_pretrained(model, path)
     assert (tmp_path / "notes").read_text() == "mine"
+
+
+@pytest.mark.parametrize("changes, fragments", [
+    (dict(rope_scaling={"factor": 4.0}, rope_parameters=None),
+     ["rope_scaling {'factor': 4.0} without a rope_type"]),
+    (dict(rope_scaling=[], rope_parameters=None), ["rope_scaling must be an object", "[]"]),
+    (dict(architectures="Qwen2ForCausalLM"), ["architectures = 'Qwen2ForCausalLM'",
+                                              "list of class names"]),
+])
+def test_a_config_field_of_the_wrong_shape_is_refused_not_read_as_default(
+        torch, tmp_path, changes, fragments):
+    """sweep 5: a rope_scaling without its type loaded as no scaling (its factor
+    ignored), rope_scaling [] as none, and an architectures string was read letter by
+    letter ("holds a L, l, a, ..."); each is refused, naming the field."""
+    _, folder = build(torch, tmp_path, "qwen2_untied")
+    with raises_naming(PretrainedError, "config.json", *fragments):
+        hf_llama.from_pretrained(edited(folder, **changes))
+
+
+def test_a_weight_held_under_two_names_is_refused_naming_both(torch, tmp_path):
+    """sweep 5: model.norm.weight and norm.weight (one name with and one without
+    ``model.``) both loaded into norm.weight, the last one read winning, silently."""
+    from safetensors.numpy import load_file, save_file
+
+    _, folder = build(torch, tmp_path, "qwen3_tied")
+    weights = load_file(str(folder / "model.safetensors"))
+    weights["norm.weight"] = weights["model.norm.weight"] + 1
+    save_file(weights, str(folder / "model.safetensors"))
+    with raises_naming(PretrainedError, "norm.weight twice", "model.norm.weight and "
+                                        "norm.weight"):
+        hf_llama.from_pretrained(folder)

@@ -163,11 +163,7 @@ def config_from_hf(values: dict, config_class: type, dropout: float = 0.0,
     if model_type != "gpt2":
         raise PretrainedError(f"{where} describes a {model_type!r} model (model_type): "
                               "npformer loads GPT-2 checkpoints (model_type 'gpt2')")
-    architectures = values.get("architectures") or ["GPT2LMHeadModel"]
-    if not isinstance(architectures, list) or not all(isinstance(a, str)
-                                                      for a in architectures):
-        raise PretrainedError(f"{where} sets architectures = {architectures!r}: it must be a "
-                              f"list of class names, e.g. [\"GPT2LMHeadModel\"]")
+    architectures = architectures_of(values, where, "GPT2LMHeadModel") or ["GPT2LMHeadModel"]
     other = [a for a in architectures if a not in ARCHITECTURES]
     if other:
         raise PretrainedError(f"{where} holds a {', '.join(other)} (architectures): npformer "
@@ -201,6 +197,18 @@ def config_from_hf(values: dict, config_class: type, dropout: float = 0.0,
                               layer_norm_eps=values.get("layer_norm_epsilon", 1e-5))
     except ValueError as exc:
         raise PretrainedError(f"{where} does not make a model: {exc}") from None
+
+
+def architectures_of(values: dict, where: str, example: str) -> list[str]:
+    """config.json's ``architectures``: a list of class names (``example`` one), [] where
+    absent or null; anything else (a str, whose letters would be read as the names) is
+    refused."""
+    architectures = values.get("architectures") or []
+    if not isinstance(architectures, list) or not all(isinstance(a, str)
+                                                      for a in architectures):
+        raise PretrainedError(f"{where} sets architectures = {architectures!r}: it must be a "
+                              f"list of class names, e.g. [\"{example}\"]")
+    return architectures
 
 
 def _switch(values: dict, key: str, default: bool, where: str) -> bool:

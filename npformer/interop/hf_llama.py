@@ -27,7 +27,9 @@ float32 and loaded into the model's float type, with a warning that says so.
 
 Refused by name, never approximated: a ``model_type`` or architecture not listed, a
 ``rope_type`` other than the default and ``llama3``, sliding-window attention, mixture of
-experts, an activation other than SiLU, biases in the feed-forward (``mlp_bias``).
+experts, an activation other than SiLU, biases in the feed-forward (``mlp_bias``), a
+``rope_scaling`` without its type, a weight held under two names (with and without
+``model.``).
 """
 from __future__ import annotations
 
@@ -52,6 +54,7 @@ from .gpt2 import (
     _read_weights,
     _switch,
     _write_whole,
+    architectures_of,
     check_tokenizer,
     output_folder,
     resolve,
@@ -75,7 +78,8 @@ def config_from_hf(values: dict, where: str = CONFIG_FILE) -> LlamaConfig:
     if model_type not in FAMILIES:
         raise PretrainedError(f"{where} describes a {model_type!r} model (model_type): "
                               f"npformer loads {sorted(FAMILIES)} checkpoints here")
-    other = [a for a in values.get("architectures") or [] if a not in ARCHITECTURES]
+    other = [a for a in architectures_of(values, where, FAMILIES[model_type])
+             if a not in ARCHITECTURES]
     if other:
         raise PretrainedError(f"{where} holds a {', '.join(map(str, other))} (architectures): "
                               f"npformer loads {', '.join(sorted(FAMILIES.values()))}")
@@ -128,13 +132,18 @@ def refuse_unsupported(values: dict, where: str) -> None:
 def rope_from_hf(values: dict, where: str) -> tuple[float, dict | None]:
     """(rope_theta, a llama3 rope_scaling or None) from config.json: the older keys
     (``rope_theta``, ``rope_scaling``) or transformers 5's ``rope_parameters``."""
-    params = values.get("rope_parameters") or values.get("rope_scaling") or {}
+    given = [v for v in (values.get("rope_parameters"), values.get("rope_scaling"))
+             if v is not None and v != {}]
+    params = given[0] if given else {}
     if not isinstance(params, dict):
         raise PretrainedError(f"{where}: rope_scaling must be an object or null, got "
                               f"{params!r}")
     theta = values.get("rope_theta", params.get("rope_theta", 10000.0))
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type == "default":
+    rope_type = params.get("rope_type", params.get("type"))
+    if rope_type is None and set(params) - {"rope_theta"}:  # its numbers would be ignored
+        raise PretrainedError(f"{where} sets rope_scaling {params!r} without a rope_type "
+                              "(or type): name the scaling, 'llama3' or 'default'")
+    if rope_type in (None, "default"):
         return theta, None
     if rope_type != "llama3":
         raise PretrainedError(f"{where} sets rope_type {rope_type!r}: not implemented in "
@@ -196,12 +205,15 @@ def from_hf(state: dict[str, np.ndarray], model: LlamaCausalLM, where: str = WEI
     """Hugging Face's arrays by name -> npformer's by parameter name, every name and shape
     checked against ``model``'s parameters first (a missing, unexpected or misshapen weight
     refused naming it)."""
-    ours = {}
+    ours, given = {}, {}
     for name, array in state.items():
         if name.endswith(BUFFERS):
             continue
         own = name.removeprefix("model.")
-        ours[own] = array.T if is_linear_weight(own) else array
+        if own in given:  # which copy to load is not npformer's guess
+            raise PretrainedError(f"{where} holds {own} twice, as {given[own]} and {name}: "
+                                  "keep one")
+        ours[own], given[own] = (array.T if is_linear_weight(own) else array), name
     if model.config.tie_word_embeddings and "lm_head.weight" in ours:  # the head saved too
         if not np.array_equal(ours.pop("lm_head.weight").T, ours.get("embed_tokens.weight")):
             raise PretrainedError(f"{where} holds an lm_head.weight other than the embedding, "
