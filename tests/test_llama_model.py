@@ -237,3 +237,49 @@ def test_build_model_builds_a_llama_checkpoint_again(tmp_path):
             np.testing.assert_allclose(built(ids), model(ids), rtol=1e-12, atol=1e-14)
             assert generate(built, [1, 2], 3, greedy=True) == generate(model, [1, 2], 3,
                                                                        greedy=True)
+
+
+# =========================================================================== sweep 5
+def test_cached_decoding_past_the_context_is_refused_as_the_forward_is():
+    """sweep 5: forward refuses a sequence longer than max_position_embeddings, but
+    forward_cached computed positions 16, 17, ... past it (a prompt of 17 at once, or one
+    more token after 16 cached), silently."""
+    from npformer import no_grad
+
+    model = make()
+    with no_grad():
+        with raises_naming(ValueError, "sequence of length 17", "max_position_embeddings 16"):
+            model.forward_cached(np.ones((1, 17), dtype=np.int64), model.new_cache())
+        cache = model.new_cache()
+        model.forward_cached(np.ones((1, 16), dtype=np.int64), cache)
+        with raises_naming(ValueError, "sequence of length 17 (16 cached and 1 new)",
+                           "max_position_embeddings 16"):
+            model.forward_cached(np.ones((1, 1), dtype=np.int64), cache)
+
+
+def test_a_cache_that_is_not_this_models_is_refused_naming_it():
+    """sweep 5: a cache of fewer blocks than the model's layers left the last layers
+    without theirs (zip stopped early: wrong logits, silently); None gave an
+    AttributeError, a cache filled for another batch or by another model a concatenation
+    error from inside KVCache.append, ids of one or three axes an unpacking error."""
+    from npformer import no_grad
+    from npformer.nn import DecodingCache
+
+    model, one = make(num_key_value_heads=1), np.ones((1, 1), dtype=np.int64)
+    with no_grad():
+        with raises_naming(ValueError, "kv_cache holds the caches of 1 blocks",
+                           "LlamaCausalLM has 2"):
+            model.forward_cached(one, DecodingCache(1))
+        with raises_naming(TypeError, "kv_cache must be a DecodingCache", "NoneType"):
+            model.forward_cached(one, None)
+        cache = model.new_cache()
+        model.forward_cached(np.ones((1, 3), dtype=np.int64), cache)
+        with raises_naming(ValueError, "keys of shape (1, 1, 3, 4)", "a batch of 2"):
+            model.forward_cached(np.ones((2, 1), dtype=np.int64), cache)
+        other = make(num_key_value_heads=2)
+        with raises_naming(ValueError, "keys of shape (1, 1, 3, 4)", "2 heads of width 4"):
+            other.forward_cached(one, cache)
+        for ids in (np.ones(3, dtype=np.int64), np.ones((1, 1, 1), dtype=np.int64)):
+            with raises_naming(ValueError, "token ids (batch, positions) must have 2 "
+                                           "dimensions"):
+                model.forward_cached(ids, model.new_cache())

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from .. import backend, ops
 from ..backend import Array
 from ..nn import DecodingCache, Embedding, Linear, LlamaBlock, Module, RMSNorm
+from ..nn.cache import check_decoding_cache
 from ..nn.llama import check_kv_heads
 from ..ops.contracts import check_flag, check_rank, check_rope_scaling, check_token_ids, shown
 from .common import decoder_mask, inference_only, model_input
@@ -157,11 +158,17 @@ class LlamaCausalLM(Module):
         ids = model_input(ids, "token ids")
         check_rank(ids, 2, "token ids (batch, positions)")
         keys_and_positions(ids, attention_mask, position_ids, self.config.block_size)
-        if position_ids is None and ids.shape[1] > self.config.block_size:
-            raise ValueError(f"sequence of length {ids.shape[1]} is longer than "
+        self._check_context(ids.shape[1], position_ids)
+        check_token_ids(ids, self.config.vocab_size)
+
+    def _check_context(self, length: int, position_ids: Array | None, cached: int = 0) -> None:
+        """``cached`` positions and ``length`` new ones fit the model's context (positions
+        counted from 0 reach cached + length - 1); given position_ids are checked apart."""
+        if position_ids is None and cached + length > self.config.block_size:
+            held = f" ({cached} cached and {length} new)" if cached else ""
+            raise ValueError(f"sequence of length {cached + length}{held} is longer than "
                              f"max_position_embeddings {self.config.block_size} (the model's "
                              "context); raise it in the model's config")
-        check_token_ids(ids, self.config.vocab_size)
 
     def forward(self, ids: Array, attention_mask: Array | None = None,
                 position_ids: Array | None = None) -> Array:
@@ -217,7 +224,10 @@ class LlamaCausalLM(Module):
         ``attention_mask`` (B, kv_cache.length + T_new) covers the cached positions and the
         new ones; ``position_ids`` (B, T_new) the new ones."""
         inference_only("forward_cached")
+        check_decoding_cache(kv_cache, len(self.layers), type(self).__name__)
         ids = model_input(ids, "token ids")
+        check_rank(ids, 2, "token ids (batch, positions)")
+        self._check_context(ids.shape[1], position_ids, kv_cache.length)
         x, cos, sin, mask = self._inputs(ids, attention_mask, position_ids, kv_cache.length)
         for layer, layer_cache in zip(self.layers, kv_cache.blocks):
             x = layer(x, cos, sin, mask, kv_cache=layer_cache.self_attn)

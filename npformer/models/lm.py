@@ -28,6 +28,8 @@ from .. import backend, ops
 from ..backend import Array
 from ..interop import gpt2
 from ..nn import DecodingCache, EncoderBlock, LayerNorm, Linear, Module
+from ..nn.cache import check_decoding_cache
+from ..ops.contracts import check_rank
 from .common import (
     TokenEmbedding,
     attention_mask_input,
@@ -167,6 +169,7 @@ class CausalLM(Module):
         ``attention_mask`` (B, kv_cache.length + T_new) covers the cached positions and the
         new ones (as Hugging Face passes it); ``position_ids`` (B, T_new) the new ones."""
         inference_only("forward_cached")
+        check_decoding_cache(kv_cache, len(self.blocks), type(self).__name__)
         ids = model_input(ids, "token ids")
         x, mask = self._embedded(ids, attention_mask, position_ids,
                                  kv_cache.length)  # (B, T_new, D)
@@ -199,6 +202,7 @@ def keys_and_positions(ids: Array, attention_mask: Array | None, position_ids: A
     attention mask as booleans (B, S) (None: no padding) and the positions of ids (B, T)
     (None: offset, offset + 1, ...).  With a mask and no position_ids, the positions count
     each row's tokens (:func:`positions_of`)."""
+    check_rank(ids, 2, "token ids (batch, positions)")
     batch, length = ids.shape
     keep = None if attention_mask is None else \
         attention_mask_input(attention_mask, (batch, offset + length))

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from .. import backend, ops
 from ..backend import Array
 from ..nn import DecoderBlock, DecodingCache, EncoderBlock, LayerNorm, Linear, Module
+from ..nn.cache import check_decoding_cache
 from ..ops.contracts import check_flag, check_rank
 from .common import (
     TokenEmbedding,
@@ -239,6 +240,7 @@ class Seq2SeqTransformer(Module):
         the ``kv_cache.length`` already decoded -> logits (B, T_new, V); self-attention keys
         and values are cached, cross-attention ones computed once from ``memory``."""
         inference_only("forward_cached")
+        check_decoding_cache(kv_cache, len(self.decoder), type(self).__name__, cross=True)
         offset = kv_cache.length
         y = self.tgt_embed(tgt_ids, offset=offset)  # (B, T_new, D)
         self_mask = decoder_mask(None, tgt_ids.shape[1], offset + tgt_ids.shape[1], like=y)

@@ -66,7 +66,7 @@ from ..ops.contracts import (
     check_sequence_input,
     check_size,
 )
-from .cache import KVCache
+from .cache import KVCache, check_cache_fits
 from .layers import LayerNorm, Linear
 from .module import Module, grad_enabled
 
@@ -189,6 +189,7 @@ class MultiHeadAttention(Module):
             if grad_enabled():
                 raise RuntimeError("a KVCache is for inference: call the attention under "
                                    "npformer.no_grad() (it keeps nothing for a backward)")
+            check_cache_fits(kv_cache, batch, self.num_heads, self.head_dim)
             keys = kv_cache.length + length if context is None else keys
         if mask is not None:
             check_mask(mask, (batch, self.num_heads, length, keys), "attention mask")

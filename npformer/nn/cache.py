@@ -70,3 +70,37 @@ class DecodingCache:
         """Reorder the batch rows of every cache (beam search: each kept hypothesis's origin)."""
         for block in self.blocks:
             block.select(rows)
+
+
+def check_decoding_cache(kv_cache: object, num_blocks: int, owner: str, cross: bool = False
+                         ) -> None:
+    """``kv_cache`` is a :class:`DecodingCache` of ``num_blocks`` blocks (with
+    cross-attention caches when ``cross``), as ``owner``'s ``new_cache()`` makes it: another
+    model's would leave layers without their cache (zip stops at the shorter), silently."""
+    if not isinstance(kv_cache, DecodingCache):
+        raise TypeError(f"kv_cache must be a DecodingCache ({owner}.new_cache()), got "
+                        f"{type(kv_cache).__name__}")
+    held = len(kv_cache.blocks)
+    crossing = all(block.cross_attn is not None for block in kv_cache.blocks)
+    if held != num_blocks or (cross and not crossing):
+        raise ValueError(f"kv_cache holds the caches of {held} blocks"
+                         f"{'' if crossing or not cross else ' without cross-attention'}, "
+                         f"but {owner} has {num_blocks}: pass the cache {owner}.new_cache() "
+                         "made")
+
+
+def check_cache_fits(kv_cache: KVCache, batch: int, heads: int, width: int) -> None:
+    """A cache holding keys holds (batch, heads, S, width) ones, those of this layer for this
+    batch: another batch's (a beam search's rows not selected) or another model's is
+    refused before the concatenation that would fail inside (or the attention misread)."""
+    if not isinstance(kv_cache, KVCache):
+        raise TypeError(f"kv_cache must be a KVCache (a block's cache of the model's "
+                        f"new_cache()), got {type(kv_cache).__name__}")
+    if kv_cache.keys is None:
+        return
+    held = tuple(kv_cache.keys.shape)
+    if (held[0], held[1], held[3]) != (batch, heads, width):
+        raise ValueError(f"the key/value cache holds keys of shape {held} (batch, heads, "
+                         f"positions, head_dim), but the layer has {heads} heads of width "
+                         f"{width} and the input a batch of {batch}: pass the cache this "
+                         "model filled for these rows (new_cache() to start again)")

@@ -49,7 +49,7 @@ from ..ops.contracts import (
     rotary_inputs,
 )
 from .attention import merge_heads, split_heads, through_norm, through_norm_backward
-from .cache import KVCache
+from .cache import KVCache, check_cache_fits
 from .layers import Linear, RMSNorm
 from .module import Module, grad_enabled
 
@@ -158,6 +158,7 @@ class GroupedQueryAttention(Module):
             if grad_enabled():
                 raise RuntimeError("a KVCache is for inference: call the attention under "
                                    "npformer.no_grad() (it keeps nothing for a backward)")
+            check_cache_fits(kv_cache, batch, self.num_kv_heads, self.head_dim)
             keys += kv_cache.length
         if mask is not None:
             check_mask(mask, (batch, self.num_heads, length, keys), "attention mask")
