@@ -33,8 +33,9 @@ model is frozen (no gradients, no optimizer state for it) and each projection th
 --lora-targets names gets W + (alpha / R) B A, alpha --lora-alpha, dropout --lora-dropout
 on the adapter's input.  --lora-targets is PEFT's target_modules in the torch model's
 names: GPT-2's c_attn, c_proj, c_fc (default c_attn,c_proj); Llama's and Qwen's q_proj,
-k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (default q_proj,v_proj).  The run
-also writes OUT/adapter (adapter_model.safetensors and adapter_config.json:
+k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (default q_proj,v_proj).  The three
+options are refused without --lora R (nothing would read them).  The run also writes
+OUT/adapter (adapter_model.safetensors and adapter_config.json:
 peft.PeftModel.from_pretrained(the base torch model, OUT/adapter) loads it), and
 OUT/gpt2 or OUT/llama holds the adapters merged into the weights.
 """
@@ -43,7 +44,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 try:
@@ -77,6 +78,7 @@ from npformer.cli import (
     write_text,
 )
 from npformer.cli.memory import check_training_fits
+from npformer.cli.options import flag
 from npformer.cli.ranks import is_main
 from npformer.data import lm_batch, load_shakespeare, read_text_file, split_90_10
 from npformer.decoding import generate
@@ -93,6 +95,7 @@ DEMO = Demo(tag="finetune", title="fine-tuning", model_kind="causal_lm",
             script="demos/finetune.py", out="runs/finetune")
 DEFAULT_MODEL = "gpt2"  # GPT-2 small on the Hugging Face Hub (124M parameters)
 ADAPTER_FOLDER = "adapter"  # OUT/adapter: the LoRA adapters, as PEFT writes them
+LORA_OPTIONS = ("lora_alpha", "lora_dropout", "lora_targets")  # read with --lora R only
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,14 @@ class Preset:
                                "target_modules in the model's names; empty: the family's "
                                "default, GPT-2's c_attn,c_proj, Llama's and Qwen's "
                                "q_proj,v_proj)", str)
+
+    def __post_init__(self):
+        if not self.lora:  # the adapters' options, which a run without adapters would not read
+            given = [flag(f.name) for f in fields(self)
+                     if f.name in LORA_OPTIONS and getattr(self, f.name) != f.default]
+            if given:
+                raise ValueError(f"{', '.join(given)} set the LoRA adapters, but --lora is 0 "
+                                 "(every weight fine-tuned): add --lora R (the rank)")
 
 
 PRESETS = {

@@ -280,3 +280,15 @@ def test_overwrite_removes_the_llama_and_adapter_folders(folder, text_file, tmp_
                        env_extra=OFFLINE)
     assert stopped.returncode == 130, stopped.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["last.npz"]
+
+
+def test_lora_options_without_lora_are_refused(folder, text_file, tmp_path):
+    """sweep 5: --lora-targets, --lora-alpha and --lora-dropout without --lora R were
+    read by nothing: every weight was fine-tuned, silently."""
+    result = run_demo("finetune.py", *SMOKE, "--lora-targets", "q_proj", "--lora-alpha", "4",
+                      "--model", str(folder), "--data", str(text_file), "--out",
+                      str(tmp_path), env_extra=OFFLINE)
+    assert result.returncode != 0
+    assert ("error: --lora-alpha, --lora-targets set the LoRA adapters, but --lora is 0"
+            in result.stderr), result.stderr[-2000:]
+    assert not list(tmp_path.iterdir())
