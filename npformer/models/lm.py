@@ -171,6 +171,7 @@ class CausalLM(Module):
         inference_only("forward_cached")
         check_decoding_cache(kv_cache, len(self.blocks), type(self).__name__)
         ids = model_input(ids, "token ids")
+        check_rank(ids, 2, "token ids (batch, positions)")
         x, mask = self._embedded(ids, attention_mask, position_ids,
                                  kv_cache.length)  # (B, T_new, D)
         for block, block_cache in zip(self.blocks, kv_cache.blocks):
@@ -202,7 +203,6 @@ def keys_and_positions(ids: Array, attention_mask: Array | None, position_ids: A
     attention mask as booleans (B, S) (None: no padding) and the positions of ids (B, T)
     (None: offset, offset + 1, ...).  With a mask and no position_ids, the positions count
     each row's tokens (:func:`positions_of`)."""
-    check_rank(ids, 2, "token ids (batch, positions)")
     batch, length = ids.shape
     keep = None if attention_mask is None else \
         attention_mask_input(attention_mask, (batch, offset + length))
