@@ -70,6 +70,7 @@ from npformer.models import CausalLM, CausalLMConfig, LlamaCausalLM, LlamaConfig
 from npformer.models.configs import renamed_fields
 from npformer.nn import evaluating
 from npformer.nn.llama import check_kv_heads
+from npformer.ops.contracts import check_rotary_width
 from npformer.optim import AdamW, warmup_cosine
 from npformer.train import TrainConfig, Trainer, progress
 from npformer.train.tasks import LanguageModeling
@@ -112,6 +113,9 @@ class Preset:
                                  "blocks give every query head its own keys and values")
             return
         check_kv_heads(self.num_heads, self.kv_heads, "--num-heads", "--kv-heads")
+        check_rotary_width(self.d_model // self.num_heads,
+                           f"--arch llama's head width --d-model {self.d_model} / --num-heads "
+                           f"{self.num_heads}")
         if self.dropout:
             raise DemoError(f"--arch llama has no dropout (Llama's blocks have none), "
                             f"got --dropout {self.dropout}")

@@ -623,3 +623,16 @@ def test_translation_says_how_each_text_was_decoded(fast_smoke_runs, monkeypatch
     model, src_vocab, tgt_vocab, bpe = demo.load_for_translation(out / "model.npz")
     demo.draw_cross_attention(model, src_vocab, tgt_vocab, bpe, "go .", out / "x.png")
     assert titles == ["cross-attention, last decoder layer, decoded by greedy search: go ."]
+
+
+@pytest.mark.parametrize("d_model, num_heads, fragment", [(6, 2, "must be even"),
+                                                          (4, 4, "must be at least 2")])
+def test_llama_heads_of_an_odd_width_are_refused_naming_the_options(
+        d_model, num_heads, fragment, capsys, tmp_path):
+    """sweep 5: generate.py --arch llama with --d-model / --num-heads odd (or 1) built the
+    model after loading the data and died in LlamaConfig's traceback (under MPI: an
+    MPI_Abort per rank); the options are refused before anything runs."""
+    err = parse_error("generate.py", ["--smoke", "--arch", "llama", "--kv-heads", "1",
+                                      "--d-model", str(d_model), "--num-heads",
+                                      str(num_heads), "--out", str(tmp_path)], capsys)
+    assert f"--d-model {d_model} / --num-heads {num_heads} {fragment}" in err, err

@@ -38,7 +38,14 @@ from ..backend import Array
 from ..nn import DecodingCache, Embedding, Linear, LlamaBlock, Module, RMSNorm
 from ..nn.cache import check_decoding_cache
 from ..nn.llama import check_kv_heads
-from ..ops.contracts import check_flag, check_rank, check_rope_scaling, check_token_ids, shown
+from ..ops.contracts import (
+    check_flag,
+    check_rank,
+    check_rope_scaling,
+    check_rotary_width,
+    check_token_ids,
+    shown,
+)
 from .common import decoder_mask, inference_only, model_input
 from .configs import _is_int, _set_field
 from .lm import keys_and_positions, logits_backward, logits_of
@@ -112,9 +119,7 @@ def check_llama_config(config: LlamaConfig) -> None:
         object.__setattr__(config, field, default if value is None else int(value))
     check_kv_heads(heads, config.num_key_value_heads, f"{name}.num_attention_heads",
                    f"{name}.num_key_value_heads")
-    if config.head_dim % 2 or config.head_dim < 2:
-        raise ValueError(f"{name}.head_dim must be even (the rotation turns pairs of "
-                         f"features), got {config.head_dim}")
+    check_rotary_width(config.head_dim, f"{name}.head_dim")
     for field in ("rms_norm_eps", "rope_theta"):
         value = getattr(config, field)
         if isinstance(value, bool) or not isinstance(value, numbers.Real) \

@@ -43,6 +43,7 @@ from ..ops.contracts import (
     check_heads_divide,
     check_mask,
     check_real,
+    check_rotary_width,
     check_same_dtype,
     check_sequence_input,
     check_size,
@@ -127,9 +128,7 @@ class GroupedQueryAttention(Module):
         if head_dim is None:
             check_heads_divide(d_model, num_heads)
             head_dim = d_model // num_heads
-        if check_size(head_dim, "head_dim", 2) % 2:
-            raise ValueError(f"head_dim must be even (the rotation turns pairs (i, i + E/2)), "
-                             f"got {head_dim}")
+        check_rotary_width(head_dim)
         check_flag(qkv_bias, "qkv_bias")
         check_flag(output_bias, "output_bias")
         check_flag(qk_norm, "qk_norm")

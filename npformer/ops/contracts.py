@@ -650,15 +650,24 @@ def check_rope_scaling(scaling: Any) -> None:
                "rope_scaling original_max_position_embeddings", 1)
 
 
+def check_rotary_width(head_dim: Any, what: str = "head_dim") -> int:
+    """A rotated head's width E: an even integer >= 2, the rotation turning pairs of
+    features (i, i + E/2) (one place for the rule: the op, the layer, the config, the
+    demo's options); returned as an int."""
+    width = check_size(head_dim, what, 2)
+    if width % 2:
+        raise ValueError(f"{what} must be even (the rotation turns pairs of features "
+                         f"(i, i + E/2)), got {width}")
+    return width
+
+
 def rotary_table_inputs(positions: Array, head_dim: int, theta: float = 10000.0,
                         scaling: dict | None = None, dtype: Any = None) -> None:
     """positions (..., T) integers; head_dim an even integer >= 2; theta a finite real > 0;
     scaling None or a llama3 ``rope_scaling``; dtype None or a float dtype."""
     check_integers(positions, "rotary positions")
     check_min_rank(positions, 1, "rotary positions", "..., positions")
-    if check_size(head_dim, "head_dim", 2) % 2:
-        raise ValueError(f"head_dim must be even (the rotation turns pairs (i, i + E/2)), "
-                         f"got {head_dim}")
+    check_rotary_width(head_dim)
     check_real(theta, "rope_theta", minimum=0.0, inclusive=False)
     check_rope_scaling(scaling)
     xp = backend.namespace_of(positions)
