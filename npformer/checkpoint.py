@@ -32,7 +32,9 @@ target, flushed to disk, then renamed over it, so an interrupted save never leav
 half-written checkpoint where a good one was.  A process killed mid-save (SIGKILL: no
 clean-up runs) leaves its temporary behind; the next save or load of that checkpoint
 removes the temporaries whose process is gone.  The file is created with mode 0666
-less the umask, like any file a program writes (0644 under the usual umask 022).
+less the umask, like any file a program writes (0644 under the usual umask 022).  A model
+whose LoRA adapters are merged into its weights is refused (restored, the update would
+count twice): a checkpoint holds the weights and the adapters apart.
 
 Loading works on any backend, and refuses (:class:`CheckpointError`, naming the
 problem) a file that is not a readable checkpoint: truncated or corrupt, from a newer
@@ -55,6 +57,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import backend
+from .nn.lora import lora_layers
 from .nn.state import weight_array
 from .ops.contracts import check_path, check_size, read_json_object
 
@@ -144,6 +147,18 @@ def _check_destination(path: Path) -> None:
             return
 
 
+def _refuse_merged_adapters(model: Module) -> None:
+    """A checkpoint holds a LoRA model's weights and its adapters apart: with the adapters
+    merged, the weights would hold the update too, and a model restored from it (its
+    adapters unmerged) would add it twice, silently."""
+    merged = [name for name, layer in lora_layers(model).items() if layer.merged]
+    if merged:
+        shown = ", ".join(merged[:3]) + (", ..." if len(merged) > 3 else "")
+        raise CheckpointError(f"cannot save a checkpoint of {type(model).__name__} with its "
+                              f"LoRA adapters merged into the weights ({shown}): restored, "
+                              "the update would count twice; unmerge_lora(model) first")
+
+
 def save_checkpoint(path: str | os.PathLike, model: Module, optimizer: Optimizer | None = None,
                     step: int = 0, extra: dict | None = None,
                     rng_state: dict | None = None) -> Path:
@@ -158,6 +173,7 @@ def save_checkpoint(path: str | os.PathLike, model: Module, optimizer: Optimizer
         raise TypeError(f"extra must be a dict (JSON values by name) or None, got "
                         f"{type(extra).__name__}")
     _check_destination(path)
+    _refuse_merged_adapters(model)
     if optimizer is not None:
         check_optimizer_of(optimizer, model, "save_checkpoint")
     meta = {

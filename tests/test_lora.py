@@ -407,3 +407,19 @@ def tiny_llama():
 
     return LlamaCausalLM(LlamaConfig(vocab_size=11, hidden_size=8, intermediate_size=12,
                                      num_hidden_layers=1, num_attention_heads=2))
+
+
+def test_a_checkpoint_of_merged_adapters_is_refused(tmp_path):
+    """sweep 5: a checkpoint of a model with its adapters merged held W + s A B and A, B
+    again: restored into the adapted model (unmerged), the update counted twice, silently."""
+    from npformer.checkpoint import CheckpointError, save_checkpoint
+
+    model = tiny_llama()
+    apply_lora(model, ["q_proj"], r=2)
+    merge_lora(model)
+    with pytest.raises(CheckpointError, match=r"LoRA adapters merged into the weights "
+                                              r"\(layers.0.self_attn.q_proj\).*unmerge_lora"):
+        save_checkpoint(tmp_path / "model.npz", model)
+    assert not (tmp_path / "model.npz").exists()
+    unmerge_lora(model)
+    save_checkpoint(tmp_path / "model.npz", model)
