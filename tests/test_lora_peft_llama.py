@@ -201,3 +201,19 @@ def test_saving_adapters_refuses_bad_folders_before_writing_and_writes_whole(
         npeft.save_adapter(model, folder, naming)
     assert (folder / npeft.WEIGHTS_FILE).read_bytes() == before
     assert sorted(p.name for p in folder.iterdir()) == [npeft.CONFIG_FILE, npeft.WEIGHTS_FILE]
+
+
+def test_saving_an_adapter_the_naming_does_not_cover_is_refused(tmp_path):
+    """sweep 5: an adapter on an untied lm_head (apply_lora accepts it; llama_names names
+    the projections only) was left out of adapter_model.safetensors, silently."""
+    from npformer.models.llama import LlamaCausalLM, LlamaConfig
+    from npformer.nn.lora import apply_lora
+
+    model = LlamaCausalLM(LlamaConfig(vocab_size=11, hidden_size=8, intermediate_size=12,
+                                      num_hidden_layers=1, num_attention_heads=2,
+                                      tie_word_embeddings=False))
+    apply_lora(model, ["q_proj", "lm_head"], 2)
+    with pytest.raises(ValueError, match=r"adapters on \['lm_head'\], which PEFT's names of "
+                                         "this model do not cover"):
+        npeft.save_adapter(model, tmp_path / "adapter", npeft.llama_names(model.config))
+    assert not (tmp_path / "adapter").exists()

@@ -134,8 +134,17 @@ def apply_adapters(model: Module, naming: Naming, target_modules: str | Sequence
 
 # --------------------------------------------------------------------------- the files
 def adapter_arrays(model: Module, naming: Naming) -> dict[str, np.ndarray]:
-    """{PEFT key: array} of ``model``'s adapters (A^T (r, D_in), B^T (D_out, r))."""
+    """{PEFT key: array} of ``model``'s adapters (A^T (r, D_in), B^T (D_out, r)); an
+    adapter on a layer ``naming`` does not name (an untied lm_head) is refused, not left
+    out of the files."""
     adapters, out = lora_layers(model), {}
+    named = {part for _, parts in naming.modules for part in parts}
+    unnamed = [name for name in adapters if name not in named]
+    if unnamed:
+        raise ValueError(f"{type(model).__name__} holds LoRA adapters on {unnamed[:3]}, which "
+                         "PEFT's names of this model do not cover (its projections: "
+                         f"{', '.join(n for n, _ in naming.modules[:3])}, ...): the files "
+                         "would leave them out")
     for name, parts in naming.modules:
         layers = [adapters.get(part) for part in parts]
         if all(layer is None for layer in layers):
