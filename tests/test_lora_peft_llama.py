@@ -217,3 +217,18 @@ def test_saving_an_adapter_the_naming_does_not_cover_is_refused(tmp_path):
                                          "this model do not cover"):
         npeft.save_adapter(model, tmp_path / "adapter", npeft.llama_names(model.config))
     assert not (tmp_path / "adapter").exists()
+
+
+def test_a_naming_of_another_models_config_is_refused_naming_the_class():
+    """sweep 5: llama_names(a CausalLMConfig or the model itself), gpt2_names(a
+    LlamaConfig) failed with AttributeError ('... has no attribute num_hidden_layers')."""
+    from npformer.models import CausalLMConfig, LlamaCausalLM, LlamaConfig
+
+    config = LlamaConfig(vocab_size=5)
+    for function, wrong, wanted in ((npeft.llama_names, CausalLMConfig(vocab_size=5),
+                                     "LlamaConfig"),
+                                    (npeft.llama_names, LlamaCausalLM(config), "LlamaConfig"),
+                                    (npeft.gpt2_names, config, "CausalLMConfig")):
+        with pytest.raises(TypeError, match=f"takes a {wanted} \\(the model's .config\\), "
+                                            f"got {type(wrong).__name__}"):
+            function(wrong)

@@ -37,6 +37,8 @@ from typing import Any
 import numpy as np
 
 from .. import backend
+from ..models.llama import LlamaConfig
+from ..models.lm import CausalLMConfig
 from ..nn.layers import Linear
 from ..nn.lora import (
     LoRALinear,
@@ -89,6 +91,7 @@ def same_names(model: Module) -> Naming:
 def gpt2_names(config: Any) -> Naming:
     """GPT2LMHeadModel's projections (see the module docstring) for a CausalLM of
     ``config``."""
+    check_config_of(config, CausalLMConfig, "gpt2_names")
     modules = []
     for i in range(config.num_layers):
         h, n = f"transformer.h.{i}.", f"blocks.{i}."
@@ -97,6 +100,13 @@ def gpt2_names(config: Any) -> Naming:
                     (h + "mlp.c_fc", (n + "ffn.linear1",)),
                     (h + "mlp.c_proj", (n + "ffn.linear2",))]
     return Naming(tuple(modules), fan_in_fan_out=True)
+
+
+def check_config_of(config: Any, config_class: type, function: str) -> None:
+    """``config`` is a ``config_class`` (the model's ``.config``, not the model)."""
+    if not isinstance(config, config_class):
+        raise TypeError(f"{function} takes a {config_class.__name__} (the model's .config), "
+                        f"got {type(config).__name__}")
 
 
 LLAMA_ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")  # under self_attn
@@ -108,6 +118,7 @@ def llama_names(config: Any) -> Naming:
     ``model.layers.{i}.self_attn.q_proj`` is ``layers.{i}.self_attn.q_proj`` (npformer's
     names are Hugging Face's less ``model.``), and so for k, v, o and the feed-forward's
     ``mlp.gate_proj``, ``up_proj``, ``down_proj``; torch Linears, (D_out, D_in) weights."""
+    check_config_of(config, LlamaConfig, "llama_names")
     modules = []
     for i in range(config.num_hidden_layers):
         for group, names in (("self_attn", LLAMA_ATTENTION), ("mlp", LLAMA_MLP)):
