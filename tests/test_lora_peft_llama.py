@@ -143,6 +143,10 @@ def test_an_adapter_whose_target_modules_are_not_its_weights_is_refused(tmp_path
                                          r"\['model.layers.1.self_attn.q_proj'"):
         npeft.load_adapter(two, saved_adapter(tmp_path / "one"), npeft.llama_names(two.config))
     assert not lora_layers(two)
+    excluding = saved_adapter(tmp_path / "excluding", lambda config: config.update(
+        exclude_modules=["model.layers.1.self_attn.q_proj", "model.layers.1.self_attn.v_proj"]))
+    assert npeft.load_adapter(two, excluding, npeft.llama_names(two.config)) == [
+        "model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.v_proj"]  # PEFT's choice
 
 
 def test_adapter_weights_that_are_not_finite_floats_are_refused_naming_the_tensor(tmp_path):

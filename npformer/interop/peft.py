@@ -253,7 +253,7 @@ def load_adapter(model: Module, folder: str | os.PathLike, naming: Naming) -> li
     if unknown:
         raise ValueError(f"{folder / WEIGHTS_FILE} adapts {unknown[:3]}, which the model does "
                          "not have (another model's adapter?)")
-    check_targets_are_the_file_s(config.get("target_modules"), names, naming, folder)
+    check_targets_are_the_file_s(config, names, naming, folder)
     apply_adapters(model, naming, list(names), r, alpha, dropout)
     adapters = lora_layers(model)
     for name in names:
@@ -277,19 +277,25 @@ def adapter_settings(config: dict[str, Any], where: Path) -> tuple[int, float, f
         raise type(exc)(f"{where}: {exc}") from None
 
 
-def check_targets_are_the_file_s(targets: Any, names: list[str], naming: Naming,
+def check_targets_are_the_file_s(config: dict[str, Any], names: list[str], naming: Naming,
                                  folder: Path) -> None:
-    """The modules the config's ``target_modules`` choose in this model are the ones the
-    weights file adapts (PEFT builds adapters on the first and fills them from the
-    second): another model's folder (more layers, other targets) is refused naming the
-    difference.  A config without target_modules is taken at the file's word."""
+    """The modules the config's ``target_modules`` (less its ``exclude_modules``) choose in
+    this model are the ones the weights file adapts (PEFT builds adapters on the first and
+    fills them from the second): another model's folder (more layers, other targets) is
+    refused naming the difference.  A config without target_modules is taken at the
+    file's word."""
+    targets, excluded = config.get("target_modules"), config.get("exclude_modules")
     if targets is None:
         return
     try:
         check_targets(targets)
+        if excluded:
+            check_targets(excluded)
     except TypeError as exc:
-        raise ValueError(f"{folder / CONFIG_FILE}: target_modules: {exc}") from None
-    chosen = [name for name, _ in naming.chosen(targets)]
+        raise ValueError(f"{folder / CONFIG_FILE}: target_modules / exclude_modules: "
+                         f"{exc}") from None
+    chosen = [name for name, _ in naming.chosen(targets)
+              if not (excluded and matches(name, excluded))]
     if sorted(chosen) != sorted(names):
         only_config = [n for n in chosen if n not in names]
         only_file = [n for n in names if n not in chosen]
