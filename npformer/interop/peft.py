@@ -23,7 +23,11 @@ Linear, named as there less ``model.``: ``model.layers.{i}.self_attn.q_proj`` (P
   PEFT wrote: adapters put on the layers it names, with its rank, alpha and dropout).
 
 Refused by name: what npformer's adapters do not compute (``use_rslora``, DoRA, per-layer
-``rank_pattern`` / ``alpha_pattern``, trained biases, another ``peft_type``).
+``rank_pattern`` / ``alpha_pattern``, trained biases, another ``peft_type``); ``r``,
+``lora_alpha``, ``lora_dropout`` of the wrong kind; ``target_modules`` (less
+``exclude_modules``) that do not choose the modules the weights file adapts; A and B that
+are not finite floats of the layers' shapes; on saving, an adapter the naming does not
+cover.
 """
 from __future__ import annotations
 
