@@ -57,7 +57,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import backend
-from .nn.lora import lora_layers
 from .nn.state import weight_array
 from .ops.contracts import check_path, check_size, read_json_object
 
@@ -147,10 +146,21 @@ def _check_destination(path: Path) -> None:
             return
 
 
+def _check_model(model: Any, door: str) -> None:
+    """``model`` is an npformer model (a Module); ``door`` names the call, for the message."""
+    from .nn import Module
+
+    if not isinstance(model, Module):
+        raise TypeError(f"{door}: model must be an npformer model (a Module), got "
+                        f"{type(model).__name__}")
+
+
 def _refuse_merged_adapters(model: Module) -> None:
     """A checkpoint holds a LoRA model's weights and its adapters apart: with the adapters
     merged, the weights would hold the update too, and a model restored from it (its
     adapters unmerged) would add it twice, silently."""
+    from .nn.lora import lora_layers
+
     merged = [name for name, layer in lora_layers(model).items() if layer.merged]
     if merged:
         shown = ", ".join(merged[:3]) + (", ..." if len(merged) > 3 else "")
@@ -173,6 +183,7 @@ def save_checkpoint(path: str | os.PathLike, model: Module, optimizer: Optimizer
         raise TypeError(f"extra must be a dict (JSON values by name) or None, got "
                         f"{type(extra).__name__}")
     _check_destination(path)
+    _check_model(model, "save_checkpoint(path, model)")
     _refuse_merged_adapters(model)
     if optimizer is not None:
         check_optimizer_of(optimizer, model, "save_checkpoint")
@@ -472,6 +483,12 @@ def restore(model: Module, checkpoint: Checkpoint,
     from .models.common import config_to_dict, saved_config_values
     from .optim import check_optimizer_of
 
+    _check_model(model, "restore(model, checkpoint)")
+    if not isinstance(checkpoint, Checkpoint):
+        read_first = " (read the file with load_checkpoint(path) first)" \
+            if isinstance(checkpoint, (str, os.PathLike)) else ""
+        raise TypeError(f"restore(model, checkpoint): checkpoint must be a Checkpoint"
+                        f"{read_first}, got {type(checkpoint).__name__}")
     if optimizer is not None:
         check_optimizer_of(optimizer, model, "restore")
     if checkpoint.kind != model.kind:

@@ -288,3 +288,24 @@ def test_save_checkpoint_refuses_arguments_of_the_wrong_kind(tmp_path, kwargs, e
                                ).step == 4
     with pytest.raises(ValueError, match="path must be a path, got the empty name"):
         load_checkpoint("")
+
+
+def test_save_and_restore_name_a_model_or_checkpoint_of_the_wrong_kind(tmp_path):
+    """sweep 5: restore's arguments swapped, or a path where the Checkpoint goes, failed deep
+    inside (asdict() of a Checkpoint, 'str' has no attribute 'kind'), and save_checkpoint of
+    something that is not a model with 'no attribute named_modules'."""
+    with using_backend("numpy", "float64"):
+        model = lm()
+        path = save_checkpoint(tmp_path / "m.npz", model)
+        checkpoint = load_checkpoint(path)
+        with pytest.raises(TypeError, match=r"restore\(model, checkpoint\): model must be an "
+                           r"npformer model \(a Module\), got Checkpoint"):
+            restore(checkpoint, model)
+        with pytest.raises(TypeError, match=r"checkpoint must be a Checkpoint \(read the file "
+                           r"with load_checkpoint\(path\) first\), got PosixPath"):
+            restore(model, path)
+        with pytest.raises(TypeError, match=r"save_checkpoint\(path, model\): model must be "
+                           r"an npformer model \(a Module\), got Checkpoint"):
+            save_checkpoint(tmp_path / "other.npz", checkpoint)
+        assert not (tmp_path / "other.npz").exists()
+        restore(model, checkpoint)  # the right order still works
