@@ -66,9 +66,9 @@ from ..ops.contracts import (
     check_sequence_input,
     check_size,
 )
-from .cache import KVCache, check_cache_fits
+from .cache import KVCache, check_layer_cache
 from .layers import LayerNorm, Linear
-from .module import Module, grad_enabled
+from .module import Module
 
 
 def split_heads(x: Array, num_heads: int) -> Array:
@@ -186,10 +186,7 @@ class MultiHeadAttention(Module):
             keys = context.shape[1]
         check_same_dtype("attention", input=x, context=context, weight=self.q_proj.weight.data)
         if kv_cache is not None:
-            if grad_enabled():
-                raise RuntimeError("a KVCache is for inference: call the attention under "
-                                   "npformer.no_grad() (it keeps nothing for a backward)")
-            check_cache_fits(kv_cache, batch, self.num_heads, self.head_dim)
+            check_layer_cache(kv_cache, batch, self.num_heads, self.head_dim)
             keys = kv_cache.length + length if context is None else keys
         if mask is not None:
             check_mask(mask, (batch, self.num_heads, length, keys), "attention mask")

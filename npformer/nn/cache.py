@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from .. import backend
 from ..backend import Array
+from .module import grad_enabled
 
 
 class KVCache:
@@ -89,10 +90,15 @@ def check_decoding_cache(kv_cache: object, num_blocks: int, owner: str, cross: b
                          "made")
 
 
-def check_cache_fits(kv_cache: KVCache, batch: int, heads: int, width: int) -> None:
-    """A cache holding keys holds (batch, heads, S, width) ones, those of this layer for this
-    batch: another batch's (a beam search's rows not selected) or another model's is
-    refused before the concatenation that would fail inside (or the attention misread)."""
+def check_layer_cache(kv_cache: KVCache, batch: int, heads: int, width: int) -> None:
+    """An attention layer's ``kv_cache`` at its door: used under ``no_grad`` only (a cache
+    keeps nothing for a backward), and, holding keys, holding (batch, heads, S, width)
+    ones, those of this layer for this batch: another batch's (a beam search's rows not
+    selected) or another model's is refused before the concatenation that would fail
+    inside (or the attention misread)."""
+    if grad_enabled():
+        raise RuntimeError("a KVCache is for inference: call the attention under "
+                           "npformer.no_grad() (it keeps nothing for a backward)")
     if not isinstance(kv_cache, KVCache):
         raise TypeError(f"kv_cache must be a KVCache (a block's cache of the model's "
                         f"new_cache()), got {type(kv_cache).__name__}")

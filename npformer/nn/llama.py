@@ -50,9 +50,9 @@ from ..ops.contracts import (
     rotary_inputs,
 )
 from .attention import merge_heads, split_heads, through_norm, through_norm_backward
-from .cache import KVCache, check_cache_fits
+from .cache import KVCache, check_layer_cache
 from .layers import Linear, RMSNorm
-from .module import Module, grad_enabled
+from .module import Module
 
 
 class SwiGLUFeedForward(Module):
@@ -154,10 +154,7 @@ class GroupedQueryAttention(Module):
             _shape_only(x, (batch, self.num_heads, length, self.head_dim)), cos, sin)
         keys = length
         if kv_cache is not None:
-            if grad_enabled():
-                raise RuntimeError("a KVCache is for inference: call the attention under "
-                                   "npformer.no_grad() (it keeps nothing for a backward)")
-            check_cache_fits(kv_cache, batch, self.num_kv_heads, self.head_dim)
+            check_layer_cache(kv_cache, batch, self.num_kv_heads, self.head_dim)
             keys += kv_cache.length
         if mask is not None:
             check_mask(mask, (batch, self.num_heads, length, keys), "attention mask")
