@@ -243,7 +243,7 @@ def test_large_configs_are_the_issue_sizes():
                                                          batch_size=256),
                                              max_iters=220)  # 2.5 epochs of 88 (22,500/256)
     assert GPU_CONFIGS["lm_large"] == bench_config("lm", "nanogpt", d_model=768, num_heads=12,
-                                                   layers=12, block_size=1024, batch_size=8)
+                                                   num_layers=12, block_size=1024, batch_size=8)
     lm = GPU_CONFIGS["lm_large"]
     assert (lm["d_model"], lm["num_heads"], lm["num_layers"], lm["d_ff"], lm["seq_len"],
             lm["batch"], lm["vocab_size"]) == (768, 12, 12, 3072, 1024, 8, 65)

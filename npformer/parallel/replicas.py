@@ -90,6 +90,7 @@ class ThreadReplicas:
         if len(jobs) <= 1:  # none (nothing counted here), or one: the model itself
             return [self._run_on(0, task, job) for job in jobs]
         self._share_parameters()
+        self._prepare_flat_gradients(len(jobs))
         with single_threaded_blas():
             losses = list(self.pool.map(self._run_on, range(len(jobs)), [task] * len(jobs),
                                         jobs))
@@ -103,15 +104,21 @@ class ThreadReplicas:
         with backend.thread_generator(seed):
             return task.loss_and_grad(self.models[k], shard, grad_scale)
 
-    def _replica_flat(self, i: int) -> FlatParameters | None:
-        """Replica i's own flat gradient buffer, where the model's gradients are flat
-        (made on first use; its data stay the model's arrays): the replicas' gradients
-        are then summed in one pass."""
+    def _prepare_flat_gradients(self, used: int) -> None:
+        """Where the model's gradients are flat: its buffer synced, and replicas 1 .. used - 1
+        given their own flat gradient buffers (made on first use; their data stay the
+        model's arrays), so that the replicas' gradients are summed in one pass.
+
+        Run in the caller's thread before any replica starts: a sync copies into the buffer
+        a gradient that code rebound (``model.zero_grad()`` binds fresh zeros), and made
+        from a replica's thread it could copy the model's gradient while the model's own
+        thread is still adding into it, losing that addition."""
         if flat_buffer_of(self.parameter_lists[0]) is None:
-            return None
-        if i not in self._replica_flats:
-            self._replica_flats[i] = FlatParameters(self.parameter_lists[i], gradients_only=True)
-        return self._replica_flats[i]
+            return
+        for i in range(1, used):
+            if i not in self._replica_flats:
+                self._replica_flats[i] = FlatParameters(self.parameter_lists[i],
+                                                        gradients_only=True)
 
     def _share_parameters(self) -> None:
         """Point every replica's parameters at the model's current arrays."""
@@ -123,7 +130,7 @@ class ThreadReplicas:
     def _reset_replica(self, k: int) -> None:
         """Replica k's gradients zero and its mode the model's (run in replica k's thread,
         beside the other replicas' work)."""
-        replica, flat = self.models[k], self._replica_flat(k)
+        replica, flat = self.models[k], self._replica_flats.get(k)
         if flat is not None:
             flat.zero_grad()  # one fill of the replica's gradient buffer
         else:
