@@ -204,7 +204,8 @@ def test_a_replica_is_saved_with_the_models_weights(tmp_path):
         model = lm()
         replicas = ThreadReplicas(model, 2)
         replica = replicas.models[1]
-        replicas._replica_flat(1).grad[...] = 7.0  # a buffer to tell apart from the weights
+        replicas._prepare_flat_gradients(2)
+        replicas._replica_flats[1].grad[...] = 7.0  # a buffer to tell apart from the weights
         path = save_checkpoint(tmp_path / "replica.npz", replica)
     loaded = load_checkpoint(path)
     for name, p in model.named_parameters():
