@@ -89,8 +89,8 @@ SMOKE = {"imdb": bench_config("imdb", "smoke", vocab=200, length=16),
 # Larger configurations that fill a GPU (bench/gpu.py), and their smoke versions.
 LARGE = {
     "imdb_large": bench_config("imdb", batch_size=256),
-    "lm_large": bench_config("lm", "nanogpt", d_model=768, num_heads=12, num_layers=12, block_size=1024,
-                             batch_size=8),
+    "lm_large": bench_config("lm", "nanogpt", d_model=768, num_heads=12, num_layers=12,
+                             block_size=1024, batch_size=8),
 }
 SMOKE_LARGE = {
     "imdb_large": bench_config("imdb", "smoke", vocab=200, length=16, batch_size=8),
