@@ -170,3 +170,11 @@ def raises_naming(error, *fragments: str):
     message = str(caught.value)
     missing = [f for f in fragments if f not in message]
     assert not missing, f"{error.__name__} message {message!r} does not name {missing}"
+
+
+def tiny_llama(**fields) -> models.LlamaCausalLM:
+    """A one-layer Llama of width 8 (two heads, vocabulary 11, feed-forward 12): the small
+    model the LoRA and PEFT tests adapt; ``fields`` change its LlamaConfig."""
+    sizes = dict(vocab_size=11, hidden_size=8, intermediate_size=12, num_hidden_layers=1,
+                 num_attention_heads=2)
+    return models.LlamaCausalLM(models.LlamaConfig(**{**sizes, **fields}))

@@ -35,7 +35,7 @@ from npformer.parallel.workers import DataParallel
 from npformer.train.tasks import LanguageModeling
 
 from .conftest import using_backend
-from .helpers import GRADCHECK_TOL, rel_diff, tiered
+from .helpers import GRADCHECK_TOL, rel_diff, tiered, tiny_llama
 from .test_layers_gradcheck import Reseeded, arr, assert_gradcheck, randomize
 
 SEEDS = st.integers(0, 2**32 - 1)
@@ -400,13 +400,6 @@ def test_bad_alpha_or_dropout_leaves_the_model_as_it_was(kwargs, message):
     with pytest.raises((ValueError, TypeError), match=message):
         apply_lora(model, ["q_proj"], r=2, **kwargs)
     assert not any(p.frozen for _, p in model.named_parameters())
-
-
-def tiny_llama():
-    from npformer.models import LlamaCausalLM, LlamaConfig
-
-    return LlamaCausalLM(LlamaConfig(vocab_size=11, hidden_size=8, intermediate_size=12,
-                                     num_hidden_layers=1, num_attention_heads=2))
 
 
 def test_a_checkpoint_of_merged_adapters_is_refused(tmp_path):

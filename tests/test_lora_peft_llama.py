@@ -24,7 +24,7 @@ from npformer.interop import peft as npeft
 from npformer.nn.lora import lora_layers
 
 from .conftest import using_backend
-from .helpers import rel_diff, to_host
+from .helpers import rel_diff, tiny_llama, to_host
 from .llama_reference import float64_reference
 from .test_hf_llama import build
 from .test_lora_peft import lm_adapter_gradients, randomize_adapters
@@ -91,13 +91,6 @@ def test_we_load_llama_adapters_peft_saves(torch, tmp_path, name):
 
 
 # =========================================================================== sweep 5
-def tiny_llama(layers: int = 1, hidden: int = 8):
-    from npformer.models.llama import LlamaCausalLM, LlamaConfig
-
-    return LlamaCausalLM(LlamaConfig(vocab_size=11, hidden_size=hidden, intermediate_size=12,
-                                     num_hidden_layers=layers, num_attention_heads=2))
-
-
 def saved_adapter(folder, edit=None):
     """A folder of q_proj and v_proj adapters on a one-layer model, its config edited."""
     model = tiny_llama()
@@ -138,7 +131,7 @@ def test_an_adapter_whose_target_modules_are_not_its_weights_is_refused(tmp_path
                                          r"\['model.layers.0.self_attn.k_proj'\]; weights "
                                          r"not chosen: \['model.layers.0.self_attn.q_proj'"):
         npeft.load_adapter(tiny_llama(), folder, npeft.llama_names(tiny_llama().config))
-    two = tiny_llama(layers=2)
+    two = tiny_llama(num_hidden_layers=2)
     with pytest.raises(ValueError, match=r"chosen without weights: "
                                          r"\['model.layers.1.self_attn.q_proj'"):
         npeft.load_adapter(two, saved_adapter(tmp_path / "one"), npeft.llama_names(two.config))
@@ -210,12 +203,9 @@ def test_saving_adapters_refuses_bad_folders_before_writing_and_writes_whole(
 def test_saving_an_adapter_the_naming_does_not_cover_is_refused(tmp_path):
     """sweep 5: an adapter on an untied lm_head (apply_lora accepts it; llama_names names
     the projections only) was left out of adapter_model.safetensors, silently."""
-    from npformer.models.llama import LlamaCausalLM, LlamaConfig
     from npformer.nn.lora import apply_lora
 
-    model = LlamaCausalLM(LlamaConfig(vocab_size=11, hidden_size=8, intermediate_size=12,
-                                      num_hidden_layers=1, num_attention_heads=2,
-                                      tie_word_embeddings=False))
+    model = tiny_llama(tie_word_embeddings=False)
     apply_lora(model, ["q_proj", "lm_head"], 2)
     with pytest.raises(ValueError, match=r"adapters on \['lm_head'\], which PEFT's names of "
                                          "this model do not cover"):
