@@ -84,7 +84,8 @@ class ThreadReplicas:
         """Job k, ``(shard, grad_scale, seed)``, runs on replica k: the forward and backward
         of ``task``'s loss times ``grad_scale``, its dropout masks drawn from
         ``thread_generator(seed)``.  Afterwards the model's gradients hold their own plus
-        every replica's.  Returns the jobs' mean losses; one job runs in this thread."""
+        every replica's.  Returns the jobs' mean losses.  Several jobs run on the pool's
+        threads, the model's too; a job alone runs in this thread."""
         if len(jobs) > len(self.models):
             raise ValueError(f"{len(jobs)} jobs for {len(self.models)} replicas")
         if len(jobs) <= 1:  # none (nothing counted here), or one: the model itself
@@ -99,7 +100,7 @@ class ThreadReplicas:
 
     def _run_on(self, k: int, task: Task, job: tuple[tuple, float, int]) -> float:
         shard, grad_scale, seed = job
-        if k > 0:  # a replica's own state, set up in its own thread (the model's is the caller's)
+        if k > 0:  # a replica's own state, set up in its own thread (the model's: the caller's)
             self._reset_replica(k)
         with backend.thread_generator(seed):
             return task.loss_and_grad(self.models[k], shard, grad_scale)
