@@ -83,7 +83,37 @@ def _make_backend(name: str, seed: int | None) -> _Backend:
     raise ValueError(f"unknown backend {name!r}; choose one of {BACKENDS}")
 
 
-_current: _Backend = _make_backend(os.environ.get("NPFORMER_BACKEND", "numpy").lower(), 0)
+# The backend in use: made on first use from NPFORMER_BACKEND (numpy where unset), not
+# when npformer is imported, so that a bad value is reported where the program can say so
+# (a demo's one ``error:`` line), not as a traceback from an import.
+_current: _Backend | None = None
+BACKEND_VARIABLE = "NPFORMER_BACKEND"
+
+
+def environment_backend() -> str:
+    """The backend NPFORMER_BACKEND names ("numpy" where unset or empty); another value is
+    a ValueError naming the variable and the backends."""
+    value = os.environ.get(BACKEND_VARIABLE, "")
+    name = value.strip().lower() or "numpy"
+    if name not in BACKENDS:
+        raise ValueError(f"{BACKEND_VARIABLE}={value!r} is not a backend: use one of "
+                         f"{', '.join(BACKENDS)} (or leave it unset: numpy)")
+    return name
+
+
+def _now() -> _Backend:
+    """The current backend, made from the environment (:func:`environment_backend`) the
+    first time one is needed."""
+    global _current
+    if _current is None:
+        name = environment_backend()
+        try:
+            made = _make_backend(name, 0)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{BACKEND_VARIABLE}={name}: {exc}") from None
+        if _current is None:  # another thread may have made it meanwhile
+            _current = made
+    return _current
 
 
 # --------------------------------------------------------------------------- switches
@@ -113,6 +143,28 @@ def env_flag(name: str, meaning: str, default: bool = False) -> bool:
     return flag
 
 
+# The boolean switches npformer reads, each where it is used (never on import):
+# {variable: (what setting it does, its value where unset)}
+SWITCHES = {"NPFORMER_NO_NUMBA": ("turn numba off", False),
+            "NPFORMER_GPU_FUSED": ("run the fused GPU kernels", True),
+            "NPFORMER_CUDA_GRAPH": ("capture each update as a CUDA graph", False)}
+
+
+def switch(name: str) -> bool:
+    """The switch ``name`` of :data:`SWITCHES`, read now (:func:`env_flag`)."""
+    meaning, default = SWITCHES[name]
+    return env_flag(name, meaning, default)
+
+
+def check_environment() -> None:
+    """Every NPFORMER_* setting of this module read now: NPFORMER_BACKEND and the
+    :data:`SWITCHES`; the first bad one is a ValueError naming the variable (a program's
+    option check calls this, to report it in one line before anything runs)."""
+    environment_backend()
+    for name in SWITCHES:
+        switch(name)
+
+
 # --------------------------------------------------------------------------- selection
 def set_backend(name: str, seed: int | None = 0) -> None:
     """Switch every later computation to backend ``name`` ("numpy", "cupy" or "strict"),
@@ -128,7 +180,7 @@ def set_backend(name: str, seed: int | None = 0) -> None:
         raise TypeError(f"the backend must be named by a string, one of {BACKENDS}; got "
                         f"{name!r}")
     seed = _checked_seed(seed)
-    default_float = _current.default_float
+    default_float = "float32" if _current is None else _current.default_float
     _current = _make_backend(name.lower(), seed)
     _current.default_float = default_float
 
@@ -146,17 +198,17 @@ def _checked_seed(value: Any) -> int | None:
 
 
 def backend_name() -> str:
-    return _current.name
+    return _now().name
 
 
 def xp() -> Any:
     """The array namespace of the current backend."""
-    return _current.xp
+    return _now().xp
 
 
 def device() -> Any:
     """The device new arrays are created on."""
-    return _current.device
+    return _now().device
 
 
 _NAMESPACE_OF_TYPE: dict[type, Any] = {}  # array type -> its namespace, filled on first use
@@ -208,7 +260,7 @@ def check_one_library(what: str, **arrays: Array) -> None:
 
 def _mixed_libraries(libraries: set, named: str = "") -> str:
     return (f"arrays from different array libraries were mixed: {', '.join(sorted(libraries))} "
-            f"({named}the current backend is {_current.name!r}). Move host data onto the "
+            f"({named}the current backend is {_now().name!r}). Move host data onto the "
             "backend with npformer.backend.asarray(...) and results back with "
             "npformer.backend.to_numpy(...)")
 
@@ -260,24 +312,24 @@ def set_default_float(name: str) -> None:
     """Set the float dtype new parameters get: "float32" (training) or "float64" (checks)."""
     if name not in FLOAT_DTYPES:
         raise ValueError(f"dtype must be one of {FLOAT_DTYPES}, got {name!r}")
-    _current.default_float = name
+    _now().default_float = name
 
 
 def default_float() -> Any:
     """The current backend's default float dtype object."""
-    return getattr(_current.xp, _current.default_float)
+    return getattr(_now().xp, _now().default_float)
 
 
 def default_float_name() -> str:
-    return _current.default_float
+    return _now().default_float
 
 
 def float_dtype(name: str | None = None) -> Any:
     """Dtype object for "float32"/"float64" (default: the policy's) in the current namespace."""
-    name = name or _current.default_float
+    name = name or _now().default_float
     if name not in FLOAT_DTYPES:
         raise ValueError(f"dtype must be one of {FLOAT_DTYPES}, got {name!r}")
-    return getattr(_current.xp, name)
+    return getattr(_now().xp, name)
 
 
 def is_integer_array(x: Array) -> bool:
@@ -318,21 +370,21 @@ def asarray(data: Any, dtype: Any = None) -> Array:
 
     ``dtype`` may be a name ("float32", "int64", "bool") or None (keep the data's).
     """
-    xp_ = _current.xp
+    xp_ = _now().xp
     if isinstance(dtype, str):
         dtype = getattr(xp_, dtype)
-    if _library_of(data) == _LIBRARY[_current.name]:  # already on the backend: no copy
+    if _library_of(data) == _LIBRARY[_now().name]:  # already on the backend: no copy
         return data if dtype is None else xp_.astype(data, dtype)
     reason = getattr(_host_reads, "forbidden", None)
-    if reason is not None and _current.name != "numpy":
+    if reason is not None and _now().name != "numpy":
         raise HostReadError(f"{reason}: host data of type {type(data).__name__} was to be "
                             "copied to the device")
-    if _current.name == "strict":
+    if _now().name == "strict":
         host = np.asarray(data)
         arr = xp_.asarray(host)  # built on the CPU device, then moved like a real transfer
-        arr = arr.to_device(_current.device)
+        arr = arr.to_device(_now().device)
         return arr if dtype is None else xp_.astype(arr, dtype)
-    if _current.name == "cupy":
+    if _now().name == "cupy":
         arr = xp_.asarray(data)
         return arr if dtype is None else xp_.astype(arr, dtype)
     return xp_.asarray(data, dtype=dtype)
@@ -384,7 +436,7 @@ _thread_local = threading.local()
 
 def _rng():
     """The generator of this thread: its own inside :func:`thread_generator`, else the backend's."""
-    return getattr(_thread_local, "rng", None) or _current.rng
+    return getattr(_thread_local, "rng", None) or _now().rng
 
 
 @contextmanager
@@ -392,7 +444,7 @@ def thread_generator(seed_value: int) -> Iterator[None]:
     """Within the block, this thread draws from its own generator seeded with ``seed_value``
     (data-parallel replicas: reproducible dropout masks whatever the thread timing)."""
     previous = getattr(_thread_local, "rng", None)
-    if _current.name == "cupy":
+    if _now().name == "cupy":
         import cupy
 
         _thread_local.rng = cupy.random.default_rng(seed_value)
@@ -408,31 +460,31 @@ def seed(value: int) -> None:
     """Reseed the backend's generator: dropout masks and initialisations repeat exactly.
     ``value``: an integer >= 0 (None: from the OS's entropy)."""
     value = _checked_seed(value)
-    if _current.name == "cupy":
+    if _now().name == "cupy":
         import cupy
 
-        _current.rng = cupy.random.default_rng(value)
+        _now().rng = cupy.random.default_rng(value)
     else:
-        _current.rng = np.random.default_rng(value)
+        _now().rng = np.random.default_rng(value)
 
 
 def get_rng_state() -> dict | None:
     """The generator's state (JSON-able), or None where the library cannot export it (CuPy)."""
-    if _current.name == "cupy":
+    if _now().name == "cupy":
         return None
-    return _current.rng.bit_generator.state
+    return _now().rng.bit_generator.state
 
 
 def set_rng_state(state: dict | None) -> None:
     """Restore a state from :func:`get_rng_state` (None: leave the generator as it is)."""
-    if state is not None and _current.name != "cupy":
-        _current.rng.bit_generator.state = state
+    if state is not None and _now().name != "cupy":
+        _now().rng.bit_generator.state = state
 
 
 def _from_generator(sample, dtype):
-    if _current.name == "cupy":
-        return _current.xp.astype(sample, dtype)
-    if _current.name == "strict":
+    if _now().name == "cupy":
+        return _now().xp.astype(sample, dtype)
+    if _now().name == "strict":
         return asarray(sample, dtype=dtype)
     return sample.astype(dtype, copy=False)
 
@@ -452,7 +504,7 @@ def random_normal(shape: tuple[int, ...], std: float = 1.0, dtype: Any = None) -
 def random_integers(low: int, high: int, shape: tuple[int, ...]) -> Array:
     """Integers uniform in [low, high) as an int64 backend array."""
     sample = _rng().integers(low, high, size=tuple(shape))
-    return _from_generator(sample, _current.xp.int64)
+    return _from_generator(sample, _now().xp.int64)
 
 
 # --------------------------------------------------------------------------- scatter-add

@@ -598,8 +598,8 @@ def test_the_gpu_switches_refuse_what_is_not_a_boolean(name):
     import subprocess
     import sys
 
-    code = ("import npformer.train, npformer.gpu.cuda_graph as g; "
-            "g.wanted_by_environment()")
+    code = ("import npformer.train, npformer.gpu.cuda_graph as g, npformer.gpu.attention as a; "
+            "a.fused(); g.wanted_by_environment()")  # read where used, not on import
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={**os.environ, name: "maybe"})
     assert proc.returncode != 0

@@ -156,6 +156,10 @@ def apply_settings(args: argparse.Namespace) -> Path:
     if "NPFORMER_ENGINE" in os.environ:  # the old switch: a run never ignores it silently
         raise DemoError("NPFORMER_ENGINE is no longer read: choose the implementation with "
                         "--tier fast|textbook, and unset NPFORMER_ENGINE")
+    try:  # NPFORMER_BACKEND and the switches: a bad value in one line, before any use
+        backend.check_environment()
+    except ValueError as exc:
+        raise DemoError(str(exc)) from None
     try:
         parallel.setup()
     except (RuntimeError, ValueError) as exc:  # MPI off in one rank of several, no mpi4py,

@@ -33,15 +33,20 @@ The options every kernel shares (:func:`jit`):
   exp makes every kernel compile again instead of loading stale code.
 
 ``NPFORMER_NO_NUMBA`` is read as a boolean: "1", "true", "yes", "on" (any case) turn numba
-off, "0", "false", "no", "off" or empty leave it on; anything else is refused when the
-fast tier is imported.  Without numba (not installed, or turned off) :data:`COMPILED`
-is False, :func:`jit` returns the Python function itself, the ops run their NumPy
-statements, and the first op that would have used a kernel warns once, naming the
-kernels (:func:`compilable`).
+off, "0", "false", "no", "off" or empty leave it on.  Whether the kernels compile is fixed
+when they are defined, so the tier looks at the variable on import, but refuses nothing
+there: another value leaves numba on and is refused (a ValueError naming it) when a fast
+op first runs, or earlier where a program checks its environment
+(:func:`npformer.backend.check_environment`, a demo's option check).
+
+Without numba (not installed, or turned off) :data:`COMPILED` is False, :func:`jit`
+returns the Python function itself, the ops run their NumPy statements, and the first
+op that would have used a kernel warns once, naming the kernels (:func:`compilable`).
 """
 from __future__ import annotations
 
 import hashlib
+import os
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -49,10 +54,12 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import Array, env_flag
+from ..backend import Array, boolean_word, switch
 
 SWITCH = "NPFORMER_NO_NUMBA"
-_switched_off = env_flag(SWITCH, "turn numba off")
+# read on import without refusing (see the docstring): a bad value is reported on first use
+_switch_word = boolean_word(os.environ.get(SWITCH, ""))
+_switched_off, _switch_refused = _switch_word is True, _switch_word is None
 
 
 def _load_numba() -> tuple[Any, str]:
@@ -77,6 +84,8 @@ def compilable(*arrays: Array) -> bool:
     C-contiguous NumPy float32/float64 array of one dtype.  Warns once per process
     (naming the kernels) when NumPy arrays could have used them but numba is missing."""
     global _warned
+    if _switch_refused:
+        switch(SWITCH)  # a value that is neither on nor off: refused here, by name
     for a in arrays:
         if type(a) is not np.ndarray or a.dtype not in (np.float32, np.float64) \
                 or a.dtype != arrays[0].dtype:

@@ -175,14 +175,19 @@ __global__ void softmax_backward(T* dp, const T* p, long long keys, T scale) {
 }
 """
 _THREADS = 256  # a block per row of scores: 8 warps sweep it
-FUSED = backend.env_flag("NPFORMER_GPU_FUSED", "run these kernels", default=True)
+
+
+def fused() -> bool:
+    """NPFORMER_GPU_FUSED, read when attention runs (not on import: a bad value is then
+    reported by the program, in one line; :func:`npformer.backend.check_environment`)."""
+    return backend.switch("NPFORMER_GPU_FUSED")
 
 
 def fuses_softmax(q: Array, mask: Array | None) -> bool:
     """Whether attention's softmax runs as the CuPy kernels: CuPy arrays of 4 axes
     (B, H, T, E), a mask of 4 axes or none, NPFORMER_GPU_FUSED not off."""
-    return (FUSED and type(q).__module__.startswith("cupy") and q.ndim == 4
-            and (mask is None or mask.ndim == 4))
+    return (type(q).__module__.startswith("cupy") and q.ndim == 4
+            and (mask is None or mask.ndim == 4) and fused())
 
 
 @functools.cache

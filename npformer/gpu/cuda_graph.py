@@ -85,10 +85,10 @@ def graph_safe() -> Iterator[None]:
 def wanted_by_environment() -> bool:
     """``NPFORMER_CUDA_GRAPH`` read as a boolean (unset: False); another value is a
     ValueError naming it."""
-    return backend.env_flag("NPFORMER_CUDA_GRAPH", "capture each update as a CUDA graph")
+    return backend.switch("NPFORMER_CUDA_GRAPH")
 
 
-def unsupported(optimizer: Any, task: Task, replicas: int = 1, grad_accum: int = 1,
+def unsupported(optimizer: Any, task: Any, replicas: int = 1, grad_accum: int = 1,
                 capture: bool = True) -> str | None:
     """Why this update cannot be captured, in one line, or None."""
     if capture and backend.backend_name() != "cupy":

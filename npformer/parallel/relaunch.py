@@ -125,6 +125,9 @@ def saved_procs(out: Path) -> int:
 def check_environment() -> None:
     """What the ranks will read from the environment, checked before they are started
     (a ValueError naming the variable), so that its error is printed once."""
+    from .. import backend
+
+    backend.check_environment()
     join_timeout()
 
 
