@@ -829,3 +829,101 @@ def test_the_gradient_checks_give_their_time_and_a_one_minute_subset():
                                                                         len(subset))
     assert subset < everything
     assert {t.split("[")[0] for t in subset} == {t.split("[")[0] for t in everything}
+
+
+# ------------------------------------------------------------------ citations of the doc's sections
+CITED_IN = ["README.md", "docs/*.md", "demos/README.md", "bench/README.md", "tests/README.md",
+            "npformer/**/*.py", "demos/*.py", "tools/*.py", "tests/*.py", "docs/*.py"]
+# §12, §12's, (§12); "derivations.md §1", "derivations.md`, section 11"; never a paper's §5.4,
+# nor a section of a paper cited by author and year just before it.
+SECTION_SIGN = re.compile(r"§\s*(\d+)(?![.\d]\d)")
+SECTION_WORD = re.compile(r"derivations\.md`?,?\s+(?:section|§)\s*(\d+)(?![.\d]\d)", re.IGNORECASE)
+PAPER = re.compile(r"(?:et al\.|\b(?:19|20)\d\d|the paper),?\s*$")
+
+
+def _sections() -> dict[int, list[str]]:
+    """{number: [the section's title, then the titles of its subsections]} of the doc."""
+    sections, current = {}, None
+    for line in DOC.read_text().splitlines():
+        top = re.match(r"^## (\d+)\. (.+)$", line)
+        if top:
+            current = int(top.group(1))
+            sections[current] = [top.group(2).strip()]
+        elif line.startswith("## ") or line.startswith("# "):
+            current = None
+        elif line.startswith("### ") and current is not None:
+            sections[current].append(line[4:].strip())
+    return sections
+
+
+def _names(title: str) -> set[str]:
+    """The names a heading gives its subject: the title, the part before its colon, and a
+    parenthesised abbreviation (``Low-rank adapters (LoRA)`` gives LoRA too)."""
+    names = {title, title.split(":")[0].strip()}
+    names |= {m.group(1) for m in re.finditer(r"\(([^()]+)\)", title)}
+    names |= {re.sub(r"\s*\([^()]*\)", "", name).strip() for name in list(names)}
+    return {name for name in names if len(name) >= 4 and "$" not in name}
+
+
+def _citations():
+    """(file:line, number, the text before the citation, the text after it) of every
+    citation of a section of docs/derivations.md in the repository's documents and code."""
+    for pattern in CITED_IN:
+        for path in sorted(ROOT.glob(pattern)):
+            if path.name == "test_docs.py":
+                continue
+            text = path.read_text(encoding="utf-8")
+            own = path == DOC
+            for regex in (SECTION_SIGN,) + (() if own else (SECTION_WORD,)):
+                for match in regex.finditer(text):
+                    just_before = text[max(0, match.start() - 20):match.start()]
+                    if regex is SECTION_SIGN and "derivations.md" in just_before:
+                        continue  # found by SECTION_WORD
+                    before = text[max(0, match.start() - 60):match.start()]
+                    if regex is SECTION_SIGN and PAPER.search(before):
+                        continue
+                    line = text.count("\n", 0, match.start()) + 1
+                    yield (f"{path.relative_to(ROOT)}:{line}", int(match.group(1)), before,
+                           text[match.end():match.end() + 60])
+
+
+def test_every_cited_section_exists_under_the_title_the_citation_gives():
+    """Every "§N" (and "derivations.md, section N") in the documents and the code is a
+    section of docs/derivations.md.  Where the citation names a heading's subject (a
+    section's or a subsection's: "RMSNorm (§6)", "§12's rotary positions",
+    "[§9](#9-scaled-dot-product-attention)"), that subject is in section N: a subsection
+    moved to another section, or a section renumbered, fails here, naming the citation."""
+    sections = _sections()
+    assert sections and sorted(sections) == list(range(len(sections))), sorted(sections)
+    owner: dict[str, set[int]] = {}
+    for number, titles in sections.items():
+        for title in titles:
+            for name in _names(title):
+                owner.setdefault(name.lower(), set()).add(number)
+    unique = {name: numbers.pop() for name, numbers in owner.items() if len(numbers) == 1}
+    wrong, count = [], 0
+    for where, number, before, after in _citations():
+        count += 1
+        if number not in sections:
+            wrong.append(f"{where}: §{number}, which the doc does not have")
+            continue
+        link = re.match(r"\]\(#([^)]+)\)", after)
+        if link and link.group(1).split("-")[0].isdigit():
+            if link.group(1) != _slug(f"{number}. {sections[number][0]}"):
+                wrong.append(f"{where}: [§{number}](#{link.group(1)}), whose heading is "
+                             f"'{number}. {sections[number][0]}'")
+            continue
+        # the subject named just before "(§6)", or just after "§6's"
+        before = " ".join(before.split())
+        after = " ".join(after.split())
+        for name, home in unique.items():
+            word = re.escape(name)
+            here = any(re.search(rf"(?<!\w){word}(?!\w)", title, re.I)
+                       for title in sections[number])
+            if not here and (
+                    (after.startswith(")") and re.search(rf"(?<!\w){word} \($", before, re.I))
+                    or re.match(rf"'s {word}(?!\w)", after, re.I)):
+                wrong.append(f"{where}: {name} cited as §{number}; the doc has it in "
+                             f"§{home}, {sections[home][0]!r}")
+    assert count > 100, count  # the doc cites itself, and the README and the code cite it
+    assert not wrong, "citations of docs/derivations.md's sections:\n" + "\n".join(wrong)

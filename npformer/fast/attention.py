@@ -7,16 +7,16 @@ F value width per head.  Any leading shape works in place of (B, H).
 
 Forward, with the scale $\alpha = 1/\sqrt{E}$
     $A = \alpha (Q K^\top) + M$                    scores, (..., T, S); M = 0 or -inf (mask)
-    $m = \max_j A_{:j}$, $e = \exp(A - m)$, $l = \sum_j e_{:j}$   (stable softmax, §7)
+    $m = \max_s A_{t,s}$, $e = \exp(A - m)$, $l = \sum_s e_{t,s}$   (stable softmax, per row t, §7)
     $O = (e V) / l$                              (..., T, F): $P V$ with $P = e / l$
-    $\lambda = m + \log l$                         (..., T, 1): each row's log-sum-exp
+    $\text{lse} = m + \log l$                      (..., T, 1): each row's log-sum-exp
 
-Backward, from $\bar O$, recomputing $P = \exp(A - \lambda)$ instead of storing it
+Backward, from $\bar O$, recomputing $P = \exp(A - \text{lse})$ instead of storing it
 (the memory-efficient backward of FlashAttention, Dao et al., 2022)
     $\bar V = P^\top \bar O$        $\bar P = \bar O V^\top$
     $\bar A = P \odot (\bar P - \text{rowsum}(\bar P \odot P))$   (softmax backward, §7)
-    $\bar S = \alpha \bar A$                       (the gradient of the unscaled $S = Q K^\top$)
-    $\bar Q = \bar S K$      $\bar K = \bar S^\top Q$
+    $\overline{QK^\top} = \alpha \bar A$      (the gradient of the unscaled scores $Q K^\top$)
+    $\bar Q = \overline{QK^\top} K$      $\bar K = \overline{QK^\top}^\top Q$
 
 The scale is applied to the scores, never to a copy of Q: the compiled kernels scale
 each row on their way through it, so the cache keeps the queries the caller passed.
@@ -24,7 +24,7 @@ each row on their way through it, so the cache keeps the queries the caller pass
 Blocks.  The (T, S) score matrices are never held for the whole batch: both
 passes walk over blocks of about ``block_scores`` scores (an argument, default
 ``BLOCK_SCORES``: a few batch rows, or a range of queries), so each block's
-element-wise passes run in the CPU cache and the backward keeps only $\lambda$, not
+element-wise passes run in the CPU cache and the backward keeps only $\text{lse}$, not
 the (B, H, T, S) probabilities.  Within a block, keys after the last one any query
 of the block may see are cut off (padding at the end of a sequence, the future of a
 causal block): they would get probability 0 and gradient 0, so only work is saved;

@@ -10,7 +10,7 @@ running sums), and the mean of squares, r and the mean of g x-hat rounded to the
 dtype as the textbook rounds them.  Without numba, or on other arrays (CuPy, the strict
 namespace), it is the textbook op.
 
-The derivation is the textbook one.
+The derivation is the textbook one (docs/derivations.md §6; the kernels, §19).
 """
 from __future__ import annotations
 

@@ -7,7 +7,8 @@ one turns each pair $(x_i, x_{i+E/2})$ as it reads it:
     $x'_i = x_i \cos_i - x_{i+E/2} \sin_i$,
     $x'_{i+E/2} = x_{i+E/2} \cos_{i+E/2} + x_i \sin_{i+E/2}$
 (the textbook's two products per element, summed in its order).  The backward is the
-textbook's $R^\top$, $\bar x = \bar x' \odot \cos - \mathrm{rotate\_half}(\bar x' \odot \sin)$:
+textbook's product with $\mathcal R_t^\top$,
+$\bar x = \bar x' \odot \cos - \mathrm{rotate\_half}(\bar x' \odot \sin)$:
     $\bar x_i = \bar x'_i \cos_i + \bar x'_{i+E/2} \sin_{i+E/2}$,
     $\bar x_{i+E/2} = \bar x'_{i+E/2} \cos_{i+E/2} - \bar x'_i \sin_i$.
 The queries and keys arrive as views of their projections, (B, T, H, E) read as
@@ -15,7 +16,7 @@ The queries and keys arrive as views of their projections, (B, T, H, E) read as
 position, shared by every head.  Without numba, or on other arrays (CuPy, the strict
 namespace), the textbook op.
 
-The derivation is the textbook one.
+The derivation is the textbook one (docs/derivations.md §12; the kernels, §19).
 """
 from __future__ import annotations
 

@@ -19,9 +19,12 @@ The standard layer projects, then cuts the result into heads; the narrow one cut
 then projects each slice: the same two steps in the other order (:meth:`_heads`).
 Its backward sums the gradient of the shared map over the heads, as for any weight
 used several times: $\bar W^Q = \sum_h X_{q,h}^\top \bar Q_h$, and
-$\bar X_{q,h} = \bar Q_h (W^Q)^\top$ is slice h of $\bar X_q$.  Three (E, E) maps
-instead of three (D, D) ones: H^2 times fewer parameters in them, and no mixing of
-the slices before the output projection W^O (kept here; ``former`` drops it too).
+$\bar X_{q,h} = \bar Q_h (W^Q)^\top$ is slice h of $\bar X_q$.  Three (E, E) maps with
+E = D / H instead of the standard layer's three (D, H*E) = (D, D) ones: H^2 times fewer
+weights in them (E^2 = D^2 / H^2 each), and with their biases (E against D each)
+D (D + 1) / (E (E + 1)) = H (D + 1) / (E + 1) times fewer parameters, a little under
+H^2; and no mixing of the slices before the output projection W^O (kept here;
+``former`` drops it too).
 
 Query-key normalization (``kqnorm=True``; ``former``'s ``kqnorm``): a layer norm over
 each head's E features of the queries and of the keys (one norm for the queries and

@@ -20,11 +20,14 @@ Transformer layers, BERT, nanoGPT's MLP)
              without the cancellation of 1 + erf in the left tail.)
 
 GELU, tanh approximation (``"gelu_tanh"``: GPT-2, ``torch.nn.GELU(approximate="tanh")``)
-    forward  $u = c\,(x + a x^3)$, $t = \tanh u$, $y = \tfrac12 x (1 + t)$,
-             with $c = \sqrt{2/\pi}$ and $a = 0.044715$
+    forward  $\kappa = \sqrt{2/\pi}\,(x + a x^3)$, $y = \tfrac12 x (1 + \tanh \kappa)$,
+             with $a = 0.044715$ (``GELU_A``; ``GELU_C`` is $\sqrt{2/\pi}$, ``u`` is
+             $\kappa$ and ``t`` is $\tanh \kappa$)
     backward by the product and chain rules,
-             $\frac{dy}{dx} = \tfrac12 (1 + t) + \tfrac12 x\,(1 - t^2)\,c\,(1 + 3 a x^2)$,
-             since $\frac{dt}{du} = 1 - t^2$ and $\frac{du}{dx} = c (1 + 3 a x^2)$;
+             $\frac{dy}{dx} = \tfrac12 (1 + \tanh\kappa) + \tfrac12 x\,(1 - \tanh^2\kappa)\,
+             \sqrt{2/\pi}\,(1 + 3 a x^2)$,
+             since $\frac{d}{d\kappa} \tanh\kappa = 1 - \tanh^2\kappa$ and
+             $\frac{d\kappa}{dx} = \sqrt{2/\pi}\,(1 + 3 a x^2)$;
              $\bar x = \bar y \cdot \frac{dy}{dx}$.
 
 Checkpoints written before version 2 of the checkpoint format called the tanh form

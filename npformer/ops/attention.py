@@ -5,14 +5,15 @@ F value width per head.  Any leading shape works in place of (B, H).
 
 Forward, with the scale $\alpha = 1/\sqrt{E}$ and the mask bias M (0 where a query
 may attend to a key, $-\infty$ where not)
-    $A = \alpha\, Q K^\top$                     scores, (..., T, S)
-    $P = \text{softmax}(A + M)$ along the keys      (..., T, S), each row sums to 1
+    $A = \alpha\, Q K^\top + M$                 the scores, masked, (..., T, S)
+    $P = \text{softmax}(A)$ along the keys          (..., T, S), each row sums to 1
     $O = P V$                                  (..., T, F)
 
 Backward, from $\bar O$, through the three lines in reverse
     $\bar V = P^\top \bar O$        $\bar P = \bar O V^\top$
     $\bar A = P \odot (\bar P - \text{rowsum}(\bar P \odot P))$   (softmax backward, §7)
     $\bar Q = \alpha\, \bar A K$      $\bar K = \alpha\, \bar A^\top Q$
+    (M is a constant, so $\bar A$ is also the gradient of $\alpha\, Q K^\top$; §9)
 
 Masks are boolean, True where a query may attend to a key, and broadcast to
 (B, H, T, S) (the convention of ``torch.nn.functional.scaled_dot_product_attention``;

@@ -1,33 +1,45 @@
 r"""Low-rank adaptation (Hu et al., 2021, "LoRA: Low-rank adaptation of large language
-models"): a frozen affine map plus a trained update of rank r.
+models"): a frozen affine map plus a trained update of rank $D_r$ (``r`` in the code).
 
-With the frozen weight $W \in \mathbb{R}^{D_{in} \times D_{out}}$ and bias $b$ (npformer's
-orientation, :mod:`.linear`), the adapter's $A \in \mathbb{R}^{D_{in} \times r}$ and
-$B \in \mathbb{R}^{r \times D_{out}}$, the scale $s = \alpha / r$ and the adapter's input
-$\tilde x$ = dropout(x) (the same x when there is no dropout):
+With the frozen weight $W \in \mathbb{R}^{D_{in} \times D_{out}}$ and bias $\mathrm b$
+(npformer's orientation, :mod:`.linear`), the adapter's down and up maps
+$W^A \in \mathbb{R}^{D_{in} \times D_r}$ (``lora_a``) and $W^B \in \mathbb{R}^{D_r \times D_{out}}$
+(``lora_b``), the scale $\text{scale} = \alpha_{\text{lora}} / D_r$ and the adapter's input
+$x_{\text{drop}}$ = dropout(x) (``x_dropped``; the same x when there is no dropout):
 
 Forward
-    $u = \tilde x A$                               (..., r): the input brought down to rank r
-    $y = x W + b + s\, u B$                         (..., D_out)
+    $x^A = x_{\text{drop}} W^A$         (..., D_r), ``u``: the input brought down to rank D_r
+    $y = x W + \mathrm b + \text{scale}\; x^A W^B$       (..., D_out)
 
-that is $y = x W + b + s\, \tilde x A B$: with $\tilde x = x$ the map $x (W + s A B) + b$, W
-moved by a matrix of rank at most r.  PyTorch (and PEFT) store the transposes,
-``lora_A.weight`` $= A^\top$ (r, D_in) and ``lora_B.weight`` $= B^\top$ (D_out, r), and
-write the same map $y = x W^\top + b + s\, \tilde x A^\top B^\top$ in their orientation.
+that is $y = x W + \mathrm b + \text{scale}\; x_{\text{drop}} W^A W^B$: with
+$x_{\text{drop}} = x$ the map $x (W + \text{scale}\, W^A W^B) + \mathrm b$, W moved by a
+matrix of rank at most D_r.
+PyTorch (and PEFT) store the transposes, ``weight`` $= W^\top$ (D_out, D_in),
+``lora_A.weight`` $= (W^A)^\top$ (D_r, D_in) and ``lora_B.weight`` $= (W^B)^\top$
+(D_out, D_r), and write the same map with each stored matrix transposed back:
+$y = x\, \text{weight}^\top + \mathrm b
++ \text{scale}\; x_{\text{drop}}\, \text{lora\_A.weight}^\top
+\text{lora\_B.weight}^\top$.
 
-Backward, for an upstream gradient $\bar y = \partial L / \partial y$ (each term is
-:mod:`.linear`'s rule applied to one product)
-    $\bar u = s\, \bar y B^\top$                    (..., r)     (u feeds y through s B)
-    $\bar A = \tilde x^\top \bar u = \sum_n \tilde x_n^\top \bar u_n$    (D_in, r)
-    $\bar B = s\, u^\top \bar y = s \sum_n u_n^\top \bar y_n$          (r, D_out)
-    $\bar{\tilde x} = \bar u A^\top$                 (..., D_in)  (the adapter's input)
-    $\bar x = \bar y W^\top$                         (..., D_in)  (through the frozen map)
+Backward, for an upstream gradient $\bar y = \partial \mathcal L / \partial y$ (each term is
+:mod:`.linear`'s rule applied to one product; the rows n of the flattened batch)
+    $\bar x^A = \text{scale}\; \bar y (W^B)^\top$                  (..., D_r)   ``du``
+    $\bar W^A = x_{\text{drop}}^\top \bar x^A = \sum_n x_{\text{drop},n}^\top \bar x^A_n$
+                                                     (D_in, D_r)  ``da``
+    $\bar W^B = \text{scale}\; (x^A)^\top \bar y = \text{scale} \sum_n (x^A_n)^\top \bar y_n$
+                                                     (D_r, D_out)  ``db``
+    $\bar x_{\text{drop}} = \bar x^A (W^A)^\top$                     (..., D_in)  ``dx_dropped``
+    $\bar x = \bar y W^\top$                             (..., D_in)  ``dx``, through the frozen map
 
-and the layer adds $\bar{\tilde x}$, through dropout's backward, to $\bar x$.  W and b are
-frozen: their gradients $x^\top \bar y$ and $\sum_n \bar y_n$ are not computed, so the
-backward costs the two thin products of the adapter and one product with W, against
-the full layer's three.  B starts at zero, so at the first update $\bar A = \tilde x^\top
-(s \bar y B^\top) = 0$ and only B moves: the adapted model starts as the base model.
+and the layer adds $\bar x_{\text{drop}}$, through dropout's backward, to $\bar x$.  W and b are
+frozen: their gradients $x^\top \bar y$ and $\sum_n \bar y_n$ are not computed.  The backward
+is five products: four through the rank ($\bar x^A$, $\bar W^A$, $\bar W^B$,
+$\bar x_{\text{drop}}$: $2 N D_r (D_{in} + D_{out})$ multiply-adds for N rows) and one with W
+($N D_{in} D_{out}$), against the full layer's two with W's shape ($\bar x$ and $\bar W$).
+$W^B$ starts at zero, so the adapted model starts as the base model, and at the first
+update $\bar W^A = x_{\text{drop}}^\top (\text{scale}\; \bar y (W^B)^\top) = 0$: $W^A$ then moves
+only by its weight decay (AdamW's shrinking, or the L2 gradient $\lambda W^A$), and with no
+decay only $W^B$ moves.
 """
 from __future__ import annotations
 

@@ -5,8 +5,8 @@ Layer norm without the centring and the bias: each row is divided by its root me
 square and scaled by a weight.
 
 Forward, per row $x \in \mathbb{R}^D$:
-    $m = \frac1D \sum_j x_j^2$                 (the mean of squares)
-    $r = (m + \epsilon)^{-1/2}$                (one over the row's rms)
+    $\text{ms} = \frac1D \sum_j x_j^2$              (the mean of squares, ``mean_square``)
+    $r = (\text{ms} + \epsilon)^{-1/2}$             (one over the row's rms)
     $\hat x = x\, r$
     $y = w \odot \hat x$
 
@@ -18,7 +18,7 @@ float64 (Hugging Face would round it to float32 there, and be only float32-accur
 
 Backward.  Write $g = \bar y \odot w$, the gradient with respect to $\hat x$, and
 differentiate $\hat x_i = x_i\, r$ with $r$ depending on every $x_j$:
-    $\frac{\partial r}{\partial x_j} = -\tfrac12 (m + \epsilon)^{-3/2} \cdot \frac{2 x_j}{D}
+    $\frac{\partial r}{\partial x_j} = -\tfrac12 (\text{ms} + \epsilon)^{-3/2} \cdot \frac{2 x_j}{D}
      = -\frac{r^3 x_j}{D}$
     $\frac{\partial \hat x_i}{\partial x_j} = r\,\delta_{ij} + x_i \frac{\partial r}{\partial x_j}
      = r\,\delta_{ij} - \frac{r\, \hat x_i \hat x_j}{D}$
@@ -27,7 +27,7 @@ so
      = r \,\big(g_j - \hat x_j\, \text{mean}_i(g \odot \hat x)\big)$
 (layer norm's form without its $\text{mean}(g)$ term: no mean was subtracted), and
     $\bar w = \sum_{rows} \bar y \odot \hat x$.
-The subtracted term removes the component of g along $\hat x$: scaling a row does not
+The subtracted term removes the component of $g$ along $\hat x$: scaling a row does not
 change $\hat x$ (when $\epsilon$ is small), so no gradient flows along the row itself.
 """
 from __future__ import annotations

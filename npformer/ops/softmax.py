@@ -1,19 +1,22 @@
 r"""Softmax and log-softmax over one axis, with an optional boolean mask.
 
-Softmax, along the axis, for entries allowed by the mask (True = keep)
-    $x_j \leftarrow x_j + b_j$ with the mask bias $b_j = 0$ if allowed, $-\infty$ if not
+Rows are row vectors (docs/derivations.md, §0).  Softmax of a row x, along the axis, for
+entries allowed by the mask (True = keep)
+    $x_j \leftarrow x_j + M_j$ with the mask bias $M_j = 0$ if allowed, $-\infty$ if not
     $m = \max_{j \in \text{allowed}} x_j$    (subtracted for stability; 0 if nothing is allowed)
     $e_j = \exp(x_j - m)$                  (= 0 where masked, since exp(-inf) = 0)
-    $p_j = e_j / \sum_k e_k$                 (0 for every j if nothing is allowed)
+    $l = \sum_j e_j$, $p_j = e_j / l$        (0 for every j if nothing is allowed: l = 0 is
+                                           replaced by 1)
 
-Backward without building the Jacobian $J = \text{diag}(p) - p p^\top$:
-    $\bar x = J^\top \bar p = p \odot (\bar p - \langle \bar p, p \rangle)$
+Backward without building the Jacobian $J = \text{diag}(p) - p^\top p$, with
+$J_{ij} = \partial p_i / \partial x_j = p_i (\delta_{ij} - p_j)$ (m held constant):
+    $\bar x = \bar p\, J = p \odot (\bar p - \langle \bar p, p \rangle)$
 Masked entries have $p_j = 0$, so they receive exactly zero gradient, and a row
 with nothing allowed gives zero output and zero gradient: never NaN.
 An axis of length 0 has nothing to normalise: the result is the empty array of x's shape.
 
 Log-softmax
-    $y_j = x_j - m - \log \sum_k \exp(x_k - m)$
+    $y_j = x_j - m - \log \sum_{j'} \exp(x_{j'} - m)$
     backward: $\bar x = \bar y - p \, \sum_j \bar y_j$ with $p = \exp(y)$
     (since $\partial y_i / \partial x_j = \delta_{ij} - p_j$).
 """

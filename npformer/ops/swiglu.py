@@ -2,25 +2,29 @@ r"""The gated SiLU of Llama's feed-forward network (Shazeer, 2020, "GLU variants
 Transformer"): ``down_proj(silu(gate_proj(x)) * up_proj(x))``.
 
 This op is the product in the middle; the three projections are :mod:`.linear`.  With
-the gate $a$ = gate_proj(x) and $b$ = up_proj(x), element-wise:
+the gate $x_{\text{gate}}$ = gate_proj(x) (``a``) and $x_{\text{up}}$ = up_proj(x) (``b``),
+element-wise:
 
 Forward
-    $s = \sigma(a) = 1 / (1 + e^{-a})$           (the logistic sigmoid)
-    $\mathrm{silu}(a) = a\, s$                    (SiLU, or swish)
-    $h = \mathrm{silu}(a) \odot b$
+    $\text{sig} = \mathrm{sigmoid}(x_{\text{gate}}) = 1 / (1 + e^{-x_{\text{gate}}})$   ``s``
+    $\mathrm{silu}(x_{\text{gate}}) = x_{\text{gate}}\, \text{sig}$               (SiLU, or swish)
+    $y = \mathrm{silu}(x_{\text{gate}}) \odot x_{\text{up}}$                 ``h``
 
 Backward, by the product rule:
-    $\bar b = \bar h \odot \mathrm{silu}(a)$
-    $\bar a = \bar h \odot b \odot \mathrm{silu}'(a)$, where
-    $\mathrm{silu}'(a) = s + a\, s'$ and $s' = s (1 - s)$ (since
-    $\frac{d}{da} (1 + e^{-a})^{-1} = e^{-a} / (1 + e^{-a})^2 = s \cdot (1 - s)$), so
-    $\mathrm{silu}'(a) = s\,\big(1 + a (1 - s)\big)$.
+    $\bar x_{\text{up}} = \bar y \odot \mathrm{silu}(x_{\text{gate}})$          ``db``
+    $\bar x_{\text{gate}} = \bar y \odot x_{\text{up}} \odot \mathrm{silu}'(x_{\text{gate}})$
+                                                      ``da``, where
+    $\mathrm{silu}'(x_{\text{gate}}) = \text{sig} + x_{\text{gate}}\, \text{sig}\,(1 - \text{sig})
+     = \text{sig}\,\big(1 + x_{\text{gate}} (1 - \text{sig})\big)$    ``dsilu``
+(since $\frac{d}{dx} (1 + e^{-x})^{-1} = e^{-x} / (1 + e^{-x})^2
+= \mathrm{sigmoid}(x)\,(1 - \mathrm{sigmoid}(x))$).
 
-The sigmoid, computed stably: $e^{-a}$ overflows for $a < -709$ in float64 ($-88$ in
-float32).  With $e = e^{-|a|} \in (0, 1]$, never overflowing,
-    $\sigma(a) = 1 / (1 + e)$ for $a \ge 0$,   $\sigma(a) = e / (1 + e)$ for $a < 0$
-(the second is $e^{a} / (1 + e^{a})$, the same number).  Far out $s$ is exactly 0 or 1,
-and $\mathrm{silu}'$ exactly 0 or 1: no inf, no NaN.
+The sigmoid, computed stably: $e^{-x}$ overflows for $x < -709$ in float64 ($-88$ in
+float32).  With $e^{-|x|} \in (0, 1]$ (``e``), never overflowing,
+    $\mathrm{sigmoid}(x) = 1 / (1 + e^{-|x|})$ for $x \ge 0$,
+    $\mathrm{sigmoid}(x) = e^{-|x|} / (1 + e^{-|x|})$ for $x < 0$
+(the second is $e^{x} / (1 + e^{x})$, the same number).  Far out $\text{sig}$ is exactly 0 or
+1, and $\mathrm{silu}'$ exactly 0 or 1: no inf, no NaN.
 """
 from __future__ import annotations
 
