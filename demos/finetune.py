@@ -96,6 +96,8 @@ DEMO = Demo(tag="finetune", title="fine-tuning", model_kind="causal_lm",
 DEFAULT_MODEL = "gpt2"  # GPT-2 small on the Hugging Face Hub (124M parameters)
 ADAPTER_FOLDER = "adapter"  # OUT/adapter: the LoRA adapters, as PEFT writes them
 LORA_OPTIONS = ("lora_alpha", "lora_dropout", "lora_targets")  # read with --lora R only
+# typed on the command line without --lora R, they are refused whatever their value
+WITH_LORA = (lambda preset: bool(preset.lora), "--lora R (the rank)")
 
 
 @dataclass(frozen=True)
@@ -112,12 +114,13 @@ class Preset:
     length: int = option(100, "tokens to sample", nonnegative_int)
     lora: int = option(0, "LoRA rank (0: fine-tune every weight)", nonnegative_int)
     lora_alpha: float = option(16.0, "LoRA's alpha: the update is scaled by alpha / rank",
-                               positive_float)
-    lora_dropout: float = option(0.0, "dropout on the LoRA adapters' input", probability)
+                               positive_float, needs=WITH_LORA)
+    lora_dropout: float = option(0.0, "dropout on the LoRA adapters' input", probability,
+                                 needs=WITH_LORA)
     lora_targets: str = option("", "the projections LoRA adapts, comma-separated (PEFT's "
                                "target_modules in the model's names; empty: the family's "
                                "default, GPT-2's c_attn,c_proj, Llama's and Qwen's "
-                               "q_proj,v_proj)", str)
+                               "q_proj,v_proj)", str, needs=WITH_LORA)
 
     def __post_init__(self):
         if not self.lora:  # the adapters' options, which a run without adapters would not read

@@ -103,7 +103,8 @@ class Preset:
                        "llama (RMS norm, gated SiLU, rotary positions, shared key/value heads)",
                        str, ARCHS)
     kv_heads: int = option(DEFAULT_KV_HEADS, "key/value heads of the llama blocks (dividing "
-                           "--num-heads)")
+                           "--num-heads)", needs=(lambda preset: preset.arch == "llama",
+                                                  "--arch llama"))
 
     def __post_init__(self):
         check_divisible(self, "d_model", "num_heads")

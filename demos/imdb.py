@@ -348,6 +348,12 @@ def build_parser():
                                              f"(default: the run in OUT, {MODEL_FILE} and "
                                              f"an ensemble's other members)")
     add_user_data_options(parser)
+    from npformer.cli.options import needs  # an option read only with another
+
+    needs(parser, "checkpoint", lambda args, preset: args.predict is not None, "--predict TEXT")
+    for name in ("text_column", "label_column"):  # typed for IMDB's data: nothing reads them
+        needs(parser, name, lambda args, preset: is_user_data(args.data),
+              "--data FILE.csv (.tsv, .jsonl, .json), your own examples")
     return parser
 
 

@@ -79,3 +79,48 @@ def test_the_backend_is_made_on_first_use(monkeypatch):
         backend.backend_name()
     monkeypatch.setenv("NPFORMER_BACKEND", "")
     assert backend.backend_name() == "numpy"
+
+
+# --------------------------------------------------------------------------- case 9
+def _demo(script: str, *args: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "demos" / script), *args],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+
+
+@pytest.mark.parametrize("script,args,typed,needed", [
+    ("finetune.py", ("--lora-alpha", "16"), "--lora-alpha 16", "--lora R"),  # the default
+    ("finetune.py", ("--lora", "0", "--lora-dropout", "0"), "--lora-dropout 0", "--lora R"),
+    ("finetune.py", ("--lora-targets", ""), "--lora-targets ''", "--lora R"),
+    ("generate.py", ("--kv-heads", "2"), "--kv-heads 2", "--arch llama"),  # the default
+    ("generate.py", ("--kv_heads=2",), "--kv_heads 2", "--arch llama"),
+    ("imdb.py", ("--checkpoint", "x.npz"), "--checkpoint x.npz", "--predict TEXT"),
+    ("imdb.py", ("--text-column", "text"), "--text-column text", "--data FILE.csv"),
+])
+def test_an_option_typed_without_the_one_it_needs_is_refused(script, args, typed, needed,
+                                                             tmp_path):
+    """Refused whatever its value, the default's too (case 9): the run would not read it."""
+    result = _demo(script, "--smoke", "--procs", "1", *args, "--out", str(tmp_path / "run"))
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert f"error: {typed}" in last and needed in last, last
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+
+
+def test_a_resumed_run_is_not_refused_for_its_saved_settings(tmp_path):
+    """A resumed run reads --arch llama --kv-heads 1 back from its checkpoint: only what
+    is typed on the resuming command line counts as given."""
+    from .test_demos import SHARED_DATA, synthetic_data
+
+    (tmp_path / "data").mkdir()
+    data = SHARED_DATA if SHARED_DATA.is_dir() else synthetic_data(tmp_path / "data")
+    out = str(tmp_path / "run")
+    first = _demo("generate.py", "--smoke", "--procs", "1", "--replicas", "1", "--arch",
+                  "llama", "--kv-heads", "1", "--max-iters", "3", "--stop-after", "1",
+                  "--data", str(data), "--out", out, "--no-progress")
+    assert first.returncode == 130, first.stderr[-3000:]
+    resumed = _demo("generate.py", "--resume", "--procs", "1", "--out", out, "--no-progress")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    again = _demo("generate.py", "--resume", "--procs", "1", "--kv-heads", "1", "--out", out,
+                  "--no-progress")  # finished: nothing to refuse but what a finished run is
+    assert "is read only with" not in again.stderr

@@ -12,6 +12,7 @@ exit status 2 and argparse's message naming the option.
 from __future__ import annotations
 
 import argparse
+import shlex
 from collections.abc import Callable, Collection
 from dataclasses import Field, field, fields, replace
 from typing import Any
@@ -116,9 +117,49 @@ def yes_no(text: str) -> bool:
 
 # --------------------------------------------------------------------------- presets
 def option(default: Any, help: str, type: Callable[[str], Any] = positive_int,
-           choices: Collection | None = None) -> Field:
-    """A preset field that is also a command-line option (validated by ``type``)."""
-    return field(default=default, metadata={"help": help, "type": type, "choices": choices})
+           choices: Collection | None = None,
+           needs: tuple[Callable[[Any], bool], str] | None = None) -> Field:
+    """A preset field that is also a command-line option (validated by ``type``).
+    ``needs``: (test of the settled preset, the option it needs, e.g. ``"--lora R"``) for
+    an option read only with another: given on the command line while the test fails, it
+    is refused whatever its value (:func:`resolve_preset`)."""
+    return field(default=default, metadata={"help": help, "type": type, "choices": choices,
+                                            "needs": needs})
+
+
+def needs(parser: argparse.ArgumentParser, dest: str, test: Callable[[Any, Any], bool],
+          what: str) -> None:
+    """Declare that the demo's option ``dest`` (not a preset field) is read only when
+    ``test(args, preset)`` holds, i.e. with ``what`` (``"--predict TEXT"``): typed without
+    it, it is refused whatever its value (:func:`resolve_preset`)."""
+    if not hasattr(parser, "needed"):
+        parser.needed = {}
+    parser.needed[dest] = (test, what)
+
+
+def typed_options(args: argparse.Namespace) -> set[str]:
+    """The destinations of the options typed on this command line (not their defaults, not
+    what a resumed run read back from its saved settings)."""
+    return set(getattr(args, _TYPED, ()))
+
+
+def _refuse_unread_options(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                           preset: Any) -> None:
+    """An option typed without the option it needs (:func:`option`'s and :func:`needs`'s
+    ``needs``) is refused, naming both, whatever its value: a value equal to the default
+    would otherwise be dropped silently (``--lora-alpha 16`` without ``--lora R``)."""
+    typed, spelled = typed_options(args), getattr(args, _GIVEN_AS, {})
+    checks = [(f.name, lambda test=f.metadata["needs"][0]: test(preset),
+               f.metadata["needs"][1]) for f in fields(preset)
+              if f.metadata.get("needs") is not None]
+    checks += [(dest, lambda test=test: test(args, preset), what)
+               for dest, (test, what) in getattr(parser, "needed", {}).items()]
+    for dest, holds, what in checks:
+        if dest in typed and not holds():
+            typed_as, value = spelled.get(dest, (flag(dest), getattr(args, dest, None)))
+            shown = typed_as if value is True else f"{typed_as} {shlex.quote(str(value))}"
+            parser.error(f"{shown} is read only with {what}: add {what}, or leave "
+                         f"{typed_as} out")
 
 
 def check_divisible(preset: Any, d_model: str, num_heads: str) -> None:
@@ -184,6 +225,7 @@ class _OneSetting(argparse.Action):
 
 
 _GIVEN_AS = "_preset_options_given_as"  # {field: (option string, value)} while parsing
+_TYPED = "_options_typed"  # the destinations of the options typed (:func:`typed_options`)
 
 
 def resolve_preset(parser: argparse.ArgumentParser, args: argparse.Namespace, presets: dict) -> Any:
@@ -195,9 +237,11 @@ def resolve_preset(parser: argparse.ArgumentParser, args: argparse.Namespace, pr
     given = {f.name: getattr(args, f.name) for f in fields(presets["default"])
              if getattr(args, f.name) is not None}
     try:
-        return replace(presets[args.preset], **given)  # the preset's __post_init__ checks
+        preset = replace(presets[args.preset], **given)  # the preset's __post_init__ checks
     except ValueError as exc:
         parser.error(str(exc))
+    _refuse_unread_options(parser, args, preset)
+    return preset
 
 
 # --------------------------------------------------------------------------- the parser
@@ -210,7 +254,21 @@ class _DemoParser(argparse.ArgumentParser):
         hints = [hint for hint in (what_to_type(self, text) for text in extras) if hint]
         if hints:
             self.error(f"unrecognized arguments: {' '.join(extras)} ({'; '.join(hints)})")
+        setattr(parsed, _TYPED, self._typed(args))
         return parsed, extras
+
+    def _typed(self, args) -> list[str]:
+        """The destinations of the options on the command line: the same line parsed
+        again with every default suppressed holds those alone."""
+        defaults = [(action, action.default) for action in self._actions]
+        try:
+            for action, _ in defaults:
+                action.default = argparse.SUPPRESS
+            typed, _ = super().parse_known_args(args, None)
+        finally:
+            for action, default in defaults:
+                action.default = default
+        return sorted(name for name in vars(typed) if not name.startswith("_"))
 
 
 def what_to_type(parser: argparse.ArgumentParser, text: str) -> str | None:
