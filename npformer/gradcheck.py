@@ -27,9 +27,17 @@ Two entry points:
 * :func:`check_op` for a forward/backward pair of :mod:`npformer.ops`;
 * :func:`check_module` for any :class:`npformer.nn.Module`, its inputs and
   every parameter: the way to check a layer of your own.
+
+Both speak of each gradient by its name: ``d`` and the forward's parameter name
+(``dx``, ``dgamma``), or the names given (``names=("dx", "dgamma", "dbeta")``), and a
+parameter's as ``weight.grad``.  The result's message names the worst gradient, its
+shape, its largest error and the index where it sits::
+
+    worst relative error 5.000e-01 in dw (shape (4, 3)) at index (2, 1): analytic 0.4, ...
 """
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -44,26 +52,58 @@ if TYPE_CHECKING:  # annotations only
 
 @dataclass
 class GradCheckResult:
-    """Per-tensor relative errors and where the worst one is."""
+    """Per-tensor relative errors and where the worst one is.
+
+    ``errors`` is keyed as the check named the tensors (``names`` given to
+    :func:`check_op`; otherwise ``arg0``, ``input0`` or the parameter's name, as
+    before); ``labels`` gives each key's name in messages (``dx``, ``dgamma``,
+    ``weight.grad``), ``shapes`` each gradient's shape.
+    """
 
     errors: dict[str, float] = field(default_factory=dict)
     worst_name: str = ""
     worst_index: tuple = ()
     worst_analytic: float = 0.0
     worst_numeric: float = 0.0
+    labels: dict[str, str] = field(default_factory=dict)
+    shapes: dict[str, tuple] = field(default_factory=dict)
 
     @property
     def worst_error(self) -> float:
         return max(self.errors.values(), default=0.0)
 
+    @property
+    def worst_label(self) -> str:
+        """The worst gradient's name in messages (``dgamma``; ``worst_name`` is its key)."""
+        return self.label(self.worst_name)
+
+    def label(self, key: str) -> str:
+        return self.labels.get(key, key)
+
     def passed(self, tolerance: float = 1e-6) -> bool:
         return self.worst_error < tolerance
 
+    def message(self, tolerance: float = 1e-6) -> str:
+        """One line: which gradient is wrong, its shape, its largest error and where."""
+        if self.passed(tolerance):
+            return (f"every gradient agrees with central differences "
+                    f"(worst relative error {self.worst_error:.1e})")
+        shape = self.shapes.get(self.worst_name)
+        where = f"at index {self.worst_index}" if self.worst_index else "(a scalar)"
+        if not np.isfinite(self.worst_error):
+            return (f"{self.worst_label} (shape {shape}) holds NaN or inf "
+                    f"{where}: analytic {self.worst_analytic:.6g}")
+        return (f"{self.worst_label} (shape {shape}) is wrong: largest error "
+                f"{self.worst_error:.1e} of its scale {where}: analytic "
+                f"{self.worst_analytic:.6g}, numeric {self.worst_numeric:.6g}")
+
     def __str__(self) -> str:
-        lines = [f"worst relative error {self.worst_error:.3e} in {self.worst_name!r} "
+        shape = self.shapes.get(self.worst_name)
+        shown = f" (shape {shape})" if shape is not None else ""
+        lines = [f"worst relative error {self.worst_error:.3e} in {self.worst_label}{shown} "
                  f"at index {self.worst_index}: analytic {self.worst_analytic:.10g}, "
                  f"numeric {self.worst_numeric:.10g}"]
-        lines += [f"  {name}: {err:.3e}" for name, err in self.errors.items()]
+        lines += [f"  {self.label(name)}: {err:.3e}" for name, err in self.errors.items()]
         return "\n".join(lines)
 
 
@@ -108,16 +148,21 @@ def numerical_gradient(loss: Callable[[], float], value: np.ndarray,
     return grad
 
 
-def compare(analytic: dict[str, np.ndarray], numeric: dict[str, np.ndarray]) -> GradCheckResult:
-    result = GradCheckResult()
+def compare(analytic: dict[str, np.ndarray], numeric: dict[str, np.ndarray],
+            labels: dict[str, str] | None = None) -> GradCheckResult:
+    """Each analytic gradient against its numerical estimate (dicts keyed alike);
+    ``labels``: each key's name in messages."""
+    labels = dict(labels or {})
+    result = GradCheckResult(labels=labels)
     worst = -1.0
     pairs = {}
     for name, num in numeric.items():
         ana = np.asarray(analytic[name], dtype=np.float64)
         if ana.shape != num.shape:
-            raise ValueError(f"analytic gradient of {name!r} has shape {ana.shape}, "
+            raise ValueError(f"the gradient {labels.get(name, name)} has shape {ana.shape}, "
                              f"expected {num.shape}")
         pairs[name] = (ana, num)
+        result.shapes[name] = tuple(num.shape)
     finite = [scale_of(a, n) for a, n in pairs.values() if np.all(np.isfinite(a))]
     floor = FLOOR * max((s for s in finite if np.isfinite(s)), default=0.0)
     for name, (ana, num) in pairs.items():
@@ -131,6 +176,37 @@ def compare(analytic: dict[str, np.ndarray], numeric: dict[str, np.ndarray]) -> 
             result.worst_analytic = float(ana[idx]) if num.size else 0.0
             result.worst_numeric = float(num[idx]) if num.size else 0.0
     return result
+
+
+def argument_names(function: Callable, count: int) -> list[str | None]:
+    """The names of ``function``'s first ``count`` positional parameters (None where it
+    has none to tell: ``*args``, or no signature)."""
+    try:
+        parameters = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        return [None] * count
+    names: list[str | None] = []
+    for p in parameters:
+        if p.kind is p.VAR_POSITIONAL:
+            break
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            names.append(p.name)
+    return (names + [None] * count)[:count]
+
+
+def gradient_labels(function: Callable, positions: Sequence[int],
+                    names: Sequence[str] | None = None) -> list[str]:
+    """The names of the gradients of ``function``'s arguments at ``positions``: ``names``
+    where given, else ``d`` and the parameter's name (``dx``, ``dgamma``), else
+    ``d(argument i)``."""
+    if names is not None:
+        names = list(names)
+        if len(names) != len(positions):
+            raise ValueError(f"names {names} name {len(names)} gradients, but "
+                             f"{len(positions)} arguments are checked")
+        return names
+    known = argument_names(function, max(positions, default=-1) + 1)
+    return [f"d{known[i]}" if known[i] else f"d(argument {i})" for i in positions]
 
 
 def _upstream_like(out, rng: np.random.Generator) -> np.ndarray:
@@ -153,36 +229,43 @@ def _require_float64(array, what: str) -> None:
 
 
 def check_op(forward: Callable, backward: Callable, args: Sequence, wrt: Sequence[int],
-             kwargs: dict | None = None, h: float = 1e-5, seed: int = 0) -> GradCheckResult:
+             kwargs: dict | None = None, h: float = 1e-5, seed: int = 0,
+             names: Sequence[str] | None = None) -> GradCheckResult:
     """Check ``backward`` of an op against central differences of ``forward``.
 
     forward(*args, **kwargs) -> (out, cache); backward(dout, cache) -> the
     gradients of ``args[i]`` for i in ``wrt``, in that order (one array or a tuple).
     ``args`` are backend arrays (or anything else for non-differentiated ones).
+    ``names``: the gradients' names, in ``wrt``'s order (``("dx", "dgamma", "dbeta")``),
+    which also key ``errors``; by default ``d`` and the forward's parameter names name
+    them in messages, and ``errors`` is keyed ``arg0``, ``arg1``...
     """
     kwargs = kwargs or {}
     args = list(args)
-    for i in wrt:
-        _require_float64(args[i], f"argument {i}")
+    labels = gradient_labels(forward, wrt, names)
+    keys = list(names) if names is not None else [f"arg{i}" for i in wrt]
+    for i, label in zip(wrt, labels):
+        _require_float64(args[i], f"the argument of {label}")
     rng = np.random.default_rng(seed)
     out, cache = forward(*args, **kwargs)
     upstream_host = _upstream_like(out, rng)
     upstream = backend.asarray(upstream_host)
     grads = _as_tuple(backward(upstream, cache))
     if len(grads) != len(wrt):
-        raise ValueError(f"backward returned {len(grads)} gradients for {len(wrt)} inputs")
-    analytic = {f"arg{i}": backend.to_numpy(g) for i, g in zip(wrt, grads)}
+        raise ValueError(f"backward returned {len(grads)} gradients for {len(wrt)} inputs "
+                         f"({', '.join(labels)})")
+    analytic = {key: backend.to_numpy(g) for key, g in zip(keys, grads)}
 
     def loss() -> float:
         value, _ = forward(*args, **kwargs)
         return float(np.sum(backend.to_numpy(value) * upstream_host))
 
     numeric = {}
-    for i in wrt:
+    for key, i in zip(keys, wrt):
         def set_arg(host, i=i):
             args[i] = backend.asarray(host)
-        numeric[f"arg{i}"] = numerical_gradient(loss, backend.to_numpy(args[i]).copy(), set_arg, h)
-    return compare(analytic, numeric)
+        numeric[key] = numerical_gradient(loss, backend.to_numpy(args[i]).copy(), set_arg, h)
+    return compare(analytic, numeric, dict(zip(keys, labels)))
 
 
 def check_module(module: Module, inputs: Sequence, wrt_inputs: Sequence[int] | None = None,
@@ -194,14 +277,18 @@ def check_module(module: Module, inputs: Sequence, wrt_inputs: Sequence[int] | N
     ``wrt_inputs`` (default: every floating-point input), one array or a tuple.
     Parameter gradients are read from ``param.grad`` after a ``zero_grad``; frozen
     parameters (:meth:`npformer.nn.Module.freeze`) have none and are not checked.
+    ``errors`` is keyed ``input0``... and by the parameters' names; messages name an
+    input's gradient ``d`` and the forward's parameter name (``dx``), a parameter's
+    ``weight.grad``.
     """
     kwargs = kwargs or {}
     inputs = list(inputs)
     if wrt_inputs is None:
         wrt_inputs = [i for i, a in enumerate(inputs)
                       if hasattr(a, "dtype") and backend.is_float_array(a)]
+    input_labels = dict(zip(wrt_inputs, gradient_labels(module.forward, wrt_inputs)))
     for i in wrt_inputs:
-        _require_float64(inputs[i], f"input {i}")
+        _require_float64(inputs[i], f"input {i} (of {input_labels[i]})")
     named = [(name, p) for name, p in module.named_parameters() if not p.frozen]
     for name, p in named:
         _require_float64(p.data, f"parameter {name!r}")
@@ -221,6 +308,8 @@ def check_module(module: Module, inputs: Sequence, wrt_inputs: Sequence[int] | N
         value = module.forward(*inputs, **kwargs)
         return float(np.sum(backend.to_numpy(value) * upstream_host))
 
+    labels = {f"input{i}": input_labels[i] for i in wrt_inputs}
+    labels.update({name: f"{name}.grad" for name, _ in named})
     numeric = {}
     for i in wrt_inputs:
         def set_input(host, i=i):
@@ -231,4 +320,4 @@ def check_module(module: Module, inputs: Sequence, wrt_inputs: Sequence[int] | N
         def set_param(host, p=p):
             p.data = backend.asarray(host)
         numeric[name] = numerical_gradient(loss, backend.to_numpy(p.data).copy(), set_param, h)
-    return compare(analytic, numeric)
+    return compare(analytic, numeric, labels)
