@@ -11,7 +11,10 @@ object, and a size the doc quotes with no such check, or under the name of anoth
 configuration, fails; the doc quotes no timing and no date.  No Markdown file of
 docs/ (nor README.md) holds a control character, every link to a section of the doc
 leads to one of its headings, every file of the repository the doc names exists, and
-every ``npformer.`` name it writes out resolves."""
+every ``npformer.`` name it writes out resolves.  Every citation of one of its sections
+("§6", "derivations.md, section 11"), in the documents and the code, names a section it
+has, under the title the citation gives; and docs/llama.md's float64 table is what
+tools/llama_float64_gap.py prints."""
 from __future__ import annotations
 
 import ast
@@ -927,3 +930,46 @@ def test_every_cited_section_exists_under_the_title_the_citation_gives():
                              f"§{home}, {sections[home][0]!r}")
     assert count > 100, count  # the doc cites itself, and the README and the code cite it
     assert not wrong, "citations of docs/derivations.md's sections:\n" + "\n".join(wrong)
+
+
+# ------------------------------------------------------------------ docs/llama.md's float64 table
+LLAMA_DOC = ROOT / "docs" / "llama.md"
+GAP_ROWS = {"plain float64": "plain", "RMS norms in float64": "norms64",
+            "rotary tables in float64": "rotary64",
+            "both in float64 (the tests' reference)": "patched"}
+GAP_COLUMNS = ["default rotary", "llama3 rotary"]
+
+
+def test_the_llama_float64_table_is_what_the_tool_prints(capsys):
+    """docs/llama.md's differences between npformer's float64 Llama and transformers' (plain,
+    and with its RMS norms and/or rotary tables in float64) are tools/llama_float64_gap.py's
+    output; a difference at rounding (below 1e-12) is held to that only."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    lines = LLAMA_DOC.read_text().splitlines()
+    start = lines.index("<!-- llama_float64_gap -->")
+    rows = [line.strip("|").split("|") for line in lines[start + 3:start + 3 + len(GAP_ROWS)]]
+    printed = {(GAP_ROWS[cells[0].strip()], column): cells[i + 1].strip()
+               for cells in rows for i, column in enumerate(GAP_COLUMNS)}
+    assert len(printed) == len(GAP_ROWS) * len(GAP_COLUMNS), printed
+    spec = importlib.util.spec_from_file_location("llama_float64_gap",
+                                                  ROOT / "tools" / "llama_float64_gap.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    from npformer import backend
+    previous = backend.backend_name(), backend.default_float_name()
+    try:
+        tool.main()
+    finally:
+        backend.set_backend(previous[0])
+        backend.set_default_float(previous[1])
+    measured = {}
+    for line in capsys.readouterr().out.splitlines()[1:]:
+        *model, kind, gap, _ = line.split()
+        measured[(kind, "default rotary" if model[0] == "default" else "llama3 rotary")] = gap
+    for key, cell in printed.items():
+        gap = measured[key]
+        if float(cell) < 1e-12:
+            assert float(gap) < 1e-12, f"{key}: the doc says {cell}, the tool prints {gap}"
+        else:
+            assert cell == gap, f"{key}: the doc says {cell}, the tool prints {gap}"
