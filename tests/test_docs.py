@@ -836,7 +836,8 @@ def test_the_gradient_checks_give_their_time_and_a_one_minute_subset():
 
 # ------------------------------------------------------------------ citations of the doc's sections
 CITED_IN = ["README.md", "docs/*.md", "demos/README.md", "bench/README.md", "tests/README.md",
-            "npformer/**/*.py", "demos/*.py", "tools/*.py", "tests/*.py", "docs/*.py"]
+            "exercises/README.md", "npformer/**/*.py", "demos/*.py", "tools/*.py",
+            "tests/*.py", "docs/*.py", "exercises/*.py"]
 # §12, §12's, (§12); "derivations.md §1", "derivations.md`, section 11"; never a paper's §5.4,
 # nor a section of a paper cited by author and year just before it.
 SECTION_SIGN = re.compile(r"§\s*(\d+)(?![.\d]\d)")
@@ -893,7 +894,7 @@ def _citations():
 def test_every_cited_section_exists_under_the_title_the_citation_gives():
     """Every "§N" (and "derivations.md, section N") in the documents and the code is a
     section of docs/derivations.md.  Where the citation names a heading's subject (a
-    section's or a subsection's: "RMSNorm (§6)", "§12's rotary positions",
+    section's or a subsection's: "RMSNorm (§6)", "§12's rotary positions", "§6 Layer norm",
     "[§9](#9-scaled-dot-product-attention)"), that subject is in section N: a subsection
     moved to another section, or a section renumbered, fails here, naming the citation."""
     sections = _sections()
@@ -916,7 +917,7 @@ def test_every_cited_section_exists_under_the_title_the_citation_gives():
                 wrong.append(f"{where}: [§{number}](#{link.group(1)}), whose heading is "
                              f"'{number}. {sections[number][0]}'")
             continue
-        # the subject named just before "(§6)", or just after "§6's"
+        # the subject named just before "(§6)", or just after "§6's" or "§6 " (a title)
         before = " ".join(before.split())
         after = " ".join(after.split())
         for name, home in unique.items():
@@ -925,7 +926,8 @@ def test_every_cited_section_exists_under_the_title_the_citation_gives():
                        for title in sections[number])
             if not here and (
                     (after.startswith(")") and re.search(rf"(?<!\w){word} \($", before, re.I))
-                    or re.match(rf"'s {word}(?!\w)", after, re.I)):
+                    or re.match(rf"'s {word}(?!\w)", after, re.I)
+                    or re.match(rf" {word}(?!\w)", after)):
                 wrong.append(f"{where}: {name} cited as §{number}; the doc has it in "
                              f"§{home}, {sections[home][0]!r}")
     assert count > 100, count  # the doc cites itself, and the README and the code cite it
