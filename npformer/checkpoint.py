@@ -451,12 +451,17 @@ def build_model(checkpoint: Checkpoint, expected_kind: str | tuple[str, ...] | N
     tier's class (:data:`npformer.fast.MODELS`) or, with ``tier="textbook"``, the
     textbook's (:data:`npformer.models.MODELS`).  ``expected_kind``: the kind, or the
     kinds, the caller can use (a checkpoint of another is refused, naming both)."""
-    from . import fast, models
+    from . import models
     from .models.common import config_from_dict
     from .ops.contracts import check_choice
 
     check_choice(tier, TIERS, "tier")
-    MODELS = fast.MODELS if tier == "fast" else models.MODELS
+    if tier == "fast":  # imported only when asked for: a textbook run never loads it
+        from . import fast
+
+        MODELS = fast.MODELS
+    else:
+        MODELS = models.MODELS
 
     kinds = (expected_kind,) if isinstance(expected_kind, str) else expected_kind
     if kinds is not None and checkpoint.kind not in kinds:

@@ -45,7 +45,7 @@ from npformer.checkpoint import (
     restore,
     save_checkpoint,
 )
-from npformer.fast.flat import flat_buffer_of
+from npformer.nn.flat import flat_buffer_of
 from npformer.train.tasks import LanguageModeling
 
 from .conftest import using_backend

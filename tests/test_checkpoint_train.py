@@ -595,7 +595,7 @@ def test_accuracy_and_perplexity():
 # =========================================================================== the allocator
 def test_a_trainer_keeps_freed_memory_in_the_process(monkeypatch):
     """Training allocates the same arrays every step: the Trainer tells glibc to keep
-    them (npformer.parallel.allocator) rather than page-fault them back in every step."""
+    them (npformer.backend.keep_freed_memory) rather than page-fault them back in every step."""
     import npformer.train.loop
 
     calls = []
@@ -611,8 +611,6 @@ def test_keep_freed_memory_sets_glibcs_thresholds(monkeypatch):
     False, changing nothing, where there is no glibc)."""
     import ctypes
 
-    from npformer.parallel import allocator
-
     class FakeLibc:
         def __init__(self):
             self.calls = []
@@ -620,7 +618,7 @@ def test_keep_freed_memory_sets_glibcs_thresholds(monkeypatch):
 
     fake = FakeLibc()
     monkeypatch.setattr(ctypes, "CDLL", lambda name: fake)
-    assert allocator.keep_freed_memory() is True
+    assert backend.keep_freed_memory() is True
     assert {option for option, _ in fake.calls} == {-3, -1}  # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
     assert all(value >= 2**30 for _, value in fake.calls)
 
@@ -628,4 +626,4 @@ def test_keep_freed_memory_sets_glibcs_thresholds(monkeypatch):
         raise OSError(name)
 
     monkeypatch.setattr(ctypes, "CDLL", no_libc)
-    assert allocator.keep_freed_memory() is False
+    assert backend.keep_freed_memory() is False

@@ -37,7 +37,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from npformer import backend, parallel
-from npformer.fast.flat import flat_buffer_of
+from npformer.nn.flat import flat_buffer_of
 from npformer.parallel import (
     Context,
     DataParallel,

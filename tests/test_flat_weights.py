@@ -1,5 +1,5 @@
 """Where the fast tier keeps the weights: in one flat buffer from the moment a model is
-built (:func:`npformer.fast.flat.flat_buffer_of` finds it), adopted (not copied) by the
+built (:func:`npformer.nn.flat.flat_buffer_of` finds it), adopted (not copied) by the
 optimizer, kept in step with parameters rebound by any code, shared (not copied) by
 thread replicas; the textbook tier's models keep their own arrays.  And the training
 step's loss gradient, which the fast tier writes over the logits' own buffer.
@@ -19,8 +19,8 @@ import pytest
 from npformer import backend, fast, models, ops, optim
 from npformer.checkpoint import load_checkpoint, save_checkpoint
 from npformer.fast import compiler
-from npformer.fast.flat import flat_buffer_of
 from npformer.models import CausalLM, CausalLMConfig
+from npformer.nn.flat import flat_buffer_of
 from npformer.parallel.replicas import ThreadReplicas
 from npformer.train.tasks import LanguageModeling
 

@@ -67,6 +67,8 @@ for dtype in (("float32",) if sys.argv[1] == "gelu" else ("float32", "float64"))
     y, c = fast.rotary_forward(q, cos, sin)
     fast.rotary_backward(y, c)
 kernels = [getattr(sys.modules[module], name) for module, name in compiler.KERNELS]
+sparse = sys.modules["npformer.parallel.sparse"]  # its row scan: compiled there, when it runs
+kernels += [sparse._rows_with_bits] if sparse._compiled else []
 print(json.dumps({k.__name__: [sum(k.stats.cache_misses.values()),
                                sum(k.stats.cache_hits.values())] for k in kernels}))
 """

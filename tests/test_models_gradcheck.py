@@ -262,7 +262,7 @@ def test_gradcheck_catches_missing_tied_gradient(monkeypatch):
             return accumulate
 
         # the textbook layers add through Parameter.accumulate, the fast ones through
-        # npformer.fast.flat.accumulate (in place): both are made to drop that share
+        # npformer.nn.flat.accumulate (in place): both are made to drop that share
         monkeypatch.setattr(type(table), "accumulate", first_use_only(type(table).accumulate))
         monkeypatch.setattr(fast_layers, "accumulate", first_use_only(fast_layers.accumulate))
         result = check_module(model, [dev(ids)])

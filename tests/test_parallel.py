@@ -40,7 +40,7 @@ def test_no_replica_thread_syncs_the_models_flat_buffer(monkeypatch, tier):
     synced in the caller's thread, before the replicas start.  A sync from a replica's
     thread copied the model's gradient while the model's thread was still adding into it
     (that shard's token-table gradient lost, one run in four; found by CI)."""
-    from npformer.fast.flat import FlatParameters
+    from npformer.nn.flat import FlatParameters
     synced_in, sync = [], FlatParameters.sync
 
     def recording_sync(flat):

@@ -32,7 +32,7 @@ tested equal in ``tests/test_fast_layers.py``):
   with what recomputation needs (:mod:`.recompute`);
 * :mod:`.blocks`: the attention layer, the feed-forward network and the blocks, on
   packed rows (:mod:`.packing`), recomputing their widest activations;
-* :mod:`.models`: the three models, their weights in one flat buffer (:mod:`.flat`);
+* :mod:`.models`: the three models, their weights in one flat buffer (:mod:`npformer.nn.flat`);
 * :mod:`.llama`: the Llama-shaped model and its layers on this tier's layers and ops;
 * :mod:`.optim`: Adam and AdamW over that buffer, and the gradient norm in one pass.
 
@@ -42,6 +42,7 @@ option, :func:`npformer.checkpoint.build_model`'s ``tier``), and a fast model's 
 and loss are named on its class (``CausalLM.EncoderBlock``).
 """
 from .. import ops as _textbook
+from ..nn.flat import FlatParameters, flat_buffer_of
 from . import blocks, layers, llama, models, optim
 from .activations import (
     activation,
@@ -53,7 +54,6 @@ from .activations import (
 from .attention import BLOCK_SCORES, attention_backward, attention_forward
 from .dropout import dropout_backward, dropout_forward
 from .embedding import embedding_backward
-from .flat import FlatParameters, flat_buffer_of
 from .grouped_attention import grouped_attention_backward, grouped_attention_forward
 from .layernorm import layernorm_backward, layernorm_forward
 from .linear import linear_backward, linear_forward

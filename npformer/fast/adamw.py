@@ -12,7 +12,7 @@ update's bit for bit in float32:
     p <- p - step m / (sqrt(v) / sqrt(bc2) + eps),   step = lr / bc1
 
 * :func:`adamw_flat_update`: one pass over flat buffers of every parameter
-  (:class:`npformer.fast.flat.FlatParameters`), the decay applied segment by segment to the
+  (:class:`npformer.nn.flat.FlatParameters`), the decay applied segment by segment to the
   decayed parameters only; the compiled kernel :func:`adamw_flat` on NumPy with numba,
   else the textbook's statements (:func:`npformer.optim.adam_step`) over the buffers.
 * :func:`sum_of_squares`: sum(g^2) of a flat gradient, accumulated in float64 as eight

@@ -3,7 +3,7 @@ the fast ops, with what the blocks need to recompute instead of keep.
 
 Each is a subclass of its textbook layer (the same parameters, names and
 initialisation) whose forward and backward call the fast op of the same name.  Gradients
-are added in place (:func:`npformer.fast.flat.accumulate`), into the flat buffer's views.
+are added in place (:func:`npformer.nn.flat.accumulate`), into the flat buffer's views.
 What each adds:
 
 * :class:`Linear` and :meth:`Embedding.project`: ``keep_input=False`` keeps no input; the
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from .. import nn, ops
 from ..backend import Array
+from ..nn.flat import accumulate
 from . import activations, dropout, embedding, layernorm, linear, rmsnorm
-from .flat import accumulate
 from .recompute import activation_output, layernorm_output
 
 

@@ -4,7 +4,7 @@ Each is a subclass of its textbook model (:mod:`npformer.models`): the same
 configuration, parameters, names and initial weights (its layers are the fast tier's,
 built by the textbook constructor), the same outputs and gradients.  What each adds:
 
-* its weights in one flat buffer as soon as it is built (:mod:`npformer.fast.flat`), which
+* its weights in one flat buffer as soon as it is built (:mod:`npformer.nn.flat`), which
   the optimizer adopts (so training never holds them twice) and the all-reduce sends;
 * :class:`TransformerClassifier`, :class:`Seq2SeqTransformer`: the valid positions of a
   padded batch packed as rows once (:class:`npformer.fast.Packing`), the blocks run on
@@ -22,14 +22,13 @@ Tested equal to the textbook models in ``tests/test_fast_layers.py``.
 from __future__ import annotations
 
 from .. import models, ops
-from ..backend import Array
+from ..backend import Array, keep_freed_memory
 from ..gpu.gemm import capturing
 from ..models.common import TokenEmbedding as _TokenEmbedding
 from ..models.common import model_input, valid_lengths
 from ..nn import LayerNorm
-from ..parallel.allocator import keep_freed_memory
+from ..nn.flat import flat_buffer
 from . import blocks, layers, losses
-from .flat import flat_buffer
 from .packing import Packing
 
 
@@ -79,8 +78,8 @@ class TokenEmbedding(_TokenEmbedding):
 
 class _FastModel:
     """What every fast model adds: this tier's layers and loss, its weights in one flat
-    buffer from the start (:mod:`npformer.fast.flat`), and freed memory kept in the process
-    (:func:`npformer.parallel.allocator.keep_freed_memory`): each forward allocates the
+    buffer from the start (:mod:`npformer.nn.flat`), and freed memory kept in the process
+    (:func:`npformer.backend.keep_freed_memory`): each forward allocates the
     arrays the last one freed, so they are reused instead of page-faulted in again (the
     Trainer does the same for training with either tier)."""
 

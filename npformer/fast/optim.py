@@ -2,7 +2,7 @@
 one flat buffer, and the gradient norm over it in one pass.
 
 * :class:`Adam`, :class:`AdamW`: with NumPy parameters of one floating dtype, the
-  parameters live in one :class:`~npformer.fast.flat.FlatParameters` (the model's, which
+  parameters live in one :class:`~npformer.nn.flat.FlatParameters` (the model's, which
   the fast models make when built, or a new one) and the moments in two more flat
   buffers; one update is one pass over them (:func:`npformer.fast.adamw.adamw_flat_update`),
   the statements
@@ -22,6 +22,7 @@ import math
 from typing import Any
 
 from .. import backend, optim
+from ..nn.flat import FlatParameters, flat_buffer, flat_buffer_of
 from ..ops.contracts import check_flag, check_real
 from ..optim import (
     NonFiniteGradientError,
@@ -32,7 +33,6 @@ from ..optim import (
     check_hyperparameter,
 )
 from .adamw import adam_update_cupy, adamw_flat_update, fuses, sum_of_squares
-from .flat import FlatParameters, flat_buffer, flat_buffer_of
 
 
 class _FlatAdam:

@@ -52,7 +52,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -60,9 +60,6 @@ from .. import backend, optim
 from ..backend import Array
 from ..ops.contracts import run_trusted
 from . import gemm
-
-if TYPE_CHECKING:  # annotations only: the training package imports this one
-    from ..train.tasks import Task
 
 
 class CaptureFailed(RuntimeError):
@@ -97,8 +94,6 @@ def unsupported(optimizer: Any, task: Any, replicas: int = 1, grad_accum: int = 
         return f"the graph's update is Adam's or AdamW's, not {type(optimizer).__name__}'s"
     if not optimizer._decoupled and optimizer.weight_decay != 0:
         return "Adam with L2 decay (weight_decay on the gradient) is not captured; AdamW is"
-    from ..train.tasks import reads_its_loss_on_device  # when asked: train imports this
-
     if not reads_its_loss_on_device(task):
         return (f"the task {type(task).__name__} defines loss_and_grad but not "
                 "loss_and_grad_on_device")
@@ -109,6 +104,16 @@ def unsupported(optimizer: Any, task: Any, replicas: int = 1, grad_accum: int = 
     if len(dtypes) != 1:
         return f"parameters of one floating dtype are captured, not {sorted(map(str, dtypes))}"
     return None
+
+
+def reads_its_loss_on_device(task: Any) -> bool:
+    """Whether ``task``'s ``loss_and_grad`` is its on-device one read back: the class that
+    defines the ``loss_and_grad`` it runs defines ``loss_and_grad_on_device`` too, and is
+    not the abstract :class:`npformer.train.Task` (a subclass that overrides loss_and_grad
+    alone keeps its own)."""
+    owner = next(c for c in type(task).__mro__ if "loss_and_grad" in vars(c))
+    return "loss_and_grad_on_device" in vars(owner) and not getattr(
+        vars(owner)["loss_and_grad"], "__isabstractmethod__", False)
 
 
 # =========================================================================== the update
@@ -132,7 +137,7 @@ class DeviceScalars:
                    grads)
 
 
-def device_update(model: Any, task: Task, optimizer: optim.Adam, clip_norm: float | None,
+def device_update(model: Any, task: Any, optimizer: optim.Adam, clip_norm: float | None,
                   batch: Sequence[Array], scalars: DeviceScalars) -> Array:
     """One update on device arrays, reading nothing back: gradients zeroed, forward, loss
     and backward, the global norm, clipping, Adam(W), each gated by the loss and the norm
@@ -267,7 +272,7 @@ class StepGraphs:
     """The Trainer's updates as CUDA graphs, one per batch shape (``capture=False``: the
     same device statements run eagerly, on any backend: what the CPU tests check)."""
 
-    def __init__(self, model: Any, optimizer: optim.Adam, task: Task,
+    def __init__(self, model: Any, optimizer: optim.Adam, task: Any,
                  clip_norm: float | None, capture: bool = True):
         self.model, self.optimizer, self.task, self.clip_norm = model, optimizer, task, clip_norm
         self.capture = capture
@@ -403,7 +408,7 @@ class GraphedSteps:
     fails.  ``log`` is told why they are off.  ``config``: the Trainer's ``TrainConfig``;
     ``ranks``: how many MPI ranks train."""
 
-    def __init__(self, model: Any, optimizer: Any, task: Task, config: Any, ranks: int,
+    def __init__(self, model: Any, optimizer: Any, task: Any, config: Any, ranks: int,
                  log: Callable[[str], None]):
         self.model, self.optimizer, self.task, self.config = model, optimizer, task, config
         self.ranks, self.log = ranks, log

@@ -27,7 +27,7 @@ One small module per concern:
 * :mod:`.context`: joining the ranks (:func:`setup`) and :class:`Context`, the
   communicator (rank, size, ``allreduce``, ``allgather``, ``from_main``, ``check_same``);
 * :mod:`.launcher`: was this process started by an MPI launcher, as one of how many;
-* :func:`setup` keeps freed activations in the process (:mod:`npformer.parallel.allocator`);
+* :func:`setup` keeps freed activations in the process (:func:`npformer.backend.keep_freed_memory`);
 * :mod:`.placement`: each rank's share of the cores, and its GPU;
 * :mod:`.failure`: no rank waits for ever (a join timeout, abort-all on an exception);
 * :mod:`.fingerprint`: rank comparison by hashing, for :meth:`Context.check_same`;
@@ -39,7 +39,7 @@ One small module per concern:
 """
 from __future__ import annotations
 
-from .allocator import keep_freed_memory
+from ..backend import keep_freed_memory
 from .context import Context, RanksDiffer, current, join_if_launched, setup
 from .failure import wait_until_read
 from .fingerprint import batch_fingerprint

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from ..backend import keep_freed_memory
 from . import fingerprint, transports
-from .allocator import keep_freed_memory
 from .failure import (
     abort_all_on_uncaught_exception,
     end_the_launch,
@@ -137,7 +137,7 @@ def setup(*, quiet_workers: bool = True, keep_memory: bool = True,
       (mpi4py is not even imported).
     * ``quiet_workers``: standard output of ranks other than 0 goes to /dev/null, so
       the program's prints come once (errors, on standard error, still come from all).
-    * ``keep_memory``: :func:`npformer.parallel.allocator.keep_freed_memory` (freed
+    * ``keep_memory``: :func:`npformer.backend.keep_freed_memory` (freed
       activations stay in the process).
     * ``abort_on_error``: an exception that ends this rank prints its traceback with
       the rank's number to standard error and aborts every rank (``MPI_Abort``):

@@ -19,17 +19,15 @@ import numbers
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from .. import backend
-from ..fast.flat import FlatParameters, flat_buffer_of
 from ..nn import Module, grad_enabled, set_grad_enabled
+from ..nn.flat import FlatParameters, flat_buffer_of
+from .shards import ShardTask
 from .sparse import RowSparseSum, lookup_tables
-
-if TYPE_CHECKING:  # annotations only: importing these here would be circular
-    from ..train.tasks import Task
 
 _blas_controller = None  # found once: looking up the loaded BLAS libraries reads /proc
 
@@ -80,7 +78,7 @@ class ThreadReplicas:
     def __len__(self) -> int:
         return len(self.models)
 
-    def run(self, task: Task, jobs: Sequence[tuple[tuple, float, int]]) -> list[float]:
+    def run(self, task: ShardTask, jobs: Sequence[tuple[tuple, float, int]]) -> list[float]:
         """Job k, ``(shard, grad_scale, seed)``, runs on replica k: the forward and backward
         of ``task``'s loss times ``grad_scale``, its dropout masks drawn from
         ``thread_generator(seed)``.  Afterwards the model's gradients hold their own plus
@@ -98,7 +96,7 @@ class ThreadReplicas:
         self._sum_gradients(len(jobs))
         return losses
 
-    def _run_on(self, k: int, task: Task, job: tuple[tuple, float, int]) -> float:
+    def _run_on(self, k: int, task: ShardTask, job: tuple[tuple, float, int]) -> float:
         shard, grad_scale, seed = job
         if k > 0:  # a replica's own state, set up in its own thread (the model's: the caller's)
             self._reset_replica(k)

@@ -29,15 +29,20 @@ change is a -0.0, a NaN or a subnormal is changed (its bits are not +0.0's).
 Any table works whose gradient is row-sparse; one that is not (a table tied to an output
 projection, whose gradient fills every row) simply has every row changed and goes whole.
 Host (NumPy) buffers only: a buffer on a GPU is summed whole.
+
+The scan of step 1 is compiled by numba where the process has already loaded it (the fast
+tier's compiler does, :mod:`npformer.fast.compiler`), and is NumPy's ``any`` elsewhere:
+a run of the textbook tier loads no compiler.  Both give the same rows.
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from ..fast.compiler import COMPILED, jit
+from ..backend import env_flag
 from ..nn import Embedding, Module, Parameter
 
 WHOLE_TABLE_SHARE = 0.5  # beyond this share of a table's rows, gathering them costs more
@@ -63,14 +68,32 @@ def changed_rows(table: np.ndarray) -> np.ndarray:
     +0.0's (so -0.0, NaN and subnormals count as changes; only +0.0 does not)."""
     table = np.ascontiguousarray(table)
     bits = table.view(np.dtype(f"u{table.dtype.itemsize}")).reshape(table.shape)
-    if not COMPILED or table.size == 0:
+    if table.size == 0 or not _compiled_scan():
         return np.any(bits, axis=1)
     out = np.empty(table.shape[0], dtype=np.bool_)
     _rows_with_bits(bits, out)
     return out
 
 
-@jit
+_compiled = False  # whether _rows_with_bits is numba's compilation of the loop below
+
+
+def _compiled_scan() -> bool:
+    """Whether the scan runs compiled: on the first call where numba is loaded (by the
+    fast tier; this module never imports it) and not switched off (``NPFORMER_NO_NUMBA``),
+    :func:`_rows_with_bits` becomes its compilation, with the fast tier's kernel options
+    (no fastmath, the GIL released, kept in numba's on-disk cache)."""
+    global _compiled, _rows_with_bits
+    if not _compiled:
+        numba = sys.modules.get("numba")
+        if numba is None or env_flag("NPFORMER_NO_NUMBA", "turn numba off"):
+            return False
+        _rows_with_bits = numba.njit(fastmath=False, nogil=True, error_model="numpy",
+                                     cache=True)(_rows_with_bits)
+        _compiled = True
+    return True
+
+
 def _rows_with_bits(bits, out):
     """out[v] = any bit set in row v: bits (V, D) unsigned integers, out (V,) bool.  The
     row's OR, without an early exit, so that LLVM vectorizes it (one read of the table)."""

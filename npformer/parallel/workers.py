@@ -17,7 +17,7 @@ ranks; a process alone is rank 0 of 1), W = size * replicas, worker g = rank * r
    (every worker holds the global batch, so n is known everywhere without a message);
 4. **sum**: once per optimizer step, one flat gradient buffer is summed: the model's
    own where its parameters live in one (the fast tier's
-   :class:`npformer.fast.flat.FlatParameters`), sent as it is, else every gradient packed
+   :class:`npformer.nn.flat.FlatParameters`), sent as it is, else every gradient packed
    into one (:class:`PackedGradients`); of each lookup table (an embedding) only the rows
    some rank changed travel (:mod:`.sparse`: equal to summing it whole);
 5. **update**: clipping and the optimizer step then run identically everywhere, so the
@@ -44,21 +44,18 @@ one process of one replica, whose step needs no data parallelism.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from .. import backend
-from ..fast.flat import flat_buffer_of
 from ..nn import Module, Parameter
+from ..nn.flat import flat_buffer_of
 from ..nn.module import flat_layout
 from .context import SINGLE, join_if_launched
 from .replicas import ThreadReplicas, parallel_map
-from .shards import shard_bounds
+from .shards import ShardTask, shard_bounds
 from .sparse import RowSparseSum, lookup_tables
-
-if TYPE_CHECKING:  # annotations only: importing these here would be circular
-    from ..train.tasks import Task
 
 __all__ = ["Communicator", "DataParallel", "PackedGradients", "data_parallel",
            "parallel_map", "shard_bounds", "shard_weights", "split_batch"]
@@ -106,7 +103,7 @@ class DataParallel:
     def is_main(self) -> bool:
         return self.ranks.rank == 0
 
-    def loss_and_grad(self, task: Task, batch: tuple, grad_scale: float,
+    def loss_and_grad(self, task: ShardTask, batch: tuple, grad_scale: float,
                       seed: int) -> tuple[float, int]:
         """This process's shards of ``batch`` (the global batch, the same everywhere):
         forward and backward of each shard's loss weighted by n_g / n ->
@@ -181,7 +178,7 @@ def split_batch(batch: tuple, parts: int, keep_empty: bool = False) -> list[tupl
             for lo, hi in shard_bounds(batch[0].shape[0], parts) if keep_empty or hi > lo]
 
 
-def shard_weights(task: Task, shards: Sequence[tuple]) -> tuple[list[float], int]:
+def shard_weights(task: ShardTask, shards: Sequence[tuple]) -> tuple[list[float], int]:
     """([n_g / n for every shard], n): n_g = ``task.count`` of shard g (0 when it has no
     rows), n their sum.  A batch with nothing counted weighs nothing (every weight 0)."""
     counts = [task.count(shard) if shard[0].shape[0] else 0 for shard in shards]

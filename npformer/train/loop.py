@@ -28,11 +28,11 @@ from pathlib import Path
 import numpy as np
 
 from .. import backend
+from ..backend import keep_freed_memory
 from ..checkpoint import save_checkpoint
 from ..gpu.cuda_graph import GraphedSteps
 from ..nn import Module
 from ..optim import NonFiniteGradientError, Optimizer, _nonfinite_report, check_optimizer_of
-from ..parallel.allocator import keep_freed_memory
 from ..parallel.context import SINGLE
 from ..parallel.workers import DataParallel, data_parallel
 from .budget import RunLength, TimeBudget

@@ -53,14 +53,6 @@ class Task(ABC):
         raise NotImplementedError(f"{type(self).__name__} has no check_batch")
 
 
-def reads_its_loss_on_device(task: Task) -> bool:
-    """Whether ``task``'s :meth:`Task.loss_and_grad` is its on-device one read back (a
-    subclass that overrides loss_and_grad alone keeps its own)."""
-    cls = type(task)
-    owner = next(c for c in cls.__mro__ if "loss_and_grad" in vars(c))
-    return "loss_and_grad_on_device" in vars(owner) and owner is not Task
-
-
 def cross_entropy_and_backward(model: Module, logits: Array, targets: Array, grad_scale: float,
                                **loss_kwargs: Any) -> Array:
     """Loss on ``logits``, then the backward pass of loss * grad_scale through ``model``;

@@ -9,7 +9,9 @@ sends ``grad`` as it is.
 
 The fast models put their weights here when built (:mod:`npformer.fast.models`) and
 keep the buffer; the fast optimizers adopt the buffer that holds exactly their
-parameters, or make (and keep) one.
+parameters, or make (and keep) one.  It lives beside :class:`Parameter`, below both
+tiers, because data parallelism (:mod:`npformer.parallel`) sums whichever buffer a model
+has, in either tier, without importing the fast one.
 NumPy arrays of one floating dtype only (:meth:`FlatParameters.supports`).
 
 The textbook layers rebind ``p.data`` and ``p.grad`` (``p.grad = p.grad + g``): a
@@ -28,7 +30,7 @@ import numpy as np
 
 from .. import backend
 from ..backend import Array
-from ..nn.module import Parameter, flat_layout
+from .module import Parameter, flat_layout
 
 # id(parameter) -> the buffer holding it, while that buffer lives (its owner, a fast model
 # or optimizer, keeps it; it keeps its parameters, so their ids are not reused meanwhile)
