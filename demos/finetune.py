@@ -54,7 +54,7 @@ except (ValueError, RuntimeError) as exc:
 
 import numpy as np
 
-from npformer import backend, fast, ops
+from npformer import backend, ops
 from npformer.cli import (
     LAST_FILE,
     MODEL_FILE,
@@ -162,10 +162,14 @@ def build_parser():
 
 def implementations(tier: str = "fast", family: str = "GPT-2") -> tuple[type, type]:
     """(model class, optimizer class) that train on ``tier``: npformer.fast's, or the
-    textbook's (``--tier textbook``); both compute the same numbers up to rounding."""
-    if family != "GPT-2":
-        return (fast.LlamaCausalLM, fast.AdamW) if tier == "fast" else (LlamaCausalLM, AdamW)
-    return (fast.CausalLM, fast.AdamW) if tier == "fast" else (CausalLM, AdamW)
+    textbook's (``--tier textbook``, whose run never imports npformer.fast); both compute
+    the same numbers up to rounding."""
+    if tier != "fast":
+        return (LlamaCausalLM, AdamW) if family != "GPT-2" else (CausalLM, AdamW)
+    from npformer import fast  # the fast tier, imported only where it trains
+
+    return (fast.LlamaCausalLM, fast.AdamW) if family != "GPT-2" else (fast.CausalLM,
+                                                                        fast.AdamW)
 
 
 # --------------------------------------------------------------------------- the families

@@ -40,7 +40,7 @@ except (ValueError, RuntimeError) as exc:
 
 import numpy as np
 
-from npformer import backend, fast, ops
+from npformer import backend, ops
 from npformer.cli import (
     LAST_FILE,
     MODEL_FILE,
@@ -200,10 +200,13 @@ def model_config(preset: Preset, vocab_size: int) -> CausalLMConfig | LlamaConfi
 
 def implementations(tier: str = "fast", arch: str = "gpt2") -> tuple[type, type]:
     """(model class, optimizer class) that train on ``tier``: npformer.fast's, or the
-    textbook's (``--tier textbook``); both compute the same numbers up to rounding."""
-    if arch == "llama":
-        return (fast.LlamaCausalLM, fast.AdamW) if tier == "fast" else (LlamaCausalLM, AdamW)
-    return (fast.CausalLM, fast.AdamW) if tier == "fast" else (CausalLM, AdamW)
+    textbook's (``--tier textbook``, whose run never imports npformer.fast); both compute
+    the same numbers up to rounding."""
+    if tier != "fast":
+        return (LlamaCausalLM, AdamW) if arch == "llama" else (CausalLM, AdamW)
+    from npformer import fast  # the fast tier, imported only where it trains
+
+    return (fast.LlamaCausalLM, fast.AdamW) if arch == "llama" else (fast.CausalLM, fast.AdamW)
 
 
 def make_optimizer(params, preset: Preset, tier: str = "fast") -> AdamW:

@@ -46,7 +46,7 @@ except (ValueError, RuntimeError) as exc:
 
 import numpy as np
 
-from npformer import backend, fast, ops
+from npformer import backend, ops
 from npformer.cli import (
     LAST_FILE,
     MODEL_FILE,
@@ -369,8 +369,11 @@ def schedule(preset: Preset) -> warmup_cosine:
 
 def implementations(tier: str = "fast") -> tuple[type, type]:
     """(model class, optimizer class) that train on ``tier``: npformer.fast's, or the
-    textbook's (``--tier textbook``); both compute the same numbers up to rounding."""
+    textbook's (``--tier textbook``, whose run never imports npformer.fast); both compute
+    the same numbers up to rounding."""
     if tier == "fast":
+        from npformer import fast  # the fast tier, imported only where it trains
+
         return fast.Seq2SeqTransformer, fast.Adam
     return Seq2SeqTransformer, Adam
 

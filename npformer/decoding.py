@@ -250,7 +250,8 @@ def _search_done(finished, open_beams, k: int, length: int, max_length: int,
 def generate(model: Module, prompt_ids: Array | Sequence, max_new_tokens: int,
              temperature: float = 1.0, top_k: int | None = None, greedy: bool = False,
              rng: np.random.Generator | None = None, top_p: float | None = None,
-             eos_id: int | None = None, attention_mask: Array | Sequence | None = None
+             eos_id: int | Sequence[int] | None = None,
+             attention_mask: Array | Sequence | None = None
              ) -> list[int] | list[list[int]]:
     """Continue a prompt, or a batch of prompts together, by up to ``max_new_tokens``
     tokens each -> prompt + continuation: a list for one prompt, a list of such lists
@@ -269,7 +270,9 @@ def generate(model: Module, prompt_ids: Array | Sequence, max_new_tokens: int,
     ``top_k`` most likely tokens, then to the nucleus of probability ``top_p``), drawn
     with ``rng`` (default ``np.random.default_rng(0)``: the same generator state gives
     the same tokens).  A row that produces ``eos_id`` ends there (the eos id is its last
-    token) and leaves the batch.  Past the model's block size a row's context is its last
+    token) and leaves the batch; ``eos_id`` may list several ids (Llama 3's
+    ``[128001, 128009]``, a tokenizer's ``eos_id`` read from such a config.json), any of
+    which ends a row.  Past the model's block size a row's context is its last
     block_size tokens (re-encoded), as is a longer prompt's.
     """
     check_model_kind(model, CAUSAL_LM_KINDS, "generate")
@@ -278,10 +281,7 @@ def generate(model: Module, prompt_ids: Array | Sequence, max_new_tokens: int,
     max_new_tokens = check_size(max_new_tokens, "max_new_tokens", 0)
     greedy = check_flag(greedy, "greedy")  # a temperature is not read when greedy:
     temperature, top_k, top_p = check_sampling(1.0 if greedy else temperature, top_k, top_p)
-    if eos_id is not None:
-        eos_id = check_size(eos_id, "eos_id", 0)
-        if eos_id >= vocab_size:
-            raise ValueError(f"eos_id {eos_id} is outside the vocabulary of {vocab_size}")
+    ends = _eos_ids(eos_id, vocab_size)
     if rng is not None and not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng must be a numpy.random.Generator (np.random.default_rng(seed)) "
                         f"or None, got {rng!r} ({type(rng).__name__})")
@@ -308,11 +308,31 @@ def generate(model: Module, prompt_ids: Array | Sequence, max_new_tokens: int,
                 next_ids = sample(sampling_distribution(log_p, temperature, top_k, top_p), rng)
             for b, token in zip(live, next_ids.tolist()):
                 rows[b].append(int(token))
-            going = [i for i, b in enumerate(live) if rows[b][-1] != eos_id]
+            going = [i for i, b in enumerate(live) if rows[b][-1] not in ends]
             if len(going) < len(live):  # rows that ended leave the batch and the caches
                 _reorder_states(states, backend.asarray(np.array(going, dtype=np.int64)))
                 keep, live = keep[going], [live[i] for i in going]
     return rows[0] if single else rows
+
+
+def _eos_ids(eos_id: Any, vocab_size: int) -> frozenset[int]:
+    """generate's ``eos_id``: None, an id, or a non-empty list (tuple, 1-D array) of ids,
+    each in the vocabulary -> the set of ids that end a row."""
+    if eos_id is None:
+        return frozenset()
+    if isinstance(eos_id, np.ndarray) and eos_id.ndim == 1:
+        eos_id = eos_id.tolist()
+    if isinstance(eos_id, (list, tuple)):
+        if not eos_id:
+            raise ValueError("eos_id must be an id or a non-empty list of ids, got "
+                             f"{eos_id!r}")
+        ids = [check_size(i, f"eos_id[{n}]", 0) for n, i in enumerate(eos_id)]
+    else:
+        ids = [check_size(eos_id, "eos_id", 0)]
+    outside = [i for i in ids if i >= vocab_size]
+    if outside:
+        raise ValueError(f"eos_id {outside[0]} is outside the vocabulary of {vocab_size}")
+    return frozenset(ids)
 
 
 def _prompt_rows(prompt_ids: Any, attention_mask: Any, vocab_size: int

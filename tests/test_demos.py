@@ -134,10 +134,53 @@ def test_demo_smoke_runs_end_to_end_fast_tier(script, fast_smoke_runs):
     check_smoke_outputs(script, out, result, "fast")
 
 
+# Runs a demo as its command line does (the script, then its options: re-launching itself
+# as MPI ranks where it would) and writes, when it ends, the names of every module it
+# imported to the file $NPFORMER_TEST_MODULES (JSON).
+RECORDING_MODULES = """
+import json, os, runpy, sys
+sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+finally:
+    with open(os.environ["NPFORMER_TEST_MODULES"], "w") as modules:
+        json.dump(sorted(sys.modules), modules)
+"""
+# What a run of the textbook tier never loads: a compiler, the fast tier, MPI.
+NOT_TEXTBOOK = ("numba", "npformer.fast", "mpi4py")
+
+
+def run_recording_modules(script: str, *args: str, modules: Path,
+                          env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    """``script`` run with ``args`` as :func:`run_demo` runs it, its modules' names written
+    to ``modules``."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NPFORMER_TEST_MODULES": str(modules),
+           **(env_extra or {})}
+    return subprocess.run([sys.executable, "-c", RECORDING_MODULES, str(DEMOS / script),
+                           *args], capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=600)
+
+
+def check_the_textbook_run(out: Path, modules: Path) -> None:
+    """A run of --tier textbook without --procs or --replicas: one process, one replica,
+    and no numba, no npformer.fast (nor any of its modules), no mpi4py imported."""
+    loaded = [name for name in json.loads(modules.read_text())
+              if any(name == top or name.startswith(top + ".") for top in NOT_TEXTBOOK)]
+    assert loaded == [], loaded
+    assert json.loads((out / "metrics.json").read_text())["machine"].endswith(
+        "1 process, 1 replica")
+
+
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_demo_smoke_runs_end_to_end_textbook_tier(script, data_dir, tmp_path):
-    result = smoke_run(script, tmp_path, data_dir, "--tier", "textbook")
-    check_smoke_outputs(script, tmp_path, result, "textbook")
+    """The textbook tier's run, as a user starts it: one process, one thread, plain NumPy."""
+    out, modules = tmp_path / "run", tmp_path / "modules.json"
+    result = run_recording_modules(script, "--smoke", "--tier", "textbook", "--data",
+                                   str(data_dir), "--out", str(out), modules=modules)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    check_smoke_outputs(script, out, result, "textbook")
+    check_the_textbook_run(out, modules)
 
 
 # =========================================================================== --resume

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from .helpers import tiered
-from .test_demos import run_demo
+from .test_demos import check_the_textbook_run, run_demo, run_recording_modules
 from .test_gpt2 import TEXT, hf_model, required, train_tokenizer, write_folder
 
 required("transformers")
@@ -61,6 +61,18 @@ def test_the_smoke_run_fine_tunes_reports_and_samples(smoke):
     for name in ("model.npz", "last.npz", "sample.txt", "gpt2/config.json",
                  "gpt2/model.safetensors", "gpt2/tokenizer.json"):
         assert (out / name).is_file(), name
+
+
+def test_the_textbook_tiers_run_is_one_process_of_plain_numpy(checkpoint, text_file, tmp_path):
+    """--tier textbook, as a user starts it: one process, one replica, and no numba, no
+    npformer.fast, no mpi4py imported."""
+    out, modules = tmp_path / "run", tmp_path / "modules.json"
+    result = run_recording_modules(
+        "finetune.py", "--smoke", "--tier", "textbook", "--no-progress", "--model",
+        str(checkpoint), "--data", str(text_file), "--out", str(out), modules=modules,
+        env_extra={"HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    check_the_textbook_run(out, modules)
 
 
 def test_the_fine_tuned_folder_loads_in_transformers_and_npformer(smoke):

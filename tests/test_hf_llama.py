@@ -190,7 +190,8 @@ def edited(folder, **changes):
           rope_scaling=None), ["rope_type 'yarn'", "not implemented"]),
     (dict(rope_scaling={"type": "dynamic", "factor": 2.0}, rope_parameters=None),
      ["rope_type 'dynamic'"]),
-    (dict(use_sliding_window=True), ["use_sliding_window", "sliding-window"]),
+    (dict(use_sliding_window=True, sliding_window=8, max_window_layers=1,  # layer 1 on
+          layer_types=None), ["use_sliding_window", "sliding-window"]),  # slides (Qwen2)
     (dict(layer_types=["sliding_attention", "full_attention"]), ["sliding_attention",
                                                                 "sliding-window"]),
     (dict(num_experts=8), ["num_experts", "mixture of experts"]),

@@ -208,14 +208,17 @@ def _check_launched_ranks() -> None:
 
 def _choose_workers(args: argparse.Namespace) -> None:
     """``args.procs``: the ranks this run is on; ``args.replicas`` (unless given): the
-    thread replicas of each, the machine's cores shared among its ranks, or for a resumed
-    run as many as keep its workers (ranks x replicas).  A resumed run says what changed."""
+    thread replicas of each, the machine's cores shared among its ranks (the textbook
+    tier: one, so that its run is one model in one thread), or for a resumed run as many
+    as keep its workers (ranks x replicas).  A resumed run says what changed."""
     ctx = parallel.current()
     args.procs = ctx.size
     saved = getattr(args, "saved_layout", None)  # (procs, replicas) of a resumed run
     if args.replicas is None:
         if saved is not None and (saved[0] * saved[1]) % ctx.size == 0:
             args.replicas = saved[0] * saved[1] // ctx.size
+        elif getattr(args, "tier", None) == "textbook":
+            args.replicas = 1
         elif backend.backend_name() == "numpy":
             args.replicas = max(1, (os.cpu_count() or 1) // ctx.local_size)
         else:

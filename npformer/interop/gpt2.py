@@ -53,6 +53,7 @@ they pass their class to the functions here (this module does not import
 from __future__ import annotations
 
 import json
+import numbers
 import os
 import re
 from collections.abc import Callable
@@ -372,8 +373,10 @@ def from_pretrained(model_class: type, name_or_path: str | os.PathLike,
     return model
 
 
-def _read_weights(folder: Path) -> dict[str, np.ndarray]:
-    """Every tensor of the folder's model.safetensors, or of the shards its index names."""
+def _read_weights(folder: Path, model_class: str = "GPT2LMHeadModel") -> dict[str, np.ndarray]:
+    """Every tensor of the folder's model.safetensors, or of the shards its index names;
+    ``model_class``: the transformers class that reads the folder's other formats (a
+    ``pytorch_model.bin``), which the message tells to convert them."""
     index = folder / WEIGHTS_INDEX
     if not (folder / WEIGHTS_FILE).is_file() and index.is_file():
         weight_map = _json_object(index, "a safetensors index", ("weight_map",))["weight_map"]
@@ -394,7 +397,7 @@ def _read_weights(folder: Path) -> dict[str, np.ndarray]:
         others = [name for name in ("pytorch_model.bin", "tf_model.h5", "flax_model.msgpack")
                   if (folder / name).is_file()]
         hint = (f"; it holds {others[0]}, which npformer does not read (no pickles): "
-                "convert it with transformers (GPT2LMHeadModel.from_pretrained(folder)"
+                f"convert it with transformers ({model_class}.from_pretrained(folder)"
                 ".save_pretrained(folder) writes model.safetensors)") if others else ""
         raise PretrainedError(f"{folder} has no {WEIGHTS_FILE}{hint}")
     return _read_file(folder / WEIGHTS_FILE)
@@ -426,7 +429,8 @@ def save_pretrained(model: Module, path: str | os.PathLike, tokenizer: Tokenizer
     folder = output_folder(path)
     hf_config["torch_dtype"] = next(iter(weights.values())).dtype.name
     if tokenizer is not None and tokenizer.eos_id is not None:
-        hf_config["bos_token_id"] = hf_config["eos_token_id"] = tokenizer.eos_id
+        hf_config["bos_token_id"] = tokenizer.eos_ids[0]
+        hf_config["eos_token_id"] = tokenizer.eos_id
     # each file whole or not at all (a stopped save leaves the previous file), the config last
     _write_whole(folder / WEIGHTS_FILE,
                  lambda tmp: save_file(weights, str(tmp), metadata={"format": "pt"}))
@@ -478,14 +482,25 @@ def load(model_class: type, name_or_path: str | os.PathLike, dtype: str | None =
 class Tokenizer:
     """A Hugging Face ``tokenizer.json`` (GPT-2's byte-level BPE) through the ``tokenizers``
     library: ``encode(text) -> ids``, ``decode(ids) -> text``; ``eos_id``, the end of a
-    text (config.json's ``eos_token_id``, else the ``<|endoftext|>`` token, else None)."""
+    text (config.json's ``eos_token_id``, else the ``<|endoftext|>`` token, else None): an
+    id, or a list of ids where the checkpoint ends a text at any of several (Llama 3's
+    ``[128001, 128009]``), as transformers' ``eos_token_id``; ``eos_ids``, the tuple of
+    them (() for None).  :func:`npformer.decoding.generate` takes either as its
+    ``eos_id``."""
 
-    def __init__(self, tokenizer: Any, eos_id: int | None = None):
+    def __init__(self, tokenizer: Any, eos_id: int | list[int] | None = None):
         self._tokenizer = tokenizer
-        self.eos_id = check_size(eos_id, "eos_id", 0, optional=True)
+        self.eos_id = check_eos_ids(eos_id, "eos_id")
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]:
+        """Every end-of-text id: (eos_id,), the listed ones, or () for None."""
+        eos = self.eos_id
+        return () if eos is None else tuple(eos) if isinstance(eos, list) else (eos,)
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike, eos_id: int | None = None) -> Tokenizer:
+    def from_file(cls, path: str | os.PathLike, eos_id: int | list[int] | None = None
+                  ) -> Tokenizer:
         """A tokenizer.json file; ``eos_id`` (default: its ``<|endoftext|>`` token)."""
         Tokenizers = _tokenizers()
         path = Path(check_path(path, "path"))
@@ -510,7 +525,7 @@ class Tokenizer:
                                   "tokenizer.json")
         eos = read_config(folder).get("eos_token_id") if (folder / CONFIG_FILE).is_file() \
             else None
-        eos = eos if isinstance(eos, int) and not isinstance(eos, bool) else None
+        eos = eos if _is_eos(eos) else None
         return cls.from_file(folder / TOKENIZER_FILE, eos)
 
     @property
@@ -568,9 +583,34 @@ def check_tokenizer(tokenizer: Tokenizer, model: Module) -> None:
                               f"not the model's ({vocab} token embeddings): its ids up to "
                               f"{tokenizer.vocab_size - 1} would have no embedding; use the "
                               "tokenizer the model was trained with")
-    if tokenizer.eos_id is not None and not 0 <= tokenizer.eos_id < vocab:
-        raise PretrainedError(f"the end-of-text id {tokenizer.eos_id} is outside the model's "
+    outside = [i for i in tokenizer.eos_ids if not 0 <= i < vocab]
+    if outside:
+        raise PretrainedError(f"the end-of-text id {outside[0]} is outside the model's "
                               f"vocabulary of {vocab}")
+
+
+def _is_eos(value: Any) -> bool:
+    """An end-of-text id as config.json holds it: an integer or a non-empty list of them."""
+    def integer(v):
+        return isinstance(v, int) and not isinstance(v, bool)
+    return integer(value) or (isinstance(value, list) and bool(value)
+                              and all(integer(v) for v in value))
+
+
+def check_eos_ids(value: Any, what: str) -> int | list[int] | None:
+    """None, an id >= 0, or a non-empty list (or tuple) of them, returned as a list: the
+    end-of-text ids of a tokenizer or of generation; anything else a TypeError or
+    ValueError naming ``what``."""
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise ValueError(f"{what} must be an id or a non-empty list of ids, got "
+                             f"{value!r}")
+        return [check_size(v, f"{what}[{n}]", 0) for n, v in enumerate(value)]
+    if value is not None and (isinstance(value, (bool, np.bool_, str))
+                              or not isinstance(value, numbers.Integral)):
+        raise TypeError(f"{what} must be an id (an integer), a list of ids or None, got "
+                        f"{value!r} ({type(value).__name__})")
+    return check_size(value, what, 0, optional=True)
 
 
 def _tokenizers() -> Any:

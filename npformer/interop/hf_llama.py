@@ -43,16 +43,16 @@ import numpy as np
 from .. import backend
 from ..models.llama import LlamaCausalLM, LlamaConfig
 from ..nn.lora import lora_layers
-from ..ops.contracts import LLAMA3_KEYS, check_choice
+from ..ops.contracts import LLAMA3_KEYS, check_choice, shown
 from .gpt2 import (
     CONFIG_FILE,
+    TOKENIZER_FILE,
     WEIGHTS_FILE,
     PretrainedError,
     Tokenizer,
     _first,
     _json_object,
     _read_weights,
-    _switch,
     _write_whole,
     architectures_of,
     check_tokenizer,
@@ -64,84 +64,236 @@ FAMILIES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
             "qwen3": "Qwen3ForCausalLM"}  # model_type -> its causal LM's class
 ARCHITECTURES = {name for arch in FAMILIES.values()
                  for name in (arch, arch.replace("ForCausalLM", "Model"))}
+# Each family's defaults, as transformers' config classes hold them (LlamaConfig,
+# Qwen2Config, Qwen3Config of transformers 5; the same since 4.4x): a field config.json
+# leaves out takes its family's value here, never one family's for another's.  A field
+# missing from a family's table is one its transformers model does not read (Qwen2 has
+# biases on q, k, v whatever attention_bias says, and no feed-forward biases; Qwen3 none).
+_SHARED = {"hidden_act": "silu", "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+           "rope_theta": 10000.0, "hidden_size": 4096, "num_hidden_layers": 32,
+           "num_attention_heads": 32}
+_QWEN = {**_SHARED, "vocab_size": 151936, "intermediate_size": 22016,
+         "num_key_value_heads": 32, "max_position_embeddings": 32768,
+         "use_sliding_window": False, "sliding_window": 4096, "max_window_layers": 28,
+         "layer_types": None, "bos_token_id": None, "eos_token_id": None}
+DEFAULTS = {
+    "llama": {**_SHARED, "vocab_size": 32000, "intermediate_size": 11008,
+              "num_key_value_heads": None, "head_dim": None, "max_position_embeddings": 2048,
+              "attention_bias": False, "mlp_bias": False, "bos_token_id": 1,
+              "eos_token_id": 2},
+    "qwen2": {**_QWEN, "head_dim": None},  # not a Qwen2Config field: read where given
+    "qwen3": {**_QWEN, "head_dim": 128, "attention_bias": False},
+}
+# What each field takes (as transformers' strict config classes check them): "int",
+# "float" (a number), "bool", "str", "int list" (int, a list of ints or null), "str list"
+# (a list of strs or null); "?" after it: null allowed (null is then the field's None).
+FIELD_TYPES = {
+    "vocab_size": "int", "hidden_size": "int", "intermediate_size": "int",
+    "num_hidden_layers": "int", "num_attention_heads": "int",
+    "num_key_value_heads": "int?", "head_dim": "int?", "max_position_embeddings": "int",
+    "rms_norm_eps": "float", "rope_theta": "float", "tie_word_embeddings": "bool",
+    "attention_bias": "bool", "mlp_bias": "bool", "hidden_act": "str",
+    "use_sliding_window": "bool", "sliding_window": "int?", "max_window_layers": "int",
+    "layer_types": "str list?", "bos_token_id": "int?", "eos_token_id": "int list?",
+    "pad_token_id": "int?", "partial_rotary_factor": "float",
+    "original_max_position_embeddings": "int",
+}
+NOT_NULL = {("qwen3", "head_dim"), ("qwen2", "head_dim")}  # an int where given
+_TAKES = {"int": "an integer", "float": "a number", "bool": "true or false (JSON)",
+          "str": "a string", "int list": "an integer or a list of integers",
+          "str list": "a list of strings, one per layer"}
+# transformers' ACT2FN names of the one activation npformer's SwiGLU computes, SiLU
+SILU_NAMES = ("silu", "swish")
 EXPERTS = ("num_experts", "num_local_experts", "n_routed_experts")  # mixture of experts
 SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
          "num_attention_heads")
 BUFFERS = ("rotary_emb.inv_freq",)  # computed by older checkpoints' modules: not weights
+GENERATION_FILE = "generation_config.json"  # generate's settings: its eos_token_id first
 
 
-# --------------------------------------------------------------------------- the config
+def _is_integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _fits(value, kind: str) -> bool:
+    if kind == "int":
+        return _is_integer(value)
+    if kind == "float":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "str":
+        return isinstance(value, str)
+    if kind == "int list":
+        return _is_integer(value) or (isinstance(value, list) and bool(value)
+                                      and all(_is_integer(v) for v in value))
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)  # str list
+
+
+def check_field(value, key: str, where: str, family: str | None = None):
+    """``value`` of config.json's ``key`` if it is of the field's type (FIELD_TYPES), else a
+    PretrainedError naming the field, what it takes and what it holds: never a str read
+    letter by letter, a float or bool read as an integer, a string as a number."""
+    kind = FIELD_TYPES[key]
+    nullable = kind.endswith("?") and (family, key) not in NOT_NULL
+    kind = kind.rstrip("?")
+    if (value is None and nullable) or (value is not None and _fits(value, kind)):
+        return value
+    takes = _TAKES[kind] + (" or null" if nullable else "")
+    raise PretrainedError(f"{where} sets {key} = {shown(value)}: {key} takes {takes}"
+                          + (f", not a {type(value).__name__}" if value is not None else ""))
+
+
+def hf_field(values: dict, key: str, family: str, where: str):
+    """config.json's ``key``, or its family's default where absent (DEFAULTS), of the
+    field's type (:func:`check_field`)."""
+    if key not in values:
+        return DEFAULTS[family][key]
+    return check_field(values[key], key, where, family)
+
+
 def config_from_hf(values: dict, where: str = CONFIG_FILE) -> LlamaConfig:
-    """The :class:`LlamaConfig` of a config.json's ``values``; what npformer cannot compute
-    is refused naming the key (see the module docstring)."""
-    model_type = values.get("model_type")
-    if model_type not in FAMILIES:
-        raise PretrainedError(f"{where} describes a {model_type!r} model (model_type): "
+    """The :class:`LlamaConfig` of a config.json's ``values``, each field read as
+    transformers reads it for the family (its defaults, DEFAULTS; its types, FIELD_TYPES);
+    what npformer cannot compute is refused naming the key (see the module docstring)."""
+    family = values.get("model_type")
+    if not isinstance(family, str) or family not in FAMILIES:
+        raise PretrainedError(f"{where} describes a {family!r} model (model_type): "
                               f"npformer loads {sorted(FAMILIES)} checkpoints here")
-    other = [a for a in architectures_of(values, where, FAMILIES[model_type])
+    other = [a for a in architectures_of(values, where, FAMILIES[family])
              if a not in ARCHITECTURES]
     if other:
         raise PretrainedError(f"{where} holds a {', '.join(map(str, other))} (architectures): "
                               f"npformer loads {', '.join(sorted(FAMILIES.values()))}")
-    refuse_unsupported(values, where)
-    missing = [key for key in SIZES if key not in values]
-    if missing:
-        raise PretrainedError(f"{where} has no {', '.join(map(repr, missing))}")
-    theta, scaling = rope_from_hf(values, where)
-    bias = _switch(values, "attention_bias", False, where)
+    field = {key: hf_field(values, key, family, where) for key in DEFAULTS[family]}
+    for key in ("pad_token_id",):
+        if key in values:
+            check_field(values[key], key, where, family)
+    refuse_unsupported(values, field, family, where)
+    heads = field["num_attention_heads"]
+    kv_heads = heads if field["num_key_value_heads"] is None else field["num_key_value_heads"]
+    theta, scaling = rope_from_hf(values, where, field["max_position_embeddings"])
     try:
         return LlamaConfig(
-            **{key: values[key] for key in SIZES},
-            num_key_value_heads=values.get("num_key_value_heads"),
-            head_dim=values.get("head_dim"),
-            max_position_embeddings=values.get("max_position_embeddings", 2048),
-            rms_norm_eps=values.get("rms_norm_eps", 1e-6), rope_theta=theta,
-            rope_scaling=scaling,
-            tie_word_embeddings=_switch(values, "tie_word_embeddings", False, where),
-            attention_bias=bias and model_type != "qwen2", qkv_bias=model_type == "qwen2",
-            qk_norm=model_type == "qwen3")
+            **{key: field[key] for key in SIZES}, num_key_value_heads=kv_heads,
+            head_dim=field["head_dim"],
+            max_position_embeddings=field["max_position_embeddings"],
+            rms_norm_eps=field["rms_norm_eps"], rope_theta=theta, rope_scaling=scaling,
+            tie_word_embeddings=field["tie_word_embeddings"],
+            attention_bias=family != "qwen2" and field["attention_bias"],
+            qkv_bias=family == "qwen2", qk_norm=family == "qwen3")
     except ValueError as exc:
-        raise PretrainedError(f"{where} does not make a model: {exc}") from None
+        absent = [key for key in ("num_key_value_heads", "head_dim", *SIZES)
+                  if key not in values and key in str(exc)]
+        hint = "".join(f"; {key} is absent: {FAMILIES[family].replace('ForCausalLM', '')}"
+                       f"Config's default is {DEFAULTS[family][key]!r}" for key in absent)
+        raise PretrainedError(f"{where} does not make a model: {exc}{hint}") from None
 
 
-def refuse_unsupported(values: dict, where: str) -> None:
+def layer_types_of(values: dict, field: dict, family: str, where: str) -> list[str]:
+    """Each layer's attention, as Qwen2Config and Qwen3Config make it: config.json's
+    ``layer_types``, else "sliding_attention" from layer ``max_window_layers`` on where
+    ``use_sliding_window`` (and a sliding_window) is set, "full_attention" elsewhere."""
+    given = field["layer_types"]
+    layers = field["num_hidden_layers"]
+    if given is not None:
+        if len(given) != layers:
+            raise PretrainedError(f"{where} has {len(given)} layer_types for "
+                                  f"{layers} layers (num_hidden_layers): one per layer")
+        return given
+    window = field["sliding_window"] if field["use_sliding_window"] else None
+    return ["sliding_attention" if window is not None and i >= field["max_window_layers"]
+            else "full_attention" for i in range(layers)]
+
+
+def refuse_unsupported(values: dict, field: dict, family: str, where: str) -> None:
     """Sliding windows, mixture of experts, another activation, feed-forward biases: refused
-    naming the key."""
-    if _switch(values, "use_sliding_window", False, where):
-        raise PretrainedError(f"{where} sets use_sliding_window = true (sliding-window "
-                              "attention): not implemented in npformer")
-    layer_types = values.get("layer_types") or []
-    windowed = sorted({t for t in layer_types if t != "full_attention"})
-    if windowed:
-        raise PretrainedError(f"{where} has layer_types {windowed} (sliding-window "
-                              "attention): not implemented in npformer, whose layers attend "
-                              "to every earlier position (full_attention)")
+    naming the key.  Llama's layers all attend in full in transformers (LlamaForCausalLM
+    reads no layer_types nor sliding window): only their types are checked there."""
+    if family == "llama":
+        if "layer_types" in values:
+            check_field(values["layer_types"], "layer_types", where, family)
+    else:
+        sliding = sorted({t for t in layer_types_of(values, field, family, where)
+                          if t != "full_attention"})
+        if sliding:
+            why = "" if field["layer_types"] is not None else (
+                f" (use_sliding_window = true from layer max_window_layers = "
+                f"{field['max_window_layers']} on)")
+            raise PretrainedError(f"{where} has layer_types {sliding}{why} (sliding-window "
+                                  "attention): not implemented in npformer, whose layers "
+                                  "attend to every earlier position (full_attention)")
     experts = [key for key in EXPERTS if values.get(key)]
     if experts:
         raise PretrainedError(f"{where} sets {experts[0]} = {values[experts[0]]!r} (mixture "
                               "of experts): not implemented in npformer")
-    activation = values.get("hidden_act", "silu")
-    if activation != "silu":
-        raise PretrainedError(f"{where} sets hidden_act = {activation!r}: npformer's "
-                              "feed-forward is SwiGLU (hidden_act 'silu')")
-    if _switch(values, "mlp_bias", False, where):
+    if field["hidden_act"] not in SILU_NAMES:
+        raise PretrainedError(f"{where} sets hidden_act = {field['hidden_act']!r}: npformer's "
+                              "feed-forward is SwiGLU (hidden_act 'silu', or 'swish', "
+                              "transformers' other name for it)")
+    if field.get("mlp_bias"):
         raise PretrainedError(f"{where} sets mlp_bias = true (biases in the feed-forward): "
                               "not implemented in npformer")
 
 
-def rope_from_hf(values: dict, where: str) -> tuple[float, dict | None]:
-    """(rope_theta, a llama3 rope_scaling or None) from config.json: the older keys
-    (``rope_theta``, ``rope_scaling``) or transformers 5's ``rope_parameters``."""
-    given = [v for v in (values.get("rope_parameters"), values.get("rope_scaling"))
-             if v is not None and v != {}]
-    params = given[0] if given else {}
-    if not isinstance(params, dict):
-        raise PretrainedError(f"{where}: rope_scaling must be an object or null, got "
-                              f"{params!r}")
-    theta = values.get("rope_theta", params.get("rope_theta", 10000.0))
-    rope_type = params.get("rope_type", params.get("type"))
-    if rope_type is None and set(params) - {"rope_theta"}:  # its numbers would be ignored
-        raise PretrainedError(f"{where} sets rope_scaling {params!r} without a rope_type "
+def _rope_number(params: dict, key: str, where: str, source: str):
+    value = params[key]
+    try:
+        return check_field(value, key if key in FIELD_TYPES else "rope_theta", where)
+    except PretrainedError:
+        kind = "an integer" if key == "original_max_position_embeddings" else "a number"
+        raise PretrainedError(f"{where} sets {source}.{key} = {shown(value)}: it takes "
+                              f"{kind}") from None
+
+
+def rope_parameters_of(values: dict, where: str) -> tuple[str | None, dict]:
+    """(the key, the dict) transformers takes its rotary parameters from: ``rope_scaling``
+    where it is a non-empty object (it replaces ``rope_parameters`` whole), else
+    ``rope_parameters``, else none (None, {})."""
+    for key in ("rope_scaling", "rope_parameters"):
+        value = values.get(key)
+        if value is not None and not isinstance(value, dict):
+            raise PretrainedError(f"{where}: {key} must be an object or null, got "
+                                  f"{shown(value)}")
+    for key in ("rope_scaling", "rope_parameters"):
+        if values.get(key):
+            return key, values[key]
+    return None, {}
+
+
+def rope_from_hf(values: dict, where: str, max_positions: int) -> tuple[float, dict | None]:
+    """(rope_theta, a llama3 rope_scaling or None) from config.json, every field taken where
+    transformers (``RotaryEmbeddingConfigMixin.convert_rope_params_to_dict`` and
+    ``standardize_rope_params``) takes it:
+
+    * the parameters: ``rope_scaling`` where non-empty (``rope_parameters`` is then not
+      read at all), else ``rope_parameters``;
+    * ``rope_type``: the parameters' ``rope_type``, else their older ``type``, else
+      "default";
+    * ``rope_theta``: the parameters', else the top-level ``rope_theta``, else 10000;
+    * ``partial_rotary_factor``: the parameters', else the top-level one (the default
+      rotation ignores it; llama3 would rotate part of each head, which transformers'
+      Llama and Qwen cannot run: refused);
+    * llama3's ``factor``, ``low_freq_factor``, ``high_freq_factor``: the parameters' only;
+      its ``original_max_position_embeddings``: the top-level field where given (it
+      overrides the parameters'), else the parameters', else ``max_position_embeddings``.
+    """
+    source, params = rope_parameters_of(values, where)
+    if "rope_type" in params:
+        rope_type, named = params["rope_type"], f"{source}.rope_type"
+    elif "type" in params:
+        rope_type, named = params["type"], f"{source}.type"
+    else:
+        rope_type, named = None, "rope_type"
+    if rope_type is not None and not isinstance(rope_type, str):
+        raise PretrainedError(f"{where} sets {named} = {shown(rope_type)}: it takes a string "
+                              "('default' or 'llama3')")
+    if "rope_theta" in params:
+        theta = _rope_number(params, "rope_theta", where, source)
+    else:
+        theta = check_field(values.get("rope_theta", 10000.0), "rope_theta", where)
+    if rope_type is None and set(params) - {"rope_theta", "partial_rotary_factor"}:
+        raise PretrainedError(f"{where} sets {source} {params!r} without a rope_type "
                               "(or type): name the scaling, 'llama3' or 'default'")
     if rope_type in (None, "default"):
         return theta, None
@@ -149,8 +301,24 @@ def rope_from_hf(values: dict, where: str) -> tuple[float, dict | None]:
         raise PretrainedError(f"{where} sets rope_type {rope_type!r}: not implemented in "
                               "npformer, which computes the default rotary positions and "
                               "'llama3' scaling")
-    return theta, {"rope_type": "llama3", **{key: params[key] for key in LLAMA3_KEYS
-                                             if key in params}}
+    partial = params["partial_rotary_factor"] if "partial_rotary_factor" in params else \
+        values.get("partial_rotary_factor", 1.0)
+    if partial != 1:
+        raise PretrainedError(f"{where} sets partial_rotary_factor = {shown(partial)} with "
+                              "rope_type 'llama3' (a rotation of part of each head): not "
+                              "implemented in npformer (nor run by transformers' Llama)")
+    scaling = {"rope_type": "llama3"}
+    for key in LLAMA3_KEYS:
+        if key == "original_max_position_embeddings" and key in values:
+            scaling[key] = check_field(values[key], key, where)
+        elif key in params:
+            scaling[key] = _rope_number(params, key, where, source)
+        elif key == "original_max_position_embeddings":
+            scaling[key] = max_positions
+        else:
+            raise PretrainedError(f"{where}'s {source} of rope_type 'llama3' has no {key} "
+                                  f"(it needs {', '.join(LLAMA3_KEYS[:3])})")
+    return theta, scaling
 
 
 def family_of(config: LlamaConfig) -> str:
@@ -246,11 +414,11 @@ def from_pretrained(path: str | os.PathLike, dtype: str | None = None,
     if not (folder / CONFIG_FILE).is_file():
         raise PretrainedError(f"{folder} has no {CONFIG_FILE}: a Llama or Qwen folder holds "
                               f"{CONFIG_FILE} and {WEIGHTS_FILE} (or its shards)")
-    config = config_from_hf(_json_object(folder / CONFIG_FILE, "a model config"),
-                            str(folder / CONFIG_FILE))
+    values = _json_object(folder / CONFIG_FILE, "a model config")
+    config = config_from_hf(values, str(folder / CONFIG_FILE))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        state = _read_weights(folder)
+        state = _read_weights(folder, FAMILIES[values["model_type"]])
     dtype = dtype or backend.default_float_name()
     bfloat16 = [w for w in caught if "bfloat16" in str(w.message)]
     for w in caught:
@@ -306,7 +474,27 @@ def load(path: str | os.PathLike, dtype: str | None = None,
     folder or Hub name (:func:`from_pretrained`), the tokenizer checked against the model:
     its ids index the model's embeddings."""
     folder = resolve(path)
-    tokenizer = Tokenizer.from_pretrained(folder)
     model = from_pretrained(folder, dtype=dtype, model_class=model_class)
+    if not (folder / TOKENIZER_FILE).is_file():
+        raise PretrainedError(f"{folder} has no {TOKENIZER_FILE} (the tokenizer): tokenize "
+                              "the text yourself (from_pretrained loads the model alone), "
+                              "or add the checkpoint's tokenizer.json")
+    tokenizer = Tokenizer.from_file(folder / TOKENIZER_FILE, eos_of(folder))
     check_tokenizer(tokenizer, model)
     return model, tokenizer
+
+
+def eos_of(folder: Path) -> int | list[int] | None:
+    """The ids that end a text, where transformers' generate takes them:
+    generation_config.json's ``eos_token_id`` where the folder has one that sets it, else
+    config.json's, else its family's default (Llama's 2; Qwen's none, then the tokenizer's
+    ``<|endoftext|>``).  A list (Llama 3's ``[128001, 128009]``) is kept whole: any of its
+    ids ends a text."""
+    values = _json_object(folder / CONFIG_FILE, "a model config")
+    family = values["model_type"]
+    generation = folder / GENERATION_FILE
+    if generation.is_file():
+        settings = _json_object(generation, "a generation config")
+        if settings.get("eos_token_id") is not None:
+            return check_field(settings["eos_token_id"], "eos_token_id", str(generation))
+    return hf_field(values, "eos_token_id", family, str(folder / CONFIG_FILE))

@@ -107,6 +107,8 @@ def planned_procs(args: argparse.Namespace, training: bool,
         return saved_procs(Path(args.out))  # the saved run's ranks
     if getattr(args, "replicas", None) is not None:
         return 1  # thread replicas asked for by name
+    if getattr(args, "tier", None) == "textbook":
+        return 1  # the textbook's run is one process (--procs asks for ranks)
     return usable_cores()
 
 
