@@ -32,6 +32,9 @@ def options(**given):
     ({"procs": 1}, True, {}, 1),                              # the opt-out
     ({"replicas": 2}, True, {}, 1),                           # thread replicas by name
     ({"replicas": 2, "procs": 2}, True, {}, 2),
+    ({"tier": "textbook"}, True, {}, 1),                      # the textbook: one process
+    ({"tier": "textbook", "procs": 2}, True, {}, 2),          # unless ranks are asked for
+    ({"tier": "fast"}, True, {}, "cores"),
     ({}, False, {}, 1),                                       # sampling, predicting
     ({"backend": "cupy"}, True, {}, 1),                       # one GPU, one process
     ({}, True, {"NPFORMER_BACKEND": "cupy"}, 1),
