@@ -169,6 +169,37 @@ def _refuse_merged_adapters(model: Module) -> None:
                               "the update would count twice; unmerge_lora(model) first")
 
 
+_JSON_SCALARS = (str, int, float, bool, type(None))
+
+
+def check_json(value: Any, what: str) -> None:
+    """``value`` is what JSON holds: dicts (keys str, or numbers, bools, None, which JSON
+    writes as strings), lists or tuples, str, int, float, bool, None.  The first part that
+    is not is a TypeError naming where it is (``extra['x'][2]``), its type and what would
+    do (a NumPy array's ``.tolist()``): not JSON's own error, after a file was begun."""
+    def walk(item: Any, where: str) -> None:
+        if isinstance(item, _JSON_SCALARS):
+            return
+        if isinstance(item, dict):
+            for key, inner in item.items():
+                if not isinstance(key, _JSON_SCALARS):
+                    raise TypeError(f"{where} has the key {key!r} ({type(key).__name__}): "
+                                    "JSON's keys are strings")
+                walk(inner, f"{where}[{key!r}]")
+            return
+        if isinstance(item, (list, tuple)):
+            for i, inner in enumerate(item):
+                walk(inner, f"{where}[{i}]")
+            return
+        hint = " (.tolist() makes one of an array, float() or int() of a number)" \
+            if hasattr(item, "tolist") else ""
+        kind = f"{type(item).__module__}.{type(item).__qualname__}".replace("builtins.", "")
+        raise TypeError(f"{where} is a {kind}, not a JSON value (a dict, list, str, number, "
+                        f"bool or None){hint}")
+
+    walk(value, what)
+
+
 def save_checkpoint(path: str | os.PathLike, model: Module, optimizer: Optimizer | None = None,
                     step: int = 0, extra: dict | None = None,
                     rng_state: dict | None = None) -> Path:
@@ -182,6 +213,11 @@ def save_checkpoint(path: str | os.PathLike, model: Module, optimizer: Optimizer
     if extra is not None and not isinstance(extra, dict):
         raise TypeError(f"extra must be a dict (JSON values by name) or None, got "
                         f"{type(extra).__name__}")
+    check_json(extra, "extra")
+    if rng_state is not None and not isinstance(rng_state, dict):
+        raise TypeError(f"rng_state must be a dict (the random generators' states) or None, "
+                        f"got {type(rng_state).__name__}")
+    check_json(rng_state, "rng_state")
     _check_destination(path)
     _check_model(model, "save_checkpoint(path, model)")
     _refuse_merged_adapters(model)

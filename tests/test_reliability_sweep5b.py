@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import npformer
@@ -124,3 +125,147 @@ def test_a_resumed_run_is_not_refused_for_its_saved_settings(tmp_path):
     again = _demo("generate.py", "--resume", "--procs", "1", "--kv-heads", "1", "--out", out,
                   "--no-progress")  # finished: nothing to refuse but what a finished run is
     assert "is read only with" not in again.stderr
+
+
+# --------------------------------------------------------------------------- case 8
+def _adapted_llama():
+    from npformer.interop import peft as npeft
+
+    from .helpers import tiny_llama
+
+    model = tiny_llama()
+    naming = npeft.llama_names(model.config)
+    npeft.apply_adapters(model, naming, ["q_proj", "v_proj"], r=2, alpha=4.0)
+    return model, naming
+
+
+def _entries(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_save_adapter_takes_a_path_as_base_model(tmp_path):
+    import json
+
+    from npformer.interop import peft as npeft
+
+    model, naming = _adapted_llama()
+    npeft.save_adapter(model, tmp_path / "adapter", naming, base_model=tmp_path / "base")
+    config = json.loads((tmp_path / "adapter" / npeft.CONFIG_FILE).read_text())
+    assert config["base_model_name_or_path"] == str(tmp_path / "base")
+
+
+@pytest.mark.parametrize("keyword,value,named", [("base_model", 3, "base_model"),
+                                                 ("task_type", ["CAUSAL_LM"], "task_type")])
+def test_save_adapter_refuses_a_bad_argument_before_writing(keyword, value, named, tmp_path):
+    from npformer.interop import peft as npeft
+
+    model, naming = _adapted_llama()
+    with pytest.raises(TypeError, match=named):
+        npeft.save_adapter(model, tmp_path / "adapter", naming, **{keyword: value})
+    assert list(tmp_path.iterdir()) == []  # not even the folder
+
+
+def _failing_write_text(*args, **kwargs):
+    import errno
+
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_failed_adapter_save_leaves_the_folder_as_it_was(tmp_path, monkeypatch):
+    """The config's write fails after the weights were written: the folder keeps its
+    previous files, bit for bit, and holds no temporary (a new folder is not made)."""
+    from npformer.interop import peft as npeft
+
+    model, naming = _adapted_llama()
+    folder = npeft.save_adapter(model, tmp_path / "adapter", naming)
+    before = _entries(folder)
+    for layer in npeft.lora_layers(model).values():
+        layer.lora_B.data = layer.lora_B.data + 1.0  # other weights: a different file
+    monkeypatch.setattr(Path, "write_text", _failing_write_text)
+    with pytest.raises(OSError, match="could not save into"):
+        npeft.save_adapter(model, folder, naming)
+    with pytest.raises(OSError):
+        npeft.save_adapter(model, tmp_path / "new", naming)
+    assert _entries(folder) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter"]
+
+
+def test_a_failed_gpt2_save_leaves_the_folder_as_it_was(tmp_path, monkeypatch):
+    from npformer import models
+    from npformer.interop import gpt2
+
+    from .test_gpt2 import train_tokenizer, write_folder
+
+    source = write_folder(tmp_path / "source", train_tokenizer())
+    model = models.CausalLM.from_pretrained(source)
+    folder = gpt2.save_pretrained(model, tmp_path / "gpt2")
+    before = _entries(folder)
+    monkeypatch.setattr(Path, "write_text", _failing_write_text)
+    with pytest.raises(OSError):
+        gpt2.save_pretrained(model, folder)
+    with pytest.raises(OSError):
+        gpt2.save_pretrained(model, tmp_path / "new")
+    assert _entries(folder) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpt2", "source"]
+
+
+# --------------------------------------------------------------------------- case 11
+def _tiny_lm():
+    from .helpers import tiny_llama
+
+    return tiny_llama()
+
+
+@pytest.mark.parametrize("extra,where", [({"x": np.arange(3)}, "extra['x']"),
+                                         ({"x": [1, {"y": np.int64(2)}]}, "extra['x'][1]['y']"),
+                                         ({"x": {1, 2}}, "extra['x']")])
+def test_save_checkpoint_names_an_extra_that_is_not_json(extra, where, tmp_path):
+    from npformer.checkpoint import save_checkpoint
+
+    with pytest.raises(TypeError) as caught:
+        save_checkpoint(tmp_path / "model.npz", _tiny_lm(), extra=extra)
+    assert str(caught.value).startswith(f"{where} is a ") and "not a JSON value" in \
+        str(caught.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_save_safetensors_makes_its_folder_and_names_a_bad_path(tmp_path):
+    from npformer.interop.pytorch import save_safetensors
+
+    from .test_safetensors import CONFIGS, KINDS
+
+    model = KINDS["classifier"].model_cls(CONFIGS["classifier"]())
+    path = save_safetensors(model, tmp_path / "missing" / "deeper" / "model.safetensors")
+    assert path.is_file() and [p.name for p in path.parent.iterdir()] == ["model.safetensors"]
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(NotADirectoryError, match="a-file is a file, not a folder"):
+        save_safetensors(model, tmp_path / "a-file" / "model.safetensors")
+    with pytest.raises(IsADirectoryError, match="path .* is a folder"):
+        save_safetensors(model, tmp_path / "missing")
+
+
+@pytest.mark.parametrize("returned,message", [
+    ("0.5", "must return a dict"),
+    ({"val_loss": "0.5"}, "'val_loss': '0.5' (str); each metric must be a real number"),
+    ({"val_loss": None}, "'val_loss': None"),
+    ({3: 0.5}, "the metric name 3"),
+])
+def test_an_eval_fn_returning_what_is_not_metrics_is_named(returned, message):
+    from npformer.train.evaluation import Evaluation
+
+    with pytest.raises(TypeError, match="eval_fn") as caught:
+        Evaluation(lambda model: returned).metrics(None, 4)
+    assert message in str(caught.value)
+
+
+def test_an_eval_fn_s_numpy_numbers_are_plain_numbers():
+    import json
+
+    from npformer.train.evaluation import Evaluation, describe
+
+    metrics = Evaluation(lambda model: {"loss": np.float32(0.25), "n": np.int64(3),
+                                        "acc": np.array(0.5)}).metrics(None, 2)
+    assert metrics == {"loss": 0.25, "n": 3, "acc": 0.5, "update": 2}
+    assert type(metrics["loss"]) is float and type(metrics["n"]) is int
+    json.dumps(metrics)
+    assert describe(metrics) == "update 2: loss 0.2500, n 3.0000, acc 0.5000"

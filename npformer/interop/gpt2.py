@@ -56,6 +56,7 @@ import json
 import numbers
 import os
 import re
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -426,34 +427,69 @@ def save_pretrained(model: Module, path: str | os.PathLike, tokenizer: Tokenizer
         check_tokenizer(tokenizer, model)
     weights = to_hf({name: backend.to_numpy(p.data) for name, p in model.named_parameters()},
                     model.config)
-    folder = output_folder(path)
+    folder = output_folder(path, create=False)
     hf_config["torch_dtype"] = next(iter(weights.values())).dtype.name
     if tokenizer is not None and tokenizer.eos_id is not None:
         hf_config["bos_token_id"] = tokenizer.eos_ids[0]
         hf_config["eos_token_id"] = tokenizer.eos_id
-    # each file whole or not at all (a stopped save leaves the previous file), the config last
-    _write_whole(folder / WEIGHTS_FILE,
-                 lambda tmp: save_file(weights, str(tmp), metadata={"format": "pt"}))
+    config_text = json.dumps(hf_config, indent=2) + "\n"
+    # the folder whole or not at all (a stopped save leaves the previous files), config last
+    files = {WEIGHTS_FILE: lambda tmp: save_file(weights, str(tmp), metadata={"format": "pt"})}
     if tokenizer is not None:
-        _write_whole(folder / TOKENIZER_FILE, tokenizer.save)
-    _write_whole(folder / CONFIG_FILE, lambda tmp: tmp.write_text(
-        json.dumps(hf_config, indent=2) + "\n", encoding="utf-8"))
-    return folder
+        files[TOKENIZER_FILE] = tokenizer.save
+    files[CONFIG_FILE] = lambda tmp: tmp.write_text(config_text, encoding="utf-8")
+    return write_files(folder, files)
 
 
-def output_folder(path: Any, what: str = "path") -> Path:
+def output_folder(path: Any, what: str = "path", create: bool = True) -> Path:
     """The folder a save writes into (``path``, a non-empty path; ``what``: the argument's
-    name), created if needed; a path that is a file, or lies under one, is refused naming
-    the file."""
+    name), created if needed (``create``); a path that is a file, or lies under one, is
+    refused naming the file."""
     folder = Path(check_path(path, what))
     for place in (folder, *folder.parents):
         if place.exists():
             if not place.is_dir():
-                raise NotADirectoryError(f"cannot save into the folder {folder}: {place} is a "
-                                         "file, not a folder")
+                raise NotADirectoryError(f"cannot save into the folder {folder} ({what}): "
+                                         f"{place} is a file, not a folder")
             break
-    folder.mkdir(parents=True, exist_ok=True)
+    if create:
+        folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+def write_files(folder: Path, files: dict[str, Callable[[Path], Any]]) -> Path:
+    """Write a folder's files whole or not at all: each ``write(tmp)`` of ``files`` ({file
+    name: write}) into a temporary folder beside ``folder``; then a new folder is renamed
+    into place in one step, or, into an existing one, each file replaces its namesake in
+    one step (in ``files``' order: the config last).  A write that fails (a value JSON
+    refuses, a full disk) leaves ``folder`` as it was, without a temporary in it."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = folder.parent / f".{folder.name or 'folder'}.{os.getpid()}.tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        staging.mkdir()
+        for name, write in files.items():
+            write(staging / name)
+        if not folder.exists():
+            os.rename(staging, folder)
+        else:
+            for name in files:
+                os.replace(staging / name, folder / name)
+    except Exception as exc:
+        if not is_write_error(exc):
+            raise
+        raise OSError(getattr(exc, "errno", None), f"could not save into {folder}: "
+                      f"{getattr(exc, 'strerror', None) or exc} (the folder is as it was)"
+                      ) from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return folder
+
+
+def is_write_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is the file system refusing a write (a full disk, a read-only
+    folder): an OSError, or safetensors' SafetensorError saying so."""
+    return isinstance(exc, OSError) or type(exc).__name__ == "SafetensorError"
 
 
 def _write_whole(path: Path, write: Callable[[Path], Any]) -> None:

@@ -57,7 +57,7 @@ from ..nn.lora import (
 from ..nn.module import Module
 from ..nn.state import read_safetensors, weight_array
 from ..ops.contracts import check_path, read_json_object
-from .gpt2 import _first, _write_whole, output_folder
+from .gpt2 import _first, output_folder, write_files
 
 WEIGHTS_FILE = "adapter_model.safetensors"
 CONFIG_FILE = "adapter_config.json"
@@ -177,9 +177,19 @@ def adapter_arrays(model: Module, naming: Naming) -> dict[str, np.ndarray]:
     return out
 
 
-def adapter_config(model: Module, naming: Naming, base_model: str | None = None,
+def adapter_config(model: Module, naming: Naming, base_model: str | os.PathLike | None = None,
                    task_type: str | None = None) -> dict[str, Any]:
-    """PEFT's ``adapter_config.json`` of ``model``'s adapters (one rank, alpha, dropout)."""
+    """PEFT's ``adapter_config.json`` of ``model``'s adapters (one rank, alpha, dropout).
+    ``base_model``: the base model's Hub name or folder (a str or a path; None: unsaid);
+    ``task_type``: PEFT's task type ("CAUSAL_LM") or None."""
+    if isinstance(base_model, os.PathLike):
+        base_model = os.fspath(base_model)
+    if base_model is not None and not isinstance(base_model, str):
+        raise TypeError(f"base_model must be the base model's Hub name or folder (a str or a "
+                        f"path) or None, got {type(base_model).__name__}")
+    if task_type is not None and not isinstance(task_type, str):
+        raise TypeError(f"task_type must be PEFT's task type (a str, such as 'CAUSAL_LM') or "
+                        f"None, got {type(task_type).__name__}")
     adapters = list(lora_layers(model).values())
     settings = {(a.r, a.alpha, a.dropout.p) for a in adapters}
     if len(settings) != 1:
@@ -204,21 +214,22 @@ def target_modules(adapted: list[str], naming: Naming) -> list[str]:
 
 
 def save_adapter(model: Module, folder: str | os.PathLike, naming: Naming,
-                 base_model: str | None = None, task_type: str | None = None) -> Path:
+                 base_model: str | os.PathLike | None = None,
+                 task_type: str | None = None) -> Path:
     """Write ``folder``/adapter_model.safetensors and adapter_config.json (PEFT's layout:
-    ``peft.PeftModel.from_pretrained(torch_model, folder)`` loads them)."""
+    ``peft.PeftModel.from_pretrained(torch_model, folder)`` loads them).  Every argument is
+    checked before anything is written, and the folder is written whole or not at all
+    (:func:`npformer.interop.gpt2.write_files`)."""
     from safetensors.numpy import save_file
 
     check_naming(naming)
     arrays = adapter_arrays(model, naming)  # refused before anything is written
     config = adapter_config(model, naming, base_model, task_type)
-    folder = output_folder(folder, "folder")
-    # each file whole or not at all (a stopped save leaves the previous file), the config last
-    _write_whole(folder / WEIGHTS_FILE,
-                 lambda tmp: save_file(arrays, str(tmp), metadata={"format": "pt"}))
-    _write_whole(folder / CONFIG_FILE, lambda tmp: tmp.write_text(
-        json.dumps(config, indent=2) + "\n", encoding="utf-8"))
-    return folder
+    config_text = json.dumps(config, indent=2) + "\n"
+    folder = output_folder(folder, "folder", create=False)
+    return write_files(folder, {  # the config last
+        WEIGHTS_FILE: lambda tmp: save_file(arrays, str(tmp), metadata={"format": "pt"}),
+        CONFIG_FILE: lambda tmp: tmp.write_text(config_text, encoding="utf-8")})
 
 
 def read_adapter_config(folder: Path) -> dict[str, Any]:

@@ -281,7 +281,27 @@ def save_safetensors(module: Module, path: str | os.PathLike,
     if bad:
         raise TypeError(f"safetensors metadata maps strings to strings; not so for {bad}")
     path = Path(check_path(path, "path"))
-    save_file(to_torch_state_dict(module), str(path), metadata=header)
+    if path.is_dir():
+        raise IsADirectoryError(f"save_safetensors: path {path} is a folder; give a file name "
+                                "such as model.safetensors")
+    state = to_torch_state_dict(module)
+    from .gpt2 import is_write_error, output_folder
+
+    # its folder created if missing (a file in the way is refused, named); the file written
+    # whole at a temporary name and renamed into place
+    folder = output_folder(path.parent, "path's folder", create=False)
+    tmp = folder / f".{path.name}.{os.getpid()}.tmp"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        save_file(state, str(tmp), metadata=header)
+        os.replace(tmp, path)
+    except Exception as exc:  # the file system's, or safetensors' word for it
+        if not is_write_error(exc):
+            raise
+        raise OSError(getattr(exc, "errno", None), f"could not save {path} (path): "
+                      f"{getattr(exc, 'strerror', None) or exc}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 

@@ -2,7 +2,8 @@
 best so far by ``TrainConfig.select_metric`` (the Trainer then keeps that checkpoint)."""
 from __future__ import annotations
 
-from collections.abc import Callable
+import numbers
+from collections.abc import Callable, Mapping
 from typing import Any
 
 
@@ -20,8 +21,11 @@ class Evaluation:
         self.best: float | None = None
 
     def metrics(self, model: Any, update: int) -> dict:
-        """``eval_fn(model)``'s metrics, with the key ``"update"``."""
-        return dict(self.eval_fn(model), update=update)
+        """``eval_fn(model)``'s metrics, with the key ``"update"``: a dict of names (str) and
+        real numbers (Python's, NumPy's, 0-d arrays: held as Python numbers, which the
+        log's format and a checkpoint's JSON take); anything else is a TypeError naming
+        eval_fn, the metric and what it returned."""
+        return dict(checked_metrics(self.eval_fn(model)), update=update)
 
     def is_best(self, metrics: dict) -> bool:
         """Whether ``metrics`` hold the best value of ``select_metric`` so far (it is then
@@ -38,6 +42,26 @@ class Evaluation:
         if better:
             self.best = value
         return better
+
+
+def checked_metrics(returned: Any) -> dict[str, float | int]:
+    """What ``eval_fn`` returned, checked: a dict {name (str): real number}, the numbers as
+    Python ints and floats."""
+    if not isinstance(returned, Mapping):
+        raise TypeError(f"eval_fn(model) must return a dict of metrics {{name: number}}, "
+                        f"got {type(returned).__name__} {returned!r:.80}")
+    metrics = {}
+    for name, value in returned.items():
+        if not isinstance(name, str) or name == "update":
+            raise TypeError(f"eval_fn(model) returned the metric name {name!r}: names are "
+                            "strings, and not 'update' (the Trainer adds that one)")
+        if getattr(value, "shape", None) == () and hasattr(value, "item"):
+            value = value.item()  # a 0-d array, a NumPy scalar
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"eval_fn(model) returned {name!r}: {value!r:.80} "
+                            f"({type(value).__name__}); each metric must be a real number")
+        metrics[name] = int(value) if isinstance(value, numbers.Integral) else float(value)
+    return metrics
 
 
 def describe(metrics: dict) -> str:
