@@ -91,13 +91,26 @@ class Part:
 
 
 @dataclass
+class Mistake:
+    """A wrong backward learners write, which the checker must report as wrong, naming
+    ``gradient`` (the checker's own test, tests/test_exercises.py, runs every one).
+    ``backward`` is written against the exercise file's cache; ``part``: the backward's
+    name where the exercise has several parts (default: the first)."""
+
+    what: str
+    gradient: str
+    backward: Callable
+    part: str = ""
+
+
+@dataclass
 class Exercise:
     """An exercise file (``file``, in exercises/) and its parts.
 
     ``section`` is the start of the title of its section of docs/derivations.md
     ("Layer norm"): the section's number and full title are read from the document, so
     the course follows the document's order and numbering.  ``order`` sorts exercises
-    of the same section.
+    of the same section.  ``mistakes``: at least three wrong backwards learners write.
     """
 
     name: str
@@ -105,6 +118,7 @@ class Exercise:
     section: str
     parts: list
     order: float = 0.0
+    mistakes: list = field(default_factory=list)
 
 
 def exercises() -> dict[str, Exercise]:
@@ -193,6 +207,7 @@ class Report:
     message: str
     gradient: str = ""
     seconds: float = 0.0
+    wrong: tuple = ()  # every gradient found wrong on that case, the worst first
 
     def __str__(self) -> str:
         return self.message
@@ -314,7 +329,7 @@ def _diagnosis(yours: np.ndarray, expected: np.ndarray) -> str:
         return "yours is zero everywhere"
     big = np.abs(expected) > 1e-3 * scale
     ratios = yours[big] / expected[big]
-    if ratios.size and np.allclose(ratios, ratios[0], rtol=1e-6, atol=0.0):
+    if ratios.size > 1 and np.allclose(ratios, ratios[0], rtol=1e-6, atol=0.0):
         factor = float(ratios[0])
         if np.allclose(yours, factor * expected, rtol=1e-6, atol=1e-9 * scale):
             if abs(factor + 1.0) < 1e-6:
@@ -331,7 +346,8 @@ def _hint(exercise: Exercise, part: Part, gradient: str) -> str:
     if not hint and gradient == part.backward:  # no one gradient at fault: every hint
         hint = "; ".join(f"{name}: {part.hints[name]}" for name in part.grads
                          if name in part.hints)
-    where = f"revisit {section_label(exercise)}"
+    number, title = section_of(exercise)
+    where = f'revisit §{number if number is not None else "?"} "{title}"'
     return f"{where}: {hint}" if hint else where
 
 
@@ -420,10 +436,13 @@ def _check_case(exercise: Exercise, part: Part, impl: Any, case: Case) -> dict |
         diagnosis = _diagnosis(yours[name], book[name])
         if diagnosis:
             lines.append(diagnosis)
+        also = [n for n in part.grads if n != name and result.errors[n] >= TOLERANCE]
+        if also:
+            lines.append(f"also wrong: {', '.join(also)}")
         if right:
             lines.append(f"right: {', '.join(right)}")
         lines += [inputs, _hint(exercise, part, name)]
-        return dict(status=WRONG, gradient=name,
+        return dict(status=WRONG, gradient=name, wrong=(name, *also),
                     headline=f"{name} (shape {yours[name].shape}) differs from the textbook's",
                     lines=lines)
 
@@ -489,7 +508,7 @@ def check(name: str, module: Any = None, examples: int = FULL_EXAMPLES) -> Repor
     fallback = load_file(exercise)
     impl = fallback if module is None else _Overlay(module, fallback)
     problems = []
-    with _float64_numpy():
+    with _float64_numpy(), np.errstate(all="ignore"):  # a NaN is reported, not warned
         for part in exercise.parts:
             problem = _check_part(exercise, part, impl, examples)
             problems.append(problem)
@@ -503,7 +522,8 @@ def check(name: str, module: Any = None, examples: int = FULL_EXAMPLES) -> Repor
         p = wrong[0]
         lines = [f"{name}: wrong. {p['headline']}", *[f"  {line}" for line in p["lines"]],
                  f"  (found on {p['case']})"]
-        return Report(name, section, WRONG, "\n".join(lines), p["gradient"], seconds)
+        return Report(name, section, WRONG, "\n".join(lines), p["gradient"], seconds,
+                      p.get("wrong", (p["gradient"],)))
     if waiting:
         done = [part.backward for part, p in zip(exercise.parts, problems) if p is None]
         todo = ", ".join(p["gradient"] for p in waiting)

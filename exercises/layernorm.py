@@ -43,7 +43,8 @@ if __name__ == "__main__":  # this cell in a notebook, or python exercises/layer
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(globals().get("__file__", "layernorm.py")).resolve().parents[1]))
+    here = Path(globals().get("__file__", "layernorm.py")).resolve()  # a notebook: its folder
+    sys.path.insert(0, str(here.parents[1]))
     from exercises.check import check
 
     print(check("layernorm", module=sys.modules[__name__]))

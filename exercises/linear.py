@@ -35,7 +35,8 @@ if __name__ == "__main__":  # this cell in a notebook, or python exercises/linea
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(globals().get("__file__", "linear.py")).resolve().parents[1]))
+    here = Path(globals().get("__file__", "linear.py")).resolve()  # a notebook: its folder
+    sys.path.insert(0, str(here.parents[1]))
     from exercises.check import check
 
     print(check("linear", module=sys.modules[__name__]))

@@ -16,16 +16,15 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from exercises import check as course
+from npformer import backend
 
 EXAMPLES = 2  # drawn cases per part (the edge cases run as well)
 NAMES = list(course.exercises())
 ROOT = Path(course.__file__).resolve().parents[1]
-
-
-def _functions(name: str, **functions) -> SimpleNamespace:
-    return SimpleNamespace(**functions)
 
 
 def _textbook(name: str) -> SimpleNamespace:
@@ -34,75 +33,10 @@ def _textbook(name: str) -> SimpleNamespace:
                               for k, v in zip((part.forward, part.backward), part.textbook)})
 
 
-# =========================================================================== the wrong backwards
-def _linear_wrongs():
-    def no_transpose(dy, cache):
-        x, w = cache
-        dx = dy @ w
-        rows = x.reshape(-1, w.shape[0])
-        return dx, rows.T @ dy.reshape(-1, w.shape[1]), dy.reshape(-1, w.shape[1]).sum(0)
-
-    def db_wrong_axis(dy, cache):
-        x, w = cache
-        rows, drows = x.reshape(-1, w.shape[0]), dy.reshape(-1, w.shape[1])
-        return dy @ w.T, rows.T @ drows, dy.sum(axis=-1).sum() * np.ones(w.shape[1])
-
-    def dw_averaged(dy, cache):
-        x, w = cache
-        rows, drows = x.reshape(-1, w.shape[0]), dy.reshape(-1, w.shape[1])
-        return dy @ w.T, rows.T @ drows / rows.shape[0], drows.sum(0)
-
-    def dw_reversed(dy, cache):
-        x, w = cache
-        rows, drows = x.reshape(-1, w.shape[0]), dy.reshape(-1, w.shape[1])
-        return dy @ w.T, drows.T @ rows, drows.sum(0)
-    return [("dx = dy W, the transpose missing", "dx", no_transpose),
-            ("db summed over the features", "db", db_wrong_axis),
-            ("dW averaged over the rows", "dw", dw_averaged),
-            ("dW = dy^T x, transposed", "dw", dw_reversed)]
-
-
-def _layernorm_wrongs():
-    def no_mean_term(dy, cache):
-        x_hat, r, gamma = cache
-        d = x_hat.shape[-1]
-        g = dy * gamma
-        dx = r * (g - x_hat * (g * x_hat).mean(-1, keepdims=True))
-        return dx, (dy * x_hat).reshape(-1, d).sum(0), dy.reshape(-1, d).sum(0)
-
-    def no_variance_term(dy, cache):
-        x_hat, r, gamma = cache
-        d = x_hat.shape[-1]
-        g = dy * gamma
-        dx = r * (g - g.mean(-1, keepdims=True))
-        return dx, (dy * x_hat).reshape(-1, d).sum(0), dy.reshape(-1, d).sum(0)
-
-    def gamma_forgotten(dy, cache):
-        x_hat, r, gamma = cache
-        d = x_hat.shape[-1]
-        g = dy
-        dx = r * (g - g.mean(-1, keepdims=True) - x_hat * (g * x_hat).mean(-1, keepdims=True))
-        return dx, (dy * x_hat).reshape(-1, d).sum(0), dy.reshape(-1, d).sum(0)
-
-    def dgamma_of_dy(dy, cache):
-        x_hat, r, gamma = cache
-        d = x_hat.shape[-1]
-        g = dy * gamma
-        dx = r * (g - g.mean(-1, keepdims=True) - x_hat * (g * x_hat).mean(-1, keepdims=True))
-        return dx, dy.reshape(-1, d).sum(0), dy.reshape(-1, d).sum(0)
-    return [("layer norm's mean term forgotten", "dx", no_mean_term),
-            ("the variance term forgotten", "dx", no_variance_term),
-            ("g = dy, gamma forgotten", "dx", gamma_forgotten),
-            ("dgamma without x_hat", "dgamma", dgamma_of_dy)]
-
-
-WRONGS = {
-    "linear": _linear_wrongs(),
-    "layernorm": _layernorm_wrongs(),
-}
-BACKWARD_OF = {name: [p.backward for p in ex.parts] for name, ex in course.exercises().items()}
-WRONG_CASES = [pytest.param(name, *wrong, id=f"{name}: {wrong[0]}")
-               for name, wrongs in WRONGS.items() for wrong in wrongs]
+# Every exercise's mistakes (exercises/course/NAME.py, ``mistakes``): the wrong backwards
+# learners write, each with the gradient the checker must name.
+MISTAKES = [pytest.param(name, mistake, id=f"{name}: {mistake.what}")
+            for name, ex in course.exercises().items() for mistake in ex.mistakes]
 
 
 def _section_number(name: str) -> str:
@@ -116,14 +50,18 @@ def test_the_textbook_backward_passes(name):
     assert report.status == course.DONE, report.message
 
 
-@pytest.mark.parametrize("name, what, gradient, backward", WRONG_CASES)
-def test_a_wrong_backward_is_named(name, what, gradient, backward):
-    part = next(p for p in course.exercises()[name].parts
-                if getattr(backward, "part", p.backward) == p.backward)
-    report = course.check(name, module=SimpleNamespace(**{part.backward: backward}),
+@pytest.mark.parametrize("name, mistake", MISTAKES)
+def test_a_wrong_backward_is_named(name, mistake):
+    exercise = course.exercises()[name]
+    backward = mistake.part or exercise.parts[0].backward
+    assert backward in [p.backward for p in exercise.parts], mistake.part
+    report = course.check(name, module=SimpleNamespace(**{backward: mistake.backward}),
                           examples=EXAMPLES)
-    assert report.status == course.WRONG, f"{what} passed:\n{report}"
-    assert report.gradient == gradient, f"{what}: expected {gradient}:\n{report}"
+    gradient = mistake.gradient
+    assert report.status == course.WRONG, f"{mistake.what} passed:\n{report}"
+    # The worst gradient leads the message; a mistake upstream of several gradients (a
+    # shared intermediate) may name another first, and this one as "also wrong".
+    assert gradient in report.wrong, f"{mistake.what}: expected {gradient}:\n{report}"
     assert re.search(rf"\b{gradient}\b", report.message), report.message
     assert _section_number(name) in report.message, report.message
     assert "arg0" not in report.message and "Traceback" not in report.message
@@ -131,7 +69,8 @@ def test_a_wrong_backward_is_named(name, what, gradient, backward):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_every_exercise_has_three_wrong_backwards(name):
-    assert len(WRONGS.get(name, [])) >= 3, f"{name}: give its checker three wrong backwards"
+    assert len(course.exercises()[name].mistakes) >= 3, (
+        f"{name}: give its checker three wrong backwards (mistakes=)")
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -155,6 +94,36 @@ def test_a_broken_forward_is_reported_as_the_forward(name):
     report = course.check(name, module=module, examples=EXAMPLES)
     assert report.status == course.WRONG, report.message
     assert report.gradient == part.forward and "forward" in report.message, report.message
+
+
+FORWARDS = [pytest.param(name, i, id=f"{name}: {part.forward}")
+            for name, ex in course.exercises().items() for i, part in enumerate(ex.parts)]
+
+
+@pytest.mark.parametrize("name, index", FORWARDS)
+def test_the_exercise_files_forward_is_the_textbooks(name, index):
+    """On the edge cases and on drawn cases, the forward the file gives computes the
+    textbook's output (the checker would call a learner's right backward wrong otherwise)."""
+    exercise = course.exercises()[name]
+    part = exercise.parts[index]
+    forward = getattr(course.load_file(exercise), part.forward)
+    book = part.textbook[0]
+
+    def same(sizes, seed):
+        case = part.make(np.random.default_rng(seed), **sizes)
+        outs = []
+        for function in (forward, book):
+            if case.seed is not None:
+                backend.seed(case.seed)
+            outs.append(backend.to_numpy(function(*case.args, **case.kwargs)[0]))
+        np.testing.assert_allclose(outs[0], outs[1], rtol=1e-10, atol=1e-12)
+
+    with course._float64_numpy():
+        for _, sizes in part.edge_cases:
+            same(dict(sizes), 0)
+        settings(max_examples=10, derandomize=True, database=None, deadline=None)(
+            given(sizes=st.fixed_dictionaries(part.sizes), seed=st.integers(0, 2**32 - 1))(
+                same))()
 
 
 def test_a_backward_that_raises_is_one_line_and_the_files_line():

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from exercises.check import Case, Exercise, Part
+from exercises.check import Case, Exercise, Mistake, Part
 from exercises.course._draw import normal, rows_to_normalise, width
 from npformer import ops
 
@@ -32,3 +32,30 @@ EXERCISE = Exercise(
         },
     )],
 )
+
+
+# =========================================================================== the mistakes
+def _with(dx_of, dgamma_of=lambda dy, x_hat: dy * x_hat):
+    def backward(dy, cache):
+        x_hat, r, gamma = cache
+        d = x_hat.shape[-1]
+        return (dx_of(dy * gamma, x_hat, r, dy),
+                dgamma_of(dy, x_hat).reshape(-1, d).sum(0), dy.reshape(-1, d).sum(0))
+    return backward
+
+
+def _mean(a):
+    return a.mean(axis=-1, keepdims=True)
+
+
+EXERCISE.mistakes += [
+    Mistake("layer norm's mean term forgotten", "dx",
+            _with(lambda g, x_hat, r, dy: r * (g - x_hat * _mean(g * x_hat)))),
+    Mistake("the variance term forgotten", "dx",
+            _with(lambda g, x_hat, r, dy: r * (g - _mean(g)))),
+    Mistake("g = dy: gamma forgotten", "dx",
+            _with(lambda g, x_hat, r, dy: r * (dy - _mean(dy) - x_hat * _mean(dy * x_hat)))),
+    Mistake("dgamma without x_hat", "dgamma",
+            _with(lambda g, x_hat, r, dy: r * (g - _mean(g) - x_hat * _mean(g * x_hat)),
+                  lambda dy, x_hat: dy)),
+]

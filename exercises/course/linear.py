@@ -1,9 +1,10 @@
 """Linear: y = x W + b over any leading shape."""
 from __future__ import annotations
 
+import numpy as np
 from hypothesis import strategies as st
 
-from exercises.check import Case, Exercise, Part
+from exercises.check import Case, Exercise, Mistake, Part
 from exercises.course._draw import batch, length, normal, width
 from npformer import ops
 
@@ -33,3 +34,42 @@ EXERCISE = Exercise(
         },
     )],
 )
+
+
+# =========================================================================== the mistakes
+def _rows(x, dy, w):
+    return x.reshape(-1, w.shape[0]), dy.reshape(-1, w.shape[1])
+
+
+def _no_transpose(dy, cache):
+    x, w = cache
+    dx = dy @ w
+    rows, drows = _rows(x, dy, w)
+    return dx, rows.T @ drows, drows.sum(0)
+
+
+def _db_over_features(dy, cache):
+    x, w = cache
+    rows, drows = _rows(x, dy, w)
+    db = dy.sum(axis=-1).sum() * np.ones(w.shape[1])
+    return dy @ w.T, rows.T @ drows, db
+
+
+def _dw_averaged(dy, cache):
+    x, w = cache
+    rows, drows = _rows(x, dy, w)
+    return dy @ w.T, rows.T @ drows / rows.shape[0], drows.sum(0)
+
+
+def _dw_reversed(dy, cache):
+    x, w = cache
+    rows, drows = _rows(x, dy, w)
+    return dy @ w.T, drows.T @ rows, drows.sum(0)
+
+
+EXERCISE.mistakes += [
+    Mistake("dx = dy W, the transpose missing", "dx", _no_transpose),
+    Mistake("db summed over the features", "db", _db_over_features),
+    Mistake("dW averaged over the rows", "dw", _dw_averaged),
+    Mistake("dW = dy^T x, transposed", "dw", _dw_reversed),
+]
