@@ -2,40 +2,52 @@
 
 Every import statement of every module is read (at module level, inside a function,
 under ``TYPE_CHECKING``: all of them) and resolved to the npformer module it names.  Each
-module belongs to a layer of :data:`LAYERS`, lowest first; an import may reach a module of
+module belongs to the layer of its folder (or, for a module beside the folders, its own
+name) in :data:`LAYERS`, lowest first; an import may reach a module of
 its own layer or a lower one, never a higher one, and no modules may import each other
-in a circle (which a layer alone would allow).  The checker must be able to fail: an
-upward import planted in a copy of the package, in a function body or under
-TYPE_CHECKING, and a circle, are each found.
+in a circle (which a layer alone would allow).  docs/guide.md states the same order.  The
+checker must be able to fail: an upward import planted in a copy of the package, in a
+function body or under TYPE_CHECKING, and a circle, are each found.
+
+And at run time: importing the training package, as the textbook tier's run does, loads
+no compiler, no fast tier and no MPI.
 """
 from __future__ import annotations
 
 import ast
+import json
+import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Lowest first.  A name ends with ".*" for a package and all its modules.
+# Lowest first: each layer the folders (and top-level modules) of npformer/ in it, by name.
+# docs/guide.md's "What is inside" states the same chain (test_the_guide_states_the_layers).
 LAYERS = [
-    ["npformer.backend", "npformer.parallel.allocator", "npformer.gpu.gemm"],  # arrays, memory
-    ["npformer.ops.contracts"],                 # the door and every op's contract
-    ["npformer.ops.*"],                         # the textbook's mathematics
-    ["npformer.gpu.attention"],                 # attention as a CUDA graph captures it
-    ["npformer.nn.*"],                          # the textbook layers
-    ["npformer.interop.gpt2"],                  # GPT-2 folders <-> a module's weights
-    ["npformer.models.*"],                      # the textbook models and their configs
-    ["npformer.optim"],                         # the textbook update rules and schedules
-    ["npformer.fast.*"],                        # the fast tier: whole implementations
-    ["npformer.data.*", "npformer.gradcheck", "npformer.interop.torch_reference"],
-    ["npformer.train.tasks", "npformer.decoding", "npformer.checkpoint", "npformer.interop.*"],
-    ["npformer.parallel.*", "npformer.gpu.*"],  # processes; the CUDA-graph step
-    ["npformer.train.*"],                       # the loop, its progress
-    ["npformer.cli.*"],                         # what the demos share
-    ["npformer"],                               # the package: imports what it offers
+    ["backend"],      # the array namespace, dtypes, random numbers, memory
+    ["ops"],          # the textbook's mathematics, and every op's contract
+    ["nn"],           # the textbook layers, the parameters' flat buffers
+    ["models"],       # the textbook models and their configs
+    ["optim"],        # the textbook update rules and schedules
+    ["gpu"],          # CuPy only: cuBLAS products, fused kernels, CUDA graphs
+    ["fast"],         # the fast tier: whole implementations
+    ["data", "decoding", "gradcheck", "checkpoint"],
+    ["interop"],      # PyTorch modules, Hugging Face folders
+    ["parallel"],     # processes, thread replicas, the gradient sum
+    ["train"],        # the loop, its tasks and progress
+    ["cli"],          # what the demos share
 ]
+PACKAGE = "npformer"  # its __init__: imports what it offers, above every layer
+# The one import that still goes up: CausalLM.from_pretrained and save_pretrained call
+# interop.gpt2.  It goes when they become interop.gpt2's functions alone, as
+# interop.hf_llama's are (test_the_known_upward_import_is_still_there then fails, and this
+# set is emptied); no other may join it.
+KNOWN_UPWARD = {("npformer.models.lm", "npformer.interop.gpt2")}
 
 
 def module_name(package_root: Path, path: Path) -> str:
@@ -44,12 +56,14 @@ def module_name(package_root: Path, path: Path) -> str:
 
 
 def layer_of(module: str) -> int:
+    """The rank in :data:`LAYERS` of the folder (or top-level module) holding ``module``."""
+    if module == PACKAGE:
+        return len(LAYERS)
+    part = module.split(".")[1]
     for rank, members in enumerate(LAYERS):
-        for member in members:
-            if module == member or (member.endswith(".*") and (
-                    module == member[:-2] or module.startswith(member[:-1]))):
-                return rank
-    raise LookupError(f"{module} is in no layer of tests/test_imports.py: give it one")
+        if part in members:
+            return rank
+    raise LookupError(f"{module}: {part} is in no layer of tests/test_imports.py: give it one")
 
 
 def import_graph(package_root: Path) -> dict[str, set[str]]:
@@ -78,10 +92,11 @@ def import_graph(package_root: Path) -> dict[str, set[str]]:
     return graph
 
 
-def upward_edges(graph: dict[str, set[str]]) -> list[str]:
+def upward_edges(graph: dict[str, set[str]], known: set = frozenset()) -> list[str]:
+    """Every import that goes up a layer, but the ``known`` (importer, imported) pairs."""
     return [f"{a} (layer {layer_of(a)}) imports {b} (layer {layer_of(b)})"
             for a, targets in sorted(graph.items()) for b in sorted(targets)
-            if layer_of(b) > layer_of(a)]
+            if layer_of(b) > layer_of(a) and (a, b) not in known]
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -117,8 +132,48 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_every_import_goes_down_and_none_goes_round():
     graph = import_graph(ROOT / "npformer")
-    assert not upward_edges(graph), "\n".join(upward_edges(graph))
+    assert not upward_edges(graph, KNOWN_UPWARD), "\n".join(upward_edges(graph, KNOWN_UPWARD))
     assert not circles(graph), circles(graph)
+
+
+def test_the_known_upward_import_is_still_there():
+    graph = import_graph(ROOT / "npformer")
+    assert {(a, b) for a, b in KNOWN_UPWARD if b in graph.get(a, ())} == KNOWN_UPWARD
+
+
+def test_every_folder_and_module_of_the_package_has_a_layer():
+    parts = {p.stem for p in (ROOT / "npformer").glob("*.py") if p.name != "__init__.py"}
+    parts |= {p.name for p in (ROOT / "npformer").iterdir() if (p / "__init__.py").is_file()}
+    assert parts == {part for members in LAYERS for part in members}
+
+
+def guide_layers() -> list[list[str]]:
+    """The order docs/guide.md states ("The parts import one way, down: `a <- b, c <- ...`"),
+    as lists of names, lowest first."""
+    text = (ROOT / "docs" / "guide.md").read_text(encoding="utf-8")
+    found = re.search(r"The parts import one way, down: `([^`]+)`", text)
+    assert found, "docs/guide.md no longer states the order of the package's parts"
+    return [[name.strip() for name in layer.split(",")]
+            for layer in " ".join(found.group(1).split()).split("<-")]
+
+
+def test_the_guide_states_the_layers():
+    """docs/guide.md's chain is LAYERS, then the demos on top."""
+    assert guide_layers() == LAYERS + [["demos"]]
+
+
+def test_importing_the_training_package_loads_no_compiler_fast_tier_or_mpi():
+    """What a run of the textbook tier imports (the package, its training loop, data
+    parallelism, the demos' shared code, checkpoints) leaves numba, npformer.fast and
+    mpi4py unloaded: they come with the fast tier, and with MPI ranks, only."""
+    code = ("import json, sys, npformer, npformer.train, npformer.parallel, npformer.cli, "
+            "npformer.checkpoint, npformer.decoding; print(json.dumps(sorted(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, check=True).stdout
+    loaded = [name for name in json.loads(out.splitlines()[-1])
+              if name.split(".")[0] in ("numba", "mpi4py") or name == "npformer.fast"
+              or name.startswith("npformer.fast.")]
+    assert loaded == [], loaded
 
 
 def test_parallel_and_distributed_import_one_way():
@@ -140,7 +195,7 @@ def test_an_upward_import_is_found(tmp_path, planted):
     shutil.copytree(ROOT / "npformer", copy, ignore=shutil.ignore_patterns("__pycache__"))
     layers = copy / "nn" / "layers.py"
     layers.write_text(layers.read_text(encoding="utf-8") + "\n" + planted, encoding="utf-8")
-    edges = upward_edges(import_graph(copy))
+    edges = upward_edges(import_graph(copy), KNOWN_UPWARD)
     assert len(edges) == 1 and edges[0].startswith("npformer.nn.layers"), edges
 
 
