@@ -505,7 +505,17 @@ def check(name: str, module: Any = None, examples: int = FULL_EXAMPLES) -> Repor
         raise KeyError(f"no exercise {name!r}; the course: {', '.join(all_exercises)}")
     exercise = all_exercises[name]
     started = time.perf_counter()
-    fallback = load_file(exercise)
+    try:
+        fallback = load_file(exercise)
+    except Exception as error:  # a syntax error, a name that does not exist...
+        where = ""
+        if isinstance(error, SyntaxError) and error.lineno:
+            where = f"\n    at {exercise.file}, line {error.lineno}: {(error.text or '').strip()}"
+            error.__traceback__ = None
+        what, _ = _raised(error, str(HERE / exercise.file))
+        message = f"{name}: wrong. exercises/{exercise.file} does not load\n  {what}{where}"
+        return Report(name, section_label(exercise), WRONG, message, exercise.file,
+                      time.perf_counter() - started, (exercise.file,))
     impl = fallback if module is None else _Overlay(module, fallback)
     problems = []
     with _float64_numpy(), np.errstate(all="ignore"):  # a NaN is reported, not warned
@@ -528,13 +538,17 @@ def check(name: str, module: Any = None, examples: int = FULL_EXAMPLES) -> Repor
         done = [part.backward for part, p in zip(exercise.parts, problems) if p is None]
         todo = ", ".join(p["gradient"] for p in waiting)
         more = f" ({', '.join(done)} done)" if done else ""
-        message = (f"{name}: not started. {todo}: your code here{more}.\n"
-                   f"  Derivation: docs/derivations.md, {section}; "
-                   f"then run python exercises/check.py {name}")
+        verb = "raises" if len(waiting) == 1 else "raise"
+        message = (f"{name}: not started: {todo} still {verb} NotImplementedError{more}.\n"
+                   f"  Read docs/derivations.md {section}, write the backward where "
+                   f"exercises/{exercise.file} says \"your code here\", then run "
+                   f"python exercises/check.py {name}")
         return Report(name, section, NOT_STARTED, message, waiting[0]["gradient"], seconds)
-    backwards = ", ".join(part.backward for part in exercise.parts)
-    message = (f"{name}: done. {backwards} agree(s) with the textbook and with central "
-               f"differences on every case ({examples} drawn per part, and the edge cases).")
+    backwards = [part.backward for part in exercise.parts]
+    which = (f"{backwards[0]} agrees" if len(backwards) == 1 else
+             f"{', '.join(backwards[:-1])} and {backwards[-1]} agree")
+    message = (f"{name}: done. {which} with the textbook's and with central differences "
+               f"on every case (the edge cases and {examples} drawn by Hypothesis).")
     return Report(name, section, DONE, message, "", seconds)
 
 

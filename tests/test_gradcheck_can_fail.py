@@ -16,6 +16,8 @@ Each test runs the checker twice on the same inputs: on the correct backward
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -228,3 +230,36 @@ def test_check_module_catches_a_broken_layer(xb, on_device, seed, b, t, d_in, d_
     assert bad.worst_error > CAUGHT, str(bad)
     assert bad.worst_name == "weight", str(bad)
     assert bad.errors["input0"] < GRADCHECK_TOL and bad.errors["bias"] < GRADCHECK_TOL
+
+
+# =========================================================================== the messages
+def test_the_message_names_the_gradient_its_shape_and_index(xb, on_device):
+    """A result speaks of ``dgamma`` (the forward's parameter names), never ``arg1``: its
+    message names the worst gradient, its shape, its largest error and its index."""
+    rng = np.random.default_rng(0)
+    x, gamma, beta = (randn(rng, shape, on_device) for shape in ((3, 4), (4,), (4,)))
+
+    def doubled_dgamma(dy, cache):
+        dx, dgamma, dbeta = ops.layernorm_backward(dy, cache)
+        return dx, dgamma * 2.0, dbeta
+
+    bad = check_op(ops.layernorm_forward, doubled_dgamma, [x, gamma, beta], [0, 1, 2])
+    assert bad.worst_name == "arg1" and bad.worst_label == "dgamma"  # keys as before
+    assert bad.labels == {"arg0": "dx", "arg1": "dgamma", "arg2": "dbeta"}
+    message = bad.message(GRADCHECK_TOL)
+    assert "dgamma (shape (4,))" in message and f"at index {bad.worst_index}" in message
+    assert f"{bad.worst_error:.1e}" in message
+    assert not re.search(r"\barg\d", message + str(bad)), str(bad)
+    named = check_op(ops.layernorm_forward, doubled_dgamma, [x, gamma, beta], [0, 1, 2],
+                     names=("dx", "dg", "db"))
+    assert set(named.errors) == {"dx", "dg", "db"} and named.worst_name == "dg"
+    assert "dg (shape (4,))" in str(named)
+
+
+def test_check_module_names_inputs_and_parameters(xb, on_device):
+    x = randn(np.random.default_rng(1), (2, 3, 4), on_device)
+    backend.seed(0)
+    bad = check_module(LinearWithAveragedWeightGrad(4, 2), [x])
+    assert bad.labels == {"input0": "dx", "weight": "weight.grad", "bias": "bias.grad"}
+    assert "weight.grad (shape (4, 2))" in bad.message(GRADCHECK_TOL), str(bad)
+    assert "input0" not in str(bad)
