@@ -11,6 +11,17 @@ import math
 
 import numpy as np
 
+from npformer import backend
+
+
+def _built(make_layer):
+    """A layer built without drawing from npformer's generator (its seeded dropout masks
+    must be the exercise's): the generator's state restored after the initial weights."""
+    state = backend.get_rng_state()
+    layer = make_layer()
+    backend.set_rng_state(state)
+    return layer
+
 
 def mT(a):
     return np.swapaxes(a, -1, -2)

@@ -7,22 +7,12 @@ from hypothesis import strategies as st
 
 from exercises.check import Case, Exercise, Mistake, Part
 from exercises.course._draw import normal
-from exercises.course._later import dropout_bw, layernorm_bw, linear_bw, relu_bw, self_mask
+from exercises.course._later import _built, dropout_bw, layernorm_bw, linear_bw, relu_bw, self_mask
 from exercises.course.multihead import _backward as _multihead_backward
-from npformer import backend
 from npformer.nn import EncoderBlock, FeedForward
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "out_proj")
 MASKS = ["none", "padding", "causal"]
-
-
-def _built(make_layer):
-    """A layer built without drawing from npformer's generator (its seeded dropout masks
-    must be the exercise's): the generator's state restored after the initial weights."""
-    state = backend.get_rng_state()
-    layer = make_layer()
-    backend.set_rng_state(state)
-    return layer
 
 
 def _set(linear, w, b):
