@@ -25,11 +25,20 @@ biases on q, k and v always (``qkv_bias``); Qwen3 has QK-norm (``qk_norm``) and 
 Real checkpoints are stored in bfloat16, which NumPy has not: they are read exactly as
 float32 and loaded into the model's float type, with a warning that says so.
 
+Each field is read as transformers reads it for the family (:func:`config_from_hf`): a field
+left out takes the family's default from its transformers config class (:data:`DEFAULTS`;
+Qwen3's head_dim is 128), a field the family's model does not read is not read (Qwen2's
+``attention_bias`` and ``mlp_bias``), every field's type is checked (:data:`FIELD_TYPES`),
+``hidden_act`` is SiLU under either of its names (``silu``, ``swish``), and the rotary
+fields are taken in transformers' order of priority (:func:`rope_from_hf`).  The end of
+text is where transformers' ``generate`` takes it (:func:`eos_of`; a list kept whole).
+
 Refused by name, never approximated: a ``model_type`` or architecture not listed, a
-``rope_type`` other than the default and ``llama3``, sliding-window attention, mixture of
-experts, an activation other than SiLU, biases in the feed-forward (``mlp_bias``), a
-``rope_scaling`` without its type, a weight held under two names (with and without
-``model.``).
+``rope_type`` other than the default and ``llama3``, a partial rotation with ``llama3``,
+sliding-window attention (a layer whose ``layer_types`` is not ``full_attention``),
+mixture of experts, an activation other than SiLU, biases in Llama's feed-forward
+(``mlp_bias``), a ``rope_scaling`` without its type, a field of another type, a weight held
+under two names (with and without ``model.``).
 """
 from __future__ import annotations
 
