@@ -40,7 +40,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -465,7 +465,8 @@ def _check_part(exercise: Exercise, part: Part, impl: Any, examples: int) -> dic
 
     def run(sizes: dict, seed: int, what: str) -> None:
         case = part.make(np.random.default_rng(seed), **sizes)
-        problem = _check_case(exercise, part, impl, case)
+        own = getattr(part, "check_case", None)  # a part that is no backward (_step.py)
+        problem = own(exercise, impl, case) if own else _check_case(exercise, part, impl, case)
         if problem is not None:
             problem["case"] = what
             raise _Found(problem)
@@ -552,6 +553,14 @@ def check(name: str, module: Any = None, examples: int = FULL_EXAMPLES) -> Repor
     return Report(name, section, DONE, message, "", seconds)
 
 
+def textbook(exercise: Exercise) -> SimpleNamespace:
+    """npformer's own forwards and backwards under the exercise's names: what every
+    exercise must call done (``python exercises/check.py --textbook``)."""
+    return SimpleNamespace(**{name: function for part in exercise.parts
+                              for name, function in zip((part.forward, part.backward),
+                                                        part.textbook)})
+
+
 def table(examples: int = QUICK_EXAMPLES, modules: dict | None = None) -> list[Report]:
     """Every exercise checked quickly, in the derivations' order; ``modules``: name ->
     module to check instead of the file."""
@@ -578,6 +587,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--examples", type=int, default=None,
                         help=f"drawn cases per part (default {FULL_EXAMPLES} for one "
                              f"exercise, {QUICK_EXAMPLES} for the table)")
+    parser.add_argument("--textbook", action="store_true",
+                        help="check npformer's own backwards instead of the files "
+                             "(every exercise must be done)")
     parser.add_argument("--sync-sections", action="store_true",
                         help="rewrite each file's section line from docs/derivations.md")
     options = parser.parse_args(argv)
@@ -585,15 +597,19 @@ def main(argv: list[str] | None = None) -> int:
         changed = sync_sections()
         print("updated: " + ", ".join(changed) if changed else "every section line is current")
         return 0
+    modules = {}
+    if options.textbook:
+        modules = {name: textbook(ex) for name, ex in exercises().items()}
     if options.name is None:
-        reports = table(QUICK_EXAMPLES if options.examples is None else options.examples)
+        reports = table(QUICK_EXAMPLES if options.examples is None else options.examples,
+                        modules)
         print(format_table(reports))
         done = sum(r.status == DONE for r in reports)
         print(f"\n{done} of {len(reports)} done.  One exercise: python exercises/check.py NAME")
         return 0
     try:
-        report = check(options.name, examples=FULL_EXAMPLES if options.examples is None
-                       else options.examples)
+        report = check(options.name, modules.get(options.name),
+                       FULL_EXAMPLES if options.examples is None else options.examples)
     except KeyError as error:
         print(f"error: {error.args[0]}", file=sys.stderr)
         return 2

@@ -28,9 +28,7 @@ ROOT = Path(course.__file__).resolve().parents[1]
 
 
 def _textbook(name: str) -> SimpleNamespace:
-    parts = course.exercises()[name].parts
-    return SimpleNamespace(**{k: v for part in parts
-                              for k, v in zip((part.forward, part.backward), part.textbook)})
+    return course.textbook(course.exercises()[name])
 
 
 # Every exercise's mistakes (exercises/course/NAME.py, ``mistakes``): the wrong backwards
