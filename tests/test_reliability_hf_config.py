@@ -358,3 +358,42 @@ def test_a_gpt2_folder_still_names_gpt2s_class(tmp_path):
     (tmp_path / "pytorch_model.bin").write_bytes(b"")
     with raises_naming(PretrainedError, "GPT2LMHeadModel.from_pretrained(folder)"):
         gpt2._read_weights(tmp_path)
+
+
+@pytest.mark.parametrize("held, call", [
+    ("pytorch_model.bin.index.json", "LlamaForCausalLM.from_pretrained(folder)"),
+    ("tf_model.h5", "LlamaForCausalLM.from_pretrained(folder, from_tf=True)"),
+    ("flax_model.msgpack", "LlamaForCausalLM.from_pretrained(folder, from_flax=True)")])
+def test_other_formats_name_the_familys_class_and_how_it_reads_them(torch, tmp_path, held,
+                                                                    call):
+    folder = build(torch, tmp_path)
+    (folder / "model.safetensors").rename(folder / held)
+    with raises_naming(PretrainedError, held, call):
+        hf_llama.from_pretrained(folder)
+
+
+def test_a_file_given_as_the_folder_is_named_as_a_llama_or_qwen_checkpoint(tmp_path):
+    """The shared messages of the folder's resolution named GPT-2 for a Llama folder."""
+    (tmp_path / "model.bin").write_bytes(b"")
+    with pytest.raises(PretrainedError) as caught:
+        hf_llama.from_pretrained(tmp_path / "model.bin")
+    assert "a Llama or Qwen checkpoint is a folder" in str(caught.value)
+    assert "GPT-2" not in str(caught.value)
+    with raises_naming(PretrainedError, "a GPT-2 checkpoint is a folder"):
+        gpt2.resolve(tmp_path / "model.bin")
+
+
+def test_layer_types_as_every_transformers_config_checks_them(torch, tmp_path):
+    """The older name "attention" is full_attention (transformers renames it); a name
+    transformers does not know, or one entry per layer too few, is refused, Llama's too
+    (whose model reads no layer_types, but whose config checks them)."""
+    folder = edit(build(torch, tmp_path, "qwen2"), layer_types=["attention", "full_attention"])
+    assert_same_logits(torch, folder)
+    for family in ("llama", "qwen3"):
+        folder = build(torch, tmp_path, family, name=family)
+        with raises_naming(PretrainedError, "layer_types ['dense_attention']",
+                           "not layer types transformers knows"):
+            hf_llama.from_pretrained(edit(folder, layer_types=["full_attention",
+                                                               "dense_attention"]))
+        with raises_naming(PretrainedError, "3 layer_types for 2 layers"):
+            hf_llama.from_pretrained(edit(folder, layer_types=["full_attention"] * 3))

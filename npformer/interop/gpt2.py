@@ -80,7 +80,13 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"  # sharded weights: {"weight_map": {name: file}}
 TOKENIZER_FILE = "tokenizer.json"
-HUB_FILES = [CONFIG_FILE, WEIGHTS_FILE, WEIGHTS_INDEX, "model-*.safetensors", TOKENIZER_FILE]
+HUB_FILES = [CONFIG_FILE, WEIGHTS_FILE, WEIGHTS_INDEX, "model-*.safetensors", TOKENIZER_FILE,
+             "generation_config.json"]  # generate's settings (its eos_token_id)
+HUB_EXAMPLES = {"GPT-2": "gpt2",  # a kind of checkpoint -> a Hub name of one
+                "Llama or Qwen": "HuggingFaceTB/SmolLM2-135M"}
+# weights npformer does not read -> from_pretrained's argument that reads them
+OTHER_FORMATS = {"pytorch_model.bin": "", "pytorch_model.bin.index.json": "",
+                 "tf_model.h5": ", from_tf=True", "flax_model.msgpack": ", from_flax=True"}
 
 # Hugging Face's activation_function -> npformer's (the same function); save writes the
 # first name of each.
@@ -103,36 +109,38 @@ class PretrainedError(ValueError):
 
 
 # --------------------------------------------------------------------------- the folder
-def resolve(name_or_path: str | os.PathLike) -> Path:
+def resolve(name_or_path: str | os.PathLike, kind: str = "GPT-2") -> Path:
     """The folder of a checkpoint: ``name_or_path`` itself when it is a folder, else a
-    Hub name (``"gpt2"``, ``"openai-community/gpt2"``) downloaded into the user's cache."""
+    Hub name (``"gpt2"``, ``"openai-community/gpt2"``) downloaded into the user's cache;
+    ``kind``: the checkpoints the caller loads, as its messages name them."""
     path = Path(check_path(name_or_path, "name_or_path")).expanduser()
     if path.is_dir():
         return path
     if path.exists():
-        raise PretrainedError(f"{path} is a file: a GPT-2 checkpoint is a folder holding "
+        raise PretrainedError(f"{path} is a file: a {kind} checkpoint is a folder holding "
                               f"{CONFIG_FILE} and {WEIGHTS_FILE}")
     name = str(name_or_path)
     if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name) or name.startswith((".", "-")):
         raise FileNotFoundError(f"no folder at {name} (and it is not a Hugging Face Hub "
-                                "name such as 'gpt2')")
-    return _download(name)
+                                f"name such as {HUB_EXAMPLES.get(kind, 'gpt2')!r})")
+    return _download(name, kind)
 
 
-def _download(name: str) -> Path:
-    """The Hub repository ``name``'s GPT-2 files, fetched into the user's cache."""
+def _download(name: str, kind: str = "GPT-2") -> Path:
+    """The Hub repository ``name``'s checkpoint files, fetched into the user's cache."""
     try:
         from huggingface_hub import snapshot_download
     except ImportError:
         raise PretrainedError(f"{name!r} is not a folder here, and downloading it from the "
                               "Hugging Face Hub needs huggingface_hub: pip install "
-                              "\"npformer[hf]\" (or give the path of a GPT-2 folder)") from None
+                              f"\"npformer[hf]\" (or give the path of a {kind} folder)"
+                              ) from None
     try:
         return Path(snapshot_download(repo_id=name, allow_patterns=HUB_FILES))
     except Exception as exc:  # no network, an unknown repository, a refused download
         raise PretrainedError(f"could not download {name!r} from the Hugging Face Hub "
                               f"({type(exc).__name__}: {exc}); without the network, give the "
-                              "path of a GPT-2 folder") from None
+                              f"path of a {kind} folder") from None
 
 
 def read_config(folder: Path) -> dict:
@@ -395,11 +403,11 @@ def _read_weights(folder: Path, model_class: str = "GPT2LMHeadModel") -> dict[st
                 state[name], held_by[name] = array, shard
         return state
     if not (folder / WEIGHTS_FILE).is_file():
-        others = [name for name in ("pytorch_model.bin", "tf_model.h5", "flax_model.msgpack")
-                  if (folder / name).is_file()]
+        others = [name for name in OTHER_FORMATS if (folder / name).is_file()]
         hint = (f"; it holds {others[0]}, which npformer does not read (no pickles): "
-                f"convert it with transformers ({model_class}.from_pretrained(folder)"
-                ".save_pretrained(folder) writes model.safetensors)") if others else ""
+                f"convert it with transformers ({model_class}.from_pretrained(folder"
+                f"{OTHER_FORMATS[others[0]]}).save_pretrained(folder) writes "
+                "model.safetensors)") if others else ""
         raise PretrainedError(f"{folder} has no {WEIGHTS_FILE}{hint}")
     return _read_file(folder / WEIGHTS_FILE)
 

@@ -117,6 +117,17 @@ EXPERTS = ("num_experts", "num_local_experts", "n_routed_experts")  # mixture of
 SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
          "num_attention_heads")
 BUFFERS = ("rotary_emb.inv_freq",)  # computed by older checkpoints' modules: not weights
+# transformers' ALLOWED_ATTN_LAYER_TYPES and _LEGACY_LAYER_TYPE_REMAP (configuration_utils):
+# the names a config's layer_types may hold; npformer computes full_attention alone
+ATTENTION_LAYER_TYPES = (
+    "full_attention", "sliding_attention", "chunked_attention", "window_attention",
+    "indexed_attention", "compressed_sparse_attention", "heavily_compressed_attention",
+    "minimax_m3_sparse", "conv", "moe", "hybrid", "hybrid_sliding",
+    "reference_sliding_attention", "linear_attention")
+LEGACY_LAYER_TYPES = {"mamba": "linear_attention", "attention": "full_attention",
+                      "deepseek_sparse_attention": "indexed_attention",
+                      "qwen_sparse_attention": "indexed_attention"}
+KIND = "Llama or Qwen"  # the checkpoints read here, as the shared messages name them
 GENERATION_FILE = "generation_config.json"  # generate's settings: its eos_token_id first
 
 
@@ -199,39 +210,59 @@ def config_from_hf(values: dict, where: str = CONFIG_FILE) -> LlamaConfig:
         raise PretrainedError(f"{where} does not make a model: {exc}{hint}") from None
 
 
-def layer_types_of(values: dict, field: dict, family: str, where: str) -> list[str]:
-    """Each layer's attention, as Qwen2Config and Qwen3Config make it: config.json's
-    ``layer_types``, else "sliding_attention" from layer ``max_window_layers`` on where
-    ``use_sliding_window`` (and a sliding_window) is set, "full_attention" elsewhere."""
-    given = field["layer_types"]
+def given_layer_types(values: dict, field: dict, where: str) -> list[str] | None:
+    """config.json's ``layer_types`` as every transformers config checks it (its
+    ``validate_layer_type``): a list of strings (FIELD_TYPES), one per layer, the older
+    names renamed (``"attention"`` is ``"full_attention"``), each a layer type transformers
+    knows; None where config.json gives none."""
+    given = field.get("layer_types", values.get("layer_types"))
+    if given is None:
+        return None
+    check_field(given, "layer_types", where)
+    given = [LEGACY_LAYER_TYPES.get(t, t) for t in given]
+    unknown = sorted({t for t in given if t not in ATTENTION_LAYER_TYPES})
+    if unknown:
+        raise PretrainedError(f"{where} has layer_types {unknown}: not layer types "
+                              f"transformers knows ({', '.join(ATTENTION_LAYER_TYPES[:3])}, "
+                              "...)")
     layers = field["num_hidden_layers"]
+    if len(given) != layers:
+        raise PretrainedError(f"{where} has {len(given)} layer_types for {layers} layers "
+                              "(num_hidden_layers): one per layer")
+    return given
+
+
+def layer_types_of(values: dict, field: dict, where: str) -> list[str]:
+    """Each layer's attention, as Qwen2Config and Qwen3Config make it: config.json's
+    ``layer_types`` (:func:`given_layer_types`), else "sliding_attention" from layer
+    ``max_window_layers`` on where ``use_sliding_window`` (and a sliding_window) is set,
+    "full_attention" elsewhere."""
+    given = given_layer_types(values, field, where)
     if given is not None:
-        if len(given) != layers:
-            raise PretrainedError(f"{where} has {len(given)} layer_types for "
-                                  f"{layers} layers (num_hidden_layers): one per layer")
         return given
     window = field["sliding_window"] if field["use_sliding_window"] else None
     return ["sliding_attention" if window is not None and i >= field["max_window_layers"]
-            else "full_attention" for i in range(layers)]
+            else "full_attention" for i in range(field["num_hidden_layers"])]
 
 
 def refuse_unsupported(values: dict, field: dict, family: str, where: str) -> None:
     """Sliding windows, mixture of experts, another activation, feed-forward biases: refused
     naming the key.  Llama's layers all attend in full in transformers (LlamaForCausalLM
-    reads no layer_types nor sliding window): only their types are checked there."""
+    reads no layer_types nor sliding window): its layer_types are only checked as every
+    transformers config checks them."""
     if family == "llama":
-        if "layer_types" in values:
-            check_field(values["layer_types"], "layer_types", where, family)
+        given_layer_types(values, field, where)
     else:
-        sliding = sorted({t for t in layer_types_of(values, field, family, where)
-                          if t != "full_attention"})
-        if sliding:
+        other = sorted({t for t in layer_types_of(values, field, where)
+                        if t != "full_attention"})
+        if other:
             why = "" if field["layer_types"] is not None else (
                 f" (use_sliding_window = true from layer max_window_layers = "
                 f"{field['max_window_layers']} on)")
-            raise PretrainedError(f"{where} has layer_types {sliding}{why} (sliding-window "
-                                  "attention): not implemented in npformer, whose layers "
-                                  "attend to every earlier position (full_attention)")
+            raise PretrainedError(f"{where} has layer_types {other}{why} (sliding-window "
+                                  "or other attention): not implemented in npformer, whose "
+                                  "layers attend to every earlier position "
+                                  "(full_attention)")
     experts = [key for key in EXPERTS if values.get(key)]
     if experts:
         raise PretrainedError(f"{where} sets {experts[0]} = {values[experts[0]]!r} (mixture "
@@ -419,7 +450,7 @@ def from_pretrained(path: str | os.PathLike, dtype: str | None = None,
     with a warning saying so.  The model is on the current backend, in training mode."""
     if dtype is not None:
         check_choice(dtype, backend.FLOAT_DTYPES, "dtype")
-    folder = resolve(path)
+    folder = resolve(path, KIND)
     if not (folder / CONFIG_FILE).is_file():
         raise PretrainedError(f"{folder} has no {CONFIG_FILE}: a Llama or Qwen folder holds "
                               f"{CONFIG_FILE} and {WEIGHTS_FILE} (or its shards)")
@@ -482,7 +513,7 @@ def load(path: str | os.PathLike, dtype: str | None = None,
     the tokenizer (``tokenizer.json``, through ``tokenizers``) of a Llama, Qwen2 or Qwen3
     folder or Hub name (:func:`from_pretrained`), the tokenizer checked against the model:
     its ids index the model's embeddings."""
-    folder = resolve(path)
+    folder = resolve(path, KIND)
     model = from_pretrained(folder, dtype=dtype, model_class=model_class)
     if not (folder / TOKENIZER_FILE).is_file():
         raise PretrainedError(f"{folder} has no {TOKENIZER_FILE} (the tokenizer): tokenize "
