@@ -17,8 +17,10 @@ parameters and an optimizer's moments as flat buffers (``flat/param``, and
 ``flat/optim/<state>``, with ``meta["flat_layout"]`` naming which slice is which
 parameter): they still load, each buffer cut into the same names.
 
-Format versions: 4 (this one; a version-4 file may hold the flat buffers above); version
-1 to 3 files hold the per-tensor layout only.  Since version 3 every config calls its context length
+Format versions: 5 (this one: ``meta["lora"]`` holds a LoRA model's adapters' settings,
+below); 4 (a version-4 file may hold the flat buffers above; a LoRA model's file holds its
+adapters' weights without their settings); version 1 to 3 files hold the per-tensor
+layout only.  Since version 3 every config calls its context length
 ``block_size``; versions 1 and 2 called the classifier's and the seq2seq model's
 ``max_len``, and reading one maps it (``models.common.saved_config_values``, the one
 place a saved config is read).  Version 2 named the exact GELU "gelu" and the tanh form
@@ -34,7 +36,12 @@ clean-up runs) leaves its temporary behind; the next save or load of that checkp
 removes the temporaries whose process is gone.  The file is created with mode 0666
 less the umask, like any file a program writes (0644 under the usual umask 022).  A model
 whose LoRA adapters are merged into its weights is refused (restored, the update would
-count twice): a checkpoint holds the weights and the adapters apart.
+count twice): a checkpoint holds the weights and the adapters apart.  It holds what the
+adapters compute too, in ``meta["lora"]`` (:func:`npformer.nn.lora.adapter_settings`:
+each adapted layer's rank, alpha, dropout and whether merged, and which layers share one
+A): :func:`build_model` puts the same adapters on the model it builds, and
+:func:`restore` refuses a model whose adapters differ, naming the layer and the setting
+(restored into adapters of another alpha, the same weights would compute another model).
 
 Loading works on any backend, and refuses (:class:`CheckpointError`, naming the
 problem) a file that is not a readable checkpoint: truncated or corrupt, from a newer
@@ -64,7 +71,7 @@ if TYPE_CHECKING:  # annotations only: nn and optim are not imported here
     from .nn import Module
     from .optim import Optimizer
 
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 _RENAMED_IN_V2 = {"gelu": "gelu_tanh"}  # activation names of version 1 -> version 2
 
 
@@ -93,6 +100,8 @@ class Checkpoint:
     step: int = 0
     rng_state: dict | None = None
     extra: dict = field(default_factory=dict)
+    lora: dict | None = None  # the adapters' settings (nn.lora.adapter_settings), or None
+    version: int = FORMAT_VERSION  # the file's format version
 
 
 # --------------------------------------------------------------------------- temporaries
@@ -206,6 +215,7 @@ def save_checkpoint(path: str | os.PathLike, model: Module, optimizer: Optimizer
     """Write ``model`` (and optionally ``optimizer``, whose parameters must be the model's)
     to ``path`` atomically, every array under its state-dict name."""
     from .models.common import config_to_dict
+    from .nn.lora import adapter_settings
     from .optim import check_optimizer_of
 
     path = Path(check_path(path, "path"))
@@ -232,6 +242,9 @@ def save_checkpoint(path: str | os.PathLike, model: Module, optimizer: Optimizer
         "rng_state": rng_state,
         "extra": extra or {},
     }
+    lora = adapter_settings(model)
+    if lora is not None:  # what the adapters compute: build_model and restore read it
+        meta["lora"] = lora
     arrays = {f"param/{name}": backend.to_numpy(p.data) for name, p in model.named_parameters()}
     if optimizer is not None:
         arrays.update({f"optim/{key}": (np.array(value) if isinstance(value, (str, int, float))
@@ -298,7 +311,8 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
             raise CheckpointError(f"{path}: {exc}") from None
     _check_arrays(path, "optim/", {k: v for k, v in optim.items() if isinstance(v, np.ndarray)})
     return Checkpoint(kind=meta["kind"], config=meta["config"], params=params, optimizer=optim,
-                      step=meta["step"], rng_state=meta.get("rng_state"), extra=meta["extra"])
+                      step=meta["step"], rng_state=meta.get("rng_state"), extra=meta["extra"],
+                      lora=meta.get("lora"), version=meta.get("version", 1))
 
 
 _ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")  # a .npz is a zip archive (or an empty one)
@@ -352,6 +366,13 @@ def _read_meta(path: Path, contents: dict) -> dict:
         if not isinstance(meta.get(name), kind) or isinstance(meta.get(name), bool):
             raise CheckpointError(f"{path} has a malformed 'meta' entry: {name!r} should be "
                                   f"a {kind.__name__}, got {meta.get(name)!r:.80}")
+    if meta.get("lora") is not None:
+        from .nn.lora import check_saved_adapter_settings
+
+        try:
+            check_saved_adapter_settings(meta["lora"], f"{path}'s 'lora' entry in its 'meta'")
+        except ValueError as exc:
+            raise CheckpointError(str(exc)) from None
     if version == 1:
         activation = meta["config"].get("activation")
         if activation in _RENAMED_IN_V2:  # "gelu" meant the tanh form before version 2
@@ -513,8 +534,51 @@ def build_model(checkpoint: Checkpoint, expected_kind: str | tuple[str, ...] | N
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"the checkpoint's config does not make a {checkpoint.kind!r} "
                               f"model: {exc}") from exc
+    if checkpoint.lora is not None:  # the adapters it was saved with, then their weights
+        from .nn.lora import apply_adapter_settings
+
+        try:
+            apply_adapter_settings(model, checkpoint.lora)
+        except ValueError as exc:
+            raise CheckpointError(f"the checkpoint's LoRA adapters do not fit its "
+                                  f"{checkpoint.kind!r} model: {exc}") from None
+    else:
+        _refuse_unsaid_adapters(checkpoint)
     model.load_state_dict(checkpoint.params)
+    if checkpoint.lora is not None:
+        from .nn.lora import merge_saved_adapters
+
+        merge_saved_adapters(model, checkpoint.lora)
     return model
+
+
+def _refuse_unsaid_adapters(checkpoint: Checkpoint) -> None:
+    """A version-4 file of a LoRA model holds the adapters' weights without their rank,
+    alpha and targets: no model can be built from it alone."""
+    adapted = sorted({name.rsplit(".", 1)[0] for name in checkpoint.params
+                      if name.endswith((".lora_A", ".lora_B"))})
+    if adapted:
+        raise CheckpointError(
+            f"the checkpoint (format version {checkpoint.version}) holds LoRA adapters on "
+            f"{adapted[:3]}{' ...' if len(adapted) > 3 else ''} without their settings (rank, "
+            "alpha, dropout): build the base model, apply_lora(model, targets, r, alpha, "
+            "dropout) as it was trained, then restore(model, checkpoint)")
+
+
+def _check_same_adapters(model: Module, checkpoint: Checkpoint) -> None:
+    """A checkpoint that records its adapters (format version 5) restores only into a model
+    whose adapters compute the same: each difference is named (the layer and the setting:
+    r, alpha, dropout, merged, or the targets)."""
+    from .nn.lora import adapter_differences, adapter_settings
+
+    if checkpoint.version < 5:
+        return  # its adapters' settings were not saved: the weights' names and shapes decide
+    differences = adapter_differences(checkpoint.lora, adapter_settings(model))
+    if differences:
+        shown = "; ".join(differences[:6]) + ("; ..." if len(differences) > 6 else "")
+        raise CheckpointError(f"the checkpoint's LoRA adapters differ from the model's: "
+                              f"{shown} (build the model with build_model(checkpoint), or "
+                              "apply_lora with the checkpoint's settings)")
 
 
 def restore(model: Module, checkpoint: Checkpoint,
@@ -542,6 +606,7 @@ def restore(model: Module, checkpoint: Checkpoint,
         details = "; ".join(f"{k}: checkpoint {a!r}, model {b!r}"
                             for k, (a, b) in differing.items())
         raise CheckpointError(f"the checkpoint was saved from a different architecture: {details}")
+    _check_same_adapters(model, checkpoint)
     model.load_state_dict(checkpoint.params)
     if optimizer is not None:
         if not checkpoint.optimizer:

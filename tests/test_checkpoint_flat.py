@@ -181,7 +181,7 @@ def test_both_tiers_write_the_same_file(tmp_path, dtype, kind):
         expected |= {f"optim/{key}" for key in opt.state_dict()}
     assert members == expected  # per tensor: no flat/ entry
     assert "flat_layout" not in _meta(fast_path)
-    assert _meta(fast_path)["version"] == checkpoint.FORMAT_VERSION == 4
+    assert _meta(fast_path)["version"] == checkpoint.FORMAT_VERSION == 5
     assert loaded.params["embed.tokens.weight"].dtype == np.dtype(dtype)
     if keep:
         assert any(np.any(v != 0) for k, v in loaded.optimizer.items() if "." in k)

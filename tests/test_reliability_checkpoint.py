@@ -80,7 +80,7 @@ def test_gelu_stays_exact_since_version_2(tmp_path):
     with using_backend("numpy", "float64", seed=2):
         path = save_checkpoint(tmp_path / "m.npz", lm(activation="gelu"))
         checkpoint = load_checkpoint(path)
-    assert json.loads(str(np.load(path)["meta"]))["version"] == FORMAT_VERSION == 4
+    assert json.loads(str(np.load(path)["meta"]))["version"] == FORMAT_VERSION == 5
     assert checkpoint.config["activation"] == "gelu"
 
 
@@ -88,7 +88,7 @@ def test_a_newer_format_version_is_refused(tmp_path):
     with using_backend("numpy", "float64"):
         path = save_checkpoint(tmp_path / "m.npz", lm())
     newer = _rewrite(path, tmp_path / "newer.npz", lambda m: m.update(version=99))
-    with pytest.raises(CheckpointError, match="format version 99.*versions 1 to 4"):
+    with pytest.raises(CheckpointError, match="format version 99.*versions 1 to 5"):
         load_checkpoint(newer)
 
 
@@ -239,7 +239,7 @@ def test_a_bare_npy_file_is_refused(tmp_path):
 
 
 
-@pytest.mark.parametrize("version", [True, 1.0, "4", 0, 5])
+@pytest.mark.parametrize("version", [True, 1.0, "4", 0, 6])
 def test_a_version_that_is_not_a_known_integer_is_refused(tmp_path, version):
     """Issue 37 case 24: "version": true was read as version 1 (and rebuilt gelu as the
     tanh form); a version must be an integer from 1 to this npformer's."""

@@ -269,3 +269,134 @@ def test_an_eval_fn_s_numpy_numbers_are_plain_numbers():
     assert type(metrics["loss"]) is float and type(metrics["n"]) is int
     json.dumps(metrics)
     assert describe(metrics) == "update 2: loss 0.2500, n 3.0000, acc 0.5000"
+
+
+# --------------------------------------------------------------------------- case 6
+def _lora_llama(alpha=5.0, r=2, targets=("q_proj", "v_proj"), dropout=0.0, seed=0):
+    from npformer import backend
+    from npformer.nn.lora import apply_lora, lora_layers
+
+    from .helpers import tiny_llama
+
+    model = tiny_llama()
+    apply_lora(model, list(targets), r=r, alpha=alpha, dropout=dropout)
+    rng = np.random.default_rng(seed)
+    for layer in lora_layers(model).values():  # B away from zero: the scale shows
+        layer.lora_B.data = backend.asarray(rng.standard_normal(layer.lora_B.shape))
+    return model
+
+
+IDS = np.array([[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]])
+
+
+def _logits(model) -> np.ndarray:
+    from npformer import backend
+
+    return backend.to_numpy(model(IDS))
+
+
+@pytest.mark.parametrize("tier", ["textbook", "fast"])
+def test_build_model_rebuilds_a_lora_checkpoint_s_adapters(tier, tmp_path):
+    """What finetune.py --lora saves as model.npz builds with its adapters (it failed on
+    "unexpected keys: ...lora_A"), computing what the saved model computed."""
+    from npformer.checkpoint import build_model, load_checkpoint, save_checkpoint
+    from npformer.nn.lora import lora_layers
+
+    from .conftest import using_backend
+
+    with using_backend("numpy", "float64"):
+        model = _lora_llama(alpha=5.0)
+        path = save_checkpoint(tmp_path / "model.npz", model)
+        built = build_model(load_checkpoint(path), tier=tier)
+        adapters = lora_layers(built)
+        assert sorted(adapters) == sorted(lora_layers(model))
+        assert {(a.r, a.alpha, a.dropout.p) for a in adapters.values()} == {(2, 5.0, 0.0)}
+        np.testing.assert_allclose(_logits(built), _logits(model), rtol=1e-12, atol=1e-12)
+        trainable = {name for name, p in built.named_parameters() if not p.frozen}
+        assert trainable and all(".lora_" in name for name in trainable)
+
+
+def test_build_model_keeps_one_a_shared_by_a_fused_projection(tmp_path):
+    from npformer import models
+    from npformer.checkpoint import build_model, load_checkpoint, save_checkpoint
+    from npformer.interop import peft as npeft
+    from npformer.nn.lora import lora_layers
+
+    from .conftest import using_backend
+
+    with using_backend("numpy", "float64"):
+        config = models.CausalLMConfig(vocab_size=11, d_model=8, num_heads=2, num_layers=1,
+                                       d_ff=16, block_size=8)
+        model = models.CausalLM(config)
+        npeft.apply_adapters(model, npeft.gpt2_names(config), ["c_attn"], r=2, alpha=3.0)
+        built = build_model(load_checkpoint(save_checkpoint(tmp_path / "m.npz", model)))
+        q, k, v = (lora_layers(built)[f"blocks.0.self_attn.{p}_proj"] for p in "qkv")
+        assert q.lora_A is k.lora_A is v.lora_A
+
+
+@pytest.mark.parametrize("other,named", [
+    (dict(alpha=16.0), "alpha: checkpoint 5.0, model 16.0"),
+    (dict(dropout=0.1), "dropout: checkpoint 0.0, model 0.1"),
+    (dict(targets=("q_proj", "k_proj")), "targets"),
+    (dict(r=3), "r: checkpoint 2, model 3"),
+])
+def test_restore_refuses_adapters_of_other_settings_by_name(other, named, tmp_path):
+    """Restored into adapters of alpha 16, a checkpoint trained with alpha 5 loaded
+    silently and computed another model (case 6)."""
+    from npformer.checkpoint import CheckpointError, load_checkpoint, restore, save_checkpoint
+
+    from .conftest import using_backend
+
+    with using_backend("numpy", "float64"):
+        checkpoint = load_checkpoint(save_checkpoint(tmp_path / "m.npz", _lora_llama()))
+        with pytest.raises(CheckpointError, match="LoRA adapters differ") as caught:
+            restore(_lora_llama(**{"alpha": 5.0, **other}), checkpoint)
+    assert named in str(caught.value)
+
+
+def test_restore_into_the_same_adapters_and_into_a_merged_model(tmp_path):
+    from npformer.checkpoint import CheckpointError, load_checkpoint, restore, save_checkpoint
+    from npformer.nn.lora import merge_lora
+
+    from .conftest import using_backend
+
+    with using_backend("numpy", "float64"):
+        saved = _lora_llama(seed=0)
+        checkpoint = load_checkpoint(save_checkpoint(tmp_path / "m.npz", saved))
+        fresh = _lora_llama(seed=1)
+        restore(fresh, checkpoint)
+        np.testing.assert_allclose(_logits(fresh), _logits(saved), rtol=1e-12, atol=1e-12)
+        merge_lora(fresh)
+        with pytest.raises(CheckpointError, match="merged: checkpoint False, model True"):
+            restore(fresh, checkpoint)
+
+
+def test_a_version_4_lora_checkpoint_loads_as_before(tmp_path):
+    """Files written before the settings were kept: restore into a model of the right
+    adapters as before; build_model says what is missing instead of "unexpected keys"."""
+    import json
+
+    from npformer.checkpoint import (
+        CheckpointError,
+        build_model,
+        load_checkpoint,
+        restore,
+        save_checkpoint,
+    )
+
+    from .conftest import using_backend
+
+    with using_backend("numpy", "float64"):
+        path = save_checkpoint(tmp_path / "m.npz", _lora_llama())
+        with np.load(path) as archive:
+            contents = {k: archive[k] for k in archive.files}
+        meta = json.loads(str(contents["meta"]))
+        del meta["lora"]
+        meta["version"] = 4
+        contents["meta"] = np.array(json.dumps(meta))
+        np.savez(tmp_path / "v4.npz", **contents)
+        old = load_checkpoint(tmp_path / "v4.npz")
+        assert old.lora is None and old.version == 4
+        restore(_lora_llama(seed=3), old)
+        with pytest.raises(CheckpointError, match="without their settings"):
+            build_model(old)

@@ -246,3 +246,103 @@ def _adapters(model: Module) -> dict[str, LoRALinear]:
     if not layers:
         raise ValueError(f"{type(model).__name__} holds no LoRA adapters (apply_lora first)")
     return layers
+
+
+# --------------------------------------------------------------------------- saved settings
+def adapter_settings(model: Module) -> dict[str, Any] | None:
+    """What ``model``'s adapters compute besides their weights, JSON-able (a checkpoint
+    keeps it, :mod:`npformer.checkpoint`): ``{"layers": {name: {"r", "alpha", "dropout",
+    "merged"}}, "shared_a": [[names], ...]}`` (the groups of layers sharing one A,
+    :func:`share_lora_a`); None for a model without adapters."""
+    layers = lora_layers(model)
+    if not layers:
+        return None
+    groups: dict[int, list[str]] = {}
+    for name, layer in layers.items():
+        groups.setdefault(id(layer.lora_A), []).append(name)
+    return {"layers": {name: {"r": layer.r, "alpha": float(layer.alpha),
+                              "dropout": float(layer.dropout.p), "merged": bool(layer.merged)}
+                       for name, layer in layers.items()},
+            "shared_a": [names for names in groups.values() if len(names) > 1]}
+
+
+def check_saved_adapter_settings(settings: Any, where: str) -> dict[str, Any]:
+    """``settings`` as :func:`adapter_settings` writes them, checked (a ValueError naming
+    ``where`` and the field for anything else)."""
+    if not isinstance(settings, dict) or set(settings) != {"layers", "shared_a"} or \
+            not isinstance(settings["layers"], dict) or not settings["layers"] or \
+            not isinstance(settings["shared_a"], list):
+        raise ValueError(f"{where} should be {{'layers': {{name: settings}}, 'shared_a': "
+                         f"[[names], ...]}}, got {settings!r:.120}")
+    for name, layer in settings["layers"].items():
+        if not isinstance(layer, dict) or set(layer) != {"r", "alpha", "dropout", "merged"} \
+                or not isinstance(layer["merged"], bool):
+            raise ValueError(f"{where}: the adapter {name!r} should hold r, alpha, dropout and "
+                             f"merged, got {layer!r:.120}")
+        try:
+            check_adapter_settings(layer["r"], layer["alpha"], layer["dropout"])
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{where}: the adapter {name!r}: {exc}") from None
+    for group in settings["shared_a"]:
+        if not isinstance(group, list) or len(group) < 2 or \
+                any(name not in settings["layers"] for name in group):
+            raise ValueError(f"{where}: 'shared_a' should list groups of the adapters' names, "
+                             f"got {group!r:.120}")
+    return settings
+
+
+def apply_adapter_settings(model: Module, settings: dict[str, Any]) -> None:
+    """Put on ``model`` (frozen, as :func:`apply_lora` does) the adapters ``settings``
+    (:func:`adapter_settings`) describe: each named Linear wrapped with its rank, alpha
+    and dropout, the groups of ``shared_a`` given one A, the merged ones merged.  A name
+    that is not a Linear of ``model`` is a ValueError naming it."""
+    if lora_layers(model):
+        raise ValueError(f"{type(model).__name__} holds LoRA adapters already: the saved ones "
+                         "go on the base model")
+    linears = {name: m for name, m in model.named_modules() if isinstance(m, Linear)}
+    missing = [name for name in settings["layers"] if name not in linears]
+    if missing:
+        raise ValueError(f"the saved LoRA adapters are on {missing[:3]}, which are not Linear "
+                         f"layers of {type(model).__name__}")
+    model.freeze()
+    for name, layer in settings["layers"].items():
+        replace_module(model, name, LoRALinear(linears[name], layer["r"], layer["alpha"],
+                                                layer["dropout"]))
+    adapters = lora_layers(model)
+    for group in settings["shared_a"]:
+        share_lora_a([adapters[name] for name in group])
+
+
+def merge_saved_adapters(model: Module, settings: dict[str, Any]) -> None:
+    """Merge the adapters ``settings`` say were merged (after their weights are loaded)."""
+    adapters = lora_layers(model)
+    for name, layer in settings["layers"].items():
+        if layer["merged"]:
+            adapters[name].merge()
+
+
+def adapter_differences(saved: dict[str, Any] | None, own: dict[str, Any] | None) -> list[str]:
+    """How the adapters of two :func:`adapter_settings` differ, one line per difference,
+    naming the layer and the setting (``saved``: the checkpoint's, ``own``: the model's)."""
+    saved_layers = (saved or {}).get("layers", {})
+    own_layers = (own or {}).get("layers", {})
+    lines = []
+    only_saved = [n for n in saved_layers if n not in own_layers]
+    only_own = [n for n in own_layers if n not in saved_layers]
+    if only_saved:
+        lines.append(f"adapters on {only_saved[:3]}{' ...' if len(only_saved) > 3 else ''} "
+                     "in the checkpoint, not in the model (targets)")
+    if only_own:
+        lines.append(f"adapters on {only_own[:3]}{' ...' if len(only_own) > 3 else ''} in "
+                     "the model, not in the checkpoint (targets)")
+    for name in saved_layers:
+        if name in own_layers:
+            for key in ("r", "alpha", "dropout", "merged"):
+                a, b = saved_layers[name][key], own_layers[name][key]
+                if a != b:
+                    lines.append(f"{name} {key}: checkpoint {a!r}, model {b!r}")
+    saved_groups = sorted(map(sorted, (saved or {}).get("shared_a", [])))
+    own_groups = sorted(map(sorted, (own or {}).get("shared_a", [])))
+    if not lines and saved_groups != own_groups:
+        lines.append(f"adapters sharing one A: checkpoint {saved_groups}, model {own_groups}")
+    return lines
