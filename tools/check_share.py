@@ -29,8 +29,11 @@ from types import SimpleNamespace
 import numpy as np
 
 CHECK_FILES = ("npformer/ops/contracts.py", "npformer/validation.py", "npformer/ops/_checks.py")
-# the door's wrappers run the op (or the layer) itself inside them: not checks
-DOOR_WRAPPERS = ("op", "checked", "recorded", "run_trusted", "trusted")
+# the door's wrappers run the op (or the layer) itself inside them: not checks; an op's own
+# bookkeeping (its cache made and opened: the wrapper's "op" before the door moved into the
+# op's first statement) is not one either
+DOOR_WRAPPERS = ("op", "checked", "recorded", "run_trusted", "trusted", "trusting", "door",
+                 "with_cache", "opened", "unchecked")
 
 
 def is_check(key: tuple) -> bool:

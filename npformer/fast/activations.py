@@ -58,7 +58,17 @@ import numpy as np
 from .. import backend
 from ..backend import Array
 from ..ops import activations as _textbook
-from ..ops.contracts import activation_choice, activation_input, backward_op, checked_op, forward_op
+from ..ops.contracts import (
+    activation_choice,
+    activation_input,
+    backward_op,
+    checked_op,
+    door,
+    forward_op,
+    opened,
+    state,
+    with_cache,
+)
 from .compiler import compilable, jit
 from .numerics import erfc64, exp32, exp64, normal_cdf32, normal_cdf32_given, normal_exp32
 
@@ -66,14 +76,19 @@ from .numerics import erfc64, exp32, exp64, normal_cdf32, normal_cdf32_given, no
 @forward_op(activation_input("relu"))
 def relu_forward(x: Array) -> tuple[Array, Any]:
     """x (...) -> y (...), cache = y (which the next linear layer keeps anyway)."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(relu_forward, x)
     xp = backend.namespace_of(x)
     y = xp.maximum(x, 0.0)
-    return y, y
+    return with_cache(relu_forward, y, y)
 
 
 @backward_op(relu_forward)
-def relu_backward(dy: Array, y: Array) -> Array:
+def relu_backward(dy: Array, cache: Array) -> Array:
     """dy (...) -> dx = dy sign(y) (...)."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(relu_backward, dy, cache)
+    y = opened(relu_backward, cache)
     xp = backend.namespace_of(dy)
     if type(y).__module__.startswith("cupy"):  # array_api_compat's sign for CuPy writes
         # NaN through a boolean mask, which waits for the device: the same values as
@@ -107,20 +122,25 @@ def gelu_forward(x: Array) -> tuple[Array, Any]:
     """x (...) -> y = x Phi(x) (...), cache x: the textbook op, erfc compiled.  Only x is
     kept (the textbook keeps (x, Phi(x))): the backward recomputes Phi(x) in its own pass,
     so a GELU holds one hidden-width array for its backward instead of two."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(gelu_forward, x)
     if compilable(x):
-        return gelu_kernel(x), x                        # one compiled pass: y
+        return with_cache(gelu_forward, gelu_kernel(x), x)  # one compiled pass: y
     special = _special_functions(x)
     if special is None:
         y, _ = _textbook.gelu_forward.unchecked(x)
-        return y, x
-    return x * _phi_cdf(x, special), x
+        return with_cache(gelu_forward, y, x)
+    return with_cache(gelu_forward, x * _phi_cdf(x, special), x)
 
 
 @backward_op(gelu_forward)
-def gelu_backward(dy: Array, x: Array) -> Array:
+def gelu_backward(dy: Array, cache: Array) -> Array:
     """dy (...) -> dx = dy (Phi(x) + x phi(x)): the textbook op, Phi(x) recomputed and
     fused into one compiled pass (elsewhere the textbook statements, on (x, Phi(x)) with
     Phi(x) computed again as the forward computed it)."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(gelu_backward, dy, cache)
+    x = opened(gelu_backward, cache)
     if compilable(dy, x):
         return gelu_backward_kernel(dy, x)
     special = _special_functions(x)
@@ -135,15 +155,20 @@ def gelu_backward(dy: Array, x: Array) -> Array:
 def gelu_tanh_forward(x: Array) -> tuple[Array, Any]:
     """x (...) -> y (...), cache (x, t), t = tanh(c (x + a x^3)): the textbook op, one
     compiled pass on NumPy arrays (:func:`gelu_tanh_kernel`; its statements elsewhere)."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(gelu_tanh_forward, x)
     if compilable(x):
         y, t = gelu_tanh_kernel(x)
-        return y, (x, t)
-    return _textbook.gelu_tanh_forward.unchecked(x)
+        return with_cache(gelu_tanh_forward, y, (x, t))
+    return with_cache(gelu_tanh_forward, *_textbook.gelu_tanh_forward.unchecked(x))
 
 
 @backward_op(gelu_tanh_forward)
-def gelu_tanh_backward(dy: Array, saved: Any) -> Array:
+def gelu_tanh_backward(dy: Array, cache: Any) -> Array:
     """dy (...) -> dx (...): the textbook op, one compiled pass on NumPy arrays."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(gelu_tanh_backward, dy, cache)
+    saved = opened(gelu_tanh_backward, cache)
     x, t = saved
     if compilable(dy, x, t):
         return gelu_tanh_backward_kernel(dy, x, t)
@@ -158,6 +183,8 @@ ACTIVATIONS = {**_textbook.ACTIVATIONS, "relu": (relu_forward, relu_backward),
 @checked_op(activation_choice)
 def activation(name: str) -> tuple[Callable, Callable]:
     """(forward, backward) of the activation called ``name``, this tier's ReLU."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(activation, name)
     return ACTIVATIONS[name]
 
 

@@ -60,7 +60,15 @@ from ..backend import Array
 from ..gpu import attention as captured
 from ..gpu.gemm import capturing
 from ..ops import attention as _textbook
-from ..ops.contracts import attention_inputs, backward_op, forward_op
+from ..ops.contracts import (
+    attention_inputs,
+    backward_op,
+    door,
+    forward_op,
+    opened,
+    state,
+    with_cache,
+)
 from ..ops.masks import align_mask
 from ..ops.softmax import mask_bias
 from .compiler import compilable, jit
@@ -84,11 +92,13 @@ def attention_forward(q: Array, k: Array, v: Array, mask: Array | None = None,
     """q (..., T, E), k (..., S, E), v (..., S, F), mask (bool, broadcasts to (..., T, S))
     -> out (..., T, F), cache.  ``block_scores``: scores per block (the backward uses
     the same blocks); None: :func:`default_block_scores`."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(attention_forward, q, k, v, mask, block_scores)
     if capturing():  # a step captured as a CUDA graph: the GPU tier's dense statements
-        return captured.capture_forward(q, k, v, mask)
+        return with_cache(attention_forward, *captured.capture_forward(q, k, v, mask))
     if not all_finite(q, k, v):  # NaN or inf: what the textbook's dense statements give
         out, saved = _textbook.attention_forward.unchecked(q, k, v, mask)
-        return out, _Dense(saved)
+        return with_cache(attention_forward, out, _Dense(saved))
     xp = backend.namespace_of(q, k, v)
     block_scores = default_block_scores(q) if block_scores is None else block_scores
     scale = 1.0 / math.sqrt(q.shape[-1])
@@ -109,7 +119,8 @@ def attention_forward(q: Array, k: Array, v: Array, mask: Array | None = None,
         e, m, total = _stable_exp(scores, block_bias)  # (.., t, s), (.., t, 1) twice
         out[rows] = (e @ v[keys]) / total  # (.., t, s) @ (.., s, F) -> (.., t, F)
         lse[rows] = m + xp.log(total)
-    return out, (q, k, v, mask, extents, bias, lse, scale, block_scores)
+    return with_cache(attention_forward, out,
+                      (q, k, v, mask, extents, bias, lse, scale, block_scores))
 
 
 class _Dense(NamedTuple):
@@ -119,8 +130,11 @@ class _Dense(NamedTuple):
 
 
 @backward_op(attention_forward)
-def attention_backward(dout: Array, saved: Any) -> tuple[Array, Array, Array]:
+def attention_backward(dout: Array, cache: Any) -> tuple[Array, Array, Array]:
     """dout (..., T, F) -> dq (..., T, E), dk (..., S, E), dv (..., S, F)."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(attention_backward, dout, cache)
+    saved = opened(attention_backward, cache)
     if isinstance(saved, captured.Fused):
         return captured.fused_backward(dout, saved.saved)
     if isinstance(saved, captured.Captured):

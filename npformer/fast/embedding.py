@@ -21,13 +21,16 @@ import numpy as np
 from .. import backend
 from ..backend import Array
 from ..ops import embedding as _textbook
-from ..ops.contracts import backward_op
+from ..ops.contracts import backward_op, door, opened, state
 from .compiler import compilable, jit
 
 
 @backward_op(_textbook.embedding_forward)
-def embedding_backward(dy: Array, saved: Any) -> Array:
+def embedding_backward(dy: Array, cache: Any) -> Array:
     """dy (..., D) -> dtable (V, D).  (Integer ids have no gradient.)"""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(embedding_backward, dy, cache)
+    saved = opened(embedding_backward, cache)
     flat_ids, vocab_size = saved
     xp = backend.namespace_of(dy)
     dy_rows = xp.reshape(dy, (-1, dy.shape[-1]))  # (N, D)

@@ -13,7 +13,15 @@ from __future__ import annotations
 from typing import Any
 
 from ..backend import Array
-from ..ops.contracts import backward_op, forward_op, grouped_attention_inputs
+from ..ops.contracts import (
+    backward_op,
+    door,
+    forward_op,
+    grouped_attention_inputs,
+    opened,
+    state,
+    with_cache,
+)
 from ..ops.grouped_attention import grouped_backward, grouped_forward
 from .attention import attention_backward, attention_forward
 
@@ -23,10 +31,16 @@ def grouped_attention_forward(q: Array, k: Array, v: Array,
                               mask: Array | None = None) -> tuple[Array, Any]:
     """q (..., H, T, E), k (..., Hkv, S, E), v (..., Hkv, S, F), H a multiple of Hkv; mask
     (bool, broadcasts to (..., H, T, S)) -> out (..., H, T, F), cache."""
-    return grouped_forward(q, k, v, mask, attention_forward)  # the blocked attention
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(grouped_attention_forward, q, k, v, mask)
+    return with_cache(grouped_attention_forward,
+                      *grouped_forward(q, k, v, mask, attention_forward))  # the blocked attention
 
 
 @backward_op(grouped_attention_forward)
-def grouped_attention_backward(dout: Array, saved: Any) -> tuple[Array, Array, Array]:
+def grouped_attention_backward(dout: Array, cache: Any) -> tuple[Array, Array, Array]:
     """dout (..., H, T, F) -> dq (..., H, T, E), dk (..., Hkv, S, E), dv (..., Hkv, S, F)."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(grouped_attention_backward, dout, cache)
+    saved = opened(grouped_attention_backward, cache)
     return grouped_backward(dout, saved, attention_backward)

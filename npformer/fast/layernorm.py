@@ -24,7 +24,15 @@ from .. import backend
 from ..backend import Array
 from ..gpu.gemm import capturing, column_sum
 from ..ops import layernorm as _textbook
-from ..ops.contracts import backward_op, forward_op, layernorm_inputs
+from ..ops.contracts import (
+    backward_op,
+    door,
+    forward_op,
+    layernorm_inputs,
+    opened,
+    state,
+    with_cache,
+)
 from .compiler import compilable, jit
 from .numerics import sum4
 
@@ -34,15 +42,21 @@ EPS = _textbook.EPS
 @forward_op(layernorm_inputs)
 def layernorm_forward(x: Array, gamma: Array, beta: Array, eps: float = EPS) -> tuple[Array, Any]:
     """x (..., D), gamma (D,), beta (D,) -> y (..., D), cache (x_hat, r, gamma)."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(layernorm_forward, x, gamma, beta, eps)
     if not compilable(x, gamma, beta):
-        return _textbook.layernorm_forward.unchecked(x, gamma, beta, eps)
+        return with_cache(layernorm_forward,
+                          *_textbook.layernorm_forward.unchecked(x, gamma, beta, eps))
     y, x_hat, r = layernorm_kernel(x, gamma, beta, eps)  # (..., D), (..., D), (..., 1)
-    return y, (x_hat, r, gamma)
+    return with_cache(layernorm_forward, y, (x_hat, r, gamma))
 
 
 @backward_op(layernorm_forward)
-def layernorm_backward(dy: Array, saved: Any) -> tuple[Array, Array, Array]:
+def layernorm_backward(dy: Array, cache: Any) -> tuple[Array, Array, Array]:
     """dy (..., D) -> dx (..., D), dgamma (D,), dbeta (D,)."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(layernorm_backward, dy, cache)
+    saved = opened(layernorm_backward, cache)
     x_hat, r, gamma = saved
     if capturing():  # a step captured as a CUDA graph: the column sums through cuBLAS
         return _routed_backward(dy, x_hat, r, gamma)

@@ -23,7 +23,16 @@ from typing import Any
 from .. import backend
 from ..backend import Array
 from ..gpu.gemm import column_sum, matmul
-from ..ops.contracts import backward_op, forward_input, forward_op, linear_inputs
+from ..ops.contracts import (
+    backward_op,
+    door,
+    forward_input,
+    forward_op,
+    linear_inputs,
+    opened,
+    state,
+    with_cache,
+)
 
 
 @forward_op(linear_inputs)
@@ -31,21 +40,26 @@ def linear_forward(x: Array, w: Array, b: Array | None = None,
                    keep_input: bool = True) -> tuple[Array, Any]:
     """x (..., D_in), w (D_in, D_out), b (D_out,) or None -> y (..., D_out), cache
     (x, or None with keep_input=False: the backward is then given x again)."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(linear_forward, x, w, b, keep_input)
     xp = backend.namespace_of(x, w)
     x_rows = xp.reshape(x, (-1, w.shape[0]))  # (N, D_in): one matrix product, not one per row
     y = matmul(x_rows, w)  # (N, D_in) @ (D_in, D_out) -> (N, D_out)
     if b is not None:
         y += b  # (N, D_out) + (D_out,), in place: y is fresh
     y = xp.reshape(y, tuple(x.shape[:-1]) + (w.shape[1],))
-    return y, (x if keep_input else None, w, b is not None)
+    return with_cache(linear_forward, y, (x if keep_input else None, w, b is not None))
 
 
 @backward_op(linear_forward)
-def linear_backward(dy: Array, saved: Any, x: Array | None = None, weights: bool = True
+def linear_backward(dy: Array, cache: Any, x: Array | None = None, weights: bool = True
                     ) -> tuple[Array, Array | None, Array | None]:
     """dy (..., D_out) -> dx (..., D_in), dw (D_in, D_out), db (D_out,) or None; ``x``
     the forward's input, passed again where the forward did not keep it; without
     ``weights`` (a frozen map) dx alone, dw and db None."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(linear_backward, dy, cache, x, weights)
+    saved = opened(linear_backward, cache)
     x, w, has_bias = forward_input(saved, x)
     xp = backend.namespace_of(dy, w)
     d_in, d_out = w.shape

@@ -47,7 +47,16 @@ import numpy as np
 from .. import backend
 from ..backend import Array
 from ..ops import losses as _textbook
-from ..ops.contracts import backward_op, check_loss_gradient, cross_entropy_inputs, forward_op
+from ..ops.contracts import (
+    backward_op,
+    check_loss_gradient,
+    cross_entropy_inputs,
+    door,
+    forward_op,
+    opened,
+    state,
+    with_cache,
+)
 from ..ops.losses import IGNORE_INDEX
 from .compiler import compilable, jit
 from .inplace import add_at_columns, exp_into
@@ -58,6 +67,8 @@ from .numerics import all_finite, exp, max8, sum4
 def cross_entropy_forward(logits: Array, targets: Array, ignore_index: int = IGNORE_INDEX,
                           label_smoothing: float = 0.0) -> tuple[Array, Any]:
     """logits (..., V) floats, targets (...) integers -> loss (0-d array), cache."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(cross_entropy_forward, logits, targets, ignore_index, label_smoothing)
     xp = backend.namespace_of(logits, targets)
     vocab = logits.shape[-1]
     z = xp.reshape(logits, (-1, vocab))  # (N, V)
@@ -68,8 +79,9 @@ def cross_entropy_forward(logits: Array, targets: Array, ignore_index: int = IGN
         targets64 = xp.astype(safe_t, xp.int64)
         per_row, lse = cross_entropy_rows(z, targets64, float(label_smoothing))
         counted_f, denom, loss = _mean_over_counted(xp, per_row, counted, z.dtype)
-        return loss, (_FromLogits(z, lse, targets64), safe_t, counted_f, denom,
-                      label_smoothing, tuple(logits.shape))
+        return with_cache(cross_entropy_forward, loss,
+                          (_FromLogits(z, lse, targets64), safe_t, counted_f, denom,
+                           label_smoothing, tuple(logits.shape)))
     shifted = z - xp.max(z, axis=-1, keepdims=True)  # s = z - m, (N, V)
     picked = xp.take_along_axis(shifted, safe_t[:, None], axis=-1)[:, 0]  # s at targets, (N,)
     if label_smoothing > 0.0:
@@ -83,7 +95,8 @@ def cross_entropy_forward(logits: Array, targets: Array, ignore_index: int = IGN
     counted_f, denom, loss = _mean_over_counted(xp, per_row, counted, z.dtype)
     p = e
     p /= total  # softmax, in place, (N, V)
-    return loss, (p, safe_t, counted_f, denom, label_smoothing, tuple(logits.shape))
+    return with_cache(cross_entropy_forward, loss, (p, safe_t, counted_f, denom, label_smoothing,
+                                                    tuple(logits.shape)))
 
 
 class _FromLogits(NamedTuple):
@@ -107,7 +120,7 @@ def _mean_over_counted(xp, per_row, counted, dtype):
 
 
 @backward_op(cross_entropy_forward, upstream=check_loss_gradient)
-def cross_entropy_backward(dloss: Array, saved: Any, overwrite_logits: bool = False) -> Array:
+def cross_entropy_backward(dloss: Array, cache: Any, overwrite_logits: bool = False) -> Array:
     """dloss (scalar) -> dlogits (..., V) = dloss * (p - q) / N_counted on counted rows.
 
     ``overwrite_logits=True``: dlogits is written over the (N, V) array the forward kept
@@ -115,6 +128,9 @@ def cross_entropy_backward(dloss: Array, saved: Any, overwrite_logits: bool = Fa
     logits and will not run this backward again: no second (N, V) array (read-only
     logits are not written: the gradient is then a new array).
     """
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(cross_entropy_backward, dloss, cache, overwrite_logits)
+    saved = opened(cross_entropy_backward, cache)
     p, safe_t, counted_f, denom, label_smoothing, logits_shape = saved
     finite = math.isfinite(dloss) if isinstance(dloss, numbers.Real) else all_finite(dloss)
     if not finite:  # a NaN or infinite upstream gradient: what the textbook gives

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..backend import Array
-from ..ops.contracts import activation_choice, checked_op
+from ..ops.contracts import activation_choice, checked_op, door, state
 from .activations import gelu_forward
 
 
@@ -45,4 +45,6 @@ OUTPUTS = {"relu": _relu_output, "gelu": _gelu_output, "gelu_tanh": _gelu_tanh_o
 @checked_op(activation_choice)
 def activation_output(name: str) -> Callable[[Any], Array]:
     """The function ``saved -> y`` of the fast activation called ``name``."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(activation_output, name)
     return OUTPUTS[name]

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..backend import Array
 from ..ops import rmsnorm as _textbook
-from ..ops.contracts import backward_op, forward_op, rmsnorm_inputs
+from ..ops.contracts import backward_op, door, forward_op, opened, rmsnorm_inputs, state, with_cache
 from .compiler import compilable, jit
 from .numerics import sum4
 
@@ -30,15 +30,20 @@ EPS = _textbook.EPS
 @forward_op(rmsnorm_inputs)
 def rmsnorm_forward(x: Array, weight: Array, eps: float = EPS) -> tuple[Array, Any]:
     """x (..., D), weight (D,) -> y (..., D), cache (x_hat, r, weight)."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(rmsnorm_forward, x, weight, eps)
     if not compilable(x, weight):
-        return _textbook.rmsnorm_forward.unchecked(x, weight, eps)
+        return with_cache(rmsnorm_forward, *_textbook.rmsnorm_forward.unchecked(x, weight, eps))
     y, x_hat, r = rmsnorm_kernel(x, weight, eps)  # (..., D), (..., D), (..., 1)
-    return y, (x_hat, r, weight)
+    return with_cache(rmsnorm_forward, y, (x_hat, r, weight))
 
 
 @backward_op(rmsnorm_forward)
-def rmsnorm_backward(dy: Array, saved: Any) -> tuple[Array, Array]:
+def rmsnorm_backward(dy: Array, cache: Any) -> tuple[Array, Array]:
     """dy (..., D) -> dx (..., D), dweight (D,)."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(rmsnorm_backward, dy, cache)
+    saved = opened(rmsnorm_backward, cache)
     x_hat, r, weight = saved
     if not compilable(dy, x_hat, r, weight):
         return _textbook.rmsnorm_backward.unchecked(dy, saved)

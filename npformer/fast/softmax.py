@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import backend
 from ..backend import Array
-from ..ops.contracts import backward_op, forward_op, softmax_inputs
+from ..ops.contracts import backward_op, door, forward_op, opened, softmax_inputs, state, with_cache
 from ..ops.softmax import empty_like_input, mask_bias
 from .inplace import exp_into
 
@@ -30,9 +30,11 @@ def softmax_forward(x: Array, axis: int = -1, mask: Array | None = None,
     ``overwrite_input=True`` lets the op reuse x's buffer for p (for a caller that owns
     x and no longer needs it); the result is identical.
     """
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(softmax_forward, x, axis, mask, overwrite_input)
     xp = backend.namespace_of(x)
     if x.shape[axis] == 0:  # nothing to normalise over: p is as empty as x
-        return empty_like_input(x)
+        return with_cache(softmax_forward, *empty_like_input(x))
     if mask is not None:
         x = x + mask_bias(mask, x.dtype)  # masked entries become -inf (a new array)
         overwrite_input = True
@@ -48,12 +50,15 @@ def softmax_forward(x: Array, axis: int = -1, mask: Array | None = None,
     if mask is not None:
         total = xp.where(total > 0, total, xp.ones_like(total))  # 0 / 1 on fully masked rows
     e /= total  # e is ours: normalise in place
-    return e, (e, axis)
+    return with_cache(softmax_forward, e, (e, axis))
 
 
 @backward_op(softmax_forward)
-def softmax_backward(dp: Array, saved: Any, overwrite_input: bool = False) -> Array:
+def softmax_backward(dp: Array, cache: Any, overwrite_input: bool = False) -> Array:
     """dp (...) -> dx (...) = p * (dp - sum(dp * p)).  ``overwrite_input``: reuse dp's buffer."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(softmax_backward, dp, cache, overwrite_input)
+    saved = opened(softmax_backward, cache)
     p, axis = saved
     xp = backend.namespace_of(dp, p)
     inner = xp.sum(dp * p, axis=axis, keepdims=True)  # <dp, p> per row

@@ -53,7 +53,17 @@ from typing import Any
 
 from .. import backend
 from ..backend import Array
-from .contracts import activation_choice, activation_input, backward_op, checked_op, forward_op
+from .contracts import (
+    activation_choice,
+    activation_input,
+    backward_op,
+    checked_op,
+    door,
+    forward_op,
+    opened,
+    state,
+    with_cache,
+)
 
 GELU_C = math.sqrt(2.0 / math.pi)  # Python floats keep float32 arrays float32
 GELU_A = 0.044715
@@ -65,14 +75,19 @@ INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 @forward_op(activation_input("relu"))
 def relu_forward(x: Array) -> tuple[Array, Any]:
     """x (...) -> y = max(x, 0) (...), cache x."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(relu_forward, x)
     xp = backend.namespace_of(x)
     y = xp.where(x <= 0, xp.zeros_like(x), x)  # max(x, 0); a NaN stays NaN
-    return y, x
+    return with_cache(relu_forward, y, x)
 
 
 @backward_op(relu_forward)
-def relu_backward(dy: Array, x: Array) -> Array:
+def relu_backward(dy: Array, cache: Array) -> Array:
     """dy (...) -> dx = dy [x > 0] (...), NaN where x is NaN."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(relu_backward, dy, cache)
+    x = opened(relu_backward, cache)
     xp = backend.namespace_of(dy, x)
     step = xp.astype(x > 0, dy.dtype)  # [x > 0]: 1 where x > 0, else 0
     step = xp.where(xp.isnan(x), x, step)  # NaN where x is NaN (the derivative of NaN)
@@ -172,14 +187,19 @@ def erfc(x: Array) -> Array:
 @forward_op(activation_input("gelu"))
 def gelu_forward(x: Array) -> tuple[Array, Any]:
     """x (...) -> y = x Phi(x) (...), cache (x, Phi(x)); Phi(x) = erfc(-x / sqrt 2) / 2."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(gelu_forward, x)
     phi_cdf = 0.5 * erfc(-SQRT1_2 * x)                   # Phi(x), the normal CDF
     y = x * phi_cdf
-    return y, (x, phi_cdf)
+    return with_cache(gelu_forward, y, (x, phi_cdf))
 
 
 @backward_op(gelu_forward)
-def gelu_backward(dy: Array, saved: Any) -> Array:
+def gelu_backward(dy: Array, cache: Any) -> Array:
     """dy (...) -> dx = dy (Phi(x) + x phi(x)), phi(x) = exp(-x^2 / 2) / sqrt(2 pi)."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(gelu_backward, dy, cache)
+    saved = opened(gelu_backward, cache)
     x, phi_cdf = saved
     xp = backend.namespace_of(dy)
     phi_pdf = INV_SQRT_2PI * xp.exp(-0.5 * x * x)        # phi(x), the normal density
@@ -191,16 +211,21 @@ def gelu_backward(dy: Array, saved: Any) -> Array:
 @forward_op(activation_input("gelu_tanh"))
 def gelu_tanh_forward(x: Array) -> tuple[Array, Any]:
     """x (...) -> y (...), cache (x, t) with t = tanh(c (x + a x^3))."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(gelu_tanh_forward, x)
     xp = backend.namespace_of(x)
     u = GELU_C * (x + GELU_A * x * x * x)
     t = xp.tanh(u)
     y = 0.5 * x * (1.0 + t)
-    return y, (x, t)
+    return with_cache(gelu_tanh_forward, y, (x, t))
 
 
 @backward_op(gelu_tanh_forward)
-def gelu_tanh_backward(dy: Array, saved: Any) -> Array:
+def gelu_tanh_backward(dy: Array, cache: Any) -> Array:
     """dy (...) -> dx = dy dy/dx (...)."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(gelu_tanh_backward, dy, cache)
+    saved = opened(gelu_tanh_backward, cache)
     x, t = saved
     dy_dx = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_C * (1.0 + 3.0 * GELU_A * x * x)
     return dy * dy_dx
@@ -217,4 +242,6 @@ ACTIVATIONS = {
 def activation(name: str, activations: dict = ACTIVATIONS) -> tuple[Callable, Callable]:
     """(forward, backward) of the activation called ``name``: "relu", "gelu" (exact, erf)
     or "gelu_tanh" (the tanh approximation); ``activations``: the tier's table."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(activation, name, activations)
     return activations[name]

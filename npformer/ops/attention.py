@@ -38,7 +38,11 @@ from .contracts import (
     attention_weights_inputs,
     backward_op,
     checked_op,
+    door,
     forward_op,
+    opened,
+    state,
+    with_cache,
 )
 from .softmax import softmax_backward, softmax_forward
 
@@ -47,14 +51,19 @@ from .softmax import softmax_backward, softmax_forward
 def attention_forward(q: Array, k: Array, v: Array, mask: Array | None = None) -> tuple[Array, Any]:
     """q (..., T, E), k (..., S, E), v (..., S, F), mask (bool, broadcasts to (..., T, S))
     -> out (..., T, F), cache."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(attention_forward, q, k, v, mask)
     p, softmax_cache = softmax_forward(scaled_scores(q, k), axis=-1, mask=mask)  # P, (..., T, S)
     out = p @ v  # (..., T, S) @ (..., S, F) -> (..., T, F)
-    return out, (q, k, v, p, softmax_cache)
+    return with_cache(attention_forward, out, (q, k, v, p, softmax_cache))
 
 
 @backward_op(attention_forward)
-def attention_backward(dout: Array, saved: Any) -> tuple[Array, Array, Array]:
+def attention_backward(dout: Array, cache: Any) -> tuple[Array, Array, Array]:
     """dout (..., T, F) -> dq (..., T, E), dk (..., S, E), dv (..., S, F)."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(attention_backward, dout, cache)
+    saved = opened(attention_backward, cache)
     q, k, v, p, softmax_cache = saved
     scale = 1.0 / math.sqrt(q.shape[-1])
     dv = p.mT @ dout  # P^T dO: (..., S, T) @ (..., T, F)
@@ -73,4 +82,6 @@ def scaled_scores(q: Array, k: Array) -> Array:
 @checked_op(attention_weights_inputs)
 def attention_weights(q: Array, k: Array, mask: Array | None = None) -> Array:
     """The probabilities P = softmax(alpha Q K^T + M) (..., T, S) that attention applies."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(attention_weights, q, k, mask)
     return softmax_forward(scaled_scores(q, k), axis=-1, mask=mask)[0]

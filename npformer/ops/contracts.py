@@ -70,7 +70,8 @@ import math
 import numbers
 import os
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import numpy
@@ -103,7 +104,7 @@ class _State(threading.local):
     trusted = False  # inside a door: contracts already checked (each thread its own)
 
 
-_state = _State()
+state = _state = _State()  # ``state.trusted``: the test an op's first statement makes
 
 
 def trusted() -> bool:
@@ -122,6 +123,21 @@ def run_trusted(body: Callable, *args: Any, **kwargs: Any) -> Any:
         _state.trusted = False
 
 
+@contextmanager
+def trusting() -> Iterator[None]:
+    """A block run trusted (``with trusting(): model.backward(dlogits)``): for code of the
+    package that calls a door with values it computed itself.  A ``with`` block adds no
+    frame to the stack of what runs inside it, as :func:`run_trusted` would."""
+    if _state.trusted:
+        yield
+        return
+    _state.trusted = True
+    try:
+        yield
+    finally:
+        _state.trusted = False
+
+
 class Cache(NamedTuple):
     """What a forward keeps for its backward, and who made it."""
 
@@ -132,9 +148,9 @@ class Cache(NamedTuple):
     saved: Any  # what the backward's derivation reads
 
 
-# The decorators' types: a forward's body returns (output, saved), the op made of it
-# returns (output, Cache); a backward's body reads ``saved``, the op made of it a Cache.
-ForwardBody = Callable[..., tuple[Array, Any]]
+# The decorators' types: a forward returns (output, Cache), made by with_cache from what
+# its derivation keeps; a backward reads the saved values of its forward's Cache.
+ForwardBody = Callable[..., tuple[Array, Cache]]
 
 
 ForwardOp = Callable[..., tuple[Array, Cache]]
@@ -147,62 +163,89 @@ def tier_of(function: Callable) -> str:
     return "fast" if function.__module__.startswith("npformer.fast") else "textbook"
 
 
+# An op is its own function, with no wrapper around it: a debugger that steps into
+# ``ops.attention_forward(...)`` lands on its first line.  That line is the door's test:
+#
+#     if not state.trusted:  # a call from outside a door: its contract, then this op
+#         return door(attention_forward, q, k, v, mask)
+#
+# Inside a door (a module's forward or backward, another op) the test is one attribute
+# read and the derivation runs; outside, door() checks the contract the decorator named
+# and calls the op again, trusted.  A forward returns ``with_cache(op, out, saved)``, a
+# backward reads ``opened(op, cache)``: the cache names its op and tier, and is checked
+# on every backward.
+def door(op: Callable, *args: Any, **kwargs: Any) -> Any:
+    """``op(*args, **kwargs)`` called from outside a door: its contract checked (a
+    backward's: its cache's owner, then the upstream gradient), then ``op`` run trusted."""
+    op.contract(*args, **kwargs)
+    return run_trusted(op, *args, **kwargs)
+
+
+def with_cache(forward: Callable, out: Array, saved: Any) -> tuple[Array, Cache]:
+    """(out, the :class:`Cache` of ``saved`` made by ``forward``): a forward's return."""
+    return out, Cache(forward.op_name, forward.tier, tuple(out.shape), out.dtype, saved)
+
+
+def opened(backward: Callable, cache: Any) -> Any:
+    """The saved values of ``cache`` if ``backward``'s forward made it (same op, same tier);
+    otherwise the error naming what was passed."""
+    forward = backward.forward
+    if type(cache) is Cache and cache.op == forward.op_name and cache.tier == forward.tier:
+        return cache.saved
+    refuse_cache(cache, backward.op_name, forward)
+
+
 def checked_op(contract: Callable[..., None]) -> Callable[[Callable], Callable]:
-    """An op without a backward: ``contract(*args)`` checked at the door."""
-    def decorate(body):
-        @functools.wraps(body)
-        def op(*args, **kwargs):
-            if _state.trusted:
-                return body(*args, **kwargs)
-            contract(*args, **kwargs)
-            return run_trusted(body, *args, **kwargs)
-        op.unchecked = body
+    """An op without a backward: ``contract(*args)`` checked at the door (the op's first
+    statement calls :func:`door` outside one)."""
+    def decorate(op):
+        op.contract = contract
+        op.unchecked = functools.partial(run_trusted, op)
         return op
     return decorate
 
 
 def forward_op(contract: Callable[..., None],
                tier: str | None = None) -> Callable[[ForwardBody], ForwardOp]:
-    """A forward ``body(*args) -> (output, saved)``: the contract checked at the door, and
-    ``saved`` returned in a :class:`Cache` naming this op and tier (``tier``: default
-    the body's package)."""
-    def decorate(body):
-        name, made_in = body.__name__, tier or tier_of(body)
+    """A forward ``op(*args) -> (output, Cache)``: the contract checked at the door (its
+    first statement), its saved values returned by :func:`with_cache` in a :class:`Cache`
+    naming this op and tier (``tier``: default the op's package).  ``op.unchecked(*args)``:
+    (output, saved), run trusted."""
+    def decorate(op):
+        op.contract, op.op_name, op.tier = contract, op.__name__, tier or tier_of(op)
 
-        @functools.wraps(body)
-        def op(*args, **kwargs):
-            if _state.trusted:
-                out, saved = body(*args, **kwargs)
-            else:
-                contract(*args, **kwargs)
-                out, saved = run_trusted(body, *args, **kwargs)
-            return out, Cache(name, made_in, tuple(out.shape), out.dtype, saved)
-        op.unchecked, op.op_name, op.tier = body, name, made_in
+        def unchecked(*args, **kwargs):
+            out, cache = op(*args, **kwargs) if _state.trusted else run_trusted(op, *args,
+                                                                                **kwargs)
+            return out, cache.saved
+        op.unchecked = unchecked
         return op
     return decorate
 
 
 def backward_op(forward: ForwardOp,
                 upstream: UpstreamCheck | None = None) -> Callable[[Callable], Callable]:
-    """A backward ``body(d_output, saved, ...)`` of ``forward``: the cache must be that
-    forward's (same op, same tier) and, at the door, the upstream gradient of its
-    output's shape and dtype (``upstream(dy, cache, what)``: another rule, e.g. the
-    scalar gradient of a loss)."""
+    """A backward ``op(d_output, cache, ...)`` of ``forward``: the cache must be that
+    forward's (same op, same tier; :func:`opened`, on every call) and, at the door, the
+    upstream gradient of its output's shape and dtype (``upstream(dy, cache, what)``:
+    another rule, e.g. the scalar gradient of a loss).  ``op.unchecked(dy, saved, ...)``:
+    the derivation on saved values, run trusted."""
     upstream = upstream or check_upstream_of
 
-    def decorate(body):
+    def decorate(op):
         name = forward.op_name.replace("_forward", "_backward")
 
-        @functools.wraps(body)
-        def op(dy, cache, *args, **kwargs):
-            if not (type(cache) is Cache and cache.op == forward.op_name
-                    and cache.tier == forward.tier):
-                refuse_cache(cache, name, forward)
-            if _state.trusted:
-                return body(dy, cache.saved, *args, **kwargs)
+        def contract(dy, cache, *args, **kwargs):
+            opened(op, cache)
             upstream(dy, cache, name)
-            return run_trusted(body, dy, cache.saved, *args, **kwargs)
-        op.unchecked = body
+
+        def unchecked(dy, saved, *args, **kwargs):
+            cache = Cache(forward.op_name, forward.tier, (), None, saved)
+            if _state.trusted:
+                return op(dy, cache, *args, **kwargs)
+            return run_trusted(op, dy, cache, *args, **kwargs)
+        op.contract, op.op_name, op.tier, op.forward = contract, name, forward.tier, forward
+        op.unchecked = unchecked
         return op
     return decorate
 

@@ -30,7 +30,15 @@ from typing import Any
 from .. import backend
 from ..backend import Array
 from .attention import attention_backward, attention_forward
-from .contracts import backward_op, forward_op, grouped_attention_inputs
+from .contracts import (
+    backward_op,
+    door,
+    forward_op,
+    grouped_attention_inputs,
+    opened,
+    state,
+    with_cache,
+)
 
 
 def repeat_heads(x: Array, groups: int) -> Array:
@@ -56,12 +64,17 @@ def grouped_attention_forward(q: Array, k: Array, v: Array,
                               mask: Array | None = None) -> tuple[Array, Any]:
     """q (..., H, T, E), k (..., Hkv, S, E), v (..., Hkv, S, F), H a multiple of Hkv; mask
     (bool, broadcasts to (..., H, T, S)) -> out (..., H, T, F), cache."""
-    return grouped_forward(q, k, v, mask, attention_forward)
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(grouped_attention_forward, q, k, v, mask)
+    return with_cache(grouped_attention_forward, *grouped_forward(q, k, v, mask, attention_forward))
 
 
 @backward_op(grouped_attention_forward)
-def grouped_attention_backward(dout: Array, saved: Any) -> tuple[Array, Array, Array]:
+def grouped_attention_backward(dout: Array, cache: Any) -> tuple[Array, Array, Array]:
     """dout (..., H, T, F) -> dq (..., H, T, E), dk (..., Hkv, S, E), dv (..., Hkv, S, F)."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(grouped_attention_backward, dout, cache)
+    saved = opened(grouped_attention_backward, cache)
     return grouped_backward(dout, saved, attention_backward)
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from .. import backend
 from ..backend import Array
-from .contracts import backward_op, forward_op, layernorm_inputs
+from .contracts import backward_op, door, forward_op, layernorm_inputs, opened, state, with_cache
 
 EPS = 1e-5
 
@@ -28,6 +28,8 @@ EPS = 1e-5
 @forward_op(layernorm_inputs)
 def layernorm_forward(x: Array, gamma: Array, beta: Array, eps: float = EPS) -> tuple[Array, Any]:
     """x (..., D), gamma (D,), beta (D,) -> y (..., D), cache (x_hat, r, gamma)."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(layernorm_forward, x, gamma, beta, eps)
     xp = backend.namespace_of(x, gamma, beta)
     mu = xp.mean(x, axis=-1, keepdims=True)  # (..., 1)
     centred = x - mu  # (..., D)
@@ -35,12 +37,15 @@ def layernorm_forward(x: Array, gamma: Array, beta: Array, eps: float = EPS) -> 
     r = 1.0 / xp.sqrt(var + eps)  # (..., 1)
     x_hat = centred * r  # (..., D)
     y = x_hat * gamma + beta  # (..., D)
-    return y, (x_hat, r, gamma)
+    return with_cache(layernorm_forward, y, (x_hat, r, gamma))
 
 
 @backward_op(layernorm_forward)
-def layernorm_backward(dy: Array, saved: Any) -> tuple[Array, Array, Array]:
+def layernorm_backward(dy: Array, cache: Any) -> tuple[Array, Array, Array]:
     """dy (..., D) -> dx (..., D), dgamma (D,), dbeta (D,)."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(layernorm_backward, dy, cache)
+    saved = opened(layernorm_backward, cache)
     x_hat, r, gamma = saved
     xp = backend.namespace_of(dy, x_hat)
     d = x_hat.shape[-1]

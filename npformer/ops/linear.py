@@ -21,23 +21,28 @@ from typing import Any
 
 from .. import backend
 from ..backend import Array
-from .contracts import backward_op, forward_op, linear_inputs
+from .contracts import backward_op, door, forward_op, linear_inputs, opened, state, with_cache
 
 
 @forward_op(linear_inputs)
 def linear_forward(x: Array, w: Array, b: Array | None = None) -> tuple[Array, Any]:
     """x (..., D_in), w (D_in, D_out), b (D_out,) or None -> y (..., D_out), cache (x, w, b?)."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(linear_forward, x, w, b)
     y = x @ w  # (..., D_in) @ (D_in, D_out) -> (..., D_out)
     if b is not None:
         y = y + b  # (..., D_out) + (D_out,)
-    return y, (x, w, b is not None)
+    return with_cache(linear_forward, y, (x, w, b is not None))
 
 
 @backward_op(linear_forward)
-def linear_backward(dy: Array, saved: Any, weights: bool = True
+def linear_backward(dy: Array, cache: Any, weights: bool = True
                     ) -> tuple[Array, Array | None, Array | None]:
     """dy (..., D_out) -> dx (..., D_in), dw (D_in, D_out), db (D_out,) or None; without
     ``weights`` (a frozen map) dx alone, dw and db None."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(linear_backward, dy, cache, weights)
+    saved = opened(linear_backward, cache)
     x, w, has_bias = saved
     xp = backend.namespace_of(dy, w)
     d_in, d_out = w.shape

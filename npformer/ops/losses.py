@@ -30,7 +30,16 @@ from typing import Any
 
 from .. import backend
 from ..backend import Array
-from .contracts import backward_op, check_loss_gradient, cross_entropy_inputs, forward_op
+from .contracts import (
+    backward_op,
+    check_loss_gradient,
+    cross_entropy_inputs,
+    door,
+    forward_op,
+    opened,
+    state,
+    with_cache,
+)
 from .softmax import log_softmax_backward, log_softmax_forward
 
 IGNORE_INDEX = -100  # PyTorch's default
@@ -40,6 +49,8 @@ IGNORE_INDEX = -100  # PyTorch's default
 def cross_entropy_forward(logits: Array, targets: Array, ignore_index: int = IGNORE_INDEX,
                           label_smoothing: float = 0.0) -> tuple[Array, Any]:
     """logits (..., V) floats, targets (...) integers -> loss (0-d array), cache."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(cross_entropy_forward, logits, targets, ignore_index, label_smoothing)
     xp = backend.namespace_of(logits, targets)
     vocab = logits.shape[-1]
     z = xp.reshape(logits, (-1, vocab))  # (N, V)
@@ -55,12 +66,16 @@ def cross_entropy_forward(logits: Array, targets: Array, ignore_index: int = IGN
     if label_smoothing > 0.0:
         per_row = per_row - label_smoothing * xp.mean(log_p, axis=-1)
     loss = xp.sum(weight * per_row)
-    return loss, (q, weight, log_softmax_cache, tuple(logits.shape))
+    return with_cache(cross_entropy_forward, loss,
+                      (q, weight, log_softmax_cache, tuple(logits.shape)))
 
 
 @backward_op(cross_entropy_forward, upstream=check_loss_gradient)
-def cross_entropy_backward(dloss: Array, saved: Any) -> Array:
+def cross_entropy_backward(dloss: Array, cache: Any) -> Array:
     """dloss (scalar) -> dlogits (..., V)."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(cross_entropy_backward, dloss, cache)
+    saved = opened(cross_entropy_backward, cache)
     q, weight, log_softmax_cache, logits_shape = saved
     xp = backend.namespace_of(q)
     dlog_p = (-dloss * weight)[:, None] * q  # (N, V): 0 on ignored rows

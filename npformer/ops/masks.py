@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import backend
 from ..backend import Array
-from .contracts import causal_mask_inputs, checked_op, padding_mask_inputs
+from .contracts import causal_mask_inputs, checked_op, door, padding_mask_inputs, state
 
 
 def real_positions(lengths: Array, length: int) -> Array:
@@ -29,6 +29,8 @@ def align_mask(mask: Array | None, ndim: int) -> Array | None:
 @checked_op(padding_mask_inputs)
 def padding_mask(valid_lens: Array, num_keys: int) -> Array:
     """valid_lens (B,) integers -> (B, 1, 1, S) bool, True at the first valid_lens[b] keys."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(padding_mask, valid_lens, num_keys)
     keep = real_positions(valid_lens, num_keys)  # (B, S)
     return keep[:, None, None, :]  # (B, 1, 1, S)
 
@@ -41,6 +43,8 @@ def causal_mask(num_queries: int, num_keys: int | None = None, like: Array | Non
     cached prefix of S - T tokens) the queries are the last T positions.
     ``like``: any array of the target namespace/device (default: the current backend).
     """
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(causal_mask, num_queries, num_keys, like)
     num_keys = num_queries if num_keys is None else num_keys
     xp = backend.xp() if like is None else backend.namespace_of(like)
     dev = backend.device() if like is None else backend.device_of(like)

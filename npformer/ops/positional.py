@@ -16,13 +16,25 @@ from typing import Any
 
 from .. import backend
 from ..backend import Array
-from .contracts import backward_op, checked_op, forward_op, positions_inputs, sinusoidal_inputs
+from .contracts import (
+    backward_op,
+    checked_op,
+    door,
+    forward_op,
+    opened,
+    positions_inputs,
+    sinusoidal_inputs,
+    state,
+    with_cache,
+)
 
 
 @checked_op(sinusoidal_inputs)
 def sinusoidal_table(block_size: int, d_model: int, dtype: Any = None,
                      like: Array | None = None) -> Array:
     """(block_size, d_model) table of sines (even columns) and cosines (odd columns)."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(sinusoidal_table, block_size, d_model, dtype, like)
     xp = backend.xp() if like is None else backend.namespace_of(like)
     dev = backend.device() if like is None else backend.device_of(like)
     dtype = dtype or backend.default_float()
@@ -37,14 +49,19 @@ def sinusoidal_table(block_size: int, d_model: int, dtype: Any = None,
 @forward_op(positions_inputs)
 def add_positions_forward(x: Array, table: Array) -> tuple[Array, Any]:
     """x (B, T, D), table (L, D) with T <= L -> y (B, T, D), cache."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(add_positions_forward, x, table)
     seq_len, block_size = x.shape[1], table.shape[0]
     y = x + table[:seq_len, :][None, :, :]  # (B, T, D) + (1, T, D)
-    return y, (seq_len, block_size)
+    return with_cache(add_positions_forward, y, (seq_len, block_size))
 
 
 @backward_op(add_positions_forward)
-def add_positions_backward(dy: Array, saved: Any) -> tuple[Array, Array]:
+def add_positions_backward(dy: Array, cache: Any) -> tuple[Array, Array]:
     """dy (B, T, D) -> dx (B, T, D), dtable (L, D) (used only when the table is learned)."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(add_positions_backward, dy, cache)
+    saved = opened(add_positions_backward, cache)
     seq_len, block_size = saved
     xp = backend.namespace_of(dy)
     dtable_used = xp.sum(dy, axis=0)  # (T, D)

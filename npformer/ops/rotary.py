@@ -65,7 +65,17 @@ from typing import Any
 
 from .. import backend
 from ..backend import Array
-from .contracts import backward_op, checked_op, forward_op, rotary_inputs, rotary_table_inputs
+from .contracts import (
+    backward_op,
+    checked_op,
+    door,
+    forward_op,
+    opened,
+    rotary_inputs,
+    rotary_table_inputs,
+    state,
+    with_cache,
+)
 
 THETA = 10000.0  # LlamaConfig's rope_theta default (Llama 3: 500000.0)
 
@@ -107,6 +117,8 @@ def rotary_table(positions: Array, head_dim: int, theta: float = THETA,
 
     positions (T,) give tables (T, E) shared by the batch; (B, T) one table per sequence
     (left padding, a KV cache's offset)."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(rotary_table, positions, head_dim, theta, scaling, dtype)
     xp = backend.namespace_of(positions)
     dtype = dtype or backend.default_float()
     omega = inverse_frequencies(head_dim, theta, scaling, like=positions)  # (E/2,)
@@ -131,14 +143,19 @@ def over_heads(table: Array) -> Array:
 @forward_op(rotary_inputs)
 def rotary_forward(x: Array, cos: Array, sin: Array) -> tuple[Array, Any]:
     """x (B, H, T, E), cos and sin (T, E) or (B, T, E) -> y (B, H, T, E), cache (cos, sin)."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(rotary_forward, x, cos, sin)
     cos, sin = over_heads(cos), over_heads(sin)  # (1, T, E) or (B, 1, T, E)
     y = x * cos + rotate_half(x) * sin  # (B, H, T, E)
-    return y, (cos, sin)
+    return with_cache(rotary_forward, y, (cos, sin))
 
 
 @backward_op(rotary_forward)
-def rotary_backward(dy: Array, saved: Any) -> Array:
+def rotary_backward(dy: Array, cache: Any) -> Array:
     """dy (B, H, T, E) -> dx (B, H, T, E): the transposed rotation, the turn by -angle."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(rotary_backward, dy, cache)
+    saved = opened(rotary_backward, cache)
     cos, sin = saved
     dx = dy * cos - rotate_half(dy * sin)  # (B, H, T, E) = R^T dy
     return dx

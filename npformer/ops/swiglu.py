@@ -32,7 +32,7 @@ from typing import Any
 
 from .. import backend
 from ..backend import Array
-from .contracts import backward_op, forward_op, swiglu_inputs
+from .contracts import backward_op, door, forward_op, opened, state, swiglu_inputs, with_cache
 
 
 def sigmoid(a: Array) -> Array:
@@ -45,14 +45,19 @@ def sigmoid(a: Array) -> Array:
 @forward_op(swiglu_inputs)
 def swiglu_forward(a: Array, b: Array) -> tuple[Array, Any]:
     """a (...) the gate, b (...) the up projection -> h = silu(a) b (...), cache (a, b, s)."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(swiglu_forward, a, b)
     s = sigmoid(a)  # (...)
     h = a * s * b  # (...)
-    return h, (a, b, s)
+    return with_cache(swiglu_forward, h, (a, b, s))
 
 
 @backward_op(swiglu_forward)
-def swiglu_backward(dh: Array, saved: Any) -> tuple[Array, Array]:
+def swiglu_backward(dh: Array, cache: Any) -> tuple[Array, Array]:
     """dh (...) -> da (...), db (...)."""
+    if not state.trusted:  # a call from outside a door: its contract, then this op trusted
+        return door(swiglu_backward, dh, cache)
+    saved = opened(swiglu_backward, cache)
     a, b, s = saved
     dsilu = s * (1.0 + a * (1.0 - s))  # silu'(a)
     da = dh * b * dsilu  # (...)
