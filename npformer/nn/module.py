@@ -45,11 +45,13 @@ import math
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from operator import attrgetter
+from types import MethodType
 from typing import Any
 
 from .. import backend
 from ..backend import Array
-from ..ops.contracts import check_flag, check_upstream, run_trusted, trusted
+from ..ops.contracts import _state, check_flag, check_upstream, trusted, trusting
 from .state import checked_weights
 
 _local = threading.local()  # each thread its own switch, as each has its own generator
@@ -157,12 +159,15 @@ class Module:
 
     def __init_subclass__(cls, **kwargs):
         """A subclass's own forward records its output's shape, and its own backward checks
-        the upstream gradient against it (see the module docstring)."""
+        the upstream gradient against it (see the module docstring), at the door only:
+        :class:`_Door` gives the method itself to a caller inside a door."""
         super().__init_subclass__(**kwargs)
         if "forward" in vars(cls):
-            cls.forward = _recording_output_shape(vars(cls)["forward"])
+            forward = vars(cls)["forward"]
+            cls.forward = _Door(forward, _recording_output_shape(forward))
         if "backward" in vars(cls):
-            cls.backward = _checking_upstream(vars(cls)["backward"])
+            backward = vars(cls)["backward"]
+            cls.backward = _Door(backward, _checking_upstream(backward))
 
     # ------------------------------------------------------------ traversal
     def _children(self) -> Iterator[tuple[str, Module | Parameter]]:
@@ -260,8 +265,6 @@ class Module:
     def backward(self, dout: Any) -> Any:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def __call__(self, *args, **kwargs):
-        return self.forward(*args, **kwargs)
 
     def _save(self, cache, slot: str = "_cache") -> None:
         """Keep what backward needs, unless in inference mode (:func:`no_grad`).
@@ -306,6 +309,31 @@ class Module:
 _ANY_SHAPE = "any"  # a forward whose output is not one array: backward checks no shape
 
 
+class _Door:
+    """A module's own forward or backward, as its instances see it: inside a door (a call
+    from another module's forward or backward, contracts already checked) the method itself,
+    so that a debugger steps from the caller's line straight into it and no frame of this
+    file is on the stack; outside, a user's call, the door (``door``: the inputs or the
+    upstream gradient checked, the method run trusted, the output's shape recorded).  The
+    lookup costs one call; the method runs with nothing around it."""
+
+    __slots__ = ("method", "door")
+
+    def __init__(self, method, door):
+        self.method, self.door = method, door
+
+    def __get__(self, instance, owner=None):
+        if instance is None:
+            return self.method
+        return MethodType(self.method if _state.trusted else self.door, instance)
+
+
+# ``module(*args)`` is ``module.forward(*args)``, looked up as above: a property whose getter
+# is C code, so no frame of its own (a ``def __call__`` would stand between the caller and
+# every forward, as it does in PyTorch).
+Module.__call__ = property(attrgetter("forward"), doc="module(*args): module.forward(*args)")
+
+
 def _no_forward_message(module) -> str:
     return (f"{type(module).__name__}.backward called without a forward pass to "
             "differentiate (forward was not run, ran under no_grad(), or backward "
@@ -321,7 +349,8 @@ def _recording_output_shape(forward):
             out = forward(self, *args, **kwargs)
         else:
             self.check_inputs(*args, **kwargs)
-            out = run_trusted(forward, self, *args, **kwargs)
+            with trusting():  # a with block, not a call: no frame between this and forward
+                out = forward(self, *args, **kwargs)
         output = (tuple(out.shape), out.dtype) if hasattr(out, "shape") else _ANY_SHAPE
         self._output_shape = output if grad_enabled() else None
         return out
@@ -342,7 +371,8 @@ def _checking_upstream(backward):
             if expected is not _ANY_SHAPE:
                 check_upstream(dout, expected[0], f"{type(self).__name__}.backward",
                                expected[1], source="forward's output")
-            grads = run_trusted(backward, self, dout, *args, **kwargs)
+            with trusting():
+                grads = backward(self, dout, *args, **kwargs)
         self._output_shape = None
         return grads
     return checked
