@@ -1,14 +1,20 @@
-"""Count what a student reads from a demo to the first formula of the textbook attention,
-forward and backward.
+"""Count what a student reads from a demo to the first formula of the attention, forward
+and backward, in both tiers.
 
-    python tools/reading_path.py                 # npformer: demos/imdb.py -> ops/attention.py
-    python tools/reading_path.py --backward      # the update: imdb.py -> attention_backward
+    python tools/reading_path.py                 # demos/imdb.py -> the attention, both tiers
+    python tools/reading_path.py --backward      # the update's paths only: -> attention_backward
+    python tools/reading_path.py --tier textbook # one tier (textbook or fast)
     python tools/reading_path.py --nanogpt DIR   # the same count on nanoGPT's train.py/model.py
 
 A path is a list of stops, each a definition (a function or a method) the reader opens by
-go-to-definition from the stop before, and the line in it that leads on.  The script
-checks every stop against the code (the definition exists and holds that line; the last
-stop's line is the formula) and prints two counts of the lines read:
+go-to-definition from the stop before, and the line in it that leads on: the path the
+demo runs (``python demos/imdb.py --tier textbook`` for the textbook's, the default for the
+fast tier's), which is also the Python stack a debugger shows at the formula, from the
+demo's ``main`` down (``tests/test_reading_path.py`` records that stack).  The block's
+branch is the one the demo's config takes: ``norm_first`` of ``demos/imdb.py``'s model
+config, read here, picks the pre-norm or the post-norm lines.  The script checks every stop
+against the code (the definition exists and holds that line; the last stop's line is the
+formula) and prints two counts of the lines read:
 
     files: distinct files opened        hops: go-to-definition jumps into another file
     definitions: the lines of each stop's definition, from its first line to the line
@@ -16,47 +22,109 @@ stop's line is the formula) and prints two counts of the lines read:
     from the top: the lines of each file from its first line to the last line that leads
         on in it (a reader who opens a file and reads it down to where it leads on)
 
-Exits 1 if a stop no longer matches the code (the path must be updated with it).
+Exits 1 if a stop no longer matches the code (the path must be updated with it), or if
+the demo's block branch is not the one the paths read.
 """
 from __future__ import annotations
 
 import argparse
 import ast
+import importlib.util
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# (file, definition "Class.method" or "function", the text on the line that leads on)
-NPFORMER_PATH = [
-    ("demos/imdb.py", "train_member", "implementations(args.tier)[0](config)"),
-    ("demos/imdb.py", "implementations", "return TransformerClassifier, AdamW"),  # textbook
-    ("npformer/models/classifier.py", "TransformerClassifier.forward", "x = block(x, mask)"),
-    ("npformer/nn/blocks.py", "EncoderBlock.forward", "self.self_attn(a.norm(x)"),
-    ("npformer/nn/attention.py", "MultiHeadAttention.forward", "ops.attention_forward("),
-    ("npformer/ops/attention.py", "attention_forward", "softmax_forward(scaled_scores(q, k)"),
-]
-# One update, from the demo's fit() to the attention's backward (the textbook tier, one
-# process: the step runs the task itself).
-NPFORMER_BACKWARD_PATH = [
-    ("demos/imdb.py", "train_member", "trainer.fit()"),
-    ("npformer/train/loop.py", "Trainer.fit", "self._train_one_update(cfg)"),
-    ("npformer/train/loop.py", "Trainer._train_one_update", "loss = self.update()"),
-    ("npformer/train/loop.py", "Trainer.update", "return self.train_step()"),
-    ("npformer/train/loop.py", "Trainer.train_step", "self._forward_backward(batch,"),
-    ("npformer/train/loop.py", "Trainer._forward_backward",
-     "return self.task.loss_and_grad(self.model, batch, grad_scale)"),
-    ("npformer/train/tasks.py", "Classification.loss_and_grad",
-     "self.loss_and_grad_on_device(model, batch, grad_scale)"),
-    ("npformer/train/tasks.py", "Classification.loss_and_grad_on_device",
-     "return cross_entropy_and_backward(model, logits, labels, grad_scale)"),
-    ("npformer/train/tasks.py", "cross_entropy_and_backward", "model.backward(dlogits)"),
-    ("npformer/models/classifier.py", "TransformerClassifier.backward",
-     "dx = block.backward(dx)"),
-    ("npformer/nn/blocks.py", "EncoderBlock.backward", "self.self_attn.backward("),
-    ("npformer/nn/attention.py", "MultiHeadAttention.backward", "ops.attention_backward("),
-    ("npformer/ops/attention.py", "attention_backward", "dscores = softmax_backward(dp"),
-]
+# (file, definition "Class.method" or "function", the text on the line that leads on).
+# The block's lines for each branch of its norm_first (imdb's config: post-norm).
+TEXTBOOK_BLOCK = {
+    False: ("npformer/nn/blocks.py", "EncoderBlock.forward",
+            "x = a.norm(x + a.dropout(self.self_attn(x, mask=mask"),
+    True: ("npformer/nn/blocks.py", "EncoderBlock.forward", "self.self_attn(a.norm(x)"),
+}
+TEXTBOOK_BLOCK_BACKWARD = {
+    False: ("npformer/nn/blocks.py", "EncoderBlock.backward",
+            "return dz + self.self_attn.backward("),
+    True: ("npformer/nn/blocks.py", "EncoderBlock.backward",
+           "a.norm.backward(self.self_attn.backward("),
+}
+FAST_BLOCK = {
+    False: ("npformer/fast/blocks.py", "EncoderBlock.forward",
+            "x = a.norm(x + a.dropout(self.self_attn(x, mask=mask"),
+    True: ("npformer/fast/blocks.py", "EncoderBlock.forward", "x = x + a.dropout(self.self_attn("),
+}
+
+
+def textbook_path(norm_first: bool) -> list:
+    """demos/imdb.py --tier textbook: the model's forward down to the attention's formula."""
+    return [
+        ("demos/imdb.py", "train_member", "implementations(args.tier)[0](config)"),
+        ("demos/imdb.py", "implementations", "return TransformerClassifier, AdamW"),
+        ("npformer/models/classifier.py", "TransformerClassifier.forward", "x = block(x, mask)"),
+        TEXTBOOK_BLOCK[norm_first],
+        ("npformer/nn/attention.py", "MultiHeadAttention.forward", "ops.attention_forward("),
+        ("npformer/ops/attention.py", "attention_forward", "softmax_forward(scaled_scores(q, k)"),
+    ]
+
+
+def update_path() -> list:
+    """One update, from the demo's fit() to the model's backward (one process: the step
+    runs the task itself); the same in both tiers."""
+    return [
+        ("demos/imdb.py", "train_member", "trainer.fit()"),
+        ("npformer/train/loop.py", "Trainer.fit", "self._record_update(cfg, self.update())"),
+        ("npformer/train/loop.py", "Trainer.update", "return self.train_step()"),
+        ("npformer/train/loop.py", "Trainer.train_step",
+         "self.task.loss_and_grad(self.model, batch, scale)"),
+        ("npformer/train/tasks.py", "Classification.loss_and_grad",
+         "self.loss_and_grad_on_device(model, batch, grad_scale)"),
+        ("npformer/train/tasks.py", "Classification.loss_and_grad_on_device",
+         "return cross_entropy_and_backward(model, logits, labels, grad_scale)"),
+        ("npformer/train/tasks.py", "cross_entropy_and_backward", "model.backward(dlogits)"),
+    ]
+
+
+def textbook_backward_path(norm_first: bool) -> list:
+    return update_path() + [
+        ("npformer/models/classifier.py", "TransformerClassifier.backward",
+         "dx = block.backward(dx)"),
+        TEXTBOOK_BLOCK_BACKWARD[norm_first],
+        ("npformer/nn/attention.py", "MultiHeadAttention.backward", "ops.attention_backward("),
+        ("npformer/ops/attention.py", "attention_backward", "dscores = softmax_backward(dp"),
+    ]
+
+
+def fast_path(norm_first: bool) -> list:
+    """demos/imdb.py (the fast tier, its default): the valid positions packed as rows, the
+    attention in blocks of scores."""
+    return [
+        ("demos/imdb.py", "train_member", "implementations(args.tier)[0](config)"),
+        ("demos/imdb.py", "implementations", "return fast.TransformerClassifier, fast.AdamW"),
+        ("npformer/fast/models.py", "TransformerClassifier.forward",
+         "x = packed_blocks(self._embedded(ids), self.blocks"),
+        ("npformer/fast/models.py", "packed_blocks", "x = block(x, mask, packing=packing)"),
+        FAST_BLOCK[norm_first],
+        ("npformer/fast/blocks.py", "MultiHeadAttention.forward",
+         "attention.attention_forward(q, k, v, mask)"),
+        ("npformer/fast/attention.py", "attention_forward", "scores = q[rows] @ k[keys].mT"),
+    ]
+
+
+def fast_backward_path(norm_first: bool) -> list:
+    block = ([("npformer/fast/blocks.py", "EncoderBlock.backward", "return super().backward(dy)"),
+              TEXTBOOK_BLOCK_BACKWARD[False]] if not norm_first else
+             [("npformer/fast/blocks.py", "EncoderBlock.backward", "self.self_attn.backward(")])
+    return update_path() + [
+        ("npformer/fast/models.py", "TransformerClassifier.backward",
+         "self._embedded_backward(packed_blocks_backward(dx, self.blocks"),
+        ("npformer/fast/models.py", "packed_blocks_backward", "dx = block.backward(dx)"),
+        *block,
+        ("npformer/fast/blocks.py", "MultiHeadAttention.backward",
+         "attention.attention_backward(split_heads(dmerged, h)"),
+        ("npformer/fast/attention.py", "attention_backward", "dv[keys] += p.mT @ dout[rows]"),
+    ]
+
+
 NANOGPT_BACKWARD_PATH = [  # autograd: the backward is one call
     ("train.py", None, "scaler.scale(loss).backward()"),
 ]
@@ -66,6 +134,15 @@ NANOGPT_PATH = [
     ("model.py", "Block.forward", "x = x + self.attn(self.ln_1(x))"),
     ("model.py", "CausalSelfAttention.forward", "att = (q @ k.transpose(-2, -1))"),
 ]
+
+
+def demo_norm_first() -> bool:
+    """norm_first of the model demos/imdb.py trains (its default preset's config)."""
+    spec = importlib.util.spec_from_file_location("reading_path_imdb", ROOT / "demos" / "imdb.py")
+    demo = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = demo  # dataclasses look their module up
+    spec.loader.exec_module(demo)
+    return bool(demo.model_config(demo.PRESETS["default"], vocab_size=100, pad_id=0).norm_first)
 
 
 def definition(tree: ast.Module, qualname: str) -> ast.AST:
@@ -96,7 +173,8 @@ def lines_read(source: str, qualname: str | None, leads_on: str) -> tuple[int, i
     raise LookupError(f"{qualname or 'the module'} holds no line with {leads_on!r}")
 
 
-def count(root: Path, path: list) -> int:
+def count(root: Path, path: list, title: str) -> int:
+    print(title)
     definitions, reached = 0, {}  # reached: file -> the last line read in it
     for file, qualname, leads_on in path:
         try:
@@ -118,11 +196,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nanogpt", type=Path, metavar="DIR",
                         help="count nanoGPT's path instead (its train.py and model.py in DIR)")
     parser.add_argument("--backward", action="store_true",
-                        help="the update's path, from fit() to the attention's backward")
+                        help="the update's paths only, from fit() to the attention's backward")
+    parser.add_argument("--tier", choices=("textbook", "fast"),
+                        help="one tier's paths (default: both)")
     args = parser.parse_args(argv)
     if args.nanogpt:
-        return count(args.nanogpt, NANOGPT_BACKWARD_PATH if args.backward else NANOGPT_PATH)
-    return count(ROOT, NPFORMER_BACKWARD_PATH if args.backward else NPFORMER_PATH)
+        paths = [] if args.backward else [("nanoGPT, forward", NANOGPT_PATH)]
+        paths.append(("nanoGPT, backward", NANOGPT_BACKWARD_PATH))
+        return max(count(args.nanogpt, path, title) for title, path in paths)
+    norm_first = demo_norm_first()
+    branch = "pre-norm" if norm_first else "post-norm"
+    paths = []
+    for tier, forward, backward in (("textbook", textbook_path, textbook_backward_path),
+                                    ("fast", fast_path, fast_backward_path)):
+        if args.tier in (None, tier):
+            command = "python demos/imdb.py" + (" --tier textbook" if tier == "textbook" else "")
+            if not args.backward:
+                paths.append((f"{tier} tier, forward ({command}; its blocks {branch})",
+                              forward(norm_first)))
+            paths.append((f"{tier} tier, backward ({command}; one update)", backward(norm_first)))
+    status = 0
+    for title, path in paths:
+        status = max(status, count(ROOT, path, title))
+    for file, qualname, leads_on in (TEXTBOOK_BLOCK[not norm_first],  # the other branch's
+                                     TEXTBOOK_BLOCK_BACKWARD[not norm_first],  # lines, kept
+                                     FAST_BLOCK[not norm_first]):  # true for the other demos
+        try:
+            lines_read((ROOT / file).read_text(), qualname, leads_on)
+        except (OSError, LookupError) as exc:
+            print(f"error: {file}: {exc}: the path no longer matches the code", file=sys.stderr)
+            status = 1
+    return status
 
 
 if __name__ == "__main__":

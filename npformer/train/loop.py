@@ -134,7 +134,15 @@ class Trainer:
         losses, self._items = [], 0
         for i in range(self.config.grad_accum):
             batch, seed = first if i == 0 and first is not None else self._draw_batch()
-            losses.append(self._forward_backward(batch, 1.0 / self.config.grad_accum, seed))
+            scale = 1.0 / self.config.grad_accum  # the forward, loss and backward of the batch
+            if self.workers is None:  # one process of one replica: the task itself, here
+                self._items += self.task.count(batch)
+                with backend.thread_generator(seed):  # its dropout masks drawn from seed
+                    losses.append(self.task.loss_and_grad(self.model, batch, scale))
+            else:  # data parallelism: the batch sharded over the workers, gradients summed
+                loss, count = self.workers.loss_and_grad(self.task, batch, scale, seed)
+                self._items += count
+                losses.append(loss)
         loss = float(np.mean(losses))
         if self.workers is not None:
             loss = self.workers.reduce_step(loss)  # the gradients' all-reduce (MPI ranks)
@@ -142,18 +150,6 @@ class Trainer:
         self._clip_gradients()  # a NaN or inf gradient stops the run here
         self.optimizer.step()
         return loss
-
-    def _forward_backward(self, batch: tuple, grad_scale: float, seed: int) -> float:
-        """The forward, loss and backward of one batch times ``grad_scale``, its dropout
-        masks drawn from ``seed``; the batch's mean loss.  Data parallelism shards it over
-        the workers and sums their gradients."""
-        if self.workers is not None:
-            loss, count = self.workers.loss_and_grad(self.task, batch, grad_scale, seed)
-            self._items += count
-            return loss
-        self._items += self.task.count(batch)
-        with backend.thread_generator(seed):
-            return self.task.loss_and_grad(self.model, batch, grad_scale)
 
     def _draw_batch(self) -> tuple[tuple, int]:
         """The next batch, and the seed of its dropout masks."""
@@ -200,7 +196,7 @@ class Trainer:
                     self.train_seconds = self._train_seconds_now()
                     self.finished = self.updates >= self.planned_updates or self._out_of_time()
                     if not self.finished:
-                        self._train_one_update(cfg)
+                        self._record_update(cfg, self.update())
                         reason = self.ranks.from_main(  # every rank stops at the same update
                             requests[0] if requests else stop_after_reached(
                                 cfg.stop_after, self.updates, self.planned_updates))
@@ -214,8 +210,9 @@ class Trainer:
         self.ranks.from_main(None)  # MPI: no rank returns before rank 0's files are written
         return self.history
 
-    def _train_one_update(self, cfg: TrainConfig) -> None:
-        loss = self.update()
+    def _record_update(self, cfg: TrainConfig, loss: float) -> None:
+        """After an update: its loss in the history and the progress, then the evaluation
+        and the run's save when due."""
         self.history.updates.append(self.updates)
         self.history.losses.append(loss)
         self.history.lrs.append(self.optimizer.lr)
