@@ -11,7 +11,7 @@ writes; ``grads`` names the step's outputs (``("param", "m", "v")``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -21,22 +21,33 @@ from exercises.check import NOT_STARTED, TOLERANCE, WRONG, Case, Exercise, Part
 
 
 @dataclass
+class StepCase(Case):
+    """A step's case: ``args`` the init's (``[param]``), ``grads`` the gradients of the
+    updates (updates, *shape), ``hyper`` the step's keyword arguments."""
+
+    grads: Any = None
+    hyper: dict = field(default_factory=dict)
+
+
+@dataclass
 class StepPart(Part):
-    """``make(rng, **sizes) -> Case([param, grads (updates, *shape)], hyperparameters)``;
+    """``make(rng, **sizes) -> StepCase([param], grads=..., hyper=...)``;
     ``textbook = (init, step)`` with the exercise's signatures."""
 
     def check_case(self, exercise: Exercise, impl: Any, case: Case) -> dict | None:
         from npformer.gradcheck import compare
 
-        param, grads = (np.asarray(a, dtype=np.float64) for a in case.args[:2])
-        hyper = dict(case.kwargs)
+        param = np.asarray(case.args[0], dtype=np.float64)
+        grads, hyper = np.asarray(case.grads, dtype=np.float64), dict(case.hyper)
         init, step = getattr(impl, self.forward), getattr(impl, self.backward)
         book_init, book_step = self.textbook
         inputs = (f"inputs: param {param.shape}, {len(grads)} update(s), "
                   + ", ".join(f"{k}={v!r}" for k, v in hyper.items()))
-        book_state = tuple(np.asarray(s, dtype=np.float64) for s in book_init(param.copy()))
+        book_state = tuple(np.asarray(s, dtype=np.float64)
+                           for s in book_init(param.copy(), *case.args[1:], **case.kwargs))
         try:
-            state = tuple(np.asarray(s, dtype=np.float64) for s in init(param.copy()))
+            state = tuple(np.asarray(s, dtype=np.float64)
+                          for s in init(param.copy(), *case.args[1:], **case.kwargs))
         except Exception as error:
             return dict(status=WRONG, gradient=self.forward,
                         headline=f"{self.forward} (given) raised",

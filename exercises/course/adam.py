@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
-from exercises._step import StepPart
-from exercises.check import Case, Exercise, Mistake
+from exercises._step import StepCase, StepPart
+from exercises.check import Exercise, Mistake
 from exercises.course._draw import normal
 from npformer.nn.module import Parameter
 from npformer.optim import AdamW
@@ -31,8 +31,8 @@ def _step(param, grad, m, v, t, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8,
 def make(rng, shape, updates, lr, betas, weight_decay, scale):
     param = normal(rng, *shape)
     grads = normal(rng, updates, *shape, scale=scale)
-    return Case([param, grads], dict(lr=lr, beta1=betas[0], beta2=betas[1], eps=1e-8,
-                                     weight_decay=weight_decay))
+    return StepCase([param], grads=grads, hyper=dict(lr=lr, beta1=betas[0], beta2=betas[1],
+                                                     eps=1e-8, weight_decay=weight_decay))
 
 
 HINTS = {

@@ -102,7 +102,7 @@ EXERCISE = Exercise(
     mistakes=[
         Mistake("only the queries' path into dx (the keys' and values' left out)", "dx",
                 _backward(paths="q")),
-        Mistake("the heads' gradients merged in the wrong order (a plain reshape)", "dwq",
+        Mistake("the heads' gradients merged in the wrong order (a plain reshape)", "dwk",
                 _backward(merge_dheads=_merged_as_reshape)),
         Mistake("dConcat split into heads by a plain reshape", "dwq",
                 _backward(split_dconcat=_split_as_reshape)),
