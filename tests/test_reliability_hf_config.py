@@ -283,6 +283,8 @@ def test_qwen_defaults_differ_from_llamas(torch, tmp_path):
     config = hf_llama.config_from_hf(llama)
     assert (config.max_position_embeddings, config.num_key_value_heads) == (2048, 32 // 1)
     assert hf_llama.config_from_hf({"model_type": "llama"}).vocab_size == 32000
+    values.update(num_key_value_heads=None, num_attention_heads=16)  # null: the heads
+    assert hf_llama.config_from_hf(values).num_key_value_heads == 16
 
 
 def test_fields_a_family_does_not_read_are_not_read(torch, tmp_path):
