@@ -221,6 +221,7 @@ class Prepared:
     train_ids: list
     train_y: np.ndarray
     seed: int
+    data: Any = None  # as --data: the archive or its folder (None: the demo's default)
 
 
 def prepare(data=None, seed: int = 0, preset: str = "smoke") -> Prepared:
@@ -239,7 +240,7 @@ def prepare(data=None, seed: int = 0, preset: str = "smoke") -> Prepared:
     train_ids, train_y = demo.encode_reviews(train, vocab, chosen.block_size,
                                              chosen.head_tokens)
     config = demo.model_config(chosen, len(vocab), vocab.pad_id, num_classes=len(labels))
-    return Prepared(demo, chosen, config, train_ids, train_y, seed)
+    return Prepared(demo, chosen, config, train_ids, train_y, seed, data)
 
 
 def curve(prepared: Prepared, functions: dict[str, Any] | None = None) -> list[float]:

@@ -172,3 +172,22 @@ def test_the_capstone_says_which_exercises_are_not_started():
     text, verdict = capstone.run()
     assert verdict is None
     assert text.startswith("not started yet: ") and "linear" in text and "adam" in text
+
+
+def test_the_capstones_textbook_curve_is_the_demos_own(smoke, tmp_path):
+    """``python demos/imdb.py --smoke --tier textbook --dtype float64 --members 1`` trains
+    the curve the capstone compares with, update for update."""
+    from npformer import backend
+    from npformer.checkpoint import load_checkpoint
+
+    previous = backend.backend_name(), backend.default_float_name()
+    try:
+        code = smoke.demo.main(["--smoke", "--tier", "textbook", "--dtype", "float64",
+                                "--members", "1", "--no-progress", "--data", str(smoke.data),
+                                "--out", str(tmp_path / "run")])
+    finally:
+        backend.set_backend(previous[0])
+        backend.set_default_float(previous[1])
+    assert code == 0
+    history = load_checkpoint(tmp_path / "run" / "last.npz").extra["trainer"]["history"]
+    assert history["losses"] == capstone.curve(smoke)
