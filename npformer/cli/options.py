@@ -318,7 +318,9 @@ def demo_parser(demo: Demo, doc: str, presets: dict) -> argparse.ArgumentParser:
     parser.add_argument("--tier", choices=TIERS, default=None,
                         help="which implementation trains: fast (npformer.fast, the default) "
                              "or textbook (the plain derivations: npformer.models, "
-                             "npformer.optim); both give the same numbers up to rounding")
+                             "npformer.optim; one process, one replica unless --procs or "
+                             "--replicas ask for more); both give the same numbers up to "
+                             "rounding")
     parser.add_argument("--cuda-graph", action="store_true",
                         help="with --backend cupy: each training update captured once as a "
                              "CUDA graph and replayed (npformer.gpu.cuda_graph; the same as "
@@ -328,7 +330,7 @@ def demo_parser(demo: Demo, doc: str, presets: dict) -> argparse.ArgumentParser:
                         help="data-parallel replicas, one thread each with single-threaded "
                              "BLAS, for training and evaluation (default: one per CPU core "
                              "with numpy, shared among the MPI ranks on the machine; 1 with "
-                             "cupy)")
+                             "cupy or --tier textbook)")
     add_procs_option(parser)
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress bar (on a terminal) or progress lines (elsewhere)")
@@ -351,5 +353,6 @@ def add_procs_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--procs", type=positive_int, default=None, metavar="N",
         help="processes to train in: the demo re-launches itself as N MPI ranks (one "
-             "process per core by default, when mpi4py and mpiexec are installed; the "
-             "results are one process's, up to rounding); --procs 1 runs in this process")
+             "process per core by default, when mpi4py and mpiexec are installed, except "
+             "with --tier textbook; the results are one process's, up to rounding); "
+             "--procs 1 runs in this process")
