@@ -31,13 +31,17 @@ from pathlib import Path
 import numpy as np  # noqa: F401  (yours to use)
 
 _root = str(Path(globals().get("__file__", "blocks.py")).resolve().parents[1])
-if _root not in sys.path:  # the earlier exercises, imported as exercises.NAME
+if _root not in sys.path:  # the earlier exercises: exercises/NAME.py, as it is now
     sys.path.insert(0, _root)
-from exercises.dropout import dropout_backward, dropout_forward  # noqa: E402,F401
-from exercises.layernorm import layernorm_backward, layernorm_forward  # noqa: E402,F401
-from exercises.linear import linear_backward, linear_forward  # noqa: E402,F401
-from exercises.multihead import multihead_backward, multihead_forward  # noqa: E402,F401
-from exercises.relu import relu_backward, relu_forward  # noqa: E402,F401
+from exercises._earlier import earlier  # noqa: E402
+
+dropout_forward, dropout_backward = earlier("dropout", "dropout_forward", "dropout_backward")
+layernorm_forward, layernorm_backward = earlier(
+    "layernorm", "layernorm_forward", "layernorm_backward")
+linear_forward, linear_backward = earlier("linear", "linear_forward", "linear_backward")
+multihead_forward, multihead_backward = earlier(
+    "multihead", "multihead_forward", "multihead_backward")
+relu_forward, relu_backward = earlier("relu", "relu_forward", "relu_backward")
 
 
 # %%

@@ -27,21 +27,21 @@ from pathlib import Path
 import numpy as np
 
 _root = str(Path(globals().get("__file__", "model.py")).resolve().parents[1])
-if _root not in sys.path:  # the earlier exercises, imported as exercises.NAME
+if _root not in sys.path:  # the earlier exercises: exercises/NAME.py, as it is now
     sys.path.insert(0, _root)
-from exercises.blocks import postnorm_block_backward, postnorm_block_forward  # noqa: E402,F401
-from exercises.cross_entropy import (  # noqa: E402,F401
-    cross_entropy_backward,
-    cross_entropy_forward,
-)
-from exercises.dropout import dropout_backward, dropout_forward  # noqa: E402,F401
-from exercises.embedding import embedding_backward, embedding_forward  # noqa: E402,F401
-from exercises.linear import linear_backward, linear_forward  # noqa: E402,F401
-from exercises.pooling import pool_backward, pool_forward  # noqa: E402,F401
-from exercises.positions import (  # noqa: E402,F401
-    add_positions_backward,
-    add_positions_forward,
-)
+from exercises._earlier import earlier  # noqa: E402
+
+postnorm_block_forward, postnorm_block_backward = earlier(
+    "blocks", "postnorm_block_forward", "postnorm_block_backward")
+cross_entropy_forward, cross_entropy_backward = earlier(
+    "cross_entropy", "cross_entropy_forward", "cross_entropy_backward")
+dropout_forward, dropout_backward = earlier("dropout", "dropout_forward", "dropout_backward")
+embedding_forward, embedding_backward = earlier(
+    "embedding", "embedding_forward", "embedding_backward")
+linear_forward, linear_backward = earlier("linear", "linear_forward", "linear_backward")
+pool_forward, pool_backward = earlier("pooling", "pool_forward", "pool_backward")
+add_positions_forward, add_positions_backward = earlier(
+    "positions", "add_positions_forward", "add_positions_backward")
 
 
 # %%

@@ -22,16 +22,17 @@ from pathlib import Path
 import numpy as np  # noqa: F401  (yours to use)
 
 _root = str(Path(globals().get("__file__", "multihead.py")).resolve().parents[1])
-if _root not in sys.path:  # the earlier exercises, imported as exercises.NAME
+if _root not in sys.path:  # the earlier exercises: exercises/NAME.py, as it is now
     sys.path.insert(0, _root)
-from exercises.attention import attention_backward, attention_forward  # noqa: E402,F401
-from exercises.heads import (  # noqa: E402,F401
-    merge_heads_backward,
-    merge_heads_forward,
-    split_heads_backward,
-    split_heads_forward,
-)
-from exercises.linear import linear_backward, linear_forward  # noqa: E402,F401
+from exercises._earlier import earlier  # noqa: E402
+
+attention_forward, attention_backward = earlier(
+    "attention", "attention_forward", "attention_backward")
+split_heads_forward, split_heads_backward = earlier(
+    "heads", "split_heads_forward", "split_heads_backward")
+merge_heads_forward, merge_heads_backward = earlier(
+    "heads", "merge_heads_forward", "merge_heads_backward")
+linear_forward, linear_backward = earlier("linear", "linear_forward", "linear_backward")
 
 
 # %%

@@ -191,3 +191,19 @@ def test_the_capstones_textbook_curve_is_the_demos_own(smoke, tmp_path):
     assert code == 0
     history = load_checkpoint(tmp_path / "run" / "last.npz").extra["trainer"]["history"]
     assert history["losses"] == capstone.curve(smoke)
+
+
+def test_an_earlier_exercise_not_done_is_named_not_this_one_not_started():
+    """multihead's backward written, calling the linear exercise's backward, not written
+    yet: the report names the exercise to do first."""
+    fresh = course.load_file(course.exercises()["multihead"])
+
+    def backward(dy, cache):
+        q_cache, k_cache, v_cache, attention_cache, out_cache, num_heads = cache
+        dmerged, dwo, dbo = fresh.linear_backward(dy, out_cache)
+        raise AssertionError("not reached")
+    report = course.check("multihead", module=SimpleNamespace(multihead_backward=backward),
+                          examples=EXAMPLES)
+    assert report.status == course.WRONG, report.message
+    assert "exercises/linear.py) is not written yet" in report.message, report.message
+    assert "python exercises/check.py linear" in report.message, report.message
