@@ -36,6 +36,9 @@ def make(rng, shape, updates, lr, betas, weight_decay, scale):
 
 
 HINTS = {
+    "*": "Return the parameter, m and v after update t: m and v updated with the gradient "
+         "as it is, the bias corrections 1 - beta^t in the step, AdamW's decay on the "
+         "weights.",
     "param": "Bias correction: m_hat = m / (1 - beta1^t), v_hat = v / (1 - beta2^t), then "
              "param <- param - lr m_hat / (sqrt(v_hat) + eps), eps outside the square root; "
              "and, before it, AdamW's decoupled decay param <- param (1 - lr weight_decay) "

@@ -60,6 +60,9 @@ SUM = ("Backward: the repetition's transpose sums: key/value "
        "j*G .. j*G + G - 1 (reshape (B, H_kv, G, S, E), sum over G), before its "
        "projection's backward")
 HINTS = {
+    "*": "Backward: the multi-head layer's steps in reverse (§10, Backward of the whole "
+         "layer), with each key/value head's gradient summed over its group of query heads "
+         "before its projection's backward.",
     "dwk": "attention's dK for the H query heads (§9: alpha dA^T Q, alpha = 1/sqrt(E)); "
            "then " + SUM + ": dW^K = x^T dK.",
     "dbk": SUM + ".",

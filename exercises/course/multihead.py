@@ -48,6 +48,9 @@ EDGES = [("several heads and positions", dict(b=2, t=3, d=4, h=2, e=3, mask="non
          ("causal", dict(b=1, t=4, d=2, h=3, e=1, mask="causal"))]
 GRADS = ("dx", "dwq", "dbq", "dwk", "dbk", "dwv", "dbv", "dwo", "dbo")
 HINTS = {
+    "*": "Backward of the whole layer: the forward's steps in reverse: W^O's backward, "
+         "split into heads, attention's backward (§9), each of dQ, dK, dV merged and through "
+         "its projection's backward, and x's three gradients added (R1).",
     "dwo": "Backward of the whole layer, Step 1: dConcat = dY W^O^T, dW^O = Concat^T dY "
            "(§2), with Concat the merged heads.",
     "dbo": "Backward of the whole layer, Step 1: db^O = the sum of dY over every row.",
