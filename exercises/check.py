@@ -412,6 +412,10 @@ def _check_case(exercise: Exercise, part: Part, impl: Any, case: Case) -> dict |
                              f"expected {len(part.grads)}: {expected_names}, in that order",
                     lines=[inputs, _hint(exercise, part, "*")])
     yours, book = {}, {}
+    shapes = [tuple(np.shape(backend.to_numpy(g))) if g is not None else None for g in grads]
+    book_shapes = [tuple(np.shape(backend.to_numpy(b))) for b in book_grads]
+    reordered = (None not in shapes and shapes != book_shapes
+                 and sorted(shapes) == sorted(book_shapes))
     for name, g, b in zip(part.grads, grads, book_grads):
         b = np.asarray(backend.to_numpy(b), dtype=np.float64)
         if g is None:
@@ -420,11 +424,14 @@ def _check_case(exercise: Exercise, part: Part, impl: Any, case: Case) -> dict |
         g = np.asarray(backend.to_numpy(g), dtype=np.float64)
         if g.shape != b.shape:
             transposed = g.shape == b.shape[::-1] and g.ndim >= 2
+            why = ("a transpose missing?" if transposed else
+                   "a gradient has the shape of what it is the gradient of")
+            if reordered:
+                why = (f"the gradients returned in another order? {part.backward} returns "
+                       f"{expected_names}, in that order")
             return dict(status=WRONG, gradient=name,
                         headline=f"{name} has shape {g.shape}, expected {b.shape}",
-                        lines=[("a transpose missing?" if transposed else
-                                "a gradient has the shape of what it is the gradient of"),
-                               inputs, _hint(exercise, part, name)])
+                        lines=[why, inputs, _hint(exercise, part, name)])
         yours[name], book[name] = g, b
     result = compare(yours, book)
     if not result.passed(TOLERANCE):

@@ -157,3 +157,15 @@ def test_each_file_is_a_percent_notebook_naming_its_section(name):
     assert "your code here" in text
     for part in exercise.parts:
         assert f"def {part.forward}(" in text and f"def {part.backward}(" in text
+
+
+def test_gradients_in_another_order_are_named_so():
+    def backward(dy, cache):
+        x, w = cache
+        dx = dy @ w.T
+        dw = x.reshape(-1, w.shape[0]).T @ dy.reshape(-1, w.shape[1])
+        return dw, dx, dy.reshape(-1, w.shape[1]).sum(0)
+    report = course.check("linear", module=SimpleNamespace(linear_backward=backward),
+                          examples=EXAMPLES)
+    assert report.status == course.WRONG and report.gradient == "dx"
+    assert "another order" in report.message and "dx, dw, db" in report.message
