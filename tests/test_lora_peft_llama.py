@@ -39,10 +39,14 @@ def test_llama_names_are_hugging_faces_less_model():
     from npformer.models.llama import LlamaConfig
 
     naming = npeft.llama_names(LlamaConfig(vocab_size=5, num_hidden_layers=2))
-    assert len(naming.modules) == 2 * 7 and not naming.fan_in_fan_out
+    assert len(naming.modules) == 2 * 7 + 1 and not naming.fan_in_fan_out
     assert naming.modules[0] == ("model.layers.0.self_attn.q_proj",
                                  ("layers.0.self_attn.q_proj",))
-    assert naming.modules[-1] == ("model.layers.1.mlp.down_proj", ("layers.1.mlp.down_proj",))
+    assert naming.modules[-2] == ("model.layers.1.mlp.down_proj", ("layers.1.mlp.down_proj",))
+    # issue 57 case 7: the token table (PEFT's lora_embedding_A / _B), and lm_head untied
+    assert naming.modules[-1] == ("model.embed_tokens", ("embed_tokens",))
+    untied = npeft.llama_names(LlamaConfig(vocab_size=5, tie_word_embeddings=False))
+    assert untied.modules[-1] == ("lm_head", ("lm_head",))
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -201,15 +205,18 @@ def test_saving_adapters_refuses_bad_folders_before_writing_and_writes_whole(
 
 
 def test_saving_an_adapter_the_naming_does_not_cover_is_refused(tmp_path):
-    """sweep 5: an adapter on an untied lm_head (apply_lora accepts it; llama_names names
-    the projections only) was left out of adapter_model.safetensors, silently."""
+    """sweep 5: an adapter on a layer the naming leaves out (an untied lm_head, before
+    llama_names named it: issue 57 case 7) was left out of adapter_model.safetensors,
+    silently."""
     from npformer.nn.lora import apply_lora
 
     model = tiny_llama(tie_word_embeddings=False)
     apply_lora(model, ["q_proj", "lm_head"], 2)
+    naming = npeft.llama_names(model.config)
+    without_head = npeft.Naming(tuple(m for m in naming.modules if m[0] != "lm_head"))
     with pytest.raises(ValueError, match=r"adapters on \['lm_head'\], which PEFT's names of "
                                          "this model do not cover"):
-        npeft.save_adapter(model, tmp_path / "adapter", npeft.llama_names(model.config))
+        npeft.save_adapter(model, tmp_path / "adapter", without_head)
     assert not (tmp_path / "adapter").exists()
 
 

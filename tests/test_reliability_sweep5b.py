@@ -400,3 +400,184 @@ def test_a_version_4_lora_checkpoint_loads_as_before(tmp_path):
         restore(_lora_llama(seed=3), old)
         with pytest.raises(CheckpointError, match="without their settings"):
             build_model(old)
+
+
+# --------------------------------------------------------------------------- case 7
+PEFT_RTOL = 1e-10
+
+
+def _peft_case(name):
+    """The torch folder's name, and the adapted modules (lm_head only where untied)."""
+    targets = ["q_proj", "embed_tokens"] + (["lm_head"] if "untied" in name else [])
+    return targets
+
+
+@pytest.mark.parametrize("name", ["llama_gqa_llama3_untied", "qwen3_tied"])
+def test_peft_loads_our_embedding_and_lm_head_adapters_and_matches_them(torch, tmp_path,
+                                                                         name):
+    """Logits, and every adapter's gradient (the embedding's A and B too) against torch
+    autograd on PEFT's model, float64, within 1e-10 (case 7)."""
+    import json
+
+    import peft
+
+    from npformer.interop import hf_llama
+    from npformer.interop import peft as npeft
+
+    from .conftest import using_backend
+    from .helpers import rel_diff
+    from .llama_reference import float64_reference
+    from .test_hf_llama import PAD, build
+    from .test_lora_peft import lm_adapter_gradients, randomize_adapters
+
+    theirs, folder = build(torch, tmp_path, name)
+    targets = _peft_case(name)
+    with using_backend("numpy", "float64"), float64_reference():
+        ours = hf_llama.from_pretrained(folder, dtype="float64")
+        naming = npeft.llama_names(ours.config, padding_idx=PAD)
+        npeft.apply_adapters(ours, naming, targets, 3, 7.0)
+        randomize_adapters(ours)
+        npeft.save_adapter(ours, tmp_path / "adapter", naming)
+        config = json.loads((tmp_path / "adapter" / npeft.CONFIG_FILE).read_text())
+        assert sorted(config["target_modules"]) == sorted(targets)
+        theirs = peft.PeftModel.from_pretrained(theirs, tmp_path / "adapter", is_trainable=True)
+        mine, expected = lm_adapter_gradients(ours, theirs, naming, seed=6)
+    assert "base_model.model.model.embed_tokens.lora_embedding_A" in expected
+    assert ("base_model.model.lm_head.lora_A.weight" in expected) == ("lm_head" in targets)
+    assert set(mine) == set(expected)
+    for key, grad in expected.items():
+        assert rel_diff(mine[key], grad) <= PEFT_RTOL, key
+
+
+@pytest.mark.parametrize("name", ["llama_gqa_llama3_untied", "qwen3_tied"])
+def test_we_load_peft_s_embedding_and_lm_head_adapters(torch, tmp_path, name):
+    """PEFT's folder with lora_embedding_A / _B and base_layer.weight (it saves the adapted
+    embeddings' tables too) was refused: "'...base_layer.weight' is not a LoRA weight"."""
+    import peft
+
+    from npformer import backend
+    from npformer.interop import hf_llama
+    from npformer.interop import peft as npeft
+    from npformer.nn.lora import lora_layers
+
+    from .conftest import using_backend
+    from .helpers import rel_diff, to_host
+    from .llama_reference import float64_reference
+    from .test_hf_llama import build
+
+    theirs, folder = build(torch, tmp_path, name)
+    targets = _peft_case(name)
+    with using_backend("numpy", "float64"), float64_reference():
+        theirs = peft.get_peft_model(theirs, peft.LoraConfig(r=2, lora_alpha=5,
+                                                             target_modules=targets))
+        with torch.no_grad():
+            for key, p in theirs.named_parameters():
+                if "lora_" in key:
+                    p.normal_(0.0, 0.5)
+        theirs.save_pretrained(tmp_path / "adapter")
+        ours = hf_llama.from_pretrained(folder, dtype="float64")
+        names = npeft.load_adapter(ours, tmp_path / "adapter", npeft.llama_names(ours.config))
+        assert "model.embed_tokens" in names and "embed_tokens" in lora_layers(ours)
+        ids = np.random.default_rng(5).integers(0, ours.config.vocab_size, (2, 6))
+        with torch.no_grad():
+            expected = theirs(torch.tensor(ids)).logits.numpy()
+            with theirs.disable_adapter():
+                plain = theirs(torch.tensor(ids)).logits.numpy()
+        got = to_host(ours(backend.asarray(ids)))
+    assert rel_diff(got, expected) <= PEFT_RTOL and rel_diff(got, plain) > 1e-3
+
+
+def test_an_adapter_on_a_tied_lm_head_is_refused_by_name(tmp_path):
+    from npformer.interop import peft as npeft
+
+    from .helpers import tiny_llama
+
+    untied = tiny_llama(tie_word_embeddings=False)
+    naming = npeft.llama_names(untied.config)
+    npeft.apply_adapters(untied, naming, ["q_proj", "lm_head"], 2, 4.0)
+    npeft.save_adapter(untied, tmp_path / "adapter", naming)
+    tied = tiny_llama()
+    with pytest.raises(ValueError, match="adapts lm_head: this model's lm_head is tied to "
+                                         "model.embed_tokens"):
+        npeft.load_adapter(tied, tmp_path / "adapter", npeft.llama_names(tied.config))
+    with pytest.raises(ValueError, match="target_modules 'lm_head': this model's lm_head is "
+                                         "tied"):
+        npeft.apply_adapters(tied, npeft.llama_names(tied.config), ["lm_head"], 2)
+
+
+@pytest.mark.parametrize("tier", ["textbook", "fast"])
+@pytest.mark.parametrize("shape", [(5,), (2, 3)])
+def test_the_embedding_adapter_passes_gradcheck(tier, shape):
+    from npformer import backend, fast, nn
+    from npformer.gradcheck import check_module
+    from npformer.nn.lora import LoRAEmbedding
+
+    from .conftest import using_backend
+    from .helpers import GRADCHECK_TOL
+
+    table = {"textbook": nn.Embedding, "fast": fast.layers.Embedding}[tier]
+    with using_backend("numpy", "float64"):
+        rng = np.random.default_rng(3)
+        layer = LoRAEmbedding(table(7, 4), 3, 5.0)
+        layer.lora_A.data = backend.asarray(rng.standard_normal((7, 3)))  # A starts at 0
+        ids = backend.asarray(rng.integers(0, 7, shape))
+        assert check_module(layer, [ids]).worst_error < GRADCHECK_TOL
+
+
+def test_the_embedding_adapter_merges_and_saves_its_settings(tmp_path):
+    from npformer.checkpoint import build_model, load_checkpoint, save_checkpoint
+    from npformer.nn.lora import LoRAEmbedding, lora_layers, merge_lora, unmerge_lora
+
+    from .conftest import using_backend
+
+    with using_backend("numpy", "float64"):
+        model = _lora_llama(targets=("embed_tokens", "q_proj"))
+        adapter = lora_layers(model)["embed_tokens"]
+        assert isinstance(adapter, LoRAEmbedding)
+        adapter.lora_A.data = adapter.lora_A.data + 0.5  # A starts at zero
+        before = _logits(model)
+        built = build_model(load_checkpoint(save_checkpoint(tmp_path / "m.npz", model)))
+        assert isinstance(lora_layers(built)["embed_tokens"], LoRAEmbedding)
+        np.testing.assert_allclose(_logits(built), before, rtol=1e-12, atol=1e-12)
+        merge_lora(model)  # the one table of a tied model: the head's too, as PEFT's merge
+        assert np.abs(_logits(model) - before).max() > 1e-6
+        unmerge_lora(model)
+        np.testing.assert_array_equal(_logits(model), before)
+
+
+@pytest.fixture(scope="module")
+def gpt2_folder(tmp_path_factory):
+    from .test_gpt2 import train_tokenizer, write_folder
+
+    return write_folder(tmp_path_factory.mktemp("gpt2"), train_tokenizer(), scale=0.3)
+
+
+@pytest.mark.parametrize("tier", ["textbook", "fast"])
+def test_gpt2_s_token_table_adapter_matches_peft(gpt2_folder, tmp_path, tier):
+    import json
+
+    import peft
+
+    from npformer import fast, models
+    from npformer.interop import peft as npeft
+
+    from .conftest import using_backend
+    from .helpers import rel_diff
+    from .test_lora_peft import hf_model, lm_adapter_gradients, randomize_adapters
+
+    cls = {"textbook": models.CausalLM, "fast": fast.CausalLM}[tier]
+    with using_backend("numpy", "float64"):
+        ours = cls.from_pretrained(gpt2_folder, dtype="float64")
+        naming = npeft.gpt2_names(ours.config)
+        npeft.apply_adapters(ours, naming, ["c_attn", "wte"], 2, 5.0)
+        randomize_adapters(ours)
+        npeft.save_adapter(ours, tmp_path, naming)
+        assert json.loads((tmp_path / npeft.CONFIG_FILE).read_text())["target_modules"] == \
+            ["c_attn", "wte"]
+        theirs = peft.PeftModel.from_pretrained(hf_model(gpt2_folder), tmp_path,
+                                                is_trainable=True)
+        mine, expected = lm_adapter_gradients(ours, theirs, naming)
+    assert "base_model.model.transformer.wte.lora_embedding_B" in expected
+    assert set(mine) == set(expected)
+    for key, grad in expected.items():
+        assert rel_diff(mine[key], grad) <= PEFT_RTOL, key

@@ -43,8 +43,9 @@ import numpy as np
 from .. import backend
 from ..models.llama import LlamaConfig
 from ..models.lm import CausalLMConfig
-from ..nn.layers import Linear
+from ..nn.layers import Embedding, Linear
 from ..nn.lora import (
+    LoRAEmbedding,
     LoRALinear,
     apply_lora,
     check_adapter_settings,
@@ -56,7 +57,7 @@ from ..nn.lora import (
 )
 from ..nn.module import Module
 from ..nn.state import read_safetensors, weight_array
-from ..ops.contracts import check_path, read_json_object
+from ..ops.contracts import check_path, check_size, read_json_object
 from .gpt2 import _first, output_folder, write_files
 
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -80,6 +81,12 @@ class Naming:
 
     modules: tuple[tuple[str, tuple[str, ...]], ...]
     fan_in_fan_out: bool = False
+    # torch modules PEFT may adapt that this model cannot hold an adapter of, each with why
+    # (a tied lm_head): refused by name
+    refused: tuple[tuple[str, str], ...] = ()
+    # the torch embedding's padding_idx (the tokenizer's pad id): PEFT's embedding adapter
+    # gives A's row of it no gradient (torch's F.embedding), and so do npformer's
+    padding_idx: int | None = None
 
     def chosen(self, targets: str | Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
         """The (torch name, npformer names) that PEFT's ``target_modules`` choose."""
@@ -87,9 +94,10 @@ class Naming:
 
 
 def same_names(model: Module) -> Naming:
-    """Each Linear of ``model`` under its own name (a torch model named as npformer's)."""
+    """Each Linear and token Embedding of ``model`` under its own name (a torch model
+    named as npformer's)."""
     return Naming(tuple((name, (name,)) for name, m in model.named_modules()
-                        if isinstance(m, (Linear, LoRALinear))))
+                        if isinstance(m, (Linear, LoRALinear, Embedding, LoRAEmbedding))))
 
 
 def gpt2_names(config: Any) -> Naming:
@@ -103,7 +111,10 @@ def gpt2_names(config: Any) -> Naming:
                     (h + "attn.c_proj", (n + "self_attn.out_proj",)),
                     (h + "mlp.c_fc", (n + "ffn.linear1",)),
                     (h + "mlp.c_proj", (n + "ffn.linear2",))]
-    return Naming(tuple(modules), fan_in_fan_out=True)
+    modules.append(("transformer.wte", ("embed.tokens",)))  # the token table: an Embedding
+    return Naming(tuple(modules), fan_in_fan_out=True,
+                  refused=(("lm_head", "GPT-2's lm_head is tied to transformer.wte (the "
+                                       "token table): adapt transformer.wte instead"),))
 
 
 def check_config_of(config: Any, config_class: type, function: str) -> None:
@@ -117,18 +128,31 @@ LLAMA_ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")  # under self_attn
 LLAMA_MLP = ("gate_proj", "up_proj", "down_proj")  # under mlp
 
 
-def llama_names(config: Any) -> Naming:
+def llama_names(config: Any, padding_idx: int | None = None) -> Naming:
     """LlamaForCausalLM's (Qwen2's, Qwen3's) projections for a LlamaCausalLM of ``config``:
     ``model.layers.{i}.self_attn.q_proj`` is ``layers.{i}.self_attn.q_proj`` (npformer's
     names are Hugging Face's less ``model.``), and so for k, v, o and the feed-forward's
-    ``mlp.gate_proj``, ``up_proj``, ``down_proj``; torch Linears, (D_out, D_in) weights."""
+    ``mlp.gate_proj``, ``up_proj``, ``down_proj``; torch Linears, (D_out, D_in) weights.
+    Then ``model.embed_tokens`` (an Embedding: PEFT's ``lora_embedding_A`` / ``_B``) and,
+    untied, ``lm_head`` (a Linear); a tied lm_head is refused by name.  ``padding_idx``:
+    the folder's ``pad_token_id`` (config.json), whose row of the embedding adapter's A
+    takes no gradient, as in torch (None: every row does)."""
     check_config_of(config, LlamaConfig, "llama_names")
+    if padding_idx is not None:
+        check_size(padding_idx, "padding_idx (the pad token id)", 0, config.vocab_size - 1)
     modules = []
     for i in range(config.num_hidden_layers):
         for group, names in (("self_attn", LLAMA_ATTENTION), ("mlp", LLAMA_MLP)):
             modules += [(f"model.layers.{i}.{group}.{name}", (f"layers.{i}.{group}.{name}",))
                         for name in names]
-    return Naming(tuple(modules), fan_in_fan_out=False)
+    modules.append(("model.embed_tokens", ("embed_tokens",)))  # an Embedding: its own adapter
+    if not config.tie_word_embeddings:  # a Linear of its own
+        return Naming(tuple(modules) + (("lm_head", ("lm_head",)),), fan_in_fan_out=False,
+                      padding_idx=padding_idx)
+    return Naming(tuple(modules), fan_in_fan_out=False, padding_idx=padding_idx,
+                  refused=(("lm_head", "this model's lm_head is tied to model.embed_tokens "
+                                       "(tie_word_embeddings): it is no layer of its own to "
+                                       "adapt; adapt model.embed_tokens instead"),))
 
 
 def apply_adapters(model: Module, naming: Naming, target_modules: str | Sequence[str], r: int,
@@ -136,11 +160,19 @@ def apply_adapters(model: Module, naming: Naming, target_modules: str | Sequence
     """:func:`npformer.nn.lora.apply_lora` on the Linears of the torch modules that
     ``target_modules`` (PEFT's, in the torch model's names) choose; one A shared by the
     blocks of a fused one.  Returns the chosen torch modules' names."""
+    named = [t for t in ([] if isinstance(target_modules, str) else target_modules)
+             for refused, why in naming.refused if matches(refused, [t])]
+    if named:
+        why = next(why for refused, why in naming.refused if matches(refused, named))
+        raise ValueError(f"target_modules {named[0]!r}: {why}")
     check_every_target_matches(target_modules, [name for name, _ in naming.modules],
                                "projections", "target_modules")
     chosen = naming.chosen(target_modules)
     apply_lora(model, [part for _, parts in chosen for part in parts], r, alpha, dropout)
     adapters = lora_layers(model)
+    for layer in adapters.values():
+        if isinstance(layer, LoRAEmbedding):
+            layer.padding_idx = naming.padding_idx
     for _, parts in chosen:
         if len(parts) > 1:
             share_lora_a([adapters[part] for part in parts])
@@ -169,9 +201,10 @@ def adapter_arrays(model: Module, naming: Naming) -> dict[str, np.ndarray]:
                              f"layers {list(parts)} do not hold one adapter (one A shared: "
                              "apply_adapters puts it there)")
         b = np.concatenate([backend.to_numpy(lay.lora_B.data) for lay in layers], axis=1)
-        out[f"{PREFIX}{name}.lora_A.weight"] = np.ascontiguousarray(
-            backend.to_numpy(layers[0].lora_A.data).T)  # (r, D_in)
-        out[f"{PREFIX}{name}.lora_B.weight"] = np.ascontiguousarray(b.T)  # (D_out, r)
+        a_key, b_key = _KEYS[isinstance(layers[0], LoRAEmbedding)]
+        out[f"{PREFIX}{name}.{a_key}"] = np.ascontiguousarray(
+            backend.to_numpy(layers[0].lora_A.data).T)  # (r, D_in) or (r, V)
+        out[f"{PREFIX}{name}.{b_key}"] = np.ascontiguousarray(b.T)  # (D_out, r) or (D, r)
     if not out:
         raise ValueError(f"{type(model).__name__} holds no LoRA adapters to save")
     return out
@@ -196,7 +229,7 @@ def adapter_config(model: Module, naming: Naming, base_model: str | os.PathLike 
         raise ValueError(f"PEFT's config holds one rank, alpha and dropout; the adapters have "
                          f"{sorted(settings)} (r, alpha, dropout)")
     (r, alpha, dropout), = settings
-    targets = target_modules(sorted({key[len(PREFIX):].rsplit(".lora_", 1)[0]
+    targets = target_modules(sorted({_module_of(key)[0]
                                      for key in adapter_arrays(model, naming)}), naming)
     return {"peft_type": "LORA", "task_type": task_type, "base_model_name_or_path": base_model,
             "revision": None, "inference_mode": True, "r": r, "lora_alpha": alpha,
@@ -264,16 +297,34 @@ def load_adapter(model: Module, folder: str | os.PathLike, naming: Naming) -> li
         raise ValueError(f"{type(model).__name__} holds adapters already: load {folder} into "
                          "the base model")
     known = dict(naming.modules)
+    refused = [(name, why) for name, why in naming.refused if name in names]
+    if refused:
+        raise ValueError(f"{folder / WEIGHTS_FILE} adapts {refused[0][0]}: {refused[0][1]}")
     unknown = [name for name in names if name not in known]
     if unknown:
         raise ValueError(f"{folder / WEIGHTS_FILE} adapts {unknown[:3]}, which the model does "
                          "not have (another model's adapter?)")
     check_targets_are_the_file_s(config, names, naming, folder)
+    _check_kinds(model, names, known, folder / WEIGHTS_FILE)
     apply_adapters(model, naming, list(names), r, alpha, dropout)
     adapters = lora_layers(model)
     for name in names:
-        _set_adapter([adapters[part] for part in known[name]], arrays, name)
+        _set_adapter([adapters[part] for part in known[name]], arrays, name, names[name])
     return list(names)
+
+
+def _check_kinds(model: Module, names: dict[str, str], known: dict, where: Path) -> None:
+    """Each module's weights are of its kind: lora_embedding_A / _B on an Embedding,
+    lora_A / lora_B on a Linear (another model's file, or a damaged one, otherwise)."""
+    layers = dict(model.named_modules())
+    for name, kind in names.items():
+        is_table = isinstance(layers.get(known[name][0]), Embedding)
+        if is_table != (kind == "embedding"):
+            raise ValueError(f"{where}: {name} is {'an Embedding' if is_table else 'a Linear'} "
+                             f"in the model, but the file holds "
+                             f"{'lora_embedding_A/_B' if kind == 'embedding' else 'lora_A/lora_B'}"
+                             f" for it ({'lora_embedding_A/_B' if is_table else 'lora_A/lora_B'}"
+                             " expected)")
 
 
 def adapter_settings(config: dict[str, Any], where: Path) -> tuple[int, float, float]:
@@ -331,32 +382,73 @@ def check_naming(naming: Any) -> None:
                         f"or same_names(model)), got {type(naming).__name__}")
 
 
-def adapted_modules(arrays: dict[str, np.ndarray], where: Path) -> list[str]:
-    """The module names of a PEFT weights file, each with exactly its A and B."""
+# PEFT's keys of an adapter's A and B: a Linear's, an Embedding's (no ".weight")
+_KEYS = {False: ("lora_A.weight", "lora_B.weight"),
+         True: ("lora_embedding_A", "lora_embedding_B")}
+BASE_WEIGHT = "base_layer.weight"  # an adapted embedding's (or lm_head's) whole table
+
+
+def _module_of(key: str) -> tuple[str, str]:
+    """(module, which) of a PEFT key ``PREFIX + module + "." + which``, which one of
+    :data:`_KEYS`' or :data:`BASE_WEIGHT`; ("", "") for another key."""
+    body = key[len(PREFIX):] if key.startswith(PREFIX) else ""
+    for which in (*_KEYS[False], *_KEYS[True], BASE_WEIGHT):
+        if body.endswith("." + which):
+            return body[:-len(which) - 1], which
+    return "", ""
+
+
+def adapted_modules(arrays: dict[str, np.ndarray], where: Path) -> dict[str, str]:
+    """{module name: "linear" or "embedding"} of a PEFT weights file, each module with
+    exactly its A and B (PEFT's ``lora_A.weight`` / ``lora_B.weight``, or an Embedding's
+    ``lora_embedding_A`` / ``lora_embedding_B``), and at most its ``base_layer.weight``
+    (PEFT saves an adapted embedding's or lm_head's whole table too)."""
     names: dict[str, set[str]] = {}
     for key in arrays:
-        body = key[len(PREFIX):] if key.startswith(PREFIX) else None
-        module, _, which = (body or "").rpartition(".lora_")
-        if body is None or which not in ("A.weight", "B.weight"):
+        module, which = _module_of(key)
+        if not module:
             raise ValueError(f"{where}: {key!r} is not a LoRA weight in PEFT's names "
-                             f"({PREFIX}NAME.lora_A.weight / .lora_B.weight)")
+                             f"({PREFIX}NAME.lora_A.weight / .lora_B.weight, an embedding's "
+                             f"NAME.lora_embedding_A / _B, NAME.{BASE_WEIGHT})")
         names.setdefault(module, set()).add(which)
-    incomplete = [n for n, kinds in names.items() if len(kinds) != 2]
-    if incomplete:
-        raise ValueError(f"{where}: {incomplete[:3]} hold lora_A or lora_B without the other")
-    return list(names)
+    kinds = {}
+    for name, held in names.items():
+        pairs = [table for table, (a, b) in _KEYS.items() if a in held or b in held]
+        if len(pairs) != 1 or not set(_KEYS[pairs[0]]) <= held:
+            raise ValueError(f"{where}: {name} holds {sorted(held)}: an adapter holds its A "
+                             "and its B (lora_A.weight and lora_B.weight, or an embedding's "
+                             "lora_embedding_A and lora_embedding_B)")
+        kinds[name] = "embedding" if pairs[0] else "linear"
+    return kinds
 
 
-def _set_adapter(layers: list[LoRALinear], arrays: dict[str, np.ndarray], name: str) -> None:
-    """A and B of the torch module ``name`` into its npformer layers (B's column blocks)."""
+def _set_adapter(layers: list[LoRALinear | LoRAEmbedding], arrays: dict[str, np.ndarray],
+                 name: str, kind: str = "linear") -> None:
+    """A and B of the torch module ``name`` into its npformer layers (B's column blocks);
+    the module's ``base_layer.weight``, where the file holds one, into the frozen weight
+    (as PEFT loads it)."""
+    a_key, b_key = _KEYS[kind == "embedding"]
     a, b = (weight_array(arrays[key], key).T for key in (
-        f"{PREFIX}{name}.lora_A.weight", f"{PREFIX}{name}.lora_B.weight"))  # (D_in, r), (r, D_out)
-    widths = [layer.out_features for layer in layers]
+        f"{PREFIX}{name}.{a_key}", f"{PREFIX}{name}.{b_key}"))  # (D_in, r), (r, D_out)
+    widths = [getattr(layer, "out_features", None) or layer.embedding_dim for layer in layers]
     want_a, want_b = layers[0].lora_A.shape, (layers[0].r, sum(widths))
     if a.shape != want_a or b.shape != want_b:
-        raise ValueError(f"{name}: lora_A.weight {a.shape[::-1]} and lora_B.weight "
-                         f"{b.shape[::-1]} do not fit the model's projection: expected "
+        raise ValueError(f"{name}: {a_key} {a.shape[::-1]} and {b_key} "
+                         f"{b.shape[::-1]} do not fit the model's layer: expected "
                          f"{want_a[::-1]} and {want_b[::-1]}")
+    base_key = f"{PREFIX}{name}.{BASE_WEIGHT}"
+    if base_key in arrays:
+        if len(layers) != 1:
+            raise ValueError(f"{base_key}: a fused projection's whole weight is not loaded "
+                             "(npformer holds it as several layers)")
+        table = weight_array(arrays[base_key], base_key)
+        table = table if kind == "embedding" else table.T  # torch Linear: (D_out, D_in)
+        if table.shape != tuple(layers[0].weight.shape):
+            raise ValueError(f"{base_key} has shape {arrays[base_key].shape}, but the model's "
+                             f"{name} weight is {tuple(layers[0].weight.shape)} in npformer's "
+                             "layout (a resized vocabulary?)")
+        weight = layers[0].weight.data
+        weight[...] = backend.copy_like(np.ascontiguousarray(table), weight)  # in place
     layers[0].lora_A.data = backend.copy_like(np.ascontiguousarray(a), layers[0].lora_A.data)
     start = 0
     for layer, width in zip(layers, widths):

@@ -27,7 +27,7 @@ from .. import backend, ops
 from ..backend import Array
 from ..ops.contracts import check_probability, check_real, check_size
 from ..ops.lora import lora_backward, lora_forward
-from .layers import Dropout, Linear
+from .layers import Dropout, Embedding, Linear
 from .module import Module, Parameter
 
 
@@ -120,6 +120,112 @@ class LoRALinear(Module):
                 f"alpha={self.alpha}, dropout={self.dropout.p})")
 
 
+class LoRAEmbedding(Module):
+    """A frozen token Embedding plus a trained low-rank update of its table, as PEFT's
+    ``lora.Embedding``: y = E[ids] + s A[ids] B, with E (V, D) the embedding's (frozen),
+    A (V, r) and B (r, D) trained, s = alpha / r; A starts at zero and B standard normal
+    (PEFT's draws), so the adapted model starts as the base model.  PEFT stores
+    ``lora_embedding_A`` = A^T (r, V) and ``lora_embedding_B`` = B^T (D, r).  PEFT applies
+    no dropout to an embedding's adapter: ``dropout`` is kept (the model's one setting)
+    and not applied.  ``padding_idx``: a token whose row of A takes no gradient (torch's
+    ``padding_idx``; None: every row does).
+
+    Backward, for dy (..., D) and u = A[ids] (..., r): du = s dy B^T (..., r); dA adds
+    du's rows into the rows of ids (the embedding's scatter-add); dB = s u^T dy; ids are
+    not differentiable.  Tied to an output projection (a model without its own head),
+    the projection is the frozen table's alone, as in PEFT (only the lookup is adapted;
+    :meth:`merge` changes the one table, so both uses, as PEFT's merge does)."""
+
+    def __init__(self, base: Module, r: int, alpha: float | None = None, dropout: float = 0.0,
+                 padding_idx: int | None = None):
+        if not isinstance(base, Embedding):
+            raise TypeError(f"LoRAEmbedding adapts an Embedding layer, got "
+                            f"{type(base).__name__}")
+        self.r, alpha, dropout = check_adapter_settings(r, alpha, dropout)
+        self.alpha = float(self.r) if alpha is None else alpha
+        self.num_embeddings, self.embedding_dim = base.num_embeddings, base.embedding_dim
+        if padding_idx is not None:
+            check_size(padding_idx, "padding_idx", 0, self.num_embeddings - 1)
+        self.padding_idx = padding_idx
+        self._base_class = type(base)  # its tied projection, run on this layer's table
+        base.freeze()
+        self.weight = base.weight  # the frozen table, its own name
+        w = base.weight.data
+        xp = backend.namespace_of(w)
+        self.lora_A = Parameter(xp.zeros((self.num_embeddings, self.r), dtype=w.dtype,
+                                         device=getattr(w, "device", None)))
+        self.lora_B = Parameter(backend.copy_like(
+            backend.random_normal((self.r, self.embedding_dim)), w))
+        self.dropout = Dropout(dropout)
+        self.merged = False
+        self._unmerged_weight: Array | None = None
+
+    @property
+    def scale(self) -> float:
+        """alpha / r: the update's scale (PEFT's ``scaling``)."""
+        return self.alpha / self.r
+
+    def delta_weight(self) -> Array:
+        """s A B (V, D): what the adapter adds to the table."""
+        return self.scale * (self.lora_A.data @ self.lora_B.data)
+
+    def forward(self, ids: Array) -> Array:
+        """ids (...) -> (..., D)."""
+        y, table_cache = ops.embedding_forward(ids, self.weight.data)  # (..., D)
+        if self.merged:
+            self._save(None)
+            return y
+        u, cache = ops.embedding_forward(ids, self.lora_A.data)  # A[ids] (..., r)
+        self._save((cache, u))
+        return y + self.scale * (u @ self.lora_B.data)
+
+    def backward(self, dy: Array) -> None:
+        """dy (..., D) -> None; adds the gradients of A and B (not the table's)."""
+        saved = self._pop_saved()
+        if self.merged:
+            raise RuntimeError("LoRAEmbedding is merged (its update is in the frozen table): "
+                               "unmerge() it to train the adapter")
+        cache, u = saved
+        xp = backend.namespace_of(dy)
+        du = self.scale * (dy @ self.lora_B.data.mT)  # (..., D) @ (D, r) -> (..., r)
+        da = ops.embedding_backward(du, cache)  # (V, r): du's rows added at their ids
+        if self.padding_idx is not None:
+            da[self.padding_idx] = 0
+        u_rows = xp.reshape(u, (-1, self.r))  # (N, r)
+        dy_rows = xp.reshape(dy, (-1, self.embedding_dim))  # (N, D)
+        self.lora_A.accumulate(da)
+        self.lora_B.accumulate(self.scale * (u_rows.mT @ dy_rows))  # (r, D)
+        return None
+
+    def project(self, h: Array, *args: Any) -> Array:
+        """The tied output projection h W^T, W the frozen table (the adapter is not in it
+        unless merged)."""
+        return self._base_class.project(self, h, *args)
+
+    def project_backward(self, dlogits: Array, *args: Any) -> Array:
+        return self._base_class.project_backward(self, dlogits, *args)
+
+    def merge(self) -> None:
+        """E <- E + s A B (the table of the lookup and of a tied projection); the table
+        before is kept, so :meth:`unmerge` restores it bit for bit."""
+        if self.merged:
+            raise RuntimeError("LoRAEmbedding is already merged")
+        self._unmerged_weight = backend.copy_like(self.weight.data, self.weight.data)
+        self.weight.data = self.weight.data + self.delta_weight()
+        self.merged = True
+
+    def unmerge(self) -> None:
+        """The table before :meth:`merge`, exactly."""
+        if not self.merged:
+            raise RuntimeError("LoRAEmbedding is not merged: there is nothing to unmerge")
+        self.weight.data, self._unmerged_weight = self._unmerged_weight, None
+        self.merged = False
+
+    def __repr__(self) -> str:
+        return (f"LoRAEmbedding({self.num_embeddings}, {self.embedding_dim}, r={self.r}, "
+                f"alpha={self.alpha})")
+
+
 # --------------------------------------------------------------------------- on a model
 def matches(name: str, targets: str | Sequence[str]) -> bool:
     """Whether the module ``name`` is a target, as PEFT's ``target_modules`` says: a string
@@ -133,7 +239,8 @@ def matches(name: str, targets: str | Sequence[str]) -> bool:
 def apply_lora(model: Module, targets: str | Sequence[str], r: int,
                alpha: float | None = None, dropout: float = 0.0) -> list[str]:
     """Freeze ``model`` and put a :class:`LoRALinear` (rank ``r``, ``alpha``, ``dropout``)
-    in place of each Linear layer whose name matches ``targets`` (:func:`matches`).
+    in place of each Linear layer whose name matches ``targets`` (:func:`matches`), and a
+    :class:`LoRAEmbedding` in place of each token Embedding it matches (PEFT's too).
     Returns the adapted layers' names.  Afterwards only the adapters train:
     ``AdamW(model.parameters())`` keeps state for them alone."""
     check_targets(targets)
@@ -144,11 +251,14 @@ def apply_lora(model: Module, targets: str | Sequence[str], r: int,
                          f"{', '.join(list(adapted)[:3])}{', ...' if len(adapted) > 3 else ''}"
                          "): apply_lora once, with every target, on the base model")
     linears = [(name, m) for name, m in model.named_modules() if isinstance(m, Linear)]
-    check_every_target_matches(targets, [name for name, _ in linears], "Linear layers")
-    chosen = [(name, m) for name, m in linears if matches(name, targets)]
+    tables = [(name, m) for name, m in model.named_modules() if isinstance(m, Embedding)]
+    check_every_target_matches(targets, [name for name, _ in linears + tables],
+                               "Linear layers")
+    chosen = [(name, m) for name, m in linears + tables if matches(name, targets)]
     model.freeze()
-    for name, linear in chosen:
-        replace_module(model, name, LoRALinear(linear, r, alpha, dropout))
+    for name, layer in chosen:
+        adapter = LoRALinear if isinstance(layer, Linear) else LoRAEmbedding
+        replace_module(model, name, adapter(layer, r, alpha, dropout))
     return [name for name, _ in chosen]
 
 
@@ -224,9 +334,11 @@ def share_lora_a(layers: Sequence[LoRALinear]) -> None:
         layer.lora_A = first.lora_A
 
 
-def lora_layers(model: Module) -> dict[str, LoRALinear]:
-    """{name: LoRALinear} of every adapter in ``model``, in the model's order."""
-    return {name: m for name, m in model.named_modules() if isinstance(m, LoRALinear)}
+def lora_layers(model: Module) -> dict[str, LoRALinear | LoRAEmbedding]:
+    """{name: LoRALinear or LoRAEmbedding} of every adapter in ``model``, in the model's
+    order."""
+    return {name: m for name, m in model.named_modules()
+            if isinstance(m, (LoRALinear, LoRAEmbedding))}
 
 
 def merge_lora(model: Module) -> None:
@@ -261,7 +373,9 @@ def adapter_settings(model: Module) -> dict[str, Any] | None:
     for name, layer in layers.items():
         groups.setdefault(id(layer.lora_A), []).append(name)
     return {"layers": {name: {"r": layer.r, "alpha": float(layer.alpha),
-                              "dropout": float(layer.dropout.p), "merged": bool(layer.merged)}
+                              "dropout": float(layer.dropout.p), "merged": bool(layer.merged),
+                              **({"padding_idx": layer.padding_idx}
+                                 if getattr(layer, "padding_idx", None) is not None else {})}
                        for name, layer in layers.items()},
             "shared_a": [names for names in groups.values() if len(names) > 1]}
 
@@ -275,8 +389,10 @@ def check_saved_adapter_settings(settings: Any, where: str) -> dict[str, Any]:
         raise ValueError(f"{where} should be {{'layers': {{name: settings}}, 'shared_a': "
                          f"[[names], ...]}}, got {settings!r:.120}")
     for name, layer in settings["layers"].items():
-        if not isinstance(layer, dict) or set(layer) != {"r", "alpha", "dropout", "merged"} \
-                or not isinstance(layer["merged"], bool):
+        if not isinstance(layer, dict) or \
+                set(layer) - {"padding_idx"} != {"r", "alpha", "dropout", "merged"} \
+                or not isinstance(layer["merged"], bool) or not (
+                    layer.get("padding_idx") is None or _is_index(layer["padding_idx"])):
             raise ValueError(f"{where}: the adapter {name!r} should hold r, alpha, dropout and "
                              f"merged, got {layer!r:.120}")
         try:
@@ -291,6 +407,10 @@ def check_saved_adapter_settings(settings: Any, where: str) -> dict[str, Any]:
     return settings
 
 
+def _is_index(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def apply_adapter_settings(model: Module, settings: dict[str, Any]) -> None:
     """Put on ``model`` (frozen, as :func:`apply_lora` does) the adapters ``settings``
     (:func:`adapter_settings`) describe: each named Linear wrapped with its rank, alpha
@@ -299,15 +419,20 @@ def apply_adapter_settings(model: Module, settings: dict[str, Any]) -> None:
     if lora_layers(model):
         raise ValueError(f"{type(model).__name__} holds LoRA adapters already: the saved ones "
                          "go on the base model")
-    linears = {name: m for name, m in model.named_modules() if isinstance(m, Linear)}
+    linears = {name: m for name, m in model.named_modules() if isinstance(m, (Linear,
+                                                                               Embedding))}
     missing = [name for name in settings["layers"] if name not in linears]
     if missing:
         raise ValueError(f"the saved LoRA adapters are on {missing[:3]}, which are not Linear "
-                         f"layers of {type(model).__name__}")
+                         f"or Embedding layers of {type(model).__name__}")
     model.freeze()
     for name, layer in settings["layers"].items():
-        replace_module(model, name, LoRALinear(linears[name], layer["r"], layer["alpha"],
-                                                layer["dropout"]))
+        base = linears[name]
+        adapter = LoRALinear(base, layer["r"], layer["alpha"], layer["dropout"]) \
+            if isinstance(base, Linear) else \
+            LoRAEmbedding(base, layer["r"], layer["alpha"], layer["dropout"],
+                          layer.get("padding_idx"))
+        replace_module(model, name, adapter)
     adapters = lora_layers(model)
     for group in settings["shared_a"]:
         share_lora_a([adapters[name] for name in group])
@@ -337,8 +462,8 @@ def adapter_differences(saved: dict[str, Any] | None, own: dict[str, Any] | None
                      "the model, not in the checkpoint (targets)")
     for name in saved_layers:
         if name in own_layers:
-            for key in ("r", "alpha", "dropout", "merged"):
-                a, b = saved_layers[name][key], own_layers[name][key]
+            for key in ("r", "alpha", "dropout", "merged", "padding_idx"):
+                a, b = saved_layers[name].get(key), own_layers[name].get(key)
                 if a != b:
                     lines.append(f"{name} {key}: checkpoint {a!r}, model {b!r}")
     saved_groups = sorted(map(sorted, (saved or {}).get("shared_a", [])))
