@@ -38,11 +38,11 @@ def randn(rng, shape, on_device):
 
 
 def assert_correct_passes_broken_fails(forward, correct, broken, args, wrt, kwargs=None,
-                                       culprit=None):
+                                       culprit=None, caught=CAUGHT):
     good = check_op(forward, correct, args, wrt, kwargs)
     assert good.worst_error < GRADCHECK_TOL, f"the correct backward should pass:\n{good}"
     bad = check_op(forward, broken, args, wrt, kwargs)
-    assert bad.worst_error > CAUGHT, f"the broken backward was not caught:\n{bad}"
+    assert bad.worst_error > caught, f"the broken backward was not caught:\n{bad}"
     assert not bad.passed(GRADCHECK_TOL)
     if culprit is not None:
         assert bad.worst_name == culprit, str(bad)
@@ -161,10 +161,13 @@ def layernorm_args(rng, on_device, rows, d, unit_gamma=False):
                          ids=["no_mean", "no_variance"])
 @given(seed=seeds, rows=st.integers(3, 4), d=st.integers(3, 6))
 def test_layernorm_missing_terms_are_caught(xb, on_device, broken, seed, rows, d):
+    """The missing term's size depends on the draw: r mean(g) is small where gamma is
+    nearly orthogonal to every row of the upstream gradient (Hypothesis finds such seeds:
+    an error of 4e-3), so the bar here is 100 times the tolerance, not 1e-2."""
     rng = np.random.default_rng(seed)
     assert_correct_passes_broken_fails(ops.layernorm_forward, ops.layernorm_backward, broken,
                                        layernorm_args(rng, on_device, rows, d), [0, 1, 2],
-                                       culprit="arg0")
+                                       culprit="arg0", caught=100 * GRADCHECK_TOL)
 
 
 # ------------------------------------------- (e) why the upstream gradient must be random
