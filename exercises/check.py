@@ -261,6 +261,12 @@ def _float64_numpy():
         backend.set_default_float(previous_dtype)
 
 
+def _shown(filename: str) -> str:
+    """A file's path from the repository's root (exercises/linear.py), else its name."""
+    path = Path(filename).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else path.name
+
+
 def _raised(error: BaseException, source_file: str | None) -> tuple[str, str]:
     """(``ValueError: ...`` with the line of the reader's file that raised it and the
     shapes of the arrays there, the name the line assigns to or "")."""
@@ -279,7 +285,7 @@ def _raised(error: BaseException, source_file: str | None) -> tuple[str, str]:
     if mine:
         frame, lineno = mine[-1]
         line = linecache.getline(frame.f_code.co_filename, lineno).strip()
-        what += f"\n    at {Path(frame.f_code.co_filename).name}, line {lineno}: {line}"
+        what += f"\n    at {_shown(frame.f_code.co_filename)}, line {lineno}: {line}"
         shapes = [f"{k} {tuple(v.shape)}" for k, v in frame.f_locals.items()
                   if isinstance(v, np.ndarray) and v.ndim > 0]
         if shapes:
@@ -518,7 +524,8 @@ def check(name: str, module: Any = None, examples: int = FULL_EXAMPLES) -> Repor
     except Exception as error:  # a syntax error, a name that does not exist...
         where = ""
         if isinstance(error, SyntaxError) and error.lineno:
-            where = f"\n    at {exercise.file}, line {error.lineno}: {(error.text or '').strip()}"
+            where = (f"\n    at exercises/{exercise.file}, line {error.lineno}: "
+                     f"{(error.text or '').strip()}")
             error.__traceback__ = None
         what, _ = _raised(error, str(HERE / exercise.file))
         message = f"{name}: wrong. exercises/{exercise.file} does not load\n  {what}{where}"
