@@ -89,7 +89,9 @@ class Optimizer:
                                                  type(self).__name__)
         self.updates: int = 0
         self.schedule: Schedule | None = lr if callable(lr) else None
-        self.lr: float = check_hyperparameter(lr(1) if callable(lr) else lr, "lr")
+        self.lr: float = check_hyperparameter(lr(1), "lr", "the schedule's value lr(1)"
+                                              ) if callable(lr) else \
+            check_hyperparameter(lr, "lr")
         # state[name][i] is the state array `name` of params[i]
         self.state: dict[str, list[Any]] = self._zero_state()
 
@@ -111,7 +113,8 @@ class Optimizer:
         """Perform update ``t = updates + 1`` on every parameter, then count it."""
         t = self.updates + 1
         if self.schedule is not None:
-            self.lr = check_hyperparameter(self.schedule(t), "lr")
+            self.lr = check_hyperparameter(self.schedule(t), "lr",
+                                           f"the schedule's value lr({t})")
         check_gradients(self.params)  # all checks first: no half-done update
         for i, p in enumerate(self.params):
             old = tuple(self.state[name][i] for name in self._state_names)

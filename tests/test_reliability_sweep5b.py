@@ -581,3 +581,24 @@ def test_gpt2_s_token_table_adapter_matches_peft(gpt2_folder, tmp_path, tier):
     assert set(mine) == set(expected)
     for key, grad in expected.items():
         assert rel_diff(mine[key], grad) <= PEFT_RTOL, key
+
+
+def test_a_schedule_s_value_of_the_wrong_kind_names_the_schedule():
+    from npformer import nn, optim
+
+    layer = nn.Linear(2, 2)
+    with pytest.raises(TypeError, match=r"the schedule's value lr\(1\) must be a real number, "
+                                        "got 'x'"):
+        optim.AdamW(layer.parameters(), lr=lambda t: "x")
+
+
+def test_the_tokenizer_saves_into_a_missing_folder(tmp_path):
+    from npformer.interop.gpt2 import Tokenizer
+
+    from .test_gpt2 import train_tokenizer
+
+    tokenizer = Tokenizer(train_tokenizer(), None)
+    tokenizer.save(tmp_path / "new" / "tokenizer.json")
+    assert (tmp_path / "new" / "tokenizer.json").is_file()
+    with pytest.raises(IsADirectoryError, match="path .* is a folder"):
+        tokenizer.save(tmp_path / "new")

@@ -594,6 +594,12 @@ class Tokenizer:
         return self._tokenizer.decode(ids, skip_special_tokens=False)
 
     def save(self, path: str | os.PathLike) -> None:
+        """Write ``tokenizer.json`` at ``path`` (a file name; its folder is created)."""
+        path = Path(check_path(path, "path"))
+        if path.is_dir():
+            raise IsADirectoryError(f"Tokenizer.save: path {path} is a folder; give a file "
+                                    "name such as tokenizer.json")
+        output_folder(path.parent, "path's folder")  # created; a file in the way refused
         self._tokenizer.save(str(path))
 
 
