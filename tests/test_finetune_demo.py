@@ -270,6 +270,27 @@ def test_lora_trains_only_the_adapters_and_writes_them_as_peft_does(lora_smoke, 
     assert gpt2.WEIGHTS_FILE in {p.name for p in (out / "gpt2").iterdir()}
 
 
+def test_the_lora_run_s_model_npz_builds_with_its_adapters(lora_smoke):
+    """issue 57, case 6: build_model of --lora's model.npz failed on "unexpected keys:
+    ...lora_A"; it builds the model with its adapters (rank 4, alpha 8, c_attn and c_fc's
+    projections), whose logits are those of the adapters merged (OUT/gpt2)."""
+    from npformer.checkpoint import build_model, load_checkpoint
+    from npformer.nn.lora import lora_layers
+
+    from .conftest import using_backend
+    from .helpers import rel_diff
+
+    out, _ = lora_smoke
+    with using_backend("numpy", "float32"):
+        model = build_model(load_checkpoint(out / "model.npz"))
+        adapters = lora_layers(model)
+        assert {(a.r, a.alpha) for a in adapters.values()} == {(4, 8.0)}
+        assert len(adapters) == 2 * 4  # q, k, v (c_attn) and linear1 (c_fc), two blocks
+        ids = np.random.default_rng(0).integers(0, 50, (2, 10))
+        merged = tiered.CausalLM.from_pretrained(out / "gpt2")
+        assert rel_diff(model(ids), merged(ids)) <= 1e-5
+
+
 def test_a_resumed_lora_run_ends_as_the_uninterrupted_one(lora_smoke, checkpoint, text_file,
                                                           tmp_path):
     straight, _ = lora_smoke
