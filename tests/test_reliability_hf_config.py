@@ -399,3 +399,30 @@ def test_layer_types_as_every_transformers_config_checks_them(torch, tmp_path):
                                                                "dense_attention"]))
         with raises_naming(PretrainedError, "3 layer_types for 2 layers"):
             hf_llama.from_pretrained(edit(folder, layer_types=["full_attention"] * 3))
+
+
+BAD = [None, "x", "2", 1.5, 2.0, True, False, [], [1], ["full_attention"], {}, {"a": 1}, -1,
+       0, 10**30, float("nan"), float("inf")]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_any_value_of_any_field_gives_a_config_or_an_error_naming_it(family):
+    """Every field config.json's reader takes, and every rotary parameter, set to values of
+    every JSON type: a config, or a PretrainedError (never a TypeError from inside, a
+    NumPy error, or a list of num_hidden_layers entries built for 10**30 layers)."""
+    values = {**SIZES, "num_key_value_heads": 2, "model_type": family}
+    cases = [{key: value} for key in [*hf_llama.FIELD_TYPES, "rope_scaling", "rope_parameters",
+                                      "architectures", "model_type"] for value in BAD]
+    cases += [{where: {**LLAMA3, key: value}} for where in ("rope_parameters", "rope_scaling")
+              for key in [*LLAMA3, "type", "rope_theta", "partial_rotary_factor"]
+              for value in BAD]
+    for case in cases:
+        try:
+            hf_llama.config_from_hf({**values, **case})
+        except PretrainedError as exc:
+            assert "config.json" in str(exc), (case, exc)
+    with raises_naming(PretrainedError, "partial_rotary_factor = 'x'", "a number"):
+        hf_llama.config_from_hf({**values, "partial_rotary_factor": "x"})
+    with raises_naming(PretrainedError, "rope_parameters.partial_rotary_factor = None"):
+        hf_llama.config_from_hf({**values, "rope_parameters": {"rope_type": "default",
+                                                               "partial_rotary_factor": None}})

@@ -232,17 +232,18 @@ def given_layer_types(values: dict, field: dict, where: str) -> list[str] | None
     return given
 
 
-def layer_types_of(values: dict, field: dict, where: str) -> list[str]:
-    """Each layer's attention, as Qwen2Config and Qwen3Config make it: config.json's
-    ``layer_types`` (:func:`given_layer_types`), else "sliding_attention" from layer
-    ``max_window_layers`` on where ``use_sliding_window`` (and a sliding_window) is set,
-    "full_attention" elsewhere."""
+def layer_types_of(values: dict, field: dict, where: str) -> set[str]:
+    """The kinds of attention of the layers, as Qwen2Config and Qwen3Config make them:
+    config.json's ``layer_types`` (:func:`given_layer_types`), else "sliding_attention"
+    from layer ``max_window_layers`` on where ``use_sliding_window`` (and a sliding_window)
+    is set, "full_attention" before."""
     given = given_layer_types(values, field, where)
     if given is not None:
-        return given
+        return set(given)
     window = field["sliding_window"] if field["use_sliding_window"] else None
-    return ["sliding_attention" if window is not None and i >= field["max_window_layers"]
-            else "full_attention" for i in range(field["num_hidden_layers"])]
+    start, layers = field["max_window_layers"], field["num_hidden_layers"]
+    sliding = {"sliding_attention"} if window is not None and start < layers else set()
+    return sliding | ({"full_attention"} if min(start, layers) > 0 else set())
 
 
 def refuse_unsupported(values: dict, field: dict, family: str, where: str) -> None:
@@ -253,8 +254,7 @@ def refuse_unsupported(values: dict, field: dict, family: str, where: str) -> No
     if family == "llama":
         given_layer_types(values, field, where)
     else:
-        other = sorted({t for t in layer_types_of(values, field, where)
-                        if t != "full_attention"})
+        other = sorted(layer_types_of(values, field, where) - {"full_attention"})
         if other:
             why = "" if field["layer_types"] is not None else (
                 f" (use_sliding_window = true from layer max_window_layers = "
@@ -335,15 +335,19 @@ def rope_from_hf(values: dict, where: str, max_positions: int) -> tuple[float, d
     if rope_type is None and set(params) - {"rope_theta", "partial_rotary_factor"}:
         raise PretrainedError(f"{where} sets {source} {params!r} without a rope_type "
                               "(or type): name the scaling, 'llama3' or 'default'")
+    if "partial_rotary_factor" in params:
+        partial = _rope_number(params, "partial_rotary_factor", where, source)
+    else:
+        partial = values.get("partial_rotary_factor")
+        if partial is not None:
+            check_field(partial, "partial_rotary_factor", where)
     if rope_type in (None, "default"):
         return theta, None
     if rope_type != "llama3":
         raise PretrainedError(f"{where} sets rope_type {rope_type!r}: not implemented in "
                               "npformer, which computes the default rotary positions and "
                               "'llama3' scaling")
-    partial = params["partial_rotary_factor"] if "partial_rotary_factor" in params else \
-        values.get("partial_rotary_factor", 1.0)
-    if partial != 1:
+    if partial is not None and partial != 1:
         raise PretrainedError(f"{where} sets partial_rotary_factor = {shown(partial)} with "
                               "rope_type 'llama3' (a rotation of part of each head): not "
                               "implemented in npformer (nor run by transformers' Llama)")
