@@ -101,6 +101,9 @@ def assert_same_logits(torch, folder):
     # ... its theta too: the replaced rope_parameters' theta is not read, the top-level is
     dict(rope_parameters={"rope_type": "default", "rope_theta": 5.0},
          rope_scaling={**LLAMA3, "rope_type": "default"}, rope_theta=50.0),
+    # ... or, without one, transformers' default 10000
+    dict(rope_parameters={"rope_type": "default", "rope_theta": 5.0},
+         rope_scaling={**LLAMA3, "rope_type": "default"}),
     # rope_type before the older type
     dict(rope_parameters={**LLAMA3, "type": "default", "rope_theta": 30.0}),
     dict(rope_parameters={**{k: v for k, v in LLAMA3.items() if k != "rope_type"},
@@ -121,8 +124,8 @@ def test_rope_fields_are_read_in_transformers_order(torch, tmp_path, changes):
     with 10000 (transformers: 500000; the logits differed by 26%), a llama3 rope_scaling
     beside a default rope_parameters was dropped; each rope field is now taken where
     transformers takes it, and the logits are transformers'."""
-    folder = edit(build(torch, tmp_path), drop=("rope_parameters", "rope_scaling"),
-                  **changes)
+    folder = edit(build(torch, tmp_path), drop=("rope_parameters", "rope_scaling",
+                                                "rope_theta"), **changes)
     assert_same_logits(torch, folder)
 
 
