@@ -190,20 +190,31 @@ def test_an_eos_token_id_list_is_kept_whole_and_every_id_ends_a_row(torch, tmp_p
 
 
 def test_eos_is_where_transformers_generate_takes_it(torch, tmp_path):
-    """generation_config.json's eos_token_id first, then config.json's, then the family's
-    default (LlamaConfig's 2; Qwen's none: the tokenizer's own)."""
+    """transformers' generation_config: generation_config.json's eos_token_id where it sets
+    one, else config.json's as written (no family default: LlamaConfig's 2 is not read);
+    none leaves the tokenizer's own end of text.  (Where generation_config.json sets none,
+    transformers stops at no id; npformer at config.json's, as before.)"""
+    from transformers import AutoModelForCausalLM
+
     folder = build(torch, tmp_path)
     word_tokenizer(folder)
-    edit(folder, drop=("eos_token_id",))
+
+    def both():
+        theirs = AutoModelForCausalLM.from_pretrained(folder).generation_config.eos_token_id
+        with using_backend("numpy", "float64"):
+            return hf_llama.load(folder)[1].eos_id, theirs
+
+    edit(folder, eos_token_id=[6, 7])
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [4, 5]}))
-    with using_backend("numpy", "float64"):
-        assert hf_llama.load(folder)[1].eos_id == [4, 5]
-        (folder / "generation_config.json").unlink()
-        assert hf_llama.load(folder)[1].eos_id == 2  # LlamaConfig's eos_token_id
-        qwen = build(torch, tmp_path, "qwen2", name="qwen")
-        word_tokenizer(qwen)
-        (qwen / "generation_config.json").unlink(missing_ok=True)
-        assert hf_llama.load(edit(qwen, drop=("eos_token_id",)))[1].eos_id is None
+    assert both() == ([4, 5], [4, 5])
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": 3}))
+    assert both() == (3, 3)
+    (folder / "generation_config.json").write_text(json.dumps({"max_length": 9}))
+    assert both() == ([6, 7], None)
+    (folder / "generation_config.json").unlink()
+    assert both() == ([6, 7], [6, 7])
+    edit(folder, drop=("eos_token_id",))
+    assert both() == (None, None)  # not LlamaConfig's default 2
 
 
 @pytest.mark.parametrize("eos, error, fragments", [

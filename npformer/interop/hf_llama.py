@@ -529,16 +529,17 @@ def load(path: str | os.PathLike, dtype: str | None = None,
 
 
 def eos_of(folder: Path) -> int | list[int] | None:
-    """The ids that end a text, where transformers' generate takes them:
-    generation_config.json's ``eos_token_id`` where the folder has one that sets it, else
-    config.json's, else its family's default (Llama's 2; Qwen's none, then the tokenizer's
-    ``<|endoftext|>``).  A list (Llama 3's ``[128001, 128009]``) is kept whole: any of its
-    ids ends a text."""
-    values = _json_object(folder / CONFIG_FILE, "a model config")
-    family = values["model_type"]
+    """The ids that end a text, where transformers' ``generate`` takes them (its
+    ``generation_config``): generation_config.json's ``eos_token_id`` where the folder has
+    one that sets it, else config.json's as the file holds it (no family default:
+    transformers' generation config reads the file, not the config class; where a
+    generation_config.json sets none, transformers' generate stops at no id, and npformer
+    at config.json's).  None (neither sets one) leaves the tokenizer's ``<|endoftext|>``.
+    A list (Llama 3's ``[128001, 128009]``) is kept whole: any of its ids ends a text."""
     generation = folder / GENERATION_FILE
     if generation.is_file():
         settings = _json_object(generation, "a generation config")
         if settings.get("eos_token_id") is not None:
             return check_field(settings["eos_token_id"], "eos_token_id", str(generation))
-    return hf_field(values, "eos_token_id", family, str(folder / CONFIG_FILE))
+    values = _json_object(folder / CONFIG_FILE, "a model config")
+    return check_field(values.get("eos_token_id"), "eos_token_id", str(folder / CONFIG_FILE))
