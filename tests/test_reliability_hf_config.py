@@ -238,6 +238,11 @@ def test_a_config_eos_token_id_of_another_type_is_refused_by_name(torch, tmp_pat
     (folder / "generation_config.json").unlink(missing_ok=True)
     with raises_naming(PretrainedError, "eos_token_id = '2'", "an integer or a list"):
         hf_llama.load(edit(folder, eos_token_id="2"))
+    with raises_naming(PretrainedError, "config.json sets eos_token_id = [2, -1]", ">= 0"):
+        hf_llama.load(edit(folder, eos_token_id=[2, -1]))
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [1.5]}))
+    with raises_naming(PretrainedError, "generation_config.json sets eos_token_id = [1.5]"):
+        hf_llama.load(folder)
 
 
 # =========================================================================== case 3: defaults

@@ -537,9 +537,12 @@ def eos_of(folder: Path) -> int | list[int] | None:
     at config.json's).  None (neither sets one) leaves the tokenizer's ``<|endoftext|>``.
     A list (Llama 3's ``[128001, 128009]``) is kept whole: any of its ids ends a text."""
     generation = folder / GENERATION_FILE
-    if generation.is_file():
-        settings = _json_object(generation, "a generation config")
-        if settings.get("eos_token_id") is not None:
-            return check_field(settings["eos_token_id"], "eos_token_id", str(generation))
-    values = _json_object(folder / CONFIG_FILE, "a model config")
-    return check_field(values.get("eos_token_id"), "eos_token_id", str(folder / CONFIG_FILE))
+    settings = _json_object(generation, "a generation config") if generation.is_file() \
+        else {}
+    path = generation if settings.get("eos_token_id") is not None else folder / CONFIG_FILE
+    if path != generation:
+        settings = _json_object(path, "a model config")
+    eos = check_field(settings.get("eos_token_id"), "eos_token_id", str(path))
+    if any(i < 0 for i in (eos if isinstance(eos, list) else [] if eos is None else [eos])):
+        raise PretrainedError(f"{path} sets eos_token_id = {shown(eos)}: token ids are >= 0")
+    return eos
