@@ -122,6 +122,10 @@ class Preset:
                                "default, GPT-2's c_attn,c_proj, Llama's and Qwen's "
                                "q_proj,v_proj)", str, needs=WITH_LORA)
 
+    # what --sample-only reads of these (the saved model has the rest): any other
+    # setting given with it is refused (npformer.cli.options.refuse_unread_with_saved_model)
+    read_with_saved_model = ("length",)
+
     def __post_init__(self):
         if not self.lora:  # the adapters' options, which a run without adapters would not read
             given = [flag(f.name) for f in fields(self)

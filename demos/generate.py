@@ -106,6 +106,10 @@ class Preset:
                            "--num-heads)", needs=(lambda preset: preset.arch == "llama",
                                                   "--arch llama"))
 
+    # what --sample-only reads of these (the saved model has the rest): any other
+    # setting given with it is refused (npformer.cli.options.refuse_unread_with_saved_model)
+    read_with_saved_model = ("length",)
+
     def __post_init__(self):
         check_divisible(self, "d_model", "num_heads")
         if self.arch != "llama":

@@ -117,6 +117,10 @@ class Preset:
     test_reviews: int | None = option(None, "test on a random subset of this many reviews "
                                             "(None: all)")
 
+    # what --predict reads of these (the saved model has the rest): any other
+    # setting given with it is refused (npformer.cli.options.refuse_unread_with_saved_model)
+    read_with_saved_model = ()
+
     def __post_init__(self):
         check_divisible(self, "d_model", "num_heads")
         if self.head_tokens > self.block_size:

@@ -132,6 +132,10 @@ class Preset:
                                       "decays over the updates it holds)", positive_float)
     beam_size: int = option(4, "beam width of the beam-search evaluation and of --translate")
 
+    # what --translate reads of these (the saved model has the rest): any other
+    # setting given with it is refused (npformer.cli.options.refuse_unread_with_saved_model)
+    read_with_saved_model = ("beam_size",)
+
     def __post_init__(self):
         check_divisible(self, "d_model", "num_heads")
 

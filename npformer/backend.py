@@ -96,7 +96,7 @@ def environment_backend() -> str:
     value = os.environ.get(BACKEND_VARIABLE, "")
     name = value.strip().lower() or "numpy"
     if name not in BACKENDS:
-        raise ValueError(f"{BACKEND_VARIABLE}={value!r} is not a backend: use one of "
+        raise ValueError(f"{BACKEND_VARIABLE}={value!r} is an unknown backend: use one of "
                          f"{', '.join(BACKENDS)} (or leave it unset: numpy)")
     return name
 

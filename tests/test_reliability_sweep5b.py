@@ -76,7 +76,7 @@ def test_the_backend_is_made_on_first_use(monkeypatch):
 
     monkeypatch.setenv("NPFORMER_BACKEND", GARBAGE)
     monkeypatch.setattr(backend, "_current", None)
-    with pytest.raises(ValueError, match="NPFORMER_BACKEND='maybe-not' is not a backend"):
+    with pytest.raises(ValueError, match="NPFORMER_BACKEND='maybe-not' is an unknown backend"):
         backend.backend_name()
     monkeypatch.setenv("NPFORMER_BACKEND", "")
     assert backend.backend_name() == "numpy"
@@ -602,3 +602,20 @@ def test_the_tokenizer_saves_into_a_missing_folder(tmp_path):
     assert (tmp_path / "new" / "tokenizer.json").is_file()
     with pytest.raises(IsADirectoryError, match="path .* is a folder"):
         tokenizer.save(tmp_path / "new")
+
+
+@pytest.mark.parametrize("script,use,args,typed", [
+    ("generate.py", ("--sample-only",), ("--d-model", "32"), "--d-model 32"),
+    ("generate.py", ("--sample-only",), ("--max-iters", "1800"), "--max-iters 1800"),
+    ("generate.py", ("--sample-only",), ("--stop-after", "3"), "--stop-after 3"),
+    ("translate.py", ("--translate", "go ."), ("--lr", "0.003"), "--lr 0.003"),
+    ("imdb.py", ("--predict", "good"), ("--members", "3"), "--members 3"),
+])
+def test_a_setting_the_saved_model_mode_does_not_read_is_refused(script, use, args, typed,
+                                                                 tmp_path):
+    """--sample-only (--predict, --translate) uses the saved model: a size or a training
+    setting typed with it was dropped silently (the same cause as case 9)."""
+    result = _demo(script, *use, *args, "--out", str(tmp_path))
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert f"error: {typed} is not read with {use[0]}" in last, last

@@ -143,6 +143,30 @@ def typed_options(args: argparse.Namespace) -> set[str]:
     return set(getattr(args, _TYPED, ()))
 
 
+# the shared options a run that only uses its saved model (--sample-only, --predict,
+# --translate) does not read: they set training
+TRAINING_ONLY = ("data", "stop_after", "cuda_graph")
+
+
+def refuse_unread_with_saved_model(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                                   preset: Any, use_only: str | None) -> None:
+    """With ``use_only`` (the option that uses the saved model, ``--sample-only``), an
+    option typed that it does not read is refused, named, whatever its value: the preset
+    fields but those the preset class lists in ``read_with_saved_model`` (the saved model
+    has its own sizes; ``--length`` is read), and :data:`TRAINING_ONLY`."""
+    if not use_only:
+        return
+    read = set(getattr(type(preset), "read_with_saved_model", ()))
+    settings = {f.name for f in fields(preset)}
+    spelled = getattr(args, _GIVEN_AS, {})
+    for dest in sorted(typed_options(args)):
+        if (dest in settings and dest not in read) or dest in TRAINING_ONLY:
+            typed_as, value = spelled.get(dest, (flag(dest), getattr(args, dest, None)))
+            shown = typed_as if value is True else f"{typed_as} {shlex.quote(str(value))}"
+            parser.error(f"{shown} is not read with {use_only}, which uses the saved model "
+                         f"(it sets training or the model's sizes): leave {typed_as} out")
+
+
 def _refuse_unread_options(parser: argparse.ArgumentParser, args: argparse.Namespace,
                            preset: Any) -> None:
     """An option typed without the option it needs (:func:`option`'s and :func:`needs`'s

@@ -53,7 +53,7 @@ from .demo import (
     DemoError,
 )
 from .lock import hold_output
-from .options import default_out, flag, resolve_preset
+from .options import default_out, flag, refuse_unread_with_saved_model, resolve_preset
 from .output import say
 from .ranks import is_main
 
@@ -128,6 +128,7 @@ def resolve_settings(parser: argparse.ArgumentParser, args: argparse.Namespace, 
         _adopt_saved_run(parser, args, out / LAST_FILE,
                          read_demo_checkpoint(out / LAST_FILE, demo), presets)
     preset = resolve_preset(parser, args, presets)
+    refuse_unread_with_saved_model(parser, args, preset, use_only)
     args.seed = 0 if args.seed is None else args.seed
     args.dtype = args.dtype or "float32"
     args.tier = args.tier or "fast"
