@@ -95,7 +95,8 @@ def assert_same_logits(torch, folder):
 # =========================================================================== case 1: rope
 @pytest.mark.parametrize("changes", [
     # the issue's case: rope_parameters' theta before the top-level one
-    dict(rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, rope_theta=10.0),
+    dict(rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+         rope_theta=10000.0),
     # the issue's case: a rope_scaling (llama3) replaces rope_parameters (default) whole
     dict(rope_parameters={"rope_type": "default"}, rope_scaling=LLAMA3),
     # ... its theta too: the replaced rope_parameters' theta is not read, the top-level is
