@@ -88,7 +88,7 @@ def relu_backward(dy: Array, cache: Array) -> Array:
     """dy (...) -> dx = dy sign(y) (...)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(relu_backward, dy, cache)
-    y = opened(relu_backward, cache)
+    y = opened(relu_forward, cache)
     xp = backend.namespace_of(dy)
     if type(y).__module__.startswith("cupy"):  # array_api_compat's sign for CuPy writes
         # NaN through a boolean mask, which waits for the device: the same values as
@@ -140,7 +140,7 @@ def gelu_backward(dy: Array, cache: Array) -> Array:
     Phi(x) computed again as the forward computed it)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(gelu_backward, dy, cache)
-    x = opened(gelu_backward, cache)
+    x = opened(gelu_forward, cache)
     if compilable(dy, x):
         return gelu_backward_kernel(dy, x)
     special = _special_functions(x)
@@ -168,7 +168,7 @@ def gelu_tanh_backward(dy: Array, cache: Any) -> Array:
     """dy (...) -> dx (...): the textbook op, one compiled pass on NumPy arrays."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(gelu_tanh_backward, dy, cache)
-    saved = opened(gelu_tanh_backward, cache)
+    saved = opened(gelu_tanh_forward, cache)
     x, t = saved
     if compilable(dy, x, t):
         return gelu_tanh_backward_kernel(dy, x, t)

@@ -134,7 +134,7 @@ def attention_backward(dout: Array, cache: Any) -> tuple[Array, Array, Array]:
     """dout (..., T, F) -> dq (..., T, E), dk (..., S, E), dv (..., S, F)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(attention_backward, dout, cache)
-    saved = opened(attention_backward, cache)
+    saved = opened(attention_forward, cache)
     if isinstance(saved, captured.Fused):
         return captured.fused_backward(dout, saved.saved)
     if isinstance(saved, captured.Captured):

@@ -41,7 +41,7 @@ def dropout_backward(dy: Array, cache: Any) -> Array:
     """dy (...) -> dx = dy m / (1 - p) (...), or dy (the identity: no mask)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(dropout_backward, dy, cache)
-    saved = opened(dropout_backward, cache)
+    saved = opened(dropout_forward, cache)
     if saved is None:
         return dy
     keep, scale = saved

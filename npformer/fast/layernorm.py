@@ -56,7 +56,7 @@ def layernorm_backward(dy: Array, cache: Any) -> tuple[Array, Array, Array]:
     """dy (..., D) -> dx (..., D), dgamma (D,), dbeta (D,)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(layernorm_backward, dy, cache)
-    saved = opened(layernorm_backward, cache)
+    saved = opened(layernorm_forward, cache)
     x_hat, r, gamma = saved
     if capturing():  # a step captured as a CUDA graph: the column sums through cuBLAS
         return _routed_backward(dy, x_hat, r, gamma)

@@ -130,7 +130,7 @@ def cross_entropy_backward(dloss: Array, cache: Any, overwrite_logits: bool = Fa
     """
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(cross_entropy_backward, dloss, cache, overwrite_logits)
-    saved = opened(cross_entropy_backward, cache)
+    saved = opened(cross_entropy_forward, cache)
     p, safe_t, counted_f, denom, label_smoothing, logits_shape = saved
     finite = math.isfinite(dloss) if isinstance(dloss, numbers.Real) else all_finite(dloss)
     if not finite:  # a NaN or infinite upstream gradient: what the textbook gives

@@ -43,7 +43,7 @@ def rmsnorm_backward(dy: Array, cache: Any) -> tuple[Array, Array]:
     """dy (..., D) -> dx (..., D), dweight (D,)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(rmsnorm_backward, dy, cache)
-    saved = opened(rmsnorm_backward, cache)
+    saved = opened(rmsnorm_forward, cache)
     x_hat, r, weight = saved
     if not compilable(dy, x_hat, r, weight):
         return _textbook.rmsnorm_backward.unchecked(dy, saved)

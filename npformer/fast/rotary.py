@@ -59,7 +59,7 @@ def rotary_backward(dy: Array, cache: Any) -> Array:
     """dy (B, H, T, E) -> dx (B, H, T, E): the transposed rotation, the turn by -angle."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(rotary_backward, dy, cache)
-    saved = opened(rotary_backward, cache)
+    saved = opened(rotary_forward, cache)
     cos, sin = saved  # (1, T, E) or (B, 1, T, E)
     if not _takes(dy, cos, sin):
         return _textbook.rotary_backward.unchecked(dy, saved)

@@ -58,7 +58,7 @@ def softmax_backward(dp: Array, cache: Any, overwrite_input: bool = False) -> Ar
     """dp (...) -> dx (...) = p * (dp - sum(dp * p)).  ``overwrite_input``: reuse dp's buffer."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(softmax_backward, dp, cache, overwrite_input)
-    saved = opened(softmax_backward, cache)
+    saved = opened(softmax_forward, cache)
     p, axis = saved
     xp = backend.namespace_of(dp, p)
     inner = xp.sum(dp * p, axis=axis, keepdims=True)  # <dp, p> per row

@@ -45,7 +45,7 @@ def swiglu_backward(dh: Array, cache: Any) -> tuple[Array, Array]:
     """dh (...) -> da (...), db (...)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(swiglu_backward, dh, cache)
-    saved = opened(swiglu_backward, cache)
+    saved = opened(swiglu_forward, cache)
     a, b, s = saved
     if not compilable(dh, a, b, s):
         return _textbook.swiglu_backward.unchecked(dh, saved)

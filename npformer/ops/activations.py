@@ -87,7 +87,7 @@ def relu_backward(dy: Array, cache: Array) -> Array:
     """dy (...) -> dx = dy [x > 0] (...), NaN where x is NaN."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(relu_backward, dy, cache)
-    x = opened(relu_backward, cache)
+    x = opened(relu_forward, cache)
     xp = backend.namespace_of(dy, x)
     step = xp.astype(x > 0, dy.dtype)  # [x > 0]: 1 where x > 0, else 0
     step = xp.where(xp.isnan(x), x, step)  # NaN where x is NaN (the derivative of NaN)
@@ -199,7 +199,7 @@ def gelu_backward(dy: Array, cache: Any) -> Array:
     """dy (...) -> dx = dy (Phi(x) + x phi(x)), phi(x) = exp(-x^2 / 2) / sqrt(2 pi)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(gelu_backward, dy, cache)
-    saved = opened(gelu_backward, cache)
+    saved = opened(gelu_forward, cache)
     x, phi_cdf = saved
     xp = backend.namespace_of(dy)
     phi_pdf = INV_SQRT_2PI * xp.exp(-0.5 * x * x)        # phi(x), the normal density
@@ -225,7 +225,7 @@ def gelu_tanh_backward(dy: Array, cache: Any) -> Array:
     """dy (...) -> dx = dy dy/dx (...)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(gelu_tanh_backward, dy, cache)
-    saved = opened(gelu_tanh_backward, cache)
+    saved = opened(gelu_tanh_forward, cache)
     x, t = saved
     dy_dx = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_C * (1.0 + 3.0 * GELU_A * x * x)
     return dy * dy_dx

@@ -63,7 +63,7 @@ def attention_backward(dout: Array, cache: Any) -> tuple[Array, Array, Array]:
     """dout (..., T, F) -> dq (..., T, E), dk (..., S, E), dv (..., S, F)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(attention_backward, dout, cache)
-    saved = opened(attention_backward, cache)
+    saved = opened(attention_forward, cache)
     q, k, v, p, softmax_cache = saved
     scale = 1.0 / math.sqrt(q.shape[-1])
     dv = p.mT @ dout  # P^T dO: (..., S, T) @ (..., T, F)

@@ -172,8 +172,8 @@ def tier_of(function: Callable) -> str:
 # Inside a door (a module's forward or backward, another op) the test is one attribute
 # read and the derivation runs; outside, door() checks the contract the decorator named
 # and calls the op again, trusted.  A forward returns ``with_cache(op, out, saved)``, a
-# backward reads ``opened(op, cache)``: the cache names its op and tier, and is checked
-# on every backward.
+# backward reads ``opened(its_forward, cache)``: the cache names its op and tier, and is
+# checked on every backward.
 def door(op: Callable, *args: Any, **kwargs: Any) -> Any:
     """``op(*args, **kwargs)`` called from outside a door: its contract checked (a
     backward's: its cache's owner, then the upstream gradient), then ``op`` run trusted."""
@@ -186,13 +186,13 @@ def with_cache(forward: Callable, out: Array, saved: Any) -> tuple[Array, Cache]
     return out, Cache(forward.op_name, forward.tier, tuple(out.shape), out.dtype, saved)
 
 
-def opened(backward: Callable, cache: Any) -> Any:
-    """The saved values of ``cache`` if ``backward``'s forward made it (same op, same tier);
-    otherwise the error naming what was passed."""
-    forward = backward.forward
+def opened(forward: ForwardOp, cache: Any) -> Any:
+    """The saved values of ``cache`` if ``forward`` made it (same op, same tier): a
+    backward's first read; otherwise the error naming the backward and what was passed.
+    (The backward names its forward, not itself: a test's spy may stand in its place.)"""
     if type(cache) is Cache and cache.op == forward.op_name and cache.tier == forward.tier:
         return cache.saved
-    refuse_cache(cache, backward.op_name, forward)
+    refuse_cache(cache, forward.op_name.replace("_forward", "_backward"), forward)
 
 
 def checked_op(contract: Callable[..., None]) -> Callable[[Callable], Callable]:
@@ -236,7 +236,7 @@ def backward_op(forward: ForwardOp,
         name = forward.op_name.replace("_forward", "_backward")
 
         def contract(dy, cache, *args, **kwargs):
-            opened(op, cache)
+            opened(forward, cache)
             upstream(dy, cache, name)
 
         def unchecked(dy, saved, *args, **kwargs):

@@ -37,5 +37,5 @@ def dropout_backward(dy: Array, cache: Array | None) -> Array:
     """dy (...) -> dx = dy m / (1 - p) (...), or dy (the identity: no mask)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(dropout_backward, dy, cache)
-    scaled_mask = opened(dropout_backward, cache)
+    scaled_mask = opened(dropout_forward, cache)
     return dy if scaled_mask is None else dy * scaled_mask

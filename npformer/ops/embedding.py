@@ -60,7 +60,7 @@ def embedding_backward(dy: Array, cache: Any) -> Array:
     """dy (..., D) -> dtable (V, D).  (Integer ids have no gradient.)"""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(embedding_backward, dy, cache)
-    saved = opened(embedding_backward, cache)
+    saved = opened(embedding_forward, cache)
     flat_ids, vocab_size = saved
     xp = backend.namespace_of(dy)
     dy_rows = xp.reshape(dy, (-1, dy.shape[-1]))  # (N, D)

@@ -74,7 +74,7 @@ def grouped_attention_backward(dout: Array, cache: Any) -> tuple[Array, Array, A
     """dout (..., H, T, F) -> dq (..., H, T, E), dk (..., Hkv, S, E), dv (..., Hkv, S, F)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(grouped_attention_backward, dout, cache)
-    saved = opened(grouped_attention_backward, cache)
+    saved = opened(grouped_attention_forward, cache)
     return grouped_backward(dout, saved, attention_backward)
 
 

@@ -70,7 +70,7 @@ def lora_backward(dy: Array, cache: Any) -> tuple[Array, Array, Array, Array]:
     adapter, dA (D_in, r), dB (r, D_out)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(lora_backward, dy, cache)
-    saved = opened(lora_backward, cache)
+    saved = opened(lora_forward, cache)
     x_dropped, u, w, lora_a, lora_b, scale = saved
     xp = backend.namespace_of(dy, w)
     d_in, r = lora_a.shape

@@ -75,7 +75,7 @@ def cross_entropy_backward(dloss: Array, cache: Any) -> Array:
     """dloss (scalar) -> dlogits (..., V)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(cross_entropy_backward, dloss, cache)
-    saved = opened(cross_entropy_backward, cache)
+    saved = opened(cross_entropy_forward, cache)
     q, weight, log_softmax_cache, logits_shape = saved
     xp = backend.namespace_of(q)
     dlog_p = (-dloss * weight)[:, None] * q  # (N, V): 0 on ignored rows

@@ -74,7 +74,7 @@ def pool_backward(dy: Array, cache: Any) -> Array:
     """dy (B, D) -> dh (B, T, D)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(pool_backward, dy, cache)
-    saved = opened(pool_backward, cache)
+    saved = opened(pool_forward, cache)
     how, shape, kept = saved
     xp = backend.namespace_of(dy)
     batch, length, width = shape
@@ -116,7 +116,7 @@ def valid_rows_backward(drows: Array, cache: Any) -> Array:
     """drows (N, ...) -> dh (B, T, ...), zeros at padding."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(valid_rows_backward, drows, cache)
-    saved = opened(valid_rows_backward, cache)
+    saved = opened(valid_rows_forward, cache)
     index, shape = saved
     xp = backend.namespace_of(drows)
     width = math.prod(shape[2:])

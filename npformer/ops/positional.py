@@ -61,7 +61,7 @@ def add_positions_backward(dy: Array, cache: Any) -> tuple[Array, Array]:
     """dy (B, T, D) -> dx (B, T, D), dtable (L, D) (used only when the table is learned)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(add_positions_backward, dy, cache)
-    saved = opened(add_positions_backward, cache)
+    saved = opened(add_positions_forward, cache)
     seq_len, block_size = saved
     xp = backend.namespace_of(dy)
     dtable_used = xp.sum(dy, axis=0)  # (T, D)

@@ -74,7 +74,7 @@ def softmax_backward(dp: Array, cache: Any) -> Array:
     """dp (...) -> dx (...) = p * (dp - sum(dp * p))."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(softmax_backward, dp, cache)
-    saved = opened(softmax_backward, cache)
+    saved = opened(softmax_forward, cache)
     p, axis = saved
     xp = backend.namespace_of(dp, p)
     inner = xp.sum(dp * p, axis=axis, keepdims=True)  # <dp, p> per row
@@ -102,7 +102,7 @@ def log_softmax_backward(dy: Array, cache: Any) -> Array:
     """dy (...) -> dx (...) = dy - p * sum(dy)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(log_softmax_backward, dy, cache)
-    saved = opened(log_softmax_backward, cache)
+    saved = opened(log_softmax_forward, cache)
     p, axis = saved
     xp = backend.namespace_of(dy, p)
     return dy - p * xp.sum(dy, axis=axis, keepdims=True)
