@@ -9,6 +9,7 @@ the process the command started (a breakpoint in it fires there), and the stack 
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -89,6 +90,18 @@ def project_frames(stack: list, script: str) -> list[tuple[str, str]]:
             if file.startswith(str(ROOT) + os.sep)]
 
 
+def reading_path_stops(path: str) -> list[tuple[str, str]]:
+    """(file, function) of each stop of tools/reading_path.py's ``path`` ("textbook_path",
+    "textbook_backward_path") for the branch imdb's config takes."""
+    spec = importlib.util.spec_from_file_location("reading_path",
+                                                  ROOT / "tools" / "reading_path.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    stops = getattr(tool, path)(tool.demo_norm_first())
+    return [(file, qualname.split(".")[-1]) for file, qualname, _ in stops
+            if qualname != "implementations"]  # a lookup of the class, not a call on the way
+
+
 def test_the_imdb_demo_reaches_the_attention_backward_in_a_few_frames(data_dir, tmp_path):
     report = stack_at("npformer/ops/attention.py:attention_backward", "imdb.py", data_dir,
                       tmp_path)
@@ -101,6 +114,8 @@ def test_the_imdb_demo_reaches_the_attention_backward_in_a_few_frames(data_dir, 
         f"{len(frames)} frames in {len(files)} files from main to the op:\n{listing}")
     # no wrapper of the checks between the demo and the math
     assert not files & {"npformer/nn/module.py", "npformer/ops/contracts.py"}, listing
+    # tools/reading_path.py's backward path is this stack, stop by stop
+    assert frames[1:] == reading_path_stops("textbook_backward_path"), listing
 
 
 @pytest.mark.parametrize("script", ["imdb.py", "translate.py", "generate.py"])
@@ -114,3 +129,8 @@ def test_a_breakpoint_in_an_op_fires_in_the_main_thread(script, op, data_dir, tm
     frames = project_frames(report["stack"], script)
     assert frames[0] == (f"demos/{script}", "main")
     assert "npformer/ops/contracts.py" not in {file for file, _ in frames}
+    if (script, op) == ("imdb.py", "npformer/ops/attention.py:attention_forward"):
+        # tools/reading_path.py's forward path is this stack from the model's forward down
+        # (above it: the update's path, and the model's door, which checks the batch)
+        model = frames.index(("npformer/models/classifier.py", "forward"))
+        assert frames[model:] == reading_path_stops("textbook_path")[1:], frames

@@ -8,9 +8,11 @@ and backward, in both tiers.
 
 A path is a list of stops, each a definition (a function or a method) the reader opens by
 go-to-definition from the stop before, and the line in it that leads on: the path the
-demo runs (``python demos/imdb.py --tier textbook`` for the textbook's, the default for the
-fast tier's), which is also the Python stack a debugger shows at the formula, from the
-demo's ``main`` down (``tests/test_reading_path.py`` records that stack).  The block's
+demo runs (``python demos/imdb.py --tier textbook`` for the textbook's; for the fast
+tier's, ``--procs 1 --replicas 1``: by default it runs on MPI ranks or thread replicas, and
+the step reaches its task through :mod:`npformer.parallel`), which is also the Python
+stack a debugger shows at the formula, from the demo's ``main`` down
+(``tests/test_reading_path.py`` records that stack).  The block's
 branch is the one the demo's config takes: ``norm_first`` of ``demos/imdb.py``'s model
 config, read here, picks the pre-norm or the post-norm lines.  The script checks every stop
 against the code (the definition exists and holds that line; the last stop's line is the
@@ -95,8 +97,8 @@ def textbook_backward_path(norm_first: bool) -> list:
 
 
 def fast_path(norm_first: bool) -> list:
-    """demos/imdb.py (the fast tier, its default): the valid positions packed as rows, the
-    attention in blocks of scores."""
+    """demos/imdb.py (the fast tier, its default tier): the valid positions packed as rows,
+    the attention in blocks of scores."""
     return [
         ("demos/imdb.py", "train_member", "implementations(args.tier)[0](config)"),
         ("demos/imdb.py", "implementations", "return fast.TransformerClassifier, fast.AdamW"),
@@ -210,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     for tier, forward, backward in (("textbook", textbook_path, textbook_backward_path),
                                     ("fast", fast_path, fast_backward_path)):
         if args.tier in (None, tier):
-            command = "python demos/imdb.py" + (" --tier textbook" if tier == "textbook" else "")
+            command = "python demos/imdb.py " + ("--tier textbook" if tier == "textbook" else
+                                                 "--procs 1 --replicas 1")
             if not args.backward:
                 paths.append((f"{tier} tier, forward ({command}; its blocks {branch})",
                               forward(norm_first)))
