@@ -342,6 +342,8 @@ def test_qwen_use_sliding_window_whose_layers_all_attend_in_full_loads(torch, tm
     (dict(hidden_act=["silu"]), ["hidden_act = ['silu']", "a string"]),
     (dict(max_window_layers=1.5), ["max_window_layers = 1.5", "an integer"]),
     (dict(pad_token_id="0"), ["pad_token_id = '0'", "an integer"]),
+    (dict(attention_dropout="0.1"), ["attention_dropout = '0.1'", "a number"]),
+    (dict(use_cache="yes"), ["use_cache = 'yes'", "true or false"]),
     (dict(model_type=["qwen3"]), ["['qwen3']", "model_type"]),
 ])
 def test_a_field_of_another_type_is_refused_naming_it(torch, tmp_path, changes, fragments):

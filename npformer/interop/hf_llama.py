@@ -105,8 +105,11 @@ FIELD_TYPES = {
     "use_sliding_window": "bool", "sliding_window": "int?", "max_window_layers": "int",
     "layer_types": "str list?", "bos_token_id": "int?", "eos_token_id": "int list?",
     "pad_token_id": "int?", "partial_rotary_factor": "float",
-    "original_max_position_embeddings": "int",
+    "original_max_position_embeddings": "int", "attention_dropout": "float",
+    "initializer_range": "float", "use_cache": "bool",
 }
+# fields npformer does not read (training settings, generation's): their types checked
+CHECKED_ONLY = ("pad_token_id", "attention_dropout", "initializer_range", "use_cache")
 NOT_NULL = {("qwen3", "head_dim"), ("qwen2", "head_dim")}  # an int where given
 _TAKES = {"int": "an integer", "float": "a number", "bool": "true or false (JSON)",
           "str": "a string", "int list": "an integer or a list of integers",
@@ -186,7 +189,7 @@ def config_from_hf(values: dict, where: str = CONFIG_FILE) -> LlamaConfig:
         raise PretrainedError(f"{where} holds a {', '.join(map(str, other))} (architectures): "
                               f"npformer loads {', '.join(sorted(FAMILIES.values()))}")
     field = {key: hf_field(values, key, family, where) for key in DEFAULTS[family]}
-    for key in ("pad_token_id",):
+    for key in CHECKED_ONLY:  # not read, but refused by transformers when of another type
         if key in values:
             check_field(values[key], key, where, family)
     refuse_unsupported(values, field, family, where)
