@@ -297,7 +297,8 @@ def estimate_loss(model, ids: np.ndarray, preset: Preset, seed: int) -> float:
 def prompt_ids(prompt: str, tokenizer, context: int) -> list[int]:
     """--prompt's tokens (the end-of-text token for an empty prompt), refused when longer
     than the model's context."""
-    ids = tokenizer.encode(prompt) if prompt else [tokenizer.eos_id or 0]
+    start = tokenizer.eos_ids[0] if tokenizer.eos_ids else 0  # the first end of text
+    ids = tokenizer.encode(prompt) if prompt else [start]
     if len(ids) > context:
         raise DemoError(f"--prompt holds {len(ids)} tokens, more than the model's context of "
                         f"{context}: shorten it")

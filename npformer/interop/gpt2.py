@@ -500,17 +500,6 @@ def is_write_error(exc: BaseException) -> bool:
     return isinstance(exc, OSError) or type(exc).__name__ == "SafetensorError"
 
 
-def _write_whole(path: Path, write: Callable[[Path], Any]) -> None:
-    """``write(tmp)`` writes the file at a temporary name beside ``path``, which then
-    replaces ``path`` in one step: a reader sees the old file or the new one, never half."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def load(model_class: type, name_or_path: str | os.PathLike, dtype: str | None = None,
          dropout: float = 0.0) -> tuple[Module, Tokenizer]:
     """The model and the tokenizer of a GPT-2 folder or Hub name (:func:`from_pretrained`,

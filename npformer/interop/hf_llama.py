@@ -46,6 +46,7 @@ import json
 import os
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -62,11 +63,11 @@ from .gpt2 import (
     _first,
     _json_object,
     _read_weights,
-    _write_whole,
     architectures_of,
     check_tokenizer,
     output_folder,
     resolve,
+    write_files,
 )
 
 FAMILIES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
@@ -153,7 +154,7 @@ def _fits(value, kind: str) -> bool:
     return isinstance(value, list) and all(isinstance(v, str) for v in value)  # str list
 
 
-def check_field(value, key: str, where: str, family: str | None = None):
+def check_field(value: Any, key: str, where: str, family: str | None = None) -> Any:
     """``value`` of config.json's ``key`` if it is of the field's type (FIELD_TYPES), else a
     PretrainedError naming the field, what it takes and what it holds: never a str read
     letter by letter, a float or bool read as an integer, a string as a number."""
@@ -167,7 +168,7 @@ def check_field(value, key: str, where: str, family: str | None = None):
                           + (f", not a {type(value).__name__}" if value is not None else ""))
 
 
-def hf_field(values: dict, key: str, family: str, where: str):
+def hf_field(values: dict, key: str, family: str, where: str) -> Any:
     """config.json's ``key``, or its family's default where absent (DEFAULTS), of the
     field's type (:func:`check_field`)."""
     if key not in values:
@@ -507,11 +508,10 @@ def save_pretrained(model: LlamaCausalLM, path: str | os.PathLike) -> Path:
     values = config_to_hf(model.config)
     folder = output_folder(path)
     values["torch_dtype"] = next(iter(weights.values())).dtype.name
-    _write_whole(folder / WEIGHTS_FILE,
-                 lambda tmp: save_file(weights, str(tmp), metadata={"format": "pt"}))
-    _write_whole(folder / CONFIG_FILE, lambda tmp: tmp.write_text(
-        json.dumps(values, indent=2) + "\n", encoding="utf-8"))
-    return folder
+    config_text = json.dumps(values, indent=2) + "\n"
+    return write_files(folder, {  # the folder whole or not at all, the config last
+        WEIGHTS_FILE: lambda tmp: save_file(weights, str(tmp), metadata={"format": "pt"}),
+        CONFIG_FILE: lambda tmp: tmp.write_text(config_text, encoding="utf-8")})
 
 
 def load(path: str | os.PathLike, dtype: str | None = None,
