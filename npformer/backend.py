@@ -145,8 +145,7 @@ def env_flag(name: str, meaning: str, default: bool = False) -> bool:
 
 # The boolean switches npformer reads, each where it is used (never on import):
 # {variable: (what setting it does, its value where unset)}
-SWITCHES = {"NPFORMER_NO_NUMBA": ("turn numba off", False),
-            "NPFORMER_GPU_FUSED": ("run the fused GPU kernels", True),
+SWITCHES = {"NPFORMER_GPU_FUSED": ("run the fused GPU kernels", True),
             "NPFORMER_CUDA_GRAPH": ("capture each update as a CUDA graph", False)}
 
 

@@ -78,7 +78,7 @@ def run_kernels(root: Path, cache: Path, which: str = "all") -> dict:
     """{kernel: [compilations, loads]} of one fresh process on the package in ``root``."""
     env = {**os.environ, "NUMBA_CACHE_DIR": str(cache), "PYTHONPATH": str(root),
            "PYTHONWARNINGS": "ignore"}
-    env.pop("NPFORMER_NO_NUMBA", None)
+    env.pop("NUMBA_DISABLE_JIT", None)
     out = subprocess.run([sys.executable, "-c", RUN_KERNELS, which], env=env, cwd=root,
                          capture_output=True, text=True, check=True).stdout
     return json.loads(out.splitlines()[-1])

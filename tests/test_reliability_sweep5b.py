@@ -37,8 +37,7 @@ def _all_modules() -> list[str]:
 
 def test_the_settings_variables_are_found():
     names = _environment_variables()
-    for name in ("NPFORMER_BACKEND", "NPFORMER_GPU_FUSED", "NPFORMER_NO_NUMBA",
-                 "NPFORMER_CUDA_GRAPH"):
+    for name in ("NPFORMER_BACKEND", "NPFORMER_GPU_FUSED", "NPFORMER_CUDA_GRAPH"):
         assert name in names
 
 
@@ -58,8 +57,8 @@ def test_no_module_refuses_the_environment_on_import():
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-@pytest.mark.parametrize("name", ["NPFORMER_GPU_FUSED", "NPFORMER_NO_NUMBA",
-                                  "NPFORMER_BACKEND", "NPFORMER_CUDA_GRAPH"])
+@pytest.mark.parametrize("name", ["NPFORMER_GPU_FUSED", "NPFORMER_BACKEND",
+                                  "NPFORMER_CUDA_GRAPH"])
 def test_a_demo_says_a_bad_setting_in_one_error_line(name, tmp_path):
     env = {**os.environ, name: GARBAGE}
     proc = subprocess.run([sys.executable, "demos/generate.py", "--smoke", "--procs", "1",
@@ -619,3 +618,51 @@ def test_a_setting_the_saved_model_mode_does_not_read_is_refused(script, use, ar
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
     last = result.stderr.strip().splitlines()[-1]
     assert f"error: {typed} is not read with {use[0]}" in last, last
+
+
+def _reads_of_the_environment_on_import(tree) -> list[int]:
+    """Lines of a module's statements that run on import (outside every function body)
+    and read the environment: os.environ[...], os.environ.get(...), os.getenv(...)."""
+    import ast
+
+    lines = []
+
+    def visit(node, in_function):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            for default in node.args.defaults + node.args.kw_defaults:
+                if default is not None:
+                    visit(default, in_function)  # defaults run on import; binding a
+            for child in node.body if not isinstance(node, ast.Lambda) else [node.body]:
+                visit(child, True)  # mapping as a default is not reading it
+            return
+        if not in_function:
+            read = (isinstance(node, ast.Subscript) and ast.unparse(node.value) == "os.environ"
+                    or isinstance(node, ast.Call) and ast.unparse(node.func) in (
+                        "os.environ.get", "os.getenv", "os.environ.__getitem__"))
+            if read:
+                lines.append(node.lineno)
+        for child in ast.iter_child_nodes(node):
+            visit(child, in_function)
+
+    visit(tree, False)
+    return lines
+
+
+def test_no_module_reads_the_environment_on_import():
+    """Case 10's rule, read off the source: no statement that runs when a module is
+    imported reads an environment variable (a setting is read where it is used)."""
+    import ast
+
+    found = []
+    for path in sorted(Path(npformer.__file__).parent.rglob("*.py")):
+        lines = _reads_of_the_environment_on_import(ast.parse(path.read_text()))
+        found += [f"{path.relative_to(ROOT)}:{line}" for line in lines]
+    assert not found, found
+
+
+def test_the_import_time_reader_finds_a_read():
+    import ast
+
+    planted = ast.parse("import os\nX = os.environ.get('A', '')\n"
+                        "def f():\n    return os.environ['B']\nY = os.getenv('C')\n")
+    assert _reads_of_the_environment_on_import(planted) == [2, 5]

@@ -32,12 +32,9 @@ The options every kernel shares (:func:`jit`):
   stamp here also covers those two files (:data:`SHARED_SOURCES`), so an edit to the
   exp makes every kernel compile again instead of loading stale code.
 
-``NPFORMER_NO_NUMBA`` is read as a boolean: "1", "true", "yes", "on" (any case) turn numba
-off, "0", "false", "no", "off" or empty leave it on.  Whether the kernels compile is fixed
-when they are defined, so the tier looks at the variable on import, but refuses nothing
-there: another value leaves numba on and is refused (a ValueError naming it) when a fast
-op first runs, or earlier where a program checks its environment
-(:func:`npformer.backend.check_environment`, a demo's option check).
+numba's own switch turns it off: with ``NUMBA_DISABLE_JIT=1`` (numba reads it when it is
+imported; this package reads no environment variable on import) :data:`COMPILED` is
+False, as without numba.
 
 Without numba (not installed, or turned off) :data:`COMPILED` is False, :func:`jit`
 returns the Python function itself, the ops run their NumPy statements, and the first
@@ -46,7 +43,6 @@ op that would have used a kernel warns once, naming the kernels (:func:`compilab
 from __future__ import annotations
 
 import hashlib
-import os
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -54,22 +50,17 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import Array, boolean_word, switch
-
-SWITCH = "NPFORMER_NO_NUMBA"
-# read on import without refusing (see the docstring): a bad value is reported on first use
-_switch_word = boolean_word(os.environ.get(SWITCH, ""))
-_switched_off, _switch_refused = _switch_word is True, _switch_word is None
+from ..backend import Array
 
 
 def _load_numba() -> tuple[Any, str]:
-    """numba, or None with the reason (switched off, or not installed)."""
-    if _switched_off:
-        return None, f"{SWITCH} is set"
+    """numba, or None with the reason (not installed, or turned off by its own switch)."""
     try:
         import numba
     except ImportError:
         return None, "numba is not installed (pip install numba)"
+    if numba.config.DISABLE_JIT:
+        return None, "NUMBA_DISABLE_JIT is set"
     return numba, ""
 
 
@@ -84,8 +75,6 @@ def compilable(*arrays: Array) -> bool:
     C-contiguous NumPy float32/float64 array of one dtype.  Warns once per process
     (naming the kernels) when NumPy arrays could have used them but numba is missing."""
     global _warned
-    if _switch_refused:
-        switch(SWITCH)  # a value that is neither on nor off: refused here, by name
     for a in arrays:
         if type(a) is not np.ndarray or a.dtype not in (np.float32, np.float64) \
                 or a.dtype != arrays[0].dtype:

@@ -42,7 +42,6 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import env_flag
 from ..nn import Embedding, Module, Parameter
 
 WHOLE_TABLE_SHARE = 0.5  # beyond this share of a table's rows, gathering them costs more
@@ -80,13 +79,13 @@ _compiled = False  # whether _rows_with_bits is numba's compilation of the loop 
 
 def _compiled_scan() -> bool:
     """Whether the scan runs compiled: on the first call where numba is loaded (by the
-    fast tier; this module never imports it) and not switched off (``NPFORMER_NO_NUMBA``),
+    fast tier; this module never imports it) and not switched off (``NUMBA_DISABLE_JIT``),
     :func:`_rows_with_bits` becomes its compilation, with the fast tier's kernel options
     (no fastmath, the GIL released, kept in numba's on-disk cache)."""
     global _compiled, _rows_with_bits
     if not _compiled:
         numba = sys.modules.get("numba")
-        if numba is None or env_flag("NPFORMER_NO_NUMBA", "turn numba off"):
+        if numba is None or numba.config.DISABLE_JIT:
             return False
         _rows_with_bits = numba.njit(fastmath=False, nogil=True, error_model="numpy",
                                      cache=True)(_rows_with_bits)
