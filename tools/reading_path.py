@@ -206,7 +206,12 @@ def main(argv: list[str] | None = None) -> int:
         paths = [] if args.backward else [("nanoGPT, forward", NANOGPT_PATH)]
         paths.append(("nanoGPT, backward", NANOGPT_BACKWARD_PATH))
         return max(count(args.nanogpt, path, title) for title, path in paths)
-    norm_first = demo_norm_first()
+    try:
+        norm_first = demo_norm_first()
+    except Exception as exc:  # the demo must import for its config to be read
+        print(f"error: demos/imdb.py: {type(exc).__name__}: {exc}: its model config could not "
+              "be read", file=sys.stderr)
+        return 1
     branch = "pre-norm" if norm_first else "post-norm"
     paths = []
     for tier, forward, backward in (("textbook", textbook_path, textbook_backward_path),
