@@ -67,7 +67,6 @@ from npformer.cli.memory import check_training_fits
 from npformer.data import CharVocab, lm_batch, load_shakespeare, read_text_file, split_90_10
 from npformer.decoding import generate
 from npformer.models import CausalLM, CausalLMConfig, LlamaCausalLM, LlamaConfig
-from npformer.models.configs import renamed_fields
 from npformer.nn import evaluating
 from npformer.nn.llama import check_kv_heads
 from npformer.ops.contracts import check_rotary_width
@@ -83,8 +82,6 @@ ARCHS = ("gpt2", "llama")  # the blocks --arch chooses
 DEFAULT_KV_HEADS = 2  # the llama blocks' key/value heads (a saved GPT-2 run holds it too)
 
 
-@renamed_fields(iters="max_iters", block="block_size", heads="num_heads", width="d_model",
-                layers="num_layers")
 @dataclass(frozen=True)
 class Preset:
     max_iters: int = option(2000, "updates (nanoGPT's max_iters)")

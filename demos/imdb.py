@@ -74,7 +74,6 @@ from npformer.data import (
     tokenize_imdb,
 )
 from npformer.models import ClassifierConfig, TransformerClassifier
-from npformer.models.configs import renamed_fields
 from npformer.nn import evaluating, record_attention
 from npformer.optim import AdamW, warmup_cosine
 from npformer.train import EpochBatches, TrainConfig, Trainer, TrainingInterrupted, progress
@@ -85,7 +84,6 @@ DEMO = Demo(tag="imdb", title="IMDB", model_kind="classifier", script="demos/imd
 LABELS = ("negative", "positive")
 
 
-@renamed_fields(heads="num_heads", max_len="block_size", layers="num_layers")
 @dataclass(frozen=True)
 class Preset:
     d_model: int = option(64, "model width D")

@@ -86,7 +86,6 @@ from npformer.data import (
 )
 from npformer.decoding import beam_search, greedy_decode
 from npformer.models import Seq2SeqConfig, Seq2SeqTransformer
-from npformer.models.configs import renamed_fields
 from npformer.nn import evaluating, record_attention
 from npformer.optim import Adam, warmup_cosine
 from npformer.train import EpochBatches, TrainConfig, Trainer
@@ -97,7 +96,6 @@ DEMO = Demo(tag="translate", title="translation", model_kind="seq2seq",
 PROBES = ["go .", "i lost .", "he's calm .", "i'm home ."]
 
 
-@renamed_fields(heads="num_heads", steps="max_iters", layers="num_layers")
 @dataclass(frozen=True)
 class Preset:
     max_tokens: int = option(15, "at most this many tokens a side")

@@ -11,23 +11,11 @@ Layout of the archive:
   and scalars), under its keys (``optim/m.3``, ``optim/lr``).
 
 Both tiers write the same file: what a model and an optimizer mean (their state dicts)
-does not depend on how the fast tier lays them out in memory.  Version-4 files written
-by earlier releases may instead hold a model's
-parameters and an optimizer's moments as flat buffers (``flat/param``, and
-``flat/optim/<state>``, with ``meta["flat_layout"]`` naming which slice is which
-parameter): they still load, each buffer cut into the same names.
+does not depend on how the fast tier lays them out in memory.
 
-Format versions: 5 (this one: ``meta["lora"]`` holds a LoRA model's adapters' settings,
-below); 4 (a version-4 file may hold the flat buffers above; a LoRA model's file holds its
-adapters' weights without their settings); version 1 to 3 files hold the per-tensor
-layout only.  Since version 3 every config calls its context length
-``block_size``; versions 1 and 2 called the classifier's and the seq2seq model's
-``max_len``, and reading one maps it (``models.common.saved_config_values``, the one
-place a saved config is read).  Version 2 named the exact GELU "gelu" and the tanh form
-"gelu_tanh"; version 1 files called the tanh form "gelu", so reading one renames its
-config's ``activation`` "gelu" to "gelu_tanh": the model is rebuilt with the activation
-it was trained with.  An npformer that reads only older versions refuses a newer file by its
-version, not by a field it does not know.
+The format's version is :data:`FORMAT_VERSION` (5: ``meta["lora"]`` holds a LoRA model's
+adapters' settings, below), the only one this release reads: a file of another version,
+older or newer, is refused by its version, not by a field it does not know.
 
 Files are written atomically: into a temporary file ``.<name>.<pid>.tmp`` beside the
 target, flushed to disk, then renamed over it, so an interrupted save never leaves a
@@ -44,14 +32,13 @@ A): :func:`build_model` puts the same adapters on the model it builds, and
 (restored into adapters of another alpha, the same weights would compute another model).
 
 Loading works on any backend, and refuses (:class:`CheckpointError`, naming the
-problem) a file that is not a readable checkpoint: truncated or corrupt, from a newer
-format, with a malformed ``meta`` or flat layout, or whose weights or optimizer state
+problem) a file that is not a readable checkpoint: truncated or corrupt, of another
+format version, with a malformed ``meta``, or whose weights or optimizer state
 hold NaN or inf.
 """
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import struct
@@ -72,7 +59,6 @@ if TYPE_CHECKING:  # annotations only: nn and optim are not imported here
     from .optim import Optimizer
 
 FORMAT_VERSION = 5
-_RENAMED_IN_V2 = {"gelu": "gelu_tanh"}  # activation names of version 1 -> version 2
 
 
 class CheckpointError(ValueError):
@@ -88,10 +74,9 @@ class CheckpointWriteError(CheckpointError, OSError):
 @dataclass
 class Checkpoint:
     """A loaded checkpoint: the model ``kind`` and ``config`` (to rebuild it), its
-    parameter arrays ``params`` by dotted name (views of one array, read from a flat
-    buffer), the ``optimizer`` state (its :meth:`state_dict` keys), the update
-    ``step``, the random generators' ``rng_state`` and the caller's ``extra`` values
-    (vocabularies, label names, the trainer's state)."""
+    parameter arrays ``params`` by dotted name, the ``optimizer`` state (its
+    :meth:`state_dict` keys), the update ``step``, the random generators' ``rng_state``
+    and the caller's ``extra`` values (vocabularies, label names, the trainer's state)."""
 
     kind: str
     config: dict
@@ -101,7 +86,6 @@ class Checkpoint:
     rng_state: dict | None = None
     extra: dict = field(default_factory=dict)
     lora: dict | None = None  # the adapters' settings (nn.lora.adapter_settings), or None
-    version: int = FORMAT_VERSION  # the file's format version
 
 
 # --------------------------------------------------------------------------- temporaries
@@ -299,11 +283,9 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
         raise CheckpointError(f"{path} is not a readable npformer checkpoint (truncated or "
                               f"corrupt?): {type(exc).__name__}: {exc}") from exc
     meta = _read_meta(path, contents)
-    flat_params, flat_optim = _unflattened(path, meta, contents)
-    params = _merged(path, "param/", {k[len("param/"):]: v for k, v in contents.items()
-                                      if k.startswith("param/")}, flat_params)
-    optim = _merged(path, "optim/", {k[len("optim/"):]: _unwrap(v) for k, v in contents.items()
-                                     if k.startswith("optim/")}, flat_optim)
+    params = {k[len("param/"):]: v for k, v in contents.items() if k.startswith("param/")}
+    optim = {k[len("optim/"):]: _unwrap(v) for k, v in contents.items()
+             if k.startswith("optim/")}
     for name, value in params.items():  # the rules every weight loader applies
         try:
             weight_array(value, f"param/{name}")
@@ -312,7 +294,7 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     _check_arrays(path, "optim/", {k: v for k, v in optim.items() if isinstance(v, np.ndarray)})
     return Checkpoint(kind=meta["kind"], config=meta["config"], params=params, optimizer=optim,
                       step=meta["step"], rng_state=meta.get("rng_state"), extra=meta["extra"],
-                      lora=meta.get("lora"), version=meta.get("version", 1))
+                      lora=meta.get("lora"))
 
 
 _ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")  # a .npz is a zip archive (or an empty one)
@@ -343,7 +325,7 @@ _META_FIELDS = {"kind": str, "config": dict, "step": int, "extra": dict}
 
 
 def _read_meta(path: Path, contents: dict) -> dict:
-    """The checked, upgraded ``meta`` entry."""
+    """The checked ``meta`` entry."""
     if "meta" not in contents:
         raise CheckpointError(f"{path} is not an npformer checkpoint (no 'meta' entry)")
     raw = contents["meta"]
@@ -356,12 +338,10 @@ def _read_meta(path: Path, contents: dict) -> dict:
         raise CheckpointError(str(exc)) from None
     if meta.get("format") != "npformer-checkpoint":
         raise CheckpointError(f"{path} is not an npformer checkpoint")
-    version = meta.get("version", 1)
-    if isinstance(version, bool) or not isinstance(version, int) \
-            or not 1 <= version <= FORMAT_VERSION:
+    version = meta.get("version")
+    if isinstance(version, bool) or version != FORMAT_VERSION:
         raise CheckpointError(f"{path} has checkpoint format version {version!r}; this "
-                              f"npformer reads versions 1 to {FORMAT_VERSION} (is it from a "
-                              "newer npformer?)")
+                              f"release of npformer reads version {FORMAT_VERSION} only")
     for name, kind in _META_FIELDS.items():
         if not isinstance(meta.get(name), kind) or isinstance(meta.get(name), bool):
             raise CheckpointError(f"{path} has a malformed 'meta' entry: {name!r} should be "
@@ -373,110 +353,7 @@ def _read_meta(path: Path, contents: dict) -> dict:
             check_saved_adapter_settings(meta["lora"], f"{path}'s 'lora' entry in its 'meta'")
         except ValueError as exc:
             raise CheckpointError(str(exc)) from None
-    if version == 1:
-        activation = meta["config"].get("activation")
-        if activation in _RENAMED_IN_V2:  # "gelu" meant the tanh form before version 2
-            meta["config"]["activation"] = _RENAMED_IN_V2[activation]
     return meta
-
-
-def _unflattened(path: Path, meta: dict, contents: dict) -> tuple[dict, dict]:
-    """The flat buffers' views: ``({name: parameter}, {"<state>.<i>": state array})``,
-    each buffer checked against ``meta["flat_layout"]`` (both empty in a file without
-    ``flat/`` entries)."""
-    buffers = {k[len("flat/"):]: v for k, v in contents.items() if k.startswith("flat/")}
-    if not buffers:
-        return {}, {}
-    if "flat_layout" not in meta:
-        raise CheckpointError(f"{path} holds flat/{sorted(buffers)[0]} but its 'meta' has no "
-                              "'flat_layout' to say which slice is which parameter")
-    names, shapes, offsets = _read_layout(path, meta["flat_layout"])
-    params, optim = {}, {}
-    for key, buffer in buffers.items():
-        if key != "param" and not re.fullmatch(r"optim/\w+", key):
-            raise CheckpointError(f"{path} holds an unknown flat buffer flat/{key} (expected "
-                                  "flat/param or flat/optim/<state>)")
-        _check_flat_buffer(path, f"flat/{key}", buffer, names, offsets)
-        views = [buffer[lo:hi].reshape(shape) for shape, (lo, hi) in zip(shapes, offsets)]
-        if key == "param":
-            params.update(zip(names, views))
-        else:
-            state = key[len("optim/"):]
-            optim.update({f"{state}.{i}": view for i, view in enumerate(views)})
-    return params, optim
-
-
-def _merged(path: Path, prefix: str, own: dict, from_flat: dict) -> dict:
-    """The entries saved one by one and those cut from a flat buffer, none in both."""
-    both = sorted(set(own) & set(from_flat))
-    if both:
-        raise CheckpointError(f"{path} holds {prefix}{both[0]} twice: as its own array and in "
-                              "a flat buffer (corrupt checkpoint)")
-    return {**own, **from_flat}
-
-
-def _read_layout(path: Path, layout) -> tuple[list[str], list[tuple[int, ...]],
-                                              list[tuple[int, int]]]:
-    """The checked ``flat_layout``: names, shapes and [lo, hi) offsets, one per parameter,
-    laid end to end from 0 with no overlap and no gap, each slice as long as its shape."""
-    where = f"{path} has a malformed 'flat_layout' in its 'meta'"
-    if not isinstance(layout, dict) or set(layout) != {"names", "shapes", "offsets"}:
-        raise CheckpointError(f"{where}: it should hold exactly 'names', 'shapes' and "
-                              f"'offsets', got {layout!r:.80}")
-    names, shapes, offsets = layout["names"], layout["shapes"], layout["offsets"]
-    if not all(isinstance(x, list) for x in (names, shapes, offsets)):
-        raise CheckpointError(f"{where}: 'names', 'shapes' and 'offsets' should be lists")
-    if not len(names) == len(shapes) == len(offsets):
-        raise CheckpointError(f"{where}: 'names', 'shapes' and 'offsets' should hold one entry "
-                              f"per parameter, got {len(names)}, {len(shapes)} and "
-                              f"{len(offsets)}")
-    if not all(isinstance(n, str) for n in names) or len(set(names)) != len(names):
-        raise CheckpointError(f"{where}: 'names' should be distinct strings")
-    end = 0
-    for i, (name, shape, lo_hi) in enumerate(zip(names, shapes, offsets)):
-        if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
-            raise CheckpointError(f"{where}: the shape of {name!r} is {shape!r}, not a list "
-                                  "of sizes >= 0")
-        if not (isinstance(lo_hi, list) and len(lo_hi) == 2 and all(map(_is_count, lo_hi))
-                and lo_hi[0] <= lo_hi[1]):
-            raise CheckpointError(f"{where}: the offsets of {name!r} are {lo_hi!r}, not "
-                                  "[lo, hi] with 0 <= lo <= hi")
-        lo, hi = lo_hi
-        if lo < end:
-            raise CheckpointError(f"{where}: {name!r} at [{lo}, {hi}) overlaps {names[i - 1]!r}"
-                                  f", which ends at {end}")
-        if lo > end:
-            raise CheckpointError(f"{where}: {name!r} starts at {lo}, leaving [{end}, {lo}) "
-                                  "of the buffer to no parameter")
-        if hi - lo != math.prod(shape):
-            raise CheckpointError(f"{where}: {name!r} has shape {tuple(shape)} "
-                                  f"({math.prod(shape)} values) but offsets [{lo}, {hi}) "
-                                  f"({hi - lo} values)")
-        end = hi
-    return names, [tuple(s) for s in shapes], [tuple(o) for o in offsets]
-
-
-def _is_count(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _check_flat_buffer(path: Path, key: str, buffer: np.ndarray, names: list[str],
-                       offsets: list[tuple[int, int]]) -> None:
-    """A flat buffer is one floating-point array (P,) that the layout covers exactly."""
-    if buffer.ndim != 1:
-        raise CheckpointError(f"{path}: {key} should be one flat array (P,), got shape "
-                              f"{buffer.shape}")
-    if buffer.dtype.kind != "f":
-        raise CheckpointError(f"{path}: {key} has dtype {buffer.dtype}, not a floating-point "
-                              "type (corrupt or not an npformer checkpoint)")
-    for name, (_, hi) in zip(names, offsets):
-        if hi > buffer.size:
-            raise CheckpointError(f"{path}: the flat layout runs past the end of {key}: "
-                                  f"{name!r} ends at {hi}, the buffer holds {buffer.size} values")
-    size = offsets[-1][1] if offsets else 0  # the layout is end to end from 0
-    if size < buffer.size:
-        raise CheckpointError(f"{path}: {key} holds {buffer.size} values but the flat layout "
-                              f"covers {size} (corrupt checkpoint)")
 
 
 def _check_arrays(path: Path, prefix: str, arrays: dict) -> None:
@@ -542,8 +419,6 @@ def build_model(checkpoint: Checkpoint, expected_kind: str | tuple[str, ...] | N
         except ValueError as exc:
             raise CheckpointError(f"the checkpoint's LoRA adapters do not fit its "
                                   f"{checkpoint.kind!r} model: {exc}") from None
-    else:
-        _refuse_unsaid_adapters(checkpoint)
     model.load_state_dict(checkpoint.params)
     if checkpoint.lora is not None:
         from .nn.lora import merge_saved_adapters
@@ -552,27 +427,12 @@ def build_model(checkpoint: Checkpoint, expected_kind: str | tuple[str, ...] | N
     return model
 
 
-def _refuse_unsaid_adapters(checkpoint: Checkpoint) -> None:
-    """A version-4 file of a LoRA model holds the adapters' weights without their rank,
-    alpha and targets: no model can be built from it alone."""
-    adapted = sorted({name.rsplit(".", 1)[0] for name in checkpoint.params
-                      if name.endswith((".lora_A", ".lora_B"))})
-    if adapted:
-        raise CheckpointError(
-            f"the checkpoint (format version {checkpoint.version}) holds LoRA adapters on "
-            f"{adapted[:3]}{' ...' if len(adapted) > 3 else ''} without their settings (rank, "
-            "alpha, dropout): build the base model, apply_lora(model, targets, r, alpha, "
-            "dropout) as it was trained, then restore(model, checkpoint)")
-
-
 def _check_same_adapters(model: Module, checkpoint: Checkpoint) -> None:
-    """A checkpoint that records its adapters (format version 5) restores only into a model
-    whose adapters compute the same: each difference is named (the layer and the setting:
-    r, alpha, dropout, merged, or the targets)."""
+    """A checkpoint restores only into a model whose adapters compute the same as its own:
+    each difference is named (the layer and the setting: r, alpha, dropout, merged, or the
+    targets)."""
     from .nn.lora import adapter_differences, adapter_settings
 
-    if checkpoint.version < 5:
-        return  # its adapters' settings were not saved: the weights' names and shapes decide
     differences = adapter_differences(checkpoint.lora, adapter_settings(model))
     if differences:
         shown = "; ".join(differences[:6]) + ("; ..." if len(differences) > 6 else "")
@@ -585,7 +445,7 @@ def restore(model: Module, checkpoint: Checkpoint,
             optimizer: Optimizer | None = None) -> None:
     """Load a checkpoint into an existing model (and optimizer), checking that it was
     saved from the same architecture: kind, then every config field, then shapes."""
-    from .models.common import config_to_dict, saved_config_values
+    from .models.common import config_to_dict
     from .optim import check_optimizer_of
 
     _check_model(model, "restore(model, checkpoint)")
@@ -600,7 +460,7 @@ def restore(model: Module, checkpoint: Checkpoint,
         raise CheckpointError(f"the checkpoint holds a {checkpoint.kind!r} model, but this is "
                               f"a {model.kind!r} model")
     own = config_to_dict(model.config)
-    saved = saved_config_values(type(model.config), checkpoint.config)
+    saved = checkpoint.config
     differing = {k: (saved.get(k), v) for k, v in own.items() if saved.get(k) != v}
     if differing:
         details = "; ".join(f"{k}: checkpoint {a!r}, model {b!r}"

@@ -49,7 +49,6 @@ from typing import Any
 
 from . import backend
 from .backend import Array
-from .models.configs import renamed_fields
 from .nn.module import Parameter
 from .nn.state import mismatch_report, weight_array
 from .ops.contracts import check_flag, check_real, check_size
@@ -465,7 +464,6 @@ class warmup_inverse_sqrt:
         return self.scale * self.d_model**-0.5 * shape
 
 
-@renamed_fields(total_steps="total_updates")  # the old name, for one release
 @dataclass(frozen=True)
 class warmup_cosine:
     """Linear warmup, then cosine decay to ``min_lr`` (nanoGPT's ``get_lr``), t from 1::

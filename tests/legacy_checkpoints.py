@@ -12,8 +12,9 @@ views as that buffer, and the moments of an optimizer flat over the same buffer 
 * ``meta``: the usual fields and ``flat_layout``: ``names``, ``shapes`` and ``offsets``
   ([lo, hi) of each parameter, from ``flat_layout`` of the shapes, end to end from 0).
 
-The files that release left behind must still load; the tests write them with
-:func:`save_flat_checkpoint`, from any model (of either tier) and optimizer.  Checked
+This release reads version 5 only: such a file is refused, naming its version; the
+refusal's test writes one with :func:`save_flat_checkpoint`, from any model (of either
+tier) and optimizer.  Checked
 once against that writer itself (run from a copy of commit 8f514f9): for a fast LM with
 AdamW, with Adam and L2 decay, and with no optimizer, in float32 and float64, both
 write the same members, dtypes and values, and the same ``meta`` text.

@@ -14,7 +14,6 @@ from npformer import cli
 from npformer.checkpoint import save_checkpoint
 from npformer.cli import options, runs
 from npformer.models import CausalLMConfig
-from npformer.models.configs import renamed_fields
 from npformer.ops import contracts
 from npformer.train import TrainingDiverged, TrainingInterrupted
 from tests.helpers import tiered
@@ -97,57 +96,58 @@ def test_help_lists_every_preset_value(capsys):
     assert "--how {mean,max} how (default: mean)" in out
 
 
-@renamed_fields(size="width", breadth="width", count="heads")
 @dataclass(frozen=True)
-class Renamed:
-    width: int = cli.option(8, "width")
-    heads: int = cli.option(2, "heads")
+class Spelled:
+    d_model: int = cli.option(8, "width")
+    num_heads: int = cli.option(2, "heads")
 
 
-RENAMED = {"default": Renamed(), "smoke": Renamed(width=4)}
+SPELLED = {"default": Spelled(), "smoke": Spelled(d_model=4)}
 
 
-def parse_renamed(*argv):
-    parser = cli.demo_parser(DEMO, "Toy.\n\nEpilog.", RENAMED)
-    return cli.resolve_preset(parser, parser.parse_args(list(argv)), RENAMED)
+def parse_spelled(*argv):
+    parser = cli.demo_parser(DEMO, "Toy.\n\nEpilog.", SPELLED)
+    return cli.resolve_preset(parser, parser.parse_args(list(argv)), SPELLED)
 
 
 @pytest.mark.parametrize("argv, value", [
-    (["--size", "16"], 16), (["--width", "16"], 16),
-    (["--size", "16", "--width", "16"], 16), (["--width=16", "--size", "16"], 16),
-    (["--width", "16", "--width", "32"], 32),  # one name repeated: argparse's last wins
-    (["--smoke", "--breadth", "12"], 12),
+    (["--n_embd", "16"], 16), (["--d-model", "16"], 16),
+    (["--n_embd", "16", "--d-model", "16"], 16), (["--d-model=16", "--d_model", "16"], 16),
+    (["--d-model", "16", "--d-model", "32"], 32),  # one name repeated: argparse's last wins
+    (["--smoke", "--d_model", "12"], 12),
 ])
-def test_an_old_option_name_sets_its_setting(argv, value):
-    assert parse_renamed(*argv).width == value
+def test_another_spelling_sets_its_setting(argv, value):
+    assert parse_spelled(*argv).d_model == value
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--size", "48", "--width", "16"], "--size 48 and --width 16 set the same setting: --size "
-                                        "is the old name of --width; give --width once"),
-    (["--width=16", "--size=48"], "--width 16 and --size 48 set the same setting: --size is "
-                                  "the old name of --width; give --width once"),
-    (["--size", "4", "--breadth", "8"], "--size 4 and --breadth 8 set the same setting: --size "
-                                        "and --breadth are old names of --width"),
-    (["--count", "1", "--heads", "2"], "--count 1 and --heads 2 set the same setting"),
+    (["--n_embd", "48", "--d-model", "16"], "--n_embd 48 and --d-model 16 set the same setting: "
+                                            "--n_embd is another spelling of --d-model; give "
+                                            "--d-model once"),
+    (["--d-model=16", "--d_model=48"], "--d-model 16 and --d_model 48 set the same setting: "
+                                       "--d_model is another spelling of --d-model; give "
+                                       "--d-model once"),
+    (["--n_embd", "4", "--d_model", "8"], "--n_embd 4 and --d_model 8 set the same setting: "
+                                          "--n_embd and --d_model are other spellings of "
+                                          "--d-model"),
+    (["--n_head", "1", "--num-heads", "2"], "--n_head 1 and --num-heads 2 set the same setting"),
 ])
-def test_an_old_and_a_new_option_name_with_different_values_are_refused(argv, message, capsys):
+def test_two_spellings_with_different_values_are_refused(argv, message, capsys):
     """Issue 37, case 19: the last one won silently."""
     with pytest.raises(SystemExit) as exit_info:
-        parse_renamed(*argv)
+        parse_spelled(*argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err.strip().splitlines()[-1]
 
 
 @pytest.mark.parametrize("script, argv, names", [
-    ("generate.py", ["--width", "48", "--d-model", "16"], "--width 48 and --d-model 16"),
-    ("generate.py", ["--max-iters", "5", "--iters", "3"], "--max-iters 5 and --iters 3"),
-    ("translate.py", ["--max-iters", "5", "--steps", "3"], "--max-iters 5 and --steps 3"),
-    ("imdb.py", ["--max-len", "256", "--block-size", "128"],
-     "--max-len 256 and --block-size 128"),
+    ("generate.py", ["--n_embd", "48", "--d-model", "16"], "--n_embd 48 and --d-model 16"),
+    ("generate.py", ["--max-iters", "5", "--max_iters", "3"], "--max-iters 5 and --max_iters 3"),
+    ("translate.py", ["--n_layer", "2", "--num-layers", "3"], "--n_layer 2 and --num-layers 3"),
+    ("imdb.py", ["--block_size", "256", "--block-size", "128"],
+     "--block_size 256 and --block-size 128"),
 ])
-def test_the_demos_refuse_an_old_and_a_new_name_with_different_values(script, argv, names,
-                                                                     capsys):
+def test_the_demos_refuse_two_spellings_with_different_values(script, argv, names, capsys):
     from tests.test_demos import load_demo
 
     demo = load_demo(script)
@@ -341,24 +341,6 @@ def test_a_smoke_run_has_its_own_default_folder(argv, out):
     run was refused ("holds a finished run of other settings"); each preset but the
     default now has its own (runs/NAME-smoke)."""
     assert settled(argv)[1].out == out
-
-
-def test_a_saved_setting_under_its_old_and_new_name_is_one_error(tmp_path):
-    """issue 47 case 10: a run settings record holding both ``size`` and ``width`` (an old
-    name and its new one) at --resume: a TypeError traceback before; now one error naming
-    the file and both spellings."""
-    model = tiered.CausalLM(CausalLMConfig(vocab_size=5, block_size=4, d_model=4, num_heads=1,
-                                    num_layers=1, d_ff=4))
-    record = {"preset_name": "default", "preset": {"size": 16, "width": 8, "heads": 2},
-              "settings": {"seed": 0, "dtype": "float32", "engine": "fast"}, "data_sha256": {}}
-    with using_backend("numpy", "float32"):
-        save_checkpoint(tmp_path / cli.LAST_FILE, model, step=1,
-                        extra={"demo": "toy", "run": record, "trainer": {"finished": False}})
-    with pytest.raises(cli.CheckpointError) as error:
-        settled(["--resume", "--out", str(tmp_path)], RENAMED)
-    message = str(error.value)
-    assert str(tmp_path / cli.LAST_FILE) in message
-    assert "size = 16 and width = 8" in message and "old name of width" in message, message
 
 
 def test_overwrite_removes_the_runs_folders_and_a_folder_is_written_whole(tmp_path):

@@ -1,9 +1,6 @@
-"""The models' configs take what users write (issue 37, cases 20 and 21).
+"""The models' configs take what users write (issue 37, case 21; case 20's old field
+names given to ``dataclasses.replace`` went with the old names).
 
-* ``dataclasses.replace(cfg, max_len=32)``, an old field name given to replace, sets
-  the new field (it failed with "got both 'max_len' and 'block_size'": replace passes
-  every field besides the change); the old and the new name both given with different
-  values stay refused.
 * NumPy integers, floats and bools are accepted where Python's are
   (``vocab_size=ids.max() + 1``), stored as Python's (so the config equals one built
   from Python numbers and saves to JSON), and a refused one reads as its value and type.
@@ -12,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import warnings
 
 import numpy as np
 import pytest
@@ -27,37 +23,6 @@ from npformer.train import TrainConfig
 from tests.helpers import tiered
 
 from .conftest import using_backend
-from .test_demos import load_demo
-
-
-# =========================================================================== case 20
-@pytest.mark.parametrize("config, old, new, value", [
-    (ClassifierConfig(vocab_size=10), "max_len", "block_size", 32),
-    (Seq2SeqConfig(10, 11), "max_len", "block_size", 32),
-    (TrainConfig(max_iters=3), "max_steps", "max_iters", 7),
-    (load_demo("generate.py").PRESETS["smoke"], "width", "d_model", 64),  # frozen
-])
-def test_replace_with_an_old_field_name_sets_the_new_field(config, old, new, value):
-    with pytest.warns(DeprecationWarning, match=f"{old}.*'{new}'") as caught:
-        changed = dataclasses.replace(config, **{old: value})
-    assert getattr(changed, new) == value
-    assert changed == dataclasses.replace(config, **{new: value})
-    assert caught[0].filename == __file__  # points at the user's line, not at replace
-
-
-def test_replace_with_both_names_and_different_values_is_refused():
-    config = ClassifierConfig(vocab_size=10, block_size=16)
-    with pytest.raises(TypeError, match="got both 'max_len' and 'block_size'"):
-        dataclasses.replace(config, max_len=32, block_size=64)
-    with pytest.raises(TypeError, match="got both 'max_len' and 'block_size'"):
-        ClassifierConfig(vocab_size=10, max_len=32, block_size=16)
-
-
-def test_replace_without_an_old_name_is_untouched():
-    config = CausalLMConfig(vocab_size=10)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert dataclasses.replace(config, block_size=8).block_size == 8
 
 
 # =========================================================================== case 21

@@ -370,37 +370,6 @@ def test_restore_into_the_same_adapters_and_into_a_merged_model(tmp_path):
             restore(fresh, checkpoint)
 
 
-def test_a_version_4_lora_checkpoint_loads_as_before(tmp_path):
-    """Files written before the settings were kept: restore into a model of the right
-    adapters as before; build_model says what is missing instead of "unexpected keys"."""
-    import json
-
-    from npformer.checkpoint import (
-        CheckpointError,
-        build_model,
-        load_checkpoint,
-        restore,
-        save_checkpoint,
-    )
-
-    from .conftest import using_backend
-
-    with using_backend("numpy", "float64"):
-        path = save_checkpoint(tmp_path / "m.npz", _lora_llama())
-        with np.load(path) as archive:
-            contents = {k: archive[k] for k in archive.files}
-        meta = json.loads(str(contents["meta"]))
-        del meta["lora"]
-        meta["version"] = 4
-        contents["meta"] = np.array(json.dumps(meta))
-        np.savez(tmp_path / "v4.npz", **contents)
-        old = load_checkpoint(tmp_path / "v4.npz")
-        assert old.lora is None and old.version == 4
-        restore(_lora_llama(seed=3), old)
-        with pytest.raises(CheckpointError, match="without their settings"):
-            build_model(old)
-
-
 # --------------------------------------------------------------------------- case 7
 PEFT_RTOL = 1e-10
 

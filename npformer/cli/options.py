@@ -201,9 +201,7 @@ def _add_preset_options(parser: argparse.ArgumentParser, presets: dict) -> None:
                        help="short for --preset smoke: a few seconds on a tiny subset, "
                             "checks the whole pipeline runs (CI)")
     base = presets["default"]
-    renamed = getattr(type(base), "old_field_names", {})  # old name -> field, one release
     for f in fields(base):
-        aliases = [flag(old) for old, new in renamed.items() if new == f.name]
         spellings = [f"--{name}" for name in (f.name, *(n for n, field_name in
                                                         NANOGPT_NAMES.items()
                                                         if field_name == f.name))]
@@ -211,21 +209,21 @@ def _add_preset_options(parser: argparse.ArgumentParser, presets: dict) -> None:
         values = "; ".join([f"default: {getattr(base, f.name)}"] + [
             f"{name}: {getattr(p, f.name)}" for name, p in presets.items()
             if name != "default" and getattr(p, f.name) != getattr(base, f.name)])
-        was = f"; was {', '.join(aliases)}" if aliases else ""
         group.add_argument(flag(f.name), type=f.metadata["type"], default=None,
                            choices=f.metadata["choices"], action=_OneSetting,
                            metavar=None if f.metadata["choices"] else f.name.upper(),
-                           help=f"{f.metadata['help']} ({values}{was})".replace("%", "%%"))
-        # the old names (read for one release), nanoGPT's name and the underscore
-        # spelling: read as the option itself; --help hides them
-        for alias in aliases + others:
+                           help=f"{f.metadata['help']} ({values})".replace("%", "%%"))
+        # nanoGPT's name and the underscore spelling: read as the option itself; --help
+        # hides them
+        for alias in others:
             group.add_argument(alias, dest=f.name, type=f.metadata["type"], default=None,
                                choices=f.metadata["choices"], action=_OneSetting,
                                help=argparse.SUPPRESS)
 
 
 class _OneSetting(argparse.Action):
-    """A preset field's option, under its name or an old one (``--d-model``, ``--width``):
+    """A preset field's option, under its name or another spelling (``--d-model``,
+    ``--n-embd``, ``--d_model``):
     the names set one setting, so two of them with different values are refused, naming
     both (which one would win is not the user's intent to guess); the same value twice,
     or one name repeated, is accepted (argparse's rule: the last one wins)."""
@@ -237,10 +235,7 @@ class _OneSetting(argparse.Action):
         if earlier is not None and earlier[0] != option_string and earlier[1] != value:
             name = flag(self.dest)
             other = [o for o in (earlier[0], option_string) if o != name]
-            old = all(o.replace("_", "-") != name and o.lstrip("-") not in NANOGPT_NAMES
-                      for o in other)
-            kind = ("is the old name" if len(other) == 1 else "are old names") if old else \
-                ("is another spelling" if len(other) == 1 else "are other spellings")
+            kind = "is another spelling" if len(other) == 1 else "are other spellings"
             parser.error(f"{earlier[0]} {earlier[1]} and {option_string} {value} set the same "
                          f"setting: {' and '.join(other)} {kind} of {name}; give {name} once")
         given[self.dest] = (option_string, value)

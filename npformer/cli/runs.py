@@ -37,7 +37,6 @@ from typing import Any, NamedTuple
 from .. import backend, parallel
 from ..checkpoint import Checkpoint, CheckpointError, build_model, load_checkpoint
 from ..gpu.cuda_graph import wanted_by_environment
-from ..models.configs import new_field_names
 from ..nn import Module
 from ..parallel.relaunch import launch_record, relaunch, under_launcher
 from ..train import progress
@@ -349,18 +348,6 @@ def run_record(args: argparse.Namespace, preset: Any) -> dict:
             "data_sha256": dict(getattr(args, "data_sha256", {}))}
 
 
-def _check_one_name_each(path: Path, cls: type, saved: dict) -> None:
-    """A saved preset holding a setting under both its old and its new name (``heads``
-    and ``num_heads``) is refused, naming both: which one the run used is unknown."""
-    both = [(old, new) for old, new in getattr(cls, "old_field_names", {}).items()
-            if old in saved and new in saved]
-    if both:
-        names = "; ".join(f"{old} = {saved[old]!r} and {new} = {saved[new]!r} ({old} is the "
-                          f"old name of {new}, {flag(new)})" for old, new in both)
-        raise CheckpointError(f"{path} cannot be resumed: its saved settings hold the same "
-                              f"setting under two names: {names}; a run saves one of them")
-
-
 def _adopt_saved_run(parser: argparse.ArgumentParser, args: argparse.Namespace,
                      path: Path, checkpoint: Checkpoint, presets: dict) -> None:
     saved = checkpoint.extra.get("run")
@@ -372,8 +359,7 @@ def _adopt_saved_run(parser: argparse.ArgumentParser, args: argparse.Namespace,
                      f"{saved['preset_name']} (leave --preset and --smoke out)")
     args.preset, args.smoke = saved["preset_name"], False
     known = {f.name for f in fields(presets["default"])}
-    _check_one_name_each(path, type(presets["default"]), saved["preset"])
-    preset = new_field_names(type(presets["default"]), saved["preset"])  # old names: new
+    preset = saved["preset"]
     settings = dict(saved["settings"])
     layout = settings.pop("procs", None) or 1, settings.pop("replicas", None) or 1
     args.saved_layout = layout  # the workers it ran on: kept by _choose_workers

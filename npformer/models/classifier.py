@@ -24,10 +24,8 @@ from .common import (
     model_input,
     valid_lengths,
 )
-from .configs import renamed_fields
 
 
-@renamed_fields(max_len="block_size")  # the old name, for one release
 @dataclass
 class ClassifierConfig:
     """The shape of a :class:`TransformerClassifier` (saved with its checkpoints).

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import MISSING, asdict, fields
+from dataclasses import asdict, fields
 from typing import Any
 
 import numpy
@@ -19,29 +19,15 @@ from ..nn import (
     grad_enabled,
 )
 from ..ops.contracts import check_rank, check_token_ids, check_valid_lengths  # noqa: F401 (POSITIONALS, model_input: re-exported)
-from .configs import POSITIONALS, check_config, new_field_names  # noqa: F401 (POSITIONALS, model_input: re-exported)
+from .configs import POSITIONALS, check_config  # noqa: F401 (POSITIONALS, model_input: re-exported)
 
 
 def config_to_dict(config: Any) -> dict:
     return asdict(config)
 
 
-def saved_config_values(cls: type, values: dict) -> dict:
-    """A config's values as saved (a checkpoint's ``config``), the old name of a renamed
-    field read as its new one (``max_len`` -> ``block_size``), and a field added since
-    (``layer_norm_eps``, ``narrow_heads``, ``kqnorm``) at its default, the value every
-    model had before it existed: the one place a saved config is read, so a checkpoint
-    written before a rename or an addition still loads."""
-    values = new_field_names(cls, values)
-    added = {f.name: f.default for f in fields(cls)
-             if f.name not in values and f.default is not MISSING}
-    return {**values, **added}
-
-
 def config_from_dict(cls: type, values: dict) -> Any:
-    """``cls(**values)`` from a saved config (old field names read as the new ones); a
-    field ``cls`` does not have is refused by name."""
-    values = saved_config_values(cls, values)
+    """``cls(**values)`` from a saved config; a field ``cls`` does not have is refused by name."""
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:

@@ -1,18 +1,12 @@
-"""The rules of the models' configurations, and of renamed fields.
+"""The rules of the models' configurations.
 
 :func:`check_config` checks the fields the three configs share (each config's
-``__post_init__`` calls it), naming the field in every message; :func:`renamed_fields`
-and :func:`new_field_names` keep old field names working for one release (configs,
-the trainer's config, the demos' presets, and every saved record of them).
+``__post_init__`` calls it), naming the field in every message.
 """
 from __future__ import annotations
 
-import functools
 import math
 import numbers
-import sys
-import warnings
-from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy
@@ -125,74 +119,3 @@ def check_config(config: Any) -> None:
                          f"{_shown(config.pooling)}")
     if getattr(config, "num_classes", 2) < 2:
         raise ValueError(f"{name}.num_classes must be at least 2, got {config.num_classes}")
-
-
-# =========================================================================== renamed fields
-# One name per idea, PyTorch's or nanoGPT's: d_model (model width), num_heads (head count),
-# block_size (context length), max_iters (updates in a run).  A class that renamed a field
-# declares its old names with @renamed_fields(old="new"); the old keyword still works for
-# one release (with a DeprecationWarning naming the new one), and a saved record of its
-# values (a checkpoint's config, a demo's run record) is read with :func:`new_field_names`.
-def new_field_names(cls: type, values: Mapping[str, Any], warn: bool = False,
-                    stacklevel: int = 3) -> dict[str, Any]:
-    """``values`` ({field: value}) with each old field name of ``cls`` replaced by its new
-    one (``cls.old_field_names``: {old: new}); given both, a TypeError names the two.
-    ``warn``: a DeprecationWarning for each old name (the Python API, not saved records),
-    pointing ``stacklevel`` frames up (3: the caller of the function calling this one)."""
-    renamed = getattr(cls, "old_field_names", {})
-    values = dict(values)
-    for old, new in renamed.items():
-        if old not in values:
-            continue
-        if new in values:
-            raise TypeError(f"{cls.__name__} got both {old!r} and {new!r}: {old} is the old "
-                            f"name of {new}; give {new} only")
-        if warn:
-            warnings.warn(f"{cls.__name__}({old}=...) is deprecated: the field is now called "
-                          f"{new!r}", DeprecationWarning, stacklevel=stacklevel)
-        values[new] = values.pop(old)
-    return values
-
-
-def renamed_fields(**old_to_new: str) -> Callable[[type], type]:
-    """Class decorator (above ``@dataclass``): the constructor also takes each old keyword
-    (``old="new"``), with a DeprecationWarning naming the new one.
-
-    ``dataclasses.replace(config, old=value)`` works too: replace passes every field
-    of ``config`` besides the change, the new name's current value among them, and that
-    value gives way to the old name's (given both with another value, replace is refused
-    like the constructor)."""
-    def decorate(cls: type) -> type:
-        init = cls.__init__
-
-        @functools.wraps(init)
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            source = _instance_being_replaced(sys._getframe(1))
-            if source is not None:
-                kwargs = _without_filled_in_names(cls, kwargs, source)
-            init(self, *args, **new_field_names(cls, kwargs, warn=True,
-                                                stacklevel=3 if source is None else 4))
-        cls.__init__ = __init__
-        cls.old_field_names = {**getattr(cls, "old_field_names", {}), **old_to_new}
-        return cls
-    return decorate
-
-
-def _instance_being_replaced(caller: Any) -> Any:
-    """The instance ``dataclasses.replace`` copies when the frame ``caller`` (the one
-    calling a constructor) is replace's own, else None.  replace calls ``cls(**changes)``
-    with every field filled in; its argument is ``obj`` (Python 3.11, 3.12) or ``self``
-    (3.13's ``_replace``)."""
-    if caller.f_globals.get("__name__") != "dataclasses":
-        return None
-    return caller.f_locals.get("obj", caller.f_locals.get("self"))
-
-
-def _without_filled_in_names(cls: type, kwargs: dict, source: Any) -> dict:
-    """replace's keywords less each new name that only carries ``source``'s value beside
-    its old name: the old name is the change the user asked for."""
-    kwargs = dict(kwargs)
-    for old, new in getattr(cls, "old_field_names", {}).items():
-        if old in kwargs and new in kwargs and kwargs[new] == getattr(source, new, object()):
-            del kwargs[new]
-    return kwargs

@@ -36,10 +36,8 @@ from .common import (
     model_input,
     valid_lengths,
 )
-from .configs import renamed_fields
 
 
-@renamed_fields(max_len="block_size")  # the old name, for one release
 @dataclass
 class Seq2SeqConfig:
     """The shape of a :class:`Seq2SeqTransformer` (saved with its checkpoints).

@@ -30,9 +30,6 @@ GELU, tanh approximation (``"gelu_tanh"``: GPT-2, ``torch.nn.GELU(approximate="t
              $\frac{d\kappa}{dx} = \sqrt{2/\pi}\,(1 + 3 a x^2)$;
              $\bar x = \bar y \cdot \frac{dy}{dx}$.
 
-Checkpoints written before version 2 of the checkpoint format called the tanh form
-"gelu"; :mod:`npformer.checkpoint` renames it to "gelu_tanh" when it reads one.
-
 The error function
     NumPy and the array API standard have no ``erf``, so :func:`erf` and :func:`erfc`
     below are W. J. Cody's rational Chebyshev approximations (Cody, "Rational Chebyshev

@@ -10,11 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..models.configs import renamed_fields
 from ..ops.contracts import check_choice, check_flag, check_path, check_real, check_size
 
 
-@renamed_fields(max_steps="max_iters")  # the old name, for one release
 @dataclass
 class TrainConfig:
     """What :class:`Trainer` does: how long, how, when it evaluates and where it saves.
