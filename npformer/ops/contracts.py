@@ -634,34 +634,34 @@ def lora_inputs(x: Array, x_dropped: Array, w: Array, b: Array | None, lora_a: A
     check_same_dtype("LoRA", input=x, adapter_input=x_dropped, A=lora_a, B=lora_b)
 
 
+def _norm_operands(x: Array, what: str, **parameters: Array) -> None:
+    """The rules the layer norm and the RMS norm share: x (..., D) and each of
+    ``parameters`` (D,) with D >= 1, floats of one dtype (and one library)."""
+    check_array(x, f"{what} input")
+    for name, parameter in parameters.items():
+        check_float(parameter, f"{what} {name}")
+        check_rank(parameter, 1, f"{what} {name}")
+    shapes = [tuple(parameter.shape) for parameter in parameters.values()]
+    if shapes[0][0] == 0 or len(set(shapes)) > 1:
+        both = "both " if len(shapes) > 1 else ""
+        raise ValueError(f"{what} {' and '.join(parameters)} must {both}have shape (D,) with "
+                         f"D >= 1, got {' and '.join(map(str, shapes))}")
+    check_float(x, f"{what} input")
+    check_last_dim(x, shapes[0][0], f"{what} input")
+    check_same_dtype(what, input=x, **parameters)
+
+
 def layernorm_inputs(x: Array, gamma: Array, beta: Array, eps: float = 1e-5) -> None:
     """x (..., D), gamma (D,), beta (D,) with D >= 1, floats of one dtype; eps a finite
     real number >= 0."""
     check_real(eps, "layer norm eps", minimum=0.0)
-    check_array(x, "layer norm input")
-    for name, parameter in (("layer norm weight", gamma), ("layer norm bias", beta)):
-        check_float(parameter, name)
-        check_rank(parameter, 1, name)
-    if gamma.shape[0] == 0 or tuple(beta.shape) != tuple(gamma.shape):
-        raise ValueError(f"layer norm weight and bias must both have shape (D,) with D >= 1, "
-                         f"got {tuple(gamma.shape)} and {tuple(beta.shape)}")
-    check_float(x, "layer norm input")
-    check_last_dim(x, gamma.shape[0], "layer norm input")
-    check_same_dtype("layer norm", input=x, weight=gamma, bias=beta)  # and one library
+    _norm_operands(x, "layer norm", weight=gamma, bias=beta)
 
 
 def rmsnorm_inputs(x: Array, weight: Array, eps: float = 1e-6) -> None:
     """x (..., D), weight (D,) with D >= 1, floats of one dtype; eps a finite real > 0."""
     check_real(eps, "RMS norm eps", minimum=0.0, inclusive=False)
-    check_array(x, "RMS norm input")
-    check_float(weight, "RMS norm weight")
-    check_rank(weight, 1, "RMS norm weight")
-    if weight.shape[0] == 0:
-        raise ValueError(f"RMS norm weight must have shape (D,) with D >= 1, got "
-                         f"{tuple(weight.shape)}")
-    check_float(x, "RMS norm input")
-    check_last_dim(x, weight.shape[0], "RMS norm input")
-    check_same_dtype("RMS norm", input=x, weight=weight)  # and one library
+    _norm_operands(x, "RMS norm", weight=weight)
 
 
 ROPE_TYPES = ("llama3",)  # the rope_scaling types of rotary_table (None: no scaling)
@@ -753,27 +753,37 @@ def swiglu_inputs(a: Array, b: Array) -> None:
     check_same_dtype("SwiGLU", gate=a, up=b)
 
 
+def _attention_operands(q: Array, k: Array, v: Array, mask: Array | None, what: str,
+                        rank: int, axes: str) -> None:
+    """The rules attention and grouped attention share: q (..., T, E), k (..., S, E),
+    v (..., S, F) floats of one dtype with at least ``rank`` axes (``axes`` names the last
+    ones), E >= 1; k and v agree on every axis but the last, q and k on the last and on
+    those before the last ``rank`` (grouped attention's head counts differ: its contract
+    checks them); mask boolean broadcasting to (..., T, S)."""
+    for name, a in (("queries", q), ("keys", k), ("values", v)):
+        check_array(a, f"{what} {name}")
+    for name, a in (("queries", q), ("keys", k), ("values", v)):
+        check_float(a, f"{what} {name}")
+        check_min_rank(a, rank, f"{what} {name}", axes)
+    if q.shape[-1] == 0:
+        raise ValueError(f"{what} queries and keys must have a width (last axis) of at "
+                         f"least 1, got queries of shape {tuple(q.shape)}")
+    check_same_dtype(what, queries=q, keys=k, values=v)
+    if k.shape[:-1] != v.shape[:-1]:
+        raise ValueError(f"{what} keys {tuple(k.shape)} and values {tuple(v.shape)} "
+                         "must agree on every axis but the last")
+    if q.shape[:-rank] != k.shape[:-rank] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"{what} queries {tuple(q.shape)} and keys {tuple(k.shape)} "
+                         "must agree on the leading axes and the last (width) axis")
+    if mask is not None:  # named as the caller knows it, before any work is done
+        check_mask(mask, tuple(q.shape[:-1]) + (k.shape[-2],), "attention mask")
+
+
 def attention_inputs(q: Array, k: Array, v: Array, mask: Array | None = None,
                      block_scores: int | None = None) -> None:
     """q (..., T, E), k (..., S, E), v (..., S, F) floats of one dtype, E >= 1, mask
     boolean broadcasting to (..., T, S); ``block_scores`` (fast tier) None or >= 1."""
-    for name, a in (("queries", q), ("keys", k), ("values", v)):
-        check_array(a, f"attention {name}")
-    for name, a in (("queries", q), ("keys", k), ("values", v)):
-        check_float(a, f"attention {name}")
-        check_min_rank(a, 2, f"attention {name}", "positions, width")
-    if q.shape[-1] == 0:
-        raise ValueError(f"attention queries and keys must have a width (last axis) of at "
-                         f"least 1, got queries of shape {tuple(q.shape)}")
-    check_same_dtype("attention", queries=q, keys=k, values=v)
-    if k.shape[:-1] != v.shape[:-1]:
-        raise ValueError(f"attention keys {tuple(k.shape)} and values {tuple(v.shape)} "
-                         "must agree on every axis but the last")
-    if q.shape[:-2] != k.shape[:-2] or q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"attention queries {tuple(q.shape)} and keys {tuple(k.shape)} "
-                         "must agree on the leading axes and the last (width) axis")
-    if mask is not None:  # named as the caller knows it, before any work is done
-        check_mask(mask, tuple(q.shape[:-1]) + (k.shape[-2],), "attention mask")
+    _attention_operands(q, k, v, mask, "attention", 2, "positions, width")
     if block_scores is not None:
         check_size(block_scores, "block_scores", 1)
 
@@ -782,12 +792,7 @@ def grouped_attention_inputs(q: Array, k: Array, v: Array, mask: Array | None = 
     """q (..., H, T, E), k (..., Hkv, S, E), v (..., Hkv, S, F) floats of one dtype, E >= 1,
     H a multiple of Hkv (each key/value head serves H / Hkv query heads); mask boolean
     broadcasting to (..., H, T, S)."""
-    for name, a in (("queries", q), ("keys", k), ("values", v)):
-        check_array(a, f"grouped attention {name}")
-    for name, a in (("queries", q), ("keys", k), ("values", v)):
-        check_float(a, f"grouped attention {name}")
-        check_min_rank(a, 3, f"grouped attention {name}", "heads, positions, width")
-    check_same_dtype("grouped attention", queries=q, keys=k, values=v)
+    _attention_operands(q, k, v, mask, "grouped attention", 3, "heads, positions, width")
     heads, kv_heads = q.shape[-3], k.shape[-3]
     if kv_heads == 0 or heads % kv_heads:
         raise ValueError(f"grouped attention: the queries' {heads} heads (axis -3 of "
@@ -795,18 +800,6 @@ def grouped_attention_inputs(q: Array, k: Array, v: Array, mask: Array | None = 
                          f"{kv_heads} heads (axis -3 of {tuple(k.shape)}): each key/value head "
                          "serves a group of query heads; num_attention_heads must be a "
                          "multiple of num_key_value_heads")
-    if k.shape[:-1] != v.shape[:-1]:
-        raise ValueError(f"grouped attention keys {tuple(k.shape)} and values "
-                         f"{tuple(v.shape)} must agree on every axis but the last")
-    if q.shape[:-3] != k.shape[:-3] or q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"grouped attention queries {tuple(q.shape)} and keys "
-                         f"{tuple(k.shape)} must agree on the leading axes and the last "
-                         "(width) axis")
-    if q.shape[-1] == 0:
-        raise ValueError(f"grouped attention queries and keys must have a width (last axis) "
-                         f"of at least 1, got queries of shape {tuple(q.shape)}")
-    if mask is not None:
-        check_mask(mask, tuple(q.shape[:-1]) + (k.shape[-2],), "attention mask")
 
 
 def attention_weights_inputs(q: Array, k: Array, mask: Array | None = None) -> None:
