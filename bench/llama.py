@@ -8,8 +8,8 @@
 One Llama folder with random weights (``transformers.LlamaForCausalLM`` of SmolLM2-135M's
 config: width 576, 30 layers, 9 query heads sharing 3 key/value heads, feed-forward 1536,
 vocabulary 49,152, tied embeddings; float32, written by ``save_pretrained``) is loaded by
-both sides, each in a fresh process: npformer (``fast.LlamaCausalLM`` through
-``npformer.interop.hf_llama``, the NumPy backend; it never imports torch) and
+both sides, each in a fresh process: npformer (``fast.LlamaCausalLM.from_pretrained``, the
+NumPy backend; it never imports torch) and
 transformers' ``LlamaForCausalLM`` (its default attention).  After one untimed warm-up of
 each, a side times:
 
@@ -80,12 +80,11 @@ def npformer_side(folder: Path, sizes: tuple) -> tuple[dict, dict]:
     """{measurement: a function running it once} for npformer, and what the checks read."""
     from npformer import backend, fast, no_grad
     from npformer.decoding import generate
-    from npformer.interop import hf_llama
     from npformer.nn.lora import apply_lora
 
     shape, length, prompt_len, new = sizes
-    model = hf_llama.from_pretrained(folder, model_class=fast.LlamaCausalLM)
-    adapted = hf_llama.from_pretrained(folder, model_class=fast.LlamaCausalLM)
+    model = fast.LlamaCausalLM.from_pretrained(folder)
+    adapted = fast.LlamaCausalLM.from_pretrained(folder)
     apply_lora(adapted, LORA["targets"], LORA["r"], LORA["alpha"])
     x, y, prompt = batch_of(model.config.vocab_size, shape, length, prompt_len)
     optimizers = {id(m): fast.AdamW(m.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)

@@ -82,7 +82,9 @@ from npformer.cli.options import flag
 from npformer.cli.ranks import is_main
 from npformer.data import lm_batch, load_shakespeare, read_text_file, split_90_10
 from npformer.decoding import generate
-from npformer.interop import gpt2, hf_llama
+from npformer.hf import gpt2
+from npformer.hf import llama as hf_llama
+from npformer.hf.gpt2 import Tokenizer, check_tokenizer
 from npformer.interop import peft as adapters
 from npformer.models import CausalLM, LlamaCausalLM
 from npformer.nn import evaluating
@@ -194,8 +196,17 @@ class Family:
     check_fits: Callable  # (model, preset, dtype) -> None; refuses what cannot fit
 
 
+def with_tokenizer(model, folder: Path):
+    """(model, the folder's tokenizer), the tokenizer checked against the model."""
+    tokenizer = Tokenizer.from_pretrained(folder)
+    check_tokenizer(tokenizer, model)
+    return model, tokenizer
+
+
 def load_gpt2(source: str, dtype: str, dropout: float, tier: str):
-    return gpt2.load(implementations(tier)[0], source, dtype=dtype, dropout=dropout)
+    folder = gpt2.resolve(source)
+    return with_tokenizer(implementations(tier)[0].from_pretrained(
+        folder, dtype=dtype, dropout=dropout), folder)
 
 
 def training_fits(model, preset: Preset, dtype: str) -> None:
@@ -209,14 +220,15 @@ def load_llama(source: str, dtype: str, dropout: float, tier: str):
     if dropout:
         raise DemoError(f"--dropout {dropout}: Llama and Qwen models have no dropout in "
                         "npformer (leave --dropout at 0)")
-    return hf_llama.load(source, dtype=dtype,
-                         model_class=implementations(tier, "Llama/Qwen")[0])
+    folder = gpt2.resolve(source, "Llama or Qwen")
+    return with_tokenizer(implementations(tier, "Llama/Qwen")[0].from_pretrained(
+        folder, dtype=dtype), folder)
 
 
 def save_llama(model, tokenizer, folder: Path) -> None:
-    """The model's folder (hf_llama.save_pretrained), its tokenizer.json, and in config.json
-    the tokenizer's end of text (eos_token_id, which Tokenizer.from_pretrained reads)."""
-    hf_llama.save_pretrained(model, folder)
+    """The model's folder (save_pretrained), its tokenizer.json, and in config.json the
+    tokenizer's end of text (eos_token_id, which Tokenizer.from_pretrained reads)."""
+    model.save_pretrained(folder)
     tokenizer.save(folder / "tokenizer.json")
     if tokenizer.eos_id is not None:
         config = folder / "config.json"
@@ -234,7 +246,7 @@ GPT2 = Family(name="GPT-2", model_types=("gpt2",), architectures=("GPT2LMHeadMod
               check_fits=training_fits)
 LLAMA = Family(name="Llama/Qwen", model_types=tuple(hf_llama.FAMILIES),
                architectures=tuple(sorted(hf_llama.ARCHITECTURES)), folder="llama",
-               loaders="npformer.interop.hf_llama.from_pretrained, or transformers' "
+               loaders="LlamaCausalLM.from_pretrained, or transformers' "
                "AutoModelForCausalLM.from_pretrained", lora_targets="q_proj,v_proj",
                load=load_llama, naming=lambda model: adapters.llama_names(model.config),
                save=save_llama, check_fits=training_fits)

@@ -6,6 +6,7 @@ Its parts, each a folder (or a module) importing only the parts before it (the o
     backend                        the array namespace (NumPy, CuPy), dtypes, random streams
     ops/                           the textbook's mathematics: forward/backward pairs
     nn/                            the textbook's layers
+    hf/                            Hugging Face folders, read and written for the models
     models/, optim                 the textbook's models; update rules and schedules
     fast/                          the fast CPU tier: whole implementations, tested equal
     data/, decoding, checkpoint, gradcheck, interop/
@@ -31,7 +32,7 @@ from .nn import no_grad
 __version__ = "0.1.0"
 
 # Subpackages and modules imported on first attribute access (PEP 562).
-_LAZY_SUBMODULES = ("checkpoint", "cli", "data", "decoding", "fast", "gpu", "interop",
+_LAZY_SUBMODULES = ("checkpoint", "cli", "data", "decoding", "fast", "gpu", "hf", "interop",
                     "models", "optim", "parallel", "train")
 
 __all__ = ["backend", "gradcheck", "nn", "ops", *_LAZY_SUBMODULES, "set_backend", "no_grad"]

@@ -237,7 +237,7 @@ def test_lora_trains_only_the_adapters_and_writes_them_as_peft_does(lora_smoke, 
     import peft
     import torch
 
-    from npformer.interop import gpt2
+    from npformer.hf import gpt2
 
     from .conftest import using_backend
     from .helpers import rel_diff

@@ -106,7 +106,7 @@ IDS = np.random.default_rng(0).integers(0, 300, (2, 10))
 
 def test_the_smoke_run_writes_a_folder_transformers_loads(smoke):
     from npformer import no_grad
-    from npformer.interop import hf_llama
+    from npformer.models import LlamaCausalLM
 
     from .conftest import using_backend
     from .helpers import rel_diff
@@ -121,7 +121,7 @@ def test_the_smoke_run_writes_a_folder_transformers_loads(smoke):
         assert (out / name).is_file(), name
     assert json.loads((out / "llama" / "config.json").read_text())["eos_token_id"] == 0
     with using_backend("numpy", "float32"):
-        ours = hf_llama.from_pretrained(out / "llama")
+        ours = LlamaCausalLM.from_pretrained(out / "llama")
         trained = saved_parameters(out)
         assert sorted(trained) == sorted(ours.state_dict())
         for name, value in ours.state_dict().items():  # the fine-tuned weights, exactly
@@ -132,7 +132,7 @@ def test_the_smoke_run_writes_a_folder_transformers_loads(smoke):
 
 
 def test_lora_trains_the_adapters_alone_and_peft_loads_them(lora_smoke, folder):
-    from npformer.interop import hf_llama
+    from npformer.models import LlamaCausalLM
 
     from .conftest import using_backend
     from .helpers import rel_diff
@@ -146,7 +146,7 @@ def test_lora_trains_the_adapters_alone_and_peft_loads_them(lora_smoke, folder):
     params = saved_parameters(out)
     assert any(np.any(v) for k, v in params.items() if k.endswith("lora_B"))
     with using_backend("numpy", "float32"):
-        for name, value in hf_llama.from_pretrained(folder).state_dict().items():
+        for name, value in LlamaCausalLM.from_pretrained(folder).state_dict().items():
             np.testing.assert_array_equal(params[name], value, err_msg=name)
     config = json.loads((out / "adapter" / "adapter_config.json").read_text())
     assert (config["r"], config["lora_alpha"], config["target_modules"]) == (
@@ -250,21 +250,21 @@ def test_save_pretrained_writes_adapters_merged_and_refuses_them_unmerged(folder
     beside the weights, unmerged adapters silently dropped on loading)."""
     from safetensors.numpy import load_file
 
-    from npformer.interop import hf_llama
     from npformer.interop import peft as npeft
+    from npformer.models import LlamaCausalLM
     from npformer.nn.lora import merge_lora
 
     from .conftest import using_backend
     from .helpers import raises_naming
 
     with using_backend("numpy", "float32"):
-        model = hf_llama.from_pretrained(folder)
+        model = LlamaCausalLM.from_pretrained(folder)
         npeft.apply_adapters(model, npeft.llama_names(model.config), ["q_proj"], 2)
         with raises_naming(ValueError, "layers.0.self_attn.q_proj", "not merged",
                            "merge_lora"):
-            hf_llama.save_pretrained(model, tmp_path / "unmerged")
+            model.save_pretrained(tmp_path / "unmerged")
         merge_lora(model)
-        saved = hf_llama.save_pretrained(model, tmp_path / "merged")
+        saved = model.save_pretrained(tmp_path / "merged")
     keys = set(load_file(str(saved / "model.safetensors")))
     assert "model.layers.0.self_attn.q_proj.weight" in keys
     assert not [k for k in keys if "lora" in k]

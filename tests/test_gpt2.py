@@ -21,7 +21,7 @@ in both tiers:
 * bad input is refused naming it: a folder missing a file, a config of another
   architecture or option, weights that do not fit, a tokenizer whose vocabulary is not
   the model's, a prompt longer than the context;
-* ``import npformer`` (and ``npformer.interop.gpt2``) imports none of torch, transformers,
+* ``import npformer`` (and ``npformer.hf.gpt2``) imports none of torch, transformers,
   tokenizers, huggingface_hub.
 """
 from __future__ import annotations
@@ -38,8 +38,9 @@ import pytest
 
 from npformer import backend, no_grad, ops
 from npformer.decoding import generate
-from npformer.interop import gpt2
-from npformer.interop.gpt2 import PretrainedError, Tokenizer
+from npformer.hf import gpt2
+from npformer.hf.gpt2 import PretrainedError, Tokenizer
+from npformer.interop import auto
 from npformer.models import CausalLM
 
 from .conftest import using_backend
@@ -285,7 +286,7 @@ def test_save_pretrained_round_trips_through_hf(folders, variant, tmp_path):
     import torch
 
     with using_backend("numpy", "float64"):
-        model, tokenizer = gpt2.load(CausalLM, folders[variant], dtype="float64")
+        model, tokenizer = auto.load(folders[variant], dtype="float64")
         rng = np.random.default_rng(6)
         for _, p in model.named_parameters():  # weights of npformer's own, not HF's
             p.data = p.data + backend.asarray(rng.standard_normal(p.shape) * 0.05)
@@ -299,7 +300,7 @@ def test_save_pretrained_round_trips_through_hf(folders, variant, tmp_path):
         model.eval()
         with no_grad():
             assert rel_diff(model(ids), expected) <= 1e-12
-        again, tokenizer_again = gpt2.load(CausalLM, tmp_path / "saved", dtype="float64")
+        again, tokenizer_again = auto.load(tmp_path / "saved", dtype="float64")
         assert again.config == model.config
         for (name, p), (_, q) in zip(model.named_parameters(), again.named_parameters()):
             np.testing.assert_array_equal(to_host(p.data), to_host(q.data), err_msg=name)
@@ -313,7 +314,7 @@ def test_a_save_stopped_halfway_leaves_the_previous_folder_whole(folders, tmp_pa
     temporary file behind."""
     import safetensors.numpy
 
-    model, tokenizer = gpt2.load(CausalLM, folders["gpt2"], dtype="float64")
+    model, tokenizer = auto.load(folders["gpt2"], dtype="float64")
     saved = model.save_pretrained(tmp_path / "saved", tokenizer=tokenizer) or tmp_path / "saved"
     before = {p.name: p.read_bytes() for p in saved.iterdir()}
 
@@ -412,7 +413,7 @@ def test_pickled_weights_are_named_and_not_read(folders, tmp_path):
 def test_a_missing_tokenizer_and_a_missing_folder_are_refused(folders, tmp_path):
     folder = copy_folder(folders["gpt2"], tmp_path / "f", drop="tokenizer.json")
     with pytest.raises(PretrainedError, match="has no tokenizer.json"):
-        gpt2.load(CausalLM, folder)
+        auto.load(folder)
     with pytest.raises(FileNotFoundError, match="no folder at ./nowhere"):
         tiered.CausalLM.from_pretrained("./nowhere")
 
@@ -454,7 +455,7 @@ def test_a_tokenizer_whose_vocabulary_is_not_the_models_is_refused(folders, tmp_
     train_tokenizer(vocab_size=400).save(str(folder / "tokenizer.json"))
     with pytest.raises(PretrainedError, match="vocabulary \\(400 tokens\\) is not the "
                                               "model's \\(300 token embeddings\\)"):
-        gpt2.load(CausalLM, folder)
+        auto.load(folder)
 
 
 def test_a_prompt_longer_than_the_context_is_refused_naming_it(folders):
@@ -492,7 +493,7 @@ def test_the_tokenizer_encodes_and_decodes(folders):
 
 
 def test_importing_npformer_imports_no_hugging_face_library():
-    code = ("import sys, npformer, npformer.interop.gpt2, npformer.decoding\n"
+    code = ("import sys, npformer, npformer.hf.gpt2, npformer.decoding\n"
             "heavy = [m for m in ('torch', 'transformers', 'tokenizers', 'huggingface_hub')"
             " if m in sys.modules]\n"
             "assert not heavy, heavy\n")
@@ -520,7 +521,7 @@ def test_the_docs_build_a_gpt2_folder_without_the_network(tmp_path, monkeypatch)
     (tmp_path / "my_text.txt").write_text(TEXT * 3, encoding="utf-8")
     exec(compile(block, "docs/gpt2.md", "exec"), {})
     with using_backend("numpy", "float32"):
-        model, tokenizer = gpt2.load(CausalLM, tmp_path / "my-gpt2")
+        model, tokenizer = auto.load(tmp_path / "my-gpt2")
         ids = tokenizer.encode("the model reads this")
         assert tokenizer.decode(ids) == "the model reads this" and tokenizer.eos_id == 0
         theirs = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "my-gpt2").eval()
@@ -588,7 +589,7 @@ def test_save_pretrained_takes_a_transformers_tokenizer(folders, tokenizer, tmp_
         assert saved.encode("the model") == fast.encode("the model")
         assert saved.eos_id == fast.eos_token_id == 0
         assert json.loads((folder / "config.json").read_text())["eos_token_id"] == 0
-        with pytest.raises(TypeError, match="tokenizer must be an npformer.interop.gpt2."
+        with pytest.raises(TypeError, match="tokenizer must be an npformer.hf.gpt2."
                                             "Tokenizer .* got dict"):
             model.save_pretrained(tmp_path / "bad", tokenizer={"vocab": {}})
         with pytest.raises(ValueError, match="path must be a path, got the empty name"):

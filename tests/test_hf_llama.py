@@ -1,4 +1,4 @@
-"""Hugging Face Llama, Qwen2 and Qwen3 folders in and out (npformer.interop.hf_llama),
+"""Hugging Face Llama, Qwen2 and Qwen3 folders in and out (npformer.hf.llama),
 without the network: tiny models with random weights that transformers builds and saves.
 
 Loaded in float64, each gives transformers' float64 logits, loss and every parameter's
@@ -18,8 +18,10 @@ import pytest
 
 from npformer import backend, ops
 from npformer.decoding import generate
-from npformer.interop import hf_llama
-from npformer.interop.gpt2 import PretrainedError
+from npformer.hf import llama as hf_llama
+from npformer.hf.gpt2 import PretrainedError
+from npformer.interop import auto
+from npformer.models import LlamaCausalLM
 from npformer.models.lm import positions_of
 
 from .conftest import using_backend
@@ -111,7 +113,7 @@ def check_logits_loss_and_gradients(torch, theirs, ours):
 def test_load_gives_transformers_logits_loss_and_gradients(torch, tmp_path, name):
     theirs, folder = build(torch, tmp_path, name)
     with using_backend("numpy", "float64"), float64_reference():
-        ours = hf_llama.from_pretrained(folder, dtype="float64")
+        ours = LlamaCausalLM.from_pretrained(folder, dtype="float64")
         assert ours.config.tie_word_embeddings == name.endswith("_tied")
         assert ours.config.qk_norm == name.startswith("qwen3")
         check_logits_loss_and_gradients(torch, theirs, ours)
@@ -122,7 +124,7 @@ def test_batched_greedy_generation_is_transformers(torch, tmp_path, name):
     theirs, folder = build(torch, tmp_path, name)
     rows, ids, mask = padded_batch()
     with using_backend("numpy", "float64"), float64_reference():
-        ours = hf_llama.from_pretrained(folder, dtype="float64")
+        ours = LlamaCausalLM.from_pretrained(folder, dtype="float64")
         mine = generate(ours, rows, 8, greedy=True)
         with torch.no_grad():
             out = theirs.generate(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
@@ -138,7 +140,7 @@ def test_sharded_folder(torch, tmp_path):
     assert not (folder / "model.safetensors").exists()
     with using_backend("numpy", "float64"), float64_reference():
         check_logits_loss_and_gradients(torch, theirs,
-                                        hf_llama.from_pretrained(folder, dtype="float64"))
+                                        LlamaCausalLM.from_pretrained(folder, dtype="float64"))
 
 
 def test_bfloat16_weights_are_converted_and_said(torch, tmp_path):
@@ -149,7 +151,7 @@ def test_bfloat16_weights_are_converted_and_said(torch, tmp_path):
                                                   attn_implementation="sdpa")
     with using_backend("numpy", "float64"), float64_reference():
         with pytest.warns(UserWarning, match="bfloat16 weights: converted exactly to float64"):
-            ours = hf_llama.from_pretrained(folder, dtype="float64")
+            ours = LlamaCausalLM.from_pretrained(folder, dtype="float64")
         assert ours.norm.weight.data.dtype == np.float64
         check_logits_loss_and_gradients(torch, theirs, ours)
 
@@ -162,10 +164,10 @@ def test_saved_folder_loads_in_transformers_with_equal_logits(torch, tmp_path, n
     _, folder = build(torch, tmp_path, name)
     _, ids, mask = padded_batch()
     with using_backend("numpy", "float64"), float64_reference():
-        ours = hf_llama.from_pretrained(folder, dtype="float64")
+        ours = LlamaCausalLM.from_pretrained(folder, dtype="float64")
         for p in ours.parameters():  # other weights than the folder's
             p.data = p.data + 0.01
-        saved = hf_llama.save_pretrained(ours, tmp_path / "saved")
+        saved = ours.save_pretrained(tmp_path / "saved")
         values = json.loads((saved / "config.json").read_text())
         assert values["model_type"] == FOLDERS[name][0]
         theirs = AutoModelForCausalLM.from_pretrained(saved, dtype=torch.float64,
@@ -204,7 +206,7 @@ def edited(folder, **changes):
 def test_refused_by_name(torch, tmp_path, changes, fragments):
     _, folder = build(torch, tmp_path, "qwen2_untied")
     with raises_naming(PretrainedError, "config.json", *fragments):
-        hf_llama.from_pretrained(edited(folder, **changes))
+        LlamaCausalLM.from_pretrained(edited(folder, **changes))
 
 
 def test_missing_and_misshapen_weights_are_named(torch, tmp_path):
@@ -215,16 +217,16 @@ def test_missing_and_misshapen_weights_are_named(torch, tmp_path):
     del weights["lm_head.weight"]
     save_file(weights, str(folder / "model.safetensors"))
     with raises_naming(PretrainedError, "missing", "lm_head.weight"):
-        hf_llama.from_pretrained(folder)
+        LlamaCausalLM.from_pretrained(folder)
     edited(folder, tie_word_embeddings=True, intermediate_size=15)
     with raises_naming(PretrainedError, "shapes", "mlp.down_proj.weight", "(14, 16)",
                        "(15, 16)"):
-        hf_llama.from_pretrained(folder)
+        LlamaCausalLM.from_pretrained(folder)
 
 
 def test_save_refuses_another_model(tmp_path):
     with raises_naming(TypeError, "LlamaCausalLM", "str"):
-        hf_llama.save_pretrained("model", tmp_path)
+        hf_llama.save_folder("model", tmp_path)
 
 
 def test_load_reads_the_tokenizer(torch, tmp_path):
@@ -238,14 +240,14 @@ def test_load_reads_the_tokenizer(torch, tmp_path):
     inner.save(str(folder / "tokenizer.json"))
     edited(folder, eos_token_id=11)
     with using_backend("numpy", "float64"):
-        model, tokenizer = hf_llama.load(folder)
+        model, tokenizer = auto.load(folder)
     assert tokenizer.eos_id == 11 and model.config.vocab_size == 13
     assert tokenizer.encode("the cat sat .") == [1, 2, 3, 12]
     words.append("extra")  # a vocabulary larger than the model's is refused
     inner = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<pad>"))
     inner.save(str(folder / "tokenizer.json"))
     with raises_naming(PretrainedError, "14 tokens", "13 token embeddings"):
-        hf_llama.load(folder)
+        auto.load(folder)
 
 
 def test_save_into_a_path_that_is_a_file_is_refused_naming_it(tmp_path):
@@ -259,7 +261,7 @@ def test_save_into_a_path_that_is_a_file_is_refused_naming_it(tmp_path):
     for path in (tmp_path / "notes", tmp_path / "notes" / "model"):
         with raises_naming(NotADirectoryError, f"{tmp_path / 'notes'} is a file, not a "
                                                "folder"):
-            hf_llama.save_pretrained(model, path)
+            model.save_pretrained(path)
     assert (tmp_path / "notes").read_text() == "mine"
 
 
@@ -277,7 +279,7 @@ def test_a_config_field_of_the_wrong_shape_is_refused_not_read_as_default(
     letter ("holds a L, l, a, ..."); each is refused, naming the field."""
     _, folder = build(torch, tmp_path, "qwen2_untied")
     with raises_naming(PretrainedError, "config.json", *fragments):
-        hf_llama.from_pretrained(edited(folder, **changes))
+        LlamaCausalLM.from_pretrained(edited(folder, **changes))
 
 
 def test_a_weight_held_under_two_names_is_refused_naming_both(torch, tmp_path):
@@ -291,4 +293,4 @@ def test_a_weight_held_under_two_names_is_refused_naming_both(torch, tmp_path):
     save_file(weights, str(folder / "model.safetensors"))
     with raises_naming(PretrainedError, "norm.weight twice", "model.norm.weight and "
                                         "norm.weight"):
-        hf_llama.from_pretrained(folder)
+        LlamaCausalLM.from_pretrained(folder)

@@ -19,8 +19,8 @@ import peft
 import pytest
 
 from npformer import backend
-from npformer.interop import hf_llama
 from npformer.interop import peft as npeft
+from npformer.models import LlamaCausalLM
 from npformer.nn.lora import lora_layers
 
 from .conftest import using_backend
@@ -53,7 +53,7 @@ def test_llama_names_are_hugging_faces_less_model():
 def test_peft_loads_our_llama_adapters_and_matches_them(torch, tmp_path, name):
     theirs, folder = build(torch, tmp_path, name)
     with using_backend("numpy", "float64"), float64_reference():
-        ours = hf_llama.from_pretrained(folder, dtype="float64")
+        ours = LlamaCausalLM.from_pretrained(folder, dtype="float64")
         naming = npeft.llama_names(ours.config)
         chosen = npeft.apply_adapters(ours, naming, ALL, R, ALPHA)
         assert len(chosen) == 2 * 7
@@ -81,7 +81,7 @@ def test_we_load_llama_adapters_peft_saves(torch, tmp_path, name):
                 if "lora_B" in key:
                     p.normal_(0.0, 0.5)
         theirs.save_pretrained(tmp_path / "adapter")
-        ours = hf_llama.from_pretrained(folder, dtype="float64")
+        ours = LlamaCausalLM.from_pretrained(folder, dtype="float64")
         names = npeft.load_adapter(ours, tmp_path / "adapter", npeft.llama_names(ours.config))
         assert sorted(lora_layers(ours)) == sorted(n.removeprefix("model.") for n in names)
         assert len(names) == 2 * 3

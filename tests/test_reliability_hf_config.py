@@ -16,8 +16,11 @@ import pytest
 
 from npformer import backend
 from npformer.decoding import generate
-from npformer.interop import gpt2, hf_llama
-from npformer.interop.gpt2 import PretrainedError
+from npformer.hf import gpt2
+from npformer.hf import llama as hf_llama
+from npformer.hf.gpt2 import PretrainedError
+from npformer.interop import auto
+from npformer.models import LlamaCausalLM, LlamaConfig
 
 from .conftest import using_backend
 from .helpers import raises_naming, to_host
@@ -80,7 +83,7 @@ def theirs(torch, folder):
 
 def ours(folder):
     with using_backend("numpy", "float64"):
-        model = hf_llama.from_pretrained(folder)
+        model = LlamaCausalLM.from_pretrained(folder)
         model.eval()
         return to_host(model(backend.asarray(IDS)))
 
@@ -157,7 +160,7 @@ def test_rope_fields_transformers_cannot_run_are_refused_by_name(torch, tmp_path
     folder = edit(build(torch, tmp_path), drop=("rope_parameters", "rope_scaling"),
                   **changes)
     with raises_naming(PretrainedError, "config.json", *fragments):
-        hf_llama.from_pretrained(folder)
+        LlamaCausalLM.from_pretrained(folder)
 
 
 # =========================================================================== case 2: eos
@@ -176,11 +179,11 @@ def test_an_eos_token_id_list_is_kept_whole_and_every_id_ends_a_row(torch, tmp_p
     word_tokenizer(folder)
     (folder / "generation_config.json").unlink(missing_ok=True)
     with using_backend("numpy", "float64"):
-        model, _ = hf_llama.load(folder)
+        model, _ = auto.load(folder)
         free = generate(model, [1, 2, 3], 8, greedy=True)[3:]  # the tokens without an eos
         second = next(t for t in free[1:] if t != free[0])  # a token it produces later
         edit(folder, eos_token_id=[12 if second != 12 else 11, second])
-        model, tokenizer = hf_llama.load(folder)
+        model, tokenizer = auto.load(folder)
         assert tokenizer.eos_id == [12 if second != 12 else 11, second]
         assert tokenizer.eos_ids == tuple(tokenizer.eos_id)
         row = generate(model, [1, 2, 3], 8, greedy=True, eos_id=tokenizer.eos_id)
@@ -203,7 +206,7 @@ def test_eos_is_where_transformers_generate_takes_it(torch, tmp_path):
     def both():
         theirs = AutoModelForCausalLM.from_pretrained(folder).generation_config.eos_token_id
         with using_backend("numpy", "float64"):
-            return hf_llama.load(folder)[1].eos_id, theirs
+            return auto.load(folder)[1].eos_id, theirs
 
     edit(folder, eos_token_id=[6, 7])
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [4, 5]}))
@@ -238,12 +241,12 @@ def test_a_config_eos_token_id_of_another_type_is_refused_by_name(torch, tmp_pat
     word_tokenizer(folder)
     (folder / "generation_config.json").unlink(missing_ok=True)
     with raises_naming(PretrainedError, "eos_token_id = '2'", "an integer or a list"):
-        hf_llama.load(edit(folder, eos_token_id="2"))
+        auto.load(edit(folder, eos_token_id="2"))
     with raises_naming(PretrainedError, "config.json sets eos_token_id = [2, -1]", ">= 0"):
-        hf_llama.load(edit(folder, eos_token_id=[2, -1]))
+        auto.load(edit(folder, eos_token_id=[2, -1]))
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [1.5]}))
     with raises_naming(PretrainedError, "generation_config.json sets eos_token_id = [1.5]"):
-        hf_llama.load(folder)
+        auto.load(folder)
 
 
 # =========================================================================== case 3: defaults
@@ -252,8 +255,8 @@ def test_qwen3_without_head_dim_takes_qwen3configs_128(torch, tmp_path):
     (Qwen3Config's head_dim is 128); npformer read hidden_size / heads and blamed the
     weights' shapes."""
     folder = edit(build(torch, tmp_path, "qwen3"), drop=("head_dim",))
-    assert hf_llama.config_from_hf(json.loads((folder / "config.json").read_text())
-                                   ).head_dim == 128
+    assert hf_llama.config_from_hf(json.loads((folder / "config.json").read_text()),
+                                   LlamaConfig).head_dim == 128
     assert_same_logits(torch, folder)
 
 
@@ -295,16 +298,16 @@ def test_qwen_defaults_differ_from_llamas(torch, tmp_path):
     for key in ("max_position_embeddings", "num_key_value_heads"):
         values.pop(key)
     with raises_naming(PretrainedError, "num_key_value_heads", "absent", "default is 32"):
-        hf_llama.config_from_hf(values)
+        hf_llama.config_from_hf(values, LlamaConfig)
     values["num_attention_heads"], values["hidden_size"] = 32, 64
-    config = hf_llama.config_from_hf(values)
+    config = hf_llama.config_from_hf(values, LlamaConfig)
     assert (config.max_position_embeddings, config.num_key_value_heads) == (32768, 32)
     llama = {**values, "model_type": "llama", "architectures": None}
-    config = hf_llama.config_from_hf(llama)
+    config = hf_llama.config_from_hf(llama, LlamaConfig)
     assert (config.max_position_embeddings, config.num_key_value_heads) == (2048, 32 // 1)
-    assert hf_llama.config_from_hf({"model_type": "llama"}).vocab_size == 32000
+    assert hf_llama.config_from_hf({"model_type": "llama"}, LlamaConfig).vocab_size == 32000
     values.update(num_key_value_heads=None, num_attention_heads=16)  # null: the heads
-    assert hf_llama.config_from_hf(values).num_key_value_heads == 16
+    assert hf_llama.config_from_hf(values, LlamaConfig).num_key_value_heads == 16
 
 
 def test_fields_a_family_does_not_read_are_not_read(torch, tmp_path):
@@ -352,13 +355,13 @@ def test_a_field_of_another_type_is_refused_naming_it(torch, tmp_path, changes, 
     npformer, naming the field and what it takes, as for every field's type."""
     folder = edit(build(torch, tmp_path, "qwen3"), **changes)
     with raises_naming(PretrainedError, "config.json", *fragments):
-        hf_llama.from_pretrained(folder)
+        LlamaCausalLM.from_pretrained(folder)
 
 
 def test_a_llama_layer_types_string_is_refused_too(torch, tmp_path):
     folder = edit(build(torch, tmp_path), layer_types="full_attention")
     with raises_naming(PretrainedError, "layer_types = 'full_attention'", "list of strings"):
-        hf_llama.from_pretrained(folder)
+        LlamaCausalLM.from_pretrained(folder)
 
 
 # =========================================================================== case 5: .bin
@@ -372,7 +375,7 @@ def test_a_pytorch_model_bin_is_converted_with_the_familys_class(torch, tmp_path
     folder = build(torch, tmp_path, family)
     (folder / "model.safetensors").rename(folder / "pytorch_model.bin")
     with pytest.raises(PretrainedError) as caught:
-        hf_llama.from_pretrained(folder)
+        LlamaCausalLM.from_pretrained(folder)
     message = str(caught.value)
     assert f"{name}.from_pretrained(folder)" in message and "pytorch_model.bin" in message
     assert "GPT2" not in message
@@ -393,14 +396,14 @@ def test_other_formats_name_the_familys_class_and_how_it_reads_them(torch, tmp_p
     folder = build(torch, tmp_path)
     (folder / "model.safetensors").rename(folder / held)
     with raises_naming(PretrainedError, held, call):
-        hf_llama.from_pretrained(folder)
+        LlamaCausalLM.from_pretrained(folder)
 
 
 def test_a_file_given_as_the_folder_is_named_as_a_llama_or_qwen_checkpoint(tmp_path):
     """The shared messages of the folder's resolution named GPT-2 for a Llama folder."""
     (tmp_path / "model.bin").write_bytes(b"")
     with pytest.raises(PretrainedError) as caught:
-        hf_llama.from_pretrained(tmp_path / "model.bin")
+        LlamaCausalLM.from_pretrained(tmp_path / "model.bin")
     assert "a Llama or Qwen checkpoint is a folder" in str(caught.value)
     assert "GPT-2" not in str(caught.value)
     with raises_naming(PretrainedError, "a GPT-2 checkpoint is a folder"):
@@ -417,10 +420,10 @@ def test_layer_types_as_every_transformers_config_checks_them(torch, tmp_path):
         folder = build(torch, tmp_path, family, name=family)
         with raises_naming(PretrainedError, "layer_types ['dense_attention']",
                            "not layer types transformers knows"):
-            hf_llama.from_pretrained(edit(folder, layer_types=["full_attention",
+            LlamaCausalLM.from_pretrained(edit(folder, layer_types=["full_attention",
                                                                "dense_attention"]))
         with raises_naming(PretrainedError, "3 layer_types for 2 layers"):
-            hf_llama.from_pretrained(edit(folder, layer_types=["full_attention"] * 3))
+            LlamaCausalLM.from_pretrained(edit(folder, layer_types=["full_attention"] * 3))
 
 
 BAD = [None, "x", "2", 1.5, 2.0, True, False, [], [1], ["full_attention"], {}, {"a": 1}, -1,
@@ -440,11 +443,12 @@ def test_any_value_of_any_field_gives_a_config_or_an_error_naming_it(family):
               for value in BAD]
     for case in cases:
         try:
-            hf_llama.config_from_hf({**values, **case})
+            hf_llama.config_from_hf({**values, **case}, LlamaConfig)
         except PretrainedError as exc:
             assert "config.json" in str(exc), (case, exc)
     with raises_naming(PretrainedError, "partial_rotary_factor = 'x'", "a number"):
-        hf_llama.config_from_hf({**values, "partial_rotary_factor": "x"})
+        hf_llama.config_from_hf({**values, "partial_rotary_factor": "x"}, LlamaConfig)
     with raises_naming(PretrainedError, "rope_parameters.partial_rotary_factor = None"):
         hf_llama.config_from_hf({**values, "rope_parameters": {"rope_type": "default",
-                                                               "partial_rotary_factor": None}})
+                                                               "partial_rotary_factor": None}},
+                                LlamaConfig)

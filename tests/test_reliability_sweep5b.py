@@ -191,19 +191,18 @@ def test_a_failed_adapter_save_leaves_the_folder_as_it_was(tmp_path, monkeypatch
 
 def test_a_failed_gpt2_save_leaves_the_folder_as_it_was(tmp_path, monkeypatch):
     from npformer import models
-    from npformer.interop import gpt2
 
     from .test_gpt2 import train_tokenizer, write_folder
 
     source = write_folder(tmp_path / "source", train_tokenizer())
     model = models.CausalLM.from_pretrained(source)
-    folder = gpt2.save_pretrained(model, tmp_path / "gpt2")
+    folder = model.save_pretrained(tmp_path / "gpt2")
     before = _entries(folder)
     monkeypatch.setattr(Path, "write_text", _failing_write_text)
     with pytest.raises(OSError):
-        gpt2.save_pretrained(model, folder)
+        model.save_pretrained(folder)
     with pytest.raises(OSError):
-        gpt2.save_pretrained(model, tmp_path / "new")
+        model.save_pretrained(tmp_path / "new")
     assert _entries(folder) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpt2", "source"]
 
@@ -389,8 +388,8 @@ def test_peft_loads_our_embedding_and_lm_head_adapters_and_matches_them(torch, t
 
     import peft
 
-    from npformer.interop import hf_llama
     from npformer.interop import peft as npeft
+    from npformer.models import LlamaCausalLM
 
     from .conftest import using_backend
     from .helpers import rel_diff
@@ -401,7 +400,7 @@ def test_peft_loads_our_embedding_and_lm_head_adapters_and_matches_them(torch, t
     theirs, folder = build(torch, tmp_path, name)
     targets = _peft_case(name)
     with using_backend("numpy", "float64"), float64_reference():
-        ours = hf_llama.from_pretrained(folder, dtype="float64")
+        ours = LlamaCausalLM.from_pretrained(folder, dtype="float64")
         naming = npeft.llama_names(ours.config, padding_idx=PAD)
         npeft.apply_adapters(ours, naming, targets, 3, 7.0)
         randomize_adapters(ours)
@@ -424,8 +423,8 @@ def test_we_load_peft_s_embedding_and_lm_head_adapters(torch, tmp_path, name):
     import peft
 
     from npformer import backend
-    from npformer.interop import hf_llama
     from npformer.interop import peft as npeft
+    from npformer.models import LlamaCausalLM
     from npformer.nn.lora import lora_layers
 
     from .conftest import using_backend
@@ -443,7 +442,7 @@ def test_we_load_peft_s_embedding_and_lm_head_adapters(torch, tmp_path, name):
                 if "lora_" in key:
                     p.normal_(0.0, 0.5)
         theirs.save_pretrained(tmp_path / "adapter")
-        ours = hf_llama.from_pretrained(folder, dtype="float64")
+        ours = LlamaCausalLM.from_pretrained(folder, dtype="float64")
         names = npeft.load_adapter(ours, tmp_path / "adapter", npeft.llama_names(ours.config))
         assert "model.embed_tokens" in names and "embed_tokens" in lora_layers(ours)
         ids = np.random.default_rng(5).integers(0, ours.config.vocab_size, (2, 6))
@@ -561,7 +560,7 @@ def test_a_schedule_s_value_of_the_wrong_kind_names_the_schedule():
 
 
 def test_the_tokenizer_saves_into_a_missing_folder(tmp_path):
-    from npformer.interop.gpt2 import Tokenizer
+    from npformer.hf.gpt2 import Tokenizer
 
     from .test_gpt2 import train_tokenizer
 

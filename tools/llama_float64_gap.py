@@ -5,7 +5,7 @@ why the tests patch two pieces of the reference to reach 1e-10.
 
 Builds tiny ``LlamaForCausalLM`` models offline (random weights, float64, ``sdpa``
 attention; the default rotary positions and Llama 3's scaled ones), saves each, loads it
-with :func:`npformer.interop.hf_llama.from_pretrained` in float64, and prints the largest
+with :meth:`npformer.models.LlamaCausalLM.from_pretrained` in float64, and prints the largest
 absolute and relative difference of the logits on a left-padded batch, twice:
 
 * ``plain``: the transformers model as it is.  ``LlamaRMSNorm`` casts its input to float32
@@ -105,7 +105,7 @@ def main() -> None:
     import torch
 
     from npformer import backend
-    from npformer.interop import hf_llama
+    from npformer.models import LlamaCausalLM
 
     backend.set_backend("numpy")
     backend.set_default_float("float64")
@@ -114,7 +114,7 @@ def main() -> None:
         for name, fields in MODELS.items():
             folder = Path(tmp) / name.replace(" ", "_")
             theirs = build(torch, folder, fields)
-            ours = hf_llama.from_pretrained(folder, dtype="float64")
+            ours = LlamaCausalLM.from_pretrained(folder, dtype="float64")
             for kind, (norms, rotary) in REFERENCES.items():
                 with float64_pieces(norms, rotary):
                     gap, relative = logits_gap(torch, theirs, ours)

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend
+from ..hf.gpt2 import _first, output_folder, write_files
 from ..models.llama import LlamaConfig
 from ..models.lm import CausalLMConfig
 from ..nn.layers import Embedding, Linear
@@ -58,7 +59,6 @@ from ..nn.lora import (
 from ..nn.module import Module
 from ..nn.state import read_safetensors, weight_array
 from ..ops.contracts import check_path, check_size, read_json_object
-from .gpt2 import _first, output_folder, write_files
 
 WEIGHTS_FILE = "adapter_model.safetensors"
 CONFIG_FILE = "adapter_config.json"
@@ -252,7 +252,7 @@ def save_adapter(model: Module, folder: str | os.PathLike, naming: Naming,
     """Write ``folder``/adapter_model.safetensors and adapter_config.json (PEFT's layout:
     ``peft.PeftModel.from_pretrained(torch_model, folder)`` loads them).  Every argument is
     checked before anything is written, and the folder is written whole or not at all
-    (:func:`npformer.interop.gpt2.write_files`)."""
+    (:func:`npformer.hf.gpt2.write_files`)."""
     from safetensors.numpy import save_file
 
     check_naming(naming)

@@ -285,7 +285,7 @@ def save_safetensors(module: Module, path: str | os.PathLike,
         raise IsADirectoryError(f"save_safetensors: path {path} is a folder; give a file name "
                                 "such as model.safetensors")
     state = to_torch_state_dict(module)
-    from .gpt2 import is_write_error, output_folder
+    from ..hf.gpt2 import is_write_error, output_folder
 
     # its folder created if missing (a file in the way is refused, named); the file written
     # whole at a temporary name and renamed into place

@@ -24,17 +24,19 @@ build_model` builds it again from its config; it trains with the language-modell
 and decodes with :func:`npformer.decoding.generate`, as :class:`npformer.models.CausalLM`.
 
 Hugging Face folders (``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``):
-:func:`npformer.interop.hf_llama.from_pretrained` and ``save_pretrained`` (the interop
-layer sits above the models, so the functions live there, not on the class).
+:meth:`LlamaCausalLM.from_pretrained` and :meth:`LlamaCausalLM.save_pretrained`
+(:mod:`npformer.hf.llama`), as :class:`npformer.models.CausalLM`'s for GPT-2.
 """
 from __future__ import annotations
 
 import math
 import numbers
+import os
 from dataclasses import dataclass
 
 from .. import backend, ops
 from ..backend import Array
+from ..hf import llama as hf_llama
 from ..nn import DecodingCache, Embedding, Linear, LlamaBlock, Module, RMSNorm
 from ..nn.cache import check_decoding_cache
 from ..nn.llama import check_kv_heads
@@ -237,3 +239,20 @@ class LlamaCausalLM(Module):
         for layer, layer_cache in zip(self.layers, kv_cache.blocks):
             x = layer(x, cos, sin, mask, kv_cache=layer_cache.self_attn)
         return self._logits(self.norm(x))
+
+    # ------------------------------------------------------------------ Hugging Face
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | os.PathLike,
+                        dtype: str | None = None) -> LlamaCausalLM:
+        """A Llama, Qwen2 or Qwen3 checkpoint in Hugging Face's format: a folder
+        (``config.json``, ``model.safetensors`` or its shards), or a name on the Hugging Face
+        Hub, downloaded into the user's cache where the network allows.  The model is a
+        ``cls`` (``npformer.fast.LlamaCausalLM.from_pretrained`` gives the fast tier's).
+        See :func:`npformer.hf.llama.load_folder`."""
+        return hf_llama.load_folder(cls, name_or_path, dtype=dtype)
+
+    def save_pretrained(self, path: str | os.PathLike) -> os.PathLike:
+        """Write this model as a Hugging Face folder of its family (``config.json``,
+        ``model.safetensors``), which ``transformers.AutoModelForCausalLM.from_pretrained``
+        loads; -> the folder.  See :func:`npformer.hf.llama.save_folder`."""
+        return hf_llama.save_folder(self, path)

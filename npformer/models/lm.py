@@ -16,7 +16,7 @@ mean nothing; a row of padding only gives finite ones (a query with no key to at
 to gets a zero attention output).
 
 Hugging Face GPT-2 folders: :meth:`CausalLM.from_pretrained` and
-:meth:`CausalLM.save_pretrained` (:mod:`npformer.interop.gpt2`).
+:meth:`CausalLM.save_pretrained` (:mod:`npformer.hf.gpt2`).
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from typing import Any
 
 from .. import backend, ops
 from ..backend import Array
-from ..interop import gpt2
+from ..hf import gpt2
 from ..nn import DecodingCache, EncoderBlock, LayerNorm, Linear, Module
 from ..nn.cache import check_decoding_cache
 from ..ops.contracts import check_rank
@@ -186,15 +186,16 @@ class CausalLM(Module):
                         dropout: float = 0.0, **kwargs: Any) -> CausalLM:
         """A GPT-2 checkpoint in Hugging Face's format: a folder (``config.json``,
         ``model.safetensors``), or a name on the Hugging Face Hub (``"gpt2"``), downloaded
-        into the user's cache.  See :func:`npformer.interop.gpt2.from_pretrained`."""
-        return gpt2.from_pretrained(cls, name_or_path, dtype=dtype, dropout=dropout, **kwargs)
+        into the user's cache.  The model is a ``cls`` (``npformer.fast.CausalLM.from_pretrained``
+        gives the fast tier's).  See :func:`npformer.hf.gpt2.load_folder`."""
+        return gpt2.load_folder(cls, name_or_path, dtype=dtype, dropout=dropout, **kwargs)
 
-    def save_pretrained(self, path: str | os.PathLike, tokenizer: Any = None) -> None:
+    def save_pretrained(self, path: str | os.PathLike, tokenizer: Any = None) -> os.PathLike:
         """Write this model as a Hugging Face GPT-2 folder (``config.json``,
         ``model.safetensors``; ``tokenizer.json`` given a tokenizer), which
-        ``transformers.GPT2LMHeadModel.from_pretrained`` loads.  See
-        :func:`npformer.interop.gpt2.save_pretrained`."""
-        gpt2.save_pretrained(self, path, tokenizer=tokenizer)
+        ``transformers.GPT2LMHeadModel.from_pretrained`` loads; -> the folder.  See
+        :func:`npformer.hf.gpt2.save_folder`."""
+        return gpt2.save_folder(self, path, tokenizer=tokenizer)
 
 
 def keys_and_positions(ids: Array, attention_mask: Array | None, position_ids: Array | None,

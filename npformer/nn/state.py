@@ -1,7 +1,7 @@
 """The rules every weight loader applies, written once, and the reader of safetensors files.
 
 Used by :meth:`npformer.nn.Module.load_state_dict`, :mod:`npformer.checkpoint`,
-:mod:`npformer.interop.pytorch`, :mod:`npformer.interop.gpt2` and
+:mod:`npformer.interop.pytorch`, :mod:`npformer.hf.gpt2` and
 :meth:`npformer.optim.Optimizer.load_state_dict`.
 """
 from __future__ import annotations

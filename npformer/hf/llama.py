@@ -1,6 +1,11 @@
 """Llama, Qwen2 and Qwen3 checkpoints in Hugging Face's format: load one into a
 :class:`npformer.models.LlamaCausalLM`, save one.
 
+:meth:`LlamaCausalLM.from_pretrained` and :meth:`LlamaCausalLM.save_pretrained` are the
+entries (:func:`npformer.interop.auto.from_pretrained` for a folder of any family); they
+pass their class to :func:`load_folder` and :func:`save_folder` here (this module, below
+the models, imports none of them: ``config_from_hf`` takes the config class).
+
 A folder is what ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` or ``Qwen3ForCausalLM``'s
 ``save_pretrained`` writes (Llama 3.x, SmolLM2, TinyLlama, Qwen2.5, Qwen3 on the Hub):
 
@@ -11,8 +16,8 @@ A folder is what ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` or ``Qwen3ForCausalL
   ``rope_theta`` and ``rope_scaling``, or transformers 5's ``rope_parameters``),
   ``tie_word_embeddings``, ``attention_bias``;
 * ``model.safetensors``, or shards named by ``model.safetensors.index.json``;
-* ``tokenizer.json``, read with the ``tokenizers`` library (:func:`load`; its end of text
-  is config.json's ``eos_token_id``).
+* ``tokenizer.json``, read with the ``tokenizers`` library (:meth:`Tokenizer.from_pretrained`;
+  its end of text where transformers' ``generate`` takes it).
 
 The weights map one to one: Hugging Face's names less ``model.`` are npformer's
 (``model.layers.0.self_attn.q_proj.weight`` is ``layers.0.self_attn.q_proj.weight``), and
@@ -31,7 +36,8 @@ Qwen3's head_dim is 128), a field the family's model does not read is not read (
 ``attention_bias`` and ``mlp_bias``), every field's type is checked (:data:`FIELD_TYPES`),
 ``hidden_act`` is SiLU under either of its names (``silu``, ``swish``), and the rotary
 fields are taken in transformers' order of priority (:func:`rope_from_hf`).  The end of
-text is where transformers' ``generate`` takes it (:func:`eos_of`; a list kept whole).
+text is where transformers' ``generate`` takes it (:func:`npformer.hf.gpt2.eos_of`; a list
+kept whole).
 
 Refused by name, never approximated: a ``model_type`` or architecture not listed, a
 ``rope_type`` other than the default and ``llama3``, a partial rotation with ``llama3``,
@@ -51,20 +57,16 @@ from typing import Any
 import numpy as np
 
 from .. import backend
-from ..models.llama import LlamaCausalLM, LlamaConfig
 from ..nn.lora import lora_layers
 from ..ops.contracts import LLAMA3_KEYS, check_choice, shown
 from .gpt2 import (
     CONFIG_FILE,
-    TOKENIZER_FILE,
     WEIGHTS_FILE,
     PretrainedError,
-    Tokenizer,
     _first,
     _json_object,
     _read_weights,
     architectures_of,
-    check_tokenizer,
     output_folder,
     resolve,
     write_files,
@@ -132,7 +134,6 @@ LEGACY_LAYER_TYPES = {"mamba": "linear_attention", "attention": "full_attention"
                       "deepseek_sparse_attention": "indexed_attention",
                       "qwen_sparse_attention": "indexed_attention"}
 KIND = "Llama or Qwen"  # the checkpoints read here, as the shared messages name them
-GENERATION_FILE = "generation_config.json"  # generate's settings: its eos_token_id first
 
 
 def _is_integer(value) -> bool:
@@ -176,8 +177,9 @@ def hf_field(values: dict, key: str, family: str, where: str) -> Any:
     return check_field(values[key], key, where, family)
 
 
-def config_from_hf(values: dict, where: str = CONFIG_FILE) -> LlamaConfig:
-    """The :class:`LlamaConfig` of a config.json's ``values``, each field read as
+def config_from_hf(values: dict, config_class: type, where: str = CONFIG_FILE) -> Any:
+    """The ``config_class`` (:class:`npformer.models.LlamaConfig`) of a config.json's
+    ``values``, each field read as
     transformers reads it for the family (its defaults, DEFAULTS; its types, FIELD_TYPES);
     what npformer cannot compute is refused naming the key (see the module docstring)."""
     family = values.get("model_type")
@@ -198,7 +200,7 @@ def config_from_hf(values: dict, where: str = CONFIG_FILE) -> LlamaConfig:
     kv_heads = heads if field["num_key_value_heads"] is None else field["num_key_value_heads"]
     theta, scaling = rope_from_hf(values, where, field["max_position_embeddings"])
     try:
-        return LlamaConfig(
+        return config_class(
             **{key: field[key] for key in SIZES}, num_key_value_heads=kv_heads,
             head_dim=field["head_dim"],
             max_position_embeddings=field["max_position_embeddings"],
@@ -369,7 +371,7 @@ def rope_from_hf(values: dict, where: str, max_positions: int) -> tuple[float, d
     return theta, scaling
 
 
-def family_of(config: LlamaConfig) -> str:
+def family_of(config: Any) -> str:
     """The model_type whose options are the config's: Qwen3 (QK-norm), Qwen2 (q, k, v
     biases without the output's), else Llama; a mix no family has is refused."""
     if config.qk_norm and config.qkv_bias and not config.attention_bias:
@@ -380,8 +382,8 @@ def family_of(config: LlamaConfig) -> str:
     return "qwen2" if config.qkv_bias and not config.attention_bias else "llama"
 
 
-def config_to_hf(config: LlamaConfig) -> dict:
-    """The config.json of a :class:`LlamaConfig` (its family's model_type)."""
+def config_to_hf(config: Any) -> dict:
+    """The config.json of a :class:`npformer.models.LlamaConfig` (its family's model_type)."""
     c = config
     family = family_of(c)
     values = {"architectures": [FAMILIES[family]], "model_type": family,
@@ -416,7 +418,7 @@ def to_hf(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             for name, array in arrays.items()}
 
 
-def from_hf(state: dict[str, np.ndarray], model: LlamaCausalLM, where: str = WEIGHTS_FILE
+def from_hf(state: dict[str, np.ndarray], model: Any, where: str = WEIGHTS_FILE
             ) -> dict[str, np.ndarray]:
     """Hugging Face's arrays by name -> npformer's by parameter name, every name and shape
     checked against ``model``'s parameters first (a missing, unexpected or misshapen weight
@@ -450,9 +452,9 @@ def from_hf(state: dict[str, np.ndarray], model: LlamaCausalLM, where: str = WEI
 
 
 # --------------------------------------------------------------------------- load and save
-def from_pretrained(path: str | os.PathLike, dtype: str | None = None,
-                    model_class: type = LlamaCausalLM) -> LlamaCausalLM:
-    """A :class:`LlamaCausalLM` holding a Llama, Qwen2 or Qwen3 folder (or Hub name,
+def load_folder(model_class: type, path: str | os.PathLike, dtype: str | None = None) -> Any:
+    """A ``model_class`` (:class:`npformer.models.LlamaCausalLM`, the textbook's or the fast
+    tier's) holding a Llama, Qwen2 or Qwen3 folder (or Hub name,
     downloaded into the user's cache where the network allows).  ``dtype``: "float32" or
     "float64" (default: the backend's default float); bfloat16 weights are converted to it,
     with a warning saying so.  The model is on the current backend, in training mode."""
@@ -463,7 +465,7 @@ def from_pretrained(path: str | os.PathLike, dtype: str | None = None,
         raise PretrainedError(f"{folder} has no {CONFIG_FILE}: a Llama or Qwen folder holds "
                               f"{CONFIG_FILE} and {WEIGHTS_FILE} (or its shards)")
     values = _json_object(folder / CONFIG_FILE, "a model config")
-    config = config_from_hf(values, str(folder / CONFIG_FILE))
+    config = config_from_hf(values, model_class.config_class, str(folder / CONFIG_FILE))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         state = _read_weights(folder, FAMILIES[values["model_type"]])
@@ -485,7 +487,7 @@ def from_pretrained(path: str | os.PathLike, dtype: str | None = None,
     return model
 
 
-def save_pretrained(model: LlamaCausalLM, path: str | os.PathLike) -> Path:
+def save_folder(model: Any, path: str | os.PathLike) -> Path:
     """Write ``model`` as a Hugging Face folder at ``path`` (created if needed):
     ``config.json`` (its family's, :func:`family_of`) and ``model.safetensors``, which
     ``transformers.AutoModelForCausalLM.from_pretrained(path)`` loads with the same logits.
@@ -494,7 +496,7 @@ def save_pretrained(model: LlamaCausalLM, path: str | os.PathLike) -> Path:
     weights of their own, which the folder's model has not."""
     from safetensors.numpy import save_file
 
-    if not isinstance(getattr(model, "config", None), LlamaConfig):
+    if getattr(model, "kind", None) != "llama":
         raise TypeError(f"save_pretrained writes a LlamaCausalLM, got {type(model).__name__}")
     adapters = lora_layers(model)
     unmerged = [name for name, layer in adapters.items() if not layer.merged]
@@ -512,40 +514,3 @@ def save_pretrained(model: LlamaCausalLM, path: str | os.PathLike) -> Path:
     return write_files(folder, {  # the folder whole or not at all, the config last
         WEIGHTS_FILE: lambda tmp: save_file(weights, str(tmp), metadata={"format": "pt"}),
         CONFIG_FILE: lambda tmp: tmp.write_text(config_text, encoding="utf-8")})
-
-
-def load(path: str | os.PathLike, dtype: str | None = None,
-         model_class: type = LlamaCausalLM) -> tuple[LlamaCausalLM, Tokenizer]:
-    """The model (of ``model_class``: ``npformer.fast.LlamaCausalLM`` for the fast tier) and
-    the tokenizer (``tokenizer.json``, through ``tokenizers``) of a Llama, Qwen2 or Qwen3
-    folder or Hub name (:func:`from_pretrained`), the tokenizer checked against the model:
-    its ids index the model's embeddings."""
-    folder = resolve(path, KIND)
-    model = from_pretrained(folder, dtype=dtype, model_class=model_class)
-    if not (folder / TOKENIZER_FILE).is_file():
-        raise PretrainedError(f"{folder} has no {TOKENIZER_FILE} (the tokenizer): tokenize "
-                              "the text yourself (from_pretrained loads the model alone), "
-                              "or add the checkpoint's tokenizer.json")
-    tokenizer = Tokenizer.from_file(folder / TOKENIZER_FILE, eos_of(folder))
-    check_tokenizer(tokenizer, model)
-    return model, tokenizer
-
-
-def eos_of(folder: Path) -> int | list[int] | None:
-    """The ids that end a text, where transformers' ``generate`` takes them (its
-    ``generation_config``): generation_config.json's ``eos_token_id`` where the folder has
-    one that sets it, else config.json's as the file holds it (no family default:
-    transformers' generation config reads the file, not the config class; where a
-    generation_config.json sets none, transformers' generate stops at no id, and npformer
-    at config.json's).  None (neither sets one) leaves the tokenizer's ``<|endoftext|>``.
-    A list (Llama 3's ``[128001, 128009]``) is kept whole: any of its ids ends a text."""
-    generation = folder / GENERATION_FILE
-    settings = _json_object(generation, "a generation config") if generation.is_file() \
-        else {}
-    path = generation if settings.get("eos_token_id") is not None else folder / CONFIG_FILE
-    if path != generation:
-        settings = _json_object(path, "a model config")
-    eos = check_field(settings.get("eos_token_id"), "eos_token_id", str(path))
-    if any(i < 0 for i in (eos if isinstance(eos, list) else [] if eos is None else [eos])):
-        raise PretrainedError(f"{path} sets eos_token_id = {shown(eos)}: token ids are >= 0")
-    return eos

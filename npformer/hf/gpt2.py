@@ -46,9 +46,11 @@ A name that is not a folder (``"gpt2"``) is downloaded from the Hugging Face Hub
 allows.  ``tokenizers`` and ``huggingface_hub`` are the ``hf`` extra
 (``pip install "npformer[hf]"``), imported only when used.
 
-:meth:`CausalLM.from_pretrained` and :meth:`CausalLM.save_pretrained` are the entries;
-they pass their class to the functions here (this module does not import
-:mod:`npformer.models.lm`, which imports it).
+:meth:`CausalLM.from_pretrained` and :meth:`CausalLM.save_pretrained` are the entries
+(:func:`npformer.interop.auto.from_pretrained` for a folder of any family); they pass their
+class to :func:`load_folder` and :func:`save_folder` here (this module, below the models,
+imports none of them).  :meth:`Tokenizer.from_pretrained` reads the tokenizer of a folder
+of any family.
 """
 from __future__ import annotations
 
@@ -74,16 +76,19 @@ from ..ops.contracts import (
     check_probability,
     check_size,
     read_json_object,
+    shown,
 )
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"  # sharded weights: {"weight_map": {name: file}}
 TOKENIZER_FILE = "tokenizer.json"
+GENERATION_FILE = "generation_config.json"  # generate's settings: its eos_token_id first
 HUB_FILES = [CONFIG_FILE, WEIGHTS_FILE, WEIGHTS_INDEX, "model-*.safetensors", TOKENIZER_FILE,
-             "generation_config.json"]  # generate's settings (its eos_token_id)
+             GENERATION_FILE]  # generate's settings (its eos_token_id)
 HUB_EXAMPLES = {"GPT-2": "gpt2",  # a kind of checkpoint -> a Hub name of one
-                "Llama or Qwen": "HuggingFaceTB/SmolLM2-135M"}
+                "Llama or Qwen": "HuggingFaceTB/SmolLM2-135M",
+                "GPT-2, Llama or Qwen": "gpt2"}
 # weights npformer does not read -> from_pretrained's argument that reads them
 OTHER_FORMATS = {"pytorch_model.bin": "", "pytorch_model.bin.index.json": "",
                  "tf_model.h5": ", from_tf=True", "flax_model.msgpack": ", from_flax=True"}
@@ -356,8 +361,8 @@ def from_hf(state: dict[str, np.ndarray], config: Any, where: str = WEIGHTS_FILE
 
 
 # --------------------------------------------------------------------------- load and save
-def from_pretrained(model_class: type, name_or_path: str | os.PathLike,
-                    dtype: str | None = None, dropout: float = 0.0) -> Module:
+def load_folder(model_class: type, name_or_path: str | os.PathLike,
+                dtype: str | None = None, dropout: float = 0.0) -> Module:
     """A ``model_class`` (:class:`CausalLM`) holding a GPT-2 checkpoint: a Hugging Face folder
     (``config.json``, ``model.safetensors``) or a Hub name (``"gpt2"``), downloaded
     into the user's cache.  ``dtype``: "float32" or "float64" (default: the backend's
@@ -419,8 +424,8 @@ def _read_file(path: Path) -> dict[str, np.ndarray]:
         raise PretrainedError(str(exc)) from None
 
 
-def save_pretrained(model: Module, path: str | os.PathLike, tokenizer: Tokenizer | None = None
-                    ) -> Path:
+def save_folder(model: Module, path: str | os.PathLike, tokenizer: Tokenizer | None = None
+                ) -> Path:
     """Write ``model`` as a Hugging Face GPT-2 folder at ``path`` (created if needed):
     ``config.json`` and ``model.safetensors`` (and ``tokenizer.json`` given a
     :class:`Tokenizer`), which ``transformers.GPT2LMHeadModel.from_pretrained(path)``
@@ -500,17 +505,6 @@ def is_write_error(exc: BaseException) -> bool:
     return isinstance(exc, OSError) or type(exc).__name__ == "SafetensorError"
 
 
-def load(model_class: type, name_or_path: str | os.PathLike, dtype: str | None = None,
-         dropout: float = 0.0) -> tuple[Module, Tokenizer]:
-    """The model and the tokenizer of a GPT-2 folder or Hub name (:func:`from_pretrained`,
-    :meth:`Tokenizer.from_pretrained`), the tokenizer checked against the model."""
-    folder = resolve(name_or_path)
-    tokenizer = Tokenizer.from_pretrained(folder)
-    model = from_pretrained(model_class, folder, dtype=dtype, dropout=dropout)
-    check_tokenizer(tokenizer, model)
-    return model, tokenizer
-
-
 # --------------------------------------------------------------------------- the tokenizer
 class Tokenizer:
     """A Hugging Face ``tokenizer.json`` (GPT-2's byte-level BPE) through the ``tokenizers``
@@ -549,17 +543,20 @@ class Tokenizer:
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | os.PathLike) -> Tokenizer:
-        """The tokenizer.json of a GPT-2 folder or Hub name, its end-of-text id from
-        config.json where it sets one."""
+        """The tokenizer.json of a folder or Hub name of any family (GPT-2, Llama, Qwen2,
+        Qwen3), its end of text where the family's model ends a text: GPT-2's config.json's
+        ``eos_token_id`` where it sets one; the other families' where transformers'
+        ``generate`` takes it (:func:`eos_of`)."""
         folder = resolve(name_or_path)
         if not (folder / TOKENIZER_FILE).is_file():
             raise PretrainedError(f"{folder} has no {TOKENIZER_FILE} (the tokenizer): "
-                                  "tokenize the text yourself, or add the checkpoint's "
-                                  "tokenizer.json")
-        eos = read_config(folder).get("eos_token_id") if (folder / CONFIG_FILE).is_file() \
-            else None
-        eos = eos if _is_eos(eos) else None
-        return cls.from_file(folder / TOKENIZER_FILE, eos)
+                                  "tokenize the text yourself (from_pretrained loads the "
+                                  "model alone), or add the checkpoint's tokenizer.json")
+        values = read_config(folder) if (folder / CONFIG_FILE).is_file() else {}
+        if values.get("model_type", "gpt2") != "gpt2":
+            return cls.from_file(folder / TOKENIZER_FILE, eos_of(folder))
+        eos = values.get("eos_token_id")
+        return cls.from_file(folder / TOKENIZER_FILE, eos if _is_eos(eos) else None)
 
     @property
     def vocab_size(self) -> int:
@@ -607,7 +604,7 @@ def as_tokenizer(tokenizer: Any) -> Tokenizer:
     if type(tokenizer).__module__.split(".")[0] == "tokenizers" and \
             hasattr(tokenizer, "token_to_id"):
         return Tokenizer(tokenizer, tokenizer.token_to_id("<|endoftext|>"))
-    raise TypeError(f"tokenizer must be an npformer.interop.gpt2.Tokenizer (Tokenizer.from_file "
+    raise TypeError(f"tokenizer must be an npformer.hf.gpt2.Tokenizer (Tokenizer.from_file "
                     "or Tokenizer.from_pretrained), a tokenizers.Tokenizer or a transformers "
                     f"fast tokenizer, got {type(tokenizer).__name__}; a slow transformers "
                     "tokenizer has no tokenizer.json: load it with use_fast=True")
@@ -636,6 +633,30 @@ def _is_eos(value: Any) -> bool:
                               and all(integer(v) for v in value))
 
 
+def eos_of(folder: Path) -> int | list[int] | None:
+    """The ids that end a text, where transformers' ``generate`` takes them (its
+    ``generation_config``): generation_config.json's ``eos_token_id`` where the folder has
+    one that sets it, else config.json's as the file holds it (no family default:
+    transformers' generation config reads the file, not the config class; where a
+    generation_config.json sets none, transformers' generate stops at no id, and npformer
+    at config.json's).  None (neither sets one) leaves the tokenizer's ``<|endoftext|>``.
+    A list (Llama 3's ``[128001, 128009]``) is kept whole: any of its ids ends a text."""
+    generation = folder / GENERATION_FILE
+    settings = _json_object(generation, "a generation config") if generation.is_file() \
+        else {}
+    path = generation if settings.get("eos_token_id") is not None else folder / CONFIG_FILE
+    if path != generation:
+        settings = _json_object(path, "a model config")
+    eos = settings.get("eos_token_id")
+    if eos is not None and not _is_eos(eos):  # as transformers' config classes check it
+        raise PretrainedError(f"{path} sets eos_token_id = {shown(eos)}: eos_token_id takes "
+                              f"an integer or a list of integers or null, not a "
+                              f"{type(eos).__name__}")
+    if any(i < 0 for i in (eos if isinstance(eos, list) else [] if eos is None else [eos])):
+        raise PretrainedError(f"{path} sets eos_token_id = {shown(eos)}: token ids are >= 0")
+    return eos
+
+
 def check_eos_ids(value: Any, what: str) -> int | list[int] | None:
     """None, an id >= 0, or a non-empty list (or tuple) of them, returned as a list: the
     end-of-text ids of a tokenizer or of generation; anything else a TypeError or
@@ -661,6 +682,6 @@ def _tokenizers() -> Any:
     return Tokenizers
 
 
-__all__ = ["from_pretrained", "save_pretrained", "load", "Tokenizer", "check_tokenizer",
+__all__ = ["load_folder", "save_folder", "Tokenizer", "eos_of", "check_tokenizer",
            "config_from_hf", "config_to_hf", "from_hf", "to_hf", "weight_map", "resolve",
            "read_config", "PretrainedError", "as_tokenizer"]
