@@ -121,6 +121,23 @@ def test_a_block_checks_its_input_once(monkeypatch, xb, tier):
     assert calls == ["the upstream gradient of EncoderBlock.backward"]
 
 
+def test_a_fast_contract_calls_the_textbook_one(monkeypatch, xb):
+    """The fast tier's contracts (npformer/fast/contracts.py) check their own argument and
+    call the textbook op's contract for the rest, not a copy of it."""
+    from npformer.fast import contracts as fast_contracts
+
+    x, w, q = arr((2, 3)), arr((3, 4), seed=1), arr((2, 3, 4), seed=2)
+    for name, args in (("linear_inputs", (x, w, None, False)),
+                       ("attention_inputs", (q, q, q, None, 7))):
+        calls = count_calls(monkeypatch, name)
+        getattr(fast_contracts, name)(*args)
+        assert len(calls) == 1, name
+    with pytest.raises(TypeError, match="keep_input"):
+        fast_contracts.linear_inputs(x, w, keep_input="no")
+    with pytest.raises(ValueError, match="block_scores"):
+        fast_contracts.attention_inputs(q, q, q, block_scores=0)
+
+
 def test_a_model_step_checks_at_its_doors_only(monkeypatch, xb, tier):
     model = tiered.CausalLM(CausalLMConfig(vocab_size=7, block_size=5, d_model=8, num_heads=2,
                                     num_layers=2, d_ff=16))

@@ -47,10 +47,16 @@ def floats(host):
     return backend.asarray(np.asarray(host), dtype=backend.default_float_name())
 
 
+def lora_on(base, *args):
+    """The tier's LoRALinear on ``base``, as apply_lora chooses it (the fast tier's Linear
+    names its own)."""
+    return getattr(base, "LoRALinear", LoRALinear)(base, *args)
+
+
 def adapter(rng, d_in, d_out, r, alpha, dropout, bias=True):
     """A LoRALinear on the tier's Linear, every weight random (B too: at zero it would
     hide the gradient of A, which is then zero)."""
-    layer = LoRALinear(tiered.Linear(d_in, d_out, bias=bias), r, alpha, dropout)
+    layer = lora_on(tiered.Linear(d_in, d_out, bias=bias), r, alpha, dropout)
     randomize(layer, rng)
     return layer
 
@@ -275,8 +281,23 @@ def merge_and_unmerge(rng):
     assert np.array_equal(backend.to_numpy(model(ids)), adapted)
 
 
+def test_the_textbook_adapter_takes_no_fast_tier_argument_and_each_tier_gets_its_own():
+    """The textbook LoRALinear's forward and backward are the math's; a fast model's
+    Linear layers get the fast tier's adapter, which takes that tier's keep_input."""
+    import inspect
+
+    from npformer import fast, models
+    assert list(inspect.signature(LoRALinear.forward).parameters) == ["self", "x"]
+    assert list(inspect.signature(LoRALinear.backward).parameters) == ["self", "dy"]
+    for model_class, adapter_class in ((models.CausalLM, LoRALinear),
+                                       (fast.CausalLM, fast.layers.LoRALinear)):
+        model = model_class(tiny_config())
+        apply_lora(model, ["q_proj", "linear1"], r=2)
+        assert {type(layer) for layer in lora_layers(model).values()} == {adapter_class}
+
+
 def test_a_merged_adapter_refuses_to_train_and_to_merge_twice():
-    layer = LoRALinear(tiered.Linear(3, 2), 1)
+    layer = lora_on(tiered.Linear(3, 2), 1)
     layer.merge()
     with pytest.raises(RuntimeError, match="already merged"):
         layer.merge()
@@ -352,7 +373,7 @@ def test_a_fast_model_with_one_layer_frozen_by_hand_still_loads_and_trains():
     from npformer.nn.lora import replace_module
 
     model = fast.CausalLM(tiny_config())
-    layer = LoRALinear(model.blocks[0].ffn.linear1, 2)
+    layer = lora_on(model.blocks[0].ffn.linear1, 2)
     replace_module(model, "blocks.0.ffn.linear1", layer)
     model.load_state_dict(model.state_dict())
     assert layer.weight.frozen and layer.weight.grad is None

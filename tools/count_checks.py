@@ -29,11 +29,12 @@ from pathlib import Path
 FOLDERS = ("ops", "fast")
 # The fast tier's classes (layers, blocks, models, optimizers and their buffers) are not
 # ops: their contracts sit in their check_inputs, as the textbook layers' do in npformer/nn.
-# The contracts module holds the checks themselves, not ops; gemm.py binds cuBLAS (its
-# raises report the library's failures, not an input's contract).
+# The contracts modules (the textbook's, the fast tier's) hold the checks themselves, not
+# ops; gemm.py binds cuBLAS (its raises report the library's failures, not an input's
+# contract).
 NOT_OPS = {"ops": ("contracts.py",),
-           "fast": ("layers.py", "blocks.py", "models.py", "optim.py", "flat.py",
-                    "packing.py", "recompute.py", "gemm.py")}
+           "fast": ("contracts.py", "layers.py", "blocks.py", "models.py", "optim.py",
+                    "flat.py", "packing.py", "recompute.py", "gemm.py")}
 VALIDATION_MODULES = ("contracts", "validation", "_checks")
 
 

@@ -107,7 +107,7 @@ def fast_path(norm_first: bool) -> list:
         ("npformer/fast/models.py", "packed_blocks", "x = block(x, mask, packing=packing)"),
         FAST_BLOCK[norm_first],
         ("npformer/fast/blocks.py", "MultiHeadAttention.forward",
-         "attention.attention_forward(q, k, v, mask)"),
+         "self.ops.attention_forward(q, k, v, mask)"),
         ("npformer/fast/attention.py", "attention_forward", "scores = q[rows] @ k[keys].mT"),
     ]
 
@@ -122,7 +122,7 @@ def fast_backward_path(norm_first: bool) -> list:
         ("npformer/fast/models.py", "packed_blocks_backward", "dx = block.backward(dx)"),
         *block,
         ("npformer/fast/blocks.py", "MultiHeadAttention.backward",
-         "attention.attention_backward(split_heads(dmerged, h)"),
+         "self.ops.attention_backward(dheads, attention_saved)"),
         ("npformer/fast/attention.py", "attention_backward", "dv[keys] += p.mT @ dout[rows]"),
     ]
 

@@ -60,18 +60,11 @@ from ..backend import Array
 from ..gpu import attention as captured
 from ..gpu.gemm import capturing
 from ..ops import attention as _textbook
-from ..ops.contracts import (
-    attention_inputs,
-    backward_op,
-    door,
-    forward_op,
-    opened,
-    state,
-    with_cache,
-)
+from ..ops.contracts import backward_op, door, forward_op, opened, state, with_cache
 from ..ops.masks import align_mask
 from ..ops.softmax import mask_bias
 from .compiler import compilable, jit
+from .contracts import attention_inputs
 from .inplace import exp_into
 from .numerics import all_finite, exp, max8, sum4
 from .softmax import softmax_backward

@@ -1,8 +1,10 @@
 """The attention layer, the feed-forward network and the blocks of the fast tier.
 
 Each is a subclass of its textbook class (:mod:`npformer.nn.attention`,
-:mod:`npformer.nn.blocks`): the same parameters and residual equations, computed with
-two memory savings and one saving of work.
+:mod:`npformer.nn.blocks`) that names this tier's layers and ops (blocked attention,
+:mod:`npformer.fast.attention`): the same parameters and residual equations.  A method
+of its own stands where the computation differs, for two memory savings and one saving
+of work, each saying which:
 
 * **Packed rows.**  Given a :class:`npformer.fast.Packing` (the fast models make one per
   padded batch), the position-wise layers (projections, layer norms, feed-forward,
@@ -21,6 +23,8 @@ in ``tests/test_fast_layers.py``.
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from .. import nn, ops
 from ..backend import Array
 from ..nn.attention import (
@@ -31,15 +35,11 @@ from ..nn.attention import (
     through_norm_backward,
     unslice,
 )
+from ..nn.blocks import _cross_cache, _self_cache
 from ..nn.cache import BlockCache, KVCache
-from ..ops.contracts import (
-    check_float,
-    check_keep_input,
-    check_mask,
-    check_same_dtype,
-    check_sequence_input,
-)
+from ..ops.contracts import check_flag, check_float
 from . import attention, layers
+from .contracts import check_keep_input
 from .packing import Packing
 
 
@@ -55,12 +55,19 @@ class _Unpacked:
 
 UNPACKED = _Unpacked()
 
+# The ops the attention layer calls (``self.ops``, npformer.ops in the textbook tier): this
+# tier's blocked attention.
+attention_ops = SimpleNamespace(attention_forward=attention.attention_forward,
+                                attention_backward=attention.attention_backward,
+                                attention_weights=ops.attention_weights)
+
 
 class MultiHeadAttention(nn.MultiHeadAttention):
     """Multi-head attention (:class:`npformer.nn.MultiHeadAttention`) on blocked attention
-    (:mod:`npformer.fast.attention`), its input optionally packed rows."""
+    (:mod:`npformer.fast.attention`).  Its own forward and backward, as its input may be
+    packed rows (N, D), unpacked around attention alone, and may not be kept."""
 
-    Linear, LayerNorm = layers.Linear, layers.LayerNorm
+    Linear, LayerNorm, ops = layers.Linear, layers.LayerNorm, attention_ops
 
     def check_inputs(self, x: Array, context: Array | None = None, mask: Array | None = None,
                      need_weights: bool = False, kv_cache: KVCache | None = None,
@@ -68,25 +75,14 @@ class MultiHeadAttention(nn.MultiHeadAttention):
         """As the textbook layer's; with a ``packing``, x is its rows (N, D)."""
         check_keep_input(keep_input)
         if packing is None:
-            super().check_inputs(x, context, mask, need_weights, kv_cache)
-            return
+            return super().check_inputs(x, context, mask, need_weights, kv_cache)
+        check_flag(need_weights, "need_weights")
         check_float(x, "attention input")
         rows = (int(packing.index.shape[0]), self.d_model)
         if tuple(x.shape) != rows:
             raise ValueError(f"attention input must be the packed rows (N, D) = {rows}, got "
                              f"shape {tuple(x.shape)}")
-        keys = packing.length
-        if context is not None:
-            check_float(context, "attention context")
-            check_sequence_input(context, self.d_model, "attention context")
-            if context.shape[0] != packing.batch:
-                raise ValueError(f"attention context has batch {context.shape[0]} but the "
-                                 f"queries have batch {packing.batch}")
-            keys = context.shape[1]
-        check_same_dtype("attention", input=x, context=context, weight=self.q_proj.weight.data)
-        if mask is not None:
-            check_mask(mask, (packing.batch, self.num_heads, packing.length, keys),
-                       "attention mask")
+        return self._check_keys(x, packing.batch, packing.length, context, mask, kv_cache)
 
     def forward(self, x: Array, context: Array | None = None, mask: Array | None = None,
                 need_weights: bool = False, kv_cache: KVCache | None = None,
@@ -96,70 +92,53 @@ class MultiHeadAttention(nn.MultiHeadAttention):
         output are its rows (N, D) (a context stays (B, S, D)).  ``keep_input=False``: x is
         not kept (the caller passes it to :meth:`backward` again); a context always is."""
         layout = UNPACKED if packing is None else packing
-        h = self.num_heads
-        q = split_heads(layout.unpack(self._project(self.q_proj, x, keep_input)), h)
-        q = through_norm(self.q_norm, q)  # (B, H, T, E)
-        if context is None:
-            k = layout.unpack(self._project(self.k_proj, x, keep_input))  # (B, T, H*E)
-            v = layout.unpack(self._project(self.v_proj, x, keep_input))
-        elif kv_cache is not None and kv_cache.length > 0:
-            k = v = None  # the memory's keys and values, cached on the first call
+        q = through_norm(self.q_norm, self._heads(self.q_proj, x, layout, keep_input))
+        if context is None:  # (B, H, T, E) keys and values of x
+            k = through_norm(self.k_norm, self._heads(self.k_proj, x, layout, keep_input))
+            k, v = self._through_cache(k, self._heads(self.v_proj, x, layout, keep_input),
+                                       kv_cache)
         else:
-            k = self._project(self.k_proj, context)  # (B, S, H*E)
-            v = self._project(self.v_proj, context)
-        k, v = self._cached(k, v, kv_cache)  # (B, H, S, E) each
-        heads, attention_saved = attention.attention_forward(q, k, v, mask)  # (B, H, T, E)
+            k, v = self._keys_and_values(context, kv_cache, is_self=False)  # (B, H, S, E)
+        heads, attention_saved = self.ops.attention_forward(q, k, v, mask)  # (B, H, T, E)
         y = self.out_proj(layout.pack(merge_heads(heads)))  # (B, T, D) or rows (N, D)
         self._save((attention_saved, context is None, layout))
-        weights = ops.attention_weights(q, k, mask) if need_weights or self.keep_attention \
+        weights = self.ops.attention_weights(q, k, mask) if need_weights or self.keep_attention \
             else None  # (B, H, T, S)
         self.last_attention = weights if self.keep_attention else None
         return (y, weights) if need_weights else y
 
-    def _project(self, projection: nn.Linear, x: Array, keep_input: bool = True) -> Array:
-        """x (..., D) -> (..., H*E), column block h head h's: the standard heads project
-        the whole width; narrow heads cut it into the heads' slices and project each with
-        the one shared map (the textbook's :meth:`_heads`, before the split)."""
-        if not self.narrow_heads:
-            return projection(x, keep_input)
-        return unslice(projection(slices(x, self.num_heads), keep_input))  # (..., H, E) ->
+    def _heads(self, projection: nn.Linear, x: Array, layout=UNPACKED,
+               keep_input: bool = True) -> Array:
+        """x (B, T, D), or ``layout``'s rows (N, D) -> (B, H, T, E): projected as rows (narrow
+        heads: each slice, by the one shared map), then unpacked and cut into heads."""
+        h = self.num_heads
+        if self.narrow_heads:
+            return split_heads(layout.unpack(unslice(projection(slices(x, h), keep_input))), h)
+        return split_heads(layout.unpack(projection(x, keep_input)), h)
 
-    def _project_backward(self, projection: nn.Linear, dy: Array,
-                          x: Array | None = None) -> Array:
-        """dy (..., H*E) -> dx (..., D): :meth:`_project` in reverse; ``x``: its input,
-        where it was not kept."""
+    def _heads_backward(self, projection: nn.Linear, dheads: Array, layout=UNPACKED,
+                        x: Array | None = None) -> Array:
+        """dheads (B, H, T, E) -> dx in the form of x: :meth:`_heads` in reverse (narrow
+        heads sum over the heads); ``x``: its input, where it was not kept."""
+        dy = layout.pack(merge_heads(dheads))  # (B, T, H*E) or rows (N, H*E)
         if not self.narrow_heads:
             return projection.backward(dy, x)
         sliced = None if x is None else slices(x, self.num_heads)
-        return unslice(projection.backward(slices(dy, self.num_heads), sliced))  # sums heads
-
-    def _cached(self, k: Array | None, v: Array | None, kv_cache: KVCache | None):
-        """(B, S, H*E) keys and values -> (B, H, S, E), through the cache where there is one
-        (None, None: the cache's); the keys normed with kqnorm."""
-        h = self.num_heads
-        if k is not None:
-            k, v = through_norm(self.k_norm, split_heads(k, h)), split_heads(v, h)
-            if kv_cache is None:
-                return k, v
-            kv_cache.append(k, v)
-        return kv_cache.keys, kv_cache.values
+        return unslice(projection.backward(slices(dy, self.num_heads), sliced))
 
     def backward(self, dy: Array, x: Array | None = None) -> Array | tuple[Array, Array]:
-        """dy -> dx for self-attention, (dx, dcontext) for cross-attention (dcontext
-        (B, S, D)); dy and dx in the form of forward's x; ``x``: the forward's input, where
-        it was not kept.  ``pack`` and ``unpack`` swap roles: each is the other's transpose."""
+        """As the textbook's, dy and dx in the form of forward's x; ``x``: the forward's
+        input, where it was not kept.  ``pack`` and ``unpack`` swap roles: each is the
+        other's transpose."""
         attention_saved, is_self, layout = self._pop_saved()
-        h = self.num_heads
-        dmerged = layout.unpack(self.out_proj.backward(dy))  # (B, T, H*E)
-        dq, dk, dv = attention.attention_backward(split_heads(dmerged, h), attention_saved)
-        dq, dk = through_norm_backward(self.q_norm, dq), through_norm_backward(self.k_norm, dk)
-        dx = self._project_backward(self.q_proj, layout.pack(merge_heads(dq)), x)
-        if not is_self:
-            return dx, (self._project_backward(self.k_proj, merge_heads(dk))
-                        + self._project_backward(self.v_proj, merge_heads(dv)))  # (B, S, D)
-        dk_x = self._project_backward(self.k_proj, layout.pack(merge_heads(dk)), x)
-        dv_x = self._project_backward(self.v_proj, layout.pack(merge_heads(dv)), x)
-        return dx + dk_x + dv_x  # x fed q, k, v
+        dheads = split_heads(layout.unpack(self.out_proj.backward(dy)), self.num_heads)
+        dq, dk, dv = self.ops.attention_backward(dheads, attention_saved)  # (B, H, T|S, E)
+        dk = through_norm_backward(self.k_norm, dk)
+        dx = self._heads_backward(self.q_proj, through_norm_backward(self.q_norm, dq), layout, x)
+        if not is_self:  # the context fed the keys and the values: (B, S, D)
+            return dx, self._heads_backward(self.k_proj, dk) + self._heads_backward(self.v_proj, dv)
+        return dx + self._heads_backward(self.k_proj, dk, layout, x) \
+            + self._heads_backward(self.v_proj, dv, layout, x)  # x fed q, k, v
 
 
 class FeedForward(nn.FeedForward):
@@ -173,8 +152,8 @@ class FeedForward(nn.FeedForward):
     Linear, Activation, Dropout = layers.Linear, layers.Activation, layers.Dropout
 
     def forward(self, x: Array, keep_input: bool = True) -> Array:
-        """x (..., D) -> (..., D); ``keep_input=False``: x is not kept (the caller passes
-        it to :meth:`backward` again)."""
+        """x (..., D) -> (..., D).  Its own: linear2's input is not kept, and x not with
+        ``keep_input=False`` (the caller passes it to :meth:`backward` again)."""
         h = self.activation(self.linear1(x, keep_input))  # (..., D) -> (..., D_ff)
         return self.linear2(self.dropout(h), keep_input=False)  # (..., D_ff) -> (..., D)
 
@@ -195,14 +174,6 @@ class NormAndDropout(nn.NormAndDropout):
     LayerNorm, Dropout = layers.LayerNorm, layers.Dropout
 
 
-def _self_cache(kv_cache: BlockCache | None):
-    return None if kv_cache is None else kv_cache.self_attn
-
-
-def _cross_cache(kv_cache: BlockCache | None):
-    return None if kv_cache is None else kv_cache.cross_attn
-
-
 class EncoderBlock(nn.EncoderBlock):
     """The encoder block (:class:`npformer.nn.EncoderBlock`) on packed rows, a pre-norm
     sublayer's input LN(x) recomputed in the backward."""
@@ -212,11 +183,13 @@ class EncoderBlock(nn.EncoderBlock):
 
     def check_inputs(self, x: Array, mask: Array | None = None,
                      kv_cache: BlockCache | None = None, packing: Packing | None = None) -> None:
+        """As the textbook block's; its own as a ``packing`` passes on to attention."""
         self.self_attn.check_inputs(x, mask=mask, kv_cache=_self_cache(kv_cache), packing=packing)
 
     def forward(self, x: Array, mask: Array | None = None, kv_cache: BlockCache | None = None,
                 packing: Packing | None = None) -> Array:
-        """x (B, T, D), or the rows (N, D) of ``packing`` -> the same form."""
+        """x (B, T, D), or the rows (N, D) of ``packing`` -> the same form.  Its own: the
+        packing passes on to attention, and a pre-norm sublayer keeps no copy of LN(x)."""
         a, f, kv = self.attn_residual, self.ffn_residual, _self_cache(kv_cache)
         if self.norm_first:  # pre-norm: x + Dropout(F(LN(x))), LN(x) not kept by F
             x = x + a.dropout(self.self_attn(a.norm(x), mask=mask, kv_cache=kv, packing=packing,
@@ -247,6 +220,7 @@ class DecoderBlock(nn.DecoderBlock):
     def check_inputs(self, x: Array, memory: Array, self_mask: Array | None = None,
                      memory_mask: Array | None = None, kv_cache: BlockCache | None = None,
                      packing: Packing | None = None) -> None:
+        """As the textbook block's; its own as a ``packing`` passes on to attention."""
         self.self_attn.check_inputs(x, mask=self_mask, kv_cache=_self_cache(kv_cache),
                                     packing=packing)
         self.cross_attn.check_inputs(x, context=memory, mask=memory_mask,
@@ -255,7 +229,8 @@ class DecoderBlock(nn.DecoderBlock):
     def forward(self, x: Array, memory: Array, self_mask: Array | None = None,
                 memory_mask: Array | None = None, kv_cache: BlockCache | None = None,
                 packing: Packing | None = None) -> Array:
-        """x (B, T, D), or the rows (N, D) of ``packing`` -> the same form."""
+        """x (B, T, D), or the rows (N, D) of ``packing`` -> the same form.  Its own: the
+        packing passes on to attention, and a pre-norm sublayer keeps no copy of LN(x)."""
         a, c, f = self.self_attn_residual, self.cross_attn_residual, self.ffn_residual
         kv, memory_kv = _self_cache(kv_cache), _cross_cache(kv_cache)
         if self.norm_first:  # pre-norm: x + Dropout(F(LN(x))), LN(x) not kept by F

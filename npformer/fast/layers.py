@@ -7,7 +7,8 @@ are added in place (:func:`npformer.nn.flat.accumulate`), into the flat buffer's
 What each adds:
 
 * :class:`Linear` and :meth:`Embedding.project`: ``keep_input=False`` keeps no input; the
-  caller recomputes it and passes it to the backward.
+  caller recomputes it and passes it to the backward.  :class:`LoRALinear`, the adapter
+  of this tier's Linear, takes the same arguments.
 * :class:`LayerNorm`, :class:`Activation`: :meth:`output_again`, the last forward's output
   computed again from the cache its backward keeps anyway.
 * :class:`Dropout`: :meth:`mask_again`, an array through the last forward's mask again.
@@ -19,13 +20,27 @@ from __future__ import annotations
 
 from .. import nn, ops
 from ..backend import Array
+from ..nn import lora
 from ..nn.flat import accumulate
 from . import activations, dropout, embedding, layernorm, linear, rmsnorm
 from .recompute import activation_output, layernorm_output
 
 
+class LoRALinear(lora.LoRALinear):
+    """The textbook adapter (:class:`npformer.nn.lora.LoRALinear`) in place of this tier's
+    Linear: it takes that layer's arguments, and always keeps its input (``keep_input``
+    and ``x`` are accepted and not needed)."""
+
+    def forward(self, x: Array, keep_input: bool = True) -> Array:
+        return super().forward(x)
+
+    def backward(self, dy: Array, x: Array | None = None) -> Array:
+        return super().backward(dy)
+
+
 class Linear(nn.Linear):
     __doc__ = nn.Linear.__doc__
+    LoRALinear = LoRALinear  # the adapter apply_lora puts in its place
 
     def forward(self, x: Array, keep_input: bool = True) -> Array:
         """x (..., in) -> (..., out).  ``keep_input=False``: x is not kept for the backward

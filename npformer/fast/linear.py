@@ -23,16 +23,8 @@ from typing import Any
 from .. import backend
 from ..backend import Array
 from ..gpu.gemm import column_sum, matmul
-from ..ops.contracts import (
-    backward_op,
-    door,
-    forward_input,
-    forward_op,
-    linear_inputs,
-    opened,
-    state,
-    with_cache,
-)
+from ..ops.contracts import backward_op, door, forward_op, opened, state, with_cache
+from .contracts import forward_input, linear_inputs
 
 
 @forward_op(linear_inputs)

@@ -137,20 +137,10 @@ class TransformerClassifier(_FastModel, models.TransformerClassifier):
 class CausalLM(_FastModel, models.CausalLM):
     __doc__ = models.CausalLM.__doc__
 
-    def forward(self, ids: Array, attention_mask: Array | None = None,
-                position_ids: Array | None = None) -> Array:
-        ids = model_input(ids, "token ids")
-        x, mask = self._embedded(ids, attention_mask, position_ids)  # (B, T, D), causal mask
-        for block in self.blocks:
-            x = block(x, mask)
-        if self.norm is None:
-            return self._logits(x)
-        return self._logits(self.norm(x), keep_input=False)  # recomputed by the backward
-
-    forward.__doc__ = models.CausalLM.forward.__doc__
-
-    def _logits(self, h: Array, keep_input: bool = True) -> Array:
-        """h (B, T, D) -> logits (B, T, V); h kept for the backward or not."""
+    def _logits(self, h: Array) -> Array:
+        """h (B, T, D) -> logits (B, T, V).  Its own: h, the final norm's output, is not kept
+        (the backward computes it again); without a final norm it is."""
+        keep_input = self.norm is None
         if self.lm_head is None:
             return self.embed.tokens.project(h, keep_input)
         return self.lm_head(h, keep_input)

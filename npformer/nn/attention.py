@@ -139,6 +139,7 @@ class MultiHeadAttention(Module):
     """
 
     Linear, LayerNorm = Linear, LayerNorm  # the layers it builds (the fast tier's, its own)
+    ops = ops  # the ops it calls: npformer.ops (the fast tier's blocked attention there)
 
     def __init__(self, d_model: int, num_heads: int, head_dim: int | None = None,
                  bias: bool = True, narrow_heads: bool = False, kqnorm: bool = False, *,
@@ -178,7 +179,12 @@ class MultiHeadAttention(Module):
         check_flag(need_weights, "need_weights")
         check_float(x, "attention input")
         check_sequence_input(x, self.d_model, "attention input")
-        batch, length = x.shape[0], x.shape[1]
+        self._check_keys(x, x.shape[0], x.shape[1], context, mask, kv_cache)
+
+    def _check_keys(self, x: Array, batch: int, length: int, context: Array | None,
+                    mask: Array | None, kv_cache: KVCache | None) -> None:
+        """What queries x of ``batch`` sequences of ``length`` positions attend to: the
+        context, the cache and the mask."""
         keys = length
         if context is not None:
             check_float(context, "attention context")
@@ -211,10 +217,10 @@ class MultiHeadAttention(Module):
         q = through_norm(self.q_norm, self._heads(self.q_proj, x))  # (B, T, D) -> (B, H, T, E)
         k, v = self._keys_and_values(x if context is None else context, kv_cache,
                                      is_self=context is None)  # (B, H, S, E) each
-        heads, attention_saved = ops.attention_forward(q, k, v, mask)  # (B, H, T, E)
+        heads, attention_saved = self.ops.attention_forward(q, k, v, mask)  # (B, H, T, E)
         y = self.out_proj(merge_heads(heads))  # (B, T, H*E) -> (B, T, D)
         self._save((attention_saved, context is None))
-        weights = ops.attention_weights(q, k, mask) if need_weights or self.keep_attention \
+        weights = self.ops.attention_weights(q, k, mask) if need_weights or self.keep_attention \
             else None  # (B, H, T, S)
         self.last_attention = weights if self.keep_attention else None
         return (y, weights) if need_weights else y
@@ -239,7 +245,12 @@ class MultiHeadAttention(Module):
         if kv_cache is not None and not is_self and kv_cache.length > 0:
             return kv_cache.keys, kv_cache.values  # the memory's, computed on the first call
         k = through_norm(self.k_norm, self._heads(self.k_proj, source))  # (B, S, D) -> (B, H, S, E)
-        v = self._heads(self.v_proj, source)
+        return self._through_cache(k, self._heads(self.v_proj, source), kv_cache)
+
+    @staticmethod
+    def _through_cache(k: Array, v: Array, kv_cache: KVCache | None) -> tuple[Array, Array]:
+        """New keys and values (B, H, S, E) appended to the cache where there is one: then
+        all it holds."""
         if kv_cache is None:
             return k, v
         kv_cache.append(k, v)
@@ -250,7 +261,7 @@ class MultiHeadAttention(Module):
         (dcontext (B, S, D))."""
         attention_saved, is_self = self._pop_saved()
         dheads = split_heads(self.out_proj.backward(dy), self.num_heads)  # (B, H, T, E)
-        dq, dk, dv = ops.attention_backward(dheads, attention_saved)  # (B, H, T|S, E) each
+        dq, dk, dv = self.ops.attention_backward(dheads, attention_saved)  # (B, H, T|S, E) each
         dx = self._heads_backward(self.q_proj, through_norm_backward(self.q_norm, dq))  # (B, T, D)
         dx_keys = self._heads_backward(self.k_proj, through_norm_backward(self.k_norm, dk))
         dx_values = self._heads_backward(self.v_proj, dv)  # (B, S, D) each: keys', values' input

@@ -43,11 +43,7 @@ def kaiming_uniform_a(d_in: int, r: int, like: Array) -> Array:
 
 class LoRALinear(Module):
     """y = x W + b + (alpha / r) dropout(x) A B, with W and b a Linear's (frozen) and A
-    (D_in, r), B (r, D_out) trained; B starts at zero, A as PEFT draws it.
-
-    ``forward(x, keep_input=True)`` and ``backward(dy, x=None)`` take the arguments of
-    either tier's Linear (the adapter always keeps its input: ``keep_input`` and ``x``
-    are accepted and not needed)."""
+    (D_in, r), B (r, D_out) trained; B starts at zero, A as PEFT draws it."""
 
     def __init__(self, base: Linear, r: int, alpha: float | None = None, dropout: float = 0.0):
         if not isinstance(base, Linear):
@@ -75,7 +71,7 @@ class LoRALinear(Module):
         """s A B (D_in, D_out): what the adapter adds to W."""
         return self.scale * (self.lora_A.data @ self.lora_B.data)
 
-    def forward(self, x: Array, keep_input: bool = True) -> Array:
+    def forward(self, x: Array) -> Array:
         """x (..., D_in) -> (..., D_out)."""
         bias = None if self.bias is None else self.bias.data
         if self.merged:  # x (W + s A B) + b: the base map alone, for inference
@@ -88,7 +84,7 @@ class LoRALinear(Module):
         self._save(cache)
         return y
 
-    def backward(self, dy: Array, x: Array | None = None) -> Array:
+    def backward(self, dy: Array) -> Array:
         """dy (..., D_out) -> dx (..., D_in); adds the gradients of A and B (not W's, b's)."""
         if self.merged:
             raise RuntimeError("LoRALinear is merged (its update is in the frozen weight): "
@@ -257,7 +253,9 @@ def apply_lora(model: Module, targets: str | Sequence[str], r: int,
     chosen = [(name, m) for name, m in linears + tables if matches(name, targets)]
     model.freeze()
     for name, layer in chosen:
-        adapter = LoRALinear if isinstance(layer, Linear) else LoRAEmbedding
+        # a Linear's class may name its own adapter (the fast tier's, which takes keep_input)
+        adapter = getattr(layer, "LoRALinear", LoRALinear) if isinstance(layer, Linear) \
+            else LoRAEmbedding
         replace_module(model, name, adapter(layer, r, alpha, dropout))
     return [name for name, _ in chosen]
 

@@ -250,19 +250,6 @@ def backward_op(forward: ForwardOp,
     return decorate
 
 
-def forward_input(saved: tuple, x: Any) -> tuple:
-    """``saved`` = (input, ...) of a forward that may not have kept its input (None
-    there): the tuple with the input the backward's caller passed in its place.  Exactly
-    one of the two must be given (it is the forward's input, recomputed by the caller)."""
-    kept = saved[0]
-    if kept is None and x is None:
-        raise RuntimeError("the forward did not keep its input (keep_input=False): pass "
-                           "it to the backward as x")
-    if kept is not None and x is not None:
-        raise RuntimeError("the forward kept its input: the backward takes no x")
-    return (x if kept is None else kept,) + tuple(saved[1:])
-
-
 def refuse_cache(cache: Any, backward: str, forward: Callable) -> None:
     """The error for a cache that is not ``forward``'s (raised; never returns)."""
     made_by = forward.op_name
@@ -587,15 +574,9 @@ def check_flag(value: Any, what: str, optional: bool = False, hint: str = "") ->
     return bool(value)
 
 
-def check_keep_input(keep_input: Any) -> None:
-    """``keep_input`` (whether a forward keeps its input for the backward): True or False."""
-    check_flag(keep_input, "keep_input")
-
-
-def linear_inputs(x: Array, w: Array, b: Array | None = None, keep_input: bool = True) -> None:
+def linear_inputs(x: Array, w: Array, b: Array | None = None) -> None:
     """x (..., D_in) floats, W (D_in, D_out) floats with D_in, D_out >= 1, b None or
-    (D_out,), all of one dtype; keep_input True or False."""
-    check_keep_input(keep_input)
+    (D_out,), all of one dtype."""
     check_float(x, "linear input")
     check_float(w, "linear weight")
     check_rank(w, 2, "linear weight (in_features, out_features)")
@@ -779,13 +760,10 @@ def _attention_operands(q: Array, k: Array, v: Array, mask: Array | None, what: 
         check_mask(mask, tuple(q.shape[:-1]) + (k.shape[-2],), "attention mask")
 
 
-def attention_inputs(q: Array, k: Array, v: Array, mask: Array | None = None,
-                     block_scores: int | None = None) -> None:
+def attention_inputs(q: Array, k: Array, v: Array, mask: Array | None = None) -> None:
     """q (..., T, E), k (..., S, E), v (..., S, F) floats of one dtype, E >= 1, mask
-    boolean broadcasting to (..., T, S); ``block_scores`` (fast tier) None or >= 1."""
+    boolean broadcasting to (..., T, S)."""
     _attention_operands(q, k, v, mask, "attention", 2, "positions, width")
-    if block_scores is not None:
-        check_size(block_scores, "block_scores", 1)
 
 
 def grouped_attention_inputs(q: Array, k: Array, v: Array, mask: Array | None = None) -> None:
