@@ -170,7 +170,7 @@ def test_the_sdist_manifest_carries_what_the_tests_import():
 def test_subpackages_are_attributes_and_torch_stays_out():
     code = ("import sys, npformer\n"
             "for name in ('models', 'optim', 'train', 'decoding', 'data', 'checkpoint', "
-            "'fast', 'gpu', 'interop', 'parallel'):\n"
+            "'fast', 'gpu', 'hf', 'interop', 'parallel'):\n"
             "    assert getattr(npformer, name).__name__ == 'npformer.' + name, name\n"
             "assert 'torch' not in sys.modules, 'import npformer imported torch'\n"
             "try:\n    npformer.no_such_thing\nexcept AttributeError:\n    pass\n"
