@@ -1,34 +1,21 @@
-r"""Element-wise non-linearities of the position-wise feed-forward network.
+r"""Element-wise non-linearities of the position-wise feed-forward network.  The
+derivations: ReLU (§3), GELU, exact and tanh form (§4) of docs/derivations.md.
 
 ReLU
-    forward  $y = \max(x, 0)$: x where x > 0, else 0 (NaN stays NaN)
-    backward $\bar x = \bar y \cdot [x > 0]$
-             (the derivative is 1 where x > 0, else 0, the kink x = 0 included, as in
-             PyTorch; NaN where x is NaN: a NaN input propagates both ways.  PyTorch's
-             backward passes $\bar y$ through there instead).  The fast tier
-             (:mod:`npformer.fast.activations`) computes the same from y alone, as
-             $\bar y \cdot \text{sign}(y)$.
+    forward  $y = \max(x, 0)$ (NaN stays NaN)
+    backward $\bar x = \bar y \cdot [x > 0]$ (0 at the kink, as in PyTorch; NaN where x is
+             NaN)
 
-GELU, exact (``"gelu"``: ``torch.nn.GELU()``, ``activation="gelu"`` in PyTorch's
-Transformer layers, BERT, nanoGPT's MLP)
-    forward  $y = x\,\Phi(x)$, $\Phi(x) = \tfrac12\bigl(1 + \mathrm{erf}(x/\sqrt2)\bigr)
-             = \tfrac12\,\mathrm{erfc}(-x/\sqrt2)$, the standard normal distribution function
-    backward by the product rule, with $\Phi' = \varphi$, the normal density
-             $\varphi(x) = e^{-x^2/2}/\sqrt{2\pi}$:
-             $\frac{dy}{dx} = \Phi(x) + x\,\varphi(x)$; $\bar x = \bar y \cdot \frac{dy}{dx}$.
-             (Phi is computed as erfc(-x/sqrt 2)/2: the same number as (1 + erf)/2, but
-             without the cancellation of 1 + erf in the left tail.)
+GELU, exact (``"gelu"``: ``torch.nn.GELU()``)
+    forward  $\Phi(x) = \tfrac12\,\mathrm{erfc}(-x/\sqrt2)$, $y = x\,\Phi(x)$
+    backward $\varphi(x) = e^{-x^2/2}/\sqrt{2\pi}$,
+             $\bar x = \bar y \cdot (\Phi(x) + x\,\varphi(x))$
 
-GELU, tanh approximation (``"gelu_tanh"``: GPT-2, ``torch.nn.GELU(approximate="tanh")``)
-    forward  $\kappa = \sqrt{2/\pi}\,(x + a x^3)$, $y = \tfrac12 x (1 + \tanh \kappa)$,
-             with $a = 0.044715$ (``GELU_A``; ``GELU_C`` is $\sqrt{2/\pi}$, ``u`` is
-             $\kappa$ and ``t`` is $\tanh \kappa$)
-    backward by the product and chain rules,
-             $\frac{dy}{dx} = \tfrac12 (1 + \tanh\kappa) + \tfrac12 x\,(1 - \tanh^2\kappa)\,
-             \sqrt{2/\pi}\,(1 + 3 a x^2)$,
-             since $\frac{d}{d\kappa} \tanh\kappa = 1 - \tanh^2\kappa$ and
-             $\frac{d\kappa}{dx} = \sqrt{2/\pi}\,(1 + 3 a x^2)$;
-             $\bar x = \bar y \cdot \frac{dy}{dx}$.
+GELU, tanh form (``"gelu_tanh"``: GPT-2, ``torch.nn.GELU(approximate="tanh")``), with
+$a = 0.044715$ (``GELU_A``) and ``GELU_C`` $= \sqrt{2/\pi}$:
+    forward  $u = \sqrt{2/\pi}\,(x + a x^3)$, $t = \tanh u$, $y = \tfrac12 x (1 + t)$
+    backward $\bar x = \bar y \cdot \bigl(\tfrac12 (1 + t) + \tfrac12 x\,(1 - t^2)\,
+             \sqrt{2/\pi}\,(1 + 3 a x^2)\bigr)$
 
 The error function
     NumPy and the array API standard have no ``erf``, so :func:`erf` and :func:`erfc`

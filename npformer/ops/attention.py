@@ -1,28 +1,24 @@
-r"""Scaled dot-product attention (Vaswani et al., 2017, eq. 1), dense: it forms P.
+r"""Scaled dot-product attention (Vaswani et al., 2017, eq. 1), dense: it forms P.  The
+derivation: docs/derivations.md §9.
 
-Shapes: B batch, H heads, T queries, S keys, E query/key width per head,
+Shapes: B batch, H heads, T queries, S keys, E query/key width per head (E >= 1),
 F value width per head.  Any leading shape works in place of (B, H).
 
-Forward, with the scale $\alpha = 1/\sqrt{E}$ and the mask bias M (0 where a query
-may attend to a key, $-\infty$ where not)
-    $A = \alpha\, Q K^\top + M$                 the scores, masked, (..., T, S)
-    $P = \text{softmax}(A)$ along the keys          (..., T, S), each row sums to 1
-    $O = P V$                                  (..., T, F)
+Forward, with $\alpha = 1/\sqrt{E}$ and the mask bias M (0 where a query may attend to a
+key, $-\infty$ where not)
+    $A = \alpha\, Q K^\top + M$                     (..., T, S)
+    $P = \text{softmax}(A)$ along the keys          (..., T, S)
+    $O = P V$                                       (..., T, F)
 
-Backward, from $\bar O$, through the three lines in reverse
+Backward
     $\bar V = P^\top \bar O$        $\bar P = \bar O V^\top$
     $\bar A = P \odot (\bar P - \text{rowsum}(\bar P \odot P))$   (softmax backward, §7)
     $\bar Q = \alpha\, \bar A K$      $\bar K = \alpha\, \bar A^\top Q$
-    (M is a constant, so $\bar A$ is also the gradient of $\alpha\, Q K^\top$; §9)
 
 Masks are boolean, True where a query may attend to a key, and broadcast to
-(B, H, T, S) (the convention of ``torch.nn.functional.scaled_dot_product_attention``;
-note ``nn.MultiheadAttention``'s masks mean the opposite).  A query whose keys
-are all masked gets a zero output and zero gradients.
-
-Empty axes: no queries (T = 0) or an empty batch give the empty output (..., 0, F) or
-(0, ..., T, F); no keys (S = 0) give every query a zero output and zero gradients, as
-when all its keys are masked.  The query/key width E must be at least 1.
+(B, H, T, S) (``torch.nn.functional.scaled_dot_product_attention``'s convention).  A
+query whose keys are all masked, or that has no keys (S = 0), gets a zero output and
+zero gradients; no queries or an empty batch give an empty output.
 
 The fast tier (:mod:`npformer.fast.attention`) computes the same in blocks and
 never stores P; it is tested equal to this one.

@@ -1,9 +1,9 @@
-r"""Inverted dropout.
+r"""Inverted dropout.  The derivation: docs/derivations.md §5.
 
 Training
     draw $m_i \sim \text{Bernoulli}(1 - p)$ once per element, then
-    forward  $y = x \odot m / (1 - p)$       (scaled so that $E[y] = x$)
-    backward $\bar x = \bar y \odot m / (1 - p)$   (the same mask: y is linear in x)
+    forward  $y = x \odot m / (1 - p)$
+    backward $\bar x = \bar y \odot m / (1 - p)$
 Evaluation
     $y = x$ and $\bar x = \bar y$.
 

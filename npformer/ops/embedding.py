@@ -1,20 +1,17 @@
-r"""Token embedding: a table lookup.
+r"""Token embedding: a table lookup.  The derivation: docs/derivations.md §11.
 
 Forward
     $y_{n} = W_{\text{ids}_n}$,  W of shape (V, D), ids of any shape (...), y (..., D)
 
 Backward
-    Each row of W receives the sum of the upstream gradients of every position
-    that looked it up:  $\bar W_v = \sum_{n : \text{ids}_n = v} \bar y_n$.
-    A plain ``dW[ids] += dy`` would keep only one of several repeated ids, so the
-    backend's scatter-add (which accumulates repeats) does it.
+    $\bar W_v = \sum_{n : \text{ids}_n = v} \bar y_n$   (the backend's scatter-add, which
+    accumulates repeated ids)
 
 Hashed word pairs (fastText's bigrams; Joulin et al., 2017, section 2.2)
     Position t's pair (ids[t-1], ids[t]) becomes one id in [0, K):
     $b_t = ((\text{ids}_{t-1} + 1) \cdot p_1 + \text{ids}_t \cdot p_2) \bmod K$, with
-    ids[-1] taken as -1 (the row's start) and p1, p2 two large primes.  Distinct pairs
-    may share an id (K is far fewer than V^2 pairs); a table of K rows looked up at the
-    b_t is then an embedding of the pairs, with the gradient above.
+    ids[-1] taken as -1 (the row's start) and p1, p2 two large primes; a table of K rows
+    is looked up at the b_t, with the gradient above.
 """
 from __future__ import annotations
 

@@ -1,26 +1,18 @@
 r"""Grouped-query attention (Ainslie et al., 2023, GQA): H query heads share $H_{kv}$
 key/value heads, each in a group of $G = H / H_{kv}$ consecutive query heads, as Hugging
-Face's Llama, Qwen2 and Qwen3 have it (``repeat_kv``).  $H_{kv} = H$ is multi-head
-attention, $H_{kv} = 1$ multi-query attention (Shazeer, 2019).
+Face's Llama, Qwen2 and Qwen3 have it (``repeat_kv``).  The derivation: Grouped-query
+attention (§10) of docs/derivations.md.
 
 Shapes: B batch, H query heads, $H_{kv}$ key/value heads, T queries, S keys, E query/key
 width, F value width.  Any leading shape works in place of B.
 
-Forward.  Query head h reads key/value head $g(h) = \lfloor h / G \rfloor$.  Repeat each
-key/value head over its group (the copy is the same number G times):
-    $\tilde K_h = K_{g(h)}$,  $\tilde V_h = V_{g(h)}$           (..., H, S, E) and (..., H, S, F)
-    $O = \text{attention}(Q, \tilde K, \tilde V, M)$        (:mod:`.attention`), (..., H, T, F)
+Forward, with $g(h) = \lfloor h / G \rfloor$:
+    $\tilde K_h = K_{g(h)}$,  $\tilde V_h = V_{g(h)}$       (..., H, S, E) and (..., H, S, F)
+    $O = \text{attention}(Q, \tilde K, \tilde V, M)$    (:mod:`.attention`), (..., H, T, F)
 
-Backward.  The repetition is linear: $\tilde K = R K$ with R the (H, $H_{kv}$) matrix
-holding a 1 where $g(h) = j$.  Its transpose sums: each key/value head was used by the G
-query heads of its group, so it receives the sum of their gradients
-    $\bar K_j = \sum_{h:\, g(h) = j} \bar{\tilde K}_h$,  $\bar V_j = \sum_{h:\, g(h) = j}
-     \bar{\tilde V}_h$
-(the rule for any value used several times), with $\bar Q$, $\bar{\tilde K}$, $\bar{\tilde V}$
-attention's backward.
-
-The repeated keys and values exist only inside one call: a KV cache
-(:class:`npformer.nn.KVCache`) keeps the $H_{kv}$ heads, G times less than H heads.
+Backward, with $\bar Q$, $\bar{\tilde K}$, $\bar{\tilde V}$ attention's backward:
+    $\bar K_j = \sum_{h:\, g(h) = j} \bar{\tilde K}_h$         (..., $H_{kv}$, S, E)
+    $\bar V_j = \sum_{h:\, g(h) = j} \bar{\tilde V}_h$         (..., $H_{kv}$, S, F)
 """
 from __future__ import annotations
 

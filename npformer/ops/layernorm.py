@@ -1,4 +1,5 @@
-r"""Layer normalisation over the last axis (Ba et al., 2016), PyTorch's eps = 1e-5.
+r"""Layer normalisation over the last axis (Ba et al., 2016), PyTorch's eps = 1e-5.  The
+derivation: docs/derivations.md §6.
 
 Forward, per row $x \in \mathbb{R}^D$:
     $\mu = \frac1D \sum_j x_j$
@@ -7,12 +8,10 @@ Forward, per row $x \in \mathbb{R}^D$:
     $\hat x = c\, r$
     $y = \gamma \odot \hat x + \beta$
 
-Backward (the classic three-term form; derivation in docs/derivations.md):
+Backward:
     $\bar\gamma = \sum_{rows} \bar y \odot \hat x$,   $\bar\beta = \sum_{rows} \bar y$
     $g = \bar y \odot \gamma$                       (gradient w.r.t. $\hat x$)
     $\bar x = r \,\big(g - \text{mean}_j(g) - \hat x\, \text{mean}_j(g \odot \hat x)\big)$
-The mean of g removes the component along the all-ones direction (mu depends on
-every x_j); the last term removes the component along x-hat (r depends on every x_j).
 """
 from __future__ import annotations
 

@@ -1,13 +1,14 @@
-r"""Affine map: the building block of every projection in the Transformer.
+r"""Affine map: the building block of every projection in the Transformer.  The
+derivation: docs/derivations.md §2.
 
 Forward
     $y = x W + b$, with $x \in \mathbb{R}^{N \times D_{in}}$ (any leading shape
     stands for N rows), $W \in \mathbb{R}^{D_{in} \times D_{out}}$, $b \in \mathbb{R}^{D_{out}}$.
 
 Backward, for an upstream gradient $\bar y = \partial L / \partial y$
-    $\bar x = \bar y W^\top$                       (each input row feeds every output through W)
-    $\bar W = x^\top \bar y = \sum_n x_n^\top \bar y_n$   (sum over every row that used W)
-    $\bar b = \sum_n \bar y_n$                      (b is added to every row)
+    $\bar x = \bar y W^\top$
+    $\bar W = x^\top \bar y = \sum_n x_n^\top \bar y_n$
+    $\bar b = \sum_n \bar y_n$
 
 W is stored (D_in, D_out), the orientation of the math; PyTorch stores the
 transpose, which :mod:`npformer.interop.pytorch` converts.

@@ -1,45 +1,21 @@
 r"""Low-rank adaptation (Hu et al., 2021, "LoRA: Low-rank adaptation of large language
 models"): a frozen affine map plus a trained update of rank $D_r$ (``r`` in the code).
+The derivation: LoRA (§2) of docs/derivations.md.
 
-With the frozen weight $W \in \mathbb{R}^{D_{in} \times D_{out}}$ and bias $\mathrm b$
-(npformer's orientation, :mod:`.linear`), the adapter's down and up maps
-$W^A \in \mathbb{R}^{D_{in} \times D_r}$ (``lora_a``) and $W^B \in \mathbb{R}^{D_r \times D_{out}}$
-(``lora_b``), the scale $\text{scale} = \alpha_{\text{lora}} / D_r$ and the adapter's input
-$x_{\text{drop}}$ = dropout(x) (``x_dropped``; the same x when there is no dropout):
+Shapes: x, $x_{\text{drop}}$ = dropout(x) (``x_dropped``) (..., D_in); the frozen
+$W$ (D_in, D_out) and b (D_out,); $W^A$ (``lora_a``, D_in, D_r); $W^B$ (``lora_b``,
+D_r, D_out); scale $= \alpha_{\text{lora}} / D_r$.
 
 Forward
-    $x^A = x_{\text{drop}} W^A$         (..., D_r), ``u``: the input brought down to rank D_r
-    $y = x W + \mathrm b + \text{scale}\; x^A W^B$       (..., D_out)
+    $x^A = x_{\text{drop}} W^A$                          (..., D_r)    ``u``
+    $y = x W + \mathrm b + \text{scale}\; x^A W^B$        (..., D_out)
 
-that is $y = x W + \mathrm b + \text{scale}\; x_{\text{drop}} W^A W^B$: with
-$x_{\text{drop}} = x$ the map $x (W + \text{scale}\, W^A W^B) + \mathrm b$, W moved by a
-matrix of rank at most D_r.
-PyTorch (and PEFT) store the transposes, ``weight`` $= W^\top$ (D_out, D_in),
-``lora_A.weight`` $= (W^A)^\top$ (D_r, D_in) and ``lora_B.weight`` $= (W^B)^\top$
-(D_out, D_r), and write the same map with each stored matrix transposed back:
-$y = x\, \text{weight}^\top + \mathrm b
-+ \text{scale}\; x_{\text{drop}}\, \text{lora\_A.weight}^\top
-\text{lora\_B.weight}^\top$.
-
-Backward, for an upstream gradient $\bar y = \partial \mathcal L / \partial y$ (each term is
-:mod:`.linear`'s rule applied to one product; the rows n of the flattened batch)
-    $\bar x^A = \text{scale}\; \bar y (W^B)^\top$                  (..., D_r)   ``du``
-    $\bar W^A = x_{\text{drop}}^\top \bar x^A = \sum_n x_{\text{drop},n}^\top \bar x^A_n$
-                                                     (D_in, D_r)  ``da``
-    $\bar W^B = \text{scale}\; (x^A)^\top \bar y = \text{scale} \sum_n (x^A_n)^\top \bar y_n$
-                                                     (D_r, D_out)  ``db``
-    $\bar x_{\text{drop}} = \bar x^A (W^A)^\top$                     (..., D_in)  ``dx_dropped``
-    $\bar x = \bar y W^\top$                             (..., D_in)  ``dx``, through the frozen map
-
-and the layer adds $\bar x_{\text{drop}}$, through dropout's backward, to $\bar x$.  W and b are
-frozen: their gradients $x^\top \bar y$ and $\sum_n \bar y_n$ are not computed.  The backward
-is five products: four through the rank ($\bar x^A$, $\bar W^A$, $\bar W^B$,
-$\bar x_{\text{drop}}$: $2 N D_r (D_{in} + D_{out})$ multiply-adds for N rows) and one with W
-($N D_{in} D_{out}$), against the full layer's two with W's shape ($\bar x$ and $\bar W$).
-$W^B$ starts at zero, so the adapted model starts as the base model, and at the first
-update $\bar W^A = x_{\text{drop}}^\top (\text{scale}\; \bar y (W^B)^\top) = 0$: $W^A$ then moves
-only by its weight decay (AdamW's shrinking, or the L2 gradient $\lambda W^A$), and with no
-decay only $W^B$ moves.
+Backward (W and b are frozen: no gradient for them)
+    $\bar x^A = \text{scale}\; \bar y (W^B)^\top$         (..., D_r)    ``du``
+    $\bar W^A = x_{\text{drop}}^\top \bar x^A$            (D_in, D_r)   ``da``
+    $\bar W^B = \text{scale}\; (x^A)^\top \bar y$         (D_r, D_out)  ``db``
+    $\bar x_{\text{drop}} = \bar x^A (W^A)^\top$          (..., D_in)   ``dx_dropped``
+    $\bar x = \bar y W^\top$                              (..., D_in)   ``dx``
 """
 from __future__ import annotations
 

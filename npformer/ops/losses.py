@@ -1,28 +1,21 @@
-r"""Cross-entropy over logits, with padding ignored and optional label smoothing.
+r"""Cross-entropy over logits, with padding ignored and optional label smoothing.  The
+derivation: docs/derivations.md §13.
 
-Rows: N predictions over V classes (any leading shape flattens to N).
+Rows: N predictions over V classes (V >= 1; any leading shape flattens to N).
 Targets $y_n$; rows with $y_n$ = ignore_index do not count.  With smoothing
-$\varepsilon$, the target distribution is
-$q_n = (1 - \varepsilon)\,\text{onehot}(y_n) + \varepsilon / V$ (PyTorch's definition),
-and the loss is averaged over the $N_v$ counted rows:
+$\varepsilon$, $q_n = (1 - \varepsilon)\,\text{onehot}(y_n) + \varepsilon / V$, and
+$N_v$ counted rows:
 
 Forward
     $\ell = \log\text{softmax}(z)$                      (N, V), along the classes (§8)
-    $L_n = -\sum_v q_{n,v}\, \ell_{n,v}
-         = -(1 - \varepsilon)\,\ell_{n,y_n} - \varepsilon\,\text{mean}_v\, \ell_{n,v}$
-         (summed as these two terms, the second only for $\varepsilon > 0$, as PyTorch
-         sums it: a class that q does not weight adds nothing, also where its logit is
-         $-\infty$, where $q\,\ell$ would be $0 \cdot (-\infty)$ = NaN)
+    $L_n = -(1 - \varepsilon)\,\ell_{n,y_n} - \varepsilon\,\text{mean}_v\, \ell_{n,v}$
+         (the second term only for $\varepsilon > 0$)
     $L = \sum_n w_n L_n$, with $w_n = [n \text{ counted}] / N_v$   (0 if no row counts)
 
 Backward
-    $\bar\ell_n = -\bar L\, w_n\, q_n$,  then $\bar z = $ log-softmax backward of $\bar\ell$.
-    Since $\sum_v q_{n,v} = 1$ this is $\bar z_n = \bar L\, w_n (p_n - q_n)$ with
-    $p = \text{softmax}(z)$: softmax and log cancel into one subtraction, which the fast
-    tier (:mod:`npformer.fast.losses`) computes directly without building $\ell$ or $q$.
-
-No rows (N = 0, an empty batch) is a loss of 0, as when every row is ignored; logits
-need at least one class (V >= 1).
+    $\bar\ell_n = -\bar L\, w_n\, q_n$,  then $\bar z = $ log-softmax backward of $\bar\ell$
+    (the fast tier, :mod:`npformer.fast.losses`, computes $\bar z_n = \bar L\, w_n (p_n - q_n)$
+    directly, $p = \text{softmax}(z)$).
 """
 from __future__ import annotations
 

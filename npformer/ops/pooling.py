@@ -1,4 +1,5 @@
 r"""Pooling a sequence of vectors into one, over the valid (non-padding) positions only.
+The derivation: docs/derivations.md §14.
 
 h (B, T, D); valid lengths n_b >= 1; m_{b,t} = 1 if t < n_b else 0.
 

@@ -1,4 +1,5 @@
-r"""Position information added to token embeddings.
+r"""Position information added to token embeddings.  The derivation:
+docs/derivations.md §12.
 
 Sinusoidal (Vaswani et al., 2017, section 3.5), fixed:
     $PE_{t, 2i} = \sin(t / 10000^{2i/D})$,   $PE_{t, 2i+1} = \cos(t / 10000^{2i/D})$

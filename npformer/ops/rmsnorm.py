@@ -1,34 +1,18 @@
 r"""Root-mean-square normalisation over the last axis (Zhang and Sennrich, 2019), as Hugging
-Face's ``LlamaRMSNorm`` computes it (Llama, Qwen2, Qwen3, SmolLM2), eps = 1e-6.
+Face's ``LlamaRMSNorm`` computes it (Llama, Qwen2, Qwen3, SmolLM2), eps = 1e-6.  The
+derivation: RMSNorm (§6) of docs/derivations.md.
 
-Layer norm without the centring and the bias: each row is divided by its root mean
-square and scaled by a weight.
+Shapes: x, y (..., D); w (D,).  Computed in the input's own dtype, float32 or float64.
 
 Forward, per row $x \in \mathbb{R}^D$:
-    $\text{ms} = \frac1D \sum_j x_j^2$              (the mean of squares, ``mean_square``)
-    $r = (\text{ms} + \epsilon)^{-1/2}$             (one over the row's rms)
+    $\text{ms} = \frac1D \sum_j x_j^2$              ``mean_square``
+    $r = (\text{ms} + \epsilon)^{-1/2}$
     $\hat x = x\, r$
     $y = w \odot \hat x$
 
-The mean of squares in float32 or wider: ``LlamaRMSNorm`` casts its input to float32
-before squaring (a bfloat16 or float16 square would lose the row's scale), normalises,
-then casts back.  npformer computes in float32 or float64 only, each in its own dtype:
-a float32 input is computed in float32, as Hugging Face does; a float64 input stays
-float64 (Hugging Face would round it to float32 there, and be only float32-accurate).
-
-Backward.  Write $g = \bar y \odot w$, the gradient with respect to $\hat x$, and
-differentiate $\hat x_i = x_i\, r$ with $r$ depending on every $x_j$:
-    $\frac{\partial r}{\partial x_j} = -\tfrac12 (\text{ms} + \epsilon)^{-3/2} \cdot \frac{2 x_j}{D}
-     = -\frac{r^3 x_j}{D}$
-    $\frac{\partial \hat x_i}{\partial x_j} = r\,\delta_{ij} + x_i \frac{\partial r}{\partial x_j}
-     = r\,\delta_{ij} - \frac{r\, \hat x_i \hat x_j}{D}$
-so
-    $\bar x_j = \sum_i g_i \frac{\partial \hat x_i}{\partial x_j}
-     = r \,\big(g_j - \hat x_j\, \text{mean}_i(g \odot \hat x)\big)$
-(layer norm's form without its $\text{mean}(g)$ term: no mean was subtracted), and
-    $\bar w = \sum_{rows} \bar y \odot \hat x$.
-The subtracted term removes the component of $g$ along $\hat x$: scaling a row does not
-change $\hat x$ (when $\epsilon$ is small), so no gradient flows along the row itself.
+Backward, with $g = \bar y \odot w$:
+    $\bar x = r \,\big(g - \hat x\, \text{mean}(g \odot \hat x)\big)$
+    $\bar w = \sum_{rows} \bar y \odot \hat x$
 """
 from __future__ import annotations
 

@@ -1,62 +1,24 @@
 r"""Rotary position embeddings (Su et al., 2021, RoFormer), in the half-split layout of
-Hugging Face's Llama (``rotate_half``, ``apply_rotary_pos_emb``).
+Hugging Face's Llama (``rotate_half``, ``apply_rotary_pos_emb``).  The derivation (why
+the scores see only the distance t - s, the backward, the llama3 scaling):
+docs/derivations.md §12.
 
-A query or key row x of width E (even) at position t is cut into pairs
-$(x_i, x_{i + E/2})$, $i < E/2$, and pair i is turned by the angle $t\,\omega_i$ in its plane:
-    $\omega_i = \Theta^{-2i/E}$         (the inverse frequencies, ``omega``; $\Theta$ = rope_theta)
-    $x'_i = x_i \cos t\omega_i - x_{i+E/2} \sin t\omega_i$
-    $x'_{i+E/2} = x_{i+E/2} \cos t\omega_i + x_i \sin t\omega_i$
-With the tables $\cos$ and $\sin$ of width E, each angle written twice (columns i and
-i + E/2), and $\mathrm{rotate\_half}([x_1, x_2]) = [-x_2, x_1]$ (halves of width E/2):
-    $x' = x \odot \cos + \mathrm{rotate\_half}(x) \odot \sin$
+Shapes: x (B, H, T, E), E even; positions (T,) or (B, T); cos, sin (T, E) or (B, T, E).
 
-Why the score depends only on the distance.  Write pair i of a row x as the complex
-number $x^{\mathbb C}_i = x_i + \mathrm{i}\, x_{i+E/2}$; the rotation at position t is
-$x^{\mathbb C}_i \mapsto x^{\mathbb C}_i e^{\mathrm{i} t \omega_i}$, and a real dot product of two
-rows is $\mathrm{Re} \sum_i x^{\mathbb C}_i \overline{y^{\mathbb C}_i}$.  A query row at position t
-and a key row at position s give
-    $Q'_{t,:} \cdot K'_{s,:} = \mathrm{Re} \sum_i Q^{\mathbb C}_{t,i} e^{\mathrm{i} t \omega_i}\,
-     \overline{K^{\mathbb C}_{s,i} e^{\mathrm{i} s \omega_i}}
-     = \mathrm{Re} \sum_i Q^{\mathbb C}_{t,i} \overline{K^{\mathbb C}_{s,i}}\,
-       e^{\mathrm{i} (t - s) \omega_i}$:
-the positions enter only as $t - s$.  (In matrices: $\mathcal R_t \mathcal R_s^\top =
-\mathcal R_{t - s}$, each $\mathcal R$ orthogonal.)  Attention scores so see relative
-positions, whatever the offset: a left-padded row (positions starting later) or a KV
-cache (positions continuing) rotates each query and key by its own position and the
-scores are those of the unpadded, uncached sequence.
+Tables (:func:`rotary_table`, in float64, rounded to the dtype asked for):
+    $\omega_i = \Theta^{-2i/E}$, $i < E/2$        ``omega`` (E/2,), $\Theta$ = rope_theta
+    angle $= t\,\omega_i$, written twice (columns i and i + E/2)       (..., T, E)
+llama3 scaling (:func:`llama3_frequencies`), with $\Lambda_i = 2\pi / \omega_i$,
+context = original_max_position_embeddings, stretch = factor, low, high = the freq factors:
+    $\omega_i$ where $\Lambda_i < \text{context}/\text{high}$; $\omega_i / \text{stretch}$
+    where $\Lambda_i > \text{context}/\text{low}$; between,
+    $(1 - \mu_i)\,\omega_i / \text{stretch} + \mu_i\,\omega_i$ with
+    $\mu_i = (\text{context}/\Lambda_i - \text{low}) / (\text{high} - \text{low})$  ``smooth``
 
-Backward.  The forward is linear in the row x: $x' = x\,\mathcal R_t$ with
-$\mathcal R_t = \mathrm{diag}(\cos) + \mathcal H\, \mathrm{diag}(\sin)$, where $\mathcal H$ is
-the matrix of rotate_half, $\mathrm{rotate\_half}(x) = x \mathcal H$
-($\mathcal H = \begin{pmatrix} 0 & I \\ -I & 0 \end{pmatrix}$, so
-$\mathcal H^\top = -\mathcal H$).  Then
-    $\bar x = \bar x' \mathcal R_t^\top
-     = \cos \odot \bar x' - \mathrm{rotate\_half}(\sin \odot \bar x')$.
-Because the two halves of the sine table are equal, $\mathrm{rotate\_half}(\sin \odot v)
-= \sin \odot \mathrm{rotate\_half}(v)$, and the backward is
-    $\bar x = \bar x' \odot \cos + \mathrm{rotate\_half}(\bar x') \odot (-\sin)$:
-the rotation by the negative angle.  That is the rotation's orthogonality: each pair,
-the row $(x_i, x_{i+E/2})$, is multiplied by the 2x2 rotation
-$\begin{pmatrix} \cos t\omega_i & \sin t\omega_i \\ -\sin t\omega_i & \cos t\omega_i \end{pmatrix}$,
-whose transpose is its inverse, the turn by $-t\omega_i$.  (The code computes the product
-with $\mathcal R_t^\top$ itself, which is also right for tables whose halves differ; its
-comment writes it R^T dy.)
-
-The ``llama3`` scaling of ``rope_scaling`` (Llama 3.1 and 3.2; ``_compute_llama3_parameters``
-of transformers' modeling_rope_utils) stretches the long wavelengths to a longer context.
-With $\Lambda_i = 2\pi / \omega_i$ the wavelength of pair i, $\text{context}$ =
-original_max_position_embeddings, $\text{stretch}$ = factor, $\text{low}$ = low_freq_factor and
-$\text{high}$ = high_freq_factor:
-    $\Lambda_i < \text{context} / \text{high}$ (high frequencies): $\omega_i$ unchanged;
-    $\Lambda_i > \text{context} / \text{low}$ (low frequencies): $\omega_i / \text{stretch}$;
-    in between: $(1 - \text{smooth}_i)\, \omega_i / \text{stretch}
-    + \text{smooth}_i\, \omega_i$ with
-    $\text{smooth}_i = (\text{context} / \Lambda_i - \text{low}) / (\text{high} - \text{low})$
-    (``smooth``, which the code's comment calls mu), from $\omega_i / \text{stretch}$ to $\omega_i$.
-
-The tables are computed in float64 (the inverse frequencies, the angles and their
-cosines and sines) and rounded to the dtype asked for.  transformers computes them in
-float32 whatever the model's dtype, so its float64 tables are float32-accurate only.
+Forward, with $\mathrm{rotate\_half}([x_1, x_2]) = [-x_2, x_1]$:
+    $y = x \odot \cos + \mathrm{rotate\_half}(x) \odot \sin$
+Backward, the transposed rotation (the turn by the negative angle):
+    $\bar x = \bar y \odot \cos - \mathrm{rotate\_half}(\bar y \odot \sin)$
 """
 from __future__ import annotations
 

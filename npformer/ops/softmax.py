@@ -1,4 +1,5 @@
-r"""Softmax and log-softmax over one axis, with an optional boolean mask.
+r"""Softmax and log-softmax over one axis, with an optional boolean mask.  The
+derivations: docs/derivations.md §7 and §8.
 
 Rows are row vectors (docs/derivations.md, §0).  Softmax of a row x, along the axis, for
 entries allowed by the mask (True = keep)
@@ -8,9 +9,8 @@ entries allowed by the mask (True = keep)
     $l = \sum_j e_j$, $p_j = e_j / l$        (0 for every j if nothing is allowed: l = 0 is
                                            replaced by 1)
 
-Backward without building the Jacobian $J = \text{diag}(p) - p^\top p$, with
-$J_{ij} = \partial p_i / \partial x_j = p_i (\delta_{ij} - p_j)$ (m held constant):
-    $\bar x = \bar p\, J = p \odot (\bar p - \langle \bar p, p \rangle)$
+Backward
+    $\bar x = p \odot (\bar p - \langle \bar p, p \rangle)$
 Masked entries have $p_j = 0$, so they receive exactly zero gradient, and a row
 with nothing allowed gives zero output and zero gradient: never NaN.
 An axis of length 0 has nothing to normalise: the result is the empty array of x's shape.
@@ -18,7 +18,6 @@ An axis of length 0 has nothing to normalise: the result is the empty array of x
 Log-softmax
     $y_j = x_j - m - \log \sum_{j'} \exp(x_{j'} - m)$
     backward: $\bar x = \bar y - p \, \sum_j \bar y_j$ with $p = \exp(y)$
-    (since $\partial y_i / \partial x_j = \delta_{ij} - p_j$).
 """
 from __future__ import annotations
 

@@ -1,30 +1,20 @@
 r"""The gated SiLU of Llama's feed-forward network (Shazeer, 2020, "GLU variants improve
-Transformer"): ``down_proj(silu(gate_proj(x)) * up_proj(x))``.
+Transformer"): ``down_proj(silu(gate_proj(x)) * up_proj(x))``.  The derivation: SwiGLU
+(§4) of docs/derivations.md.
 
 This op is the product in the middle; the three projections are :mod:`.linear`.  With
 the gate $x_{\text{gate}}$ = gate_proj(x) (``a``) and $x_{\text{up}}$ = up_proj(x) (``b``),
-element-wise:
+of one shape, element-wise:
 
 Forward
-    $\text{sig} = \mathrm{sigmoid}(x_{\text{gate}}) = 1 / (1 + e^{-x_{\text{gate}}})$   ``s``
-    $\mathrm{silu}(x_{\text{gate}}) = x_{\text{gate}}\, \text{sig}$               (SiLU, or swish)
-    $y = \mathrm{silu}(x_{\text{gate}}) \odot x_{\text{up}}$                 ``h``
+    $e = e^{-|x_{\text{gate}}|}$                                          ``e``
+    $\text{sig} = 1/(1 + e)$ where $x_{\text{gate}} \ge 0$, else $e/(1 + e)$   ``s``
+    $y = x_{\text{gate}}\, \text{sig} \odot x_{\text{up}}$                ``h``
 
-Backward, by the product rule:
-    $\bar x_{\text{up}} = \bar y \odot \mathrm{silu}(x_{\text{gate}})$          ``db``
-    $\bar x_{\text{gate}} = \bar y \odot x_{\text{up}} \odot \mathrm{silu}'(x_{\text{gate}})$
-                                                      ``da``, where
-    $\mathrm{silu}'(x_{\text{gate}}) = \text{sig} + x_{\text{gate}}\, \text{sig}\,(1 - \text{sig})
-     = \text{sig}\,\big(1 + x_{\text{gate}} (1 - \text{sig})\big)$    ``dsilu``
-(since $\frac{d}{dx} (1 + e^{-x})^{-1} = e^{-x} / (1 + e^{-x})^2
-= \mathrm{sigmoid}(x)\,(1 - \mathrm{sigmoid}(x))$).
-
-The sigmoid, computed stably: $e^{-x}$ overflows for $x < -709$ in float64 ($-88$ in
-float32).  With $e^{-|x|} \in (0, 1]$ (``e``), never overflowing,
-    $\mathrm{sigmoid}(x) = 1 / (1 + e^{-|x|})$ for $x \ge 0$,
-    $\mathrm{sigmoid}(x) = e^{-|x|} / (1 + e^{-|x|})$ for $x < 0$
-(the second is $e^{x} / (1 + e^{x})$, the same number).  Far out $\text{sig}$ is exactly 0 or
-1, and $\mathrm{silu}'$ exactly 0 or 1: no inf, no NaN.
+Backward
+    $\bar x_{\text{up}} = \bar y \odot x_{\text{gate}}\, \text{sig}$                     ``db``
+    $\mathrm{silu}' = \text{sig}\,\big(1 + x_{\text{gate}} (1 - \text{sig})\big)$      ``dsilu``
+    $\bar x_{\text{gate}} = \bar y \odot x_{\text{up}} \odot \mathrm{silu}'$           ``da``
 """
 from __future__ import annotations
 
