@@ -96,7 +96,7 @@ def _named_extras(text: str) -> set[str]:
 def _readme_setup_commands() -> list[str]:
     """The commands of the README's "Set up" block (comment lines left out)."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    block = re.search(r"## Set up\s+```bash\n(.*?)```", text, re.S)
+    block = re.search(r"## Set up\n[^`#]*```bash\n(.*?)```", text, re.S)  # a line may lead in
     assert block, "README.md has no ```bash block under '## Set up'"
     return [line for line in block.group(1).splitlines()
             if line.strip() and not line.lstrip().startswith("#")]
