@@ -18,7 +18,7 @@ Tested equal to the textbook layers in ``tests/test_fast_layers.py``.
 """
 from __future__ import annotations
 
-from .. import nn, ops
+from .. import backend, nn, ops
 from ..backend import Array
 from ..nn import lora
 from ..nn.flat import accumulate
@@ -29,13 +29,19 @@ from .recompute import activation_output, layernorm_output
 class LoRALinear(lora.LoRALinear):
     """The textbook adapter (:class:`npformer.nn.lora.LoRALinear`) in place of this tier's
     Linear: it takes that layer's arguments, and always keeps its input (``keep_input``
-    and ``x`` are accepted and not needed)."""
+    and ``x`` are accepted and not needed).  It runs on rows, as this tier's Linear does
+    (one matrix product over every position): so an adapter whose B is zero computes
+    its Linear's output to the bit, not a batched product's rounding of it."""
 
     def forward(self, x: Array, keep_input: bool = True) -> Array:
-        return super().forward(x)
+        xp = backend.namespace_of(x)
+        rows = super().forward(xp.reshape(x, (-1, x.shape[-1])))  # (N, D_in) -> (N, D_out)
+        return xp.reshape(rows, tuple(x.shape[:-1]) + (rows.shape[-1],))
 
     def backward(self, dy: Array, x: Array | None = None) -> Array:
-        return super().backward(dy)
+        xp = backend.namespace_of(dy)
+        dx_rows = super().backward(xp.reshape(dy, (-1, dy.shape[-1])))  # (N, D_in)
+        return xp.reshape(dx_rows, tuple(dy.shape[:-1]) + (dx_rows.shape[-1],))
 
 
 class Linear(nn.Linear):
