@@ -525,6 +525,7 @@ def op_times(steps: int) -> tuple[float, dict, int]:
     (bench.measure), every op of the fast tier and the optimizer's kernels timed where
     the layers call them (an op inside another counts as its caller's)."""
     import collections
+    import functools
 
     from bench.configs import CONFIGS
     from bench.measure import prepare_npformer
@@ -535,6 +536,7 @@ def op_times(steps: int) -> tuple[float, dict, int]:
     def timed_op(module, name, op=None):
         op = getattr(module, name) if op is None else op
 
+        @functools.wraps(op)  # its op_name, tier and contract: an op names itself by them
         def wrapper(*args, **kwargs):
             depth[0] += 1
             start = time.perf_counter()
@@ -555,6 +557,8 @@ def op_times(steps: int) -> tuple[float, dict, int]:
              if n.endswith(("_forward", "_backward")) and callable(getattr(module, n))]
     names += [(fast, "cross_entropy_with_gradient"), (fast.optim, "adamw_flat_update"),
               (fast.optim, "sum_of_squares")]
+    # the ops a layer names as its class attribute `ops` (MultiHeadAttention's namespace)
+    names += [(fast.blocks.attention_ops, n) for n in vars(fast.blocks.attention_ops)]
     originals = [(module, name, getattr(module, name)) for module, name in names]
     for module, name in names:
         setattr(module, name, timed_op(module, name))
