@@ -22,6 +22,7 @@ the dtype of what they are given.
 """
 from __future__ import annotations
 
+import math
 import numbers
 import os
 import threading
@@ -83,6 +84,8 @@ def _make_backend(name: str, seed: int | None) -> _Backend:
     raise ValueError(f"unknown backend {name!r}; choose one of {BACKENDS}")
 
 
+_thread_local = threading.local()  # this thread's generator, and its shapes-only backend
+
 # The backend in use: made on first use from NPFORMER_BACKEND (numpy where unset), not
 # when npformer is imported, so that a bad value is reported where the program can say so
 # (a demo's one ``error:`` line), not as a traceback from an import.
@@ -102,9 +105,12 @@ def environment_backend() -> str:
 
 
 def _now() -> _Backend:
-    """The current backend, made from the environment (:func:`environment_backend`) the
-    first time one is needed."""
+    """The current backend (this thread's shapes within :func:`shapes_only`), made from the
+    environment (:func:`environment_backend`) the first time one is needed."""
     global _current
+    shapes = getattr(_thread_local, "shapes", None)
+    if shapes is not None:
+        return shapes
     if _current is None:
         name = environment_backend()
         try:
@@ -464,7 +470,6 @@ def to_float(x: Array) -> float:
 
 
 # --------------------------------------------------------------------------- random numbers
-_thread_local = threading.local()
 
 
 def _rng():
@@ -564,3 +569,88 @@ def scatter_add_rows(index: Array, values: Array, num_rows: int) -> Array:
     rows = xp_.arange(num_rows, dtype=index.dtype, device=device_of(values))
     onehot = xp_.astype(index[:, None] == rows[None, :], values.dtype)  # (N, num_rows)
     return xp_.matmul(xp_.matrix_transpose(onehot), values)
+
+
+# --------------------------------------------------------------------------- shapes only
+class Shape:
+    """An array made within :func:`shapes_only`: its shape, no values, no memory.  What is
+    computed from it is a Shape too (its shape is kept only where it was made)."""
+
+    def __init__(self, shape: Any = (), dtype: Any = None):
+        self.shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        self.dtype = dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def __array_namespace__(self, api_version: Any = None) -> Any:
+        return _SHAPES
+
+    def _same(self, *args: Any, **kwargs: Any) -> Shape:
+        return self
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = \
+        __rtruediv__ = __floordiv__ = __rfloordiv__ = __mod__ = __rmod__ = __pow__ = \
+        __rpow__ = __matmul__ = __rmatmul__ = __lt__ = __le__ = __gt__ = __ge__ = \
+        __and__ = __rand__ = __or__ = __ror__ = __neg__ = __invert__ = __abs__ = \
+        __getitem__ = astype = reshape = _same
+    T = mT = property(_same)
+
+
+class _ShapeNamespace:
+    """The namespace of :class:`Shape`: ``zeros``, ``ones``, ``empty``, ``full`` (and their
+    ``_like``) keep the shape asked for, every other function gives a Shape, the dtypes are
+    NumPy's."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("zeros", "ones", "empty", "full"):
+            return lambda shape, *args, **kwargs: Shape(shape, kwargs.get("dtype"))
+        if name in ("zeros_like", "ones_like", "empty_like", "full_like"):
+            return lambda x, *args, **kwargs: Shape(x.shape, x.dtype)
+        if hasattr(np, name) and isinstance(getattr(np, name), type) \
+                and issubclass(getattr(np, name), np.generic):
+            return np.dtype(name)
+        return lambda *args, **kwargs: Shape()
+
+
+class _ShapeGenerator:
+    """A generator that draws nothing: the samples' shapes."""
+
+    def random(self, shape: Any) -> Shape:
+        return Shape(shape)
+
+    standard_normal = random
+
+    def integers(self, low: int, high: int, size: Any = ()) -> Shape:
+        return Shape(size)
+
+
+_SHAPES = _ShapeNamespace()
+_NAMESPACE_OF_TYPE[Shape] = _SHAPES
+
+
+@contextmanager
+def shapes_only() -> Iterator[None]:
+    """Within the block, this thread's backend makes no array and draws no random number:
+    each array it would make is a :class:`Shape`.  A model built within holds its
+    parameters' shapes, no weight: its size, from its own definition, before one weight is
+    allocated (:func:`npformer.models.common.parameter_count`); the generators' states are
+    as they were."""
+    previous = getattr(_thread_local, "shapes", None), getattr(_thread_local, "rng", None)
+    _thread_local.shapes = _Backend("shapes", _SHAPES, "cpu", _ShapeGenerator(),
+                                    _now().default_float)
+    _thread_local.rng = None
+    try:
+        yield
+    finally:
+        _thread_local.shapes, _thread_local.rng = previous
+
+
+def making_shapes() -> bool:
+    """Whether this thread is within :func:`shapes_only`."""
+    return getattr(_thread_local, "shapes", None) is not None

@@ -2,8 +2,10 @@
 ``--d-model 1000000000000`` and ``--block-size 100000000000`` ended in NumPy's
 ``_ArrayMemoryError``).
 
-* :func:`parameter_count` is the built model's ``num_parameters()``, from the config
-  alone, for every kind and option that changes it;
+* :func:`parameter_count` is the built model's ``num_parameters()``, for every kind and
+  option that changes it: the model's own, built with shapes only
+  (:func:`npformer.backend.shapes_only`), which allocates no weight and draws no random
+  number;
 * :func:`training_memory` counts 4 floats a parameter, the sinusoidal tables and a
   batch's least activations; :func:`check_training_fits` refuses what exceeds the
   memory, naming the options that made the model large and the sizes;
@@ -62,6 +64,20 @@ def test_the_count_is_the_built_models(shape, layers, decoder_layers, vocab, cla
              Seq2SeqTransformer),
         ]:
             assert parameter_count(config) == model(config).num_parameters(), config
+
+
+def test_the_count_allocates_no_weight_and_draws_no_random_number():
+    from npformer import backend
+    from npformer.models.common import shape_model
+
+    with using_backend("numpy", "float32", seed=5):
+        before = backend.get_rng_state()
+        config = CausalLMConfig(vocab_size=10**12, d_model=64)  # 232 TiB of weights
+        model = shape_model(config)
+        assert all(type(p.data) is backend.Shape for p in model.parameters())
+        assert parameter_count(config) == model.num_parameters() == 64000000336256
+        assert backend.get_rng_state() == before
+        assert not backend.making_shapes()  # the block is left
 
 
 def test_the_memory_by_hand():
@@ -172,12 +188,12 @@ def test_the_demos_refuse_it_in_one_line(script, data, option, value, tmp_path):
      "block_size"),
     (lambda: Seq2SeqTransformer(Seq2SeqConfig(10, 10**13)), "tgt_vocab_size"),
     (lambda: TransformerClassifier(ClassifierConfig(vocab_size=10, d_model=64, num_heads=2,
-                                                    d_ff=10**11)), "num_layers"),
+                                                    d_ff=10**11)), "d_ff"),
 ])
 def test_a_model_whose_weights_cannot_fit_is_refused_before_allocating(make, field):
     """issue 47 case 11: TransformerClassifier(bigram_buckets=10**12) ended in
     "MemoryError: Unable to allocate 116. TiB", naming no field.  The library bounds
-    every model's weights before it allocates one, naming its largest table's fields, the
+    every model's weights before it allocates one, naming its largest table's field, the
     bytes and the memory there is (parameter_count, the demos' estimate)."""
     with pytest.raises(ValueError, match=f"for its weights alone, and this .* its largest "
                                          f"table \\({field}=.*; lower {field}$"):

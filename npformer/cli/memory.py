@@ -1,10 +1,10 @@
-"""Will the model fit?  Its size from its config, before a single array is made.
+"""Will the model fit?  Its size from its definition, before a single weight is made.
 
 ``--d-model 1000000000000`` or ``--block-size 100000000000`` ended deep inside NumPy
 (``_ArrayMemoryError``) when the model's first weight was allocated.  A demo calls
-:func:`check_training_fits` before it builds its model: the parameter count follows
-from the config alone (:func:`parameter_count`), and with it a lower bound of what
-training needs (:func:`training_memory`): the weights, their gradients, Adam's two
+:func:`check_training_fits` before it builds its model: the parameter count is that of
+the model built with shapes only (:func:`parameter_count`), and with it a lower bound of
+what training needs (:func:`training_memory`): the weights, their gradients, Adam's two
 moments, a sinusoidal table, and the activations a batch keeps at the least (each
 block's input and the logits).  A run whose lower bound exceeds the machine's memory
 (:func:`machine_memory`) is refused, naming the options that made the model large and

@@ -36,118 +36,62 @@ def config_from_dict(cls: type, values: dict) -> Any:
 
 
 # --------------------------------------------------------------------------- the size
-def _attention(d: int, inner: int, config: Any) -> int:
-    """MultiHeadAttention: q, k, v projections D -> H*E (one shared E -> E map each with
-    narrow heads) and the output H*E -> D, biased; kqnorm's two layer norms over E."""
-    width = inner // config.num_heads  # E
-    projection = width * width + width if config.narrow_heads else d * inner + inner
-    norms = 2 * (2 * width) if config.kqnorm else 0
-    return 3 * projection + inner * d + d + norms
+TEXTBOOK_MODELS: dict[type, type] = {}  # config class -> its model (npformer.models fills it)
 
 
-def _feed_forward(d: int, d_ff: int) -> int:
-    return d * d_ff + d_ff + d_ff * d + d
-
-
-def _encoder_block(d: int, inner: int, d_ff: int, config: Any) -> int:
-    return _attention(d, inner, config) + _feed_forward(d, d_ff) + 2 * (2 * d)  # + 2 norms
-
-
-def _decoder_block(d: int, inner: int, d_ff: int, config: Any) -> int:
-    return (2 * _attention(d, inner, config) + _feed_forward(d, d_ff)
-            + 3 * (2 * d))  # + 3 layer norms
-
-
-def _embedding(config: Any, vocab_size: int) -> int:
-    """Token table, and the positions' when they are learned."""
-    learned = config.positional == "learned"
-    return (vocab_size + (config.block_size if learned else 0)) * config.d_model
-
-
-def parameter_count(config: Any) -> int:
-    """The parameters of the model ``config`` describes (a ClassifierConfig,
-    CausalLMConfig, Seq2SeqConfig or LlamaConfig), counted from its fields: what
-    ``num_parameters()`` of the built model returns."""
-    # by class name (the models' modules import this one: importing their configs here
-    # would go round); a subclass counts as its base
-    kinds = {cls.__name__ for cls in type(config).__mro__}
-    if "LlamaConfig" in kinds:
-        return _llama_parameters(config)
-    d = config.d_model
-    inner = config.num_heads * (config.head_dim or d // config.num_heads)
-    final_norm = 2 * d if config.norm_first else 0
-    if "ClassifierConfig" in kinds:
-        return (_embedding(config, config.vocab_size) + config.bigram_buckets * d
-                + config.num_layers * _encoder_block(d, inner, config.d_ff, config) + final_norm
-                + d * config.num_classes + config.num_classes)
-    if "CausalLMConfig" in kinds:
-        return (_embedding(config, config.vocab_size)
-                + config.num_layers * _encoder_block(d, inner, config.d_ff, config) + final_norm
-                + (0 if config.tie_weights else d * config.vocab_size))
-    if "Seq2SeqConfig" in kinds:
-        return (_embedding(config, config.src_vocab_size)
-                + _embedding(config, config.tgt_vocab_size)
-                + config.num_encoder_layers * _encoder_block(d, inner, config.d_ff, config)
-                + config.num_decoder_layers * _decoder_block(d, inner, config.d_ff, config)
-                + 2 * final_norm
-                + (0 if config.tie_weights else (d + 1) * config.tgt_vocab_size))
+def shape_model(config: Any) -> Module:
+    """The textbook model of ``config`` (a ClassifierConfig, CausalLMConfig, Seq2SeqConfig
+    or LlamaConfig, or a subclass) built within :func:`npformer.backend.shapes_only`: its
+    parameters hold their shapes, no weight, and no random number is drawn."""
+    for config_class in type(config).__mro__:
+        if config_class in TEXTBOOK_MODELS:
+            with backend.shapes_only():
+                return TEXTBOOK_MODELS[config_class](config)
     raise TypeError(f"parameter_count counts a ClassifierConfig, CausalLMConfig, "
                     f"Seq2SeqConfig or LlamaConfig, got {type(config).__name__}")
 
 
-def _llama_parameters(c: Any) -> int:
-    """A LlamaConfig's parameters: the token table, each block's two RMS norms, q/k/v/o
-    projections (biases as the config asks; QK-norm's two norms over E), the gated
-    feed-forward's three matrices, the final norm, and an untied head."""
-    d, e, f = c.hidden_size, c.head_dim, c.intermediate_size
-    queries, keys = c.num_attention_heads * e, c.num_key_value_heads * e  # widths
-    qkv_bias = c.attention_bias or c.qkv_bias
-    attention = (d * (queries + 2 * keys) + queries * d
-                 + (queries + 2 * keys if qkv_bias else 0) + (d if c.attention_bias else 0)
-                 + (2 * e if c.qk_norm else 0))
-    block = 2 * d + attention + 3 * d * f
-    return (c.vocab_size * d + c.num_hidden_layers * block + d
-            + (0 if c.tie_word_embeddings else d * c.vocab_size))
+def parameter_count(config: Any) -> int:
+    """The parameters of the model ``config`` describes: ``num_parameters()`` of that
+    model, built with shapes only (:func:`shape_model`)."""
+    return shape_model(config).num_parameters()
 
 
-def _tables(config: Any) -> list[tuple[int, tuple[str, ...]]]:
-    """The config's large tables, each (its entries, the fields that size it): each
-    vocabulary's embedding, the hashed bigrams', the positions', and the blocks'
-    feed-forward and attention weights (all the blocks' together)."""
-    d = config.d_model
-    layers = tuple(n for n in ("num_layers", "num_encoder_layers", "num_decoder_layers")
-                   if hasattr(config, n))
-    blocks = sum(getattr(config, n) for n in layers)
-    inner = config.num_heads * (config.head_dim or d // config.num_heads)
-    tables = [(getattr(config, field) * d, (field, "d_model"))
-              for field in ("vocab_size", "src_vocab_size", "tgt_vocab_size", "bigram_buckets")
-              if hasattr(config, field)]
-    return tables + [(config.block_size * d, ("block_size", "d_model")),
-                     (blocks * 2 * d * config.d_ff, (*layers, "d_model", "d_ff")),
-                     (blocks * 4 * d * inner, (*layers, "d_model", "num_heads"))]
+def _largest_table(config: Any, model: Module) -> tuple[int, str | None]:
+    """The entries of ``model``'s largest parameter, and the first field of ``config``
+    whose value is its longest axis (None if none is)."""
+    shape = max((p.shape for p in model.parameters()), key=math.prod)
+    longest = max(shape)
+    names = [f.name for f in fields(config) if type(getattr(config, f.name)) is int
+             and getattr(config, f.name) == longest]
+    return math.prod(shape), names[0] if names else None
 
 
 def check_weights_fit(config: Any, itemsize: int | None = None,
                       available: tuple[int, str] | None = None) -> None:
     """Refuse (ValueError) a model whose weights alone cannot fit in memory, before one
-    is allocated: the message names the fields of its largest table, the parameter
+    is allocated: the message names the field that sizes its largest table, the parameter
     count, the bytes they take (``itemsize`` each: default the backend's float) and the
     memory there is (``available``: (bytes, "where"), default the machine's).  Training
     needs more (the demos check that too, :func:`npformer.cli.memory.check_training_fits`);
-    this bound refuses only what could never be built."""
+    this bound refuses only what could never be built.  (Within
+    :func:`npformer.backend.shapes_only` nothing is allocated: nothing to check.)"""
+    if backend.making_shapes():
+        return
     itemsize = itemsize or numpy.dtype(backend.default_float_name()).itemsize
-    count = parameter_count(config)
+    model = shape_model(config)
+    count = model.num_parameters()
     needed = count * itemsize
     memory, where = available or backend.machine_memory()
     if needed <= memory:
         return
-    entries, names = max(_tables(config))
-    sizes = ", ".join(f"{name}={getattr(config, name)}" for name in names)
+    entries, name = _largest_table(config, model)
+    table = f" ({name}={getattr(config, name)})" if name else ""
     raise ValueError(f"{type(config).__name__} makes a model of {count:,} parameters, "
                      f"{backend.byte_size(needed)} in {backend.default_float_name()} for its "
                      f"weights alone, and {where} {backend.byte_size(memory)}: its largest "
-                     f"table ({sizes}) takes {backend.byte_size(entries * itemsize)}; lower "
-                     f"{names[0]}")
+                     f"table{table} takes {backend.byte_size(entries * itemsize)}; lower "
+                     f"{name or 'its sizes'}")
 
 
 class TokenEmbedding(Module):
