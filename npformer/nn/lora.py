@@ -41,7 +41,30 @@ def kaiming_uniform_a(d_in: int, r: int, like: Array) -> Array:
     return backend.copy_like(draw, like)
 
 
-class LoRALinear(Module):
+class Merging:
+    """merge and unmerge of an adapter whose update of ``self.weight`` is
+    ``self.delta_weight()`` (s A B): :class:`LoRALinear`'s and :class:`LoRAEmbedding`'s."""
+
+    def merge(self) -> None:
+        """W <- W + s A B: the adapted map in the weight alone (inference, export; the
+        forward is then the base layer's, equal to the adapter's to rounding).  The weight
+        before is kept, so :meth:`unmerge` restores it bit for bit (W + D - D rounds)."""
+        if self.merged:
+            raise RuntimeError(f"{type(self).__name__} is already merged")
+        self._unmerged_weight = backend.copy_like(self.weight.data, self.weight.data)
+        self.weight.data = self.weight.data + self.delta_weight()
+        self.merged = True
+
+    def unmerge(self) -> None:
+        """The weight before :meth:`merge`, exactly."""
+        if not self.merged:
+            raise RuntimeError(f"{type(self).__name__} is not merged: there is nothing to "
+                               "unmerge")
+        self.weight.data, self._unmerged_weight = self._unmerged_weight, None
+        self.merged = False
+
+
+class LoRALinear(Merging, Module):
     """y = x W + b + (alpha / r) dropout(x) A B, with W and b a Linear's (frozen) and A
     (D_in, r), B (r, D_out) trained; B starts at zero, A as PEFT draws it."""
 
@@ -94,29 +117,12 @@ class LoRALinear(Module):
         self.lora_B.accumulate(db)
         return dx + self.dropout.backward(dx_dropped)  # x reaches y both ways
 
-    def merge(self) -> None:
-        """W <- W + s A B: the adapted map in the weight alone (inference, export; the
-        forward is then the Linear's, equal to the adapter's to rounding).  The weight
-        before is kept, so :meth:`unmerge` restores it bit for bit (W + D - D rounds)."""
-        if self.merged:
-            raise RuntimeError("LoRALinear is already merged")
-        self._unmerged_weight = backend.copy_like(self.weight.data, self.weight.data)
-        self.weight.data = self.weight.data + self.delta_weight()
-        self.merged = True
-
-    def unmerge(self) -> None:
-        """The weight before :meth:`merge`, exactly."""
-        if not self.merged:
-            raise RuntimeError("LoRALinear is not merged: there is nothing to unmerge")
-        self.weight.data, self._unmerged_weight = self._unmerged_weight, None
-        self.merged = False
-
     def __repr__(self) -> str:
         return (f"LoRALinear({self.in_features}, {self.out_features}, r={self.r}, "
                 f"alpha={self.alpha}, dropout={self.dropout.p})")
 
 
-class LoRAEmbedding(Module):
+class LoRAEmbedding(Merging, Module):
     """A frozen token Embedding plus a trained low-rank update of its table, as PEFT's
     ``lora.Embedding``: y = E[ids] + s A[ids] B, with E (V, D) the embedding's (frozen),
     A (V, r) and B (r, D) trained, s = alpha / r; A starts at zero and B standard normal
@@ -200,22 +206,6 @@ class LoRAEmbedding(Module):
 
     def project_backward(self, dlogits: Array, *args: Any) -> Array:
         return self._base_class.project_backward(self, dlogits, *args)
-
-    def merge(self) -> None:
-        """E <- E + s A B (the table of the lookup and of a tied projection); the table
-        before is kept, so :meth:`unmerge` restores it bit for bit."""
-        if self.merged:
-            raise RuntimeError("LoRAEmbedding is already merged")
-        self._unmerged_weight = backend.copy_like(self.weight.data, self.weight.data)
-        self.weight.data = self.weight.data + self.delta_weight()
-        self.merged = True
-
-    def unmerge(self) -> None:
-        """The table before :meth:`merge`, exactly."""
-        if not self.merged:
-            raise RuntimeError("LoRAEmbedding is not merged: there is nothing to unmerge")
-        self.weight.data, self._unmerged_weight = self._unmerged_weight, None
-        self.merged = False
 
     def __repr__(self) -> str:
         return (f"LoRAEmbedding({self.num_embeddings}, {self.embedding_dim}, r={self.r}, "
