@@ -526,8 +526,6 @@ def test_corrupt_archive_gives_a_clear_error(tmp_path):
     ("generate.py", ["--out", "{tmp}", "--sample-only"], {}, ["no checkpoint"]),
     ("generate.py", ["--smoke", "--out", "{tmp}"], {"NPFORMER_BACKEND": "gpu"},
      ["unknown backend", "gpu"]),
-    ("imdb.py", ["--smoke", "--out", "{tmp}"], {"NPFORMER_ENGINE": "textbook"},
-     ["NPFORMER_ENGINE", "--tier"]),  # no longer read: never silently ignored
     ("generate.py", ["--smoke", "--block-size", "100000000", "--data", "{data}", "--out", "{tmp}"],
      {}, ["too short", "--block-size"]),
     ("translate.py", ["--smoke", "--heldout", "100000000", "--data", "{data}", "--out",

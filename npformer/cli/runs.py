@@ -153,9 +153,6 @@ def apply_settings(args: argparse.Namespace) -> Path:
     --no-progress; join the MPI ranks when started by mpiexec (before any array is made: a
     rank picks its GPU there); choose the thread replicas; create and return the output
     folder."""
-    if "NPFORMER_ENGINE" in os.environ:  # the old switch: a run never ignores it silently
-        raise DemoError("NPFORMER_ENGINE is no longer read: choose the implementation with "
-                        "--tier fast|textbook, and unset NPFORMER_ENGINE")
     try:  # NPFORMER_BACKEND and the switches: a bad value in one line, before any use
         backend.check_environment()
     except ValueError as exc:
