@@ -243,11 +243,16 @@ def apply_lora(model: Module, targets: str | Sequence[str], r: int,
     chosen = [(name, m) for name, m in linears + tables if matches(name, targets)]
     model.freeze()
     for name, layer in chosen:
-        # a Linear's class may name its own adapter (the fast tier's, which takes keep_input)
-        adapter = getattr(layer, "LoRALinear", LoRALinear) if isinstance(layer, Linear) \
-            else LoRAEmbedding
-        replace_module(model, name, adapter(layer, r, alpha, dropout))
+        replace_module(model, name, adapter_class(layer)(layer, r, alpha, dropout))
     return [name for name, _ in chosen]
+
+
+def adapter_class(layer: Module) -> type:
+    """The adapter that takes ``layer``'s place: LoRAEmbedding for a table; for a Linear,
+    the adapter its class names (the fast tier's, which takes keep_input), else LoRALinear."""
+    if isinstance(layer, Linear):
+        return getattr(layer, "LoRALinear", LoRALinear)
+    return LoRAEmbedding
 
 
 def check_adapter_settings(r: Any, alpha: Any, dropout: Any) -> tuple[int, float | None, float]:
@@ -416,10 +421,8 @@ def apply_adapter_settings(model: Module, settings: dict[str, Any]) -> None:
     model.freeze()
     for name, layer in settings["layers"].items():
         base = linears[name]
-        adapter = LoRALinear(base, layer["r"], layer["alpha"], layer["dropout"]) \
-            if isinstance(base, Linear) else \
-            LoRAEmbedding(base, layer["r"], layer["alpha"], layer["dropout"],
-                          layer.get("padding_idx"))
+        extra = () if isinstance(base, Linear) else (layer.get("padding_idx"),)
+        adapter = adapter_class(base)(base, layer["r"], layer["alpha"], layer["dropout"], *extra)
         replace_module(model, name, adapter)
     adapters = lora_layers(model)
     for group in settings["shared_a"]:
