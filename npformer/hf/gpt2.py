@@ -337,17 +337,8 @@ def from_hf(state: dict[str, np.ndarray], config: Any, where: str = WEIGHTS_FILE
                                   "but config.json ties them (tie_word_embeddings): set "
                                   "tie_word_embeddings to false to load the head apart")
         del state["lm_head.weight"]
-    expected = {hf_name: shape for hf_name, shape, _, _ in weight_map(config)}
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    wrong = [f"{n} {tuple(state[n].shape)} (config.json's sizes give {expected[n]})"
-             for n in sorted(set(expected) & set(state)) if tuple(state[n].shape) != expected[n]]
-    if missing or unexpected or wrong:
-        problems = ([f"missing {_first(missing)}"] if missing else []) + \
-                   ([f"unexpected {_first(unexpected)}"] if unexpected else []) + \
-                   ([f"shapes: {'; '.join(_first(wrong))}"] if wrong else [])
-        raise PretrainedError(f"{where} does not hold the GPT-2 weights config.json "
-                              f"describes: {' | '.join(problems)}")
+    check_weights_match(state, {hf_name: shape for hf_name, shape, _, _ in weight_map(config)},
+                        f"{where} does not hold the GPT-2 weights config.json describes")
     out = {}
     for hf_name, _, names, kind in weight_map(config):
         array = state[hf_name]
@@ -497,6 +488,21 @@ def write_files(folder: Path, files: dict[str, Callable[[Path], Any]]) -> Path:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return folder
+
+
+def check_weights_match(state: dict, expected: dict, refusal: str) -> None:
+    """A PretrainedError (``refusal``: the message's start) where ``state`` ({name: array})
+    lacks a weight of ``expected`` ({name: shape}), holds one it does not name, or one of
+    another shape: the first few of each named."""
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    wrong = [f"{n} {tuple(state[n].shape)} (config.json's sizes give {expected[n]})"
+             for n in sorted(set(expected) & set(state)) if tuple(state[n].shape) != expected[n]]
+    if missing or unexpected or wrong:
+        problems = ([f"missing {_first(missing)}"] if missing else []) + \
+                   ([f"unexpected {_first(unexpected)}"] if unexpected else []) + \
+                   ([f"shapes: {'; '.join(_first(wrong))}"] if wrong else [])
+        raise PretrainedError(f"{refusal}: {' | '.join(problems)}")
 
 
 def is_write_error(exc: BaseException) -> bool:

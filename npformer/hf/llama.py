@@ -67,6 +67,7 @@ from .gpt2 import (
     _json_object,
     _read_weights,
     architectures_of,
+    check_weights_match,
     output_folder,
     resolve,
     write_files,
@@ -437,17 +438,9 @@ def from_hf(state: dict[str, np.ndarray], model: Any, where: str = WEIGHTS_FILE
             raise PretrainedError(f"{where} holds an lm_head.weight other than the embedding, "
                                   "but config.json ties them (tie_word_embeddings): set it "
                                   "to false to load the head apart")
-    expected = {name: p.shape for name, p in model.named_parameters()}
-    missing = sorted(set(expected) - set(ours))
-    unexpected = sorted(set(ours) - set(expected))
-    wrong = [f"{n} {tuple(ours[n].shape)} (config.json's sizes give {expected[n]})"
-             for n in sorted(set(expected) & set(ours)) if tuple(ours[n].shape) != expected[n]]
-    if missing or unexpected or wrong:
-        problems = ([f"missing {_first(missing)}"] if missing else []) + \
-                   ([f"unexpected {_first(unexpected)}"] if unexpected else []) + \
-                   ([f"shapes: {'; '.join(_first(wrong))}"] if wrong else [])
-        raise PretrainedError(f"{where} does not hold the weights config.json describes "
-                              f"(npformer's names, less 'model.'): {' | '.join(problems)}")
+    check_weights_match(ours, {name: p.shape for name, p in model.named_parameters()},
+                        f"{where} does not hold the weights config.json describes "
+                        "(npformer's names, less 'model.')")
     return ours
 
 
