@@ -372,13 +372,11 @@ def float_dtype(name: str | None = None) -> Any:
 
 
 def is_integer_array(x: Array) -> bool:
-    xp_ = namespace_of(x)
-    return xp_.isdtype(x.dtype, "integral")
+    return namespace_of(x).isdtype(x.dtype, "integral")
 
 
 def is_float_array(x: Array) -> bool:
-    xp_ = namespace_of(x)
-    return xp_.isdtype(x.dtype, "real floating")
+    return namespace_of(x).isdtype(x.dtype, "real floating")
 
 
 # --------------------------------------------------------------------------- host <-> device
@@ -418,15 +416,12 @@ def asarray(data: Any, dtype: Any = None) -> Array:
     if reason is not None and _now().name != "numpy":
         raise HostReadError(f"{reason}: host data of type {type(data).__name__} was to be "
                             "copied to the device")
-    if _now().name == "strict":
-        host = np.asarray(data)
-        arr = xp_.asarray(host)  # built on the CPU device, then moved like a real transfer
+    if _now().name == "numpy":
+        return xp_.asarray(data, dtype=dtype)
+    arr = xp_.asarray(data if _now().name == "cupy" else np.asarray(data))
+    if _now().name == "strict":  # built on the CPU device, then moved like a real transfer
         arr = arr.to_device(_now().device)
-        return arr if dtype is None else xp_.astype(arr, dtype)
-    if _now().name == "cupy":
-        arr = xp_.asarray(data)
-        return arr if dtype is None else xp_.astype(arr, dtype)
-    return xp_.asarray(data, dtype=dtype)
+    return arr if dtype is None else xp_.astype(arr, dtype)
 
 
 def to_numpy(x: Array) -> np.ndarray:
@@ -477,17 +472,21 @@ def _rng():
     return getattr(_thread_local, "rng", None) or _now().rng
 
 
+def _new_generator(seed_value: int | None) -> Any:
+    """A generator of the current backend's library (CuPy's on cupy, else NumPy's)."""
+    if _now().name == "cupy":
+        import cupy
+
+        return cupy.random.default_rng(seed_value)
+    return np.random.default_rng(seed_value)
+
+
 @contextmanager
 def thread_generator(seed_value: int) -> Iterator[None]:
     """Within the block, this thread draws from its own generator seeded with ``seed_value``
     (data-parallel replicas: reproducible dropout masks whatever the thread timing)."""
     previous = getattr(_thread_local, "rng", None)
-    if _now().name == "cupy":
-        import cupy
-
-        _thread_local.rng = cupy.random.default_rng(seed_value)
-    else:
-        _thread_local.rng = np.random.default_rng(seed_value)
+    _thread_local.rng = _new_generator(seed_value)
     try:
         yield
     finally:
@@ -497,13 +496,7 @@ def thread_generator(seed_value: int) -> Iterator[None]:
 def seed(value: int) -> None:
     """Reseed the backend's generator: dropout masks and initialisations repeat exactly.
     ``value``: an integer >= 0 (None: from the OS's entropy)."""
-    value = _checked_seed(value)
-    if _now().name == "cupy":
-        import cupy
-
-        _now().rng = cupy.random.default_rng(value)
-    else:
-        _now().rng = np.random.default_rng(value)
+    _now().rng = _new_generator(_checked_seed(value))
 
 
 def get_rng_state() -> dict | None:
@@ -537,12 +530,6 @@ def random_normal(shape: tuple[int, ...], std: float = 1.0, dtype: Any = None) -
     """Normal(0, std^2) samples of ``shape`` on the current backend."""
     dtype = dtype or default_float()
     return _from_generator(_rng().standard_normal(tuple(shape)) * std, dtype)
-
-
-def random_integers(low: int, high: int, shape: tuple[int, ...]) -> Array:
-    """Integers uniform in [low, high) as an int64 backend array."""
-    sample = _rng().integers(low, high, size=tuple(shape))
-    return _from_generator(sample, _now().xp.int64)
 
 
 # --------------------------------------------------------------------------- scatter-add
@@ -625,9 +612,6 @@ class _ShapeGenerator:
         return Shape(shape)
 
     standard_normal = random
-
-    def integers(self, low: int, high: int, size: Any = ()) -> Shape:
-        return Shape(size)
 
 
 _SHAPES = _ShapeNamespace()
