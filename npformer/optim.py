@@ -16,9 +16,8 @@ operation for operation, so trajectories agree to rounding:
 * :class:`AdamW` - ``torch.optim.AdamW`` (decoupled decay of the weights).
 
 Frozen parameters (:meth:`npformer.nn.Module.freeze`) are left out when an optimizer is
-built: ``AdamW(model.parameters())`` updates the trainable ones only and keeps no state
-for the others (as PyTorch's optimizers skip a parameter without a gradient, but here
-not even its zero moments are made).
+built: ``AdamW(model.parameters())`` updates the trainable ones only and keeps no state,
+not even zero moments, for the others.
 
 Weight decay, of either kind, only touches parameters with ``p.decay == True``;
 biases, norm gains and embeddings are built with ``decay=False``.  (In PyTorch
@@ -34,11 +33,6 @@ a float and assign ``opt.lr`` / call :meth:`Optimizer.set_lr` from the training 
 The fast tier (:mod:`npformer.fast.optim`) runs the same algorithms over one flat
 buffer of every parameter (one compiled pass per update) and, on CuPy, as one fused
 kernel per parameter; it is tested equal to this file, update for update.
-
-Layout of this file: the base class, then one class per optimizer whose
-``_update`` is the whole algorithm, clipping, schedules, and at the end the rules of
-the optimizers' arguments (each hyperparameter's range, written once) and the checks
-of a saved state.
 """
 from __future__ import annotations
 
@@ -88,9 +82,8 @@ class Optimizer:
                                                  type(self).__name__)
         self.updates: int = 0
         self.schedule: Schedule | None = lr if callable(lr) else None
-        self.lr: float = check_hyperparameter(lr(1), "lr", "the schedule's value lr(1)"
-                                              ) if callable(lr) else \
-            check_hyperparameter(lr, "lr")
+        self.lr: float = (check_hyperparameter(lr(1), "lr", "the schedule's value lr(1)")
+                          if callable(lr) else check_hyperparameter(lr, "lr"))
         # state[name][i] is the state array `name` of params[i]
         self.state: dict[str, list[Any]] = self._zero_state()
 
@@ -520,16 +513,6 @@ class warmup_cosine:
         return replace(self, total_updates=updates)
 
 
-# =========================================================================== argument checks
-def _check_betas(betas: Any) -> tuple[float, float]:
-    """Adam's ``betas``: a pair, each in [0, 1)."""
-    try:
-        beta1, beta2 = betas
-    except (TypeError, ValueError):
-        raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}") from None
-    return check_hyperparameter(beta1, "beta1"), check_hyperparameter(beta2, "beta2")
-
-
 # =========================================================================== whose parameters
 def check_optimizer_of(optimizer: Any, model: Any, what: str) -> None:
     """``optimizer`` must be an npformer optimizer whose parameters are all ``model``'s (the
@@ -650,7 +633,7 @@ def _key_order(key: str):
     return (name, int(idx)) if idx.isdigit() else (key, -1)
 
 
-# =========================================================================== optimizers
+# =========================================================================== argument checks
 # The range of each optimizer hyperparameter, written once: the constructors, set_lr, the
 # schedules and Optimizer.load_state_dict all check by it.  (low, high, high included)
 HYPERPARAMETER_RANGES = {"lr": (0.0, math.inf, False), "beta1": (0.0, 1.0, False),
@@ -664,6 +647,15 @@ def check_hyperparameter(value: Any, kind: str, what: str | None = None) -> floa
     (:data:`HYPERPARAMETER_RANGES`); returned as a float."""
     low, high, high_included = HYPERPARAMETER_RANGES[kind]
     return check_real(value, what or kind, low, maximum=high, max_inclusive=high_included)
+
+
+def _check_betas(betas: Any) -> tuple[float, float]:
+    """Adam's ``betas``: a pair, each in [0, 1)."""
+    try:
+        beta1, beta2 = betas
+    except (TypeError, ValueError):
+        raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}") from None
+    return check_hyperparameter(beta1, "beta1"), check_hyperparameter(beta2, "beta2")
 
 
 def check_update_number(t: Any) -> int:
