@@ -55,9 +55,9 @@ class GradCheckResult:
     """Per-tensor relative errors and where the worst one is.
 
     ``errors`` is keyed as the check named the tensors (``names`` given to
-    :func:`check_op`; otherwise ``arg0``, ``input0`` or the parameter's name, as
-    before); ``labels`` gives each key's name in messages (``dx``, ``dgamma``,
-    ``weight.grad``), ``shapes`` each gradient's shape.
+    :func:`check_op`; otherwise ``arg0``, ``input0`` or the parameter's name);
+    ``labels`` gives each key's name in messages (``dx``, ``dgamma``, ``weight.grad``),
+    ``shapes`` each gradient's shape.
     """
 
     errors: dict[str, float] = field(default_factory=dict)
@@ -209,8 +209,8 @@ def gradient_labels(function: Callable, positions: Sequence[int],
     return [f"d{known[i]}" if known[i] else f"d(argument {i})" for i in positions]
 
 
-def _upstream_like(out, rng: np.random.Generator) -> np.ndarray:
-    return rng.standard_normal(tuple(out.shape))  # random, never all ones
+def _upstream_like(out, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(tuple(out.shape))  # never all ones
 
 
 def _as_tuple(grads) -> tuple:
@@ -246,9 +246,8 @@ def check_op(forward: Callable, backward: Callable, args: Sequence, wrt: Sequenc
     keys = list(names) if names is not None else [f"arg{i}" for i in wrt]
     for i, label in zip(wrt, labels):
         _require_float64(args[i], f"the argument of {label}")
-    rng = np.random.default_rng(seed)
     out, cache = forward(*args, **kwargs)
-    upstream_host = _upstream_like(out, rng)
+    upstream_host = _upstream_like(out, seed)
     upstream = backend.asarray(upstream_host)
     grads = _as_tuple(backward(upstream, cache))
     if len(grads) != len(wrt):
@@ -292,11 +291,9 @@ def check_module(module: Module, inputs: Sequence, wrt_inputs: Sequence[int] | N
     named = [(name, p) for name, p in module.named_parameters() if not p.frozen]
     for name, p in named:
         _require_float64(p.data, f"parameter {name!r}")
-    rng = np.random.default_rng(seed)
-
     module.zero_grad()
     out = module.forward(*inputs, **kwargs)
-    upstream_host = _upstream_like(out, rng)
+    upstream_host = _upstream_like(out, seed)
     grads = _as_tuple(module.backward(backend.asarray(upstream_host)))
     if len(grads) != len(wrt_inputs):
         raise ValueError(f"backward returned {len(grads)} input gradients for "
