@@ -210,7 +210,8 @@ def gradient_labels(function: Callable, positions: Sequence[int],
 
 
 def _upstream_like(out, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal(tuple(out.shape))  # never all ones
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal(tuple(out.shape))  # random, never all ones
 
 
 def _as_tuple(grads) -> tuple:
