@@ -10,9 +10,8 @@ Three kinds of file, one per model:
   row naming the columns; the text and the label are the columns named
   ``text_column`` and ``label_column`` (default ``"text"`` and ``"label"``), the
   others are ignored.  Labels are any strings (CSV, TSV) or strings and integers
-  (JSON), white space around them ignored.  The label set is the training file's,
-  sorted (integers, and strings that read as integers, numerically, before the
-  other strings), and an example's label becomes its index in that set.
+  (JSON), white space around them ignored; an example's label becomes its index in
+  the training file's label set (:func:`sorted_labels`).
 - **Sentence pairs** for translation (:func:`read_sentence_pairs`): UTF-8 text,
   ``source<TAB>target`` a line, tokenized as the English-French data is
   (:func:`~npformer.data.tokenize_fra_eng`: lowercase, a space before ``, . ! ?``,
@@ -22,11 +21,7 @@ Three kinds of file, one per model:
 
 Every file must be UTF-8 (a byte-order mark is allowed).  A malformed file is
 refused with a :class:`~npformer.data.DatasetFormatError` naming the file, the
-line and, where it helps, the column: a missing column, a row whose number of
-fields is not the header's (an unquoted comma in a CSV text, a tab in a TSV text: the
-columns would shift), an empty file, a bad JSON line, bytes that are not UTF-8, a label
-the training file lacks.  A label is compared by its text across formats (a JSON
-``1`` is a CSV ``"1"``).
+line and, where it helps, the column (the readers' docstrings list the cases).
 
 The demos take these files for ``--data`` (see :func:`is_user_data`)::
 
@@ -57,7 +52,6 @@ __all__ = [
     "is_user_data",
     "read_labelled_texts",
     "sorted_labels",
-    "label_text",
     "load_text_classification",
     "read_sentence_pairs",
     "read_text_file",
@@ -197,11 +191,9 @@ def _check_field_count(row: list[str], header: list[str], path: Path, line: int,
     delimiter inside a text (or one missing), and reading on would shift the columns."""
     if len(row) == len(header):
         return
-    if tab:
-        hint = ("TSV has no quoting, so a text cannot hold a tab: remove it, or save the "
-                "file as CSV with the text in double quotes")
-    else:
-        hint = 'a comma inside a text must be within double quotes: "I liked it, a lot"'
+    hint = ("TSV has no quoting, so a text cannot hold a tab: remove it, or save the file "
+            "as CSV with the text in double quotes") if tab else \
+        'a comma inside a text must be within double quotes: "I liked it, a lot"'
     raise DatasetFormatError(f"{path}, line {line}: expected {len(header)} fields, as in the "
                              f"header, saw {len(row)} ({hint})")
 
@@ -295,16 +287,6 @@ def sorted_labels(labels: Iterable[Label]) -> tuple[Label, ...]:
     return tuple(sorted(distinct, key=key))
 
 
-def label_text(label: Label) -> str:
-    """The one rule labels are compared by, in every format: their text.  A JSON file's
-    integer 1 and a CSV file's "1" are the same label; "01" is another.
-
-    >>> label_text(1) == label_text("1")
-    True
-    """
-    return str(label)
-
-
 @dataclass(frozen=True)
 class TextClassificationData:
     """Labelled texts read by :func:`load_text_classification`.
@@ -330,7 +312,7 @@ def load_text_classification(train: str | os.PathLike,
     The label set is the training file's (:func:`sorted_labels`); a label of the
     validation or test file that the training file lacks is an error naming it and
     its line.  Files of different formats may be mixed: labels are compared by their
-    text (:func:`label_text`), so a JSON file's integer ``1`` is a CSV file's ``"1"``.
+    text, so a JSON file's integer ``1`` is a CSV file's ``"1"`` ("01" is another).
 
     A ``tiny.csv`` holding ``text,label`` / ``good,pos`` / ``bad,neg`` gives::
 
@@ -344,15 +326,15 @@ def load_text_classification(train: str | os.PathLike,
     if len(labels) < 2:
         raise DatasetFormatError(f"{train}: every example has the label {labels[0]!r}; a "
                                  f"classifier needs at least two labels")
-    index = {label_text(label): i for i, label in enumerate(labels)}
+    index = {str(label): i for i, label in enumerate(labels)}  # compared by their text
 
     def indexed(records: Sequence[Record], path) -> list[tuple[str, int]]:
         for _, label, line in records:
-            if label_text(label) not in index:
+            if str(label) not in index:
                 raise DatasetFormatError(
                     f"{path}, line {line}: the label {label!r} is not in the training file "
                     f"{train} (its labels: {', '.join(map(repr, labels))})")
-        return [(text, index[label_text(label)]) for text, label, _ in records]
+        return [(text, index[str(label)]) for text, label, _ in records]
 
     return TextClassificationData(
         train=indexed(train_records, train),
