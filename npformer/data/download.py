@@ -40,20 +40,9 @@ import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-__all__ = [
-    "DatasetNotFoundError",
-    "DatasetFormatError",
-    "ChecksumError",
-    "DatasetWarning",
-    "DatasetSpec",
-    "IMDB",
-    "FRA_ENG",
-    "TINY_SHAKESPEARE",
-    "cache_dir",
-    "locate",
-    "locate_dataset",
-    "fetch",
-]
+__all__ = ["DatasetNotFoundError", "DatasetFormatError", "ChecksumError", "DatasetWarning",
+           "DatasetSpec", "IMDB", "FRA_ENG", "TINY_SHAKESPEARE", "cache_dir", "locate",
+           "locate_dataset", "fetch"]
 
 ENV_VAR = "NPFORMER_DATA"
 
@@ -77,23 +66,13 @@ class DatasetWarning(UserWarning):
 
 @dataclasses.dataclass(frozen=True)
 class DatasetSpec:
-    """Where a dataset file lives and how to recognise a good download.
+    """Where a dataset file lives and how to recognise a good download."""
 
-    Attributes:
-        name: a short human-readable name, used in messages.
-        filename: the canonical path of the file relative to a data folder
-            (also where it is stored in the cache).
-        url: the canonical download address.
-        checksums: accepted hex digests of a download: 64 hex digits are a
-            sha256, 40 a sha1 (some publishers, such as d2l, give only sha1).
-        alternatives: other relative paths accepted inside a data folder.
-    """
-
-    name: str
-    filename: str
-    url: str
-    checksums: frozenset[str]
-    alternatives: tuple[str, ...] = ()
+    name: str  # a short human-readable name, for messages
+    filename: str  # its path relative to a data folder (and in the cache)
+    url: str  # the canonical download address
+    checksums: frozenset[str]  # of a good download: a sha256 (64 hex digits) or a sha1 (40)
+    alternatives: tuple[str, ...] = ()  # other relative paths accepted inside a data folder
 
 
 # Checksums: the first of each set is the sha256 of the project's offline copy (its
@@ -146,11 +125,7 @@ def cache_dir() -> Path:
 
 def _find_in_folder(folder: Path, names: Sequence[str]) -> Path | None:
     """The first of ``folder / name`` that is a file, or None."""
-    for name in names:
-        candidate = folder / name
-        if candidate.is_file():
-            return candidate
-    return None
+    return next((folder / name for name in names if (folder / name).is_file()), None)
 
 
 def _downloader(url: str):
@@ -216,22 +191,11 @@ def locate(
     alternatives: Sequence[str] = (),
     download: bool = True,
 ) -> Path:
-    """Find a dataset file locally, or download it into the cache folder.
-
-    Args:
-        filename: canonical path of the file relative to a data folder
-            (e.g. ``"aclImdb_v1.tar.gz"`` or ``"tinyshakespeare/input.txt"``).
-        url: where to download it from when it is found nowhere.
-        checksums: accepted sha256 (or sha1) hex digests of the download.
-        path: an explicit file (any name) or a folder holding ``filename``.
-            A path that does not exist, or a folder lacking the file, is an
-            error (a typo should not trigger a download or pick another copy).
-        env_var: the environment variable naming a data folder.
-        alternatives: other relative names accepted inside a folder.
-        download: whether to download when the file is found nowhere.
-
-    Returns:
-        The path of the file.
+    """The path of the dataset file ``filename`` (relative to a data folder, or
+    ``alternatives`` there), found where the module's docstring says, or downloaded from
+    ``url`` (checked against ``checksums``) into the cache folder unless ``download`` is
+    False.  ``path``: an explicit file or folder, taken at its word (a typo should not
+    trigger a download or pick another copy); ``env_var``: the variable naming a folder.
 
     Raises:
         DatasetNotFoundError: an explicit ``path`` does not exist or lacks the
@@ -277,17 +241,14 @@ def locate(
     searched.append(f"{cache} (cache folder): no {' or '.join(names)} in it")
 
     destination = cache / filename
+    failure, cause = f"Downloading was disabled; its address is {url}", None
     if download:
         try:
             return fetch(url, destination, checksums)
         except ChecksumError:
             raise
         except OSError as exc:  # URLError, HTTPError, timeouts, unwritable cache
-            failure = f"Downloading it from {url} failed: {exc}"
-            cause: BaseException | None = exc
-    else:
-        failure = f"Downloading was disabled; its address is {url}"
-        cause = None
+            failure, cause = f"Downloading it from {url} failed: {exc}", exc
     places = "\n".join(f"  - {place}" for place in searched)
     raise DatasetNotFoundError(
         f"Could not find the dataset file {filename!r}.\n"

@@ -16,11 +16,12 @@ import numpy as np
 
 from ..ops.contracts import read_json_object, shown
 from .download import TINY_SHAKESPEARE, DatasetFormatError, locate_dataset
+from .vocab import TokenTable
 
 __all__ = ["CharVocab", "read_shakespeare", "load_shakespeare", "split_90_10"]
 
 
-class CharVocab:
+class CharVocab(TokenTable):
     """A character <-> id map: id ``i`` is the ``i``-th character of ``chars``."""
 
     def __init__(self, chars: Iterable[str]):
@@ -34,17 +35,6 @@ class CharVocab:
     def from_text(cls, text: str) -> CharVocab:
         """The sorted distinct characters of ``text``."""
         return cls(sorted(set(text)))
-
-    def __len__(self) -> int:
-        return len(self._itos)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, CharVocab):
-            return NotImplemented
-        return self._itos == other._itos
-
-    def __hash__(self) -> int:
-        return hash(self._itos)
 
     def __repr__(self) -> str:
         return f"CharVocab(size={len(self)})"

@@ -31,7 +31,25 @@ __all__ = ["Vocab", "PAD", "UNK", "BOS", "EOS"]
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<bos>", "<eos>"
 
 
-class Vocab:
+class TokenTable:
+    """What a vocabulary of tokens ``_itos`` (id -> token) is compared and counted by:
+    two are equal when they hold the same tokens in the same order."""
+
+    _itos: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self._itos)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, type(self)):
+            return NotImplemented
+        return self._itos == other._itos
+
+    def __hash__(self) -> int:
+        return hash(self._itos)
+
+
+class Vocab(TokenTable):
     """An immutable token <-> id map with reserved special tokens.
 
     Build one from a corpus with :meth:`Vocab.build`; the constructor takes the
@@ -86,19 +104,8 @@ class Vocab:
         return cls(specials + kept)
 
     # --- lookups -----------------------------------------------------------
-    def __len__(self) -> int:
-        return len(self._itos)
-
     def __contains__(self, token: object) -> bool:
         return token in self._stoi
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Vocab):
-            return NotImplemented
-        return self._itos == other._itos
-
-    def __hash__(self) -> int:
-        return hash(self._itos)
 
     def __repr__(self) -> str:
         return f"Vocab(size={len(self)}, specials={[t for t in self._itos if t in self._specials]})"
