@@ -1,16 +1,6 @@
-"""Turning lists of token ids into batches of int64 arrays.
-
-Shapes: B is the batch size, T the (padded) sequence length.
-
-- :func:`pad_batch`: variable-length sequences -> ``ids (B, T)`` and ``valid_lens (B,)``;
-- :func:`batches`: index batches over a dataset, in order or shuffled;
-- :func:`length_bucketed_batches`: index batches of similar lengths (less
-  padding for sequence-to-sequence training);
-- :func:`lm_batch`: random windows of a token stream, inputs and next-token
-  targets, as nanoGPT's ``get_batch``.
-
-Randomness always comes from a ``numpy.random.Generator`` passed in, so a seed
-reproduces a run.
+"""Turning lists of token ids into batches of int64 arrays (B the batch size, T the padded
+sequence length).  Randomness always comes from a ``numpy.random.Generator`` passed in, so
+a seed reproduces a run.
 """
 
 from __future__ import annotations
@@ -95,20 +85,14 @@ def batches(n: int, batch_size: int, shuffle: bool = False,
 def length_bucketed_batches(lengths: Sequence[int], batch_size: int,
                             rng: np.random.Generator | None = None,
                             pool_batches: int = 50) -> list[np.ndarray]:
-    """Index batches whose examples have similar lengths.
+    """Index batches of ``batch_size`` examples of similar ``lengths`` (one per example;
+    for pairs, e.g. the longer side): less padding for sequence-to-sequence training.
 
-    The examples are shuffled (when ``rng`` is given), cut into pools of
-    ``pool_batches * batch_size``, each pool sorted by length and cut into
-    batches; then the order of the batches is shuffled. Each example appears in
-    exactly one batch. Without ``rng`` the result is deterministic: examples
-    sorted by length (stably) and batches in that order.
-
-    Args:
-        lengths: one length per example (for pairs, e.g. the longer side).
-        batch_size: examples per batch (the last batch of a pool may be smaller).
-        rng: the random generator; None for no shuffling.
-        pool_batches: how many batches' worth of examples are sorted together;
-            larger pools pad less but are less random.
+    The examples are shuffled by ``rng``, cut into pools of ``pool_batches * batch_size``
+    (larger pools pad less but are less random), each pool sorted by length and cut into
+    batches (a pool's last may be smaller); then the order of the batches is shuffled.
+    Each example is in exactly one batch.  Without ``rng`` the examples are sorted by
+    length (stably) and the batches are in that order.
     """
     if batch_size < 1 or pool_batches < 1:
         raise ValueError("batch_size and pool_batches must be >= 1")

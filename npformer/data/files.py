@@ -45,17 +45,9 @@ from typing import Any
 from .download import DatasetFormatError, DatasetNotFoundError
 from .fra_eng import tokenize_fra_eng
 
-__all__ = [
-    "USER_DATA_SUFFIXES",
-    "LABELLED_SUFFIXES",
-    "TextClassificationData",
-    "is_user_data",
-    "read_labelled_texts",
-    "sorted_labels",
-    "load_text_classification",
-    "read_sentence_pairs",
-    "read_text_file",
-]
+__all__ = ["USER_DATA_SUFFIXES", "LABELLED_SUFFIXES", "TextClassificationData", "is_user_data",
+           "read_labelled_texts", "sorted_labels", "load_text_classification",
+           "read_sentence_pairs", "read_text_file"]
 
 LABELLED_SUFFIXES = (".csv", ".tsv", ".jsonl", ".json")
 USER_DATA_SUFFIXES = (*LABELLED_SUFFIXES, ".txt")

@@ -39,15 +39,8 @@ import numpy as np
 
 from .download import FRA_ENG, DatasetFormatError, DatasetWarning, locate_dataset
 
-__all__ = [
-    "preprocess_fra_eng",
-    "tokenize_fra_eng",
-    "parse_fra_eng",
-    "read_fra_eng",
-    "load_fra_eng",
-    "filter_by_length",
-    "split_by_source",
-]
+__all__ = ["preprocess_fra_eng", "tokenize_fra_eng", "parse_fra_eng", "read_fra_eng",
+           "load_fra_eng", "filter_by_length", "split_by_source"]
 
 Pair = tuple[list[str], list[str]]
 
@@ -159,12 +152,9 @@ def filter_by_length(pairs: list[Pair], max_len: int) -> list[Pair]:
 
 
 def load_fra_eng(path: str | os.PathLike | None = None, max_len: int | None = None) -> list[Pair]:
-    """All pairs, ``[(english_tokens, french_tokens), ...]``, in file order.
-
-    ``path`` is the zip (or ``fra.txt``) or a folder holding it; see
-    :func:`locate_dataset` for where it is otherwise looked for. With
-    ``max_len``, keep only pairs with at most that many tokens on each side.
-    """
+    """All pairs, ``[(english_tokens, french_tokens), ...]``, in file order (with
+    ``max_len``, those with at most that many tokens a side); ``path`` is the zip (or
+    ``fra.txt``) or a folder holding it (else :func:`locate_dataset` finds it)."""
     pairs = read_fra_eng(locate_dataset(FRA_ENG, path))
     return pairs if max_len is None else filter_by_length(pairs, max_len)
 

@@ -30,14 +30,8 @@ import numpy as np
 
 from .download import IMDB, DatasetFormatError, locate_dataset
 
-__all__ = [
-    "SPLITS",
-    "read_imdb_archive",
-    "load_imdb",
-    "load_imdb_splits",
-    "tokenize_imdb",
-    "split_validation",
-]
+__all__ = ["SPLITS", "read_imdb_archive", "load_imdb", "load_imdb_splits", "tokenize_imdb",
+           "split_validation"]
 
 SPLITS = ("train", "test")
 _LABELS = {"neg": 0, "pos": 1}
@@ -62,16 +56,9 @@ def tokenize_imdb(text: str) -> list[str]:
 
 def read_imdb_archive(archive: str | os.PathLike,
                       splits: tuple[str, ...] = SPLITS) -> dict[str, list[tuple[str, int]]]:
-    """Read the labelled reviews of ``aclImdb_v1.tar.gz`` in one streaming pass.
-
-    Args:
-        archive: path of the tarball (a gzip-compressed tar; any file name, and
-            any compression tarfile reads, is accepted).
-        splits: which of ``"train"``, ``"test"`` to return.
-
-    Returns:
-        ``{split: [(text, label), ...]}`` with label 1 = positive, 0 = negative,
-        each list sorted by (label, review id).
+    """``{split: [(text, label), ...]}`` for ``splits`` (of ``"train"``, ``"test"``) from
+    the tarball ``archive`` (any name, any compression tarfile reads) in one streaming
+    pass: label 1 = positive, 0 = negative, each list sorted by (label, review id).
 
     Raises:
         DatasetFormatError: the file is not a readable gzip tar archive, or it
@@ -112,11 +99,8 @@ def read_imdb_archive(archive: str | os.PathLike,
 
 
 def load_imdb_splits(path: str | os.PathLike | None = None) -> dict[str, list[tuple[str, int]]]:
-    """Both labelled splits, ``{"train": [...], "test": [...]}``, from one pass.
-
-    ``path`` is the tarball or a folder holding it; see :func:`locate_dataset`
-    for where it is otherwise looked for (and downloaded to).
-    """
+    """Both labelled splits, ``{"train": [...], "test": [...]}``, from one pass; ``path``
+    is the tarball or a folder holding it (else :func:`locate_dataset` finds it)."""
     return read_imdb_archive(locate_dataset(IMDB, path))
 
 
@@ -126,11 +110,8 @@ def load_imdb(split: str = "train", path: str | os.PathLike | None = None) -> li
 
 
 def split_validation(examples: list, n_val: int, seed: int = 0) -> tuple[list, list]:
-    """Carve a random validation set of ``n_val`` examples out of ``examples``.
-
-    Returns ``(train, val)``: disjoint, together all of ``examples``, each in its
-    original relative order. The same ``seed`` always picks the same examples.
-    """
+    """``(train, val)``: a random validation set of ``n_val`` examples carved out of
+    ``examples`` (the same ``seed``, the same ones), each part in its original order."""
     if not 0 <= n_val <= len(examples):
         raise ValueError(f"n_val must be in [0, {len(examples)}], got {n_val}")
     rng = np.random.default_rng(seed)
