@@ -36,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from bench.configs import ROOT, SEED, make_batch, npformer_model
@@ -95,6 +96,9 @@ def rank_worker(spec: dict) -> int:
             reduce_bytes.append(workers.reduced_bytes + 4)  # + the loss
 
         workers.reduce_gradients = timed_reduce_gradients
+    windows = []  # a projection's: each step's backward from its first finished bucket
+    if ctx.size == 1 and spec.get("project"):
+        record_overlap_windows(model, task, windows)
     losses, times = [], []
     for i in range(spec["warmup"] + spec["steps"]):
         ctx.barrier()
@@ -103,16 +107,56 @@ def rank_worker(spec: dict) -> int:
         if i >= spec["warmup"]:
             times.append(time.perf_counter() - started)
     params = sum(int(np.prod(p.shape)) for p in model.parameters())
-    projected = {}
+    projected, buckets = {}, []
     if ctx.size == 1 and spec.get("project"):  # the per-rank batch: what P ranks would send
         projected = sparse_sum_bytes(model, task, cfg, PROJECTED_RANKS)
+        buckets = bucket_bytes(model)
     if ctx.is_main:
         _emit(dict(train_times=times, losses=losses, ranks=ctx.size, params=params,
                    allreduce_times=reduce_times[spec["warmup"]:],
                    wait_times=wait_times[spec["warmup"]:],
                    allreduce_bytes=statistics.median(reduce_bytes) if reduce_bytes else None,
-                   dense_bytes=(params + 1) * 4, projected_bytes=projected))
+                   dense_bytes=(params + 1) * 4, projected_bytes=projected,
+                   bucket_bytes=buckets,
+                   overlap_window=statistics.median(windows[spec["warmup"]:] or [0.0])))
     return 0
+
+
+def record_overlap_windows(model, task, windows: list) -> None:
+    """Each step's window for the buckets' sums, appended to ``windows`` (seconds): from the
+    moment its backward first says gradients are final (``model._gradients_final``: where
+    the first bucket could start) to the backward's end (the task's ``loss_and_grad``
+    returning).  A process alone starts no sum: the callback is this recorder's."""
+    first: list[float] = []
+
+    def gradients_final(modules):
+        if not first:
+            first.append(time.perf_counter())
+
+    loss_and_grad = task.loss_and_grad
+
+    def timed_loss_and_grad(*args, **kwargs):
+        first.clear()
+        loss = loss_and_grad(*args, **kwargs)
+        windows.append(time.perf_counter() - first[0] if first else 0.0)
+        return loss
+
+    model._on_gradients_final = gradients_final
+    task.loss_and_grad = timed_loss_and_grad
+
+
+def bucket_bytes(model) -> list[int]:
+    """[bytes of each gradient bucket, in the order they start] of ``model`` (float32):
+    the sums that overlap the backward (npformer.parallel.buckets); the lookup tables'
+    rows, summed after it, are the rest of ``sparse_sum_bytes``'."""
+    import numpy as np
+
+    from npformer.parallel.workers import gradient_buckets
+
+    params = model.trainable_parameters()
+    buckets, _ = gradient_buckets(model, params, 4)
+    return [sum(int(np.prod(p.shape)) for p in params[first:end]) * 4
+            for first, end in buckets]
 
 
 def sparse_sum_bytes(model, task, cfg: dict, ranks_list) -> dict:
@@ -321,11 +365,24 @@ def ring_allreduce_seconds(ranks: int, message_bytes: float, alpha: float,
 
 
 def projection(compute_s: float, message_bytes: float, ranks: int,
+               buckets: Sequence[float] = (), window_s: float = 0.0,
                alpha: float = CLUSTER_LATENCY_S,
                bandwidth: float = CLUSTER_BANDWIDTH_BPS) -> tuple[float, float]:
     """(step seconds, efficiency) at ``ranks`` with a fixed per-rank batch: the step's
-    compute, then the all-reduce (npformer does not overlap them)."""
-    step = compute_s + ring_allreduce_seconds(ranks, message_bytes, alpha, bandwidth)
+    compute, then what of the gradient sum the backward does not hide.
+
+    ``message_bytes`` is the whole sum's; of it, ``buckets`` (bytes, in the order they
+    start) are summed while the backward runs: each bucket's ring all-reduce starts when
+    the backward has finished it, one after another, within the backward's last
+    ``window_s`` (from its first finished bucket to its end); what they take beyond that
+    window is left over, and at least the last bucket's (the first block's: it starts as
+    the backward ends).  The rest (the lookup tables' rows, summed after the backward)
+    is not hidden.  No buckets: no overlap, the whole sum after the compute."""
+    sums = [ring_allreduce_seconds(ranks, b, alpha, bandwidth) for b in buckets]
+    hidden_behind = max(sums[-1] if sums else 0.0, sum(sums) - window_s)
+    rest = message_bytes - sum(buckets)
+    tail = ring_allreduce_seconds(ranks, rest, alpha, bandwidth) if rest > 0 else 0.0
+    step = compute_s + hidden_behind + tail
     return step, compute_s / step
 
 
@@ -397,17 +454,22 @@ def print_projection(results: dict) -> None:
     print()
     print(f"projection at a fixed per-rank batch (half the configuration's batch), ring "
           f"all-reduce, alpha {CLUSTER_LATENCY_S * 1e6:g} us, bandwidth "
-          f"{CLUSTER_BANDWIDTH_BPS / 1e9:g} GB/s (100 Gb/s InfiniBand), no overlap:")
+          f"{CLUSTER_BANDWIDTH_BPS / 1e9:g} GB/s (100 Gb/s InfiniBand); the buckets' sums "
+          f"overlap the backward from its first finished bucket (the window, measured), the "
+          f"lookup tables' rows are summed after it (in brackets: without overlap):")
     for name, modes in results.items():
         one = modes["npformer 1 rank, half batch"]
         compute, messages = _median(one), one.get("projected_bytes")
         if compute is None or not messages:
             print(f"  {name}: n/a (a mode failed)")
             continue
+        buckets, window = one.get("bucket_bytes", []), one.get("overlap_window", 0.0)
         cells = []
         for ranks in PROJECTED_RANKS:
             message = messages[str(ranks)]  # JSON keys: strings
-            step, efficiency = projection(compute, message, ranks)
+            step, efficiency = projection(compute, message, ranks, buckets, window)
+            _, alone = projection(compute, message, ranks)
             cells.append(f"{ranks} ranks {size_text(message)} {step * 1e3:.1f} ms "
-                         f"{efficiency:.0%}")
-        print(f"  {name:<8} compute {compute * 1e3:.1f} ms: " + "  ".join(cells))
+                         f"{efficiency:.0%} ({alone:.0%})")
+        print(f"  {name:<8} compute {compute * 1e3:.1f} ms, {len(buckets)} buckets "
+              f"{size_text(sum(buckets))}, window {window * 1e3:.1f} ms: " + "  ".join(cells))

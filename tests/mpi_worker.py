@@ -4,7 +4,8 @@ SCENARIO OUTDIR [RESUME_FROM]`` with the repository on PYTHONPATH.
 Rank 0 writes what the ranks computed to OUTDIR (``.npz`` files, text files); the
 pytest process compares it with a single process's results.  Scenarios:
 
-* ``checks``: gradients of every case (the sparse case's summed by row and whole), the
+* ``checks``: gradients of every case (in buckets of two sizes; the sparse case's summed
+  by row and whole), the
   Adam trajectories, runs with dropout (1 and 2 thread replicas a rank), checkpoints
   (and, given RESUME_FROM, a resumed run), the mismatch refusals, ``shard_map`` and the
   rank-0-only output, in one launch;
@@ -30,18 +31,21 @@ def save_npz(path: Path, **arrays) -> None:
 
 
 def gradients(ctx, out: Path) -> None:
+    """Every case's gradients, summed in buckets of the default size and of 64 bytes
+    (many: each a non-blocking all-reduce, started as the backward finishes it)."""
     for name, rows in cases.GRADIENT_CASES.items():
-        model, task, batch = cases.build(name, rows)
-        if ctx.rank:  # other ranks start from other weights: the broadcast must fix that
-            for p in model.parameters():
-                p.data = p.data + 1.0
-        engine = DataParallel(model, 1, ctx)
-        model.zero_grad()
-        share, count = engine.loss_and_grad(task, batch, 1.0, seed=0)
-        loss = engine.reduce_step(share)
-        if ctx.is_main:
-            save_npz(out / f"grads_{name}.npz", loss=loss, count=count,
-                     **{n: backend.to_numpy(p.grad) for n, p in model.named_parameters()})
+        for bucket_bytes, suffix in cases.BUCKET_SIZES.items():
+            model, task, batch = cases.build(name, rows)
+            if ctx.rank:  # other ranks start from other weights: the broadcast must fix that
+                for p in model.parameters():
+                    p.data = p.data + 1.0
+            engine = DataParallel(model, 1, ctx, bucket_bytes=bucket_bytes)
+            model.zero_grad()
+            share, count = engine.loss_and_grad(task, batch, 1.0, seed=0, ends_step=True)
+            loss = engine.reduce_step(share)
+            if ctx.is_main:
+                save_npz(out / f"grads_{name}{suffix}.npz", loss=loss, count=count,
+                         **{n: backend.to_numpy(p.grad) for n, p in model.named_parameters()})
 
 
 def sparse_sums(ctx, out: Path) -> None:

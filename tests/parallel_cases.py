@@ -12,6 +12,7 @@ from npformer.models import (
     ClassifierConfig,
     Seq2SeqConfig,
 )
+from npformer.parallel.buckets import BUCKET_BYTES
 from npformer.train import TrainConfig, Trainer
 from npformer.train.tasks import Classification, LanguageModeling, Translation
 from tests.helpers import tiered
@@ -65,6 +66,9 @@ CASES = {"classifier": classifier_case, "lm": lm_case, "seq2seq": seq2seq_case,
 # global batches of 7, 5 and 6 rows: uneven shards on 2 ranks (7, 5) and on 3 (7, 5), and
 # on 3 ranks seq2seq's equal row shards hold different numbers of target tokens
 GRADIENT_CASES = {"classifier": 7, "lm": 5, "seq2seq": 6, "lm_fewer_rows_than_ranks": 2}
+# the gradient sum's bucket sizes the ranks' runs try, and their files' suffixes: the default,
+# and 64 bytes (a bucket a parameter or two: many non-blocking all-reduces at once)
+BUCKET_SIZES = {BUCKET_BYTES: "", 64: "_buckets64"}
 
 
 def build(kind: str, rows: int | None = None, dropout: float = 0.0, seed: int = 0):

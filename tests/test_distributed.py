@@ -6,7 +6,8 @@ computation in this (single) process:
 
 * for each of the three models, the loss and every gradient of a global batch on 2 and
   3 ranks equal the single-process ones (float64, 1e-12 relative to the largest
-  gradient), with uneven shards (7 and 5 rows) and a batch of fewer rows than ranks;
+  gradient), with uneven shards (7 and 5 rows) and a batch of fewer rows than ranks,
+  summed in buckets of two sizes (npformer.parallel.buckets: tests/test_buckets.py);
 * lookup tables summed by the rows the ranks changed equal them summed whole (2 ranks:
   bit for bit), on both tiers, with 1 and 2 thread replicas a rank;
 * 10-step Adam trajectories (gradient accumulation, clipping among them) equal the
@@ -109,8 +110,10 @@ def _load(path: Path) -> dict:
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks", [2, 3])
 @pytest.mark.parametrize("name", list(cases.GRADIENT_CASES))
-def test_gradients_equal_the_single_process_gradients(runs, ranks, name):
-    ours = _load(runs[ranks][0] / f"grads_{name}.npz")
+@pytest.mark.parametrize("buckets", list(cases.BUCKET_SIZES.values()))
+def test_gradients_equal_the_single_process_gradients(runs, ranks, name, buckets):
+    """Summed in buckets (non-blocking all-reduces) of the default size and of 64 bytes."""
+    ours = _load(runs[ranks][0] / f"grads_{name}{buckets}.npz")
     with using_backend("numpy", "float64"):
         loss, expected = cases.whole_batch_gradients(name, cases.GRADIENT_CASES[name])
     assert abs(float(ours["loss"]) - loss) <= GRAD_RTOL * abs(loss), (float(ours["loss"]), loss)
@@ -452,10 +455,22 @@ def test_threads_and_ranks_shard_and_weight_alike(rows, ranks, replicas, weights
         assert threads == [] and share == alone == 0.0
 
 
+def slices_of(views, buffer) -> list[tuple[int, int]]:
+    """The (lo, hi) of ``buffer`` each of ``views`` is (each a view of it, none a copy)."""
+    start = buffer.__array_interface__["data"][0]
+    spans = []
+    for view in views:
+        assert view.base is buffer or view is buffer, "summed a copy, not the buffer"
+        lo = (view.__array_interface__["data"][0] - start) // buffer.itemsize
+        spans.append((lo, lo + view.size))
+    return spans
+
+
 def test_the_flat_gradient_buffer_is_all_reduced_as_it_is(monkeypatch):
-    """Parameters in one flat buffer (the fast tier's AdamW): the one all-reduce gets that
-    gradient buffer itself, and no packing buffer is ever made (the engine used to
-    allocate one beside it on construction, as large again)."""
+    """Parameters in one flat buffer (the fast tier's AdamW): the all-reduces get slices of
+    that gradient buffer itself (its buckets, and its lookup tables' start), covering it
+    once, and no packing buffer is ever made (the engine used to allocate one beside it
+    on construction, as large again)."""
     def no_packing(params):
         raise AssertionError("a packing buffer was made for a flat model")
 
@@ -466,28 +481,34 @@ def test_the_flat_gradient_buffer_is_all_reduced_as_it_is(monkeypatch):
         flat = flat_buffer_of(model.parameters())
         assert flat is optimizer._flat is not None
         ranks = EqualRanks(rank=0, size=2)
-        engine = DataParallel(model, 1, ranks)
+        engine = DataParallel(model, 1, ranks, bucket_bytes=256)
         optimizer.zero_grad()
         share, _ = engine.loss_and_grad(task, batch, 1.0, seed=0)
         before = flat.grad.copy()
         assert engine.reduce_step(share) == 2 * share
-        assert len(ranks.summed) == 1 and ranks.summed[0] is flat.grad
+        spans = sorted(slices_of(ranks.summed, flat.grad))
+        assert len(spans) > 2 and spans[0][0] == 0 and spans[-1][1] == flat.grad.size
+        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:])), spans  # each once
         assert np.array_equal(flat.grad, 2 * before)  # summed where the views look
         assert flat_buffer_of(model.parameters()) is flat
 
 
 def test_separate_gradients_are_packed_into_one_buffer_and_come_back_as_views():
     """The textbook tier's gradients are separate arrays: they are packed into one
-    buffer, all-reduced once, and each gradient is then a view of its slice."""
+    buffer, all-reduced bucket by bucket (each element once), and each gradient is then
+    a view of its slice."""
     with using_backend("numpy", "float64"), using_tier("textbook"):
         model, task, batch = cases.build("lm", 5)
         ranks = EqualRanks(rank=1, size=3)
-        engine = DataParallel(model, 1, ranks)
+        engine = DataParallel(model, 1, ranks, bucket_bytes=256)
         model.zero_grad()
         share, _ = engine.loss_and_grad(task, batch, 1.0, seed=0)
         before = [p.grad.copy() for p in model.parameters()]
         assert engine.reduce_step(share) == 3 * share
-        (buffer,) = ranks.summed
+        buffer = engine._packed.buffer
+        spans = sorted(slices_of(ranks.summed, buffer))
+        assert len(spans) > 2 and spans[0][0] == 0 and spans[-1][1] == buffer.size
+        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:])), spans
         for p, g in zip(model.parameters(), before):
             assert np.array_equal(p.grad, 3 * g) and np.shares_memory(p.grad, buffer)
 

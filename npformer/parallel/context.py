@@ -1,10 +1,10 @@
 """Joining the ranks (:func:`setup`) and this process's place among them (:class:`Context`).
 
 :class:`Context` is the communicator :class:`npformer.parallel.DataParallel` sums
-through (see that module): rank, size, an in-place ``allreduce`` of one flat buffer,
-``allgather``, ``from_main`` and ``check_same``.  A single process is rank 0 of 1, whose
-collectives return their input; mpi4py is imported only when a launcher started
-several ranks.
+through (see that module): rank, size, an in-place ``allreduce`` of one flat buffer
+(``start_allreduce``: the same without waiting, a gradient bucket's), ``allgather``,
+``from_main`` and ``check_same``.  A single process is rank 0 of 1, whose collectives
+return their input; mpi4py is imported only when a launcher started several ranks.
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ import numpy as np
 
 from ..backend import keep_freed_memory
 from . import fingerprint, transports
+from .buckets import DONE
 from .failure import (
     abort_all_on_uncaught_exception,
     end_the_launch,
@@ -75,6 +76,18 @@ class Context:
         if on_device not in self._sums:
             self._sums[on_device] = transports.make_allreduce(self.comm, on_device)
         self._sums[on_device](buffer)
+
+    def start_allreduce(self, buffer: Any) -> Any:
+        """The sum of ``buffer`` in place started without waiting (a host buffer:
+        ``MPI_Iallreduce``) -> a handle: ``test()`` progresses it, ``wait()`` ends it;
+        nothing may touch the buffer meanwhile.  A device buffer is summed at once (its
+        transports block), as is nothing in a process alone."""
+        if self.alone or not isinstance(buffer, np.ndarray):
+            self.allreduce(buffer)
+            return DONE
+        if False not in self._sums:
+            self._sums[False] = transports.make_allreduce(self.comm, False)
+        return self._sums[False].start(buffer)
 
     def allgather(self, value: Any) -> list:
         """[value of rank 0, value of rank 1, ...] on every rank (any picklable value)."""

@@ -4,7 +4,9 @@ A NumPy buffer goes through MPI's ``Allreduce``.  A CuPy buffer (each rank on a 
 goes through NCCL (``cupy.cuda.nccl``) when CuPy has it and each rank has a GPU of its
 own, else through a CUDA-aware MPI that reads device memory, else staged through host
 memory; ``NPFORMER_GPU_ALLREDUCE=nccl|mpi|host`` picks one.  Every transport is a
-callable ``sum_in_place(buffer) -> None``; :func:`make_allreduce` chooses.
+callable ``sum_in_place(buffer) -> None``; :func:`make_allreduce` chooses.  The host's
+also starts a sum without waiting for it (``start``: ``MPI_Iallreduce``), as the gradient
+buckets do (:mod:`.buckets`).
 """
 from __future__ import annotations
 
@@ -27,6 +29,27 @@ class HostAllreduce:
         from mpi4py import MPI
 
         self.comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
+
+    def start(self, buffer: np.ndarray) -> Pending:
+        """The sum of ``buffer`` in place started (``MPI_Iallreduce``); until its
+        ``wait()`` returns, nothing may read or write the buffer."""
+        from mpi4py import MPI
+
+        return Pending(self.comm.Iallreduce(MPI.IN_PLACE, buffer, op=MPI.SUM))
+
+
+class Pending:
+    """A started MPI sum: ``test()`` lets MPI progress it (-> whether it is done),
+    ``wait()`` ends it."""
+
+    def __init__(self, request: Any):
+        self.request = request
+
+    def test(self) -> bool:
+        return bool(self.request.Test())
+
+    def wait(self) -> None:
+        self.request.Wait()
 
 
 class DeviceThroughHost:

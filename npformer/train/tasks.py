@@ -133,6 +133,13 @@ class Translation(Task):
     def count(self, batch: tuple) -> int:
         return int(np.sum(batch[3] != self.pad_id))
 
+    def costs(self, batch: tuple) -> np.ndarray:
+        """(B,): what each row costs to compute, its source and target tokens (the fast
+        tier computes the valid positions only).  Data parallelism shares the rows out by
+        it (:func:`npformer.parallel.shards.balanced_bounds`): sentences differ in length,
+        so equal numbers of rows would leave the ranks of the longer ones waited for."""
+        return np.asarray(batch[1]) + np.asarray(batch[4])
+
     def loss_and_grad_on_device(self, model: Module, batch: tuple,
                                 grad_scale: float = 1.0) -> Array:
         """The logits of every target position, padding's ignored by the loss (the same
