@@ -54,15 +54,11 @@ def flag(name: str) -> str:
 
 
 # =========================================================================== command-line values
-# The demos' option types (argparse's ``type=``): the text read as a number, then held to
-# the rule a Python argument of that kind meets (check_size, check_real, check_probability).
-# argparse puts the option before the message: "argument --lr: expected a positive number,
-# got '0'" (exit status 2).
+# The demos' option types (argparse's ``type=``); argparse puts the option before the
+# message: "argument --lr: expected a positive number, got '0'" (exit status 2).
 def _option_value(text: str, read: Callable[[str], Any], check: Callable[[Any], Any],
                   expected: str) -> Any:
     """``read(text)``, refused unless ``check`` passes it, naming ``expected`` and the text."""
-    import argparse  # only where a command line is parsed
-
     try:
         value = read(text)
         check(value)
@@ -148,6 +144,13 @@ def typed_options(args: argparse.Namespace) -> set[str]:
 TRAINING_ONLY = ("data", "stop_after", "cuda_graph")
 
 
+def _as_typed(args: argparse.Namespace, dest: str) -> tuple[str, str]:
+    """(the option ``dest`` as typed, with its value as typed: ``--lora-alpha 16``)."""
+    typed_as, value = getattr(args, _GIVEN_AS, {}).get(dest, (flag(dest),
+                                                              getattr(args, dest, None)))
+    return typed_as, typed_as if value is True else f"{typed_as} {shlex.quote(str(value))}"
+
+
 def refuse_unread_with_saved_model(parser: argparse.ArgumentParser, args: argparse.Namespace,
                                    preset: Any, use_only: str | None) -> None:
     """With ``use_only`` (the option that uses the saved model, ``--sample-only``), an
@@ -158,11 +161,9 @@ def refuse_unread_with_saved_model(parser: argparse.ArgumentParser, args: argpar
         return
     read = set(getattr(type(preset), "read_with_saved_model", ()))
     settings = {f.name for f in fields(preset)}
-    spelled = getattr(args, _GIVEN_AS, {})
     for dest in sorted(typed_options(args)):
         if (dest in settings and dest not in read) or dest in TRAINING_ONLY:
-            typed_as, value = spelled.get(dest, (flag(dest), getattr(args, dest, None)))
-            shown = typed_as if value is True else f"{typed_as} {shlex.quote(str(value))}"
+            typed_as, shown = _as_typed(args, dest)
             parser.error(f"{shown} is not read with {use_only}, which uses the saved model "
                          f"(it sets training or the model's sizes): leave {typed_as} out")
 
@@ -172,7 +173,7 @@ def _refuse_unread_options(parser: argparse.ArgumentParser, args: argparse.Names
     """An option typed without the option it needs (:func:`option`'s and :func:`needs`'s
     ``needs``) is refused, naming both, whatever its value: a value equal to the default
     would otherwise be dropped silently (``--lora-alpha 16`` without ``--lora R``)."""
-    typed, spelled = typed_options(args), getattr(args, _GIVEN_AS, {})
+    typed = typed_options(args)
     checks = [(f.name, lambda test=f.metadata["needs"][0]: test(preset),
                f.metadata["needs"][1]) for f in fields(preset)
               if f.metadata.get("needs") is not None]
@@ -180,8 +181,7 @@ def _refuse_unread_options(parser: argparse.ArgumentParser, args: argparse.Names
                for dest, (test, what) in getattr(parser, "needed", {}).items()]
     for dest, holds, what in checks:
         if dest in typed and not holds():
-            typed_as, value = spelled.get(dest, (flag(dest), getattr(args, dest, None)))
-            shown = typed_as if value is True else f"{typed_as} {shlex.quote(str(value))}"
+            typed_as, shown = _as_typed(args, dest)
             parser.error(f"{shown} is read only with {what}: add {what}, or leave "
                          f"{typed_as} out")
 
@@ -223,8 +223,7 @@ def _add_preset_options(parser: argparse.ArgumentParser, presets: dict) -> None:
 
 class _OneSetting(argparse.Action):
     """A preset field's option, under its name or another spelling (``--d-model``,
-    ``--n-embd``, ``--d_model``):
-    the names set one setting, so two of them with different values are refused, naming
+    ``--n-embd``, ``--d_model``): two of them with different values are refused, naming
     both (which one would win is not the user's intent to guess); the same value twice,
     or one name repeated, is accepted (argparse's rule: the last one wins)."""
 
@@ -317,9 +316,8 @@ def demo_parser(demo: Demo, doc: str, presets: dict) -> argparse.ArgumentParser:
     """The command line every demo shares: data, output, run settings, resuming, and one
     option per preset field.  The demo adds its own options to it."""
     parser = _DemoParser(description=doc.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=doc.split("\n\n", 1)[1]
-                                     + MPI_EPILOG.format(script=demo.script))
+                         formatter_class=argparse.RawDescriptionHelpFormatter,
+                         epilog=doc.split("\n\n", 1)[1] + MPI_EPILOG.format(script=demo.script))
     parser.add_argument("--data", default=None,
                         help="dataset file or folder (default: $NPFORMER_DATA, then the user "
                              "cache, downloading there if needed)")
@@ -350,7 +348,12 @@ def demo_parser(demo: Demo, doc: str, presets: dict) -> argparse.ArgumentParser:
                              "BLAS, for training and evaluation (default: one per CPU core "
                              "with numpy, shared among the MPI ranks on the machine; 1 with "
                              "cupy or --tier textbook)")
-    add_procs_option(parser)
+    parser.add_argument(
+        "--procs", type=positive_int, default=None, metavar="N",
+        help="processes to train in: the demo re-launches itself as N MPI ranks (one "
+             "process per core by default, when mpi4py and mpiexec are installed, except "
+             "with --tier textbook; the results are one process's, up to rounding); "
+             "--procs 1 runs in this process")
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress bar (on a terminal) or progress lines (elsewhere)")
     parser.add_argument("--resume", action="store_true",
@@ -365,13 +368,3 @@ def demo_parser(demo: Demo, doc: str, presets: dict) -> argparse.ArgumentParser:
                              "file of that run is removed first")
     _add_preset_options(parser, presets)
     return parser
-
-
-def add_procs_option(parser: argparse.ArgumentParser) -> None:
-    """``--procs N`` on a demo's command line."""
-    parser.add_argument(
-        "--procs", type=positive_int, default=None, metavar="N",
-        help="processes to train in: the demo re-launches itself as N MPI ranks (one "
-             "process per core by default, when mpi4py and mpiexec are installed, except "
-             "with --tier textbook; the results are one process's, up to rounding); "
-             "--procs 1 runs in this process")

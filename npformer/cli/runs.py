@@ -29,14 +29,14 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from .. import backend, parallel
 from ..checkpoint import Checkpoint, CheckpointError, build_model, load_checkpoint
-from ..gpu.cuda_graph import wanted_by_environment
 from ..nn import Module
 from ..parallel.relaunch import launch_record, relaunch, under_launcher
 from ..train import progress
@@ -70,16 +70,11 @@ def start_demo(demo: Demo, parser: argparse.ArgumentParser, presets: dict,
                argv: list[str] | None, use_saved: str | None = None,
                check_options: Callable[[argparse.ArgumentParser, argparse.Namespace], None]
                | None = None) -> DemoRun:
-    """The start-up every demo shares; returns the run's settled options, preset and folder.
-
-    Parses ``argv`` (None: the command line) with ``parser`` (:func:`demo_parser` and the
-    demo's own options), checks the rules between the demo's own options
-    (``check_options(parser, args)``, which calls ``parser.error``), settles the settings
-    (:func:`resolve_settings`) and, when it trains, takes the output folder (:func:`take_output`):
-    all of it before re-launching the demo as MPI ranks when it trains on the CPU
-    (:func:`npformer.parallel.relaunch.relaunch`), so an error is printed once.  This process
-    ends with the ranks' exit status (``SystemExit``, as argparse ends on a bad option).
-    Otherwise the run is set up here (:func:`apply_settings`).
+    """The start-up every demo shares (the module's docstring); returns the run's settled
+    options, preset and folder.  ``argv`` (None: the command line) is parsed with ``parser``
+    (:func:`demo_parser` and the demo's own options) and ``check_options(parser, args)``
+    (the rules between the demo's own options: it calls ``parser.error``).  Where the demo
+    re-launches as MPI ranks, this process ends with their exit status (``SystemExit``).
 
     ``use_saved`` names the option (its destination, e.g. ``"predict"``) with which the
     demo uses a saved model instead of training: given, nothing is trained, so nothing is
@@ -93,10 +88,8 @@ def start_demo(demo: Demo, parser: argparse.ArgumentParser, presets: dict,
     started_by_a_launcher = under_launcher()
     if use_only is None and not started_by_a_launcher:  # one process, or the ranks' launcher
         take_output(args, preset, demo)
-    try:
+    with _told(ValueError):  # an environment variable the ranks would refuse
         code = relaunch(args, argv, training=use_only is None)
-    except ValueError as exc:  # an environment variable the ranks would refuse
-        raise DemoError(str(exc)) from None
     if code is not None:
         raise SystemExit(code)  # the run, on one MPI rank per core, has ended
     apply_settings(args)
@@ -153,29 +146,26 @@ def apply_settings(args: argparse.Namespace) -> Path:
     --no-progress; join the MPI ranks when started by mpiexec (before any array is made: a
     rank picks its GPU there); choose the thread replicas; create and return the output
     folder."""
-    try:  # NPFORMER_BACKEND and the switches: a bad value in one line, before any use
-        backend.check_environment()
-    except ValueError as exc:
-        raise DemoError(str(exc)) from None
-    try:
-        parallel.setup()
-    except (RuntimeError, ValueError) as exc:  # MPI off in one rank of several, no mpi4py,
-        raise DemoError(str(exc)) from None  # another MPI's mpiexec, NPFORMER_MPI_TIMEOUT
-    _check_launched_ranks()
-    try:
-        backend.set_backend(args.backend or backend.backend_name(), seed=args.seed)
-    except (RuntimeError, ValueError) as exc:  # no CuPy, no GPU
-        raise DemoError(str(exc)) from None
+    with _told(RuntimeError, ValueError):
+        backend.check_environment()  # NPFORMER_BACKEND and the switches, before any use
+        parallel.setup()  # MPI off in a rank, no mpi4py, a foreign mpiexec, NPFORMER_MPI_TIMEOUT
+        _check_launched_ranks()
+        backend.set_backend(args.backend or backend.backend_name(), seed=args.seed)  # no GPU
     backend.set_default_float(args.dtype)
     if getattr(args, "cuda_graph", False):  # the Trainer reads it (TrainConfig.cuda_graph)
         os.environ["NPFORMER_CUDA_GRAPH"] = "1"
-    try:
-        wanted_by_environment()  # a value that is not a boolean: refused here, in one line
-    except ValueError as exc:
-        raise DemoError(str(exc)) from None
     progress.set_enabled(not args.no_progress)  # evaluation's and decoding's too
     _choose_workers(args)
     return _folder(args)
+
+
+@contextmanager
+def _told(*kinds: type[Exception]) -> Iterator[None]:
+    """Within the block, an exception of ``kinds`` is the user's to fix: a DemoError."""
+    try:
+        yield
+    except kinds as exc:
+        raise DemoError(str(exc)) from None
 
 
 def _folder(args: argparse.Namespace) -> Path:
