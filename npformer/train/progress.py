@@ -26,6 +26,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sized
 from contextlib import contextmanager
+from types import SimpleNamespace
 
 from .. import parallel
 from ..ops.contracts import check_flag
@@ -38,13 +39,6 @@ _open: list[Progress] = []  # the phases open now, innermost last
 _labels: list[str] = []  # the contexts entered now, innermost last
 _lock = threading.RLock()  # steps may be counted from worker threads (map_batches)
 _shown = True  # set_enabled(): whether a phase opened outside any other is shown
-
-
-class _Rhythm:
-    """When the last line was printed, shared by an outer phase and those inside it."""
-
-    def __init__(self, last: float):
-        self.last = last
 
 
 class Progress:
@@ -81,7 +75,8 @@ class Progress:
         self.enabled = enabled and (self.outer is None or self.outer.enabled)
         self.every = max(1, (total or 0) // lines_per_run) if lines_per_run else None
         self.started = self._last_step = self.clock()
-        self.rhythm = self.outer.rhythm if self.outer else _Rhythm(self.started)
+        # .last: when the last line was printed, shared by an outer phase and those inside
+        self.rhythm = self.outer.rhythm if self.outer else SimpleNamespace(last=self.started)
         self.steps: deque[tuple[int, int | None, float]] = deque(maxlen=WINDOW)  # (steps,
         #                       items, seconds) of the last ones, but the phase's first step:
         self.first_step_done = False  # it carries the start-up (compiling, first checks)
@@ -140,11 +135,9 @@ class Progress:
         """Items (or, where none were given, steps) per second over the last WINDOW
         steps; None before a step has taken any time."""
         seconds = sum(s for _, _, s in self.steps)
-        if seconds <= 0:
-            return None
-        if all(items is not None for _, items, _ in self.steps):
-            return sum(items for _, items, _ in self.steps) / seconds
-        return sum(steps for steps, _, _ in self.steps) / seconds
+        by_items = all(items is not None for _, items, _ in self.steps)
+        done = sum(items if by_items else steps for steps, items, _ in self.steps)
+        return done / seconds if seconds > 0 else None
 
     def seconds_left(self, now: float) -> float | None:
         """The steps left at the last WINDOW steps' pace; with a budget, at most the
@@ -170,7 +163,8 @@ class Progress:
             parts.append(f"lr {self.lr:.2e}")
         rate = self.rate()
         per = "items" if all(items is not None for _, items, _ in self.steps) else self.unit
-        parts.append(f"{_number(rate)} {per}/s" if rate else f"? {per}/s")
+        shown = f"{rate:,.0f}" if rate and rate >= 100 else f"{rate:.3g}" if rate else "?"
+        parts.append(f"{shown} {per}/s")
         left = self.seconds_left(now)
         parts.append(f"{clock_time(self.elapsed(now))} elapsed")
         parts.append(f"{clock_time(left)} left" if left is not None else "? left")
@@ -265,10 +259,6 @@ def clock_time(seconds: float) -> str:
     minutes, second = divmod(int(round(seconds)), 60)
     hours, minute = divmod(minutes, 60)
     return f"{hours}:{minute:02d}:{second:02d}" if hours else f"{minute}:{second:02d}"
-
-
-def _number(rate: float) -> str:
-    return f"{rate:,.0f}" if rate >= 100 else f"{rate:.3g}"
 
 
 def _stderr_is_a_terminal() -> bool:
