@@ -17,19 +17,16 @@ The format's version is :data:`FORMAT_VERSION` (5: ``meta["lora"]`` holds a LoRA
 adapters' settings, below), the only one this release reads: a file of another version,
 older or newer, is refused by its version, not by a field it does not know.
 
-Files are written atomically: into a temporary file ``.<name>.<pid>.tmp`` beside the
-target, flushed to disk, then renamed over it, so an interrupted save never leaves a
-half-written checkpoint where a good one was.  A process killed mid-save (SIGKILL: no
-clean-up runs) leaves its temporary behind; the next save or load of that checkpoint
-removes the temporaries whose process is gone.  The file is created with mode 0666
-less the umask, like any file a program writes (0644 under the usual umask 022).  A model
-whose LoRA adapters are merged into its weights is refused (restored, the update would
-count twice): a checkpoint holds the weights and the adapters apart.  It holds what the
-adapters compute too, in ``meta["lora"]`` (:func:`npformer.nn.lora.adapter_settings`:
-each adapted layer's rank, alpha, dropout and whether merged, and which layers share one
-A): :func:`build_model` puts the same adapters on the model it builds, and
-:func:`restore` refuses a model whose adapters differ, naming the layer and the setting
-(restored into adapters of another alpha, the same weights would compute another model).
+Files are written atomically: into ``.<name>.<pid>.tmp`` beside the target, flushed to
+disk, then renamed over it, so an interrupted save never leaves a half-written checkpoint
+where a good one was; the temporary of a process killed mid-save is removed by the next
+save or load of that checkpoint.  The file's mode is 0666 less the umask, as for any file.
+
+A LoRA model's adapters are saved apart from its weights (merged ones are refused:
+restored, the update would count twice), with what they compute in ``meta["lora"]``
+(:func:`npformer.nn.lora.adapter_settings`): :func:`build_model` puts the same adapters on
+the model it builds, and :func:`restore` refuses a model whose adapters differ, naming the
+layer and the setting.
 
 Loading works on any backend, and refuses (:class:`CheckpointError`, naming the
 problem) a file that is not a readable checkpoint: truncated or corrupt, of another
@@ -89,10 +86,6 @@ class Checkpoint:
 
 
 # --------------------------------------------------------------------------- temporaries
-def _temporary_name(path: Path, pid: int) -> Path:
-    return path.with_name(f".{path.name}.{pid}.tmp")
-
-
 def _process_is_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -204,14 +197,12 @@ def save_checkpoint(path: str | os.PathLike, model: Module, optimizer: Optimizer
 
     path = Path(check_path(path, "path"))
     step = check_size(step, "step", 0)
-    if extra is not None and not isinstance(extra, dict):
-        raise TypeError(f"extra must be a dict (JSON values by name) or None, got "
-                        f"{type(extra).__name__}")
-    check_json(extra, "extra")
-    if rng_state is not None and not isinstance(rng_state, dict):
-        raise TypeError(f"rng_state must be a dict (the random generators' states) or None, "
-                        f"got {type(rng_state).__name__}")
-    check_json(rng_state, "rng_state")
+    for name, value, holding in (("extra", extra, "JSON values by name"),
+                                 ("rng_state", rng_state, "the random generators' states")):
+        if value is not None and not isinstance(value, dict):
+            raise TypeError(f"{name} must be a dict ({holding}) or None, got "
+                            f"{type(value).__name__}")
+        check_json(value, name)
     _check_destination(path)
     _check_model(model, "save_checkpoint(path, model)")
     _refuse_merged_adapters(model)
@@ -235,7 +226,7 @@ def save_checkpoint(path: str | os.PathLike, model: Module, optimizer: Optimizer
                                         else backend.to_numpy(value))
                        for key, value in optimizer.state_dict().items()})
     arrays["meta"] = np.array(json.dumps(meta))
-    tmp = _temporary_name(path, os.getpid())
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(path)
@@ -284,14 +275,14 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
                               f"corrupt?): {type(exc).__name__}: {exc}") from exc
     meta = _read_meta(path, contents)
     params = {k[len("param/"):]: v for k, v in contents.items() if k.startswith("param/")}
-    optim = {k[len("optim/"):]: _unwrap(v) for k, v in contents.items()
-             if k.startswith("optim/")}
-    for name, value in params.items():  # the rules every weight loader applies
-        try:
-            weight_array(value, f"param/{name}")
-        except (TypeError, ValueError) as exc:
-            raise CheckpointError(f"{path}: {exc}") from None
-    _check_arrays(path, "optim/", {k: v for k, v in optim.items() if isinstance(v, np.ndarray)})
+    optim = {k[len("optim/"):]: v.item() if v.ndim == 0 else v  # scalars back to Python's
+             for k, v in contents.items() if k.startswith("optim/")}
+    for key, value in contents.items():  # the rules every weight loader applies
+        if key.startswith("param/") or (key.startswith("optim/") and value.ndim > 0):
+            try:
+                weight_array(value, key)
+            except (TypeError, ValueError) as exc:
+                raise CheckpointError(f"{path}: {exc}") from None
     return Checkpoint(kind=meta["kind"], config=meta["config"], params=params, optimizer=optim,
                       step=meta["step"], rng_state=meta.get("rng_state"), extra=meta["extra"],
                       lora=meta.get("lora"))
@@ -354,26 +345,6 @@ def _read_meta(path: Path, contents: dict) -> dict:
         except ValueError as exc:
             raise CheckpointError(str(exc)) from None
     return meta
-
-
-def _check_arrays(path: Path, prefix: str, arrays: dict) -> None:
-    """Every saved array is numeric and finite; the first that is not is named."""
-    for name, value in arrays.items():
-        if value.dtype.kind not in "fiub":
-            raise CheckpointError(f"{path}: {prefix}{name} has dtype {value.dtype}, not a "
-                                  "number type (corrupt or not an npformer checkpoint)")
-        if value.dtype.kind == "f" and not np.isfinite(value).all():
-            bad = int(np.size(value) - np.count_nonzero(np.isfinite(value)))
-            raise CheckpointError(f"{path}: {prefix}{name} holds {bad} NaN or infinite "
-                                  "values; refusing to load weights that would predict NaN "
-                                  "(was it saved after training diverged?)")
-
-
-def _unwrap(value: np.ndarray):
-    """0-d arrays back to Python scalars/strings; arrays stay arrays."""
-    if value.ndim == 0:
-        return value.item()
-    return value
 
 
 TIERS = ("fast", "textbook")  # npformer.fast's implementations, or the textbook's
