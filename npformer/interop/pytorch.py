@@ -36,7 +36,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -68,6 +68,34 @@ class Rule:
     torch_key: str
     npformer_keys: tuple[str, ...]
     kind: str = "copy"
+
+    def __post_init__(self):
+        if self.kind not in LAYOUTS:
+            raise ValueError(f"unknown rule kind {self.kind!r}: one of {sorted(LAYOUTS)}")
+
+
+class Layout(NamedTuple):
+    """A rule kind's conversions: npformer arrays -> the torch tensor, (the tensor, how
+    many npformer arrays) -> those arrays, npformer shapes -> the tensor's shape."""
+
+    to_torch: Callable
+    from_torch: Callable
+    torch_shape: Callable
+
+
+LAYOUTS = {
+    "copy": Layout(lambda arrays: arrays[0], lambda tensor, count: [tensor],
+                   lambda shapes: tuple(shapes[0])),
+    "transpose": Layout(lambda arrays: arrays[0].T, lambda tensor, count: [tensor.T],
+                        lambda shapes: tuple(reversed(shapes[0]))),
+    "qkv_weight": Layout(  # 3 x (D, H*E) <-> (3*H*E, D)
+        lambda arrays: np.concatenate([a.T for a in arrays], axis=0),
+        lambda tensor, count: [block.T for block in np.split(tensor, count, axis=0)],
+        lambda shapes: (sum(shape[1] for shape in shapes), shapes[0][0])),
+    "qkv_bias": Layout(lambda arrays: np.concatenate(arrays, axis=0),
+                       lambda tensor, count: np.split(tensor, count, axis=0),
+                       lambda shapes: (sum(shape[0] for shape in shapes),)),
+}
 
 
 RuleFn = Callable[[object, str, str], Iterator[Rule]]
@@ -154,30 +182,6 @@ def _decoder_block(m, t, n):
 
 
 # --------------------------------------------------------------------------- conversion
-def _to_torch_layout(kind: str, arrays: list[np.ndarray]) -> np.ndarray:
-    if kind == "copy":
-        return arrays[0]
-    if kind == "transpose":
-        return arrays[0].T
-    if kind == "qkv_weight":
-        return np.concatenate([a.T for a in arrays], axis=0)  # 3 x (D, E*H) -> (3*H*E, D)
-    if kind == "qkv_bias":
-        return np.concatenate(arrays, axis=0)
-    raise ValueError(f"unknown rule kind {kind!r}")
-
-
-def _from_torch_layout(kind: str, tensor: np.ndarray, count: int) -> list[np.ndarray]:
-    if kind == "copy":
-        return [tensor]
-    if kind == "transpose":
-        return [tensor.T]
-    if kind == "qkv_weight":
-        return [block.T for block in np.split(tensor, count, axis=0)]
-    if kind == "qkv_bias":
-        return np.split(tensor, count, axis=0)
-    raise ValueError(f"unknown rule kind {kind!r}")
-
-
 def to_torch_state_dict(module: Module) -> dict[str, np.ndarray]:
     """The state dict of the equivalent PyTorch module, as NumPy arrays (C-contiguous)."""
     if not isinstance(module, Module):
@@ -188,24 +192,11 @@ def to_torch_state_dict(module: Module) -> dict[str, np.ndarray]:
     for rule in rules_for(module):
         arrays = [own[k] for k in rule.npformer_keys]
         used.update(rule.npformer_keys)
-        out[rule.torch_key] = np.ascontiguousarray(_to_torch_layout(rule.kind, arrays))
+        out[rule.torch_key] = np.ascontiguousarray(LAYOUTS[rule.kind].to_torch(arrays))
     unconverted = sorted(set(own) - used)
     if unconverted:
         raise ValueError(f"parameters with no PyTorch counterpart: {unconverted}")
     return out
-
-
-def _torch_shape(kind: str, shapes: list[tuple]) -> tuple:
-    """The shape of the torch tensor a rule makes from npformer arrays of ``shapes``."""
-    if kind == "copy":
-        return tuple(shapes[0])
-    if kind == "transpose":
-        return tuple(reversed(shapes[0]))
-    if kind == "qkv_weight":  # 3 x (D, H*E) -> (3*H*E, D)
-        return (sum(shape[1] for shape in shapes), shapes[0][0])
-    if kind == "qkv_bias":
-        return (sum(shape[0] for shape in shapes),)
-    raise ValueError(f"unknown rule kind {kind!r}")
 
 
 def _npformer_submodule(module, path: str):
@@ -259,12 +250,12 @@ def load_torch_state_dict(module: Module, torch_state: Mapping[str, Any]) -> Non
         raise ValueError(f"PyTorch state dict does not fit {owner}: "
                          f"missing keys {missing}, unexpected keys {extra}")
     own = {name: tuple(p.shape) for name, p in module.named_parameters()}
-    shapes = {r.torch_key: _torch_shape(r.kind, [own[k] for k in r.npformer_keys])
+    shapes = {r.torch_key: LAYOUTS[r.kind].torch_shape([own[k] for k in r.npformer_keys])
               for r in rules}
     host = checked_weights(shapes, torch_state, owner, what="PyTorch state dict")
     state = {}
     for rule in rules:
-        parts = _from_torch_layout(rule.kind, host[rule.torch_key], len(rule.npformer_keys))
+        parts = LAYOUTS[rule.kind].from_torch(host[rule.torch_key], len(rule.npformer_keys))
         state.update(zip(rule.npformer_keys, parts))
     module.load_state_dict(state)
 
@@ -314,16 +305,7 @@ def load_safetensors(module: Module, path: str | Path) -> None:
 
 
 # --------------------------------------------------------------------------- models
-# The PyTorch reference of each model is a plain torch.nn module with these
-# attribute names (the tests assemble exactly that):
-#   classifier: tok_emb, pos_emb (learned positions only), bigram_emb (with bigram_buckets),
-#               layers.<i> (TransformerEncoderLayer),
-#               norm (pre-norm only), head
-#   causal LM:  tok_emb, pos_emb, layers.<i>, norm (pre-norm only), lm_head (untied only)
-#   seq2seq:    src_tok_emb, tgt_tok_emb, src_pos_emb/tgt_pos_emb (learned only),
-#               encoder.layers.<i>, encoder.norm (pre-norm only), decoder.layers.<i>,
-#               decoder.norm (pre-norm only), out_proj (untied only)
-#               (torch.nn.Transformer's names)
+# The PyTorch reference models' attribute names: npformer.interop.torch_reference's docstring
 def _token_embedding(m, t_tok, t_pos, n):
     yield from _embedding(m.tokens, t_tok, n + "tokens.")
     if isinstance(m.positions, LearnedPositionalEmbedding):
@@ -388,25 +370,12 @@ def to_torch(module: Any, device: Any = None) -> Any:
     """The ``torch.nn.Module`` equivalent of an npformer model or layer, holding the same
     weights: same outputs for the same inputs (in training too, up to the dropout masks
     drawn: the torch layers' attention dropout is set to 0, as npformer drops no
-    attention probabilities).
-
-    * ``models.TransformerClassifier`` -> ``torch_reference.torch_models()["classifier"]``,
-      called as ``forward(ids, valid_lens=None)``; ``models.CausalLM`` -> ``["causal_lm"]``,
-      ``forward(ids)``; ``models.Seq2SeqTransformer`` -> ``["seq2seq"]``,
-      ``forward(src, tgt_in, src_lens=None, tgt_lens=None)`` (lengths default to the
-      count of non-pad ids, as in npformer);
-    * ``nn.EncoderBlock`` / ``nn.DecoderBlock`` -> ``nn.TransformerEncoderLayer`` /
-      ``nn.TransformerDecoderLayer`` (batch_first; the same norm_first, activation, dropout,
-      none on the attention probabilities: ``self_attn.dropout`` and
-      ``multihead_attn.dropout`` are 0);
-    * ``nn.MultiHeadAttention`` -> ``nn.MultiheadAttention(batch_first=True)``;
-    * ``nn.Linear``, ``nn.LayerNorm``, ``nn.Embedding`` -> the torch layer of that name;
-      ``nn.LearnedPositionalEmbedding`` -> ``nn.Embedding(max_len, d_model)``.
-
-    The models' references have dropout 0 and keep the npformer config as ``.c``. The
-    dtype is the module's (float32 or float64); ``device`` (e.g. ``"cuda"``) where the
-    torch module goes (default: the CPU); the torch module is in the npformer module's
-    mode (``training`` or eval).
+    attention probabilities).  The layers map as the module's table says; a model maps to
+    its reference in ``torch_reference.torch_models()`` (``["classifier"]``,
+    ``["causal_lm"]``, ``["seq2seq"]``, whose ``forward`` the classes' docstrings give),
+    which keeps the npformer config as ``.c``.  The dtype is the module's (float32 or
+    float64); ``device`` (e.g. ``"cuda"``) where the torch module goes (default: the CPU);
+    the torch module is in the npformer module's mode (``training`` or eval).
     """
     import torch
 
