@@ -49,18 +49,8 @@ from .ops.contracts import check_flag, check_real, check_size
 
 Schedule = Callable[[int], float]
 
-__all__ = [
-    "Optimizer",
-    "SGD",
-    "Adam",
-    "AdamW",
-    "NonFiniteGradientError",
-    "clip_grad_norm",
-    "global_grad_norm",
-    "constant",
-    "warmup_inverse_sqrt",
-    "warmup_cosine",
-]
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "NonFiniteGradientError", "clip_grad_norm",
+           "global_grad_norm", "constant", "warmup_inverse_sqrt", "warmup_cosine"]
 
 
 # =========================================================================== base class
