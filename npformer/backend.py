@@ -322,18 +322,11 @@ def keep_freed_memory() -> bool:
     glibc serves allocations above a dynamic threshold (up to 32 MiB) with ``mmap`` and
     returns them at ``free``, and trims the heap top above 128 KiB: a training step that
     frees and re-allocates its activations then page-faults them back in, every step, and
-    those faults do not scale across cores: two ranks side by side each take longer than
-    one alone, and with this setting no longer do.  Thread replicas of one process gain
-    too.  The measurements, and how they were taken: ``bench/README.md``, "The allocator".
-
-    :class:`npformer.train.Trainer`, :func:`npformer.parallel.setup` and the fast tier's
-    models call it: a training process allocates the same arrays every step, and a model
-    called again the same arrays every call, so keeping them costs no more than the peak,
-    which it reaches anyway.
-
-    This is ``GLIBC_TUNABLES=glibc.malloc.mmap_threshold=...:
-    glibc.malloc.trim_threshold=...`` set from inside the process with ``mallopt``, so
-    it needs no launcher flag.  Returns False where there is no glibc (nothing changed).
+    those faults do not scale across cores (``bench/README.md``, "The allocator").  The
+    Trainer, :func:`npformer.parallel.setup` and the fast tier's models call it: they
+    allocate the same arrays every step, so keeping them costs no more than the peak.
+    It is ``GLIBC_TUNABLES``' mmap_threshold and trim_threshold, set with ``mallopt``
+    from inside the process.  Returns False where there is no glibc (nothing changed).
     """
     import ctypes
 

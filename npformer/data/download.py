@@ -13,18 +13,13 @@ A folder is expected in the canonical layout of the offline data folder::
     fra-eng.zip
     tinyshakespeare/input.txt      (a bare input.txt is accepted too)
 
-An explicit ``path`` is taken at its word: a folder that lacks the file is an
-error naming the folder and the file (no fall-through to the other places, no
-download), as is a path that does not exist.
+An explicit ``path`` is taken at its word: a folder that lacks the file, or a path
+that does not exist, is an error naming them (no fall-through, no download).
 
-If the file is found nowhere (and no ``path`` was given) it is downloaded into
-the cache folder with `pooch <https://www.fatiando.org/pooch/>`_ (streamed, with a
-progress bar, into a private staging folder beside the cache), its digest
-checked against the accepted checksums, then renamed into place with
-``os.replace``, which is atomic, so an interrupted or concurrent download never
-leaves a half-written file under the final name. When the download fails (no
-network, say) a single :class:`DatasetNotFoundError` names the file, every place
-searched, the download address and the fix.
+A file found nowhere is downloaded into the cache folder (:func:`fetch`: atomically,
+its digest checked); when that fails (no network, say) a single
+:class:`DatasetNotFoundError` names the file, every place searched, the download
+address and the fix.
 
 Files found locally are *not* checked against the checksums: a user may hold
 their own copy (another mirror, a re-packed archive). The readers in this
@@ -147,11 +142,13 @@ def _digest_kind(checksum: str) -> str:
 def fetch(url: str, destination: Path, checksums: Iterable[str] = ()) -> Path:
     """Download ``url`` to ``destination`` atomically, verifying its digest.
 
-    pooch streams the bytes into a private staging folder in ``destination``'s
-    folder; if ``checksums`` is not empty the file must match one of them (sha256 or
-    sha1 hex digests: a dataset may have several accepted copies, which pooch's single
-    ``known_hash`` cannot express) or :class:`ChecksumError` is raised and nothing is
-    kept; then it is renamed into place. Network failures propagate as ``OSError``.
+    `pooch <https://www.fatiando.org/pooch/>`_ streams the bytes, with a progress bar,
+    into a private staging folder in ``destination``'s folder; if ``checksums`` is not
+    empty the file must match one of them (sha256 or sha1 hex digests: a dataset may have
+    several accepted copies, which pooch's single ``known_hash`` cannot express) or
+    :class:`ChecksumError` is raised and nothing is kept; then it is renamed into place
+    (``os.replace``: an interrupted or concurrent download never leaves a half-written
+    file under the final name).  Network failures propagate as ``OSError``.
     """
     import pooch
 

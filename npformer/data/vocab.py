@@ -76,19 +76,10 @@ class Vocab(TokenTable):
         bos: bool = False,
         eos: bool = False,
     ) -> Vocab:
-        """Build a vocabulary from a corpus of token lists.
-
-        Args:
-            token_lists: the corpus, one list of tokens per example.
-            min_freq: keep tokens occurring at least this many times.
-            max_size: keep at most this many regular tokens (the most frequent);
-                the special tokens are not counted, so ``len(vocab)`` is at most
-                ``max_size`` plus the number of specials.
-            bos, eos: reserve ``<bos>`` (id 2) and/or ``<eos>`` (next id).
-
-        Regular tokens are ordered by frequency, most frequent first, then by
-        token string, so the result does not depend on the corpus order.
-        """
+        """A vocabulary of the tokens of ``token_lists`` (one list per example) occurring
+        at least ``min_freq`` times, at most ``max_size`` of them (the most frequent; the
+        specials not counted), in the order of the module's docstring; ``bos``, ``eos``:
+        reserve ``<bos>`` (id 2) and/or ``<eos>`` (next id)."""
         check_size(min_freq, "min_freq", 1)
         check_size(max_size, "max_size", 0, optional=True)
         bos, eos = check_flag(bos, "bos"), check_flag(eos, "eos")
