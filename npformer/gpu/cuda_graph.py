@@ -1,11 +1,8 @@
-r"""A training update captured once as a CUDA graph, then replayed (CuPy).
-
-Eagerly, one update issues hundreds of array operations, and on a GPU each one costs
-its launch on the host, a few microseconds, while the device waits: a small model runs
-at the speed of Python.  A CUDA graph records the update's kernels once (CuPy's stream
-capture) and replays all of them with one launch (PyTorch's ``torch.cuda.graphs`` do
-the same).  The update is the Trainer's: forward, loss, backward, clipping to the
-global norm, Adam(W).  What a replay needs, and how :func:`device_update` gives it:
+r"""A training update captured once as a CUDA graph, then replayed with one launch (CuPy's
+stream capture, as PyTorch's ``torch.cuda.graphs``): eagerly each of its hundreds of array
+operations costs a launch on the host while the GPU waits (docs/guide.md, "CUDA graphs").
+The update is the Trainer's: forward, loss, backward, clipping to the global norm,
+Adam(W).  What a replay needs, and how :func:`device_update` gives it:
 
 * **Nothing waits for the device inside it.**  The batch is checked on the host before
   it is copied (:meth:`npformer.train.tasks.Task.check_batch`: the model's door and the
@@ -37,13 +34,9 @@ global norm, Adam(W).  What a replay needs, and how :func:`device_update` gives 
 * **Products** go through cuBLAS directly (:mod:`npformer.gpu.gemm`): CuPy refuses cuBLAS while
   capturing.
 
-Where capture cannot apply (another backend, an optimizer other than Adam or AdamW,
-a task without an on-device loss, several replicas or accumulated batches, a step
-that reads the device), :func:`unsupported` says why and the Trainer trains eagerly
-(:class:`GraphedSteps`, the Trainer's choice, says so).
-Tested: on the CPU, :func:`device_update` equals the Trainer's eager update and
-reads nothing from the device; on a GPU, a replayed update equals the eager one
-(``tests/test_graph.py``).
+Where capture cannot apply, :func:`unsupported` says why and the Trainer trains eagerly
+(:class:`GraphedSteps`).  ``tests/test_graph.py``: on the CPU, :func:`device_update`
+equals the eager update and reads nothing from the device; on a GPU, so does a replay.
 """
 from __future__ import annotations
 
@@ -403,10 +396,10 @@ class StepGraphs:
 # =========================================================================== the Trainer's
 class GraphedSteps:
     """Whether the Trainer's updates are replayed as CUDA graphs (:class:`StepGraphs`):
-    where the run asks for them (``config.cuda_graph``, None: ``NPFORMER_CUDA_GRAPH``) and
-    they apply, decided at the first update (:meth:`on`); eager from the first capture that
-    fails.  ``log`` is told why they are off.  ``config``: the Trainer's ``TrainConfig``;
-    ``ranks``: how many MPI ranks train."""
+    where the run asks for them (``config.cuda_graph``, the Trainer's ``TrainConfig``;
+    None: ``NPFORMER_CUDA_GRAPH``) and they apply on ``ranks`` MPI ranks, decided at the
+    first update (:meth:`on`); eager from the first capture that fails.  ``log`` is told
+    why they are off."""
 
     def __init__(self, model: Any, optimizer: Any, task: Any, config: Any, ranks: int,
                  log: Callable[[str], None]):
