@@ -422,24 +422,16 @@ def _torch_twin(m: Any, torch: Any, dtype: Any) -> Any:
 
 def from_torch(torch_module: Any, tier: str = "fast") -> Any:
     """The npformer model or layer equivalent to ``torch_module``, built from its
-    configuration and holding its weights (the reverse of :func:`to_torch`).
-
-    Accepts the reference models of :mod:`npformer.interop.torch_reference` (as :func:`to_torch`
-    returns them; their npformer config is ``.c``), ``nn.TransformerEncoderLayer`` and
-    ``nn.TransformerDecoderLayer`` (any norm_first, activation "relu", "gelu" or tanh
-    GELU, one layer_norm_eps for all its norms, with biases, attention dropout 0),
-    ``nn.MultiheadAttention`` (equal q/k/v widths, no bias_k/bias_v or zero attention,
-    dropout 0), ``nn.Linear``,
-    ``nn.LayerNorm`` (over the last axis, with weight and bias) and ``nn.Embedding``
-    (without padding_idx, max_norm, scale_grad_by_freq or sparse).  An option npformer's
-    layer does not implement is refused by name, never dropped: the two modules would
-    compute, or train, differently.  A torch Transformer layer built with dropout p
-    drops its attention probabilities too: set its ``self_attn.dropout`` (and
-    ``multihead_attn.dropout``) to 0.0 to convert it (its residual and feed-forward
-    dropout p become the npformer block's).  npformer layers are batch-first whatever
-    ``batch_first`` says.  The npformer module is made on the current backend in the
-    torch module's dtype (float32 or float64), of ``tier``: the fast tier's class
-    (:mod:`npformer.fast`) or, with ``tier="textbook"``, the textbook's.
+    configuration and holding its weights (the reverse of :func:`to_torch`): of the
+    reference models of :mod:`npformer.interop.torch_reference` (config ``.c``) or the
+    torch layers of the module's table.  An option npformer's layer does not implement
+    (an activation but relu, gelu and tanh GELU, norms of different epsilons, no biases,
+    kdim/vdim, bias_k/v, zero attention, dropout of the attention probabilities, an
+    Embedding's padding_idx, max_norm, scale_grad_by_freq or sparse) is refused by name,
+    never dropped: the two modules would compute, or train, differently.  npformer layers
+    are batch-first whatever ``batch_first`` says.  The module is made on the current
+    backend in the torch module's dtype (float32 or float64), of ``tier``: the fast tier's
+    class (:mod:`npformer.fast`) or, with ``tier="textbook"``, the textbook's.
     """
     import torch
 
