@@ -43,12 +43,6 @@ class Stopped(KeyboardInterrupt):
         super().__init__(self.name)
 
 
-def _file_system_error(exc: OSError) -> str:
-    """An OSError from the user's file system (full disk, read-only folder) in one line."""
-    where = f" ({exc.filename})" if exc.filename else ""
-    return f"{exc.strerror or exc}{where}"
-
-
 def run_demo(main: Callable[[list[str] | None], Any], argv: list[str] | None = None) -> int:
     """Run a demo's ``main(argv)``; the failures a user can cause become one ``error:``
     line and exit status 2 (among them the file system's: a full disk, a read-only
@@ -68,8 +62,9 @@ def run_demo(main: Callable[[list[str] | None], Any], argv: list[str] | None = N
         _say_and_abort(f"interrupted ({exc.name})" if isinstance(exc, Stopped)
                        else "interrupted", STOPPED)
         return STOPPED
-    except (*USER_ERRORS, OSError) as exc:
-        message = str(exc) if isinstance(exc, USER_ERRORS) else _file_system_error(exc)
+    except (*USER_ERRORS, OSError) as exc:  # an OSError: a full disk, a read-only folder
+        message = str(exc) if isinstance(exc, USER_ERRORS) else \
+            f"{exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else "")
         _say_and_abort(f"error: {message}", 2)
         return 2
 

@@ -10,15 +10,10 @@ Some releases (manythings.org's own ``fra-eng.zip``, with ``fra.txt`` at the
 root) add a third, attribution column: only the first two columns are read. A
 plain ``fra.txt`` is accepted too. The lines are sorted by English length.
 
-Preprocessing is d2l's (``MTFraEng._preprocess``): the no-break spaces U+202F
-and U+00A0 become spaces, everything is lowercased, and a space is inserted
-before ``, . ! ?`` when not already preceded by one; tokens are then the
-space-separated pieces. d2l's copy has 167,130 pairs.
-
-Malformed lines, ones with text but no tab or with an empty English or French
-side, are skipped and counted: one :class:`~npformer.data.download.DatasetWarning`
-says how many and gives the first line numbers (its ``line_numbers`` holds them
-all). Blank lines (the file's final newline) are skipped silently.
+Preprocessing is d2l's (``MTFraEng._preprocess``, :func:`preprocess_fra_eng`); tokens are
+then the space-separated pieces. d2l's copy has 167,130 pairs.  Malformed lines are
+skipped and counted in one :class:`~npformer.data.download.DatasetWarning`
+(:func:`parse_fra_eng`).
 
 :func:`split_by_source` holds out whole English sentences, with all their
 French translations, so that no test sentence is seen in training and BLEU can
@@ -67,9 +62,10 @@ def tokenize_fra_eng(sentence: str) -> list[str]:
 def parse_fra_eng(text: str, source: str = "fra.txt") -> list[Pair]:
     """Parse the content of ``fra.txt`` into ``[(english_tokens, french_tokens), ...]``.
 
-    Columns after the second are ignored. Blank lines are skipped; lines with text
-    but no tab, or with an empty side, are skipped and reported in one
-    :class:`DatasetWarning` naming ``source``, their count and first line numbers.
+    Columns after the second are ignored. Blank lines (the file's final newline) are
+    skipped; lines with text but no tab, or with an empty side, are skipped and reported in
+    one :class:`DatasetWarning` naming ``source``, their count and first line numbers (its
+    ``line_numbers`` holds them all).
     The whole text is preprocessed at once, as d2l does; the tokens are the same as
     tokenizing each column.
     """

@@ -13,9 +13,6 @@ The archive is read in place as a stream (no extraction of its 50,000 files),
 both splits in one pass. Reviews are returned sorted by (label, id), negatives
 first, whatever the member order of the archive, so the official download and
 the offline copy give the same lists: shuffle before training.
-
-Tokenization (:func:`tokenize_imdb`), as used for the reference figures:
-lowercase, ``<br />`` to a space, words and punctuation marks as tokens.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ Tested equal to ``@`` on the GPU (``tests/test_graph.py``).
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import os
 import threading
@@ -132,14 +133,9 @@ def _check(status: int, what: str) -> None:
         raise RuntimeError(f"{what} failed with cuBLAS status {status}")
 
 
-_library: _Library | None = None
-
-
+@functools.cache
 def _lib() -> _Library:
-    global _library
-    if _library is None:
-        _library = _Library()
-    return _library
+    return _Library()
 
 
 @dataclass(frozen=True)
