@@ -22,15 +22,10 @@ wrong factor or misrouted element.  A gradient off by a factor
 (1/B, say) or routed to the wrong element (heads merged in the wrong order)
 gives an error of order 1; a correct one gives about 1e-9.
 
-Two entry points:
-
-* :func:`check_op` for a forward/backward pair of :mod:`npformer.ops`;
-* :func:`check_module` for any :class:`npformer.nn.Module`, its inputs and
-  every parameter: the way to check a layer of your own.
-
-Both speak of each gradient by its name: ``d`` and the forward's parameter name
-(``dx``, ``dgamma``), or the names given (``names=("dx", "dgamma", "dbeta")``), and a
-parameter's as ``weight.grad``.  The result's message names the worst gradient, its
+:func:`check_op` checks a forward/backward pair of :mod:`npformer.ops`;
+:func:`check_module` any :class:`npformer.nn.Module`, its inputs and every parameter (the
+way to check a layer of your own).  The result's message names the worst gradient
+(``dx``, ``dgamma``, ``weight.grad``: the names are the functions' docstrings'), its
 shape, its largest error and the index where it sits::
 
     worst relative error 5.000e-01 in dw (shape (4, 3)) at index (2, 1): analytic 0.4, ...
@@ -52,9 +47,7 @@ if TYPE_CHECKING:  # annotations only
 
 @dataclass
 class GradCheckResult:
-    """Per-tensor relative errors and where the worst one is.
-
-    ``errors`` is keyed as the check named the tensors (``names`` given to
+    """Per-tensor relative errors and where the worst one is: ``errors`` is keyed as the check named the tensors (``names`` given to
     :func:`check_op`; otherwise ``arg0``, ``input0`` or the parameter's name);
     ``labels`` gives each key's name in messages (``dx``, ``dgamma``, ``weight.grad``),
     ``shapes`` each gradient's shape.
