@@ -47,11 +47,10 @@ if TYPE_CHECKING:  # annotations only
 
 @dataclass
 class GradCheckResult:
-    """Per-tensor relative errors and where the worst one is: ``errors`` is keyed as the check named the tensors (``names`` given to
-    :func:`check_op`; otherwise ``arg0``, ``input0`` or the parameter's name);
-    ``labels`` gives each key's name in messages (``dx``, ``dgamma``, ``weight.grad``),
-    ``shapes`` each gradient's shape.
-    """
+    """Per-tensor relative errors and where the worst one is: ``errors`` is keyed as the
+    check named the tensors (``names`` given to :func:`check_op`; otherwise ``arg0``,
+    ``input0`` or the parameter's name); ``labels`` gives each key's name in messages
+    (``dx``, ``dgamma``, ``weight.grad``), ``shapes`` each gradient's shape."""
 
     errors: dict[str, float] = field(default_factory=dict)
     worst_name: str = ""
