@@ -7,8 +7,7 @@ and print.  ``main`` runs inside :func:`run_demo`, the error boundary.
 One module per job:
 
 * :mod:`.demo`     the :class:`Demo` record, the run's file names, :class:`DemoError`
-* :mod:`.options`  the shared options and the presets (``option``, ``resolve_preset``);
-  the option values' types are :mod:`npformer.cli.options`'s converters (``positive_int``...)
+* :mod:`.options`  the shared options, their types (``positive_int``...) and the presets
 * :mod:`.runs`     the start-up, settings and resuming (the data among them), the output
   folder's guard and --overwrite, reading a demo's checkpoints
 * :mod:`.lock`     one run at a time in an output folder
@@ -17,11 +16,8 @@ One module per job:
 * :mod:`.output`   what a run prints and writes (rank 0's files, JSON atomically)
 * :mod:`.plots`    training curves and attention maps (matplotlib imported when drawn)
 
-*Processes.*  ``mpiexec -n N python demos/...`` runs a demo on N MPI ranks with no
-other flag (:mod:`npformer.parallel`), and a demo that trains on the CPU starts its
-own ranks (:mod:`npformer.parallel.relaunch`): the ranks split every batch's rows, so the global
-batch, the learning rate and the results are those of one process; evaluation and
-decoding are shared out across the ranks; only rank 0 prints and writes files.
+*Processes.*  A demo runs on MPI ranks as :data:`.options.MPI_EPILOG` (its ``--help``)
+says; evaluation and decoding are shared out across them (:mod:`.ranks`).
 """
 from __future__ import annotations
 
