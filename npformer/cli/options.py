@@ -202,23 +202,19 @@ def _add_preset_options(parser: argparse.ArgumentParser, presets: dict) -> None:
                             "checks the whole pipeline runs (CI)")
     base = presets["default"]
     for f in fields(base):
-        spellings = [f"--{name}" for name in (f.name, *(n for n, field_name in
-                                                        NANOGPT_NAMES.items()
-                                                        if field_name == f.name))]
-        others = [s for s in dict.fromkeys(spellings) if s != flag(f.name)]
+        nanogpt = [name for name, ours in NANOGPT_NAMES.items() if ours == f.name]
         values = "; ".join([f"default: {getattr(base, f.name)}"] + [
             f"{name}: {getattr(p, f.name)}" for name, p in presets.items()
             if name != "default" and getattr(p, f.name) != getattr(base, f.name)])
-        group.add_argument(flag(f.name), type=f.metadata["type"], default=None,
-                           choices=f.metadata["choices"], action=_OneSetting,
-                           metavar=None if f.metadata["choices"] else f.name.upper(),
-                           help=f"{f.metadata['help']} ({values})".replace("%", "%%"))
-        # nanoGPT's name and the underscore spelling: read as the option itself; --help
-        # hides them
-        for alias in others:
-            group.add_argument(alias, dest=f.name, type=f.metadata["type"], default=None,
-                               choices=f.metadata["choices"], action=_OneSetting,
-                               help=argparse.SUPPRESS)
+        read = dict(type=f.metadata["type"], default=None, choices=f.metadata["choices"],
+                    action=_OneSetting)
+        group.add_argument(flag(f.name), metavar=None if f.metadata["choices"] else
+                           f.name.upper(), help=f"{f.metadata['help']} ({values})"
+                           .replace("%", "%%"), **read)
+        # nanoGPT's name and the underscore spelling: read as the option itself, hidden
+        for alias in dict.fromkeys(f"--{name}" for name in (f.name, *nanogpt)):
+            if alias != flag(f.name):
+                group.add_argument(alias, dest=f.name, help=argparse.SUPPRESS, **read)
 
 
 class _OneSetting(argparse.Action):
