@@ -8,14 +8,11 @@ from dataclasses import dataclass
 MODEL_FILE = "model.npz"  # the selected (or final) model: what --predict and friends read
 LAST_FILE = "last.npz"  # the whole run, resumable with --resume
 # saved with a run, beside its preset; --resume takes them back (an option given again
-# must match) but for procs (the MPI ranks) and replicas (the threads of each): a resumed
-# run keeps their product, the workers every batch is shared among
+# must match), procs and replicas only as their product (runs._choose_workers)
 RUN_SETTINGS = ("seed", "dtype", "tier", "replicas", "procs")
-# what a run starts from, saved with its settings where the demo has the option: the
-# data it trains on, and the model it fine-tunes.  The inputs (DATA_FILES) are known by
-# their absolute path and their content: a file by its sha256, a model folder
-# (MODEL_FOLDERS) by the sha256 of each of its files (config, weights, tokenizer), a
-# model's Hub name by its name
+# what a run starts from, saved with its settings where the demo has the option: the data
+# it trains on and the model it fine-tunes; the inputs (DATA_FILES) are known by their
+# absolute path and content (runs.data_hashes)
 DATA_SETTINGS = ("data", "validation_data", "test_data", "text_column", "label_column",
                  "model")
 DATA_FILES = ("data", "validation_data", "test_data", "model")

@@ -204,14 +204,8 @@ def plan(a: Array, b: Array, contiguous: Callable[[Array], Array]
     lead_a, lead_b = tuple(a.shape[:-2]), tuple(b.shape[:-2])
     if lead_b and lead_a != lead_b:
         return None
-    a_layout, b_layout = _layout(a), _layout(b)
-    if a_layout is None:
-        a = contiguous(a)
-        a_layout = _layout(a)
-    if b_layout is None:
-        b = contiguous(b)
-        b_layout = _layout(b)
-    (op_a, ld_a, stride_a), (op_b, ld_b, stride_b) = a_layout, b_layout
+    a, b = (x if _layout(x) is not None else contiguous(x) for x in (a, b))
+    (op_a, ld_a, stride_a), (op_b, ld_b, stride_b) = _layout(a), _layout(b)
     call = GemmCall(op_first=op_b, op_second=op_a, m=n, n=m, k=k, ld_first=ld_b,
                     stride_first=stride_b if lead_b else 0, ld_second=ld_a,
                     stride_second=stride_a, ldc=n, stride_c=m * n,
