@@ -1,8 +1,7 @@
 """Will the model fit?  Its size from its definition, before a single weight is made.
 
-``--d-model 1000000000000`` or ``--block-size 100000000000`` ended deep inside NumPy
-(``_ArrayMemoryError``) when the model's first weight was allocated.  A demo calls
-:func:`check_training_fits` before it builds its model: the parameter count is that of
+A demo calls :func:`check_training_fits` before it builds its model (a huge ``--d-model``
+would otherwise end deep inside NumPy): the parameter count is that of
 the model built with shapes only (:func:`parameter_count`), and with it a lower bound of
 what training needs (:func:`training_memory`): the weights, their gradients, Adam's two
 moments, a sinusoidal table, and the activations a batch keeps at the least (each
