@@ -128,9 +128,7 @@ def needs(parser: argparse.ArgumentParser, dest: str, test: Callable[[Any, Any],
     """Declare that the demo's option ``dest`` (not a preset field) is read only when
     ``test(args, preset)`` holds, i.e. with ``what`` (``"--predict TEXT"``): typed without
     it, it is refused whatever its value (:func:`resolve_preset`)."""
-    if not hasattr(parser, "needed"):
-        parser.needed = {}
-    parser.needed[dest] = (test, what)
+    parser.needed = {**getattr(parser, "needed", {}), dest: (test, what)}
 
 
 def typed_options(args: argparse.Namespace) -> set[str]:

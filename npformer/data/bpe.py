@@ -173,14 +173,11 @@ class BPE:
     def __init__(self, merges: Iterable[Sequence[str]]):
         merges = tuple(_merge(entry, i) for i, entry in enumerate(
             check_strings_or_pairs(merges)))
-        seen: dict = {}
+        self.merges, self._rank = merges, {}  # _rank: {pair: its rank, the order learned}
         for i, pair in enumerate(merges):
-            if pair in seen:
+            if self._rank.setdefault(pair, i) != i:
                 raise ValueError(f"a BPE's merges must be distinct: merges[{i}] {pair!r} is "
-                                 f"merges[{seen[pair]}] again")
-            seen[pair] = i
-        self.merges = merges
-        self._rank = {pair: rank for rank, pair in enumerate(merges)}
+                                 f"merges[{self._rank[pair]}] again")
         self.encode_word = lru_cache(maxsize=1 << 16)(self._encode_word)
 
     @classmethod
