@@ -23,12 +23,8 @@ Usage::
 Conversion rules per layer type live in :data:`RULES`; models register theirs
 there too, so one mechanism serves every module.
 
-safetensors, the no-pickle weight format PyTorch and Hugging Face users exchange:
-:func:`save_safetensors` writes ``to_torch_state_dict(module)`` (PyTorch's names and
-layouts) with ``safetensors.numpy``, so ``safetensors.torch.load_file(path)`` loads
-straight into the equivalent torch module; :func:`load_safetensors` reads such a file
-(written by npformer or by ``safetensors.torch.save_file(torch_module.state_dict())``)
-into a module, checking every key and shape first.
+safetensors, the no-pickle weight format PyTorch and Hugging Face users exchange, under
+PyTorch's names and layouts: :func:`save_safetensors`, :func:`load_safetensors`.
 """
 from __future__ import annotations
 
@@ -380,11 +376,8 @@ def to_torch(module: Any, device: Any = None) -> Any:
     import torch
 
     state = to_torch_state_dict(module)  # refuses what has no equivalent (wide heads ...)
-    dtypes = sorted({array.dtype.name for array in state.values()})
-    if len(dtypes) != 1 or dtypes[0] not in backend.FLOAT_DTYPES:
-        raise TypeError(f"to_torch needs parameters of one float dtype "
-                        f"{backend.FLOAT_DTYPES}, got {dtypes} in {type(module).__name__}")
-    twin = _torch_twin(module, torch, getattr(torch, dtypes[0]))
+    dtype = _one_float_dtype({array.dtype.name for array in state.values()}, "to_torch", module)
+    twin = _torch_twin(module, torch, getattr(torch, dtype))
     twin.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=True)
     twin.train(bool(getattr(module, "training", True)))
     return twin if device is None else twin.to(device)
@@ -444,15 +437,12 @@ def from_torch(torch_module: Any, tier: str = "fast") -> Any:
     check_choice(tier, TIERS, "tier")
 
     params = list(torch_module.parameters())
-    dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in params})
     if not params:  # LayerNorm(elementwise_affine=False): refused by what it lacks, if so
         _npformer_twin(torch_module, torch, tier)
-    if len(dtypes) != 1 or dtypes[0] not in backend.FLOAT_DTYPES:
-        raise TypeError(f"from_torch needs parameters of one float dtype "
-                        f"{backend.FLOAT_DTYPES}, got {dtypes or 'none'} in "
-                        f"{type(torch_module).__name__}")
+    dtype = _one_float_dtype({str(p.dtype).removeprefix("torch.") for p in params},
+                             "from_torch", torch_module)
     previous = backend.default_float_name()
-    backend.set_default_float(dtypes[0])
+    backend.set_default_float(dtype)
     try:
         ours = _npformer_twin(torch_module, torch, tier)
     finally:
@@ -461,6 +451,15 @@ def from_torch(torch_module: Any, tier: str = "fast") -> Any:
                                  for name, tensor in torch_module.state_dict().items()})
     ours.train(bool(torch_module.training))
     return ours
+
+
+def _one_float_dtype(dtypes: set[str], caller: str, owner: Any) -> str:
+    """The one float dtype of ``owner``'s parameters; a TypeError naming ``caller`` else."""
+    shown = sorted(dtypes)
+    if len(shown) != 1 or shown[0] not in backend.FLOAT_DTYPES:
+        raise TypeError(f"{caller} needs parameters of one float dtype {backend.FLOAT_DTYPES}, "
+                        f"got {shown or 'none'} in {type(owner).__name__}")
+    return shown[0]
 
 
 def _npformer_twin(t: Any, torch: Any, tier: str) -> Any:
