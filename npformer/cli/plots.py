@@ -26,19 +26,14 @@ def extra_output(name: str, draw: Callable, *args: Any, **kwargs: Any) -> bool:
     return True
 
 
-def quantity(key: str) -> str:
-    """What an evaluation metric measures, by the last word of its name: ``val_loss`` ->
-    ``loss``, ``val_accuracy`` -> ``accuracy``."""
-    return key.rsplit("_", 1)[-1]
-
-
 def curve_panels(eval_keys: list[str]) -> list[tuple[str, list[str]]]:
-    """The panels of :func:`plot_curves`: one per quantity, each ``(quantity, the metrics
-    drawn on it)``; the first is the loss, where the per-update training loss is drawn
-    too (a short run's few evaluations then stand beside a whole curve)."""
+    """The panels of :func:`plot_curves`: one per quantity, the last word of a metric's
+    name (``val_accuracy`` -> ``accuracy``), each ``(quantity, the metrics drawn on it)``;
+    the first is the loss, where the per-update training loss is drawn too (a short run's
+    few evaluations then stand beside a whole curve)."""
     panels: dict[str, list[str]] = {"loss": []}
     for key in eval_keys:
-        panels.setdefault(quantity(key), []).append(key)
+        panels.setdefault(key.rsplit("_", 1)[-1], []).append(key)
     return list(panels.items())
 
 
