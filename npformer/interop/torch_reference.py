@@ -27,8 +27,7 @@ heads, kqnorm) written in torch the way Bloem's ``former`` writes them, for the 
 tests of those options (``torch.nn.MultiheadAttention`` has neither).
 
 The parity tests, the benchmark (``bench/``) and :func:`npformer.interop.pytorch.to_torch`
-build these.  torch is imported when :func:`torch_models` is first called, never when
-npformer is imported; the classes are made once and the same ones returned afterwards.
+build these; torch is imported when they are first asked for, never with npformer.
 """
 from __future__ import annotations
 
@@ -73,9 +72,8 @@ def _add_positions(module: Any, prefix: str, x: Any) -> Any:
 
 
 def _without_attention_dropout(layer: Any) -> Any:
-    """A torch Transformer layer built with dropout p drops its attention probabilities
-    too; npformer drops only the residual branches, the FFN's hidden layer and the
-    embeddings, so the reference drops nothing in attention either."""
+    """``layer`` (a torch Transformer layer) with no dropout of its attention probabilities,
+    as npformer (the module's docstring)."""
     for name in ("self_attn", "multihead_attn"):
         attention = getattr(layer, name, None)
         if attention is not None:
