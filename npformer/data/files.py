@@ -21,13 +21,9 @@ Three kinds of file, one per model:
 
 Every file must be UTF-8 (a byte-order mark is allowed).  A malformed file is
 refused with a :class:`~npformer.data.DatasetFormatError` naming the file, the
-line and, where it helps, the column (the readers' docstrings list the cases).
-
-The demos take these files for ``--data`` (see :func:`is_user_data`)::
-
-    python demos/imdb.py --data train.csv --validation-data dev.csv --test-data test.csv
-    python demos/translate.py --data pairs.tsv
-    python demos/generate.py --data any.txt
+line and, where it helps, the column (the readers' docstrings list the cases).  The
+demos take these files for ``--data`` (:func:`is_user_data`; docs/guide.md, "Train on
+your own data").
 """
 
 from __future__ import annotations
