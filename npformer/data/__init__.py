@@ -57,23 +57,14 @@ from .imdb import load_imdb, load_imdb_splits, read_imdb_archive, split_validati
 from .shakespeare import CharVocab, load_shakespeare, read_shakespeare, split_90_10
 from .vocab import Vocab
 
-__all__ = [
-    # download
-    "DatasetSpec", "IMDB", "FRA_ENG", "TINY_SHAKESPEARE",
-    "DatasetNotFoundError", "DatasetFormatError", "ChecksumError", "DatasetWarning",
-    "cache_dir", "locate", "locate_dataset", "fetch",
-    # vocabularies
-    "Vocab", "CharVocab", "BPE",
-    # IMDB
-    "read_imdb_archive", "load_imdb", "load_imdb_splits", "tokenize_imdb", "split_validation",
-    # English-French
-    "preprocess_fra_eng", "tokenize_fra_eng", "parse_fra_eng", "read_fra_eng", "load_fra_eng",
-    "filter_by_length", "split_by_source",
-    # tiny Shakespeare
-    "read_shakespeare", "load_shakespeare", "split_90_10",
-    # your own files
+__all__ = [  # the names imported above
+    "DatasetSpec", "IMDB", "FRA_ENG", "TINY_SHAKESPEARE", "DatasetNotFoundError",
+    "DatasetFormatError", "ChecksumError", "DatasetWarning", "cache_dir", "locate",
+    "locate_dataset", "fetch", "Vocab", "CharVocab", "BPE", "read_imdb_archive", "load_imdb",
+    "load_imdb_splits", "tokenize_imdb", "split_validation", "preprocess_fra_eng",
+    "tokenize_fra_eng", "parse_fra_eng", "read_fra_eng", "load_fra_eng", "filter_by_length",
+    "split_by_source", "read_shakespeare", "load_shakespeare", "split_90_10",
     "TextClassificationData", "is_user_data", "load_text_classification", "read_labelled_texts",
-    "sorted_labels", "read_sentence_pairs", "read_text_file",
-    # batching
-    "pad_batch", "batches", "length_bucketed_batches", "lm_batch", "EpochBatches",
+    "sorted_labels", "read_sentence_pairs", "read_text_file", "pad_batch", "batches",
+    "length_bucketed_batches", "lm_batch", "EpochBatches",
 ]
