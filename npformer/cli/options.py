@@ -5,9 +5,8 @@
 ``"default"`` and ``"smoke"``; ``--smoke`` is short for ``--preset smoke``).  Every field
 is also a command-line option (``d_model`` -> ``--d-model``); an option the user gives
 wins over the preset's value (:func:`resolve_preset`).  An option's value is checked by
-its type, a converter below (``positive_int``, ``probability``...),
-the rule a Python argument of the same kind meets; a refused value ends the parse with
-exit status 2 and argparse's message naming the option.
+its type (``positive_int``, ``probability``...), the rule a Python argument of the same
+kind meets.
 """
 from __future__ import annotations
 

@@ -1,14 +1,12 @@
 """Where a long phase is: :class:`Progress`, the one reporter that training, evaluation
 and decoding share.
 
-On a terminal (standard error a TTY) a phase is a tqdm bar; elsewhere (a log file, CI,
-the MPI ranks' rank 0) it is a plain line on standard output at least every
-:data:`LINE_SECONDS` seconds of wall time (training: also at least every tenth of the
-run).  Either way it says how far the phase is (``update 400/20000``), the time it has
-taken, the time it has left and its rate in items per second.  The rate and the time left
-come from the last :data:`WINDOW` steps, not from the start (nor from the first step, which
-carries the start-up: compiling, the first checks): batches of varying lengths give a
-steady rate, and a phase that speeds up or slows down shows it soon.
+On a terminal (standard error a TTY) a phase is a tqdm bar; elsewhere (a log file, CI)
+it is a plain line on standard output at least every :data:`LINE_SECONDS` seconds
+(training: also every tenth of the run).  Either way it says how far the phase is
+(``update 400/20000``), the time taken and left, and its rate in items per second, from
+the last :data:`WINDOW` steps but the first (which carries the start-up): batches of
+varying lengths give a steady rate, and a change of pace shows soon.
 
 Phases nest: one opened while another is open (the validation pass inside training) is
 shown under it (a transient bar, or lines), shares its clock and its lines' rhythm (a line
