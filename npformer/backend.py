@@ -220,13 +220,9 @@ _NAMESPACE_OF_TYPE: dict[type, Any] = {}  # array type -> its namespace, filled 
 
 
 def namespace_of(*arrays: Array) -> Any:
-    """The array namespace the given arrays belong to (they must agree).
-
-    An array's namespace depends only on its type, so arrays of one type are answered
-    from a table after the first lookup (a training step asks hundreds of times).
-    Arrays of two libraries (a NumPy array with an array-api-strict or CuPy one) are a
-    TypeError that names the libraries and the fix, not array_api_compat's "Multiple
-    namespaces for array inputs"."""
+    """The array namespace the given arrays belong to (they must agree), from a table by
+    their type after the first lookup (a training step asks hundreds of times).  Arrays of
+    two libraries are a TypeError that names the libraries and the fix."""
     kind = type(arrays[0]) if arrays else None
     one_type = kind is not None and all(type(a) is kind for a in arrays[1:])
     if one_type and kind in _NAMESPACE_OF_TYPE:

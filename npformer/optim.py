@@ -8,12 +8,8 @@ the array API standard.  Hyperparameters are Python floats, which the standard's
 promotion rules fold into the array's dtype: a float32 parameter keeps float32
 moments and float32 updates, with no float64 temporaries.
 
-Each optimizer reproduces its PyTorch counterpart (CPU, single-tensor path)
-operation for operation, so trajectories agree to rounding:
-
-* :class:`SGD`   - ``torch.optim.SGD`` (dampening 0, no Nesterov);
-* :class:`Adam`  - ``torch.optim.Adam`` (L2 decay added to the gradient);
-* :class:`AdamW` - ``torch.optim.AdamW`` (decoupled decay of the weights).
+Each optimizer reproduces its PyTorch counterpart (CPU, single-tensor path) operation
+for operation, so trajectories agree to rounding.
 
 Frozen parameters (:meth:`npformer.nn.Module.freeze`) are left out when an optimizer is
 built: ``AdamW(model.parameters())`` updates the trainable ones only and keeps no state,
@@ -162,7 +158,8 @@ class Optimizer:
 
 # =========================================================================== SGD
 class SGD(Optimizer):
-    r"""Stochastic gradient descent with momentum, as ``torch.optim.SGD``.
+    r"""Stochastic gradient descent with momentum, as ``torch.optim.SGD`` (dampening 0, no
+    Nesterov).
 
     For update t, gradient g, parameter p (lr = learning rate, mu = momentum,
     lambda = weight_decay, b = momentum buffer, b_0 = 0)::
