@@ -272,23 +272,12 @@ def save_safetensors(module: Module, path: str | os.PathLike,
         raise IsADirectoryError(f"save_safetensors: path {path} is a folder; give a file name "
                                 "such as model.safetensors")
     state = to_torch_state_dict(module)
-    from ..hf.gpt2 import is_write_error, output_folder
+    from ..hf.gpt2 import output_folder, write_files
 
     # its folder created if missing (a file in the way is refused, named); the file written
     # whole at a temporary name and renamed into place
     folder = output_folder(path.parent, "path's folder", create=False)
-    tmp = folder / f".{path.name}.{os.getpid()}.tmp"
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        save_file(state, str(tmp), metadata=header)
-        os.replace(tmp, path)
-    except Exception as exc:  # the file system's, or safetensors' word for it
-        if not is_write_error(exc):
-            raise
-        raise OSError(getattr(exc, "errno", None), f"could not save {path} (path): "
-                      f"{getattr(exc, 'strerror', None) or exc}") from None
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_files(folder, {path.name: lambda tmp: save_file(state, str(tmp), metadata=header)})
     return path
 
 
