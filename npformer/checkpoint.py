@@ -382,9 +382,9 @@ def build_model(checkpoint: Checkpoint, expected_kind: str | tuple[str, ...] | N
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"the checkpoint's config does not make a {checkpoint.kind!r} "
                               f"model: {exc}") from exc
-    if checkpoint.lora is not None:  # the adapters it was saved with, then their weights
-        from .nn.lora import apply_adapter_settings
+    from .nn.lora import apply_adapter_settings, merge_saved_adapters
 
+    if checkpoint.lora is not None:  # the adapters it was saved with, then their weights
         try:
             apply_adapter_settings(model, checkpoint.lora)
         except ValueError as exc:
@@ -392,8 +392,6 @@ def build_model(checkpoint: Checkpoint, expected_kind: str | tuple[str, ...] | N
                                   f"{checkpoint.kind!r} model: {exc}") from None
     model.load_state_dict(checkpoint.params)
     if checkpoint.lora is not None:
-        from .nn.lora import merge_saved_adapters
-
         merge_saved_adapters(model, checkpoint.lora)
     return model
 
