@@ -1,11 +1,9 @@
 """Will the model fit?  Its size from its definition, before a single weight is made.
 
 A demo calls :func:`check_training_fits` before it builds its model (a huge ``--d-model``
-would otherwise end deep inside NumPy): the parameter count is that of
-the model built with shapes only (:func:`parameter_count`), and with it a lower bound of
-what training needs (:func:`training_memory`): the weights, their gradients, Adam's two
-moments, a sinusoidal table, and the activations a batch keeps at the least (each
-block's input and the logits).  A run whose lower bound exceeds the machine's memory
+would otherwise end deep inside NumPy): the parameter count of the model built with
+shapes only (:func:`parameter_count`) gives a lower bound of what training needs
+(:func:`training_memory`); a run whose bound exceeds the machine's memory
 (:func:`machine_memory`) is refused, naming the options that made the model large and
 the sizes.  Being a lower bound, the check never refuses a run that would fit.
 """
