@@ -281,12 +281,6 @@ def _changes(saved: str | dict[str, str], current: str | dict[str, str]) -> str:
     return "; ".join(changed)
 
 
-def _identity(saved: str | dict[str, str]) -> str:
-    """An input's saved content, short: a file's sha256, or a folder's number of files."""
-    return f"sha256 {saved[:16]}" if isinstance(saved, str) else \
-        f"{len(saved)} files: {', '.join(saved)}"
-
-
 def _check_same_data(parser: argparse.ArgumentParser, args: argparse.Namespace, name: str,
                      saved_path: str | None, saved_hash: str | None) -> None:
     """--resume: the data option ``name`` must give the data the run was started on (by
@@ -303,8 +297,10 @@ def _check_same_data(parser: argparse.ArgumentParser, args: argparse.Namespace, 
     path = given if given is not None else saved_path
     kind, there = ("file", Path(path).is_file()) if isinstance(saved_hash, str) else \
         ("folder", Path(path).is_dir())
+    identity = f"sha256 {saved_hash[:16]}" if kind == "file" else \
+        f"{len(saved_hash)} files: {', '.join(saved_hash)}"  # the saved content, short
     started_on = f"--resume continues the saved run on what it was started on, {started} " \
-                 f"({_identity(saved_hash)})"
+                 f"({identity})"
     if not there:
         gone = (f"{path} is not there any more: give that {kind} with {option}"
                 if given is None else
