@@ -46,7 +46,11 @@ def hold_output(out: Path) -> FileLock | None:
             f"pid {os.getpid()} on host {platform.node()}, started "
             f"{time.strftime('%Y-%m-%d %H:%M:%S')}: {shlex.join(sys.argv)}\n")
     except Timeout:
-        raise DemoError(f"{out} is in use by another run ({_holder(out)}): wait for it to "
+        try:
+            holder = (out / HOLDER_FILE).read_text().strip() or "holder unknown"
+        except OSError:
+            holder = "holder unknown"
+        raise DemoError(f"{out} is in use by another run ({holder}): wait for it to "
                         "end, or choose another --out") from None
     except OSError as exc:  # a read-only folder
         lock.release()
@@ -54,10 +58,3 @@ def hold_output(out: Path) -> FileLock | None:
                         f"{exc.strerror or exc}") from None
     _held_outputs[key] = lock
     return lock
-
-
-def _holder(out: Path) -> str:
-    try:
-        return (out / HOLDER_FILE).read_text().strip() or "holder unknown"
-    except OSError:
-        return "holder unknown"

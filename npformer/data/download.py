@@ -131,14 +131,6 @@ def _downloader(url: str):
     return pooch.HTTPDownloader(progressbar=True, timeout=60)
 
 
-def _digest_kind(checksum: str) -> str:
-    """'sha256' or 'sha1', from the length of a hex digest."""
-    kinds = {64: "sha256", 40: "sha1"}
-    if len(checksum) not in kinds:
-        raise ValueError(f"unsupported checksum {checksum!r}: expected a sha256 or sha1 hex digest")
-    return kinds[len(checksum)]
-
-
 def fetch(url: str, destination: Path, checksums: Iterable[str] = ()) -> Path:
     """Download ``url`` to ``destination`` atomically, verifying its digest.
 
@@ -154,7 +146,10 @@ def fetch(url: str, destination: Path, checksums: Iterable[str] = ()) -> Path:
 
     destination = Path(destination)
     accepted = {c.lower() for c in checksums}
-    kinds = {_digest_kind(c) for c in accepted}
+    for c in accepted:
+        if len(c) not in (64, 40):
+            raise ValueError(f"unsupported checksum {c!r}: expected a sha256 or sha1 hex digest")
+    kinds = {"sha256" if len(c) == 64 else "sha1" for c in accepted}  # by the digest's length
     destination.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=destination.parent, prefix=f".{destination.name}."))
     logger = pooch.get_logger()  # its "Downloading data from ..." line would come before
