@@ -301,15 +301,12 @@ def _check_is_an_archive(path: Path) -> None:
     except OSError as exc:
         raise CheckpointError(f"{path} cannot be read: {exc}") from exc
     if not head.startswith(_ZIP_MAGIC) and head != _NPY_MAGIC:
-        looks = ("an empty file" if not head else "a text file" if _is_text(head)
+        text = head.decode("utf-8", errors="replace")
+        is_text = all(c.isprintable() or c.isspace() for c in text) and "\ufffd" not in text
+        looks = ("an empty file" if not head else "a text file" if is_text
                  else f"a file starting with {head!r}")
         raise CheckpointError(f"{path} is not an npformer .npz checkpoint (not a zip archive: "
                               f"{looks})")
-
-
-def _is_text(head: bytes) -> bool:
-    text = head.decode("utf-8", errors="replace")
-    return all(c.isprintable() or c.isspace() for c in text) and "\ufffd" not in text
 
 
 _META_FIELDS = {"kind": str, "config": dict, "step": int, "extra": dict}
