@@ -197,10 +197,8 @@ def _constants(optimizer: optim.Adam, dtype) -> tuple:
 def _adam_in_place(p: Array, g: Array, m: Array, v: Array, coefficients: Array, ok: Array,
                    constants: tuple, decay: bool) -> None:
     one_minus_beta1, one_minus_beta2, beta2, eps = constants  # (:func:`_constants`)
-    if type(p).__module__.startswith("cupy"):
-        cast = p.dtype.type
-        _adam_kernel()(g, coefficients, ok, cast(one_minus_beta1), cast(one_minus_beta2),
-                       cast(beta2), cast(eps), bool(decay), p, m, v)
+    if type(p).__module__.startswith("cupy"):  # the constants cast to p's dtype
+        _adam_kernel()(g, coefficients, ok, *map(p.dtype.type, constants), bool(decay), p, m, v)
         return
     xp = backend.namespace_of(p)  # the same statements as array operations
     kept = p * coefficients[0] if decay else p  # p (1 - lr lambda)
@@ -302,7 +300,9 @@ class StepGraphs:
                 self._copy_in(shape, batch)
                 if self.capture and shape.graph is None:
                     self._capture(shape)
-                results = self._step(shape) if shape.graph is None else self._replay(shape)
+                if shape.graph is not None:
+                    shape.graph.launch(self.stream)  # a replay: its results in shape.results
+                results = self._step(shape) if shape.graph is None else shape.results
             host = backend.to_numpy(results) if self.stream is None else \
                 results.get(stream=self.stream)
         if host[2] == 1.0:
@@ -387,10 +387,6 @@ class StepGraphs:
         shape.graph, shape.pool, shape.results = graph, pool, results
         self.captures += 1
         self.capture_seconds += time.perf_counter() - started
-
-    def _replay(self, shape: _Shape) -> Array:
-        shape.graph.launch(self.stream)
-        return shape.results
 
 
 # =========================================================================== the Trainer's
