@@ -70,10 +70,8 @@ class CheckpointWriteError(CheckpointError, OSError):
 
 @dataclass
 class Checkpoint:
-    """A loaded checkpoint: the model ``kind`` and ``config`` (to rebuild it), its
-    parameter arrays ``params`` by dotted name, the ``optimizer`` state (its
-    :meth:`state_dict` keys), the update ``step``, the random generators' ``rng_state``
-    and the caller's ``extra`` values (vocabularies, label names, the trainer's state)."""
+    """A loaded checkpoint, what :func:`build_model` and :func:`restore` read: ``params`` by
+    dotted name, ``optimizer`` by its state dict's keys, ``extra`` the caller's values."""
 
     kind: str
     config: dict
