@@ -277,12 +277,9 @@ def sorted_labels(labels: Iterable[Label]) -> tuple[Label, ...]:
 
 @dataclass(frozen=True)
 class TextClassificationData:
-    """Labelled texts read by :func:`load_text_classification`.
-
-    ``train``, ``validation`` and ``test`` are lists of ``(text, label_index)``
-    (``validation`` and ``test`` empty when no file was given), and ``labels`` the
-    label names: example label ``i`` is ``labels[i]``.
-    """
+    """Labelled texts read by :func:`load_text_classification`: lists of ``(text,
+    label_index)`` (``validation`` and ``test`` empty when no file was given), and the label
+    names: example label ``i`` is ``labels[i]``."""
 
     train: list[tuple[str, int]]
     validation: list[tuple[str, int]]
