@@ -208,9 +208,7 @@ def _upstream_like(out, seed: int) -> np.ndarray:
 
 def _as_tuple(grads) -> tuple:
     """A backward's return value as a tuple (None, from a module with integer inputs: ())."""
-    if grads is None:
-        return ()
-    return grads if isinstance(grads, tuple) else (grads,)
+    return () if grads is None else grads if isinstance(grads, tuple) else (grads,)
 
 
 def _require_float64(array, what: str) -> None:
