@@ -64,11 +64,9 @@ def _positions(torch: Any, module: Any, prefix: str, positional: str, block_size
 
 
 def _add_positions(module: Any, prefix: str, x: Any) -> Any:
-    length = x.shape[1]
     pos_emb = getattr(module, prefix + "pos_emb", None)
-    if pos_emb is not None:
-        return x + pos_emb.weight[:length][None]
-    return x + getattr(module, prefix + "pe")[:length][None]
+    table = pos_emb.weight if pos_emb is not None else getattr(module, prefix + "pe")
+    return x + table[:x.shape[1]][None]
 
 
 def _without_attention_dropout(layer: Any) -> Any:
