@@ -10,7 +10,7 @@ key/value heads, vocabulary 49152, tied embeddings, rope_theta 100000) with rand
 weights, in float32 (the demo's default dtype), npformer.models.LlamaCausalLM.  The
 update: the demo's default one: batch 4 windows of 256 tokens of random ids, fast.AdamW
 (lr 3e-5, betas (0.9, 0.95), weight decay 0.1), gradients clipped to norm 1, one
-data-parallel replica per core (the Trainer's train_step).  LoRA: rank 8 on q_proj and
+data-parallel replica per core (the Trainer's update).  LoRA: rank 8 on q_proj and
 v_proj, alpha 16 (``--lora 8 --lora-targets q_proj,v_proj``), the model frozen.
 
 Each measurement is a fresh process pinned to ``--cores`` cores: ``--warmup`` untimed
@@ -36,13 +36,13 @@ if str(ROOT) not in sys.path[:1]:  # `python bench/finetune_llama.py`: the bench
 
 from bench.report import cpu_model, load_average  # noqa: E402
 
-SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
-                    num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
-                    max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0,
-                    tie_word_embeddings=True)
-SMOKE_SHAPE = dict(vocab_size=64, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
-                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-                   rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True)
+SMOLLM2_135M = dict(vocab_size=49152, d_model=576, d_ff=1536,
+                    num_layers=30, num_heads=9, num_kv_heads=3,
+                    block_size=8192, norm_eps=1e-5, rope_theta=100000.0,
+                    tie_weights=True)
+SMOKE_SHAPE = dict(vocab_size=64, d_model=16, d_ff=24, num_layers=2,
+                   num_heads=4, num_kv_heads=2, block_size=32,
+                   norm_eps=1e-5, rope_theta=100000.0, tie_weights=True)
 MODES = ("full", "lora")
 LORA_RANK, LORA_ALPHA, LORA_TARGETS = 8, 16.0, ("q_proj", "v_proj")
 LR, BETAS, WEIGHT_DECAY, CLIP_NORM = 3e-5, (0.9, 0.95), 0.1, 1.0  # the demo's
@@ -144,7 +144,7 @@ def measure(mode: str, args: argparse.Namespace) -> dict:
     seconds = []
     for update in range(args.warmup + args.updates):
         started = time.perf_counter()
-        trainer.train_step()
+        trainer.update()
         if update >= args.warmup:
             seconds.append(time.perf_counter() - started)
     return {"mode": mode, "seconds": seconds, "peak_bytes": peak_memory_bytes(),

@@ -513,7 +513,7 @@ def linear_flops(name: str, args: tuple) -> int:
         x, w = args[0], args[1]
         return 2 * x.size * w.shape[1]
     if name == "linear_backward":  # dy (N, D_out): the input may not be in the cache
-        dy, w = args[0], args[1].saved[1]
+        dy, w = args[0], args[1].values[1]
         return 4 * dy.size * w.shape[0]
     return 0
 

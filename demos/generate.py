@@ -187,12 +187,12 @@ def model_config(preset: Preset, vocab_size: int) -> CausalLMConfig | LlamaConfi
     """GPT-2's blocks (feed-forward 4 d_model wide), or with ``arch="llama"`` Llama's (the
     gated feed-forward 8/3 d_model wide, rounded to a multiple of 8: as many weights)."""
     if preset.arch == "llama":
-        return LlamaConfig(vocab_size=vocab_size, hidden_size=preset.d_model,
-                           intermediate_size=8 * round(preset.d_model / 3),
-                           num_hidden_layers=preset.num_layers,
-                           num_attention_heads=preset.num_heads,
-                           num_key_value_heads=preset.kv_heads,
-                           max_position_embeddings=preset.block_size)
+        return LlamaConfig(vocab_size=vocab_size, d_model=preset.d_model,
+                           d_ff=8 * round(preset.d_model / 3),
+                           num_layers=preset.num_layers,
+                           num_heads=preset.num_heads,
+                           num_kv_heads=preset.kv_heads,
+                           block_size=preset.block_size)
     return CausalLMConfig(vocab_size=vocab_size, block_size=preset.block_size,
                           d_model=preset.d_model, num_heads=preset.num_heads,
                           num_layers=preset.num_layers, d_ff=4 * preset.d_model,

@@ -6,7 +6,7 @@
 # The forward is given: P = softmax(Q K^T / sqrt(E) + M) over the keys, out = P V, with a
 # boolean mask (True = keep) that may leave a query row with no key at all (its P row and
 # output are zeros).  Write `attention_backward`: from the upstream gradient `dout` and the
-# cache, the gradients `dq`, `dk` and `dv`, in that order.
+# saved, the gradients `dq`, `dk` and `dv`, in that order.
 #
 # Check it: `python exercises/check.py attention` (from the repository's root),
 # or run the last cell.
@@ -20,7 +20,7 @@ import numpy as np
 # %%
 def attention_forward(q, k, v, mask=None):
     """q (..., T, E), k (..., S, E), v (..., S, F), mask (bool, broadcasts to (..., T, S))
-    -> out (..., T, F), cache (q, k, v, p)."""
+    -> out (..., T, F), saved (q, k, v, p)."""
     scores = (q @ np.swapaxes(k, -1, -2)) / math.sqrt(q.shape[-1])  # (..., T, S)
     if mask is not None:
         scores = scores + np.where(mask, 0.0, -np.inf)
@@ -33,9 +33,9 @@ def attention_forward(q, k, v, mask=None):
 
 
 # %%
-def attention_backward(dout, cache):
+def attention_backward(dout, saved):
     """dout (..., T, F) -> dq (..., T, E), dk (..., S, E), dv (..., S, F)."""
-    q, k, v, p = cache
+    q, k, v, p = saved
     # your code here
     raise NotImplementedError("your code here")
 

@@ -47,7 +47,7 @@ relu_forward, relu_backward = earlier("relu", "relu_forward", "relu_backward")
 # %%
 def feedforward_forward(x, w1, b1, w2, b2, p, training=True):
     """x (B, T, D), w1 (D, D_ff), b1 (D_ff,), w2 (D_ff, D), b2 (D,), p the dropout
-    probability -> y (B, T, D), cache."""
+    probability -> y (B, T, D), saved."""
     h, first = linear_forward(x, w1, b1)  # (B, T, D_ff)
     a, activation = relu_forward(h)
     d, dropped = dropout_forward(a, p, training)
@@ -56,9 +56,9 @@ def feedforward_forward(x, w1, b1, w2, b2, p, training=True):
 
 
 # %%
-def feedforward_backward(dy, cache):
+def feedforward_backward(dy, saved):
     """dy (B, T, D) -> dx (B, T, D), dw1 (D, D_ff), db1 (D_ff,), dw2 (D_ff, D), db2 (D,)."""
-    first, activation, dropped, second = cache
+    first, activation, dropped, second = saved
     # your code here
     raise NotImplementedError("your code here")
 
@@ -68,7 +68,7 @@ def postnorm_block_forward(x, wq, bq, wk, bk, wv, bv, wo, bo, gamma1, beta1,
                            w1, b1, w2, b2, gamma2, beta2, num_heads, p, mask=None,
                            training=True):
     """Post-norm: x (B, T, D), the attention's weights (multihead_forward's), the norms'
-    gamma, beta (D,) and the feed-forward's weights -> y (B, T, D), cache."""
+    gamma, beta (D,) and the feed-forward's weights -> y (B, T, D), saved."""
     s, attention = multihead_forward(x, wq, bq, wk, bk, wv, bv, wo, bo, num_heads, mask)
     s, attention_drop = dropout_forward(s, p, training)
     x, norm1 = layernorm_forward(x + s, gamma1, beta1)  # x = LN(x + Drop(Attn(x)))
@@ -79,10 +79,10 @@ def postnorm_block_forward(x, wq, bq, wk, bk, wv, bv, wo, bo, gamma1, beta1,
 
 
 # %%
-def postnorm_block_backward(dy, cache):
+def postnorm_block_backward(dy, saved):
     """dy (B, T, D) -> dx, dwq, dbq, dwk, dbk, dwv, dbv, dwo, dbo, dgamma1, dbeta1, dw1,
     db1, dw2, db2, dgamma2, dbeta2 (each the shape of what it is the gradient of)."""
-    attention, attention_drop, norm1, ffn, ffn_drop, norm2 = cache
+    attention, attention_drop, norm1, ffn, ffn_drop, norm2 = saved
     # your code here
     raise NotImplementedError("your code here")
 
@@ -91,7 +91,7 @@ def postnorm_block_backward(dy, cache):
 def prenorm_block_forward(x, wq, bq, wk, bk, wv, bv, wo, bo, gamma1, beta1,
                           w1, b1, w2, b2, gamma2, beta2, num_heads, p, mask=None,
                           training=True):
-    """Pre-norm: the same arguments as postnorm_block_forward -> y (B, T, D), cache."""
+    """Pre-norm: the same arguments as postnorm_block_forward -> y (B, T, D), saved."""
     n, norm1 = layernorm_forward(x, gamma1, beta1)
     s, attention = multihead_forward(n, wq, bq, wk, bk, wv, bv, wo, bo, num_heads, mask)
     s, attention_drop = dropout_forward(s, p, training)
@@ -103,9 +103,9 @@ def prenorm_block_forward(x, wq, bq, wk, bk, wv, bv, wo, bo, gamma1, beta1,
 
 
 # %%
-def prenorm_block_backward(dy, cache):
+def prenorm_block_backward(dy, saved):
     """dy (B, T, D) -> the gradients postnorm_block_backward returns, in the same order."""
-    norm1, attention, attention_drop, norm2, ffn, ffn_drop = cache
+    norm1, attention, attention_drop, norm2, ffn, ffn_drop = saved
     # your code here
     raise NotImplementedError("your code here")
 

@@ -1,13 +1,13 @@
 """The capstone: your backwards train the IMDB classifier, update for update as the textbook.
 
-    python exercises/capstone.py                  # IMDB (--data, $NPFORMER_DATA, the cache)
+    python exercises/capstone.py                  # IMDB (--data, $NPFORMER_DATA, the saved values)
     python exercises/capstone.py --data PATH      # aclImdb_v1.tar.gz, or a folder holding it
     python exercises/capstone.py --textbook       # npformer's backwards in place of yours
 
 npformer's TransformerClassifier calls its ops through ``npformer.ops`` (``ops.linear_forward``,
 ``ops.attention_backward``...).  Here each op the classifier's training uses is replaced by
 your forward and backward from the exercise files (their tuple caches wrapped in the
-``Cache`` the layers keep), and AdamW's update by your ``adam_step``: linear, ReLU,
+``Saved`` the layers keep), and AdamW's update by your ``adam_step``: linear, ReLU,
 dropout, layer norm, attention, embedding, positions, pooling, cross-entropy, Adam.  Then
 the demo's smoke configuration (``python demos/imdb.py --smoke --tier textbook``: its
 preset, data, vocabulary, model, AdamW with warmup and cosine decay, clipping at 1.0) is
@@ -81,9 +81,9 @@ def statuses(modules: dict | None = None) -> dict[str, Any]:
 
 
 def _cache(op: str, y, saved):
-    from npformer.ops.contracts import Cache
+    from npformer.ops.contracts import Saved
 
-    return Cache(op, "exercise", tuple(getattr(y, "shape", ())), getattr(y, "dtype", None), saved)
+    return Saved(op, "exercise", tuple(getattr(y, "shape", ())), getattr(y, "dtype", None), saved)
 
 
 def _ops(r: dict[str, Any]) -> dict[str, Any]:
@@ -97,8 +97,8 @@ def _ops(r: dict[str, Any]) -> dict[str, Any]:
         y, c = lin.linear_forward(x, w, bias)
         return y, _cache("linear_forward", y, (c, b is None))
 
-    def linear_backward(dy, cache, weights=True):
-        c, no_bias = cache.saved
+    def linear_backward(dy, saved, weights=True):
+        c, no_bias = saved.saved
         dx, dw, db = lin.linear_backward(dy, c)
         return dx, dw, None if no_bias else db
 
@@ -106,8 +106,8 @@ def _ops(r: dict[str, Any]) -> dict[str, Any]:
         y, c = act.relu_forward(x)
         return y, _cache("relu_forward", y, c)
 
-    def relu_backward(dy, cache):
-        return act.relu_backward(dy, cache.saved)
+    def relu_backward(dy, saved):
+        return act.relu_backward(dy, saved.saved)
 
     def activation(name, *args, **kwargs):
         if name != "relu":
@@ -118,43 +118,43 @@ def _ops(r: dict[str, Any]) -> dict[str, Any]:
         y, c = drop.dropout_forward(x, p, training)
         return y, _cache("dropout_forward", y, c)
 
-    def dropout_backward(dy, cache):
-        return drop.dropout_backward(dy, cache.saved)
+    def dropout_backward(dy, saved):
+        return drop.dropout_backward(dy, saved.saved)
 
     def layernorm_forward(x, gamma, beta, eps=1e-5):
         y, c = norm.layernorm_forward(x, gamma, beta, eps)
         return y, _cache("layernorm_forward", y, c)
 
-    def layernorm_backward(dy, cache):
-        return norm.layernorm_backward(dy, cache.saved)
+    def layernorm_backward(dy, saved):
+        return norm.layernorm_backward(dy, saved.saved)
 
     def attention_forward(q, k, v, mask=None):
         y, c = att.attention_forward(q, k, v, mask)
         return y, _cache("attention_forward", y, c)
 
-    def attention_backward(dout, cache):
-        return att.attention_backward(dout, cache.saved)
+    def attention_backward(dout, saved):
+        return att.attention_backward(dout, saved.saved)
 
     def embedding_forward(ids, table):
         y, c = emb.embedding_forward(ids, table)
         return y, _cache("embedding_forward", y, c)
 
-    def embedding_backward(dy, cache):
-        return emb.embedding_backward(dy, cache.saved)
+    def embedding_backward(dy, saved):
+        return emb.embedding_backward(dy, saved.saved)
 
     def add_positions_forward(x, table):
         y, c = pos.add_positions_forward(x, table)
         return y, _cache("add_positions_forward", y, c)
 
-    def add_positions_backward(dy, cache):
-        return pos.add_positions_backward(dy, cache.saved)
+    def add_positions_backward(dy, saved):
+        return pos.add_positions_backward(dy, saved.saved)
 
     def pool_forward(h, valid_lens, how="mean"):
         y, c = pool.pool_forward(h, valid_lens, how)
         return y, _cache("pool_forward", y, c)
 
-    def pool_backward(dy, cache):
-        return pool.pool_backward(dy, cache.saved)
+    def pool_backward(dy, saved):
+        return pool.pool_backward(dy, saved.saved)
 
     def cross_entropy_with_gradient(logits, targets, dloss=1.0, **options):
         loss, c = ce.cross_entropy_forward(logits, targets, **options)
@@ -226,7 +226,7 @@ class Prepared:
 
 def prepare(data=None, seed: int = 0, preset: str = "smoke") -> Prepared:
     """The demo's ``--smoke`` data (``data``: as ``--data``; None: $NPFORMER_DATA or the
-    user cache, as the demo reads it), vocabulary and encoded training reviews."""
+    user saved, as the demo reads it), vocabulary and encoded training reviews."""
     from npformer.data import Vocab, tokenize_imdb
 
     demo = _demo()
@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python exercises/capstone.py",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--data", help="aclImdb_v1.tar.gz or a folder holding it (default: "
-                                       "$NPFORMER_DATA, then the user cache, as the demo)")
+                                       "$NPFORMER_DATA, then the user saved, as the demo)")
     parser.add_argument("--seed", type=int, default=0, help="the run's seed (default 0)")
     parser.add_argument("--textbook", action="store_true",
                         help="npformer's own forwards and backwards in place of yours (the "

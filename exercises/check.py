@@ -94,7 +94,7 @@ class Part:
 class Mistake:
     """A wrong backward learners write, which the checker must report as wrong, naming
     ``gradient`` (the checker's own test, tests/test_exercises.py, runs every one).
-    ``backward`` is written against the exercise file's cache; ``part``: the backward's
+    ``backward`` is written against the exercise file's saved values; ``part``: the backward's
     name where the exercise has several parts (default: the first)."""
 
     what: str
@@ -378,7 +378,7 @@ def _check_case(exercise: Exercise, part: Part, impl: Any, case: Case) -> dict |
     book_out, book_cache = run_forward(book_forward, *fresh_args(), **case.kwargs)
     book_out = backend.to_numpy(book_out)
     try:
-        out, cache = run_forward(forward, *fresh_args(), **case.kwargs)
+        out, saved = run_forward(forward, *fresh_args(), **case.kwargs)
         out = np.asarray(backend.to_numpy(out), dtype=np.float64)
     except Exception as error:  # the forward is given: the reader changed it
         return dict(status=WRONG, gradient=part.forward,
@@ -399,7 +399,7 @@ def _check_case(exercise: Exercise, part: Part, impl: Any, case: Case) -> dict |
 
     upstream = np.random.default_rng(1234).standard_normal(book_out.shape)
     try:
-        grads = _as_tuple(backward(backend.asarray(upstream.copy()), cache))
+        grads = _as_tuple(backward(backend.asarray(upstream.copy()), saved))
     except NotImplementedError:
         return dict(status=NOT_STARTED, gradient=part.backward,
                     headline=f"{part.backward} not started", lines=[])

@@ -6,7 +6,7 @@
 # The forward is given: the mean over the counted rows (targets other than ignore_index;
 # a loss of 0 if none is) of -sum_v q_v log p_v, with the target distribution
 # q = (1 - eps) onehot(target) + eps / V (eps, label smoothing).  Write
-# `cross_entropy_backward`: from the upstream gradient `dloss` (a scalar) and the cache,
+# `cross_entropy_backward`: from the upstream gradient `dloss` (a scalar) and the saved values,
 # the gradient `dlogits`.
 #
 # Check it: `python exercises/check.py cross_entropy` (from the repository's root),
@@ -20,7 +20,7 @@ IGNORE_INDEX = -100
 
 # %%
 def cross_entropy_forward(logits, targets, ignore_index=IGNORE_INDEX, label_smoothing=0.0):
-    """logits (..., V), targets (...) integers -> loss (a scalar), cache
+    """logits (..., V), targets (...) integers -> loss (a scalar), saved
     (p, targets, ignore_index, label_smoothing, logits.shape); p = softmax(logits) (N, V)
     and targets (N,) as rows."""
     vocab = logits.shape[-1]
@@ -40,9 +40,9 @@ def cross_entropy_forward(logits, targets, ignore_index=IGNORE_INDEX, label_smoo
 
 
 # %%
-def cross_entropy_backward(dloss, cache):
+def cross_entropy_backward(dloss, saved):
     """dloss (a scalar) -> dlogits (..., V)."""
-    p, targets, ignore_index, label_smoothing, shape = cache
+    p, targets, ignore_index, label_smoothing, shape = saved
     # your code here
     raise NotImplementedError("your code here")
 

@@ -5,8 +5,8 @@
 #
 # The forward is given: in training each element is kept with probability 1 - p and the
 # kept ones are scaled by 1 / (1 - p); in evaluation (or with p = 0) it is the identity,
-# and the cache is None.  Write `dropout_backward`: from the upstream gradient `dy` and
-# the cache, the gradient `dx`.  (The mask comes from npformer's seeded generator, so
+# and the saved values is None.  Write `dropout_backward`: from the upstream gradient `dy` and
+# the saved values, the gradient `dx`.  (The mask comes from npformer's seeded generator, so
 # the checker can draw the same mask again.)
 #
 # Check it: `python exercises/check.py dropout` (from the repository's root),
@@ -20,7 +20,7 @@ from npformer import backend
 
 # %%
 def dropout_forward(x, p, training=True):
-    """x (...) -> y (...), cache (keep, p) with keep the boolean mask, or None (identity)."""
+    """x (...) -> y (...), saved (keep, p) with keep the boolean mask, or None (identity)."""
     if not training or p == 0.0:
         return x, None
     keep = backend.random_uniform(x.shape, dtype=x.dtype) >= p  # P(keep) = 1 - p
@@ -28,7 +28,7 @@ def dropout_forward(x, p, training=True):
 
 
 # %%
-def dropout_backward(dy, cache):
+def dropout_backward(dy, saved):
     """dy (...) -> dx (...)."""
     # your code here
     raise NotImplementedError("your code here")

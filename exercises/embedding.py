@@ -4,7 +4,7 @@
 # Derivation: docs/derivations.md, §11 Embedding
 #
 # The forward is given: each id picks its row of the table.  Write `embedding_backward`:
-# from the upstream gradient `dy` and the cache, the gradient `dtable` of the table (the
+# from the upstream gradient `dy` and the saved values, the gradient `dtable` of the table (the
 # integer ids have none).  An id may appear more than once.
 #
 # Check it: `python exercises/check.py embedding` (from the repository's root),
@@ -16,14 +16,14 @@ import numpy as np  # noqa: F401  (yours to use)
 
 # %%
 def embedding_forward(ids, table):
-    """ids (...) integers in [0, V), table (V, D) -> y (..., D), cache (ids, V)."""
+    """ids (...) integers in [0, V), table (V, D) -> y (..., D), saved (ids, V)."""
     return table[ids], (ids, table.shape[0])
 
 
 # %%
-def embedding_backward(dy, cache):
+def embedding_backward(dy, saved):
     """dy (..., D) -> dtable (V, D)."""
-    ids, vocab_size = cache
+    ids, vocab_size = saved
     # your code here
     raise NotImplementedError("your code here")
 

@@ -5,7 +5,7 @@
 #
 # The forwards are given.  Write `gelu_backward` (the exact GELU, y = x Phi(x)) and
 # `gelu_tanh_backward` (GPT-2's tanh form): from the upstream gradient `dy` and the
-# cache, the gradient `dx` of each.
+# saved, the gradient `dx` of each.
 #
 # Check it: `python exercises/check.py gelu` (from the repository's root),
 # or run the last cell.
@@ -22,30 +22,30 @@ GELU_A = 0.044715
 
 # %%
 def gelu_forward(x):
-    """x (...) -> y = x Phi(x) (...), cache (x, Phi(x)); Phi is the normal CDF."""
+    """x (...) -> y = x Phi(x) (...), saved (x, Phi(x)); Phi is the normal CDF."""
     phi_cdf = 0.5 * (1.0 + erf(x / math.sqrt(2.0)))
     return x * phi_cdf, (x, phi_cdf)
 
 
 # %%
-def gelu_backward(dy, cache):
+def gelu_backward(dy, saved):
     """dy (...) -> dx (...)."""
-    x, phi_cdf = cache
+    x, phi_cdf = saved
     # your code here
     raise NotImplementedError("your code here")
 
 
 # %%
 def gelu_tanh_forward(x):
-    """x (...) -> y = x (1 + tanh(c (x + a x^3))) / 2 (...), cache (x, t) with t the tanh."""
+    """x (...) -> y = x (1 + tanh(c (x + a x^3))) / 2 (...), saved (x, t) with t the tanh."""
     t = np.tanh(GELU_C * (x + GELU_A * x**3))
     return 0.5 * x * (1.0 + t), (x, t)
 
 
 # %%
-def gelu_tanh_backward(dy, cache):
+def gelu_tanh_backward(dy, saved):
     """dy (...) -> dx (...)."""
-    x, t = cache
+    x, t = saved
     # your code here
     raise NotImplementedError("your code here")
 

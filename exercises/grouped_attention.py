@@ -8,7 +8,7 @@
 # serving a group of G = H / H_kv consecutive query heads.  The keys and values are
 # projected to H_kv heads (wk, wv are (D, H_kv*E)) and each head is repeated over its
 # group before attention.  Write `grouped_backward`: from the upstream gradient `dy` and
-# the cache, the gradients `dx`, `dwq`, `dbq`, `dwk`, `dbk`, `dwv`, `dbv`, `dwo`, `dbo`,
+# the saved values, the gradients `dx`, `dwq`, `dbq`, `dwk`, `dbk`, `dwv`, `dbv`, `dwo`, `dbo`,
 # in that order.  Your backwards of the earlier exercises are imported below.
 #
 # Check it: `python exercises/check.py grouped_attention` (from the repository's root),
@@ -42,7 +42,7 @@ def repeat_heads(x, groups):
 
 def grouped_forward(x, wq, bq, wk, bk, wv, bv, wo, bo, num_heads, kv_heads, mask=None):
     """x (B, T, D); wq (D, H*E), bq (H*E,); wk, wv (D, H_kv*E), bk, bv (H_kv*E,);
-    wo (H*E, D), bo (D,); mask (bool, broadcasts to (B, H, T, T)) -> y (B, T, D), cache."""
+    wo (H*E, D), bo (D,); mask (bool, broadcasts to (B, H, T, T)) -> y (B, T, D), saved."""
     groups = num_heads // kv_heads  # G query heads per key/value head
     q, q_cache = linear_forward(x, wq, bq)  # (B, T, H*E)
     k, k_cache = linear_forward(x, wk, bk)  # (B, T, H_kv*E)
@@ -50,18 +50,18 @@ def grouped_forward(x, wq, bq, wk, bk, wv, bv, wo, bo, num_heads, kv_heads, mask
     qh, _ = split_heads_forward(q, num_heads)  # (B, H, T, E)
     kh, _ = split_heads_forward(k, kv_heads)  # (B, H_kv, T, E)
     vh, _ = split_heads_forward(v, kv_heads)
-    heads, attention_cache = attention_forward(
+    heads, attention_saved = attention_forward(
         qh, repeat_heads(kh, groups), repeat_heads(vh, groups), mask)  # (B, H, T, E)
     merged, _ = merge_heads_forward(heads)  # (B, T, H*E)
     y, out_cache = linear_forward(merged, wo, bo)  # (B, T, D)
-    return y, (q_cache, k_cache, v_cache, attention_cache, out_cache, num_heads, kv_heads)
+    return y, (q_cache, k_cache, v_cache, attention_saved, out_cache, num_heads, kv_heads)
 
 
 # %%
-def grouped_backward(dy, cache):
+def grouped_backward(dy, saved):
     """dy (B, T, D) -> dx (B, T, D), dwq (D, H*E), dbq (H*E,), dwk (D, H_kv*E), dbk
     (H_kv*E,), dwv, dbv (the same), dwo (H*E, D), dbo (D,)."""
-    q_cache, k_cache, v_cache, attention_cache, out_cache, num_heads, kv_heads = cache
+    q_cache, k_cache, v_cache, attention_saved, out_cache, num_heads, kv_heads = saved
     # your code here
     raise NotImplementedError("your code here")
 

@@ -5,7 +5,7 @@
 #
 # The forwards are given: `split_heads_forward` cuts the width D = H E of (B, T, D) into H
 # heads, (B, H, T, E), column block h becoming head h; `merge_heads_forward` puts them
-# back.  Write both backwards: from the upstream gradient `dy` and the cache, the gradient
+# back.  Write both backwards: from the upstream gradient `dy` and the saved values, the gradient
 # `dx` of each.
 #
 # Check it: `python exercises/check.py heads` (from the repository's root),
@@ -17,7 +17,7 @@ import numpy as np  # noqa: F401  (yours to use)
 
 # %%
 def split_heads_forward(x, num_heads):
-    """x (B, T, H*E) -> y (B, H, T, E), cache num_heads."""
+    """x (B, T, H*E) -> y (B, H, T, E), saved num_heads."""
     batch, length, width = x.shape
     y = x.reshape(batch, length, num_heads, width // num_heads).transpose(0, 2, 1, 3)
     return y, num_heads
@@ -32,7 +32,7 @@ def split_heads_backward(dy, num_heads):
 
 # %%
 def merge_heads_forward(x):
-    """x (B, H, T, E) -> y (B, T, H*E), cache the number of heads."""
+    """x (B, H, T, E) -> y (B, T, H*E), saved the number of heads."""
     batch, heads, length, width = x.shape
     return x.transpose(0, 2, 1, 3).reshape(batch, length, heads * width), heads
 

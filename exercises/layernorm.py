@@ -4,7 +4,7 @@
 # Derivation: docs/derivations.md, §6 Layer norm
 #
 # The forward is given.  Write `layernorm_backward`: from the upstream gradient `dy`
-# and the cache, the gradients `dx`, `dgamma` and `dbeta`, in that order.  Each row
+# and the saved values, the gradients `dx`, `dgamma` and `dbeta`, in that order.  Each row
 # (the last axis, of width D) is normalised on its own; gamma and beta are shared by
 # every row.  Hint: name g = dy * gamma, the gradient of x_hat, and follow the
 # derivation's steps from there.
@@ -20,7 +20,7 @@ EPS = 1e-5
 
 # %%
 def layernorm_forward(x, gamma, beta, eps=EPS):
-    """x (..., D), gamma (D,), beta (D,) -> y (..., D), cache (x_hat, r, gamma)."""
+    """x (..., D), gamma (D,), beta (D,) -> y (..., D), saved (x_hat, r, gamma)."""
     mu = x.mean(axis=-1, keepdims=True)  # (..., 1)
     centred = x - mu  # (..., D)
     var = (centred * centred).mean(axis=-1, keepdims=True)  # (..., 1)
@@ -31,9 +31,9 @@ def layernorm_forward(x, gamma, beta, eps=EPS):
 
 
 # %%
-def layernorm_backward(dy, cache):
+def layernorm_backward(dy, saved):
     """dy (..., D) -> dx (..., D), dgamma (D,), dbeta (D,)."""
-    x_hat, r, gamma = cache
+    x_hat, r, gamma = saved
     # your code here
     raise NotImplementedError("your code here")
 

@@ -4,7 +4,7 @@
 # Derivation: docs/derivations.md, §2 Linear
 #
 # The forward is given.  Write `linear_backward`: from the upstream gradient `dy` and
-# the cache the forward returned, the gradients `dx`, `dw` and `db`, in that order.
+# the saved values the forward returned, the gradients `dx`, `dw` and `db`, in that order.
 # `x` may have any leading shape (a batch, or a batch of sequences): every row of it
 # used the same `w` and `b`.
 #
@@ -17,15 +17,15 @@ import numpy as np  # noqa: F401  (yours to use)
 
 # %%
 def linear_forward(x, w, b):
-    """x (..., D_in), w (D_in, D_out), b (D_out,) -> y (..., D_out), cache (x, w)."""
+    """x (..., D_in), w (D_in, D_out), b (D_out,) -> y (..., D_out), saved (x, w)."""
     y = x @ w + b
     return y, (x, w)
 
 
 # %%
-def linear_backward(dy, cache):
+def linear_backward(dy, saved):
     """dy (..., D_out) -> dx (..., D_in), dw (D_in, D_out), db (D_out,)."""
-    x, w = cache
+    x, w = saved
     # your code here
     raise NotImplementedError("your code here")
 

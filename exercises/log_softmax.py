@@ -4,7 +4,7 @@
 # Derivation: docs/derivations.md, §8 Log-softmax
 #
 # The forward is given: y = log softmax(x) along `axis`.  Write `log_softmax_backward`:
-# from the upstream gradient `dy` and the cache, the gradient `dx`.
+# from the upstream gradient `dy` and the saved values, the gradient `dx`.
 #
 # Check it: `python exercises/check.py log_softmax` (from the repository's root),
 # or run the last cell.
@@ -15,7 +15,7 @@ import numpy as np
 
 # %%
 def log_softmax_forward(x, axis=-1):
-    """x (...) -> y = log softmax(x) (...), cache (p = exp(y), axis)."""
+    """x (...) -> y = log softmax(x) (...), saved (p = exp(y), axis)."""
     shifted = x - x.max(axis=axis, keepdims=True)
     e = np.exp(shifted)
     total = e.sum(axis=axis, keepdims=True)
@@ -23,9 +23,9 @@ def log_softmax_forward(x, axis=-1):
 
 
 # %%
-def log_softmax_backward(dy, cache):
+def log_softmax_backward(dy, saved):
     """dy (...) -> dx (...)."""
-    p, axis = cache
+    p, axis = saved
     # your code here
     raise NotImplementedError("your code here")
 

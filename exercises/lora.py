@@ -7,7 +7,7 @@
 # `y = x W + b + scale * dropout(x) A B`, with A (D_in, r), B (r, D_out) and
 # scale = alpha / r; the adapter reads its own dropout of x (your dropout exercise's
 # forward, drawing its mask from npformer's seeded generator).  Write `lora_backward`:
-# from the upstream gradient `dy` and the cache, the gradients `dx`, `dA` and `dB`, in
+# from the upstream gradient `dy` and the saved values, the gradients `dx`, `dA` and `dB`, in
 # that order.  W and b are frozen: their gradients are not computed (nor returned).
 # Your dropout backward is imported below.
 #
@@ -31,7 +31,7 @@ dropout_forward, dropout_backward = earlier("dropout", "dropout_forward", "dropo
 # %%
 def lora_forward(x, w, b, lora_a, lora_b, scale, p=0.0, training=True):
     """x (..., D_in), w (D_in, D_out), b (D_out,), lora_a (D_in, r), lora_b (r, D_out),
-    scale = alpha / r, p the adapter's dropout -> y (..., D_out), cache."""
+    scale = alpha / r, p the adapter's dropout -> y (..., D_out), saved."""
     x_dropped, dropped = dropout_forward(x, p, training)  # (..., D_in)
     u = x_dropped @ lora_a  # (..., r): the input brought down to rank r
     y = x @ w + scale * (u @ lora_b) + b  # (..., D_out)
@@ -39,9 +39,9 @@ def lora_forward(x, w, b, lora_a, lora_b, scale, p=0.0, training=True):
 
 
 # %%
-def lora_backward(dy, cache):
+def lora_backward(dy, saved):
     """dy (..., D_out) -> dx (..., D_in), dA (D_in, r), dB (r, D_out)."""
-    x_dropped, u, w, lora_a, lora_b, scale, dropped = cache
+    x_dropped, u, w, lora_a, lora_b, scale, dropped = saved
     # your code here
     raise NotImplementedError("your code here")
 

@@ -12,7 +12,7 @@
 #     -> linear head (§2) -> logits (B, C) -> cross-entropy with the labels (§13)
 #
 # Write `classifier_backward`: from the upstream gradient `dloss` (a scalar) and the
-# cache, the gradients of every parameter, in the forward's order: `dtokens`,
+# saved, the gradients of every parameter, in the forward's order: `dtokens`,
 # `dpositions`, the block's sixteen (as `postnorm_block_backward` returns them, without
 # its dx), `dw_head`, `db_head`.  The token ids are not differentiable: the chain ends in
 # the tables.  Your backwards of the earlier exercises are imported below.
@@ -51,7 +51,7 @@ def classifier_forward(ids, valid_lens, labels, tokens, positions,
                        num_heads, p, training=True):
     """ids (B, T) integers in [0, V), valid_lens (B,) in [1, T], labels (B,) in [0, C);
     tokens (V, D), positions (L, D) with L >= T; the block's weights
-    (postnorm_block_forward's); w_head (D, C), b_head (C,) -> loss (a scalar), cache."""
+    (postnorm_block_forward's); w_head (D, C), b_head (C,) -> loss (a scalar), saved."""
     length = ids.shape[1]
     mask = (np.arange(length)[None, :] < valid_lens[:, None])[:, None, None, :]  # (B,1,1,T)
     x, embedded = embedding_forward(ids, tokens)  # (B, T, D)
@@ -67,11 +67,11 @@ def classifier_forward(ids, valid_lens, labels, tokens, positions,
 
 
 # %%
-def classifier_backward(dloss, cache):
+def classifier_backward(dloss, saved):
     """dloss (a scalar) -> dtokens (V, D), dpositions (L, D), dwq, dbq, dwk, dbk, dwv,
     dbv, dwo, dbo, dgamma1, dbeta1, dw1, db1, dw2, db2, dgamma2, dbeta2, dw_head (D, C),
     db_head (C,)."""
-    embedded, placed, dropped, block, pooling, head, loss_cache = cache
+    embedded, placed, dropped, block, pooling, head, loss_cache = saved
     # your code here
     raise NotImplementedError("your code here")
 

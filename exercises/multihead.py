@@ -7,7 +7,7 @@
 # projections of the same input x (§2), each cut into H heads (split), attention over
 # every head (§9), the heads merged back and the output projection.  Self-attention: x
 # gives the queries, the keys and the values.  Write `multihead_backward`: from the
-# upstream gradient `dy` and the cache, the gradients `dx`, `dwq`, `dbq`, `dwk`, `dbk`,
+# upstream gradient `dy` and the saved values, the gradients `dx`, `dwq`, `dbq`, `dwk`, `dbk`,
 # `dwv`, `dbv`, `dwo`, `dbo`, in that order (the subsection "Backward of the whole
 # layer").  Your backwards of those exercises are imported below: use them (they must be
 # done first), or write the steps out.
@@ -38,24 +38,24 @@ linear_forward, linear_backward = earlier("linear", "linear_forward", "linear_ba
 # %%
 def multihead_forward(x, wq, bq, wk, bk, wv, bv, wo, bo, num_heads, mask=None):
     """x (B, T, D); wq, wk, wv (D, H*E); bq, bk, bv (H*E,); wo (H*E, D); bo (D,); mask
-    (bool, broadcasts to (B, H, T, T), True = may attend) -> y (B, T, D), cache."""
+    (bool, broadcasts to (B, H, T, T), True = may attend) -> y (B, T, D), saved."""
     q, q_cache = linear_forward(x, wq, bq)  # (B, T, H*E)
     k, k_cache = linear_forward(x, wk, bk)
     v, v_cache = linear_forward(x, wv, bv)
     qh, _ = split_heads_forward(q, num_heads)  # (B, H, T, E)
     kh, _ = split_heads_forward(k, num_heads)
     vh, _ = split_heads_forward(v, num_heads)
-    heads, attention_cache = attention_forward(qh, kh, vh, mask)  # (B, H, T, E)
+    heads, attention_saved = attention_forward(qh, kh, vh, mask)  # (B, H, T, E)
     merged, _ = merge_heads_forward(heads)  # (B, T, H*E)
     y, out_cache = linear_forward(merged, wo, bo)  # (B, T, D)
-    return y, (q_cache, k_cache, v_cache, attention_cache, out_cache, num_heads)
+    return y, (q_cache, k_cache, v_cache, attention_saved, out_cache, num_heads)
 
 
 # %%
-def multihead_backward(dy, cache):
+def multihead_backward(dy, saved):
     """dy (B, T, D) -> dx (B, T, D), dwq (D, H*E), dbq (H*E,), dwk, dbk, dwv, dbv (the
     same shapes), dwo (H*E, D), dbo (D,)."""
-    q_cache, k_cache, v_cache, attention_cache, out_cache, num_heads = cache
+    q_cache, k_cache, v_cache, attention_saved, out_cache, num_heads = saved
     # your code here
     raise NotImplementedError("your code here")
 

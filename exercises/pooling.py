@@ -6,7 +6,7 @@
 # The forward is given: each sequence of h (B, T, D) pooled into one vector (B, D) over
 # its valid positions t < valid_lens[b] (the rest is padding): their mean, their maximum
 # per feature, or the first token.  Write `pool_backward`: from the upstream gradient `dy`
-# and the cache, the gradient `dh`, for each of the three.
+# and the saved values, the gradient `dh`, for each of the three.
 #
 # Check it: `python exercises/check.py pooling` (from the repository's root),
 # or run the last cell.
@@ -17,7 +17,7 @@ import numpy as np
 
 # %%
 def pool_forward(h, valid_lens, how="mean"):
-    """h (B, T, D), valid_lens (B,) integers in [1, T] -> y (B, D), cache
+    """h (B, T, D), valid_lens (B,) integers in [1, T] -> y (B, D), saved
     (how, valid (B, T) booleans, winner, h.shape): winner (B, D) the position of each
     maximum (how == "max"), else None."""
     batch, length, width = h.shape
@@ -35,9 +35,9 @@ def pool_forward(h, valid_lens, how="mean"):
 
 
 # %%
-def pool_backward(dy, cache):
+def pool_backward(dy, saved):
     """dy (B, D) -> dh (B, T, D)."""
-    how, valid, winner, shape = cache
+    how, valid, winner, shape = saved
     # your code here
     raise NotImplementedError("your code here")
 

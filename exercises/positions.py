@@ -6,7 +6,7 @@
 # The forward is given: the first T rows of a table of positions (L, D), L >= T, added to
 # every sequence of x (B, T, D).  The table is a learned one or the fixed sinusoidal one;
 # either way, write `add_positions_backward`: from the upstream gradient `dy` and the
-# cache, the gradients `dx` and `dtable` (of the whole table, (L, D)).
+# saved, the gradients `dx` and `dtable` (of the whole table, (L, D)).
 #
 # Check it: `python exercises/check.py positions` (from the repository's root),
 # or run the last cell.
@@ -17,15 +17,15 @@ import numpy as np  # noqa: F401  (yours to use)
 
 # %%
 def add_positions_forward(x, table):
-    """x (B, T, D), table (L, D) with T <= L -> y (B, T, D), cache (T, L)."""
+    """x (B, T, D), table (L, D) with T <= L -> y (B, T, D), saved (T, L)."""
     length = x.shape[1]
     return x + table[:length][None, :, :], (length, table.shape[0])
 
 
 # %%
-def add_positions_backward(dy, cache):
+def add_positions_backward(dy, saved):
     """dy (B, T, D) -> dx (B, T, D), dtable (L, D)."""
-    length, table_length = cache
+    length, table_length = saved
     # your code here
     raise NotImplementedError("your code here")
 

@@ -4,7 +4,7 @@
 # Derivation: docs/derivations.md, §3 ReLU
 #
 # The forward is given.  Write `relu_backward`: from the upstream gradient `dy` and the
-# cache, the gradient `dx`.
+# saved, the gradient `dx`.
 #
 # Check it: `python exercises/check.py relu` (from the repository's root),
 # or run the last cell.
@@ -15,7 +15,7 @@ import numpy as np
 
 # %%
 def relu_forward(x):
-    """x (...) -> y = max(x, 0) (...), cache x."""
+    """x (...) -> y = max(x, 0) (...), saved x."""
     y = np.where(x <= 0, 0.0, x)
     return y, x
 

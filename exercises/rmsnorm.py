@@ -5,7 +5,7 @@
 #
 # The forward is given: each row (the last axis, of width D) divided by its root mean
 # square, then scaled by `weight`, shared by every row.  Write `rmsnorm_backward`: from
-# the upstream gradient `dy` and the cache, the gradients `dx` and `dweight`.
+# the upstream gradient `dy` and the saved values, the gradients `dx` and `dweight`.
 #
 # Check it: `python exercises/check.py rmsnorm` (from the repository's root),
 # or run the last cell.
@@ -18,7 +18,7 @@ EPS = 1e-6
 
 # %%
 def rmsnorm_forward(x, weight, eps=EPS):
-    """x (..., D), weight (D,) -> y (..., D), cache (x_hat, r, weight)."""
+    """x (..., D), weight (D,) -> y (..., D), saved (x_hat, r, weight)."""
     mean_square = (x * x).mean(axis=-1, keepdims=True)  # (..., 1)
     r = 1.0 / np.sqrt(mean_square + eps)  # (..., 1)
     x_hat = x * r  # (..., D)
@@ -26,9 +26,9 @@ def rmsnorm_forward(x, weight, eps=EPS):
 
 
 # %%
-def rmsnorm_backward(dy, cache):
+def rmsnorm_backward(dy, saved):
     """dy (..., D) -> dx (..., D), dweight (D,)."""
-    x_hat, r, weight = cache
+    x_hat, r, weight = saved
     # your code here
     raise NotImplementedError("your code here")
 

@@ -6,7 +6,7 @@
 # The forward is given: each query or key (B, H, T, E) is turned pair by pair, pair
 # (i, i + E/2) by the angle of its position, with the tables cos and sin (T, E) or
 # (B, T, E) of `npformer.ops.rotary_table`.  Write `rotary_backward`: from the upstream
-# gradient `dy` and the cache, the gradient `dx`.
+# gradient `dy` and the saved values, the gradient `dx`.
 #
 # Check it: `python exercises/check.py rotary` (from the repository's root),
 # or run the last cell.
@@ -23,16 +23,16 @@ def rotate_half(x):
 
 
 def rotary_forward(x, cos, sin):
-    """x (B, H, T, E), cos and sin (T, E) or (B, T, E) -> y (B, H, T, E), cache (cos, sin)
+    """x (B, H, T, E), cos and sin (T, E) or (B, T, E) -> y (B, H, T, E), saved (cos, sin)
     as (1, T, E) or (B, 1, T, E): one table for every head."""
     cos, sin = np.expand_dims(cos, -3), np.expand_dims(sin, -3)
     return x * cos + rotate_half(x) * sin, (cos, sin)
 
 
 # %%
-def rotary_backward(dy, cache):
+def rotary_backward(dy, saved):
     """dy (B, H, T, E) -> dx (B, H, T, E)."""
-    cos, sin = cache
+    cos, sin = saved
     # your code here
     raise NotImplementedError("your code here")
 

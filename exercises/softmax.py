@@ -6,7 +6,7 @@
 # The forward is given: softmax along `axis`; where a boolean `mask` (broadcasting to x,
 # True = keep) is given, the masked entries get probability 0, and a row with no entry
 # kept (a fully masked row) is all zeros.  Write `softmax_backward`: from the upstream
-# gradient `dp` and the cache, the gradient `dx`.  The axis is not always the last.
+# gradient `dp` and the saved values, the gradient `dx`.  The axis is not always the last.
 #
 # Check it: `python exercises/check.py softmax` (from the repository's root),
 # or run the last cell.
@@ -17,7 +17,7 @@ import numpy as np
 
 # %%
 def softmax_forward(x, axis=-1, mask=None):
-    """x (...) -> p (...), cache (p, axis).  mask: boolean, broadcasts to x, True = keep."""
+    """x (...) -> p (...), saved (p, axis).  mask: boolean, broadcasts to x, True = keep."""
     if mask is not None:
         x = x + np.where(mask, 0.0, -np.inf)  # masked entries become -inf
     m = x.max(axis=axis, keepdims=True)
@@ -29,9 +29,9 @@ def softmax_forward(x, axis=-1, mask=None):
 
 
 # %%
-def softmax_backward(dp, cache):
+def softmax_backward(dp, saved):
     """dp (...) -> dx (...)."""
-    p, axis = cache
+    p, axis = saved
     # your code here
     raise NotImplementedError("your code here")
 

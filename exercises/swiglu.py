@@ -5,7 +5,7 @@
 #
 # The forward is given: h = silu(a) * b, with the gate a and the up projection b of
 # Llama's feed-forward network, and silu(a) = a sigmoid(a).  Write `swiglu_backward`:
-# from the upstream gradient `dh` and the cache, the gradients `da` and `db`.
+# from the upstream gradient `dh` and the saved values, the gradients `da` and `db`.
 #
 # Check it: `python exercises/check.py swiglu` (from the repository's root),
 # or run the last cell.
@@ -22,15 +22,15 @@ def sigmoid(a):
 
 
 def swiglu_forward(a, b):
-    """a (...) the gate, b (...) -> h = a sigmoid(a) b (...), cache (a, b, s = sigmoid(a))."""
+    """a (...) the gate, b (...) -> h = a sigmoid(a) b (...), saved (a, b, s = sigmoid(a))."""
     s = sigmoid(a)
     return a * s * b, (a, b, s)
 
 
 # %%
-def swiglu_backward(dh, cache):
+def swiglu_backward(dh, saved):
     """dh (...) -> da (...), db (...)."""
-    a, b, s = cache
+    a, b, s = saved
     # your code here
     raise NotImplementedError("your code here")
 

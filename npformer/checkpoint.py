@@ -13,8 +13,9 @@ Layout of the archive:
 Both tiers write the same file: what a model and an optimizer mean (their state dicts)
 does not depend on how the fast tier lays them out in memory.
 
-The format's version is :data:`FORMAT_VERSION` (5: ``meta["lora"]`` holds a LoRA model's
-adapters' settings, below), the only one this release reads: a file of another version,
+The format's version is :data:`FORMAT_VERSION` (6: configs and parameters in the one
+vocabulary of docs/guide.md; ``meta["lora"]`` holds a LoRA model's adapters' settings,
+below), the only one this release reads: a file of another version,
 older or newer, is refused by its version, not by a field it does not know.
 
 Files are written atomically: into ``.<name>.<pid>.tmp`` beside the target, flushed to
@@ -55,7 +56,7 @@ if TYPE_CHECKING:  # annotations only: nn and optim are not imported here
     from .nn import Module
     from .optim import Optimizer
 
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 
 
 class CheckpointError(ValueError):

@@ -224,7 +224,7 @@ def check_op(forward: Callable, backward: Callable, args: Sequence, wrt: Sequenc
              names: Sequence[str] | None = None) -> GradCheckResult:
     """Check ``backward`` of an op against central differences of ``forward``.
 
-    forward(*args, **kwargs) -> (out, cache); backward(dout, cache) -> the
+    forward(*args, **kwargs) -> (out, saved); backward(dout, saved) -> the
     gradients of ``args[i]`` for i in ``wrt``, in that order (one array or a tuple).
     ``args`` are backend arrays (or anything else for non-differentiated ones).
     ``names``: the gradients' names, in ``wrt``'s order (``("dx", "dgamma", "dbeta")``),
@@ -237,10 +237,10 @@ def check_op(forward: Callable, backward: Callable, args: Sequence, wrt: Sequenc
     keys = list(names) if names is not None else [f"arg{i}" for i in wrt]
     for i, label in zip(wrt, labels):
         _require_float64(args[i], f"the argument of {label}")
-    out, cache = forward(*args, **kwargs)
+    out, saved = forward(*args, **kwargs)
     upstream_host = _upstream_like(out, seed)
     upstream = backend.asarray(upstream_host)
-    grads = _as_tuple(backward(upstream, cache))
+    grads = _as_tuple(backward(upstream, saved))
     if len(grads) != len(wrt):
         raise ValueError(f"backward returned {len(grads)} gradients for {len(wrt)} inputs "
                          f"({', '.join(labels)})")

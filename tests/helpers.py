@@ -175,6 +175,6 @@ def raises_naming(error, *fragments: str):
 def tiny_llama(**fields) -> models.LlamaCausalLM:
     """A one-layer Llama of width 8 (two heads, vocabulary 11, feed-forward 12): the small
     model the LoRA and PEFT tests adapt; ``fields`` change its LlamaConfig."""
-    sizes = dict(vocab_size=11, hidden_size=8, intermediate_size=12, num_hidden_layers=1,
-                 num_attention_heads=2)
+    sizes = dict(vocab_size=11, d_model=8, d_ff=12, num_layers=1,
+                 num_heads=2)
     return models.LlamaCausalLM(models.LlamaConfig(**{**sizes, **fields}))

@@ -12,7 +12,7 @@ views as that buffer, and the moments of an optimizer flat over the same buffer 
 * ``meta``: the usual fields and ``flat_layout``: ``names``, ``shapes`` and ``offsets``
   ([lo, hi) of each parameter, from ``flat_layout`` of the shapes, end to end from 0).
 
-This release reads version 5 only: such a file is refused, naming its version; the
+This release reads version 6 only: such a file is refused, naming its version; the
 refusal's test writes one with :func:`save_flat_checkpoint`, from any model (of either
 tier) and optimizer.  Checked
 once against that writer itself (run from a copy of commit 8f514f9): for a fast LM with

@@ -73,28 +73,32 @@ def float64_reference(monkeypatch=None):
 
 
 def hf_state(named_arrays: dict) -> dict:
-    """npformer's {name: array} -> transformers' {name: float64 CPU tensor}: the same names
-    (the layers are named as transformers names them); a Linear's weight, (in, out) here,
-    is (out, in) there."""
+    """npformer's {name: array} -> transformers' {name: float64 CPU tensor}: the names as
+    transformers' layers name them (npformer.hf.llama.hf_name); a Linear's weight, (in,
+    out) here, is (out, in) there."""
     import torch
+
+    from npformer.hf.llama import hf_name
 
     state = {}
     for name, value in named_arrays.items():
         host = backend.to_numpy(value)
-        if host.ndim == 2 and not name.endswith("embed_tokens.weight"):
+        if host.ndim == 2 and not name.endswith("embed.weight"):
             host = host.T
-        state[name] = torch.tensor(np.ascontiguousarray(host))
+        state[hf_name(name).removeprefix("model.")] = torch.tensor(np.ascontiguousarray(host))
     return state
 
 
 def ours_from_hf(tensor_by_name: dict) -> dict:
     """transformers' {name: tensor} -> npformer's {name: host array}, the inverse of
     :func:`hf_state`."""
+    from npformer.hf.llama import npformer_name
+
     out = {}
     for name, tensor in tensor_by_name.items():
         host = tensor.detach().cpu().numpy()
-        out[name] = host.T if host.ndim == 2 and not name.endswith("embed_tokens.weight") \
-            else host
+        out[npformer_name(name)] = host.T if host.ndim == 2 and \
+            not name.endswith("embed_tokens.weight") else host
     return out
 
 

@@ -1,14 +1,14 @@
-"""Bloem's narrow heads and kqnorm (issue 34, item 6): gradients, PyTorch parity, models.
+"""Bloem's narrow heads and qk_norm (issue 34, item 6): gradients, PyTorch parity, models.
 
 * gradient checks (central differences, float64, NumPy and the strict namespace, both
-  tiers) of ``tiered.MultiHeadAttention(narrow_heads=..., kqnorm=...)``, self- and cross-attention,
+  tiers) of ``tiered.MultiHeadAttention(narrow_heads=..., qk_norm=...)``, self- and cross-attention,
   under causal, padding and fully masked rows: every input and every parameter;
 * parity with ``npformer.interop.torch_reference.torch_attention()``, the same layer written in
   torch as Bloem's ``former`` writes it: outputs, input gradients and every parameter's
   gradient within 1e-10 (float64) and 1e-5 (float32), in both tiers;
 * the narrow maps really are shared: (E, E) weights, and a layer whose slices are
   permuted gives the heads' outputs permuted alike;
-* the models' configs take the options (``narrow_heads``, ``kqnorm``), count their
+* the models' configs take the options (``narrow_heads``, ``qk_norm``), count their
   parameters (``cli.memory.parameter_count``), save and load them, decode with the KV
   cache as their full forward, and refuse what does not fit (narrow heads with another
   head width; a PyTorch conversion, which has no such layer), naming it.
@@ -42,8 +42,8 @@ from .helpers import to_torch as to_torch_tensor
 
 pytestmark = pytest.mark.usefixtures("tier")
 
-OPTIONS = [(True, False), (False, True), (True, True)]  # (narrow, kqnorm)
-OPTION_IDS = ["narrow", "kqnorm", "narrow_kqnorm"]
+OPTIONS = [(True, False), (False, True), (True, True)]  # (narrow, qk_norm)
+OPTION_IDS = ["narrow", "qk_norm", "narrow_qk_norm"]
 
 
 def randomize(module, rng, std: float = 0.7) -> None:
@@ -65,16 +65,16 @@ def mask_of(kind: str, batch: int, t: int, s: int, rng):
 
 
 # --------------------------------------------------------------------------- gradients
-@pytest.mark.parametrize("narrow_heads,kqnorm", OPTIONS, ids=OPTION_IDS)
+@pytest.mark.parametrize("narrow_heads,qk_norm", OPTIONS, ids=OPTION_IDS)
 @pytest.mark.parametrize("kind,cross", [("causal", False), ("padding", True),
                                         ("fully_masked", False)])
 @settings(max_examples=4)
 @given(seed=st.integers(0, 2**32 - 1), batch=st.integers(1, 2), t=st.integers(1, 3),
        heads=st.sampled_from([1, 2, 3]), width=st.integers(1, 2))
-def test_gradient_check(xb, narrow_heads, kqnorm, kind, cross, seed, batch, t, heads, width):
+def test_gradient_check(xb, narrow_heads, qk_norm, kind, cross, seed, batch, t, heads, width):
     rng = np.random.default_rng(seed)
     d_model = heads * width
-    layer = tiered.MultiHeadAttention(d_model, heads, narrow_heads=narrow_heads, kqnorm=kqnorm)
+    layer = tiered.MultiHeadAttention(d_model, heads, narrow_heads=narrow_heads, qk_norm=qk_norm)
     randomize(layer, rng)
     s = t + 1 if cross else t
     x = arr(rng.standard_normal((batch, t, d_model)))
@@ -82,7 +82,7 @@ def test_gradient_check(xb, narrow_heads, kqnorm, kind, cross, seed, batch, t, h
     mask = mask_of(kind, batch, t, s, rng)
     out = layer(*inputs, mask=mask)
     assert np.all(np.isfinite(to_host(out)))
-    # h 1e-6, not the default 1e-5: the layer norm of a 1- or 2-wide head (kqnorm) curves
+    # h 1e-6, not the default 1e-5: the layer norm of a 1- or 2-wide head (qk_norm) curves
     # sharply, and central differences err by O(h^2): one draw (seed 52, B 2, T 3, 2 heads
     # of 2, causal) read 1.8e-4, 1.8e-6 and 1.8e-8 at h = 1e-4, 1e-5, 1e-6 against the same
     # analytic gradient.  The smaller step makes the numerical side sharper, not the test looser.
@@ -113,18 +113,19 @@ def torch_grad_of(twin, name: str):
     return grad.T if grad.ndim == 2 else grad
 
 
-@pytest.mark.parametrize("narrow_heads,kqnorm", OPTIONS, ids=OPTION_IDS)
+@pytest.mark.parametrize("narrow_heads,qk_norm", OPTIONS, ids=OPTION_IDS)
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("cross", [False, True], ids=["self", "cross"])
-def test_parity_with_the_torch_module(torch, narrow_heads, kqnorm, dtype, cross):
+def test_parity_with_the_torch_module(torch, narrow_heads, qk_norm, dtype, cross):
     with using_backend("numpy", dtype):
         d_model, heads, batch, t, s = 12, 3, 2, 5, 4 if cross else 5
-        twin = torch_attention()(d_model, heads, narrow_heads=narrow_heads, kqnorm=kqnorm,
+        twin = torch_attention()(d_model, heads, narrow_heads=narrow_heads, qk_norm=qk_norm,
                                  dtype=getattr(torch, dtype))
         with torch.no_grad():  # norms away from their initial 1 and 0
             for p in twin.parameters():
                 p.normal_(0.0, 0.5)
-        layer = tiered.MultiHeadAttention(d_model, heads, narrow_heads=narrow_heads, kqnorm=kqnorm)
+        layer = tiered.MultiHeadAttention(d_model, heads, narrow_heads=narrow_heads,
+                                          qk_norm=qk_norm)
         load_torch_attention(layer, twin)
         rng = np.random.default_rng(0)
         x = rng.standard_normal((batch, t, d_model))
@@ -182,13 +183,13 @@ def configs(**options):
 MODELS = (TransformerClassifier, CausalLM, Seq2SeqTransformer)
 
 
-@pytest.mark.parametrize("narrow_heads,kqnorm", OPTIONS, ids=OPTION_IDS)
-def test_models_take_the_options_and_count_their_parameters(narrow_heads, kqnorm, tmp_path):
+@pytest.mark.parametrize("narrow_heads,qk_norm", OPTIONS, ids=OPTION_IDS)
+def test_models_take_the_options_and_count_their_parameters(narrow_heads, qk_norm, tmp_path):
     with using_backend("numpy", "float64"):
-        for config, cls in zip(configs(narrow_heads=narrow_heads, kqnorm=kqnorm), MODELS):
+        for config, cls in zip(configs(narrow_heads=narrow_heads, qk_norm=qk_norm), MODELS):
             model = getattr(tiered, cls.__name__)(config)
             attentions = [m for m in model.modules() if isinstance(m, nn.MultiHeadAttention)]
-            assert attentions and all(a.narrow_heads == narrow_heads and a.kqnorm == kqnorm
+            assert attentions and all(a.narrow_heads == narrow_heads and a.qk_norm == qk_norm
                                       for a in attentions)
             assert parameter_count(config) == model.num_parameters(), config
             randomize(model, np.random.default_rng(2))
@@ -199,10 +200,10 @@ def test_models_take_the_options_and_count_their_parameters(narrow_heads, kqnorm
                 np.testing.assert_array_equal(to_host(p.data), to_host(q.data), err_msg=name)
 
 
-@pytest.mark.parametrize("narrow_heads,kqnorm", OPTIONS, ids=OPTION_IDS)
-def test_cached_decoding_equals_the_full_forward(narrow_heads, kqnorm):
+@pytest.mark.parametrize("narrow_heads,qk_norm", OPTIONS, ids=OPTION_IDS)
+def test_cached_decoding_equals_the_full_forward(narrow_heads, qk_norm):
     with using_backend("numpy", "float64"):
-        model = tiered.CausalLM(configs(narrow_heads=narrow_heads, kqnorm=kqnorm)[1])
+        model = tiered.CausalLM(configs(narrow_heads=narrow_heads, qk_norm=qk_norm)[1])
         randomize(model, np.random.default_rng(3))
         ids = backend.asarray(np.random.default_rng(4).integers(0, 11, (2, 6)))
         model.eval()
@@ -221,33 +222,33 @@ def test_narrow_heads_with_another_head_width_are_refused_by_name():
         tiered.MultiHeadAttention(7, 2, narrow_heads=True)
     with pytest.raises(ValueError, match="narrow heads are the 3 slices of width 2"):
         tiered.MultiHeadAttention(6, 3, head_dim=3, narrow_heads=True)
-    with pytest.raises(ValueError, match="CausalLMConfig.kqnorm must be True or False"):
-        CausalLMConfig(vocab_size=5, kqnorm="yes")
+    with pytest.raises(ValueError, match="CausalLMConfig.qk_norm must be True or False"):
+        CausalLMConfig(vocab_size=5, qk_norm="yes")
 
 
-@pytest.mark.parametrize("narrow_heads,kqnorm", OPTIONS, ids=OPTION_IDS)
-def test_torch_conversion_is_refused_naming_the_option(narrow_heads, kqnorm):
+@pytest.mark.parametrize("narrow_heads,qk_norm", OPTIONS, ids=OPTION_IDS)
+def test_torch_conversion_is_refused_naming_the_option(narrow_heads, qk_norm):
     with using_backend("numpy", "float32"):
-        model = tiered.CausalLM(configs(narrow_heads=narrow_heads, kqnorm=kqnorm)[1])
-        named = "narrow heads" if narrow_heads else "kqnorm"
+        model = tiered.CausalLM(configs(narrow_heads=narrow_heads, qk_norm=qk_norm)[1])
+        named = "narrow heads" if narrow_heads else "qk_norm"
         with pytest.raises(ValueError, match=f"MultiheadAttention has no {named}"):
             to_torch(model)
 
 
-def test_kqnorm_uses_the_configs_layer_norm_epsilon(torch):
-    """issue 47 case 3: CausalLMConfig(layer_norm_eps=0.5, kqnorm=True) built q_norm and
+def test_qk_norm_uses_the_configs_norm_epsilon(torch):
+    """issue 47 case 3: CausalLMConfig(norm_eps=0.5, qk_norm=True) built q_norm and
     k_norm with 1e-5 while the docstring says "every layer norm's epsilon" (logits 6% off).
     Every layer norm of the model takes the config's epsilon, in both tiers, and the
     attention layer computes torch's (torch_reference's, given that epsilon)."""
     with using_backend("numpy", "float64"):
         config = CausalLMConfig(vocab_size=11, d_model=12, num_heads=3, num_layers=2, d_ff=16,
-                                block_size=6, layer_norm_eps=0.5, kqnorm=True)
+                                block_size=6, norm_eps=0.5, qk_norm=True)
         model = CausalLM(config)
         epsilons = [m.eps for m in model.modules() if isinstance(m, nn.LayerNorm)]
         assert len(epsilons) == 2 * 4 + 1  # per block: two residual norms, q_norm, k_norm
         assert set(epsilons) == {0.5}, epsilons
         layer = model.blocks[0].self_attn
-        twin = torch_attention()(12, 3, kqnorm=True, eps=0.5, dtype=torch.float64)
+        twin = torch_attention()(12, 3, qk_norm=True, eps=0.5, dtype=torch.float64)
         with torch.no_grad():
             for p in twin.parameters():
                 p.normal_(0.0, 0.5)

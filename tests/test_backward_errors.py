@@ -1,6 +1,6 @@
 """Backward misuse is named (issue 10, item 4), on NumPy and strict, in both tiers.
 
-* an op's backward before its forward (no cache: None) is a RuntimeError saying which
+* an op's backward before its forward (no saved values: None) is a RuntimeError saying which
   forward to run first (was ``cannot unpack non-iterable NoneType object``); a cache
   that is not the forward's (another op's, the other tier's) is a TypeError;
 * an upstream gradient whose shape is not the forward's output's is a ValueError naming
@@ -79,7 +79,7 @@ def test_op_backward_before_forward(xb, tier, name):
     forward, backward = op_cases(tier)[name]
     out, _ = forward()
     dy = 1.0 if name == "cross_entropy" else backend.asarray(np.ones(tuple(out.shape)))
-    with raises_naming(RuntimeError, f"{name}_backward", "no cache (None)",
+    with raises_naming(RuntimeError, f"{name}_backward", "no saved values (None)",
                        f"{name}_forward first"):
         backward(dy, None)
 
@@ -90,14 +90,14 @@ def test_op_backward_with_a_foreign_cache(xb, tier, name):
     forward, backward = op_cases(tier)[name]
     out, _ = forward()
     dy = 1.0 if name == "cross_entropy" else backend.asarray(np.ones(tuple(out.shape)))
-    with raises_naming(TypeError, f"{name}_backward", "invalid cache (tuple)",
+    with raises_naming(TypeError, f"{name}_backward", "invalid saved values (tuple)",
                        f"{name}_forward of the same tier"):
         backward(dy, (1, 2, 3, 4, 5, 6, 7, 8, 9))
 
 
 def test_a_cache_of_the_other_tier_is_refused(xb):
     _, cache = ops.attention_forward(arr((1, 1, 2, 4)), arr((1, 1, 2, 4)), arr((1, 1, 2, 4)))
-    with raises_naming(TypeError, "attention_backward", "invalid cache",
+    with raises_naming(TypeError, "attention_backward", "another tier",
                        "attention_forward of the textbook tier", "of the fast tier"):
         fast.attention_backward(arr((1, 1, 2, 4)), cache)
 

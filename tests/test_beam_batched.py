@@ -84,13 +84,13 @@ def decoding_cases(draw):
     params = {name: rng.standard_normal(shape) * std for name, shape in shapes.items()}
     # <eos> likely or not, so that searches end early, late or at the limit, and the
     # sentences of a batch at different steps
-    params["out_proj.bias"][EOS] += draw(st.sampled_from([1.5, 0.0, 1.0, 2.0, 3.0, -2.0])
+    params["lm_head.bias"][EOS] += draw(st.sampled_from([1.5, 0.0, 1.0, 2.0, 3.0, -2.0])
                                          | st.floats(-3.0, 3.0))
     tied = draw(st.lists(st.integers(0, cfg.tgt_vocab_size - 1), max_size=cfg.tgt_vocab_size,
                          unique=True))
     if tied:  # these tokens get the same logit, bit for bit, in every row
-        params["out_proj.weight"][:, tied] = 0.0  # (D, V)
-        params["out_proj.bias"][tied] = draw(st.floats(-1.0, 2.0))
+        params["lm_head.weight"][:, tied] = 0.0  # (D, V)
+        params["lm_head.bias"][tied] = draw(st.floats(-1.0, 2.0))
 
     batch = draw(st.sampled_from([4, 1, 2, 6]) | st.integers(1, 6))
     lengths = draw(st.lists(st.integers(1, cfg.block_size), min_size=batch, max_size=batch))
@@ -191,7 +191,7 @@ def test_same_search_when_sentences_end_at_different_steps(monkeypatch):
         shapes = {n: p.shape for n, p in tiered.Seq2SeqTransformer(cfg).named_parameters()}
         for _ in range(15):
             params = {name: rng.standard_normal(shape) * 0.8 for name, shape in shapes.items()}
-            params["out_proj.bias"][EOS] += 1.5
+            params["lm_head.bias"][EOS] += 1.5
             model = build(cfg, params)
             src = rng.integers(4, SRC_VOCAB, size=(4, 6))
             src_lens = np.array([5, 3, 6, 2])
@@ -212,8 +212,8 @@ def test_all_logits_equal_breaks_ties_by_lowest_hypothesis_then_token():
                             num_heads=2, num_encoder_layers=1, num_decoder_layers=1, d_ff=12,
                             block_size=6, pad_id=PAD, bos_id=BOS, eos_id=EOS)
         model = tiered.Seq2SeqTransformer(cfg)
-        model.out_proj.weight.data = backend.asarray(np.zeros((8, 7)))
-        model.out_proj.bias.data = backend.asarray(np.zeros(7))
+        model.lm_head.weight.data = backend.asarray(np.zeros((8, 7)))
+        model.lm_head.bias.data = backend.asarray(np.zeros(7))
         src = np.array([[4, 5, 6], [7, 8, PAD], [4, PAD, PAD]])
         for k in (1, 2, 3):
             for alpha in (0.0, 0.6):

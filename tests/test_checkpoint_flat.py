@@ -1,4 +1,4 @@
-"""Checkpoints in both tiers (format version 5): one file, whatever the tier keeps in memory.
+"""Checkpoints in both tiers (format version 6): one file, whatever the tier keeps in memory.
 
 * one format: the fast tier (weights in one flat buffer, AdamW's moments in two more) and
   the textbook tier write the same file for the same model and optimizer state: the same
@@ -157,7 +157,7 @@ def test_both_tiers_write_the_same_file(tmp_path, dtype, kind):
         expected |= {f"optim/{key}" for key in opt.state_dict()}
     assert members == expected  # per tensor: no flat/ entry
     assert "flat_layout" not in _meta(fast_path)
-    assert _meta(fast_path)["version"] == checkpoint.FORMAT_VERSION == 5
+    assert _meta(fast_path)["version"] == checkpoint.FORMAT_VERSION == 6
     assert loaded.params["embed.tokens.weight"].dtype == np.dtype(dtype)
     if keep:
         assert any(np.any(v != 0) for k, v in loaded.optimizer.items() if "." in k)
@@ -274,5 +274,5 @@ def test_a_file_of_an_older_version_is_refused_naming_it(tmp_path, version):
                              tmp_path / "old.npz", lambda meta: meta.update(version=version))
     assert _meta(old)["version"] == version
     with pytest.raises(CheckpointError, match=f"format version {version}; this release of "
-                                              "npformer reads version 5 only"):
+                                              "npformer reads version 6 only"):
         load_checkpoint(old)

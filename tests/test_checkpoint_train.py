@@ -502,7 +502,7 @@ def test_fully_padded_sequence_is_refused_by_pooling():
 
 # =========================================================================== caches
 def _cached(model):
-    return [type(m).__name__ for m in model.modules() if getattr(m, "_cache", None) is not None]
+    return [type(m).__name__ for m in model.modules() if getattr(m, "_saved", None) is not None]
 
 
 @pytest.mark.parametrize("kind", list(BUILDERS))

@@ -84,7 +84,7 @@ def test_the_training_config_takes_numpy_bools_as_the_model_configs_do():
     numbers = TrainConfig(max_iters=np.int64(3), eval_every=np.int32(2), max_seconds=np.int64(9))
     assert (type(numbers.max_iters), type(numbers.eval_every)) == (int, int)
     assert type(numbers.max_seconds) is float and numbers == TrainConfig(3, 9.0, eval_every=2)
-    assert ClassifierConfig(vocab_size=10, kqnorm=np.True_).kqnorm is True
+    assert ClassifierConfig(vocab_size=10, qk_norm=np.True_).qk_norm is True
 
 
 @pytest.mark.parametrize("make, match", [

@@ -72,15 +72,15 @@ def test_op_backward_refuses_the_other_tiers_activation_cache(xb, name):
     _, backward = fast.activation(name)
     y, cache = forward(arr((2, 3)))
     assert (cache.op, cache.tier, cache.shape) == (f"{name}_forward", "textbook", (2, 3))
-    with pytest.raises(TypeError, match=rf"{name}_backward got an invalid cache \(made by "
+    with pytest.raises(TypeError, match=rf"{name}_backward got saved values of another tier \(made by "
                                         rf"{name}_forward of the textbook tier\)"):
         backward(arr((2, 3)), cache)
 
 
 def test_a_cache_of_another_op_is_named(xb):
     _, cache = ops.softmax_forward(arr((2, 3)))
-    with pytest.raises(TypeError, match=r"log_softmax_backward got an invalid cache \(a cache "
-                                        r"of softmax_forward, textbook tier\)"):
+    with pytest.raises(TypeError, match=r"log_softmax_backward got invalid saved values \(saved "
+                                        r"values of softmax_forward, textbook tier\)"):
         ops.log_softmax_backward(arr((2, 3)), cache)
 
 

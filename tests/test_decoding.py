@@ -240,9 +240,9 @@ def test_greedy_stops_at_max_len_and_config_max_len():
     with using_backend("numpy", "float64"):
         model = random_seq2seq(seed=1, block_size=5)
         # never emit <eos>: outputs run to the length limit
-        bias = backend.to_numpy(model.out_proj.bias.data).copy()
+        bias = backend.to_numpy(model.lm_head.bias.data).copy()
         bias[EOS] = -1e3
-        model.out_proj.bias.data = backend.asarray(bias)
+        model.lm_head.bias.data = backend.asarray(bias)
         src, lens = padded(np.random.default_rng(0), [3, 4], 9)
         assert [len(r) for r in greedy_decode(model, dev(src), dev(lens), max_len=3)] == [3, 3]
         assert [len(r) for r in greedy_decode(model, dev(src), dev(lens), max_len=50)] == [5, 5]
@@ -403,7 +403,7 @@ def test_decoding_keeps_no_backward_caches():
         generate(lm, [1, 2], 8)
         for m in (model, lm):
             leftovers = [type(sub).__name__ for sub in m.modules()
-                         if getattr(sub, "_cache", None) is not None]
+                         if getattr(sub, "_saved", None) is not None]
             assert not leftovers, leftovers
 
 

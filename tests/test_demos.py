@@ -306,8 +306,8 @@ def test_shakespeare_trains_and_samples_with_llama_blocks(data_dir, tmp_path):
               "--no-progress")
     checkpoint = load_checkpoint(tmp_path / "model.npz")
     assert checkpoint.kind == "llama"
-    assert (checkpoint.config["num_attention_heads"],
-            checkpoint.config["num_key_value_heads"]) == (2, 2)
+    assert (checkpoint.config["num_heads"],
+            checkpoint.config["num_kv_heads"]) == (2, 2)
     sampled = run_demo("generate.py", "--sample-only", "--out", str(tmp_path), "--length", "5")
     assert sampled.returncode == 0, sampled.stderr
     refused = run_demo("generate.py", "--smoke", "--arch", "llama", "--dropout", "0.1",
@@ -316,13 +316,13 @@ def test_shakespeare_trains_and_samples_with_llama_blocks(data_dir, tmp_path):
 
 
 def test_translation_ties_its_output_layer_when_asked(data_dir, tmp_path):
-    """`--tie-weights yes`: the French table is the output layer (no out_proj is saved),
+    """`--tie-weights yes`: the French table is the output layer (no lm_head is saved),
     and the saved model translates."""
     smoke_run("translate.py", tmp_path, data_dir, "--tie-weights", "yes", "--max-iters", "2",
               "--no-progress")
     checkpoint = load_checkpoint(tmp_path / "model.npz")
     assert checkpoint.config["tie_weights"] is True
-    assert not any(name.startswith("out_proj") for name in checkpoint.params)
+    assert not any(name.startswith("lm_head") for name in checkpoint.params)
     translated = run_demo("translate.py", "--out", str(tmp_path), "--translate", "go .")
     assert translated.returncode == 0, translated.stderr
 

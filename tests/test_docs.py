@@ -214,7 +214,7 @@ def test_the_layernorm_worked_example_is_what_the_ops_compute():
     _, cache = ops.layernorm_forward(backend.asarray(x), ones, zeros)
     dx, _, _ = ops.layernorm_backward(backend.asarray(dy), cache)
     _assert_printed("layernorm", {"x": x, "centred": x - x.mean(),
-                                  "x_hat": backend.to_numpy(cache.saved[0]),
+                                  "x_hat": backend.to_numpy(cache.values[0]),
                                   "dy": dy, "dx": backend.to_numpy(dx)})
 
 

@@ -272,7 +272,7 @@ def test_cross_entropy(xb, seed, lead, vocab, smoothing, ignored, ignore_index, 
     loss_t, cache_t = ops.cross_entropy_forward(logits, targets, ignore_index, smoothing)
     loss_f, cache_f = fast.cross_entropy_forward(logits_copy, targets, ignore_index, smoothing)
     assert_equal_arrays([loss_f], [loss_t], ["loss"])
-    kept = cache_f.saved[0]  # the (N, V) array the forward kept: the logits, or p
+    kept = cache_f.values[0]  # the (N, V) array the forward kept: the logits, or p
     kept = getattr(kept, "logits", kept)
     dz_f = fast.cross_entropy_backward(dloss, cache_f, overwrite_logits=overwrite)
     assert_equal_arrays([dz_f], [ops.cross_entropy_backward(dloss, cache_t)], ["dlogits"])
@@ -407,13 +407,13 @@ def test_gelu_tanh(xb, seed, shape, scale, dtype):
     dx_f, dx_t = f_bwd(dy, cache_f), t_bwd(dy, cache_t)
     assert y_f.dtype == y_t.dtype and dx_f.dtype == dx_t.dtype
     x_, dy_ = (np.abs(np.asarray(host(a), dtype=np.float64)) for a in (x, dy))
-    t_ = np.abs(np.asarray(host(cache_t.saved[1]), dtype=np.float64))
+    t_ = np.abs(np.asarray(host(cache_t.values[1]), dtype=np.float64))
     c, a = ops.activations.GELU_C, ops.activations.GELU_A
     terms = (0.5 * x_ * (1 + t_), np.ones_like(t_),  # y; t (its absolute error: of 1)
              dy_ * (0.5 * (1 + t_) + 0.5 * x_ * (1 + t_ * t_) * c * (1 + 3 * a * x_ * x_)))
-    assert_equal_to_terms(["y", "t", "dx"], [y_f, cache_f.saved[1], dx_f],
-                          [y_t, cache_t.saved[1], dx_t], terms, tol)
-    np.testing.assert_array_equal(host(activation_output("gelu_tanh")(cache_f.saved)),
+    assert_equal_to_terms(["y", "t", "dx"], [y_f, cache_f.values[1], dx_f],
+                          [y_t, cache_t.values[1], dx_t], terms, tol)
+    np.testing.assert_array_equal(host(activation_output("gelu_tanh")(cache_f.values)),
                                   host(y_f))
 
 
@@ -491,7 +491,7 @@ def test_dropout(xb, seed, shape, p, training, dtype):
     for tier in (fast, ops):
         backend.seed(seed)
         y, cache = tier.dropout_forward(x, p, training)
-        results.append((host(y), host(tier.dropout_backward(dy, cache)), cache.saved))
+        results.append((host(y), host(tier.dropout_backward(dy, cache)), cache.values))
     (y_f, dx_f, saved_f), (y_t, dx_t, _) = results
     for name, got, want in (("y", y_f, y_t), ("dx", dx_f, dx_t)):
         assert got.dtype == want.dtype, name
@@ -567,7 +567,7 @@ def test_swiglu(xb, seed, shape, scale, dtype):
                 for k in (scale, 1.0, 1.0))
     h_t, cache_t = ops.swiglu_forward(a, b)
     h_f, cache_f = fast.swiglu_forward(a, b)
-    s = np.asarray(host(cache_t.saved[2]), dtype=np.float64)
+    s = np.asarray(host(cache_t.values[2]), dtype=np.float64)
     a_, b_, dh_ = (np.abs(np.asarray(host(v), dtype=np.float64)) for v in (a, b, dh))
     terms = (a_ * s * b_, dh_ * b_ * s * (1.0 + a_ * (1.0 - s)), dh_ * a_ * s)
     assert_equal_to_terms(["h", "da", "db"], [h_f, *fast.swiglu_backward(dh, cache_f)],

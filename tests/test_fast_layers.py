@@ -16,7 +16,7 @@ Dropout masks are drawn per array shape, so a packed run draws other masks than 
 padded one: those comparisons run without dropout; unpacked ones run with it, from the
 same seed.
 
-The attention layer and the blocks run with Bloem's narrow heads and kqnorm too, and the
+The attention layer and the blocks run with Bloem's narrow heads and qk_norm too, and the
 causal LM with an attention mask (left padding, padding anywhere) or given positions.
 """
 from __future__ import annotations
@@ -251,9 +251,9 @@ def run_pair(textbook, quick, case, args, quick_kwargs, width):
     assert_equal_grads(textbook, quick, type(textbook).__name__, *grads_textbook)
 
 
-# Bloem's narrow heads and kqnorm (nn.MultiHeadAttention's options), off and on.
-OPTIONS = st.sampled_from([{}, {"narrow_heads": True}, {"kqnorm": True},
-                           {"narrow_heads": True, "kqnorm": True}])
+# Bloem's narrow heads and qk_norm (nn.MultiHeadAttention's options), off and on.
+OPTIONS = st.sampled_from([{}, {"narrow_heads": True}, {"qk_norm": True},
+                           {"narrow_heads": True, "qk_norm": True}])
 
 
 @given(case=batches(), options=OPTIONS)
@@ -372,8 +372,8 @@ def test_classifier(seed, batch, length, pooling, norm_first, bigram_buckets, da
 @given(seed=SEEDS, batch=st.integers(1, 3), length=st.integers(1, 6), tie=st.booleans(),
        norm_first=st.booleans(), dropout=st.sampled_from([0.0, 0.2]),
        padding=st.sampled_from(["none", "left", "anywhere", "positions"]),
-       options=st.sampled_from([{}, {"narrow_heads": True, "kqnorm": True,
-                                     "layer_norm_eps": 1e-3}]))
+       options=st.sampled_from([{}, {"narrow_heads": True, "qk_norm": True,
+                                     "norm_eps": 1e-3}]))
 def test_causal_lm(seed, batch, length, tie, norm_first, dropout, padding, options):
     """Also with an attention mask (left padding, or padding anywhere, whole rows of it
     included) and given position ids: the models' own mask and position handling."""
@@ -420,7 +420,7 @@ def test_seq2seq(seed, batch, src_len, tgt_len, norm_first, valid_only, tie, dat
     assert_equal_grads(textbook, quick, "Seq2SeqTransformer")
 
 
-@pytest.mark.parametrize("options", [{}, {"narrow_heads": True, "kqnorm": True}])
+@pytest.mark.parametrize("options", [{}, {"narrow_heads": True, "qk_norm": True}])
 @pytest.mark.parametrize("padded", [False, True])
 def test_cached_decoding_is_the_textbook_s(options, padded):
     """forward_cached (the KV cache) of the fast models gives the textbook's logits, with
@@ -442,18 +442,18 @@ def test_cached_decoding_is_the_textbook_s(options, padded):
 
 # --------------------------------------------------------------------------- the Llama family
 LLAMA_VARIANTS = [  # Llama (grouped kv heads), Qwen2 (q/k/v biases), Qwen3 (QK-norm, head_dim)
-    {"num_key_value_heads": 1},
-    {"num_key_value_heads": 2, "qkv_bias": True, "tie_word_embeddings": False},
-    {"num_key_value_heads": 1, "qk_norm": True, "head_dim": 6, "attention_bias": True},
+    {"num_kv_heads": 1},
+    {"num_kv_heads": 2, "qkv_bias": True, "tie_weights": False},
+    {"num_kv_heads": 1, "qk_norm": True, "head_dim": 6, "attention_bias": True},
 ]
 
 
 def llama_config(**fields):
     from npformer.models import LlamaConfig
 
-    return LlamaConfig(**{"vocab_size": 9, "hidden_size": 8, "intermediate_size": 12,
-                          "num_hidden_layers": 2, "num_attention_heads": 2,
-                          "max_position_embeddings": 16, **fields})
+    return LlamaConfig(**{"vocab_size": 9, "d_model": 8, "d_ff": 12,
+                          "num_layers": 2, "num_heads": 2,
+                          "block_size": 16, **fields})
 
 
 @given(seed=SEEDS, batch=st.integers(1, 3), length=st.integers(1, 6),

@@ -225,7 +225,7 @@ def test_ops(xb, tier_name, name, data):
     if clean:
         for g in grads if isinstance(grads, tuple) else (grads,):
             assert g is None or finite(g)
-    # a gradient of the wrong shape, a list, and no cache: named errors
+    # a gradient of the wrong shape, a list, and no saved values: named errors
     if name != "cross_entropy" and not (name == "dropout" and cache is None):
         wrong_shape = shape + (1,)
         if name == "embedding":  # its cache holds the number of positions, not the width

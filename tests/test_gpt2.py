@@ -478,9 +478,9 @@ def test_a_model_gpt2s_format_cannot_hold_is_refused(tmp_path):
     from npformer.models import CausalLMConfig
 
     model = tiered.CausalLM(CausalLMConfig(vocab_size=7, d_model=8, num_heads=2, num_layers=1,
-                                    d_ff=8, positional="sinusoidal", kqnorm=True))
+                                    d_ff=8, positional="sinusoidal", qk_norm=True))
     with pytest.raises(PretrainedError, match="cannot hold a model with sinusoidal "
-                                              "positions, kqnorm"):
+                                              "positions, qk_norm"):
         model.save_pretrained(tmp_path / "x")
     assert not (tmp_path / "x").exists()
 

@@ -125,7 +125,7 @@ def test_softmax_without_the_inner_product_term_is_caught(xb, on_device, masked,
         kwargs["mask"] = on_device(m)
 
     def broken(dp, cache):
-        p, _ = cache.saved
+        p, _ = cache.values
         return p * dp  # missing "- sum(dp * p)"
 
     assert_correct_passes_broken_fails(ops.softmax_forward, ops.softmax_backward, broken,
@@ -135,7 +135,7 @@ def test_softmax_without_the_inner_product_term_is_caught(xb, on_device, masked,
 # =========================================================================== (d) layer norm
 def layernorm_backward_no_mean(dy, cache):
     """Missing the mean-subtraction term: dx = r (g - x_hat mean(g x_hat))."""
-    x_hat, r, gamma = cache.saved
+    x_hat, r, gamma = cache.values
     xp = backend.namespace_of(dy)
     dx, dgamma, dbeta = ops.layernorm_backward(dy, cache)
     g = dy * gamma
@@ -144,7 +144,7 @@ def layernorm_backward_no_mean(dy, cache):
 
 def layernorm_backward_no_variance(dy, cache):
     """Missing the variance term: dx = r (g - mean(g))."""
-    x_hat, r, gamma = cache.saved
+    x_hat, r, gamma = cache.values
     xp = backend.namespace_of(dy)
     dx, dgamma, dbeta = ops.layernorm_backward(dy, cache)
     g = dy * gamma

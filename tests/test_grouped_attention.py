@@ -138,7 +138,7 @@ def arr(shape, dtype="float64"):
 @pytest.mark.parametrize("heads, kv_heads", [(3, 2), (4, 3), (2, 4), (6, 4)])
 def test_heads_not_a_multiple_of_kv_heads(xb, heads, kv_heads):
     with raises_naming(ValueError, "grouped attention", f"{heads} heads", f"{kv_heads} heads",
-                       "multiple of num_key_value_heads"):
+                       "multiple of num_kv_heads"):
         grouped_attention_forward(arr((1, heads, 2, 4)), arr((1, kv_heads, 3, 4)),
                                       arr((1, kv_heads, 3, 4)))
 

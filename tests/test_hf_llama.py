@@ -114,7 +114,7 @@ def test_load_gives_transformers_logits_loss_and_gradients(torch, tmp_path, name
     theirs, folder = build(torch, tmp_path, name)
     with using_backend("numpy", "float64"), float64_reference():
         ours = LlamaCausalLM.from_pretrained(folder, dtype="float64")
-        assert ours.config.tie_word_embeddings == name.endswith("_tied")
+        assert ours.config.tie_weights == name.endswith("_tied")
         assert ours.config.qk_norm == name.startswith("qwen3")
         check_logits_loss_and_gradients(torch, theirs, ours)
 
@@ -255,8 +255,8 @@ def test_save_into_a_path_that_is_a_file_is_refused_naming_it(tmp_path):
     NotADirectoryError ([Errno 17] File exists: ...); the file is named, and left alone."""
     from npformer.models.llama import LlamaCausalLM, LlamaConfig
 
-    model = LlamaCausalLM(LlamaConfig(vocab_size=7, hidden_size=8, intermediate_size=8,
-                                      num_hidden_layers=1, num_attention_heads=2))
+    model = LlamaCausalLM(LlamaConfig(vocab_size=7, d_model=8, d_ff=8, num_layers=1,
+                                      num_heads=2))
     (tmp_path / "notes").write_text("mine")
     for path in (tmp_path / "notes", tmp_path / "notes" / "model"):
         with raises_naming(NotADirectoryError, f"{tmp_path / 'notes'} is a file, not a "

@@ -35,6 +35,7 @@ from npformer.fast import layernorm as fast_layernorm
 from npformer.fast import losses as fast_losses
 from npformer.fast import rmsnorm as fast_rmsnorm
 from npformer.fast import rotary as fast_rotary
+from npformer.fast import streaming as fast_streaming
 from npformer.fast import swiglu as fast_swiglu
 from npformer.nn import Parameter
 from npformer.nn.flat import FlatParameters, flat_buffer_of
@@ -228,6 +229,22 @@ def rotary_case():
     np.testing.assert_array_equal(fast.rotary_backward(dy, c_f), ops.rotary_backward(dy, c_t))
 
 
+def streaming_case(dtype="float64"):
+    """The streamed few-row product (tests/test_streaming.py's check: the terms in order
+    to the bit, NumPy's product within rounding) on one thread (a small W) and on every
+    core (a W of PARALLEL_WEIGHTS): the kernel of each path."""
+    from .test_streaming import assert_streamed_equal
+    rng = np.random.default_rng(9)
+    side = int(np.ceil(np.sqrt(fast_streaming.PARALLEL_WEIGHTS)))
+    for k, m in ((7, 5), (side, side)):
+        assert_streamed_equal(rng.standard_normal((3, k)).astype(dtype),
+                              rng.standard_normal((k, m)).astype(dtype))
+
+
+def streaming32_case():
+    streaming_case("float32")
+
+
 def changed_rows_case():
     """The compiled row scan of the row-sparse sum against NumPy's any(): rows changed only
     in their last column, by -0.0 or by a subnormal count; +0.0 rows do not."""
@@ -384,6 +401,11 @@ BROKEN = {  # kernel (its module, its name): [(its broken copy, the check that m
     (fast_rotary, "_rotate"): [(lambda k: perturbed(k, 3), rotary_case)],
     (fast_rotary, "_rotate_back"): [(lambda k: perturbed(k, 3), rotary_case)],
     (parallel_sparse, "_rows_with_bits"): [(flipped_row, changed_rows_case)],
+    (fast_streaming, "_columns"): [(lambda k: perturbed(k, 2), streaming_case),
+                                   (lambda k: perturbed(k, 2, 1e-5), streaming32_case)],
+    (fast_streaming, "_parallel_product"): [(lambda k: perturbed(k, 2), streaming_case),
+                                            (lambda k: perturbed(k, 2, 1e-5),
+                                             streaming32_case)],
 }
 BROKEN_CASES = [(module, name, breaker, check) for (module, name), pairs in BROKEN.items()
                 for breaker, check in pairs]

@@ -40,7 +40,7 @@ from .helpers import GRADCHECK_TOL, tiered
 SEEDS = st.integers(0, 2**32 - 1)
 MASK_KINDS = ["none", "padding", "causal", "causal_padding", "random", "fully_masked"]
 # (d_model, num_heads, head_dim): heads of width d_model / H (an odd model width), wide heads,
-# an odd head width.  (Bloem's narrow heads and kqnorm: tests/test_attention_options.py.)
+# an odd head width.  (Bloem's narrow heads and qk_norm: tests/test_attention_options.py.)
 LAYOUTS = {"split_6x3": (6, 3, None), "wide": (4, 2, 4), "head_dim_5": (4, 2, 5)}
 RELU_MARGIN = 1e-3  # |pre-activation| below this: a +-h step could cross the kink
 

@@ -236,7 +236,7 @@ def test_cache_holds_the_kv_heads_and_decodes_as_the_full_forward(xb, on_device,
 
 # =========================================================================== errors
 def test_kv_heads_must_divide_the_heads(xb):
-    with raises_naming(ValueError, "num_attention_heads 6", "num_key_value_heads 4",
+    with raises_naming(ValueError, "num_heads 6", "num_kv_heads 4",
                        "[1, 2, 3, 6]"):
         nn.GroupedQueryAttention(12, 6, 4)
     with raises_naming(ValueError, "num_kv_heads", "0"):

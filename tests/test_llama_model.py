@@ -31,18 +31,18 @@ LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
           "high_freq_factor": 4.0, "original_max_position_embeddings": 8}
 
 VARIANTS = {  # name -> LlamaConfig fields
-    "llama_gqa_tied": dict(num_key_value_heads=1, tie_word_embeddings=True),
-    "llama_bias_untied_llama3": dict(num_key_value_heads=2, attention_bias=True,
-                                     tie_word_embeddings=False, rope_scaling=LLAMA3),
-    "qwen2": dict(num_key_value_heads=1, qkv_bias=True, tie_word_embeddings=False),
-    "qwen3": dict(num_key_value_heads=1, qk_norm=True, head_dim=6, tie_word_embeddings=True),
+    "llama_gqa_tied": dict(num_kv_heads=1, tie_weights=True),
+    "llama_bias_untied_llama3": dict(num_kv_heads=2, attention_bias=True,
+                                     tie_weights=False, rope_scaling=LLAMA3),
+    "qwen2": dict(num_kv_heads=1, qkv_bias=True, tie_weights=False),
+    "qwen3": dict(num_kv_heads=1, qk_norm=True, head_dim=6, tie_weights=True),
 }
 
 
 def make(seed=0, **fields) -> LlamaCausalLM:
     backend.seed(seed)
-    config = dict(vocab_size=11, hidden_size=8, intermediate_size=10, num_hidden_layers=2,
-                  num_attention_heads=2, max_position_embeddings=16, rope_theta=100.0)
+    config = dict(vocab_size=11, d_model=8, d_ff=10, num_layers=2,
+                  num_heads=2, block_size=16, rope_theta=100.0)
     return LlamaCausalLM(LlamaConfig(**{**config, **fields}))
 
 
@@ -62,7 +62,7 @@ def test_gradcheck(xb, on_device, variant):
                           h=1e-6)
     assert result.worst_error < GRADCHECK_TOL, f"gradient check failed:\n{result}"
     names = {name for name, _ in model.named_parameters()}
-    assert ("lm_head.weight" in names) == (not model.config.tie_word_embeddings)
+    assert ("lm_head.weight" in names) == (not model.config.tie_weights)
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -113,7 +113,7 @@ def test_generate_batched_left_padded_equals_one_by_one(variant, sampling):
 
 
 def test_generate_past_the_context_window():
-    model = make(max_position_embeddings=6)
+    model = make(block_size=6)
     out = generate(model, [[1, 2, 3, 4], [5]], 5, greedy=True)
     assert out[0] == generate(model, [1, 2, 3, 4], 5, greedy=True)
     assert [len(r) for r in out] == [9, 6]
@@ -179,13 +179,13 @@ def test_checkpoint_restores_into_a_model_of_the_config(tmp_path):
 
 # =========================================================================== the config
 @pytest.mark.parametrize("fields, fragments", [
-    (dict(num_attention_heads=4, num_key_value_heads=3),
-     ["num_attention_heads 4", "num_key_value_heads 3", "[1, 2, 4]"]),
-    (dict(hidden_size=10, num_attention_heads=4), ["hidden_size 10", "head_dim"]),
+    (dict(num_heads=4, num_kv_heads=3),
+     ["num_heads 4", "num_kv_heads 3", "[1, 2, 4]"]),
+    (dict(d_model=10, num_heads=4), ["d_model 10", "head_dim"]),
     (dict(head_dim=5), ["head_dim", "even", "5"]),
     (dict(vocab_size=0), ["vocab_size", "positive integer", "0"]),
-    (dict(num_key_value_heads=2.0), ["num_key_value_heads", "2.0"]),
-    (dict(rms_norm_eps=0.0), ["rms_norm_eps", "> 0"]),
+    (dict(num_kv_heads=2.0), ["num_kv_heads", "2.0"]),
+    (dict(norm_eps=0.0), ["norm_eps", "> 0"]),
     (dict(rope_theta=float("inf")), ["rope_theta", "inf"]),
     (dict(rope_scaling={"rope_type": "yarn", "factor": 2.0}), ["rope_scaling", "yarn",
                                                                  "llama3"]),
@@ -194,14 +194,14 @@ def test_checkpoint_restores_into_a_model_of_the_config(tmp_path):
     (dict(qk_norm="yes"), ["qk_norm", "yes"]),
 ])
 def test_config_errors(fields, fragments):
-    base = dict(vocab_size=11, hidden_size=8, num_attention_heads=2)
+    base = dict(vocab_size=11, d_model=8, num_heads=2)
     with raises_naming(ValueError, "LlamaConfig", *fragments):
         LlamaConfig(**{**base, **fields})
 
 
 def test_config_resolves_heads_and_width():
-    config = LlamaConfig(vocab_size=5, hidden_size=12, num_attention_heads=3)
-    assert (config.num_key_value_heads, config.head_dim, config.block_size) == (3, 4, 256)
+    config = LlamaConfig(vocab_size=5, d_model=12, num_heads=3)
+    assert (config.num_kv_heads, config.head_dim, config.block_size) == (3, 4, 256)
     assert dataclasses.replace(config) == config
 
 
@@ -209,7 +209,7 @@ def test_model_input_errors():
     model = make()
     with raises_naming(ValueError, "token ids", "11"):
         model(np.array([[1, 11]]))
-    with raises_naming(ValueError, "longer than", "max_position_embeddings 16"):
+    with raises_naming(ValueError, "longer than", "block_size 16"):
         model(np.ones((1, 17), dtype=np.int64))
     with raises_naming(ValueError, "attention_mask", "(1, 2)"):
         model(np.array([[1, 2]]), attention_mask=np.array([[1, 1, 1]]))
@@ -241,19 +241,19 @@ def test_build_model_builds_a_llama_checkpoint_again(tmp_path):
 
 # =========================================================================== sweep 5
 def test_cached_decoding_past_the_context_is_refused_as_the_forward_is():
-    """sweep 5: forward refuses a sequence longer than max_position_embeddings, but
+    """sweep 5: forward refuses a sequence longer than block_size, but
     forward_cached computed positions 16, 17, ... past it (a prompt of 17 at once, or one
     more token after 16 cached), silently."""
     from npformer import no_grad
 
     model = make()
     with no_grad():
-        with raises_naming(ValueError, "sequence of length 17", "max_position_embeddings 16"):
+        with raises_naming(ValueError, "sequence of length 17", "block_size 16"):
             model.forward_cached(np.ones((1, 17), dtype=np.int64), model.new_cache())
         cache = model.new_cache()
         model.forward_cached(np.ones((1, 16), dtype=np.int64), cache)
         with raises_naming(ValueError, "sequence of length 17 (16 cached and 1 new)",
-                           "max_position_embeddings 16"):
+                           "block_size 16"):
             model.forward_cached(np.ones((1, 1), dtype=np.int64), cache)
 
 
@@ -265,7 +265,7 @@ def test_a_cache_that_is_not_this_models_is_refused_naming_it():
     from npformer import no_grad
     from npformer.nn import DecodingCache
 
-    model, one = make(num_key_value_heads=1), np.ones((1, 1), dtype=np.int64)
+    model, one = make(num_kv_heads=1), np.ones((1, 1), dtype=np.int64)
     with no_grad():
         with raises_naming(ValueError, "kv_cache holds the caches of 1 blocks",
                            "LlamaCausalLM has 2"):
@@ -276,7 +276,7 @@ def test_a_cache_that_is_not_this_models_is_refused_naming_it():
         model.forward_cached(np.ones((1, 3), dtype=np.int64), cache)
         with raises_naming(ValueError, "keys of shape (1, 1, 3, 4)", "a batch of 2"):
             model.forward_cached(np.ones((2, 1), dtype=np.int64), cache)
-        other = make(num_key_value_heads=2)
+        other = make(num_kv_heads=2)
         with raises_naming(ValueError, "keys of shape (1, 1, 3, 4)", "2 heads of width 4"):
             other.forward_cached(one, cache)
         for ids in (np.ones(3, dtype=np.int64), np.ones((1, 1, 1), dtype=np.int64)):

@@ -91,7 +91,7 @@ def _broken(term: str):
     """lora_backward with one term wrong."""
     def backward(dy, cache):
         dx, dx_dropped, da, db = lora_backward(dy, cache)
-        x_dropped, u, w, a, b, scale = cache.saved
+        x_dropped, u, w, a, b, scale = cache.values
         if term == "dB without the scale":
             db = db / scale
         elif term == "the adapter's path to x dropped":
@@ -391,7 +391,7 @@ def test_a_target_in_the_list_that_matches_nothing_is_refused_naming_it():
     silently; each name of a list must choose a layer, and the model is left unchanged."""
     model = tiny_llama()
     with pytest.raises(ValueError, match=r"targets \['qproj'\] match none of the model's "
-                                         r"Linear layers \(layers.0.self_attn.q_proj"):
+                                         r"Linear layers \(blocks.0.self_attn.q_proj"):
         apply_lora(model, ["q_proj", "qproj"], r=2)
     assert not lora_layers(model) and not any(p.frozen for _, p in model.named_parameters())
 
@@ -404,10 +404,10 @@ def test_adding_adapters_to_a_model_that_holds_some_is_refused():
     apply_lora(model, ["q_proj"], r=2)
     for targets in (["q_proj"], ["v_proj"]):
         with pytest.raises(ValueError, match=r"holds LoRA adapters already \(on "
-                                             r"layers.0.self_attn.q_proj\)"):
+                                             r"blocks.0.self_attn.q_proj\)"):
             apply_lora(model, targets, r=2)
     assert [n for n, p in model.named_parameters() if not p.frozen] == [
-        "layers.0.self_attn.q_proj.lora_A", "layers.0.self_attn.q_proj.lora_B"]
+        "blocks.0.self_attn.q_proj.lora_A", "blocks.0.self_attn.q_proj.lora_B"]
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -432,7 +432,7 @@ def test_a_checkpoint_of_merged_adapters_is_refused(tmp_path):
     apply_lora(model, ["q_proj"], r=2)
     merge_lora(model)
     with pytest.raises(CheckpointError, match=r"LoRA adapters merged into the weights "
-                                              r"\(layers.0.self_attn.q_proj\).*unmerge_lora"):
+                                              r"\(blocks.0.self_attn.q_proj\).*unmerge_lora"):
         save_checkpoint(tmp_path / "model.npz", model)
     assert not (tmp_path / "model.npz").exists()
     unmerge_lora(model)

@@ -19,6 +19,7 @@ import peft
 import pytest
 
 from npformer import backend
+from npformer.hf import llama as hf_llama
 from npformer.interop import peft as npeft
 from npformer.models import LlamaCausalLM
 from npformer.nn.lora import lora_layers
@@ -38,14 +39,14 @@ NAMES = ["llama_gqa_llama3_untied", "qwen3_tied"]
 def test_llama_names_are_hugging_faces_less_model():
     from npformer.models.llama import LlamaConfig
 
-    naming = npeft.llama_names(LlamaConfig(vocab_size=5, num_hidden_layers=2))
+    naming = npeft.llama_names(LlamaConfig(vocab_size=5, num_layers=2))
     assert len(naming.modules) == 2 * 7 + 1 and not naming.fan_in_fan_out
     assert naming.modules[0] == ("model.layers.0.self_attn.q_proj",
-                                 ("layers.0.self_attn.q_proj",))
-    assert naming.modules[-2] == ("model.layers.1.mlp.down_proj", ("layers.1.mlp.down_proj",))
+                                 ("blocks.0.self_attn.q_proj",))
+    assert naming.modules[-2] == ("model.layers.1.mlp.down_proj", ("blocks.1.ffn.down_proj",))
     # issue 57 case 7: the token table (PEFT's lora_embedding_A / _B), and lm_head untied
-    assert naming.modules[-1] == ("model.embed_tokens", ("embed_tokens",))
-    untied = npeft.llama_names(LlamaConfig(vocab_size=5, tie_word_embeddings=False))
+    assert naming.modules[-1] == ("model.embed_tokens", ("embed",))
+    untied = npeft.llama_names(LlamaConfig(vocab_size=5, tie_weights=False))
     assert untied.modules[-1] == ("lm_head", ("lm_head",))
 
 
@@ -83,7 +84,7 @@ def test_we_load_llama_adapters_peft_saves(torch, tmp_path, name):
         theirs.save_pretrained(tmp_path / "adapter")
         ours = LlamaCausalLM.from_pretrained(folder, dtype="float64")
         names = npeft.load_adapter(ours, tmp_path / "adapter", npeft.llama_names(ours.config))
-        assert sorted(lora_layers(ours)) == sorted(n.removeprefix("model.") for n in names)
+        assert sorted(lora_layers(ours)) == sorted(hf_llama.npformer_name(n) for n in names)
         assert len(names) == 2 * 3
         ids = np.random.default_rng(5).integers(0, ours.config.vocab_size, (2, 6))
         with torch.no_grad():
@@ -135,7 +136,7 @@ def test_an_adapter_whose_target_modules_are_not_its_weights_is_refused(tmp_path
                                          r"\['model.layers.0.self_attn.k_proj'\]; weights "
                                          r"not chosen: \['model.layers.0.self_attn.q_proj'"):
         npeft.load_adapter(tiny_llama(), folder, npeft.llama_names(tiny_llama().config))
-    two = tiny_llama(num_hidden_layers=2)
+    two = tiny_llama(num_layers=2)
     with pytest.raises(ValueError, match=r"chosen without weights: "
                                          r"\['model.layers.1.self_attn.q_proj'"):
         npeft.load_adapter(two, saved_adapter(tmp_path / "one"), npeft.llama_names(two.config))
@@ -210,7 +211,7 @@ def test_saving_an_adapter_the_naming_does_not_cover_is_refused(tmp_path):
     silently."""
     from npformer.nn.lora import apply_lora
 
-    model = tiny_llama(tie_word_embeddings=False)
+    model = tiny_llama(tie_weights=False)
     apply_lora(model, ["q_proj", "lm_head"], 2)
     naming = npeft.llama_names(model.config)
     without_head = npeft.Naming(tuple(m for m in naming.modules if m[0] != "lm_head"))
@@ -222,7 +223,7 @@ def test_saving_an_adapter_the_naming_does_not_cover_is_refused(tmp_path):
 
 def test_a_naming_of_another_models_config_is_refused_naming_the_class():
     """sweep 5: llama_names(a CausalLMConfig or the model itself), gpt2_names(a
-    LlamaConfig) failed with AttributeError ('... has no attribute num_hidden_layers')."""
+    LlamaConfig) failed with AttributeError ('... has no attribute num_layers')."""
     from npformer.models import CausalLMConfig, LlamaCausalLM, LlamaConfig
 
     config = LlamaConfig(vocab_size=5)

@@ -44,7 +44,7 @@ shapes = st.fixed_dictionaries({
     "d_model": st.sampled_from([4, 6, 8]), "num_heads": st.sampled_from([1, 2]),
     "d_ff": st.integers(1, 9), "block_size": st.integers(1, 9),
     "norm_first": st.booleans(), "positional": st.sampled_from(["learned", "sinusoidal"]),
-    "head_dim": st.sampled_from([None, 3]), "kqnorm": st.booleans()})
+    "head_dim": st.sampled_from([None, 3]), "qk_norm": st.booleans()})
 
 
 @settings(max_examples=40, deadline=None)
@@ -209,16 +209,16 @@ def test_the_weights_bound_is_the_parameter_count_in_the_backends_float():
         check_weights_fit(config, 4, available=(3000, "here"))
 
 
-@pytest.mark.parametrize("fields", [{}, {"num_key_value_heads": 1, "qk_norm": True, "head_dim": 6,
-                                     "attention_bias": True, "tie_word_embeddings": False},
-                                    {"num_key_value_heads": 2, "qkv_bias": True}])
+@pytest.mark.parametrize("fields", [{}, {"num_kv_heads": 1, "qk_norm": True, "head_dim": 6,
+                                     "attention_bias": True, "tie_weights": False},
+                                    {"num_kv_heads": 2, "qkv_bias": True}])
 def test_a_llama_config_is_counted_as_its_model_holds(fields):
     """parameter_count (what the memory check reads) counts a LlamaConfig's parameters as
     the built model holds them: biases, QK-norm, shared key/value heads, an untied head."""
     from npformer.models import LlamaCausalLM, LlamaConfig
     from npformer.models.common import parameter_count
 
-    config = LlamaConfig(vocab_size=11, hidden_size=8, intermediate_size=12,
-                         num_hidden_layers=2, num_attention_heads=2, **fields)
+    config = LlamaConfig(vocab_size=11, d_model=8, d_ff=12,
+                         num_layers=2, num_heads=2, **fields)
     assert parameter_count(config) == LlamaCausalLM(config).num_parameters()
     assert training_memory(config, 2, 8).parameters == parameter_count(config)

@@ -186,7 +186,7 @@ def test_seq2seq_gradcheck(norm_first, positional, n_enc, n_dec, tie):
         tgt = padded_ids(rng, [3, 1], 3, 8)  # padded target (T = 3, S = 4)
         assert_gradcheck(model, [dev(src), dev(tgt)])
         names = {name for name, _ in model.named_parameters()}
-        assert ("out_proj.weight" in names) == (not tie)
+        assert ("lm_head.weight" in names) == (not tie)
 
 
 def test_seq2seq_gradcheck_explicit_lengths():

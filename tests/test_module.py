@@ -8,7 +8,7 @@
   ACCUMULATE: two backward passes give exactly the sum of the two separately;
 * ``train()`` / ``eval()`` reach every submodule: dropout is active in training
   and the identity in evaluation;
-* ``no_grad()`` gives the same output, keeps no cache (a backward afterwards
+* ``no_grad()`` gives the same output, keeps no saved values (a backward afterwards
   raises) and restores the previous mode, even after an exception;
 * ``state_dict`` / ``load_state_dict`` copy weights: two modules with different
   initialisations give identical outputs after the copy, also across backends,
@@ -248,7 +248,7 @@ def test_no_grad_same_output_and_no_cache(xb):
         without = host(block(x, memory, self_mask=causal_mask(3)))
     assert grad_enabled()
     np.testing.assert_array_equal(without, with_grad)
-    caches = [m for m in block.modules() if getattr(m, "_cache", None) is not None]
+    caches = [m for m in block.modules() if getattr(m, "_saved", None) is not None]
     assert caches == [], f"modules kept a cache under no_grad: {caches}"
     with pytest.raises(RuntimeError, match="backward called without a forward pass"):
         block.backward(x_like((2, 3, D)))

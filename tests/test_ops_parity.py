@@ -167,7 +167,7 @@ def test_dropout(dtype, torch, seed, shape, p, training):
     backend.seed(seed)
     y, cache = ops.dropout_forward(x, p, training=training)
     if training:  # torch's own mask is random: apply npformer's keep mask the torch way
-        keep = pair.tensor(backend.to_numpy(cache.saved) != 0)  # the scaled keep mask
+        keep = pair.tensor(backend.to_numpy(cache.values) != 0)  # the scaled keep mask
         ty = tx * keep / (1.0 - p)
     else:
         ty = F.dropout(tx, p, training=False)
@@ -264,14 +264,14 @@ LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
 
 def llama_rotary(torch, head_dim, theta, scaling, positions):
     """transformers' (cos, sin) for ``positions`` (B, T), from LlamaRotaryEmbedding of a
-    small LlamaConfig whose head_dim is not hidden_size / num_attention_heads."""
+    small LlamaConfig whose head_dim is not d_model / num_heads."""
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-    config = LlamaConfig(hidden_size=3 * head_dim + 3, num_attention_heads=3, head_dim=head_dim,
+    config = LlamaConfig(d_model=3 * head_dim + 3, num_heads=3, head_dim=head_dim,
                          rope_theta=theta, rope_scaling=dict(scaling) if scaling else None,
-                         max_position_embeddings=128)
-    assert config.head_dim == head_dim != config.hidden_size // config.num_attention_heads
+                         block_size=128)
+    assert config.head_dim == head_dim != config.d_model // config.num_heads
     rope = LlamaRotaryEmbedding(config).to(torch_device())
     dummy = torch.zeros(1, dtype=torch.float32, device=torch_device())
     return rope(dummy, torch.tensor(positions, device=torch_device()))

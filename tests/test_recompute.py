@@ -108,9 +108,9 @@ def test_a_pre_norm_step_keeps_no_normed_input_and_no_hidden_layer(tier):
             attn = block.self_attn
             for linear in (attn.q_proj, attn.k_proj, attn.v_proj, block.ffn.linear1,
                            block.ffn.linear2):
-                assert linear._cache.saved[0] is None
-            assert attn.out_proj._cache.saved[0] is not None  # the heads: no one else keeps them
-        assert model.embed.tokens._project_cache.saved[0] is None
+                assert linear._saved.values[0] is None
+            assert attn.out_proj._saved.values[0] is not None  # the heads: no one else keeps them
+        assert model.embed.tokens._project_saved.values[0] is None
 
 
 def test_the_textbook_layers_keep_every_input_their_backward_reads():
@@ -122,8 +122,8 @@ def test_the_textbook_layers_keep_every_input_their_backward_reads():
             attn = block.self_attn
             for linear in (attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj,
                            block.ffn.linear1, block.ffn.linear2):
-                assert linear._cache.saved[0] is not None
-        assert model.embed.tokens._project_cache.saved[0] is not None
+                assert linear._saved.values[0] is not None
+        assert model.embed.tokens._project_saved.values[0] is not None
 
 
 @pytest.mark.parametrize("tier", TIERS)
@@ -133,9 +133,9 @@ def test_a_post_norm_block_keeps_its_sublayers_inputs(tier):
     with using_backend("numpy", "float32"), using_tier(tier):
         block = tiered.EncoderBlock(16, 2, 32, dropout=0.0, norm_first=False)
         block(_random((2, 5, 16), 0))
-        assert block.self_attn.q_proj._cache.saved[0] is not None
-        assert block.ffn.linear1._cache.saved[0] is not None
-        assert block.ffn.linear2._cache.saved[0] is None
+        assert block.self_attn.q_proj._saved.values[0] is not None
+        assert block.ffn.linear1._saved.values[0] is not None
+        assert block.ffn.linear2._saved.values[0] is None
 
 
 @pytest.mark.parametrize("tier", TIERS)

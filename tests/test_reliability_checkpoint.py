@@ -62,17 +62,17 @@ def test_gelu_is_the_exact_form(tmp_path):
     with using_backend("numpy", "float64", seed=2):
         path = save_checkpoint(tmp_path / "m.npz", lm(activation="gelu"))
         checkpoint = load_checkpoint(path)
-    assert json.loads(str(np.load(path)["meta"]))["version"] == FORMAT_VERSION == 5
+    assert json.loads(str(np.load(path)["meta"]))["version"] == FORMAT_VERSION == 6
     assert checkpoint.config["activation"] == "gelu"
 
 
-@pytest.mark.parametrize("version", [99, 4, 1])
+@pytest.mark.parametrize("version", [99, 5, 4, 1])
 def test_another_format_version_is_refused(tmp_path, version):
     with using_backend("numpy", "float64"):
         path = save_checkpoint(tmp_path / "m.npz", lm())
     other = _rewrite(path, tmp_path / "other.npz", lambda m: m.update(version=version))
     with pytest.raises(CheckpointError, match=f"format version {version}; this release of "
-                                              "npformer reads version 5 only"):
+                                              "npformer reads version 6 only"):
         load_checkpoint(other)
 
 
@@ -210,7 +210,7 @@ def test_a_bare_npy_file_is_refused(tmp_path):
 
 
 
-@pytest.mark.parametrize("version", [True, 1.0, "4", 0, 6])
+@pytest.mark.parametrize("version", [True, 1.0, "4", 0, 5, 7])
 def test_a_version_that_is_not_a_known_integer_is_refused(tmp_path, version):
     """Issue 37 case 24: "version": true was read as version 1 (and rebuilt gelu as the
     tanh form); a version must be the integer this npformer reads."""

@@ -230,8 +230,8 @@ def test_eos_is_where_transformers_generate_takes_it(torch, tmp_path):
 def test_generate_refuses_eos_ids_by_name(eos, error, fragments):
     from npformer.models.llama import LlamaCausalLM, LlamaConfig
 
-    model = LlamaCausalLM(LlamaConfig(vocab_size=13, hidden_size=8, intermediate_size=8,
-                                      num_hidden_layers=1, num_attention_heads=2))
+    model = LlamaCausalLM(LlamaConfig(vocab_size=13, d_model=8, d_ff=8, num_layers=1,
+                                      num_heads=2))
     with raises_naming(error, *fragments):
         generate(model, [1, 2], 3, greedy=True, eos_id=eos)
 
@@ -301,13 +301,13 @@ def test_qwen_defaults_differ_from_llamas(torch, tmp_path):
         hf_llama.config_from_hf(values, LlamaConfig)
     values["num_attention_heads"], values["hidden_size"] = 32, 64
     config = hf_llama.config_from_hf(values, LlamaConfig)
-    assert (config.max_position_embeddings, config.num_key_value_heads) == (32768, 32)
+    assert (config.block_size, config.num_kv_heads) == (32768, 32)
     llama = {**values, "model_type": "llama", "architectures": None}
     config = hf_llama.config_from_hf(llama, LlamaConfig)
-    assert (config.max_position_embeddings, config.num_key_value_heads) == (2048, 32 // 1)
+    assert (config.block_size, config.num_kv_heads) == (2048, 32 // 1)
     assert hf_llama.config_from_hf({"model_type": "llama"}, LlamaConfig).vocab_size == 32000
     values.update(num_key_value_heads=None, num_attention_heads=16)  # null: the heads
-    assert hf_llama.config_from_hf(values, LlamaConfig).num_key_value_heads == 16
+    assert hf_llama.config_from_hf(values, LlamaConfig).num_kv_heads == 16
 
 
 def test_fields_a_family_does_not_read_are_not_read(torch, tmp_path):

@@ -444,7 +444,7 @@ def test_we_load_peft_s_embedding_and_lm_head_adapters(torch, tmp_path, name):
         theirs.save_pretrained(tmp_path / "adapter")
         ours = LlamaCausalLM.from_pretrained(folder, dtype="float64")
         names = npeft.load_adapter(ours, tmp_path / "adapter", npeft.llama_names(ours.config))
-        assert "model.embed_tokens" in names and "embed_tokens" in lora_layers(ours)
+        assert "model.embed_tokens" in names and "embed" in lora_layers(ours)
         ids = np.random.default_rng(5).integers(0, ours.config.vocab_size, (2, 6))
         with torch.no_grad():
             expected = theirs(torch.tensor(ids)).logits.numpy()
@@ -459,7 +459,7 @@ def test_an_adapter_on_a_tied_lm_head_is_refused_by_name(tmp_path):
 
     from .helpers import tiny_llama
 
-    untied = tiny_llama(tie_word_embeddings=False)
+    untied = tiny_llama(tie_weights=False)
     naming = npeft.llama_names(untied.config)
     npeft.apply_adapters(untied, naming, ["q_proj", "lm_head"], 2, 4.0)
     npeft.save_adapter(untied, tmp_path / "adapter", naming)
@@ -498,13 +498,13 @@ def test_the_embedding_adapter_merges_and_saves_its_settings(tmp_path):
     from .conftest import using_backend
 
     with using_backend("numpy", "float64"):
-        model = _lora_llama(targets=("embed_tokens", "q_proj"))
-        adapter = lora_layers(model)["embed_tokens"]
+        model = _lora_llama(targets=("embed", "q_proj"))
+        adapter = lora_layers(model)["embed"]
         assert isinstance(adapter, LoRAEmbedding)
         adapter.lora_A.data = adapter.lora_A.data + 0.5  # A starts at zero
         before = _logits(model)
         built = build_model(load_checkpoint(save_checkpoint(tmp_path / "m.npz", model)))
-        assert isinstance(lora_layers(built)["embed_tokens"], LoRAEmbedding)
+        assert isinstance(lora_layers(built)["embed"], LoRAEmbedding)
         np.testing.assert_allclose(_logits(built), before, rtol=1e-12, atol=1e-12)
         merge_lora(model)  # the one table of a tied model: the head's too, as PEFT's merge
         assert np.abs(_logits(model) - before).max() > 1e-6

@@ -33,7 +33,7 @@ CHECK_FILES = ("npformer/ops/contracts.py", "npformer/validation.py", "npformer/
 # bookkeeping (its cache made and opened: the wrapper's "op" before the door moved into the
 # op's first statement) is not one either
 DOOR_WRAPPERS = ("op", "checked", "recorded", "run_trusted", "trusted", "trusting", "door",
-                 "with_cache", "opened", "unchecked")
+                 "with_saved", "opened", "unchecked")
 
 
 def is_check(key: tuple) -> bool:

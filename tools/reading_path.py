@@ -75,8 +75,8 @@ def update_path() -> list:
     return [
         ("demos/imdb.py", "train_member", "trainer.fit()"),
         ("npformer/train/loop.py", "Trainer.fit", "self._record_update(cfg, self.update())"),
-        ("npformer/train/loop.py", "Trainer.update", "return self.train_step()"),
-        ("npformer/train/loop.py", "Trainer.train_step",
+        ("npformer/train/loop.py", "Trainer.update", "return self._eager_update()"),
+        ("npformer/train/loop.py", "Trainer._eager_update",
          "self.task.loss_and_grad(self.model, batch, scale)"),
         ("npformer/train/tasks.py", "Classification.loss_and_grad",
          "self.loss_and_grad_on_device(model, batch, grad_scale)"),

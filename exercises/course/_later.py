@@ -28,9 +28,9 @@ def mT(a):
 
 
 # --------------------------------------------------------------------------- the ops
-def linear_bw(dy, cache):
-    """The linear exercise's cache (x, w) -> dx, dw, db."""
-    x, w = cache
+def linear_bw(dy, saved):
+    """The linear exercise's saved values (x, w) -> dx, dw, db."""
+    x, w = saved
     rows, drows = x.reshape(-1, w.shape[0]), dy.reshape(-1, w.shape[1])
     return dy @ w.T, rows.T @ drows, drows.sum(0)
 
@@ -47,9 +47,9 @@ def merge_bw(dy, num_heads):
     return dy.reshape(b, t, num_heads, d // num_heads).transpose(0, 2, 1, 3)
 
 
-def attention_bw(dout, cache, scale=True):
-    """The attention exercise's cache (q, k, v, p) -> dq, dk, dv."""
-    q, k, v, p = cache
+def attention_bw(dout, saved, scale=True):
+    """The attention exercise's saved values (q, k, v, p) -> dq, dk, dv."""
+    q, k, v, p = saved
     alpha = 1.0 / math.sqrt(q.shape[-1]) if scale else 1.0
     dv = mT(p) @ dout
     dp = dout @ mT(v)
@@ -57,9 +57,9 @@ def attention_bw(dout, cache, scale=True):
     return ds @ k * alpha, mT(ds) @ q * alpha, dv
 
 
-def layernorm_bw(dy, cache):
-    """The layer norm exercise's cache (x_hat, r, gamma) -> dx, dgamma, dbeta."""
-    x_hat, r, gamma = cache
+def layernorm_bw(dy, saved):
+    """The layer norm exercise's saved values (x_hat, r, gamma) -> dx, dgamma, dbeta."""
+    x_hat, r, gamma = saved
     g = dy * gamma
     dx = r * (g - g.mean(-1, keepdims=True) - x_hat * (g * x_hat).mean(-1, keepdims=True))
     lead = tuple(range(dy.ndim - 1))
@@ -70,10 +70,10 @@ def relu_bw(dy, x):
     return dy * (x > 0)
 
 
-def dropout_bw(dy, cache):
-    if cache is None:
+def dropout_bw(dy, saved):
+    if saved is None:
         return dy
-    keep, p = cache
+    keep, p = saved
     return dy * keep / (1.0 - p)
 
 

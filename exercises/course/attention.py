@@ -36,8 +36,8 @@ def _mT(a):
 
 
 def _with(scale=True, dv_of=None, dk_of=None, rows=-1):
-    def backward(dout, cache):
-        q, k, v, p = cache
+    def backward(dout, saved):
+        q, k, v, p = saved
         alpha = 1.0 / math.sqrt(q.shape[-1])
         dv = dv_of(p, dout) if dv_of else _mT(p) @ dout
         dp = dout @ _mT(v)

@@ -143,8 +143,8 @@ def _block_hints(post):
 
 # =========================================================================== the mistakes
 def _ffn_backward_with(dropout=True, dw2_before_dropout=False):
-    def backward(dy, cache):
-        first, activation, dropped, second = cache
+    def backward(dy, saved):
+        first, activation, dropped, second = saved
         dd, dw2, db2 = linear_bw(dy, second)
         if dw2_before_dropout:  # W2's input taken as ReLU's output, not the dropped one
             _, dw2, _ = linear_bw(dy, (np.maximum(activation, 0.0), second[1]))
@@ -155,12 +155,12 @@ def _ffn_backward_with(dropout=True, dw2_before_dropout=False):
     return backward
 
 
-def _ffn_correct(dy, cache):
-    return _ffn_backward_with()(dy, cache)
+def _ffn_correct(dy, saved):
+    return _ffn_backward_with()(dy, saved)
 
 
-def _attention_correct(ds, cache):
-    return _multihead_backward()(ds, cache)
+def _attention_correct(ds, saved):
+    return _multihead_backward()(ds, saved)
 
 
 def _post(residual=True, wrong_branch=False, dropout=True, attention=_attention_correct):
@@ -174,10 +174,10 @@ def _post(residual=True, wrong_branch=False, dropout=True, attention=_attention_
         dsub = sub_backward(dropout_bw(dz, drop) if dropout else dz, sub_cache)
         return ((dz if residual else 0.0) + dsub[0], dsub[1:], (dgamma, dbeta))
 
-    def backward(dy, cache):
-        attention_cache, attention_drop, norm1, ffn, ffn_drop, norm2 = cache
+    def backward(dy, saved):
+        attention_saved, attention_drop, norm1, ffn, ffn_drop, norm2 = saved
         dx, dffn, dnorm2 = connection(dy, norm2, _ffn_correct, ffn, ffn_drop)
-        dx, dattention, dnorm1 = connection(dx, norm1, attention, attention_cache,
+        dx, dattention, dnorm1 = connection(dx, norm1, attention, attention_saved,
                                             attention_drop)
         return (dx, *dattention, *dnorm1, *dffn, *dnorm2)
     return backward
@@ -194,10 +194,10 @@ def _pre(residual=True, wrong_branch=False, dropout=True, attention=_attention_c
         dn, dgamma, dbeta = layernorm_bw(dsub[0], norm)
         return (dy if residual else 0.0) + dn, dsub[1:], (dgamma, dbeta)
 
-    def backward(dy, cache):
-        norm1, attention_cache, attention_drop, norm2, ffn, ffn_drop = cache
+    def backward(dy, saved):
+        norm1, attention_saved, attention_drop, norm2, ffn, ffn_drop = saved
         dx, dffn, dnorm2 = connection(dy, norm2, _ffn_correct, ffn, ffn_drop)
-        dx, dattention, dnorm1 = connection(dx, norm1, attention, attention_cache,
+        dx, dattention, dnorm1 = connection(dx, norm1, attention, attention_saved,
                                             attention_drop)
         return (dx, *dattention, *dnorm1, *dffn, *dnorm2)
     return backward

@@ -19,8 +19,8 @@ def make(rng, b, t, v, rank, smoothing, ignore_index, ignored):
 
 
 def _with(counted_rows=True, uniform=True, upstream=True, guard=True):
-    def backward(dloss, cache):
-        p, targets, ignore_index, eps, shape = cache
+    def backward(dloss, saved):
+        p, targets, ignore_index, eps, shape = saved
         vocab = p.shape[-1]
         counted = targets != ignore_index
         n = counted.sum() if counted_rows else targets.size

@@ -15,10 +15,10 @@ def make(rng, shape, p, training):
 
 
 def _training(dx_of):
-    def backward(dy, cache):
-        if cache is None:
+    def backward(dy, saved):
+        if saved is None:
             return dy
-        keep, p = cache
+        keep, p = saved
         return dx_of(dy, keep, p)
     return backward
 
@@ -41,7 +41,7 @@ EXERCISE = Exercise(
                     ("training with p = 0: nothing dropped", dict(shape=[4], p=0.0,
                                                                   training=True))],
         hints={"dx": "Backward (training): y is linear in x, so dx = dy m / (1 - p) with the "
-                     "forward's own mask m, scale included; in evaluation (cache None) "
+                     "forward's own mask m, scale included; in evaluation (saved None) "
                      "dx = dy."},
     )],
     mistakes=[

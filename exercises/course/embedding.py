@@ -23,21 +23,21 @@ def _add_at(ids, rows, vocab_size):
     return dtable
 
 
-def _assigned(dy, cache):
-    ids, vocab_size = cache
+def _assigned(dy, saved):
+    ids, vocab_size = saved
     dtable = np.zeros((vocab_size, dy.shape[-1]))
     dtable[ids.reshape(-1)] += dy.reshape(-1, dy.shape[-1])  # a repeated id: added once
     return dtable
 
 
-def _averaged(dy, cache):
-    ids, vocab_size = cache
+def _averaged(dy, saved):
+    ids, vocab_size = saved
     counts = np.bincount(ids.reshape(-1), minlength=vocab_size)
     dtable = _add_at(ids, dy.reshape(-1, dy.shape[-1]), vocab_size)
     return dtable / np.maximum(counts, 1)[:, None]
 
 
-def _rows_returned(dy, cache):
+def _rows_returned(dy, saved):
     dtable = dy.reshape(-1, dy.shape[-1])
     return dtable
 

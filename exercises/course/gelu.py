@@ -38,16 +38,16 @@ EXERCISE = Exercise(
     ],
     mistakes=[
         Mistake("the x phi(x) term of the product rule forgotten", "dx",
-                lambda dy, cache: dy * cache[1]),
+                lambda dy, saved: dy * saved[1]),
         Mistake("the normal density without 1/sqrt(2 pi)", "dx",
-                lambda dy, cache: dy * (cache[1] + cache[0] * np.exp(-0.5 * cache[0] ** 2))),
+                lambda dy, saved: dy * (saved[1] + saved[0] * np.exp(-0.5 * saved[0] ** 2))),
         Mistake("tanh form: du/dx as c (1 + a x^2)", "dx",
-                lambda dy, cache: dy * (0.5 * (1 + cache[1]) + 0.5 * cache[0]
-                                        * (1 - cache[1] ** 2) * C * (1 + A * cache[0] ** 2)),
+                lambda dy, saved: dy * (0.5 * (1 + saved[1]) + 0.5 * saved[0]
+                                        * (1 - saved[1] ** 2) * C * (1 + A * saved[0] ** 2)),
                 part="gelu_tanh_backward"),
         Mistake("tanh form: dt/du as 1 - t", "dx",
-                lambda dy, cache: dy * (0.5 * (1 + cache[1]) + 0.5 * cache[0]
-                                        * (1 - cache[1]) * C * (1 + 3 * A * cache[0] ** 2)),
+                lambda dy, saved: dy * (0.5 * (1 + saved[1]) + 0.5 * saved[0]
+                                        * (1 - saved[1]) * C * (1 + 3 * A * saved[0] ** 2)),
                 part="gelu_tanh_backward"),
     ],
 )

@@ -18,17 +18,17 @@ def _textbook_forward(x, wq, bq, wk, bk, wv, bv, wo, bo, num_heads, kv_heads, ma
     q, q_cache = ops.linear_forward(x, wq, bq)
     k, k_cache = ops.linear_forward(x, wk, bk)
     v, v_cache = ops.linear_forward(x, wv, bv)
-    heads, attention_cache = ops.grouped_attention_forward(
+    heads, attention_saved = ops.grouped_attention_forward(
         split_heads(q, num_heads), split_heads(k, kv_heads), split_heads(v, kv_heads), mask)
     y, out_cache = ops.linear_forward(merge_heads(heads), wo, bo)
-    return y, (q_cache, k_cache, v_cache, attention_cache, out_cache, num_heads, kv_heads)
+    return y, (q_cache, k_cache, v_cache, attention_saved, out_cache, num_heads, kv_heads)
 
 
-def _textbook_backward(dy, cache):
-    q_cache, k_cache, v_cache, attention_cache, out_cache, num_heads, kv_heads = cache
+def _textbook_backward(dy, saved):
+    q_cache, k_cache, v_cache, attention_saved, out_cache, num_heads, kv_heads = saved
     dmerged, dwo, dbo = ops.linear_backward(dy, out_cache)
     dq, dk, dv = ops.grouped_attention_backward(split_heads(dmerged, num_heads),
-                                                attention_cache)
+                                                attention_saved)
     dxq, dwq, dbq = ops.linear_backward(merge_heads(dq), q_cache)
     dxk, dwk, dbk = ops.linear_backward(merge_heads(dk), k_cache)
     dxv, dwv, dbv = ops.linear_backward(merge_heads(dv), v_cache)
@@ -99,11 +99,11 @@ def _interleaved(dx, groups):  # heads j, j + H_kv, j + 2 H_kv... taken as a gro
 
 
 def _backward(reduce=_summed, scale=True):
-    def backward(dy, cache):
-        q_cache, k_cache, v_cache, attention_cache, out_cache, num_heads, kv_heads = cache
+    def backward(dy, saved):
+        q_cache, k_cache, v_cache, attention_saved, out_cache, num_heads, kv_heads = saved
         groups = num_heads // kv_heads
         dmerged, dwo, dbo = linear_bw(dy, out_cache)
-        dq, dk, dv = attention_bw(merge_bw(dmerged, num_heads), attention_cache, scale=scale)
+        dq, dk, dv = attention_bw(merge_bw(dmerged, num_heads), attention_saved, scale=scale)
         dk, dv = reduce(dk, groups), reduce(dv, groups)
         dxq, dwq, dbq = linear_bw(split_bw(dq, num_heads), q_cache)
         dxk, dwk, dbk = linear_bw(split_bw(dk, kv_heads), k_cache)

@@ -36,8 +36,8 @@ EXERCISE = Exercise(
 
 # =========================================================================== the mistakes
 def _with(dx_of, dgamma_of=lambda dy, x_hat: dy * x_hat):
-    def backward(dy, cache):
-        x_hat, r, gamma = cache
+    def backward(dy, saved):
+        x_hat, r, gamma = saved
         d = x_hat.shape[-1]
         return (dx_of(dy * gamma, x_hat, r, dy),
                 dgamma_of(dy, x_hat).reshape(-1, d).sum(0), dy.reshape(-1, d).sum(0))

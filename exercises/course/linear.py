@@ -41,28 +41,28 @@ def _rows(x, dy, w):
     return x.reshape(-1, w.shape[0]), dy.reshape(-1, w.shape[1])
 
 
-def _no_transpose(dy, cache):
-    x, w = cache
+def _no_transpose(dy, saved):
+    x, w = saved
     dx = dy @ w
     rows, drows = _rows(x, dy, w)
     return dx, rows.T @ drows, drows.sum(0)
 
 
-def _db_over_features(dy, cache):
-    x, w = cache
+def _db_over_features(dy, saved):
+    x, w = saved
     rows, drows = _rows(x, dy, w)
     db = dy.sum(axis=-1).sum() * np.ones(w.shape[1])
     return dy @ w.T, rows.T @ drows, db
 
 
-def _dw_averaged(dy, cache):
-    x, w = cache
+def _dw_averaged(dy, saved):
+    x, w = saved
     rows, drows = _rows(x, dy, w)
     return dy @ w.T, rows.T @ drows / rows.shape[0], drows.sum(0)
 
 
-def _dw_reversed(dy, cache):
-    x, w = cache
+def _dw_reversed(dy, saved):
+    x, w = saved
     rows, drows = _rows(x, dy, w)
     return dy @ w.T, drows.T @ rows, drows.sum(0)
 

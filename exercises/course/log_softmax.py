@@ -13,8 +13,8 @@ def make(rng, shape, axis):
 
 
 def _with(dx_of):
-    def backward(dy, cache):
-        p, axis = cache
+    def backward(dy, saved):
+        p, axis = saved
         return dx_of(dy, p, axis)
     return backward
 

@@ -41,8 +41,8 @@ def _rows(a):
 
 def _with(scale_in_db=True, scale_in_du=True, adapter_path=True, dropout=True,
           da_transposed=False, frozen_w=False):
-    def backward(dy, cache):
-        x_dropped, u, w, lora_a, lora_b, scale, dropped = cache
+    def backward(dy, saved):
+        x_dropped, u, w, lora_a, lora_b, scale, dropped = saved
         du = (scale if scale_in_du else 1.0) * (dy @ lora_b.T)
         da = _rows(x_dropped).T @ _rows(du)
         if da_transposed:
@@ -75,7 +75,7 @@ EXERCISE = Exercise(
                                                     training=False))],
         hints={
             "dB": "Low-rank adapters, Backward: dB = scale (x^A)^T dy summed over every row, "
-                  "x^A = dropout(x) A (the cache's u); the scale alpha / r comes back.",
+                  "x^A = dropout(x) A (the saved values' u); the scale alpha / r comes back.",
             "dA": "Low-rank adapters, Backward: dx^A = scale dy B^T, then dA = "
                   "dropout(x)^T dx^A over every row: the adapter's own input, after its "
                   "dropout, and the scale inside dx^A.",

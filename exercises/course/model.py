@@ -44,8 +44,8 @@ def _textbook_forward(ids, valid_lens, labels, tokens, positions, wq, bq, wk, bk
     return loss, (model, loss_cache)
 
 
-def _textbook_backward(dloss, cache):
-    model, loss_cache = cache
+def _textbook_backward(dloss, saved):
+    model, loss_cache = saved
     model.backward(ops.cross_entropy_backward(dloss, loss_cache))
     block = model.blocks[0]
     grads = [model.embed.tokens.weight.grad, model.embed.positions.weight.grad]
@@ -107,8 +107,8 @@ for _name in BLOCK_GRADS[1:]:
 
 
 # =========================================================================== the mistakes
-def _ce_bw(dloss, cache, scale=True):
-    p, t, ignore_index, smoothing, shape = cache
+def _ce_bw(dloss, saved, scale=True):
+    p, t, ignore_index, smoothing, shape = saved
     counted = t != ignore_index
     dz = p.copy()
     dz[np.arange(len(t)), np.where(counted, t, 0)] -= 1.0
@@ -116,16 +116,16 @@ def _ce_bw(dloss, cache, scale=True):
     return (dz * (dloss if scale else 1.0)).reshape(shape)
 
 
-def _pool_bw(dy, cache, all_positions=False):
-    how, valid, winner, shape = cache
+def _pool_bw(dy, saved, all_positions=False):
+    how, valid, winner, shape = saved
     if all_positions:  # the padding counted: every position gets 1/T
         return np.broadcast_to(dy[:, None, :] / shape[1], shape).copy()
     return valid[:, :, None] * dy[:, None, :] / valid.sum(1)[:, None, None]
 
 
 def _model(scale=True, all_positions=False, dropout=True, positions_rows="sum"):
-    def backward(dloss, cache):
-        embedded, placed, dropped, block, pooling, head, loss_cache = cache
+    def backward(dloss, saved):
+        embedded, placed, dropped, block, pooling, head, loss_cache = saved
         dlogits = _ce_bw(dloss, loss_cache, scale)
         dpooled, dw_head, db_head = linear_bw(dlogits, head)
         dh = _pool_bw(dpooled, pooling, all_positions)

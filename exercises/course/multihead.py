@@ -74,11 +74,11 @@ HINTS = {
 def _backward(merge_dheads=split_bw, split_dconcat=merge_bw, scale=True, paths="qkv"):
     """The layer's backward with one step replaced: merge_dheads (B, H, T, E) -> (B, T, H*E)
     before a projection's backward, split_dconcat the other way after W^O's."""
-    def backward(dy, cache):
-        q_cache, k_cache, v_cache, attention_cache, out_cache, num_heads = cache
+    def backward(dy, saved):
+        q_cache, k_cache, v_cache, attention_saved, out_cache, num_heads = saved
         dmerged, dwo, dbo = linear_bw(dy, out_cache)
         dheads = split_dconcat(dmerged, num_heads)
-        dq, dk, dv = attention_bw(dheads, attention_cache, scale=scale)
+        dq, dk, dv = attention_bw(dheads, attention_saved, scale=scale)
         dxq, dwq, dbq = linear_bw(merge_dheads(dq, num_heads), q_cache)
         dxk, dwk, dbk = linear_bw(merge_dheads(dk, num_heads), k_cache)
         dxv, dwv, dbv = linear_bw(merge_dheads(dv, num_heads), v_cache)

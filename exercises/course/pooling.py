@@ -16,8 +16,8 @@ def make(rng, b, t, d, how):
 
 
 def _with(mean=None, largest=None, first=None):
-    def backward(dy, cache):
-        how, valid, winner, shape = cache
+    def backward(dy, saved):
+        how, valid, winner, shape = saved
         batch_size, length, _ = shape
         if how == "mean":
             if mean:

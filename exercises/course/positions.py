@@ -19,8 +19,8 @@ def make(rng, b, t, d, extra, table):
 
 
 def _with(dx_of=lambda dy: dy, dtable_of=None):
-    def backward(dy, cache):
-        length, table_length = cache
+    def backward(dy, saved):
+        length, table_length = saved
         used = dtable_of(dy) if dtable_of else dy.sum(axis=0)
         dtable = np.concatenate([used, np.zeros((table_length - used.shape[0],
                                                  dy.shape[-1]))])
@@ -28,7 +28,7 @@ def _with(dx_of=lambda dy: dy, dtable_of=None):
     return backward
 
 
-def _unpadded(dy, cache):
+def _unpadded(dy, saved):
     dtable = dy.sum(axis=0)
     return dy, dtable
 

@@ -17,8 +17,8 @@ def make(rng, lead, d, scale):
 
 
 def _with(dx_of, dweight_of=lambda dy, x_hat: (dy * x_hat).reshape(-1, x_hat.shape[-1]).sum(0)):
-    def backward(dy, cache):
-        x_hat, r, weight = cache
+    def backward(dy, saved):
+        x_hat, r, weight = saved
         return dx_of(dy * weight, x_hat, r), dweight_of(dy, x_hat)
     return backward
 

@@ -23,8 +23,8 @@ def _rotate_half(x):
 
 
 def _with(dx_of):
-    def backward(dy, cache):
-        cos, sin = cache
+    def backward(dy, saved):
+        cos, sin = saved
         return dx_of(dy, cos, sin)
     return backward
 

@@ -21,8 +21,8 @@ def make(rng, shape, axis, masked, broadcast):
 
 
 def _with(dx_of):
-    def backward(dp, cache):
-        p, axis = cache
+    def backward(dp, saved):
+        p, axis = saved
         return dx_of(dp, p, axis)
     return backward
 

@@ -13,8 +13,8 @@ def make(rng, shape, scale):
 
 
 def _with(da_of, db_of=lambda dh, a, b, s: dh * a * s):
-    def backward(dh, cache):
-        a, b, s = cache
+    def backward(dh, saved):
+        a, b, s = saved
         return da_of(dh, a, b, s), db_of(dh, a, b, s)
     return backward
 

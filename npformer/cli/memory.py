@@ -55,7 +55,7 @@ def training_memory(config: Any, batch_size: int, sequence_length: int,
     parameters = parameter_count(config)
     tokens = batch_size * sequence_length
     if isinstance(config, LlamaConfig):  # no table of positions: rotary's are computed
-        activations = tokens * (config.hidden_size * config.num_hidden_layers
+        activations = tokens * (config.d_model * config.num_layers
                                 + config.vocab_size)
         return TrainingMemory(parameters, itemsize * 4 * parameters, itemsize * activations)
     tables = 0 if config.positional == "learned" else config.block_size * config.d_model

@@ -10,7 +10,7 @@ ReLU, the textbook op (:mod:`npformer.ops.activations`) computed from its output
              branch per element, which makes a ``where`` slow on random signs; a NaN
              input gives y = NaN and sign(NaN) = NaN, the textbook's NaN)
 
-The cache is y, which the next linear layer keeps anyway, and the product is taken in
+The saved values is y, which the next linear layer keeps anyway, and the product is taken in
 the buffer of sign(y): one new array, not two.
 
 GELU (exact): the same $y = x \Phi(x)$, $\Phi(x) = \text{erfc}(-x/\sqrt 2)/2$ and the
@@ -40,7 +40,7 @@ $|x|(\Phi(x) + \Phi(-|x|)\,x^2/2)$ and $\Phi(x) + \Phi(-|x|)\,x^2/2 + |x| \varph
 x^2/2)$; measured 3.7 and 2.0.
 
 GELU (tanh form, GPT-2's): the textbook's statements, $y = x (1 + t)/2$ with
-$t = \tanh(c (x + a x^3))$, and its cache (x, t), in one compiled pass each way on
+$t = \tanh(c (x + a x^3))$, and its saved values (x, t), in one compiled pass each way on
 NumPy arrays (the textbook's ten array passes elsewhere), in its order:
 $\tanh u = \text{sign}(u) (1 - e)/(1 + e)$ with $e = e^{-2|u|} \le 1$ from the exp of
 :mod:`.numerics` (no overflow; an absolute error of a few ulps of 1, which is what
@@ -67,7 +67,7 @@ from ..ops.contracts import (
     forward_op,
     opened,
     state,
-    with_cache,
+    with_saved,
 )
 from .compiler import compilable, jit
 from .numerics import erfc64, exp32, exp64, normal_cdf32, normal_cdf32_given, normal_exp32
@@ -75,20 +75,20 @@ from .numerics import erfc64, exp32, exp64, normal_cdf32, normal_cdf32_given, no
 
 @forward_op(activation_input("relu"))
 def relu_forward(x: Array) -> tuple[Array, Any]:
-    """x (...) -> y (...), cache = y (which the next linear layer keeps anyway)."""
+    """x (...) -> y (...), saved = y (which the next linear layer keeps anyway)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(relu_forward, x)
     xp = backend.namespace_of(x)
     y = xp.maximum(x, 0.0)
-    return with_cache(relu_forward, y, y)
+    return with_saved(relu_forward, y, y)
 
 
 @backward_op(relu_forward)
-def relu_backward(dy: Array, cache: Array) -> Array:
+def relu_backward(dy: Array, saved: Array) -> Array:
     """dy (...) -> dx = dy sign(y) (...)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
-        return door(relu_backward, dy, cache)
-    y = opened(relu_forward, cache)
+        return door(relu_backward, dy, saved)
+    y = opened(relu_forward, saved)
     xp = backend.namespace_of(dy)
     if type(y).__module__.startswith("cupy"):  # array_api_compat's sign for CuPy writes
         # NaN through a boolean mask, which waits for the device: the same values as
@@ -119,60 +119,60 @@ def _phi_cdf(x: Array, special) -> Array:
 
 @forward_op(activation_input("gelu"))
 def gelu_forward(x: Array) -> tuple[Array, Any]:
-    """x (...) -> y = x Phi(x) (...), cache x: the textbook op, erfc compiled.  Only x is
+    """x (...) -> y = x Phi(x) (...), saved x: the textbook op, erfc compiled.  Only x is
     kept (the textbook keeps (x, Phi(x))): the backward recomputes Phi(x) in its own pass,
     so a GELU holds one hidden-width array for its backward instead of two."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(gelu_forward, x)
     if compilable(x):
-        return with_cache(gelu_forward, gelu_kernel(x), x)  # one compiled pass: y
+        return with_saved(gelu_forward, gelu_kernel(x), x)  # one compiled pass: y
     special = _special_functions(x)
     if special is None:
         y, _ = _textbook.gelu_forward.unchecked(x)
-        return with_cache(gelu_forward, y, x)
-    return with_cache(gelu_forward, x * _phi_cdf(x, special), x)
+        return with_saved(gelu_forward, y, x)
+    return with_saved(gelu_forward, x * _phi_cdf(x, special), x)
 
 
 @backward_op(gelu_forward)
-def gelu_backward(dy: Array, cache: Array) -> Array:
+def gelu_backward(dy: Array, saved: Array) -> Array:
     """dy (...) -> dx = dy (Phi(x) + x phi(x)): the textbook op, Phi(x) recomputed and
     fused into one compiled pass (elsewhere the textbook statements, on (x, Phi(x)) with
     Phi(x) computed again as the forward computed it)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
-        return door(gelu_backward, dy, cache)
-    x = opened(gelu_forward, cache)
+        return door(gelu_backward, dy, saved)
+    x = opened(gelu_forward, saved)
     if compilable(dy, x):
         return gelu_backward_kernel(dy, x)
     special = _special_functions(x)
     if special is None:
-        _, saved = _textbook.gelu_forward.unchecked(x)
+        _, values = _textbook.gelu_forward.unchecked(x)
     else:
-        saved = (x, _phi_cdf(x, special))
-    return _textbook.gelu_backward.unchecked(dy, saved)
+        values = (x, _phi_cdf(x, special))
+    return _textbook.gelu_backward.unchecked(dy, values)
 
 
 @forward_op(activation_input("gelu_tanh"))
 def gelu_tanh_forward(x: Array) -> tuple[Array, Any]:
-    """x (...) -> y (...), cache (x, t), t = tanh(c (x + a x^3)): the textbook op, one
+    """x (...) -> y (...), saved (x, t), t = tanh(c (x + a x^3)): the textbook op, one
     compiled pass on NumPy arrays (:func:`gelu_tanh_kernel`; its statements elsewhere)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(gelu_tanh_forward, x)
     if compilable(x):
         y, t = gelu_tanh_kernel(x)
-        return with_cache(gelu_tanh_forward, y, (x, t))
-    return with_cache(gelu_tanh_forward, *_textbook.gelu_tanh_forward.unchecked(x))
+        return with_saved(gelu_tanh_forward, y, (x, t))
+    return with_saved(gelu_tanh_forward, *_textbook.gelu_tanh_forward.unchecked(x))
 
 
 @backward_op(gelu_tanh_forward)
-def gelu_tanh_backward(dy: Array, cache: Any) -> Array:
+def gelu_tanh_backward(dy: Array, saved: Any) -> Array:
     """dy (...) -> dx (...): the textbook op, one compiled pass on NumPy arrays."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
-        return door(gelu_tanh_backward, dy, cache)
-    saved = opened(gelu_tanh_forward, cache)
-    x, t = saved
+        return door(gelu_tanh_backward, dy, saved)
+    values = opened(gelu_tanh_forward, saved)
+    x, t = values
     if compilable(dy, x, t):
         return gelu_tanh_backward_kernel(dy, x, t)
-    return _textbook.gelu_tanh_backward.unchecked(dy, saved)
+    return _textbook.gelu_tanh_backward.unchecked(dy, values)
 
 
 ACTIVATIONS = {**_textbook.ACTIVATIONS, "relu": (relu_forward, relu_backward),

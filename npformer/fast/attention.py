@@ -19,7 +19,7 @@ Backward, from $\bar O$, recomputing $P = \exp(A - \text{lse})$ instead of stori
     $\bar Q = \overline{QK^\top} K$      $\bar K = \overline{QK^\top}^\top Q$
 
 The scale is applied to the scores, never to a copy of Q: the compiled kernels scale
-each row on their way through it, so the cache keeps the queries the caller passed.
+each row on their way through it, so the saved values keeps the queries the caller passed.
 
 Blocks.  The (T, S) score matrices are never held for the whole batch: both
 passes walk over blocks of about ``block_scores`` scores (an argument, default
@@ -27,7 +27,7 @@ passes walk over blocks of about ``block_scores`` scores (an argument, default
 element-wise passes run in the CPU cache and the backward keeps only $\text{lse}$, not
 the (B, H, T, S) probabilities.  Within a block, keys after the last one any query
 of the block may see are cut off (padding at the end of a sequence, the future of a
-causal block): they would get probability 0 and gradient 0, so only work is saved;
+causal block): they would get probability 0 and gradient 0, so only work is values;
 and when the block's mask then allows every query every remaining key, the all-zero
 bias is skipped.
 
@@ -60,7 +60,7 @@ from ..backend import Array
 from ..gpu import attention as captured
 from ..gpu.gemm import capturing
 from ..ops import attention as _textbook
-from ..ops.contracts import backward_op, door, forward_op, opened, state, with_cache
+from ..ops.contracts import backward_op, door, forward_op, opened, state, with_saved
 from ..ops.masks import align_mask
 from ..ops.softmax import mask_bias
 from .compiler import compilable, jit
@@ -75,7 +75,7 @@ GPU_BLOCK_SCORES = 1 << 25  # on a GPU: 128 MiB in float32, blocks as large as m
 
 
 def default_block_scores(q: Array) -> int:
-    """Scores per block for queries ``q``: a CPU core's cache, or a GPU's launch count."""
+    """Scores per block for queries ``q``: a CPU core's saved values, or a GPU's launch count."""
     return GPU_BLOCK_SCORES if type(q).__module__.startswith("cupy") else BLOCK_SCORES
 
 
@@ -83,15 +83,15 @@ def default_block_scores(q: Array) -> int:
 def attention_forward(q: Array, k: Array, v: Array, mask: Array | None = None,
                       block_scores: int | None = None) -> tuple[Array, Any]:
     """q (..., T, E), k (..., S, E), v (..., S, F), mask (bool, broadcasts to (..., T, S))
-    -> out (..., T, F), cache.  ``block_scores``: scores per block (the backward uses
+    -> out (..., T, F), saved.  ``block_scores``: scores per block (the backward uses
     the same blocks); None: :func:`default_block_scores`."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(attention_forward, q, k, v, mask, block_scores)
     if capturing():  # a step captured as a CUDA graph: the GPU tier's dense statements
-        return with_cache(attention_forward, *captured.capture_forward(q, k, v, mask))
+        return with_saved(attention_forward, *captured.capture_forward(q, k, v, mask))
     if not all_finite(q, k, v):  # NaN or inf: what the textbook's dense statements give
-        out, saved = _textbook.attention_forward.unchecked(q, k, v, mask)
-        return with_cache(attention_forward, out, _Dense(saved))
+        out, values = _textbook.attention_forward.unchecked(q, k, v, mask)
+        return with_saved(attention_forward, out, _Dense(values))
     xp = backend.namespace_of(q, k, v)
     block_scores = default_block_scores(q) if block_scores is None else block_scores
     scale = 1.0 / math.sqrt(q.shape[-1])
@@ -112,29 +112,29 @@ def attention_forward(q: Array, k: Array, v: Array, mask: Array | None = None,
         e, m, total = _stable_exp(scores, block_bias)  # (.., t, s), (.., t, 1) twice
         out[rows] = (e @ v[keys]) / total  # (.., t, s) @ (.., s, F) -> (.., t, F)
         lse[rows] = m + xp.log(total)
-    return with_cache(attention_forward, out,
+    return with_saved(attention_forward, out,
                       (q, k, v, mask, extents, bias, lse, scale, block_scores))
 
 
 class _Dense(NamedTuple):
-    """The cache of a forward whose inputs held NaN or inf: the textbook op's own."""
+    """The saved values of a forward whose inputs held NaN or inf: the textbook op's own."""
 
-    saved: Any
+    values: Any
 
 
 @backward_op(attention_forward)
-def attention_backward(dout: Array, cache: Any) -> tuple[Array, Array, Array]:
+def attention_backward(dout: Array, saved: Any) -> tuple[Array, Array, Array]:
     """dout (..., T, F) -> dq (..., T, E), dk (..., S, E), dv (..., S, F)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
-        return door(attention_backward, dout, cache)
-    saved = opened(attention_forward, cache)
-    if isinstance(saved, captured.Fused):
-        return captured.fused_backward(dout, saved.saved)
-    if isinstance(saved, captured.Captured):
-        return captured.capture_backward(dout, saved.saved)
-    if isinstance(saved, _Dense):
-        return _textbook.attention_backward.unchecked(dout, saved.saved)
-    q, k, v, mask, extents, bias, lse, scale, block_scores = saved
+        return door(attention_backward, dout, saved)
+    values = opened(attention_forward, saved)
+    if isinstance(values, captured.Fused):
+        return captured.fused_backward(dout, values.values)
+    if isinstance(values, captured.Captured):
+        return captured.capture_backward(dout, values.values)
+    if isinstance(values, _Dense):
+        return _textbook.attention_backward.unchecked(dout, values.values)
+    q, k, v, mask, extents, bias, lse, scale, block_scores = values
     if not all_finite(dout):  # NaN or inf: the textbook's dense statements, P formed again
         _, dense = _textbook.attention_forward.unchecked(q, k, v, mask)
         return _textbook.attention_backward.unchecked(dout, dense)

@@ -16,7 +16,7 @@ of work, each saying which:
   Dropout(Act(h)) (N, D_ff), the widest activation of a block: its backward computes it
   again from what the activation and the dropout keep anyway.
 * **Recomputed sublayer inputs.**  A pre-norm block keeps no copy of LN(x), its
-  sublayers' input: their backward is handed it again, computed from the norm's cache.
+  sublayers' input: their backward is handed it again, computed from the norm's saved values.
 
 Tested equal to the textbook classes (outputs at every valid position, every gradient)
 in ``tests/test_fast_layers.py``.
@@ -200,7 +200,7 @@ class EncoderBlock(nn.EncoderBlock):
 
     def backward(self, dy: Array) -> Array:
         """dy -> dx, in the form of forward's x.  Pre-norm: each sublayer's input LN(x) is
-        computed again from the norm's cache (one element-wise pass)."""
+        computed again from the norm's saved values (one element-wise pass)."""
         if not self.norm_first:  # post-norm: the textbook block's lines
             return super().backward(dy)
         a, f = self.attn_residual, self.ffn_residual
@@ -246,7 +246,7 @@ class DecoderBlock(nn.DecoderBlock):
 
     def backward(self, dy: Array) -> tuple[Array, Array]:
         """dy -> (dx, dmemory (B, S, D)); dx in the form of forward's x.  Pre-norm: each
-        sublayer's input LN(x) is computed again from the norm's cache."""
+        sublayer's input LN(x) is computed again from the norm's saved values."""
         if not self.norm_first:  # post-norm: the textbook block's lines
             return super().backward(dy)
         a, c, f = self.self_attn_residual, self.cross_attn_residual, self.ffn_residual

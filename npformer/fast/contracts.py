@@ -34,14 +34,14 @@ def attention_inputs(q: Array, k: Array, v: Array, mask: Array | None = None,
         check_size(block_scores, "block_scores", 1)
 
 
-def forward_input(saved: tuple, x: Any) -> tuple:
-    """``saved`` = (input, ...) of a forward that may not have kept its input (None
+def forward_input(values: tuple, x: Any) -> tuple:
+    """``values`` = (input, ...) of a forward that may not have kept its input (None
     there): the tuple with the input the backward's caller passed in its place.  Exactly
     one of the two must be given (it is the forward's input, recomputed by the caller)."""
-    kept = saved[0]
+    kept = values[0]
     if kept is None and x is None:
         raise RuntimeError("the forward did not keep its input (keep_input=False): pass "
                            "it to the backward as x")
     if kept is not None and x is not None:
         raise RuntimeError("the forward kept its input: the backward takes no x")
-    return (x if kept is None else kept,) + tuple(saved[1:])
+    return (x if kept is None else kept,) + tuple(values[1:])

@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import backend
 from ..backend import Array
-from ..ops.contracts import backward_op, door, dropout_inputs, forward_op, opened, state, with_cache
+from ..ops.contracts import backward_op, door, dropout_inputs, forward_op, opened, state, with_saved
 
 
 def _scaled(keep: Array, scale: float, dtype) -> Array:
@@ -26,23 +26,23 @@ def _scaled(keep: Array, scale: float, dtype) -> Array:
 
 @forward_op(dropout_inputs)
 def dropout_forward(x: Array, p: float, training: bool = True) -> tuple[Array, Any]:
-    """x (...) -> y (...), cache = (keep mask (bool), 1 / (1 - p)), or None (identity)."""
+    """x (...) -> y (...), saved = (keep mask (bool), 1 / (1 - p)), or None (identity)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(dropout_forward, x, p, training)
     if not training or p == 0.0:
-        return with_cache(dropout_forward, x, None)
+        return with_saved(dropout_forward, x, None)
     keep = backend.random_uniform(x.shape, dtype=x.dtype) >= p  # P(keep) = 1 - p
     scale = 1.0 / (1.0 - p)
-    return with_cache(dropout_forward, x * _scaled(keep, scale, x.dtype), (keep, scale))
+    return with_saved(dropout_forward, x * _scaled(keep, scale, x.dtype), (keep, scale))
 
 
 @backward_op(dropout_forward)
-def dropout_backward(dy: Array, cache: Any) -> Array:
+def dropout_backward(dy: Array, saved: Any) -> Array:
     """dy (...) -> dx = dy m / (1 - p) (...), or dy (the identity: no mask)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
-        return door(dropout_backward, dy, cache)
-    saved = opened(dropout_forward, cache)
-    if saved is None:
+        return door(dropout_backward, dy, saved)
+    values = opened(dropout_forward, saved)
+    if values is None:
         return dy
-    keep, scale = saved
+    keep, scale = values
     return dy * _scaled(keep, scale, dy.dtype)

@@ -26,16 +26,16 @@ from .compiler import compilable, jit
 
 
 @backward_op(_textbook.embedding_forward)
-def embedding_backward(dy: Array, cache: Any) -> Array:
+def embedding_backward(dy: Array, saved: Any) -> Array:
     """dy (..., D) -> dtable (V, D).  (Integer ids have no gradient.)"""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
-        return door(embedding_backward, dy, cache)
-    saved = opened(_textbook.embedding_forward, cache)
-    flat_ids, vocab_size = saved
+        return door(embedding_backward, dy, saved)
+    values = opened(_textbook.embedding_forward, saved)
+    flat_ids, vocab_size = values
     xp = backend.namespace_of(dy)
     dy_rows = xp.reshape(dy, (-1, dy.shape[-1]))  # (N, D)
     if not compilable(dy_rows):
-        return _textbook.embedding_backward.unchecked(dy, saved)
+        return _textbook.embedding_backward.unchecked(dy, values)
     dtable = xp.zeros((vocab_size, dy.shape[-1]), dtype=dy.dtype)  # (V, D)
     scatter_add_rows(flat_ids, dy_rows, dtable)  # dtable[ids[n]] += dy[n], in order
     return dtable

@@ -20,7 +20,7 @@ from ..ops.contracts import (
     grouped_attention_inputs,
     opened,
     state,
-    with_cache,
+    with_saved,
 )
 from ..ops.grouped_attention import grouped_backward, grouped_forward
 from .attention import attention_backward, attention_forward
@@ -30,17 +30,17 @@ from .attention import attention_backward, attention_forward
 def grouped_attention_forward(q: Array, k: Array, v: Array,
                               mask: Array | None = None) -> tuple[Array, Any]:
     """q (..., H, T, E), k (..., Hkv, S, E), v (..., Hkv, S, F), H a multiple of Hkv; mask
-    (bool, broadcasts to (..., H, T, S)) -> out (..., H, T, F), cache."""
+    (bool, broadcasts to (..., H, T, S)) -> out (..., H, T, F), saved."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(grouped_attention_forward, q, k, v, mask)
-    return with_cache(grouped_attention_forward,
+    return with_saved(grouped_attention_forward,
                       *grouped_forward(q, k, v, mask, attention_forward))  # the blocked attention
 
 
 @backward_op(grouped_attention_forward)
-def grouped_attention_backward(dout: Array, cache: Any) -> tuple[Array, Array, Array]:
+def grouped_attention_backward(dout: Array, saved: Any) -> tuple[Array, Array, Array]:
     """dout (..., H, T, F) -> dq (..., H, T, E), dk (..., Hkv, S, E), dv (..., Hkv, S, F)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
-        return door(grouped_attention_backward, dout, cache)
-    saved = opened(grouped_attention_forward, cache)
-    return grouped_backward(dout, saved, attention_backward)
+        return door(grouped_attention_backward, dout, saved)
+    values = opened(grouped_attention_forward, saved)
+    return grouped_backward(dout, values, attention_backward)

@@ -6,7 +6,7 @@ variance, one for x-hat and y (the textbook makes five passes over (N, D) and th
 temporaries).  Backward, row by row: one pass accumulating dgamma and dbeta, one for
 the mean of g = dy gamma, one for the mean of g x-hat, one for dx (the textbook: eight
 passes over (N, D) and five temporaries; one pass for dgamma, dbeta and both means was
-tried, and was slower).  The same cache (x_hat, r, gamma) and the same formulas in the
+tried, and was slower).  The same saved values (x_hat, r, gamma) and the same formulas in the
 same order; the row sums are accumulated in float64 (four running sums each: one chain
 of additions would be bound by the adder's latency), and mu, the variance, r and the
 two means rounded to the row's dtype as the textbook rounds them.  Without numba, or on
@@ -31,7 +31,7 @@ from ..ops.contracts import (
     layernorm_inputs,
     opened,
     state,
-    with_cache,
+    with_saved,
 )
 from .compiler import compilable, jit
 from .numerics import sum4
@@ -41,27 +41,27 @@ EPS = _textbook.EPS
 
 @forward_op(layernorm_inputs)
 def layernorm_forward(x: Array, gamma: Array, beta: Array, eps: float = EPS) -> tuple[Array, Any]:
-    """x (..., D), gamma (D,), beta (D,) -> y (..., D), cache (x_hat, r, gamma)."""
+    """x (..., D), gamma (D,), beta (D,) -> y (..., D), saved (x_hat, r, gamma)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(layernorm_forward, x, gamma, beta, eps)
     if not compilable(x, gamma, beta):
-        return with_cache(layernorm_forward,
+        return with_saved(layernorm_forward,
                           *_textbook.layernorm_forward.unchecked(x, gamma, beta, eps))
     y, x_hat, r = layernorm_kernel(x, gamma, beta, eps)  # (..., D), (..., D), (..., 1)
-    return with_cache(layernorm_forward, y, (x_hat, r, gamma))
+    return with_saved(layernorm_forward, y, (x_hat, r, gamma))
 
 
 @backward_op(layernorm_forward)
-def layernorm_backward(dy: Array, cache: Any) -> tuple[Array, Array, Array]:
+def layernorm_backward(dy: Array, saved: Any) -> tuple[Array, Array, Array]:
     """dy (..., D) -> dx (..., D), dgamma (D,), dbeta (D,)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
-        return door(layernorm_backward, dy, cache)
-    saved = opened(layernorm_forward, cache)
-    x_hat, r, gamma = saved
+        return door(layernorm_backward, dy, saved)
+    values = opened(layernorm_forward, saved)
+    x_hat, r, gamma = values
     if capturing():  # a step captured as a CUDA graph: the column sums through cuBLAS
         return _routed_backward(dy, x_hat, r, gamma)
     if not compilable(dy, x_hat, r, gamma):
-        return _textbook.layernorm_backward.unchecked(dy, saved)
+        return _textbook.layernorm_backward.unchecked(dy, values)
     return layernorm_backward_kernel(dy, x_hat, r, gamma)
 
 

@@ -10,7 +10,7 @@ What each adds:
   caller recomputes it and passes it to the backward.  :class:`LoRALinear`, the adapter
   of this tier's Linear, takes the same arguments.
 * :class:`LayerNorm`, :class:`Activation`: :meth:`output_again`, the last forward's output
-  computed again from the cache its backward keeps anyway.
+  computed again from the saved values its backward keeps anyway.
 * :class:`Dropout`: :meth:`mask_again`, an array through the last forward's mask again.
 * :class:`LearnedPositionalEmbedding`: the textbook's, its gradient added in place.
 
@@ -52,8 +52,8 @@ class Linear(nn.Linear):
         """x (..., in) -> (..., out).  ``keep_input=False``: x is not kept for the backward
         (the caller recomputes it and passes it to :meth:`backward`)."""
         bias = None if self.bias is None else self.bias.data
-        y, cache = linear.linear_forward(x, self.weight.data, bias, keep_input)
-        self._save(cache)
+        y, saved = linear.linear_forward(x, self.weight.data, bias, keep_input)
+        self._save(saved)
         return y
 
     def backward(self, dy: Array, x: Array | None = None) -> Array:
@@ -69,8 +69,8 @@ class LayerNorm(nn.LayerNorm):
     __doc__ = nn.LayerNorm.__doc__
 
     def forward(self, x: Array) -> Array:
-        y, cache = layernorm.layernorm_forward(x, self.weight.data, self.bias.data, self.eps)
-        self._save(cache)
+        y, saved = layernorm.layernorm_forward(x, self.weight.data, self.bias.data, self.eps)
+        self._save(saved)
         return y
 
     def backward(self, dy: Array) -> Array:
@@ -80,17 +80,17 @@ class LayerNorm(nn.LayerNorm):
         return dx
 
     def output_again(self) -> Array:
-        """The last forward's output, computed again from its cache (which stays for the
+        """The last forward's output, computed again from its saved values (which stays for the
         backward): for a next layer that did not keep it."""
-        return layernorm_output(self._peek_saved().saved, self.bias.data)
+        return layernorm_output(self._peek_saved().values, self.bias.data)
 
 
 class RMSNorm(nn.RMSNorm):
     __doc__ = nn.RMSNorm.__doc__
 
     def forward(self, x: Array) -> Array:
-        y, cache = rmsnorm.rmsnorm_forward(x, self.weight.data, self.eps)
-        self._save(cache)
+        y, saved = rmsnorm.rmsnorm_forward(x, self.weight.data, self.eps)
+        self._save(saved)
         return y
 
     def backward(self, dy: Array) -> Array:
@@ -104,23 +104,23 @@ class Embedding(nn.Embedding):
 
     def backward(self, dy: Array) -> None:
         """dy (..., D) -> None: integer ids are not differentiable."""
-        saved = self._pop_saved()
+        values = self._pop_saved()
         if not self.weight.frozen:  # a frozen table's rows take no gradient
-            accumulate(self.weight, embedding.embedding_backward(dy, saved))
+            accumulate(self.weight, embedding.embedding_backward(dy, values))
         return None
 
     def project(self, h: Array, keep_input: bool = True) -> Array:
         """The tied output projection h (..., D) -> logits (..., V) = h W^T.
         ``keep_input=False``: h is not kept (:meth:`project_backward` is given it again)."""
-        logits, cache = linear.linear_forward(h, self.weight.data.mT, None, keep_input)
-        self._save(cache, slot="_project_cache")
+        logits, saved = linear.linear_forward(h, self.weight.data.mT, None, keep_input)
+        self._save(saved, slot="_project_saved")
         return logits
 
     def project_backward(self, dlogits: Array, h: Array | None = None) -> Array:
         """dlogits (..., V) -> dh (..., D); W^T's gradient is added into the one table.
         ``h``: the projection's input, where it was not kept."""
         frozen = self.weight.frozen  # then W^T's gradient is not computed
-        dh, dtable_t, _ = linear.linear_backward(dlogits, self._pop_saved("_project_cache"), h,
+        dh, dtable_t, _ = linear.linear_backward(dlogits, self._pop_saved("_project_saved"), h,
                                                  weights=not frozen)
         if not frozen:
             accumulate(self.weight, dtable_t.mT)
@@ -132,11 +132,11 @@ class LearnedPositionalEmbedding(nn.LearnedPositionalEmbedding):
 
     def backward(self, dy: Array) -> Array:
         """As the textbook's, the table's gradient added into the flat buffer in place."""
-        cache = self._pop_saved()
-        if cache.op == "embedding_forward":  # the rows P[position_ids], looked up
-            accumulate(self.weight, ops.embedding_backward(dy, cache))
+        saved = self._pop_saved()
+        if saved.op == "embedding_forward":  # the rows P[position_ids], looked up
+            accumulate(self.weight, ops.embedding_backward(dy, saved))
             return dy
-        dx, dtable = ops.add_positions_backward(dy, cache)
+        dx, dtable = ops.add_positions_backward(dy, saved)
         accumulate(self.weight, dtable)
         return dx
 
@@ -145,8 +145,8 @@ class Dropout(nn.Dropout):
     __doc__ = nn.Dropout.__doc__
 
     def forward(self, x: Array) -> Array:
-        y, cache = dropout.dropout_forward(x, self.p, self.training)
-        self._save(cache)
+        y, saved = dropout.dropout_forward(x, self.p, self.training)
+        self._save(saved)
         return y
 
     def backward(self, dy: Array) -> Array:
@@ -154,7 +154,7 @@ class Dropout(nn.Dropout):
 
     def mask_again(self, x: Array) -> Array:
         """x through the last forward's dropout again: the same kept positions and scale
-        (the cache stays for the backward).  Dropout multiplies by m / (1 - p) both ways,
+        (the saved values stays for the backward).  Dropout multiplies by m / (1 - p) both ways,
         so the backward op is what applies it."""
         return dropout.dropout_backward(x, self._peek_saved())
 
@@ -163,14 +163,14 @@ class Activation(nn.Activation):
     __doc__ = nn.Activation.__doc__
 
     def forward(self, x: Array) -> Array:
-        y, cache = activations.activation(self.name)[0](x)
-        self._save(cache)
+        y, saved = activations.activation(self.name)[0](x)
+        self._save(saved)
         return y
 
     def backward(self, dy: Array) -> Array:
         return activations.activation(self.name)[1](dy, self._pop_saved())
 
     def output_again(self) -> Array:
-        """The last forward's output, computed again from its cache (which stays for the
+        """The last forward's output, computed again from its saved values (which stays for the
         backward): for a next layer that did not keep it."""
-        return activation_output(self.name)(self._peek_saved().saved)
+        return activation_output(self.name)(self._peek_saved().values)

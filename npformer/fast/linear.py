@@ -23,14 +23,14 @@ from typing import Any
 from .. import backend
 from ..backend import Array
 from ..gpu.gemm import column_sum, matmul
-from ..ops.contracts import backward_op, door, forward_op, opened, state, with_cache
+from ..ops.contracts import backward_op, door, forward_op, opened, state, with_saved
 from .contracts import forward_input, linear_inputs
 
 
 @forward_op(linear_inputs)
 def linear_forward(x: Array, w: Array, b: Array | None = None,
                    keep_input: bool = True) -> tuple[Array, Any]:
-    """x (..., D_in), w (D_in, D_out), b (D_out,) or None -> y (..., D_out), cache
+    """x (..., D_in), w (D_in, D_out), b (D_out,) or None -> y (..., D_out), saved
     (x, or None with keep_input=False: the backward is then given x again)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(linear_forward, x, w, b, keep_input)
@@ -40,19 +40,19 @@ def linear_forward(x: Array, w: Array, b: Array | None = None,
     if b is not None:
         y += b  # (N, D_out) + (D_out,), in place: y is fresh
     y = xp.reshape(y, tuple(x.shape[:-1]) + (w.shape[1],))
-    return with_cache(linear_forward, y, (x if keep_input else None, w, b is not None))
+    return with_saved(linear_forward, y, (x if keep_input else None, w, b is not None))
 
 
 @backward_op(linear_forward)
-def linear_backward(dy: Array, cache: Any, x: Array | None = None, weights: bool = True
+def linear_backward(dy: Array, saved: Any, x: Array | None = None, weights: bool = True
                     ) -> tuple[Array, Array | None, Array | None]:
     """dy (..., D_out) -> dx (..., D_in), dw (D_in, D_out), db (D_out,) or None; ``x``
     the forward's input, passed again where the forward did not keep it; without
     ``weights`` (a frozen map) dx alone, dw and db None."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
-        return door(linear_backward, dy, cache, x, weights)
-    saved = opened(linear_forward, cache)
-    x, w, has_bias = forward_input(saved, x)
+        return door(linear_backward, dy, saved, x, weights)
+    values = opened(linear_forward, saved)
+    x, w, has_bias = forward_input(values, x)
     xp = backend.namespace_of(dy, w)
     d_in, d_out = w.shape
     x_rows = xp.reshape(x, (-1, d_in))  # (N, D_in)

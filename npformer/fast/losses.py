@@ -55,7 +55,7 @@ from ..ops.contracts import (
     forward_op,
     opened,
     state,
-    with_cache,
+    with_saved,
 )
 from ..ops.losses import IGNORE_INDEX
 from .compiler import compilable, jit
@@ -66,7 +66,7 @@ from .numerics import all_finite, exp, max8, sum4
 @forward_op(cross_entropy_inputs)
 def cross_entropy_forward(logits: Array, targets: Array, ignore_index: int = IGNORE_INDEX,
                           label_smoothing: float = 0.0) -> tuple[Array, Any]:
-    """logits (..., V) floats, targets (...) integers -> loss (0-d array), cache."""
+    """logits (..., V) floats, targets (...) integers -> loss (0-d array), saved."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(cross_entropy_forward, logits, targets, ignore_index, label_smoothing)
     xp = backend.namespace_of(logits, targets)
@@ -79,7 +79,7 @@ def cross_entropy_forward(logits: Array, targets: Array, ignore_index: int = IGN
         targets64 = xp.astype(safe_t, xp.int64)
         per_row, lse = cross_entropy_rows(z, targets64, float(label_smoothing))
         counted_f, denom, loss = _mean_over_counted(xp, per_row, counted, z.dtype)
-        return with_cache(cross_entropy_forward, loss,
+        return with_saved(cross_entropy_forward, loss,
                           (_FromLogits(z, lse, targets64), safe_t, counted_f, denom,
                            label_smoothing, tuple(logits.shape)))
     shifted = z - xp.max(z, axis=-1, keepdims=True)  # s = z - m, (N, V)
@@ -95,7 +95,7 @@ def cross_entropy_forward(logits: Array, targets: Array, ignore_index: int = IGN
     counted_f, denom, loss = _mean_over_counted(xp, per_row, counted, z.dtype)
     p = e
     p /= total  # softmax, in place, (N, V)
-    return with_cache(cross_entropy_forward, loss, (p, safe_t, counted_f, denom, label_smoothing,
+    return with_saved(cross_entropy_forward, loss, (p, safe_t, counted_f, denom, label_smoothing,
                                                     tuple(logits.shape)))
 
 
@@ -120,7 +120,7 @@ def _mean_over_counted(xp, per_row, counted, dtype):
 
 
 @backward_op(cross_entropy_forward, upstream=check_loss_gradient)
-def cross_entropy_backward(dloss: Array, cache: Any, overwrite_logits: bool = False) -> Array:
+def cross_entropy_backward(dloss: Array, saved: Any, overwrite_logits: bool = False) -> Array:
     """dloss (scalar) -> dlogits (..., V) = dloss * (p - q) / N_counted on counted rows.
 
     ``overwrite_logits=True``: dlogits is written over the (N, V) array the forward kept
@@ -129,12 +129,12 @@ def cross_entropy_backward(dloss: Array, cache: Any, overwrite_logits: bool = Fa
     logits are not written: the gradient is then a new array).
     """
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
-        return door(cross_entropy_backward, dloss, cache, overwrite_logits)
-    saved = opened(cross_entropy_forward, cache)
-    p, safe_t, counted_f, denom, label_smoothing, logits_shape = saved
+        return door(cross_entropy_backward, dloss, saved, overwrite_logits)
+    values = opened(cross_entropy_forward, saved)
+    p, safe_t, counted_f, denom, label_smoothing, logits_shape = values
     finite = math.isfinite(dloss) if isinstance(dloss, numbers.Real) else all_finite(dloss)
     if not finite:  # a NaN or infinite upstream gradient: what the textbook gives
-        return _textbook_backward(dloss, saved)
+        return _textbook_backward(dloss, values)
     if isinstance(p, _FromLogits):  # the compiled pass: p recomputed from z and lse
         dz = cross_entropy_grad(p.logits, p.lse, p.targets, counted_f * (dloss / denom),
                                 float(label_smoothing),
@@ -153,11 +153,11 @@ def cross_entropy_backward(dloss: Array, cache: Any, overwrite_logits: bool = Fa
     return xp.reshape(dz, logits_shape)
 
 
-def _textbook_backward(dloss: Array, saved: Any) -> Array:
+def _textbook_backward(dloss: Array, values: Any) -> Array:
     """The textbook op's backward (:func:`npformer.ops.cross_entropy_backward`), from the
     textbook's forward run again on the logits (the compiled path keeps them) or on
     log p, whose softmax is p."""
-    p, safe_t, counted_f, denom, label_smoothing, logits_shape = saved
+    p, safe_t, counted_f, denom, label_smoothing, logits_shape = values
     xp = backend.namespace_of(safe_t)
     if isinstance(p, _FromLogits):
         logits = p.logits
@@ -259,5 +259,5 @@ def cross_entropy_with_gradient(logits: Array, targets: Array, dloss: float = 1.
     """:func:`npformer.ops.cross_entropy_with_gradient`, the gradient written over the
     (N, V) array the forward kept (the caller hands over logits it no longer reads): the
     logits themselves where the compiled kernels run, the forward's softmax elsewhere."""
-    loss, cache = cross_entropy_forward(logits, targets, ignore_index, label_smoothing)
-    return loss, cross_entropy_backward(dloss, cache, overwrite_logits=True)
+    loss, saved = cross_entropy_forward(logits, targets, ignore_index, label_smoothing)
+    return loss, cross_entropy_backward(dloss, saved, overwrite_logits=True)

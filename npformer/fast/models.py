@@ -118,8 +118,8 @@ class TransformerClassifier(_FastModel, models.TransformerClassifier):
         mask = ops.padding_mask(valid_lens, ids.shape[1])  # (B, 1, 1, T)
         x = packed_blocks(self._embedded(ids), self.blocks, self.norm, mask, packing)  # (N, D)
         x = packing.unpack(x)  # (B, T, D): pooling reads the valid positions only
-        pooled, pool_cache = ops.pool_forward(x, valid_lens, self.config.pooling)  # (B, D)
-        self._save((pool_cache, packing))
+        pooled, pool_saved = ops.pool_forward(x, valid_lens, self.config.pooling)  # (B, D)
+        self._save((pool_saved, packing))
         return self.head(pooled)  # (B, C)
 
     forward.__doc__ = models.TransformerClassifier.forward.__doc__
@@ -127,8 +127,8 @@ class TransformerClassifier(_FastModel, models.TransformerClassifier):
     def backward(self, dlogits: Array) -> None:
         if _ran_textbook_forward(self):
             return super().backward(dlogits)
-        pool_cache, packing = self._pop_saved()
-        dx = ops.pool_backward(self.head.backward(dlogits), pool_cache)  # (B, T, D)
+        pool_saved, packing = self._pop_saved()
+        dx = ops.pool_backward(self.head.backward(dlogits), pool_saved)  # (B, T, D)
         dx = packing.pack(dx)  # the backward of unpack
         return self._embedded_backward(packed_blocks_backward(dx, self.blocks, self.norm,
                                                               packing))
@@ -168,7 +168,7 @@ class Seq2SeqTransformer(_FastModel, models.Seq2SeqTransformer):
         mask = ops.padding_mask(src_lens, src.shape[1])  # (B, 1, 1, S)
         x = packed_blocks(self.src_embed(src), self.encoder, self.encoder_norm, mask,
                           packing)  # rows (N_src, D)
-        self._save(packing, slot="_encode_cache")
+        self._save(packing, slot="_encode_saved")
         return packing.unpack(x), mask  # (B, S, D): cross-attention's context
 
     def forward(self, src: Array, tgt_in: Array, src_lens: Array | None = None,
@@ -203,7 +203,7 @@ class Seq2SeqTransformer(_FastModel, models.Seq2SeqTransformer):
             dy, dmem = block.backward(dy)
             dmemory = dmem if dmemory is None else dmemory + dmem  # memory feeds every block
         self.tgt_embed.backward(dy if packing is None else packing.unpack(dy))
-        src_packing = self._pop_saved("_encode_cache")
+        src_packing = self._pop_saved("_encode_saved")
         dx = src_packing.pack(dmemory)  # the backward of unpack
         return self.src_embed.backward(packed_blocks_backward(dx, self.encoder,
                                                               self.encoder_norm, src_packing))

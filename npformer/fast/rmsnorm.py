@@ -4,7 +4,7 @@ kernel each way on NumPy arrays, the kernels below.
 Forward, row by row (the row stays in cache): one pass for the mean of squares, one for
 x-hat and y (the textbook makes four passes over (N, D) and two temporaries).  Backward,
 row by row: one pass accumulating dweight and the mean of g x-hat (g = dy w), one for dx
-(the textbook: five passes and four temporaries).  The same cache (x_hat, r, weight) and
+(the textbook: five passes and four temporaries).  The same saved values (x_hat, r, weight) and
 the same formulas in the same order; the row sums are accumulated in float64 (four
 running sums), and the mean of squares, r and the mean of g x-hat rounded to the row's
 dtype as the textbook rounds them.  Without numba, or on other arrays (CuPy, the strict
@@ -20,7 +20,7 @@ import numpy as np
 
 from ..backend import Array
 from ..ops import rmsnorm as _textbook
-from ..ops.contracts import backward_op, door, forward_op, opened, rmsnorm_inputs, state, with_cache
+from ..ops.contracts import backward_op, door, forward_op, opened, rmsnorm_inputs, state, with_saved
 from .compiler import compilable, jit
 from .numerics import sum4
 
@@ -29,24 +29,24 @@ EPS = _textbook.EPS
 
 @forward_op(rmsnorm_inputs)
 def rmsnorm_forward(x: Array, weight: Array, eps: float = EPS) -> tuple[Array, Any]:
-    """x (..., D), weight (D,) -> y (..., D), cache (x_hat, r, weight)."""
+    """x (..., D), weight (D,) -> y (..., D), saved (x_hat, r, weight)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(rmsnorm_forward, x, weight, eps)
     if not compilable(x, weight):
-        return with_cache(rmsnorm_forward, *_textbook.rmsnorm_forward.unchecked(x, weight, eps))
+        return with_saved(rmsnorm_forward, *_textbook.rmsnorm_forward.unchecked(x, weight, eps))
     y, x_hat, r = rmsnorm_kernel(x, weight, eps)  # (..., D), (..., D), (..., 1)
-    return with_cache(rmsnorm_forward, y, (x_hat, r, weight))
+    return with_saved(rmsnorm_forward, y, (x_hat, r, weight))
 
 
 @backward_op(rmsnorm_forward)
-def rmsnorm_backward(dy: Array, cache: Any) -> tuple[Array, Array]:
+def rmsnorm_backward(dy: Array, saved: Any) -> tuple[Array, Array]:
     """dy (..., D) -> dx (..., D), dweight (D,)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
-        return door(rmsnorm_backward, dy, cache)
-    saved = opened(rmsnorm_forward, cache)
-    x_hat, r, weight = saved
+        return door(rmsnorm_backward, dy, saved)
+    values = opened(rmsnorm_forward, saved)
+    x_hat, r, weight = values
     if not compilable(dy, x_hat, r, weight):
-        return _textbook.rmsnorm_backward.unchecked(dy, saved)
+        return _textbook.rmsnorm_backward.unchecked(dy, values)
     return rmsnorm_backward_kernel(dy, x_hat, r, weight)
 
 

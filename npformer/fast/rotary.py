@@ -26,7 +26,7 @@ import numpy as np
 
 from ..backend import Array
 from ..ops import rotary as _textbook
-from ..ops.contracts import backward_op, door, forward_op, opened, rotary_inputs, state, with_cache
+from ..ops.contracts import backward_op, door, forward_op, opened, rotary_inputs, state, with_saved
 from .compiler import COMPILED, jit
 
 
@@ -44,25 +44,25 @@ def _batched(table: np.ndarray) -> np.ndarray:
 
 @forward_op(rotary_inputs)
 def rotary_forward(x: Array, cos: Array, sin: Array) -> tuple[Array, Any]:
-    """x (B, H, T, E), cos and sin (T, E) or (B, T, E) -> y (B, H, T, E), cache (cos, sin)."""
+    """x (B, H, T, E), cos and sin (T, E) or (B, T, E) -> y (B, H, T, E), saved (cos, sin)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(rotary_forward, x, cos, sin)
     if not _takes(x, cos, sin):
-        return with_cache(rotary_forward, *_textbook.rotary_forward.unchecked(x, cos, sin))
+        return with_saved(rotary_forward, *_textbook.rotary_forward.unchecked(x, cos, sin))
     y = np.empty(x.shape, dtype=x.dtype)  # (B, H, T, E), C order
     _rotate(x, _batched(cos), _batched(sin), y)
-    return with_cache(rotary_forward, y, (_textbook.over_heads(cos), _textbook.over_heads(sin)))
+    return with_saved(rotary_forward, y, (_textbook.over_heads(cos), _textbook.over_heads(sin)))
 
 
 @backward_op(rotary_forward)
-def rotary_backward(dy: Array, cache: Any) -> Array:
+def rotary_backward(dy: Array, saved: Any) -> Array:
     """dy (B, H, T, E) -> dx (B, H, T, E): the transposed rotation, the turn by -angle."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
-        return door(rotary_backward, dy, cache)
-    saved = opened(rotary_forward, cache)
-    cos, sin = saved  # (1, T, E) or (B, 1, T, E)
+        return door(rotary_backward, dy, saved)
+    values = opened(rotary_forward, saved)
+    cos, sin = values  # (1, T, E) or (B, 1, T, E)
     if not _takes(dy, cos, sin):
-        return _textbook.rotary_backward.unchecked(dy, saved)
+        return _textbook.rotary_backward.unchecked(dy, values)
     dx = np.empty(dy.shape, dtype=dy.dtype)
     _rotate_back(dy, _batched(cos[..., 0, :, :]), _batched(sin[..., 0, :, :]), dx)
     return dx

@@ -23,32 +23,32 @@ import numpy as np
 
 from ..backend import Array
 from ..ops import swiglu as _textbook
-from ..ops.contracts import backward_op, door, forward_op, opened, state, swiglu_inputs, with_cache
+from ..ops.contracts import backward_op, door, forward_op, opened, state, swiglu_inputs, with_saved
 from .compiler import compilable, jit
 from .numerics import exp
 
 
 @forward_op(swiglu_inputs)
 def swiglu_forward(a: Array, b: Array) -> tuple[Array, Any]:
-    """a (...) the gate, b (...) the up projection -> h = silu(a) b (...), cache (a, b, s)."""
+    """a (...) the gate, b (...) the up projection -> h = silu(a) b (...), saved (a, b, s)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(swiglu_forward, a, b)
     if not compilable(a, b):
-        return with_cache(swiglu_forward, *_textbook.swiglu_forward.unchecked(a, b))
+        return with_saved(swiglu_forward, *_textbook.swiglu_forward.unchecked(a, b))
     h, s = np.empty_like(a), np.empty_like(a)
     _swiglu_forward(a.reshape(-1), b.reshape(-1), h.reshape(-1), s.reshape(-1))
-    return with_cache(swiglu_forward, h, (a, b, s))
+    return with_saved(swiglu_forward, h, (a, b, s))
 
 
 @backward_op(swiglu_forward)
-def swiglu_backward(dh: Array, cache: Any) -> tuple[Array, Array]:
+def swiglu_backward(dh: Array, saved: Any) -> tuple[Array, Array]:
     """dh (...) -> da (...), db (...)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
-        return door(swiglu_backward, dh, cache)
-    saved = opened(swiglu_forward, cache)
-    a, b, s = saved
+        return door(swiglu_backward, dh, saved)
+    values = opened(swiglu_forward, saved)
+    a, b, s = values
     if not compilable(dh, a, b, s):
-        return _textbook.swiglu_backward.unchecked(dh, saved)
+        return _textbook.swiglu_backward.unchecked(dh, values)
     da, db = np.empty_like(a), np.empty_like(b)
     _swiglu_backward(dh.reshape(-1), a.reshape(-1), b.reshape(-1), s.reshape(-1),
                      da.reshape(-1), db.reshape(-1))

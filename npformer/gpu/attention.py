@@ -34,38 +34,39 @@ def capture_forward(q: Array, k: Array, v: Array, mask: Array | None) -> tuple[A
         p = fused_softmax(matmul(q, k.mT), scale, mask)  # P (..., T, S), over the scores
         return matmul(p, v), Fused((q, k, v, p, scale))
     scores = matmul(q, k.mT) * scale  # A = alpha Q K^T (..., T, S)
-    p, softmax_cache = _softmax.softmax_forward(scores, axis=-1, mask=mask)  # P
+    p, softmax_saved = _softmax.softmax_forward(scores, axis=-1, mask=mask)  # P
     out = matmul(p, v)  # (..., T, S) @ (..., S, F) -> (..., T, F)
-    return out, Captured((q, k, v, p, softmax_cache))
+    return out, Captured((q, k, v, p, softmax_saved))
 
 
-def capture_backward(dout: Array, saved: Any) -> tuple[Array, Array, Array]:
+def capture_backward(dout: Array, values: Any) -> tuple[Array, Array, Array]:
     """The textbook backward's statements, the products through :func:`.gemm.matmul`."""
-    q, k, v, p, softmax_cache = saved
+    q, k, v, p, softmax_saved = values
     scale = 1.0 / math.sqrt(q.shape[-1])
     dv = matmul(p.mT, dout)  # P^T dO: (..., S, T) @ (..., T, F)
     dp = matmul(dout, v.mT)  # dO V^T: (..., T, F) @ (..., F, S)
-    dscores = _softmax.softmax_backward(dp, softmax_cache)  # dA (..., T, S)
+    dscores = _softmax.softmax_backward(dp, softmax_saved)  # dA (..., T, S)
     dq = matmul(dscores, k) * scale  # (..., T, S) @ (..., S, E)
     dk = matmul(dscores.mT, q) * scale  # (..., S, T) @ (..., T, E)
     return dq, dk, dv
 
 
 class Captured(NamedTuple):
-    """The cache of :func:`capture_forward`: the textbook op's (q, k, v, P, softmax cache)."""
+    """The saved values of :func:`capture_forward`: the textbook op's (q, k, v, P, and the
+    softmax's saved values)."""
 
-    saved: Any
+    values: Any
 
 
 class Fused(NamedTuple):
-    """The cache of :func:`capture_forward` with the fused softmax: (q, k, v, P, alpha)."""
+    """The saved values of :func:`capture_forward` with the fused softmax: (q, k, v, P, alpha)."""
 
-    saved: Any
+    values: Any
 
 
-def fused_backward(dout: Array, saved: Any) -> tuple[Array, Array, Array]:
+def fused_backward(dout: Array, values: Any) -> tuple[Array, Array, Array]:
     """The textbook backward with alpha dA = alpha P (dP - rowsum(dP P)) one kernel."""
-    q, k, v, p, scale = saved
+    q, k, v, p, scale = values
     dv = matmul(p.mT, dout)  # P^T dO: (..., S, T) @ (..., T, F)
     dscores = fused_softmax_backward(matmul(dout, v.mT), p, scale)  # alpha dA, over dP
     dq = matmul(dscores, k)  # (..., T, S) @ (..., S, E)

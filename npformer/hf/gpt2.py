@@ -209,7 +209,7 @@ def config_from_hf(values: dict, config_class: type, dropout: float = 0.0,
                               activation=ACTIVATIONS[activation], norm_first=True,
                               positional="learned",
                               tie_weights=_switch(values, "tie_word_embeddings", True, where),
-                              layer_norm_eps=values.get("layer_norm_epsilon", 1e-5))
+                              norm_eps=values.get("layer_norm_epsilon", 1e-5))
     except ValueError as exc:
         raise PretrainedError(f"{where} does not make a model: {exc}") from None
 
@@ -237,7 +237,7 @@ def _switch(values: dict, key: str, default: bool, where: str) -> bool:
 
 def config_to_hf(config: Any) -> dict:
     """The GPT-2 config.json of a :class:`CausalLMConfig`; a model GPT-2 cannot be (post-norm,
-    sinusoidal positions, heads of another width, narrow heads, kqnorm) is refused by
+    sinusoidal positions, heads of another width, narrow heads, qk_norm) is refused by
     name."""
     c = config
     cannot = [what for what, yes in (
@@ -246,14 +246,14 @@ def config_to_hf(config: Any) -> dict:
         (f"heads of width {c.head_dim} (GPT-2's are n_embd / n_head)",
          c.head_dim not in (None, c.d_model // c.num_heads)
          or c.d_model % c.num_heads != 0),
-        ("narrow heads", c.narrow_heads), ("kqnorm", c.kqnorm)) if yes]
+        ("narrow heads", c.narrow_heads), ("qk_norm", c.qk_norm)) if yes]
     if cannot:
         raise PretrainedError(f"GPT-2's format cannot hold a model with {', '.join(cannot)}")
     return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
             "vocab_size": c.vocab_size, "n_positions": c.block_size, "n_embd": c.d_model,
             "n_layer": c.num_layers, "n_head": c.num_heads, "n_inner": c.d_ff,
             "activation_function": ACTIVATION_NAMES[c.activation],
-            "layer_norm_epsilon": c.layer_norm_eps, "tie_word_embeddings": c.tie_weights,
+            "layer_norm_epsilon": c.norm_eps, "tie_word_embeddings": c.tie_weights,
             "resid_pdrop": c.dropout, "embd_pdrop": c.dropout, "attn_pdrop": 0.0,
             "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
             "add_cross_attention": False, "use_cache": True}

@@ -19,10 +19,11 @@ A folder is what ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` or ``Qwen3ForCausalL
 * ``tokenizer.json``, read with the ``tokenizers`` library (:meth:`Tokenizer.from_pretrained`;
   its end of text where transformers' ``generate`` takes it).
 
-The weights map one to one: Hugging Face's names less ``model.`` are npformer's
-(``model.layers.0.self_attn.q_proj.weight`` is ``layers.0.self_attn.q_proj.weight``), and
-a ``torch.nn.Linear``'s weight (out, in) is npformer's :class:`Linear` weight (in, out)
-transposed; the embedding and the norms are copied.  The families differ in their options:
+The weights map one to one, their names part by part (:data:`PART_NAMES`: Hugging Face's
+``model.layers.0.self_attn.o_proj.weight`` is npformer's ``blocks.0.self_attn.out_proj.weight``:
+:func:`npformer_name`, :func:`hf_name`), and a ``torch.nn.Linear``'s weight (out, in) is
+npformer's :class:`Linear` weight (in, out) transposed; the embedding and the norms are
+copied.  The families differ in their options:
 Llama's ``attention_bias`` puts biases on q, k, v and the output projection; Qwen2 has
 biases on q, k and v always (``qkv_bias``); Qwen3 has QK-norm (``qk_norm``) and Llama's
 ``attention_bias``.
@@ -50,6 +51,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -123,6 +125,11 @@ SILU_NAMES = ("silu", "swish")
 EXPERTS = ("num_experts", "num_local_experts", "n_routed_experts")  # mixture of experts
 SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
          "num_attention_heads")
+# config.json's keys -> LlamaConfig's fields (npformer's one vocabulary, docs/guide.md)
+FIELDS = {"vocab_size": "vocab_size", "hidden_size": "d_model", "intermediate_size": "d_ff",
+          "num_hidden_layers": "num_layers", "num_attention_heads": "num_heads",
+          "head_dim": "head_dim", "max_position_embeddings": "block_size",
+          "rms_norm_eps": "norm_eps", "tie_word_embeddings": "tie_weights"}
 BUFFERS = ("rotary_emb.inv_freq",)  # computed by older checkpoints' modules: not weights
 # transformers' ALLOWED_ATTN_LAYER_TYPES and _LEGACY_LAYER_TYPE_REMAP (configuration_utils):
 # the names a config's layer_types may hold; npformer computes full_attention alone
@@ -202,19 +209,24 @@ def config_from_hf(values: dict, config_class: type, where: str = CONFIG_FILE) -
     theta, scaling = rope_from_hf(values, where, field["max_position_embeddings"])
     try:
         return config_class(
-            **{key: field[key] for key in SIZES}, num_key_value_heads=kv_heads,
-            head_dim=field["head_dim"],
-            max_position_embeddings=field["max_position_embeddings"],
-            rms_norm_eps=field["rms_norm_eps"], rope_theta=theta, rope_scaling=scaling,
-            tie_word_embeddings=field["tie_word_embeddings"],
+            **{ours: field[theirs] for theirs, ours in FIELDS.items()}, num_kv_heads=kv_heads,
+            rope_theta=theta, rope_scaling=scaling,
             attention_bias=family != "qwen2" and field["attention_bias"],
             qkv_bias=family == "qwen2", qk_norm=family == "qwen3")
     except ValueError as exc:
+        message = in_hf_names(str(exc))
         absent = [key for key in ("num_key_value_heads", "head_dim", *SIZES)
-                  if key not in values and key in str(exc)]
+                  if key not in values and key in message]
         hint = "".join(f"; {key} is absent: {FAMILIES[family].replace('ForCausalLM', '')}"
                        f"Config's default is {DEFAULTS[family][key]!r}" for key in absent)
-        raise PretrainedError(f"{where} does not make a model: {exc}{hint}") from None
+        raise PretrainedError(f"{where} does not make a model: {message}{hint}") from None
+
+
+def in_hf_names(message: str) -> str:
+    """A LlamaConfig's message, its fields named as config.json names them (FIELDS)."""
+    for theirs, ours in {**FIELDS, "num_key_value_heads": "num_kv_heads"}.items():
+        message = re.sub(rf"\bLlamaConfig\.{ours}\b", theirs, message)
+    return message
 
 
 def given_layer_types(values: dict, field: dict, where: str) -> list[str] | None:
@@ -388,14 +400,12 @@ def config_to_hf(config: Any) -> dict:
     c = config
     family = family_of(c)
     values = {"architectures": [FAMILIES[family]], "model_type": family,
-              "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
-              "intermediate_size": c.intermediate_size,
-              "num_hidden_layers": c.num_hidden_layers,
-              "num_attention_heads": c.num_attention_heads,
-              "num_key_value_heads": c.num_key_value_heads, "head_dim": c.head_dim,
-              "max_position_embeddings": c.max_position_embeddings,
-              "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta,
-              "rope_scaling": c.rope_scaling, "tie_word_embeddings": c.tie_word_embeddings,
+              "vocab_size": c.vocab_size, "hidden_size": c.d_model,
+              "intermediate_size": c.d_ff, "num_hidden_layers": c.num_layers,
+              "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads,
+              "head_dim": c.head_dim, "max_position_embeddings": c.block_size,
+              "rms_norm_eps": c.norm_eps, "rope_theta": c.rope_theta,
+              "rope_scaling": c.rope_scaling, "tie_word_embeddings": c.tie_weights,
               "hidden_act": "silu", "use_cache": True}
     if family == "qwen2":
         values["use_sliding_window"] = False
@@ -405,6 +415,27 @@ def config_to_hf(config: Any) -> dict:
 
 
 # --------------------------------------------------------------------------- the weights
+# Hugging Face's names of a Llama's parts -> npformer's (the one vocabulary, docs/guide.md)
+PART_NAMES = {"embed_tokens": "embed", "layers": "blocks", "input_layernorm": "attn_norm",
+              "post_attention_layernorm": "ffn_norm", "mlp": "ffn", "o_proj": "out_proj"}
+HF_PART_NAMES = {ours: theirs for theirs, ours in PART_NAMES.items()}
+
+
+def npformer_name(name: str) -> str:
+    """A weight's (or module's) name in a Hugging Face Llama -> its name in npformer's
+    LlamaCausalLM, part by part: ``model.layers.0.mlp.up_proj.weight`` ->
+    ``blocks.0.ffn.up_proj.weight`` (a layer's own names too: ``o_proj.weight`` ->
+    ``out_proj.weight``)."""
+    return ".".join(PART_NAMES.get(part, part) for part in name.removeprefix("model.").split("."))
+
+
+def hf_name(name: str) -> str:
+    """npformer's name of a weight -> Hugging Face's (:func:`npformer_name` undone): the
+    body's under ``model.``, ``lm_head`` at the top."""
+    theirs = ".".join(HF_PART_NAMES.get(part, part) for part in name.split("."))
+    return theirs if name.startswith("lm_head.") else "model." + theirs
+
+
 def is_linear_weight(name: str) -> bool:
     """A torch Linear's weight (transposed between the two layouts): every 2-D weight but
     the embedding table."""
@@ -412,10 +443,9 @@ def is_linear_weight(name: str) -> bool:
 
 
 def to_hf(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """npformer's arrays by parameter name -> Hugging Face's (``model.`` before the body's
-    names, Linear weights transposed), C-contiguous."""
-    return {("" if name == "lm_head.weight" else "model.") + name:
-            np.ascontiguousarray(array.T if is_linear_weight(name) else array)
+    """npformer's arrays by parameter name -> Hugging Face's (:func:`hf_name`, Linear weights
+    transposed), C-contiguous."""
+    return {hf_name(name): np.ascontiguousarray(array.T if is_linear_weight(name) else array)
             for name, array in arrays.items()}
 
 
@@ -428,19 +458,20 @@ def from_hf(state: dict[str, np.ndarray], model: Any, where: str = WEIGHTS_FILE
     for name, array in state.items():
         if name.endswith(BUFFERS):
             continue
-        own = name.removeprefix("model.")
+        own = npformer_name(name)
         if own in given:  # which copy to load is not npformer's guess
             raise PretrainedError(f"{where} holds {own} twice, as {given[own]} and {name}: "
                                   "keep one")
         ours[own], given[own] = (array.T if is_linear_weight(own) else array), name
-    if model.config.tie_word_embeddings and "lm_head.weight" in ours:  # the head saved too
-        if not np.array_equal(ours.pop("lm_head.weight").T, ours.get("embed_tokens.weight")):
+    if model.config.tie_weights and "lm_head.weight" in ours:  # the head saved too
+        if not np.array_equal(ours.pop("lm_head.weight").T, ours.get("embed.weight")):
             raise PretrainedError(f"{where} holds an lm_head.weight other than the embedding, "
                                   "but config.json ties them (tie_word_embeddings): set it "
                                   "to false to load the head apart")
-    check_weights_match(ours, {name: p.shape for name, p in model.named_parameters()},
+    check_weights_match({hf_name(name): array for name, array in ours.items()},
+                        {hf_name(name): p.shape for name, p in model.named_parameters()},
                         f"{where} does not hold the weights config.json describes "
-                        "(npformer's names, less 'model.')")
+                        "(a Linear's weight as npformer holds it, (in, out))")
     return ours
 
 

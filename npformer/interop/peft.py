@@ -14,9 +14,10 @@ npformer does), or, for GPT-2 (:func:`gpt2_names`), ``transformer.h.{i}.attn.c_p
 ``k_proj``, ``v_proj``: its adapter x A [B_q B_k B_v] is theirs with one A shared
 (:func:`npformer.nn.lora.share_lora_a`) and B cut into its column blocks.
 For Llama, Qwen2 and Qwen3 (:func:`llama_names`) each torch projection is one npformer
-Linear, named as there less ``model.``: ``model.layers.{i}.self_attn.q_proj`` (PEFT's key
+Linear, named as :func:`npformer.hf.llama.npformer_name` reads it:
+``model.layers.{i}.self_attn.q_proj`` (PEFT's key
 ``base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight``) is
-``layers.{i}.self_attn.q_proj``.
+``blocks.{i}.self_attn.q_proj``.
 
 * :func:`apply_adapters`: adapters on the layers PEFT's ``target_modules`` names choose;
 * :func:`save_adapter` / :func:`load_adapter`: the two files, written and read (a folder
@@ -41,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend
+from ..hf import llama as hf_llama
 from ..hf.gpt2 import _first, output_folder, write_files
 from ..models.llama import LlamaConfig
 from ..models.lm import CausalLMConfig
@@ -130,9 +132,10 @@ LLAMA_MLP = ("gate_proj", "up_proj", "down_proj")  # under mlp
 
 def llama_names(config: Any, padding_idx: int | None = None) -> Naming:
     """LlamaForCausalLM's (Qwen2's, Qwen3's) projections for a LlamaCausalLM of ``config``:
-    ``model.layers.{i}.self_attn.q_proj`` is ``layers.{i}.self_attn.q_proj`` (npformer's
-    names are Hugging Face's less ``model.``), and so for k, v, o and the feed-forward's
-    ``mlp.gate_proj``, ``up_proj``, ``down_proj``; torch Linears, (D_out, D_in) weights.
+    ``model.layers.{i}.self_attn.q_proj`` is ``blocks.{i}.self_attn.q_proj``
+    (:func:`npformer.hf.llama.npformer_name`), and so for k, v, o (``out_proj``) and the
+    feed-forward's ``mlp.gate_proj`` (``ffn.gate_proj``), ``up_proj``, ``down_proj``; torch
+    Linears, (D_out, D_in) weights.
     Then ``model.embed_tokens`` (an Embedding: PEFT's ``lora_embedding_A`` / ``_B``) and,
     untied, ``lm_head`` (a Linear); a tied lm_head is refused by name.  ``padding_idx``:
     the folder's ``pad_token_id`` (config.json), whose row of the embedding adapter's A
@@ -141,12 +144,12 @@ def llama_names(config: Any, padding_idx: int | None = None) -> Naming:
     if padding_idx is not None:
         check_size(padding_idx, "padding_idx (the pad token id)", 0, config.vocab_size - 1)
     modules = []
-    for i in range(config.num_hidden_layers):
+    for i in range(config.num_layers):
         for group, names in (("self_attn", LLAMA_ATTENTION), ("mlp", LLAMA_MLP)):
-            modules += [(f"model.layers.{i}.{group}.{name}", (f"layers.{i}.{group}.{name}",))
-                        for name in names]
-    modules.append(("model.embed_tokens", ("embed_tokens",)))  # an Embedding: its own adapter
-    if not config.tie_word_embeddings:  # a Linear of its own
+            modules += [(torch_name, (hf_llama.npformer_name(torch_name),)) for torch_name
+                        in (f"model.layers.{i}.{group}.{name}" for name in names)]
+    modules.append(("model.embed_tokens", ("embed",)))  # an Embedding: its own adapter
+    if not config.tie_weights:  # a Linear of its own
         return Naming(tuple(modules) + (("lm_head", ("lm_head",)),), fan_in_fan_out=False,
                       padding_idx=padding_idx)
     return Naming(tuple(modules), fan_in_fan_out=False, padding_idx=padding_idx,

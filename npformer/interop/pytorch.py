@@ -135,9 +135,9 @@ def _embedding(m, t, n):
 
 @register(MultiHeadAttention)
 def _mha(m, t, n):
-    if m.narrow_heads or m.kqnorm:
+    if m.narrow_heads or m.qk_norm:
         options = " and ".join(o for o, on in (("narrow heads", m.narrow_heads),
-                                                ("kqnorm", m.kqnorm)) if on)
+                                                ("qk_norm", m.qk_norm)) if on)
         raise ValueError(f"torch.nn.MultiheadAttention has no {options}: this attention "
                          "layer has no PyTorch equivalent (npformer.interop.torch_reference."
                          "TorchAttention computes it in torch)")
@@ -336,8 +336,8 @@ def _register_models():
         yield from _stack(m.decoder, _decoder_block, t + "decoder.layers.", n + "decoder.")
         if m.decoder_norm is not None:
             yield from _layernorm(m.decoder_norm, t + "decoder.norm.", n + "decoder_norm.")
-        if m.out_proj is not None:
-            yield from _linear(m.out_proj, t + "out_proj.", n + "out_proj.")
+        if m.lm_head is not None:
+            yield from _linear(m.lm_head, t + "out_proj.", n + "lm_head.")
 
 
 _register_models()

@@ -23,7 +23,7 @@ probabilities (torch's layers drop those too; here their attention dropout is se
 In eval mode no dropout applies, and the outputs are npformer's.
 
 :func:`torch_attention` is npformer's attention layer with its options (Bloem's narrow
-heads, kqnorm) written in torch the way Bloem's ``former`` writes them, for the parity
+heads, qk_norm) written in torch the way Bloem's ``former`` writes them, for the parity
 tests of those options (``torch.nn.MultiheadAttention`` has neither).
 
 The parity tests, the benchmark (``bench/``) and :func:`npformer.interop.pytorch.to_torch`
@@ -39,7 +39,6 @@ from typing import Any
 import numpy as np
 
 from .. import backend, ops
-from ..models.common import layer_norm_eps
 
 
 def torch_activation(name: str) -> str | Callable:
@@ -91,7 +90,7 @@ def torch_models() -> dict[str, type]:
     def encoder_layer(c: Any, dtype: Any) -> Any:
         return _without_attention_dropout(tnn.TransformerEncoderLayer(
             c.d_model, c.num_heads, c.d_ff, dropout=c.dropout,
-            activation=torch_activation(c.activation), layer_norm_eps=layer_norm_eps(c),
+            activation=torch_activation(c.activation), layer_norm_eps=c.norm_eps,
             batch_first=True, norm_first=c.norm_first, dtype=dtype))
 
     def ignored(ids: Any, valid_lens: Any, pad_id: int) -> tuple[Any, Any]:
@@ -115,7 +114,7 @@ def torch_models() -> dict[str, type]:
                 self.bigram_emb = tnn.Embedding(c.bigram_buckets, c.d_model, dtype=dtype)
             self.layers = tnn.ModuleList(encoder_layer(c, dtype) for _ in range(c.num_layers))
             if c.norm_first:
-                self.norm = tnn.LayerNorm(c.d_model, eps=layer_norm_eps(c), dtype=dtype)
+                self.norm = tnn.LayerNorm(c.d_model, eps=c.norm_eps, dtype=dtype)
             self.head = tnn.Linear(c.d_model, c.num_classes, dtype=dtype)
 
         def forward(self, ids: Any, valid_lens: Any = None) -> Any:
@@ -150,7 +149,7 @@ def torch_models() -> dict[str, type]:
             self.drop = tnn.Dropout(c.dropout)  # npformer's embedding dropout
             self.layers = tnn.ModuleList(encoder_layer(c, dtype) for _ in range(c.num_layers))
             if c.norm_first:
-                self.norm = tnn.LayerNorm(c.d_model, eps=layer_norm_eps(c), dtype=dtype)
+                self.norm = tnn.LayerNorm(c.d_model, eps=c.norm_eps, dtype=dtype)
             if not c.tie_weights:
                 self.lm_head = tnn.Linear(c.d_model, c.vocab_size, bias=False, dtype=dtype)
 
@@ -188,14 +187,14 @@ def torch_models() -> dict[str, type]:
             self.drop = tnn.Dropout(c.dropout)  # npformer's embedding dropout (each side)
 
             def norm() -> Any:
-                return (tnn.LayerNorm(c.d_model, eps=layer_norm_eps(c), dtype=dtype)
+                return (tnn.LayerNorm(c.d_model, eps=c.norm_eps, dtype=dtype)
                         if c.norm_first else None)
 
             self.encoder = Stack([encoder_layer(c, dtype) for _ in range(c.num_encoder_layers)],
                                  norm())
             self.decoder = Stack([_without_attention_dropout(tnn.TransformerDecoderLayer(
                 c.d_model, c.num_heads, c.d_ff, dropout=c.dropout,
-                activation=torch_activation(c.activation), layer_norm_eps=layer_norm_eps(c),
+                activation=torch_activation(c.activation), layer_norm_eps=c.norm_eps,
                 batch_first=True, norm_first=c.norm_first, dtype=dtype))
                 for _ in range(c.num_decoder_layers)], norm())
             if not c.tie_weights:
@@ -227,12 +226,12 @@ def torch_models() -> dict[str, type]:
 
 @functools.cache
 def torch_attention() -> type:
-    """``TorchAttention(d_model, num_heads, narrow_heads=False, kqnorm=False, bias=True,
+    """``TorchAttention(d_model, num_heads, narrow_heads=False, qk_norm=False, bias=True,
     dtype=torch.float32, eps=1e-5)``: :class:`npformer.nn.MultiHeadAttention` with its options,
-    written in torch as Bloem's ``former`` writes ``SelfAttention`` (with ``kqnorm``) and
+    written in torch as Bloem's ``former`` writes ``SelfAttention`` (with ``qk_norm``) and
     ``SelfAttentionNarrow``: ``toqueries``, ``tokeys``, ``tovalues`` (D -> D, or one E -> E
     map applied to every head's slice when narrow), ``qln`` and ``kln`` (layer norms over
-    a head's E features, with kqnorm), ``unifyheads`` (D -> D).  npformer's layer differs
+    a head's E features, with qk_norm), ``unifyheads`` (D -> D).  npformer's layer differs
     from ``former``'s in two ways, and this reference follows npformer: the scores are
     scaled by 1 / sqrt(E), the paper's (``former`` divides by sqrt(D)), and the narrow
     heads keep the output projection (``former``'s narrow layer drops it).
@@ -245,16 +244,16 @@ def torch_attention() -> type:
 
     class TorchAttention(tnn.Module):
         def __init__(self, d_model: int, num_heads: int, narrow_heads: bool = False,
-                     kqnorm: bool = False, bias: bool = True, dtype: Any = torch.float32,
+                     qk_norm: bool = False, bias: bool = True, dtype: Any = torch.float32,
                      eps: float = 1e-5):
             super().__init__()
-            self.heads, self.narrow_heads, self.kqnorm = num_heads, narrow_heads, kqnorm
+            self.heads, self.narrow_heads, self.qk_norm = num_heads, narrow_heads, qk_norm
             s = d_model // num_heads
             width = s if narrow_heads else d_model  # a slice, or the whole vector
             self.toqueries = tnn.Linear(width, width, bias=bias, dtype=dtype)
             self.tokeys = tnn.Linear(width, width, bias=bias, dtype=dtype)
             self.tovalues = tnn.Linear(width, width, bias=bias, dtype=dtype)
-            if kqnorm:
+            if qk_norm:
                 self.qln = tnn.LayerNorm([s], eps=eps, dtype=dtype)
                 self.kln = tnn.LayerNorm([s], eps=eps, dtype=dtype)
             self.unifyheads = tnn.Linear(d_model, d_model, bias=bias, dtype=dtype)
@@ -274,7 +273,7 @@ def torch_attention() -> type:
             queries = self.project(self.toqueries, x)  # (b, t, h, s)
             keys = self.project(self.tokeys, context)  # (b, t_kv, h, s)
             values = self.project(self.tovalues, context)
-            if self.kqnorm:
+            if self.qk_norm:
                 keys, queries = self.kln(keys), self.qln(queries)
             queries, keys, values = (z.transpose(1, 2) for z in (queries, keys, values))
             dot = queries @ keys.transpose(-1, -2) / math.sqrt(s)  # (b, h, t, t_kv)

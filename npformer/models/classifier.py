@@ -38,8 +38,9 @@ class ClassifierConfig:
     post-norm; head_dim: per-head width E (default D / H); positional: "learned" or
     "sinusoidal"; pooling: how the valid positions become one vector (see
     ``npformer.ops.POOLINGS``); pad_id: the padding token, ignored by attention and
-    pooling; narrow_heads, kqnorm: the attention's options
-    (:class:`npformer.nn.MultiHeadAttention`); bigram_buckets: 0, or K > 0 to add to each
+    pooling; narrow_heads, qk_norm: the attention's options
+    (:class:`npformer.nn.MultiHeadAttention`); norm_eps: every layer norm's epsilon;
+    bigram_buckets: 0, or K > 0 to add to each
     position the embedding of its word pair (previous id, id) hashed into K rows
     (:func:`npformer.ops.hashed_bigrams`; fastText's bigrams), a table that starts at
     zero.  Invalid values raise ValueError naming the field.
@@ -60,7 +61,8 @@ class ClassifierConfig:
     pooling: str = "mean"
     pad_id: int = 0
     narrow_heads: bool = False
-    kqnorm: bool = False
+    qk_norm: bool = False
+    norm_eps: float = ops.layernorm.EPS
     bigram_buckets: int = 0
 
     def __post_init__(self):
@@ -122,8 +124,8 @@ class TransformerClassifier(Module):
             x = block(x, mask)
         if self.norm is not None:
             x = self.norm(x)
-        pooled, pool_cache = ops.pool_forward(x, valid_lens, self.config.pooling)  # (B, D)
-        self._save(pool_cache)
+        pooled, pool_saved = ops.pool_forward(x, valid_lens, self.config.pooling)  # (B, D)
+        self._save(pool_saved)
         return self.head(pooled)  # (B, C)
 
     def _ids_and_lengths(self, ids: Array, valid_lens: Array | None) -> tuple[Array, Array]:

@@ -173,22 +173,16 @@ def inference_only(what: str) -> None:
                            "keeps nothing for a backward)")
 
 
-def layer_norm_eps(config: Any) -> float:
-    """The layer norms' epsilon a config sets (a causal LM's ``layer_norm_eps``), else the
-    layer norm's default (PyTorch's 1e-5)."""
-    return getattr(config, "layer_norm_eps", ops.layernorm.EPS)
-
-
 def final_norm(config: Any, norm_class: type = LayerNorm) -> LayerNorm | None:
     """Pre-norm stacks end with a layer norm (GPT-2); post-norm ones already end normed."""
-    return norm_class(config.d_model, layer_norm_eps(config)) if config.norm_first else None
+    return norm_class(config.d_model, config.norm_eps) if config.norm_first else None
 
 
 def block_options(config: Any) -> dict:
     """The blocks' keyword options a config sets: the attention's kind (narrow heads,
-    kqnorm) and the layer norms' epsilon."""
-    return {"narrow_heads": config.narrow_heads, "kqnorm": config.kqnorm,
-            "norm_eps": layer_norm_eps(config)}
+    qk_norm) and the layer norms' epsilon."""
+    return {"narrow_heads": config.narrow_heads, "qk_norm": config.qk_norm,
+            "norm_eps": config.norm_eps}
 
 
 def valid_lengths(ids: Array, valid_lens: Array | None, pad_id: int,

@@ -31,7 +31,7 @@ _INT_FIELD_MINIMUMS = {**dict.fromkeys(_POSITIVE_INT_FIELDS, 1), "bigram_buckets
 
 
 _BOOL_FIELDS = ("norm_first", "tie_weights", "scale_embeddings", "narrow_heads",
-                "kqnorm")
+                "qk_norm")
 
 
 # token id field -> the vocabulary sizes it must index
@@ -95,13 +95,11 @@ def check_config(config: Any) -> None:
         _set_field(config, field, check_flag(getattr(config, field), f"{name}.{field}"))
     if getattr(config, "narrow_heads", False):
         check_narrow_heads(config.d_model, config.num_heads, head_dim, name)
-    if hasattr(config, "layer_norm_eps"):
-        eps = config.layer_norm_eps
-        if isinstance(eps, (bool, numpy.bool_)) or not isinstance(eps, numbers.Real) \
-                or not (math.isfinite(eps) and eps > 0):
-            raise ValueError(f"{name}.layer_norm_eps must be a finite number > 0, got "
-                             f"{_shown(eps)}")
-        _set_field(config, "layer_norm_eps", float(eps))
+    eps = config.norm_eps
+    if isinstance(eps, (bool, numpy.bool_)) or not isinstance(eps, numbers.Real) \
+            or not (math.isfinite(eps) and eps > 0):
+        raise ValueError(f"{name}.norm_eps must be a finite number > 0, got {_shown(eps)}")
+    _set_field(config, "norm_eps", float(eps))
     if getattr(config, "positional", "learned") not in POSITIONALS:
         raise ValueError(f"{name}.positional must be one of {POSITIONALS}, got "
                          f"{_shown(config.positional)}")

@@ -6,7 +6,7 @@
 
 The layers are :class:`npformer.nn.LlamaBlock` s (see :mod:`npformer.nn.llama` for the
 math); the rotary tables of the batch's positions are computed once per forward and
-shared by every block.  With ``tie_word_embeddings`` the output projection is the token
+shared by every block.  With ``tie_weights`` the output projection is the token
 embedding transposed (SmolLM2, Llama 3.2 1B, small Qwen models), else its own
 ``lm_head``.
 
@@ -52,39 +52,37 @@ from .common import decoder_mask, inference_only, model_input
 from .configs import _is_int, _set_field
 from .lm import keys_and_positions, logits_backward, logits_of
 
-_SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                "num_attention_heads", "max_position_embeddings")
-_FLAG_FIELDS = ("tie_word_embeddings", "attention_bias", "qkv_bias", "qk_norm")
+_SIZE_FIELDS = ("vocab_size", "d_model", "d_ff", "num_layers", "num_heads", "block_size")
+_FLAG_FIELDS = ("tie_weights", "attention_bias", "qkv_bias", "qk_norm")
 
 
 @dataclass
 class LlamaConfig:
-    """The shape of a :class:`LlamaCausalLM`, in Hugging Face's field names (saved with its
-    checkpoints).
+    """The shape of a :class:`LlamaCausalLM`, in npformer's names (the table in
+    docs/guide.md; :data:`npformer.hf.llama.FIELDS` maps config.json's to them).
 
-    vocab_size: V; hidden_size: D; intermediate_size: the feed-forward width;
-    num_hidden_layers: blocks; num_attention_heads: H; num_key_value_heads: Hkv, dividing
-    H (None: H; 1: multi-query); head_dim: E, even (None: D / H); max_position_embeddings:
-    the longest context (``block_size``); rms_norm_eps: every RMS norm's epsilon;
+    vocab_size: V; d_model: D; d_ff: the feed-forward width; num_layers: blocks;
+    num_heads: H; num_kv_heads: Hkv, dividing H (None: H; 1: multi-query); head_dim: E,
+    even (None: D / H); block_size: the longest context; norm_eps: every RMS norm's epsilon;
     rope_theta: the rotary base; rope_scaling: None or a ``llama3`` rope_scaling dict;
-    tie_word_embeddings: the output projection is the token embedding transposed;
+    tie_weights: the output projection is the token embedding transposed;
     attention_bias: biases on the q, k, v and output projections (Llama's and Qwen3's
     field); qkv_bias: biases on q, k and v only (Qwen2's); qk_norm: an RMS norm over each
     head's queries and keys (Qwen3).  Invalid values raise ValueError naming the field.
     """
 
     vocab_size: int
-    hidden_size: int = 128
-    intermediate_size: int = 512
-    num_hidden_layers: int = 4
-    num_attention_heads: int = 4
-    num_key_value_heads: int | None = None
+    d_model: int = 128
+    d_ff: int = 512
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int | None = None
     head_dim: int | None = None
-    max_position_embeddings: int = 256
-    rms_norm_eps: float = ops.rmsnorm.EPS
+    block_size: int = 256
+    norm_eps: float = ops.rmsnorm.EPS
     rope_theta: float = ops.rotary.THETA
     rope_scaling: dict | None = None
-    tie_word_embeddings: bool = True
+    tie_weights: bool = True
     attention_bias: bool = False
     qkv_bias: bool = False
     qk_norm: bool = False
@@ -92,37 +90,32 @@ class LlamaConfig:
     def __post_init__(self):
         check_llama_config(self)
 
-    @property
-    def block_size(self) -> int:
-        """The longest context: max_position_embeddings (the name the decoders read)."""
-        return self.max_position_embeddings
-
 
 def check_llama_config(config: LlamaConfig) -> None:
     """Validate a :class:`LlamaConfig`, naming the field in every message, as
     :func:`npformer.models.configs.check_config` does for the other configs; None for
-    num_key_value_heads and head_dim is resolved (H and D / H, as Hugging Face does)."""
+    num_kv_heads and head_dim is resolved (H and D / H, as Hugging Face does)."""
     name = type(config).__name__
     for field in _SIZE_FIELDS:
         value = getattr(config, field)
         if not _is_int(value) or value < 1:
             raise ValueError(f"{name}.{field} must be a positive integer, got {shown(value)}")
         _set_field(config, field, int(value))
-    heads = config.num_attention_heads
-    for field, default in (("num_key_value_heads", heads),
-                           ("head_dim", config.hidden_size // heads)):
+    heads = config.num_heads
+    for field, default in (("num_kv_heads", heads),
+                           ("head_dim", config.d_model // heads)):
         value = getattr(config, field)
         if value is not None and (not _is_int(value) or value < 1):
             raise ValueError(f"{name}.{field} must be None or a positive integer, got "
                              f"{shown(value)}")
-        if value is None and field == "head_dim" and config.hidden_size % heads:
-            raise ValueError(f"{name}.hidden_size {config.hidden_size} is not divisible by "
-                             f"{name}.num_attention_heads {heads}: set head_dim explicitly")
+        if value is None and field == "head_dim" and config.d_model % heads:
+            raise ValueError(f"{name}.d_model {config.d_model} is not divisible by "
+                             f"{name}.num_heads {heads}: set head_dim explicitly")
         object.__setattr__(config, field, default if value is None else int(value))
-    check_kv_heads(heads, config.num_key_value_heads, f"{name}.num_attention_heads",
-                   f"{name}.num_key_value_heads")
+    check_kv_heads(heads, config.num_kv_heads, f"{name}.num_heads",
+                   f"{name}.num_kv_heads")
     check_rotary_width(config.head_dim, f"{name}.head_dim")
-    for field in ("rms_norm_eps", "rope_theta"):
+    for field in ("norm_eps", "rope_theta"):
         value = getattr(config, field)
         if isinstance(value, bool) or not isinstance(value, numbers.Real) \
                 or not (math.isfinite(value) and value > 0):
@@ -138,8 +131,8 @@ def check_llama_config(config: LlamaConfig) -> None:
 
 class LlamaCausalLM(Module):
     """Llama-shaped language model: ids (B, T) -> next-token logits (B, T, V) (see the
-    module docstring).  Attribute names are Hugging Face's (``embed_tokens``, ``layers``,
-    ``norm``, ``lm_head``), so a parameter's name here is its name there less ``model.``."""
+    module docstring).  Its parts are ``embed``, ``blocks``, ``norm`` and ``lm_head``
+    (:func:`npformer.hf.llama.npformer_name` maps Hugging Face's names to them)."""
 
     kind = "llama"  # as checkpoints name it
     config_class = LlamaConfig
@@ -149,16 +142,16 @@ class LlamaCausalLM(Module):
         if not isinstance(config, LlamaConfig):
             raise TypeError(f"LlamaCausalLM takes a LlamaConfig, got {type(config).__name__}")
         self.config = c = config
-        self.embed_tokens = self.Embedding(c.vocab_size, c.hidden_size, init_std=0.02)
-        self.layers = [self.LlamaBlock(c.hidden_size, c.num_attention_heads,
-                                       c.intermediate_size, c.num_key_value_heads, c.head_dim,
+        self.embed = self.Embedding(c.vocab_size, c.d_model, init_std=0.02)
+        self.blocks = [self.LlamaBlock(c.d_model, c.num_heads,
+                                       c.d_ff, c.num_kv_heads, c.head_dim,
                                        qkv_bias=c.attention_bias or c.qkv_bias,
                                        output_bias=c.attention_bias, qk_norm=c.qk_norm,
-                                       norm_eps=c.rms_norm_eps)
-                       for _ in range(c.num_hidden_layers)]
-        self.norm = self.RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.lm_head = None if c.tie_word_embeddings else \
-            self.Linear(c.hidden_size, c.vocab_size, bias=False)
+                                       norm_eps=c.norm_eps)
+                       for _ in range(c.num_layers)]
+        self.norm = self.RMSNorm(c.d_model, c.norm_eps)
+        self.lm_head = None if c.tie_weights else \
+            self.Linear(c.d_model, c.vocab_size, bias=False)
 
     def check_inputs(self, ids: Array, attention_mask: Array | None = None,
                      position_ids: Array | None = None) -> None:
@@ -174,7 +167,7 @@ class LlamaCausalLM(Module):
         if position_ids is None and cached + length > self.config.block_size:
             held = f" ({cached} cached and {length} new)" if cached else ""
             raise ValueError(f"sequence of length {cached + length}{held} is longer than "
-                             f"max_position_embeddings {self.config.block_size} (the model's "
+                             f"block_size {self.config.block_size} (the model's "
                              "context); raise it in the model's config")
 
     def forward(self, ids: Array, attention_mask: Array | None = None,
@@ -184,8 +177,8 @@ class LlamaCausalLM(Module):
         tokens (see the module docstring)."""
         ids = model_input(ids, "token ids")
         x, cos, sin, mask = self._inputs(ids, attention_mask, position_ids)  # (B, T, D)
-        for layer in self.layers:
-            x = layer(x, cos, sin, mask)
+        for block in self.blocks:
+            x = block(x, cos, sin, mask)
         return self._logits(self.norm(x))  # (B, T, V)
 
     def _inputs(self, ids: Array, attention_mask: Array | None, position_ids: Array | None,
@@ -196,7 +189,7 @@ class LlamaCausalLM(Module):
         c = self.config
         keep, positions = keys_and_positions(ids, attention_mask, position_ids,
                                              c.block_size, offset)
-        x = self.embed_tokens(ids)  # (B, T, D)
+        x = self.embed(ids)  # (B, T, D)
         xp = backend.namespace_of(x)
         length, keys = ids.shape[1], offset + ids.shape[1]
         if positions is None:
@@ -208,20 +201,20 @@ class LlamaCausalLM(Module):
     def backward(self, dlogits: Array) -> None:
         """dlogits (B, T, V) -> None (token ids are not differentiable)."""
         dx = self.norm.backward(self._logits_backward(dlogits))  # (B, T, D)
-        for layer in reversed(self.layers):
-            dx = layer.backward(dx)
-        return self.embed_tokens.backward(dx)
+        for block in reversed(self.blocks):
+            dx = block.backward(dx)
+        return self.embed.backward(dx)
 
     def _logits(self, h: Array) -> Array:
-        return logits_of(h, self.embed_tokens, self.lm_head)
+        return logits_of(h, self.embed, self.lm_head)
 
     def _logits_backward(self, dlogits: Array) -> Array:
-        return logits_backward(dlogits, self.embed_tokens, self.lm_head)
+        return logits_backward(dlogits, self.embed, self.lm_head)
 
     # ------------------------------------------------------------------ cached inference
     def new_cache(self) -> DecodingCache:
         """An empty key/value cache for :meth:`forward_cached` (each layer's Hkv heads)."""
-        return DecodingCache(len(self.layers))
+        return DecodingCache(len(self.blocks))
 
     def forward_cached(self, ids: Array, kv_cache: DecodingCache,
                        attention_mask: Array | None = None,
@@ -231,13 +224,13 @@ class LlamaCausalLM(Module):
         ``attention_mask`` (B, kv_cache.length + T_new) covers the cached positions and the
         new ones; ``position_ids`` (B, T_new) the new ones."""
         inference_only("forward_cached")
-        check_decoding_cache(kv_cache, len(self.layers), type(self).__name__)
+        check_decoding_cache(kv_cache, len(self.blocks), type(self).__name__)
         ids = model_input(ids, "token ids")
         check_rank(ids, 2, "token ids (batch, positions)")
         self._check_context(ids.shape[1], position_ids, kv_cache.length)
         x, cos, sin, mask = self._inputs(ids, attention_mask, position_ids, kv_cache.length)
-        for layer, layer_cache in zip(self.layers, kv_cache.blocks):
-            x = layer(x, cos, sin, mask, kv_cache=layer_cache.self_attn)
+        for block, block_cache in zip(self.blocks, kv_cache.blocks):
+            x = block(x, cos, sin, mask, kv_cache=block_cache.self_attn)
         return self._logits(self.norm(x))
 
     # ------------------------------------------------------------------ Hugging Face

@@ -53,9 +53,9 @@ class CausalLMConfig:
     activation: "relu", "gelu" or "gelu_tanh"; norm_first: pre-norm blocks and a final
     layer norm (GPT-2) instead of post-norm; head_dim: per-head width E (default
     D / H); positional: "learned" or "sinusoidal"; tie_weights: the output projection
-    is the token embedding transposed; layer_norm_eps: every layer norm's epsilon
+    is the token embedding transposed; norm_eps: every layer norm's epsilon
     (GPT-2's 1e-5); narrow_heads: Bloem's narrow heads, one shared (E, E) map of each
-    kind applied to every head's slice of the input; kqnorm: a layer norm over each
+    kind applied to every head's slice of the input; qk_norm: a layer norm over each
     head's queries and keys (see :class:`npformer.nn.MultiHeadAttention`).  Invalid
     values raise ValueError naming the field.
     """
@@ -72,9 +72,9 @@ class CausalLMConfig:
     head_dim: int | None = None
     positional: str = "learned"
     tie_weights: bool = True
-    layer_norm_eps: float = ops.layernorm.EPS
+    norm_eps: float = ops.layernorm.EPS
     narrow_heads: bool = False
-    kqnorm: bool = False
+    qk_norm: bool = False
 
     def __post_init__(self):
         check_config(self)

@@ -50,8 +50,8 @@ class Seq2SeqConfig:
     "sinusoidal" or "learned"; scale_embeddings: multiply embeddings by sqrt(D);
     tie_weights: the output projection is the target embedding transposed (no bias);
     pad_id, bos_id, eos_id: the special target ids (padding, start, end) decoding uses;
-    narrow_heads, kqnorm: the attention's options (:class:`npformer.nn.MultiHeadAttention`).
-    Invalid values raise ValueError naming the field.
+    narrow_heads, qk_norm: the attention's options (:class:`npformer.nn.MultiHeadAttention`);
+    norm_eps: every layer norm's epsilon.  Invalid values raise ValueError naming the field.
     """
 
     src_vocab_size: int
@@ -73,7 +73,8 @@ class Seq2SeqConfig:
     bos_id: int = 2
     eos_id: int = 3
     narrow_heads: bool = False
-    kqnorm: bool = False
+    qk_norm: bool = False
+    norm_eps: float = ops.layernorm.EPS
 
     def __post_init__(self):
         check_config(self)
@@ -112,7 +113,7 @@ class Seq2SeqTransformer(Module):
                                           c.norm_first, c.head_dim, **block_options(c))
                         for _ in range(c.num_decoder_layers)]
         self.decoder_norm = final_norm(c, self.LayerNorm)
-        self.out_proj = None if c.tie_weights else self.Linear(c.d_model, c.tgt_vocab_size)
+        self.lm_head = None if c.tie_weights else self.Linear(c.d_model, c.tgt_vocab_size)
 
     # ------------------------------------------------------------------ training
     def encode(self, src: Array, src_lens: Array | None = None) -> tuple[Array, Array]:
@@ -165,10 +166,10 @@ class Seq2SeqTransformer(Module):
         if self.decoder_norm is not None:
             y = self.decoder_norm(y)
         logits = self._logits(y)  # (B, T, V_tgt)
-        rows_cache = None
+        rows_saved = None
         if valid_only:
-            logits, rows_cache = ops.valid_rows_forward(logits, tgt_lens)  # (N, V_tgt)
-        self._save((rows_cache,))
+            logits, rows_saved = ops.valid_rows_forward(logits, tgt_lens)  # (N, V_tgt)
+        self._save((rows_saved,))
         return logits
 
     def _decoder_inputs(self, src: Array, tgt_in: Array, src_lens: Array | None,
@@ -197,9 +198,9 @@ class Seq2SeqTransformer(Module):
 
     def backward(self, dlogits: Array) -> None:
         """dlogits in the form forward returned -> None (ids are not differentiable)."""
-        (rows_cache,) = self._pop_saved()
-        if rows_cache is not None:
-            dlogits = ops.valid_rows_backward(dlogits, rows_cache)  # (N, V) -> (B, T, V)
+        (rows_saved,) = self._pop_saved()
+        if rows_saved is not None:
+            dlogits = ops.valid_rows_backward(dlogits, rows_saved)  # (N, V) -> (B, T, V)
         dy = self._logits_backward(dlogits)  # (B, T, D)
         if self.decoder_norm is not None:
             dy = self.decoder_norm.backward(dy)
@@ -217,15 +218,15 @@ class Seq2SeqTransformer(Module):
 
     def _logits(self, y: Array) -> Array:
         """y (..., D) -> logits (..., V_tgt): y E_tgt^T when tied, else the projection."""
-        if self.out_proj is None:
+        if self.lm_head is None:
             return self.tgt_embed.tokens.project(y)
-        return self.out_proj(y)
+        return self.lm_head(y)
 
     def _logits_backward(self, dlogits: Array) -> Array:
         """dlogits (..., V_tgt) -> dy (..., D) (tied: E_tgt's second share of gradient)."""
-        if self.out_proj is None:
+        if self.lm_head is None:
             return self.tgt_embed.tokens.project_backward(dlogits)
-        return self.out_proj.backward(dlogits)
+        return self.lm_head.backward(dlogits)
 
     # ------------------------------------------------------------------ cached inference
     def new_cache(self) -> DecodingCache:

@@ -26,7 +26,7 @@ D (D + 1) / (E (E + 1)) = H (D + 1) / (E + 1) times fewer parameters, a little u
 H^2; and no mixing of the slices before the output projection W^O (kept here;
 ``former`` drops it too).
 
-Query-key normalization (``kqnorm=True``; ``former``'s ``kqnorm``): a layer norm over
+Query-key normalization (``qk_norm=True``; ``former``'s ``qk_norm``): a layer norm over
 each head's E features of the queries and of the keys (one norm for the queries and
 one for the keys, shared by the heads), before the scores:
 
@@ -121,14 +121,14 @@ class MultiHeadAttention(Module):
 
     Options (see the module docstring): ``narrow_heads=True`` cuts the input into the heads'
     slices and applies one shared (E, E) map of each kind to every slice (E = D / H);
-    ``kqnorm=True`` normalizes each head's queries and keys with a layer norm over
+    ``qk_norm=True`` normalizes each head's queries and keys with a layer norm over
     their E features, of epsilon ``norm_eps``.
 
     Attributes:
         q_proj, k_proj, v_proj (:class:`Linear`, D -> H*E, or E -> E when narrow) and
             out_proj (H*E -> D): the weights, laid out as PyTorch's
             ``MultiheadAttention`` (see :mod:`npformer.interop.pytorch`).
-        q_norm, k_norm (:class:`LayerNorm` over E, with ``kqnorm``; else None).
+        q_norm, k_norm (:class:`LayerNorm` over E, with ``qk_norm``; else None).
         keep_attention: set True to keep every forward's attention weights in
             ``last_attention`` (as :func:`record_attention` does for a whole model).
         last_attention: the (B, H, T, S) probabilities of the last forward while
@@ -142,12 +142,12 @@ class MultiHeadAttention(Module):
     ops = ops  # the ops it calls: npformer.ops (the fast tier's blocked attention there)
 
     def __init__(self, d_model: int, num_heads: int, head_dim: int | None = None,
-                 bias: bool = True, narrow_heads: bool = False, kqnorm: bool = False, *,
+                 bias: bool = True, narrow_heads: bool = False, qk_norm: bool = False, *,
                  norm_eps: float = ops.layernorm.EPS):
         check_size(d_model, "d_model", 1)
         check_size(num_heads, "num_heads", 1)
         check_flag(narrow_heads, "narrow_heads")
-        check_flag(kqnorm, "kqnorm")
+        check_flag(qk_norm, "qk_norm")
         check_flag(bias, "bias")
         check_real(norm_eps, "norm_eps", 0.0, inclusive=False)
         if head_dim is not None:
@@ -158,7 +158,7 @@ class MultiHeadAttention(Module):
             check_heads_divide(d_model, num_heads)
             head_dim = d_model // num_heads
         self.d_model, self.num_heads, self.head_dim = d_model, num_heads, head_dim
-        self.narrow_heads, self.kqnorm = narrow_heads, kqnorm
+        self.narrow_heads, self.qk_norm = narrow_heads, qk_norm
         inner = num_heads * head_dim
         # one projection reads a slice and writes one head's (narrow), or reads x, writes all
         width_in, width_out = (head_dim, head_dim) if narrow_heads else (d_model, inner)
@@ -166,8 +166,8 @@ class MultiHeadAttention(Module):
         self.k_proj = self.Linear(width_in, width_out, bias)
         self.v_proj = self.Linear(width_in, width_out, bias)
         self.out_proj = self.Linear(inner, d_model, bias)
-        self.q_norm = self.LayerNorm(head_dim, norm_eps) if kqnorm else None
-        self.k_norm = self.LayerNorm(head_dim, norm_eps) if kqnorm else None
+        self.q_norm = self.LayerNorm(head_dim, norm_eps) if qk_norm else None
+        self.k_norm = self.LayerNorm(head_dim, norm_eps) if qk_norm else None
         self.keep_attention = False  # set True to keep the last probabilities (documented above)
         self.last_attention = None  # (B, H, T, S) when keep_attention
 
@@ -271,7 +271,7 @@ class MultiHeadAttention(Module):
 
 
 def through_norm(norm: LayerNorm | None, heads: Array) -> Array:
-    """kqnorm: each head's E features through the layer norm (none: as they are)."""
+    """qk_norm: each head's E features through the layer norm (none: as they are)."""
     return heads if norm is None else norm(heads)
 
 

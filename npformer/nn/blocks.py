@@ -18,7 +18,7 @@ dropout to the attention probabilities.  Each residual connection's layer norm
 and dropout live in a :class:`NormAndDropout` named after its sublayer
 (``attn_residual.norm`` ...): the parameter names checkpoints use.
 
-Options passed to the attention layers: ``narrow_heads`` and ``kqnorm``
+Options passed to the attention layers: ``narrow_heads`` and ``qk_norm``
 (:class:`npformer.nn.MultiHeadAttention`); ``norm_eps``: every layer norm's epsilon.
 
 Shapes: B batch, T positions, S memory (source) positions, D width, D_ff the
@@ -89,10 +89,10 @@ class EncoderBlock(Module):
     def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1,
                  activation: str = "relu", norm_first: bool = False,
                  head_dim: int | None = None, *, norm_eps: float = ops.layernorm.EPS,
-                 narrow_heads: bool = False, kqnorm: bool = False):
+                 narrow_heads: bool = False, qk_norm: bool = False):
         self.norm_first = check_flag(norm_first, "norm_first")
         self.self_attn = self.MultiHeadAttention(d_model, num_heads, head_dim,
-                                                 narrow_heads=narrow_heads, kqnorm=kqnorm,
+                                                 narrow_heads=narrow_heads, qk_norm=qk_norm,
                                                  norm_eps=norm_eps)
         self.attn_residual = self.NormAndDropout(d_model, dropout, norm_eps)
         self.ffn = self.FeedForward(d_model, d_ff, activation, dropout)
@@ -135,14 +135,14 @@ class DecoderBlock(Module):
     def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1,
                  activation: str = "relu", norm_first: bool = False,
                  head_dim: int | None = None, *, norm_eps: float = ops.layernorm.EPS,
-                 narrow_heads: bool = False, kqnorm: bool = False):
+                 narrow_heads: bool = False, qk_norm: bool = False):
         self.norm_first = check_flag(norm_first, "norm_first")
         self.self_attn = self.MultiHeadAttention(d_model, num_heads, head_dim,
-                                                 narrow_heads=narrow_heads, kqnorm=kqnorm,
+                                                 narrow_heads=narrow_heads, qk_norm=qk_norm,
                                                  norm_eps=norm_eps)
         self.self_attn_residual = self.NormAndDropout(d_model, dropout, norm_eps)
         self.cross_attn = self.MultiHeadAttention(d_model, num_heads, head_dim,
-                                                  narrow_heads=narrow_heads, kqnorm=kqnorm,
+                                                  narrow_heads=narrow_heads, qk_norm=qk_norm,
                                                   norm_eps=norm_eps)
         self.cross_attn_residual = self.NormAndDropout(d_model, dropout, norm_eps)
         self.ffn = self.FeedForward(d_model, d_ff, activation, dropout)

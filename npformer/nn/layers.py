@@ -1,7 +1,7 @@
 """The basic layers: each wraps one op and owns its parameters.
 
-Each forward calls its op in :mod:`npformer.ops` and keeps the op's cache; each backward
-hands that cache back and adds the parameters' gradients.  (The fast tier's layers,
+Each forward calls its op in :mod:`npformer.ops` and keeps the op's saved values; each backward
+hands those saved values back and adds the parameters' gradients.  (The fast tier's layers,
 :mod:`npformer.fast.layers`, are subclasses that call the fast ops.)
 
 Parameters are created in the backend's default float dtype
@@ -38,8 +38,8 @@ class Linear(Module):
     def forward(self, x: Array) -> Array:
         """x (..., in) -> (..., out)."""
         bias = None if self.bias is None else self.bias.data
-        y, cache = ops.linear_forward(x, self.weight.data, bias)
-        self._save(cache)
+        y, saved = ops.linear_forward(x, self.weight.data, bias)
+        self._save(saved)
         return y
 
     def backward(self, dy: Array) -> Array:
@@ -70,8 +70,8 @@ class LayerNorm(Module):
                               decay=False)
 
     def forward(self, x: Array) -> Array:
-        y, cache = ops.layernorm_forward(x, self.weight.data, self.bias.data, self.eps)
-        self._save(cache)
+        y, saved = ops.layernorm_forward(x, self.weight.data, self.bias.data, self.eps)
+        self._save(saved)
         return y
 
     def backward(self, dy: Array) -> Array:
@@ -92,28 +92,28 @@ class Embedding(Module):
                                                       std=init_std), decay=False)
 
     def forward(self, ids: Array) -> Array:
-        y, cache = ops.embedding_forward(ids, self.weight.data)
-        self._save(cache)
+        y, saved = ops.embedding_forward(ids, self.weight.data)
+        self._save(saved)
         return y
 
     def backward(self, dy: Array) -> None:
         """dy (..., D) -> None: integer ids are not differentiable."""
-        saved = self._pop_saved()
+        values = self._pop_saved()
         if not self.weight.frozen:  # a frozen table's rows take no gradient
-            self.weight.accumulate(ops.embedding_backward(dy, saved))
+            self.weight.accumulate(ops.embedding_backward(dy, values))
         return None
 
     def project(self, h: Array) -> Array:
         """The tied output projection (Press & Wolf, 2017): h (..., D) -> logits (..., V)
         = h W^T with W this embedding's table, so W gets gradient from both uses."""
-        logits, cache = ops.linear_forward(h, self.weight.data.mT)
-        self._save(cache, slot="_project_cache")
+        logits, saved = ops.linear_forward(h, self.weight.data.mT)
+        self._save(saved, slot="_project_saved")
         return logits
 
     def project_backward(self, dlogits: Array) -> Array:
         """dlogits (..., V) -> dh (..., D); W^T's gradient is added into the one table."""
         frozen = self.weight.frozen  # then W^T's gradient is not computed
-        dh, dtable_t, _ = ops.linear_backward(dlogits, self._pop_saved("_project_cache"),
+        dh, dtable_t, _ = ops.linear_backward(dlogits, self._pop_saved("_project_saved"),
                                               weights=not frozen)
         if not frozen:
             self.weight.accumulate(dtable_t.mT)
@@ -135,20 +135,20 @@ class LearnedPositionalEmbedding(Module):
     def forward(self, x: Array, position_ids: Array | None = None) -> Array:
         """x (B, T, D), position_ids (B, T) integers in [0, block_size) or None -> (B, T, D)."""
         if position_ids is None:
-            y, cache = ops.add_positions_forward(x, self.weight.data)  # x + P[:T]
+            y, saved = ops.add_positions_forward(x, self.weight.data)  # x + P[:T]
         else:
-            rows, cache = ops.embedding_forward(position_ids, self.weight.data)  # P[ids]
+            rows, saved = ops.embedding_forward(position_ids, self.weight.data)  # P[ids]
             y = x + rows  # (B, T, D)
-        self._save(cache)
+        self._save(saved)
         return y
 
     def backward(self, dy: Array) -> Array:
         """dy (B, T, D) -> dx = dy; the table's gradient is added (every position's row)."""
-        cache = self._pop_saved()
-        if cache.op == "embedding_forward":  # the rows P[position_ids], looked up
-            self.weight.accumulate(ops.embedding_backward(dy, cache))
+        saved = self._pop_saved()
+        if saved.op == "embedding_forward":  # the rows P[position_ids], looked up
+            self.weight.accumulate(ops.embedding_backward(dy, saved))
             return dy
-        dx, dtable = ops.add_positions_backward(dy, cache)
+        dx, dtable = ops.add_positions_backward(dy, saved)
         self.weight.accumulate(dtable)
         return dx
 
@@ -169,11 +169,11 @@ class SinusoidalPositionalEncoding(Module):
         if table.dtype != x.dtype:
             table = backend.namespace_of(x).astype(table, x.dtype)
         if position_ids is None:
-            y, cache = ops.add_positions_forward(x, table)
+            y, saved = ops.add_positions_forward(x, table)
         else:
-            rows, cache = ops.embedding_forward(position_ids, table)  # PE[ids], (B, T, D)
+            rows, saved = ops.embedding_forward(position_ids, table)  # PE[ids], (B, T, D)
             y = x + rows
-        self._save(cache)
+        self._save(saved)
         return y
 
     def backward(self, dy: Array) -> Array:
@@ -190,8 +190,8 @@ class Dropout(Module):
         self.p = p
 
     def forward(self, x: Array) -> Array:
-        y, cache = ops.dropout_forward(x, self.p, self.training)
-        self._save(cache)
+        y, saved = ops.dropout_forward(x, self.p, self.training)
+        self._save(saved)
         return y
 
     def backward(self, dy: Array) -> Array:
@@ -206,8 +206,8 @@ class Activation(Module):
         ops.activation(name)  # an unknown name fails here, with the choices
 
     def forward(self, x: Array) -> Array:
-        y, cache = ops.activation(self.name)[0](x)
-        self._save(cache)
+        y, saved = ops.activation(self.name)[0](x)
+        self._save(saved)
         return y
 
     def backward(self, dy: Array) -> Array:
@@ -228,8 +228,8 @@ class RMSNorm(Module):
 
     def forward(self, x: Array) -> Array:
         """x (..., D) -> (..., D)."""
-        y, cache = ops.rmsnorm_forward(x, self.weight.data, self.eps)
-        self._save(cache)
+        y, saved = ops.rmsnorm_forward(x, self.weight.data, self.eps)
+        self._save(saved)
         return y
 
     def backward(self, dy: Array) -> Array:

@@ -3,9 +3,9 @@ Hugging Face's ``LlamaDecoderLayer``, ``Qwen2DecoderLayer`` and ``Qwen3DecoderLa
 compute them: each layer's forward calls the ops, its backward their backwards in reverse.
 
 Shapes: B batch, T query positions, S key positions (the cached ones and T), D model
-width (``hidden_size``), H query heads, $H_{kv}$ key/value heads, E per-head width
+width (``d_model``), H query heads, $H_{kv}$ key/value heads, E per-head width
 (``head_dim``, not necessarily D / H), $D_{ff}$ the feed-forward width
-(``intermediate_size``).
+(``d_ff``).
 
 :class:`SwiGLUFeedForward`: $y = W_{down}\,(\mathrm{silu}(W_{gate}\,x) \odot W_{up}\,x)$,
 no biases (:mod:`npformer.ops.swiglu`).  Backward: the down projection's, SwiGLU's, and
@@ -79,8 +79,8 @@ class SwiGLUFeedForward(Module):
 
     def forward(self, x: Array) -> Array:
         """x (..., D) -> (..., D)."""
-        h, cache = self.ops.swiglu_forward(self.gate_proj(x), self.up_proj(x))  # (..., d_ff)
-        self._save(cache)
+        h, saved = self.ops.swiglu_forward(self.gate_proj(x), self.up_proj(x))  # (..., d_ff)
+        self._save(saved)
         return self.down_proj(h)
 
     def backward(self, dy: Array) -> Array:
@@ -90,8 +90,8 @@ class SwiGLUFeedForward(Module):
 
 
 def check_kv_heads(num_heads: int, num_kv_heads: int,
-                   heads_name: str = "num_attention_heads",
-                   kv_heads_name: str = "num_key_value_heads") -> None:
+                   heads_name: str = "num_heads",
+                   kv_heads_name: str = "num_kv_heads") -> None:
     """num_kv_heads in [1, num_heads], dividing it: each key/value head serves a group of
     num_heads / num_kv_heads query heads (one place for the rule; the two names are the
     values as the caller's user knows them: a config's fields, a demo's options)."""
@@ -109,7 +109,7 @@ class GroupedQueryAttention(Module):
     optional biases: ``qkv_bias`` on the q, k and v projections (Qwen2), ``output_bias``
     on the output projection (Llama's ``attention_bias`` sets both).
 
-    Attributes: q_proj (D -> H*E), k_proj and v_proj (D -> Hkv*E), o_proj (H*E -> D)
+    Attributes: q_proj (D -> H*E), k_proj and v_proj (D -> Hkv*E), out_proj (H*E -> D)
     (:class:`Linear`, weights (in, out)); q_norm, k_norm (:class:`RMSNorm` over E) or None.
     """
 
@@ -138,7 +138,7 @@ class GroupedQueryAttention(Module):
         self.q_proj = self.Linear(d_model, num_heads * head_dim, qkv_bias)
         self.k_proj = self.Linear(d_model, num_kv_heads * head_dim, qkv_bias)
         self.v_proj = self.Linear(d_model, num_kv_heads * head_dim, qkv_bias)
-        self.o_proj = self.Linear(num_heads * head_dim, d_model, output_bias)
+        self.out_proj = self.Linear(num_heads * head_dim, d_model, output_bias)
         self.q_norm = self.RMSNorm(head_dim, norm_eps) if qk_norm else None
         self.k_norm = self.RMSNorm(head_dim, norm_eps) if qk_norm else None
 
@@ -176,12 +176,12 @@ class GroupedQueryAttention(Module):
             k, v = kv_cache.keys, kv_cache.values  # (B, Hkv, S, E)
         heads, attention_saved = self.ops.grouped_attention_forward(q, k, v, mask)  # (B,H,T,E)
         self._save((q_turn, k_turn, attention_saved))
-        return self.o_proj(merge_heads(heads))  # (B, T, H*E) -> (B, T, D)
+        return self.out_proj(merge_heads(heads))  # (B, T, H*E) -> (B, T, D)
 
     def backward(self, dy: Array) -> Array:
         """dy (B, T, D) -> dx (B, T, D): x fed the queries, the keys and the values."""
         q_turn, k_turn, attention_saved = self._pop_saved()
-        dheads = split_heads(self.o_proj.backward(dy), self.num_heads)  # (B, H, T, E)
+        dheads = split_heads(self.out_proj.backward(dy), self.num_heads)  # (B, H, T, E)
         dq, dk, dv = self.ops.grouped_attention_backward(dheads, attention_saved)  # H, Hkv, Hkv
         dq = through_norm_backward(self.q_norm, self.ops.rotary_backward(dq, q_turn))
         dk = through_norm_backward(self.k_norm, self.ops.rotary_backward(dk, k_turn))
@@ -199,7 +199,7 @@ def _shape_only(x: Array, shape: tuple) -> Array:
 
 class LlamaBlock(Module):
     """Pre-norm block of Llama's decoder: x (B, T, D) -> h = x + attn(norm(x)),
-    h + mlp(norm(h)), with RMS norms of epsilon ``norm_eps`` (Llama's 1e-6 or 1e-5)."""
+    h + ffn(norm(h)), with RMS norms of epsilon ``norm_eps`` (Llama's 1e-6 or 1e-5)."""
 
     GroupedQueryAttention, SwiGLUFeedForward, RMSNorm = \
         GroupedQueryAttention, SwiGLUFeedForward, RMSNorm  # the layers it builds
@@ -208,11 +208,11 @@ class LlamaBlock(Module):
                  num_kv_heads: int | None = None, head_dim: int | None = None,
                  qkv_bias: bool = False, output_bias: bool = False, qk_norm: bool = False,
                  norm_eps: float = ops.rmsnorm.EPS):
-        self.input_layernorm = self.RMSNorm(d_model, norm_eps)
+        self.attn_norm = self.RMSNorm(d_model, norm_eps)
         self.self_attn = self.GroupedQueryAttention(d_model, num_heads, num_kv_heads, head_dim,
                                                     qkv_bias, output_bias, qk_norm, norm_eps)
-        self.post_attention_layernorm = self.RMSNorm(d_model, norm_eps)
-        self.mlp = self.SwiGLUFeedForward(d_model, d_ff)
+        self.ffn_norm = self.RMSNorm(d_model, norm_eps)
+        self.ffn = self.SwiGLUFeedForward(d_model, d_ff)
 
     def check_inputs(self, x: Array, cos: Array, sin: Array, mask: Array | None = None,
                      kv_cache: KVCache | None = None) -> None:
@@ -221,10 +221,10 @@ class LlamaBlock(Module):
     def forward(self, x: Array, cos: Array, sin: Array, mask: Array | None = None,
                 kv_cache: KVCache | None = None) -> Array:
         """x (B, T, D), the rotary tables, mask, cache as :class:`GroupedQueryAttention`'s."""
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, kv_cache)  # (B, T, D)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        h = x + self.self_attn(self.attn_norm(x), cos, sin, mask, kv_cache)  # (B, T, D)
+        return h + self.ffn(self.ffn_norm(h))
 
     def backward(self, dy: Array) -> Array:
         """dy (B, T, D) -> dx (B, T, D): each residual passes the gradient through as well."""
-        dh = dy + self.post_attention_layernorm.backward(self.mlp.backward(dy))
-        return dh + self.input_layernorm.backward(self.self_attn.backward(dh))
+        dh = dy + self.ffn_norm.backward(self.ffn.backward(dy))
+        return dh + self.attn_norm.backward(self.self_attn.backward(dh))

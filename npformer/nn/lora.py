@@ -98,13 +98,13 @@ class LoRALinear(Merging, Module):
         """x (..., D_in) -> (..., D_out)."""
         bias = None if self.bias is None else self.bias.data
         if self.merged:  # x (W + s A B) + b: the base map alone, for inference
-            y, cache = ops.linear_forward(x, self.weight.data, bias)
-            self._save(cache)
+            y, saved = ops.linear_forward(x, self.weight.data, bias)
+            self._save(saved)
             return y
         x_dropped = self.dropout(x)  # (..., D_in)
-        y, cache = lora_forward(x, x_dropped, self.weight.data, bias, self.lora_A.data,
+        y, saved = lora_forward(x, x_dropped, self.weight.data, bias, self.lora_A.data,
                                 self.lora_B.data, self.scale)
-        self._save(cache)
+        self._save(saved)
         return y
 
     def backward(self, dy: Array) -> Array:
@@ -173,24 +173,24 @@ class LoRAEmbedding(Merging, Module):
 
     def forward(self, ids: Array) -> Array:
         """ids (...) -> (..., D)."""
-        y, table_cache = ops.embedding_forward(ids, self.weight.data)  # (..., D)
+        y, table_saved = ops.embedding_forward(ids, self.weight.data)  # (..., D)
         if self.merged:
             self._save(None)
             return y
-        u, cache = ops.embedding_forward(ids, self.lora_A.data)  # A[ids] (..., r)
-        self._save((cache, u))
+        u, saved = ops.embedding_forward(ids, self.lora_A.data)  # A[ids] (..., r)
+        self._save((saved, u))
         return y + self.scale * (u @ self.lora_B.data)
 
     def backward(self, dy: Array) -> None:
         """dy (..., D) -> None; adds the gradients of A and B (not the table's)."""
-        saved = self._pop_saved()
+        values = self._pop_saved()
         if self.merged:
             raise RuntimeError("LoRAEmbedding is merged (its update is in the frozen table): "
                                "unmerge() it to train the adapter")
-        cache, u = saved
+        saved, u = values
         xp = backend.namespace_of(dy)
         du = self.scale * (dy @ self.lora_B.data.mT)  # (..., D) @ (D, r) -> (..., r)
-        da = ops.embedding_backward(du, cache)  # (V, r): du's rows added at their ids
+        da = ops.embedding_backward(du, saved)  # (V, r): du's rows added at their ids
         if self.padding_idx is not None:
             da[self.padding_idx] = 0
         u_rows = xp.reshape(u, (-1, self.r))  # (N, r)
@@ -353,7 +353,7 @@ def _adapters(model: Module) -> dict[str, LoRALinear]:
     return layers
 
 
-# --------------------------------------------------------------------------- saved settings
+# --------------------------------------------------------------------------- values settings
 def adapter_settings(model: Module) -> dict[str, Any] | None:
     """What ``model``'s adapters compute besides their weights, JSON-able (a checkpoint
     keeps it, :mod:`npformer.checkpoint`): ``{"layers": {name: {"r", "alpha", "dropout",
@@ -410,13 +410,13 @@ def apply_adapter_settings(model: Module, settings: dict[str, Any]) -> None:
     and dropout, the groups of ``shared_a`` given one A, the merged ones merged.  A name
     that is not a Linear of ``model`` is a ValueError naming it."""
     if lora_layers(model):
-        raise ValueError(f"{type(model).__name__} holds LoRA adapters already: the saved ones "
+        raise ValueError(f"{type(model).__name__} holds LoRA adapters already: the values ones "
                          "go on the base model")
     linears = {name: m for name, m in model.named_modules() if isinstance(m, (Linear,
                                                                                Embedding))}
     missing = [name for name in settings["layers"] if name not in linears]
     if missing:
-        raise ValueError(f"the saved LoRA adapters are on {missing[:3]}, which are not Linear "
+        raise ValueError(f"the values LoRA adapters are on {missing[:3]}, which are not Linear "
                          f"or Embedding layers of {type(model).__name__}")
     model.freeze()
     for name, layer in settings["layers"].items():
@@ -437,10 +437,10 @@ def merge_saved_adapters(model: Module, settings: dict[str, Any]) -> None:
             adapters[name].merge()
 
 
-def adapter_differences(saved: dict[str, Any] | None, own: dict[str, Any] | None) -> list[str]:
+def adapter_differences(values: dict[str, Any] | None, own: dict[str, Any] | None) -> list[str]:
     """How the adapters of two :func:`adapter_settings` differ, one line per difference,
-    naming the layer and the setting (``saved``: the checkpoint's, ``own``: the model's)."""
-    saved_layers = (saved or {}).get("layers", {})
+    naming the layer and the setting (``values``: the checkpoint's, ``own``: the model's)."""
+    saved_layers = (values or {}).get("layers", {})
     own_layers = (own or {}).get("layers", {})
     lines = []
     only_saved = [n for n in saved_layers if n not in own_layers]
@@ -457,7 +457,7 @@ def adapter_differences(saved: dict[str, Any] | None, own: dict[str, Any] | None
                 a, b = saved_layers[name].get(key), own_layers[name].get(key)
                 if a != b:
                     lines.append(f"{name} {key}: checkpoint {a!r}, model {b!r}")
-    saved_groups = sorted(map(sorted, (saved or {}).get("shared_a", [])))
+    saved_groups = sorted(map(sorted, (values or {}).get("shared_a", [])))
     own_groups = sorted(map(sorted, (own or {}).get("shared_a", [])))
     if not lines and saved_groups != own_groups:
         lines.append(f"adapters sharing one A: checkpoint {saved_groups}, model {own_groups}")

@@ -200,7 +200,7 @@ class Module:
                 yield from value._all_named_parameters(full + ".")
 
     def parameters(self) -> list[Parameter]:
-        """Every parameter, frozen or not (what is saved and loaded)."""
+        """Every parameter, frozen or not (what is values and loaded)."""
         return [p for _, p in self.named_parameters()]
 
     def trainable_parameters(self) -> list[Parameter]:
@@ -265,23 +265,23 @@ class Module:
         raise NotImplementedError
 
 
-    def _save(self, cache, slot: str = "_cache") -> None:
+    def _save(self, saved, slot: str = "_saved") -> None:
         """Keep what backward needs, unless in inference mode (:func:`no_grad`).
         ``slot``: the attribute, for a module with a second forward (a tied projection)."""
-        setattr(self, slot, cache if grad_enabled() else None)
+        setattr(self, slot, saved if grad_enabled() else None)
 
-    def _pop_saved(self, slot: str = "_cache"):
-        """The cache of the last forward (released), or a clear error if there is none."""
-        cache = self._peek_saved(slot)
+    def _pop_saved(self, slot: str = "_saved"):
+        """The saved values of the last forward (released), or a clear error if there is none."""
+        saved = self._peek_saved(slot)
         setattr(self, slot, None)
-        return cache
+        return saved
 
-    def _peek_saved(self, slot: str = "_cache"):
-        """The cache of the last forward (kept for the backward), or a clear error."""
-        cache = getattr(self, slot, None)
-        if cache is None:
+    def _peek_saved(self, slot: str = "_saved"):
+        """The saved values of the last forward (kept for the backward), or a clear error."""
+        saved = getattr(self, slot, None)
+        if saved is None:
             raise RuntimeError(_no_forward_message(self))
-        return cache
+        return saved
 
     # ------------------------------------------------------------ state
     def state_dict(self) -> dict:

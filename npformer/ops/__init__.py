@@ -1,11 +1,11 @@
 """The textbook tier: the mathematics of the Transformer as pure forward/backward pairs.
 
-Every op is a pair ``name_forward(inputs...) -> (output, cache)`` and
-``name_backward(d_output, cache) -> gradients``.  The forward keeps in its
-cache exactly what the backward needs.  Each module's docstring holds the
+Every op is a pair ``name_forward(inputs...) -> (output, saved)`` and
+``name_backward(d_output, saved) -> gradients``.  The forward keeps in its
+saved exactly what the backward needs.  Each module's docstring holds the
 derivation; ``docs/derivations.md`` walks through them line by line.  An op's body is
 that derivation only: its contract (shapes, dtypes, masks, token ids, the upstream
-gradient, whose cache it takes) is named on its decorator and checked once, at the
+gradient, whose saved it takes) is named on its decorator and checked once, at the
 door, by :mod:`npformer.ops.contracts` (``tools/count_checks.py`` keeps it so).
 
 Nothing here exists only for speed: the fast tier (:mod:`npformer.fast`) holds

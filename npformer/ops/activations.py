@@ -46,7 +46,7 @@ from .contracts import (
     forward_op,
     opened,
     state,
-    with_cache,
+    with_saved,
 )
 
 GELU_C = math.sqrt(2.0 / math.pi)  # Python floats keep float32 arrays float32
@@ -58,20 +58,20 @@ INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 # =========================================================================== relu
 @forward_op(activation_input("relu"))
 def relu_forward(x: Array) -> tuple[Array, Any]:
-    """x (...) -> y = max(x, 0) (...), cache x."""
+    """x (...) -> y = max(x, 0) (...), saved x."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(relu_forward, x)
     xp = backend.namespace_of(x)
     y = xp.where(x <= 0, xp.zeros_like(x), x)  # max(x, 0); a NaN stays NaN
-    return with_cache(relu_forward, y, x)
+    return with_saved(relu_forward, y, x)
 
 
 @backward_op(relu_forward)
-def relu_backward(dy: Array, cache: Array) -> Array:
+def relu_backward(dy: Array, saved: Array) -> Array:
     """dy (...) -> dx = dy [x > 0] (...), NaN where x is NaN."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
-        return door(relu_backward, dy, cache)
-    x = opened(relu_forward, cache)
+        return door(relu_backward, dy, saved)
+    x = opened(relu_forward, saved)
     xp = backend.namespace_of(dy, x)
     step = xp.astype(x > 0, dy.dtype)  # [x > 0]: 1 where x > 0, else 0
     step = xp.where(xp.isnan(x), x, step)  # NaN where x is NaN (the derivative of NaN)
@@ -170,21 +170,21 @@ def erfc(x: Array) -> Array:
 # =========================================================================== gelu (exact)
 @forward_op(activation_input("gelu"))
 def gelu_forward(x: Array) -> tuple[Array, Any]:
-    """x (...) -> y = x Phi(x) (...), cache (x, Phi(x)); Phi(x) = erfc(-x / sqrt 2) / 2."""
+    """x (...) -> y = x Phi(x) (...), saved (x, Phi(x)); Phi(x) = erfc(-x / sqrt 2) / 2."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(gelu_forward, x)
     phi_cdf = 0.5 * erfc(-SQRT1_2 * x)                   # Phi(x), the normal CDF
     y = x * phi_cdf
-    return with_cache(gelu_forward, y, (x, phi_cdf))
+    return with_saved(gelu_forward, y, (x, phi_cdf))
 
 
 @backward_op(gelu_forward)
-def gelu_backward(dy: Array, cache: Any) -> Array:
+def gelu_backward(dy: Array, saved: Any) -> Array:
     """dy (...) -> dx = dy (Phi(x) + x phi(x)), phi(x) = exp(-x^2 / 2) / sqrt(2 pi)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
-        return door(gelu_backward, dy, cache)
-    saved = opened(gelu_forward, cache)
-    x, phi_cdf = saved
+        return door(gelu_backward, dy, saved)
+    values = opened(gelu_forward, saved)
+    x, phi_cdf = values
     xp = backend.namespace_of(dy)
     phi_pdf = INV_SQRT_2PI * xp.exp(-0.5 * x * x)        # phi(x), the normal density
     dy_dx = phi_cdf + x * phi_pdf                        # product rule: Phi + x Phi'
@@ -194,23 +194,23 @@ def gelu_backward(dy: Array, cache: Any) -> Array:
 # =========================================================================== gelu (tanh form)
 @forward_op(activation_input("gelu_tanh"))
 def gelu_tanh_forward(x: Array) -> tuple[Array, Any]:
-    """x (...) -> y (...), cache (x, t) with t = tanh(c (x + a x^3))."""
+    """x (...) -> y (...), saved (x, t) with t = tanh(c (x + a x^3))."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(gelu_tanh_forward, x)
     xp = backend.namespace_of(x)
     u = GELU_C * (x + GELU_A * x * x * x)
     t = xp.tanh(u)
     y = 0.5 * x * (1.0 + t)
-    return with_cache(gelu_tanh_forward, y, (x, t))
+    return with_saved(gelu_tanh_forward, y, (x, t))
 
 
 @backward_op(gelu_tanh_forward)
-def gelu_tanh_backward(dy: Array, cache: Any) -> Array:
+def gelu_tanh_backward(dy: Array, saved: Any) -> Array:
     """dy (...) -> dx = dy dy/dx (...)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
-        return door(gelu_tanh_backward, dy, cache)
-    saved = opened(gelu_tanh_forward, cache)
-    x, t = saved
+        return door(gelu_tanh_backward, dy, saved)
+    values = opened(gelu_tanh_forward, saved)
+    x, t = values
     dy_dx = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_C * (1.0 + 3.0 * GELU_A * x * x)
     return dy * dy_dx
 

@@ -38,7 +38,7 @@ from .contracts import (
     forward_op,
     opened,
     state,
-    with_cache,
+    with_saved,
 )
 from .softmax import softmax_backward, softmax_forward
 
@@ -46,25 +46,25 @@ from .softmax import softmax_backward, softmax_forward
 @forward_op(attention_inputs)
 def attention_forward(q: Array, k: Array, v: Array, mask: Array | None = None) -> tuple[Array, Any]:
     """q (..., T, E), k (..., S, E), v (..., S, F), mask (bool, broadcasts to (..., T, S))
-    -> out (..., T, F), cache."""
+    -> out (..., T, F), saved."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(attention_forward, q, k, v, mask)
-    p, softmax_cache = softmax_forward(scaled_scores(q, k), axis=-1, mask=mask)  # P, (..., T, S)
+    p, softmax_saved = softmax_forward(scaled_scores(q, k), axis=-1, mask=mask)  # P, (..., T, S)
     out = p @ v  # (..., T, S) @ (..., S, F) -> (..., T, F)
-    return with_cache(attention_forward, out, (q, k, v, p, softmax_cache))
+    return with_saved(attention_forward, out, (q, k, v, p, softmax_saved))
 
 
 @backward_op(attention_forward)
-def attention_backward(dout: Array, cache: Any) -> tuple[Array, Array, Array]:
+def attention_backward(dout: Array, saved: Any) -> tuple[Array, Array, Array]:
     """dout (..., T, F) -> dq (..., T, E), dk (..., S, E), dv (..., S, F)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
-        return door(attention_backward, dout, cache)
-    saved = opened(attention_forward, cache)
-    q, k, v, p, softmax_cache = saved
+        return door(attention_backward, dout, saved)
+    values = opened(attention_forward, saved)
+    q, k, v, p, softmax_saved = values
     scale = 1.0 / math.sqrt(q.shape[-1])
     dv = p.mT @ dout  # P^T dO: (..., S, T) @ (..., T, F)
     dp = dout @ v.mT  # dO V^T: (..., T, F) @ (..., F, S)
-    dscores = softmax_backward(dp, softmax_cache)  # dA, (..., T, S); 0 at masked entries
+    dscores = softmax_backward(dp, softmax_saved)  # dA, (..., T, S); 0 at masked entries
     dq = (dscores @ k) * scale  # (..., T, S) @ (..., S, E)
     dk = (dscores.mT @ q) * scale  # (..., S, T) @ (..., T, E)
     return dq, dk, dv

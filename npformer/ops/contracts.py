@@ -8,12 +8,12 @@ signature and written here, once, for both tiers:
     def linear_forward(x, w, b=None): ...
 
     @backward_op(linear_forward)          # dy of the forward's output shape and dtype
-    def linear_backward(dy, saved): ...
+    def linear_backward(dy, values): ...
 
 * :func:`forward_op` checks the contract, runs the body, and wraps what the body keeps
-  for its backward in a :class:`Cache` that says which op and which tier made it, with
+  for its backward in a :class:`Saved` that says which op and which tier made it, with
   the output's shape and dtype.
-* :func:`backward_op` refuses a cache that is not its forward's (None, another op's, the
+* :func:`backward_op` refuses saved values that are not its forward's (None, another op's, the
   other tier's), checks the upstream gradient against the output's shape and dtype, and
   hands the body the saved values.
 * :func:`checked_op`: an op without a backward (masks, tables), its contract checked.
@@ -23,7 +23,7 @@ user, a :class:`npformer.nn.Module`'s forward or backward) checks its contract a
 everything inside it *trusted*: the ops and modules it calls skip their contracts, since
 their arguments are the door's (already checked) or values the package computed.  A
 module whose inputs are more than one op's (a block, a model) declares
-``check_inputs``; a leaf layer's door is its op's contract.  A cache's owner is checked
+``check_inputs``; a leaf layer's door is its op's contract.  The owner of saved values is checked
 on every backward (an O(1) comparison): it is what a module cannot know.
 
 Why a named contract per op and not shape annotations checked at run time (jaxtyping
@@ -35,7 +35,7 @@ here costs one attribute read inside the door; and the errors the suite requires
 the mask and the scores it must broadcast to) need the checks below anyway.
 
 The documented exceptions: TypeError for something of the wrong kind (not an array,
-wrong dtype, not this op's cache), ValueError for a wrong shape or value (an upstream
+wrong dtype, not this op's saved values), ValueError for a wrong shape or value (an upstream
 gradient whose shape is not the forward's output's, a size below its minimum),
 RuntimeError for a backward with no forward to differentiate, and :class:`TokenIdError`
 (an IndexError and a ValueError) for a token id outside the vocabulary.  Every check is
@@ -138,25 +138,25 @@ def trusting() -> Iterator[None]:
         _state.trusted = False
 
 
-class Cache(NamedTuple):
+class Saved(NamedTuple):
     """What a forward keeps for its backward, and who made it."""
 
     op: str  # the forward's name, e.g. "relu_forward"
     tier: str  # "textbook" or "fast"
     shape: tuple  # the forward's output's shape
     dtype: Any  # the forward's output's dtype
-    saved: Any  # what the backward's derivation reads
+    values: Any  # what the backward's derivation reads
 
 
-# The decorators' types: a forward returns (output, Cache), made by with_cache from what
-# its derivation keeps; a backward reads the saved values of its forward's Cache.
-ForwardBody = Callable[..., tuple[Array, Cache]]
+# The decorators' types: a forward returns (output, Saved), made by with_saved from what
+# its derivation keeps; a backward reads the saved values of its forward's Saved.
+ForwardBody = Callable[..., tuple[Array, Saved]]
 
 
-ForwardOp = Callable[..., tuple[Array, Cache]]
+ForwardOp = Callable[..., tuple[Array, Saved]]
 
 
-UpstreamCheck = Callable[[Any, Cache, str], None]  # upstream(dy, cache, what) raises if wrong
+UpstreamCheck = Callable[[Any, Saved, str], None]  # upstream(dy, saved, what) raises if wrong
 
 
 def tier_of(function: Callable) -> str:
@@ -171,28 +171,28 @@ def tier_of(function: Callable) -> str:
 #
 # Inside a door (a module's forward or backward, another op) the test is one attribute
 # read and the derivation runs; outside, door() checks the contract the decorator named
-# and calls the op again, trusted.  A forward returns ``with_cache(op, out, saved)``, a
-# backward reads ``opened(its_forward, cache)``: the cache names its op and tier, and is
+# and calls the op again, trusted.  A forward returns ``with_saved(op, out, values)``, a
+# backward reads ``opened(its_forward, saved)``: the record names its op and tier, and is
 # checked on every backward.
 def door(op: Callable, *args: Any, **kwargs: Any) -> Any:
     """``op(*args, **kwargs)`` called from outside a door: its contract checked (a
-    backward's: its cache's owner, then the upstream gradient), then ``op`` run trusted."""
+    backward's: its saved values' owner, then the upstream gradient), then ``op`` run trusted."""
     op.contract(*args, **kwargs)
     return run_trusted(op, *args, **kwargs)
 
 
-def with_cache(forward: Callable, out: Array, saved: Any) -> tuple[Array, Cache]:
-    """(out, the :class:`Cache` of ``saved`` made by ``forward``): a forward's return."""
-    return out, Cache(forward.op_name, forward.tier, tuple(out.shape), out.dtype, saved)
+def with_saved(forward: Callable, out: Array, values: Any) -> tuple[Array, Saved]:
+    """(out, the :class:`Saved` of ``values`` made by ``forward``): a forward's return."""
+    return out, Saved(forward.op_name, forward.tier, tuple(out.shape), out.dtype, values)
 
 
-def opened(forward: ForwardOp, cache: Any) -> Any:
-    """The saved values of ``cache`` if ``forward`` made it (same op, same tier): a
+def opened(forward: ForwardOp, saved: Any) -> Any:
+    """The saved values of ``saved`` if ``forward`` made it (same op, same tier): a
     backward's first read; otherwise the error naming the backward and what was passed.
     (The backward names its forward, not itself: a test's spy may stand in its place.)"""
-    if type(cache) is Cache and cache.op == forward.op_name and cache.tier == forward.tier:
-        return cache.saved
-    refuse_cache(cache, forward.op_name.replace("_forward", "_backward"), forward)
+    if type(saved) is Saved and saved.op == forward.op_name and saved.tier == forward.tier:
+        return saved.values
+    refuse_saved(saved, forward.op_name.replace("_forward", "_backward"), forward)
 
 
 def checked_op(contract: Callable[..., None]) -> Callable[[Callable], Callable]:
@@ -207,17 +207,17 @@ def checked_op(contract: Callable[..., None]) -> Callable[[Callable], Callable]:
 
 def forward_op(contract: Callable[..., None],
                tier: str | None = None) -> Callable[[ForwardBody], ForwardOp]:
-    """A forward ``op(*args) -> (output, Cache)``: the contract checked at the door (its
-    first statement), its saved values returned by :func:`with_cache` in a :class:`Cache`
+    """A forward ``op(*args) -> (output, Saved)``: the contract checked at the door (its
+    first statement), its saved values returned by :func:`with_saved` in a :class:`Saved`
     naming this op and tier (``tier``: default the op's package).  ``op.unchecked(*args)``:
-    (output, saved), run trusted."""
+    (output, values), run trusted."""
     def decorate(op):
         op.contract, op.op_name, op.tier = contract, op.__name__, tier or tier_of(op)
 
         def unchecked(*args, **kwargs):
-            out, cache = op(*args, **kwargs) if _state.trusted else run_trusted(op, *args,
+            out, saved = op(*args, **kwargs) if _state.trusted else run_trusted(op, *args,
                                                                                 **kwargs)
-            return out, cache.saved
+            return out, saved.values
         op.unchecked = unchecked
         return op
     return decorate
@@ -225,51 +225,51 @@ def forward_op(contract: Callable[..., None],
 
 def backward_op(forward: ForwardOp,
                 upstream: UpstreamCheck | None = None) -> Callable[[Callable], Callable]:
-    """A backward ``op(d_output, cache, ...)`` of ``forward``: the cache must be that
+    """A backward ``op(d_output, saved, ...)`` of ``forward``: the saved values must be that
     forward's (same op, same tier; :func:`opened`, on every call) and, at the door, the
-    upstream gradient of its output's shape and dtype (``upstream(dy, cache, what)``:
-    another rule, e.g. the scalar gradient of a loss).  ``op.unchecked(dy, saved, ...)``:
+    upstream gradient of its output's shape and dtype (``upstream(dy, saved, what)``:
+    another rule, e.g. the scalar gradient of a loss).  ``op.unchecked(dy, values, ...)``:
     the derivation on saved values, run trusted."""
     upstream = upstream or check_upstream_of
 
     def decorate(op):
         name = forward.op_name.replace("_forward", "_backward")
 
-        def contract(dy, cache, *args, **kwargs):
-            opened(forward, cache)
-            upstream(dy, cache, name)
+        def contract(dy, saved, *args, **kwargs):
+            opened(forward, saved)
+            upstream(dy, saved, name)
 
-        def unchecked(dy, saved, *args, **kwargs):
-            cache = Cache(forward.op_name, forward.tier, (), None, saved)
+        def unchecked(dy, values, *args, **kwargs):
+            saved = Saved(forward.op_name, forward.tier, (), None, values)
             if _state.trusted:
-                return op(dy, cache, *args, **kwargs)
-            return run_trusted(op, dy, cache, *args, **kwargs)
+                return op(dy, saved, *args, **kwargs)
+            return run_trusted(op, dy, saved, *args, **kwargs)
         op.contract, op.op_name, op.tier, op.forward = contract, name, forward.tier, forward
         op.unchecked = unchecked
         return op
     return decorate
 
 
-def refuse_cache(cache: Any, backward: str, forward: Callable) -> None:
-    """The error for a cache that is not ``forward``'s (raised; never returns)."""
+def refuse_saved(saved: Any, backward: str, forward: Callable) -> None:
+    """The error for saved values that are not ``forward``'s (raised; never returns)."""
     made_by = forward.op_name
-    if cache is None:
-        raise RuntimeError(f"{backward} got no cache (None): run {made_by} first and pass "
-                           "the cache it returned")
-    if type(cache) is Cache and cache.op == made_by:
-        raise TypeError(f"{backward} got an invalid cache (made by {cache.op} of the "
-                        f"{cache.tier} tier): pass the cache that {made_by} of the "
+    if saved is None:
+        raise RuntimeError(f"{backward} got no saved values (None): run {made_by} first and "
+                           "pass the saved values it returned")
+    if type(saved) is Saved and saved.op == made_by:
+        raise TypeError(f"{backward} got saved values of another tier (made by {saved.op} of "
+                        f"the {saved.tier} tier): pass the saved values that {made_by} of the "
                         f"{forward.tier} tier returned; do not mix the tiers' ops between a "
                         "forward and its backward")
-    what = (f"a cache of {cache.op}, {cache.tier} tier" if type(cache) is Cache
-            else type(cache).__name__)
-    raise TypeError(f"{backward} got an invalid cache ({what}): pass the cache that "
-                    f"{made_by} of the same tier returned")
+    what = (f"saved values of {saved.op}, {saved.tier} tier" if type(saved) is Saved
+            else type(saved).__name__)
+    raise TypeError(f"{backward} got invalid saved values ({what}): pass the saved values "
+                    f"that {made_by} of the same tier returned")
 
 
-def check_upstream_of(dy: Array, cache: Cache, what: str) -> None:
+def check_upstream_of(dy: Array, saved: Saved, what: str) -> None:
     """The default backward contract: dy of the forward's output shape and dtype."""
-    check_upstream(dy, cache.shape, what, cache.dtype)
+    check_upstream(dy, saved.shape, what, saved.dtype)
 
 
 # =========================================================================== arrays
@@ -548,7 +548,7 @@ def check_upstream(dy: Any, expected: tuple, what: str, dtype: Any = None,
                         f"{source} had dtype {dtype}")
 
 
-def check_loss_gradient(dloss: Any, cache: Cache, what: str) -> None:
+def check_loss_gradient(dloss: Any, saved: Saved, what: str) -> None:
     """The gradient of the (scalar) loss: a real number or a 0-d floating-point array."""
     if isinstance(dloss, numbers.Real) and not isinstance(dloss, bool):
         return
@@ -776,8 +776,8 @@ def grouped_attention_inputs(q: Array, k: Array, v: Array, mask: Array | None = 
         raise ValueError(f"grouped attention: the queries' {heads} heads (axis -3 of "
                          f"{tuple(q.shape)}) must be a multiple of the keys' and values' "
                          f"{kv_heads} heads (axis -3 of {tuple(k.shape)}): each key/value head "
-                         "serves a group of query heads; num_attention_heads must be a "
-                         "multiple of num_key_value_heads")
+                         "serves a group of query heads; num_heads must be a "
+                         "multiple of num_kv_heads")
 
 
 def attention_weights_inputs(q: Array, k: Array, mask: Array | None = None) -> None:

@@ -19,12 +19,12 @@ from typing import Any
 
 from .. import backend
 from ..backend import Array
-from .contracts import backward_op, door, embedding_inputs, forward_op, opened, state, with_cache
+from .contracts import backward_op, door, embedding_inputs, forward_op, opened, state, with_saved
 
 
 @forward_op(embedding_inputs)
 def embedding_forward(ids: Array, table: Array) -> tuple[Array, Any]:
-    """ids (...) integers in [0, V), table (V, D) -> y (..., D), cache."""
+    """ids (...) integers in [0, V), table (V, D) -> y (..., D), saved."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(embedding_forward, ids, table)
     xp = backend.namespace_of(ids, table)
@@ -32,7 +32,7 @@ def embedding_forward(ids: Array, table: Array) -> tuple[Array, Any]:
     flat_ids = xp.reshape(ids, (-1,))  # (N,)
     rows = xp.take(table, flat_ids, axis=0)  # (N, D)
     y = xp.reshape(rows, tuple(ids.shape) + (width,))  # (..., D)
-    return with_cache(embedding_forward, y, (flat_ids, vocab_size))
+    return with_saved(embedding_forward, y, (flat_ids, vocab_size))
 
 
 # The two multipliers of hashed_bigrams: primes, so that neither id's low bits alone decide
@@ -53,12 +53,12 @@ def hashed_bigrams(ids: Array, buckets: int) -> Array:
 
 
 @backward_op(embedding_forward)
-def embedding_backward(dy: Array, cache: Any) -> Array:
+def embedding_backward(dy: Array, saved: Any) -> Array:
     """dy (..., D) -> dtable (V, D).  (Integer ids have no gradient.)"""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
-        return door(embedding_backward, dy, cache)
-    saved = opened(embedding_forward, cache)
-    flat_ids, vocab_size = saved
+        return door(embedding_backward, dy, saved)
+    values = opened(embedding_forward, saved)
+    flat_ids, vocab_size = values
     xp = backend.namespace_of(dy)
     dy_rows = xp.reshape(dy, (-1, dy.shape[-1]))  # (N, D)
     return backend.scatter_add_rows(flat_ids, dy_rows, vocab_size)  # (V, D)

@@ -29,7 +29,7 @@ from .contracts import (
     grouped_attention_inputs,
     opened,
     state,
-    with_cache,
+    with_saved,
 )
 
 
@@ -55,19 +55,19 @@ def sum_groups(dx: Array, groups: int) -> Array:
 def grouped_attention_forward(q: Array, k: Array, v: Array,
                               mask: Array | None = None) -> tuple[Array, Any]:
     """q (..., H, T, E), k (..., Hkv, S, E), v (..., Hkv, S, F), H a multiple of Hkv; mask
-    (bool, broadcasts to (..., H, T, S)) -> out (..., H, T, F), cache."""
+    (bool, broadcasts to (..., H, T, S)) -> out (..., H, T, F), saved."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(grouped_attention_forward, q, k, v, mask)
-    return with_cache(grouped_attention_forward, *grouped_forward(q, k, v, mask, attention_forward))
+    return with_saved(grouped_attention_forward, *grouped_forward(q, k, v, mask, attention_forward))
 
 
 @backward_op(grouped_attention_forward)
-def grouped_attention_backward(dout: Array, cache: Any) -> tuple[Array, Array, Array]:
+def grouped_attention_backward(dout: Array, saved: Any) -> tuple[Array, Array, Array]:
     """dout (..., H, T, F) -> dq (..., H, T, E), dk (..., Hkv, S, E), dv (..., Hkv, S, F)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
-        return door(grouped_attention_backward, dout, cache)
-    saved = opened(grouped_attention_forward, cache)
-    return grouped_backward(dout, saved, attention_backward)
+        return door(grouped_attention_backward, dout, saved)
+    values = opened(grouped_attention_forward, saved)
+    return grouped_backward(dout, values, attention_backward)
 
 
 # The statements, with the attention they wrap as an argument: the fast tier's op
@@ -78,14 +78,14 @@ def grouped_forward(q: Array, k: Array, v: Array, mask: Array | None,
     middle: the key/value heads repeated over their groups, then attention over H heads."""
     groups = q.shape[-3] // k.shape[-3]  # G query heads per key/value head
     k_repeated, v_repeated = repeat_heads(k, groups), repeat_heads(v, groups)  # H heads each
-    out, attention_cache = attention(q, k_repeated, v_repeated, mask)  # (..., H, T, F)
-    return out, (attention_cache, groups)
+    out, attention_saved = attention(q, k_repeated, v_repeated, mask)  # (..., H, T, F)
+    return out, (attention_saved, groups)
 
 
-def grouped_backward(dout: Array, saved: Any,
+def grouped_backward(dout: Array, values: Any,
                      attention_backward: Callable) -> tuple[Array, Array, Array]:
     """:func:`grouped_attention_backward` with ``attention_backward`` in the middle: the
     gradients of the H heads, then each group's key and value gradients summed."""
-    attention_cache, groups = saved
-    dq, dk_repeated, dv_repeated = attention_backward(dout, attention_cache)  # H heads each
+    attention_saved, groups = values
+    dq, dk_repeated, dv_repeated = attention_backward(dout, attention_saved)  # H heads each
     return dq, sum_groups(dk_repeated, groups), sum_groups(dv_repeated, groups)

@@ -19,14 +19,14 @@ from typing import Any
 
 from .. import backend
 from ..backend import Array
-from .contracts import backward_op, door, forward_op, layernorm_inputs, opened, state, with_cache
+from .contracts import backward_op, door, forward_op, layernorm_inputs, opened, state, with_saved
 
 EPS = 1e-5
 
 
 @forward_op(layernorm_inputs)
 def layernorm_forward(x: Array, gamma: Array, beta: Array, eps: float = EPS) -> tuple[Array, Any]:
-    """x (..., D), gamma (D,), beta (D,) -> y (..., D), cache (x_hat, r, gamma)."""
+    """x (..., D), gamma (D,), beta (D,) -> y (..., D), saved (x_hat, r, gamma)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(layernorm_forward, x, gamma, beta, eps)
     xp = backend.namespace_of(x, gamma, beta)
@@ -36,16 +36,16 @@ def layernorm_forward(x: Array, gamma: Array, beta: Array, eps: float = EPS) -> 
     r = 1.0 / xp.sqrt(var + eps)  # (..., 1)
     x_hat = centred * r  # (..., D)
     y = x_hat * gamma + beta  # (..., D)
-    return with_cache(layernorm_forward, y, (x_hat, r, gamma))
+    return with_saved(layernorm_forward, y, (x_hat, r, gamma))
 
 
 @backward_op(layernorm_forward)
-def layernorm_backward(dy: Array, cache: Any) -> tuple[Array, Array, Array]:
+def layernorm_backward(dy: Array, saved: Any) -> tuple[Array, Array, Array]:
     """dy (..., D) -> dx (..., D), dgamma (D,), dbeta (D,)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
-        return door(layernorm_backward, dy, cache)
-    saved = opened(layernorm_forward, cache)
-    x_hat, r, gamma = saved
+        return door(layernorm_backward, dy, saved)
+    values = opened(layernorm_forward, saved)
+    x_hat, r, gamma = values
     xp = backend.namespace_of(dy, x_hat)
     d = x_hat.shape[-1]
     dy_rows = xp.reshape(dy, (-1, d))  # (N, D)

@@ -12,7 +12,7 @@ Backward, for an upstream gradient $\bar y = \partial L / \partial y$
 
 W is stored (D_in, D_out), the orientation of the math; PyTorch stores the
 transpose, which :mod:`npformer.interop.pytorch` converts.
-$\bar W$ needs x, so the cache keeps it.  A frozen map (LoRA's base weights,
+$\bar W$ needs x, so the saved values keeps it.  A frozen map (LoRA's base weights,
 :mod:`npformer.nn.lora`) asks for $\bar x$ alone (``weights=False``): $\bar W$ and $\bar b$,
 which nothing would read, are not computed.
 """
@@ -22,29 +22,29 @@ from typing import Any
 
 from .. import backend
 from ..backend import Array
-from .contracts import backward_op, door, forward_op, linear_inputs, opened, state, with_cache
+from .contracts import backward_op, door, forward_op, linear_inputs, opened, state, with_saved
 
 
 @forward_op(linear_inputs)
 def linear_forward(x: Array, w: Array, b: Array | None = None) -> tuple[Array, Any]:
-    """x (..., D_in), w (D_in, D_out), b (D_out,) or None -> y (..., D_out), cache (x, w, b?)."""
+    """x (..., D_in), w (D_in, D_out), b (D_out,) or None -> y (..., D_out), saved (x, w, b?)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(linear_forward, x, w, b)
     y = x @ w  # (..., D_in) @ (D_in, D_out) -> (..., D_out)
     if b is not None:
         y = y + b  # (..., D_out) + (D_out,)
-    return with_cache(linear_forward, y, (x, w, b is not None))
+    return with_saved(linear_forward, y, (x, w, b is not None))
 
 
 @backward_op(linear_forward)
-def linear_backward(dy: Array, cache: Any, weights: bool = True
+def linear_backward(dy: Array, saved: Any, weights: bool = True
                     ) -> tuple[Array, Array | None, Array | None]:
     """dy (..., D_out) -> dx (..., D_in), dw (D_in, D_out), db (D_out,) or None; without
     ``weights`` (a frozen map) dx alone, dw and db None."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
-        return door(linear_backward, dy, cache, weights)
-    saved = opened(linear_forward, cache)
-    x, w, has_bias = saved
+        return door(linear_backward, dy, saved, weights)
+    values = opened(linear_forward, saved)
+    x, w, has_bias = values
     xp = backend.namespace_of(dy, w)
     d_in, d_out = w.shape
     dx = dy @ w.mT  # (..., D_out) @ (D_out, D_in)

@@ -23,31 +23,31 @@ from typing import Any
 
 from .. import backend
 from ..backend import Array
-from .contracts import backward_op, door, forward_op, lora_inputs, opened, state, with_cache
+from .contracts import backward_op, door, forward_op, lora_inputs, opened, state, with_saved
 
 
 @forward_op(lora_inputs)
 def lora_forward(x: Array, x_dropped: Array, w: Array, b: Array | None, lora_a: Array,
                  lora_b: Array, scale: float) -> tuple[Array, Any]:
     """x (..., D_in), its dropout x_dropped (..., D_in), w (D_in, D_out), b (D_out,) or
-    None, lora_a (D_in, r), lora_b (r, D_out), scale alpha / r -> y (..., D_out), cache."""
+    None, lora_a (D_in, r), lora_b (r, D_out), scale alpha / r -> y (..., D_out), saved."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(lora_forward, x, x_dropped, w, b, lora_a, lora_b, scale)
     u = x_dropped @ lora_a  # (..., D_in) @ (D_in, r) -> (..., r)
     y = x @ w + scale * (u @ lora_b)  # (..., D_out)
     if b is not None:
         y = y + b  # (..., D_out) + (D_out,)
-    return with_cache(lora_forward, y, (x_dropped, u, w, lora_a, lora_b, scale))
+    return with_saved(lora_forward, y, (x_dropped, u, w, lora_a, lora_b, scale))
 
 
 @backward_op(lora_forward)
-def lora_backward(dy: Array, cache: Any) -> tuple[Array, Array, Array, Array]:
+def lora_backward(dy: Array, saved: Any) -> tuple[Array, Array, Array, Array]:
     """dy (..., D_out) -> dx (..., D_in) through W, dx_dropped (..., D_in) through the
     adapter, dA (D_in, r), dB (r, D_out)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
-        return door(lora_backward, dy, cache)
-    saved = opened(lora_forward, cache)
-    x_dropped, u, w, lora_a, lora_b, scale = saved
+        return door(lora_backward, dy, saved)
+    values = opened(lora_forward, saved)
+    x_dropped, u, w, lora_a, lora_b, scale = values
     xp = backend.namespace_of(dy, w)
     d_in, r = lora_a.shape
     du = scale * (dy @ lora_b.mT)  # (..., D_out) @ (D_out, r) -> (..., r)

@@ -31,7 +31,7 @@ from .contracts import (
     forward_op,
     opened,
     state,
-    with_cache,
+    with_saved,
 )
 from .softmax import log_softmax_backward, log_softmax_forward
 
@@ -41,14 +41,14 @@ IGNORE_INDEX = -100  # PyTorch's default
 @forward_op(cross_entropy_inputs)
 def cross_entropy_forward(logits: Array, targets: Array, ignore_index: int = IGNORE_INDEX,
                           label_smoothing: float = 0.0) -> tuple[Array, Any]:
-    """logits (..., V) floats, targets (...) integers -> loss (0-d array), cache."""
+    """logits (..., V) floats, targets (...) integers -> loss (0-d array), saved."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(cross_entropy_forward, logits, targets, ignore_index, label_smoothing)
     xp = backend.namespace_of(logits, targets)
     vocab = logits.shape[-1]
     z = xp.reshape(logits, (-1, vocab))  # (N, V)
     t = xp.reshape(targets, (-1,))  # (N,)
-    log_p, log_softmax_cache = log_softmax_forward(z, axis=-1)  # l, (N, V)
+    log_p, log_softmax_saved = log_softmax_forward(z, axis=-1)  # l, (N, V)
     q = target_distribution(t, vocab, ignore_index, label_smoothing, z.dtype)  # (N, V)
     counted = xp.astype(t != ignore_index, z.dtype)  # (N,) 1 or 0
     n_counted = xp.sum(counted)
@@ -59,20 +59,20 @@ def cross_entropy_forward(logits: Array, targets: Array, ignore_index: int = IGN
     if label_smoothing > 0.0:
         per_row = per_row - label_smoothing * xp.mean(log_p, axis=-1)
     loss = xp.sum(weight * per_row)
-    return with_cache(cross_entropy_forward, loss,
-                      (q, weight, log_softmax_cache, tuple(logits.shape)))
+    return with_saved(cross_entropy_forward, loss,
+                      (q, weight, log_softmax_saved, tuple(logits.shape)))
 
 
 @backward_op(cross_entropy_forward, upstream=check_loss_gradient)
-def cross_entropy_backward(dloss: Array, cache: Any) -> Array:
+def cross_entropy_backward(dloss: Array, saved: Any) -> Array:
     """dloss (scalar) -> dlogits (..., V)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
-        return door(cross_entropy_backward, dloss, cache)
-    saved = opened(cross_entropy_forward, cache)
-    q, weight, log_softmax_cache, logits_shape = saved
+        return door(cross_entropy_backward, dloss, saved)
+    values = opened(cross_entropy_forward, saved)
+    q, weight, log_softmax_saved, logits_shape = values
     xp = backend.namespace_of(q)
     dlog_p = (-dloss * weight)[:, None] * q  # (N, V): 0 on ignored rows
-    dz = log_softmax_backward(dlog_p, log_softmax_cache)  # (N, V)
+    dz = log_softmax_backward(dlog_p, log_softmax_saved)  # (N, V)
     return xp.reshape(dz, logits_shape)
 
 
@@ -92,5 +92,5 @@ def cross_entropy_with_gradient(logits: Array, targets: Array, dloss: float = 1.
                                 label_smoothing: float = 0.0) -> tuple[Array, Array]:
     """A training step's end: the loss (0-d array) and ``dloss`` times its gradient over
     the logits (..., V), the forward and the backward above run one after the other."""
-    loss, cache = cross_entropy_forward(logits, targets, ignore_index, label_smoothing)
-    return loss, cross_entropy_backward(dloss, cache)
+    loss, saved = cross_entropy_forward(logits, targets, ignore_index, label_smoothing)
+    return loss, cross_entropy_backward(dloss, saved)

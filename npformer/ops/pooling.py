@@ -36,7 +36,7 @@ from .contracts import (
     pool_inputs,
     state,
     valid_rows_inputs,
-    with_cache,
+    with_saved,
 )
 from .masks import real_positions
 
@@ -49,34 +49,34 @@ def _valid_positions(valid_lens, length: int, dtype):
 
 @forward_op(pool_inputs)
 def pool_forward(h: Array, valid_lens: Array, how: str = "mean") -> tuple[Array, Any]:
-    """h (B, T, D), valid_lens (B,) integers in [1, T] -> y (B, D), cache."""
+    """h (B, T, D), valid_lens (B,) integers in [1, T] -> y (B, D), saved."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(pool_forward, h, valid_lens, how)
     xp = backend.namespace_of(h, valid_lens)
     batch, length, width = h.shape
     if batch == 0:  # no sequences: nothing to pool
         empty = xp.zeros((0, width), dtype=h.dtype, device=backend.device_of(h))
-        return with_cache(pool_forward, empty, (how, tuple(h.shape), None))
+        return with_saved(pool_forward, empty, (how, tuple(h.shape), None))
     if how == "first":
-        return with_cache(pool_forward, h[:, 0, :], ("first", tuple(h.shape), None))
+        return with_saved(pool_forward, h[:, 0, :], ("first", tuple(h.shape), None))
     valid = _valid_positions(valid_lens, length, h.dtype)  # (B, T, 1)
     if how == "mean":
         counts = xp.astype(valid_lens, h.dtype)[:, None]  # (B, 1)
         y = xp.sum(h * valid, axis=1) / counts  # (B, D)
-        return with_cache(pool_forward, y, ("mean", tuple(h.shape), valid / counts[:, :, None]))
+        return with_saved(pool_forward, y, ("mean", tuple(h.shape), valid / counts[:, :, None]))
     masked = xp.where(valid > 0, h, xp.full_like(h, -float("inf")))  # (B, T, D)
     winner = xp.argmax(masked, axis=1)  # (B, D): first maximal position
     y = xp.max(masked, axis=1)  # (B, D)
-    return with_cache(pool_forward, y, ("max", tuple(h.shape), winner))
+    return with_saved(pool_forward, y, ("max", tuple(h.shape), winner))
 
 
 @backward_op(pool_forward)
-def pool_backward(dy: Array, cache: Any) -> Array:
+def pool_backward(dy: Array, saved: Any) -> Array:
     """dy (B, D) -> dh (B, T, D)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
-        return door(pool_backward, dy, cache)
-    saved = opened(pool_forward, cache)
-    how, shape, kept = saved
+        return door(pool_backward, dy, saved)
+    values = opened(pool_forward, saved)
+    how, shape, kept = values
     xp = backend.namespace_of(dy)
     batch, length, width = shape
     if batch == 0:  # no sequences: the (empty) gradient of h
@@ -102,23 +102,23 @@ def _valid_index(valid_lens: Array, length: int) -> Array:
 
 @forward_op(valid_rows_inputs)
 def valid_rows_forward(h: Array, valid_lens: Array) -> tuple[Array, Any]:
-    """h (B, T, ...), valid_lens (B,) integers in [0, T] -> rows (N, ...), cache."""
+    """h (B, T, ...), valid_lens (B,) integers in [0, T] -> rows (N, ...), saved."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(valid_rows_forward, h, valid_lens)
     xp = backend.namespace_of(h, valid_lens)
     batch, length = h.shape[0], h.shape[1]
     index = _valid_index(valid_lens, length)  # (N,)
     flat = xp.reshape(h, (batch * length,) + tuple(h.shape[2:]))  # (B*T, ...)
-    return with_cache(valid_rows_forward, xp.take(flat, index, axis=0), (index, tuple(h.shape)))
+    return with_saved(valid_rows_forward, xp.take(flat, index, axis=0), (index, tuple(h.shape)))
 
 
 @backward_op(valid_rows_forward)
-def valid_rows_backward(drows: Array, cache: Any) -> Array:
+def valid_rows_backward(drows: Array, saved: Any) -> Array:
     """drows (N, ...) -> dh (B, T, ...), zeros at padding."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
-        return door(valid_rows_backward, drows, cache)
-    saved = opened(valid_rows_forward, cache)
-    index, shape = saved
+        return door(valid_rows_backward, drows, saved)
+    values = opened(valid_rows_forward, saved)
+    index, shape = values
     xp = backend.namespace_of(drows)
     width = math.prod(shape[2:])
     flat = backend.scatter_add_rows(index, xp.reshape(drows, (-1, width)), shape[0] * shape[1])

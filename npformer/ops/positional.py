@@ -26,7 +26,7 @@ from .contracts import (
     positions_inputs,
     sinusoidal_inputs,
     state,
-    with_cache,
+    with_saved,
 )
 
 
@@ -49,21 +49,21 @@ def sinusoidal_table(block_size: int, d_model: int, dtype: Any = None,
 
 @forward_op(positions_inputs)
 def add_positions_forward(x: Array, table: Array) -> tuple[Array, Any]:
-    """x (B, T, D), table (L, D) with T <= L -> y (B, T, D), cache."""
+    """x (B, T, D), table (L, D) with T <= L -> y (B, T, D), saved."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(add_positions_forward, x, table)
     seq_len, block_size = x.shape[1], table.shape[0]
     y = x + table[:seq_len, :][None, :, :]  # (B, T, D) + (1, T, D)
-    return with_cache(add_positions_forward, y, (seq_len, block_size))
+    return with_saved(add_positions_forward, y, (seq_len, block_size))
 
 
 @backward_op(add_positions_forward)
-def add_positions_backward(dy: Array, cache: Any) -> tuple[Array, Array]:
+def add_positions_backward(dy: Array, saved: Any) -> tuple[Array, Array]:
     """dy (B, T, D) -> dx (B, T, D), dtable (L, D) (used only when the table is learned)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
-        return door(add_positions_backward, dy, cache)
-    saved = opened(add_positions_forward, cache)
-    seq_len, block_size = saved
+        return door(add_positions_backward, dy, saved)
+    values = opened(add_positions_forward, saved)
+    seq_len, block_size = values
     xp = backend.namespace_of(dy)
     dtable_used = xp.sum(dy, axis=0)  # (T, D)
     unused = xp.zeros((block_size - seq_len, dy.shape[-1]), dtype=dy.dtype,

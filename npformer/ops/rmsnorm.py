@@ -20,14 +20,14 @@ from typing import Any
 
 from .. import backend
 from ..backend import Array
-from .contracts import backward_op, door, forward_op, opened, rmsnorm_inputs, state, with_cache
+from .contracts import backward_op, door, forward_op, opened, rmsnorm_inputs, state, with_saved
 
-EPS = 1e-6  # LlamaConfig's rms_norm_eps default
+EPS = 1e-6  # LlamaConfig's norm_eps default
 
 
 @forward_op(rmsnorm_inputs)
 def rmsnorm_forward(x: Array, weight: Array, eps: float = EPS) -> tuple[Array, Any]:
-    """x (..., D), weight (D,) -> y (..., D), cache (x_hat, r, weight)."""
+    """x (..., D), weight (D,) -> y (..., D), saved (x_hat, r, weight)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(rmsnorm_forward, x, weight, eps)
     xp = backend.namespace_of(x, weight)
@@ -35,16 +35,16 @@ def rmsnorm_forward(x: Array, weight: Array, eps: float = EPS) -> tuple[Array, A
     r = 1.0 / xp.sqrt(mean_square + eps)  # (..., 1)
     x_hat = x * r  # (..., D)
     y = weight * x_hat  # (..., D)
-    return with_cache(rmsnorm_forward, y, (x_hat, r, weight))
+    return with_saved(rmsnorm_forward, y, (x_hat, r, weight))
 
 
 @backward_op(rmsnorm_forward)
-def rmsnorm_backward(dy: Array, cache: Any) -> tuple[Array, Array]:
+def rmsnorm_backward(dy: Array, saved: Any) -> tuple[Array, Array]:
     """dy (..., D) -> dx (..., D), dweight (D,)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
-        return door(rmsnorm_backward, dy, cache)
-    saved = opened(rmsnorm_forward, cache)
-    x_hat, r, weight = saved
+        return door(rmsnorm_backward, dy, saved)
+    values = opened(rmsnorm_forward, saved)
+    x_hat, r, weight = values
     xp = backend.namespace_of(dy, x_hat)
     d = x_hat.shape[-1]
     dweight = xp.sum(xp.reshape(dy, (-1, d)) * xp.reshape(x_hat, (-1, d)), axis=0)  # (D,)

@@ -36,7 +36,7 @@ from .contracts import (
     rotary_inputs,
     rotary_table_inputs,
     state,
-    with_cache,
+    with_saved,
 )
 
 THETA = 10000.0  # LlamaConfig's rope_theta default (Llama 3: 500000.0)
@@ -104,20 +104,20 @@ def over_heads(table: Array) -> Array:
 
 @forward_op(rotary_inputs)
 def rotary_forward(x: Array, cos: Array, sin: Array) -> tuple[Array, Any]:
-    """x (B, H, T, E), cos and sin (T, E) or (B, T, E) -> y (B, H, T, E), cache (cos, sin)."""
+    """x (B, H, T, E), cos and sin (T, E) or (B, T, E) -> y (B, H, T, E), saved (cos, sin)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(rotary_forward, x, cos, sin)
     cos, sin = over_heads(cos), over_heads(sin)  # (1, T, E) or (B, 1, T, E)
     y = x * cos + rotate_half(x) * sin  # (B, H, T, E)
-    return with_cache(rotary_forward, y, (cos, sin))
+    return with_saved(rotary_forward, y, (cos, sin))
 
 
 @backward_op(rotary_forward)
-def rotary_backward(dy: Array, cache: Any) -> Array:
+def rotary_backward(dy: Array, saved: Any) -> Array:
     """dy (B, H, T, E) -> dx (B, H, T, E): the transposed rotation, the turn by -angle."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
-        return door(rotary_backward, dy, cache)
-    saved = opened(rotary_forward, cache)
-    cos, sin = saved
+        return door(rotary_backward, dy, saved)
+    values = opened(rotary_forward, saved)
+    cos, sin = values
     dx = dy * cos - rotate_half(dy * sin)  # (B, H, T, E) = R^T dy
     return dx

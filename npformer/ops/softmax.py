@@ -33,20 +33,20 @@ from .contracts import (
     opened,
     softmax_inputs,
     state,
-    with_cache,
+    with_saved,
 )
 
 
 @forward_op(softmax_inputs)
 def softmax_forward(x: Array, axis: int = -1, mask: Array | None = None) -> tuple[Array, Any]:
-    """x (...) -> p (...), cache (p, axis).  mask: boolean, broadcasts to x, True = keep."""
+    """x (...) -> p (...), saved (p, axis).  mask: boolean, broadcasts to x, True = keep."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(softmax_forward, x, axis, mask)
     xp = backend.namespace_of(x)
     if mask is not None:
         x = x + mask_bias(mask, x.dtype)  # masked entries become -inf
     if x.shape[axis] == 0:  # nothing to normalise over: p is as empty as x
-        return with_cache(softmax_forward, *empty_like_input(x))
+        return with_saved(softmax_forward, *empty_like_input(x))
     m = xp.max(x, axis=axis, keepdims=True)
     if mask is not None:
         m = xp.where(xp.isfinite(m), m, xp.zeros_like(m))  # a fully masked row has max -inf
@@ -55,7 +55,7 @@ def softmax_forward(x: Array, axis: int = -1, mask: Array | None = None) -> tupl
     if mask is not None:
         total = xp.where(total > 0, total, xp.ones_like(total))  # 0 / 1 on fully masked rows
     p = e / total
-    return with_cache(softmax_forward, p, (p, axis))
+    return with_saved(softmax_forward, p, (p, axis))
 
 
 def mask_bias(mask: Array | None, dtype: Any) -> Array | None:
@@ -69,12 +69,12 @@ def mask_bias(mask: Array | None, dtype: Any) -> Array | None:
 
 
 @backward_op(softmax_forward)
-def softmax_backward(dp: Array, cache: Any) -> Array:
+def softmax_backward(dp: Array, saved: Any) -> Array:
     """dp (...) -> dx (...) = p * (dp - sum(dp * p))."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
-        return door(softmax_backward, dp, cache)
-    saved = opened(softmax_forward, cache)
-    p, axis = saved
+        return door(softmax_backward, dp, saved)
+    values = opened(softmax_forward, saved)
+    p, axis = values
     xp = backend.namespace_of(dp, p)
     inner = xp.sum(dp * p, axis=axis, keepdims=True)  # <dp, p> per row
     return p * (dp - inner)
@@ -82,32 +82,32 @@ def softmax_backward(dp: Array, cache: Any) -> Array:
 
 @forward_op(log_softmax_inputs)
 def log_softmax_forward(x: Array, axis: int = -1) -> tuple[Array, Any]:
-    """x (...) -> y = log softmax(x) (...), cache (p = exp(y), axis)."""
+    """x (...) -> y = log softmax(x) (...), saved (p = exp(y), axis)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(log_softmax_forward, x, axis)
     xp = backend.namespace_of(x)
     if x.shape[axis] == 0:  # nothing to normalise over: y is as empty as x
-        return with_cache(log_softmax_forward, *empty_like_input(x))
+        return with_saved(log_softmax_forward, *empty_like_input(x))
     shifted = x - xp.max(x, axis=axis, keepdims=True)
     e = xp.exp(shifted)
     total = xp.sum(e, axis=axis, keepdims=True)
     y = shifted - xp.log(total)
     p = e / total  # exp(y), kept for the backward
-    return with_cache(log_softmax_forward, y, (p, axis))
+    return with_saved(log_softmax_forward, y, (p, axis))
 
 
 @backward_op(log_softmax_forward)
-def log_softmax_backward(dy: Array, cache: Any) -> Array:
+def log_softmax_backward(dy: Array, saved: Any) -> Array:
     """dy (...) -> dx (...) = dy - p * sum(dy)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
-        return door(log_softmax_backward, dy, cache)
-    saved = opened(log_softmax_forward, cache)
-    p, axis = saved
+        return door(log_softmax_backward, dy, saved)
+    values = opened(log_softmax_forward, saved)
+    p, axis = values
     xp = backend.namespace_of(dy, p)
     return dy - p * xp.sum(dy, axis=axis, keepdims=True)
 
 
 def empty_like_input(x: Array) -> tuple[Array, Any]:
-    """The (empty) result and cache of a softmax over an axis of length 0: shape of x."""
+    """The (empty) result and saved of a softmax over an axis of length 0: shape of x."""
     p = backend.namespace_of(x).zeros_like(x)
     return p, (p, -1)

@@ -22,7 +22,7 @@ from typing import Any
 
 from .. import backend
 from ..backend import Array
-from .contracts import backward_op, door, forward_op, opened, state, swiglu_inputs, with_cache
+from .contracts import backward_op, door, forward_op, opened, state, swiglu_inputs, with_saved
 
 
 def sigmoid(a: Array) -> Array:
@@ -34,21 +34,21 @@ def sigmoid(a: Array) -> Array:
 
 @forward_op(swiglu_inputs)
 def swiglu_forward(a: Array, b: Array) -> tuple[Array, Any]:
-    """a (...) the gate, b (...) the up projection -> h = silu(a) b (...), cache (a, b, s)."""
+    """a (...) the gate, b (...) the up projection -> h = silu(a) b (...), saved (a, b, s)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
         return door(swiglu_forward, a, b)
     s = sigmoid(a)  # (...)
     h = a * s * b  # (...)
-    return with_cache(swiglu_forward, h, (a, b, s))
+    return with_saved(swiglu_forward, h, (a, b, s))
 
 
 @backward_op(swiglu_forward)
-def swiglu_backward(dh: Array, cache: Any) -> tuple[Array, Array]:
+def swiglu_backward(dh: Array, saved: Any) -> tuple[Array, Array]:
     """dh (...) -> da (...), db (...)."""
     if not state.trusted:  # a call from outside a door: its contract, then this op trusted
-        return door(swiglu_backward, dh, cache)
-    saved = opened(swiglu_forward, cache)
-    a, b, s = saved
+        return door(swiglu_backward, dh, saved)
+    values = opened(swiglu_forward, saved)
+    a, b, s = values
     dsilu = s * (1.0 + a * (1.0 - s))  # silu'(a)
     da = dh * b * dsilu  # (...)
     db = dh * (a * s)  # (...) dh silu(a)

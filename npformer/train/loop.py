@@ -1,4 +1,4 @@
-"""The training loop: :class:`Trainer`, one update (:meth:`Trainer.train_step`, as
+"""The training loop: :class:`Trainer`, one update (:meth:`Trainer.update`, as
 nanoGPT writes it) and the loop that makes them (:meth:`Trainer.fit`).
 
 A :class:`npformer.train.tasks.Task` runs the forward pass, the loss
@@ -108,16 +108,15 @@ class Trainer:
 
     # ----------------------------------------------------------------- one update
     def update(self) -> float:
-        """One optimizer update (:meth:`train_step`); returns its mean loss.  With
-        ``cuda_graph`` on CuPy the update is replayed as a CUDA graph
-        (:class:`npformer.gpu.cuda_graph.GraphedSteps`)."""
+        """One optimizer update; returns its mean loss.  With ``cuda_graph`` on CuPy the
+        update is replayed as a CUDA graph (:class:`npformer.gpu.cuda_graph.GraphedSteps`)."""
         self.model.train()
         if not self.cuda_graphs.on():
-            return self.train_step()
+            return self._eager_update()
         batch, seed = self._draw_batch()
         replayed = self.cuda_graphs.update(batch)  # None: not captured, eager from now on
         if replayed is None:
-            return self.train_step(first=(batch, seed))
+            return self._eager_update(first=(batch, seed))
         self._items = self.task.count(batch)
         loss, norm, finite = (float(x) for x in replayed)
         self._check_loss(loss)
@@ -126,7 +125,7 @@ class Trainer:
                                                                     norm)))
         return loss
 
-    def train_step(self, first: tuple | None = None) -> float:
+    def _eager_update(self, first: tuple | None = None) -> float:
         """One update as nanoGPT writes it: forward, loss and backward of ``grad_accum``
         batches, clipping, the optimizer's step.  Returns the update's mean loss
         (``first``: its first (batch, seed), already drawn)."""
@@ -140,7 +139,9 @@ class Trainer:
                 with backend.thread_generator(seed):  # its dropout masks drawn from seed
                     losses.append(self.task.loss_and_grad(self.model, batch, scale))
             else:  # data parallelism: the batch sharded over the workers, gradients summed
-                loss, count = self.workers.loss_and_grad(self.task, batch, scale, seed)
+                loss, count = self.workers.loss_and_grad(  # the last batch's backward
+                    self.task, batch, scale, seed,  # starts the gradients' sum (MPI ranks)
+                    ends_step=i == self.config.grad_accum - 1)
                 self._items += count
                 losses.append(loss)
         loss = float(np.mean(losses))
