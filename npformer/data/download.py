@@ -113,9 +113,7 @@ TINY_SHAKESPEARE = DatasetSpec(
 
 def cache_dir() -> Path:
     """The per-user cache folder: ``$XDG_CACHE_HOME/npformer`` or ``~/.cache/npformer``."""
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg else Path.home() / ".cache"
-    return base / "npformer"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "npformer"
 
 
 def _find_in_folder(folder: Path, names: Sequence[str]) -> Path | None:

@@ -114,6 +114,5 @@ def split_validation(examples: list, n_val: int, seed: int = 0) -> tuple[list, l
     rng = np.random.default_rng(seed)
     is_val = np.zeros(len(examples), dtype=bool)
     is_val[rng.permutation(len(examples))[:n_val]] = True
-    train = [ex for ex, v in zip(examples, is_val) if not v]
-    val = [ex for ex, v in zip(examples, is_val) if v]
-    return train, val
+    return ([ex for ex, v in zip(examples, is_val) if not v],
+            [ex for ex, v in zip(examples, is_val) if v])

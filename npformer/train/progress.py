@@ -247,9 +247,8 @@ def write_line(line: str) -> None:
 def set_enabled(enabled: bool) -> None:
     """Show (True, the default) or hide the phases opened outside any other (a demo's
     ``--no-progress``); a reporter made with ``enabled`` is not affected."""
-    enabled = check_flag(enabled, "set_enabled's enabled")
     global _shown
-    _shown = enabled
+    _shown = check_flag(enabled, "set_enabled's enabled")
 
 
 def clock_time(seconds: float) -> str:
