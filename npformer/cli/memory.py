@@ -54,11 +54,8 @@ def training_memory(config: Any, batch_size: int, sequence_length: int,
 
     parameters = parameter_count(config)
     tokens = batch_size * sequence_length
-    if isinstance(config, LlamaConfig):  # no table of positions: rotary's are computed
-        activations = tokens * (config.d_model * config.num_layers
-                                + config.vocab_size)
-        return TrainingMemory(parameters, itemsize * 4 * parameters, itemsize * activations)
-    tables = 0 if config.positional == "learned" else config.block_size * config.d_model
+    tables = 0 if isinstance(config, LlamaConfig) or config.positional == "learned" else \
+        config.block_size * config.d_model  # Llama's rotary positions are computed
     if isinstance(config, Seq2SeqConfig):
         tables *= 2  # one per side
         blocks = config.num_encoder_layers + config.num_decoder_layers
@@ -66,7 +63,7 @@ def training_memory(config: Any, batch_size: int, sequence_length: int,
     elif isinstance(config, ClassifierConfig):
         activations = tokens * config.d_model * config.num_layers + \
             batch_size * config.num_classes
-    else:
+    else:  # a causal LM: GPT-2's or Llama's
         activations = tokens * (config.d_model * config.num_layers + config.vocab_size)
     return TrainingMemory(parameters, itemsize * (4 * parameters + tables),
                           itemsize * activations)
