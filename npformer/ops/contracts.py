@@ -10,57 +10,38 @@ signature and written here, once, for both tiers:
     @backward_op(linear_forward)          # dy of the forward's output shape and dtype
     def linear_backward(dy, values): ...
 
-* :func:`forward_op` checks the contract, runs the body, and wraps what the body keeps
-  for its backward in a :class:`Saved` that says which op and which tier made it, with
-  the output's shape and dtype.
-* :func:`backward_op` refuses saved values that are not its forward's (None, another op's, the
-  other tier's), checks the upstream gradient against the output's shape and dtype, and
-  hands the body the saved values.
-* :func:`checked_op`: an op without a backward (masks, tables), its contract checked.
+:func:`forward_op` checks the contract and wraps what the body keeps for its backward in
+a :class:`Saved` naming the op, its tier and the output's shape and dtype;
+:func:`backward_op` refuses saved values that are not its forward's (None, another op's,
+the other tier's) and checks the upstream gradient; :func:`checked_op` checks the
+contract of an op without a backward (masks, tables).
 
 Checked once, at the door.  The first public entry a call passes (an op called by a
 user, a :class:`npformer.nn.Module`'s forward or backward) checks its contract and runs
-everything inside it *trusted*: the ops and modules it calls skip their contracts, since
-their arguments are the door's (already checked) or values the package computed.  A
+everything inside it *trusted*: the ops and modules it calls skip their contracts.  A
 module whose inputs are more than one op's (a block, a model) declares
-``check_inputs``; a leaf layer's door is its op's contract.  The owner of saved values is checked
-on every backward (an O(1) comparison): it is what a module cannot know.
+``check_inputs``.  The owner of saved values is checked on every backward (O(1)).
 
-Why a named contract per op and not shape annotations checked at run time (jaxtyping
-with beartype): the annotations would document the shapes well, but checking them at
-every op of a training step inspects every argument of every call, many times the
-cost of the call itself (``bench/README.md`` has the measurement), where the contract
-here costs one attribute read inside the door; and the errors the suite requires
-(which argument, which axis, the sizes, the token id out of range and the vocabulary,
-the mask and the scores it must broadcast to) need the checks below anyway.
+Why not shape annotations checked at run time (jaxtyping with beartype): checking them
+at every op of a training step costs many times the call itself (``bench/README.md``
+has the measurement), where a contract costs one attribute read inside the door; and
+the errors the suite requires (which argument, which axis, the sizes, the token id out
+of range) need the checks below anyway.
 
-The documented exceptions: TypeError for something of the wrong kind (not an array,
-wrong dtype, not this op's saved values), ValueError for a wrong shape or value (an upstream
-gradient whose shape is not the forward's output's, a size below its minimum),
-RuntimeError for a backward with no forward to differentiate, and :class:`TokenIdError`
-(an IndexError and a ValueError) for a token id outside the vocabulary.  Every check is
-O(1) except the token-id range scan, one per door.
+The exceptions: TypeError for the wrong kind (not an array, wrong dtype, not this op's
+saved values), ValueError for a wrong shape or value, RuntimeError for a backward with
+no forward, :class:`TokenIdError` (an IndexError and a ValueError) for a token id
+outside the vocabulary, :class:`KindError` (a TypeError and a ValueError) for a value of
+the wrong kind.  Every check is O(1) except the token-id range scan, one per door.
 
-This module imports only :mod:`npformer.backend`: every other module may use its checks
-(``check_size``, ``check_real``, ``check_choice``...), and none of its rules is written
-twice.  One converter per kind of argument, used at every door that takes one:
-
-* a switch, :func:`check_flag`: Python's or NumPy's bool, never a str ("no") or 0/1;
-* a count, :func:`check_size`: an integer (NumPy's too), not a bool or 5.0, with a least;
-* a real number in a range, :func:`check_real` (:func:`check_probability`): finite;
-* a path, :func:`check_path`: a non-empty str or os.PathLike ("" is no folder);
-* a list of words, pieces or tokens, :func:`check_strings` (a corpus of such lists,
-  :func:`check_string_lists`): a str is refused by name, an item of another type by
-  its position;
-* a JSON document, :func:`read_json_object`: its faults named with the document.
-
-A value of the wrong kind raises :class:`KindError`, a TypeError and a ValueError.
-
-The rules of other owners live with them: the configs' in
-:mod:`npformer.models.configs`, the optimizers' in :mod:`npformer.optim`, the weight
-loaders' in :mod:`npformer.nn.state`, the models' token batches in
-:mod:`npformer.models.common`, the decoders' in :mod:`npformer.decoding`, the command
-line's in :mod:`npformer.cli.options`.
+This module imports only :mod:`npformer.backend`, so every module may use its
+converters, one per kind of argument: a switch (:func:`check_flag`: a bool, never "no"
+or 0/1), a count (:func:`check_size`: an integer, not a bool or 5.0), a real number in a
+range (:func:`check_real`, :func:`check_probability`), a path (:func:`check_path`: never
+""), a list of words (:func:`check_strings`, :func:`check_string_lists`: a str refused by
+name, an item by its position), a JSON document (:func:`read_json_object`).  The rules
+of other owners live with them (configs, optimizers, weight loaders, decoders, the
+command line).
 """
 from __future__ import annotations
 
@@ -80,11 +61,7 @@ from .. import backend
 from ..backend import Array
 
 ACTIVATION_NAMES = ("relu", "gelu", "gelu_tanh")  # every tier's table has exactly these
-
-
 FLOAT_DTYPES = ("float32", "float64")  # what the ops compute in
-
-
 POOLINGS = ("mean", "max", "first")
 
 
@@ -112,17 +89,6 @@ def trusted() -> bool:
     return _state.trusted
 
 
-def run_trusted(body: Callable, *args: Any, **kwargs: Any) -> Any:
-    """body(*args, **kwargs) with every contract inside it skipped (the door checked)."""
-    if _state.trusted:
-        return body(*args, **kwargs)
-    _state.trusted = True
-    try:
-        return body(*args, **kwargs)
-    finally:
-        _state.trusted = False
-
-
 @contextmanager
 def trusting() -> Iterator[None]:
     """A block run trusted (``with trusting(): model.backward(dlogits)``): for code of the
@@ -138,6 +104,12 @@ def trusting() -> Iterator[None]:
         _state.trusted = False
 
 
+def run_trusted(body: Callable, *args: Any, **kwargs: Any) -> Any:
+    """body(*args, **kwargs) with every contract inside it skipped (the door checked)."""
+    with trusting():
+        return body(*args, **kwargs)
+
+
 class Saved(NamedTuple):
     """What a forward keeps for its backward, and who made it."""
 
@@ -148,14 +120,7 @@ class Saved(NamedTuple):
     values: Any  # what the backward's derivation reads
 
 
-# The decorators' types: a forward returns (output, Saved), made by with_saved from what
-# its derivation keeps; a backward reads the saved values of its forward's Saved.
-ForwardBody = Callable[..., tuple[Array, Saved]]
-
-
-ForwardOp = Callable[..., tuple[Array, Saved]]
-
-
+ForwardOp = Callable[..., tuple[Array, Saved]]  # returns (output, with_saved(...)'s Saved)
 UpstreamCheck = Callable[[Any, Saved, str], None]  # upstream(dy, saved, what) raises if wrong
 
 
@@ -206,7 +171,7 @@ def checked_op(contract: Callable[..., None]) -> Callable[[Callable], Callable]:
 
 
 def forward_op(contract: Callable[..., None],
-               tier: str | None = None) -> Callable[[ForwardBody], ForwardOp]:
+               tier: str | None = None) -> Callable[[ForwardOp], ForwardOp]:
     """A forward ``op(*args) -> (output, Saved)``: the contract checked at the door (its
     first statement), its saved values returned by :func:`with_saved` in a :class:`Saved`
     naming this op and tier (``tier``: default the op's package).  ``op.unchecked(*args)``:
@@ -301,9 +266,7 @@ def check_rank(x: Any, ranks: int | tuple[int, ...], what: str) -> None:
     ranks = (ranks,) if isinstance(ranks, int) else tuple(ranks)
     if x.ndim not in ranks:
         expected = " or ".join(str(r) for r in ranks)
-        raise ValueError(
-            f"{what} must have {expected} dimensions, got shape {tuple(x.shape)}"
-        )
+        raise ValueError(f"{what} must have {expected} dimensions, got shape {tuple(x.shape)}")
 
 
 def check_min_rank(x: Any, rank: int, what: str, axes: str) -> None:
@@ -315,9 +278,7 @@ def check_min_rank(x: Any, rank: int, what: str, axes: str) -> None:
 def check_last_dim(x: Any, width: int, what: str) -> None:
     check_array(x, what)
     if x.ndim == 0 or x.shape[-1] != width:
-        raise ValueError(
-            f"{what} must have last dimension {width}, got shape {tuple(x.shape)}"
-        )
+        raise ValueError(f"{what} must have last dimension {width}, got shape {tuple(x.shape)}")
 
 
 def broadcast_shape(a: tuple, b: tuple) -> tuple | None:
@@ -339,16 +300,13 @@ def check_mask(mask: Any, scores_shape: tuple, what: str = "attention mask",
     check_array(mask, what)
     xp = backend.namespace_of(mask)
     if mask.dtype != xp.bool:
-        raise TypeError(
-            f"{what} must be a boolean array (True = may attend), got dtype {mask.dtype}"
-        )
+        raise TypeError(f"{what} must be a boolean array (True = may attend), got dtype "
+                        f"{mask.dtype}")
     if broadcast_shape(tuple(mask.shape), tuple(scores_shape)) != tuple(scores_shape):
         legend = (" (batch, heads, queries, keys)"
                   if target == "the attention scores" and len(scores_shape) == 4 else "")
-        raise ValueError(
-            f"{what} of shape {tuple(mask.shape)} does not broadcast to {target} "
-            f"of shape {tuple(scores_shape)}{legend}"
-        )
+        raise ValueError(f"{what} of shape {tuple(mask.shape)} does not broadcast to {target} "
+                         f"of shape {tuple(scores_shape)}{legend}")
 
 
 def check_token_ids(ids: Any, vocab_size: int, what: str = "token ids",
@@ -367,10 +325,8 @@ def check_token_ids(ids: Any, vocab_size: int, what: str = "token ids",
     low, high = backend.host_range(checked)
     if low < 0 or high >= vocab_size:
         bad = low if low < 0 else high
-        raise TokenIdError(
-            f"{what} out of range: found id {bad}, but the vocabulary has {vocab_size} "
-            f"entries (valid ids are 0..{vocab_size - 1})"
-        )
+        raise TokenIdError(f"{what} out of range: found id {bad}, but the vocabulary has "
+                           f"{vocab_size} entries (valid ids are 0..{vocab_size - 1})")
 
 
 def check_size(value: Any, what: str, minimum: int = 0, optional: bool = False) -> int | None:
@@ -855,8 +811,7 @@ def pool_inputs(h: Array, valid_lens: Array, how: str = "mean") -> None:
     """h (B, T, D) floats, valid_lens (B,) integers in [1, T] (T >= 1 unless B = 0)."""
     check_float(h, "pooling input")
     check_rank(valid_lens, 1, "valid lengths")
-    if not backend.is_integer_array(valid_lens):
-        raise TypeError(f"valid lengths must be integers, got dtype {valid_lens.dtype}")
+    check_integers(valid_lens, "valid lengths")
     backend.check_one_library("pooling", input=h, valid_lengths=valid_lens)
     check_rank(h, 3, "pooling input (batch, positions, width)")
     if how not in POOLINGS:
@@ -881,8 +836,7 @@ def valid_rows_inputs(h: Array, valid_lens: Array) -> None:
     check_float(h, "input to valid_rows")
     check_min_rank(h, 2, "input to valid_rows", "(batch, positions, ...)")
     check_rank(valid_lens, 1, "valid lengths")
-    if not backend.is_integer_array(valid_lens):
-        raise TypeError(f"valid lengths must be integers, got dtype {valid_lens.dtype}")
+    check_integers(valid_lens, "valid lengths")
     if valid_lens.shape[0] != h.shape[0]:
         raise ValueError(f"{valid_lens.shape[0]} valid lengths for a batch of {h.shape[0]}")
     check_valid_lengths(valid_lens, h.shape[1])
@@ -915,8 +869,7 @@ def cross_entropy_inputs(logits: Array, targets: Array, ignore_index: int = -100
 def padding_mask_inputs(valid_lens: Array, num_keys: int) -> None:
     check_rank(valid_lens, 1, "valid lengths")
     check_size(num_keys, "num_keys")
-    if not backend.is_integer_array(valid_lens):
-        raise TypeError(f"valid lengths must be integers, got dtype {valid_lens.dtype}")
+    check_integers(valid_lens, "valid lengths")
 
 
 def causal_mask_inputs(num_queries: int, num_keys: int | None = None,
