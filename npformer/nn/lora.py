@@ -41,9 +41,31 @@ def kaiming_uniform_a(d_in: int, r: int, like: Array) -> Array:
     return backend.copy_like(draw, like)
 
 
-class Merging:
-    """merge and unmerge of an adapter whose update of ``self.weight`` is
-    ``self.delta_weight()`` (s A B): :class:`LoRALinear`'s and :class:`LoRAEmbedding`'s."""
+class Adapter(Module):
+    """What :class:`LoRALinear` and :class:`LoRAEmbedding` share: the settings (r, alpha,
+    dropout) checked and kept, the scale s = alpha / r, the update s A B of
+    ``self.weight``, and merge / unmerge."""
+
+    def _settings(self, base: Module, kind: type, r: int, alpha: float | None,
+                  dropout: float) -> None:
+        if not isinstance(base, kind):
+            raise TypeError(f"{type(self).__name__} adapts {'an' if kind is Embedding else 'a'} "
+                            f"{kind.__name__} layer, got {type(base).__name__}")
+        self.r, alpha, dropout = check_adapter_settings(r, alpha, dropout)
+        self.alpha = float(self.r) if alpha is None else alpha
+        self.dropout = Dropout(dropout)
+        self.merged = False
+        self._unmerged_weight: Array | None = None
+        base.freeze()
+
+    @property
+    def scale(self) -> float:
+        """alpha / r: the update's scale (PEFT's ``scaling``)."""
+        return self.alpha / self.r
+
+    def delta_weight(self) -> Array:
+        """s A B, of the weight's shape: what the adapter adds to it."""
+        return self.scale * (self.lora_A.data @ self.lora_B.data)
 
     def merge(self) -> None:
         """W <- W + s A B: the adapted map in the weight alone (inference, export; the
@@ -64,35 +86,19 @@ class Merging:
         self.merged = False
 
 
-class LoRALinear(Merging, Module):
+class LoRALinear(Adapter):
     """y = x W + b + (alpha / r) dropout(x) A B, with W and b a Linear's (frozen) and A
     (D_in, r), B (r, D_out) trained; B starts at zero, A as PEFT draws it."""
 
     def __init__(self, base: Linear, r: int, alpha: float | None = None, dropout: float = 0.0):
-        if not isinstance(base, Linear):
-            raise TypeError(f"LoRALinear adapts a Linear layer, got {type(base).__name__}")
-        self.r, alpha, dropout = check_adapter_settings(r, alpha, dropout)
-        self.alpha = float(self.r) if alpha is None else alpha
+        self._settings(base, Linear, r, alpha, dropout)
         self.in_features, self.out_features = base.in_features, base.out_features
-        base.freeze()
         self.weight, self.bias = base.weight, base.bias  # the frozen map, its own names
         w = base.weight.data
         zeros = backend.namespace_of(w).zeros((self.r, self.out_features), dtype=w.dtype,
                                               device=getattr(w, "device", None))
         self.lora_A = Parameter(kaiming_uniform_a(self.in_features, self.r, w))
         self.lora_B = Parameter(zeros)
-        self.dropout = Dropout(dropout)
-        self.merged = False
-        self._unmerged_weight: Array | None = None
-
-    @property
-    def scale(self) -> float:
-        """alpha / r: the update's scale (PEFT's ``scaling``)."""
-        return self.alpha / self.r
-
-    def delta_weight(self) -> Array:
-        """s A B (D_in, D_out): what the adapter adds to W."""
-        return self.scale * (self.lora_A.data @ self.lora_B.data)
 
     def forward(self, x: Array) -> Array:
         """x (..., D_in) -> (..., D_out)."""
@@ -122,7 +128,7 @@ class LoRALinear(Merging, Module):
                 f"alpha={self.alpha}, dropout={self.dropout.p})")
 
 
-class LoRAEmbedding(Merging, Module):
+class LoRAEmbedding(Adapter):
     """A frozen token Embedding plus a trained low-rank update of its table, as PEFT's
     ``lora.Embedding``: y = E[ids] + s A[ids] B, with E (V, D) the embedding's (frozen),
     A (V, r) and B (r, D) trained, s = alpha / r; A starts at zero and B standard normal
@@ -140,17 +146,12 @@ class LoRAEmbedding(Merging, Module):
 
     def __init__(self, base: Module, r: int, alpha: float | None = None, dropout: float = 0.0,
                  padding_idx: int | None = None):
-        if not isinstance(base, Embedding):
-            raise TypeError(f"LoRAEmbedding adapts an Embedding layer, got "
-                            f"{type(base).__name__}")
-        self.r, alpha, dropout = check_adapter_settings(r, alpha, dropout)
-        self.alpha = float(self.r) if alpha is None else alpha
+        self._settings(base, Embedding, r, alpha, dropout)
         self.num_embeddings, self.embedding_dim = base.num_embeddings, base.embedding_dim
         if padding_idx is not None:
             check_size(padding_idx, "padding_idx", 0, self.num_embeddings - 1)
         self.padding_idx = padding_idx
         self._base_class = type(base)  # its tied projection, run on this layer's table
-        base.freeze()
         self.weight = base.weight  # the frozen table, its own name
         w = base.weight.data
         xp = backend.namespace_of(w)
@@ -158,18 +159,6 @@ class LoRAEmbedding(Merging, Module):
                                          device=getattr(w, "device", None)))
         self.lora_B = Parameter(backend.copy_like(
             backend.random_normal((self.r, self.embedding_dim)), w))
-        self.dropout = Dropout(dropout)
-        self.merged = False
-        self._unmerged_weight: Array | None = None
-
-    @property
-    def scale(self) -> float:
-        """alpha / r: the update's scale (PEFT's ``scaling``)."""
-        return self.alpha / self.r
-
-    def delta_weight(self) -> Array:
-        """s A B (V, D): what the adapter adds to the table."""
-        return self.scale * (self.lora_A.data @ self.lora_B.data)
 
     def forward(self, ids: Array) -> Array:
         """ids (...) -> (..., D)."""
