@@ -1,7 +1,6 @@
 """GPT-2 checkpoints in Hugging Face's format: load one into a :class:`CausalLM`, save one.
 
-A GPT-2 folder is what ``transformers.GPT2LMHeadModel.save_pretrained`` writes (and
-what the Hub's ``gpt2``, ``gpt2-medium`` ... hold):
+A GPT-2 folder is what ``GPT2LMHeadModel.save_pretrained`` writes (the Hub's ``gpt2``...):
 
 * ``config.json``: the sizes (``vocab_size``, ``n_positions``, ``n_embd``, ``n_layer``,
   ``n_head``, ``n_inner``), ``activation_function``, ``layer_norm_epsilon``,
@@ -12,8 +11,8 @@ what the Hub's ``gpt2``, ``gpt2-medium`` ... hold):
 * ``tokenizer.json``: GPT-2's byte-level BPE, read with the ``tokenizers`` library
   (:class:`Tokenizer`).
 
-The weights map one to one onto npformer's :class:`npformer.models.CausalLM` (pre-norm,
-learned positions, the tied head):
+The weights map one to one onto :class:`npformer.models.CausalLM` (heads are the same
+column blocks on both sides):
 
 | Hugging Face (``transformer.`` dropped) | npformer (``blocks.i.`` as ``b.``)          |
 |-----------------------------------------|---------------------------------------------|
@@ -28,29 +27,21 @@ learned positions, the tied head):
 | ``lm_head.weight`` (V, D), untied only  | ``lm_head.weight`` (D, V): transposed       |
 
 GPT-2's ``Conv1D`` layers hold their weights as (in, out), npformer's :class:`Linear`
-layout, so only the untied head (a ``torch.nn.Linear``) is transposed.  Heads are the
-same column blocks on both sides.  The causal-mask buffers of older checkpoints
-(``attn.bias``, ``attn.masked_bias``) are not weights and are skipped.
+layout: only the untied head (a ``torch.nn.Linear``) is transposed.  The causal-mask
+buffers of older checkpoints (``attn.bias``, ``attn.masked_bias``) are skipped.
 
-What npformer cannot express is refused by name, never approximated: another
-``model_type`` or architecture, cross-attention (``add_cross_attention``),
-``scale_attn_by_inverse_layer_idx``, unscaled scores (``scale_attn_weights`` false), an
-activation other than ReLU and the exact or tanh GELU.  (``reorder_and_upcast_attn``
-only changes float16 arithmetic, which npformer does not use.)  Hugging Face's dropout
-probabilities are training settings, not weights, and npformer drops elsewhere (no
-attention-probability dropout): they are not read; pass ``dropout=`` to fine-tune with
-dropout.
+Refused by name, never approximated: another ``model_type`` or architecture,
+``add_cross_attention``, ``scale_attn_by_inverse_layer_idx``, unscaled scores
+(``scale_attn_weights`` false), an activation other than ReLU and the exact or tanh
+GELU.  (``reorder_and_upcast_attn`` only changes float16 arithmetic.)  Hugging Face's
+dropout probabilities are training settings and are not read: pass ``dropout=``.
 
-A name that is not a folder (``"gpt2"``) is downloaded from the Hugging Face Hub with
-``huggingface_hub`` into the user's cache (``~/.cache/huggingface``) where the network
-allows.  ``tokenizers`` and ``huggingface_hub`` are the ``hf`` extra
-(``pip install "npformer[hf]"``), imported only when used.
-
-:meth:`CausalLM.from_pretrained` and :meth:`CausalLM.save_pretrained` are the entries
-(:func:`npformer.interop.auto.from_pretrained` for a folder of any family); they pass their
-class to :func:`load_folder` and :func:`save_folder` here (this module, below the models,
-imports none of them).  :meth:`Tokenizer.from_pretrained` reads the tokenizer of a folder
-of any family.
+A name that is not a folder (``"gpt2"``) is downloaded from the Hub into the user's
+cache with ``huggingface_hub``; it and ``tokenizers`` are the ``hf`` extra
+(``pip install "npformer[hf]"``), imported only when used.  The entries are
+:meth:`CausalLM.from_pretrained` and :meth:`CausalLM.save_pretrained` (and
+:func:`npformer.interop.auto.from_pretrained`), which pass their class to
+:func:`load_folder` and :func:`save_folder`: this module imports no model.
 """
 from __future__ import annotations
 

@@ -1,51 +1,36 @@
 """Llama, Qwen2 and Qwen3 checkpoints in Hugging Face's format: load one into a
 :class:`npformer.models.LlamaCausalLM`, save one.
 
-:meth:`LlamaCausalLM.from_pretrained` and :meth:`LlamaCausalLM.save_pretrained` are the
-entries (:func:`npformer.interop.auto.from_pretrained` for a folder of any family); they
-pass their class to :func:`load_folder` and :func:`save_folder` here (this module, below
-the models, imports none of them: ``config_from_hf`` takes the config class).
+The entries are :meth:`LlamaCausalLM.from_pretrained` and
+:meth:`LlamaCausalLM.save_pretrained` (and :func:`npformer.interop.auto.from_pretrained`),
+which pass their class to :func:`load_folder` and :func:`save_folder`: this module
+imports no model.
 
 A folder is what ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` or ``Qwen3ForCausalLM``'s
 ``save_pretrained`` writes (Llama 3.x, SmolLM2, TinyLlama, Qwen2.5, Qwen3 on the Hub):
+``config.json`` (``model_type`` "llama", "qwen2" or "qwen3", the sizes, ``rms_norm_eps``,
+the rotary base and scaling, ``tie_word_embeddings``, ``attention_bias``),
+``model.safetensors`` or the shards its index names, and ``tokenizer.json``
+(:meth:`Tokenizer.from_pretrained`; the end of text where transformers' ``generate``
+takes it, :func:`npformer.hf.gpt2.eos_of`).
 
-* ``config.json``: ``model_type`` ("llama", "qwen2", "qwen3"), the sizes
-  (``vocab_size``, ``hidden_size``, ``intermediate_size``, ``num_hidden_layers``,
-  ``num_attention_heads``, ``num_key_value_heads``, ``head_dim``,
-  ``max_position_embeddings``), ``rms_norm_eps``, the rotary base and scaling (the older
-  ``rope_theta`` and ``rope_scaling``, or transformers 5's ``rope_parameters``),
-  ``tie_word_embeddings``, ``attention_bias``;
-* ``model.safetensors``, or shards named by ``model.safetensors.index.json``;
-* ``tokenizer.json``, read with the ``tokenizers`` library (:meth:`Tokenizer.from_pretrained`;
-  its end of text where transformers' ``generate`` takes it).
+The weights map one to one, their names part by part (:data:`PART_NAMES`:
+``model.layers.0.self_attn.o_proj.weight`` is ``blocks.0.self_attn.out_proj.weight``;
+:func:`npformer_name`, :func:`hf_name`); a ``torch.nn.Linear``'s weight (out, in) is
+npformer's :class:`Linear` weight (in, out) transposed.  The families differ in their
+options: Llama's ``attention_bias`` puts biases on q, k, v and the output projection;
+Qwen2 has biases on q, k and v always (``qkv_bias``); Qwen3 has QK-norm (``qk_norm``)
+and Llama's ``attention_bias``.  bfloat16 checkpoints are read exactly as float32 and
+loaded into the model's float type, with a warning (NumPy has no bfloat16).
 
-The weights map one to one, their names part by part (:data:`PART_NAMES`: Hugging Face's
-``model.layers.0.self_attn.o_proj.weight`` is npformer's ``blocks.0.self_attn.out_proj.weight``:
-:func:`npformer_name`, :func:`hf_name`), and a ``torch.nn.Linear``'s weight (out, in) is
-npformer's :class:`Linear` weight (in, out) transposed; the embedding and the norms are
-copied.  The families differ in their options:
-Llama's ``attention_bias`` puts biases on q, k, v and the output projection; Qwen2 has
-biases on q, k and v always (``qkv_bias``); Qwen3 has QK-norm (``qk_norm``) and Llama's
-``attention_bias``.
-
-Real checkpoints are stored in bfloat16, which NumPy has not: they are read exactly as
-float32 and loaded into the model's float type, with a warning that says so.
-
-Each field is read as transformers reads it for the family (:func:`config_from_hf`): a field
-left out takes the family's default from its transformers config class (:data:`DEFAULTS`;
-Qwen3's head_dim is 128), a field the family's model does not read is not read (Qwen2's
-``attention_bias`` and ``mlp_bias``), every field's type is checked (:data:`FIELD_TYPES`),
-``hidden_act`` is SiLU under either of its names (``silu``, ``swish``), and the rotary
-fields are taken in transformers' order of priority (:func:`rope_from_hf`).  The end of
-text is where transformers' ``generate`` takes it (:func:`npformer.hf.gpt2.eos_of`; a list
-kept whole).
-
-Refused by name, never approximated: a ``model_type`` or architecture not listed, a
-``rope_type`` other than the default and ``llama3``, a partial rotation with ``llama3``,
-sliding-window attention (a layer whose ``layer_types`` is not ``full_attention``),
-mixture of experts, an activation other than SiLU, biases in Llama's feed-forward
-(``mlp_bias``), a ``rope_scaling`` without its type, a field of another type, a weight held
-under two names (with and without ``model.``).
+Each field is read as transformers reads it for the family (:func:`config_from_hf`): a
+field left out takes the family's default (:data:`DEFAULTS`), one the family's model
+does not read is not read, every type is checked (:data:`FIELD_TYPES`), and the rotary
+fields are taken in transformers' order (:func:`rope_from_hf`).  Refused by name, never
+approximated: another ``model_type`` or architecture, a ``rope_type`` other than the
+default and ``llama3``, a partial rotation with ``llama3``, sliding-window attention,
+mixture of experts, an activation other than SiLU (``silu``, ``swish``), ``mlp_bias``,
+a ``rope_scaling`` without its type, a weight held under two names.
 """
 from __future__ import annotations
 
