@@ -19,7 +19,9 @@ The options every kernel shares (:func:`jit`):
 * ``error_model="numpy"``: a division by zero gives inf, as in NumPy (no check per
   division, which would stop LLVM vectorizing the loop).
 * ``nogil=True``; not ``parallel=True``: on the 2-core machines this was measured on,
-  two thread replicas already keep both cores busy.
+  two thread replicas already keep both cores busy.  One exception, asked for by name
+  (``parallel=True``): the few-row product of :mod:`.streaming`, a decoding step's,
+  which one thread cannot feed from memory as fast as every core can.
 * ``cache=True``: the machine code is kept on disk (next to the kernel's file in
   ``__pycache__``, or under ``NUMBA_CACHE_DIR``, or the user's cache directory where the
   package is installed read-only), so a kernel compiles once per machine and version
@@ -66,6 +68,7 @@ def _load_numba() -> tuple[Any, str]:
 
 numba, WHY_NOT_COMPILED = _load_numba()
 COMPILED = numba is not None
+prange = numba.prange if COMPILED else range  # a parallel kernel's loop (``parallel=True``)
 KERNELS: list[tuple[str, str]] = []  # (module, name) of every kernel, as :func:`jit` meets it
 _warned = False
 
@@ -125,19 +128,22 @@ def _kernel_cache_class() -> type:
 _KernelCache = _kernel_cache_class() if COMPILED else None
 
 
-def jit(fn: Callable | None = None, inline: str = "never", contract: bool = False) -> Any:
+def jit(fn: Callable | None = None, inline: str = "never", contract: bool = False,
+        parallel: bool = False) -> Any:
     """numba's njit with the tier's options (see the module's docstring), or the function
     itself without numba.  ``inline="always"``: a scalar helper that numba inlines into
     its callers, so LLVM sees one loop body and vectorizes it (not cached on its own,
-    not a kernel).  ``contract=True``: a * b + c may become one fused multiply-add."""
+    not a kernel).  ``contract=True``: a * b + c may become one fused multiply-add.
+    ``parallel=True``: its ``prange`` loop runs on every core (numba's threads;
+    :mod:`.streaming`'s product, where one thread cannot read memory as fast as two)."""
     if fn is None:
-        return lambda f: jit(f, inline, contract)
+        return lambda f: jit(f, inline, contract, parallel=parallel)
     if inline == "never":
         KERNELS.append((fn.__module__, fn.__name__))
     if not COMPILED:
         return fn
     dispatcher = numba.njit(fastmath={"contract"} if contract else False, nogil=True,
-                            error_model="numpy", inline=inline)(fn)
+                            error_model="numpy", inline=inline, parallel=parallel)(fn)
     if inline == "never":
         dispatcher._cache = _KernelCache(dispatcher.py_func)  # numba's cache=True, stamped
     return dispatcher
