@@ -15,41 +15,25 @@ all heads, is applied to every slice:
     $X = [X_1, \dots, X_H]$ (column blocks of width E)
     $\text{head}_h = \text{Attention}(X_{q,h} W^Q, X_{kv,h} W^K, X_{kv,h} W^V)$
 
-The standard layer projects, then cuts the result into heads; the narrow one cuts,
-then projects each slice: the same two steps in the other order (:meth:`_heads`).
-Its backward sums the gradient of the shared map over the heads, as for any weight
-used several times: $\bar W^Q = \sum_h X_{q,h}^\top \bar Q_h$, and
-$\bar X_{q,h} = \bar Q_h (W^Q)^\top$ is slice h of $\bar X_q$.  Three (E, E) maps with
-E = D / H instead of the standard layer's three (D, H*E) = (D, D) ones: H^2 times fewer
-weights in them (E^2 = D^2 / H^2 each), and with their biases (E against D each)
-D (D + 1) / (E (E + 1)) = H (D + 1) / (E + 1) times fewer parameters, a little under
-H^2; and no mixing of the slices before the output projection W^O (kept here;
-``former`` drops it too).
+The standard layer projects, then cuts the result into heads; the narrow one cuts, then
+projects each slice (:meth:`_heads`).  Its backward sums the shared map's gradient over
+the heads, $\bar W^Q = \sum_h X_{q,h}^\top \bar Q_h$.  Three (E, E) maps replace three
+(D, D) ones: about H^2 times fewer parameters, and no mixing of the slices before W^O.
 
 Query-key normalization (``qk_norm=True``; ``former``'s ``qk_norm``): a layer norm over
-each head's E features of the queries and of the keys (one norm for the queries and
-one for the keys, shared by the heads), before the scores:
+each head's E features of the queries and of the keys (one each, shared by the heads):
 
     $\hat Q_h = \text{LN}_q(Q_h)$,  $\hat K_h = \text{LN}_k(K_h)$,
     $\text{head}_h = \text{softmax}(\hat Q_h \hat K_h^\top / \sqrt{E} + M)\, V_h$
 
-so the scores no longer grow with the size of the queries and keys (each normalized
-vector has length $\sqrt{E}$ before the norm's $\gamma$ and $\beta$).  Backward: the layer
-norm's (:mod:`npformer.ops.layernorm`) after the attention's, $\bar Q_h =
-\text{LN}_q'(\bar{\hat Q}_h)$.  (``former`` scales its scores by $1/\sqrt{D}$ in
-every attention; npformer keeps the paper's $1/\sqrt{E}$.)
+so the scores no longer grow with the size of the queries and keys.  (``former`` scales
+by $1/\sqrt{D}$; npformer keeps the paper's $1/\sqrt{E}$.)  Both options are derived in
+docs/derivations.md, "Options: Bloem's narrow heads, and qk_norm".
 
-Self-attention: ``forward(x, mask=mask)``; cross-attention:
-``forward(x, context=memory, mask=mask)``, keys and values from ``memory``.
-Decoding (under ``no_grad``) passes a :class:`npformer.nn.KVCache`: self-attention
-appends the new positions' keys and values to it, cross-attention fills it from the
-memory once.
-
-The attention weights (the probabilities P = softmax(Q K^T / sqrt(E) + mask), one
-(T, S) matrix per head): ``forward(..., need_weights=True)`` returns them beside the
-output, as ``need_weights=True, average_attn_weights=False`` does in PyTorch's
-``MultiheadAttention``; :func:`record_attention` collects every attention layer's
-weights during a whole model's forward pass.
+Self-attention: ``forward(x, mask=mask)``; cross-attention: ``forward(x,
+context=memory, mask=mask)``.  Decoding (under ``no_grad``) passes a
+:class:`npformer.nn.KVCache`.  The attention probabilities (one (T, S) matrix per head):
+``forward(..., need_weights=True)``, or :func:`record_attention` for a whole model.
 """
 from __future__ import annotations
 
@@ -104,13 +88,8 @@ def unslice(x: Array) -> Array:
     return xp.reshape(x, tuple(x.shape[:-2]) + (x.shape[-2] * x.shape[-1],))
 
 
-def heads_first(x: Array) -> Array:
-    """(B, T, H, E) -> (B, H, T, E)."""
-    return backend.namespace_of(x).permute_dims(x, (0, 2, 1, 3))
-
-
-def positions_first(x: Array) -> Array:
-    """(B, H, T, E) -> (B, T, H, E), the inverse of :func:`heads_first`."""
+def swap_heads(x: Array) -> Array:
+    """(B, T, H, E) <-> (B, H, T, E): axes 1 and 2 swapped (its own inverse)."""
     return backend.namespace_of(x).permute_dims(x, (0, 2, 1, 3))
 
 
@@ -230,13 +209,13 @@ class MultiHeadAttention(Module):
         project the whole width, then cut the result into heads; narrow heads cut the
         width into the heads' slices, then project each with the one shared map."""
         if self.narrow_heads:
-            return heads_first(projection(slices(source, self.num_heads)))  # (B, S, H, E) ->
+            return swap_heads(projection(slices(source, self.num_heads)))  # (B, S, H, E) ->
         return split_heads(projection(source), self.num_heads)  # (B, S, H*E) -> (B, H, S, E)
 
     def _heads_backward(self, projection: Linear, dheads: Array) -> Array:
         """dheads (B, H, S, E) -> dsource (B, S, D): :meth:`_heads` in reverse."""
         if self.narrow_heads:
-            return unslice(projection.backward(positions_first(dheads)))  # sums over heads
+            return unslice(projection.backward(swap_heads(dheads)))  # sums over heads
         return projection.backward(merge_heads(dheads))
 
     def _keys_and_values(self, source: Array, kv_cache: KVCache | None,
