@@ -18,8 +18,8 @@ from ..nn import (
     SinusoidalPositionalEncoding,
     grad_enabled,
 )
-from ..ops.contracts import check_rank, check_token_ids, check_valid_lengths  # noqa: F401 (POSITIONALS, model_input: re-exported)
-from .configs import POSITIONALS, check_config  # noqa: F401 (POSITIONALS, model_input: re-exported)
+from ..ops.contracts import check_integers, check_rank, check_token_ids, check_valid_lengths
+from .configs import POSITIONALS, check_config  # noqa: F401 (re-exported)
 
 
 def config_to_dict(config: Any) -> dict:
@@ -197,17 +197,13 @@ def check_lengths(ids: Array, valid_lens: Array | None, what: str, minimum: int 
     if valid_lens is None:
         return
     check_rank(valid_lens, 1, f"{what} (batch,)")
-    if not backend.is_integer_array(valid_lens):
-        raise TypeError(f"{what} must be integers, got dtype {valid_lens.dtype}")
+    check_integers(valid_lens, what)
     if valid_lens.shape[0] != ids.shape[0]:
         raise ValueError(f"{what} holds {valid_lens.shape[0]} lengths for a batch of "
                          f"{ids.shape[0]} rows")
     check_valid_lengths(valid_lens, ids.shape[1], minimum)
 
 
-# --------------------------------------------------------------------------- token batches
-# The integer inputs of the models' public entries: ids and lengths as arrays, padding
-# only at the end of a row.
 # =========================================================================== token batches
 # The integer inputs of the models' and the decoders' public entries: ids and lengths
 # as arrays, padding only at the end of a row, a Padding that matches its ids, and the
