@@ -1,34 +1,25 @@
 """LoRA adapters in PEFT's files: ``adapter_model.safetensors`` and ``adapter_config.json``.
 
-PEFT (``peft.PeftModel.save_pretrained``) writes, for each adapted module ``NAME`` of the
-torch model, ``base_model.model.NAME.lora_A.weight`` (r, D_in) and
-``base_model.model.NAME.lora_B.weight`` (D_out, r): the transposes of npformer's
-``lora_A`` (D_in, r) and ``lora_B`` (r, D_out) (:mod:`npformer.nn.lora`), and the
+PEFT (``peft.PeftModel.save_pretrained``) writes, for each adapted torch module ``NAME``,
+``base_model.model.NAME.lora_A.weight`` (r, D_in) and ``...lora_B.weight`` (D_out, r),
+the transposes of npformer's ``lora_A`` and ``lora_B`` (:mod:`npformer.nn.lora`), and the
 config (``r``, ``lora_alpha``, ``lora_dropout``, ``target_modules``, ...).
 
-The names are the torch model's.  A :class:`Naming` says which npformer Linears each
-torch module is: itself (:func:`same_names`: a model whose torch twin names its layers as
-npformer does), or, for GPT-2 (:func:`gpt2_names`), ``transformer.h.{i}.attn.c_proj`` is
-``blocks.{i}.self_attn.out_proj``, ``mlp.c_fc`` is ``ffn.linear1``, ``mlp.c_proj`` is
-``ffn.linear2``, and the fused ``attn.c_attn`` (D -> 3D) is the three ``q_proj``,
-``k_proj``, ``v_proj``: its adapter x A [B_q B_k B_v] is theirs with one A shared
-(:func:`npformer.nn.lora.share_lora_a`) and B cut into its column blocks.
-For Llama, Qwen2 and Qwen3 (:func:`llama_names`) each torch projection is one npformer
-Linear, named as :func:`npformer.hf.llama.npformer_name` reads it:
-``model.layers.{i}.self_attn.q_proj`` (PEFT's key
-``base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight``) is
-``blocks.{i}.self_attn.q_proj``.
+A :class:`Naming` says which npformer layers each torch module is: itself
+(:func:`same_names`), GPT-2's (:func:`gpt2_names`: ``attn.c_proj`` is
+``self_attn.out_proj``, ``mlp.c_fc`` and ``mlp.c_proj`` are ``ffn.linear1`` and
+``ffn.linear2``, and the fused ``attn.c_attn`` (D -> 3D) is ``q_proj``, ``k_proj``,
+``v_proj`` with one A shared, :func:`npformer.nn.lora.share_lora_a`, and B cut into its
+column blocks), or Llama's, Qwen2's and Qwen3's (:func:`llama_names`: each projection
+one layer, named by :func:`npformer.hf.llama.npformer_name`).
 
-* :func:`apply_adapters`: adapters on the layers PEFT's ``target_modules`` names choose;
-* :func:`save_adapter` / :func:`load_adapter`: the two files, written and read (a folder
-  PEFT wrote: adapters put on the layers it names, with its rank, alpha and dropout).
-
-Refused by name: what npformer's adapters do not compute (``use_rslora``, DoRA, per-layer
-``rank_pattern`` / ``alpha_pattern``, trained biases, another ``peft_type``); ``r``,
-``lora_alpha``, ``lora_dropout`` of the wrong kind; ``target_modules`` (less
-``exclude_modules``) that do not choose the modules the weights file adapts; A and B that
-are not finite floats of the layers' shapes; on saving, an adapter the naming does not
-cover.
+:func:`apply_adapters` puts adapters on the layers PEFT's ``target_modules`` choose;
+:func:`save_adapter` and :func:`load_adapter` write and read the two files.  Refused by
+name: what npformer's adapters do not compute (``use_rslora``, DoRA, ``rank_pattern``,
+``alpha_pattern``, trained biases, another ``peft_type``); settings of the wrong kind;
+``target_modules`` (less ``exclude_modules``) that do not choose the modules the weights
+file adapts; A and B that are not finite floats of the layers' shapes; on saving, an
+adapter the naming does not cover.
 """
 from __future__ import annotations
 
@@ -150,9 +141,8 @@ def llama_names(config: Any, padding_idx: int | None = None) -> Naming:
                         in (f"model.layers.{i}.{group}.{name}" for name in names)]
     modules.append(("model.embed_tokens", ("embed",)))  # an Embedding: its own adapter
     if not config.tie_weights:  # a Linear of its own
-        return Naming(tuple(modules) + (("lm_head", ("lm_head",)),), fan_in_fan_out=False,
-                      padding_idx=padding_idx)
-    return Naming(tuple(modules), fan_in_fan_out=False, padding_idx=padding_idx,
+        return Naming((*modules, ("lm_head", ("lm_head",))), padding_idx=padding_idx)
+    return Naming(tuple(modules), padding_idx=padding_idx,
                   refused=(("lm_head", "this model's lm_head is tied to model.embed_tokens "
                                        "(tie_word_embeddings): it is no layer of its own to "
                                        "adapt; adapt model.embed_tokens instead"),))
