@@ -1,25 +1,18 @@
 """One flat buffer for a model's parameters, one for their gradients (llm.c's layout).
 
 Each parameter's ``data`` and ``grad`` become views of its slice of two contiguous
-buffers, ``data`` (P,) and ``grad`` (P,), P the parameters' total size, laid end to
-end in the model's order (:func:`npformer.nn.module.flat_layout`).  Then the optimizer
-updates every parameter in one pass (:mod:`npformer.fast.optim`), the gradient norm is
-one pass, zeroing the gradients is one fill, and the all-reduce of data parallelism
-sends ``grad`` as it is.
+buffers (P,), laid end to end in the model's order (:func:`npformer.nn.module.flat_layout`):
+the optimizer then updates every parameter in one pass (:mod:`npformer.fast.optim`),
+zeroing the gradients is one fill, and data parallelism's all-reduce sends ``grad`` as it
+is.  The fast models put their weights here when built; the fast optimizers adopt the
+buffer that holds exactly their parameters, or make one.  It lives below both tiers so
+that :mod:`npformer.parallel` can sum either tier's buffer.  NumPy arrays of one floating
+dtype only (:meth:`FlatParameters.supports`).
 
-The fast models put their weights here when built (:mod:`npformer.fast.models`) and
-keep the buffer; the fast optimizers adopt the buffer that holds exactly their
-parameters, or make (and keep) one.  It lives beside :class:`Parameter`, below both
-tiers, because data parallelism (:mod:`npformer.parallel`) sums whichever buffer a model
-has, in either tier, without importing the fast one.
-NumPy arrays of one floating dtype only (:meth:`FlatParameters.supports`).
-
-The textbook layers rebind ``p.data`` and ``p.grad`` (``p.grad = p.grad + g``): a
-rebound array is no longer a view.  :meth:`FlatParameters.sync` copies every such
-array back into its view and binds the view again; whatever reads the buffers calls it
-first (:func:`flat_buffer_of` does), so a parameter rebound by any code (a loader, a
-test, a textbook layer) never leaves the buffer stale.  The fast layers accumulate
-their gradients in place (:func:`accumulate`), so in a fast model nothing is rebound.
+A rebound ``p.data`` or ``p.grad`` (the textbook layers' ``p.grad = p.grad + g``, a
+loader's) is no longer a view: :meth:`FlatParameters.sync` copies it back and binds the
+view again, and whatever reads the buffers calls it first (:func:`flat_buffer_of` does).
+The fast layers accumulate in place (:func:`accumulate`): nothing is rebound.
 """
 from __future__ import annotations
 

@@ -21,20 +21,10 @@ from ..ops.contracts import check_path
 
 
 # =========================================================================== weights
-# The one set of rules every weight loader applies (``Module.load_state_dict``, a
-# checkpoint, ``load_torch_state_dict``, ``load_safetensors``, ``Optimizer.load_state_dict``).
-# A weight array must be:
-#
-# * floating point: an integer, boolean or complex array is refused (cast it on purpose,
-#   ``.astype(np.float32)``, if it really holds weights); a float array of another width is
-#   cast to the parameter's dtype on purpose, as PyTorch's ``load_state_dict`` copies into
-#   the parameter's dtype;
-# * finite: NaN or inf would make every prediction NaN;
-# * named and shaped exactly as the parameters are: every name, no other, each shape.
-#
-# PyTorch tensors are read as what they hold: a tensor that requires grad is detached (the
-# values are what is loaded), a bfloat16 tensor (NumPy has no bfloat16) is converted to
-# float32 with a warning saying so.  Nothing here imports torch.
+# A weight array must be floating point (an integer, boolean or complex one is refused; a
+# float of another width is cast to the parameter's dtype, as PyTorch's load_state_dict
+# does), finite, and named and shaped exactly as the parameters are.  A torch tensor is
+# detached, a bfloat16 one converted to float32 with a warning; nothing here imports torch.
 def _is_torch_tensor(value: Any) -> bool:
     return type(value).__module__.split(".")[0] == "torch"
 

@@ -37,9 +37,10 @@ class Task(ABC):
     def count(self, batch: tuple) -> int:
         """The number of items the batch's mean loss averages over."""
 
-    @abstractmethod
     def loss_and_grad(self, model: Module, batch: tuple, grad_scale: float = 1.0) -> float:
-        """Forward, loss and backward of ``loss * grad_scale``; returns the mean loss."""
+        """Forward, loss and backward of ``loss * grad_scale``; returns the mean loss (by
+        default :meth:`loss_and_grad_on_device`'s, brought to the host)."""
+        return backend.to_float(self.loss_and_grad_on_device(model, batch, grad_scale))
 
     def loss_and_grad_on_device(self, model: Module, batch: tuple,
                                 grad_scale: float = 1.0) -> Array:
@@ -79,9 +80,6 @@ class Classification(Task):
     def count(self, batch: tuple) -> int:
         return batch[0].shape[0]
 
-    def loss_and_grad(self, model: Module, batch: tuple, grad_scale: float = 1.0) -> float:
-        return backend.to_float(self.loss_and_grad_on_device(model, batch, grad_scale))
-
     def loss_and_grad_on_device(self, model: Module, batch: tuple,
                                 grad_scale: float = 1.0) -> Array:
         ids, valid_lens, labels = batch
@@ -99,9 +97,6 @@ class LanguageModeling(Task):
 
     def count(self, batch: tuple) -> int:
         return batch[0].size
-
-    def loss_and_grad(self, model: Module, batch: tuple, grad_scale: float = 1.0) -> float:
-        return backend.to_float(self.loss_and_grad_on_device(model, batch, grad_scale))
 
     def loss_and_grad_on_device(self, model: Module, batch: tuple,
                                 grad_scale: float = 1.0) -> Array:
