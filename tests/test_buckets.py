@@ -105,6 +105,32 @@ def test_the_bucketed_sum_equals_the_single_process_gradients(tier, ranks, bucke
             assert diff <= GRAD_RTOL * scale, (param, diff, scale)
 
 
+@pytest.mark.parametrize("tier", ["fast", "textbook"])
+def test_buckets_start_while_the_backward_runs_the_last_parameters_first(tier):
+    """A rank's first buckets start before its backward has reached the lookup tables
+    (their gradients still zero), the buckets sized from the buffer's end; the later
+    ones, and the tables, after it."""
+    with using_backend("numpy", "float64"), using_tier(tier):
+        built = [cases.build("classifier", 7) for _ in range(2)]
+
+        def step(ranks, rank):
+            model, task, batch = built[rank]
+            table = model.embed.tokens.weight
+            comm = SnapshotRanks(ranks, rank,
+                                 finished=lambda: bool(np.any(backend.to_numpy(table.grad))))
+            engine = DataParallel(model, 1, comm, bucket_bytes=64)
+            model.zero_grad()
+            engine.reduce_step(engine.loss_and_grad(task, batch, 1.0, seed=0,
+                                                    ends_step=True)[0])
+            return comm.starts, len(engine._buckets)
+
+        for starts, buckets in each_rank(2, step):
+            finished = [done for _, done in starts]
+            assert len(starts) == buckets > 2
+            assert not finished[0], "the first bucket started after the backward"
+            assert finished == sorted(finished)  # before the tables' backward, then after
+
+
 def test_buckets_are_cut_from_the_end_and_leave_the_tail_alone():
     """Parameters of 10, 30, 5, 20, 40 elements (8 bytes each), the first two the tail:
     buckets of at least 200 bytes from the end, the last one whatever is left."""

@@ -21,6 +21,8 @@ Tested equal to the textbook models in ``tests/test_fast_layers.py``.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .. import models, ops
 from ..backend import Array, keep_freed_memory
 from ..gpu.gemm import capturing
@@ -43,12 +45,15 @@ def packed_blocks(x: Array, blocks: list, norm: LayerNorm | None, mask: Array,
 
 
 def packed_blocks_backward(dx: Array, blocks: list, norm: LayerNorm | None,
-                           packing: Packing) -> Array:
-    """The backward of :func:`packed_blocks`: rows (N, D) -> dx (B, T, D), zeros at padding."""
+                           packing: Packing, gradients_final: Callable) -> Array:
+    """The backward of :func:`packed_blocks`: rows (N, D) -> dx (B, T, D), zeros at padding.
+    ``gradients_final``: the model's :meth:`~npformer.nn.Module._gradients_final`."""
     if norm is not None:
         dx = norm.backward(dx)
+    gradients_final(norm)
     for block in reversed(blocks):
         dx = block.backward(dx)
+        gradients_final(block)
     return packing.unpack(dx)  # the backward of pack
 
 
@@ -129,9 +134,10 @@ class TransformerClassifier(_FastModel, models.TransformerClassifier):
             return super().backward(dlogits)
         pool_saved, packing = self._pop_saved()
         dx = ops.pool_backward(self.head.backward(dlogits), pool_saved)  # (B, T, D)
+        self._gradients_final(self.head)
         dx = packing.pack(dx)  # the backward of unpack
         return self._embedded_backward(packed_blocks_backward(dx, self.blocks, self.norm,
-                                                              packing))
+                                                              packing, self._gradients_final))
 
 
 class CausalLM(_FastModel, models.CausalLM):
@@ -198,12 +204,14 @@ class Seq2SeqTransformer(_FastModel, models.Seq2SeqTransformer):
         dy = self._logits_backward(dlogits)
         if self.decoder_norm is not None:
             dy = self.decoder_norm.backward(dy)
+        self._gradients_final(self.lm_head, self.decoder_norm)  # (a tied one: tgt_embed's)
         dmemory = None
         for block in reversed(self.decoder):
             dy, dmem = block.backward(dy)
+            self._gradients_final(block)
             dmemory = dmem if dmemory is None else dmemory + dmem  # memory feeds every block
         self.tgt_embed.backward(dy if packing is None else packing.unpack(dy))
         src_packing = self._pop_saved("_encode_saved")
         dx = src_packing.pack(dmemory)  # the backward of unpack
-        return self.src_embed.backward(packed_blocks_backward(dx, self.encoder,
-                                                              self.encoder_norm, src_packing))
+        return self.src_embed.backward(packed_blocks_backward(
+            dx, self.encoder, self.encoder_norm, src_packing, self._gradients_final))

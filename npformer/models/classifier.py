@@ -157,8 +157,10 @@ class TransformerClassifier(Module):
         dx = ops.pool_backward(self.head.backward(dlogits), self._pop_saved())  # (B, T, D)
         if self.norm is not None:
             dx = self.norm.backward(dx)
+        self._gradients_final(self.head, self.norm)
         for block in reversed(self.blocks):
             dx = block.backward(dx)
+            self._gradients_final(block)
         return self._embedded_backward(dx)
 
     def predict(self, ids: Array, valid_lens: Array | None = None) -> Array:

@@ -201,8 +201,10 @@ class LlamaCausalLM(Module):
     def backward(self, dlogits: Array) -> None:
         """dlogits (B, T, V) -> None (token ids are not differentiable)."""
         dx = self.norm.backward(self._logits_backward(dlogits))  # (B, T, D)
+        self._gradients_final(self.lm_head, self.norm)  # (a tied head is the embedding's)
         for block in reversed(self.blocks):
             dx = block.backward(dx)
+            self._gradients_final(block)
         return self.embed.backward(dx)
 
     def _logits(self, h: Array) -> Array:

@@ -145,8 +145,10 @@ class CausalLM(Module):
         dx = self._logits_backward(dlogits)  # (B, T, D)
         if self.norm is not None:
             dx = self.norm.backward(dx)
+        self._gradients_final(self.lm_head, self.norm)  # (a tied head is the embedding's)
         for block in reversed(self.blocks):
             dx = block.backward(dx)
+            self._gradients_final(block)
         return self.embed.backward(dx)
 
     def _logits(self, h: Array) -> Array:

@@ -204,16 +204,20 @@ class Seq2SeqTransformer(Module):
         dy = self._logits_backward(dlogits)  # (B, T, D)
         if self.decoder_norm is not None:
             dy = self.decoder_norm.backward(dy)
+        self._gradients_final(self.lm_head, self.decoder_norm)  # (a tied one: tgt_embed's)
         dmemory = None
         for block in reversed(self.decoder):
             dy, dmem = block.backward(dy)
+            self._gradients_final(block)
             dmemory = dmem if dmemory is None else dmemory + dmem  # memory feeds every block
         self.tgt_embed.backward(dy)
         dx = dmemory  # (B, S, D)
         if self.encoder_norm is not None:
             dx = self.encoder_norm.backward(dx)
+        self._gradients_final(self.encoder_norm)
         for block in reversed(self.encoder):
             dx = block.backward(dx)
+            self._gradients_final(block)
         return self.src_embed.backward(dx)
 
     def _logits(self, y: Array) -> Array:

@@ -264,6 +264,16 @@ class Module:
     def backward(self, dout: Any) -> Any:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    _on_gradients_final = None  # who listens to _gradients_final (data parallelism), if any
+
+    def _gradients_final(self, *modules: Module | None) -> None:
+        """A model's backward calls this once ``modules``' gradients are whole (nothing
+        later in the backward adds to them; None entries are skipped): data parallelism
+        then sums them across the ranks while the backward goes on
+        (:mod:`npformer.parallel.buckets`).  Nobody listening: nothing happens."""
+        if self._on_gradients_final is not None:
+            self._on_gradients_final(modules)
+
 
     def _save(self, saved, slot: str = "_saved") -> None:
         """Keep what backward needs, unless in inference mode (:func:`no_grad`).
