@@ -1,50 +1,19 @@
-r"""Activations, fast: ReLU computed from its output, and the exact GELU and GPT-2's tanh
-GELU as one compiled pass each way, their numba kernels below.
+r"""Activations, fast (docs/derivations.md §19): the textbook ops
+(:mod:`npformer.ops.activations`), ReLU computed from its output, and the exact and tanh
+GELUs as one compiled pass each way, their numba kernels below.
 
-ReLU, the textbook op (:mod:`npformer.ops.activations`) computed from its output:
+ReLU: $y = \max(x, 0)$, $\bar x = \bar y \cdot \text{sign}(y)$ ($= \bar y\,[x > 0]$, and
+NaN for a NaN x), saved y, the product taken in sign(y)'s buffer.
 
-    forward  $y = \max(x, 0)$
-    backward $\bar x = \bar y \cdot [x > 0] = \bar y \cdot \text{sign}(y)$
-             (the derivative is 1 where x > 0, else 0; y >= 0, and y > 0 exactly where
-             x > 0, so sign(y) is that derivative: no mask needs storing, and no
-             branch per element, which makes a ``where`` slow on random signs; a NaN
-             input gives y = NaN and sign(NaN) = NaN, the textbook's NaN)
+GELU (exact): $y = x \Phi(x)$, $\bar x = \bar y (\Phi(x) + x \varphi(x))$, saved x alone
+($\Phi(x)$ computed again in the backward's pass, bit for bit the forward's).  Kernels
+with the erfc and exp of :mod:`.numerics` (float32 in float32 arithmetic, ``contract=True``,
+$\Phi$ and $\varphi$ from one exp); without numba or on CuPy, the library's own erfc; in
+the strict namespace, the textbook op.  tests/test_numerics.py holds their accuracy.
 
-The saved values is y, which the next linear layer keeps anyway, and the product is taken in
-the buffer of sign(y): one new array, not two.
-
-GELU (exact): the same $y = x \Phi(x)$, $\Phi(x) = \text{erfc}(-x/\sqrt 2)/2$ and the
-same backward $\bar x = \bar y (\Phi(x) + x \varphi(x))$, each one compiled pass over
-the array, with only x cached (the backward computes Phi(x) again, as the forward did,
-in the same pass as its product).  On NumPy arrays the kernels at the end of this file,
-with the erfc and exp of :mod:`.numerics` (branch-free, so the loop vectorizes):
-float64 in float64 arithmetic with Cody's erfc; float32 in float32 arithmetic (twice
-the vector lanes) with :func:`.numerics.normal_cdf32`, whose exponent $x^2/2$ is exact,
-and the backward's $\Phi(x)$ and $\varphi(x)$ from one exp, $e^{-x^2/2}$; the float32
-kernels may contract a * b + c into one fused multiply-add (``contract=True``).
-Without numba, and on CuPy, erfc from the array library's own special functions
-(SciPy's, ``cupyx.scipy.special``'s), one pass for erfc instead of the dozens of the
-textbook's array-API rational approximation (all accurate to a few ulps).  Elsewhere
-(the strict namespace) it is the textbook op.
-
-The kernels' accuracy, element by element (tests/test_numerics.py holds these bounds):
-float32 against float64 references, $|y - y_{ref}| \le 10 \cdot 2^{-24} |y_{ref}|$ and
-$|\bar x - \bar x_{ref}| \le 8 \cdot 2^{-24}\,|\bar y|(\Phi(x) + |x| \varphi(x))$, the size
-of the terms the backward adds (they cancel near x = -0.75 and in the left tail),
-wherever $\Phi(x)$ is a normal float32 (x > -12.95; below, an absolute $|x|\,2^{-128}$
-more for y and $|\bar y|(1 + |x|)\,2^{-127}$ for dx: values under the smallest normal
-float32 are flushed to 0); measured 8.8 and 7.0 (times $2^{-24}$).  float64 against
-mpmath, y and dx within $5 \cdot 2^{-53}$ of their terms, which count the exponent's
-rounding at the size of $x^2/2$ (both tiers round $-x/\sqrt 2$ before the exp):
-$|x|(\Phi(x) + \Phi(-|x|)\,x^2/2)$ and $\Phi(x) + \Phi(-|x|)\,x^2/2 + |x| \varphi(x)(1 +
-x^2/2)$; measured 3.7 and 2.0.
-
-GELU (tanh form, GPT-2's): the textbook's statements, $y = x (1 + t)/2$ with
-$t = \tanh(c (x + a x^3))$, and its saved values (x, t), in one compiled pass each way on
-NumPy arrays (the textbook's ten array passes elsewhere), in its order:
-$\tanh u = \text{sign}(u) (1 - e)/(1 + e)$ with $e = e^{-2|u|} \le 1$ from the exp of
-:mod:`.numerics` (no overflow; an absolute error of a few ulps of 1, which is what
-$1 + t$ and $1 - t^2$ read; NaN stays NaN).  Every other activation is the textbook one.
+GELU (tanh form, GPT-2's): the textbook's $y = x (1 + t)/2$, $t = \tanh(c (x + a x^3))$,
+saved (x, t), with $\tanh u = \text{sign}(u) (1 - e)/(1 + e)$, $e = e^{-2|u|}$.  Every other
+activation is the textbook one.
 """
 from __future__ import annotations
 

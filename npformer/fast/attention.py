@@ -1,52 +1,21 @@
 r"""Scaled dot-product attention, fast: blocked, with the log-sum-exp stored and P
-recomputed in the backward.  The same function as the dense textbook op
-(:mod:`npformer.ops.attention`), tested equal to it.
+recomputed in the backward (docs/derivations.md §18; its kernels §19).  The same function
+as the dense textbook op (:mod:`npformer.ops.attention`), tested equal to it.  Shapes:
+B batch, H heads (any leading shape works in place of (B, H)), T queries, S keys, E
+query/key width, F value width.
 
-Shapes: B batch, H heads, T queries, S keys, E query/key width per head,
-F value width per head.  Any leading shape works in place of (B, H).
+Forward, $\alpha = 1/\sqrt{E}$, M = 0 or -inf (the mask), per row t:
+    $A = \alpha (Q K^\top) + M$, $m = \max_s A_{t,s}$, $e = \exp(A - m)$, $l = \sum_s e_{t,s}$
+    $O = (e V) / l$, $\text{lse} = m + \log l$
+Backward, $P = \exp(A - \text{lse})$ recomputed:
+    $\bar V = P^\top \bar O$, $\bar P = \bar O V^\top$,
+    $\bar A = P \odot (\bar P - \text{rowsum}(\bar P \odot P))$,
+    $\bar Q = \alpha \bar A K$, $\bar K = \alpha \bar A^\top Q$
 
-Forward, with the scale $\alpha = 1/\sqrt{E}$
-    $A = \alpha (Q K^\top) + M$                    scores, (..., T, S); M = 0 or -inf (mask)
-    $m = \max_s A_{t,s}$, $e = \exp(A - m)$, $l = \sum_s e_{t,s}$   (stable softmax, per row t, §7)
-    $O = (e V) / l$                              (..., T, F): $P V$ with $P = e / l$
-    $\text{lse} = m + \log l$                      (..., T, 1): each row's log-sum-exp
-
-Backward, from $\bar O$, recomputing $P = \exp(A - \text{lse})$ instead of storing it
-(the memory-efficient backward of FlashAttention, Dao et al., 2022)
-    $\bar V = P^\top \bar O$        $\bar P = \bar O V^\top$
-    $\bar A = P \odot (\bar P - \text{rowsum}(\bar P \odot P))$   (softmax backward, §7)
-    $\overline{QK^\top} = \alpha \bar A$      (the gradient of the unscaled scores $Q K^\top$)
-    $\bar Q = \overline{QK^\top} K$      $\bar K = \overline{QK^\top}^\top Q$
-
-The scale is applied to the scores, never to a copy of Q: the compiled kernels scale
-each row on their way through it, so the saved values keeps the queries the caller passed.
-
-Blocks.  The (T, S) score matrices are never held for the whole batch: both
-passes walk over blocks of about ``block_scores`` scores (an argument, default
-``BLOCK_SCORES``: a few batch rows, or a range of queries), so each block's
-element-wise passes run in the CPU cache and the backward keeps only $\text{lse}$, not
-the (B, H, T, S) probabilities.  Within a block, keys after the last one any query
-of the block may see are cut off (padding at the end of a sequence, the future of a
-causal block): they would get probability 0 and gradient 0, so only work is values;
-and when the block's mask then allows every query every remaining key, the all-zero
-bias is skipped.
-
-Masks as in the textbook op: boolean, True where a query may attend to a key,
-broadcasting to (B, H, T, S).  A query whose keys are all masked gets a zero
-output and zero gradients.
-
-NaN and inf: inputs that hold one (q, k or v in the forward, the upstream gradient in
-the backward) get the textbook op's dense statements, which define what they give (a
-NaN key, even masked, makes every query that shares its batch row and head NaN, as
-NaN + -inf is NaN).  The blocked path would skip the keys a block cannot see and the
-masked tail of each row, and so would lose them.
-
-The kernels, at the end of this file: the masked softmax inside the blocks, on a block
-of scores (A, H, t, s) in place, a row at a time (the row stays in cache): the scale
-and bias applied, the max, exp, the sum and the division, and the row's log-sum-exp
-(the forward); P = exp(A + bias - lse) (the backward's recomputed probabilities);
-dA = (dP - <dP, P>) P.  One kernel each for both dtypes (numba compiles each dtype
-once; :func:`.numerics.exp` is the exp of the scores' precision).
+Both passes walk blocks of about ``block_scores`` scores (batch rows, or a range of
+queries), cut each block's keys after the last one its queries may see, and skip an
+all-zero bias.  A fully masked query gets zero output and gradients.  Inputs holding NaN or
+inf get the textbook's dense statements (the blocks would skip the keys that carry them).
 """
 from __future__ import annotations
 
@@ -309,20 +278,11 @@ def _visible_keys(extents, row, query, num_keys: int) -> tuple[int, bool]:
 
 
 # =========================================================================== the kernels
-# The masked softmax of a block of scores (A, H, t, s), written in place, one row of s keys
-# at a time: the textbook's statements, each rounded to the scores' dtype as there, the
-# row sums accumulated in float64.  The scores arrive as Q K^T, unscaled: the kernels
-# apply the scale alpha on their way through a row (no scaled copy of Q is made).  The
-# mask's bias arrives broadcast to the scores' shape (a strided view, no copy);
-# ``has_bias`` False: no bias (the view is not read).
-#
-# ``keys`` (A, t), a broadcast view of host integers: row (a, ., t) is computed over its
-# first keys[a, t] keys only, and the rest are written 0 (their probability and gradient).
-# The caller makes every key from there on masked for every head (the causal future,
-# padding) and keys[a, t] a multiple of 8 or s: each running max and sum then takes the
-# same elements in the same order as over the whole row (the cut-off elements would add
-# exact zeros), so the results are the same bits, with the masked half of a causal row
-# never exponentiated.
+# The masked softmax of a block of scores Q K^T (A, H, t, s), in place, a row at a time,
+# the scale and the bias (a broadcast view; not read where ``has_bias`` is False) applied
+# on the way, the row sums in float64.  Row (a, ., t) computes its first keys[a, t] keys
+# (a multiple of 8 or s, every later key masked: the same bits as the whole row) and
+# writes 0 over the rest (docs/derivations.md §19).
 @jit(inline="always")
 def _scale_add_into(row, scale, bias, has_bias):
     """row = scale row (+ bias where has_bias), element by element (the bias row may be

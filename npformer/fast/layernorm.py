@@ -1,18 +1,8 @@
 r"""Layer normalisation, fast: the textbook op (:mod:`npformer.ops.layernorm`) as one
-compiled kernel each way on NumPy arrays, the kernels below.
-
-Forward, row by row (the row stays in cache): one pass for the mean, one for the
-variance, one for x-hat and y (the textbook makes five passes over (N, D) and three
-temporaries).  Backward, row by row: one pass accumulating dgamma and dbeta, one for
-the mean of g = dy gamma, one for the mean of g x-hat, one for dx (the textbook: eight
-passes over (N, D) and five temporaries; one pass for dgamma, dbeta and both means was
-tried, and was slower).  The same saved values (x_hat, r, gamma) and the same formulas in the
-same order; the row sums are accumulated in float64 (four running sums each: one chain
-of additions would be bound by the adder's latency), and mu, the variance, r and the
-two means rounded to the row's dtype as the textbook rounds them.  Without numba, or on
-other arrays (CuPy, the strict namespace), it is the textbook op.
-
-The derivation is the textbook one.
+compiled kernel each way on NumPy arrays, row by row (docs/derivations.md §6; the kernels
+§19): the same saved values (x_hat, r, gamma), formulas and order, the row sums in float64
+(four running sums), mu, the variance, r and the means rounded to the row's dtype.
+Without numba, or on other arrays (CuPy, the strict namespace), the textbook op.
 """
 from __future__ import annotations
 

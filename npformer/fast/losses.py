@@ -1,40 +1,16 @@
 r"""Cross-entropy, fast: log-softmax, the target pick and the backward fused, so no
-one-hot or target distribution is built.  The same function as the textbook op
-(:mod:`npformer.ops.losses`), tested equal to it.
+one-hot or target distribution is built (docs/derivations.md §20).  The same function as
+the textbook op (:mod:`npformer.ops.losses`), tested equal to it, NaN and inf included.
 
-On NumPy arrays with numba (the kernels at the end of this file,
-:func:`cross_entropy_rows` and :func:`cross_entropy_grad`): the forward reads each row of
-logits twice (its max, then the exps and sums) and keeps the logits and each row's
-log-sum-exp $\lambda_n = m_n + \log Z_n$, writing nothing of size (N, V); the backward
-writes $\bar z$ in one pass, with $p = \exp(z - \lambda)$ recomputed.  Row sums in
-float64, results rounded to the logits' dtype as the textbook rounds them.  Elsewhere (no
-numba, CuPy, the strict namespace) the array statements below, which keep p = softmax(z)
-in s's buffer.  Both compute the loss as the textbook does, the two terms apart (so a
-class of logit -inf that q does not weight adds nothing), and NaN and inf propagate as
-there: a NaN logit makes its row's loss and gradient NaN.
-
-Rows: N predictions over V classes (any leading shape flattens to N).
-Targets $y_n$; rows with $y_n$ = ignore_index do not count.  With smoothing
-$\varepsilon$, the target distribution is
-$q = (1 - \varepsilon)\,\text{onehot}(y) + \varepsilon / V$ (PyTorch's definition), and
-the loss is averaged over the $N_v$ counted rows:
-
-Forward (log-softmax and the target pick fused: only p = softmax(z) is stored)
-    $m_n = \max_v z_{n,v}$,  $s = z - m$,  $\log Z_n = \log \sum_v e^{s_{n,v}}$
-    $\ell_{n,v} = \log\text{softmax}(z)_{n,v} = s_{n,v} - \log Z_n$       (never built whole)
-    $L_n = -\sum_v q_{n,v}\, \ell_{n,v}
-         = (1-\varepsilon)(\log Z_n - s_{n,y_n})
+N rows over V classes, targets $y_n$ (ignore_index rows do not count), smoothing
+$\varepsilon$, $q = (1 - \varepsilon)\,\text{onehot}(y) + \varepsilon / V$, $s = z - m$:
+    $L_n = (1-\varepsilon)(\log Z_n - s_{n,y_n})
            + \varepsilon\,(\log Z_n - \tfrac1V \sum_v s_{n,v})$
-    $L = \frac{1}{N_v} \sum_{n \text{ counted}} L_n$     (0 if no row counts)
-    $p = e^{s} / Z$, computed in s's buffer
-
-Backward (softmax and log cancel into one subtraction)
-    $\bar z_n = \bar L \, (p_n - q_n) / N_v$ for counted rows, 0 for ignored rows,
-    where $p = \text{softmax}(z)$: since $\sum_v q_{n,v} = 1$,
-    $\partial L_n/\partial z_{n,j} = -\sum_v q_{n,v} (\delta_{vj} - p_{n,j}) = p_{n,j} - q_{n,j}$.
-    $p - q$ is built as $p - \varepsilon / V$, then $1 - \varepsilon$ subtracted at each row's
-    target, then scaled by the row weight $w_n = \bar L\,[n \text{ counted}] / N_v$:
-    one (N, V) array, no one-hot matrix.
+    $L = \frac{1}{N_v} \sum_{n \text{ counted}} L_n$ (0 if no row counts)
+    $\bar z_n = \bar L \, (p_n - q_n) / N_v$ on counted rows, 0 on the others
+On NumPy arrays with numba, :func:`cross_entropy_rows` keeps the logits and each row's
+$\lambda_n = m_n + \log Z_n$ (nothing of size (N, V)) and :func:`cross_entropy_grad`
+recomputes $p = \exp(z - \lambda)$; elsewhere the array statements, p kept in s's buffer.
 """
 from __future__ import annotations
 

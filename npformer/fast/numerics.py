@@ -1,56 +1,19 @@
 r"""The numerics every compiled kernel shares: exp and erfc that vectorize, and a row's max
-and sum.  Scalar functions that numba inlines into the kernels (:func:`.compiler.jit`
-with ``inline="always"``), so LLVM sees one loop body and vectorizes it.  Each accuracy
-stated here is measured element by element against a reference in a higher precision,
-and ``tests/test_numerics.py`` holds it (the grids and the rule are that file's).
+and sum, scalar functions numba inlines into the kernels (``inline="always"``): in a numba
+loop ``math.exp`` and ``math.erfc`` are a libm call per element, which does not vectorize
+(numba's wheels have no SVML).  The method is docs/derivations.md §19's; each accuracy
+stated below is measured element by element against a higher precision, and
+``tests/test_numerics.py`` holds it.
 
-Why not ``math.exp`` and ``math.erfc``: in a numba loop each is a scalar libm call per
-element (``math.erfc`` measured as slow as SciPy's erfc), and numba's wheels have no
-vector math library (SVML), so neither vectorizes.
-
-exp, :func:`exp64` and :func:`exp32` (:func:`exp32_of_sum`): Cody and Waite's reduction
-$e^a = 2^n e^r$, $|r| \le \ln 2 / 2$ ($\ln 2$ split in two so that $n \ln 2$ is exact),
-$e^r$ its Taylor polynomial (to $r^{13}$ in float64, $r^6$ in float32), and $2^n$ built
-from its exponent bits.  float64: within 1 ulp of mpmath's exp; float32: within 3 ulps
-(2.7 measured; NumPy's float32 exp: 2.4) of float64's.  NaN stays NaN, $-\infty$ gives 0,
-and a result below the smallest normal number is 0 (no subnormals); float64's
-$+\infty$ gives $+\infty$, float32's exp is defined up to 89 (every kernel takes the
-exp of at most 0, or of NaN).  :func:`exp` picks the one of its argument's precision.
-
-erfc, :func:`erfc64`: W. J. Cody's rational approximations (the textbook
-:func:`npformer.ops.activations.erfc`'s coefficients), all three ranges evaluated and one
-chosen (no branch), one division, and $e^{-y^2}$ with $y^2$ kept exact (Dekker's
-product): within 5 ulps of mpmath's erfc, plus 8 subnormal steps near and in its
-subnormal range (z > 26), as the textbook's own is within 7.
-
-:func:`erfc32`, in float32 arithmetic (twice the vector lanes): Numerical Recipes'
-erfcc, $\text{erfc}(z) = t \exp(-z^2 + P(t))$, $t = 1/(1 + z/2)$, within 1.2e-7 of erfc
-in exact arithmetic, with $\exp(P(t))$ re-expanded as a polynomial $Q$ in $2t - 1$ (see
-the comment at its coefficients): $\text{erfc}(z) = t\,Q(2t - 1)\,e^{-z^2}$.  The
-weak point of float32 is the exponent: $z^2$ rounded to float32 is off by up to half
-an ulp of $z^2$ (3.8e-6 at z = 9), which the exp turns into a relative error of that
-size, tens of float32 ulps (and P's sum, rounded inside the exp, adds its rounding
-there too).  Here $z^2$ is exact, as a
-float32 and its rounding error (one fma: :func:`square32`), and the exp takes the two
-apart (:func:`exp32_of_sum`).  Measured over 4.2 million float32 z in [-10, 10] against
-float64 ``scipy.special.erfc``: within 5.0e-7 of erfc relatively, at most 7 float32 ulps
-(6.9), wherever erfc is a normal float32 (z < 9.19; beyond, within 2^-128 absolute: below
-the smallest normal float32, exp is flushed to 0); what is left is the formula's own
-1.2e-7, float32's rounding of t (t sits in both factors) and of Q's Horner sum, and the
-exp's 2.7 ulps.  :func:`normal_cdf32`, the normal distribution function
-$\Phi(x) = \text{erfc}(-x/\sqrt 2)/2$ of GELU, takes the exponent $x^2/2$ exactly from x
-itself (:func:`normal_exp32`): $-x/\sqrt 2$ rounded to float32 would cost $2 z^2$ times
-its rounding, 1e-5 at x = -12.8.  Within 8 float32 ulps (7.5) where $\Phi$ is normal
-(x > -12.95).  The same $e^{-x^2/2}$ is the normal density's, so GELU's backward takes
-one exp for both.
-
-A row's max and sum, :func:`max8` and :func:`sum4`: eight running maxima and four
-running sums (independent chains, which LLVM packs into vector registers; one chain
-would be bound by the adder's latency), the sums in float64.  The sum keeps a NaN; the
-max passes over it (see :func:`max8`).
-
-And :func:`all_finite`, the test by which an op that would part from the textbook on
-NaN or inf hands such input to the textbook's statements.
+:func:`exp64`, :func:`exp32` (:func:`exp32_of_sum`): $e^a = 2^n e^r$, $|r| \le \ln 2 / 2$,
+$e^r$ its Taylor polynomial (to $r^{13}$, $r^6$), $2^n$ from its exponent bits.  float64
+within 1 ulp of mpmath's exp, float32 within 3 ulps of float64's; :func:`exp` picks by
+precision.  :func:`erfc64`: Cody's ranges (the textbook's coefficients), within 5 ulps
+(plus 8 subnormal steps).  :func:`erfc32`: $t\,Q(2t - 1)\,e^{-z^2}$, $t = 1/(1 + z/2)$,
+$z^2$ exact (:func:`square32`), within 7 float32 ulps where erfc is normal (z < 9.19);
+:func:`normal_cdf32`, $\Phi(x) = \text{erfc}(-x/\sqrt 2)/2$, within 8 where $\Phi$ is
+normal (x > -12.95).  :func:`max8` and :func:`sum4`: eight running maxima, four running
+sums in float64.  :func:`all_finite`: whether an op may leave the textbook's statements.
 """
 from __future__ import annotations
 

@@ -1,16 +1,8 @@
 r"""RMS normalisation, fast: the textbook op (:mod:`npformer.ops.rmsnorm`) as one compiled
-kernel each way on NumPy arrays, the kernels below.
-
-Forward, row by row (the row stays in cache): one pass for the mean of squares, one for
-x-hat and y (the textbook makes four passes over (N, D) and two temporaries).  Backward,
-row by row: one pass accumulating dweight and the mean of g x-hat (g = dy w), one for dx
-(the textbook: five passes and four temporaries).  The same saved values (x_hat, r, weight) and
-the same formulas in the same order; the row sums are accumulated in float64 (four
-running sums), and the mean of squares, r and the mean of g x-hat rounded to the row's
-dtype as the textbook rounds them.  Without numba, or on other arrays (CuPy, the strict
-namespace), it is the textbook op.
-
-The derivation is the textbook one (docs/derivations.md §6; the kernels, §19).
+kernel each way on NumPy arrays, row by row (docs/derivations.md §6; the kernels §19): the
+same saved values (x_hat, r, weight), formulas and order, the row sums in float64 (four
+running sums), the mean of squares, r and the mean of g x-hat rounded to the row's dtype.
+Without numba, or on other arrays (CuPy, the strict namespace), the textbook op.
 """
 from __future__ import annotations
 

@@ -1,22 +1,13 @@
 r"""Rotary positions, fast: the textbook op (:mod:`npformer.ops.rotary`) as one compiled
-pass each way on NumPy arrays, the kernels below.
-
-The textbook forward, $x' = x \odot \cos + \mathrm{rotate\_half}(x) \odot \sin$, builds
-rotate_half(x) (a negation and a concatenation) and two products before their sum; this
-one turns each pair $(x_i, x_{i+E/2})$ as it reads it:
+pass each way on NumPy arrays (docs/derivations.md §12; the kernels §19), each pair
+$(x_i, x_{i+E/2})$ turned as it is read, the textbook's products in its order:
     $x'_i = x_i \cos_i - x_{i+E/2} \sin_i$,
-    $x'_{i+E/2} = x_{i+E/2} \cos_{i+E/2} + x_i \sin_{i+E/2}$
-(the textbook's two products per element, summed in its order).  The backward is the
-textbook's product with $\mathcal R_t^\top$,
-$\bar x = \bar x' \odot \cos - \mathrm{rotate\_half}(\bar x' \odot \sin)$:
+    $x'_{i+E/2} = x_{i+E/2} \cos_{i+E/2} + x_i \sin_{i+E/2}$,
+and back by $\mathcal R_t^\top$:
     $\bar x_i = \bar x'_i \cos_i + \bar x'_{i+E/2} \sin_{i+E/2}$,
     $\bar x_{i+E/2} = \bar x'_{i+E/2} \cos_{i+E/2} - \bar x'_i \sin_i$.
-The queries and keys arrive as views of their projections, (B, T, H, E) read as
-(B, H, T, E): the kernel reads them through their strides, and the tables once per
-position, shared by every head.  Without numba, or on other arrays (CuPy, the strict
-namespace), the textbook op.
-
-The derivation is the textbook one (docs/derivations.md §12; the kernels, §19).
+x arrives as a (B, T, H, E) view read as (B, H, T, E), through its strides.  Without numba,
+or on other arrays (CuPy, the strict namespace), the textbook op.
 """
 from __future__ import annotations
 

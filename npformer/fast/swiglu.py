@@ -1,19 +1,9 @@
 r"""The gated SiLU, fast: the textbook op (:mod:`npformer.ops.swiglu`) as one compiled
-pass each way on NumPy arrays, the kernels below.
-
-The textbook's forward makes six passes over the hidden width (|a|, the exp, the two
-branches of the sigmoid, the where, the two products) and keeps (a, b, s); this one
-makes one, reading a and b and writing h and s, with the same stable sigmoid
-(docs/derivations.md §4 and §19: a, b, s and h are $x_{\text{gate}}$, $x_{\text{up}}$,
-$\text{sig}$ and $y$): $e^{-|x_{\text{gate}}|}$ (the exp of :mod:`.numerics`),
-$\text{sig} = 1 / (1 + e^{-|x_{\text{gate}}|})$ for $x_{\text{gate}} \ge 0$ and
-$e^{-|x_{\text{gate}}|} / (1 + e^{-|x_{\text{gate}}|})$ for $x_{\text{gate}} < 0$.  Its backward
-reads (dh, a, b, s) once and writes da and db:
-$\bar x_{\text{gate}} = \bar y\, x_{\text{up}}\, \text{sig} (1 + x_{\text{gate}} (1 - \text{sig}))$,
-$\bar x_{\text{up}} = \bar y\, x_{\text{gate}}\, \text{sig}$, in the textbook's order.  Without
-numba, or on other arrays (CuPy, the strict namespace), the textbook op.
-
-The derivation is the textbook one.
+pass each way on NumPy arrays (docs/derivations.md §4; the kernels §19, where a, b, s, h
+are $x_{\text{gate}}$, $x_{\text{up}}$, $\text{sig}$, $y$): the forward reads a and b
+and writes h and s, $e = e^{-|a|}$, $s = 1 / (1 + e)$ for $a \ge 0$, $e / (1 + e)$ below;
+the backward, $\bar a = \bar h\, b\, s (1 + a (1 - s))$, $\bar b = \bar h\, a s$.
+Without numba, or on other arrays (CuPy, the strict namespace), the textbook op.
 """
 from __future__ import annotations
 
