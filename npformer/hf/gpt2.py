@@ -504,13 +504,11 @@ def is_write_error(exc: BaseException) -> bool:
 
 # --------------------------------------------------------------------------- the tokenizer
 class Tokenizer:
-    """A Hugging Face ``tokenizer.json`` (GPT-2's byte-level BPE) through the ``tokenizers``
-    library: ``encode(text) -> ids``, ``decode(ids) -> text``; ``eos_id``, the end of a
-    text (config.json's ``eos_token_id``, else the ``<|endoftext|>`` token, else None): an
-    id, or a list of ids where the checkpoint ends a text at any of several (Llama 3's
-    ``[128001, 128009]``), as transformers' ``eos_token_id``; ``eos_ids``, the tuple of
-    them (() for None).  :func:`npformer.decoding.generate` takes either as its
-    ``eos_id``."""
+    """A Hugging Face ``tokenizer.json`` through the ``tokenizers`` library:
+    ``encode(text) -> ids``, ``decode(ids) -> text``; ``eos_id``, the end of a text
+    (config.json's ``eos_token_id``, else the ``<|endoftext|>`` token, else None): an id,
+    or a list of ids as transformers' ``eos_token_id`` (Llama 3's); ``eos_ids``, the tuple
+    of them.  :func:`npformer.decoding.generate` takes either as its ``eos_id``."""
 
     def __init__(self, tokenizer: Any, eos_id: int | list[int] | None = None):
         self._tokenizer = tokenizer
@@ -540,10 +538,8 @@ class Tokenizer:
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | os.PathLike) -> Tokenizer:
-        """The tokenizer.json of a folder or Hub name of any family (GPT-2, Llama, Qwen2,
-        Qwen3), its end of text where the family's model ends a text: GPT-2's config.json's
-        ``eos_token_id`` where it sets one; the other families' where transformers'
-        ``generate`` takes it (:func:`eos_of`)."""
+        """The tokenizer.json of a folder or Hub name of any family; its end of text:
+        GPT-2's config.json's ``eos_token_id`` or, for the others, :func:`eos_of`'s."""
         folder = resolve(name_or_path)
         if not (folder / TOKENIZER_FILE).is_file():
             raise PretrainedError(f"{folder} has no {TOKENIZER_FILE} (the tokenizer): "
@@ -587,10 +583,9 @@ class Tokenizer:
 
 
 def as_tokenizer(tokenizer: Any) -> Tokenizer:
-    """A :class:`Tokenizer` of ``tokenizer``: itself, or the ``tokenizers`` library's
-    ``Tokenizer`` it wraps (a transformers "fast" tokenizer's ``backend_tokenizer``, its
-    ``eos_token_id`` kept), or such a ``tokenizers.Tokenizer`` itself; anything else is
-    refused naming what is expected."""
+    """A :class:`Tokenizer` of ``tokenizer``: itself, a transformers "fast" tokenizer
+    (its ``backend_tokenizer``, its ``eos_token_id`` kept) or a ``tokenizers.Tokenizer``;
+    anything else is refused naming what is expected."""
     if isinstance(tokenizer, Tokenizer):
         return tokenizer
     inner = getattr(tokenizer, "backend_tokenizer", None)
@@ -631,13 +626,10 @@ def _is_eos(value: Any) -> bool:
 
 
 def eos_of(folder: Path) -> int | list[int] | None:
-    """The ids that end a text, where transformers' ``generate`` takes them (its
-    ``generation_config``): generation_config.json's ``eos_token_id`` where the folder has
-    one that sets it, else config.json's as the file holds it (no family default:
-    transformers' generation config reads the file, not the config class; where a
-    generation_config.json sets none, transformers' generate stops at no id, and npformer
-    at config.json's).  None (neither sets one) leaves the tokenizer's ``<|endoftext|>``.
-    A list (Llama 3's ``[128001, 128009]``) is kept whole: any of its ids ends a text."""
+    """The ids that end a text, where transformers' ``generate`` takes them:
+    generation_config.json's ``eos_token_id`` where it sets one, else config.json's as the
+    file holds it (no family default).  None (neither sets one) leaves the tokenizer's
+    ``<|endoftext|>``.  A list (Llama 3's ``[128001, 128009]``) is kept whole."""
     generation = folder / GENERATION_FILE
     settings = _json_object(generation, "a generation config") if generation.is_file() \
         else {}

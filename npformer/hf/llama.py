@@ -51,6 +51,7 @@ from .gpt2 import (
     WEIGHTS_FILE,
     PretrainedError,
     _first,
+    _is_eos,
     _json_object,
     _read_weights,
     architectures_of,
@@ -64,11 +65,9 @@ FAMILIES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
             "qwen3": "Qwen3ForCausalLM"}  # model_type -> its causal LM's class
 ARCHITECTURES = {name for arch in FAMILIES.values()
                  for name in (arch, arch.replace("ForCausalLM", "Model"))}
-# Each family's defaults, as transformers' config classes hold them (LlamaConfig,
-# Qwen2Config, Qwen3Config of transformers 5; the same since 4.4x): a field config.json
-# leaves out takes its family's value here, never one family's for another's.  A field
-# missing from a family's table is one its transformers model does not read (Qwen2 has
-# biases on q, k, v whatever attention_bias says, and no feed-forward biases; Qwen3 none).
+# Each family's defaults, as transformers' LlamaConfig, Qwen2Config and Qwen3Config hold
+# them; a field missing from a family's table is one its model does not read (Qwen2's
+# attention_bias: it has q, k, v biases always; Qwen3's mlp_bias).
 _SHARED = {"hidden_act": "silu", "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
            "rope_theta": 10000.0, "hidden_size": 4096, "num_hidden_layers": 32,
            "num_attention_heads": 32}
@@ -133,19 +132,10 @@ def _is_integer(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _fits(value, kind: str) -> bool:
-    if kind == "int":
-        return _is_integer(value)
-    if kind == "float":
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if kind == "bool":
-        return isinstance(value, bool)
-    if kind == "str":
-        return isinstance(value, str)
-    if kind == "int list":
-        return _is_integer(value) or (isinstance(value, list) and bool(value)
-                                      and all(_is_integer(v) for v in value))
-    return isinstance(value, list) and all(isinstance(v, str) for v in value)  # str list
+_FITS = {"int": _is_integer, "bool": lambda v: isinstance(v, bool),
+         "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+         "str": lambda v: isinstance(v, str), "int list": _is_eos,
+         "str list": lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v)}
 
 
 def check_field(value: Any, key: str, where: str, family: str | None = None) -> Any:
@@ -155,7 +145,7 @@ def check_field(value: Any, key: str, where: str, family: str | None = None) -> 
     kind = FIELD_TYPES[key]
     nullable = kind.endswith("?") and (family, key) not in NOT_NULL
     kind = kind.rstrip("?")
-    if (value is None and nullable) or (value is not None and _fits(value, kind)):
+    if (value is None and nullable) or (value is not None and _FITS[kind](value)):
         return value
     takes = _TAKES[kind] + (" or null" if nullable else "")
     raise PretrainedError(f"{where} sets {key} = {shown(value)}: {key} takes {takes}"
