@@ -1,20 +1,16 @@
 """LoRA adapters on any model made of npformer :class:`~npformer.nn.Linear` layers.
 
-* :class:`LoRALinear`: a frozen Linear's weight and bias plus a trained low-rank update
-  (the op and its derivation: :mod:`npformer.ops.lora`); ``merge()`` folds the update into
-  the weight, ``unmerge()`` restores the weight bit for bit.
-* :func:`apply_lora`: freeze a model (:meth:`npformer.nn.Module.freeze`: no gradients,
-  no optimizer state) and wrap the Linear layers whose names match ``targets``, as PEFT's
-  ``target_modules`` choose them; :func:`merge_lora` / :func:`unmerge_lora` for all of them.
-* :func:`lora_layers`: {name: LoRALinear} of a model.
+:class:`LoRALinear` is a frozen Linear plus a trained low-rank update (the op and its
+derivation: :mod:`npformer.ops.lora`), :class:`LoRAEmbedding` the same for a token table;
+``merge()`` folds the update into the weight, ``unmerge()`` restores it bit for bit.
+:func:`apply_lora` freezes a model and wraps the layers whose names match ``targets``
+(as PEFT's ``target_modules``); :func:`merge_lora`, :func:`unmerge_lora` and
+:func:`lora_layers` act on all of them.  PEFT's files: :mod:`npformer.interop.peft`.
 
-The adapters' files, in PEFT's layout and names: :mod:`npformer.interop.peft`.
-
-A LoRALinear keeps the Linear's parameters under the Linear's names (``weight``,
-``bias``) and adds ``lora_A`` (D_in, r) and ``lora_B`` (r, D_out), the math's
-orientation (as npformer's W is (D_in, D_out); PEFT's ``lora_A.weight`` and
-``lora_B.weight`` are their transposes).  A model's weights keep their names, so its
-checkpoints and Hugging Face exports still find them.
+An adapter keeps the layer's parameters under their names (``weight``, ``bias``: the
+model's checkpoints and Hugging Face exports still find them) and adds ``lora_A``
+(D_in, r) and ``lora_B`` (r, D_out) in the math's orientation (PEFT stores their
+transposes).
 """
 from __future__ import annotations
 
@@ -130,19 +126,15 @@ class LoRALinear(Adapter):
 
 class LoRAEmbedding(Adapter):
     """A frozen token Embedding plus a trained low-rank update of its table, as PEFT's
-    ``lora.Embedding``: y = E[ids] + s A[ids] B, with E (V, D) the embedding's (frozen),
-    A (V, r) and B (r, D) trained, s = alpha / r; A starts at zero and B standard normal
-    (PEFT's draws), so the adapted model starts as the base model.  PEFT stores
-    ``lora_embedding_A`` = A^T (r, V) and ``lora_embedding_B`` = B^T (D, r).  PEFT applies
-    no dropout to an embedding's adapter: ``dropout`` is kept (the model's one setting)
-    and not applied.  ``padding_idx``: a token whose row of A takes no gradient (torch's
-    ``padding_idx``; None: every row does).
+    ``lora.Embedding``: y = E[ids] + s A[ids] B, with E (V, D) frozen, A (V, r) and B
+    (r, D) trained, s = alpha / r; A starts at zero and B standard normal (PEFT's draws).
+    PEFT stores A^T and B^T (``lora_embedding_A`` / ``_B``) and applies no dropout here:
+    ``dropout`` is kept, not applied.  ``padding_idx``: a token whose row of A takes no
+    gradient (torch's; None: every row does).
 
     Backward, for dy (..., D) and u = A[ids] (..., r): du = s dy B^T (..., r); dA adds
-    du's rows into the rows of ids (the embedding's scatter-add); dB = s u^T dy; ids are
-    not differentiable.  Tied to an output projection (a model without its own head),
-    the projection is the frozen table's alone, as in PEFT (only the lookup is adapted;
-    :meth:`merge` changes the one table, so both uses, as PEFT's merge does)."""
+    du's rows into the rows of ids; dB = s u^T dy.  A tied output projection is the
+    frozen table's alone, as in PEFT (:meth:`merge` changes the one table, so both)."""
 
     def __init__(self, base: Module, r: int, alpha: float | None = None, dropout: float = 0.0,
                  padding_idx: int | None = None):
@@ -432,14 +424,12 @@ def adapter_differences(values: dict[str, Any] | None, own: dict[str, Any] | Non
     saved_layers = (values or {}).get("layers", {})
     own_layers = (own or {}).get("layers", {})
     lines = []
-    only_saved = [n for n in saved_layers if n not in own_layers]
-    only_own = [n for n in own_layers if n not in saved_layers]
-    if only_saved:
-        lines.append(f"adapters on {only_saved[:3]}{' ...' if len(only_saved) > 3 else ''} "
-                     "in the checkpoint, not in the model (targets)")
-    if only_own:
-        lines.append(f"adapters on {only_own[:3]}{' ...' if len(only_own) > 3 else ''} in "
-                     "the model, not in the checkpoint (targets)")
+    for here, there, mine, theirs in (("checkpoint", "model", saved_layers, own_layers),
+                                      ("model", "checkpoint", own_layers, saved_layers)):
+        only = [n for n in mine if n not in theirs]
+        if only:
+            lines.append(f"adapters on {only[:3]}{' ...' if len(only) > 3 else ''} in the "
+                         f"{here}, not in the {there} (targets)")
     for name in saved_layers:
         if name in own_layers:
             for key in ("r", "alpha", "dropout", "merged", "padding_idx"):
