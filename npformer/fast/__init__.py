@@ -1,40 +1,20 @@
 """The fast tier: whole implementations of the textbook's ops, layers, models and
-optimizers, computed for speed, each tested equal to its textbook one.
+optimizers, computed for speed, each tested equal to its textbook one
+(docs/derivations.md Part II).
 
 The ops (the same names and arguments as :mod:`npformer.ops`, tested equal in
-``tests/test_fast_equals_textbook.py``):
-
-* :mod:`.attention`: blocked attention with the stored log-sum-exp and recomputed P;
-* :mod:`.losses`: softmax and cross-entropy fused (no one-hot, no log-probabilities);
-* :mod:`.softmax`: in-place variants (``overwrite_input``);
-* :mod:`.activations`: ReLU's backward from its output; both GELUs as compiled kernels;
-* :mod:`.layernorm`: layer norm forward and backward, one compiled kernel each;
-* :mod:`.rmsnorm`: RMS norm forward and backward, one compiled kernel each;
-* :mod:`.swiglu`: the gated SiLU, one compiled pass each way;
-* :mod:`.rotary`: rotary positions, each pair turned in one compiled pass each way;
-* :mod:`.grouped_attention`: grouped-query attention on the blocked attention;
-* :mod:`.dropout`: the keep mask cached as booleans, not as a float array;
-* :mod:`.embedding`: the backward's scatter-add as one compiled loop;
-* :mod:`.linear`: the rows flattened into one matrix product, the bias added in place;
-  ``keep_input=False`` keeps no input (the caller passes it to the backward again);
-* :mod:`.adamw`: Adam(W)'s update over one flat buffer in one compiled pass, and on CuPy
-  as one fused kernel per parameter.
-
-Each op's numba kernels sit in its own module, beside the textbook op it must equal
-(``python bench/kernels.py --op NAME`` checks one against it and times it); the numba
-set-up is :mod:`.compiler` (NumPy statements run where numba is missing) and the shared
-numerics (exp, erfc) :mod:`.numerics`.
+``tests/test_fast_equals_textbook.py``), each module with its numba kernels beside the
+textbook op it must equal (``python bench/kernels.py --op NAME`` checks and times one):
+:mod:`.attention`, :mod:`.losses`, :mod:`.softmax`, :mod:`.activations`, :mod:`.layernorm`,
+:mod:`.rmsnorm`, :mod:`.swiglu`, :mod:`.rotary`, :mod:`.grouped_attention`, :mod:`.dropout`,
+:mod:`.embedding`, :mod:`.linear` and :mod:`.adamw`; the numba set-up is :mod:`.compiler`
+and the shared numerics (exp, erfc) :mod:`.numerics`.
 
 The classes (subclasses of the textbook's, the same parameters and initialisation,
-tested equal in ``tests/test_fast_layers.py``):
-
-* :mod:`.layers`: Linear, LayerNorm, Embedding, Dropout, Activation on the fast ops,
-  with what recomputation needs (:mod:`.recompute`);
-* :mod:`.blocks`: the attention layer, the feed-forward network and the blocks, on
-  packed rows (:mod:`.packing`), recomputing their widest activations;
-* :mod:`.models`: the three models, their weights in one flat buffer (:mod:`npformer.nn.flat`);
-* :mod:`.llama`: the Llama-shaped model and its layers on this tier's layers and ops;
-* :mod:`.optim`: Adam and AdamW over that buffer, and the gradient norm in one pass.
+tested equal in ``tests/test_fast_layers.py``): :mod:`.layers`, :mod:`.blocks` (on packed
+rows, :mod:`.packing`, recomputing their widest activations, :mod:`.recompute`),
+:mod:`.models` (weights in one flat buffer, :mod:`npformer.nn.flat`), :mod:`.llama` and
+:mod:`.optim`.
 
 Nothing chooses this tier behind a reader's back: a program names the fast classes where
 it builds them (``fast.CausalLM(config)``, ``fast.AdamW(params)``; the demos' ``--tier``

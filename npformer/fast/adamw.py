@@ -1,28 +1,17 @@
-r"""Adam and AdamW, fast: the update of :class:`npformer.optim.Adam` (and ``AdamW``'s
-decay) over every parameter at once, and the gradient norm's one pass.
-
-The statements are the optimizer's, in its order, each rounded to the buffers' dtype
-(the coefficients rounded first, as NumPy rounds a Python float that meets a float32
-array), so the numbers are ``torch.optim.AdamW``'s, and the per-parameter textbook
-update's bit for bit in float32:
+r"""Adam and AdamW, fast (docs/derivations.md §23): the update of
+:class:`npformer.optim.Adam` (and ``AdamW``'s decay) over every parameter at once, and the
+gradient norm's one pass.  The optimizer's statements in its order, each rounded to the
+buffers' dtype (the coefficients first), so ``torch.optim.AdamW``'s numbers, and the
+textbook update's bit for bit in float32:
 
     p <- p (1 - lr lambda)                      (AdamW, decayed parameters only)
     m <- m + (1 - beta1)(g - m)
     v <- beta2 v + (1 - beta2) g^2
     p <- p - step m / (sqrt(v) / sqrt(bc2) + eps),   step = lr / bc1
 
-* :func:`adamw_flat_update`: one pass over flat buffers of every parameter
-  (:class:`npformer.nn.flat.FlatParameters`), the decay applied segment by segment to the
-  decayed parameters only; the compiled kernel :func:`adamw_flat` on NumPy with numba,
-  else the textbook's statements (:func:`npformer.optim.adam_step`) over the buffers.
-* :func:`sum_of_squares`: sum(g^2) of a flat gradient, accumulated in float64 as eight
-  running sums (independent chains, which LLVM packs into one vector register).
-* :func:`adam_update_cupy`: on a GPU each array expression is one kernel launch, a few
-  microseconds of host time however small the array: Adam's update, thirteen
-  expressions per parameter, costs more in launches than in arithmetic for a small
-  model.  This is the update of one parameter as one CuPy kernel, its statements
-  rounded as above (``--fmad=false``: no multiply-add contraction), so its results are
-  the plain expressions' bit for bit (``tests/test_cupy.py``).
+:func:`adamw_flat_update` over flat buffers (compiled, :func:`adamw_flat`, on NumPy);
+:func:`sum_of_squares` in float64 as eight running sums; :func:`adam_update_cupy`, one
+parameter's update as one CuPy kernel (``--fmad=false``: bit for bit the expressions').
 """
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
 r"""Inverted dropout, fast: the textbook op (:mod:`npformer.ops.dropout`) with the keep
-mask cached as booleans (one byte an element) instead of the scaled float mask (four
-or eight bytes): the same draws from the same generator, the same products.
-
-    forward  $y = x \odot (m\,s)$,  $s = 1 / (1 - p)$,  $m_i = [u_i \ge p]$
-    backward $\bar x = \bar y \odot (m\,s)$
-
-$m\,s$ is rebuilt from the booleans in each pass as the textbook builds it
-(``astype(m) * s``: exactly s or 0), so both products are the textbook's, bit for bit;
-the float mask lives only for the statement that uses it.
+mask cached as booleans (one byte an element), not the scaled float mask: the same draws
+and, $m\,s$ rebuilt in each pass as the textbook builds it (``astype(m) * s``), the same
+products bit for bit (docs/derivations.md §19).
 """
 from __future__ import annotations
 

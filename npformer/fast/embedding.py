@@ -1,16 +1,8 @@
 r"""Token embedding, fast: the textbook op (:mod:`npformer.ops.embedding`) with its
-backward's scatter-add as one compiled loop over the positions.
-
-Backward
-    $\bar W_v = \sum_{n : \text{ids}_n = v} \bar y_n$: each position's gradient is added
-    into its token's row, in order, repeated ids accumulating, exactly as the
-    textbook's ``np.add.at`` adds them (bit for bit).  NumPy's ``add.at`` is a
-    general scatter that pays per element; this is the forward's gather run
-    backwards (:func:`scatter_add_rows`, the kernel at the end of this file).  The same
-    additions in the same order: NaN and inf add up as they do there.
-
-The forward is the textbook's (a gather, one ``take``), and so is the backward
-wherever the kernel does not apply (no numba, CuPy, the strict namespace).
+backward's scatter-add, $\bar W_v = \sum_{n : \text{ids}_n = v} \bar y_n$, as one
+compiled loop over the positions (:func:`scatter_add_rows`): the additions of the
+textbook's ``np.add.at`` in its order, bit for bit (docs/derivations.md §19).  Elsewhere
+(no numba, CuPy, the strict namespace), and in the forward, the textbook op.
 """
 from __future__ import annotations
 

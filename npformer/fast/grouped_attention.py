@@ -1,12 +1,6 @@
-r"""Grouped-query attention, fast: the textbook op (:mod:`npformer.ops.grouped_attention`)
-with the fast tier's blocked attention (:mod:`.attention`) in the middle.
-
-The same three statements: each key/value head repeated over its group of query heads,
-attention over the H heads, and in the backward each group's key and value gradients
-summed back onto its head.  Only the attention between them is the fast one (blocks of
-scores with the log-sum-exp kept, the probabilities computed again in the backward).
-
-The derivation is the textbook one.
+r"""Grouped-query attention, fast: the textbook op (:mod:`npformer.ops.grouped_attention`),
+its three statements, with the fast tier's blocked attention (:mod:`.attention`) in the
+middle.
 """
 from __future__ import annotations
 

@@ -1,20 +1,16 @@
-"""The optimizers of the fast tier: the textbook update rules (:mod:`npformer.optim`) over
-one flat buffer, and the gradient norm over it in one pass.
+"""The optimizers of the fast tier (docs/derivations.md §23): the textbook update rules
+(:mod:`npformer.optim`) over one flat buffer, tested equal update for update in
+``tests/test_optim.py``.
 
-* :class:`Adam`, :class:`AdamW`: with NumPy parameters of one floating dtype, the
-  parameters live in one :class:`~npformer.nn.flat.FlatParameters` (the model's, which
-  the fast models make when built, or a new one) and the moments in two more flat
-  buffers; one update is one pass over them (:func:`npformer.fast.adamw.adamw_flat_update`),
-  the statements
-  of :meth:`npformer.optim.Adam._update` element by element in their order.  On CuPy,
-  each parameter's update is one fused kernel.  Adam with L2 decay (``weight_decay`` on
-  the gradient) keeps the textbook's per-parameter update.
+* :class:`Adam`, :class:`AdamW`: NumPy parameters of one floating dtype live in one
+  :class:`~npformer.nn.flat.FlatParameters` (the model's, or a new one) and the moments in
+  two more; one update is one pass (:func:`npformer.fast.adamw.adamw_flat_update`).  On
+  CuPy one fused kernel a parameter; Adam with L2 decay keeps the textbook's update.
 * :func:`clip_grad_norm`, :func:`global_grad_norm`: one pass over the flat gradient
-  buffer where the parameters are one buffer's, else the textbook functions.
+  buffer where there is one, else the textbook functions.
 
-``state_dict`` and ``load_state_dict`` mean what the textbook's mean (``"m.3"`` is
-parameter 3's first moment, a copy); a loaded state is copied into the flat buffers.
-Tested equal to the textbook optimizers, update for update, in ``tests/test_optim.py``.
+``state_dict`` and ``load_state_dict`` mean the textbook's; a loaded state is copied into
+the flat buffers.
 """
 from __future__ import annotations
 

@@ -1,28 +1,12 @@
-r"""Packing (fast tier): the valid positions of a padded batch as rows, and back.
-
-A batch of B sequences padded to length T holds $N = \sum_b n_b$ real tokens
-($n_b$ the valid length of sequence b) and $BT - N$ padding positions.  Every
-layer but attention treats each position alone (linear maps, layer norm, the
-feed-forward network, residual sums), so on a padded batch those layers may
-run on the N valid positions only, and skip the padding's share of the work.
-With X the batch flattened to (B*T, D) rows and ``index`` (N,) the flat
-positions $bT + t$, $t < n_b$, of the valid tokens:
+r"""Packing (fast tier, docs/derivations.md §22): the valid positions of a padded batch as
+rows, and back.  With X the batch as (B*T, D) rows and ``index`` (N,) the flat positions
+$bT + t$, $t < n_b$, of the valid tokens:
 
     pack:    $R = X_{\text{index}}$                         (N, D)
     unpack:  $X = 0$, then $X_{\text{index}} = R$           (B*T, D), zeros at padding
 
-Both are linear and each is the other's transpose (a selection matrix and its
-transpose), so each one's backward is the other:
-
-    pack backward:    $\bar X = \text{unpack}(\bar R)$   (padding positions get zero gradient)
-    unpack backward:  $\bar R = \text{pack}(\bar X)$
-
-Attention is the one layer that mixes positions: it unpacks its queries, keys
-and values to (B, T, ...) and packs its output again (:class:`npformer.fast.blocks.
-MultiHeadAttention`; the fast models make one packing per padded batch).
-Nothing about a valid position changes: its keys are the same valid positions,
-the padding keys being masked either way, so packed and padded runs give the
-same outputs at every valid position and the same gradients.
+each the other's transpose, so each one's backward is the other.  The position-wise
+layers run on the N rows; attention unpacks (:class:`npformer.fast.blocks.MultiHeadAttention`).
 """
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
-"""Outputs computed again from a forward's saved values, for a next layer that did not keep them.
-
-A fast block keeps no copy of a layer norm's or an activation's output: the layer after
-it (a linear map, the feed-forward's second linear) keeps no input (``keep_input=False``)
-and is handed the output again in its backward, recomputed here from the saved values the norm
-or the activation keeps for its own backward anyway.  Each function runs the forward's
-own statement on those saved values, so the numbers are the forward's, bit for bit.
+"""Outputs computed again from a forward's saved values, for a next layer that did not
+keep them (``keep_input=False``; docs/derivations.md §21): each function runs the
+forward's own statement on the saved values the norm or activation keeps anyway, so the
+numbers are the forward's, bit for bit.
 """
 from __future__ import annotations
 

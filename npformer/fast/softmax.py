@@ -1,15 +1,7 @@
-r"""Softmax over one axis, fast: the textbook op (:mod:`npformer.ops.softmax`) with the
-option to reuse the caller's buffers.
-
-``overwrite_input=True`` writes the result over the input, for a caller that owns
-it and no longer needs it: no allocation, no page faults on (B, H, T, S) arrays.
-The blocked attention's backward passes it to ``softmax_backward`` (the gradient of
-its probabilities, a fresh block); no caller in npformer passes it to
-``softmax_forward`` (the blocked attention makes its own exponentials), whose
-masked branch works in place anyway (x + bias is a new array).  The values are the
-textbook ones.
-
-The derivation is the textbook one.
+r"""Softmax over one axis, fast: the textbook op (:mod:`npformer.ops.softmax`), its values
+(docs/derivations.md §19), with ``overwrite_input=True`` writing the result over the
+input, for a caller that owns it (the blocked attention's backward, in
+``softmax_backward``): no allocation, no page faults on (B, H, T, S) arrays.
 """
 from __future__ import annotations
 
