@@ -1,42 +1,31 @@
 """Parameter and Module: the bookkeeping every layer shares.
 
-A layer is a :class:`Module` that owns :class:`Parameter` objects (and other
-modules).  Its ``forward`` keeps, in ``self._cache``, exactly what its
-``backward`` needs.  Nothing here does array math beyond zero-filling: the math
-is in the ops (:mod:`npformer.ops`; the fast tier's subclasses call :mod:`npformer.fast`'s).
-A module's class is the class that runs: a layer that builds other layers names their
-classes as class attributes (``EncoderBlock.FeedForward``), which the fast tier's layer
-replaces with its own.
+A layer is a :class:`Module` that owns :class:`Parameter` objects (and other modules).
+Its ``forward`` keeps exactly what its ``backward`` needs (:meth:`Module._save`); the
+math is in the ops (:mod:`npformer.ops`; the fast tier's subclasses call
+:mod:`npformer.fast`'s).  A layer that builds other layers names their classes as class
+attributes (``EncoderBlock.FeedForward``), which the fast tier's layer replaces.
 
-The layer contract: ``backward(dout)`` takes the gradient of forward's output and
+The layer contract: ``backward(dout)`` takes the gradient of forward's output,
+*adds* the gradient of every parameter into ``param.grad`` (a parameter used twice, as
+a tied embedding, receives both shares), and returns the gradients of forward's
+floating-point array arguments in forward's order: the array (``dx``), a tuple for
+several (cross-attention's ``(dx, dcontext)``), None for none (integer ids).  Masks,
+valid lengths and caches describe the batch; they are not differentiated.
 
-* *adds* the gradient of every parameter into ``param.grad`` (a parameter used
-  twice, as a tied embedding, receives both shares);
-* returns the gradients of forward's floating-point array arguments, in the order
-  forward takes them: the array itself when there is one (``dx``), a tuple when there
-  are several (cross-attention ``(dx, dcontext)``, a decoder block ``(dx, dmemory)``),
-  and None when there is none (an embedding and the models take integer ids, which
-  are not differentiable).  Masks, valid lengths and caches are descriptions of the
-  batch, not inputs to differentiate.
-
-``dout`` must be a floating-point array of exactly the shape and dtype forward returned:
-every module's forward records its output's shape and dtype, and its backward checks
-the upstream gradient against them before any work (ValueError naming both shapes,
-TypeError for a non-array or another dtype), and refuses a backward with no forward to
-differentiate (RuntimeError).  Subclasses get this by defining ``forward`` and
-``backward``: the wrapping happens in :meth:`Module.__init_subclass__`.
+``dout`` must have exactly the shape and dtype forward returned: at the door, backward
+checks it against what forward recorded (ValueError naming both shapes, TypeError for
+a non-array or another dtype), and refuses a backward with no forward (RuntimeError).
+:meth:`Module.__init_subclass__` wraps every subclass's ``forward`` and ``backward``.
 
 Checked once, at the door (:mod:`npformer.ops.contracts`): the outermost module called
-checks its inputs and runs everything inside it trusted, so the modules and ops it calls
-do not check again.  A module whose forward feeds its inputs to one op (a leaf layer)
-needs nothing more: that op's contract is the door.  A module of several layers (a
-block, a model) declares ``check_inputs(*args, **kwargs)``, called with forward's
-arguments.  A backward's door is the upstream gradient, checked here.
+checks its inputs and runs everything inside it trusted.  A leaf layer's door is its
+op's contract; a module of several layers (a block, a model) declares
+``check_inputs(*args, **kwargs)``, called with forward's arguments.
 
-Parameters are found by walking the attributes of a module in the order they
-were assigned: a ``Parameter`` attribute ``weight`` of a child stored as
-``self.attn`` is named ``"attn.weight"``; lists of modules (``self.layers =
-[...]``) give ``"layers.0.attn.weight"`` and so on.
+Parameters are named by walking a module's attributes in the order they were assigned:
+a child ``self.attn``'s ``weight`` is ``"attn.weight"``, a list ``self.layers`` gives
+``"layers.0.attn.weight"``.
 """
 from __future__ import annotations
 
@@ -235,13 +224,7 @@ class Module:
                 yield from value.named_modules(f"{prefix}{name}.")
 
     def num_parameters(self) -> int:
-        total = 0
-        for p in self.parameters():
-            count = 1
-            for n in p.shape:
-                count *= n
-            total += count
-        return total
+        return sum(math.prod(p.shape) for p in self.parameters())
 
     # ------------------------------------------------------------ modes
     def train(self, mode: bool = True) -> Module:
