@@ -41,8 +41,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # The block's lines for each branch of its norm_first (imdb's config: post-norm).
 TEXTBOOK_BLOCK = {
     False: ("npformer/nn/blocks.py", "EncoderBlock.forward",
-            "x = a.norm(x + a.dropout(self.self_attn(x, mask=mask"),
-    True: ("npformer/nn/blocks.py", "EncoderBlock.forward", "self.self_attn(a.norm(x)"),
+            "x = a.norm(x + a.dropout(self._attention(self.self_attn, x, mask=mask"),
+    True: ("npformer/nn/blocks.py", "EncoderBlock.forward",
+           "self._attention(self.self_attn, a.norm(x)"),
 }
 TEXTBOOK_BLOCK_BACKWARD = {
     False: ("npformer/nn/blocks.py", "EncoderBlock.backward",
@@ -50,11 +51,8 @@ TEXTBOOK_BLOCK_BACKWARD = {
     True: ("npformer/nn/blocks.py", "EncoderBlock.backward",
            "a.norm.backward(self.self_attn.backward("),
 }
-FAST_BLOCK = {
-    False: ("npformer/fast/blocks.py", "EncoderBlock.forward",
-            "x = a.norm(x + a.dropout(self.self_attn(x, mask=mask"),
-    True: ("npformer/fast/blocks.py", "EncoderBlock.forward", "x = x + a.dropout(self.self_attn("),
-}
+FAST_BLOCK = ("npformer/fast/blocks.py", "EncoderBlock.forward",
+              "return super().forward(x, mask, kv_cache)")
 
 
 def textbook_path(norm_first: bool) -> list:
@@ -64,6 +62,7 @@ def textbook_path(norm_first: bool) -> list:
         ("demos/imdb.py", "implementations", "return TransformerClassifier, AdamW"),
         ("npformer/models/classifier.py", "TransformerClassifier.forward", "x = block(x, mask)"),
         TEXTBOOK_BLOCK[norm_first],
+        ("npformer/nn/blocks.py", "EncoderBlock._attention", "return layer(x, *args, **kwargs)"),
         ("npformer/nn/attention.py", "MultiHeadAttention.forward", "ops.attention_forward("),
         ("npformer/ops/attention.py", "attention_forward", "softmax_forward(scaled_scores(q, k)"),
     ]
@@ -78,7 +77,7 @@ def update_path() -> list:
         ("npformer/train/loop.py", "Trainer.update", "return self._eager_update()"),
         ("npformer/train/loop.py", "Trainer._eager_update",
          "self.task.loss_and_grad(self.model, batch, scale)"),
-        ("npformer/train/tasks.py", "Classification.loss_and_grad",
+        ("npformer/train/tasks.py", "Task.loss_and_grad",
          "self.loss_and_grad_on_device(model, batch, grad_scale)"),
         ("npformer/train/tasks.py", "Classification.loss_and_grad_on_device",
          "return cross_entropy_and_backward(model, logits, labels, grad_scale)"),
@@ -105,7 +104,10 @@ def fast_path(norm_first: bool) -> list:
         ("npformer/fast/models.py", "TransformerClassifier.forward",
          "x = packed_blocks(self._embedded(ids), self.blocks"),
         ("npformer/fast/models.py", "packed_blocks", "x = block(x, mask, packing=packing)"),
-        FAST_BLOCK[norm_first],
+        FAST_BLOCK,
+        TEXTBOOK_BLOCK[norm_first],
+        ("npformer/fast/blocks.py", "EncoderBlock._attention",
+         "return layer(x, *args, packing=self._packing"),
         ("npformer/fast/blocks.py", "MultiHeadAttention.forward",
          "self.ops.attention_forward(q, k, v, mask)"),
         ("npformer/fast/attention.py", "attention_forward", "scores = q[rows] @ k[keys].mT"),
@@ -113,14 +115,11 @@ def fast_path(norm_first: bool) -> list:
 
 
 def fast_backward_path(norm_first: bool) -> list:
-    block = ([("npformer/fast/blocks.py", "EncoderBlock.backward", "return super().backward(dy)"),
-              TEXTBOOK_BLOCK_BACKWARD[False]] if not norm_first else
-             [("npformer/fast/blocks.py", "EncoderBlock.backward", "self.self_attn.backward(")])
     return update_path() + [
         ("npformer/fast/models.py", "TransformerClassifier.backward",
          "self._embedded_backward(packed_blocks_backward(dx, self.blocks"),
         ("npformer/fast/models.py", "packed_blocks_backward", "dx = block.backward(dx)"),
-        *block,
+        TEXTBOOK_BLOCK_BACKWARD[norm_first],
         ("npformer/fast/blocks.py", "MultiHeadAttention.backward",
          "self.ops.attention_backward(dheads, attention_saved)"),
         ("npformer/fast/attention.py", "attention_backward", "dv[keys] += p.mT @ dout[rows]"),
@@ -226,9 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     for title, path in paths:
         status = max(status, count(ROOT, path, title))
-    for file, qualname, leads_on in (TEXTBOOK_BLOCK[not norm_first],  # the other branch's
-                                     TEXTBOOK_BLOCK_BACKWARD[not norm_first],  # lines, kept
-                                     FAST_BLOCK[not norm_first]):  # true for the other demos
+    # the other branch's lines, kept true for the other demos
+    for file, qualname, leads_on in (TEXTBOOK_BLOCK[not norm_first],
+                                     TEXTBOOK_BLOCK_BACKWARD[not norm_first]):
         try:
             lines_read((ROOT / file).read_text(), qualname, leads_on)
         except (OSError, LookupError) as exc:

@@ -15,8 +15,9 @@ of work, each saying which:
 * **Recomputed hidden layer.**  :class:`FeedForward` keeps no copy of linear2's input
   Dropout(Act(h)) (N, D_ff), the widest activation of a block: its backward computes it
   again from what the activation and the dropout keep anyway.
-* **Recomputed sublayer inputs.**  A pre-norm block keeps no copy of LN(x), its
-  sublayers' input: their backward is handed it again, computed from the norm's saved values.
+* **Recomputed sublayer inputs.**  In a pre-norm block each sublayer keeps no copy of
+  its input LN(x): its backward computes it again from the norm's saved values
+  (:class:`InputAgain`; the block names the norm).
 
 Tested equal to the textbook classes (outputs at every valid position, every gradient)
 in ``tests/test_fast_layers.py``.
@@ -24,6 +25,7 @@ in ``tests/test_fast_layers.py``.
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 from .. import nn, ops
 from ..backend import Array
@@ -55,6 +57,26 @@ class _Unpacked:
 
 UNPACKED = _Unpacked()
 
+
+class InputAgain:
+    """A sublayer whose input may be a pre-norm residual connection's LN(x) (the block
+    names the norm, :func:`recompute_inputs`): then it keeps no copy of it, and its
+    backward computes it again from the norm's saved values (one element-wise pass)."""
+
+    _input_norm = None  # underscored: not a child module
+
+    def _keeps(self, keep_input: bool) -> bool:
+        return keep_input if self._input_norm is None else False
+
+    def _input_again(self, x: Array | None) -> Array | None:
+        return x if x is not None or self._input_norm is None else self._input_norm.output_again()
+
+
+def recompute_inputs(block: nn.Module, *sublayers: tuple) -> None:
+    """Pre-norm: each (sublayer, residual connection)'s sublayer reads the norm's LN(x)."""
+    for sublayer, residual in sublayers if block.norm_first else ():
+        sublayer._input_norm = residual.norm
+
 # The ops the attention layer calls (``self.ops``, npformer.ops in the textbook tier): this
 # tier's blocked attention.
 attention_ops = SimpleNamespace(attention_forward=attention.attention_forward,
@@ -62,7 +84,7 @@ attention_ops = SimpleNamespace(attention_forward=attention.attention_forward,
                                 attention_weights=ops.attention_weights)
 
 
-class MultiHeadAttention(nn.MultiHeadAttention):
+class MultiHeadAttention(InputAgain, nn.MultiHeadAttention):
     """Multi-head attention (:class:`npformer.nn.MultiHeadAttention`) on blocked attention
     (:mod:`npformer.fast.attention`).  Its own forward and backward, as its input may be
     packed rows (N, D), unpacked around attention alone, and may not be kept."""
@@ -91,7 +113,7 @@ class MultiHeadAttention(nn.MultiHeadAttention):
         """As :meth:`npformer.nn.MultiHeadAttention.forward`; with a ``packing``, x and the
         output are its rows (N, D) (a context stays (B, S, D)).  ``keep_input=False``: x is
         not kept (the caller passes it to :meth:`backward` again); a context always is."""
-        layout = UNPACKED if packing is None else packing
+        layout, keep_input = UNPACKED if packing is None else packing, self._keeps(keep_input)
         q = through_norm(self.q_norm, self._heads(self.q_proj, x, layout, keep_input))
         if context is None:  # (B, H, T, E) keys and values of x
             k = through_norm(self.k_norm, self._heads(self.k_proj, x, layout, keep_input))
@@ -131,6 +153,7 @@ class MultiHeadAttention(nn.MultiHeadAttention):
         input, where it was not kept.  ``pack`` and ``unpack`` swap roles: each is the
         other's transpose."""
         attention_saved, is_self, layout = self._pop_saved()
+        x = self._input_again(x)
         dheads = split_heads(layout.unpack(self.out_proj.backward(dy)), self.num_heads)
         dq, dk, dv = self.ops.attention_backward(dheads, attention_saved)  # (B, H, T|S, E)
         dk = through_norm_backward(self.k_norm, dk)
@@ -141,7 +164,7 @@ class MultiHeadAttention(nn.MultiHeadAttention):
             + self._heads_backward(self.v_proj, dv, layout, x)  # x fed q, k, v
 
 
-class FeedForward(nn.FeedForward):
+class FeedForward(InputAgain, nn.FeedForward):
     """Position-wise FFN (:class:`npformer.nn.FeedForward`), linear2's input not kept.
 
     The backward computes linear2's input Dropout(Act(h)) again from the activation's and
@@ -154,13 +177,13 @@ class FeedForward(nn.FeedForward):
     def forward(self, x: Array, keep_input: bool = True) -> Array:
         """x (..., D) -> (..., D).  Its own: linear2's input is not kept, and x not with
         ``keep_input=False`` (the caller passes it to :meth:`backward` again)."""
-        h = self.activation(self.linear1(x, keep_input))  # (..., D) -> (..., D_ff)
+        h = self.activation(self.linear1(x, self._keeps(keep_input)))  # (..., D) -> (..., D_ff)
         return self.linear2(self.dropout(h), keep_input=False)  # (..., D_ff) -> (..., D)
 
     def backward(self, dy: Array, x: Array | None = None) -> Array:
         """dy (..., D) -> dx (..., D); ``x``: the forward's input, where it was not kept."""
         dh = self.dropout.backward(self.linear2.backward(dy, self._hidden_again()))
-        return self.linear1.backward(self.activation.backward(dh), x)  # (..., D)
+        return self.linear1.backward(self.activation.backward(dh), self._input_again(x))
 
     def _hidden_again(self) -> Array:
         """linear2's input Dropout(Act(linear1(x))) (..., D_ff), computed again from the
@@ -181,6 +204,10 @@ class EncoderBlock(nn.EncoderBlock):
     MultiHeadAttention, NormAndDropout, FeedForward = \
         MultiHeadAttention, NormAndDropout, FeedForward
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        recompute_inputs(self, (self.self_attn, self.attn_residual), (self.ffn, self.ffn_residual))
+
     def check_inputs(self, x: Array, mask: Array | None = None,
                      kv_cache: BlockCache | None = None, packing: Packing | None = None) -> None:
         """As the textbook block's; its own as a ``packing`` passes on to attention."""
@@ -188,26 +215,14 @@ class EncoderBlock(nn.EncoderBlock):
 
     def forward(self, x: Array, mask: Array | None = None, kv_cache: BlockCache | None = None,
                 packing: Packing | None = None) -> Array:
-        """x (B, T, D), or the rows (N, D) of ``packing`` -> the same form.  Its own: the
-        packing passes on to attention, and a pre-norm sublayer keeps no copy of LN(x)."""
-        a, f, kv = self.attn_residual, self.ffn_residual, _self_cache(kv_cache)
-        if self.norm_first:  # pre-norm: x + Dropout(F(LN(x))), LN(x) not kept by F
-            x = x + a.dropout(self.self_attn(a.norm(x), mask=mask, kv_cache=kv, packing=packing,
-                                             keep_input=False))
-            return x + f.dropout(self.ffn(f.norm(x), keep_input=False))
-        x = a.norm(x + a.dropout(self.self_attn(x, mask=mask, kv_cache=kv, packing=packing)))
-        return f.norm(x + f.dropout(self.ffn(x)))  # post-norm: LN(x + Dropout(F(x)))
+        """x (B, T, D), or the rows (N, D) of ``packing`` -> the same form: the textbook's
+        lines, attention told the packing (:meth:`_attention`)."""
+        self._packing = packing
+        return super().forward(x, mask, kv_cache)
 
-    def backward(self, dy: Array) -> Array:
-        """dy -> dx, in the form of forward's x.  Pre-norm: each sublayer's input LN(x) is
-        computed again from the norm's saved values (one element-wise pass)."""
-        if not self.norm_first:  # post-norm: the textbook block's lines
-            return super().backward(dy)
-        a, f = self.attn_residual, self.ffn_residual
-        dh = self.ffn.backward(f.dropout.backward(dy), f.norm.output_again())
-        dx = dy + f.norm.backward(dh)
-        dh = self.self_attn.backward(a.dropout.backward(dx), a.norm.output_again())
-        return dx + a.norm.backward(dh)
+    def _attention(self, layer: MultiHeadAttention, x: Array, *args, **kwargs) -> Array:
+        """The textbook's step, told the packing of this forward's rows."""
+        return layer(x, *args, packing=self._packing, **kwargs)
 
 
 class DecoderBlock(nn.DecoderBlock):
@@ -216,6 +231,12 @@ class DecoderBlock(nn.DecoderBlock):
 
     MultiHeadAttention, NormAndDropout, FeedForward = \
         MultiHeadAttention, NormAndDropout, FeedForward
+    _attention = EncoderBlock._attention
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        recompute_inputs(self, (self.self_attn, self.self_attn_residual),
+                         (self.cross_attn, self.cross_attn_residual), (self.ffn, self.ffn_residual))
 
     def check_inputs(self, x: Array, memory: Array, self_mask: Array | None = None,
                      memory_mask: Array | None = None, kv_cache: BlockCache | None = None,
@@ -229,30 +250,7 @@ class DecoderBlock(nn.DecoderBlock):
     def forward(self, x: Array, memory: Array, self_mask: Array | None = None,
                 memory_mask: Array | None = None, kv_cache: BlockCache | None = None,
                 packing: Packing | None = None) -> Array:
-        """x (B, T, D), or the rows (N, D) of ``packing`` -> the same form.  Its own: the
-        packing passes on to attention, and a pre-norm sublayer keeps no copy of LN(x)."""
-        a, c, f = self.self_attn_residual, self.cross_attn_residual, self.ffn_residual
-        kv, memory_kv = _self_cache(kv_cache), _cross_cache(kv_cache)
-        if self.norm_first:  # pre-norm: x + Dropout(F(LN(x))), LN(x) not kept by F
-            x = x + a.dropout(self.self_attn(a.norm(x), mask=self_mask, kv_cache=kv,
-                                             packing=packing, keep_input=False))
-            x = x + c.dropout(self.cross_attn(c.norm(x), memory, memory_mask, kv_cache=memory_kv,
-                                              packing=packing, keep_input=False))
-            return x + f.dropout(self.ffn(f.norm(x), keep_input=False))
-        x = a.norm(x + a.dropout(self.self_attn(x, mask=self_mask, kv_cache=kv, packing=packing)))
-        x = c.norm(x + c.dropout(self.cross_attn(x, memory, memory_mask, kv_cache=memory_kv,
-                                                 packing=packing)))
-        return f.norm(x + f.dropout(self.ffn(x)))  # post-norm: LN(x + Dropout(F(x)))
-
-    def backward(self, dy: Array) -> tuple[Array, Array]:
-        """dy -> (dx, dmemory (B, S, D)); dx in the form of forward's x.  Pre-norm: each
-        sublayer's input LN(x) is computed again from the norm's saved values."""
-        if not self.norm_first:  # post-norm: the textbook block's lines
-            return super().backward(dy)
-        a, c, f = self.self_attn_residual, self.cross_attn_residual, self.ffn_residual
-        dh = self.ffn.backward(f.dropout.backward(dy), f.norm.output_again())
-        dx = dy + f.norm.backward(dh)
-        dh, dmemory = self.cross_attn.backward(c.dropout.backward(dx), c.norm.output_again())
-        dx = dx + c.norm.backward(dh)
-        dh = self.self_attn.backward(a.dropout.backward(dx), a.norm.output_again())
-        return dx + a.norm.backward(dh), dmemory
+        """x (B, T, D), or the rows (N, D) of ``packing`` -> the same form: the textbook's
+        lines, attention told the packing (:meth:`_attention`)."""
+        self._packing = packing
+        return super().forward(x, memory, self_mask, memory_mask, kv_cache)

@@ -109,10 +109,15 @@ class EncoderBlock(Module):
         positions after those cached, and the mask broadcasts to (B, H, T, S) over all S."""
         a, f, kv = self.attn_residual, self.ffn_residual, _self_cache(kv_cache)
         if self.norm_first:  # pre-norm: x + Dropout(F(LN(x)))
-            x = x + a.dropout(self.self_attn(a.norm(x), mask=mask, kv_cache=kv))
+            x = x + a.dropout(self._attention(self.self_attn, a.norm(x), mask=mask, kv_cache=kv))
             return x + f.dropout(self.ffn(f.norm(x)))
-        x = a.norm(x + a.dropout(self.self_attn(x, mask=mask, kv_cache=kv)))  # post-norm:
-        return f.norm(x + f.dropout(self.ffn(x)))                          # LN(x + Dropout(F(x)))
+        x = a.norm(x + a.dropout(self._attention(self.self_attn, x, mask=mask, kv_cache=kv)))
+        return f.norm(x + f.dropout(self.ffn(x)))  # post-norm: LN(x + Dropout(F(x)))
+
+    def _attention(self, layer: MultiHeadAttention, x: Array, *args, **kwargs) -> Array:
+        """One of the block's attention layers on x (a step of its own: the fast tier's
+        block runs it on packed rows)."""
+        return layer(x, *args, **kwargs)
 
     def backward(self, dy: Array) -> Array:
         """dy (B, T, D) -> dx (B, T, D): the forward's lines in reverse."""
@@ -163,12 +168,17 @@ class DecoderBlock(Module):
         a, c, f = self.self_attn_residual, self.cross_attn_residual, self.ffn_residual
         kv, memory_kv = _self_cache(kv_cache), _cross_cache(kv_cache)
         if self.norm_first:  # pre-norm: x + Dropout(F(LN(x)))
-            x = x + a.dropout(self.self_attn(a.norm(x), mask=self_mask, kv_cache=kv))
-            x = x + c.dropout(self.cross_attn(c.norm(x), memory, memory_mask, kv_cache=memory_kv))
+            x = x + a.dropout(self._attention(self.self_attn, a.norm(x), mask=self_mask,
+                                              kv_cache=kv))
+            x = x + c.dropout(self._attention(self.cross_attn, c.norm(x), memory, memory_mask,
+                                              kv_cache=memory_kv))
             return x + f.dropout(self.ffn(f.norm(x)))
-        x = a.norm(x + a.dropout(self.self_attn(x, mask=self_mask, kv_cache=kv)))  # post-norm:
-        x = c.norm(x + c.dropout(self.cross_attn(x, memory, memory_mask, kv_cache=memory_kv)))
-        return f.norm(x + f.dropout(self.ffn(x)))                       # LN(x + Dropout(F(x)))
+        x = a.norm(x + a.dropout(self._attention(self.self_attn, x, mask=self_mask, kv_cache=kv)))
+        x = c.norm(x + c.dropout(self._attention(self.cross_attn, x, memory, memory_mask,
+                                                 kv_cache=memory_kv)))
+        return f.norm(x + f.dropout(self.ffn(x)))  # post-norm: LN(x + Dropout(F(x)))
+
+    _attention = EncoderBlock._attention
 
     def backward(self, dy: Array) -> tuple[Array, Array]:
         """dy (B, T, D) -> (dx (B, T, D), dmemory (B, S, D)): the forward's lines in reverse."""
