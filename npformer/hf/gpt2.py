@@ -412,8 +412,6 @@ def save_folder(model: Module, path: str | os.PathLike, tokenizer: Tokenizer | N
     ``config.json`` and ``model.safetensors`` (and ``tokenizer.json`` given a
     :class:`Tokenizer`), which ``transformers.GPT2LMHeadModel.from_pretrained(path)``
     loads with the same logits.  The weights keep the model's dtype."""
-    from safetensors.numpy import save_file
-
     if getattr(model, "kind", None) != "causal_lm":
         raise TypeError(f"save_pretrained writes a CausalLM, got {type(model).__name__}")
     hf_config = config_to_hf(model.config)
@@ -427,13 +425,8 @@ def save_folder(model: Module, path: str | os.PathLike, tokenizer: Tokenizer | N
     if tokenizer is not None and tokenizer.eos_id is not None:
         hf_config["bos_token_id"] = tokenizer.eos_ids[0]
         hf_config["eos_token_id"] = tokenizer.eos_id
-    config_text = json.dumps(hf_config, indent=2) + "\n"
-    # the folder whole or not at all (a stopped save leaves the previous files), config last
-    files = {WEIGHTS_FILE: lambda tmp: save_file(weights, str(tmp), metadata={"format": "pt"})}
-    if tokenizer is not None:
-        files[TOKENIZER_FILE] = tokenizer.save
-    files[CONFIG_FILE] = lambda tmp: tmp.write_text(config_text, encoding="utf-8")
-    return write_files(folder, files)
+    extra = {} if tokenizer is None else {TOKENIZER_FILE: tokenizer.save}
+    return write_weights_and_config(folder, weights, hf_config, extra)
 
 
 def output_folder(path: Any, what: str = "path", create: bool = True) -> Path:
@@ -479,6 +472,20 @@ def write_files(folder: Path, files: dict[str, Callable[[Path], Any]]) -> Path:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return folder
+
+
+def write_weights_and_config(folder: Path, weights: dict[str, np.ndarray], config: dict,
+                             extra: dict[str, Callable[[Path], Any]] | None = None,
+                             weights_file: str = WEIGHTS_FILE,
+                             config_file: str = CONFIG_FILE) -> Path:
+    """``weights`` as safetensors (PyTorch's metadata), ``extra`` ({file name: write}),
+    then ``config`` as JSON, last, into ``folder`` whole or not at all (:func:`write_files`)."""
+    from safetensors.numpy import save_file
+
+    text = json.dumps(config, indent=2) + "\n"
+    return write_files(folder, {
+        weights_file: lambda tmp: save_file(weights, str(tmp), metadata={"format": "pt"}),
+        **(extra or {}), config_file: lambda tmp: tmp.write_text(text, encoding="utf-8")})
 
 
 def check_weights_match(state: dict, expected: dict, refusal: str) -> None:

@@ -34,7 +34,6 @@ a ``rope_scaling`` without its type, a weight held under two names.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import warnings
@@ -58,7 +57,7 @@ from .gpt2 import (
     check_weights_match,
     output_folder,
     resolve,
-    write_files,
+    write_weights_and_config,
 )
 
 FAMILIES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
@@ -493,8 +492,6 @@ def save_folder(model: Any, path: str | os.PathLike) -> Path:
     The weights keep the model's dtype.  LoRA adapters (:mod:`npformer.nn.lora`) are saved
     merged into their weights (``merge_lora`` first; unmerged ones are refused), never as
     weights of their own, which the folder's model has not."""
-    from safetensors.numpy import save_file
-
     if getattr(model, "kind", None) != "llama":
         raise TypeError(f"save_pretrained writes a LlamaCausalLM, got {type(model).__name__}")
     adapters = lora_layers(model)
@@ -509,7 +506,4 @@ def save_folder(model: Any, path: str | os.PathLike) -> Path:
     values = config_to_hf(model.config)
     folder = output_folder(path)
     values["torch_dtype"] = next(iter(weights.values())).dtype.name
-    config_text = json.dumps(values, indent=2) + "\n"
-    return write_files(folder, {  # the folder whole or not at all, the config last
-        WEIGHTS_FILE: lambda tmp: save_file(weights, str(tmp), metadata={"format": "pt"}),
-        CONFIG_FILE: lambda tmp: tmp.write_text(config_text, encoding="utf-8")})
+    return write_weights_and_config(folder, weights, values)

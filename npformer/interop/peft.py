@@ -23,7 +23,6 @@ adapter the naming does not cover.
 """
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,7 +33,7 @@ import numpy as np
 
 from .. import backend
 from ..hf import llama as hf_llama
-from ..hf.gpt2 import _first, output_folder, write_files
+from ..hf.gpt2 import _first, output_folder, write_weights_and_config
 from ..models.llama import LlamaConfig
 from ..models.lm import CausalLMConfig
 from ..nn.layers import Embedding, Linear
@@ -246,16 +245,12 @@ def save_adapter(model: Module, folder: str | os.PathLike, naming: Naming,
     ``peft.PeftModel.from_pretrained(torch_model, folder)`` loads them).  Every argument is
     checked before anything is written, and the folder is written whole or not at all
     (:func:`npformer.hf.gpt2.write_files`)."""
-    from safetensors.numpy import save_file
-
     check_naming(naming)
     arrays = adapter_arrays(model, naming)  # refused before anything is written
     config = adapter_config(model, naming, base_model, task_type)
-    config_text = json.dumps(config, indent=2) + "\n"
     folder = output_folder(folder, "folder", create=False)
-    return write_files(folder, {  # the config last
-        WEIGHTS_FILE: lambda tmp: save_file(arrays, str(tmp), metadata={"format": "pt"}),
-        CONFIG_FILE: lambda tmp: tmp.write_text(config_text, encoding="utf-8")})
+    return write_weights_and_config(folder, arrays, config, weights_file=WEIGHTS_FILE,
+                                    config_file=CONFIG_FILE)
 
 
 def read_adapter_config(folder: Path) -> dict[str, Any]:
