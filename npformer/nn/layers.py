@@ -1,11 +1,9 @@
 """The basic layers: each wraps one op and owns its parameters.
 
-Each forward calls its op in :mod:`npformer.ops` and keeps the op's saved values; each backward
-hands those saved values back and adds the parameters' gradients.  (The fast tier's layers,
-:mod:`npformer.fast.layers`, are subclasses that call the fast ops.)
-
-Parameters are created in the backend's default float dtype
-(:func:`npformer.backend.default_float`); initialisations follow PyTorch's.
+Each forward calls its op in :mod:`npformer.ops` and keeps the op's saved values; each
+backward hands them back and adds the parameters' gradients (the fast tier's subclasses,
+:mod:`npformer.fast.layers`, call the fast ops).  Parameters are created in the backend's
+default float dtype; initialisations follow PyTorch's.
 """
 from __future__ import annotations
 
@@ -212,7 +210,6 @@ class Activation(Module):
 
     def backward(self, dy: Array) -> Array:
         return ops.activation(self.name)[1](dy, self._pop_saved())
-
 
 
 class RMSNorm(Module):
