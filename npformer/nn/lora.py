@@ -334,7 +334,7 @@ def _adapters(model: Module) -> dict[str, LoRALinear]:
     return layers
 
 
-# --------------------------------------------------------------------------- values settings
+# --------------------------------------------------------------------------- saved settings
 def adapter_settings(model: Module) -> dict[str, Any] | None:
     """What ``model``'s adapters compute besides their weights, JSON-able (a checkpoint
     keeps it, :mod:`npformer.checkpoint`): ``{"layers": {name: {"r", "alpha", "dropout",
@@ -391,13 +391,13 @@ def apply_adapter_settings(model: Module, settings: dict[str, Any]) -> None:
     and dropout, the groups of ``shared_a`` given one A, the merged ones merged.  A name
     that is not a Linear of ``model`` is a ValueError naming it."""
     if lora_layers(model):
-        raise ValueError(f"{type(model).__name__} holds LoRA adapters already: the values ones "
+        raise ValueError(f"{type(model).__name__} holds LoRA adapters already: the saved ones "
                          "go on the base model")
     linears = {name: m for name, m in model.named_modules() if isinstance(m, (Linear,
                                                                                Embedding))}
     missing = [name for name in settings["layers"] if name not in linears]
     if missing:
-        raise ValueError(f"the values LoRA adapters are on {missing[:3]}, which are not Linear "
+        raise ValueError(f"the saved LoRA adapters are on {missing[:3]}, which are not Linear "
                          f"or Embedding layers of {type(model).__name__}")
     model.freeze()
     for name, layer in settings["layers"].items():

@@ -189,7 +189,7 @@ class Module:
                 yield from value._all_named_parameters(full + ".")
 
     def parameters(self) -> list[Parameter]:
-        """Every parameter, frozen or not (what is values and loaded)."""
+        """Every parameter, frozen or not (what is saved and loaded)."""
         return [p for _, p in self.named_parameters()]
 
     def trainable_parameters(self) -> list[Parameter]:

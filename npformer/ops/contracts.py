@@ -428,19 +428,25 @@ def check_path(value: Any, what: str, optional: bool = False) -> str | None:
     return value
 
 
-def check_strings(values: Any, what: str, item: str = "word") -> list[str]:
-    """A list of strings (words, pieces, tokens): any iterable of str but a str itself
-    (a str is one text, not a list of words: its characters would be taken for words);
-    an element that is not a str is refused naming its position.  Returned as a list."""
+def _as_list(values: Any, what: str, kind: str, hint: str = "") -> list:
+    """``values`` as a list; a str or bytes (one text, whose characters would be taken for
+    its items; ``hint``, its message's end, ``{}`` the text) or a value that is no
+    iterable refused naming ``what``."""
     if isinstance(values, (str, bytes)):
-        raise KindError(f"{what} must be a list of {item}s, got a {type(values).__name__} "
-                        f"({shown(values)}): pass [{shown(values)}] for one {item}, or "
-                        f"split the text into {item}s")
+        raise KindError(f"{what} must be a list of {kind}, got a {type(values).__name__} "
+                        f"({shown(values)}){hint.format(shown(values))}")
     try:
-        values = list(values)
+        return list(values)
     except TypeError:
-        raise KindError(f"{what} must be a list of {item}s, got {shown(values)} "
+        raise KindError(f"{what} must be a list of {kind}, got {shown(values)} "
                         f"({type(values).__name__})") from None
+
+
+def check_strings(values: Any, what: str, item: str = "word") -> list[str]:
+    """A list of strings (words, pieces, tokens): any iterable of str but a str itself;
+    an element that is not a str is refused naming its position.  Returned as a list."""
+    values = _as_list(values, what, f"{item}s", f": pass [{{}}] for one {item}, or split "
+                      f"the text into {item}s")
     for i, value in enumerate(values):
         if not isinstance(value, str):
             raise KindError(f"{what}[{i}] must be a {item} (a str), got {shown(value)} "
@@ -450,16 +456,9 @@ def check_strings(values: Any, what: str, item: str = "word") -> list[str]:
 
 def check_string_lists(values: Any, what: str, item: str = "word") -> list[list[str]]:
     """A corpus: a list of lists of strings (each a sentence's words), as
-    :func:`check_strings` checks each; a str, or a list of str where lists are meant (the
-    words of one text, whose characters would be taken for its words), refused by name."""
-    if isinstance(values, (str, bytes)):
-        raise KindError(f"{what} must be a list of {item} lists, got a "
-                        f"{type(values).__name__} ({shown(values)})")
-    try:
-        rows = list(values)
-    except TypeError:
-        raise KindError(f"{what} must be a list of {item} lists, got {shown(values)} "
-                        f"({type(values).__name__})") from None
+    :func:`check_strings` checks each; a str, or a list of str where lists are meant,
+    refused by name."""
+    rows = _as_list(values, what, f"{item} lists")
     return [check_strings(row, f"{what}[{i}]", item) for i, row in enumerate(rows)]
 
 
