@@ -203,23 +203,25 @@ def gelu_backward32(dy: np.ndarray, x: np.ndarray, dx: np.ndarray) -> None:
     return None
 
 
+def _launch(kernel32, kernel64, inputs: list, outputs: int) -> list:
+    """New arrays ``outputs`` of the first input's shape, written by the compiled kernel of
+    the inputs' dtype on them all flattened (NumPy float arrays of any layout: a strided
+    one is copied first; np.ascontiguousarray would make a 0-d array 1-d)."""
+    inputs = [np.require(a, requirements="C") for a in inputs]
+    out = [np.empty_like(inputs[0]) for _ in range(outputs)]
+    kernel = kernel32 if inputs[-1].dtype == np.float32 else kernel64
+    kernel(*(a.reshape(-1) for a in inputs + out))
+    return out
+
+
 def gelu_kernel(x: np.ndarray) -> np.ndarray:
-    """x (...) -> y = x Phi(x) (...), by the compiled kernel of x's dtype (a NumPy float
-    array, of any layout: a strided one is copied first)."""
-    x = np.require(x, requirements="C")  # (np.ascontiguousarray would make a 0-d x 1-d)
-    y = np.empty_like(x)
-    kernel = gelu_forward32 if x.dtype == np.float32 else gelu_forward64
-    kernel(x.reshape(-1), y.reshape(-1))
-    return y
+    """x (...) -> y = x Phi(x) (...), compiled."""
+    return _launch(gelu_forward32, gelu_forward64, [x], 1)[0]
 
 
 def gelu_backward_kernel(dy: np.ndarray, x: np.ndarray) -> np.ndarray:
     """dy, x (...) -> dx = dy (Phi(x) + x phi(x)) (...), compiled, Phi(x) recomputed."""
-    dy, x = np.require(dy, requirements="C"), np.require(x, requirements="C")
-    dx = np.empty_like(dy)
-    kernel = gelu_backward32 if x.dtype == np.float32 else gelu_backward64
-    kernel(dy.reshape(-1), x.reshape(-1), dx.reshape(-1))
-    return dx
+    return _launch(gelu_backward32, gelu_backward64, [dy, x], 1)[0]
 
 
 # =========================================================================== tanh GELU kernels
@@ -292,19 +294,11 @@ def gelu_tanh_backward32(dy: np.ndarray, x: np.ndarray, t: np.ndarray,
 
 
 def gelu_tanh_kernel(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """x (...) -> y, t (...) of the tanh GELU, by the compiled kernel of x's dtype (a NumPy
-    float array of any layout: a strided one is copied first)."""
-    x = np.require(x, requirements="C")
-    y, t = np.empty_like(x), np.empty_like(x)
-    kernel = gelu_tanh_forward32 if x.dtype == np.float32 else gelu_tanh_forward64
-    kernel(x.reshape(-1), y.reshape(-1), t.reshape(-1))
+    """x (...) -> y, t (...) of the tanh GELU, compiled."""
+    y, t = _launch(gelu_tanh_forward32, gelu_tanh_forward64, [x], 2)
     return y, t
 
 
 def gelu_tanh_backward_kernel(dy: np.ndarray, x: np.ndarray, t: np.ndarray) -> np.ndarray:
     """dy, x, t (...) -> dx (...) of the tanh GELU, compiled."""
-    dy, x, t = (np.require(a, requirements="C") for a in (dy, x, t))
-    dx = np.empty_like(dy)
-    kernel = gelu_tanh_backward32 if x.dtype == np.float32 else gelu_tanh_backward64
-    kernel(dy.reshape(-1), x.reshape(-1), t.reshape(-1), dx.reshape(-1))
-    return dx
+    return _launch(gelu_tanh_backward32, gelu_tanh_backward64, [dy, x, t], 1)[0]

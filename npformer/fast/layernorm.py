@@ -100,10 +100,7 @@ def layernorm_backward_kernel(dy: np.ndarray, x_hat: np.ndarray, r: np.ndarray,
 def _sum_of_squares_about(x, mu):
     """sum (x - mu)^2 over a row, in float64 as four running sums."""
     d = x.size
-    s0 = 0.0
-    s1 = 0.0
-    s2 = 0.0
-    s3 = 0.0
+    s0 = s1 = s2 = s3 = 0.0
     j = 0
     while j + 4 <= d:
         c0, c1, c2, c3 = x[j] - mu, x[j + 1] - mu, x[j + 2] - mu, x[j + 3] - mu
@@ -138,28 +135,19 @@ def _layernorm_forward(x, gamma, beta, eps, y, x_hat, r):
 
 
 @jit(inline="always")
-def _row_sum_of_g(dy, gamma, x_hat, times_x_hat):
-    """sum g (or, ``times_x_hat``, sum g x_hat) over a row, g = dy gamma, in float64 as
-    four running sums."""
+def _row_sum_of_g_x_hat(dy, gamma, x_hat):
+    """sum g x_hat over a row, g = dy gamma, in float64 as four running sums."""
     d = dy.size
-    s0 = 0.0
-    s1 = 0.0
-    s2 = 0.0
-    s3 = 0.0
+    s0 = s1 = s2 = s3 = 0.0
     j = 0
     while j + 4 <= d:
-        g0, g1 = dy[j] * gamma[j], dy[j + 1] * gamma[j + 1]
-        g2, g3 = dy[j + 2] * gamma[j + 2], dy[j + 3] * gamma[j + 3]
-        if times_x_hat:
-            g0, g1, g2, g3 = g0 * x_hat[j], g1 * x_hat[j + 1], g2 * x_hat[j + 2], g3 * x_hat[j + 3]
-        s0 += np.float64(g0)
-        s1 += np.float64(g1)
-        s2 += np.float64(g2)
-        s3 += np.float64(g3)
+        s0 += np.float64(dy[j] * gamma[j] * x_hat[j])
+        s1 += np.float64(dy[j + 1] * gamma[j + 1] * x_hat[j + 1])
+        s2 += np.float64(dy[j + 2] * gamma[j + 2] * x_hat[j + 2])
+        s3 += np.float64(dy[j + 3] * gamma[j + 3] * x_hat[j + 3])
         j += 4
     while j < d:
-        g = dy[j] * gamma[j]
-        s0 += np.float64(g * x_hat[j] if times_x_hat else g)
+        s0 += np.float64(dy[j] * gamma[j] * x_hat[j])
         j += 1
     return (s0 + s1) + (s2 + s3)
 
@@ -175,8 +163,8 @@ def _layernorm_backward(dy, x_hat, r, gamma, dx, dgamma, dbeta):
         for j in range(d):  # independent across j: vectorizes
             dgamma_acc[j] += dy[i, j] * x_hat[i, j]
             dbeta_acc[j] += dy[i, j]
-        mean_g = dy.dtype.type(_row_sum_of_g(dy[i], gamma, x_hat[i], False) / d)
-        mean_gx = dy.dtype.type(_row_sum_of_g(dy[i], gamma, x_hat[i], True) / d)
+        mean_g = dy.dtype.type(sum4(dy[i], gamma, 1) / d)  # sum g, g = dy gamma
+        mean_gx = dy.dtype.type(_row_sum_of_g_x_hat(dy[i], gamma, x_hat[i]) / d)
         ri = r[i, 0]
         for j in range(d):
             g = dy[i, j] * gamma[j]

@@ -369,10 +369,7 @@ def max8(x: np.ndarray, start: float) -> float:
 def sum4(x: np.ndarray, y: np.ndarray, kind: int) -> float:
     """sum x (kind 0) or sum x y (kind 1) over a row, in float64 as four running sums."""
     n = x.size
-    s0 = 0.0
-    s1 = 0.0
-    s2 = 0.0
-    s3 = 0.0
+    s0 = s1 = s2 = s3 = 0.0
     j = 0
     while j + 4 <= n:
         if kind == 0:
