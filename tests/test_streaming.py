@@ -21,6 +21,8 @@ import pytest
 
 from npformer.fast import compiler, streaming
 
+from .conftest import using_backend
+
 needs_numba = pytest.mark.skipif(not compiler.COMPILED, reason="numba is not installed")
 DTYPES = (np.float64, np.float32)
 ROWS = (1, 2, 3, 8, streaming.MAX_ROWS)
@@ -142,3 +144,70 @@ def test_without_numba_it_takes_nothing(monkeypatch):
     monkeypatch.setattr(compiler, "_warned", True)  # the fallback's one warning: not here
     side = int(np.ceil(np.sqrt(streaming.MIN_WEIGHTS)))
     assert not streaming.takes(np.ones((2, side), np.float32), np.ones((side, side), np.float32))
+
+
+# =========================================================================== in the Linear
+@needs_numba
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_the_fast_linear_streams_a_decoding_steps_rows(monkeypatch, dtype):
+    """The fast tier's linear op streams a few rows (B, 1, D_in) and gives the textbook op's
+    output within rounding; many rows go to the library's product."""
+    from npformer import fast, ops
+    from npformer.fast import linear as fast_linear
+
+    streamed = []
+    real = fast_linear.streamed_product
+    monkeypatch.setattr(fast_linear, "streamed_product",
+                        lambda x, w: streamed.append(x.shape) or real(x, w))
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((256, 300)).astype(dtype)
+    b = rng.standard_normal(300).astype(dtype)
+    x = rng.standard_normal((3, 1, 256)).astype(dtype)
+    y, _ = fast.linear_forward(x, w, b)
+    assert streamed == [(3, 256)]
+    y_textbook, _ = ops.linear_forward(x, w, b)
+    distance = np.abs(y.astype(np.float64) - y_textbook.astype(np.float64)).reshape(3, 300)
+    bias_rounding = np.finfo(dtype).eps * np.abs(y_textbook.astype(np.float64)).reshape(3, 300)
+    assert (distance <= rounding_bound(x.reshape(3, 256), w) + bias_rounding).all()
+    fast.linear_forward(rng.standard_normal((3, 6, 256)).astype(dtype), w, b)
+    assert streamed == [(3, 256)], "18 rows: the library's product"
+
+
+# =========================================================================== in decoding
+def uncached_greedy(model, prompt: list, n: int) -> list:
+    """Argmax continuation, each step a full forward over every token so far (no cache)."""
+    from npformer import backend, no_grad
+
+    ids = list(prompt)
+    with no_grad():
+        for _ in range(n):
+            logits = backend.to_numpy(model(backend.asarray(np.array([ids]))))
+            ids.append(int(np.argmax(logits[0, -1])))
+    return ids
+
+
+@pytest.mark.parametrize("tier", ["textbook", "fast"])
+def test_greedy_generation_with_streamed_steps_equals_the_uncached_decode(monkeypatch, tier):
+    """A model wide enough for the streamed product (each projection of 64 x 64 or more):
+    a batch of prompts decoded with the cache (in the fast tier its steps' products
+    streamed) gives every row the tokens of the uncached greedy decode, in both tiers."""
+    from npformer import fast, models
+    from npformer.decoding import generate
+    from npformer.fast import linear as fast_linear
+
+    streamed = []
+    real = fast_linear.streamed_product
+    monkeypatch.setattr(fast_linear, "streamed_product",
+                        lambda x, w: streamed.append(x.shape[0]) or real(x, w))
+    config = models.CausalLMConfig(vocab_size=50, block_size=16, d_model=64, num_heads=4,
+                                   num_layers=2, d_ff=256, dropout=0.0)
+    with using_backend("numpy", "float64"):
+        model = (fast.CausalLM if tier == "fast" else models.CausalLM)(config)
+        model.eval()
+        rng = np.random.default_rng(6)
+        prompts = [list(rng.integers(0, 50, size=n)) for n in (3, 5, 1)]
+        out = generate(model, prompts, 8, greedy=True)
+        for prompt, row in zip(prompts, out):
+            assert row == uncached_greedy(model, prompt, 8)
+    assert (len(streamed) > 0) == (tier == "fast" and compiler.COMPILED), \
+        "the fast tier's cached steps stream their products; the textbook's never"

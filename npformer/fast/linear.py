@@ -14,7 +14,9 @@ Backward, for an upstream gradient $\bar y = \partial L / \partial y$
 
 W is stored (D_in, D_out), the orientation of the math; PyTorch stores the
 transpose, which :mod:`npformer.interop.pytorch` converts.  ``matmul`` is ``@``, except
-on CuPy while a step is captured as a CUDA graph (:mod:`npformer.gpu.gemm`).
+on CuPy while a step is captured as a CUDA graph (:mod:`npformer.gpu.gemm`), and except
+for a few rows (1 to 16, a decoding step's): their product streams W from memory once
+for all of them (:mod:`.streaming`), equal to ``@`` to rounding.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from ..backend import Array
 from ..gpu.gemm import column_sum, matmul
 from ..ops.contracts import backward_op, door, forward_op, opened, state, with_saved
 from .contracts import forward_input, linear_inputs
+from .streaming import streamed_product, takes
 
 
 @forward_op(linear_inputs)
@@ -36,11 +39,17 @@ def linear_forward(x: Array, w: Array, b: Array | None = None,
         return door(linear_forward, x, w, b, keep_input)
     xp = backend.namespace_of(x, w)
     x_rows = xp.reshape(x, (-1, w.shape[0]))  # (N, D_in): one matrix product, not one per row
-    y = matmul(x_rows, w)  # (N, D_in) @ (D_in, D_out) -> (N, D_out)
+    y = _product(x_rows, w)  # (N, D_in) @ (D_in, D_out) -> (N, D_out)
     if b is not None:
         y += b  # (N, D_out) + (D_out,), in place: y is fresh
     y = xp.reshape(y, tuple(x.shape[:-1]) + (w.shape[1],))
     return with_saved(linear_forward, y, (x if keep_input else None, w, b is not None))
+
+
+def _product(x_rows: Array, w: Array) -> Array:
+    """x_rows (N, D_in) @ w (D_in, D_out): a few rows (a decoding step's) with W streamed
+    from memory once for all of them (:mod:`.streaming`), else the library's product."""
+    return streamed_product(x_rows, w) if takes(x_rows, w) else matmul(x_rows, w)
 
 
 @backward_op(linear_forward)

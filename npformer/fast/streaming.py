@@ -6,9 +6,9 @@ A decoding step multiplies the batch's newest positions, a few rows $x \in
 D_{out}}$ of the model: N multiply-adds for each weight read, so the step is as fast as
 the weights can be read.  OpenBLAS reads W at the machine's bandwidth for one row (its
 matrix-vector kernel) but at a third to a half of it for 2 to 16 rows (its matrix-matrix
-kernel packs W into blocks first: bench/README.md, "Decoding").  This kernel reads W in
-its memory order instead, each row $W_p$ once, and adds its terms into every row of y
-while it is in the CPU's cache:
+kernel packs W into blocks first: bench/README.md, "Decoding at the memory bound").
+This kernel reads W in its memory order instead, each row $W_p$ once, and adds its terms
+into every row of y while it is in the CPU's cache:
 
     $y_r = (((x_{r,0} W_0 + x_{r,1} W_1) + x_{r,2} W_2) + \dots) + x_{r,D_{in}-1} W_{D_{in}-1}$
 

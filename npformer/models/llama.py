@@ -38,7 +38,7 @@ from .. import backend, ops
 from ..backend import Array
 from ..hf import llama as hf_llama
 from ..nn import DecodingCache, Embedding, Linear, LlamaBlock, Module, RMSNorm
-from ..nn.cache import check_decoding_cache
+from ..nn.cache import check_decoding_cache, check_layer_cache
 from ..nn.llama import check_kv_heads
 from ..ops.contracts import (
     check_flag,
@@ -47,6 +47,7 @@ from ..ops.contracts import (
     check_rotary_width,
     check_token_ids,
     shown,
+    trusting,
 )
 from .common import decoder_mask, inference_only, model_input
 from .configs import _is_int, _set_field
@@ -230,10 +231,16 @@ class LlamaCausalLM(Module):
         ids = model_input(ids, "token ids")
         check_rank(ids, 2, "token ids (batch, positions)")
         self._check_context(ids.shape[1], position_ids, kv_cache.length)
-        x, cos, sin, mask = self._inputs(ids, attention_mask, position_ids, kv_cache.length)
-        for block, block_cache in zip(self.blocks, kv_cache.blocks):
-            x = block(x, cos, sin, mask, kv_cache=block_cache.self_attn)
-        return self._logits(self.norm(x))
+        for block, block_cache in zip(self.blocks, kv_cache.blocks):  # this batch's caches
+            attn = block.self_attn
+            check_layer_cache(block_cache.self_attn, ids.shape[0], attn.num_kv_heads,
+                              attn.head_dim)
+        x, cos, sin, mask = self._inputs(ids, attention_mask, position_ids,
+                                         kv_cache.length)  # ids, mask, positions checked
+        with trusting():  # the layers' inputs are this model's own: no layer checks them again
+            for block, block_cache in zip(self.blocks, kv_cache.blocks):
+                x = block(x, cos, sin, mask, kv_cache=block_cache.self_attn)
+            return self._logits(self.norm(x))
 
     # ------------------------------------------------------------------ Hugging Face
     @classmethod

@@ -28,8 +28,8 @@ from .. import backend, ops
 from ..backend import Array
 from ..hf import gpt2
 from ..nn import DecodingCache, EncoderBlock, LayerNorm, Linear, Module
-from ..nn.cache import check_decoding_cache
-from ..ops.contracts import check_rank
+from ..nn.cache import check_decoding_cache, check_layer_cache
+from ..ops.contracts import check_rank, trusting
 from .common import (
     TokenEmbedding,
     attention_mask_input,
@@ -174,13 +174,17 @@ class CausalLM(Module):
         check_decoding_cache(kv_cache, len(self.blocks), type(self).__name__)
         ids = model_input(ids, "token ids")
         check_rank(ids, 2, "token ids (batch, positions)")
+        for block, block_cache in zip(self.blocks, kv_cache.blocks):  # this batch's caches
+            attn = block.self_attn
+            check_layer_cache(block_cache.self_attn, ids.shape[0], attn.num_heads, attn.head_dim)
         x, mask = self._embedded(ids, attention_mask, position_ids,
-                                 kv_cache.length)  # (B, T_new, D)
-        for block, block_cache in zip(self.blocks, kv_cache.blocks):
-            x = block(x, mask, kv_cache=block_cache)
-        if self.norm is not None:
-            x = self.norm(x)
-        return self._logits(x)
+                                 kv_cache.length)  # (B, T_new, D): ids, mask, positions checked
+        with trusting():  # the layers' inputs are this model's own: no layer checks them again
+            for block, block_cache in zip(self.blocks, kv_cache.blocks):
+                x = block(x, mask, kv_cache=block_cache)
+            if self.norm is not None:
+                x = self.norm(x)
+            return self._logits(x)
 
     # ------------------------------------------------------------------ Hugging Face
     @classmethod
