@@ -70,12 +70,10 @@ def _largest_table(config: Any, model: Module) -> tuple[int, str | None]:
 def check_weights_fit(config: Any, itemsize: int | None = None,
                       available: tuple[int, str] | None = None) -> None:
     """Refuse (ValueError) a model whose weights alone cannot fit in memory, before one
-    is allocated: the message names the field that sizes its largest table, the parameter
-    count, the bytes they take (``itemsize`` each: default the backend's float) and the
-    memory there is (``available``: (bytes, "where"), default the machine's).  Training
-    needs more (the demos check that too, :func:`npformer.cli.memory.check_training_fits`);
-    this bound refuses only what could never be built.  (Within
-    :func:`npformer.backend.shapes_only` nothing is allocated: nothing to check.)"""
+    is allocated, naming the field that sizes its largest table, the parameter count, the
+    bytes (``itemsize`` each: default the backend's float) and the memory there is
+    (``available``: (bytes, "where"), default the machine's).  Training needs more
+    (:func:`npformer.cli.memory.check_training_fits`)."""
     if backend.making_shapes():
         return
     itemsize = itemsize or numpy.dtype(backend.default_float_name()).itemsize
@@ -300,12 +298,9 @@ def check_positions(position_ids: Array, block_size: int, what: str = "position_
 
 
 def valid_lengths_from(ids: Array, pad_id: int, what: str = "token ids") -> Array:
-    """ids (B, T) -> (B,) number of non-padding tokens per row, padding at the end only.
-
-    The layers read a row's valid positions as its first ``valid_lens[b]`` (the packing,
-    pooling, masks and positions): padding anywhere else, left padding or a pad between
-    tokens, would be read as tokens while the row's last tokens were dropped.  It is
-    refused, naming the row and the positions (move the padding to the end)."""
+    """ids (B, T) -> (B,) number of non-padding tokens per row, padding at the end only:
+    the layers read a row's valid positions as its first ``valid_lens[b]``, so padding
+    elsewhere (left, or between tokens) is refused, naming the row and the positions."""
     xp = backend.namespace_of(ids)
     real = ids != pad_id  # (B, T)
     lengths = xp.sum(xp.astype(real, xp.int64), axis=1)  # (B,)

@@ -76,8 +76,8 @@ class DecodingCache:
 def check_decoding_cache(kv_cache: object, num_blocks: int, owner: str, cross: bool = False
                          ) -> None:
     """``kv_cache`` is a :class:`DecodingCache` of ``num_blocks`` blocks (with
-    cross-attention caches when ``cross``), as ``owner``'s ``new_cache()`` makes it: another
-    model's would leave layers without their cache (zip stops at the shorter), silently."""
+    cross-attention caches when ``cross``), as ``owner``'s ``new_cache()`` makes it (zip
+    would silently leave layers without their cache)."""
     if not isinstance(kv_cache, DecodingCache):
         raise TypeError(f"kv_cache must be a DecodingCache ({owner}.new_cache()), got "
                         f"{type(kv_cache).__name__}")
@@ -91,11 +91,9 @@ def check_decoding_cache(kv_cache: object, num_blocks: int, owner: str, cross: b
 
 
 def check_layer_cache(kv_cache: KVCache, batch: int, heads: int, width: int) -> None:
-    """An attention layer's ``kv_cache`` at its door: used under ``no_grad`` only (a cache
-    keeps nothing for a backward), and, holding keys, holding (batch, heads, S, width)
-    ones, those of this layer for this batch: another batch's (a beam search's rows not
-    selected) or another model's is refused before the concatenation that would fail
-    inside (or the attention misread)."""
+    """An attention layer's ``kv_cache`` at its door: used under ``no_grad`` only, and
+    holding (batch, heads, S, width) keys, if any: another batch's (a beam search's rows
+    not selected) or another model's is refused before the concatenation would fail."""
     if grad_enabled():
         raise RuntimeError("a KVCache is for inference: call the attention under "
                            "npformer.no_grad() (it keeps nothing for a backward)")
