@@ -10,22 +10,14 @@ shared by every block.  With ``tie_weights`` the output projection is the token
 embedding transposed (SmolLM2, Llama 3.2 1B, small Qwen models), else its own
 ``lm_head``.
 
-The interface is :class:`npformer.models.CausalLM`'s, so the same Trainer
-(:class:`npformer.train.tasks.LanguageModeling`), :func:`npformer.decoding.generate` and
-checkpoints (:func:`npformer.checkpoint.save_checkpoint`, ``restore``) work:
-``forward(ids, attention_mask, position_ids)``, ``backward(dlogits)``, ``new_cache()``,
-``forward_cached(...)``.  Padding as Hugging Face passes it: ``attention_mask`` (B, T)
-holds 1 at tokens and 0 at padding (left padding for generation), the positions count
-each row's tokens from 0; the rotation then makes every row's scores those of the row
-alone (rotary scores depend on the distance of positions only).
-
-Its ``kind`` is ``"llama"``: a checkpoint names it, and :func:`npformer.checkpoint.
-build_model` builds it again from its config; it trains with the language-modelling task
-and decodes with :func:`npformer.decoding.generate`, as :class:`npformer.models.CausalLM`.
-
-Hugging Face folders (``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``):
-:meth:`LlamaCausalLM.from_pretrained` and :meth:`LlamaCausalLM.save_pretrained`
-(:mod:`npformer.hf.llama`), as :class:`npformer.models.CausalLM`'s for GPT-2.
+The interface is :class:`npformer.models.CausalLM`'s (``forward(ids, attention_mask,
+position_ids)``, ``backward``, ``new_cache``, ``forward_cached``), so the same Trainer
+task, :func:`npformer.decoding.generate` and checkpoints (its ``kind``, ``"llama"``) work.
+Padding as Hugging Face passes it: ``attention_mask`` (B, T) holds 1 at tokens and 0 at
+padding, the positions count each row's tokens from 0, and the rotation makes every
+row's scores those of the row alone (rotary scores depend on distances only).  Hugging
+Face folders: :meth:`LlamaCausalLM.from_pretrained`, :meth:`LlamaCausalLM.save_pretrained`
+(:mod:`npformer.hf.llama`).
 """
 from __future__ import annotations
 
@@ -246,15 +238,11 @@ class LlamaCausalLM(Module):
     @classmethod
     def from_pretrained(cls, name_or_path: str | os.PathLike,
                         dtype: str | None = None) -> LlamaCausalLM:
-        """A Llama, Qwen2 or Qwen3 checkpoint in Hugging Face's format: a folder
-        (``config.json``, ``model.safetensors`` or its shards), or a name on the Hugging Face
-        Hub, downloaded into the user's cache where the network allows.  The model is a
-        ``cls`` (``npformer.fast.LlamaCausalLM.from_pretrained`` gives the fast tier's).
-        See :func:`npformer.hf.llama.load_folder`."""
+        """A ``cls`` (the fast tier's from ``npformer.fast.LlamaCausalLM``) of a Llama, Qwen2
+        or Qwen3 Hugging Face folder or Hub name (:func:`npformer.hf.llama.load_folder`)."""
         return hf_llama.load_folder(cls, name_or_path, dtype=dtype)
 
     def save_pretrained(self, path: str | os.PathLike) -> os.PathLike:
-        """Write this model as a Hugging Face folder of its family (``config.json``,
-        ``model.safetensors``), which ``transformers.AutoModelForCausalLM.from_pretrained``
-        loads; -> the folder.  See :func:`npformer.hf.llama.save_folder`."""
+        """Write this model as a Hugging Face folder of its family, which transformers'
+        ``AutoModelForCausalLM`` loads; -> the folder (:func:`npformer.hf.llama.save_folder`)."""
         return hf_llama.save_folder(self, path)
