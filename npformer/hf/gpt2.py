@@ -345,13 +345,10 @@ def from_hf(state: dict[str, np.ndarray], config: Any, where: str = WEIGHTS_FILE
 # --------------------------------------------------------------------------- load and save
 def load_folder(model_class: type, name_or_path: str | os.PathLike,
                 dtype: str | None = None, dropout: float = 0.0) -> Module:
-    """A ``model_class`` (:class:`CausalLM`) holding a GPT-2 checkpoint: a Hugging Face folder
-    (``config.json``, ``model.safetensors``) or a Hub name (``"gpt2"``), downloaded
-    into the user's cache.  ``dtype``: "float32" or "float64" (default: the backend's
-    default float); ``dropout``: npformer's dropout for fine-tuning (Hugging Face's
-    probabilities are not read; see the module docstring).  The model is a
-    ``model_class`` (the textbook's or the fast tier's), on the current backend, in
-    training mode."""
+    """A ``model_class`` (either tier's :class:`CausalLM`, on the current backend, in
+    training mode) holding a GPT-2 folder or Hub name (``"gpt2"``).  ``dtype``: "float32"
+    or "float64" (default: the backend's default float); ``dropout``: npformer's, for
+    fine-tuning (Hugging Face's probabilities are not read)."""
     if dtype is not None:
         check_choice(dtype, backend.FLOAT_DTYPES, "dtype")
     dropout = check_probability(dropout, "dropout")  # the caller's, not config.json's

@@ -451,11 +451,10 @@ def from_hf(state: dict[str, np.ndarray], model: Any, where: str = WEIGHTS_FILE
 
 # --------------------------------------------------------------------------- load and save
 def load_folder(model_class: type, path: str | os.PathLike, dtype: str | None = None) -> Any:
-    """A ``model_class`` (:class:`npformer.models.LlamaCausalLM`, the textbook's or the fast
-    tier's) holding a Llama, Qwen2 or Qwen3 folder (or Hub name,
-    downloaded into the user's cache where the network allows).  ``dtype``: "float32" or
-    "float64" (default: the backend's default float); bfloat16 weights are converted to it,
-    with a warning saying so.  The model is on the current backend, in training mode."""
+    """A ``model_class`` (either tier's :class:`npformer.models.LlamaCausalLM`, on the
+    current backend, in training mode) holding a Llama, Qwen2 or Qwen3 folder or Hub name.
+    ``dtype``: "float32" or "float64" (default: the backend's default float); bfloat16
+    weights are converted to it, with a warning saying so."""
     if dtype is not None:
         check_choice(dtype, backend.FLOAT_DTYPES, "dtype")
     folder = resolve(path, KIND)

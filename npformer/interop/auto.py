@@ -12,12 +12,10 @@ the class, in the tier asked.
 | gpt2                | ``npformer.models.CausalLM``      | ``npformer.fast.CausalLM``      |
 | llama, qwen2, qwen3 | ``npformer.models.LlamaCausalLM`` | ``npformer.fast.LlamaCausalLM`` |
 
-A family not listed is refused naming the known ones.  The classes' own
-``from_pretrained`` (``npformer.fast.LlamaCausalLM.from_pretrained(folder)``) load a folder
-of their family, and ``model.save_pretrained(folder)`` writes one; the tokenizer of any
-family is ``npformer.hf.gpt2.Tokenizer.from_pretrained(folder)``.  This module sits above
-the fast tier (it names its classes); the folders are read and written by
-:mod:`npformer.hf`, below the models.
+A family not listed is refused naming the known ones.  Each class's own
+``from_pretrained`` loads a folder of its family, ``model.save_pretrained(folder)`` writes
+one; the tokenizer of any family is ``npformer.hf.gpt2.Tokenizer.from_pretrained``.  This
+module sits above the fast tier (it names its classes).
 """
 from __future__ import annotations
 
