@@ -32,18 +32,17 @@ class ClassifierConfig:
 
     vocab_size: token ids are in [0, vocab_size); num_classes: C, the labels (>= 2);
     d_model: width D; num_heads: H (D must be a multiple unless head_dim is set);
-    num_layers: encoder blocks; d_ff: feed-forward width; block_size: the longest
-    sequence (the positional table's length); dropout: probability in [0, 1); activation: "relu",
+    num_layers: encoder blocks; d_ff: feed-forward width; block_size: the longest sequence
+    (the positional table's length); dropout: probability in [0, 1); activation: "relu",
     "gelu" or "gelu_tanh"; norm_first: pre-norm blocks (a final layer norm) instead of
     post-norm; head_dim: per-head width E (default D / H); positional: "learned" or
-    "sinusoidal"; pooling: how the valid positions become one vector (see
-    ``npformer.ops.POOLINGS``); pad_id: the padding token, ignored by attention and
+    "sinusoidal"; pooling: how the valid positions become one vector
+    (``npformer.ops.POOLINGS``); pad_id: the padding token, ignored by attention and
     pooling; narrow_heads, qk_norm: the attention's options
     (:class:`npformer.nn.MultiHeadAttention`); norm_eps: every layer norm's epsilon;
-    bigram_buckets: 0, or K > 0 to add to each
-    position the embedding of its word pair (previous id, id) hashed into K rows
-    (:func:`npformer.ops.hashed_bigrams`; fastText's bigrams), a table that starts at
-    zero.  Invalid values raise ValueError naming the field.
+    bigram_buckets: 0, or K > 0 to add to each position the embedding of its word pair
+    (previous id, id) hashed into K rows (:func:`npformer.ops.hashed_bigrams`; fastText's
+    bigrams), a table that starts at zero.  Invalid values raise ValueError naming the field.
     """
 
     vocab_size: int
