@@ -239,14 +239,9 @@ def _key_extents(mask):
 
 def _row_keys(extents, row, query, seen: int):
     """-> the leading keys each (row, query) of a block computes, host int64 broadcasting
-    to the block's (rows, queries), or None (the mask broadcasts along the keys).
-
-    1 + the last key any head of the row may see for that query, rounded up to a
-    multiple of 8 (or the block's ``seen``): every key from there on is masked, and the
-    compiled kernels' running maxima and sums (8 and 4 lanes) then add the same elements
-    in the same order as over the whole row.  A causal row of T keys computes about
-    T / 2 of them.
-    """
+    to the block's (rows, queries), or None (the mask broadcasts along the keys): 1 + the
+    last key any head may see, rounded up to a multiple of 8 (or ``seen``), so that the
+    kernels' 8 and 4 running lanes add what they add over the whole row (§19)."""
     last, _, width = extents
     if width == 1:
         return None
@@ -378,10 +373,8 @@ def _all_keys(keys: np.ndarray | None, scores: np.ndarray) -> np.ndarray:
 def attention_softmax(scores: np.ndarray, bias: np.ndarray | None, scale: float,
                       lse: np.ndarray, keys: np.ndarray | None = None) -> None:
     """scores Q K^T (A, H, t, s), C-contiguous and writable -> P = softmax(scale scores +
-    bias) in place (fully masked rows 0), lse (A, H, t, 1) written: one compiled pass a
-    row.  ``keys``: int64, broadcasting to (A, t), how many leading keys each row
-    computes (see the kernels' comment: every later key masked, a multiple of 8 or s);
-    None: all."""
+    bias) in place (fully masked rows 0), lse (A, H, t, 1) written.  ``keys``: int64,
+    broadcasting to (A, t), the leading keys each row computes (:func:`_row_keys`); None: all."""
     view, has_bias = _broadcast_bias(bias, scores)
     _softmax_lse(scores, view, has_bias, scores.dtype.type(scale), lse[..., 0],
                  _all_keys(keys, scores))
