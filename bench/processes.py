@@ -96,7 +96,7 @@ def rank_worker(spec: dict) -> int:
             reduce_bytes.append(workers.reduced_bytes + 4)  # + the loss
 
         workers.reduce_gradients = timed_reduce_gradients
-    windows = []  # a projection's: each step's backward from its first finished bucket
+    windows = []  # a projection's: each step's backward after its first, its last callback
     if ctx.size == 1 and spec.get("project"):
         record_overlap_windows(model, task, windows)
     losses, times = [], []
@@ -118,27 +118,31 @@ def rank_worker(spec: dict) -> int:
                    allreduce_bytes=statistics.median(reduce_bytes) if reduce_bytes else None,
                    dense_bytes=(params + 1) * 4, projected_bytes=projected,
                    bucket_bytes=buckets,
-                   overlap_window=statistics.median(windows[spec["warmup"]:] or [0.0])))
+                   overlap_window=statistics.median([w for w, _ in windows[spec["warmup"]:]]
+                                                    or [0.0]),
+                   last_window=statistics.median([w for _, w in windows[spec["warmup"]:]]
+                                                 or [0.0])))
     return 0
 
 
 def record_overlap_windows(model, task, windows: list) -> None:
-    """Each step's window for the buckets' sums, appended to ``windows`` (seconds): from the
-    moment its backward first says gradients are final (``model._gradients_final``: where
-    the first bucket could start) to the backward's end (the task's ``loss_and_grad``
-    returning).  A process alone starts no sum: the callback is this recorder's."""
-    first: list[float] = []
+    """Each step's windows for the buckets' sums, appended to ``windows`` as (seconds after
+    the first, after the last moment its backward says gradients are final, to its end):
+    ``model._gradients_final``'s calls (where the first bucket could start, and the last)
+    and the task's ``loss_and_grad`` returning.  A process alone starts no sum: the
+    callback is this recorder's."""
+    calls: list[float] = []
 
     def gradients_final(modules):
-        if not first:
-            first.append(time.perf_counter())
+        calls.append(time.perf_counter())
 
     loss_and_grad = task.loss_and_grad
 
     def timed_loss_and_grad(*args, **kwargs):
-        first.clear()
+        calls.clear()
         loss = loss_and_grad(*args, **kwargs)
-        windows.append(time.perf_counter() - first[0] if first else 0.0)
+        end = time.perf_counter()
+        windows.append((end - calls[0], end - calls[-1]) if calls else (0.0, 0.0))
         return loss
 
     model._on_gradients_final = gradients_final
@@ -365,7 +369,7 @@ def ring_allreduce_seconds(ranks: int, message_bytes: float, alpha: float,
 
 
 def projection(compute_s: float, message_bytes: float, ranks: int,
-               buckets: Sequence[float] = (), window_s: float = 0.0,
+               buckets: Sequence[float] = (), window_s: float = 0.0, last_window_s: float = 0.0,
                alpha: float = CLUSTER_LATENCY_S,
                bandwidth: float = CLUSTER_BANDWIDTH_BPS) -> tuple[float, float]:
     """(step seconds, efficiency) at ``ranks`` with a fixed per-rank batch: the step's
@@ -375,11 +379,12 @@ def projection(compute_s: float, message_bytes: float, ranks: int,
     start) are summed while the backward runs: each bucket's ring all-reduce starts when
     the backward has finished it, one after another, within the backward's last
     ``window_s`` (from its first finished bucket to its end); what they take beyond that
-    window is left over, and at least the last bucket's (the first block's: it starts as
-    the backward ends).  The rest (the lookup tables' rows, summed after the backward)
-    is not hidden.  No buckets: no overlap, the whole sum after the compute."""
+    window is left over, and at least what the last bucket's takes beyond the backward's
+    last ``last_window_s`` (from its last finished bucket, the first block's, to its end:
+    the embeddings' backward).  The rest (the lookup tables' rows, summed after the
+    backward) is not hidden.  No buckets: no overlap, the whole sum after the compute."""
     sums = [ring_allreduce_seconds(ranks, b, alpha, bandwidth) for b in buckets]
-    hidden_behind = max(sums[-1] if sums else 0.0, sum(sums) - window_s)
+    hidden_behind = max(sums[-1] - last_window_s if sums else 0.0, sum(sums) - window_s, 0.0)
     rest = message_bytes - sum(buckets)
     tail = ring_allreduce_seconds(ranks, rest, alpha, bandwidth) if rest > 0 else 0.0
     step = compute_s + hidden_behind + tail
@@ -464,12 +469,14 @@ def print_projection(results: dict) -> None:
             print(f"  {name}: n/a (a mode failed)")
             continue
         buckets, window = one.get("bucket_bytes", []), one.get("overlap_window", 0.0)
+        last = one.get("last_window", 0.0)
         cells = []
         for ranks in PROJECTED_RANKS:
             message = messages[str(ranks)]  # JSON keys: strings
-            step, efficiency = projection(compute, message, ranks, buckets, window)
+            step, efficiency = projection(compute, message, ranks, buckets, window, last)
             _, alone = projection(compute, message, ranks)
             cells.append(f"{ranks} ranks {size_text(message)} {step * 1e3:.1f} ms "
                          f"{efficiency:.0%} ({alone:.0%})")
         print(f"  {name:<8} compute {compute * 1e3:.1f} ms, {len(buckets)} buckets "
-              f"{size_text(sum(buckets))}, window {window * 1e3:.1f} ms: " + "  ".join(cells))
+              f"{size_text(sum(buckets))}, window {window * 1e3:.1f} ms (after the last "
+              f"{last * 1e3:.1f} ms): " + "  ".join(cells))

@@ -186,8 +186,9 @@ def test_process_summary_scaling_allreduce_and_projection(processes_output):
                      r"[\d.]+ KiB\)", out, re.MULTILINE), out
     for ranks in (2, 4):
         assert re.search(rf"^  {ranks} ranks fit: alpha -?[\d.]+ us", out, re.MULTILINE), out
-    assert re.search(r"^  lm\s+compute [\d.]+ ms, \d+ buckets [\d.]+ KiB, window [\d.]+ ms: "
-                     r"8 ranks [\d.]+ KiB [\d.]+ ms \d+% \(\d+%\)", out, re.MULTILINE), out
+    assert re.search(r"^  lm\s+compute [\d.]+ ms, \d+ buckets [\d.]+ KiB, window [\d.]+ ms "
+                     r"\(after the last [\d.]+ ms\): 8 ranks [\d.]+ KiB [\d.]+ ms \d+% \(\d+%\)",
+                     out, re.MULTILINE), out
 
 
 def test_projected_sums_carry_the_union_of_the_ranks_changed_rows():
@@ -225,20 +226,24 @@ def test_alpha_beta_fit_and_ring_projection():
 
 def test_the_projection_hides_the_buckets_sums_behind_the_backward():
     """Of a 4 MB sum, two 1 MB buckets overlap the backward's window: a long window hides
-    all but the last bucket's sum, none hides none; the other 2 MB (the tables' rows) are
-    summed after the backward either way."""
+    all but the last bucket's sum (but what of it the backward's time after the last
+    bucket hides), none hides none; the other 2 MB (the tables' rows) are summed after the
+    backward either way."""
     from bench import processes
 
     def ring(n):
         return processes.ring_allreduce_seconds(8, n, 5e-6, 12e9)
 
-    def step(window):
-        return processes.projection(0.010, 4e6, 8, [1e6, 1e6], window, alpha=5e-6,
+    def step(window, last=0.0):
+        return processes.projection(0.010, 4e6, 8, [1e6, 1e6], window, last, alpha=5e-6,
                                     bandwidth=12e9)[0]
 
     assert step(window=1.0) == 0.010 + ring(1e6) + ring(2e6)
     assert step(window=0.0) == 0.010 + (ring(1e6) + ring(1e6)) + ring(2e6)
     assert step(window=ring(1e6) / 2) == 0.010 + (2 * ring(1e6) - ring(1e6) / 2) + ring(2e6)
+    # the last bucket final some time before the backward ends: that much of it hides too
+    assert step(window=1.0, last=ring(1e6) / 4) == 0.010 + 3 * ring(1e6) / 4 + ring(2e6)
+    assert step(window=1.0, last=1.0) == 0.010 + ring(2e6)
 
 
 # --------------------------------------------------------------------------- bench/gpu.py
