@@ -87,11 +87,33 @@ def torch_models() -> dict[str, type]:
 
     tnn = torch.nn
 
-    def encoder_layer(c: Any, dtype: Any) -> Any:
-        return _without_attention_dropout(tnn.TransformerEncoderLayer(
+    def layer(kind: type, c: Any, dtype: Any) -> Any:
+        """A torch Transformer*Layer (``kind``) with the configuration's options."""
+        return _without_attention_dropout(kind(
             c.d_model, c.num_heads, c.d_ff, dropout=c.dropout,
             activation=torch_activation(c.activation), layer_norm_eps=c.norm_eps,
             batch_first=True, norm_first=c.norm_first, dtype=dtype))
+
+    def run(module: Any, x: Any, *memory: Any, **masks: Any) -> Any:
+        """x through ``module.layers`` and then ``module.norm`` (pre-norm only)."""
+        for each in module.layers:
+            x = each(x, *memory, **masks)
+        return module.norm(x) if hasattr(module, "norm") else x
+
+    class Encoder(tnn.Module):
+        """The classifier's and the causal LM's shared part: ``tok_emb``, the positions,
+        the embedding dropout, ``layers`` and ``norm`` (pre-norm only)."""
+
+        def __init__(self, c, dtype):
+            super().__init__()
+            self.c = c
+            self.tok_emb = tnn.Embedding(c.vocab_size, c.d_model, dtype=dtype)
+            _positions(torch, self, "", c.positional, c.block_size, c.d_model, dtype)
+            self.drop = tnn.Dropout(c.dropout)  # npformer's embedding dropout
+            self.layers = tnn.ModuleList(layer(tnn.TransformerEncoderLayer, c, dtype)
+                                         for _ in range(c.num_layers))
+            if c.norm_first:
+                self.norm = tnn.LayerNorm(c.d_model, eps=c.norm_eps, dtype=dtype)
 
     def ignored(ids: Any, valid_lens: Any, pad_id: int) -> tuple[Any, Any]:
         """(B, T) True at padding: positions at or after valid_lens (default: the count of
@@ -101,20 +123,13 @@ def torch_models() -> dict[str, type]:
         positions = torch.arange(ids.shape[1], device=ids.device)[None, :]
         return positions >= valid_lens[:, None], valid_lens
 
-    class TorchClassifier(tnn.Module):
+    class TorchClassifier(Encoder):
         """npformer.models.TransformerClassifier in torch.nn: forward(ids, valid_lens=None)."""
 
         def __init__(self, c, dtype=torch.float32):
-            super().__init__()
-            self.c = c
-            self.tok_emb = tnn.Embedding(c.vocab_size, c.d_model, dtype=dtype)
-            _positions(torch, self, "", c.positional, c.block_size, c.d_model, dtype)
-            self.drop = tnn.Dropout(c.dropout)  # npformer's embedding dropout
+            super().__init__(c, dtype)
             if c.bigram_buckets:
                 self.bigram_emb = tnn.Embedding(c.bigram_buckets, c.d_model, dtype=dtype)
-            self.layers = tnn.ModuleList(encoder_layer(c, dtype) for _ in range(c.num_layers))
-            if c.norm_first:
-                self.norm = tnn.LayerNorm(c.d_model, eps=c.norm_eps, dtype=dtype)
             self.head = tnn.Linear(c.d_model, c.num_classes, dtype=dtype)
 
         def forward(self, ids: Any, valid_lens: Any = None) -> Any:
@@ -125,10 +140,7 @@ def torch_models() -> dict[str, type]:
                 previous = torch.nn.functional.pad(ids[:, :-1], (1, 0), value=-1)
                 p1, p2 = 1_000_003, 998_244_353
                 x = x + self.bigram_emb(((previous + 1) * p1 + ids * p2) % self.c.bigram_buckets)
-            for layer in self.layers:
-                x = layer(x, src_key_padding_mask=ignore)
-            if self.c.norm_first:
-                x = self.norm(x)
+            x = run(self, x, src_key_padding_mask=ignore)
             valid = (~ignore)[:, :, None]
             if self.c.pooling == "mean":
                 pooled = (x * valid).sum(1) / valid_lens[:, None].to(x.dtype)
@@ -138,18 +150,11 @@ def torch_models() -> dict[str, type]:
                 pooled = x[:, 0]
             return self.head(pooled)
 
-    class TorchLM(tnn.Module):
+    class TorchLM(Encoder):
         """npformer.models.CausalLM in torch.nn: forward(ids) -> logits (B, T, V)."""
 
         def __init__(self, c, dtype=torch.float32):
-            super().__init__()
-            self.c = c
-            self.tok_emb = tnn.Embedding(c.vocab_size, c.d_model, dtype=dtype)
-            _positions(torch, self, "", c.positional, c.block_size, c.d_model, dtype)
-            self.drop = tnn.Dropout(c.dropout)  # npformer's embedding dropout
-            self.layers = tnn.ModuleList(encoder_layer(c, dtype) for _ in range(c.num_layers))
-            if c.norm_first:
-                self.norm = tnn.LayerNorm(c.d_model, eps=c.norm_eps, dtype=dtype)
+            super().__init__(c, dtype)
             if not c.tie_weights:
                 self.lm_head = tnn.Linear(c.d_model, c.vocab_size, bias=False, dtype=dtype)
 
@@ -158,10 +163,7 @@ def torch_models() -> dict[str, type]:
             x = self.drop(_add_positions(self, "", self.tok_emb(ids)))
             causal = torch.triu(torch.ones(length, length, dtype=torch.bool, device=ids.device),
                                 diagonal=1)
-            for layer in self.layers:
-                x = layer(x, src_mask=causal, is_causal=True)
-            if self.c.norm_first:
-                x = self.norm(x)
+            x = run(self, x, src_mask=causal, is_causal=True)
             if self.c.tie_weights:
                 return x @ self.tok_emb.weight.T
             return self.lm_head(x)
@@ -190,13 +192,10 @@ def torch_models() -> dict[str, type]:
                 return (tnn.LayerNorm(c.d_model, eps=c.norm_eps, dtype=dtype)
                         if c.norm_first else None)
 
-            self.encoder = Stack([encoder_layer(c, dtype) for _ in range(c.num_encoder_layers)],
-                                 norm())
-            self.decoder = Stack([_without_attention_dropout(tnn.TransformerDecoderLayer(
-                c.d_model, c.num_heads, c.d_ff, dropout=c.dropout,
-                activation=torch_activation(c.activation), layer_norm_eps=c.norm_eps,
-                batch_first=True, norm_first=c.norm_first, dtype=dtype))
-                for _ in range(c.num_decoder_layers)], norm())
+            self.encoder = Stack([layer(tnn.TransformerEncoderLayer, c, dtype)
+                                  for _ in range(c.num_encoder_layers)], norm())
+            self.decoder = Stack([layer(tnn.TransformerDecoderLayer, c, dtype)
+                                  for _ in range(c.num_decoder_layers)], norm())
             if not c.tie_weights:
                 self.out_proj = tnn.Linear(c.d_model, c.tgt_vocab_size, dtype=dtype)
 
@@ -207,16 +206,10 @@ def torch_models() -> dict[str, type]:
             causal = torch.triu(torch.ones(tgt_in.shape[1], tgt_in.shape[1], dtype=torch.bool,
                                            device=src.device), diagonal=1)  # (T, T)
             x = self.drop(_add_positions(self, "src_", self.src_tok_emb(src) * scale))
-            for layer in self.encoder.layers:
-                x = layer(x, src_key_padding_mask=src_ignore)
-            if self.c.norm_first:
-                x = self.encoder.norm(x)
+            x = run(self.encoder, x, src_key_padding_mask=src_ignore)
             y = self.drop(_add_positions(self, "tgt_", self.tgt_tok_emb(tgt_in) * scale))
-            for layer in self.decoder.layers:
-                y = layer(y, x, tgt_mask=causal, tgt_key_padding_mask=tgt_ignore,
-                          memory_key_padding_mask=src_ignore)
-            if self.c.norm_first:
-                y = self.decoder.norm(y)
+            y = run(self.decoder, y, x, tgt_mask=causal, tgt_key_padding_mask=tgt_ignore,
+                    memory_key_padding_mask=src_ignore)
             if self.c.tie_weights:
                 return y @ self.tgt_tok_emb.weight.T
             return self.out_proj(y)
