@@ -26,7 +26,7 @@ import math
 import numbers
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -350,6 +350,17 @@ def default_float() -> Any:
 
 def default_float_name() -> str:
     return _now().default_float
+
+
+def built_in(dtype: str | None, build: Callable[..., Any], *args: Any) -> Any:
+    """``build(*args)`` with new parameters in ``dtype`` (None: the default float), the
+    default float restored after."""
+    previous = _now().default_float
+    set_default_float(dtype or previous)
+    try:
+        return build(*args)
+    finally:
+        set_default_float(previous)
 
 
 def float_dtype(name: str | None = None) -> Any:

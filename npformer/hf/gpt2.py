@@ -356,12 +356,7 @@ def load_folder(model_class: type, name_or_path: str | os.PathLike,
     config = config_from_hf(read_config(folder), model_class.config_class, dropout,
                             str(folder / CONFIG_FILE))
     state = from_hf(_read_weights(folder), config, str(folder / WEIGHTS_FILE))
-    previous = backend.default_float_name()
-    backend.set_default_float(dtype or previous)
-    try:
-        model = model_class(config)
-    finally:
-        backend.set_default_float(previous)
+    model = backend.built_in(dtype, model_class, config)
     model.load_state_dict(state)
     return model
 

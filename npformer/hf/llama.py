@@ -474,12 +474,7 @@ def load_folder(model_class: type, path: str | os.PathLike, dtype: str | None = 
     if bfloat16:
         warnings.warn(f"{folder} holds bfloat16 weights: converted exactly to {dtype}, the "
                       "model's float type (NumPy has no bfloat16)", UserWarning, stacklevel=2)
-    previous = backend.default_float_name()
-    backend.set_default_float(dtype)
-    try:
-        model = model_class(config)
-    finally:
-        backend.set_default_float(previous)
+    model = backend.built_in(dtype, model_class, config)
     model.load_state_dict(from_hf(state, model, str(folder / WEIGHTS_FILE)))
     return model
 

@@ -430,12 +430,7 @@ def from_torch(torch_module: Any, tier: str = "fast") -> Any:
         _npformer_twin(torch_module, torch, tier)
     dtype = _one_float_dtype({str(p.dtype).removeprefix("torch.") for p in params},
                              "from_torch", torch_module)
-    previous = backend.default_float_name()
-    backend.set_default_float(dtype)
-    try:
-        ours = _npformer_twin(torch_module, torch, tier)
-    finally:
-        backend.set_default_float(previous)
+    ours = backend.built_in(dtype, _npformer_twin, torch_module, torch, tier)
     load_torch_state_dict(ours, {name: tensor.detach().cpu().numpy()
                                  for name, tensor in torch_module.state_dict().items()})
     ours.train(bool(torch_module.training))

@@ -128,17 +128,10 @@ def tier_of(function: Callable) -> str:
     return "fast" if function.__module__.startswith("npformer.fast") else "textbook"
 
 
-# An op is its own function, with no wrapper around it: a debugger that steps into
-# ``ops.attention_forward(...)`` lands on its first line.  That line is the door's test:
-#
-#     if not state.trusted:  # a call from outside a door: its contract, then this op
-#         return door(attention_forward, q, k, v, mask)
-#
-# Inside a door (a module's forward or backward, another op) the test is one attribute
-# read and the derivation runs; outside, door() checks the contract the decorator named
-# and calls the op again, trusted.  A forward returns ``with_saved(op, out, values)``, a
-# backward reads ``opened(its_forward, saved)``: the record names its op and tier, and is
-# checked on every backward.
+# An op is its own function, with no wrapper: a debugger stepping into
+# ``ops.attention_forward(...)`` lands on its first line, the door's test
+# ``if not state.trusted: return door(attention_forward, q, k, v, mask)`` (inside a door,
+# one attribute read; outside, door() checks the decorator's contract and calls it again).
 def door(op: Callable, *args: Any, **kwargs: Any) -> Any:
     """``op(*args, **kwargs)`` called from outside a door: its contract checked (a
     backward's: its saved values' owner, then the upstream gradient), then ``op`` run trusted."""
