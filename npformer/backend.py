@@ -4,21 +4,18 @@ npformer computes with whatever array namespace this module hands out:
 
 * ``"numpy"``  (default) NumPy on the CPU, through ``array_api_compat.numpy``;
 * ``"cupy"``   CuPy on an NVIDIA GPU, through ``array_api_compat.cupy``;
-* ``"strict"`` ``array_api_strict`` on a pretend accelerator (``device1``).  It
-  exists to *prove* portability on a machine without a GPU: its arrays refuse
-  implicit conversion to NumPy, refuse to mix with NumPy arrays and offer only
-  the functions of the array API standard, so any stray ``np.`` call in the
-  math fails loudly, as it would on CuPy.
+* ``"strict"`` ``array_api_strict`` on a pretend accelerator (``device1``).  It exists to
+  *prove* portability on a machine without a GPU: its arrays refuse implicit conversion to
+  NumPy, refuse to mix with NumPy arrays and offer only the functions of the array API
+  standard, so any stray ``np.`` call in the math fails loudly, as it would on CuPy.
 
-Choose with the environment variable ``NPFORMER_BACKEND`` or with
-:func:`set_backend`.  Everything that has to differ between libraries lives
-here and nowhere else: the namespace, the device, host <-> device copies,
-the seeded random generator, the dtype policy and the one scatter-add kernel
-(embedding backward) the standard lacks.
+Choose with the environment variable ``NPFORMER_BACKEND`` or with :func:`set_backend`.
+Everything that has to differ between libraries lives here and nowhere else: the namespace,
+the device, host <-> device copies, the seeded random generator, the dtype policy and the
+one scatter-add kernel (embedding backward) the standard lacks.
 
-dtype policy: parameters and activations are ``float32`` for training
-(:func:`default_float`), gradient checks run in ``float64``.  Ops never change
-the dtype of what they are given.
+dtype policy: parameters and activations are ``float32`` for training (:func:`default_float`),
+gradient checks run in ``float64``.  Ops never change the dtype of what they are given.
 """
 from __future__ import annotations
 

@@ -29,10 +29,9 @@ restored, the update would count twice), with what they compute in ``meta["lora"
 the model it builds, and :func:`restore` refuses a model whose adapters differ, naming the
 layer and the setting.
 
-Loading works on any backend, and refuses (:class:`CheckpointError`, naming the
-problem) a file that is not a readable checkpoint: truncated or corrupt, of another
-format version, with a malformed ``meta``, or whose weights or optimizer state
-hold NaN or inf.
+Loading works on any backend, and refuses (:class:`CheckpointError`, naming the problem) a
+file that is not a readable checkpoint: truncated or corrupt, of another format version,
+with a malformed ``meta``, or whose weights or optimizer state hold NaN or inf.
 """
 from __future__ import annotations
 

@@ -13,14 +13,13 @@ rounding, so everything runs in float64 (h = 1e-5 balances the two near 1e-10).
 
 The error reported for each tensor is
 $\max_i |a_i - n_i| / \max(s_t, 10^{-2} s)$, where $s_t = \max_i \max(|a_i|, |n_i|)$
-is the tensor's own scale and $s$ the largest scale of all tensors in the check.
-The floor is there for gradients that are exactly zero in theory (the
-key-projection bias of attention: softmax ignores a shift shared by all keys),
-where the numerical estimate is pure rounding noise; it also measures any tensor
-smaller than 1% of the largest against that 1%, which still exposes every
-wrong factor or misrouted element.  A gradient off by a factor
-(1/B, say) or routed to the wrong element (heads merged in the wrong order)
-gives an error of order 1; a correct one gives about 1e-9.
+is the tensor's own scale and $s$ the largest scale of all tensors in the check.  The floor
+is there for gradients that are exactly zero in theory (the key-projection bias of
+attention: softmax ignores a shift shared by all keys), where the numerical estimate is
+pure rounding noise; it also measures any tensor smaller than 1% of the largest against
+that 1%, which still exposes every wrong factor or misrouted element.  A gradient off by a
+factor (1/B, say) or routed to the wrong element (heads merged in the wrong order) gives an
+error of order 1; a correct one gives about 1e-9.
 
 :func:`check_op` checks a forward/backward pair of :mod:`npformer.ops`;
 :func:`check_module` any :class:`npformer.nn.Module`, its inputs and every parameter (the
@@ -262,14 +261,13 @@ def check_module(module: Module, inputs: Sequence, wrt_inputs: Sequence[int] | N
                  kwargs: dict | None = None, h: float = 1e-5, seed: int = 0) -> GradCheckResult:
     """Check ``module.backward`` for its inputs and every parameter.
 
-    module.forward(*inputs, **kwargs) must return one array;
-    module.backward(dout) must return the gradients of ``inputs[i]`` for i in
-    ``wrt_inputs`` (default: every floating-point input), one array or a tuple.
-    Parameter gradients are read from ``param.grad`` after a ``zero_grad``; frozen
-    parameters (:meth:`npformer.nn.Module.freeze`) have none and are not checked.
-    ``errors`` is keyed ``input0``... and by the parameters' names; messages name an
-    input's gradient ``d`` and the forward's parameter name (``dx``), a parameter's
-    ``weight.grad``.
+    module.forward(*inputs, **kwargs) must return one array; module.backward(dout) must
+    return the gradients of ``inputs[i]`` for i in ``wrt_inputs`` (default: every
+    floating-point input), one array or a tuple.  Parameter gradients are read from
+    ``param.grad`` after a ``zero_grad``; frozen parameters
+    (:meth:`npformer.nn.Module.freeze`) have none and are not checked.  ``errors`` is keyed
+    ``input0``... and by the parameters' names; messages name an input's gradient ``d`` and
+    the forward's parameter name (``dx``), a parameter's ``weight.grad``.
     """
     kwargs = kwargs or {}
     inputs = list(inputs)

@@ -3,10 +3,9 @@
 *Presets.*  Each demo's settings are one dataclass whose fields are declared with
 :func:`option` (default, help text, type).  ``PRESETS`` names instances of it (always
 ``"default"`` and ``"smoke"``; ``--smoke`` is short for ``--preset smoke``).  Every field
-is also a command-line option (``d_model`` -> ``--d-model``); an option the user gives
-wins over the preset's value (:func:`resolve_preset`).  An option's value is checked by
-its type (``positive_int``, ``probability``...), the rule a Python argument of the same
-kind meets.
+is also a command-line option (``d_model`` -> ``--d-model``); an option the user gives wins
+over the preset's value (:func:`resolve_preset`).  An option's value is checked by its type
+(``positive_int``, ``probability``...), the rule a Python argument of the same kind meets.
 """
 from __future__ import annotations
 

@@ -67,9 +67,8 @@ def batches(n: int, batch_size: int, shuffle: bool = False,
             drop_last: bool = False) -> Iterator[np.ndarray]:
     """Yield int64 index arrays covering ``range(n)`` in batches of ``batch_size``.
 
-    With ``shuffle`` the order is a permutation drawn from ``rng`` (required).
-    The last batch is smaller when ``batch_size`` does not divide ``n``, unless
-    ``drop_last``.
+    With ``shuffle`` the order is a permutation drawn from ``rng`` (required).  The last
+    batch is smaller when ``batch_size`` does not divide ``n``, unless ``drop_last``.
     """
     n = check_size(n, "n", 0)
     check_size(batch_size, "batch_size", 1)

@@ -16,10 +16,9 @@ A folder is expected in the canonical layout of the offline data folder::
 An explicit ``path`` is taken at its word: a folder that lacks the file, or a path
 that does not exist, is an error naming them (no fall-through, no download).
 
-A file found nowhere is downloaded into the cache folder (:func:`fetch`: atomically,
-its digest checked); when that fails (no network, say) a single
-:class:`DatasetNotFoundError` names the file, every place searched, the download
-address and the fix.
+A file found nowhere is downloaded into the cache folder (:func:`fetch`: atomically, its
+digest checked); when that fails (no network, say) a single :class:`DatasetNotFoundError`
+names the file, every place searched, the download address and the fix.
 
 Files found locally are *not* checked against the checksums: a user may hold
 their own copy (another mirror, a re-packed archive). The readers in this

@@ -19,11 +19,10 @@ Three kinds of file, one per model:
 - **Plain text** for the character language model (:func:`read_text_file`): any
   UTF-8 file, read whole.
 
-Every file must be UTF-8 (a byte-order mark is allowed).  A malformed file is
-refused with a :class:`~npformer.data.DatasetFormatError` naming the file, the
-line and, where it helps, the column (the readers' docstrings list the cases).  The
-demos take these files for ``--data`` (:func:`is_user_data`; docs/guide.md, "Train on
-your own data").
+Every file must be UTF-8 (a byte-order mark is allowed).  A malformed file is refused with
+a :class:`~npformer.data.DatasetFormatError` naming the file, the line and, where it helps,
+the column (the readers' docstrings list the cases).  The demos take these files for
+``--data`` (:func:`is_user_data`; docs/guide.md, "Train on your own data").
 """
 
 from __future__ import annotations

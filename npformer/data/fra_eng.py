@@ -11,9 +11,8 @@ root) add a third, attribution column: only the first two columns are read. A
 plain ``fra.txt`` is accepted too. The lines are sorted by English length.
 
 Preprocessing is d2l's (``MTFraEng._preprocess``, :func:`preprocess_fra_eng`); tokens are
-then the space-separated pieces. d2l's copy has 167,130 pairs.  Malformed lines are
-skipped and counted in one :class:`~npformer.data.download.DatasetWarning`
-(:func:`parse_fra_eng`).
+then the space-separated pieces. d2l's copy has 167,130 pairs.  Malformed lines are skipped
+and counted in one :class:`~npformer.data.download.DatasetWarning` (:func:`parse_fra_eng`).
 
 :func:`split_by_source` holds out whole English sentences, with all their
 French translations, so that no test sentence is seen in training and BLEU can
@@ -65,9 +64,8 @@ def parse_fra_eng(text: str, source: str = "fra.txt") -> list[Pair]:
     Columns after the second are ignored. Blank lines (the file's final newline) are
     skipped; lines with text but no tab, or with an empty side, are skipped and reported in
     one :class:`DatasetWarning` naming ``source``, their count and first line numbers (its
-    ``line_numbers`` holds them all).
-    The whole text is preprocessed at once, as d2l does; the tokens are the same as
-    tokenizing each column.
+    ``line_numbers`` holds them all).  The whole text is preprocessed at once, as d2l does;
+    the tokens are the same as tokenizing each column.
     """
     pairs, malformed = [], []
     for number, line in enumerate(preprocess_fra_eng(text).split("\n"), start=1):

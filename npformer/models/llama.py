@@ -5,10 +5,9 @@
                -> logits (B, T, V)
 
 The layers are :class:`npformer.nn.LlamaBlock` s (see :mod:`npformer.nn.llama` for the
-math); the rotary tables of the batch's positions are computed once per forward and
-shared by every block.  With ``tie_weights`` the output projection is the token
-embedding transposed (SmolLM2, Llama 3.2 1B, small Qwen models), else its own
-``lm_head``.
+math); the rotary tables of the batch's positions are computed once per forward and shared
+by every block.  With ``tie_weights`` the output projection is the token embedding
+transposed (SmolLM2, Llama 3.2 1B, small Qwen models), else its own ``lm_head``.
 
 The interface is :class:`npformer.models.CausalLM`'s (``forward(ids, attention_mask,
 position_ids)``, ``backward``, ``new_cache``, ``forward_cached``), so the same Trainer

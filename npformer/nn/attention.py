@@ -98,10 +98,8 @@ class MultiHeadAttention(Module):
     ``d_model // num_heads``) over projections of the queries ``x`` (B, T, D) and the
     keys and values (``x`` itself, or ``context`` (B, S, D)).
 
-    Options (see the module docstring): ``narrow_heads=True`` cuts the input into the heads'
-    slices and applies one shared (E, E) map of each kind to every slice (E = D / H);
-    ``qk_norm=True`` normalizes each head's queries and keys with a layer norm over
-    their E features, of epsilon ``norm_eps``.
+    Options (the module docstring): ``narrow_heads=True``, Bloem's narrow heads (E = D / H);
+    ``qk_norm=True``, each head's queries and keys layer-normed, of epsilon ``norm_eps``.
 
     Attributes:
         q_proj, k_proj, v_proj (:class:`Linear`, D -> H*E, or E -> E when narrow) and

@@ -37,10 +37,9 @@ class FlatParameters:
     of parameter i; ``decay_segments`` (K, 2): the (lo, hi) of the parameters with
     ``decay`` (AdamW's weight decay).
 
-    ``gradients_only=True``: only the gradients are flat (``data`` is None, the
-    parameters' data stay bound as they are): a thread replica's, whose data are the
-    model's own arrays.  Such a buffer is not registered: :func:`flat_buffer_of` finds
-    only whole ones.
+    ``gradients_only=True``: only the gradients are flat (``data`` is None, the parameters'
+    data stay bound as they are): a thread replica's, whose data are the model's own
+    arrays.  Such a buffer is not registered: :func:`flat_buffer_of` finds only whole ones.
     """
 
     def __init__(self, params: Sequence[Parameter], gradients_only: bool = False):

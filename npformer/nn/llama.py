@@ -2,10 +2,9 @@ r"""The layers of Llama-shaped models (Llama 3, SmolLM2, TinyLlama, Qwen2, Qwen3
 Hugging Face's ``LlamaDecoderLayer``, ``Qwen2DecoderLayer`` and ``Qwen3DecoderLayer``
 compute them: each layer's forward calls the ops, its backward their backwards in reverse.
 
-Shapes: B batch, T query positions, S key positions (the cached ones and T), D model
-width (``d_model``), H query heads, $H_{kv}$ key/value heads, E per-head width
-(``head_dim``, not necessarily D / H), $D_{ff}$ the feed-forward width
-(``d_ff``).
+Shapes: B batch, T query positions, S key positions (the cached ones and T), D model width
+(``d_model``), H query heads, $H_{kv}$ key/value heads, E per-head width (``head_dim``, not
+necessarily D / H), $D_{ff}$ the feed-forward width (``d_ff``).
 
 :class:`SwiGLUFeedForward`: $y = W_{down}\,(\mathrm{silu}(W_{gate}\,x) \odot W_{up}\,x)$,
 no biases (:mod:`npformer.ops.swiglu`).  Backward: the down projection's, SwiGLU's, and

@@ -8,9 +8,8 @@ derivation: :mod:`npformer.ops.lora`), :class:`LoRAEmbedding` the same for a tok
 :func:`lora_layers` act on all of them.  PEFT's files: :mod:`npformer.interop.peft`.
 
 An adapter keeps the layer's parameters under their names (``weight``, ``bias``: the
-model's checkpoints and Hugging Face exports still find them) and adds ``lora_A``
-(D_in, r) and ``lora_B`` (r, D_out) in the math's orientation (PEFT stores their
-transposes).
+model's checkpoints and Hugging Face exports still find them) and adds ``lora_A`` (D_in, r)
+and ``lora_B`` (r, D_out) in the math's orientation (PEFT stores their transposes).
 """
 from __future__ import annotations
 

@@ -34,14 +34,13 @@ no forward, :class:`TokenIdError` (an IndexError and a ValueError) for a token i
 outside the vocabulary, :class:`KindError` (a TypeError and a ValueError) for a value of
 the wrong kind.  Every check is O(1) except the token-id range scan, one per door.
 
-This module imports only :mod:`npformer.backend`, so every module may use its
-converters, one per kind of argument: a switch (:func:`check_flag`: a bool, never "no"
-or 0/1), a count (:func:`check_size`: an integer, not a bool or 5.0), a real number in a
-range (:func:`check_real`, :func:`check_probability`), a path (:func:`check_path`: never
-""), a list of words (:func:`check_strings`, :func:`check_string_lists`: a str refused by
-name, an item by its position), a JSON document (:func:`read_json_object`).  The rules
-of other owners live with them (configs, optimizers, weight loaders, decoders, the
-command line).
+This module imports only :mod:`npformer.backend`, so every module may use its converters,
+one per kind of argument: a switch (:func:`check_flag`: a bool, never "no" or 0/1), a count
+(:func:`check_size`: an integer, not a bool or 5.0), a real number in a range
+(:func:`check_real`, :func:`check_probability`), a path (:func:`check_path`: never ""), a
+list of words (:func:`check_strings`, :func:`check_string_lists`: a str refused by name, an
+item by its position), a JSON document (:func:`read_json_object`).  The rules of other
+owners live with them (configs, optimizers, weight loaders, decoders, the command line).
 """
 from __future__ import annotations
 

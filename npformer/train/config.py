@@ -17,10 +17,9 @@ from ..ops.contracts import check_choice, check_flag, check_path, check_real, ch
 class TrainConfig:
     """What :class:`Trainer` does: how long, how, when it evaluates and where it saves.
 
-    Only ``max_iters`` is required; the comment beside each field says what it holds.
-    With ``select_metric`` (a key of ``eval_fn``'s dict) the checkpoint at
-    ``checkpoint_path`` is the best evaluation's (``select_mode`` "max" or "min"),
-    otherwise the final model's.
+    Only ``max_iters`` is required; the comment beside each field says what it holds.  With
+    ``select_metric`` (a key of ``eval_fn``'s dict) the checkpoint at ``checkpoint_path``
+    is the best evaluation's (``select_mode`` "max" or "min"), otherwise the final model's.
     """
 
     max_iters: int  # optimizer updates in the whole run (the schedule's length)
