@@ -18,16 +18,14 @@ $a = 0.044715$ (``GELU_A``) and ``GELU_C`` $= \sqrt{2/\pi}$:
              \sqrt{2/\pi}\,(1 + 3 a x^2)\bigr)$
 
 The error function
-    NumPy and the array API standard have no ``erf``, so :func:`erf` and :func:`erfc`
-    below are W. J. Cody's rational Chebyshev approximations (Cody, "Rational Chebyshev
-    approximations for the error function", Math. Comp. 23 (1969) 631-637; the
-    coefficients of his Fortran CALERF, as in SPECFUN/netlib), written with array-API
-    functions only, so one implementation serves NumPy, CuPy and array-api-strict.
-    Measured against ``math.erf`` / ``math.erfc`` over [-30, 30], normal draws and
-    logarithmic grids down to 1e-300 (tests/test_gelu.py keeps these bounds): in float64
-    erf is within 4 ulp and erfc within 7 ulp wherever erfc is a normal number (its
-    subnormal tail, 26.55 < x < 27.3, within 2 subnormal steps; 0 beyond); in float32 the
-    same code is within 6 and 10 float32 ulp. erf(+-0) = +-0, erf(+-inf) = +-1, NaN stays NaN.
+    NumPy and the array API standard have no ``erf``: :func:`erf` and :func:`erfc` are
+    W. J. Cody's rational Chebyshev approximations (Math. Comp. 23 (1969) 631-637; his
+    Fortran CALERF's coefficients, SPECFUN/netlib) in array-API functions only, one code for
+    every backend.  Against ``math.erf`` / ``math.erfc`` over [-30, 30], normal draws and
+    grids down to 1e-300 (tests/test_gelu.py keeps the bounds): float64 erf within 4 ulp,
+    erfc within 7 wherever it is a normal number (its subnormal tail, 26.55 < x < 27.3,
+    within 2 subnormal steps; 0 beyond); float32 within 6 and 10 ulp.  erf(+-0) = +-0,
+    erf(+-inf) = +-1, NaN stays NaN.
 """
 from __future__ import annotations
 
