@@ -60,8 +60,7 @@ def _make_backend(name: str, seed: int | None) -> _Backend:
             raise RuntimeError(
                 "backend 'cupy' needs CuPy: install the extra of your CUDA driver, "
                 "`pip install -e \".[gpu-cuda13]\"` (cupy-cuda13x) or `.[gpu-cuda12]` "
-                "(cupy-cuda12x); docs/guide.md, \"On a GPU: install\", says which"
-            ) from exc
+                "(cupy-cuda12x); docs/guide.md, \"On a GPU: install\", says which") from exc
         try:
             n_gpus = cupy.cuda.runtime.getDeviceCount()
         except Exception as exc:  # CUDA driver missing or broken
@@ -74,8 +73,7 @@ def _make_backend(name: str, seed: int | None) -> _Backend:
             import array_api_strict as xp
         except ImportError as exc:
             raise RuntimeError(
-                "backend 'strict' needs array-api-strict: `pip install -e .[test]`"
-            ) from exc
+                "backend 'strict' needs array-api-strict: `pip install -e .[test]`") from exc
         # Host-side generator: the standard has no random module.
         return _Backend("strict", xp, xp.Device("device1"), np.random.default_rng(seed))
     raise ValueError(f"unknown backend {name!r}; choose one of {BACKENDS}")

@@ -206,15 +206,9 @@ def save_checkpoint(path: str | os.PathLike, model: Module, optimizer: Optimizer
     _refuse_merged_adapters(model)
     if optimizer is not None:
         check_optimizer_of(optimizer, model, "save_checkpoint")
-    meta = {
-        "format": "npformer-checkpoint",
-        "version": FORMAT_VERSION,
-        "kind": model.kind,
-        "config": config_to_dict(model.config),
-        "step": int(step),
-        "rng_state": rng_state,
-        "extra": extra or {},
-    }
+    meta = {"format": "npformer-checkpoint", "version": FORMAT_VERSION, "kind": model.kind,
+            "config": config_to_dict(model.config), "step": int(step),
+            "rng_state": rng_state, "extra": extra or {}}
     lora = adapter_settings(model)
     if lora is not None:  # what the adapters compute: build_model and restore read it
         meta["lora"] = lora

@@ -431,8 +431,7 @@ class warmup_inverse_sqrt:
             check_hyperparameter(self.peak_lr, "lr", "peak_lr")
             if self.scale != 1.0:
                 raise ValueError(
-                    "scale applies only with d_model; with peak_lr give the peak itself"
-                )
+                    "scale applies only with d_model; with peak_lr give the peak itself")
         check_size(self.warmup, "warmup", 1)
         check_hyperparameter(self.scale, "lr", "scale")
 

@@ -7,14 +7,13 @@ MPI ranks when training on the CPU (:mod:`npformer.parallel.relaunch`), and appl
 (backend, dtype, tier, seed, MPI).  Everything a user can get wrong on the command line
 is checked before the ranks start, so its error is printed once.
 
-*Resuming.*  Training saves the whole run to ``OUT/last.npz`` (after every evaluation,
-on a stop, and at the end) together with its settings (:func:`run_record`), the data it
-trains on among them (each file by its path and the sha256 of its content); ``--resume``
-continues it with those settings, an option given again must match them, and other data
-is refused, naming both.  A run resumes on any number of MPI ranks: the thread replicas
-of each are then set so that every batch is still shared among as many workers (ranks x
-replicas) as before, which gives the uninterrupted run's figures (what changed is said
-in one note).
+*Resuming.*  Training saves the whole run to ``OUT/last.npz`` (after every evaluation, on a
+stop, and at the end) together with its settings (:func:`run_record`), the data it trains
+on among them (each file by its path and the sha256 of its content); ``--resume`` continues
+it with those settings, an option given again must match them, and other data is refused,
+naming both.  A run resumes on any number of MPI ranks: the thread replicas of each are
+then set so that every batch is still shared among as many workers (ranks x replicas) as
+before, which gives the uninterrupted run's figures (what changed is said in one note).
 
 *The folder.*  A new run refuses a folder holding another demo's checkpoint, a run that
 ``--resume`` could still continue, or a finished run of other settings

@@ -161,8 +161,7 @@ def fetch(url: str, destination: Path, checksums: Iterable[str] = ()) -> Path:
                 f"the file downloaded from {url} has checksum(s) {sorted(digests)}, "
                 f"none of the accepted {sorted(accepted)}: the download is corrupt or the "
                 f"file has changed upstream. It was deleted; try again, or download it "
-                f"yourself and pass --data PATH."
-            )
+                f"yourself and pass --data PATH.")
         os.replace(fetched, destination)
     finally:
         logger.setLevel(quiet_from)
@@ -170,16 +169,9 @@ def fetch(url: str, destination: Path, checksums: Iterable[str] = ()) -> Path:
     return destination
 
 
-def locate(
-    filename: str,
-    url: str,
-    checksums: Iterable[str],
-    path: str | os.PathLike | None = None,
-    env_var: str = ENV_VAR,
-    *,
-    alternatives: Sequence[str] = (),
-    download: bool = True,
-) -> Path:
+def locate(filename: str, url: str, checksums: Iterable[str],
+           path: str | os.PathLike | None = None, env_var: str = ENV_VAR, *,
+           alternatives: Sequence[str] = (), download: bool = True) -> Path:
     """The path of the dataset file ``filename`` (relative to a data folder, or
     ``alternatives`` there), found where the module's docstring says, or downloaded from
     ``url`` (checked against ``checksums``) into the cache folder unless ``download`` is
@@ -202,15 +194,13 @@ def locate(
         if not explicit.exists():
             raise DatasetNotFoundError(
                 f"{explicit} does not exist: pass the path of {Path(filename).name} "
-                f"or of a folder holding it (download address: {url})."
-            )
+                f"or of a folder holding it (download address: {url}).")
         found = _find_in_folder(explicit, names)
         if found is not None:
             return found
         raise DatasetNotFoundError(
             f"the data folder {explicit} has no {' or '.join(names)}: put the file there, "
-            f"or pass the file itself (download address: {url})."
-        )
+            f"or pass the file itself (download address: {url}).")
 
     env_value = os.environ.get(env_var)
     if env_value:
@@ -244,8 +234,7 @@ def locate(
         f"Searched:\n{places}\n"
         f"{failure}.\n"
         f"To fix: download {url} yourself, then pass --data PATH (the file, or its "
-        f"folder) or set {env_var}=FOLDER, or save it as {destination}."
-    ) from cause
+        f"folder) or set {env_var}=FOLDER, or save it as {destination}.") from cause
 
 
 def locate_dataset(spec: DatasetSpec, path: str | os.PathLike | None = None,

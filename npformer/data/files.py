@@ -2,16 +2,15 @@
 
 Three kinds of file, one per model:
 
-- **Labelled texts** for the classifier (:func:`load_text_classification`): CSV
-  (``.csv``, comma-separated, ``"``-quoted fields may hold commas and newlines),
-  TSV (``.tsv``, tab-separated, no quoting), or JSON Lines (``.jsonl``, one
-  object a line; a ``.json`` file is read as JSON Lines, or as one array of
-  objects when it starts with ``[``).  CSV and TSV files start with a header
-  row naming the columns; the text and the label are the columns named
-  ``text_column`` and ``label_column`` (default ``"text"`` and ``"label"``), the
-  others are ignored.  Labels are any strings (CSV, TSV) or strings and integers
-  (JSON), white space around them ignored; an example's label becomes its index in
-  the training file's label set (:func:`sorted_labels`).
+- **Labelled texts** for the classifier (:func:`load_text_classification`): CSV (``.csv``,
+  comma-separated, ``"``-quoted fields may hold commas and newlines), TSV (``.tsv``,
+  tab-separated, no quoting), or JSON Lines (``.jsonl``, one object a line; a ``.json``
+  file is read as JSON Lines, or as one array of objects when it starts with ``[``).  CSV
+  and TSV files start with a header row naming the columns; the text and the label are the
+  columns named ``text_column`` and ``label_column`` (default ``"text"`` and ``"label"``),
+  the others are ignored.  Labels are any strings (CSV, TSV) or strings and integers
+  (JSON), white space around them ignored; an example's label becomes its index in the
+  training file's label set (:func:`sorted_labels`).
 - **Sentence pairs** for translation (:func:`read_sentence_pairs`): UTF-8 text,
   ``source<TAB>target`` a line, tokenized as the English-French data is
   (:func:`~npformer.data.tokenize_fra_eng`: lowercase, a space before ``, . ! ?``,

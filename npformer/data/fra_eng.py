@@ -96,8 +96,7 @@ def _read_zip_member(path: Path) -> str:
             if not names:
                 raise DatasetFormatError(
                     f"{path} is not a readable fra-eng.zip: it has no fra-eng/fra.txt member "
-                    f"(members: {archive.namelist()[:5]})."
-                )
+                    f"(members: {archive.namelist()[:5]}).")
             data = archive.read("fra-eng/fra.txt" if "fra-eng/fra.txt" in names else names[0])
     except (zipfile.BadZipFile, zlib.error, EOFError, OSError, struct.error, ValueError,
             NotImplementedError, RuntimeError, KeyError) as exc:
@@ -108,8 +107,7 @@ def _read_zip_member(path: Path) -> str:
             raise
         raise DatasetFormatError(
             f"{path} is not a readable fra-eng.zip: {type(exc).__name__}: {exc}. "
-            f"The file may be truncated or corrupt: delete it and download it again."
-        ) from exc
+            f"The file may be truncated or corrupt: delete it and download it again.") from exc
     return _decode(data, path)
 
 

@@ -81,16 +81,14 @@ def read_imdb_archive(archive: str | os.PathLike,
             raise
         raise DatasetFormatError(
             f"{archive} is not a readable aclImdb_v1.tar.gz: {type(exc).__name__}: {exc}. "
-            f"The file may be truncated or corrupt: delete it and download it again."
-        ) from exc
+            f"The file may be truncated or corrupt: delete it and download it again.") from exc
     for split, items in keyed.items():
         present = {label for label, _, _ in items}
         missing = [name for name, label in _LABELS.items() if label not in present]
         if missing:
             raise DatasetFormatError(
                 f"{archive} is not a readable aclImdb_v1.tar.gz: it has no "
-                f"aclImdb/{split}/{{{','.join(missing)}}}/<id>_<rating>.txt reviews."
-            )
+                f"aclImdb/{split}/{{{','.join(missing)}}}/<id>_<rating>.txt reviews.")
     return {split: [(text, label) for label, _, text in sorted(items)]
             for split, items in keyed.items()}
 

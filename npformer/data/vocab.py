@@ -68,14 +68,8 @@ class Vocab(TokenTable):
         self._specials = frozenset(t for t in (PAD, UNK, BOS, EOS) if t in self._stoi)
 
     @classmethod
-    def build(
-        cls,
-        token_lists: Iterable[Iterable[str]],
-        min_freq: int = 1,
-        max_size: int | None = None,
-        bos: bool = False,
-        eos: bool = False,
-    ) -> Vocab:
+    def build(cls, token_lists: Iterable[Iterable[str]], min_freq: int = 1,
+              max_size: int | None = None, bos: bool = False, eos: bool = False) -> Vocab:
         """A vocabulary of the tokens of ``token_lists`` (one list per example) occurring
         at least ``min_freq`` times, at most ``max_size`` of them (the most frequent; the
         specials not counted), in the order of the module's docstring; ``bos``, ``eos``:
