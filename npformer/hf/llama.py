@@ -312,12 +312,8 @@ def rope_from_hf(values: dict, where: str, max_positions: int) -> tuple[float, d
       overrides the parameters'), else the parameters', else ``max_position_embeddings``.
     """
     source, params = rope_parameters_of(values, where)
-    if "rope_type" in params:
-        rope_type, named = params["rope_type"], f"{source}.rope_type"
-    elif "type" in params:
-        rope_type, named = params["type"], f"{source}.type"
-    else:
-        rope_type, named = None, "rope_type"
+    key = next((key for key in ("rope_type", "type") if key in params), None)
+    rope_type, named = (params[key], f"{source}.{key}") if key else (None, "rope_type")
     if rope_type is not None and not isinstance(rope_type, str):
         raise PretrainedError(f"{where} sets {named} = {shown(rope_type)}: it takes a string "
                               "('default' or 'llama3')")
