@@ -1,8 +1,5 @@
-"""The rules every weight loader applies, written once, and the reader of safetensors files.
-
-Used by :meth:`npformer.nn.Module.load_state_dict`, :mod:`npformer.checkpoint`,
-:mod:`npformer.interop.pytorch`, :mod:`npformer.hf.gpt2` and
-:meth:`npformer.optim.Optimizer.load_state_dict`.
+"""The rules every weight loader applies, written once, and the reader of safetensors files
+(``Module.load_state_dict``, checkpoints, interop.pytorch, hf, ``Optimizer.load_state_dict``).
 """
 from __future__ import annotations
 

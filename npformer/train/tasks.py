@@ -1,16 +1,12 @@
 """Tasks: what one training batch means for each model.
 
-A :class:`Task` knows, for one kind of batch (host NumPy arrays), two things:
-
-* ``count(batch)``: how many items the batch's mean loss averages over (sequences,
-  tokens, or real target tokens).  Data parallelism weights each shard's loss by its
-  share of these, so the summed gradient equals the whole batch's.
-* ``loss_and_grad(model, batch, grad_scale)``: the forward pass, the loss, and the
-  backward pass of ``loss * grad_scale`` through the model (gradients accumulate into
-  the parameters); returns the batch's mean loss as a Python float.
-* ``loss_and_grad_on_device(model, batch, grad_scale)`` (the three tasks): the same, the
-  mean loss left on the device as a 0-d array, so that nothing waits for the device:
-  the step a CUDA graph captures (:mod:`npformer.gpu.cuda_graph`).
+A :class:`Task` knows, for one kind of batch (host NumPy arrays), ``count(batch)``: how
+many items its mean loss averages over (sequences, tokens, or real target tokens; data
+parallelism weights each shard's loss by its share, so the summed gradient is the whole
+batch's); ``loss_and_grad(model, batch, grad_scale)``: forward, loss and the backward of
+``loss * grad_scale`` (the gradients accumulate), the mean loss a Python float; and
+``loss_and_grad_on_device`` (the three tasks): the mean loss left on the device, so that
+nothing waits for it (the step a CUDA graph captures, :mod:`npformer.gpu.cuda_graph`).
 
 The three tasks of the demos: :class:`Classification` (IMDB), :class:`LanguageModeling`
 (tiny Shakespeare) and :class:`Translation` (English-French).
