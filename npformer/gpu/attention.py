@@ -24,10 +24,8 @@ from .gemm import matmul
 
 
 def capture_forward(q: Array, k: Array, v: Array, mask: Array | None) -> tuple[Array, Any]:
-    """The textbook op's dense statements (:mod:`npformer.ops.attention`), the products
-    through :func:`.gemm.matmul`: what a step captured as a CUDA graph computes (the fast
-    tier's blocked walk reads the mask's extents on the host; its NaN test reads a flag).
-    On CuPy the scale, the mask and the softmax are one kernel (:func:`fused_softmax`)."""
+    """The module's forward, (out, saved) (not the fast tier's blocked walk, which reads the
+    mask's extents on the host and its NaN test's flag)."""
     scale = 1.0 / math.sqrt(q.shape[-1])
     mask = align_mask(mask, q.ndim)
     if fuses_softmax(q, mask):
