@@ -53,11 +53,10 @@ __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "NonFiniteGradientError", "clip_
 class Optimizer:
     """Holds the parameters, the learning rate, the step counter and per-parameter state.
 
-    Subclasses name their per-parameter state arrays in ``_state_names`` (e.g.
-    ``("m", "v")``) and their scalar hyperparameters in ``_hyper_names``, and
-    implement :meth:`_update`, which returns the new ``(data, state arrays)`` of
-    one parameter.  State arrays start as ``zeros_like(p.data)``: same shape, dtype
-    and device as the parameter.
+    Subclasses name their per-parameter state arrays in ``_state_names`` (``("m", "v")``)
+    and their scalar hyperparameters in ``_hyper_names``, and implement :meth:`_update`,
+    which returns one parameter's new ``(data, state arrays)``.  State arrays start as
+    ``zeros_like(p.data)`` (the parameter's shape, dtype and device).
     """
 
     _state_names: tuple[str, ...] = ()
@@ -136,11 +135,10 @@ class Optimizer:
     def load_state_dict(self, d: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict` (from this process or read back from an ``.npz``).
 
-        Like ``torch.optim.Optimizer.load_state_dict`` this restores the step count,
-        the learning rate and the hyperparameters as well as the state arrays, copied
-        onto the parameters' backend and cast to each parameter's dtype.  Every
-        mismatch (optimizer type, number of parameters, keys, shapes, values) is
-        reported in one ``ValueError`` before anything is changed.
+        As ``torch.optim.Optimizer.load_state_dict``: the step count, the learning rate,
+        the hyperparameters and the state arrays (copied onto the parameters' backend, in
+        each parameter's dtype).  Every mismatch (optimizer type, number of parameters,
+        keys, shapes, values) is reported in one ``ValueError`` before anything changes.
         """
         step, lr, hyper = _checked_state(self, d)
         self.updates, self.lr = step, lr
@@ -206,12 +204,10 @@ class Adam(Optimizer):
         denom = sqrt(v_t) / sqrt(bc2) + eps
         p    <- p - step * m_t / denom
 
-    This is the paper's p <- p - lr * m_hat / (sqrt(v_hat) + eps) with
-    m_hat = m_t / bc1 and v_hat = v_t / bc2, arranged as PyTorch rounds it: the
-    bias correction of m is folded into the step size, and eps is added to
-    sqrt(v_t) / sqrt(bc2) = sqrt(v_hat).  The first moment is updated in the
-    form of PyTorch's ``lerp``.  The moments are the optimizer's own arrays, updated
-    in place operation for operation as written (so the rounding matches torch).
+    This is the paper's p <- p - lr * m_hat / (sqrt(v_hat) + eps), m_hat = m_t / bc1 and
+    v_hat = v_t / bc2, arranged as PyTorch rounds it (m_t in the form of its ``lerp``); the
+    moments are the optimizer's own arrays, updated in place operation for operation as
+    written (so the rounding matches torch).
     """
 
     _state_names = ("m", "v")
