@@ -31,8 +31,8 @@ needs_numba = pytest.mark.skipif(not compiler.COMPILED, reason="numba is not ins
 RUN_KERNELS = """
 import json, sys, warnings
 import numpy as np
-from npformer import fast, ops
-from npformer.fast import activations, adamw, compiler
+from npformer import backend, fast, nn, ops
+from npformer.fast import activations, adamw, compiled, compiler
 from npformer.nn import Parameter
 from npformer.parallel.sparse import changed_rows
 
@@ -66,6 +66,16 @@ for dtype in (("float32",) if sys.argv[1] == "gelu" else ("float32", "float64"))
     cos, sin = ops.rotary_table(np.arange(9), 4, dtype=np.dtype(dtype))
     y, c = fast.rotary_forward(q, cos, sin)
     fast.rotary_backward(y, c)
+    fast.rotary_forward(q.swapaxes(1, 2).copy().swapaxes(1, 2), cos, sin)  # heads as a view
+    backend.set_default_float(dtype)  # the blocks' weights, for the forward compiled whole
+    with nn.no_grad():
+        xb, mask = rng.standard_normal((2, 9, 8)).astype(dtype), ops.causal_mask(9)
+        block = fast.blocks.EncoderBlock(8, 2, 16, 0.0, "gelu", True)
+        compiled.encoder_block_forward(block, xb, mask)
+        compiled.encoder_stack_forward([block], None, xb, mask)
+        compiled.llama_block_forward(fast.llama.LlamaBlock(8, 2, 16), xb, cos, sin, mask)
+        rows = xb.reshape(-1, 8)  # the blocks' attention, run on its own (loaded on its own)
+        compiled._attend(rows, rows, rows, np.array([0, 9, 18]), np.ones((1, 1, 1, 1), bool), 2, 2)
 kernels = [getattr(sys.modules[module], name) for module, name in compiler.KERNELS]
 sparse = sys.modules["npformer.parallel.sparse"]  # its row scan: compiled there, when it runs
 kernels += [sparse._rows_with_bits] if sparse._compiled else []

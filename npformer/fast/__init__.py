@@ -14,7 +14,8 @@ The classes (subclasses of the textbook's, the same parameters and initialisatio
 tested equal in ``tests/test_fast_layers.py``): :mod:`.layers`, :mod:`.blocks` (on packed
 rows, :mod:`.packing`, recomputing their widest activations, :mod:`.recompute`),
 :mod:`.models` (weights in one flat buffer, :mod:`npformer.nn.flat`), :mod:`.llama` and
-:mod:`.optim`.
+:mod:`.optim`.  Where nothing is recorded (``no_grad``), each encoder and Llama block, and
+a causal LM's whole stack, runs as one compiled kernel: :mod:`.compiled`.
 
 Nothing chooses this tier behind a reader's back: a program names the fast classes where
 it builds them (``fast.CausalLM(config)``, ``fast.AdamW(params)``; the demos' ``--tier``

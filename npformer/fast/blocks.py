@@ -40,7 +40,7 @@ from ..nn.attention import (
 from ..nn.blocks import _cross_cache, _self_cache
 from ..nn.cache import BlockCache, KVCache
 from ..ops.contracts import check_flag, check_float
-from . import attention, layers
+from . import attention, compiled, layers
 from .contracts import check_keep_input
 from .packing import Packing
 
@@ -216,7 +216,11 @@ class EncoderBlock(nn.EncoderBlock):
     def forward(self, x: Array, mask: Array | None = None, kv_cache: BlockCache | None = None,
                 packing: Packing | None = None) -> Array:
         """x (B, T, D), or the rows (N, D) of ``packing`` -> the same form: the textbook's
-        lines, attention told the packing (:meth:`_attention`)."""
+        lines, attention told the packing (:meth:`_attention`).  Where nothing is recorded,
+        one compiled kernel where it takes the inputs (:mod:`npformer.fast.compiled`)."""
+        y = compiled.encoder_block_forward(self, x, mask, kv_cache, packing)
+        if y is not None:
+            return y
         self._packing = packing
         return super().forward(x, mask, kv_cache)
 

@@ -98,20 +98,20 @@ HERE = Path(__file__).resolve().parent
 SHARED_SOURCES = (HERE / "compiler.py", HERE / "numerics.py")  # inlined into every kernel
 
 
-def _shared_sources_stamp() -> str:
-    """A hash of the shared sources' contents: part of every kernel's cache stamp."""
+def _sources_stamp(sources: tuple[Path, ...]) -> str:
+    """A hash of the sources' contents: part of a kernel's cache stamp."""
     digest = hashlib.sha256()
-    for path in SHARED_SOURCES:
+    for path in sources:
         digest.update(path.read_bytes())
     return digest.hexdigest()
 
 
-def _kernel_cache_class() -> type:
+def _kernel_cache_class(sources: tuple[Path, ...] = SHARED_SOURCES) -> type:
     """numba's on-disk function cache, with each entry's freshness stamp (numba's: the
-    kernel's own file's contents) extended by :func:`_shared_sources_stamp`."""
+    kernel's own file's contents) extended by the contents of ``sources``."""
     from numba.core.caching import CompileResultCacheImpl, FunctionCache
 
-    shared = _shared_sources_stamp()
+    shared = _sources_stamp(sources)
 
     class SharedSourcesImpl(CompileResultCacheImpl):
         def __init__(self, py_func: Callable) -> None:
@@ -129,15 +129,17 @@ _KernelCache = _kernel_cache_class() if COMPILED else None
 
 
 def jit(fn: Callable | None = None, inline: str = "never", contract: bool = False,
-        parallel: bool = False) -> Any:
+        calls: tuple[Path, ...] = (), parallel: bool = False) -> Any:
     """numba's njit with the tier's options (see the module's docstring), or the function
     itself without numba.  ``inline="always"``: a scalar helper that numba inlines into
     its callers, so LLVM sees one loop body and vectorizes it (not cached on its own,
     not a kernel).  ``contract=True``: a * b + c may become one fused multiply-add.
-    ``parallel=True``: its ``prange`` loop runs on every core (numba's threads;
-    :mod:`.streaming`'s product, where one thread cannot read memory as fast as two)."""
+    ``calls``: the files of the other kernels it calls, whose code its cache entry holds
+    too (their contents join the entry's stamp).  ``parallel=True``: its ``prange`` loop
+    runs on every core (numba's threads; :mod:`.streaming`'s product, where one thread
+    cannot read memory as fast as two)."""
     if fn is None:
-        return lambda f: jit(f, inline, contract, parallel=parallel)
+        return lambda f: jit(f, inline, contract, calls, parallel)
     if inline == "never":
         KERNELS.append((fn.__module__, fn.__name__))
     if not COMPILED:
@@ -145,5 +147,6 @@ def jit(fn: Callable | None = None, inline: str = "never", contract: bool = Fals
     dispatcher = numba.njit(fastmath={"contract"} if contract else False, nogil=True,
                             error_model="numpy", inline=inline, parallel=parallel)(fn)
     if inline == "never":
-        dispatcher._cache = _KernelCache(dispatcher.py_func)  # numba's cache=True, stamped
+        cache = _kernel_cache_class(SHARED_SOURCES + calls) if calls else _KernelCache
+        dispatcher._cache = cache(dispatcher.py_func)  # numba's cache=True, stamped
     return dispatcher

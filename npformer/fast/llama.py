@@ -6,7 +6,9 @@ nothing else: the same equations, parameters, names and initial weights.  What r
 faster is below them: the projections (:class:`.layers.Linear`), the RMS norms and the
 gated SiLU as compiled kernels, rotary positions in one compiled pass, blocked attention
 over the repeated key/value heads, the loss fused with its gradient, and every weight in
-one flat buffer that the optimizer adopts.
+one flat buffer that the optimizer adopts.  One method of its own: where nothing is
+recorded (``no_grad``), :class:`LlamaBlock` runs as one compiled kernel
+(:mod:`npformer.fast.compiled`).
 
 Tested equal to the textbook classes in ``tests/test_fast_layers.py``.
 """
@@ -15,7 +17,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from .. import models, nn
-from . import grouped_attention, layers, rotary, swiglu
+from ..backend import Array
+from ..nn import KVCache
+from . import compiled, grouped_attention, layers, rotary, swiglu
 from .models import _FastModel
 
 # The ops the Llama layers call (``self.ops``, npformer.ops in the textbook tier): this tier's.
@@ -40,6 +44,13 @@ class LlamaBlock(nn.LlamaBlock):
     __doc__ = nn.LlamaBlock.__doc__
     GroupedQueryAttention, SwiGLUFeedForward, RMSNorm = \
         GroupedQueryAttention, SwiGLUFeedForward, layers.RMSNorm
+
+    def forward(self, x: Array, cos: Array, sin: Array, mask: Array | None = None,
+                kv_cache: KVCache | None = None) -> Array:
+        """As the textbook block's; where nothing is recorded, one compiled kernel where it
+        takes the inputs (:func:`npformer.fast.compiled.llama_block_forward`)."""
+        y = compiled.llama_block_forward(self, x, cos, sin, mask, kv_cache)
+        return super().forward(x, cos, sin, mask, kv_cache) if y is None else y
 
 
 class LlamaCausalLM(_FastModel, models.LlamaCausalLM):

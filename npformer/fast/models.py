@@ -11,7 +11,8 @@ built by the textbook constructor), the same outputs and gradients.  What each a
   them, unpacked where positions are read (pooling, cross-attention's memory); with
   ``valid_only`` the seq2seq model computes logits at the valid target positions only;
 * :class:`CausalLM`: the final norm's output, the head's input, computed again in the
-  backward rather than kept.
+  backward rather than kept; under ``no_grad``, its blocks and final norm as one compiled
+  call (:func:`npformer.fast.compiled.encoder_stack_forward`).
 
 One difference is visible, and nothing of the models reads it: :meth:`encode`'s memory
 holds zeros at the source's padding positions, where the textbook encoder computes
@@ -30,7 +31,7 @@ from ..models.common import TokenEmbedding as _TokenEmbedding
 from ..models.common import model_input, valid_lengths
 from ..nn import LayerNorm
 from ..nn.flat import flat_buffer
-from . import blocks, layers, losses
+from . import blocks, compiled, layers, losses
 from .packing import Packing
 
 
@@ -142,6 +143,12 @@ class TransformerClassifier(_FastModel, models.TransformerClassifier):
 
 class CausalLM(_FastModel, models.CausalLM):
     __doc__ = models.CausalLM.__doc__
+
+    def _stack(self, x: Array, mask: Array | None) -> Array:
+        """As the textbook's; where nothing is recorded, one compiled call where it takes
+        the inputs (no Python between the blocks)."""
+        y = compiled.encoder_stack_forward(self.blocks, self.norm, x, mask)
+        return super()._stack(x, mask) if y is None else y
 
     def _logits(self, h: Array) -> Array:
         """h (B, T, D) -> logits (B, T, V).  Its own: h, the final norm's output, is not kept

@@ -124,11 +124,14 @@ class CausalLM(Module):
         row's tokens (see the module docstring)."""
         ids = model_input(ids, "token ids")
         x, mask = self._embedded(ids, attention_mask, position_ids)  # (B, T, D), mask
+        return self._logits(self._stack(x, mask))  # (B, T, V)
+
+    def _stack(self, x: Array, mask: Array | None) -> Array:
+        """x (B, T, D) -> the blocks, then the final norm (pre-norm) -> (B, T, D) (a step of
+        its own: the fast tier's model runs it compiled where nothing is recorded)."""
         for block in self.blocks:
             x = block(x, mask)
-        if self.norm is not None:
-            x = self.norm(x)
-        return self._logits(x)  # (B, T, V)
+        return x if self.norm is None else self.norm(x)
 
     def _embedded(self, ids: Array, attention_mask: Array | None, position_ids: Array | None,
                   offset: int = 0) -> tuple[Array, Array]:

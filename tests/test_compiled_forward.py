@@ -1,0 +1,294 @@
+"""The fast tier's compiled forward (npformer.fast.compiled) equals the textbook's.
+
+Under no_grad a fast block runs as one compiled kernel (the GPT/encoder block, the Llama
+block).  Each kernel is compared with the textbook block built from the same seed, every
+parameter drawn at random (norms and biases not at their initial ones and zeros): in
+float64 within ``RTOL["float64"]`` of the output's size (the two differ by the order of
+their additions only), in float32 within the suite's float32 tolerance.  Every option
+the kernels cover: pre- and post-norm, ReLU, GELU and its tanh form, narrow heads,
+query-key norm, wide heads; no mask, causal, padding and both, padded or packed rows;
+grouped key/value heads, biases, QK-norm, rotary tables of given positions, a left-padded
+batch; dropout off in eval mode; a prompt's keys and values written into an empty cache.
+Then the models, through the fast blocks' forward under no_grad (the kernels counted),
+and the inputs the kernels refuse (the usual path runs).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from npformer import backend, fast, nn, ops
+from npformer.fast import compiled, compiler
+from npformer.models import CausalLMConfig, ClassifierConfig, Seq2SeqConfig
+
+from .conftest import using_backend
+from .helpers import PARITY_RTOL, assert_close, tiered, using_tier
+
+pytestmark = pytest.mark.skipif(not compiler.COMPILED, reason="the kernels need numba")
+
+RTOL = {"float64": 1e-12, "float32": PARITY_RTOL["float32"]}
+DTYPES = ["float64", "float32"]
+MASKS = ["none", "causal", "padding", "causal+padding"]
+
+
+@pytest.fixture(params=DTYPES)
+def dtype(request):
+    with using_backend("numpy", request.param):
+        yield request.param
+
+
+def pair(seed: int, make):
+    """(textbook, fast) instances of ``make()`` with the same random parameters (in the
+    backend's default float), both in eval mode."""
+    built = []
+    for tier in ("textbook", "fast"):
+        with using_tier(tier):
+            backend.seed(seed)
+            built.append(make().eval())
+    textbook, quick = built
+    rng = np.random.default_rng(seed)
+    for p, q in zip(textbook.parameters(), quick.parameters()):
+        p.data = backend.asarray(rng.standard_normal(p.shape) * 0.5, dtype=p.data.dtype)
+        q.data = p.data.copy()
+    return textbook, quick
+
+
+def inputs(seed: int, *shape) -> np.ndarray:
+    """Standard normal numbers of ``shape`` in the backend's default float."""
+    values = np.random.default_rng(seed + 1).standard_normal(shape)
+    return backend.asarray(values.astype(backend.default_float_name()))
+
+
+def block_mask(kind: str, lens: np.ndarray, length: int):
+    """A self-attention mask of ``kind`` (B, 1, T, T) or None; padding from ``lens``."""
+    mask = None
+    if "causal" in kind:
+        mask = ops.causal_mask(length)[None, None]  # (1, 1, T, T)
+    if "padding" in kind:
+        pad = ops.padding_mask(backend.asarray(lens), length)  # (B, 1, 1, T)
+        mask = pad if mask is None else mask & pad
+    return mask
+
+
+def valid_rows(y: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """The rows of y (B, T, D) at each sequence's first lens[b] positions (N, D)."""
+    return np.concatenate([y[b, :n] for b, n in enumerate(lens)])
+
+
+# --------------------------------------------------------------------------- the encoder block
+ENCODER_OPTIONS = [{}, {"narrow_heads": True}, {"qk_norm": True},
+                   {"narrow_heads": True, "qk_norm": True}, {"head_dim": 5}]
+
+
+@pytest.mark.parametrize("options", ENCODER_OPTIONS)
+@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh"])
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_encoder_block_kernel_is_the_textbook_block(dtype, norm_first, activation, options):
+    """The encoder block's kernel, padded and packed, under each mask: the textbook block's
+    output at every valid position.  Dropout 0.1, off in eval mode."""
+    batch, length, width, heads = 3, 6, 12, 3
+    textbook, quick = pair(7, lambda: tiered.EncoderBlock(
+        width, heads, 20, 0.1, activation, norm_first, **options))
+    x = inputs(7, batch, length, width)
+    lens = np.array([6, 2, 4])
+    with nn.no_grad():
+        for kind in MASKS:
+            mask = block_mask(kind, lens, length)
+            expected = textbook(x, mask)
+            got = compiled.encoder_block_forward(quick, x, mask)
+            assert got is not None, f"{kind}: the kernel refused a block it covers"
+            assert_close(got, expected, RTOL[dtype], f"{kind} mask, padded")
+            if "padding" in kind:  # the classifier's rows: each sequence's valid positions
+                packing = fast.Packing.from_lengths(backend.asarray(lens), length)
+                got = compiled.encoder_block_forward(quick, packing.pack(x), mask,
+                                                     packing=packing)
+                assert_close(got, valid_rows(expected, lens), RTOL[dtype], f"{kind}, packed")
+
+
+def test_a_prompt_s_keys_and_values_fill_the_cache(dtype):
+    """Given an empty cache, the kernel writes the prompt's keys and values (B, H, T, E)
+    into it: the textbook block's, and the next cached step reads them."""
+    textbook, quick = pair(3, lambda: tiered.EncoderBlock(8, 2, 16, 0.0, "gelu", True,
+                                                          qk_norm=True))
+    x, step = inputs(3, 2, 5, 8), inputs(4, 2, 1, 8)
+    caches = nn.BlockCache(), nn.BlockCache()
+    with nn.no_grad():
+        mask = ops.causal_mask(5)
+        assert compiled.encoder_block_forward(quick, x, mask, caches[1]) is not None
+        textbook(x, mask, kv_cache=caches[0])
+        for kept in ("keys", "values"):
+            assert_close(getattr(caches[1].self_attn, kept), getattr(caches[0].self_attn, kept),
+                         RTOL[dtype], kept)
+        assert_close(quick(step, None, kv_cache=caches[1]),
+                     textbook(step, None, kv_cache=caches[0]), RTOL[dtype], "the next step")
+
+
+# --------------------------------------------------------------------------- the Llama block
+LLAMA_OPTIONS = [{}, {"num_kv_heads": 1}, {"num_kv_heads": 2, "qkv_bias": True},
+                 {"num_kv_heads": 2, "qk_norm": True, "head_dim": 6, "qkv_bias": True,
+                  "output_bias": True}]
+
+
+@pytest.mark.parametrize("options", LLAMA_OPTIONS)
+@pytest.mark.parametrize("positions", ["counted", "given"])
+def test_llama_block_kernel_is_the_textbook_block(dtype, options, positions):
+    """The Llama block's kernel (RMS norms, grouped-query attention with rotary positions,
+    SwiGLU): the textbook block's output, causal or causal with left padding, the rotary
+    tables of positions counted from 0 or given per row."""
+    batch, length, width = 2, 5, 16
+    textbook, quick = pair(5, lambda: tiered.LlamaBlock(width, 4, 24, **options))
+    x = inputs(5, batch, length, width)
+    rng = np.random.default_rng(5)
+    place = np.arange(length) if positions == "counted" else rng.integers(0, 20, (batch, length))
+    cos, sin = ops.rotary_table(backend.asarray(place), textbook.self_attn.head_dim,
+                                dtype=x.dtype)  # (T, E) or (B, T, E)
+    keep = np.arange(length)[None, :] >= np.array([[0], [2]])  # row 1 left-padded
+    with nn.no_grad():
+        for mask in (ops.causal_mask(length), ops.causal_mask(length)[None, None]
+                     & backend.asarray(keep)[:, None, None, :]):
+            got = llama_kernel(quick, x, cos, sin, mask)
+            assert_close(got, textbook(x, cos, sin, mask), RTOL[dtype],
+                         f"mask {tuple(mask.shape)}")
+
+
+def llama_kernel(block, x, cos, sin, mask):
+    y = compiled.llama_block_forward(block, x, cos, sin, mask)
+    assert y is not None, "the kernel refused a block it covers"
+    return y
+
+
+# --------------------------------------------------------------------------- the models
+@pytest.fixture
+def kernels_run(monkeypatch):
+    """A count of the blocks the kernels ran (a stack's kernel runs all its blocks)."""
+    count = {"blocks": 0}
+    for name, blocks in (("encoder_block_forward", lambda args: 1),
+                         ("llama_block_forward", lambda args: 1),
+                         ("encoder_stack_forward", lambda args: len(args[0]))):
+        run = getattr(compiled, name)
+
+        def counted(*args, run=run, blocks=blocks, **kwargs):
+            y = run(*args, **kwargs)
+            count["blocks"] += 0 if y is None else blocks(args)
+            return y
+        monkeypatch.setattr(compiled, name, counted)
+    return count
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+@pytest.mark.parametrize("padded", [False, True])
+def test_causal_lm_evaluates_through_the_kernels(dtype, kernels_run, norm_first, padded):
+    """The fast causal LM under no_grad runs its blocks and final norm as one kernel, and
+    gives the textbook's logits, a left-padded batch's too; then decoding from the prompt
+    (its blocks each a kernel, their keys and values into the cache)."""
+    config = CausalLMConfig(vocab_size=11, block_size=8, d_model=8, num_heads=2,
+                            num_layers=2, d_ff=16, dropout=0.1, norm_first=norm_first)
+    textbook, quick = pair(1, lambda: tiered.CausalLM(config))
+    ids = backend.asarray(np.random.default_rng(1).integers(0, 11, (2, 6)))
+    keep = np.ones((2, 6), dtype=bool)
+    keep[1, :3] = not padded
+    mask = backend.asarray(keep)
+    with nn.no_grad():
+        assert_close(quick(ids, attention_mask=mask), textbook(ids, attention_mask=mask),
+                     RTOL[dtype], "logits")
+        assert kernels_run["blocks"] == 2
+        caches = textbook.new_cache(), quick.new_cache()
+        for start, stop in ((0, 4), (4, 5)):  # the prompt (kernels), then one step
+            step, seen = ids[:, start:stop], mask[:, :stop]
+            assert_close(quick.forward_cached(step, caches[1], attention_mask=seen),
+                         textbook.forward_cached(step, caches[0], attention_mask=seen),
+                         RTOL[dtype], f"positions {start}:{stop}")
+    assert kernels_run["blocks"] == 4  # the prompt's two blocks; the step is not theirs
+
+
+def test_classifier_predicts_through_the_kernels(dtype, kernels_run):
+    """The classifier's packed rows through the kernels: the textbook's probabilities."""
+    config = ClassifierConfig(vocab_size=13, d_model=8, num_heads=2, num_layers=2, d_ff=16,
+                              block_size=7, activation="gelu")
+    textbook, quick = pair(2, lambda: tiered.TransformerClassifier(config))
+    ids = backend.asarray(np.random.default_rng(2).integers(1, 13, (3, 7)))
+    lens = backend.asarray(np.array([7, 3, 5]))
+    assert_close(quick.predict(ids, lens), textbook.predict(ids, lens), RTOL[dtype],
+                 "probabilities")
+    assert kernels_run["blocks"] == 2
+
+
+def test_seq2seq_encodes_through_the_kernels(dtype, kernels_run):
+    """The translation model's encoder blocks through the kernels (its decoder blocks, with
+    cross-attention, the usual path): the textbook's logits."""
+    config = Seq2SeqConfig(src_vocab_size=9, tgt_vocab_size=10, d_model=8, num_heads=2,
+                           num_encoder_layers=2, num_decoder_layers=1, d_ff=16, block_size=6)
+    textbook, quick = pair(4, lambda: tiered.Seq2SeqTransformer(config))
+    rng = np.random.default_rng(4)
+    src, tgt = (backend.asarray(rng.integers(1, 9, (2, 6))),
+                backend.asarray(rng.integers(1, 9, (2, 5))))
+    src_lens = backend.asarray(np.array([6, 4]))
+    with nn.no_grad():
+        assert_close(quick(src, tgt, src_lens), textbook(src, tgt, src_lens), RTOL[dtype],
+                     "logits")
+    assert kernels_run["blocks"] == 2
+
+
+# Llama (grouped kv heads), Qwen2 (q/k/v biases, untied head), Qwen3 (QK-norm, head_dim,
+# biases on q, k, v and the output): the configs of the LLAMA_OPTIONS blocks
+LLAMA_CONFIGS = [{}, {"num_kv_heads": 1},
+                 {"num_kv_heads": 2, "qkv_bias": True, "tie_weights": False},
+                 {"num_kv_heads": 2, "qk_norm": True, "head_dim": 6, "attention_bias": True}]
+
+
+@pytest.mark.parametrize("options", LLAMA_CONFIGS)
+def test_llama_evaluates_through_the_kernels(dtype, kernels_run, options):
+    """The fast Llama model under no_grad, a left-padded batch: every block a kernel, the
+    textbook's logits; greedy decoding from the prompts gives the textbook's tokens."""
+    from npformer.decoding import generate
+    from npformer.models import LlamaConfig
+
+    config = LlamaConfig(vocab_size=9, d_model=16, d_ff=24, num_layers=2, num_heads=4,
+                         block_size=16, **options)
+    textbook, quick = pair(6, lambda: tiered.LlamaCausalLM(config))
+    ids = backend.asarray(np.random.default_rng(6).integers(0, 9, (2, 5)))
+    mask = backend.asarray(np.arange(5)[None, :] >= np.array([[0], [2]]))
+    with nn.no_grad():
+        assert_close(quick(ids, attention_mask=mask), textbook(ids, attention_mask=mask),
+                     RTOL[dtype], "logits")
+    assert kernels_run["blocks"] == 2
+    prompts = [[1, 2, 3], [4, 5]]
+    assert generate(quick, prompts, 4, greedy=True) == generate(textbook, prompts, 4,
+                                                                greedy=True)
+
+
+# --------------------------------------------------------------------------- the usual path
+def test_what_the_kernels_refuse_runs_the_usual_path(dtype):
+    """Recorded gradients, dropout in training mode, a LoRA adapter, attention weights
+    kept, a cache already holding positions: the kernel declines (None)."""
+    from npformer.nn import lora
+
+    _, quick = pair(8, lambda: tiered.EncoderBlock(8, 2, 16, 0.1, "relu", True))
+    x, mask = inputs(8, 2, 4, 8), ops.causal_mask(4)
+    assert compiled.encoder_block_forward(quick, x, mask) is None  # gradients recorded
+    with nn.no_grad():
+        assert compiled.encoder_block_forward(quick, x, mask) is not None
+        quick.train()  # dropout 0.1 draws masks
+        assert compiled.encoder_block_forward(quick, x, mask) is None
+        quick.eval()
+        quick.self_attn.keep_attention = True
+        assert compiled.encoder_block_forward(quick, x, mask) is None
+        quick.self_attn.keep_attention = False
+        cache = nn.BlockCache()
+        quick(x, mask, kv_cache=cache)
+        assert compiled.encoder_block_forward(quick, x[:, :1], None, cache) is None
+        lora.apply_lora(quick, r=2, targets=("q_proj",))
+        assert compiled.encoder_block_forward(quick, x, mask) is None
+
+
+def test_nan_input_gets_the_textbook_s_nan(dtype):
+    """A NaN in the input reaches the kernel's queries, keys and values: the usual path
+    runs (its statements define what NaN gives), equal to the textbook block's."""
+    textbook, quick = pair(9, lambda: tiered.EncoderBlock(8, 2, 16, 0.0, "gelu", True))
+    x = inputs(9, 2, 4, 8)
+    x[1, 2, 3] = np.nan
+    with nn.no_grad():
+        assert compiled.encoder_block_forward(quick, x, ops.causal_mask(4)) is None
+        got, expected = quick(x, ops.causal_mask(4)), textbook(x, ops.causal_mask(4))
+    assert np.array_equal(np.isnan(got), np.isnan(expected))
+    assert_close(np.nan_to_num(got), np.nan_to_num(expected), RTOL[dtype], "finite entries")
