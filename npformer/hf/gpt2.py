@@ -30,18 +30,17 @@ GPT-2's ``Conv1D`` layers hold their weights as (in, out), npformer's :class:`Li
 layout: only the untied head (a ``torch.nn.Linear``) is transposed.  The causal-mask
 buffers of older checkpoints (``attn.bias``, ``attn.masked_bias``) are skipped.
 
-Refused by name, never approximated: another ``model_type`` or architecture,
-``add_cross_attention``, ``scale_attn_by_inverse_layer_idx``, unscaled scores
-(``scale_attn_weights`` false), an activation other than ReLU and the exact or tanh
-GELU.  (``reorder_and_upcast_attn`` only changes float16 arithmetic.)  Hugging Face's
-dropout probabilities are training settings and are not read: pass ``dropout=``.
+Refused by name, never approximated (docs/gpt2.md, "What is refused"): another
+``model_type`` or architecture (:data:`ARCHITECTURES`), the options of
+:data:`REFUSED_OPTIONS`, an activation not in :data:`ACTIVATIONS`.  Not read: Hugging
+Face's dropout probabilities (training settings: pass ``dropout=``) and
+``reorder_and_upcast_attn`` (float16 arithmetic only).
 
-A name that is not a folder (``"gpt2"``) is downloaded from the Hub into the user's
-cache with ``huggingface_hub``; it and ``tokenizers`` are the ``hf`` extra
-(``pip install "npformer[hf]"``), imported only when used.  The entries are
-:meth:`CausalLM.from_pretrained` and :meth:`CausalLM.save_pretrained` (and
-:func:`npformer.interop.auto.from_pretrained`), which pass their class to
-:func:`load_folder` and :func:`save_folder`: this module imports no model.
+A name that is not a folder (``"gpt2"``) is downloaded from the Hub into the user's cache
+(``huggingface_hub`` and ``tokenizers``: the ``hf`` extra, imported only when used).  The
+entries, :meth:`CausalLM.from_pretrained` and :meth:`CausalLM.save_pretrained` (and
+:func:`npformer.interop.auto.from_pretrained`), pass their class to :func:`load_folder`
+and :func:`save_folder`: this module imports no model.
 """
 from __future__ import annotations
 

@@ -23,14 +23,13 @@ Qwen2 has biases on q, k and v always (``qkv_bias``); Qwen3 has QK-norm (``qk_no
 and Llama's ``attention_bias``.  bfloat16 checkpoints are read exactly as float32 and
 loaded into the model's float type, with a warning (NumPy has no bfloat16).
 
-Each field is read as transformers reads it for the family (:func:`config_from_hf`): a
-field left out takes the family's default (:data:`DEFAULTS`), one the family's model
-does not read is not read, every type is checked (:data:`FIELD_TYPES`), and the rotary
-fields are taken in transformers' order (:func:`rope_from_hf`).  Refused by name, never
-approximated: another ``model_type`` or architecture, a ``rope_type`` other than the
-default and ``llama3``, a partial rotation with ``llama3``, sliding-window attention,
-mixture of experts, an activation other than SiLU (``silu``, ``swish``), ``mlp_bias``,
-a ``rope_scaling`` without its type, a weight held under two names.
+Each field is read as transformers reads it for the family (:func:`config_from_hf`,
+:func:`rope_from_hf`; docs/llama.md, "How config.json is read"; :data:`DEFAULTS`,
+:data:`FIELD_TYPES`).  Refused by name, never approximated: another ``model_type`` or
+architecture, a ``rope_type`` other than the default and ``llama3``, a partial rotation with
+``llama3``, sliding-window attention, mixture of experts, an activation other than SiLU
+(``silu``, ``swish``), ``mlp_bias``, a ``rope_scaling`` without its type, a weight held
+under two names.
 """
 from __future__ import annotations
 
@@ -297,20 +296,8 @@ def rope_parameters_of(values: dict, where: str) -> tuple[str | None, dict]:
 def rope_from_hf(values: dict, where: str, max_positions: int) -> tuple[float, dict | None]:
     """(rope_theta, a llama3 rope_scaling or None) from config.json, every field taken where
     transformers (``RotaryEmbeddingConfigMixin.convert_rope_params_to_dict`` and
-    ``standardize_rope_params``) takes it:
-
-    * the parameters: ``rope_scaling`` where non-empty (``rope_parameters`` is then not
-      read at all), else ``rope_parameters``;
-    * ``rope_type``: the parameters' ``rope_type``, else their older ``type``, else
-      "default";
-    * ``rope_theta``: the parameters', else the top-level ``rope_theta``, else 10000;
-    * ``partial_rotary_factor``: the parameters', else the top-level one (the default
-      rotation ignores it; llama3 would rotate part of each head, which transformers'
-      Llama and Qwen cannot run: refused);
-    * llama3's ``factor``, ``low_freq_factor``, ``high_freq_factor``: the parameters' only;
-      its ``original_max_position_embeddings``: the top-level field where given (it
-      overrides the parameters'), else the parameters', else ``max_position_embeddings``.
-    """
+    ``standardize_rope_params``) takes it, in the order docs/llama.md ("How config.json is
+    read", the rotary fields) lists."""
     source, params = rope_parameters_of(values, where)
     key = next((key for key in ("rope_type", "type") if key in params), None)
     rope_type, named = (params[key], f"{source}.{key}") if key else (None, "rope_type")
