@@ -522,7 +522,11 @@ class Tokenizer:
     def from_file(cls, path: str | os.PathLike, eos_id: int | list[int] | None = None
                   ) -> Tokenizer:
         """A tokenizer.json file; ``eos_id`` (default: its ``<|endoftext|>`` token)."""
-        Tokenizers = _tokenizers()
+        try:
+            from tokenizers import Tokenizer as Tokenizers
+        except ImportError:
+            raise PretrainedError("reading tokenizer.json needs the tokenizers library: pip "
+                                  "install \"npformer[hf]\"") from None
         path = Path(check_path(path, "path"))
         if not path.is_file():
             raise PretrainedError(f"no {TOKENIZER_FILE} at {path}")
@@ -658,15 +662,6 @@ def check_eos_ids(value: Any, what: str) -> int | list[int] | None:
         raise TypeError(f"{what} must be an id (an integer), a list of ids or None, got "
                         f"{value!r} ({type(value).__name__})")
     return check_size(value, what, 0, optional=True)
-
-
-def _tokenizers() -> Any:
-    try:
-        from tokenizers import Tokenizer as Tokenizers
-    except ImportError:
-        raise PretrainedError("reading tokenizer.json needs the tokenizers library: pip "
-                              "install \"npformer[hf]\"") from None
-    return Tokenizers
 
 
 __all__ = ["load_folder", "save_folder", "Tokenizer", "eos_of", "check_tokenizer",

@@ -126,11 +126,8 @@ LEGACY_LAYER_TYPES = {"mamba": "linear_attention", "attention": "full_attention"
 KIND = "Llama or Qwen"  # the checkpoints read here, as the shared messages name them
 
 
-def _is_integer(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-_FITS = {"int": _is_integer, "bool": lambda v: isinstance(v, bool),
+_FITS = {"int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+         "bool": lambda v: isinstance(v, bool),
          "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
          "str": lambda v: isinstance(v, str), "int list": _is_eos,
          "str list": lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v)}

@@ -195,18 +195,12 @@ def to_torch_state_dict(module: Module) -> dict[str, np.ndarray]:
     return out
 
 
-def _npformer_submodule(module, path: str):
-    """The submodule at a dotted npformer path ("blocks.0.self_attn")."""
-    for part in filter(None, path.split(".")):
-        module = module[int(part)] if part.isdigit() else getattr(module, part)
-    return module
-
-
 def _check_head_counts(module, torch_module, rules: list[Rule]) -> None:
     """A torch module given (not only its state dict): its attention layers' head counts
     must be npformer's.  The state dict cannot tell (4 heads of 16 and 2 of 32 have the
     same in_proj_weight), and the outputs would differ."""
     torch_modules = dict(torch_module.named_modules())
+    ours_by_name = dict(module.named_modules())
     differ = []
     for rule in rules:
         if rule.kind != "qkv_weight":
@@ -214,7 +208,7 @@ def _check_head_counts(module, torch_module, rules: list[Rule]) -> None:
         torch_name = rule.torch_key[:-len(".in_proj_weight")] if "." in rule.torch_key else ""
         theirs = getattr(torch_modules.get(torch_name), "num_heads", None)
         path = rule.npformer_keys[0][:-len("q_proj.weight")].rstrip(".")
-        ours = _npformer_submodule(module, path).num_heads
+        ours = ours_by_name[path].num_heads
         if theirs is not None and theirs != ours:
             differ.append(f"{torch_name or 'the module'}: torch {theirs} heads, npformer {ours}")
     if differ:

@@ -57,16 +57,6 @@ def parameter_count(config: Any) -> int:
     return shape_model(config).num_parameters()
 
 
-def _largest_table(config: Any, model: Module) -> tuple[int, str | None]:
-    """The entries of ``model``'s largest parameter, and the first field of ``config``
-    whose value is its longest axis (None if none is)."""
-    shape = max((p.shape for p in model.parameters()), key=math.prod)
-    longest = max(shape)
-    names = [f.name for f in fields(config) if type(getattr(config, f.name)) is int
-             and getattr(config, f.name) == longest]
-    return math.prod(shape), names[0] if names else None
-
-
 def check_weights_fit(config: Any, itemsize: int | None = None,
                       available: tuple[int, str] | None = None) -> None:
     """Refuse (ValueError) a model whose weights alone cannot fit in memory, before one
@@ -83,12 +73,14 @@ def check_weights_fit(config: Any, itemsize: int | None = None,
     memory, where = available or backend.machine_memory()
     if needed <= memory:
         return
-    entries, name = _largest_table(config, model)
+    shape = max((p.shape for p in model.parameters()), key=math.prod)  # the largest table
+    name = next((f.name for f in fields(config) if type(getattr(config, f.name)) is int
+                 and getattr(config, f.name) == max(shape)), None)  # the field sizing it
     table = f" ({name}={getattr(config, name)})" if name else ""
     raise ValueError(f"{type(config).__name__} makes a model of {count:,} parameters, "
                      f"{backend.byte_size(needed)} in {backend.default_float_name()} for its "
                      f"weights alone, and {where} {backend.byte_size(memory)}: its largest "
-                     f"table{table} takes {backend.byte_size(entries * itemsize)}; lower "
+                     f"table{table} takes {backend.byte_size(math.prod(shape) * itemsize)}; lower "
                      f"{name or 'its sizes'}")
 
 

@@ -164,9 +164,8 @@ class Module:
                 continue
             if isinstance(value, (Module, Parameter)):
                 yield name, value
-            elif isinstance(value, (list, tuple)) and value and all(
-                isinstance(v, Module) for v in value
-            ):
+            elif isinstance(value, (list, tuple)) and value and all(isinstance(v, Module)
+                                                                    for v in value):
                 for i, child in enumerate(value):
                     yield f"{name}.{i}", child
 

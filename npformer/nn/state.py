@@ -22,13 +22,9 @@ from ..ops.contracts import check_path
 # float of another width is cast to the parameter's dtype, as PyTorch's load_state_dict
 # does), finite, and named and shaped exactly as the parameters are.  A torch tensor is
 # detached, a bfloat16 one converted to float32 with a warning; nothing here imports torch.
-def _is_torch_tensor(value: Any) -> bool:
-    return type(value).__module__.split(".")[0] == "torch"
-
-
 def _host_weight(value: Any, name: str) -> numpy.ndarray:
     """A weight of any kind (NumPy or backend array, torch tensor, nested list) on the host."""
-    if _is_torch_tensor(value):
+    if type(value).__module__.split(".")[0] == "torch":  # a torch tensor
         value = value.detach()  # requires_grad or not: the values are what is loaded
         if str(value.dtype) == "torch.bfloat16":
             warnings.warn(f"{name} is a bfloat16 tensor (NumPy has no bfloat16): converted "
