@@ -70,18 +70,6 @@ def training_memory(config: Any, batch_size: int, sequence_length: int,
 
 
 # --------------------------------------------------------------------------- the check
-def _raised_options(preset: Any, defaults: Any) -> list[str]:
-    """The size fields of ``preset`` set above the default preset's values, the furthest
-    above (by ratio) first."""
-    ratios = {}
-    for f in fields(preset):
-        value, default = getattr(preset, f.name), getattr(defaults, f.name, None)
-        if (f.name in SIZE_OPTIONS and isinstance(value, int) and isinstance(default, int)
-                and 0 < default < value):
-            ratios[f.name] = value / default
-    return sorted(ratios, key=ratios.get, reverse=True)
-
-
 def processes_sharing_memory() -> int:
     """The processes of this run that share the memory :func:`machine_memory` reports,
     each holding the model: the MPI ranks on this machine (on the CPU), else one."""
@@ -108,7 +96,13 @@ def check_training_fits(config: Any, batch_size: int, sequence_length: int, pres
     memory, where = available or machine_memory()
     if needed <= memory:
         return estimate
-    raised = _raised_options(preset, defaults)
+    ratios = {}  # the size fields set above the default preset's, the furthest above first
+    for f in fields(preset):
+        value, default = getattr(preset, f.name), getattr(defaults, f.name, None)
+        if (f.name in SIZE_OPTIONS and isinstance(value, int) and isinstance(default, int)
+                and 0 < default < value):
+            ratios[f.name] = value / default
+    raised = sorted(ratios, key=ratios.get, reverse=True)
     given = " and ".join(f"{flag(name)} {getattr(preset, name)}" for name in raised)
     what = (f"{given} make{'s' if len(raised) == 1 else ''} the model too large" if raised
             else "the model is too large")

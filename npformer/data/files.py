@@ -34,7 +34,6 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from .download import DatasetFormatError, DatasetNotFoundError
 from .fra_eng import tokenize_fra_eng
@@ -113,7 +112,13 @@ def read_labelled_texts(path: str | os.PathLike, text_column: str = "text",
             string, or both name the same column.
     """
     path = Path(path)
-    _check_columns(text_column, label_column)
+    for name, value in (("text_column", text_column), ("label_column", label_column)):
+        if not isinstance(value, str) or not value.strip():
+            raise TypeError(f"{name} must name a column (a non-empty string), got {value!r}")
+    if text_column == label_column:
+        raise ValueError(f"text_column and label_column both name {text_column!r}: every "
+                         f"text would be its own label; name the label's own column "
+                         f"(the demo: --text-column, --label-column)")
     suffix = path.suffix.lower()
     if suffix not in LABELLED_SUFFIXES:
         raise DatasetFormatError(
@@ -123,18 +128,6 @@ def read_labelled_texts(path: str | os.PathLike, text_column: str = "text",
     if suffix in (".csv", ".tsv"):
         return _read_delimited(text, path, suffix == ".tsv", text_column, label_column)
     return _read_json(text, path, text_column, label_column)
-
-
-def _check_columns(text_column: Any, label_column: Any) -> None:
-    """Two column names, each a non-empty string, and not the same one (every text would
-    be its own label)."""
-    for name, value in (("text_column", text_column), ("label_column", label_column)):
-        if not isinstance(value, str) or not value.strip():
-            raise TypeError(f"{name} must name a column (a non-empty string), got {value!r}")
-    if text_column == label_column:
-        raise ValueError(f"text_column and label_column both name {text_column!r}: every "
-                         f"text would be its own label; name the label's own column "
-                         f"(the demo: --text-column, --label-column)")
 
 
 def _read_delimited(text: str, path: Path, tab: bool, text_column: str,
