@@ -26,9 +26,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from npformer import backend, fast, ops
+from npformer import backend, fast, nn, ops
 from npformer.fast import activations as fast_activations
-from npformer.fast import adamw, compiler
+from npformer.fast import adamw, compiled, compiler
 from npformer.fast import attention as fast_attention
 from npformer.fast import embedding as fast_embedding
 from npformer.fast import layernorm as fast_layernorm
@@ -43,7 +43,7 @@ from npformer.optim import SGD, Adam, AdamW, warmup_cosine
 from npformer.parallel import sparse as parallel_sparse
 
 from .conftest import using_backend
-from .helpers import rel_diff, set_tier, tier_under_test, tiered
+from .helpers import assert_close, rel_diff, set_tier, tier_under_test, tiered
 from .test_fast_equals_textbook import (
     assert_equal_to_terms,
     assert_layernorm_equal,
@@ -145,6 +145,51 @@ def perturbed(kernel, output_position, size=1e-9):
             out[out.size // 2] += size * (abs(out[out.size // 2]) + 1.0)
         return result
     return broken
+
+
+def perturbed_output(kernel, index=None, size=1e-9):
+    """``kernel`` whose returned array (the ``index``-th of the tuple it returns, if given)
+    has one element changed by a relative ``size`` (a kernel that returns its results)."""
+    def broken(*args):
+        result = kernel(*args)
+        out = (result if index is None else result[index]).reshape(-1)
+        out[out.size // 2] += size * (abs(out[out.size // 2]) + 1.0)
+        return result
+    return broken
+
+
+def compiled_blocks_case():
+    """An encoder block's kernel and a stack's (tests/test_compiled_forward.py's check: the
+    textbook block's output within its float64 rounding), and a Llama block's."""
+    from .test_compiled_forward import RTOL, inputs, pair
+    with using_backend("numpy", "float64"), nn.no_grad():
+        textbook, quick = pair(7, lambda: tiered.EncoderBlock(12, 3, 20, 0.0, "gelu", True))
+        x, mask = inputs(7, 2, 5, 12), ops.causal_mask(5)
+        expected = textbook(x, mask)
+        assert_close(compiled.encoder_block_forward(quick, x, mask), expected, RTOL["float64"])
+        assert_close(compiled.encoder_stack_forward([quick], None, x, mask), expected,
+                     RTOL["float64"])
+        textbook, quick = pair(5, lambda: tiered.LlamaBlock(16, 4, 24, num_kv_heads=2))
+        x = inputs(5, 2, 5, 16)
+        cos, sin = ops.rotary_table(np.arange(5), 4, dtype=x.dtype)  # (T, E)
+        assert_close(compiled.llama_block_forward(quick, x, cos, sin, mask),
+                     textbook(x, cos, sin, mask), RTOL["float64"])
+
+
+def compiled_attend_case():
+    """The kernels' attention on rows (grouped heads, a causal mask): the textbook op's."""
+    rng = np.random.default_rng(3)
+    batch, length, heads, kv_heads, width = 2, 4, 4, 2, 3
+    q = rng.standard_normal((batch, heads, length, width))
+    k, v = (rng.standard_normal((batch, kv_heads, length, width)) for _ in "kv")
+    mask = ops.causal_mask(length)
+    expected, _ = ops.grouped_attention_forward(q, k, v, mask)  # (B, H, T, E)
+
+    def rows(t):  # (B, heads, T, E) -> (B T, heads E)
+        return np.ascontiguousarray(t.transpose(0, 2, 1, 3)).reshape(batch * length, -1)
+    got = compiled._attend(rows(q), rows(k), rows(v), np.arange(batch + 1) * length,
+                           compiled._mask4(mask), heads, kv_heads)
+    assert rel_diff(got, rows(expected)) <= 1e-13
 
 
 def perturbed_sum(kernel):
@@ -401,6 +446,10 @@ BROKEN = {  # kernel (its module, its name): [(its broken copy, the check that m
     (fast_rotary, "_rotate"): [(lambda k: perturbed(k, 3), rotary_case)],
     (fast_rotary, "_rotate_back"): [(lambda k: perturbed(k, 3), rotary_case)],
     (parallel_sparse, "_rows_with_bits"): [(flipped_row, changed_rows_case)],
+    (compiled, "_encoder_block"): [(lambda k: perturbed_output(k, 0), compiled_blocks_case)],
+    (compiled, "_encoder_stack"): [(lambda k: perturbed_output(k, 0), compiled_blocks_case)],
+    (compiled, "_llama_block"): [(lambda k: perturbed_output(k, 0), compiled_blocks_case)],
+    (compiled, "_attend"): [(perturbed_output, compiled_attend_case)],
     (fast_streaming, "_columns"): [(lambda k: perturbed(k, 2), streaming_case),
                                    (lambda k: perturbed(k, 2, 1e-5), streaming32_case)],
     (fast_streaming, "_parallel_product"): [(lambda k: perturbed(k, 2), streaming_case),

@@ -28,13 +28,15 @@ from pathlib import Path
 
 FOLDERS = ("ops", "fast")
 # The fast tier's classes (layers, blocks, models, optimizers and their buffers) are not
-# ops: their contracts sit in their check_inputs, as the textbook layers' do in npformer/nn.
+# ops: their contracts sit in their check_inputs, as the textbook layers' do in npformer/nn;
+# compiled.py's whole-block kernels run behind the blocks' check_inputs (its one raise is
+# the stub numba's overload replaces).
 # The contracts modules (the textbook's, the fast tier's) hold the checks themselves, not
 # ops; gemm.py binds cuBLAS (its raises report the library's failures, not an input's
 # contract).
 NOT_OPS = {"ops": ("contracts.py",),
            "fast": ("contracts.py", "layers.py", "blocks.py", "models.py", "optim.py",
-                    "flat.py", "packing.py", "recompute.py", "gemm.py")}
+                    "flat.py", "packing.py", "recompute.py", "gemm.py", "compiled.py")}
 VALIDATION_MODULES = ("contracts", "validation", "_checks")
 
 
