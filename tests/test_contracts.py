@@ -72,8 +72,8 @@ def test_op_backward_refuses_the_other_tiers_activation_cache(xb, name):
     _, backward = fast.activation(name)
     y, cache = forward(arr((2, 3)))
     assert (cache.op, cache.tier, cache.shape) == (f"{name}_forward", "textbook", (2, 3))
-    with pytest.raises(TypeError, match=rf"{name}_backward got saved values of another tier \(made by "
-                                        rf"{name}_forward of the textbook tier\)"):
+    with pytest.raises(TypeError, match=rf"{name}_backward got saved values of another tier "
+                                        rf"\(made by {name}_forward of the textbook tier\)"):
         backward(arr((2, 3)), cache)
 
 
