@@ -1,13 +1,11 @@
 r"""The fast tier's compiler: numba, whether it is usable here, and the one decorator
 every kernel is compiled with.
 
-Why numba.  It is the NumPy ecosystem's just-in-time compiler: it compiles a Python
-loop over NumPy arrays into machine code with LLVM, with no C toolchain at install
-time and no build step (a wheel, like NumPy's).  Its kernels release the GIL
-(``nogil=True``), so the thread replicas of :class:`npformer.parallel.DataParallel`
-run their element-wise work side by side instead of waiting for each other between
-NumPy calls.  Cython or a C extension would need a compiler on the user's machine (or
-per-platform wheels); Pythran and Taichi are further from NumPy's own arrays.
+Why numba: it compiles a Python loop over NumPy arrays into machine code with LLVM, with
+no C toolchain or build step at install time (a wheel, like NumPy's), and its kernels
+release the GIL, so thread replicas run their element-wise work side by side.  (Cython
+or C would need a compiler or per-platform wheels; Pythran and Taichi are further from
+NumPy's arrays.)
 
 The options every kernel shares (:func:`jit`):
 
@@ -34,11 +32,8 @@ The options every kernel shares (:func:`jit`):
   stamp here also covers those two files (:data:`SHARED_SOURCES`), so an edit to the
   exp makes every kernel compile again instead of loading stale code.
 
-numba's own switch turns it off: with ``NUMBA_DISABLE_JIT=1`` (numba reads it when it is
-imported; this package reads no environment variable on import) :data:`COMPILED` is
-False, as without numba.
-
-Without numba (not installed, or turned off) :data:`COMPILED` is False, :func:`jit`
+Without numba (not installed, or turned off by numba's own ``NUMBA_DISABLE_JIT=1``: this
+package reads no environment variable on import) :data:`COMPILED` is False, :func:`jit`
 returns the Python function itself, the ops run their NumPy statements, and the first
 op that would have used a kernel warns once, naming the kernels (:func:`compilable`).
 """

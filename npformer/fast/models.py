@@ -208,15 +208,7 @@ class Seq2SeqTransformer(_FastModel, models.Seq2SeqTransformer):
         if _ran_textbook_forward(self):
             return super().backward(dlogits)
         (packing,) = self._pop_saved()
-        dy = self._logits_backward(dlogits)
-        if self.decoder_norm is not None:
-            dy = self.decoder_norm.backward(dy)
-        self._gradients_final(self.lm_head, self.decoder_norm)  # (a tied one: tgt_embed's)
-        dmemory = None
-        for block in reversed(self.decoder):
-            dy, dmem = block.backward(dy)
-            self._gradients_final(block)
-            dmemory = dmem if dmemory is None else dmemory + dmem  # memory feeds every block
+        dy, dmemory = self._decoder_backward(self._logits_backward(dlogits))
         self.tgt_embed.backward(dy if packing is None else packing.unpack(dy))
         src_packing = self._pop_saved("_encode_saved")
         dx = src_packing.pack(dmemory)  # the backward of unpack

@@ -201,7 +201,18 @@ class Seq2SeqTransformer(Module):
         (rows_saved,) = self._pop_saved()
         if rows_saved is not None:
             dlogits = ops.valid_rows_backward(dlogits, rows_saved)  # (N, V) -> (B, T, V)
-        dy = self._logits_backward(dlogits)  # (B, T, D)
+        dy, dx = self._decoder_backward(self._logits_backward(dlogits))  # (B, T|S, D)
+        self.tgt_embed.backward(dy)
+        if self.encoder_norm is not None:
+            dx = self.encoder_norm.backward(dx)
+        self._gradients_final(self.encoder_norm)
+        for block in reversed(self.encoder):
+            dx = block.backward(dx)
+            self._gradients_final(block)
+        return self.src_embed.backward(dx)
+
+    def _decoder_backward(self, dy: Array) -> tuple[Array, Array]:
+        """dy at the final norm's output -> (dy at the decoder's input, dmemory (B, S, D))."""
         if self.decoder_norm is not None:
             dy = self.decoder_norm.backward(dy)
         self._gradients_final(self.lm_head, self.decoder_norm)  # (a tied one: tgt_embed's)
@@ -210,15 +221,7 @@ class Seq2SeqTransformer(Module):
             dy, dmem = block.backward(dy)
             self._gradients_final(block)
             dmemory = dmem if dmemory is None else dmemory + dmem  # memory feeds every block
-        self.tgt_embed.backward(dy)
-        dx = dmemory  # (B, S, D)
-        if self.encoder_norm is not None:
-            dx = self.encoder_norm.backward(dx)
-        self._gradients_final(self.encoder_norm)
-        for block in reversed(self.encoder):
-            dx = block.backward(dx)
-            self._gradients_final(block)
-        return self.src_embed.backward(dx)
+        return dy, dmemory
 
     def _logits(self, y: Array) -> Array:
         """y (..., D) -> logits (..., V_tgt): y E_tgt^T when tied, else the projection."""

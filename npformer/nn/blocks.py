@@ -91,9 +91,8 @@ class EncoderBlock(Module):
                  head_dim: int | None = None, *, norm_eps: float = ops.layernorm.EPS,
                  narrow_heads: bool = False, qk_norm: bool = False):
         self.norm_first = check_flag(norm_first, "norm_first")
-        self.self_attn = self.MultiHeadAttention(d_model, num_heads, head_dim,
-                                                 narrow_heads=narrow_heads, qk_norm=qk_norm,
-                                                 norm_eps=norm_eps)
+        self.self_attn = self.MultiHeadAttention(d_model, num_heads, head_dim, norm_eps=norm_eps,
+                                                 narrow_heads=narrow_heads, qk_norm=qk_norm)
         self.attn_residual = self.NormAndDropout(d_model, dropout, norm_eps)
         self.ffn = self.FeedForward(d_model, d_ff, activation, dropout)
         self.ffn_residual = self.NormAndDropout(d_model, dropout, norm_eps)
@@ -142,13 +141,10 @@ class DecoderBlock(Module):
                  head_dim: int | None = None, *, norm_eps: float = ops.layernorm.EPS,
                  narrow_heads: bool = False, qk_norm: bool = False):
         self.norm_first = check_flag(norm_first, "norm_first")
-        self.self_attn = self.MultiHeadAttention(d_model, num_heads, head_dim,
-                                                 narrow_heads=narrow_heads, qk_norm=qk_norm,
-                                                 norm_eps=norm_eps)
+        options = {"narrow_heads": narrow_heads, "qk_norm": qk_norm, "norm_eps": norm_eps}
+        self.self_attn = self.MultiHeadAttention(d_model, num_heads, head_dim, **options)
         self.self_attn_residual = self.NormAndDropout(d_model, dropout, norm_eps)
-        self.cross_attn = self.MultiHeadAttention(d_model, num_heads, head_dim,
-                                                  narrow_heads=narrow_heads, qk_norm=qk_norm,
-                                                  norm_eps=norm_eps)
+        self.cross_attn = self.MultiHeadAttention(d_model, num_heads, head_dim, **options)
         self.cross_attn_residual = self.NormAndDropout(d_model, dropout, norm_eps)
         self.ffn = self.FeedForward(d_model, d_ff, activation, dropout)
         self.ffn_residual = self.NormAndDropout(d_model, dropout, norm_eps)
