@@ -98,7 +98,7 @@ def _ops(r: dict[str, Any]) -> dict[str, Any]:
         return y, _cache("linear_forward", y, (c, b is None))
 
     def linear_backward(dy, saved, weights=True):
-        c, no_bias = saved.saved
+        c, no_bias = saved.values
         dx, dw, db = lin.linear_backward(dy, c)
         return dx, dw, None if no_bias else db
 
@@ -107,7 +107,7 @@ def _ops(r: dict[str, Any]) -> dict[str, Any]:
         return y, _cache("relu_forward", y, c)
 
     def relu_backward(dy, saved):
-        return act.relu_backward(dy, saved.saved)
+        return act.relu_backward(dy, saved.values)
 
     def activation(name, *args, **kwargs):
         if name != "relu":
@@ -119,42 +119,42 @@ def _ops(r: dict[str, Any]) -> dict[str, Any]:
         return y, _cache("dropout_forward", y, c)
 
     def dropout_backward(dy, saved):
-        return drop.dropout_backward(dy, saved.saved)
+        return drop.dropout_backward(dy, saved.values)
 
     def layernorm_forward(x, gamma, beta, eps=1e-5):
         y, c = norm.layernorm_forward(x, gamma, beta, eps)
         return y, _cache("layernorm_forward", y, c)
 
     def layernorm_backward(dy, saved):
-        return norm.layernorm_backward(dy, saved.saved)
+        return norm.layernorm_backward(dy, saved.values)
 
     def attention_forward(q, k, v, mask=None):
         y, c = att.attention_forward(q, k, v, mask)
         return y, _cache("attention_forward", y, c)
 
     def attention_backward(dout, saved):
-        return att.attention_backward(dout, saved.saved)
+        return att.attention_backward(dout, saved.values)
 
     def embedding_forward(ids, table):
         y, c = emb.embedding_forward(ids, table)
         return y, _cache("embedding_forward", y, c)
 
     def embedding_backward(dy, saved):
-        return emb.embedding_backward(dy, saved.saved)
+        return emb.embedding_backward(dy, saved.values)
 
     def add_positions_forward(x, table):
         y, c = pos.add_positions_forward(x, table)
         return y, _cache("add_positions_forward", y, c)
 
     def add_positions_backward(dy, saved):
-        return pos.add_positions_backward(dy, saved.saved)
+        return pos.add_positions_backward(dy, saved.values)
 
     def pool_forward(h, valid_lens, how="mean"):
         y, c = pool.pool_forward(h, valid_lens, how)
         return y, _cache("pool_forward", y, c)
 
     def pool_backward(dy, saved):
-        return pool.pool_backward(dy, saved.saved)
+        return pool.pool_backward(dy, saved.values)
 
     def cross_entropy_with_gradient(logits, targets, dloss=1.0, **options):
         loss, c = ce.cross_entropy_forward(logits, targets, **options)

@@ -5,7 +5,7 @@
 #
 # The forward is given: in training each element is kept with probability 1 - p and the
 # kept ones are scaled by 1 / (1 - p); in evaluation (or with p = 0) it is the identity,
-# and the saved values is None.  Write `dropout_backward`: from the upstream gradient `dy` and
+# and the saved values are None.  Write `dropout_backward`: from the upstream gradient `dy` and
 # the saved values, the gradient `dx`.  (The mask comes from npformer's seeded generator, so
 # the checker can draw the same mask again.)
 #

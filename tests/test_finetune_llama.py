@@ -38,9 +38,9 @@ def write_llama_folder(path: Path, family: str = "llama") -> Path:
     tokenizer = train_tokenizer()
     config_class = {"llama": transformers.LlamaConfig, "qwen3": transformers.Qwen3Config}
     config = config_class[family](
-        vocab_size=tokenizer.get_vocab_size(), d_model=16, d_ff=20,
-        num_layers=2, num_heads=4, num_kv_heads=2,
-        block_size=24, rope_theta=100000.0, tie_weights=True,
+        vocab_size=tokenizer.get_vocab_size(), hidden_size=16, intermediate_size=20,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=24, rope_theta=100000.0, tie_word_embeddings=True,
         initializer_range=0.3, bos_token_id=0, eos_token_id=0)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config)
