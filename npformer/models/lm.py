@@ -51,13 +51,12 @@ class CausalLMConfig:
     vocab_size: V; block_size: the longest context T; d_model: width D; num_heads: H;
     num_layers: blocks; d_ff: feed-forward width; dropout: probability in [0, 1);
     activation: "relu", "gelu" or "gelu_tanh"; norm_first: pre-norm blocks and a final
-    layer norm (GPT-2) instead of post-norm; head_dim: per-head width E (default
-    D / H); positional: "learned" or "sinusoidal"; tie_weights: the output projection
-    is the token embedding transposed; norm_eps: every layer norm's epsilon
-    (GPT-2's 1e-5); narrow_heads: Bloem's narrow heads, one shared (E, E) map of each
-    kind applied to every head's slice of the input; qk_norm: a layer norm over each
-    head's queries and keys (see :class:`npformer.nn.MultiHeadAttention`).  Invalid
-    values raise ValueError naming the field.
+    layer norm (GPT-2) instead of post-norm; head_dim: per-head width E (default D / H);
+    positional: "learned" or "sinusoidal"; tie_weights: the output projection is the token
+    embedding transposed; norm_eps: every layer norm's epsilon (GPT-2's 1e-5);
+    narrow_heads, qk_norm: the attention's options (:class:`npformer.nn.MultiHeadAttention`:
+    Bloem's narrow heads, a layer norm over each head's queries and keys).  Invalid values
+    raise ValueError naming the field.
     """
 
     vocab_size: int
@@ -193,16 +192,14 @@ class CausalLM(Module):
     @classmethod
     def from_pretrained(cls, name_or_path: str | os.PathLike, dtype: str | None = None,
                         dropout: float = 0.0, **kwargs: Any) -> CausalLM:
-        """A GPT-2 checkpoint in Hugging Face's format: a folder (``config.json``,
-        ``model.safetensors``), or a name on the Hugging Face Hub (``"gpt2"``), downloaded
-        into the user's cache.  The model is a ``cls`` (``npformer.fast.CausalLM.from_pretrained``
-        gives the fast tier's).  See :func:`npformer.hf.gpt2.load_folder`."""
+        """A GPT-2 folder in Hugging Face's format, or a Hub name (``"gpt2"``) downloaded into
+        the user's cache, as a ``cls`` (the fast tier's from ``npformer.fast.CausalLM``).
+        See :func:`npformer.hf.gpt2.load_folder`."""
         return gpt2.load_folder(cls, name_or_path, dtype=dtype, dropout=dropout, **kwargs)
 
     def save_pretrained(self, path: str | os.PathLike, tokenizer: Any = None) -> os.PathLike:
-        """Write this model as a Hugging Face GPT-2 folder (``config.json``,
-        ``model.safetensors``; ``tokenizer.json`` given a tokenizer), which
-        ``transformers.GPT2LMHeadModel.from_pretrained`` loads; -> the folder.  See
+        """Write this model as the GPT-2 folder ``transformers.GPT2LMHeadModel`` loads (with
+        ``tokenizer.json`` given a tokenizer); -> the folder.  See
         :func:`npformer.hf.gpt2.save_folder`."""
         return gpt2.save_folder(self, path, tokenizer=tokenizer)
 
