@@ -157,6 +157,7 @@ def test_the_fast_linear_streams_a_decoding_steps_rows(monkeypatch, dtype):
 
     streamed = []
     real = fast_linear.streamed_product
+    monkeypatch.setattr(fast_linear, "STREAM_FEW_ROWS", True)
     monkeypatch.setattr(fast_linear, "streamed_product",
                         lambda x, w: streamed.append(x.shape) or real(x, w))
     rng = np.random.default_rng(5)
@@ -197,6 +198,7 @@ def test_greedy_generation_with_streamed_steps_equals_the_uncached_decode(monkey
 
     streamed = []
     real = fast_linear.streamed_product
+    monkeypatch.setattr(fast_linear, "STREAM_FEW_ROWS", True)
     monkeypatch.setattr(fast_linear, "streamed_product",
                         lambda x, w: streamed.append(x.shape[0]) or real(x, w))
     config = models.CausalLMConfig(vocab_size=50, block_size=16, d_model=64, num_heads=4,

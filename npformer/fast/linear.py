@@ -14,9 +14,9 @@ Backward, for an upstream gradient $\bar y = \partial L / \partial y$
 
 W is stored (D_in, D_out), the orientation of the math; PyTorch stores the
 transpose, which :mod:`npformer.interop.pytorch` converts.  ``matmul`` is ``@``, except
-on CuPy while a step is captured as a CUDA graph (:mod:`npformer.gpu.gemm`), and except
-for a few rows (1 to 16, a decoding step's): their product streams W from memory once
-for all of them (:mod:`.streaming`), equal to ``@`` to rounding.
+on CuPy while a step is captured as a CUDA graph (:mod:`npformer.gpu.gemm`), and, with
+``STREAM_FEW_ROWS``, except for a few rows (1 to 16, a decoding step's): their product
+streams W from memory once for all of them (:mod:`.streaming`), equal to ``@`` to rounding.
 """
 from __future__ import annotations
 
@@ -46,10 +46,19 @@ def linear_forward(x: Array, w: Array, b: Array | None = None,
     return with_saved(linear_forward, y, (x if keep_input else None, w, b is not None))
 
 
+# Off: on an idle 2-vCPU machine `python bench/decode.py` measured GPT-2's decoding steps
+# slower streamed than with the library's product (the all-core path 2x slower than one
+# thread, one thread 8-16% slower than the library: issue 59's note); True streams them.
+STREAM_FEW_ROWS = False
+
+
 def _product(x_rows: Array, w: Array) -> Array:
-    """x_rows (N, D_in) @ w (D_in, D_out): a few rows (a decoding step's) with W streamed
-    from memory once for all of them (:mod:`.streaming`), else the library's product."""
-    return streamed_product(x_rows, w) if takes(x_rows, w) else matmul(x_rows, w)
+    """x_rows (N, D_in) @ w (D_in, D_out): the library's product, or with STREAM_FEW_ROWS a
+    few rows (a decoding step's) with W streamed from memory once for all of them
+    (:mod:`.streaming`)."""
+    if STREAM_FEW_ROWS and takes(x_rows, w):
+        return streamed_product(x_rows, w)
+    return matmul(x_rows, w)
 
 
 @backward_op(linear_forward)
