@@ -142,3 +142,33 @@ def test_parallel_training_without_dropout_follows_the_single_replica_run():
         # the same batches (DataParallel with one shard takes the same path): the updates
         # differ only by the order of the gradient sums
         assert all(rel_diff(a, b) <= 1e-9 for a, b in zip(one_replica, two_replicas))
+
+
+@pytest.mark.parametrize("tier", ["fast"])  # a behaviour of the threads, not of a tier
+@pytest.mark.parametrize("count", [2, 3, 5])
+def test_parallel_map_keeps_order_and_runs_on_the_callers_thread_and_kept_helpers(tier, count):
+    from npformer.nn import grad_enabled, no_grad
+    from npformer.parallel import parallel_map
+
+    def where(item):
+        return item, threading.get_ident(), grad_enabled()
+
+    with no_grad():  # the caller's switch reaches the helpers
+        first = parallel_map(where, range(count), 2)
+        second = parallel_map(where, range(count), 2)
+    assert [item for item, _, _ in first] == list(range(count))
+    assert not any(grad for _, _, grad in first)
+    me = threading.get_ident()
+    assert first[0][1] == me and {t for _, t, _ in first} != {me}  # the caller and a helper
+    helpers = {t for _, t, _ in first} - {me}
+    assert helpers == {t for _, t, _ in second} - {me}  # the same helper, kept
+    # a map inside a mapped function runs in its thread; an error reaches the caller
+    nested = parallel_map(lambda k: parallel_map(lambda j: (k, j), range(3), 2), range(3), 2)
+    assert nested == [[(k, j) for j in range(3)] for k in range(3)]
+
+    def fails_on_the_last(item):
+        if item == count - 1:
+            raise ValueError("the last item")
+        return item
+    with pytest.raises(ValueError, match="the last item"):
+        parallel_map(fails_on_the_last, range(count), 2)

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import copy
 import numbers
+import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import nullcontext
 from typing import Any
 
@@ -46,18 +47,58 @@ def single_threaded_blas() -> Any:
 
 def parallel_map(fn: Callable, items: Sequence, replicas: int) -> list:
     """[fn(item) for item in items], on ``replicas`` threads with single-threaded BLAS
-    (inference over many batches: evaluation, decoding).  Order is kept."""
+    (inference over many batches: evaluation, decoding).  Order is kept.
+
+    The caller's thread is one of them (it takes items 0, replicas, 2 replicas, ...), the
+    others are kept from call to call (:func:`_helpers`): starting threads for every call
+    cost more than a small model's forward gains.  Called from one of those threads (fn
+    itself mapping), it runs in that thread alone."""
     items = list(items)
-    if replicas <= 1 or len(items) <= 1:
+    if replicas <= 1 or len(items) <= 1 or getattr(_in_helper, "running", False):
         return [fn(item) for item in items]
-    grad = grad_enabled()  # the caller's switch (it is per thread), for the workers too
+    grad = grad_enabled()  # the caller's switch (it is per thread), for the helpers too
+    count = min(replicas, len(items))
 
-    def run(item):
+    def run(k: int) -> list:  # thread k's items: k, k + count, k + 2 count, ...
         with set_grad_enabled(grad):
-            return fn(item)
+            return [fn(item) for item in items[k::count]]
 
-    with ThreadPoolExecutor(max_workers=replicas) as pool, single_threaded_blas():
-        return list(pool.map(run, items))
+    def run_in_helper(k: int) -> list:
+        _in_helper.running = True
+        try:
+            return run(k)
+        finally:
+            _in_helper.running = False
+
+    with single_threaded_blas():
+        started = [_helpers(count - 1).submit(run_in_helper, k) for k in range(1, count)]
+        try:
+            mine = run(0)
+        finally:  # the helpers' work done before this returns or raises
+            wait(started)
+        theirs = [future.result() for future in started]
+    results = [None] * len(items)
+    for k, values in enumerate([mine, *theirs]):
+        results[k::count] = values
+    return results
+
+
+_pool: ThreadPoolExecutor | None = None  # parallel_map's helper threads, kept
+_pool_size = 0
+_pool_lock = threading.Lock()
+_in_helper = threading.local()  # whether this thread is one of them, running a map
+
+
+def _helpers(count: int) -> ThreadPoolExecutor:
+    """At least ``count`` kept helper threads (a larger pool replaces a smaller one)."""
+    global _pool, _pool_size
+    with _pool_lock:
+        if _pool_size < count:
+            if _pool is not None:
+                _pool.shutdown(wait=False)  # its threads end once their work is done
+            _pool = ThreadPoolExecutor(max_workers=count, thread_name_prefix="parallel_map")
+            _pool_size = count
+        return _pool
 
 
 class ThreadReplicas:
