@@ -24,7 +24,7 @@ import numbers
 import os
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -329,6 +329,24 @@ def keep_freed_memory() -> bool:
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(_M_MMAP_THRESHOLD, _KEEP_BYTES) and mallopt(_M_TRIM_THRESHOLD,
                                                                        _KEEP_BYTES))
+
+_blas_controller = None  # found once: looking up the loaded BLAS libraries reads /proc
+
+
+def single_threaded_blas() -> Any:
+    """A context in which every loaded BLAS runs on one thread: NumPy's, and SciPy's, which
+    the fast tier's compiled kernels call.  Thread replicas run in it (their threads share
+    the cores), and so do the compiled kernels: two BLAS libraries, each with a thread per
+    core that spins for a while after its call, would take the cores from each other."""
+    global _blas_controller
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:  # pragma: no cover - threadpoolctl is a dependency
+        return nullcontext()
+    if _blas_controller is None:
+        _blas_controller = ThreadpoolController()
+    return _blas_controller.limit(limits=1, user_api="blas")
+
 
 # --------------------------------------------------------------------------- dtypes
 def set_default_float(name: str) -> None:

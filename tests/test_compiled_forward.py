@@ -201,6 +201,33 @@ def test_causal_lm_evaluates_through_the_kernels(dtype, kernels_run, norm_first,
     assert kernels_run["blocks"] == 4  # the prompt's two blocks; the step is not theirs
 
 
+def test_the_kernels_run_their_products_on_one_blas_thread(dtype, monkeypatch):
+    """Every kernel call runs inside npformer.backend.single_threaded_blas: SciPy's BLAS on
+    every core left its threads spinning against NumPy's after a prompt's encoding, and a
+    small model's decoding steps ran at half speed (issue 59)."""
+    from contextlib import contextmanager
+
+    from threadpoolctl import threadpool_info
+
+    threads = []
+
+    @contextmanager
+    def recorded():
+        with backend.single_threaded_blas():
+            threads.append(max(lib["num_threads"] for lib in threadpool_info()
+                               if lib["user_api"] == "blas"))
+            yield
+    monkeypatch.setattr(compiled, "single_threaded_blas", recorded)
+    config = CausalLMConfig(vocab_size=11, block_size=8, d_model=8, num_heads=2,
+                            num_layers=2, d_ff=16, dropout=0.0)
+    model = fast.CausalLM(config)
+    ids = backend.asarray(np.random.default_rng(1).integers(0, 11, (2, 6)))
+    with nn.no_grad():
+        model(ids)  # the stack's kernel
+        model.forward_cached(ids, model.new_cache())  # the prompt: each block's kernel
+    assert threads == [1, 1, 1]
+
+
 def test_classifier_predicts_through_the_kernels(dtype, kernels_run):
     """The classifier's packed rows through the kernels: the textbook's probabilities."""
     config = ClassifierConfig(vocab_size=13, d_model=8, num_heads=2, num_layers=2, d_ff=16,

@@ -27,8 +27,11 @@ max, exp, a float64 sum), $P V$ (one product).  A row is computed up to its last
 visible key (the causal future and end padding are never exponentiated); a query with
 no visible key gets a zero output, as in the textbook op.  The products are
 ``np.dot`` inside the kernel: numba calls SciPy's BLAS (``scipy.linalg.cython_blas``),
-which is loaded when this module is, so that the replicas' one-thread limit
-(:func:`npformer.parallel.replicas.single_threaded_blas`) finds it too.
+which is loaded when this module is, so that the one-thread limit
+(:func:`npformer.backend.single_threaded_blas`) finds it too.  The kernels run in that
+limit: with SciPy's BLAS on every core, its threads (spinning for a while after each
+product, as OpenBLAS's do) and NumPy's took the two cores from each other, and a small
+model's decoding steps after its prompt's encoding ran at half speed.
 
 Rows.  A padded batch (B, T, D) is B sequences of T rows; the fast models' packed rows
 (:class:`npformer.fast.Packing`) are sequence b's first n_b positions, one after the
@@ -51,7 +54,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..backend import Array
+from ..backend import Array, single_threaded_blas
 from ..nn import BlockCache, EncoderBlock, KVCache, LayerNorm, LlamaBlock, lora
 from ..nn.module import grad_enabled
 from . import activations, compiler, layernorm, rmsnorm, rotary, swiglu
@@ -188,8 +191,9 @@ def encoder_block_forward(block: EncoderBlock, x: Array, mask: Array | None,
         return None
     options, weights = arguments
     batch, length = x.shape[:2] if packing is None else (packing.batch, packing.length)
-    y, k, v, ok = _encoder_block(_rows(x), _starts(batch, length, packing), _mask4(mask),
-                                 *options, *weights)
+    with single_threaded_blas():
+        y, k, v, ok = _encoder_block(_rows(x), _starts(batch, length, packing), _mask4(mask),
+                                     *options, *weights)
     if not ok:  # NaN or inf in the keys, queries or values: the usual path defines it
         return None
     _into_cache(kv_cache, k, v, batch, length, block.self_attn.num_heads)
@@ -210,9 +214,10 @@ def encoder_stack_forward(blocks: list, norm: LayerNorm | None, x: Array,
     final = (*_norm(norm, x), 0.0 if norm is None else norm.eps)
     if not _takes(x, None, _arrays(final)):
         return None
-    y, ok = _encoder_stack(_rows(x), _starts(x.shape[0], x.shape[1], None), _mask4(mask),
-                           *arguments[0][0], tuple(weights for _, weights in arguments),
-                           *final)
+    with single_threaded_blas():
+        y, ok = _encoder_stack(_rows(x), _starts(x.shape[0], x.shape[1], None), _mask4(mask),
+                               *arguments[0][0], tuple(weights for _, weights in arguments),
+                               *final)
     return y.reshape(x.shape) if ok else None
 
 
@@ -236,8 +241,9 @@ def llama_block_forward(block: LlamaBlock, x: Array, cos: Array, sin: Array,
         return None
     batch, length = x.shape[0], x.shape[1]
     cos, sin = (np.ascontiguousarray(rotary._batched(t)) for t in (cos, sin))  # (1|B, T, E)
-    y, k, v, ok = _llama_block(_rows(x), batch, length, _mask4(mask), cos, sin,
-                               attn.num_heads, attn.num_kv_heads, attn.head_dim, *weights)
+    with single_threaded_blas():
+        y, k, v, ok = _llama_block(_rows(x), batch, length, _mask4(mask), cos, sin,
+                                   attn.num_heads, attn.num_kv_heads, attn.head_dim, *weights)
     if not ok:  # NaN or inf in the keys, queries or values: the usual path defines it
         return None
     _into_cache(kv_cache, k, v, batch, length, attn.num_kv_heads)

@@ -19,30 +19,15 @@ import numbers
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
-from contextlib import nullcontext
-from typing import Any
 
 import numpy as np
 
 from .. import backend
+from ..backend import single_threaded_blas
 from ..nn import Module, grad_enabled, set_grad_enabled
 from ..nn.flat import FlatParameters, flat_buffer_of
 from .shards import ShardTask
 from .sparse import RowSparseSum, lookup_tables
-
-_blas_controller = None  # found once: looking up the loaded BLAS libraries reads /proc
-
-
-def single_threaded_blas() -> Any:
-    """A context in which BLAS runs on one thread (the replicas' threads share the cores)."""
-    global _blas_controller
-    try:
-        from threadpoolctl import ThreadpoolController
-    except ImportError:  # pragma: no cover - threadpoolctl is a dependency
-        return nullcontext()
-    if _blas_controller is None:
-        _blas_controller = ThreadpoolController()
-    return _blas_controller.limit(limits=1, user_api="blas")
 
 
 def parallel_map(fn: Callable, items: Sequence, replicas: int) -> list:
