@@ -41,6 +41,13 @@ def _last_log_probs(logits) -> np.ndarray:
     return backend.to_numpy(log_p).astype(np.float64)
 
 
+def _argmax_last(logits: Array) -> Array:
+    """logits (R, T, V) -> (R,): each row's most likely token at its last position (the
+    first of equal ones)."""
+    xp = backend.namespace_of(logits)
+    return xp.argmax(logits[:, -1, :], axis=-1)
+
+
 def _strip(ids, eos_id: int) -> list[int]:
     out = []
     for token in ids:
@@ -301,10 +308,10 @@ def generate(model: Module, prompt_ids: Array | Sequence, max_new_tokens: int,
                 keep = np.concatenate([keep, np.ones((len(live), 1), dtype=bool)], axis=1)
             mask = None if keep.all() else backend.asarray(keep)  # (R, S); no padding: none
             logits = model.forward_cached(backend.asarray(pending), states, attention_mask=mask)
-            log_p = _last_log_probs(logits)  # (R, V)
-            if greedy:
-                next_ids = np.argmax(log_p, axis=-1)  # (R,)
+            if greedy:  # the most likely token: log-softmax keeps the logits' order
+                next_ids = backend.to_numpy(_argmax_last(logits))  # (R,)
             else:
+                log_p = _last_log_probs(logits)  # (R, V)
                 next_ids = sample(sampling_distribution(log_p, temperature, top_k, top_p), rng)
             for b, token in zip(live, next_ids.tolist()):
                 rows[b].append(int(token))

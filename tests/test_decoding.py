@@ -783,3 +783,31 @@ def test_a_decoding_step_without_padding_attends_without_a_mask():
     keep = np.array([[False, True, True]])
     padded = decoder_mask(keep, 1, 3, like)
     assert padded.shape == (1, 1, 1, 3) and padded.tolist() == [[[[False, True, True]]]]
+
+
+def test_the_kv_cache_appends_without_copying_what_it_holds():
+    """Keys and values appended step by step read back as their concatenation, after a
+    select too; an append within the buffer's room writes the new position only (the
+    cached ones stay where they are: the buffer is the same array)."""
+    from npformer.nn import KVCache
+
+    rng = np.random.default_rng(0)
+    steps = [rng.normal(size=(3, 2, t, 4)) for t in (5, 1, 1, 1, 7, 1)]
+    values = [-s for s in steps]
+    cache = KVCache()
+    buffers = []
+    for k, v in zip(steps, values):
+        cache.append(backend.asarray(k), backend.asarray(v))
+        buffers.append(cache._keys)
+        held = sum(s.shape[2] for s in steps[:len(buffers)])
+        assert cache.length == held
+        np.testing.assert_array_equal(backend.to_numpy(cache.keys),
+                                      np.concatenate(steps[:len(buffers)], axis=2))
+        np.testing.assert_array_equal(backend.to_numpy(cache.values),
+                                      np.concatenate(values[:len(buffers)], axis=2))
+    assert buffers[1] is buffers[2] is buffers[3]  # room for them: 2 x 6 positions
+    cache.select(backend.asarray(np.array([2, 0, 0])))
+    cache.append(backend.asarray(steps[0][:, :, :1]), backend.asarray(values[0][:, :, :1]))
+    expected = np.concatenate([np.concatenate(steps, axis=2)[[2, 0, 0]], steps[0][:, :, :1]],
+                              axis=2)
+    np.testing.assert_array_equal(backend.to_numpy(cache.keys), expected)
