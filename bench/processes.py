@@ -167,10 +167,16 @@ def sparse_sum_bytes(model, task, cfg: dict, ranks_list) -> dict:
     """{P: bytes of the row-sparse gradient sum at P ranks}: P ranks of this per-rank batch
     shape, each its own batch (``make_batch``'s, seeds SEED + 2, SEED + 3, ...; the timed
     runs reuse one), send every parameter but, of each lookup table, only the union of
-    the rows their batches changed (npformer.parallel.sparse), plus the loss."""
+    the rows their batches wrote (npformer.parallel.sparse: the lookups' records, or where
+    none is known, the rows a scan finds changed), plus the loss."""
     import numpy as np
 
-    from npformer.parallel.sparse import WHOLE_TABLE_SHARE, changed_rows, lookup_tables
+    from npformer.parallel.sparse import (
+        WHOLE_TABLE_SHARE,
+        changed_rows,
+        lookup_tables,
+        recorded_rows,
+    )
 
     tables = lookup_tables(model)
     dense = (sum(int(np.prod(p.shape)) for p in model.parameters()) + 1) * 4
@@ -180,7 +186,8 @@ def sparse_sum_bytes(model, task, cfg: dict, ranks_list) -> dict:
         model.zero_grad()
         task.loss_and_grad(model, make_batch(cfg, SEED + 1 + ranks))
         for union, table in zip(unions, tables):
-            union |= changed_rows(table.grad)
+            union |= changed_rows(table.grad) if table.rows_written is None else \
+                recorded_rows(table.rows_written, table.shape[0])
         saved = sum((t.shape[0] - u.sum()) * t.shape[1] * 4 for t, u in zip(tables, unions)
                     if u.sum() <= WHOLE_TABLE_SHARE * t.shape[0])
         if ranks in ranks_list:

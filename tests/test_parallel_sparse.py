@@ -4,6 +4,12 @@ Without MPI: ranks stand in as threads of this process (:class:`ThreadRanks`, wh
 all-reduce adds every rank's buffer in rank order, as one would by hand), so each rank
 holds its own gradients.  The 2- and 3-rank MPI runs of the same sums are in
 tests/test_distributed.py.
+
+The rows a sum sends come from each gradient's record of the rows written
+(``Parameter.rows_written``) where it is known: the tests of "the rows written" check
+that every way of writing a gradient keeps the record true (no row outside it holds
+anything but +0.0) or makes it None, and that the sums then equal the whole sums
+without reading the tables.
 """
 from __future__ import annotations
 
@@ -12,12 +18,16 @@ import threading
 import numpy as np
 import pytest
 
+from npformer import ops, optim
+from npformer.fast import optim as fast_optim
 from npformer.nn import Parameter
+from npformer.nn.flat import FlatParameters, add_rows_written, flat_buffer_of
+from npformer.nn.module import MAX_WRITES_KEPT
 from npformer.parallel import DataParallel, sparse
-from npformer.parallel.sparse import RowSparseSum, changed_rows, dense_runs
+from npformer.parallel.sparse import RowSparseSum, changed_rows, dense_runs, recorded_rows
 from tests import parallel_cases as cases
 from tests.conftest import using_backend
-from tests.helpers import using_tier
+from tests.helpers import tiered, using_tier
 
 
 class ThreadRanks:
@@ -220,3 +230,333 @@ def test_data_parallel_passes_row_sparse_to_its_replicas():
         model, _, _ = cases.build("sparse", 6)
         assert DataParallel(model, 2, row_sparse=False).replicas.row_sparse is False
         assert DataParallel(model, 2).replicas.row_sparse is True
+
+
+# --------------------------------------------------------------------------- the rows written
+def recorded(p: Parameter) -> np.ndarray | None:
+    """``p``'s record of the rows written as (V,) bool, or None (not known)."""
+    return None if p.rows_written is None else recorded_rows(p.rows_written, p.shape[0])
+
+
+def assert_record_holds(p: Parameter, name: str = "") -> None:
+    """No row of ``p``'s gradient outside its record holds anything but +0.0 (a record of
+    None claims nothing)."""
+    mask = recorded(p)
+    if mask is not None:
+        missed = changed_rows(np.asarray(p.grad).reshape(p.shape[0], -1)) & ~mask
+        assert not missed.any(), f"{name}: rows {np.flatnonzero(missed)} written, not recorded"
+
+
+def looked_up(table, ids, dy_values=None):
+    """``table`` (an Embedding) looks ``ids`` up and takes the backward of ``dy_values``
+    (random where None) -> dy."""
+    y = table(ids)
+    dy = np.random.default_rng(7).standard_normal(y.shape) if dy_values is None else dy_values
+    table.backward(dy.astype(y.dtype))
+    return dy
+
+
+TIERS = ["fast", "textbook"]
+
+
+@pytest.mark.parametrize("tier", TIERS)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_lookup_records_the_rows_it_looked_up(tier, dtype):
+    """A lookup's backward records its ids (repeats and all) and nothing else: every other
+    row is +0.0; a row whose gradient is -0.0 (added to +0.0: +0.0) or NaN is recorded."""
+    with using_backend("numpy", dtype), using_tier(tier):
+        table = tiered.Embedding(50, 4)
+        ids = np.array([[3, 7, 3], [49, 0, 11]])
+        dy = np.random.default_rng(1).standard_normal((2, 3, 4))
+        dy[1, 1] = -0.0  # row 0: only a -0.0, which leaves it +0.0
+        dy[1, 2, 2] = np.nan  # row 11: a NaN
+        assert table.weight.rows_written == ()  # zeroed when made
+        looked_up(table, ids, dy)
+        mask = recorded(table.weight)
+        assert np.flatnonzero(mask).tolist() == [0, 3, 7, 11, 49]
+        assert_record_holds(table.weight)
+        assert changed_rows(table.weight.grad).tolist() == (mask & (np.arange(50) != 0)).tolist()
+        ids[...] = 20  # the caller reusing its array of ids: the record kept its own
+        assert np.flatnonzero(recorded(table.weight)).tolist() == [0, 3, 7, 11, 49]
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_lookups_of_several_batches_record_every_row(tier):
+    """Gradient accumulation: the lookups of two batches (no zeroing between) record the
+    rows of both; a zeroing empties the record; a record of many writes stays bounded."""
+    with using_backend("numpy", "float64"), using_tier(tier):
+        table = tiered.Embedding(50, 4)
+        looked_up(table, np.array([[1, 2]]))
+        looked_up(table, np.array([[2, 30]]))
+        assert np.flatnonzero(recorded(table.weight)).tolist() == [1, 2, 30]
+        assert_record_holds(table.weight)
+        table.zero_grad()
+        assert table.weight.rows_written == () and not np.any(table.weight.grad)
+        for i in range(MAX_WRITES_KEPT + 5):
+            looked_up(table, np.array([[i]]))
+        assert len(table.weight.rows_written) <= MAX_WRITES_KEPT
+        assert np.flatnonzero(recorded(table.weight)).tolist() == list(range(MAX_WRITES_KEPT + 5))
+        assert_record_holds(table.weight)
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_a_tied_projection_makes_the_record_unknown(tier):
+    """A table that is also an output projection has its gradient in every row: after
+    the projection's backward, before or after the lookup's, the record is None (the
+    sum reads the table); the tied language model's table likewise."""
+    with using_backend("numpy", "float64"), using_tier(tier):
+        table = tiered.Embedding(20, 4)
+        h = np.random.default_rng(2).standard_normal((3, 4))
+        table.project(h)
+        table.project_backward(np.ones((3, 20)))
+        assert table.weight.rows_written is None
+        looked_up(table, np.array([[1]]))  # a lookup after it does not make it known
+        assert table.weight.rows_written is None
+        table.zero_grad()
+        looked_up(table, np.array([[1]]))
+        table.project(h)
+        table.project_backward(np.ones((3, 20)))
+        assert table.weight.rows_written is None
+        model, task, batch = cases.build("lm", 5)
+        assert model.config.tie_weights
+        model.zero_grad()
+        task.loss_and_grad(model, batch, 1.0)
+        assert model.embed.tokens.weight.rows_written is None
+
+
+def assigned(p):
+    p.grad = p.grad + 1.0
+
+
+def added(p):
+    p.grad += 1.0
+
+
+def scaled(p):
+    p.grad *= 2.0
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_any_other_write_of_a_gradient_makes_the_record_unknown(tier):
+    """Binding ``grad`` in any way (assigned, +=, *=, accumulated without rows, clipped by
+    the textbook's clip, freed by freeze) makes the record None; zeroing (the parameter's,
+    the module's, the optimizer's, unfreeze) makes it empty."""
+    writes = [assigned, added, scaled, lambda p: p.accumulate(np.ones(p.shape)),
+              lambda p: optim.clip_grad_norm([p], 1e-3), lambda p: p.freeze()]
+    with using_backend("numpy", "float64"), using_tier(tier):
+        for write in writes:
+            table = tiered.Embedding(20, 4)
+            looked_up(table, np.array([[1, 5]]))
+            assert table.weight.rows_written is not None
+            write(table.weight)
+            assert table.weight.rows_written is None, write
+        p = table.weight  # frozen by the last
+        p.unfreeze()
+        assert p.rows_written == () and not np.any(p.grad)
+        for zero in (p.zero_grad, table.zero_grad, tiered.Adam([p], lr=1e-3).zero_grad):
+            looked_up(table, np.array([[1]]))
+            added(p)
+            zero()
+            assert p.rows_written == () and not np.any(p.grad), zero
+
+
+def test_a_flat_buffer_keeps_the_record_with_the_values():
+    """A flat buffer's gradients: its zeroing empties the records; a gradient rebound and
+    copied back (sync) keeps the lookup's record; the fast tier's clipping scales in place
+    by a positive number (+0.0 stays +0.0: the record stays true); a replica's buffer added
+    in takes its records (add_rows_written)."""
+    with using_backend("numpy", "float64"), using_tier("fast"):
+        model, task, batch = cases.build("sparse", 6)
+        params = model.parameters()
+        flat = FlatParameters(params)
+        flat.zero_grad()
+        assert all(p.rows_written == () for p in params)
+        model.zero_grad()  # fresh arrays, not the views: sync copies them back
+        task.loss_and_grad(model, batch, 1.0)
+        tables = sparse.lookup_tables(model)
+        before = [recorded(t) for t in tables]
+        assert flat_buffer_of(params) is flat  # synced
+        assert all(t.grad.base is flat.grad for t in tables)
+        for t, mask in zip(tables, before):
+            assert np.array_equal(recorded(t), mask)
+            assert_record_holds(t)
+        fast_optim.clip_grad_norm(params, 1e-3)
+        for t, mask in zip(tables, before):
+            assert np.array_equal(recorded(t), mask)
+            assert_record_holds(t)
+        replica = [Parameter(np.zeros(p.shape)) for p in params]
+        replica[params.index(tables[0])].rows_written = (np.array([399]),)
+        replica[-1].rows_written = None
+        add_rows_written(params, replica)
+        assert np.flatnonzero(recorded(tables[0])).tolist() == \
+            sorted(set(np.flatnonzero(before[0])) | {399})
+        assert params[-1].rows_written is None
+
+
+@pytest.mark.parametrize("tier", TIERS)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_models_records_hold_and_are_its_lookups(tier, dtype):
+    """The sparse case's backward: every parameter's record holds; the tables' are
+    exactly the ids they looked up (tokens, hashed word pairs), a superset of the rows a
+    scan finds (a row looked up only where the gradient is zero is recorded too)."""
+    with using_backend("numpy", dtype), using_tier(tier):
+        model, task, batch = cases.build("sparse", 6)
+        model.zero_grad()
+        task.loss_and_grad(model, batch, 1.0)
+        for name, p in model.named_parameters():
+            assert_record_holds(p, name)
+        ids = batch[0]
+        pairs = ops.hashed_bigrams(ids, model.config.bigram_buckets)
+        for table, looked in ((model.embed.tokens.weight, ids), (model.bigrams.weight, pairs)):
+            assert np.flatnonzero(recorded(table)).tolist() == np.unique(looked).tolist()
+            assert not np.any(changed_rows(table.grad) & ~recorded(table))
+
+
+def counting_scans(monkeypatch) -> list:
+    """Every call of sparse.changed_rows (a table read to find its rows) appended."""
+    calls, scan = [], sparse.changed_rows
+
+    def counted(table):
+        calls.append(table.shape)
+        return scan(table)
+
+    monkeypatch.setattr(sparse, "changed_rows", counted)
+    return calls
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_thread_replicas_add_the_rows_their_records_name(monkeypatch, tier):
+    """Two thread replicas: on the fast tier (flat buffers) the replica's tables are added
+    by the rows of its records (no table read), and the model's records then name both
+    replicas' rows; on the textbook's, each gradient is accumulated, the record None.
+    Every record holds, and the gradients equal those added whole, bit for bit."""
+    with using_backend("numpy", "float64"), using_tier(tier):
+        whole, _ = cases.reduced_gradients(None, 2, row_sparse=False)
+        scans = counting_scans(monkeypatch)
+        model, task, batch = cases.build("sparse", 6)
+        engine = DataParallel(model, 2)
+        model.zero_grad()
+        engine.loss_and_grad(task, batch, 1.0, seed=0)
+    assert scans == []
+    for name, p in model.named_parameters():
+        assert np.array_equal(p.grad, whole[name]), name
+        assert_record_holds(p, name)
+    if tier == "fast":
+        assert np.flatnonzero(recorded(model.embed.tokens.weight)).tolist() == \
+            np.unique(batch[0]).tolist()  # both shards' ids
+    else:
+        assert model.embed.tokens.weight.rows_written is None
+
+
+def ranks_gradients(kind: str, rows: int, size: int, replicas: int, row_sparse: bool,
+                    micro_batches: int = 1) -> list[tuple[dict, list, int]]:
+    """[each rank's ({name: grad}, its parameters, bytes sent)] after one step of
+    ``micro_batches`` batches (the same batch again) summed across ``size`` thread ranks
+    (tests/test_buckets.py's SnapshotRanks)."""
+    from tests.test_buckets import SnapshotRanks, each_rank
+
+    built = [cases.build(kind, rows) for _ in range(size)]
+
+    def step(ranks, rank):
+        model, task, batch = built[rank]
+        engine = DataParallel(model, replicas, SnapshotRanks(ranks, rank), row_sparse=row_sparse)
+        model.zero_grad()
+        share = 0.0
+        for i in range(micro_batches):
+            share += engine.loss_and_grad(task, batch, 1.0, seed=i,
+                                          ends_step=i == micro_batches - 1)[0]
+        engine.reduce_step(share)
+        return ({n: np.asarray(p.grad).copy() for n, p in model.named_parameters()},
+                model.parameters(), engine.reduced_bytes)
+
+    return each_rank(size, step)
+
+
+@pytest.mark.parametrize("tier", TIERS)
+@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("replicas", [1, 2])
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_the_ranks_sum_the_rows_their_records_name(monkeypatch, tier, size, replicas,
+                                                   micro_batches):
+    """Ranks (threads standing in) of 1 or 2 replicas, one or two batches a step: the sum
+    by the records' rows reads no table (on the fast tier; the textbook's replicas add
+    whole, leaving no record), sends less than the whole sum and equals it bit for bit;
+    after the sum no record claims anything (the gradients are every rank's)."""
+    with using_backend("numpy", "float64"), using_tier(tier):
+        whole = ranks_gradients("sparse", 6, size, replicas, False, micro_batches)
+        scans = counting_scans(monkeypatch)
+        by_rows = ranks_gradients("sparse", 6, size, replicas, True, micro_batches)
+    # the textbook's replicas accumulate the replica's gradients: the records are None
+    assert len(scans) == (2 * size if tier == "textbook" and replicas == 2 else 0)
+    for (grads, params, sent), (expected, _, whole_sent) in zip(by_rows, whole):
+        assert sent < whole_sent / 2
+        for name, g in expected.items():
+            assert np.array_equal(grads[name].view(np.uint64), g.view(np.uint64)), name
+        assert all(p.rows_written is None for p in params)
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_a_tied_table_is_read_by_the_sum(monkeypatch, tier):
+    """The tied language model: its table's record is None, so the sum reads it (and, its
+    gradient in every row, sends it whole): equal to the whole sum."""
+    with using_backend("numpy", "float64"), using_tier(tier):
+        whole = ranks_gradients("lm", 5, 2, 1, False)
+        scans = counting_scans(monkeypatch)
+        by_rows = ranks_gradients("lm", 5, 2, 1, True)
+    assert len(scans) == 2  # the one table, on each rank
+    for (grads, _, _), (expected, _, _) in zip(by_rows, whole):
+        for name, g in expected.items():
+            assert np.array_equal(grads[name], g), name
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("seed", range(3))
+def test_sums_by_records_equal_the_whole_sum_and_a_missing_row_would_not(dtype, seed):
+    """RowSparseSum given each rank's records (a row of -0.0 and one of NaN recorded
+    among them) equals the whole sum bit for bit, as it does reading the tables; a record
+    missing one written row (what an unrecorded write would leave) gives another sum: the
+    tests above, which check that no write escapes the record, are what keeps it right."""
+    params, slices, tables, total = layout(dtype)
+    grads = [rank_gradients(seed, r, slices, dtype, crowded=False) for r in range(2)]
+    for g in grads:
+        g[slices[1][0] + 3 * 7 + 1] = np.nan  # the first table's row 7
+    whole = grads[0] + grads[1]
+    lo, hi = slices[1]
+    nan_row = changed_rows(grads[0][lo:hi].reshape(40, 3)).nonzero()[0]
+
+    def records(g, drop=None):
+        """Each parameter's record: the rows its gradient in g holds (a -0.0 row too)."""
+        held = []
+        for p, (a, b) in zip(params, slices):
+            q = Parameter(np.zeros(p.shape, dtype=dtype))
+            if p in tables:
+                rows = np.flatnonzero(changed_rows(g[a:b].reshape(p.shape)))
+                q.rows_written = (rows[rows != drop],)
+            held.append(q)
+        return held
+
+    def summed(drop):
+        def reduce(comm, rank):
+            summer = RowSparseSum(params, slices, tables, total)
+            buffer = grads[rank].copy()
+            summer(buffer, comm.allreduce, comm.allgather,
+                   records(grads[rank], drop if rank == 1 else None))
+            assert summer.last_scanned == 0
+            return buffer
+        return ThreadRanks(2).run(reduce)
+
+    for buffer in summed(drop=None):
+        assert np.array_equal(buffer.view(f"u{buffer.itemsize}"), whole.view(f"u{whole.itemsize}"))
+    rank1_only = np.flatnonzero(np.any(grads[1][lo:hi].reshape(40, 3) != 0, axis=1)
+                                & ~changed_rows(grads[0][lo:hi].reshape(40, 3)))
+    assert rank1_only.size and nan_row.size
+    missing = summed(drop=rank1_only[0])  # rank 1's record misses a row only it wrote
+    assert not np.array_equal(missing[0].view(f"u{whole.itemsize}"),
+                              whole.view(f"u{whole.itemsize}"))
+
+
+def test_records_of_a_layout_not_this_ones_are_refused():
+    params, slices, tables, total = layout(np.float64)
+    wrong = [Parameter(np.zeros((3,))) for _ in params]
+    with pytest.raises(ValueError, match="not this layout's"):
+        RowSparseSum(params, slices, tables, total).written(np.zeros(total), wrong)

@@ -65,6 +65,7 @@ add_positions_forward = _textbook.add_positions_forward
 attention_weights = _textbook.attention_weights
 causal_mask = _textbook.causal_mask
 embedding_forward = _textbook.embedding_forward
+embedding_rows = _textbook.embedding_rows
 hashed_bigrams = _textbook.hashed_bigrams
 log_softmax_backward = _textbook.log_softmax_backward
 log_softmax_forward = _textbook.log_softmax_forward

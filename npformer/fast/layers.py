@@ -103,10 +103,12 @@ class Embedding(nn.Embedding):
     __doc__ = nn.Embedding.__doc__
 
     def backward(self, dy: Array) -> None:
-        """dy (..., D) -> None: integer ids are not differentiable."""
-        values = self._pop_saved()
+        """dy (..., D) -> None: integer ids are not differentiable.  The table's gradient
+        is added, the rows looked up recorded (:attr:`Parameter.rows_written`)."""
+        saved = self._pop_saved()
         if not self.weight.frozen:  # a frozen table's rows take no gradient
-            accumulate(self.weight, embedding.embedding_backward(dy, values))
+            accumulate(self.weight, embedding.embedding_backward(dy, saved),
+                       ops.embedding_rows(saved))
         return None
 
     def project(self, h: Array, keep_input: bool = True) -> Array:

@@ -13,6 +13,11 @@ A rebound ``p.data`` or ``p.grad`` (the textbook layers' ``p.grad = p.grad + g``
 loader's) is no longer a view: :meth:`FlatParameters.sync` copies it back and binds the
 view again, and whatever reads the buffers calls it first (:func:`flat_buffer_of` does).
 The fast layers accumulate in place (:func:`accumulate`): nothing is rebound.
+
+Each parameter's record of the rows its gradient was written in
+(:attr:`Parameter.rows_written`) follows the values: a sync copies them and keeps it,
+:meth:`FlatParameters.zero_grad` empties it, and whatever else writes into the buffer in
+place (the sums of data parallelism) updates it or makes it None.
 """
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ import numpy as np
 
 from .. import backend
 from ..backend import Array
-from .module import Parameter, flat_layout
+from .module import Parameter, flat_layout, merged_rows, with_rows
 
 # id(parameter) -> the buffer holding it, while that buffer lives (its owner, a fast model
 # or optimizer, keeps it; it keeps its parameters, so their ids are not reused meanwhile)
@@ -87,7 +92,10 @@ class FlatParameters:
                     raise RuntimeError(f"params[{i}]: {name} of shape {got} cannot go back "
                                        f"into the flat buffer (shape {view.shape})")
                 view[...] = backend.to_numpy(value)
-                setattr(p, name, view)
+                if name == "grad":
+                    p.rebind_grad(view)  # the same values: the same rows written
+                else:
+                    p.data = view
 
     def holds(self, params: Sequence[Parameter]) -> bool:
         """Whether ``params`` are exactly this buffer's parameters, in order."""
@@ -95,10 +103,12 @@ class FlatParameters:
             p is q for p, q in zip(params, self.params))
 
     def zero_grad(self) -> None:
-        """Every gradient zero: one fill of the flat buffer, the views bound."""
+        """Every gradient zero: one fill of the flat buffer, the views bound, no row
+        written (:attr:`Parameter.rows_written`)."""
         self.grad[...] = 0
         for p, view in zip(self.params, self.grad_views):
             p.grad = view
+            p.rows_written = ()
 
     def __deepcopy__(self, memo):
         return None  # a copied parameter owns its arrays: a copy is not flat
@@ -124,10 +134,23 @@ def flat_buffer(params: Sequence[Parameter]) -> FlatParameters | None:
     return flat_buffer_of(params) or FlatParameters(params)
 
 
-def accumulate(p: Parameter, grad: Array) -> None:
+def accumulate(p: Parameter, grad: Array, rows: Array | None = None) -> None:
     """``p.grad += grad`` in place where the library writes in place (NumPy, CuPy), so a
-    flat buffer's view stays bound; else rebound, as the textbook parameter does."""
+    flat buffer's view stays bound; else rebound, as the textbook parameter does.
+    ``rows``: a lookup's ids, outside whose rows ``grad`` is +0.0, recorded
+    (:meth:`Parameter.accumulate`'s)."""
     if type(p.grad).__module__.split(".")[0] in ("numpy", "cupy"):
-        p.grad += grad
+        written = p.rows_written
+        p.grad += grad  # binds p.grad again: the record is made None, then set here
+        p.rows_written = with_rows(written, rows, grad)
     else:
-        p.accumulate(grad)
+        p.accumulate(grad, rows)
+
+
+def add_rows_written(own: Sequence[Parameter], theirs: Sequence[Parameter]) -> None:
+    """After ``theirs``' gradients were added into ``own``'s in place (a thread replica's
+    flat buffer into the model's, paired in order): each of ``own``'s records of the rows
+    written (:attr:`Parameter.rows_written`) takes ``theirs``' rows too, or becomes None
+    where either is None."""
+    for p, q in zip(own, theirs, strict=True):
+        p.rows_written = merged_rows(p.rows_written, q.rows_written)

@@ -19,7 +19,7 @@ vocabulary, N flattened rows.
 from .activations import activation, gelu_backward, gelu_forward, relu_backward, relu_forward
 from .attention import attention_backward, attention_forward, attention_weights
 from .dropout import dropout_backward, dropout_forward
-from .embedding import embedding_backward, embedding_forward, hashed_bigrams
+from .embedding import embedding_backward, embedding_forward, embedding_rows, hashed_bigrams
 from .grouped_attention import grouped_attention_backward, grouped_attention_forward
 from .layernorm import layernorm_backward, layernorm_forward
 from .linear import linear_backward, linear_forward

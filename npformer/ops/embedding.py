@@ -35,6 +35,14 @@ def embedding_forward(ids: Array, table: Array) -> tuple[Array, Any]:
     return with_saved(embedding_forward, y, (flat_ids, vocab_size))
 
 
+def embedding_rows(saved: Any) -> Array:
+    """The ids (N,) an :func:`embedding_forward`'s saved values hold: the rows of the table
+    its backward's gradient can hold anything in (every other row is +0.0, from the zeros
+    the scatter-add starts with), which the layer records (:attr:`Parameter.rows_written`)."""
+    flat_ids, _ = opened(embedding_forward, saved)
+    return flat_ids
+
+
 # The two multipliers of hashed_bigrams: primes, so that neither id's low bits alone decide
 # the bucket.  (V + 1) * p1 + V * p2 stays far below 2**63 for any vocabulary under 2**31.
 BIGRAM_PRIMES = (1_000_003, 998_244_353)

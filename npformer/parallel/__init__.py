@@ -22,7 +22,7 @@ activations in the process, and :class:`Context`, the communicator), :mod:`.laun
 and GPU), :mod:`.failure` (no rank waits for ever), :mod:`.fingerprint` (ranks compared
 by hashing), :mod:`.shards` (which rows each worker takes), :mod:`.buckets` (the gradient
 sum during the backward), :mod:`.sparse` (of a lookup table only the rows some rank
-changed), :mod:`.transports` (the in-place sum on the host or a GPU: NCCL, CUDA-aware
+wrote), :mod:`.transports` (the in-place sum on the host or a GPU: NCCL, CUDA-aware
 MPI or through the host; ``NPFORMER_GPU_ALLREDUCE=nccl|mpi|host``).
 """
 from __future__ import annotations

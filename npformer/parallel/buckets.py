@@ -9,7 +9,7 @@ finishes them in about the reverse of that order: the output layer first, the la
 
 1. **plan** (once, :func:`plan_buckets`): from the buffer's end, consecutive parameters
    make a bucket until it holds ``bucket_bytes``.  Where the lookup tables are summed by
-   the rows the ranks changed (:mod:`.sparse`), the tables and everything before them
+   the rows the ranks wrote (:mod:`.sparse`), the tables and everything before them
    (the *tail*: the embeddings, at the start of every model's buffer) are no bucket;
    elsewhere the tail is empty;
 2. **ready** (:meth:`BucketedSum.ready`): the model's backward names the modules whose

@@ -8,7 +8,7 @@ busy for the whole step.
 The replicas share the model's parameter arrays (no copies; they are re-pointed before
 every batch, so they see the optimizer's last step) and own their gradients and
 activation caches.  After the shards, every replica's gradient is added into the
-model's (of each lookup table, only the rows the replica changed: :mod:`.sparse`): this is
+model's (of each lookup table, only the rows the replica wrote: :mod:`.sparse`): this is
 how threads sum.  What each shard is, and its weight, is decided by
 :class:`npformer.parallel.DataParallel`.
 """
@@ -20,12 +20,10 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 
-import numpy as np
-
 from .. import backend
 from ..backend import single_threaded_blas
 from ..nn import Module, grad_enabled, set_grad_enabled
-from ..nn.flat import FlatParameters, flat_buffer_of
+from ..nn.flat import FlatParameters, add_rows_written, flat_buffer_of
 from .shards import ShardTask
 from .sparse import RowSparseSum, lookup_tables
 
@@ -170,22 +168,23 @@ class ThreadReplicas:
             theirs, their_flat = self.parameter_lists[i], self._replica_flats.get(i)
             if flat is not None and their_flat is not None:
                 their_flat.sync()
-                self._add_flat(flat, their_flat.grad)
+                self._add_flat(flat, their_flat)
                 continue
             for p, q in zip(own, theirs):
                 p.accumulate(q.grad)
 
-    def _add_flat(self, flat: FlatParameters, theirs: np.ndarray) -> None:
+    def _add_flat(self, flat: FlatParameters, theirs: FlatParameters) -> None:
         """The model's flat gradient buffer += a replica's: of each lookup table only the
-        rows the replica changed (:class:`RowSparseSum`, where ``row_sparse``), the rest in
-        one pass."""
+        rows the replica wrote (:class:`RowSparseSum`, where ``row_sparse``), the rest in
+        one pass; the model's records of the rows written take the replica's."""
         if not self.row_sparse:
-            flat.grad += theirs
-            return
-        if self._rows is None:
-            self._rows = RowSparseSum(flat.params, flat.slices, lookup_tables(self.model),
-                                      flat.grad.size)
-        self._rows.add(flat.grad, theirs)
+            flat.grad += theirs.grad
+        else:
+            if self._rows is None:
+                self._rows = RowSparseSum(flat.params, flat.slices, lookup_tables(self.model),
+                                          flat.grad.size)
+            self._rows.add(flat.grad, theirs.grad, theirs.params)
+        add_rows_written(flat.params, theirs.params)
 
 
 def _replica_of(model: Module) -> Module:

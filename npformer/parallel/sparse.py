@@ -1,5 +1,5 @@
 """Row-sparse gradients: the sum across ranks of a flat gradient buffer that carries, of each
-lookup table, only the rows some rank changed.
+lookup table, only the rows some rank wrote.
 
 A lookup table's gradient (V, D) (an :class:`npformer.nn.Embedding`'s weight: token
 embeddings, hashed word pairs) is zero outside the rows of the ids a batch looked up, and
@@ -7,10 +7,17 @@ a batch looks up few of them: a shard of 16 reviews of at most 256 tokens touche
 4,096 of imdb's 131,072 word-pair rows.  Summing such a table whole sends every zero
 row.  Here, once per step:
 
-1. **changed rows**: each rank finds, in each table, the rows holding any bit that is not
-   +0.0's (:func:`changed_rows`: one pass over the table, reading it);
+1. **written rows**: each rank takes, of each table, the rows its gradient may hold
+   anything but +0.0 in (:meth:`RowSparseSum.written`).  Where the gradient's record is
+   known, they are the ids its lookups looked up: each Embedding's backward records
+   them on its weight (:attr:`npformer.nn.Parameter.rows_written`, emptied when the
+   gradient is zeroed), and a (V,) mask is made of them, no pass over the table.  The
+   record is None (not known) once anything else wrote the gradient: a tied output
+   projection (its gradient fills every row), code binding ``p.grad``, an accumulation
+   that did not say its rows.  Then the rank reads the table instead, one pass
+   (:func:`changed_rows`: the rows holding any bit that is not +0.0's);
 2. **union**: the ranks exchange those row sets (a bit per row, one ``allgather``) and
-   OR them: the rows changed on *some* rank, the same on every rank;
+   OR them: the rows written on *some* rank, the same on every rank;
 3. **sum**: the union's rows of every table are gathered into one buffer and summed across
    the ranks (one ``allreduce``), then written back.  The rest of the buffer (every other
    parameter, and a table whose union is more than :data:`WHOLE_TABLE_SHARE` of its rows)
@@ -19,16 +26,25 @@ row.  Here, once per step:
    its own.  So imdb's step makes two collective calls (the bits, then one message).
 
 Thread replicas sum in the process the same way (:meth:`RowSparseSum.add`): of each
-table, only the rows a replica changed are added into the model's gradient.
+table, only the rows a replica wrote (its own records) are added into the model's
+gradient, and the model's records take the replica's rows
+(:func:`npformer.nn.flat.add_rows_written`).  After the sum across ranks every gradient
+holds the ranks' sum, so data parallelism makes every record None
+(:meth:`npformer.parallel.DataParallel.reduce_gradients`).
 
 The result is the dense sum's, bit for bit where the ranks add in the same order: a row
 outside the union is +0.0 on every rank, whose sum is +0.0, which every rank already
-holds; a row inside it is summed as the dense all-reduce would sum it.  A row whose only
-change is a -0.0, a NaN or a subnormal is changed (its bits are not +0.0's).
+holds; a row inside it is summed as the dense all-reduce would sum it.  A recorded row
+may hold only +0.0 (a lookup whose gradient was zero there, a padding position's):
+it is summed though it need not be, to the same +0.0.  A scanned row whose only change
+is a -0.0, a NaN or a subnormal is changed (its bits are not +0.0's).  The records must
+never miss a row, so everything that writes a gradient either says which rows it wrote
+or makes the record None: binding ``grad`` in any way makes it None
+(``tests/test_parallel_sparse.py`` checks each way of writing one).
 
 Any table works whose gradient is row-sparse; one that is not (a table tied to an output
-projection, whose gradient fills every row) simply has every row changed and goes whole.
-Host (NumPy) buffers only: a buffer on a GPU is summed whole.
+projection, whose gradient fills every row) is read, has every row changed and goes
+whole.  Host (NumPy) buffers only: a buffer on a GPU is summed whole.
 
 The scan of step 1 is compiled by numba where the process has already loaded it (the fast
 tier's compiler does, :mod:`npformer.fast.compiler`), and is NumPy's ``any`` elsewhere:
@@ -105,6 +121,15 @@ def _rows_with_bits(bits, out):
     return None
 
 
+def recorded_rows(record: tuple, rows: int) -> np.ndarray:
+    """A record of written rows (:attr:`Parameter.rows_written`: arrays of row ids) ->
+    (rows,) bool, True at every id in it."""
+    out = np.zeros(rows, dtype=np.bool_)
+    for ids in record:
+        out[ids] = True
+    return out
+
+
 class TableSlot:
     """Where a (rows, cols) table lies in a flat buffer: elements [lo, lo + rows * cols)."""
 
@@ -120,25 +145,32 @@ class TableSlot:
 class RowSparseSum:
     """The in-place sum across ranks of one flat host gradient buffer laid out as
     ``slices`` (the (lo, hi) of each of ``params``), sending of each of ``tables`` (a
-    subset of ``params``, 2-D) only the union of the rows the ranks changed (see the
+    subset of ``params``, 2-D) only the union of the rows the ranks wrote (see the
     module's docstring).  ``last_bytes``: what the last sum's ``allreduce`` calls carried."""
 
     def __init__(self, params: Sequence[Parameter], slices: Sequence[tuple[int, int]],
                  tables: Sequence[Parameter], total: int):
         wanted = {id(t) for t in tables}
-        self.tables = [TableSlot(lo, *p.shape) for p, (lo, _) in zip(params, slices)
-                       if id(p) in wanted and len(p.shape) == 2]
+        # which of params each table is, and where it lies
+        self.table_index = [i for i, p in enumerate(params)
+                            if id(p) in wanted and len(p.shape) == 2]
+        self.tables = [TableSlot(slices[i][0], *params[i].shape) for i in self.table_index]
         self.total = total
         self.last_bytes = 0
+        self.last_scanned = 0  # how many tables the last sum had to read to find their rows
 
     def __call__(self, buffer: np.ndarray, allreduce: Callable[[Any], None],
-                 allgather: Callable[[Any], list]) -> None:
+                 allgather: Callable[[Any], list],
+                 holding: Sequence[Parameter] | None = None) -> None:
         """``buffer`` (the layout's (P,)) becomes the sum of every rank's, in place;
-        ``allreduce`` sums an array in place, ``allgather`` gives every rank's value."""
-        unions = self._unions(buffer, allgather)
+        ``allreduce`` sums an array in place, ``allgather`` gives every rank's value.
+        ``holding``: the parameters whose gradients ``buffer`` holds, in the layout's
+        order, whose records say which rows were written (:meth:`written`); None: the
+        tables are read to find them."""
+        unions = self._unions(self.written(buffer, holding), allgather)
         sparse = [(slot, rows) for slot, rows in zip(self.tables, unions)
                   if rows.size <= WHOLE_TABLE_SHARE * slot.rows]
-        if not sparse:  # no table, or every one changed in more than that share of its rows
+        if not sparse:  # no table, or every one written in more than that share of its rows
             allreduce(buffer)
             self.last_bytes = buffer.nbytes
             return
@@ -160,26 +192,54 @@ class RowSparseSum:
             slot.view(buffer)[ids] = message[offset:offset + size].reshape(ids.size, slot.cols)
             offset += size
 
-    def add(self, into: np.ndarray, buffer: np.ndarray) -> None:
+    def add(self, into: np.ndarray, buffer: np.ndarray,
+            holding: Sequence[Parameter] | None = None) -> None:
         """``into += buffer`` (two buffers of the layout, in this process: a thread
-        replica's gradients into the model's), adding of each table only the rows changed
-        in ``buffer``; equal to the whole sum (a row of +0.0 adds nothing; only a -0.0
-        in ``into`` stays -0.0 where the whole sum would make it +0.0, an equal value)."""
+        replica's gradients into the model's), adding of each table only the rows written
+        in ``buffer`` (``holding``: as :meth:`__call__`'s, the replica's parameters); equal
+        to the whole sum (a row of +0.0 adds nothing; only a -0.0 in ``into`` stays -0.0
+        where the whole sum would make it +0.0, an equal value).  The records of the
+        rows written of ``into``'s parameters are the caller's to update
+        (:func:`npformer.nn.flat.add_rows_written`)."""
         holes = []
-        for slot in self.tables:
-            ids = np.flatnonzero(changed_rows(slot.view(buffer)))
+        for slot, written in zip(self.tables, self.written(buffer, holding)):
+            ids = np.flatnonzero(written)
             if ids.size <= WHOLE_TABLE_SHARE * slot.rows:
                 slot.view(into)[ids] += slot.view(buffer)[ids]
                 holes.append((slot.lo, slot.hi))
         for lo, hi in dense_runs(self.total, holes):
             into[lo:hi] += buffer[lo:hi]
 
-    def _unions(self, buffer: np.ndarray, allgather: Callable[[Any], list]) -> list[np.ndarray]:
-        """[the sorted row ids changed on some rank, for each table]: every rank's changed
-        rows, a bit each, gathered in one message and OR-ed."""
+    def written(self, buffer: np.ndarray,
+                holding: Sequence[Parameter] | None = None) -> list[np.ndarray]:
+        """[(V,) bool for each table: the rows of its gradient in ``buffer`` that may hold
+        anything but +0.0].  Where ``holding`` (the parameters whose gradients ``buffer``
+        holds, in the layout's order) has the table's record
+        (:attr:`Parameter.rows_written`: the ids its lookups' backward added at since it
+        was zeroed), those rows, without reading the table; else the rows found by
+        reading it (:func:`changed_rows`).  A recorded row may hold +0.0 only (a lookup
+        whose gradient was zero there): it is then summed though it need not be, to
+        the same value."""
+        rows, self.last_scanned = [], 0
+        for i, slot in zip(self.table_index, self.tables):
+            record = None if holding is None else holding[i].rows_written
+            if record is not None and tuple(holding[i].shape) != (slot.rows, slot.cols):
+                raise ValueError(f"holding[{i}] is of shape {holding[i].shape}, not the "
+                                 f"table's {(slot.rows, slot.cols)}: not this layout's")
+            if record is None:
+                rows.append(changed_rows(slot.view(buffer)))
+                self.last_scanned += 1
+            else:
+                rows.append(recorded_rows(record, slot.rows))
+        return rows
+
+    def _unions(self, written: list[np.ndarray],
+                allgather: Callable[[Any], list]) -> list[np.ndarray]:
+        """[the sorted row ids written on some rank, for each table]: every rank's written
+        rows (:meth:`written`), a bit each, gathered in one message and OR-ed."""
         if not self.tables:
             return []
-        mine = np.concatenate([changed_rows(slot.view(buffer)) for slot in self.tables])
+        mine = np.concatenate(written)
         everyone = np.bitwise_or.reduce(allgather(np.packbits(mine)))
         changed = np.unpackbits(everyone, count=mine.size).astype(bool)
         bounds = np.cumsum([0] + [slot.rows for slot in self.tables])

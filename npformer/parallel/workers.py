@@ -22,7 +22,7 @@ ranks; a process alone is rank 0 of 1), W = size * replicas, worker g = rank * r
    into one (:class:`PackedGradients`).  It is summed in buckets, the last parameters
    first, each started (non-blocking) as soon as the backward has finished its
    gradients, and all waited on before the update (:mod:`.buckets`: PyTorch DDP's
-   overlap); of each lookup table (an embedding) only the rows some rank changed travel
+   overlap); of each lookup table (an embedding) only the rows some rank wrote travel
    (:mod:`.sparse`: equal to summing it whole), after the backward;
 5. **update**: clipping and the optimizer step then run identically everywhere, so the
    parameters stay equal without being sent again.
@@ -159,8 +159,11 @@ class DataParallel:
         summing = self._summing or self._start_sum()
         self._summing = None
         summing.finish()
+        params = self.model.trainable_parameters()
+        for p in params:  # each gradient is now every rank's sum, in place: the rows
+            p.rows_written = None  # this rank's lookups wrote are no longer all it holds
         if self._packed is not None and summing.buffer is self._packed.buffer:
-            self._packed.unpack(self.model.trainable_parameters())
+            self._packed.unpack(params)
         dense = sum(hi - lo for lo, hi in summing.bounds) * summing.buffer.itemsize
         self.reduced_bytes = dense + (self._sparse.last_bytes if self._tail else 0)
 
@@ -199,7 +202,7 @@ class DataParallel:
         if self._buckets is None:  # once: the trainable parameters stay the same
             self._plan(params, buffer)
         return BucketedSum(params, slices, self._buckets, buffer, fill, self.start_allreduce,
-                           functools.partial(self._sum_tail, buffer, fill))
+                           functools.partial(self._sum_tail, buffer, fill, params))
 
     def _plan(self, params: Sequence[Parameter], buffer: Any) -> None:
         """The buckets and the tail (:func:`gradient_buckets`), and the tail's sum."""
@@ -211,13 +214,16 @@ class DataParallel:
             slices, total = flat_layout([p.shape for p in params[:self._tail]])
             self._sparse = RowSparseSum(params[:self._tail], slices, tables, total)
 
-    def _sum_tail(self, buffer: Any, fill: Callable[[int, int], None]) -> None:
+    def _sum_tail(self, buffer: Any, fill: Callable[[int, int], None],
+                  params: Sequence[Parameter]) -> None:
         """The tail, the start of ``buffer``, summed: of each lookup table only the rows
-        some rank changed (:mod:`.sparse`)."""
+        some rank wrote (:mod:`.sparse`; ``buffer`` holds ``params``' gradients, whose
+        records of the rows written say which)."""
         if not self._tail:
             return
         fill(0, self._tail)
-        self._sparse(buffer[:self._sparse.total], self.allreduce, self.ranks.allgather)
+        self._sparse(buffer[:self._sparse.total], self.allreduce, self.ranks.allgather,
+                     params[:self._tail])
 
     def _summed_now(self, buffer: Any) -> Any:
         """A communicator that cannot start a sum without waiting: summed at once."""
@@ -268,7 +274,7 @@ def _bind_views(params: Sequence[Parameter], views: Sequence[Any], first: int,
     for p, view in zip(params[first:end], views[first:end]):
         if p.grad is not view:
             view[...] = p.grad
-            p.grad = view
+            p.rebind_grad(view)  # the same values: the same rows written
 
 
 def shard_weights(task: ShardTask, shards: Sequence[tuple]) -> tuple[list[float], int]:
