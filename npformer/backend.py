@@ -24,7 +24,7 @@ import numbers
 import os
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -331,10 +331,13 @@ def keep_freed_memory() -> bool:
                                                                        _KEEP_BYTES))
 
 _blas_controller = None  # found once: looking up the loaded BLAS libraries reads /proc
+_one_thread = {"holders": 0}  # how many single_threaded_blas blocks are open, all threads
+_one_thread_lock = threading.Lock()
 
 
-def single_threaded_blas() -> Any:
-    """A context in which every loaded BLAS runs on one thread: NumPy's, and SciPy's, which
+@contextmanager
+def single_threaded_blas() -> Iterator[None]:
+    """A block in which every loaded BLAS runs on one thread: NumPy's, and SciPy's, which
     the fast tier's compiled kernels call.  Thread replicas run in it (their threads share
     the cores), and so do the compiled kernels: two BLAS libraries, each with a thread per
     core that spins for a while after its call, would take the cores from each other."""
@@ -342,10 +345,24 @@ def single_threaded_blas() -> Any:
     try:
         from threadpoolctl import ThreadpoolController
     except ImportError:  # pragma: no cover - threadpoolctl is a dependency
-        return nullcontext()
+        yield
+        return
     if _blas_controller is None:
         _blas_controller = ThreadpoolController()
-    return _blas_controller.limit(limits=1, user_api="blas")
+    with _one_thread_lock:
+        _one_thread["holders"] += 1
+    try:
+        with _blas_controller.limit(limits=1, user_api="blas"):
+            yield
+    finally:
+        with _one_thread_lock:
+            _one_thread["holders"] -= 1
+
+
+def blas_on_one_thread() -> bool:
+    """Whether some thread is inside :func:`single_threaded_blas` (the limit is the
+    process's: every thread's BLAS is on one thread then)."""
+    return _one_thread["holders"] > 0
 
 
 # --------------------------------------------------------------------------- dtypes

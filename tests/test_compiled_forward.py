@@ -228,6 +228,24 @@ def test_the_kernels_run_their_products_on_one_blas_thread(dtype, monkeypatch):
     assert threads == [1, 1, 1]
 
 
+def test_large_products_run_the_layers_on_every_core_except_in_one_thread_blas(
+        dtype, kernels_run, monkeypatch):
+    """Above ONE_CORE_WORK multiply-adds a block runs its layers (BLAS on every core), not
+    the one-core kernel; inside single_threaded_blas (thread replicas) the kernel again."""
+    monkeypatch.setattr(compiled, "ONE_CORE_WORK", 0)
+    config = CausalLMConfig(vocab_size=11, block_size=8, d_model=8, num_heads=2,
+                            num_layers=2, d_ff=16, dropout=0.0)
+    model = fast.CausalLM(config)
+    ids = backend.asarray(np.random.default_rng(1).integers(0, 11, (2, 6)))
+    with nn.no_grad():
+        layers = backend.to_numpy(model(ids))
+        assert kernels_run["blocks"] == 0
+        with backend.single_threaded_blas():
+            kernel = backend.to_numpy(model(ids))
+        assert kernels_run["blocks"] == 2
+    np.testing.assert_allclose(kernel, layers, rtol=RTOL[dtype], atol=RTOL[dtype])
+
+
 def test_classifier_predicts_through_the_kernels(dtype, kernels_run):
     """The classifier's packed rows through the kernels: the textbook's probabilities."""
     config = ClassifierConfig(vocab_size=13, d_model=8, num_heads=2, num_layers=2, d_ff=16,

@@ -42,9 +42,13 @@ When the fast blocks and the fast causal LM use them (:func:`encoder_block_forwa
 :func:`llama_block_forward`, :func:`encoder_stack_forward`): no gradient recorded, NumPy
 float32 or float64 arrays of one dtype, no dropout (eval mode, or p = 0), the layers the
 fast tier builds (not a LoRA adapter), no attention weights asked for, and no key/value
-cache or an empty one (a prompt's encoding: the keys and values go into it).  Otherwise,
-and for input holding NaN or inf (the textbook's statements define what it gives), the
-block's usual path runs.  Tested equal to the textbook blocks in
+cache or an empty one (a prompt's encoding: the keys and values go into it); and where
+the kernel pays: its products run on one core
+(:func:`npformer.backend.single_threaded_blas`), so it runs inside thread replicas (whose
+BLAS is on one thread anyway) and otherwise for small products only (:func:`_pays`: a
+large model's prompt runs its layers, on every core).  Otherwise, and for input holding
+NaN or inf (the textbook's statements define what it gives), the block's usual path
+runs.  Tested equal to the textbook blocks in
 ``tests/test_compiled_forward.py``.
 """
 from __future__ import annotations
@@ -54,7 +58,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..backend import Array, single_threaded_blas
+from ..backend import Array, blas_on_one_thread, single_threaded_blas
 from ..nn import BlockCache, EncoderBlock, KVCache, LayerNorm, LlamaBlock, lora
 from ..nn.module import grad_enabled
 from . import activations, compiler, layernorm, rmsnorm, rotary, swiglu
@@ -69,6 +73,8 @@ from .numerics import exp, max8, sum4
 from .packing import Packing
 
 ACTIVATIONS = {"relu": 0, "gelu": 1, "gelu_tanh": 2}  # the kernel's codes
+ONE_CORE_WORK = 2 ** 24  # multiply-adds of a block's products up to which its kernel, on
+#   one core, beats its layers on every core (GPT-2 small's block: 2 rows; the lm's: 85)
 # the files of the kernels these call (their code is compiled into these kernels' cache)
 CALLS = tuple(Path(m.__file__) for m in (activations, layernorm, rmsnorm, rotary, swiglu))
 if COMPILED:  # numba's np.dot calls SciPy's BLAS: loaded now, before any thread limit is set
@@ -96,6 +102,16 @@ def _takes(x: Array, mask: Array | None, parameters) -> bool:
         return False
     return x.size > 0 and all(type(p) is np.ndarray and p.dtype == x.dtype
                               and p.flags.c_contiguous for p in parameters)
+
+
+def _pays(rows: int, weights) -> bool:
+    """Whether a block's kernel, whose products run on one core, is faster than its layers
+    for ``rows`` rows: always where BLAS is on one thread anyway (thread replicas,
+    :func:`npformer.backend.blas_on_one_thread`), else where its products are small
+    (rows x matrix weights at most ONE_CORE_WORK), so that the Python between the layers
+    costs more than the second core would save."""
+    work = rows * sum(w.size for w in weights if isinstance(w, np.ndarray) and w.ndim == 2)
+    return blas_on_one_thread() or work <= ONE_CORE_WORK
 
 
 def _cache_takes(kv_cache: KVCache | None) -> bool:
@@ -190,6 +206,8 @@ def encoder_block_forward(block: EncoderBlock, x: Array, mask: Array | None,
     if arguments is None:
         return None
     options, weights = arguments
+    if not _pays(x.shape[0] * x.shape[1] if packing is None else x.shape[0], weights):
+        return None
     batch, length = x.shape[:2] if packing is None else (packing.batch, packing.length)
     with single_threaded_blas():
         y, k, v, ok = _encoder_block(_rows(x), _starts(batch, length, packing), _mask4(mask),
@@ -212,7 +230,8 @@ def encoder_stack_forward(blocks: list, norm: LayerNorm | None, x: Array,
     if any(a is None or a[0] != arguments[0][0] for a in arguments):
         return None
     final = (*_norm(norm, x), 0.0 if norm is None else norm.eps)
-    if not _takes(x, None, _arrays(final)):
+    if not _takes(x, None, _arrays(final)) or not _pays(x.shape[0] * x.shape[1],
+                                                          arguments[0][1]):
         return None
     with single_threaded_blas():
         y, ok = _encoder_stack(_rows(x), _starts(x.shape[0], x.shape[1], None), _mask4(mask),
@@ -237,7 +256,7 @@ def llama_block_forward(block: LlamaBlock, x: Array, cos: Array, sin: Array,
                _norm(attn.k_norm, x)[0], 0.0 if attn.q_norm is None else attn.q_norm.eps,
                *_linear(attn.out_proj, x), block.ffn_norm.weight.data, block.ffn_norm.eps,
                ffn.gate_proj.weight.data, ffn.up_proj.weight.data, ffn.down_proj.weight.data)
-    if not _takes(x, mask, _arrays(weights)):
+    if not _takes(x, mask, _arrays(weights)) or not _pays(x.shape[0] * x.shape[1], weights):
         return None
     batch, length = x.shape[0], x.shape[1]
     cos, sin = (np.ascontiguousarray(rotary._batched(t)) for t in (cos, sin))  # (1|B, T, E)
