@@ -253,12 +253,12 @@ def test_gradcheck_catches_missing_tied_gradient(monkeypatch):
         calls = []
 
         def first_use_only(add):
-            def accumulate(p, grad):
+            def accumulate(p, grad, *rows):
                 if p is table:
                     calls.append(1)
                     if len(calls) == 1:  # the tied head's share arrives first: drop it
                         return
-                add(p, grad)
+                add(p, grad, *rows)
             return accumulate
 
         # the textbook layers add through Parameter.accumulate, the fast ones through

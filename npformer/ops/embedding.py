@@ -19,7 +19,16 @@ from typing import Any
 
 from .. import backend
 from ..backend import Array
-from .contracts import backward_op, door, embedding_inputs, forward_op, opened, state, with_saved
+from .contracts import (
+    Saved,
+    backward_op,
+    door,
+    embedding_inputs,
+    forward_op,
+    opened,
+    state,
+    with_saved,
+)
 
 
 @forward_op(embedding_inputs)
@@ -35,11 +44,16 @@ def embedding_forward(ids: Array, table: Array) -> tuple[Array, Any]:
     return with_saved(embedding_forward, y, (flat_ids, vocab_size))
 
 
-def embedding_rows(saved: Any) -> Array:
+def embedding_rows(saved: Any) -> Array | None:
     """The ids (N,) an :func:`embedding_forward`'s saved values hold: the rows of the table
     its backward's gradient can hold anything in (every other row is +0.0, from the zeros
-    the scatter-add starts with), which the layer records (:attr:`Parameter.rows_written`)."""
-    flat_ids, _ = opened(embedding_forward, saved)
+    the scatter-add starts with), which the layer records (:attr:`Parameter.rows_written`).
+    None where ``saved`` is not this op's (an exercise's own forward made it): the rows are
+    then not known, and data parallelism's sum reads the table to find them."""
+    if type(saved) is not Saved or saved.op != embedding_forward.op_name \
+            or saved.tier != embedding_forward.tier:
+        return None
+    flat_ids, _ = saved.values
     return flat_ids
 
 
