@@ -110,8 +110,10 @@ def _pays(rows: int, weights) -> bool:
     :func:`npformer.backend.blas_on_one_thread`), else where its products are small
     (rows x matrix weights at most ONE_CORE_WORK), so that the Python between the layers
     costs more than the second core would save."""
-    work = rows * sum(w.size for w in weights if isinstance(w, np.ndarray) and w.ndim == 2)
-    return blas_on_one_thread() or work <= ONE_CORE_WORK
+    if blas_on_one_thread():  # the replicas' forward: no count needed
+        return True
+    return rows * sum(w.size for w in weights
+                      if isinstance(w, np.ndarray) and w.ndim == 2) <= ONE_CORE_WORK
 
 
 def _cache_takes(kv_cache: KVCache | None) -> bool:
