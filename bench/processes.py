@@ -171,12 +171,7 @@ def sparse_sum_bytes(model, task, cfg: dict, ranks_list) -> dict:
     none is known, the rows a scan finds changed), plus the loss."""
     import numpy as np
 
-    from npformer.parallel.sparse import (
-        WHOLE_TABLE_SHARE,
-        changed_rows,
-        lookup_tables,
-        recorded_rows,
-    )
+    from npformer.parallel.sparse import WHOLE_TABLE_SHARE, lookup_tables, written_rows
 
     tables = lookup_tables(model)
     dense = (sum(int(np.prod(p.shape)) for p in model.parameters()) + 1) * 4
@@ -186,8 +181,7 @@ def sparse_sum_bytes(model, task, cfg: dict, ranks_list) -> dict:
         model.zero_grad()
         task.loss_and_grad(model, make_batch(cfg, SEED + 1 + ranks))
         for union, table in zip(unions, tables):
-            union |= changed_rows(table.grad) if table.rows_written is None else \
-                recorded_rows(table.rows_written, table.shape[0])
+            union |= written_rows(table.grad, table.rows_written)
         saved = sum((t.shape[0] - u.sum()) * t.shape[1] * 4 for t, u in zip(tables, unions)
                     if u.sum() <= WHOLE_TABLE_SHARE * t.shape[0])
         if ranks in ranks_list:

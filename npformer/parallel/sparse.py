@@ -130,6 +130,13 @@ def recorded_rows(record: tuple, rows: int) -> np.ndarray:
     return out
 
 
+def written_rows(table: np.ndarray, record: tuple | None) -> np.ndarray:
+    """table (V, D), a lookup table's gradient, and its record of the rows written
+    (:attr:`Parameter.rows_written`) -> (V,) bool: the recorded rows, or where the record
+    is None (not known) the rows a pass over the table finds changed."""
+    return changed_rows(table) if record is None else recorded_rows(record, table.shape[0])
+
+
 class TableSlot:
     """Where a (rows, cols) table lies in a flat buffer: elements [lo, lo + rows * cols)."""
 
@@ -226,11 +233,8 @@ class RowSparseSum:
             if record is not None and tuple(holding[i].shape) != (slot.rows, slot.cols):
                 raise ValueError(f"holding[{i}] is of shape {holding[i].shape}, not the "
                                  f"table's {(slot.rows, slot.cols)}: not this layout's")
-            if record is None:
-                rows.append(changed_rows(slot.view(buffer)))
-                self.last_scanned += 1
-            else:
-                rows.append(recorded_rows(record, slot.rows))
+            rows.append(written_rows(slot.view(buffer), record))
+            self.last_scanned += record is None
         return rows
 
     def _unions(self, written: list[np.ndarray],
