@@ -785,11 +785,19 @@ def test_a_decoding_step_without_padding_attends_without_a_mask():
     assert padded.shape == (1, 1, 1, 3) and padded.tolist() == [[[[False, True, True]]]]
 
 
-def test_the_kv_cache_appends_without_copying_what_it_holds():
-    """Keys and values appended step by step read back as their concatenation, after a
-    select too; an append within the buffer's room writes the new position only (the
-    cached ones stay where they are: the buffer is the same array)."""
-    from npformer.nn import KVCache
+def test_the_fast_kv_cache_appends_without_copying_what_it_holds():
+    """The fast tier's cache: keys and values appended step by step read back as their
+    concatenation (the textbook cache's), after a select too; an append within the
+    buffer's room writes the new position only (the cached ones stay where they are: the
+    buffer is the same array).  The fast models' caches are made of it."""
+    from npformer import fast, nn
+    from npformer.fast.cache import KVCache
+    from npformer.models import CausalLM
+
+    config = CausalLMConfig(vocab_size=11, block_size=8, d_model=8, num_heads=2,
+                            num_layers=2, d_ff=16)
+    assert type(fast.CausalLM(config).new_cache().blocks[0].self_attn) is KVCache
+    assert type(CausalLM(config).new_cache().blocks[0].self_attn) is nn.KVCache
 
     rng = np.random.default_rng(0)
     steps = [rng.normal(size=(3, 2, t, 4)) for t in (5, 1, 1, 1, 7, 1)]

@@ -31,7 +31,7 @@ from ..models.common import TokenEmbedding as _TokenEmbedding
 from ..models.common import model_input, valid_lengths
 from ..nn import LayerNorm
 from ..nn.flat import flat_buffer
-from . import blocks, compiled, layers, losses
+from . import blocks, cache, compiled, layers, losses
 from .packing import Packing
 
 
@@ -89,9 +89,9 @@ class _FastModel:
     arrays the last one freed, so they are reused instead of page-faulted in again (the
     Trainer does the same for training with either tier)."""
 
-    TokenEmbedding, Embedding, EncoderBlock, DecoderBlock, LayerNorm, Linear = (
+    TokenEmbedding, Embedding, EncoderBlock, DecoderBlock, LayerNorm, Linear, KVCache = (
         TokenEmbedding, layers.Embedding, blocks.EncoderBlock, blocks.DecoderBlock,
-        layers.LayerNorm, layers.Linear)
+        layers.LayerNorm, layers.Linear, cache.KVCache)
     # the loss the tasks compute on this model's logits: the gradient written over them
     cross_entropy_with_gradient = staticmethod(losses.cross_entropy_with_gradient)
 

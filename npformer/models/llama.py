@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from .. import backend, ops
 from ..backend import Array
 from ..hf import llama as hf_llama
-from ..nn import DecodingCache, Embedding, Linear, LlamaBlock, Module, RMSNorm
+from ..nn import DecodingCache, Embedding, KVCache, Linear, LlamaBlock, Module, RMSNorm
 from ..nn.cache import check_decoding_cache, check_layer_cache
 from ..nn.llama import check_kv_heads
 from ..ops.contracts import (
@@ -128,7 +128,8 @@ class LlamaCausalLM(Module):
 
     kind = "llama"  # as checkpoints name it
     config_class = LlamaConfig
-    Embedding, LlamaBlock, RMSNorm, Linear = Embedding, LlamaBlock, RMSNorm, Linear
+    Embedding, LlamaBlock, RMSNorm, Linear, KVCache = \
+        Embedding, LlamaBlock, RMSNorm, Linear, KVCache
 
     def __init__(self, config: LlamaConfig):
         if not isinstance(config, LlamaConfig):
@@ -208,7 +209,7 @@ class LlamaCausalLM(Module):
     # ------------------------------------------------------------------ cached inference
     def new_cache(self) -> DecodingCache:
         """An empty key/value cache for :meth:`forward_cached` (each layer's Hkv heads)."""
-        return DecodingCache(len(self.blocks))
+        return DecodingCache(len(self.blocks), layer_cache=self.KVCache)
 
     def forward_cached(self, ids: Array, kv_cache: DecodingCache,
                        attention_mask: Array | None = None,

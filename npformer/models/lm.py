@@ -27,7 +27,7 @@ from typing import Any
 from .. import backend, ops
 from ..backend import Array
 from ..hf import gpt2
-from ..nn import DecodingCache, EncoderBlock, LayerNorm, Linear, Module
+from ..nn import DecodingCache, EncoderBlock, KVCache, LayerNorm, Linear, Module
 from ..nn.cache import check_decoding_cache, check_layer_cache
 from ..ops.contracts import check_rank, trusting
 from .common import (
@@ -91,8 +91,8 @@ class CausalLM(Module):
     kind = "causal_lm"
     config_class = CausalLMConfig
     # the layers it builds; the fast tier's model names its own
-    TokenEmbedding, EncoderBlock, LayerNorm, Linear = \
-        TokenEmbedding, EncoderBlock, LayerNorm, Linear
+    TokenEmbedding, EncoderBlock, LayerNorm, Linear, KVCache = \
+        TokenEmbedding, EncoderBlock, LayerNorm, Linear, KVCache
 
     def __init__(self, config: CausalLMConfig):
         check_weights_fit(config)  # before any table is allocated
@@ -162,7 +162,7 @@ class CausalLM(Module):
     # ------------------------------------------------------------------ cached inference
     def new_cache(self) -> DecodingCache:
         """An empty key/value cache for :meth:`forward_cached`."""
-        return DecodingCache(len(self.blocks))
+        return DecodingCache(len(self.blocks), layer_cache=self.KVCache)
 
     def forward_cached(self, ids: Array, kv_cache: DecodingCache,
                        attention_mask: Array | None = None,

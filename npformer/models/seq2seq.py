@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from .. import backend, ops
 from ..backend import Array
-from ..nn import DecoderBlock, DecodingCache, EncoderBlock, LayerNorm, Linear, Module
+from ..nn import DecoderBlock, DecodingCache, EncoderBlock, KVCache, LayerNorm, Linear, Module
 from ..nn.cache import check_decoding_cache
 from ..ops.contracts import check_flag, check_rank
 from .common import (
@@ -93,8 +93,8 @@ class Seq2SeqTransformer(Module):
     kind = "seq2seq"
     config_class = Seq2SeqConfig
     # the layers it builds; the fast tier's model names its own
-    TokenEmbedding, EncoderBlock, DecoderBlock, LayerNorm, Linear = \
-        TokenEmbedding, EncoderBlock, DecoderBlock, LayerNorm, Linear
+    TokenEmbedding, EncoderBlock, DecoderBlock, LayerNorm, Linear, KVCache = \
+        TokenEmbedding, EncoderBlock, DecoderBlock, LayerNorm, Linear, KVCache
 
     def __init__(self, config: Seq2SeqConfig):
         check_weights_fit(config)  # before any table is allocated
@@ -238,7 +238,7 @@ class Seq2SeqTransformer(Module):
     # ------------------------------------------------------------------ cached inference
     def new_cache(self) -> DecodingCache:
         """An empty key/value cache for :meth:`forward_cached`."""
-        return DecodingCache(len(self.decoder), cross=True)
+        return DecodingCache(len(self.decoder), cross=True, layer_cache=self.KVCache)
 
     def forward_cached(self, tgt_ids: Array, memory: Array, memory_mask: Array | None,
                        kv_cache: DecodingCache) -> Array:

@@ -14,67 +14,41 @@ from .module import grad_enabled
 
 
 class KVCache:
-    """One attention layer's cached keys and values, (B, H, S, E) each (None before use).
-
-    They live at the start of buffers (B, H, C, E) with room for C >= S positions, C
-    doubled when full: appending a step's position copies that position only, not the S
-    cached before it (a concatenation would copy them all, every step)."""
+    """One attention layer's cached keys and values, (B, H, S, E) each (None before use)."""
 
     def __init__(self):
-        self._keys = None    # (B, H, C, E): positions [0, S) hold the keys
-        self._values = None  # (B, H, C, E): and the values
-        self._length = 0     # S
+        self.keys = None
+        self.values = None
 
     @property
     def length(self) -> int:
         """S: the number of cached positions."""
-        return self._length
-
-    @property
-    def keys(self) -> Array | None:
-        """The cached keys (B, H, S, E): a view of the buffer."""
-        return None if self._keys is None else self._keys[:, :, :self._length, :]
-
-    @property
-    def values(self) -> Array | None:
-        """The cached values (B, H, S, E): a view of the buffer."""
-        return None if self._values is None else self._values[:, :, :self._length, :]
+        return 0 if self.keys is None else int(self.keys.shape[2])
 
     def append(self, keys: Array, values: Array) -> None:
         """Add the keys and values (B, H, T_new, E) of T_new more positions."""
-        start, stop = self._length, self._length + int(keys.shape[2])
-        if self._keys is None or stop > self._keys.shape[2]:  # full: a buffer twice as long
-            self._keys = self._grown(self._keys, keys, 2 * stop)
-            self._values = self._grown(self._values, values, 2 * stop)
-        self._keys[:, :, start:stop, :] = keys
-        self._values[:, :, start:stop, :] = values
-        self._length = stop
-
-    def _grown(self, buffer: Array | None, like: Array, capacity: int) -> Array:
-        """A (B, H, capacity, E) buffer of like's dtype holding buffer's S positions."""
-        xp = backend.namespace_of(like)
-        batch, heads, _, width = like.shape
-        grown = xp.empty((batch, heads, capacity, width), dtype=like.dtype,
-                         device=backend.device_of(like))
-        if buffer is not None:
-            grown[:, :, :self._length, :] = buffer[:, :, :self._length, :]
-        return grown
+        if self.keys is None:
+            self.keys, self.values = keys, values
+            return
+        xp = backend.namespace_of(keys)
+        self.keys = xp.concat([self.keys, keys], axis=2)  # (B, H, S + T_new, E)
+        self.values = xp.concat([self.values, values], axis=2)
 
     def select(self, rows: Array) -> None:
         """Keep batch rows ``rows`` (integers, (B',), repeats allowed) in that order."""
-        if self._keys is not None:
-            xp = backend.namespace_of(self._keys)
-            self._keys = xp.take(self.keys, rows, axis=0)  # (B', H, S, E): full, grows next
-            self._values = xp.take(self.values, rows, axis=0)
+        if self.keys is not None:
+            xp = backend.namespace_of(self.keys)
+            self.keys = xp.take(self.keys, rows, axis=0)
+            self.values = xp.take(self.values, rows, axis=0)
 
 
 class BlockCache:
     """The caches of one block: its self-attention's and, in a decoder block, its
     cross-attention's (the encoder memory's keys and values)."""
 
-    def __init__(self, cross: bool = False):
-        self.self_attn = KVCache()
-        self.cross_attn = KVCache() if cross else None
+    def __init__(self, cross: bool = False, layer_cache: type = KVCache):
+        self.self_attn = layer_cache()
+        self.cross_attn = layer_cache() if cross else None
 
     def select(self, rows: Array) -> None:
         self.self_attn.select(rows)
@@ -83,10 +57,11 @@ class BlockCache:
 
 
 class DecodingCache:
-    """A model's caches: one :class:`BlockCache` per block, and the decoded length."""
+    """A model's caches: one :class:`BlockCache` per block, and the decoded length.
+    ``layer_cache``: each attention layer's (the model's ``KVCache``)."""
 
-    def __init__(self, num_blocks: int, cross: bool = False):
-        self.blocks = [BlockCache(cross) for _ in range(num_blocks)]
+    def __init__(self, num_blocks: int, cross: bool = False, layer_cache: type = KVCache):
+        self.blocks = [BlockCache(cross, layer_cache) for _ in range(num_blocks)]
 
     @property
     def length(self) -> int:
