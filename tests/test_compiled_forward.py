@@ -337,3 +337,24 @@ def test_nan_input_gets_the_textbook_s_nan(dtype):
         got, expected = quick(x, ops.causal_mask(4)), textbook(x, ops.causal_mask(4))
     assert np.array_equal(np.isnan(got), np.isnan(expected))
     assert_close(np.nan_to_num(got), np.nan_to_num(expected), RTOL[dtype], "finite entries")
+
+
+@pytest.mark.parametrize("projection", ["q_proj", "k_proj", "v_proj"])
+@pytest.mark.parametrize("value", [np.inf, -np.inf, np.nan])
+def test_a_non_finite_query_key_or_value_runs_the_usual_path(dtype, projection, value):
+    """One inf or NaN in the queries, the keys or the values alone (the input finite: a
+    bias holding it) and the kernel declines, in either block: the usual path's
+    statements define what it gives."""
+    _, block = pair(10, lambda: tiered.EncoderBlock(8, 2, 16, 0.0, "gelu", True))
+    _, llama = pair(10, lambda: tiered.LlamaBlock(8, 2, 16, num_kv_heads=1, qkv_bias=True))
+    x, mask = inputs(10, 2, 4, 8), ops.causal_mask(4)
+    cos, sin = ops.rotary_table(backend.asarray(np.arange(4)), 4, dtype=x.dtype)
+    with nn.no_grad():
+        assert compiled.encoder_block_forward(block, x, mask) is not None
+        assert compiled.llama_block_forward(llama, x, cos, sin, mask) is not None
+        for layer in (getattr(block.self_attn, projection), getattr(llama.self_attn, projection)):
+            bias = layer.bias.data.copy()
+            bias[-1] = value
+            layer.bias.data = bias
+        assert compiled.encoder_block_forward(block, x, mask) is None
+        assert compiled.llama_block_forward(llama, x, cos, sin, mask) is None

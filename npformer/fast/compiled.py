@@ -354,10 +354,18 @@ def _per_head(x, heads):
 
 @jit(inline="always")
 def _finite(x):
-    for v in x.reshape(-1):
-        if not np.isfinite(v):
-            return False
-    return True
+    """Whether every element of x (N, F) is finite: x * 0 is 0 where x is finite and NaN
+    where it is inf or NaN, summed down each column (independent sums, which vectorize:
+    a test and branch per element took a tenth of a small block's time)."""
+    zero = x.dtype.type(0.0)
+    sums = np.zeros(x.shape[1], dtype=x.dtype)  # (F,)
+    for i in range(x.shape[0]):
+        for j in range(x.shape[1]):
+            sums[j] += x[i, j] * zero
+    total = zero
+    for j in range(x.shape[1]):
+        total += sums[j]
+    return total == zero
 
 
 @jit
