@@ -171,17 +171,19 @@ def sparse_sum_bytes(model, task, cfg: dict, ranks_list) -> dict:
     none is known, the rows a scan finds changed), plus the loss."""
     import numpy as np
 
+    from npformer.nn.flat import flat_buffer_of, rows_written
     from npformer.parallel.sparse import WHOLE_TABLE_SHARE, lookup_tables, written_rows
 
     tables = lookup_tables(model)
+    flat = flat_buffer_of(model.parameters())  # its zeroing empties the records
     dense = (sum(int(np.prod(p.shape)) for p in model.parameters()) + 1) * 4
     unions = [np.zeros(t.shape[0], dtype=bool) for t in tables]
     result = {}
     for ranks in range(1, max(ranks_list) + 1):
-        model.zero_grad()
+        (model if flat is None else flat).zero_grad()
         task.loss_and_grad(model, make_batch(cfg, SEED + 1 + ranks))
         for union, table in zip(unions, tables):
-            union |= written_rows(table.grad, table.rows_written)
+            union |= written_rows(table.grad, rows_written(table))
         saved = sum((t.shape[0] - u.sum()) * t.shape[1] * 4 for t, u in zip(tables, unions)
                     if u.sum() <= WHOLE_TABLE_SHARE * t.shape[0])
         if ranks in ranks_list:

@@ -5,11 +5,12 @@ all-reduce adds every rank's buffer in rank order, as one would by hand), so eac
 holds its own gradients.  The 2- and 3-rank MPI runs of the same sums are in
 tests/test_distributed.py.
 
-The rows a sum sends come from each gradient's record of the rows written
-(``Parameter.rows_written``) where it is known: the tests of "the rows written" check
-that every way of writing a gradient keeps the record true (no row outside it holds
-anything but +0.0) or makes it None, and that the sums then equal the whole sums
-without reading the tables.
+The rows a sum sends come from each gradient's record of the rows written where it is
+known: a flat buffer keeps it, of each gradient view (``npformer.nn.flat.rows_written``),
+and only the fast tier's lookups add to it; the textbook tier has none (its tables are
+read).  The tests of "the rows written" check that every way of writing a gradient keeps
+the record true (no row outside it holds anything but +0.0) or makes it None, and that
+the sums then equal the whole sums, without reading the tables where it is known.
 """
 from __future__ import annotations
 
@@ -21,8 +22,14 @@ import pytest
 from npformer import ops, optim
 from npformer.fast import optim as fast_optim
 from npformer.nn import Parameter
-from npformer.nn.flat import FlatParameters, add_rows_written, flat_buffer_of
-from npformer.nn.module import MAX_WRITES_KEPT
+from npformer.nn.flat import (
+    MAX_WRITES_KEPT,
+    FlatParameters,
+    accumulate,
+    add_rows_written,
+    flat_buffer_of,
+    rows_written,
+)
 from npformer.parallel import DataParallel, sparse
 from npformer.parallel.sparse import RowSparseSum, changed_rows, dense_runs, recorded_rows
 from tests import parallel_cases as cases
@@ -235,7 +242,8 @@ def test_data_parallel_passes_row_sparse_to_its_replicas():
 # --------------------------------------------------------------------------- the rows written
 def recorded(p: Parameter) -> np.ndarray | None:
     """``p``'s record of the rows written as (V,) bool, or None (not known)."""
-    return None if p.rows_written is None else recorded_rows(p.rows_written, p.shape[0])
+    record = rows_written(p)
+    return None if record is None else recorded_rows(record, p.shape[0])
 
 
 def assert_record_holds(p: Parameter, name: str = "") -> None:
@@ -256,26 +264,64 @@ def looked_up(table, ids, dy_values=None):
     return dy
 
 
+def in_a_buffer(module) -> FlatParameters:
+    """``module``'s parameters put in a flat buffer of their own (as a fast model's are
+    when built), zeroed: every record empty."""
+    flat = FlatParameters(module.parameters())
+    flat.zero_grad()
+    return flat
+
+
+def zeroed(model) -> None:
+    """``model``'s gradients zero as the Trainer's optimizer zeroes them: through its flat
+    buffer where it has one (the records emptied), else each parameter's."""
+    flat = flat_buffer_of(model.parameters())
+    (model if flat is None else flat).zero_grad()
+
+
 TIERS = ["fast", "textbook"]
+
+
+def test_the_textbook_parameter_keeps_no_record():
+    """A Parameter is an array and its gradient: no record, no rows to accumulate with."""
+    assert Parameter.__slots__ == ("data", "grad", "decay", "frozen")
+    p = Parameter(np.zeros((3, 2)))
+    assert not hasattr(p, "rows_written") and not hasattr(p, "rebind_grad")
+    with pytest.raises(TypeError):
+        p.accumulate(np.ones((3, 2)), np.array([0]))
+    assert rows_written(p) is None  # no buffer holds its gradient
 
 
 @pytest.mark.parametrize("tier", TIERS)
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_a_lookup_records_the_rows_it_looked_up(tier, dtype):
-    """A lookup's backward records its ids (repeats and all) and nothing else: every other
-    row is +0.0; a row whose gradient is -0.0 (added to +0.0: +0.0) or NaN is recorded."""
+    """The fast tier: a lookup's backward records its ids (repeats and all) in the flat
+    buffer and nothing else: every other row is +0.0; a row whose gradient is -0.0 (added
+    to +0.0: +0.0) or NaN is recorded.  The textbook's rebinds the gradient: no record,
+    before or after the buffer's sync (the rows are found by reading the table)."""
     with using_backend("numpy", dtype), using_tier(tier):
         table = tiered.Embedding(50, 4)
         ids = np.array([[3, 7, 3], [49, 0, 11]])
         dy = np.random.default_rng(1).standard_normal((2, 3, 4))
         dy[1, 1] = -0.0  # row 0: only a -0.0, which leaves it +0.0
         dy[1, 2, 2] = np.nan  # row 11: a NaN
-        assert table.weight.rows_written == ()  # zeroed when made
         looked_up(table, ids, dy)
+        assert rows_written(table.weight) is None  # in no buffer: no record
+        table.zero_grad()
+        flat = in_a_buffer(table)
+        assert rows_written(table.weight) == ()
+        looked_up(table, ids, dy)
+        changed = changed_rows(table.weight.grad)
+        assert np.flatnonzero(changed).tolist() == [3, 7, 11, 49]
+        if tier == "textbook":
+            assert rows_written(table.weight) is None
+            flat.sync()
+            assert rows_written(table.weight) is None and table.weight.grad.base is flat.grad
+            return
         mask = recorded(table.weight)
         assert np.flatnonzero(mask).tolist() == [0, 3, 7, 11, 49]
         assert_record_holds(table.weight)
-        assert changed_rows(table.weight.grad).tolist() == (mask & (np.arange(50) != 0)).tolist()
+        assert changed.tolist() == (mask & (np.arange(50) != 0)).tolist()
         ids[...] = 20  # the caller reusing its array of ids: the record kept its own
         assert np.flatnonzero(recorded(table.weight)).tolist() == [0, 3, 7, 11, 49]
 
@@ -283,20 +329,53 @@ def test_a_lookup_records_the_rows_it_looked_up(tier, dtype):
 @pytest.mark.parametrize("tier", TIERS)
 def test_lookups_of_several_batches_record_every_row(tier):
     """Gradient accumulation: the lookups of two batches (no zeroing between) record the
-    rows of both; a zeroing empties the record; a record of many writes stays bounded."""
+    rows of both; the buffer's zeroing empties the record; a record of many writes stays
+    bounded.  The textbook's: none, each time."""
     with using_backend("numpy", "float64"), using_tier(tier):
         table = tiered.Embedding(50, 4)
+        flat = in_a_buffer(table)
         looked_up(table, np.array([[1, 2]]))
         looked_up(table, np.array([[2, 30]]))
-        assert np.flatnonzero(recorded(table.weight)).tolist() == [1, 2, 30]
-        assert_record_holds(table.weight)
-        table.zero_grad()
-        assert table.weight.rows_written == () and not np.any(table.weight.grad)
+        if tier == "textbook":
+            assert rows_written(table.weight) is None
+        else:
+            assert np.flatnonzero(recorded(table.weight)).tolist() == [1, 2, 30]
+            assert_record_holds(table.weight)
+        flat.zero_grad()
+        assert rows_written(table.weight) == () and not np.any(table.weight.grad)
         for i in range(MAX_WRITES_KEPT + 5):
             looked_up(table, np.array([[i]]))
-        assert len(table.weight.rows_written) <= MAX_WRITES_KEPT
+            if tier == "fast":
+                assert len(rows_written(table.weight)) <= MAX_WRITES_KEPT
+        if tier == "textbook":
+            assert rows_written(table.weight) is None
+            return
         assert np.flatnonzero(recorded(table.weight)).tolist() == list(range(MAX_WRITES_KEPT + 5))
         assert_record_holds(table.weight)
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_zeroing_through_the_buffer_empties_the_record_and_rebinding_zeros_do_not(tier):
+    """The buffer's zeroing and the fast optimizer's (which zeroes its buffer) bind the
+    views and empty the record; the textbook's zeroings (the parameter's, the module's,
+    the textbook optimizer's, unfreeze) bind fresh zeros, which the buffer does not know:
+    None, and still None once the sync has copied them in (the sum then reads the table)."""
+    with using_backend("numpy", "float64"), using_tier(tier):
+        table = tiered.Embedding(20, 4)
+        flat = in_a_buffer(table)
+        p = table.weight
+        for zero in (flat.zero_grad, fast_optim.Adam([p], lr=1e-3).zero_grad):
+            looked_up(table, np.array([[1]]))
+            zero()
+            assert rows_written(p) == () and p.grad.base is flat.grad and not np.any(p.grad)
+        for zero in (p.zero_grad, table.zero_grad, optim.Adam([p], lr=1e-3).zero_grad,
+                     lambda: (p.freeze(), p.unfreeze())):
+            flat.zero_grad()
+            zero()
+            assert rows_written(p) is None and not np.any(p.grad), zero
+            looked_up(table, np.array([[1]]))  # (the fast tier's added in the fresh zeros)
+            flat.sync()
+            assert rows_written(p) is None and p.grad.base is flat.grad, zero
 
 
 @pytest.mark.parametrize("tier", TIERS)
@@ -306,77 +385,80 @@ def test_a_tied_projection_makes_the_record_unknown(tier):
     sum reads the table); the tied language model's table likewise."""
     with using_backend("numpy", "float64"), using_tier(tier):
         table = tiered.Embedding(20, 4)
+        flat = in_a_buffer(table)
         h = np.random.default_rng(2).standard_normal((3, 4))
         table.project(h)
         table.project_backward(np.ones((3, 20)))
-        assert table.weight.rows_written is None
+        assert rows_written(table.weight) is None
         looked_up(table, np.array([[1]]))  # a lookup after it does not make it known
-        assert table.weight.rows_written is None
-        table.zero_grad()
+        assert rows_written(table.weight) is None
+        flat.zero_grad()
         looked_up(table, np.array([[1]]))
+        assert (rows_written(table.weight) is None) == (tier == "textbook")
         table.project(h)
         table.project_backward(np.ones((3, 20)))
-        assert table.weight.rows_written is None
+        flat.sync()
+        assert rows_written(table.weight) is None
         model, task, batch = cases.build("lm", 5)
         assert model.config.tie_weights
-        model.zero_grad()
+        zeroed(model)
         task.loss_and_grad(model, batch, 1.0)
-        assert model.embed.tokens.weight.rows_written is None
+        assert rows_written(model.embed.tokens.weight) is None
+        flat_buffer_of(model.parameters())  # synced, where there is a buffer
+        assert rows_written(model.embed.tokens.weight) is None
 
 
 def assigned(p):
     p.grad = p.grad + 1.0
 
 
-def added(p):
-    p.grad += 1.0
-
-
-def scaled(p):
-    p.grad *= 2.0
+def assigned_then_looked_up(table):
+    """A gradient rebound, then a lookup added into the rebound array (the fast tier's
+    adds in place, into whichever array is bound)."""
+    assigned(table.weight)
+    looked_up(table, np.array([[2]]))
 
 
 @pytest.mark.parametrize("tier", TIERS)
 def test_any_other_write_of_a_gradient_makes_the_record_unknown(tier):
-    """Binding ``grad`` in any way (assigned, +=, *=, accumulated without rows, clipped by
-    the textbook's clip, freed by freeze) makes the record None; zeroing (the parameter's,
-    the module's, the optimizer's, unfreeze) makes it empty."""
-    writes = [assigned, added, scaled, lambda p: p.accumulate(np.ones(p.shape)),
-              lambda p: optim.clip_grad_norm([p], 1e-3), lambda p: p.freeze()]
+    """Rebinding ``grad`` in any way (assigned, accumulated by the textbook parameter,
+    clipped by the textbook's clip, freed by freeze; with a lookup after it) makes the
+    record None, before the buffer's sync and after it; so does the fast tier's in-place
+    addition without rows.  The textbook tier's lookup has left none to lose."""
+    writes = [lambda t: assigned(t.weight), assigned_then_looked_up,
+              lambda t: t.weight.accumulate(np.ones(t.weight.shape)),
+              lambda t: optim.clip_grad_norm([t.weight], 1e-3),
+              lambda t: t.weight.freeze(),
+              lambda t: accumulate(t.weight, np.ones(t.weight.shape)),
+              lambda t: accumulate(t.weight, np.ones(t.weight.shape), None)]
     with using_backend("numpy", "float64"), using_tier(tier):
         for write in writes:
             table = tiered.Embedding(20, 4)
+            flat = in_a_buffer(table)
             looked_up(table, np.array([[1, 5]]))
-            assert table.weight.rows_written is not None
-            write(table.weight)
-            assert table.weight.rows_written is None, write
-        p = table.weight  # frozen by the last
-        p.unfreeze()
-        assert p.rows_written == () and not np.any(p.grad)
-        for zero in (p.zero_grad, table.zero_grad, tiered.Adam([p], lr=1e-3).zero_grad):
-            looked_up(table, np.array([[1]]))
-            added(p)
-            zero()
-            assert p.rows_written == () and not np.any(p.grad), zero
+            assert (rows_written(table.weight) is None) == (tier == "textbook")
+            write(table)
+            assert rows_written(table.weight) is None, write
+            flat.sync()
+            assert rows_written(table.weight) is None, write
 
 
 def test_a_flat_buffer_keeps_the_record_with_the_values():
-    """A flat buffer's gradients: its zeroing empties the records; a gradient rebound and
-    copied back (sync) keeps the lookup's record; the fast tier's clipping scales in place
-    by a positive number (+0.0 stays +0.0: the record stays true); a replica's buffer added
-    in takes its records (add_rows_written)."""
+    """A fast model's buffer: its zeroing empties the records; a sync with nothing rebound
+    keeps them; the fast tier's clipping scales in place by a positive number (+0.0 stays
+    +0.0: the records stay true); a replica's gradients-only buffer keeps records too, and
+    added in, the model's records take its rows (add_rows_written)."""
     with using_backend("numpy", "float64"), using_tier("fast"):
         model, task, batch = cases.build("sparse", 6)
         params = model.parameters()
-        flat = FlatParameters(params)
+        flat = flat_buffer_of(params)
         flat.zero_grad()
-        assert all(p.rows_written == () for p in params)
-        model.zero_grad()  # fresh arrays, not the views: sync copies them back
+        assert all(rows_written(p) == () for p in params)
         task.loss_and_grad(model, batch, 1.0)
         tables = sparse.lookup_tables(model)
         before = [recorded(t) for t in tables]
+        assert all(mask is not None and mask.any() for mask in before)
         assert flat_buffer_of(params) is flat  # synced
-        assert all(t.grad.base is flat.grad for t in tables)
         for t, mask in zip(tables, before):
             assert np.array_equal(recorded(t), mask)
             assert_record_holds(t)
@@ -385,31 +467,48 @@ def test_a_flat_buffer_keeps_the_record_with_the_values():
             assert np.array_equal(recorded(t), mask)
             assert_record_holds(t)
         replica = [Parameter(np.zeros(p.shape)) for p in params]
-        replica[params.index(tables[0])].rows_written = (np.array([399]),)
-        replica[-1].rows_written = None
+        theirs = FlatParameters(replica, gradients_only=True)
+        theirs.zero_grad()
+        at = params.index(tables[0])
+        one_row = np.zeros(tables[0].shape)
+        one_row[399] = 1.0
+        accumulate(replica[at], one_row, np.array([399]))
+        accumulate(replica[-1], np.ones(replica[-1].shape))
+        assert np.flatnonzero(recorded(replica[at])).tolist() == [399]
+        assert rows_written(replica[-1]) is None
+        flat.grad += theirs.grad
         add_rows_written(params, replica)
         assert np.flatnonzero(recorded(tables[0])).tolist() == \
             sorted(set(np.flatnonzero(before[0])) | {399})
-        assert params[-1].rows_written is None
+        assert rows_written(params[-1]) is None
+        for p in params:
+            assert_record_holds(p)
 
 
 @pytest.mark.parametrize("tier", TIERS)
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_a_models_records_hold_and_are_its_lookups(tier, dtype):
-    """The sparse case's backward: every parameter's record holds; the tables' are
-    exactly the ids they looked up (tokens, hashed word pairs), a superset of the rows a
-    scan finds (a row looked up only where the gradient is zero is recorded too)."""
+    """The sparse case's backward: every parameter's record holds; on the fast tier the
+    tables' are exactly the ids they looked up (tokens, hashed word pairs), a superset of
+    the rows a scan finds (a row looked up only where the gradient is zero is recorded
+    too); the textbook's has none, and a scan finds only looked-up rows."""
     with using_backend("numpy", dtype), using_tier(tier):
         model, task, batch = cases.build("sparse", 6)
-        model.zero_grad()
+        zeroed(model)
         task.loss_and_grad(model, batch, 1.0)
         for name, p in model.named_parameters():
             assert_record_holds(p, name)
         ids = batch[0]
         pairs = ops.hashed_bigrams(ids, model.config.bigram_buckets)
         for table, looked in ((model.embed.tokens.weight, ids), (model.bigrams.weight, pairs)):
-            assert np.flatnonzero(recorded(table)).tolist() == np.unique(looked).tolist()
-            assert not np.any(changed_rows(table.grad) & ~recorded(table))
+            looked = np.zeros(table.shape[0], dtype=bool)
+            looked[np.unique(ids if table is model.embed.tokens.weight else pairs)] = True
+            if tier == "textbook":
+                assert rows_written(table) is None
+            else:
+                assert np.array_equal(recorded(table), looked)
+            assert changed_rows(table.grad).any()
+            assert not np.any(changed_rows(table.grad) & ~looked)
 
 
 def counting_scans(monkeypatch) -> list:
@@ -426,16 +525,17 @@ def counting_scans(monkeypatch) -> list:
 
 @pytest.mark.parametrize("tier", TIERS)
 def test_thread_replicas_add_the_rows_their_records_name(monkeypatch, tier):
-    """Two thread replicas: on the fast tier (flat buffers) the replica's tables are added
-    by the rows of its records (no table read), and the model's records then name both
-    replicas' rows; on the textbook's, each gradient is accumulated, the record None.
-    Every record holds, and the gradients equal those added whole, bit for bit."""
+    """Two thread replicas: on the fast tier (flat buffers, the replica's of gradients
+    only) the replica's tables are added by the rows of its records (no table read), and
+    the model's records then name both replicas' rows; on the textbook's, each gradient
+    is accumulated, no record.  Every record holds, and the gradients equal those added
+    whole, bit for bit."""
     with using_backend("numpy", "float64"), using_tier(tier):
         whole, _ = cases.reduced_gradients(None, 2, row_sparse=False)
         scans = counting_scans(monkeypatch)
         model, task, batch = cases.build("sparse", 6)
         engine = DataParallel(model, 2)
-        model.zero_grad()
+        zeroed(model)
         engine.loss_and_grad(task, batch, 1.0, seed=0)
     assert scans == []
     for name, p in model.named_parameters():
@@ -445,14 +545,15 @@ def test_thread_replicas_add_the_rows_their_records_name(monkeypatch, tier):
         assert np.flatnonzero(recorded(model.embed.tokens.weight)).tolist() == \
             np.unique(batch[0]).tolist()  # both shards' ids
     else:
-        assert model.embed.tokens.weight.rows_written is None
+        assert rows_written(model.embed.tokens.weight) is None
 
 
 def ranks_gradients(kind: str, rows: int, size: int, replicas: int, row_sparse: bool,
-                    micro_batches: int = 1) -> list[tuple[dict, list, int]]:
-    """[each rank's ({name: grad}, its parameters, bytes sent)] after one step of
+                    micro_batches: int = 1, edit=None) -> list[tuple[dict, list, int]]:
+    """[each rank's ({name: grad}, its parameters' records, bytes sent)] after one step of
     ``micro_batches`` batches (the same batch again) summed across ``size`` thread ranks
-    (tests/test_buckets.py's SnapshotRanks)."""
+    (tests/test_buckets.py's SnapshotRanks), the gradients zeroed as the Trainer zeroes
+    them (:func:`zeroed`); ``edit(model, rank)``, where given, before the sum."""
     from tests.test_buckets import SnapshotRanks, each_rank
 
     built = [cases.build(kind, rows) for _ in range(size)]
@@ -460,14 +561,16 @@ def ranks_gradients(kind: str, rows: int, size: int, replicas: int, row_sparse: 
     def step(ranks, rank):
         model, task, batch = built[rank]
         engine = DataParallel(model, replicas, SnapshotRanks(ranks, rank), row_sparse=row_sparse)
-        model.zero_grad()
+        zeroed(model)
         share = 0.0
         for i in range(micro_batches):
             share += engine.loss_and_grad(task, batch, 1.0, seed=i,
                                           ends_step=i == micro_batches - 1)[0]
+        if edit is not None:
+            edit(model, rank)
         engine.reduce_step(share)
         return ({n: np.asarray(p.grad).copy() for n, p in model.named_parameters()},
-                model.parameters(), engine.reduced_bytes)
+                [rows_written(p) for p in model.parameters()], engine.reduced_bytes)
 
     return each_rank(size, step)
 
@@ -478,21 +581,48 @@ def ranks_gradients(kind: str, rows: int, size: int, replicas: int, row_sparse: 
 @pytest.mark.parametrize("micro_batches", [1, 2])
 def test_the_ranks_sum_the_rows_their_records_name(monkeypatch, tier, size, replicas,
                                                    micro_batches):
-    """Ranks (threads standing in) of 1 or 2 replicas, one or two batches a step: the sum
-    by the records' rows reads no table (on the fast tier; the textbook's replicas add
-    whole, leaving no record), sends less than the whole sum and equals it bit for bit;
-    after the sum no record claims anything (the gradients are every rank's)."""
+    """Ranks (threads standing in) of 1 or 2 replicas, one or two batches a step: on the
+    fast tier the sum by the records' rows reads no table; the textbook tier's has no
+    record and reads each table once a rank.  Either sends less than the whole sum and
+    equals it bit for bit; after the sum no record claims anything (the gradients are
+    every rank's)."""
     with using_backend("numpy", "float64"), using_tier(tier):
         whole = ranks_gradients("sparse", 6, size, replicas, False, micro_batches)
         scans = counting_scans(monkeypatch)
         by_rows = ranks_gradients("sparse", 6, size, replicas, True, micro_batches)
-    # the textbook's replicas accumulate the replica's gradients: the records are None
-    assert len(scans) == (2 * size if tier == "textbook" and replicas == 2 else 0)
-    for (grads, params, sent), (expected, _, whole_sent) in zip(by_rows, whole):
+    assert len(scans) == (2 * size if tier == "textbook" else 0)  # two tables a rank
+    for (grads, records, sent), (expected, _, whole_sent) in zip(by_rows, whole):
         assert sent < whole_sent / 2
         for name, g in expected.items():
             assert np.array_equal(grads[name].view(np.uint64), g.view(np.uint64)), name
-        assert all(p.rows_written is None for p in params)
+        assert records and all(record is None for record in records)
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_a_gradient_rebound_before_the_sum_is_read_by_it(monkeypatch, tier):
+    """Rank 1 rebinds its token table's gradient with a row no lookup wrote (as a user's
+    or a loader's write would) after its backward: the buffer finds it rebound, so the
+    sum reads that table (and no other on the fast tier) and sends the row: equal to
+    the whole sum."""
+    _, _, batch = cases.build("sparse", 6)
+    row = int(np.setdiff1d(np.arange(400), batch[0])[0])  # looked up by no rank
+
+    def rebound(model, rank):
+        if rank == 1:
+            table = model.embed.tokens.weight
+            bump = np.zeros(table.shape)
+            bump[row] = 0.5
+            table.grad = table.grad + bump
+
+    with using_backend("numpy", "float64"), using_tier(tier):
+        whole = ranks_gradients("sparse", 6, 2, 1, False, edit=rebound)
+        scans = counting_scans(monkeypatch)
+        by_rows = ranks_gradients("sparse", 6, 2, 1, True, edit=rebound)
+    assert len(scans) == (4 if tier == "textbook" else 1)  # (fast) rank 1's token table
+    for (grads, _, _), (expected, _, _) in zip(by_rows, whole):
+        assert np.all(grads["embed.tokens.weight"][row] == 0.5)
+        for name, g in expected.items():
+            assert np.array_equal(grads[name].view(np.uint64), g.view(np.uint64)), name
 
 
 @pytest.mark.parametrize("tier", TIERS)
@@ -525,22 +655,24 @@ def test_sums_by_records_equal_the_whole_sum_and_a_missing_row_would_not(dtype, 
     nan_row = changed_rows(grads[0][lo:hi].reshape(40, 3)).nonzero()[0]
 
     def records(g, drop=None):
-        """Each parameter's record: the rows its gradient in g holds (a -0.0 row too)."""
-        held = []
-        for p, (a, b) in zip(params, slices):
-            q = Parameter(np.zeros(p.shape, dtype=dtype))
+        """(parameters of the layout, the flat buffer keeping their records): each
+        table's gradient in g added with a record of the rows it holds (a -0.0 row too),
+        less ``drop``."""
+        held = [Parameter(np.zeros(p.shape, dtype=dtype)) for p in params]
+        flat = FlatParameters(held, gradients_only=True)
+        flat.zero_grad()
+        for p, q, (a, b) in zip(params, held, slices):
             if p in tables:
                 rows = np.flatnonzero(changed_rows(g[a:b].reshape(p.shape)))
-                q.rows_written = (rows[rows != drop],)
-            held.append(q)
-        return held
+                accumulate(q, g[a:b].reshape(p.shape), rows[rows != drop])
+        return held, flat
 
     def summed(drop):
         def reduce(comm, rank):
             summer = RowSparseSum(params, slices, tables, total)
             buffer = grads[rank].copy()
-            summer(buffer, comm.allreduce, comm.allgather,
-                   records(grads[rank], drop if rank == 1 else None))
+            holding, _flat = records(grads[rank], drop if rank == 1 else None)
+            summer(buffer, comm.allreduce, comm.allgather, holding)
             assert summer.last_scanned == 0
             return buffer
         return ThreadRanks(2).run(reduce)
@@ -558,5 +690,7 @@ def test_sums_by_records_equal_the_whole_sum_and_a_missing_row_would_not(dtype, 
 def test_records_of_a_layout_not_this_ones_are_refused():
     params, slices, tables, total = layout(np.float64)
     wrong = [Parameter(np.zeros((3,))) for _ in params]
+    flat = FlatParameters(wrong)  # kept: it keeps their records, empty, of (3,) gradients
+    flat.zero_grad()
     with pytest.raises(ValueError, match="not this layout's"):
         RowSparseSum(params, slices, tables, total).written(np.zeros(total), wrong)

@@ -104,7 +104,8 @@ class Embedding(nn.Embedding):
 
     def backward(self, dy: Array) -> None:
         """dy (..., D) -> None: integer ids are not differentiable.  The table's gradient
-        is added, the rows looked up recorded (:attr:`Parameter.rows_written`)."""
+        is added in place, the rows looked up recorded by its flat buffer
+        (:func:`npformer.nn.flat.rows_written`)."""
         saved = self._pop_saved()
         if not self.weight.frozen:  # a frozen table's rows take no gradient
             accumulate(self.weight, embedding.embedding_backward(dy, saved),
@@ -119,8 +120,9 @@ class Embedding(nn.Embedding):
         return logits
 
     def project_backward(self, dlogits: Array, h: Array | None = None) -> Array:
-        """dlogits (..., V) -> dh (..., D); W^T's gradient is added into the one table.
-        ``h``: the projection's input, where it was not kept."""
+        """dlogits (..., V) -> dh (..., D); W^T's gradient is added into the one table, in
+        every row (its flat buffer's record of the rows written becomes None).  ``h``:
+        the projection's input, where it was not kept."""
         frozen = self.weight.frozen  # then W^T's gradient is not computed
         dh, dtable_t, _ = linear.linear_backward(dlogits, self._pop_saved("_project_saved"), h,
                                                  weights=not frozen)

@@ -95,11 +95,10 @@ class Embedding(Module):
         return y
 
     def backward(self, dy: Array) -> None:
-        """dy (..., D) -> None: integer ids are not differentiable.  The table's gradient
-        is added, the rows looked up recorded (:attr:`Parameter.rows_written`)."""
+        """dy (..., D) -> None: integer ids are not differentiable."""
         saved = self._pop_saved()
         if not self.weight.frozen:  # a frozen table's rows take no gradient
-            self.weight.accumulate(ops.embedding_backward(dy, saved), ops.embedding_rows(saved))
+            self.weight.accumulate(ops.embedding_backward(dy, saved))
         return None
 
     def project(self, h: Array) -> Array:

@@ -37,8 +37,6 @@ from contextlib import AbstractContextManager, contextmanager
 from operator import attrgetter
 from typing import Any
 
-import numpy as np
-
 from .. import backend
 from ..backend import Array
 from ..ops.contracts import _state, check_flag, check_upstream, trusted, trusting
@@ -92,22 +90,9 @@ class Parameter:
     holds no gradient (``grad`` is None, and a backward's share is dropped, not added),
     and the optimizers keep no state for it: the memory of a gradient and of Adam's two
     moments, three arrays of the parameter's size, is not spent on it.
-
-    ``rows_written``: which rows (along the first axis) the gradient may hold anything but
-    +0.0 in, for data parallelism's row-sparse sum (:mod:`npformer.parallel.sparse`),
-    which then need not read a lookup table's whole gradient to find them.  A tuple of
-    integer arrays (NumPy), the rows of each write since the gradient was zeroed: every
-    row outside them is +0.0.  Zeroing starts it empty, ``()``; a lookup's backward adds
-    its ids (:meth:`accumulate`'s ``rows``).  None: not known (any row may hold
-    anything).  Binding ``grad`` makes it None, whoever does it and however
-    (``p.grad = g``, ``p.grad += g``, ``p.grad *= c``, a tied projection's share, the
-    optimizer's clipping): only a write that says which rows it wrote keeps a record.
-    Code writing into the gradient's array in place without binding it (a flat
-    buffer's ``grad[...]``) keeps the record right itself (:mod:`npformer.nn.flat`,
-    :mod:`npformer.parallel`) or makes it None.
     """
 
-    __slots__ = ("data", "_grad", "decay", "frozen", "rows_written")
+    __slots__ = ("data", "grad", "decay", "frozen")
 
     def __init__(self, data: Array, decay: bool = True):
         self.data = data
@@ -115,15 +100,6 @@ class Parameter:
         self.decay = decay
         self.frozen = False
         self.zero_grad()
-
-    @property
-    def grad(self) -> Array | None:
-        """The gradient accumulated since it was last zeroed (None when frozen)."""
-        return self._grad
-
-    @grad.setter
-    def grad(self, value: Array | None) -> None:
-        self._grad, self.rows_written = value, None  # written by whoever: rows not known
 
     def freeze(self) -> None:
         """Stop training this parameter: its gradient array is released."""
@@ -139,54 +115,16 @@ class Parameter:
         return tuple(self.data.shape)
 
     def zero_grad(self) -> None:
-        """A zero gradient (none for a frozen parameter), no row written."""
+        """A zero gradient (none for a frozen parameter)."""
         self.grad = None if self.frozen else backend.namespace_of(self.data).zeros_like(self.data)
-        self.rows_written = ()
 
-    def accumulate(self, grad: Array, rows: Array | None = None) -> None:
-        """``grad`` += the gradient of one use of this parameter (dropped when frozen).
-        ``rows``: where ``grad`` is a lookup's, +0.0 outside the rows it looked up, their
-        ids (recorded in :attr:`rows_written`); None: it may be anything anywhere."""
+    def accumulate(self, grad: Array) -> None:
+        """``grad`` += the gradient of one use of this parameter (dropped when frozen)."""
         if not self.frozen:
-            written = self.rows_written
             self.grad = self.grad + grad
-            self.rows_written = with_rows(written, rows, grad)
-
-    def rebind_grad(self, array: Array) -> None:
-        """Bind ``array`` as the gradient, holding its values (a flat buffer's view they
-        were copied into): the record of the rows written stays."""
-        written = self.rows_written
-        self.grad = array
-        self.rows_written = written
 
     def __repr__(self) -> str:
         return f"Parameter(shape={self.shape}, dtype={self.data.dtype})"
-
-
-MAX_WRITES_KEPT = 16  # a record of more writes than this is merged into one array of rows
-
-
-def with_rows(written: tuple | None, rows: Array | None, grad: Array) -> tuple | None:
-    """The record of written rows (:attr:`Parameter.rows_written`) ``written``, after a
-    gradient ``grad`` that is +0.0 outside ``rows`` was added: ``rows`` copied in (the
-    caller may reuse its array of ids).  None if either is not known, or not on NumPy (a
-    record is read on the host only, and the strict backend's scatter-add, a one-hot
-    product, may leave -0.0 or NaN outside the rows)."""
-    if rows is None or type(grad) is not np.ndarray or type(rows) is not np.ndarray:
-        return None
-    return merged_rows(written, (np.array(rows, dtype=np.int64).reshape(-1),))
-
-
-def merged_rows(written: tuple | None, more: tuple | None) -> tuple | None:
-    """Two records of written rows (:attr:`Parameter.rows_written`) as one: after a
-    gradient recorded as ``more`` was added into one recorded as ``written``.  None if
-    either is."""
-    if written is None or more is None:
-        return None
-    written = written + more
-    if len(written) > MAX_WRITES_KEPT:  # many writes without a zeroing: kept bounded
-        written = (np.unique(np.concatenate(written)),)
-    return written
 
 
 def flat_layout(shapes: Sequence[tuple[int, ...]]) -> tuple[list[tuple[int, int]], int]:

@@ -47,9 +47,10 @@ def embedding_forward(ids: Array, table: Array) -> tuple[Array, Any]:
 def embedding_rows(saved: Any) -> Array | None:
     """The ids (N,) an :func:`embedding_forward`'s saved values hold: the rows of the table
     its backward's gradient can hold anything in (every other row is +0.0, from the zeros
-    the scatter-add starts with), which the layer records (:attr:`Parameter.rows_written`).
+    the scatter-add starts with), which the fast tier's Embedding records in its flat
+    buffer for data parallelism's row-sparse sum (:func:`npformer.nn.flat.accumulate`).
     None where ``saved`` is not this op's (an exercise's own forward made it): the rows are
-    then not known, and data parallelism's sum reads the table to find them."""
+    then not known, and that sum reads the table to find them."""
     if type(saved) is not Saved or saved.op != embedding_forward.op_name \
             or saved.tier != embedding_forward.tier:
         return None

@@ -175,8 +175,9 @@ class ThreadReplicas:
 
     def _add_flat(self, flat: FlatParameters, theirs: FlatParameters) -> None:
         """The model's flat gradient buffer += a replica's: of each lookup table only the
-        rows the replica wrote (:class:`RowSparseSum`, where ``row_sparse``), the rest in
-        one pass; the model's records of the rows written take the replica's."""
+        rows the replica wrote (:class:`RowSparseSum`, where ``row_sparse``; its buffer's
+        records say which), the rest in one pass; the model's buffer's records of the rows
+        written take the replica's (:func:`npformer.nn.flat.add_rows_written`)."""
         if not self.row_sparse:
             flat.grad += theirs.grad
         else:

@@ -9,13 +9,15 @@ row.  Here, once per step:
 
 1. **written rows**: each rank takes, of each table, the rows its gradient may hold
    anything but +0.0 in (:meth:`RowSparseSum.written`).  Where the gradient's record is
-   known, they are the ids its lookups looked up: each Embedding's backward records
-   them on its weight (:attr:`npformer.nn.Parameter.rows_written`, emptied when the
-   gradient is zeroed), and a (V,) mask is made of them, no pass over the table.  The
-   record is None (not known) once anything else wrote the gradient: a tied output
-   projection (its gradient fills every row), code binding ``p.grad``, an accumulation
-   that did not say its rows.  Then the rank reads the table instead, one pass
-   (:func:`changed_rows`: the rows holding any bit that is not +0.0's);
+   known, they are the ids its lookups looked up: the fast tier's Embedding adds them
+   to the record its flat buffer keeps of the table's gradient view
+   (:func:`npformer.nn.flat.rows_written`, emptied when the buffer is zeroed), and a
+   (V,) mask is made of them, no pass over the table.  The record is None (not known)
+   once anything else wrote the gradient (a tied output projection, whose gradient
+   fills every row; code binding ``p.grad``; an accumulation that did not say its rows)
+   and for a gradient in no flat buffer (the textbook tier's).  Then the rank reads the
+   table instead, one pass (:func:`changed_rows`: the rows holding any bit that is not
+   +0.0's);
 2. **union**: the ranks exchange those row sets (a bit per row, one ``allgather``) and
    OR them: the rows written on *some* rank, the same on every rank;
 3. **sum**: the union's rows of every table are gathered into one buffer and summed across
@@ -39,7 +41,7 @@ may hold only +0.0 (a lookup whose gradient was zero there, a padding position's
 it is summed though it need not be, to the same +0.0.  A scanned row whose only change
 is a -0.0, a NaN or a subnormal is changed (its bits are not +0.0's).  The records must
 never miss a row, so everything that writes a gradient either says which rows it wrote
-or makes the record None: binding ``grad`` in any way makes it None
+or makes the record None, and a gradient rebound in any way has none
 (``tests/test_parallel_sparse.py`` checks each way of writing one).
 
 Any table works whose gradient is row-sparse; one that is not (a table tied to an output
@@ -59,6 +61,7 @@ from typing import Any
 import numpy as np
 
 from ..nn import Embedding, Module, Parameter
+from ..nn.flat import rows_written
 
 WHOLE_TABLE_SHARE = 0.5  # beyond this share of a table's rows, gathering them costs more
 #                          than summing the table in place
@@ -122,8 +125,8 @@ def _rows_with_bits(bits, out):
 
 
 def recorded_rows(record: tuple, rows: int) -> np.ndarray:
-    """A record of written rows (:attr:`Parameter.rows_written`: arrays of row ids) ->
-    (rows,) bool, True at every id in it."""
+    """A record of written rows (:func:`npformer.nn.flat.rows_written`: arrays of row
+    ids) -> (rows,) bool, True at every id in it."""
     out = np.zeros(rows, dtype=np.bool_)
     for ids in record:
         out[ids] = True
@@ -132,8 +135,8 @@ def recorded_rows(record: tuple, rows: int) -> np.ndarray:
 
 def written_rows(table: np.ndarray, record: tuple | None) -> np.ndarray:
     """table (V, D), a lookup table's gradient, and its record of the rows written
-    (:attr:`Parameter.rows_written`) -> (V,) bool: the recorded rows, or where the record
-    is None (not known) the rows a pass over the table finds changed."""
+    (:func:`npformer.nn.flat.rows_written`) -> (V,) bool: the recorded rows, or where the
+    record is None (not known) the rows a pass over the table finds changed."""
     return changed_rows(table) if record is None else recorded_rows(record, table.shape[0])
 
 
@@ -222,14 +225,14 @@ class RowSparseSum:
         """[(V,) bool for each table: the rows of its gradient in ``buffer`` that may hold
         anything but +0.0].  Where ``holding`` (the parameters whose gradients ``buffer``
         holds, in the layout's order) has the table's record
-        (:attr:`Parameter.rows_written`: the ids its lookups' backward added at since it
-        was zeroed), those rows, without reading the table; else the rows found by
-        reading it (:func:`changed_rows`).  A recorded row may hold +0.0 only (a lookup
-        whose gradient was zero there): it is then summed though it need not be, to
-        the same value."""
+        (:func:`npformer.nn.flat.rows_written`: the ids its lookups' backward added at
+        since its buffer was zeroed), those rows, without reading the table; else the
+        rows found by reading it (:func:`changed_rows`).  A recorded row may hold +0.0
+        only (a lookup whose gradient was zero there): it is then summed though it need
+        not be, to the same value."""
         rows, self.last_scanned = [], 0
         for i, slot in zip(self.table_index, self.tables):
-            record = None if holding is None else holding[i].rows_written
+            record = None if holding is None else rows_written(holding[i])
             if record is not None and tuple(holding[i].shape) != (slot.rows, slot.cols):
                 raise ValueError(f"holding[{i}] is of shape {holding[i].shape}, not the "
                                  f"table's {(slot.rows, slot.cols)}: not this layout's")

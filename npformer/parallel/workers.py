@@ -57,7 +57,7 @@ import numpy as np
 
 from .. import backend
 from ..nn import Module, Parameter
-from ..nn.flat import flat_buffer_of
+from ..nn.flat import flat_buffer_of, forget_rows_written
 from ..nn.module import flat_layout
 from .buckets import BUCKET_BYTES, DONE, BucketedSum, plan_buckets, tail_of
 from .context import SINGLE, join_if_launched
@@ -160,8 +160,9 @@ class DataParallel:
         self._summing = None
         summing.finish()
         params = self.model.trainable_parameters()
-        for p in params:  # each gradient is now every rank's sum, in place: the rows
-            p.rows_written = None  # this rank's lookups wrote are no longer all it holds
+        # each gradient is now every rank's sum, in place: the rows this rank's lookups
+        # wrote are no longer all it holds
+        forget_rows_written(params)
         if self._packed is not None and summing.buffer is self._packed.buffer:
             self._packed.unpack(params)
         dense = sum(hi - lo for lo, hi in summing.bounds) * summing.buffer.itemsize
@@ -194,7 +195,7 @@ class DataParallel:
         flat = flat_buffer_of(params)
         if flat is not None:
             buffer, slices = flat.grad, flat.slices
-            fill = functools.partial(_bind_views, params, flat.grad_views)
+            fill = flat.bind_gradients  # rebound gradients copied in, their records None
         else:
             self._packed = self._packed or PackedGradients(params)
             buffer, slices = self._packed.buffer, self._packed.slices
@@ -265,16 +266,6 @@ def split_batch(batch: tuple, parts: int, keep_empty: bool = False,
     rows = batch[0].shape[0]
     bounds = shard_bounds(rows, parts) if costs is None else balanced_bounds(costs, parts)
     return [tuple(a[lo:hi] for a in batch) for lo, hi in bounds if keep_empty or hi > lo]
-
-
-def _bind_views(params: Sequence[Parameter], views: Sequence[Any], first: int,
-                end: int) -> None:
-    """params[first:end]'s gradients in their views of a flat buffer: one that code
-    rebound (``model.zero_grad()`` binds fresh zeros) is copied in and the view bound."""
-    for p, view in zip(params[first:end], views[first:end]):
-        if p.grad is not view:
-            view[...] = p.grad
-            p.rebind_grad(view)  # the same values: the same rows written
 
 
 def shard_weights(task: ShardTask, shards: Sequence[tuple]) -> tuple[list[float], int]:
