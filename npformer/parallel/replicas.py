@@ -95,7 +95,11 @@ class ThreadReplicas:
         # Each model's parameters, listed once: the replicas are copies of the model as it
         # was here, so the lists stay paired (and no step walks the modules again).
         self.parameter_lists = [m.parameters() for m in self.models]
-        self.pool = ThreadPoolExecutor(max_workers=len(self.models)) if count > 1 else None
+        # replica k > 0 always runs in thread k (its own, kept), replica 0 in the caller's:
+        # each thread's allocator then serves the same replica's arrays every step, whose
+        # shards differ in size from step to step (shared out by tokens)
+        self.threads = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"replica-{k}")
+                        for k in range(1, len(self.models))]
         self._replica_flats: dict[int, FlatParameters] = {}
         self._rows: RowSparseSum | None = None  # the tables' layout in the flat buffers
 
@@ -106,25 +110,32 @@ class ThreadReplicas:
         """Job k, ``(shard, grad_scale, seed)``, runs on replica k: the forward and backward
         of ``task``'s loss times ``grad_scale``, its dropout masks drawn from
         ``thread_generator(seed)``.  Afterwards the model's gradients hold their own plus
-        every replica's.  Returns the jobs' mean losses.  Several jobs run on the pool's
-        threads, the model's too; a job alone runs in this thread."""
+        every replica's.  Returns the jobs' mean losses.  Job 0 (the model's) runs in this
+        thread, job k > 0 in replica k's own thread, the same every step."""
         if len(jobs) > len(self.models):
             raise ValueError(f"{len(jobs)} jobs for {len(self.models)} replicas")
         if len(jobs) <= 1:  # none (nothing counted here), or one: the model itself
             return [self._run_on(0, task, job) for job in jobs]
         self._share_parameters()
         self._prepare_flat_gradients(len(jobs))
+        grad = grad_enabled()  # the caller's switch (it is per thread), for the replicas too
         with single_threaded_blas():
-            losses = list(self.pool.map(self._run_on, range(len(jobs)), [task] * len(jobs),
-                                        jobs))
+            started = [self.threads[k - 1].submit(self._run_on, k, task, jobs[k], grad)
+                       for k in range(1, len(jobs))]
+            try:
+                mine = self._run_on(0, task, jobs[0], grad)
+            finally:  # every replica's work done before this returns or raises
+                wait(started)
+        losses = [mine] + [future.result() for future in started]
         self._sum_gradients(len(jobs))
         return losses
 
-    def _run_on(self, k: int, task: ShardTask, job: tuple[tuple, float, int]) -> float:
+    def _run_on(self, k: int, task: ShardTask, job: tuple[tuple, float, int],
+                grad: bool = True) -> float:
         shard, grad_scale, seed = job
         if k > 0:  # a replica's own state, set up in its own thread (the model's: the caller's)
             self._reset_replica(k)
-        with backend.thread_generator(seed):
+        with set_grad_enabled(grad), backend.thread_generator(seed):
             return task.loss_and_grad(self.models[k], shard, grad_scale)
 
     def _prepare_flat_gradients(self, used: int) -> None:
