@@ -180,7 +180,8 @@ def kernels_run(monkeypatch):
 def test_causal_lm_evaluates_through_the_kernels(dtype, kernels_run, norm_first, padded):
     """The fast causal LM under no_grad runs its blocks and final norm as one kernel, and
     gives the textbook's logits, a left-padded batch's too; then decoding from the prompt
-    (its blocks each a kernel, their keys and values into the cache)."""
+    (its blocks each a kernel, their keys and values into the cache), and steps (each
+    block a kernel reading the cache)."""
     config = CausalLMConfig(vocab_size=11, block_size=8, d_model=8, num_heads=2,
                             num_layers=2, d_ff=16, dropout=0.1, norm_first=norm_first)
     textbook, quick = pair(1, lambda: tiered.CausalLM(config))
@@ -193,12 +194,12 @@ def test_causal_lm_evaluates_through_the_kernels(dtype, kernels_run, norm_first,
                      RTOL[dtype], "logits")
         assert kernels_run["blocks"] == 2
         caches = textbook.new_cache(), quick.new_cache()
-        for start, stop in ((0, 4), (4, 5)):  # the prompt (kernels), then one step
+        for start, stop in ((0, 4), (4, 5), (5, 6)):  # the prompt, then two steps
             step, seen = ids[:, start:stop], mask[:, :stop]
             assert_close(quick.forward_cached(step, caches[1], attention_mask=seen),
                          textbook.forward_cached(step, caches[0], attention_mask=seen),
                          RTOL[dtype], f"positions {start}:{stop}")
-    assert kernels_run["blocks"] == 4  # the prompt's two blocks; the step is not theirs
+    assert kernels_run["blocks"] == 8  # the whole forward's, the prompt's and each step's
 
 
 def test_the_kernels_run_their_products_on_one_blas_thread(dtype, monkeypatch):
@@ -358,3 +359,38 @@ def test_a_non_finite_query_key_or_value_runs_the_usual_path(dtype, projection, 
             layer.bias.data = bias
         assert compiled.encoder_block_forward(block, x, mask) is None
         assert compiled.llama_block_forward(llama, x, cos, sin, mask) is None
+
+
+@pytest.mark.parametrize("options", [{}, {"qk_norm": True}, {"head_dim": 5}])
+@pytest.mark.parametrize("padded", [False, True])
+def test_a_decoding_step_attends_over_the_cache_in_the_kernel(dtype, options, padded):
+    """A step after cached positions (the fast tier's growing cache): the kernel reads the
+    cached keys and values, attends over them and the step's own, and the cache takes the
+    step's: the textbook block's output and cache, step after step, a left-padded row's
+    mask too.  A non-finite cached key or value and the kernel declines."""
+    from npformer.fast.cache import KVCache as GrowingKVCache
+
+    textbook, quick = pair(6, lambda: tiered.EncoderBlock(8, 2, 16, 0.0, "gelu", True,
+                                                          **options))
+    x = inputs(6, 2, 7, 8)
+    keep = np.ones((2, 7), dtype=bool)
+    keep[1, :2] = not padded  # row 1's first two positions padding
+    caches = nn.BlockCache(), nn.BlockCache(layer_cache=GrowingKVCache)
+    with nn.no_grad():
+        for start, stop in ((0, 3), (3, 4), (4, 5), (5, 7)):
+            mask = ops.causal_mask(stop - start, stop)[None, None] \
+                & backend.asarray(keep[:, None, None, :stop])  # (B, 1, T, S)
+            got = compiled.encoder_block_forward(quick, x[:, start:stop], mask, caches[1])
+            assert got is not None, f"positions {start}:{stop}: the kernel refused"
+            expected = textbook(x[:, start:stop], mask, kv_cache=caches[0])
+            assert_close(got, expected, RTOL[dtype], f"positions {start}:{stop}")
+            for kept in ("keys", "values"):
+                assert_close(getattr(caches[1].self_attn, kept),
+                             getattr(caches[0].self_attn, kept), RTOL[dtype], kept)
+        for kept in ("_keys", "_values"):
+            buffer = getattr(caches[1].self_attn, kept)
+            saved = buffer[1, 0, 2, 0].copy()
+            buffer[1, 0, 2, 0] = np.nan
+            assert compiled.encoder_block_forward(quick, x[:, 6:7], None, caches[1]) is None
+            buffer[1, 0, 2, 0] = saved
+        assert compiled.encoder_block_forward(quick, x[:, 6:7], None, caches[1]) is not None

@@ -76,6 +76,9 @@ for dtype in (("float32",) if sys.argv[1] == "gelu" else ("float32", "float64"))
         compiled.llama_block_forward(fast.llama.LlamaBlock(8, 2, 16), xb, cos, sin, mask)
         rows = xb.reshape(-1, 8)  # the blocks' attention, run on its own (loaded on its own)
         compiled._attend(rows, rows, rows, np.array([0, 9, 18]), np.ones((1, 1, 1, 1), bool), 2, 2)
+        none = np.empty((1, 2, 0, 4), dtype)  # and after no cached position
+        compiled._attend_after(rows, rows, rows, none, none, np.array([0, 9, 18]),
+                               np.ones((1, 1, 1, 1), bool), 2, 2)
     side = int(np.ceil(np.sqrt(streaming.PARALLEL_WEIGHTS)))  # a decoding step's products:
     for k in (64, side):  # on one thread, then on every core
         streaming.streamed_product(x[:2, :1].repeat(k, 1).copy(), np.ones((k, k), dtype))

@@ -192,6 +192,26 @@ def compiled_attend_case():
     assert rel_diff(got, rows(expected)) <= 1e-13
 
 
+def compiled_attend_after_case():
+    """The kernels' attention of rows after cached positions (grouped heads; the causal
+    mask's last two rows): the textbook op's last two positions."""
+    rng = np.random.default_rng(4)
+    batch, length, before, heads, kv_heads, width = 2, 4, 2, 4, 2, 3
+    q = rng.standard_normal((batch, heads, length, width))
+    k, v = (rng.standard_normal((batch, kv_heads, length, width)) for _ in "kv")
+    mask = ops.causal_mask(length)
+    expected, _ = ops.grouped_attention_forward(q, k, v, mask)  # (B, H, T, E)
+    new = length - before
+
+    def rows(t):  # the new positions (B, heads, T_new, E) -> (B T_new, heads E)
+        return np.ascontiguousarray(t[:, :, before:].transpose(0, 2, 1, 3)).reshape(
+            batch * new, -1)
+    got = compiled._attend_after(rows(q), rows(k), rows(v), k[:, :, :before], v[:, :, :before],
+                                 np.arange(batch + 1) * new, compiled._mask4(mask[before:]),
+                                 heads, kv_heads)
+    assert rel_diff(got, rows(expected)) <= 1e-13
+
+
 def perturbed_sum(kernel):
     def broken(*args):
         return kernel(*args) * (1 + 1e-9)
@@ -450,6 +470,7 @@ BROKEN = {  # kernel (its module, its name): [(its broken copy, the check that m
     (compiled, "_encoder_stack"): [(lambda k: perturbed_output(k, 0), compiled_blocks_case)],
     (compiled, "_llama_block"): [(lambda k: perturbed_output(k, 0), compiled_blocks_case)],
     (compiled, "_attend"): [(perturbed_output, compiled_attend_case)],
+    (compiled, "_attend_after"): [(perturbed_output, compiled_attend_after_case)],
     (fast_streaming, "_columns"): [(lambda k: perturbed(k, 2), streaming_case),
                                    (lambda k: perturbed(k, 2, 1e-5), streaming32_case)],
     (fast_streaming, "_parallel_product"): [(lambda k: perturbed(k, 2), streaming_case),

@@ -153,9 +153,11 @@ def test_the_fast_linear_streams_a_decoding_steps_rows(monkeypatch, dtype):
     """The fast tier's linear op streams a few rows (B, 1, D_in) and gives the textbook op's
     output within rounding; many rows go to the library's product."""
     from npformer import fast, ops
+    from npformer.fast import compiled as fast_compiled
     from npformer.fast import linear as fast_linear
 
     streamed = []
+    monkeypatch.setattr(fast_compiled, "CACHED_STEP_WEIGHTS", 0)  # the steps run the layers
     real = fast_linear.streamed_product
     monkeypatch.setattr(fast_linear, "STREAM_FEW_ROWS", True)
     monkeypatch.setattr(fast_linear, "streamed_product",
@@ -194,9 +196,11 @@ def test_greedy_generation_with_streamed_steps_equals_the_uncached_decode(monkey
     streamed) gives every row the tokens of the uncached greedy decode, in both tiers."""
     from npformer import fast, models
     from npformer.decoding import generate
+    from npformer.fast import compiled as fast_compiled
     from npformer.fast import linear as fast_linear
 
     streamed = []
+    monkeypatch.setattr(fast_compiled, "CACHED_STEP_WEIGHTS", 0)  # the steps run the layers
     real = fast_linear.streamed_product
     monkeypatch.setattr(fast_linear, "STREAM_FEW_ROWS", True)
     monkeypatch.setattr(fast_linear, "streamed_product",

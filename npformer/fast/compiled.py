@@ -42,11 +42,15 @@ When the fast blocks and the fast causal LM use them (:func:`encoder_block_forwa
 :func:`llama_block_forward`, :func:`encoder_stack_forward`): no gradient recorded, NumPy
 float32 or float64 arrays of one dtype, no dropout (eval mode, or p = 0), the layers the
 fast tier builds (not a LoRA adapter), no attention weights asked for, and no key/value
-cache or an empty one (a prompt's encoding: the keys and values go into it); and where
+cache or an empty one (a prompt's encoding: the keys and values go into it) or, for the
+encoder block, the fast tier's cache holding positions already (a decoding step: the
+kernel attends over the cached keys and values where they lie, as :func:`_attend_after`
+says, then the cache takes the step's); and where
 the kernel pays: its products run on one core
 (:func:`npformer.backend.single_threaded_blas`), so it runs inside thread replicas (whose
 BLAS is on one thread anyway) and otherwise for small products only (:func:`_pays`: a
-large model's prompt runs its layers, on every core).  Otherwise, and for input holding
+large model's prompt runs its layers, on every core, and so do its decoding steps, whose
+weights one core reads from memory slower than two).  Otherwise, and for input holding
 NaN or inf (the textbook's statements define what it gives), the block's usual path
 runs.  Tested equal to the textbook blocks in
 ``tests/test_compiled_forward.py``.
@@ -61,22 +65,28 @@ import numpy as np
 from ..backend import Array, blas_on_one_thread, single_threaded_blas
 from ..nn import BlockCache, EncoderBlock, KVCache, LayerNorm, LlamaBlock, lora
 from ..nn.module import grad_enabled
-from . import activations, compiler, layernorm, rmsnorm, rotary, swiglu
+from . import activations, compiler, layernorm, rmsnorm, rotary, streaming, swiglu
 from .activations import (
     gelu_forward32,
     gelu_forward64,
     gelu_tanh_forward32,
     gelu_tanh_forward64,
 )
+from .cache import KVCache as GrowingKVCache
 from .compiler import COMPILED, jit
 from .numerics import exp, max8, sum4
 from .packing import Packing
+from .streaming import MAX_ROWS, columns_into
 
 ACTIVATIONS = {"relu": 0, "gelu": 1, "gelu_tanh": 2}  # the kernel's codes
+STREAMED_WEIGHTS = 2 ** 18  # the largest W a block's few-row products stream (1 MiB float32)
+FEW_QUERIES = 2  # a sequence's rows up to which attention takes its products by hand
+CACHED_STEP_WEIGHTS = 2 ** 20  # a block's weights up to which a decoding step's kernel pays
 ONE_CORE_WORK = 2 ** 24  # multiply-adds of a block's products up to which its kernel, on
 #   one core, beats its layers on every core (GPT-2 small's block: 2 rows; the lm's: 85)
 # the files of the kernels these call (their code is compiled into these kernels' cache)
-CALLS = tuple(Path(m.__file__) for m in (activations, layernorm, rmsnorm, rotary, swiglu))
+CALLS = tuple(Path(m.__file__) for m in (activations, layernorm, rmsnorm, rotary, streaming,
+                                          swiglu))
 if COMPILED:  # numba's np.dot calls SciPy's BLAS: loaded now, before any thread limit is set
     import scipy.linalg.cython_blas  # noqa: F401
 
@@ -104,21 +114,42 @@ def _takes(x: Array, mask: Array | None, parameters) -> bool:
                               and p.flags.c_contiguous for p in parameters)
 
 
-def _pays(rows: int, weights) -> bool:
+def _pays(rows: int, weights, cached: bool = False) -> bool:
     """Whether a block's kernel, whose products run on one core, is faster than its layers
     for ``rows`` rows: always where BLAS is on one thread anyway (thread replicas,
     :func:`npformer.backend.blas_on_one_thread`), else where its products are small
     (rows x matrix weights at most ONE_CORE_WORK), so that the Python between the layers
-    costs more than the second core would save."""
+    costs more than the second core would save.  A step after ``cached`` positions: where
+    its weights fit in a core's cache (at most CACHED_STEP_WEIGHTS numbers), as a small
+    model's do; a large model's step reads its weights from memory, which one core reads
+    slower than two."""
     if blas_on_one_thread():  # the replicas' forward: no count needed
         return True
-    return rows * sum(w.size for w in weights
-                      if isinstance(w, np.ndarray) and w.ndim == 2) <= ONE_CORE_WORK
+    matrices = sum(w.size for w in weights if isinstance(w, np.ndarray) and w.ndim == 2)
+    return matrices <= CACHED_STEP_WEIGHTS if cached else rows * matrices <= ONE_CORE_WORK
 
 
-def _cache_takes(kv_cache: KVCache | None) -> bool:
+def _nothing_cached(kv_cache: KVCache | None) -> bool:
     """No cache, or an empty one (the kernel's keys and values fill it)."""
     return kv_cache is None or kv_cache.length == 0
+
+
+def _cache_takes(kv_cache: KVCache | None, packing: Packing | None = None) -> bool:
+    """An empty cache (:func:`_nothing_cached`), or the fast tier's holding NumPy arrays (a
+    decoding step's: the encoder block's kernel reads its keys and values, then they take
+    the step's), not for packed rows."""
+    if _nothing_cached(kv_cache):
+        return True
+    return isinstance(kv_cache, GrowingKVCache) and packing is None \
+        and type(kv_cache.keys) is np.ndarray
+
+
+def _past(kv_cache: KVCache | None, like: np.ndarray, heads: int, head_dim: int) -> tuple:
+    """The cached keys and values (B, H, P, E) the rows follow, or two empty ones (P = 0)."""
+    if kv_cache is None or kv_cache.length == 0:
+        empty = np.empty((1, heads, 0, head_dim), dtype=like.dtype)
+        return empty, empty
+    return kv_cache.keys, kv_cache.values
 
 
 def _mask4(mask: Array | None) -> np.ndarray:
@@ -202,18 +233,20 @@ def encoder_block_forward(block: EncoderBlock, x: Array, mask: Array | None,
     kernel does not take these inputs (the caller runs the usual path).  ``kv_cache``: the
     block's :class:`npformer.nn.BlockCache`."""
     kv_cache = None if kv_cache is None else kv_cache.self_attn
-    if not _takes(x, mask, []) or not _cache_takes(kv_cache):
+    if not _takes(x, mask, []) or not _cache_takes(kv_cache, packing):
         return None
     arguments = _encoder_arguments(block, x)
     if arguments is None:
         return None
     options, weights = arguments
-    if not _pays(x.shape[0] * x.shape[1] if packing is None else x.shape[0], weights):
+    if not _pays(x.shape[0] * x.shape[1] if packing is None else x.shape[0], weights,
+                 cached=kv_cache is not None and kv_cache.length > 0):
         return None
     batch, length = x.shape[:2] if packing is None else (packing.batch, packing.length)
+    past_k, past_v = _past(kv_cache, x, block.self_attn.num_heads, block.self_attn.head_dim)
     with single_threaded_blas():
         y, k, v, ok = _encoder_block(_rows(x), _starts(batch, length, packing), _mask4(mask),
-                                     *options, *weights)
+                                     past_k, past_v, *options, *weights)
     if not ok:  # NaN or inf in the keys, queries or values: the usual path defines it
         return None
     _into_cache(kv_cache, k, v, batch, length, block.self_attn.num_heads)
@@ -250,7 +283,7 @@ def llama_block_forward(block: LlamaBlock, x: Array, cos: Array, sin: Array,
     attn, ffn = block.self_attn, block.ffn
     projections = (attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj, ffn.gate_proj,
                    ffn.up_proj, ffn.down_proj)
-    if not _plain(*projections) or not _cache_takes(kv_cache) or not _takes(x, mask, []) \
+    if not _plain(*projections) or not _nothing_cached(kv_cache) or not _takes(x, mask, []) \
             or not all(type(t) is np.ndarray and t.dtype == x.dtype for t in (cos, sin)):
         return None
     weights = (block.attn_norm.weight.data, block.attn_norm.eps, *_linear(attn.q_proj, x),
@@ -274,8 +307,15 @@ def llama_block_forward(block: LlamaBlock, x: Array, cos: Array, sin: Array,
 # =========================================================================== the pieces
 @jit(inline="always")
 def _affine(x, w, b):
-    """x (N, D_in) @ w (D_in, D_out) (+ b (D_out,) unless empty) -> (N, D_out)."""
-    y = np.dot(x, w)
+    """x (N, D_in) @ w (D_in, D_out) (+ b (D_out,) unless empty) -> (N, D_out).  From 2 to
+    MAX_ROWS rows and a W of at most STREAMED_WEIGHTS numbers (in a core's cache) the
+    product is streamed (:mod:`.streaming`: 2-3 times faster than BLAS's blocked product
+    there; one row stays BLAS's matrix-vector product)."""
+    if 2 <= x.shape[0] <= MAX_ROWS and w.size <= STREAMED_WEIGHTS:
+        y = np.empty((x.shape[0], w.shape[1]), dtype=x.dtype)
+        columns_into(np.ascontiguousarray(x), w, y, 0, w.shape[1])
+    else:
+        y = np.dot(x, w)
     if b.size:
         for i in range(y.shape[0]):
             for j in range(y.shape[1]):
@@ -353,6 +393,23 @@ def _per_head(x, heads):
 
 
 @jit(inline="always")
+def _finite_cached(x):
+    """:func:`_finite` of a cache's keys or values (B, H, P, E), read where they lie (a
+    view of the cache's buffer)."""
+    zero = x.dtype.type(0.0)
+    sums = np.zeros(x.shape[3], dtype=x.dtype)  # (E,)
+    for b in range(x.shape[0]):
+        for h in range(x.shape[1]):
+            for s in range(x.shape[2]):
+                for j in range(x.shape[3]):
+                    sums[j] += x[b, h, s, j] * zero
+    total = zero
+    for j in range(x.shape[3]):
+        total += sums[j]
+    return total == zero
+
+
+@jit(inline="always")
 def _finite(x):
     """Whether every element of x (N, F) is finite: x * 0 is 0 where x is finite and NaN
     where it is inf or NaN, summed down each column (independent sums, which vectorize:
@@ -373,50 +430,114 @@ def _attend(q, k, v, starts, mask, heads, kv_heads):
     """q (N, H E), k, v (N, Hkv E) rows of the sequences starting at ``starts`` ->
     (N, H E): each query head h attends with key/value head h // (H / Hkv) over its
     sequence's positions the mask (4 axes, broadcasting to (B, H, T, S)) allows."""
+    past = np.empty((1, kv_heads, 0, q.shape[1] // heads), dtype=q.dtype)  # none cached
+    return _attend_after(q, k, v, past, past, starts, mask, heads, kv_heads)
+
+
+@jit(inline="always")
+def _dot(x, y):
+    """x . y of two (E,) rows, as four running sums (independent chains)."""
+    zero = x.dtype.type(0.0)
+    s0 = s1 = s2 = s3 = zero
+    n = x.size
+    j = 0
+    while j + 4 <= n:
+        s0 += x[j] * y[j]
+        s1 += x[j + 1] * y[j + 1]
+        s2 += x[j + 2] * y[j + 2]
+        s3 += x[j + 3] * y[j + 3]
+        j += 4
+    while j < n:
+        s0 += x[j] * y[j]
+        j += 1
+    return (s0 + s1) + (s2 + s3)
+
+
+@jit(inline="always")
+def _probabilities(row, allowed, ms, scale):
+    """One query's scores ``row`` (S,) -> in place its attention probabilities: the keys
+    ``allowed`` (read at s, or at 0 where ms is 1) lets it see scaled by ``scale`` and
+    softmaxed (the stable form: the max, exp, a float64 sum), 0 at every other key.
+    Returns 1 + its last visible key (0: none, the row all 0)."""
+    zero, neg_inf = row.dtype.type(0.0), row.dtype.type(-np.inf)
+    last = 0
+    for s in range(row.size):
+        if allowed[s if ms > 1 else 0]:
+            row[s] = row[s] * scale
+            last = s + 1
+        else:
+            row[s] = neg_inf
+    for s in range(last, row.size):  # the causal future and end padding: never exponentiated
+        row[s] = zero
+    seen = row[:last]
+    m = max8(seen, neg_inf)
+    if m == neg_inf:  # no visible key: a zero output
+        for s in range(last):
+            seen[s] = zero
+        return 0
+    for s in range(last):
+        seen[s] = exp(seen[s] - m)  # exp(-inf) = 0 at masked keys
+    total = row.dtype.type(sum4(seen, seen, 0))
+    for s in range(last):
+        seen[s] = seen[s] / total
+    return last
+
+
+@jit
+def _attend_after(q, k, v, past_k, past_v, starts, mask, heads, kv_heads):
+    """:func:`_attend` of rows that follow P cached positions: sequence b's keys and values
+    are past_k[b], past_v[b] (B, Hkv, P, E) then its rows' own, S = P + T of them, and
+    the mask is read at (b, h, t, s) with t the row's place among its sequence's new rows.
+    P = 0: :func:`_attend`.  A sequence of at most FEW_QUERIES rows (a decoding step's:
+    T = 1) takes its products by hand, reading the cache where it lies; more take them
+    from BLAS, their keys and values copied into (E, S) and (S, E) first."""
     width = q.shape[1] // heads
     group = heads // kv_heads
+    before = past_k.shape[2]  # P
     scale = q.dtype.type(1.0 / math.sqrt(width))
-    zero, neg_inf = q.dtype.type(0.0), q.dtype.type(-np.inf)
+    zero = q.dtype.type(0.0)
     out = np.empty_like(q)
     mb, mh, mt, ms = mask.shape
     for b in range(starts.size - 1):
         first, n = starts[b], starts[b + 1] - starts[b]
         if n == 0:
             continue
-        qh = np.empty((n, width), dtype=q.dtype)   # (T, E)
-        kt = np.empty((width, n), dtype=q.dtype)   # (E, S)
-        vh = np.empty((n, width), dtype=q.dtype)   # (S, E)
+        keys = before + n  # S
         for h in range(heads):
             g = h // group
+            if n <= FEW_QUERIES:  # each query's S scores and its P V, one at a time
+                row = np.empty(keys, dtype=q.dtype)  # (S,)
+                for t in range(n):
+                    query = q[first + t, h * width:(h + 1) * width]  # (E,)
+                    for s in range(keys):
+                        key = past_k[b, g, s] if s < before else \
+                            k[first + s - before, g * width:(g + 1) * width]
+                        row[s] = _dot(query, key)
+                    allowed = mask[b if mb > 1 else 0, h if mh > 1 else 0, t if mt > 1 else 0]
+                    o = out[first + t, h * width:(h + 1) * width]  # (E,)
+                    o[:] = zero
+                    for s in range(_probabilities(row, allowed, ms, scale)):
+                        value = past_v[b, g, s] if s < before else \
+                            v[first + s - before, g * width:(g + 1) * width]
+                        for j in range(width):
+                            o[j] += row[s] * value[j]
+                continue
+            qh = np.empty((n, width), dtype=q.dtype)      # (T, E)
+            kt = np.empty((width, keys), dtype=q.dtype)   # (E, S)
+            vh = np.empty((keys, width), dtype=q.dtype)   # (S, E)
+            for s in range(before):  # the cached positions
+                for j in range(width):
+                    kt[j, s] = past_k[b, g, s, j]
+                    vh[s, j] = past_v[b, g, s, j]
             for t in range(n):
                 for j in range(width):
                     qh[t, j] = q[first + t, h * width + j]
-                    kt[j, t] = k[first + t, g * width + j]
-                    vh[t, j] = v[first + t, g * width + j]
+                    kt[j, before + t] = k[first + t, g * width + j]
+                    vh[before + t, j] = v[first + t, g * width + j]
             p = np.dot(qh, kt)  # (T, S) scores Q K^T
             for t in range(n):
                 allowed = mask[b if mb > 1 else 0, h if mh > 1 else 0, t if mt > 1 else 0]
-                row = p[t]
-                last = 0  # 1 + the last visible key
-                for s in range(n):
-                    if allowed[s if ms > 1 else 0]:
-                        row[s] = row[s] * scale
-                        last = s + 1
-                    else:
-                        row[s] = neg_inf
-                for s in range(last, n):
-                    row[s] = zero
-                seen = row[:last]
-                m = max8(seen, neg_inf)
-                if m == neg_inf:  # no visible key: a zero output
-                    for s in range(last):
-                        seen[s] = zero
-                    continue
-                for s in range(last):
-                    seen[s] = exp(seen[s] - m)  # exp(-inf) = 0 at masked keys
-                total = q.dtype.type(sum4(seen, seen, 0))
-                for s in range(last):
-                    seen[s] = seen[s] / total
+                _probabilities(p[t], allowed, ms, scale)
             o = np.dot(p, vh)  # (T, E) = P V
             for t in range(n):
                 for j in range(width):
@@ -426,11 +547,13 @@ def _attend(q, k, v, starts, mask, heads, kv_heads):
 
 # =========================================================================== the blocks
 @jit(calls=CALLS)
-def _encoder_block(x, starts, mask, heads, head_dim, narrow, norm_first, activation,
-                   g1, b1, eps1, wq, bq, wk, bk, wv, bv, gq, bqn, gk, bkn, eps_qk, wo, bo,
-                   g2, b2, eps2, w1, c1, w2, c2):
+def _encoder_block(x, starts, mask, past_k, past_v, heads, head_dim, narrow, norm_first,
+                   activation, g1, b1, eps1, wq, bq, wk, bk, wv, bv, gq, bqn, gk, bkn, eps_qk,
+                   wo, bo, g2, b2, eps2, w1, c1, w2, c2):
     """x (N, D) -> (the block's output (N, D), K, V (N, H E), whether K, Q and V were
-    finite); see :func:`encoder_block_forward` for the arguments' sources."""
+    finite); past_k, past_v (B, H, P, E): the keys and values of P positions before the
+    rows (a decoding step's cache; P = 0: none); see :func:`encoder_block_forward` for the
+    arguments' sources."""
     n = x.shape[0]
     a_in = _layer_norm(x, g1, b1, eps1) if norm_first else x
     source = _per_head(a_in, heads) if narrow else a_in  # narrow: each head's slice a row
@@ -440,9 +563,10 @@ def _encoder_block(x, starts, mask, heads, head_dim, narrow, norm_first, activat
     if gq.size:  # query-key norm: a layer norm over each head's E features
         q = _layer_norm(_per_head(q, heads), gq, bqn, eps_qk).reshape(n, heads * head_dim)
         k = _layer_norm(_per_head(k, heads), gk, bkn, eps_qk).reshape(n, heads * head_dim)
-    if not (_finite(q) and _finite(k) and _finite(v)):
+    if not (_finite(q) and _finite(k) and _finite(v) and _finite_cached(past_k)
+            and _finite_cached(past_v)):
         return x, k, v, False
-    h = _affine(_attend(q, k, v, starts, mask, heads, heads), wo, bo)  # (N, D)
+    h = _affine(_attend_after(q, k, v, past_k, past_v, starts, mask, heads, heads), wo, bo)
     _add_into(h, x)  # x + A(.)
     if not norm_first:
         h = _layer_norm(h, g1, b1, eps1)
@@ -460,9 +584,10 @@ def _encoder_stack(x, starts, mask, heads, head_dim, narrow, norm_first, activat
     """x (N, D) -> each block's kernel in turn (``blocks``: their weights), then the final
     layer norm (g empty: none) -> (the output (N, D), whether every block's K, Q and V
     were finite)."""
+    past = np.empty((1, heads, 0, head_dim), dtype=x.dtype)  # nothing cached
     for weights in blocks:
-        x, _, _, ok = _encoder_block(x, starts, mask, heads, head_dim, narrow, norm_first,
-                                     activation, *weights)
+        x, _, _, ok = _encoder_block(x, starts, mask, past, past, heads, head_dim, narrow,
+                                     norm_first, activation, *weights)
         if not ok:
             return x, False
     if g.size:

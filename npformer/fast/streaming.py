@@ -92,8 +92,16 @@ def _one_term(y0, a, w0):
 
 @jit
 def _columns(x, w, out, j0, j1):
+    """out[:, j0:j1] = x (N, K) @ w[:, j0:j1] (:func:`columns_into`'s loop, compiled on
+    its own)."""
+    columns_into(x, w, out, j0, j1)
+
+
+@jit(inline="always")
+def columns_into(x, w, out, j0, j1):
     """out[:, j0:j1] = x (N, K) @ w[:, j0:j1]: W's rows p, p + 1, p + 2, p + 3 read once for
-    every row of x, two rows at a time, their terms added in the order of p."""
+    every row of x, two rows at a time, their terms added in the order of p.  Inlined
+    where another kernel calls it (:func:`npformer.fast.compiled._affine`)."""
     n, k = x.shape
     y = np.zeros((n, j1 - j0), dtype=x.dtype)  # local: it aliases no argument
     k4 = k - k % 4
