@@ -98,7 +98,7 @@ def _columns(x, w, out, j0, j1):
 
 
 @jit(inline="always")
-def columns_into(x, w, out, j0, j1):
+def columns_into(x: np.ndarray, w: np.ndarray, out: np.ndarray, j0: int, j1: int) -> None:
     """out[:, j0:j1] = x (N, K) @ w[:, j0:j1]: W's rows p, p + 1, p + 2, p + 3 read once for
     every row of x, two rows at a time, their terms added in the order of p.  Inlined
     where another kernel calls it (:func:`npformer.fast.compiled._affine`)."""
