@@ -146,7 +146,7 @@ def _cache_takes(kv_cache: KVCache | None, packing: Packing | None = None) -> bo
 
 def _past(kv_cache: KVCache | None, like: np.ndarray, heads: int, head_dim: int) -> tuple:
     """The cached keys and values (B, H, P, E) the rows follow, or two empty ones (P = 0)."""
-    if kv_cache is None or kv_cache.length == 0:
+    if _nothing_cached(kv_cache):
         empty = np.empty((1, heads, 0, head_dim), dtype=like.dtype)
         return empty, empty
     return kv_cache.keys, kv_cache.values
@@ -240,7 +240,7 @@ def encoder_block_forward(block: EncoderBlock, x: Array, mask: Array | None,
         return None
     options, weights = arguments
     if not _pays(x.shape[0] * x.shape[1] if packing is None else x.shape[0], weights,
-                 cached=kv_cache is not None and kv_cache.length > 0):
+                 cached=not _nothing_cached(kv_cache)):
         return None
     batch, length = x.shape[:2] if packing is None else (packing.batch, packing.length)
     past_k, past_v = _past(kv_cache, x, block.self_attn.num_heads, block.self_attn.head_dim)
@@ -393,36 +393,33 @@ def _per_head(x, heads):
 
 
 @jit(inline="always")
-def _finite_cached(x):
-    """:func:`_finite` of a cache's keys or values (B, H, P, E), read where they lie (a
-    view of the cache's buffer)."""
+def _add_times_zero(x, sums):
+    """sums (F,) += x (N, F) * 0 down each column: 0 where x is finite, NaN where it is
+    inf or NaN (independent sums, which vectorize: a test and branch per element took a
+    tenth of a small block's time)."""
     zero = x.dtype.type(0.0)
-    sums = np.zeros(x.shape[3], dtype=x.dtype)  # (E,)
-    for b in range(x.shape[0]):
-        for h in range(x.shape[1]):
-            for s in range(x.shape[2]):
-                for j in range(x.shape[3]):
-                    sums[j] += x[b, h, s, j] * zero
-    total = zero
-    for j in range(x.shape[3]):
-        total += sums[j]
-    return total == zero
+    for i in range(x.shape[0]):
+        for j in range(x.shape[1]):
+            sums[j] += x[i, j] * zero
 
 
 @jit(inline="always")
 def _finite(x):
-    """Whether every element of x (N, F) is finite: x * 0 is 0 where x is finite and NaN
-    where it is inf or NaN, summed down each column (independent sums, which vectorize:
-    a test and branch per element took a tenth of a small block's time)."""
-    zero = x.dtype.type(0.0)
+    """Whether every element of x (N, F) is finite (:func:`_add_times_zero`)."""
     sums = np.zeros(x.shape[1], dtype=x.dtype)  # (F,)
-    for i in range(x.shape[0]):
-        for j in range(x.shape[1]):
-            sums[j] += x[i, j] * zero
-    total = zero
-    for j in range(x.shape[1]):
-        total += sums[j]
-    return total == zero
+    _add_times_zero(x, sums)
+    return np.sum(sums) == 0
+
+
+@jit(inline="always")
+def _finite_cached(x):
+    """:func:`_finite` of a cache's keys or values (B, H, P, E), read where they lie (a
+    view of the cache's buffer), each (b, h)'s (P, E) in turn."""
+    sums = np.zeros(x.shape[3], dtype=x.dtype)  # (E,)
+    for b in range(x.shape[0]):
+        for h in range(x.shape[1]):
+            _add_times_zero(x[b, h], sums)
+    return np.sum(sums) == 0
 
 
 @jit
