@@ -309,8 +309,9 @@ def llama_block_forward(block: LlamaBlock, x: Array, cos: Array, sin: Array,
 def _affine(x, w, b):
     """x (N, D_in) @ w (D_in, D_out) (+ b (D_out,) unless empty) -> (N, D_out).  From 2 to
     MAX_ROWS rows and a W of at most STREAMED_WEIGHTS numbers (in a core's cache) the
-    product is streamed (:mod:`.streaming`: 2-3 times faster than BLAS's blocked product
-    there; one row stays BLAS's matrix-vector product)."""
+    product is streamed (:mod:`.streaming`: faster than BLAS's blocked product there,
+    bench/README.md, "Decoding at the memory bound"; one row stays BLAS's matrix-vector
+    product)."""
     if 2 <= x.shape[0] <= MAX_ROWS and w.size <= STREAMED_WEIGHTS:
         y = np.empty((x.shape[0], w.shape[1]), dtype=x.dtype)
         columns_into(np.ascontiguousarray(x), w, y, 0, w.shape[1])
@@ -395,8 +396,8 @@ def _per_head(x, heads):
 @jit(inline="always")
 def _add_times_zero(x, sums):
     """sums (F,) += x (N, F) * 0 down each column: 0 where x is finite, NaN where it is
-    inf or NaN (independent sums, which vectorize: a test and branch per element took a
-    tenth of a small block's time)."""
+    inf or NaN (independent sums, which vectorize, where a test and branch per element
+    does not)."""
     zero = x.dtype.type(0.0)
     for i in range(x.shape[0]):
         for j in range(x.shape[1]):
