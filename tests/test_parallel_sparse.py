@@ -379,6 +379,30 @@ def test_zeroing_through_the_buffer_empties_the_record_and_rebinding_zeros_do_no
 
 
 @pytest.mark.parametrize("tier", TIERS)
+def test_a_models_zero_grad_empties_the_record_on_the_fast_tier(tier):
+    """``model.zero_grad()``: the fast model zeroes through its flat buffer (the tables'
+    records empty, the views bound, a frozen parameter's gradient still None); the
+    textbook's binds fresh zeros, whose rows are not known (None)."""
+    with using_backend("numpy", "float64"), using_tier(tier):
+        model, task, batch = cases.build("sparse", 6)
+        zeroed(model)
+        task.loss_and_grad(model, batch, 1.0)
+        table, frozen = model.embed.tokens.weight, model.bigrams.weight
+        assert tier == "textbook" or rows_written(table) != ()  # the lookups recorded
+        frozen.freeze()
+        model.zero_grad()
+        assert frozen.grad is None
+        for name, p in model.named_parameters():
+            if p is frozen:
+                continue
+            assert not np.any(p.grad), name
+            if tier == "fast":
+                assert rows_written(p) == () and p.grad.base is not None, name
+            else:
+                assert rows_written(p) is None, name
+
+
+@pytest.mark.parametrize("tier", TIERS)
 def test_a_tied_projection_makes_the_record_unknown(tier):
     """A table that is also an output projection has its gradient in every row: after
     the projection's backward, before or after the lookup's, the record is None (the

@@ -30,7 +30,7 @@ from ..gpu.gemm import capturing
 from ..models.common import TokenEmbedding as _TokenEmbedding
 from ..models.common import model_input, valid_lengths
 from ..nn import LayerNorm
-from ..nn.flat import flat_buffer
+from ..nn.flat import flat_buffer, flat_buffer_of
 from . import blocks, cache, compiled, layers, losses
 from .packing import Packing
 
@@ -104,6 +104,16 @@ class _FastModel:
         super().load_state_dict(state)
         if self._flat is not None:
             self._flat.sync()  # the loaded arrays copied into the buffer at once
+
+    def zero_grad(self) -> None:
+        """Every gradient zero through the flat buffer (one fill), which keeps the record of
+        the rows written, empty (:mod:`npformer.nn.flat`); the textbook's zeroing binds
+        fresh zeros, whose rows are not known, so a data-parallel sum would then read the
+        lookup tables whole.  Per parameter where no buffer holds exactly this model's."""
+        flat = flat_buffer_of(self.parameters())
+        if flat is None:
+            return super().zero_grad()
+        flat.zero_grad()
 
     def freeze(self):
         """Freeze every parameter (:meth:`npformer.nn.Module.freeze`) and let the flat

@@ -140,10 +140,10 @@ class FlatParameters:
 
     def zero_grad(self) -> None:
         """Every gradient zero: one fill of the flat buffer, the views bound, no row
-        written."""
+        written; a frozen parameter's gradient stays None (its view is not read)."""
         self.grad[...] = 0
         for p, view, record in zip(self.params, self.grad_views, self.records):
-            p.grad = view
+            p.grad = None if p.frozen else view
             record.rows = ()
 
     def __deepcopy__(self, memo):
