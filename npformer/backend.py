@@ -330,9 +330,24 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(_M_MMAP_THRESHOLD, _KEEP_BYTES) and mallopt(_M_TRIM_THRESHOLD,
                                                                        _KEEP_BYTES))
 
-_blas_controller = None  # found once: looking up the loaded BLAS libraries reads /proc
-_one_thread = {"holders": 0}  # how many single_threaded_blas blocks are open, all threads
+_blas_libraries: list | None = None  # found once: looking them up reads /proc
+_one_thread: dict = {"holders": 0, "restore": []}  # open single_threaded_blas blocks, all
+#   threads, and each library's thread count before the first of them
 _one_thread_lock = threading.Lock()
+
+
+def _loaded_blas() -> list:
+    """threadpoolctl's controller of every BLAS library loaded when first asked (NumPy's,
+    SciPy's), or none without threadpoolctl."""
+    global _blas_libraries
+    if _blas_libraries is None:
+        try:
+            from threadpoolctl import ThreadpoolController
+        except ImportError:  # pragma: no cover - threadpoolctl is a dependency
+            _blas_libraries = []
+        else:
+            _blas_libraries = ThreadpoolController().select(user_api="blas").lib_controllers
+    return _blas_libraries
 
 
 @contextmanager
@@ -340,23 +355,27 @@ def single_threaded_blas() -> Iterator[None]:
     """A block in which every loaded BLAS runs on one thread: NumPy's, and SciPy's, which
     the fast tier's compiled kernels call.  Thread replicas run in it (their threads share
     the cores), and so do the compiled kernels: two BLAS libraries, each with a thread per
-    core that spins for a while after its call, would take the cores from each other."""
-    global _blas_controller
-    try:
-        from threadpoolctl import ThreadpoolController
-    except ImportError:  # pragma: no cover - threadpoolctl is a dependency
-        yield
-        return
-    if _blas_controller is None:
-        _blas_controller = ThreadpoolController()
+    core that spins for a while after its call, would take the cores from each other.
+
+    The limit is the process's, so the blocks are counted across threads: the first to
+    open sets every library to one thread, the last to close gives each back the count
+    it had.  (Each block restoring what it found would leave one thread for good where
+    two threads' blocks overlap and the first to open closes first.)"""
+    libraries = _loaded_blas()
     with _one_thread_lock:
+        if _one_thread["holders"] == 0:
+            _one_thread["restore"] = [(lib, lib.get_num_threads()) for lib in libraries]
+            for lib in libraries:
+                lib.set_num_threads(1)
         _one_thread["holders"] += 1
     try:
-        with _blas_controller.limit(limits=1, user_api="blas"):
-            yield
+        yield
     finally:
         with _one_thread_lock:
             _one_thread["holders"] -= 1
+            if _one_thread["holders"] == 0:
+                for lib, threads in _one_thread["restore"]:
+                    lib.set_num_threads(threads)
 
 
 def blas_on_one_thread() -> bool:

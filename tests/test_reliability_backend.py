@@ -75,3 +75,27 @@ def test_asarray_of_an_array_already_on_the_backend(name):
         assert backend.asarray(a) is a
         cast = backend.asarray(a, "float64")
         np.testing.assert_array_equal(backend.to_numpy(cast), [0.0, 1.0, 2.0])
+
+
+def test_overlapping_one_thread_blas_blocks_give_the_threads_back():
+    """single_threaded_blas in two threads whose blocks overlap, the first opened closing
+    first: every BLAS stays on one thread while either is open, and the last to close
+    gives back the count each had (a block restoring what it found on entry left BLAS on
+    one thread for good)."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+
+    def counts() -> list:
+        return [lib["num_threads"] for lib in threadpoolctl.threadpool_info()
+                if lib["user_api"] == "blas"]
+
+    with threadpoolctl.threadpool_limits(2, user_api="blas"):
+        before = counts()
+        assert before and all(n == 2 for n in before)
+        first, second = backend.single_threaded_blas(), backend.single_threaded_blas()
+        first.__enter__()
+        second.__enter__()
+        assert counts() == [1] * len(before) and backend.blas_on_one_thread()
+        first.__exit__(None, None, None)
+        assert counts() == [1] * len(before) and backend.blas_on_one_thread()
+        second.__exit__(None, None, None)
+        assert counts() == before and not backend.blas_on_one_thread()
