@@ -14,6 +14,8 @@ and the inputs the kernels refuse (the usual path runs).
 """
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -367,7 +369,9 @@ def test_a_decoding_step_attends_over_the_cache_in_the_kernel(dtype, options, pa
     """A step after cached positions (the fast tier's growing cache): the kernel reads the
     cached keys and values, attends over them and the step's own, and the cache takes the
     step's: the textbook block's output and cache, step after step, a left-padded row's
-    mask too.  A non-finite cached key or value and the kernel declines."""
+    mask too.  The kernel counts the positions it found finite in the cache; a non-finite
+    key or value appended as the layers append (unchecked) and the kernel declines; a
+    finite one it checks, then counts."""
     from npformer.fast.cache import KVCache as GrowingKVCache
 
     textbook, quick = pair(6, lambda: tiered.EncoderBlock(8, 2, 16, 0.0, "gelu", True,
@@ -387,10 +391,15 @@ def test_a_decoding_step_attends_over_the_cache_in_the_kernel(dtype, options, pa
             for kept in ("keys", "values"):
                 assert_close(getattr(caches[1].self_attn, kept),
                              getattr(caches[0].self_attn, kept), RTOL[dtype], kept)
-        for kept in ("_keys", "_values"):
-            buffer = getattr(caches[1].self_attn, kept)
-            saved = buffer[1, 0, 2, 0].copy()
-            buffer[1, 0, 2, 0] = np.nan
-            assert compiled.encoder_block_forward(quick, x[:, 6:7], None, caches[1]) is None
-            buffer[1, 0, 2, 0] = saved
-        assert compiled.encoder_block_forward(quick, x[:, 6:7], None, caches[1]) is not None
+        cached = caches[1].self_attn
+        assert cached.finite == cached.length == 7  # every position the kernel's, checked
+        for value in (np.nan, np.inf, 1.0):
+            for kept in ("keys", "values"):
+                trial = copy.deepcopy(caches[1])
+                added = {name: getattr(cached, name)[:, :, -1:].copy()
+                         for name in ("keys", "values")}
+                added[kept][1, 0, 0, 0] = value
+                trial.self_attn.append(added["keys"], added["values"])  # as the layers do
+                got = compiled.encoder_block_forward(quick, x[:, 6:7], None, trial)
+                assert (got is None) == (not np.isfinite(value)), (kept, value)
+                assert trial.self_attn.finite == (7 if got is None else 9), (kept, value)

@@ -6,6 +6,10 @@ every step copies the whole cache (at GPT-2 small's batch 8, 12 layers x 2 cache
 token).  Here they live at the start of buffers (B, H, C, E) with room for C >= S
 positions, C doubled when full: appending a step's position copies that position only.
 ``keys`` and ``values`` are views (B, H, S, E) of the buffers, equal to the textbook's.
+
+``finite`` counts the first positions a compiled block's kernel found finite: a decoding
+step's kernel declines a cache holding a NaN or inf (the layers define what it gives),
+and checks only the positions after those, not the whole cache every step.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ class KVCache(nn.KVCache):
         self._keys = None    # (B, H, C, E): positions [0, S) hold the keys
         self._values = None  # (B, H, C, E): and the values
         self._length = 0     # S
+        self.finite = 0      # positions [0, finite) that a compiled block found finite
 
     @property
     def length(self) -> int:
@@ -36,8 +41,12 @@ class KVCache(nn.KVCache):
         """The cached values (B, H, S, E): a view of the buffer."""
         return None if self._values is None else self._values[:, :, :self._length, :]
 
-    def append(self, keys: Array, values: Array) -> None:
-        """Add the keys and values (B, H, T_new, E) of T_new more positions."""
+    def append(self, keys: Array, values: Array, all_finite: bool = False) -> None:
+        """Add the keys and values (B, H, T_new, E) of T_new more positions.
+        ``all_finite``: the caller found every cached key and value finite, these and
+        those before (a compiled block's kernel, :mod:`npformer.fast.compiled`, checks
+        the positions from ``finite`` on), so a later step's kernel need not read them
+        again."""
         start, stop = self._length, self._length + int(keys.shape[2])
         if self._keys is None or stop > self._keys.shape[2]:  # full: a buffer twice as long
             self._keys = self._grown(self._keys, keys, 2 * stop)
@@ -45,6 +54,8 @@ class KVCache(nn.KVCache):
         self._keys[:, :, start:stop, :] = keys
         self._values[:, :, start:stop, :] = values
         self._length = stop
+        if all_finite:
+            self.finite = stop
 
     def _grown(self, buffer: Array | None, like: Array, capacity: int) -> Array:
         """A (B, H, capacity, E) buffer of like's dtype holding buffer's S positions."""

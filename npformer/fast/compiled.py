@@ -145,11 +145,13 @@ def _cache_takes(kv_cache: KVCache | None, packing: Packing | None = None) -> bo
 
 
 def _past(kv_cache: KVCache | None, like: np.ndarray, heads: int, head_dim: int) -> tuple:
-    """The cached keys and values (B, H, P, E) the rows follow, or two empty ones (P = 0)."""
+    """The cached keys and values (B, H, P, E) the rows follow and how many of their first
+    positions a kernel already found finite (the cache's ``finite``), or two empty ones
+    (P = 0) and 0."""
     if _nothing_cached(kv_cache):
         empty = np.empty((1, heads, 0, head_dim), dtype=like.dtype)
-        return empty, empty
-    return kv_cache.keys, kv_cache.values
+        return empty, empty, 0
+    return kv_cache.keys, kv_cache.values, kv_cache.finite
 
 
 def _mask4(mask: Array | None) -> np.ndarray:
@@ -192,11 +194,15 @@ def _starts(batch: int, length: int, packing: Packing | None) -> np.ndarray:
 
 def _into_cache(kv_cache: KVCache | None, k: np.ndarray, v: np.ndarray, batch: int, length: int,
                 heads: int) -> None:
-    """k, v rows (B T, Hkv E) -> the cache's (B, Hkv, T, E)."""
+    """k, v rows (B T, Hkv E), which the kernel found finite -> the cache's (B, Hkv, T, E)
+    (the fast tier's cache told so: a later step's kernel need not check them again)."""
     if kv_cache is not None:
         shape = (batch, length, heads, k.shape[1] // heads)
-        kv_cache.append(k.reshape(shape).transpose(0, 2, 1, 3),
-                        v.reshape(shape).transpose(0, 2, 1, 3))
+        keys, values = (a.reshape(shape).transpose(0, 2, 1, 3) for a in (k, v))
+        if isinstance(kv_cache, GrowingKVCache):
+            kv_cache.append(keys, values, all_finite=True)  # the cached ones checked too
+        else:
+            kv_cache.append(keys, values)
 
 
 def _arrays(arguments: tuple) -> list:
@@ -243,10 +249,11 @@ def encoder_block_forward(block: EncoderBlock, x: Array, mask: Array | None,
                  cached=not _nothing_cached(kv_cache)):
         return None
     batch, length = x.shape[:2] if packing is None else (packing.batch, packing.length)
-    past_k, past_v = _past(kv_cache, x, block.self_attn.num_heads, block.self_attn.head_dim)
+    past_k, past_v, checked = _past(kv_cache, x, block.self_attn.num_heads,
+                                    block.self_attn.head_dim)
     with single_threaded_blas():
         y, k, v, ok = _encoder_block(_rows(x), _starts(batch, length, packing), _mask4(mask),
-                                     past_k, past_v, *options, *weights)
+                                     past_k, past_v, checked, *options, *weights)
     if not ok:  # NaN or inf in the keys, queries or values: the usual path defines it
         return None
     _into_cache(kv_cache, k, v, batch, length, block.self_attn.num_heads)
@@ -545,13 +552,14 @@ def _attend_after(q, k, v, past_k, past_v, starts, mask, heads, kv_heads):
 
 # =========================================================================== the blocks
 @jit(calls=CALLS)
-def _encoder_block(x, starts, mask, past_k, past_v, heads, head_dim, narrow, norm_first,
-                   activation, g1, b1, eps1, wq, bq, wk, bk, wv, bv, gq, bqn, gk, bkn, eps_qk,
-                   wo, bo, g2, b2, eps2, w1, c1, w2, c2):
+def _encoder_block(x, starts, mask, past_k, past_v, checked, heads, head_dim, narrow,
+                   norm_first, activation, g1, b1, eps1, wq, bq, wk, bk, wv, bv, gq, bqn, gk,
+                   bkn, eps_qk, wo, bo, g2, b2, eps2, w1, c1, w2, c2):
     """x (N, D) -> (the block's output (N, D), K, V (N, H E), whether K, Q and V were
     finite); past_k, past_v (B, H, P, E): the keys and values of P positions before the
-    rows (a decoding step's cache; P = 0: none); see :func:`encoder_block_forward` for the
-    arguments' sources."""
+    rows (a decoding step's cache; P = 0: none), the first ``checked`` of them found finite
+    by an earlier step's kernel (the rest are checked here); see
+    :func:`encoder_block_forward` for the arguments' sources."""
     n = x.shape[0]
     a_in = _layer_norm(x, g1, b1, eps1) if norm_first else x
     source = _per_head(a_in, heads) if narrow else a_in  # narrow: each head's slice a row
@@ -561,8 +569,8 @@ def _encoder_block(x, starts, mask, past_k, past_v, heads, head_dim, narrow, nor
     if gq.size:  # query-key norm: a layer norm over each head's E features
         q = _layer_norm(_per_head(q, heads), gq, bqn, eps_qk).reshape(n, heads * head_dim)
         k = _layer_norm(_per_head(k, heads), gk, bkn, eps_qk).reshape(n, heads * head_dim)
-    if not (_finite(q) and _finite(k) and _finite(v) and _finite_cached(past_k)
-            and _finite_cached(past_v)):
+    if not (_finite(q) and _finite(k) and _finite(v) and _finite_cached(past_k[:, :, checked:])
+            and _finite_cached(past_v[:, :, checked:])):
         return x, k, v, False
     h = _affine(_attend_after(q, k, v, past_k, past_v, starts, mask, heads, heads), wo, bo)
     _add_into(h, x)  # x + A(.)
@@ -584,7 +592,7 @@ def _encoder_stack(x, starts, mask, heads, head_dim, narrow, norm_first, activat
     were finite)."""
     past = np.empty((1, heads, 0, head_dim), dtype=x.dtype)  # nothing cached
     for weights in blocks:
-        x, _, _, ok = _encoder_block(x, starts, mask, past, past, heads, head_dim, narrow,
+        x, _, _, ok = _encoder_block(x, starts, mask, past, past, 0, heads, head_dim, narrow,
                                      norm_first, activation, *weights)
         if not ok:
             return x, False
