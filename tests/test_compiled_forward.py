@@ -182,8 +182,8 @@ def kernels_run(monkeypatch):
 def test_causal_lm_evaluates_through_the_kernels(dtype, kernels_run, norm_first, padded):
     """The fast causal LM under no_grad runs its blocks and final norm as one kernel, and
     gives the textbook's logits, a left-padded batch's too; then decoding from the prompt
-    (its blocks each a kernel, their keys and values into the cache), and steps (each
-    block a kernel reading the cache)."""
+    (the stack's kernel, every block's keys and values into its cache), and steps (the
+    stack's kernel, each block reading its cache)."""
     config = CausalLMConfig(vocab_size=11, block_size=8, d_model=8, num_heads=2,
                             num_layers=2, d_ff=16, dropout=0.1, norm_first=norm_first)
     textbook, quick = pair(1, lambda: tiered.CausalLM(config))
@@ -202,6 +202,59 @@ def test_causal_lm_evaluates_through_the_kernels(dtype, kernels_run, norm_first,
                          textbook.forward_cached(step, caches[0], attention_mask=seen),
                          RTOL[dtype], f"positions {start}:{stop}")
     assert kernels_run["blocks"] == 8  # the whole forward's, the prompt's and each step's
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_a_causal_lm_s_decoding_steps_run_its_stack_as_one_kernel(dtype, monkeypatch, padded):
+    """The prompt and each step after it: one call of the stack's kernel (no block's own),
+    the textbook's logits, and every block's cache the textbook's keys and values.  Caches
+    it does not take (one block's holding other positions, or the textbook's cache holding
+    positions): the stack declines, and the blocks run one by one, still equal."""
+    config = CausalLMConfig(vocab_size=11, block_size=12, d_model=8, num_heads=2,
+                            num_layers=3, d_ff=16, dropout=0.0)
+    textbook, quick = pair(3, lambda: tiered.CausalLM(config))
+    ids = backend.asarray(np.random.default_rng(2).integers(0, 11, (2, 10)))
+    keep = np.ones((2, 10), dtype=bool)
+    keep[1, :2] = not padded
+    mask = backend.asarray(keep)
+    stacks = []
+    run_stack, run_block = compiled.encoder_stack_forward, compiled.encoder_block_forward
+
+    def counted(*args, **kwargs):
+        y = run_stack(*args, **kwargs)
+        stacks.append(y is not None)
+        return y
+
+    def no_block(*args, **kwargs):
+        raise AssertionError("a block's own kernel ran: the step left the stack's")
+
+    monkeypatch.setattr(compiled, "encoder_stack_forward", counted)
+    monkeypatch.setattr(compiled, "encoder_block_forward", no_block)
+    caches = textbook.new_cache(), quick.new_cache()
+    with nn.no_grad():
+        for start, stop in ((0, 5), (5, 6), (6, 7), (7, 9)):
+            step, seen = ids[:, start:stop], mask[:, :stop]
+            assert_close(quick.forward_cached(step, caches[1], attention_mask=seen),
+                         textbook.forward_cached(step, caches[0], attention_mask=seen),
+                         RTOL[dtype], f"positions {start}:{stop}")
+            for mine, theirs in zip(caches[1].blocks, caches[0].blocks):
+                for kept in ("keys", "values"):
+                    assert_close(getattr(mine.self_attn, kept), getattr(theirs.self_attn, kept),
+                                 RTOL[dtype], f"positions {start}:{stop}: {kept}")
+    assert stacks == [True] * 4
+    monkeypatch.setattr(compiled, "encoder_block_forward", run_block)
+    step, seen = ids[:, 9:10], mask  # the tenth position
+    with nn.no_grad():
+        expected = textbook.forward_cached(step, copy.deepcopy(caches[0]), attention_mask=seen)
+        mixed = copy.deepcopy(caches[1])  # block 1's cache the textbook's, same positions
+        mixed.blocks[1].self_attn = copy.deepcopy(caches[0].blocks[1].self_attn)
+        assert_close(quick.forward_cached(step, mixed, attention_mask=seen), expected,
+                     RTOL[dtype], "a textbook cache among the fast ones")
+        assert stacks[-1] is False
+        short = copy.deepcopy(caches[1])
+        short.blocks[2].self_attn._length -= 1  # one position fewer than the others
+        x = backend.asarray(np.zeros((2, 1, 8), dtype=dtype))
+        assert run_stack(quick.blocks, quick.norm, x, None, short) is None
 
 
 def test_the_kernels_run_their_products_on_one_blas_thread(dtype, monkeypatch):
@@ -227,8 +280,8 @@ def test_the_kernels_run_their_products_on_one_blas_thread(dtype, monkeypatch):
     ids = backend.asarray(np.random.default_rng(1).integers(0, 11, (2, 6)))
     with nn.no_grad():
         model(ids)  # the stack's kernel
-        model.forward_cached(ids, model.new_cache())  # the prompt: each block's kernel
-    assert threads == [1, 1, 1]
+        model.forward_cached(ids, model.new_cache())  # the prompt: the stack's kernel too
+    assert threads == [1, 1]
 
 
 def test_large_products_run_the_layers_on_every_core_except_in_one_thread_blas(

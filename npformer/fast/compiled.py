@@ -19,7 +19,8 @@ Two kernels, each the textbook block's statements in its order, on rows (N, D):
   positions, optional q/k/v and output biases, optional QK-norm.
 
 A causal LM's blocks and final norm run as one call (:func:`_encoder_stack`), so that
-no Python runs between its blocks either.
+no Python runs between its blocks either: its whole forward, its prompt's encoding and
+each decoding step (every block's keys and values then go into its cache).
 
 Attention, :func:`_attend`, per sequence and head: $S = Q K^\top$ (one BLAS product),
 each row scaled by $1/\sqrt{E}$, the masked keys at $-\infty$, the stable softmax (the
@@ -43,9 +44,9 @@ When the fast blocks and the fast causal LM use them (:func:`encoder_block_forwa
 float32 or float64 arrays of one dtype, no dropout (eval mode, or p = 0), the layers the
 fast tier builds (not a LoRA adapter), no attention weights asked for, and no key/value
 cache or an empty one (a prompt's encoding: the keys and values go into it) or, for the
-encoder block, the fast tier's cache holding positions already (a decoding step: the
-kernel attends over the cached keys and values where they lie, as :func:`_attend_after`
-says, then the cache takes the step's); and where
+encoder block and the stack, the fast tier's cache holding positions already (a decoding
+step: the kernel attends over the cached keys and values where they lie, as
+:func:`_attend_after` says, then the cache takes the step's); and where
 the kernel pays: its products run on one core
 (:func:`npformer.backend.single_threaded_blas`), so it runs inside thread replicas (whose
 BLAS is on one thread anyway) and otherwise for small products only (:func:`_pays`: a
@@ -63,7 +64,7 @@ from pathlib import Path
 import numpy as np
 
 from ..backend import Array, blas_on_one_thread, single_threaded_blas
-from ..nn import BlockCache, EncoderBlock, KVCache, LayerNorm, LlamaBlock, lora
+from ..nn import BlockCache, DecodingCache, EncoderBlock, KVCache, LayerNorm, LlamaBlock, lora
 from ..nn.module import grad_enabled
 from . import activations, compiler, layernorm, rmsnorm, rotary, streaming, swiglu
 from .activations import (
@@ -261,25 +262,52 @@ def encoder_block_forward(block: EncoderBlock, x: Array, mask: Array | None,
 
 
 def encoder_stack_forward(blocks: list, norm: LayerNorm | None, x: Array,
-                          mask: Array | None) -> Array | None:
+                          mask: Array | None, kv_cache: DecodingCache | None = None
+                          ) -> Array | None:
     """x (B, T, D) through ``blocks`` (fast :class:`npformer.nn.EncoderBlock` s of one
     configuration), then ``norm`` (if any), as one kernel call -> (B, T, D), or None where
     the kernel does not take them: a causal LM's whole stack with no Python between its
-    blocks."""
+    blocks.  ``kv_cache``: the model's :class:`npformer.nn.DecodingCache`, each block's
+    keys and values then going into its cache: a prompt's (every cache empty) or a
+    decoding step's (every cache the fast tier's, holding the same positions)."""
     if not blocks or not _takes(x, mask, []):
         return None
+    caches = [None] * len(blocks) if kv_cache is None else \
+        [block_cache.self_attn for block_cache in kv_cache.blocks]
     arguments = [_encoder_arguments(block, x) for block in blocks]
-    if any(a is None or a[0] != arguments[0][0] for a in arguments):
+    if any(a is None or a[0] != arguments[0][0] for a in arguments) \
+            or not _caches_take(caches):
         return None
     final = (*_norm(norm, x), 0.0 if norm is None else norm.eps)
-    if not _takes(x, None, _arrays(final)) or not _pays(x.shape[0] * x.shape[1],
-                                                          arguments[0][1]):
+    if not _takes(x, None, _arrays(final)) or not _pays(
+            x.shape[0] * x.shape[1], arguments[0][1], cached=not _nothing_cached(caches[0])):
         return None
+    (batch, length), attn = x.shape[:2], blocks[0].self_attn
+    pasts = [_past(c, x, attn.num_heads, attn.head_dim) for c in caches]
     with single_threaded_blas():
-        y, ok = _encoder_stack(_rows(x), _starts(x.shape[0], x.shape[1], None), _mask4(mask),
-                               *arguments[0][0], tuple(weights for _, weights in arguments),
-                               *final)
-    return y.reshape(x.shape) if ok else None
+        y, keys, values, ok = _encoder_stack(
+            _rows(x), _starts(batch, length, None), _mask4(mask),
+            tuple(k for k, _, _ in pasts), tuple(v for _, v, _ in pasts),
+            np.array([checked for _, _, checked in pasts], dtype=np.int64),
+            kv_cache is not None, *arguments[0][0], tuple(w for _, w in arguments), *final)
+    if not ok:  # NaN or inf in a block's keys, queries or values: the layers define it
+        return None
+    for c, k, v in zip(caches, keys, values):
+        _into_cache(c, k, v, batch, length, attn.num_heads)
+    return y.reshape(x.shape)
+
+
+def _caches_take(caches: list) -> bool:
+    """Whether the stack's kernel takes the blocks' caches: none, or each as
+    :func:`_cache_takes` says, all holding the same positions, their cached keys and
+    values all of one memory layout (one kernel signature)."""
+    if all(c is None for c in caches):
+        return True
+    if not all(c is not None and _cache_takes(c) for c in caches) \
+            or len({c.length for c in caches}) > 1:
+        return False
+    return _nothing_cached(caches[0]) or len(
+        {(c.keys.flags.c_contiguous, c.values.flags.c_contiguous) for c in caches}) == 1
 
 
 def llama_block_forward(block: LlamaBlock, x: Array, cos: Array, sin: Array,
@@ -585,20 +613,26 @@ def _encoder_block(x, starts, mask, past_k, past_v, checked, heads, head_dim, na
 
 
 @jit(calls=CALLS)
-def _encoder_stack(x, starts, mask, heads, head_dim, narrow, norm_first, activation, blocks,
-                   g, b, eps):
-    """x (N, D) -> each block's kernel in turn (``blocks``: their weights), then the final
-    layer norm (g empty: none) -> (the output (N, D), whether every block's K, Q and V
-    were finite)."""
-    past = np.empty((1, heads, 0, head_dim), dtype=x.dtype)  # nothing cached
-    for weights in blocks:
-        x, _, _, ok = _encoder_block(x, starts, mask, past, past, 0, heads, head_dim, narrow,
-                                     norm_first, activation, *weights)
+def _encoder_stack(x, starts, mask, pasts_k, pasts_v, checked, keep, heads, head_dim, narrow,
+                   norm_first, activation, blocks, g, b, eps):
+    """x (N, D) -> each block's kernel in turn (``blocks``: their weights; block i after
+    the positions pasts_k[i], pasts_v[i] (B, H, P, E), the first checked[i] of them found
+    finite), then the final layer norm (g empty: none) -> (the output (N, D), each block's
+    K and V (N, H E) where ``keep`` (else none), whether every block's K, Q and V were
+    finite)."""
+    keys, values = [], []
+    for i in range(len(blocks)):
+        x, k, v, ok = _encoder_block(x, starts, mask, pasts_k[i], pasts_v[i], checked[i],
+                                     heads, head_dim, narrow, norm_first, activation,
+                                     *blocks[i])
         if not ok:
-            return x, False
+            return x, keys, values, False
+        if keep:
+            keys.append(k)
+            values.append(v)
     if g.size:
         x = _layer_norm(x, g, b, eps)
-    return x, True
+    return x, keys, values, True
 
 
 @jit(inline="always")

@@ -154,11 +154,11 @@ class TransformerClassifier(_FastModel, models.TransformerClassifier):
 class CausalLM(_FastModel, models.CausalLM):
     __doc__ = models.CausalLM.__doc__
 
-    def _stack(self, x: Array, mask: Array | None) -> Array:
+    def _stack(self, x: Array, mask: Array | None, kv_cache=None) -> Array:
         """As the textbook's; where nothing is recorded, one compiled call where it takes
-        the inputs (no Python between the blocks)."""
-        y = compiled.encoder_stack_forward(self.blocks, self.norm, x, mask)
-        return super()._stack(x, mask) if y is None else y
+        the inputs (no Python between the blocks), a decoding step's too."""
+        y = compiled.encoder_stack_forward(self.blocks, self.norm, x, mask, kv_cache)
+        return super()._stack(x, mask, kv_cache) if y is None else y
 
     def _logits(self, h: Array) -> Array:
         """h (B, T, D) -> logits (B, T, V).  Its own: h, the final norm's output, is not kept

@@ -125,11 +125,14 @@ class CausalLM(Module):
         x, mask = self._embedded(ids, attention_mask, position_ids)  # (B, T, D), mask
         return self._logits(self._stack(x, mask))  # (B, T, V)
 
-    def _stack(self, x: Array, mask: Array | None) -> Array:
-        """x (B, T, D) -> the blocks, then the final norm (pre-norm) -> (B, T, D) (a step of
-        its own: the fast tier's model runs it compiled where nothing is recorded)."""
-        for block in self.blocks:
-            x = block(x, mask)
+    def _stack(self, x: Array, mask: Array | None,
+               kv_cache: DecodingCache | None = None) -> Array:
+        """x (B, T, D) -> the blocks, each with its cache in ``kv_cache`` if given, then the
+        final norm (pre-norm) -> (B, T, D) (a step of its own: the fast tier's model runs
+        it compiled where nothing is recorded)."""
+        caches = [None] * len(self.blocks) if kv_cache is None else kv_cache.blocks
+        for block, block_cache in zip(self.blocks, caches):
+            x = block(x, mask, kv_cache=block_cache)
         return x if self.norm is None else self.norm(x)
 
     def _embedded(self, ids: Array, attention_mask: Array | None, position_ids: Array | None,
@@ -182,11 +185,7 @@ class CausalLM(Module):
         x, mask = self._embedded(ids, attention_mask, position_ids,
                                  kv_cache.length)  # (B, T_new, D): ids, mask, positions checked
         with trusting():  # the layers' inputs are this model's own: no layer checks them again
-            for block, block_cache in zip(self.blocks, kv_cache.blocks):
-                x = block(x, mask, kv_cache=block_cache)
-            if self.norm is not None:
-                x = self.norm(x)
-            return self._logits(x)
+            return self._logits(self._stack(x, mask, kv_cache))
 
     # ------------------------------------------------------------------ Hugging Face
     @classmethod
