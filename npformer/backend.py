@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -330,24 +331,28 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(_M_MMAP_THRESHOLD, _KEEP_BYTES) and mallopt(_M_TRIM_THRESHOLD,
                                                                        _KEEP_BYTES))
 
-_blas_libraries: list | None = None  # found once: looking them up reads /proc
+_blas_libraries: tuple = (-1, [])  # (how many modules were imported when they were found,
+#   threadpoolctl's controllers of the BLAS libraries loaded then): looking them up reads /proc
 _one_thread: dict = {"holders": 0, "restore": []}  # open single_threaded_blas blocks, all
 #   threads, and each library's thread count before the first of them
 _one_thread_lock = threading.Lock()
 
 
 def _loaded_blas() -> list:
-    """threadpoolctl's controller of every BLAS library loaded when first asked (NumPy's,
-    SciPy's), or none without threadpoolctl."""
+    """threadpoolctl's controller of every loaded BLAS library (NumPy's, and SciPy's once
+    the fast tier has loaded it), or none without threadpoolctl; looked up again only
+    where modules were imported since the last look (one may have loaded a BLAS)."""
     global _blas_libraries
-    if _blas_libraries is None:
+    modules, libraries = _blas_libraries
+    if modules != len(sys.modules):
         try:
             from threadpoolctl import ThreadpoolController
         except ImportError:  # pragma: no cover - threadpoolctl is a dependency
-            _blas_libraries = []
+            libraries = []
         else:
-            _blas_libraries = ThreadpoolController().select(user_api="blas").lib_controllers
-    return _blas_libraries
+            libraries = ThreadpoolController().select(user_api="blas").lib_controllers
+        _blas_libraries = (len(sys.modules), libraries)
+    return libraries
 
 
 @contextmanager
@@ -361,11 +366,10 @@ def single_threaded_blas() -> Iterator[None]:
     open sets every library to one thread, the last to close gives each back the count
     it had.  (Each block restoring what it found would leave one thread for good where
     two threads' blocks overlap and the first to open closes first.)"""
-    libraries = _loaded_blas()
     with _one_thread_lock:
         if _one_thread["holders"] == 0:
-            _one_thread["restore"] = [(lib, lib.get_num_threads()) for lib in libraries]
-            for lib in libraries:
+            _one_thread["restore"] = [(lib, lib.get_num_threads()) for lib in _loaded_blas()]
+            for lib, _ in _one_thread["restore"]:
                 lib.set_num_threads(1)
         _one_thread["holders"] += 1
     try:

@@ -99,3 +99,19 @@ def test_overlapping_one_thread_blas_blocks_give_the_threads_back():
         assert counts() == [1] * len(before) and backend.blas_on_one_thread()
         second.__exit__(None, None, None)
         assert counts() == before and not backend.blas_on_one_thread()
+
+
+def test_one_thread_blas_looks_for_libraries_loaded_since(monkeypatch):
+    """The libraries single_threaded_blas limits are looked up again where a module was
+    imported since the last look: a BLAS loaded later (SciPy's, with the fast tier, after
+    a textbook run's replicas first asked) is limited too."""
+    import sys
+    import types
+
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    monkeypatch.setattr(backend, "_blas_libraries", (len(sys.modules), []))  # found none
+    monkeypatch.setitem(sys.modules, "npformer_test_newly_imported",
+                        types.ModuleType("npformer_test_newly_imported"))
+    with threadpoolctl.threadpool_limits(2, user_api="blas"), backend.single_threaded_blas():
+        assert all(lib["num_threads"] == 1 for lib in threadpoolctl.threadpool_info()
+                   if lib["user_api"] == "blas")
